@@ -1,0 +1,68 @@
+"""Canonical JSON and hashing (DECISIONS D2).
+
+canonical(v) = json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+after normalising numbers: a float with an integral value (YAML `2.0`) is written
+as the integer `2`, so the same authored value always hashes the same way.
+Non-finite numbers and non-JSON types are refused. Plan hashes and unit input
+hashes are built on this function and must never change silently
+(see tests/test_canonical.py for the golden vectors).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+MAX_DEPTH = 64
+
+
+class CanonicalError(ValueError):
+    """The value cannot be represented as canonical JSON."""
+
+
+def normalize(value: Any, _depth: int = 0) -> Any:
+    """Return a JSON-ready copy: integral floats become ints, tuples become lists."""
+    if _depth > MAX_DEPTH:
+        raise CanonicalError(f"value nests deeper than {MAX_DEPTH} levels")
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise CanonicalError("non-finite number")
+        if value.is_integer() and abs(value) < 1e21:
+            return int(value)
+        return value
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise CanonicalError(f"object key {k!r} is not a string")
+            out[k] = normalize(v, _depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [normalize(v, _depth + 1) for v in value]
+    raise CanonicalError(f"{type(value).__name__} is not a JSON value")
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, compact separators, raw UTF-8, normalised numbers."""
+    return json.dumps(
+        normalize(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def compact_json(value: Any) -> str:
+    """Insertion-order compact JSON for prompts, params_json and evidence."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def canonical_hash(value: Any) -> str:
+    return sha256_hex(canonical_json(value))
