@@ -1,0 +1,87 @@
+"""Unit identity and the reuse key.
+
+Unit ids are content-derived so that a fan-out item keeps its id when the list
+is reordered; the input hash decides whether a journaled result may be reused.
+Both are part of the durable contract: changing them silently would make every
+existing run re-dispatch (or diverge). Golden vectors live in
+tests/test_identity.py; bump `UNIT_HASH_VERSION` if the preimage must change.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from akm.canonical import canonical_hash, canonical_json, sha256_hex
+from akm.plan.model import UNIT_HASH_VERSION, UnitNode
+
+_RETRY_SUFFIX = re.compile(r"~r(\d+)$")
+_NO_ITEM = object()
+
+
+def solo_unit_id(step_id: str) -> str:
+    return f"{step_id}:solo"
+
+
+def item_unit_id(template_id: str, item: Any) -> str:
+    """`<step>.unit:<first 12 hex of sha256(canonical item)>`."""
+    return f"{template_id}:{sha256_hex(canonical_json(item))[:12]}"
+
+
+def journal_base_id(unit_id: str, gate_loop: int) -> str:
+    """Loop 1 journals under the unit id; later gate loops add `~l<n>`."""
+    return unit_id if gate_loop <= 1 else f"{unit_id}~l{gate_loop}"
+
+
+def attempt_id(base_id: str, retry: int) -> str:
+    """Attempt 0 is the base id; retry k adds `~r<k>`."""
+    return base_id if retry <= 0 else f"{base_id}~r{retry}"
+
+
+def gate_row_id(step_id: str, gate_loop: int) -> str:
+    return f"{step_id}.gate:l{gate_loop}"
+
+
+def base_of_attempt(attempt: str) -> str:
+    """Strip one trailing `~r<digits>`; the inverse of `attempt_id`."""
+    return _RETRY_SUFFIX.sub("", attempt)
+
+
+def unit_input_hash(
+    *,
+    template: UnitNode,
+    params: dict[str, Any],
+    item: Any = _NO_ITEM,
+    inputs: list[tuple[str, Any]] | None = None,
+    dispatch: Any = None,
+    gate_feedback: dict[str, Any] | None = None,
+) -> str:
+    """SHA-256 of the canonical preimage (hashVersion 4).
+
+    Excluded on purpose: retry, on_error, the prompt wording, ids, cwd, config
+    and secret values — none of them change what the unit is asked to do.
+    """
+    preimage: dict[str, Any] = {
+        "hashVersion": UNIT_HASH_VERSION,
+        "template": template.instructions,
+        "item": None if item is _NO_ITEM else item,
+        "inputs": [{"reference": ref, "value": value} for ref, value in (inputs or [])],
+        "params": params,
+        "dispatch": None if template.exec is not None else dispatch,
+        "invocation": (
+            None
+            if template.invocation is None
+            else template.invocation.model_dump(mode="json", by_alias=True)
+        ),
+        "schema": template.output_schema,
+        "env": template.env,
+        "isolation": template.isolation,
+    }
+    if template.exec is not None:
+        preimage["exec"] = template.exec.model_dump(mode="json", by_alias=True)
+    if gate_feedback:
+        preimage["gateFeedback"] = gate_feedback
+    return canonical_hash(preimage)
+
+
+NO_ITEM = _NO_ITEM

@@ -1,0 +1,179 @@
+"""Golden vectors for plan hashes, unit ids and input hashes.
+
+These must never change silently: a change re-dispatches (or diverges) every
+journaled unit of every existing run. The vectors agree with the upstream
+tool's published values, which is a useful cross-check of our canonical JSON.
+"""
+
+import pytest
+
+from akm.canonical import CanonicalError, canonical_json
+from akm.plan.identity import (
+    attempt_id,
+    base_of_attempt,
+    gate_row_id,
+    item_unit_id,
+    journal_base_id,
+    solo_unit_id,
+    unit_input_hash,
+)
+from akm.plan.model import ExecSpec, Invocation, Plan, UnitNode
+
+SHIP_PLAN = {
+    "irVersion": 3,
+    "title": "ship",
+    "params": ["version"],
+    "paramSchemas": {"version": {"type": "string", "description": "Semver"}},
+    "execution": {
+        "maxConcurrency": 2,
+        "engines": {
+            "fast": {
+                "name": "fast",
+                "kind": "llm",
+                "endpoint": "https://api.example.test/v1/chat/completions",
+                "model": "gpt-x",
+                "concurrency": 1,
+                "credential": {"names": ["AKM_ENGINE_FAST_API_KEY"], "required": False},
+            }
+        },
+    },
+    "steps": [
+        {
+            "stepId": "check",
+            "title": "check",
+            "sequenceIndex": 0,
+            "root": {
+                "kind": "unit",
+                "id": "check",
+                "instructions": "Check the version.",
+                "templating": "verbatim",
+                "invocation": {"engine": "fast", "model": "gpt-x", "timeoutMs": 600000},
+                "onError": "fail",
+                "isolation": "none",
+                "source": {"path": "workflows/ship.md", "start": 9, "end": 11},
+            },
+            "gate": {
+                "kind": "gate",
+                "id": "check.gate",
+                "stepId": "check",
+                "criteria": [],
+                "maxLoops": 1,
+                "judge": None,
+            },
+        }
+    ],
+}
+SHIP_HASH = "d48432bba09dd901da8fb15a0fab7e7f3b94279f0cecf69edcd15254e0993723"
+
+
+def _reorder(value):
+    if isinstance(value, dict):
+        return {k: _reorder(value[k]) for k in reversed(list(value))}
+    if isinstance(value, list):
+        return [_reorder(v) for v in value]
+    return value
+
+
+def test_plan_hash_golden_and_key_order_independent():
+    plan = Plan.model_validate(SHIP_PLAN)
+    assert plan.plan_hash() == SHIP_HASH
+    assert Plan.model_validate(_reorder(SHIP_PLAN)).plan_hash() == SHIP_HASH
+
+
+def test_plan_round_trips_byte_identical():
+    plan = Plan.model_validate(SHIP_PLAN)
+    text = plan.canonical()
+    import json
+
+    assert Plan.model_validate(json.loads(text)).canonical() == text
+
+
+def test_plan_decoder_is_strict():
+    bad = dict(SHIP_PLAN, surprise=1)
+    with pytest.raises(Exception):
+        Plan.model_validate(bad)
+
+
+def test_canonical_json_rules():
+    assert canonical_json({"b": 1, "a": 2, "é": 3, "Z": 4, "_": 5}) == '{"Z":4,"_":5,"a":2,"b":1,"é":3}'
+    assert canonical_json([1.0, 0.5, -0.0, 2]) == "[1,0.5,0,2]"
+    assert canonical_json("line\nbreak\u0001") == '"line\\nbreak\\u0001"'
+    with pytest.raises(CanonicalError):
+        canonical_json(float("nan"))
+    with pytest.raises(CanonicalError):
+        canonical_json({1: "x"})
+    deep: list = []
+    cur = deep
+    for _ in range(70):
+        cur.append([])
+        cur = cur[0]
+    with pytest.raises(CanonicalError):
+        canonical_json(deep)
+
+
+def test_unit_ids():
+    assert solo_unit_id("check") == "check:solo"
+    assert item_unit_id("review.unit", "a.ts") == "review.unit:8b3148685648"
+    assert item_unit_id("review.unit", {"b": 1, "a": 2}) == "review.unit:d3626ac30a87"
+    base = journal_base_id("review.unit:8b3148685648", 1)
+    assert attempt_id(base, 1) == "review.unit:8b3148685648~r1"
+    assert journal_base_id("review.unit:8b3148685648", 2) == "review.unit:8b3148685648~l2"
+    assert attempt_id(journal_base_id("review.unit:8b3148685648", 2), 1) == "review.unit:8b3148685648~l2~r1"
+    assert gate_row_id("review", 1) == "review.gate:l1"
+    assert base_of_attempt("x:solo~l2~r13") == "x:solo~l2"
+    assert base_of_attempt("x:solo") == "x:solo"
+
+
+def test_llm_unit_input_hash_golden():
+    check = UnitNode.model_validate(SHIP_PLAN["steps"][0]["root"])
+    snap = SHIP_PLAN["execution"]["engines"]["fast"]
+    params = {"version": "1.2.3"}
+    assert (
+        unit_input_hash(template=check, params=params, dispatch=snap)
+        == "3fa9d19efff034a333bacb87927f2c8d47741566a20f3756204dec9f48582edd"
+    )
+    assert (
+        unit_input_hash(template=check, params=params, dispatch=snap, item="a.ts")
+        == "c41ba89098692eb9c934f5cdc65618e6358a954789d49eceeb95d24027b31643"
+    )
+
+
+EXEC_VECTORS = [
+    ({}, "7d8cf6b136c3d69ad64a07a02190b03fe145b8ddec96380903907c7dd886e85f"),
+    ({"cwd": "sub"}, "0c54e3a9951dc341ee40ba753493cd0025df692bab87455efd26d63945d6e3eb"),
+    ({"inherit_env": True}, "fb6930cd0392c2b8e80ea361f67cebad59baf245de44a0b323f50aa47ba88caa"),
+    ({"pass_env": ["CARGO_HOME"]}, "0aa055d56b0224f86b33f23fcc7596d85ab3dee53aeec090c609373c468cef11"),
+    ({"timeout_ms": 5000}, "9a489759b796ba8afe7af9aa224edb10168538d5886768f267ef693c192699b5"),
+    ({"timeout_ms": None}, "0944edb4da3071e600ca541a09d678aafd8f212e1bdbbb799cf0c45f802db9a7"),
+]
+
+
+@pytest.mark.parametrize("exec_extra,expected", EXEC_VECTORS)
+def test_exec_unit_input_hash_golden(exec_extra, expected):
+    spec = {"command": ["bun", "run", "test:unit"], "timeout_ms": 600000, **exec_extra}
+    unit = UnitNode(id="work", instructions="Do it.", exec=ExecSpec(**spec))
+    assert unit_input_hash(template=unit, params={}) == expected
+
+
+def test_exec_unit_hash_env_and_isolation_golden():
+    base = UnitNode(id="work", instructions="Do it.", exec=ExecSpec(command=["bun", "run", "test:unit"], timeout_ms=600000))
+    assert (
+        unit_input_hash(template=base.model_copy(update={"env": ["env/ci"]}), params={})
+        == "caa60dd66834784737406723a79c3be78ae60a0457e83f8797bcc419cba2bdcc"
+    )
+    assert (
+        unit_input_hash(template=base.model_copy(update={"isolation": "worktree"}), params={})
+        == "37fc00699fb0552e42eb16e2b343bf419e0c875f6d72a396361ea2724b80a4fd"
+    )
+
+
+def test_retry_and_on_error_do_not_move_the_hash():
+    from akm.plan.model import Retry
+
+    base = UnitNode(id="w", instructions="x", exec=ExecSpec(command=["true"], timeout_ms=1000))
+    h = unit_input_hash(template=base, params={"a": 1})
+    changed = base.model_copy(update={"retry": Retry(max=2, on=["timeout"]), "on_error": "continue"})
+    assert unit_input_hash(template=changed, params={"a": 1}) == h
+    assert unit_input_hash(template=base, params={"a": 2}) != h
+    assert unit_input_hash(template=base, params={"a": 1}, gate_feedback={"feedback": "f", "missing": []}) != h
+    assert unit_input_hash(template=base.model_copy(update={"instructions": "y"}), params={"a": 1}) != h
