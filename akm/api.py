@@ -1,0 +1,498 @@
+"""The one service surface. The CLI and the MCP server are thin fronts over it.
+
+Every function takes plain values, returns pydantic models (camelCase JSON via
+`model_dump(by_alias=True)`), and raises `AkmError` subclasses for anything a
+user can cause. No printing here: progress and warnings go through callbacks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from akm import paths
+from akm.errors import AkmError, NotFoundError, UsageError
+from akm.plan.model import UNIT_HASH_VERSION
+
+_RUN_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+class ApiModel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# ------------------------------------------------------------------ lint / upgrade
+
+
+def lint(paths_: list[str]):
+    """Lint files or directories; returns a `LintReport` (see akm.format.lint)."""
+    from akm.format.lint import lint_paths
+
+    return lint_paths(paths_)
+
+
+class UpgradeResult(ApiModel):
+    path: str
+    written: bool
+    text: str
+    ok: bool
+    errors: list[dict[str, Any]] = Field(default_factory=list)
+
+
+def upgrade(path: str, *, write: bool = False) -> UpgradeResult:
+    """Convert a legacy workflow file to the current format (optionally in place)."""
+    from akm.format.lint import lint_text
+    from akm.format.upgrade import detect_legacy, upgrade_legacy
+
+    text = _read_workflow_text(Path(path))
+    if detect_legacy(text) is None:
+        raise UsageError(f"{path} is not in the legacy workflow format; nothing to upgrade.", code="NOT_LEGACY")
+    new_text = upgrade_legacy(text)
+    report = lint_text(new_text, path)
+    errors = [e.model_dump(exclude_none=True) for e in report.errors]
+    if write:
+        if errors:
+            raise UsageError(
+                f"The upgraded {path} would still have {len(errors)} lint error(s); not written.",
+                code="UPGRADE_FAILED",
+                details={"errors": errors},
+            )
+        Path(path).write_text(new_text, encoding="utf-8")
+    return UpgradeResult(path=path, written=write, text=new_text, ok=not errors, errors=errors)
+
+
+def _read_workflow_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise NotFoundError(f"Workflow file {path} does not exist.", code="WORKFLOW_NOT_FOUND") from None
+    except OSError as exc:
+        raise UsageError(f"Cannot read workflow file {path}: {exc.strerror}.", code="UNREADABLE_FILE") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path} is not UTF-8 text (byte {exc.start}).", code="UNREADABLE_FILE") from None
+
+
+# ------------------------------------------------------------------ run models
+
+
+class StepView(ApiModel):
+    id: str
+    status: str
+    output: Any = None
+    summary: str | None = None
+    notes: str | None = None
+
+
+class UnitView(ApiModel):
+    unit_id: str
+    step_id: str | None
+    status: str
+    attempts: int
+    failure_reason: str | None = None
+    result: Any = None
+    tokens: int | None = None
+    runner: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    last_checkin_at: str | None = None
+    worktree_path: str | None = None
+
+
+class LeaseView(ApiModel):
+    holder: str
+    host: str | None = None
+    pid: int | None = None
+    until: str
+
+
+class RunView(ApiModel):
+    run_id: str
+    status: str
+    workflow: str
+    title: str
+    plan_hash: str
+    current_step_id: str | None = None
+    created_at: str
+    updated_at: str
+    completed_at: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    steps: list[StepView] | None = None
+    units: list[UnitView] | None = None
+    engine_lease: LeaseView | None = None
+    awaiting: dict[str, Any] | None = None
+
+
+class RunResult(ApiModel):
+    run: RunView
+    executed: list[dict[str, Any]] = Field(default_factory=list)
+    steps_processed: int = 0
+    done: bool = False
+    aborted: bool | None = None
+    timed_out: bool | None = None
+    abort_reason: str | None = None
+    started: bool = False
+    warnings: list[str] = Field(default_factory=list)
+
+
+class RunList(ApiModel):
+    runs: list[RunView]
+
+
+class EventView(ApiModel):
+    id: int
+    ts: str
+    event_type: str
+    run_id: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class EventPage(ApiModel):
+    run: str | None = None
+    since_offset: int
+    next_offset: int
+    events: list[EventView]
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _open_db():
+    from akm.store.db import open_db
+
+    return open_db(paths.state_db_path())
+
+
+def _json_or_none(text: str | None) -> Any:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> RunView:
+    from akm.store import runs as runs_store
+    from akm.store import units as units_store
+
+    lease = runs_store.read_lease(db, run.id)
+    view = RunView(
+        run_id=run.id, status=run.status, workflow=run.workflow_ref, title=run.title, plan_hash=run.plan_hash,
+        current_step_id=run.current_step_id, created_at=run.created_at, updated_at=run.updated_at,
+        completed_at=run.completed_at, params=_json_or_none(run.params_json) or {},
+        engine_lease=LeaseView(**asdict(lease)) if lease else None,
+        awaiting=_json_or_none(run.status_detail_json) if run.status == "awaiting_session" else None,
+    )
+    if with_steps:
+        view.steps = []
+        for s in runs_store.get_steps(db, run.id):
+            ev = _json_or_none(s.evidence_json)
+            output = ev.get("output") if isinstance(ev, dict) else None
+            view.steps.append(StepView(id=s.step_id, status=s.status, output=output, summary=s.summary,
+                                       notes=s.notes))
+    if with_units:
+        view.units = [
+            UnitView(unit_id=u.unit_id, step_id=u.step_id, status=u.status, attempts=u.attempts,
+                     failure_reason=u.failure_reason, result=_json_or_none(u.result_json), tokens=u.tokens,
+                     runner=u.runner, started_at=u.started_at, finished_at=u.finished_at,
+                     last_checkin_at=u.last_checkin_at, worktree_path=u.worktree_path)
+            for u in units_store.get_units(db, run.id)
+        ]
+    return view
+
+
+def _require_run(db, run_id: str):
+    from akm.store import runs as runs_store
+
+    run = runs_store.get_run(db, run_id)
+    if run is None:
+        raise NotFoundError(f"No workflow run with id {run_id}.", code="RUN_NOT_FOUND",
+                            hint="List runs with `akm workflow list`.")
+    return run
+
+
+# ------------------------------------------------------------------ resolve targets
+
+
+def resolve_workflow_file(target: str, cwd: Path) -> tuple[Path, str]:
+    """D4: a file path, or `workflows/<name>` looked up in the project then the user library.
+
+    Returns (file, workflow_ref). A path's ref is its real path, so runs of the same
+    file from anywhere in the project share one identity.
+    """
+    candidate = (cwd / target) if not os.path.isabs(target) else Path(target)
+    if candidate.is_file():
+        return candidate, os.path.realpath(candidate)
+    if target.startswith("workflows/"):
+        name = target[len("workflows/"):]
+        if name.endswith(".md"):
+            name = name[:-3]
+        if not name or ".." in name.split("/"):
+            raise UsageError(f"Invalid workflow ref {target!r}.", code="INVALID_REF")
+        import platformdirs
+
+        roots = [paths.project_root(cwd) / ".akm" / "workflows",
+                 Path(platformdirs.user_data_dir("akm", appauthor=False)) / "workflows"]
+        for root in roots:
+            f = root / f"{name}.md"
+            if f.is_file():
+                return f, f"workflows/{name}"
+        raise NotFoundError(
+            f"Workflow {target} not found.", code="WORKFLOW_NOT_FOUND",
+            hint="Looked in " + " and ".join(str(r) for r in roots) + ".",
+        )
+    raise NotFoundError(
+        f"{target!r} is not a workflow file, a workflows/<name> ref or a run id.", code="WORKFLOW_NOT_FOUND",
+    )
+
+
+def compile_workflow_file(path: Path):
+    """Parse + lint + compile a workflow file to a frozen plan, or raise with every problem listed."""
+    from akm.format.parse import parse_workflow
+    from akm.plan.compile import compile_plan
+
+    text = _read_workflow_text(path)
+    parsed = parse_workflow(text, str(path))
+    if parsed.errors or parsed.document is None:
+        lines = [f"{path}:{e.line}: {e.message} [{e.code}]" for e in parsed.errors]
+        raise UsageError(
+            f"Workflow {path} has {len(parsed.errors)} error(s):\n" + "\n".join(lines),
+            code="WORKFLOW_INVALID",
+            hint=f"Run `akm workflow lint {path}` for details and fixes.",
+        )
+    return compile_plan(parsed.document, title=path.stem), [w.message for w in parsed.warnings]
+
+
+# ------------------------------------------------------------------ run
+
+
+def run_workflow(
+    target: str,
+    *,
+    param_pairs: list[tuple[str, str | bool]] | None = None,
+    params: dict[str, Any] | None = None,
+    max_steps: int | None = None,
+    timeout_ms: int | None = None,
+    cancel=None,
+    on_progress: Callable[[Any], None] | None = None,
+    on_warning: Callable[[str], None] | None = None,
+    cwd: str | None = None,
+) -> RunResult:
+    """Start or continue a run and drive it as far as it can go in this invocation."""
+    from akm.engine.cancel import Cancellation
+    from akm.engine.drive import DriveOptions, drive_run
+    from akm.store import events as events_store
+    from akm.store import runs as runs_store
+    from akm.store.db import now_iso
+
+    work_dir = Path(cwd or os.getcwd()).resolve()
+    cancel = cancel or Cancellation()
+    started_wall = time.monotonic()
+    started_at = now_iso()
+    db = _open_db()
+    run_id: str | None = None
+    outcome, reason, error_text, exit_code = "error", None, None, None
+    try:
+        warnings: list[str] = []
+        started = False
+        have_params = bool(param_pairs) or bool(params)
+        existing = runs_store.get_run(db, target) if _RUN_ID.match(target) else None
+        if existing is not None:
+            if have_params:
+                raise UsageError("Param flags can only be used when starting a new run, not with a run id.",
+                                 code="PARAMS_ON_EXISTING_RUN")
+            run_id = existing.id
+        else:
+            wf_path, ref = resolve_workflow_file(target, work_dir)
+            plan, warnings = compile_workflow_file(wf_path)
+            from akm.format.params import coerce_params
+
+            values = coerce_params(param_pairs or [], plan.param_schemas or {}) if param_pairs else dict(params or {})
+            scope = paths.scope_key(work_dir)
+            active = runs_store.find_active_run(db, ref, scope)
+            if active is not None:
+                if have_params and active.params != values:
+                    raise UsageError(
+                        f"Run {active.id} of this workflow is still {active.status} in this project with other params.",
+                        code="RUN_ALREADY_ACTIVE",
+                        hint=f"Continue it with `akm workflow run {active.id}`, or discard it with "
+                             f"`akm workflow abandon {active.id}` and start again.",
+                    )
+                run_id = active.id
+            else:
+                run_id = str(uuid.uuid4())
+                plan_json = plan.canonical()
+                runs_store.create_run(
+                    db, run_id=run_id, workflow_ref=ref, workflow_path=str(wf_path), title=plan.title,
+                    scope_key=scope, params=values, plan_json=plan_json, plan_hash=plan.plan_hash(),
+                    hash_version=UNIT_HASH_VERSION, step_ids=[s.step_id for s in plan.steps],
+                )
+                started = True
+        timer = None
+        if timeout_ms is not None:
+            import threading
+
+            timer = threading.Timer(timeout_ms / 1000.0, cancel.trip, args=("timeout",))
+            timer.daemon = True
+            timer.start()
+        try:
+            opts = DriveOptions(work_dir=work_dir, project_root=paths.project_root(work_dir), max_steps=max_steps,
+                                cancel=cancel, on_progress=on_progress, on_warning=on_warning)
+            driven = drive_run(db, run_id, opts)
+        finally:
+            if timer is not None:
+                timer.cancel()
+        run = runs_store.get_run(db, run_id)
+        result = RunResult(
+            run=_run_view(db, run), executed=driven.executed, steps_processed=driven.steps_processed,
+            done=driven.done, aborted=True if driven.aborted else None,
+            timed_out=True if driven.abort_reason == "timeout" else None, abort_reason=driven.abort_reason,
+            started=started,
+            warnings=warnings + driven.warnings,
+        )
+        outcome = run.status
+        reason = driven.abort_reason
+        exit_code = exit_status_for(result)
+        return result
+    except AkmError as exc:
+        outcome, error_text, exit_code = "error", exc.message, exc.exit_status
+        reason = exc.code
+        raise
+    finally:
+        try:
+            events_store.record_invocation(
+                db, run_id=run_id, started_at=started_at, finished_at=now_iso(), outcome=outcome,
+                duration_ms=int((time.monotonic() - started_wall) * 1000),
+                detail={"runId": run_id, "reason": reason, "error": error_text, "exitCode": exit_code},
+                engine=None,
+            )
+        except Exception:
+            pass  # history is advisory; never mask the real outcome
+        db.close()
+
+
+# Exit statuses of `workflow run` (documented in spec/engine.md).
+EXIT_AWAITING_SESSION = 3
+EXIT_MAX_STEPS = 4
+
+
+def exit_status_for(result: RunResult) -> int:
+    """0 completed; 1 failed, blocked or aborted; 3 awaiting the session; 4 stopped at --max-steps."""
+    from akm.errors import EXIT_FAILED, EXIT_OK
+
+    status = result.run.status
+    if status == "completed":
+        return EXIT_OK
+    if status in ("failed", "blocked"):
+        return EXIT_FAILED
+    if status == "awaiting_session":
+        return EXIT_AWAITING_SESSION
+    if result.aborted:
+        return signal_exit_status(result.abort_reason, EXIT_FAILED)
+    return EXIT_MAX_STEPS
+
+
+def signal_exit_status(reason: str | None, default: int) -> int:
+    from akm.errors import EXIT_SIGINT, EXIT_SIGTERM
+
+    return {"sigint": EXIT_SIGINT, "sigterm": EXIT_SIGTERM}.get(reason or "", default)
+
+
+# ------------------------------------------------------------------ inspect / control
+
+
+def list_runs(*, active_only: bool = False, ref: str | None = None, all_scopes: bool = False,
+              cwd: str | None = None) -> RunList:
+    from akm.store import runs as runs_store
+
+    db = _open_db()
+    try:
+        scope = None if all_scopes else paths.scope_key(Path(cwd or os.getcwd()))
+        if ref is not None and os.path.isfile(ref):
+            ref = os.path.realpath(ref)
+        rows = runs_store.list_runs(db, scope_key=scope, active_only=active_only, ref=ref)
+        return RunList(runs=[_run_view(db, r, with_steps=False) for r in rows])
+    finally:
+        db.close()
+
+
+def run_status(run_id: str, *, units: bool = False) -> RunView:
+    db = _open_db()
+    try:
+        return _run_view(db, _require_run(db, run_id), with_units=units)
+    finally:
+        db.close()
+
+
+def run_plan(run_id: str):
+    """The frozen plan of a run (verified), for `status --format mermaid`."""
+    from akm.engine.state import decode_plan
+
+    db = _open_db()
+    try:
+        run = _require_run(db, run_id)
+        return decode_plan(run.id, run.plan_json, run.plan_hash)
+    finally:
+        db.close()
+
+
+def resume(run_id: str) -> RunView:
+    from akm.store import runs as runs_store
+
+    db = _open_db()
+    try:
+        _require_run(db, run_id)
+        run = runs_store.resume_run(db, run_id)
+        return _run_view(db, run)
+    finally:
+        db.close()
+
+
+def abandon(run_id: str) -> RunView:
+    from akm.store import runs as runs_store
+
+    db = _open_db()
+    try:
+        _require_run(db, run_id)
+        run = runs_store.abandon_run(db, run_id)
+        return _run_view(db, run)
+    finally:
+        db.close()
+
+
+def events(*, run_id: str | None = None, since: str | None = None, limit: int | None = None) -> EventPage:
+    """`akm log`: events after an `@offset:N` cursor (or since an ISO time)."""
+    from akm.store import events as events_store
+
+    offset, since_ts = 0, None
+    if since:
+        if since.startswith("@offset:"):
+            raw = since[len("@offset:"):]
+            if not raw.isdigit():
+                raise UsageError(f"--since {since!r}: the offset must be a non-negative integer.",
+                                 code="INVALID_FLAG_VALUE")
+            offset = int(raw)
+        else:
+            since_ts = since
+    db = _open_db()
+    try:
+        evs, next_offset = events_store.list_events(db, run_id, offset, limit, since_ts=since_ts)
+        return EventPage(run=run_id, since_offset=offset, next_offset=next_offset,
+                         events=[EventView(id=e.id, ts=e.ts, event_type=e.event_type, run_id=e.run_id,
+                                           metadata=e.metadata) for e in evs])
+    finally:
+        db.close()

@@ -1,0 +1,353 @@
+"""The command-line front: parse argv, call `akm.api`, render, exit.
+
+No workflow logic lives here. Start-up must stay fast, so this module imports
+only the standard library and `akm.errors` at top level; everything else is
+imported inside the command that needs it (never `mcp` or `httpx`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from typing import Any, Sequence
+
+from akm import __version__
+from akm.errors import EXIT_INTERNAL, EXIT_USAGE, AkmError, UsageError
+
+_RUN_HELP = """\
+usage: akm workflow run TARGET [--<param> VALUE ...] [--max-steps N] [--timeout DUR] [--format text|json]
+
+Start or continue a workflow run and drive it as far as it can go.
+
+TARGET is a workflow file path, a workflows/<name> ref (.akm/workflows/ of the
+project, then the user library) or an existing run id.
+
+Params: every declared param is a flag after TARGET: --name value, --name=value,
+a bare --name (true), repeat for arrays or pass JSON ([..], {..}).
+Reserved run flags (cannot be param names on the CLI): --max-steps, --timeout,
+--format, --help, --quiet, --verbose.
+
+Exit status: 0 completed, 1 failed/blocked/timed out, 2 usage error,
+3 awaiting the calling agent (session units), 4 stopped at --max-steps,
+130/143 interrupted by SIGINT/SIGTERM.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises a UsageError instead of printing and exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}", code="USAGE", hint=f"See `{self.prog} --help`.")
+
+
+def _build_parser() -> _Parser:
+    p = _Parser(prog="akm", description="akm: durable workflows for coding agents.")
+    p.add_argument("--version", action="version", version=f"akm {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    wf = sub.add_parser("workflow", help="lint, run and inspect workflows")
+    wsub = wf.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+
+    def fmt(sp: argparse.ArgumentParser, choices: tuple[str, ...] = ("text", "json")) -> None:
+        sp.add_argument("--format", choices=choices, default="text")
+
+    lint = wsub.add_parser("lint", help="check workflow files (or directories of them)")
+    lint.add_argument("paths", nargs="+", metavar="PATH")
+    fmt(lint)
+
+    up = wsub.add_parser("upgrade", help="convert a legacy workflow file to the current format")
+    up.add_argument("path", metavar="FILE")
+    up.add_argument("--write", action="store_true", help="rewrite the file in place (only if it lints clean)")
+    fmt(up)
+
+    wsub.add_parser("run", help="start or continue a run (see `akm workflow run --help`)", add_help=False)
+
+    ls = wsub.add_parser("list", help="list runs in this project (newest first)")
+    ls.add_argument("--active", action="store_true", help="only runs that can still be driven")
+    ls.add_argument("--ref", help="only runs of this workflow (path or workflows/<name>)")
+    ls.add_argument("--all", action="store_true", help="runs of every project, not just this one")
+    fmt(ls)
+
+    st = wsub.add_parser("status", help="where a run stands")
+    st.add_argument("run_id", metavar="RUN")
+    st.add_argument("--units", action="store_true", help="include every journaled unit attempt")
+    fmt(st, ("text", "json", "mermaid"))
+
+    for name, text in (("resume", "reopen a failed or blocked run"), ("abandon", "give up on a run")):
+        sp = wsub.add_parser(name, help=text)
+        sp.add_argument("run_id", metavar="RUN")
+        fmt(sp)
+
+    log = sub.add_parser("log", help="journal events (cursor-paged)")
+    log.add_argument("--run", dest="run_id", metavar="RUN")
+    log.add_argument("--since", help="@offset:N (from a previous nextOffset) or an ISO time")
+    log.add_argument("--limit", type=int)
+    fmt(log)
+    return p
+
+
+# ------------------------------------------------------------------ output helpers
+
+
+def _emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(text + ("" if text.endswith("\n") else "\n"))
+    sys.stderr.flush()
+
+
+def _render_run_text(view: dict[str, Any]) -> str:
+    lines = [f"run {view['runId']}  {view['status']}  ({view['workflow']})"]
+    if view.get("currentStepId"):
+        lines.append(f"current step: {view['currentStepId']}")
+    lease = view.get("engineLease")
+    if lease:
+        lines.append(f"driven by {lease['holder']} (host {lease.get('host')}, pid {lease.get('pid')}) until {lease['until']}")
+    for s in view.get("steps") or []:
+        text = s.get("summary") or s.get("notes") or ""
+        lines.append(f"  {s['status']:<10} {s['id']}" + (f"  — {text[:160]}" if text else ""))
+    for u in view.get("units") or []:
+        extra = f" ({u['failureReason']})" if u.get("failureReason") else ""
+        lines.append(f"    unit {u['unitId']}: {u['status']}{extra}, attempts {u['attempts']}")
+    aw = view.get("awaiting")
+    if aw:
+        lines.append(f"awaiting the calling agent: {aw.get('kind')} of step {aw.get('stepId')}")
+    return "\n".join(lines)
+
+
+def _mermaid(plan: Any, view: dict[str, Any]) -> str:
+    status = {s["id"]: s["status"] for s in view.get("steps") or []}
+    ids = {s.step_id: f"s{i}" for i, s in enumerate(plan.steps)}
+    lines = ["flowchart TD"]
+    for s in plan.steps:
+        kind = "route" if s.route else ("map" if s.root is not None and s.root.kind == "map" else "unit")
+        label = f"{s.step_id}<br/>{kind} · {status.get(s.step_id, 'pending')}"
+        shape = f'{{"{label}"}}' if s.route else f'["{label}"]'
+        lines.append(f"  {ids[s.step_id]}{shape}")
+    for i, s in enumerate(plan.steps):
+        if s.route:
+            for match, target in s.route.when.items():
+                lines.append(f'  {ids[s.step_id]} -- "{match}" --> {ids[target]}')
+            if s.route.default_step_id:
+                lines.append(f'  {ids[s.step_id]} -. "default" .-> {ids[s.route.default_step_id]}')
+        elif i + 1 < len(plan.steps):
+            lines.append(f"  {ids[s.step_id]} --> {ids[plan.steps[i + 1].step_id]}")
+    colors = {"completed": "#c8e6c9", "running": "#bbdefb", "failed": "#ffcdd2", "blocked": "#ffe0b2",
+              "skipped": "#eeeeee", "pending": "#ffffff"}
+    for st, color in colors.items():
+        lines.append(f"  classDef {st} fill:{color},stroke:#555")
+    for s in plan.steps:
+        lines.append(f"  class {ids[s.step_id]} {status.get(s.step_id, 'pending')}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ commands
+
+
+def _cmd_lint(args: argparse.Namespace) -> int:
+    from akm import api
+    from akm.format.lint import render_text
+
+    report = api.lint(args.paths)
+    if args.format == "json":
+        _emit_json(report.model_dump(exclude_none=True))
+    else:
+        _out(render_text(report))
+    return 0 if report.ok else 1
+
+
+def _cmd_upgrade(args: argparse.Namespace) -> int:
+    from akm import api
+
+    res = api.upgrade(args.path, write=args.write)
+    if args.format == "json":
+        _emit_json(res.to_json())
+    elif args.write:
+        _out(f"upgraded {res.path}")
+    else:
+        _out(res.text)
+    return 0 if res.ok else 1
+
+
+def _parse_duration_ms(text: str) -> int:
+    raw = text.strip().lower()
+    scale = 1
+    for suffix, factor in (("ms", 1), ("s", 1000), ("m", 60_000)):
+        if raw.endswith(suffix):
+            raw, scale = raw[: -len(suffix)], factor
+            break
+    if not raw.isdigit() or int(raw) * scale <= 0 or int(raw) * scale > 2_147_483_647:
+        raise UsageError(f"--timeout {text!r}: expected a duration like 500ms, 30s or 5m.", code="INVALID_FLAG_VALUE")
+    return int(raw) * scale
+
+
+def _cmd_run(tokens: list[str]) -> int:
+    from akm import api
+    from akm.engine.cancel import Cancellation
+    from akm.format.params import split_run_args
+
+    if any(t in ("-h", "--help") for t in tokens):
+        _out(_RUN_HELP)
+        return 0
+    ra = split_run_args(tokens)
+    if ra.target is None:
+        raise UsageError("workflow run needs a TARGET (a workflow file, workflows/<name> or a run id).",
+                         code="USAGE", hint="See `akm workflow run --help`.")
+    fmt = str(ra.controls.get("format", "text"))
+    if fmt not in ("text", "json"):
+        raise UsageError(f"--format {fmt!r}: expected text or json.", code="INVALID_FLAG_VALUE")
+    max_steps = None
+    if "max-steps" in ra.controls:
+        raw = str(ra.controls["max-steps"])
+        if not raw.isdigit() or int(raw) < 1:
+            raise UsageError(f"--max-steps {raw!r}: expected a whole number ≥ 1.", code="INVALID_FLAG_VALUE")
+        max_steps = int(raw)
+    timeout_ms = _parse_duration_ms(str(ra.controls["timeout"])) if "timeout" in ra.controls else None
+
+    cancel = Cancellation()
+    show_progress = sys.stderr.isatty() or os.environ.get("AKM_PROGRESS") == "1"
+    if ra.controls.get("quiet"):
+        show_progress = False
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        cancel.trip("sigint" if signum == signal.SIGINT else "sigterm")
+        signal.signal(signum, signal.SIG_DFL)  # a second signal kills at once
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    def progress(p: Any) -> None:
+        if show_progress:
+            mark = "ok" if p.ok else f"FAILED ({p.failure_reason})"
+            _err(f"[{p.step_id} {p.done}/{p.total}] {p.attempt_id} {mark}")
+
+    def warning(message: str) -> None:
+        _err(f"warning: {message}")
+
+    result = api.run_workflow(ra.target, param_pairs=ra.params, max_steps=max_steps, timeout_ms=timeout_ms,
+                              cancel=cancel, on_progress=progress, on_warning=warning)
+    data = result.to_json()
+    if fmt == "json":
+        _emit_json(data)
+    else:
+        _out(_render_run_text(data["run"]))
+        if result.timed_out:
+            _out("stopped: --timeout expired (the run is still active; run it again to continue)")
+        elif result.aborted:
+            _out("stopped: interrupted (the run is still active; run it again to continue)")
+    return api.exit_status_for(result)
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from akm import api
+
+    res = api.list_runs(active_only=args.active, ref=args.ref, all_scopes=args.all)
+    if args.format == "json":
+        _emit_json(res.to_json())
+    else:
+        if not res.runs:
+            _out("no runs")
+        for r in res.runs:
+            _out(f"{r.run_id}  {r.status:<17} {r.title:<24} {r.updated_at}")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from akm import api
+
+    view = api.run_status(args.run_id, units=args.units).to_json()
+    if args.format == "json":
+        _emit_json(view)
+    elif args.format == "mermaid":
+        _out(_mermaid(api.run_plan(args.run_id), view))
+    else:
+        _out(_render_run_text(view))
+    return 0
+
+
+def _cmd_control(args: argparse.Namespace) -> int:
+    from akm import api
+
+    view = (api.resume if args.action == "resume" else api.abandon)(args.run_id).to_json()
+    if args.format == "json":
+        _emit_json(view)
+    else:
+        _out(_render_run_text(view))
+    return 0
+
+
+def _cmd_log(args: argparse.Namespace) -> int:
+    from akm import api
+
+    page = api.events(run_id=args.run_id, since=args.since, limit=args.limit).to_json()
+    if args.format == "json":
+        _emit_json(page)
+    else:
+        for e in page["events"]:
+            _out(f"{e['id']:>6} {e['ts']} {e['eventType']} {json.dumps(e.get('metadata', {}), ensure_ascii=False)}")
+        _out(f"next: --since @offset:{page['nextOffset']}")
+    return 0
+
+
+def _wants_json(argv: Sequence[str]) -> bool:
+    for i, tok in enumerate(argv):
+        if tok == "--format=json" or (tok == "--format" and i + 1 < len(argv) and argv[i + 1] == "json"):
+            return True
+    return False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    json_errors = _wants_json(argv)
+    try:
+        if len(argv) >= 2 and argv[0] == "workflow" and argv[1] == "run":
+            return _cmd_run(argv[2:])
+        parser = _build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None or (args.command == "workflow" and args.action is None):
+            parser.print_help() if args.command is None else parser.parse_args([*argv, "--help"])
+            return EXIT_USAGE
+        if args.command == "log":
+            return _cmd_log(args)
+        handler = {"lint": _cmd_lint, "upgrade": _cmd_upgrade, "list": _cmd_list, "status": _cmd_status,
+                   "resume": _cmd_control, "abandon": _cmd_control}[args.action]
+        return handler(args)
+    except AkmError as exc:
+        if json_errors:
+            _err(json.dumps(exc.to_dict(), indent=2, ensure_ascii=False))
+        else:
+            _err(f"error[{exc.code}]: {exc.message}")
+            if exc.hint:
+                _err(f"  hint: {exc.hint}")
+        return exc.exit_status
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # the last line of defence: never a traceback to a user
+        _err(f"error[INTERNAL]: unexpected {type(exc).__name__}: {exc}")
+        _err("  hint: this is a bug in akm; set AKM_DEBUG=1 to see the traceback.")
+        if os.environ.get("AKM_DEBUG") == "1":
+            import traceback
+
+            traceback.print_exc()
+        return EXIT_INTERNAL
+    finally:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            pass
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,580 @@
+"""Run one exec (command) unit: argv, no shell, bounded capture, group kill.
+
+Why this shape (spec-exec-and-deltas §1.7–1.12, spec-engine §6, DECISIONS D9):
+
+* The argv goes straight to execve — no shell — so nothing authored or produced
+  by a previous step can be interpreted as shell syntax.
+* The child gets its own session/process group, so timeout, cancel and the
+  post-exit sweep reach every descendant, not just the direct child.
+* The environment is built from nothing (allowlist, then `env:` bindings, then
+  the engine's `AKM_*` context), so credentials in akm's own environment do not
+  leak into arbitrary commands, and a binding can never spoof the context.
+* Each output pipe is drained to EOF by its own thread that keeps at most
+  `MAX_STREAM_BYTES` and discards the rest: the child never blocks on a full
+  pipe, its exit status stays real, and akm's memory stays bounded.
+* When the main process exits but a background descendant still holds the
+  pipes, we wait `DRAIN_GRACE_S` and then kill the group (D9) instead of letting
+  the unit hang until its timeout; the capture is then incomplete, so a leader
+  that exited 0 fails `spawn_failed` and its partial stdout is never promoted.
+
+Everything returned is redacted against the request's sensitive values and the
+diagnostic is clipped, so callers can journal the result as-is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from akm.canonical import canonical_json
+from akm.dispatch.redact import clip, redact_text, redact_value
+from akm.dispatch.types import DispatchResult
+
+DEFAULT_EXEC_TIMEOUT_MS = 600_000
+MAX_STREAM_BYTES = 8 * 1024 * 1024
+
+# Grace between SIGTERM and SIGKILL of the process group on timeout / cancel.
+KILL_GRACE_S = 5.0
+# How long the pipes may stay open after the main process exited (D9).
+DRAIN_GRACE_S = 2.0
+# After killing the group, how long to wait for the readers to see EOF before
+# giving up on a descendant that escaped the group (setsid) and still holds a pipe.
+POST_KILL_DRAIN_S = 1.0
+# Supervisor polling interval (cancel flag, deadline, leader exit).
+POLL_INTERVAL_S = 0.02
+
+DIAGNOSTIC_CLIP = 2000
+STDERR_DIAGNOSTIC_CLIP = DIAGNOSTIC_CLIP - 500
+
+TRUNCATION_MARKER = "__akm_exec_output_truncated__"
+PARSE_ERROR_MESSAGE = "no JSON structure found in response"
+
+# Copied from akm's environment when present (never set to ""). Credentials,
+# cloud/CI and proxy variables are deliberately absent: use `env:` or pass_env.
+EXEC_ENV_ALLOWLIST: tuple[str, ...] = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TERM",
+    "TZ",
+    "TMPDIR",
+    "SystemRoot",
+    "SystemDrive",
+    "WINDIR",
+    "COMSPEC",
+    "PATHEXT",
+    "USERPROFILE",
+    "HOMEDRIVE",
+    "HOMEPATH",
+    "APPDATA",
+    "LOCALAPPDATA",
+    "TEMP",
+    "TMP",
+    "ProgramData",
+    "ProgramFiles",
+    "AKM_EVENT_SOURCE",
+)
+
+# Well-known user bin dirs prepended to an allowlisted PATH that looks like a
+# scheduler's minimal PATH (no entry under $HOME).
+_POSIX_USER_BIN_DIRS = ("~/.bun/bin", "~/.cargo/bin", "~/.local/bin", "/opt/homebrew/bin", "/opt/homebrew/sbin", "/usr/local/bin")
+
+# (per-variable bytes, total bytes, where the number comes from)
+_CONTEXT_LIMITS_POSIX = (98_304, 131_072, "POSIX/Linux: one execve string is capped at 128 KiB (MAX_ARG_STRLEN)")
+_CONTEXT_LIMITS_WIN32 = (32_767, 64_000, "Windows: an environment variable value is capped at 32,767 characters")
+
+# Characters JavaScript's String.prototype.trim removes (incl. U+FEFF), which the
+# strict JSON rule is defined against.
+_JS_WHITESPACE = "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+_TRAILING_NEWLINES = re.compile(r"(?:\r?\n)+\Z")
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
+@dataclass
+class ExecRequest:
+    """One attempt of an exec unit, fully resolved by the engine."""
+
+    command: list[str]
+    base_dir: str
+    cwd: str | None = None
+    pass_env: list[str] | None = None
+    inherit_env: bool = False
+    env_bindings: dict[str, str] = field(default_factory=dict)
+    context: dict[str, str] = field(default_factory=dict)
+    timeout_ms: int | None = DEFAULT_EXEC_TIMEOUT_MS
+    expect_json: bool = False
+    sensitive_values: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- context
+
+
+def build_exec_context(
+    *,
+    run_id: str,
+    step_id: str,
+    unit_id: str,
+    params: Any,
+    item: Any = MISSING,
+    item_index: int | None = None,
+    inputs: Mapping[str, Any] | None = None,
+) -> dict[str, str]:
+    """The `AKM_*` variables a command sees (spec-exec §1.5).
+
+    `unit_id` must be the BASE content id (no `~r`/`~l` suffix) so every retry
+    and gate loop sees the same value. `item`/`item_index` are given for map
+    units only; `inputs` only when the step declares inputs.
+    """
+    ctx: dict[str, str] = {
+        "AKM_RUN_ID": str(run_id),
+        "AKM_STEP_ID": str(step_id),
+        "AKM_UNIT_ID": str(unit_id),
+        "AKM_PARAMS": canonical_json(params if params is not None else {}),
+    }
+    if item is not MISSING:
+        if item_index is None:
+            raise ValueError("build_exec_context: a map unit needs item_index with item")
+        ctx["AKM_ITEM"] = canonical_json(item)
+        ctx["AKM_ITEM_INDEX"] = str(int(item_index))
+    if inputs is not None:
+        ctx["AKM_INPUTS"] = canonical_json(dict(inputs))
+    return ctx
+
+
+def check_exec_context(context: Mapping[str, str], platform: str | None = None) -> str | None:
+    """Return an error message when the context is too large to pass, else None.
+
+    Measured in UTF-8 bytes over the context only: each variable first (map
+    order), then the total of name + "=" + value. Limits are the running
+    platform's; there is no spill-to-file fallback — bulk data belongs in a
+    file whose path a step passes along.
+    """
+    per_var, total_limit, source = _CONTEXT_LIMITS_WIN32 if (platform or sys.platform) == "win32" else _CONTEXT_LIMITS_POSIX
+    advice = "Pass a reference (a file path or an id) to bulk data instead of the data itself."
+    total = 0
+    for name, value in context.items():
+        size = len(value.encode("utf-8"))
+        if size > per_var:
+            return (
+                f"exec context variable {name} is {size} bytes, over the {per_var}-byte per-variable limit "
+                f"({source}); nothing was started. {advice}"
+            )
+        total += size + len(name.encode("utf-8")) + 1
+    if total > total_limit:
+        names = ", ".join(context)
+        return (
+            f"exec context variables ({names}) total {total} bytes, over the {total_limit}-byte limit "
+            f"({source}); nothing was started. {advice}"
+        )
+    return None
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def _supplement_path(path: str, home: str | None) -> str:
+    """Prepend existing user bin dirs when PATH has no entry under $HOME."""
+    if os.name == "nt" or not home:
+        return path
+    entries = [p for p in path.split(os.pathsep) if p]
+    home_prefix = home.rstrip("/") + "/"
+    if any(p == home or p.startswith(home_prefix) for p in entries):
+        return path
+    extra: list[str] = []
+    for d in _POSIX_USER_BIN_DIRS:
+        full = home + d[1:] if d.startswith("~") else d
+        if full not in entries and full not in extra and os.path.isdir(full):
+            extra.append(full)
+    if not extra:
+        return path
+    return os.pathsep.join(extra + ([path] if path else []))
+
+
+def build_exec_env(req: ExecRequest, parent: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Child environment: base (allowlist or whole parent), then bindings, then context."""
+    parent = os.environ if parent is None else parent
+    if req.inherit_env:
+        env = dict(parent)
+    else:
+        env = {}
+        for name in list(EXEC_ENV_ALLOWLIST) + list(req.pass_env or []):
+            if name in parent:
+                env[name] = parent[name]
+        if "PATH" in env:
+            env["PATH"] = _supplement_path(env["PATH"], parent.get("HOME") or os.path.expanduser("~"))
+    env.update(req.env_bindings)
+    env.update(req.context)
+    return env
+
+
+# --------------------------------------------------------------------------- capture
+
+
+class _StreamReader(threading.Thread):
+    """Drain one pipe to EOF, keeping a bounded prefix and counting the rest.
+
+    On POSIX the read is preceded by a short poll so the supervisor can stop a
+    reader whose pipe is held open by a process we could not kill.
+    """
+
+    def __init__(self, stream: Any, name: str, cap: int) -> None:
+        super().__init__(name=f"akm-exec-{name}", daemon=True)
+        self.stream = stream
+        self.label = name
+        self.cap = cap
+        self.buf = bytearray()
+        self.total = 0
+        self.overflowed = False
+        self.error: BaseException | None = None
+        self.eof = False
+        self._stop_requested = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_requested.set()
+
+    def run(self) -> None:
+        fd = self.stream.fileno()
+        poller = None
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        try:
+            while not self._stop_requested.is_set():
+                if poller is not None and not poller.poll(100):
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    self.eof = True
+                    return
+                self.total += len(chunk)
+                room = self.cap - len(self.buf)
+                if room > 0:
+                    self.buf += chunk[:room]
+                if len(chunk) > room:
+                    self.overflowed = True
+        except BaseException as exc:  # noqa: BLE001 - reported as capture failure
+            self.error = exc
+
+
+def _cut_utf8(data: bytes) -> bytes:
+    """Drop a multi-byte UTF-8 character the retention cap split in half."""
+    end = len(data)
+    i = end - 1
+    # walk back over continuation bytes (at most 3)
+    while i >= 0 and end - i <= 4 and (data[i] & 0xC0) == 0x80:
+        i -= 1
+    if i < 0:
+        return data
+    lead = data[i]
+    if lead < 0x80:
+        need = 1
+    elif lead >> 5 == 0b110:
+        need = 2
+    elif lead >> 4 == 0b1110:
+        need = 3
+    elif lead >> 3 == 0b11110:
+        need = 4
+    else:
+        return data  # invalid lead byte; leave it to errors="replace"
+    return data if end - i >= need else data[:i]
+
+
+def _stdout_text(reader: _StreamReader) -> str:
+    """Decoded stdout; when overflowed, the retained prefix plus a marker block."""
+    if not reader.overflowed:
+        return bytes(reader.buf).decode("utf-8", errors="replace")
+    kept = _cut_utf8(bytes(reader.buf))
+    text = kept.decode("utf-8", errors="replace")
+    discarded = reader.total - len(kept)
+    return (
+        text
+        + f"\n\n[{TRUNCATION_MARKER}] OUTPUT TRUNCATED: the command wrote {reader.total} bytes to stdout; "
+        f"only the first {len(kept)} bytes were kept (cap {MAX_STREAM_BYTES} bytes per stream) and "
+        f"{discarded} bytes were discarded. THIS TEXT IS INCOMPLETE. "
+        "Write bulk output to a file and print its path instead."
+    )
+
+
+def _strip_trailing_newlines(text: str) -> str:
+    return _TRAILING_NEWLINES.sub("", text)
+
+
+def _stderr_tail(stderr: str) -> str:
+    s = stderr.strip(_JS_WHITESPACE)
+    if not s:
+        return ""
+    if len(s) <= STDERR_DIAGNOSTIC_CLIP:
+        return ". stderr:\n" + s
+    return f". stderr (last {STDERR_DIAGNOSTIC_CLIP} chars):\n…" + s[-STDERR_DIAGNOSTIC_CLIP:]
+
+
+def _parse_strict_json(stdout: str) -> tuple[bool, Any]:
+    """Exactly one JSON value (after trimming), NaN/Infinity refused."""
+    s = stdout.strip(_JS_WHITESPACE)
+    if not s:
+        return False, None
+
+    def _no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        return True, json.loads(s, parse_constant=_no_constants)
+    except (ValueError, RecursionError):
+        return False, None
+
+
+# --------------------------------------------------------------------------- process control
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """Signal the whole process group, falling back to the direct child."""
+    if hasattr(os, "killpg"):
+        try:
+            os.killpg(proc.pid, sig)
+            return
+        except ProcessLookupError:
+            return
+        except OSError:
+            pass
+    try:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+    except OSError:
+        pass
+
+
+_SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
+
+
+def _describe(argv: list[str]) -> str:
+    n = len(argv) - 1
+    return f"{json.dumps(argv[0] if argv else '', ensure_ascii=False)} ({n} argument{'' if n == 1 else 's'})"
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+# --------------------------------------------------------------------------- runner
+
+
+def run_exec_unit(req: ExecRequest, cancel: threading.Event | None = None) -> DispatchResult:
+    """Run one exec attempt and map it onto a (redacted) DispatchResult."""
+    result = _run(req, cancel)
+    return _redact_result(result, req.sensitive_values)
+
+
+def _redact_result(res: DispatchResult, values: list[str]) -> DispatchResult:
+    if res.text is not None:
+        res.text = redact_text(res.text, values)
+    if res.error is not None:
+        res.error = clip(redact_text(res.error, values), DIAGNOSTIC_CLIP)
+    if res.has_result:
+        res.result = redact_value(res.result, values)
+    if res.session_id is not None:
+        res.session_id = redact_text(res.session_id, values)
+    if res.failure_reason is not None and redact_text(res.failure_reason, values) != res.failure_reason:
+        res.failure_reason = "reported_failure"
+    return res
+
+
+def _fail(reason: str, error: str, text: str | None = None) -> DispatchResult:
+    return DispatchResult(ok=False, failure_reason=reason, error=error, text=text or None)
+
+
+def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
+    argv = list(req.command)
+    unit = req.context.get("AKM_UNIT_ID")
+    label = f"exec unit {json.dumps(unit, ensure_ascii=False)}" if unit else "exec unit"
+    desc = _describe(argv)
+    if not argv:
+        return _fail("spawn_failed", f"{label} has an empty command")
+
+    # 1. working directory: containment on realpaths, then existence
+    base = os.path.abspath(req.base_dir)
+    target = os.path.normpath(os.path.join(base, req.cwd)) if req.cwd else base
+    real_base = os.path.realpath(base)
+    real_target = os.path.realpath(target)
+    try:
+        contained = os.path.commonpath([real_base, real_target]) == real_base
+    except ValueError:  # different drives on Windows
+        contained = False
+    if not contained:
+        return _fail(
+            "exec_cwd_escape",
+            f"{label}: exec.cwd {json.dumps(req.cwd, ensure_ascii=False)} resolves to {real_target}, "
+            f"which is outside the unit's base directory {real_base}; nothing was started",
+        )
+    if not os.path.isdir(real_target):
+        return _fail(
+            "spawn_failed",
+            f"{label} could not start {desc}: working directory {target} is missing or not a directory",
+        )
+
+    # 2. context size
+    too_large = check_exec_context(req.context)
+    if too_large:
+        return _fail("exec_context_too_large", f"{label}: {too_large}")
+
+    # 3. spawn
+    if cancel is not None and cancel.is_set():
+        return _fail(
+            "aborted", f"{label} {desc} was not dispatched because the workflow invocation was interrupted"
+        )
+    env = build_exec_env(req)
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=real_target,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return _fail("spawn_failed", f"{label} could not start {desc}: {detail}")
+
+    out_r = _StreamReader(proc.stdout, "stdout", MAX_STREAM_BYTES)
+    err_r = _StreamReader(proc.stderr, "stderr", MAX_STREAM_BYTES)
+    out_r.start()
+    err_r.start()
+
+    # 4. supervise the leader: cancel beats timeout; TERM the group, KILL after a grace
+    start = time.monotonic()
+    deadline = start + req.timeout_ms / 1000.0 if req.timeout_ms is not None else None
+    aborted = timed_out = False
+    term_at: float | None = None
+    killed = False
+    while True:
+        rc = proc.poll()
+        if rc is not None:
+            break
+        now = time.monotonic()
+        if term_at is None:
+            if cancel is not None and cancel.is_set():
+                aborted = True
+            elif deadline is not None and now >= deadline:
+                timed_out = True
+            if aborted or timed_out:
+                term_at = now
+                _signal_group(proc, signal.SIGTERM)
+        elif not killed and now - term_at >= KILL_GRACE_S:
+            killed = True
+            _signal_group(proc, _SIGKILL)
+        if cancel is not None and term_at is None:
+            cancel.wait(POLL_INTERVAL_S)
+        else:
+            time.sleep(POLL_INTERVAL_S)
+
+    # 5. drain: the pipes should close now; if a descendant holds them, kill the group (D9)
+    drain_timed_out: list[str] = []
+    readers = (out_r, err_r)
+    if term_at is not None:
+        grace_end = max(term_at + KILL_GRACE_S, time.monotonic())
+        _join_all(readers, grace_end)
+        # we are terminating anyway: sweep anything left in the group
+        _signal_group(proc, _SIGKILL)
+        _join_all(readers, time.monotonic() + POST_KILL_DRAIN_S)
+    else:
+        _join_all(readers, time.monotonic() + DRAIN_GRACE_S)
+        if any(r.is_alive() for r in readers):
+            drain_timed_out = [f"{r.label} drain timed out" for r in readers if r.is_alive()]
+            _signal_group(proc, _SIGKILL)
+            _join_all(readers, time.monotonic() + POST_KILL_DRAIN_S)
+    for r in readers:
+        if r.is_alive():
+            r.stop()
+    for r in readers:
+        r.join(1.0)
+        if not r.is_alive():
+            try:
+                r.stream.close()
+            except OSError:
+                pass
+
+    causes = list(drain_timed_out)
+    for r in readers:
+        if r.error is not None:
+            causes.append(f"{r.label} read failed: {r.error}")
+        elif not r.eof and f"{r.label} drain timed out" not in causes:
+            causes.append(f"{r.label} drain timed out")
+
+    values = req.sensitive_values
+    stdout = _stdout_text(out_r)
+    # redact the whole stderr BEFORE taking its tail so a secret cut by the tail
+    # boundary cannot survive as a fragment
+    stderr_full = redact_text(bytes(err_r.buf).decode("utf-8", errors="replace"), values)
+    tail = _stderr_tail(stderr_full)
+    stdout_text = _strip_trailing_newlines(stdout)
+
+    # 6. map the outcome, first match wins
+    if aborted:
+        return _fail("aborted", f"{label} {desc} was cancelled while running; the process group was terminated{tail}", stdout_text)
+    if timed_out:
+        return _fail(
+            "timeout",
+            f"{label} {desc} timed out after {req.timeout_ms} ms; the process group was terminated{tail}",
+            stdout_text,
+        )
+    if rc != 0:
+        if rc < 0:
+            what = f"was killed by signal {_signal_name(-rc)} ({-rc})"
+        else:
+            what = f"exited {rc}"
+        return _fail("non_zero_exit", f"{label} {desc} {what}{tail}", stdout_text)
+    if causes:
+        return _fail(
+            "spawn_failed",
+            f"{label} {desc} exited 0 but output capture did not complete ({'; '.join(causes)}). "
+            "A background process probably kept stdout/stderr open after the command exited; its process "
+            "group was killed and the partial output was discarded. Wait for child processes before exiting, "
+            f"or redirect their output to a file or /dev/null{tail}",
+        )
+    if out_r.overflowed and req.expect_json:
+        return _fail(
+            "exec_output_limit",
+            f"{label} {desc} wrote {out_r.total} bytes to stdout but only {len(out_r.buf)} bytes were retained "
+            f"(cap {MAX_STREAM_BYTES} bytes). The unit declares an `output: schema`, which needs stdout to be "
+            "exactly one JSON value, so the truncated stream cannot be used: NO artifact was promoted. Write bulk "
+            f"output to a file and print a small JSON summary instead{tail}",
+        )
+    if req.expect_json:
+        ok, value = _parse_strict_json(stdout)
+        if not ok:
+            return DispatchResult(ok=False, failure_reason="parse_error", error=PARSE_ERROR_MESSAGE, text=stdout or None)
+        return DispatchResult(ok=True, text=stdout.strip(_JS_WHITESPACE) or None, result=value, has_result=True)
+    return DispatchResult(ok=True, text=stdout_text or None)
+
+
+def _join_all(readers: tuple[_StreamReader, ...], until: float) -> None:
+    for r in readers:
+        remaining = until - time.monotonic()
+        if remaining > 0:
+            r.join(remaining)

@@ -1,0 +1,208 @@
+"""Scrub secret values out of everything a dispatcher hands back (spec-engine §9).
+
+Why: a unit's output, error text and structured result are journaled, shown by
+`status` and copied into evidence and later prompts. Values that came from `env:`
+bindings are secrets by definition, and a command that echoes one (on purpose or
+in a stack trace) must not leak it into any of those places. Redaction is a plain
+substring scrub against a known set of values — no pattern guessing — applied by
+the dispatcher before anything leaves it.
+
+Values shorter than `MIN_SECRET_LENGTH` are ignored: replacing every "1" or "yes"
+in an artifact would destroy the output while protecting nothing worth the name.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Mapping
+from urllib.parse import parse_qsl, quote, quote_plus, unquote, unquote_plus, urlsplit
+
+REDACTED = "[REDACTED]"
+MIN_SECRET_LENGTH = 4
+ELLIPSIS = "…"
+
+# Query/fragment parameter names (lower-case, non-alphanumerics dropped) whose
+# values are credentials even inside an otherwise harmless URL.
+_CREDENTIAL_PARAM_KEYS = frozenset(
+    {
+        "token",
+        "accesstoken",
+        "apikey",
+        "key",
+        "secret",
+        "password",
+        "passwd",
+        "pwd",
+        "signature",
+        "sig",
+        "code",
+        "state",
+        "nonce",
+        "credential",
+        "credentials",
+        "authorization",
+        "auth",
+        "clientsecret",
+        "refreshtoken",
+        "idtoken",
+        "sessiontoken",
+        "xamzsignature",
+        "xamzcredential",
+        "xamzsecuritytoken",
+        "xgoogsignature",
+        "xgoogcredential",
+    }
+)
+
+
+def clip(text: str, n: int) -> str:
+    """First `n` characters of `text`, plus "…" when anything was cut.
+
+    Used for diagnostics stored in the journal; clipping must happen AFTER
+    redaction, otherwise a secret cut in half would survive as a fragment.
+    """
+    if n < 0:
+        n = 0
+    if len(text) <= n:
+        return text
+    return text[:n] + ELLIPSIS
+
+
+def _effective_values(sensitive_values: Iterable[str]) -> list[str]:
+    """Unique values long enough to scrub, longest first."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for v in sensitive_values:
+        if isinstance(v, str) and len(v) >= MIN_SECRET_LENGTH and v not in seen:
+            seen.add(v)
+            out.append(v)
+    out.sort(key=len, reverse=True)
+    return out
+
+
+def redact_text(text: str, sensitive_values: Iterable[str]) -> str:
+    """Replace every occurrence of every sensitive value with `[REDACTED]`.
+
+    All occurrences of all values are located on the ORIGINAL text first
+    (overlapping ones included) and overlapping spans are merged, so two secrets
+    that share characters never leave a fragment of either behind — a naive
+    sequential `str.replace` would leak the tail of the second one.
+    """
+    if not text:
+        return text
+    values = _effective_values(sensitive_values)
+    if not values:
+        return text
+    spans: list[tuple[int, int]] = []
+    for v in values:
+        start = text.find(v)
+        while start != -1:
+            spans.append((start, start + len(v)))
+            start = text.find(v, start + 1)
+    if not spans:
+        return text
+    spans.sort()
+    merged: list[list[int]] = []
+    for s, e in spans:
+        if merged and s < merged[-1][1]:
+            if e > merged[-1][1]:
+                merged[-1][1] = e
+        else:
+            merged.append([s, e])
+    parts: list[str] = []
+    pos = 0
+    for s, e in merged:
+        parts.append(text[pos:s])
+        parts.append(REDACTED)
+        pos = e
+    parts.append(text[pos:])
+    return "".join(parts)
+
+
+def redact_value(obj: Any, sensitive_values: Iterable[str]) -> Any:
+    """Return a copy of a JSON value with every string leaf AND object key redacted.
+
+    Keys matter: a command can emit `{"<secret>": true}` just as easily as a value.
+    Non-string scalars are returned unchanged.
+    """
+    values = _effective_values(sensitive_values)
+    if not values:
+        return obj
+    return _walk(obj, values)
+
+
+def _walk(obj: Any, values: list[str]) -> Any:
+    if isinstance(obj, str):
+        return redact_text(obj, values)
+    if isinstance(obj, Mapping):
+        return {(redact_text(k, values) if isinstance(k, str) else k): _walk(v, values) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_walk(v, values) for v in obj]
+    return obj
+
+
+def _normalize_param_key(key: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", key.lower())
+
+
+def _encoded_variants(value: str) -> list[str]:
+    """The value plus the spellings it takes when echoed inside a URL."""
+    variants = [value, unquote(value), unquote_plus(value), quote(value, safe=""), quote_plus(value, safe="")]
+    # lower-case hex escapes (`%2f` instead of `%2F`)
+    variants.extend(re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), v) for v in list(variants))
+    return variants
+
+
+def _url_credential_parts(value: str) -> list[str]:
+    """Userinfo and credential-named query/fragment values of a URL-shaped value."""
+    text = value.strip()
+    if "://" not in text:
+        return []
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return []
+    found: list[str] = []
+    if parts.netloc and "@" in parts.netloc:
+        userinfo = parts.netloc.rsplit("@", 1)[0]
+        user, _, password = userinfo.partition(":")
+        found.extend(p for p in (user, password) if p)
+        found.append(userinfo)
+    for section in (parts.query, parts.fragment):
+        if not section:
+            continue
+        for raw_pair in re.split(r"[&;]", section):
+            k, sep, v = raw_pair.partition("=")
+            if sep and v and _normalize_param_key(unquote_plus(k)) in _CREDENTIAL_PARAM_KEYS:
+                found.append(v)
+        for k, v in parse_qsl(section, keep_blank_values=False):
+            if v and _normalize_param_key(k) in _CREDENTIAL_PARAM_KEYS:
+                found.append(v)
+    return found
+
+
+def sensitive_values_from(bindings: Mapping[str, str]) -> list[str]:
+    """The redaction set for resolved `env:` bindings (names are not secret, values are).
+
+    Each non-empty value is added as-is and trimmed, plus its URL-encoded and
+    decoded spellings; a URL-shaped value also contributes its userinfo and any
+    credential-named query/fragment parameters, so a tool that logs the "safe"
+    parts of a connection string still cannot print the password. Short entries
+    stay in the list; `redact_text` decides what is long enough to scrub.
+    """
+    out: list[str] = []
+    seen: set[str] = set()
+
+    def add(v: str) -> None:
+        if v and v not in seen:
+            seen.add(v)
+            out.append(v)
+
+    for value in bindings.values():
+        if not isinstance(value, str) or not value:
+            continue
+        candidates = [value, value.strip()] + _url_credential_parts(value)
+        for c in candidates:
+            for variant in _encoded_variants(c):
+                add(variant)
+    return out

@@ -1,0 +1,65 @@
+"""Run-lifetime dispatch ceilings, seeded from the journal.
+
+Counted in attempts (not rows), so a unit re-dispatched after a crash is
+charged again: the budget protects the user's wallet, not the journal.
+Thread-safe: fan-out workers consume from one budget.
+"""
+
+from __future__ import annotations
+
+import threading
+
+LIFETIME_UNIT_CAP = 10_000
+
+
+class DispatchBudget:
+    def __init__(self, *, used: int, tokens: int, max_units: int | None, max_tokens: int | None,
+                 on_exceed: "callable | None" = None) -> None:
+        self.used = used
+        self.tokens = tokens
+        self.max_units = max_units
+        self.max_tokens = max_tokens
+        self.exceeded: str | None = None
+        self.cap_message: str | None = None
+        self._lock = threading.Lock()
+        self._on_exceed = on_exceed
+
+    def set_exceed_hook(self, hook: "callable | None") -> None:
+        """Called once when a ceiling is crossed (the current step's cancellation)."""
+        with self._lock:
+            self._on_exceed = hook
+            crossed = self.exceeded is not None
+        if crossed and hook is not None:
+            hook()
+
+    def _exceed(self, message: str) -> None:
+        if self.exceeded is None:
+            self.exceeded = message
+            if self._on_exceed is not None:
+                self._on_exceed()
+
+    def try_consume(self) -> str | None:
+        """Reserve one dispatch; returns the refusal reason code, or None when allowed."""
+        with self._lock:
+            if self.exceeded is not None:
+                return "budget_exceeded"
+            if self.max_units is not None and self.used >= self.max_units:
+                self._exceed(f"budget exceeded (max_units ceiling): {self.used} of {self.max_units} units already dispatched")
+                return "budget_exceeded"
+            if self.max_tokens is not None and self.tokens >= self.max_tokens:
+                self._exceed(f"budget exceeded (max_tokens ceiling): {self.tokens} of {self.max_tokens} tokens used")
+                return "budget_exceeded"
+            if self.used >= LIFETIME_UNIT_CAP:
+                self.cap_message = (
+                    f"workflow run exceeded the lifetime unit cap ({LIFETIME_UNIT_CAP}). "
+                    "Aborting dispatch — check for a runaway fan-out."
+                )
+                return "unit_cap_exceeded"
+            self.used += 1
+            return None
+
+    def add_tokens(self, n: int) -> None:
+        with self._lock:
+            self.tokens += n
+            if self.max_tokens is not None and self.tokens >= self.max_tokens:
+                self._exceed(f"budget exceeded (max_tokens ceiling): {self.tokens} of {self.max_tokens} tokens used")

@@ -1,0 +1,69 @@
+"""Keeps the run lease alive and marks running units as alive (D8).
+
+Runs on its own thread every `interval` seconds. A renewal that fails means
+another driver took the run over (or it was abandoned): the heartbeat trips the
+lease cancellation so in-flight units stop, and the drive loop raises instead
+of double-driving the run.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from akm.engine.cancel import Cancellation
+from akm.store import runs as runs_store
+from akm.store import units as units_store
+from akm.store.db import Database
+
+LEASE_TTL_S = 90.0
+HEARTBEAT_S = LEASE_TTL_S / 3
+
+
+class Heartbeat:
+    def __init__(self, db: Database, run_id: str, holder: str, lost: Cancellation,
+                 interval: float = HEARTBEAT_S) -> None:
+        self.db, self.run_id, self.holder, self.lost = db, run_id, holder, lost
+        self.interval = interval
+        self._stop = threading.Event()
+        self._running: set[str] = set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="akm-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def track(self, unit_id: str) -> None:
+        with self._lock:
+            self._running.add(unit_id)
+
+    def untrack(self, unit_id: str) -> None:
+        with self._lock:
+            self._running.discard(unit_id)
+
+    def beat(self) -> bool:
+        """One renewal; False (and the lease cancellation tripped) when the lease is gone."""
+        try:
+            ok = runs_store.renew_lease(self.db, self.run_id, self.holder)
+        except Exception:  # a failing renewal is treated as a lost lease
+            ok = False
+        if not ok:
+            self.lost.trip("lease_lost")
+            return False
+        with self._lock:
+            running = sorted(self._running)
+        if running:
+            try:
+                units_store.heartbeat_units(self.db, self.run_id, running)
+            except Exception:
+                pass  # liveness marks are advisory; the lease renewal above is what matters
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            if not self.beat():
+                return

@@ -1,0 +1,295 @@
+"""Pure step semantics: reuse decisions, reduction, evidence, routes.
+
+Everything here is a function of journal rows and unit outcomes, so the native
+drive loop and the session protocol reach identical results (DESIGN.md), and a
+resumed run rebuilds exactly the evidence a live run would have written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from akm.canonical import canonical_json, compact_json
+from akm.format.refs import ReferenceResolutionError, ReferenceSyntaxError, parse_reference, resolve_reference
+from akm.format.schema import validate_instance
+from akm.plan.model import RoutePlan, StepPlan
+
+TEXT_CLIP = 2000
+EVIDENCE_LIMIT_BYTES = 1024 * 1024
+EVIDENCE_PREVIEW = 1000
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+@dataclass
+class UnitOutcome:
+    """What one unit ended with, live or rehydrated from its journal row."""
+
+    unit_id: str
+    ok: bool
+    text: str | None = None
+    result: Any = None
+    has_result: bool = False
+    failure_reason: str | None = None
+    error: str | None = None
+    tokens: int | None = None
+    session_id: str | None = None
+    reused: bool = False
+    dispatched: bool = False
+
+    @property
+    def value(self) -> Any:
+        if not self.ok:
+            return None
+        if self.has_result:
+            return self.result
+        return self.text
+
+
+# ---------------------------------------------------------------- reuse
+
+_ATTEMPT = re.compile(r"^(?P<base>.*?)(?:~r(?P<n>\d+))?$")
+
+
+@dataclass
+class ReuseDecision:
+    kind: str  # "reuse" | "diverge" | "dispatch"
+    row: dict[str, Any] | None = None
+    attempt_id: str | None = None
+
+
+def classify_reuse(base_id: str, input_hash: str, rows: list[dict[str, Any]], gate_loop: int) -> ReuseDecision:
+    """Reuse a completed row with the same hash; a loop-1 completed row with another hash is divergence.
+
+    Rows are in journal order (started_at, unit_id). Running and failed rows never
+    block: the next dispatch of the same attempt id overwrites them.
+    """
+    completed = []
+    for row in rows:
+        uid = row["unit_id"]
+        if row.get("status") != "completed":
+            continue
+        if uid == base_id or (uid.startswith(base_id + "~r") and uid[len(base_id) + 2 :].isdigit()):
+            completed.append(row)
+    for row in completed:
+        if row.get("input_hash") and row["input_hash"] == input_hash:
+            return ReuseDecision("reuse", row=row)
+    if completed and gate_loop <= 1:
+        return ReuseDecision("diverge", attempt_id=completed[0]["unit_id"])
+    return ReuseDecision("dispatch")
+
+
+def outcome_from_row(unit_id: str, row: dict[str, Any], has_schema: bool) -> UnitOutcome:
+    raw = row.get("result_json")
+    parsed: Any = None
+    present = False
+    if raw is not None:
+        try:
+            parsed = json.loads(raw)
+            present = True
+        except ValueError:
+            present = False
+    out = UnitOutcome(unit_id=unit_id, ok=row.get("status") == "completed", tokens=row.get("tokens"),
+                      session_id=row.get("session_id"), reused=True)
+    if not out.ok:
+        out.failure_reason = row.get("failure_reason") or "reported_failure"
+        if isinstance(parsed, str):
+            out.error = parsed
+        return out
+    if present:
+        if has_schema:
+            out.result, out.has_result = parsed, True
+        elif isinstance(parsed, str):
+            out.text = parsed
+        else:
+            out.result, out.has_result = parsed, True
+    return out
+
+
+def journaled_result_json(outcome: UnitOutcome) -> str | None:
+    """What the unit row stores: the artifact on success, a clipped diagnostic on failure."""
+    if outcome.ok:
+        if outcome.has_result:
+            return compact_json(outcome.result)
+        if outcome.text:
+            return compact_json(outcome.text)
+        return None
+    parts = [p for p in (outcome.error, outcome.text) if p and p.strip()]
+    if not parts:
+        return None
+    return compact_json(clip("\n--- unit output ---\n".join(parts), TEXT_CLIP))
+
+
+# ---------------------------------------------------------------- reduction
+
+
+@dataclass
+class StepResult:
+    ok: bool
+    evidence: dict[str, Any]
+    summary: str
+    artifact_schema_failure: bool = False
+    hard_failure: bool = False
+    unit_count: int = 0
+    failed_units: int = 0
+
+
+def failed_step(reason: str) -> StepResult:
+    return StepResult(ok=False, evidence={"error": reason}, summary=reason, hard_failure=True)
+
+
+def unit_evidence(outcome: UnitOutcome) -> dict[str, Any]:
+    if outcome.ok:
+        entry: dict[str, Any] = {"unitId": outcome.unit_id, "ok": True}
+        if outcome.has_result:
+            entry["result"] = outcome.result
+        elif outcome.text is not None:
+            entry["text"] = clip(outcome.text, TEXT_CLIP)
+        return entry
+    entry = {"unitId": outcome.unit_id, "ok": False}
+    if outcome.failure_reason:
+        entry["failureReason"] = outcome.failure_reason
+    return entry
+
+
+def _validate_output(step: StepPlan, output: Any) -> list[str]:
+    if step.output_schema is None:
+        return []
+    return validate_instance(output, step.output_schema)
+
+
+def reduce_step(step: StepPlan, outcomes: list[UnitOutcome], *, is_map: bool, reducer: str,
+                on_error: str) -> StepResult:
+    """Combine unit outcomes (in item order) into the step's evidence and verdict."""
+    n = len(outcomes)
+    failures = [o for o in outcomes if not o.ok]
+    evidence: dict[str, Any] = {"units": [unit_evidence(o) for o in outcomes], "itemCount": n}
+    vote_error: str | None = None
+    if reducer == "vote":
+        counts: dict[str, list[Any]] = {}
+        for o in outcomes:
+            if o.ok:
+                key = canonical_json(o.value)
+                counts.setdefault(key, [o.value, 0])[1] += 1
+        ranked = sorted(counts.values(), key=lambda pair: -pair[1])
+        if not ranked:
+            vote_error = "vote failed: no successful unit results"
+            output: Any = None
+        elif len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+            vote_error = f"vote failed: tied at {ranked[0][1]} votes each, no majority"
+            output = None
+        else:
+            output = ranked[0][0]
+            evidence["vote"] = {"winner": output, "votes": ranked[0][1], "total": sum(p[1] for p in ranked)}
+    elif is_map:
+        output = [o.value for o in outcomes]
+    else:
+        output = outcomes[0].value if outcomes else None
+    evidence["output"] = output
+
+    if n == 0:
+        summary = "fan-out list was empty — no units dispatched."
+    else:
+        summary = f'Step "{step.step_id}" executed {n} unit(s) ({n - len(failures)} succeeded, {len(failures)} failed).'
+    if failures:
+        tolerated = " (recorded, on_error: continue)" if on_error == "continue" else ""
+        listed = ", ".join(f"{o.unit_id} ({o.failure_reason or 'failed'})" for o in failures)
+        summary += f" Failed: {listed}{tolerated}."
+        first = next((o for o in failures if o.error and o.error.strip()), None)
+        if first is not None:
+            summary += f" First failure diagnostic ({first.unit_id}): {clip(first.error.strip(), TEXT_CLIP)}"
+    if vote_error:
+        summary += f" {vote_error}."
+    ok = (on_error == "continue" or not failures) and vote_error is None
+    result = StepResult(ok=ok, evidence=evidence, summary=summary, unit_count=n, failed_units=len(failures),
+                        hard_failure=vote_error is not None)
+    if ok:
+        errors = _validate_output(step, output)
+        if errors:
+            result.ok = False
+            result.artifact_schema_failure = True
+            result.summary = (
+                f'Step "{step.step_id}" artifact failed validation against the step\'s declared output schema: '
+                + "; ".join(errors) + "."
+            )
+    return result
+
+
+# ---------------------------------------------------------------- routes
+
+
+class RouteError(ValueError):
+    pass
+
+
+def route_value_string(value: Any) -> str:
+    """Stringify a route input the way authors expect (`true`, `1`, `1.5`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def evaluate_route(step_id: str, route: RoutePlan, params: dict[str, Any], outputs: dict[str, Any]) -> dict[str, Any]:
+    """Return the evidence `route` object {input, value, selected} or raise RouteError."""
+    try:
+        value = resolve_reference(parse_reference(route.input), params, outputs)
+    except (ReferenceResolutionError, ReferenceSyntaxError) as exc:
+        raise RouteError(f'route input "{route.input}" failed to resolve: {exc}') from exc
+    if isinstance(value, (dict, list)):
+        raise RouteError(f'route input "{route.input}" resolved to an object or array; routes need a string, number or boolean')
+    key = route_value_string(value)
+    selected = route.when.get(key, route.default_step_id)
+    if selected is None:
+        raise RouteError(
+            f'route input "{route.input}" = {compact_json(value)} matched no "when:" branch and the route declares no default'
+        )
+    return {"input": route.input, "value": value, "selected": selected}
+
+
+def route_targets(route: RoutePlan) -> list[str]:
+    targets = list(dict.fromkeys(route.when.values()))
+    if route.default_step_id and route.default_step_id not in targets:
+        targets.append(route.default_step_id)
+    return targets
+
+
+# ---------------------------------------------------------------- evidence bound
+
+
+def bounded_evidence_json(evidence: dict[str, Any]) -> tuple[str, bool]:
+    """Serialise evidence under the 1 MiB row bound, largest entries replaced by markers first."""
+    text = compact_json(evidence)
+    if len(text.encode("utf-8")) <= EVIDENCE_LIMIT_BYTES:
+        return text, False
+    original = len(text.encode("utf-8"))
+    work = dict(evidence)
+    sizes = sorted(((len(compact_json(v).encode("utf-8")), k) for k, v in work.items()), reverse=True)
+    for size, key in sizes:
+        preview = compact_json(work[key])[:EVIDENCE_PREVIEW]
+        work[key] = {"__akm_evidence_truncated__": True, "reason": "evidence exceeded the 1 MiB journal bound",
+                     "originalBytes": size, "limitBytes": EVIDENCE_LIMIT_BYTES, "preview": preview}
+        text = compact_json(work)
+        if len(text.encode("utf-8")) <= EVIDENCE_LIMIT_BYTES:
+            return text, True
+    return compact_json({"__akm_evidence_truncated__": True, "originalBytes": original,
+                         "limitBytes": EVIDENCE_LIMIT_BYTES}), True
+
+
+def step_outputs_from_evidence(evidence_by_step: dict[str, Any]) -> dict[str, Any]:
+    """`steps.<id>.output` scope: evidence.output when present, else the whole evidence."""
+    out: dict[str, Any] = {}
+    for step_id, ev in evidence_by_step.items():
+        if ev is None:
+            continue
+        if isinstance(ev, dict) and "output" in ev:
+            out[step_id] = ev["output"]
+        else:
+            out[step_id] = ev
+    return out

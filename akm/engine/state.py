@@ -1,0 +1,86 @@
+"""Loading a run from the journal, with the integrity checks that make resume safe.
+
+A stored plan must be byte-identical to its own canonical re-serialisation and
+match its hash; the step rows must match the plan's steps. Anything else is a
+corrupt run: refuse before any lease or dispatch, but leave it inspectable and
+abandonable.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from akm.canonical import sha256_hex
+from akm.errors import NotFoundError, UsageError
+from akm.format.schema import validate_instance
+from akm.plan.model import Plan
+from akm.store import runs as runs_store
+from akm.store.db import Database
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass
+class LoadedRun:
+    row: dict[str, Any]
+    plan: Plan
+    params: dict[str, Any]
+    steps: list[dict[str, Any]]
+
+    @property
+    def run_id(self) -> str:
+        return self.row["id"]
+
+    @property
+    def status(self) -> str:
+        return self.row["status"]
+
+
+def _corrupt(run_id: str, what: str) -> UsageError:
+    return UsageError(
+        f"Run {run_id} has a corrupt {what}; it cannot be executed.",
+        code="CORRUPT_RUN",
+        hint=f"Inspect it with `akm workflow status {run_id}` or discard it with `akm workflow abandon {run_id}`.",
+    )
+
+
+def decode_plan(run_id: str, plan_json: str | None, plan_hash: str | None) -> Plan:
+    if not plan_json:
+        raise _corrupt(run_id, "frozen plan (missing)")
+    if not plan_hash or not _HEX64.match(plan_hash) or sha256_hex(plan_json) != plan_hash:
+        raise _corrupt(run_id, "frozen plan (integrity check failed: plan_hash does not match plan_json)")
+    try:
+        plan = Plan.model_validate(json.loads(plan_json))
+    except (ValueError, ValidationError) as exc:
+        raise _corrupt(run_id, f"frozen plan ({str(exc).splitlines()[0]})") from exc
+    if plan.canonical() != plan_json:
+        raise _corrupt(run_id, "frozen plan (noncanonical JSON)")
+    return plan
+
+
+def load_run(db: Database, run_id: str) -> LoadedRun:
+    row = runs_store.get_run(db, run_id)
+    if row is None:
+        raise NotFoundError(f"No workflow run with id {run_id}.", code="RUN_NOT_FOUND",
+                            hint="List runs with `akm workflow list`.")
+    row = asdict(row)
+    plan = decode_plan(run_id, row.get("plan_json"), row.get("plan_hash"))
+    try:
+        params = json.loads(row.get("params_json") or "{}")
+    except ValueError as exc:
+        raise _corrupt(run_id, "params record") from exc
+    if not isinstance(params, dict):
+        raise _corrupt(run_id, "params record")
+    if plan.param_schemas:
+        errors = validate_instance(params, {"type": "object", "properties": plan.param_schemas}, "params")
+        if errors:
+            raise _corrupt(run_id, "params record (" + "; ".join(errors) + ")")
+    steps = [asdict(s) for s in runs_store.get_steps(db, run_id)]
+    if [s["step_id"] for s in steps] != [p.step_id for p in plan.steps]:
+        raise _corrupt(run_id, "step spine (step rows do not match the frozen plan)")
+    return LoadedRun(row=row, plan=plan, params=params, steps=steps)

@@ -1,0 +1,189 @@
+"""The pure work list: which units a step consists of, and their identities.
+
+Shared by the native drive loop and the session protocol so both produce the
+same unit graph for the same plan (DESIGN.md). No clock, no IO, no store: the
+inputs are the frozen step, the run params and the outputs of earlier steps.
+A problem that concerns the whole step (an `over` that is not a list, a
+duplicate fan-out item, an input that does not resolve) is returned as a
+`StepFailure` and nothing is dispatched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from akm.canonical import canonical_json
+from akm.engine.prompt import build_unit_prompt
+from akm.format.refs import ReferenceResolutionError, ReferenceSyntaxError, parse_reference, resolve_reference
+from akm.plan.identity import NO_ITEM, item_unit_id, journal_base_id, solo_unit_id, unit_input_hash
+from akm.plan.model import MapNode, StepPlan, UnitNode
+
+MAX_FAN_OUT = 10_000
+
+
+@dataclass
+class WorkUnit:
+    unit_id: str  # content id, what evidence reports
+    base_id: str  # journal id of attempt 0 for this gate loop
+    node_id: str
+    parent_unit_id: str | None
+    index: int
+    item: Any  # NO_ITEM for solo units
+    template: UnitNode
+    runner: str  # "exec" | "session" (llm/agent runners arrive with engines)
+    engine: str | None
+    model: str | None
+    timeout_ms: int | None
+    inputs: list[tuple[str, Any]]
+    prompt: str
+    input_hash: str
+
+    @property
+    def is_fan_out(self) -> bool:
+        return self.item is not NO_ITEM
+
+
+@dataclass
+class WorkList:
+    units: list[WorkUnit]
+    is_map: bool
+    concurrency: int
+    reducer: str
+    inputs: list[tuple[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class StepFailure:
+    reason: str
+
+
+def _resolve(ref_text: str, params: dict[str, Any], outputs: dict[str, Any]) -> Any:
+    ref = parse_reference(ref_text)
+    return resolve_reference(ref, params, outputs)
+
+
+def _describe_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def runner_for(template: UnitNode, engines: dict[str, dict[str, Any]]) -> str:
+    """exec units always run natively; anything else needs an engine or a session (D11)."""
+    if template.exec is not None:
+        return "exec"
+    return "session"
+
+
+def build_work_list(
+    step: StepPlan,
+    *,
+    run_id: str,
+    params: dict[str, Any],
+    step_outputs: dict[str, Any],
+    engines: dict[str, dict[str, Any]] | None = None,
+    gate_loop: int = 1,
+    gate_feedback: dict[str, Any] | None = None,
+) -> WorkList | StepFailure:
+    engines = engines or {}
+    template = step.unit_template
+    if template is None:
+        return StepFailure(f'Step "{step.step_id}" has no unit to run.')
+
+    inputs: list[tuple[str, Any]] = []
+    for ref in template.inputs or []:
+        try:
+            inputs.append((ref, _resolve(ref, params, step_outputs)))
+        except (ReferenceResolutionError, ReferenceSyntaxError) as exc:
+            return StepFailure(f'Step "{step.step_id}" declared input "{ref}" failed to resolve: {exc}')
+
+    root = step.root
+    if isinstance(root, MapNode):
+        try:
+            items = _resolve(root.over, params, step_outputs)
+        except (ReferenceResolutionError, ReferenceSyntaxError) as exc:
+            return StepFailure(f'Step "{step.step_id}" fan-out "over" ({root.over}) failed to resolve: {exc}')
+        if not isinstance(items, list):
+            return StepFailure(
+                f'Step "{step.step_id}" fan-out "over" ({root.over}) resolved to {_describe_type(items)}, not an array.'
+            )
+        if len(items) > MAX_FAN_OUT:
+            return StepFailure(
+                f'Step "{step.step_id}" fan-out has {len(items)} items; the limit is {MAX_FAN_OUT}.'
+            )
+        seen: dict[str, int] = {}
+        for i, it in enumerate(items):
+            if it is None:
+                return StepFailure(f'Step "{step.step_id}" fan-out list has a null item (index {i}).')
+            key = canonical_json(it)
+            if key in seen:
+                preview = key if len(key) <= 200 else key[:200] + "…"
+                return StepFailure(
+                    f'Step "{step.step_id}" fan-out list has duplicate items (indices {seen[key]} and {i}): '
+                    f"{preview}. Unit ids are derived from item content, so items must be distinct."
+                )
+            seen[key] = i
+        entries = [(i, it) for i, it in enumerate(items)]
+        concurrency, reducer, is_map = root.concurrency, root.reducer, True
+    else:
+        entries = [(0, NO_ITEM)]
+        concurrency, reducer, is_map = 1, "collect", False
+
+    runner = runner_for(template, engines)
+    invocation = template.invocation
+    engine_name = invocation.engine if invocation else None
+    dispatch_snapshot = engines.get(engine_name) if engine_name else None
+    timeout_ms = template.exec.timeout_ms if template.exec else (invocation.timeout_ms if invocation else None)
+
+    units: list[WorkUnit] = []
+    for index, item in entries:
+        fan_out = item is not NO_ITEM
+        unit_id = item_unit_id(template.id, item) if fan_out else solo_unit_id(step.step_id)
+        prompt = build_unit_prompt(
+            run_id=run_id,
+            step_id=step.step_id,
+            unit_id=unit_id,
+            params=params,
+            instructions=template.instructions,
+            item=item if fan_out else None,
+            item_index=index if fan_out else None,
+            inputs=inputs,
+            gate_feedback=gate_feedback,
+            schema=template.output_schema,
+        )
+        input_hash = unit_input_hash(
+            template=template,
+            params=params,
+            item=item,
+            inputs=inputs,
+            dispatch=dispatch_snapshot,
+            gate_feedback=gate_feedback,
+        )
+        units.append(
+            WorkUnit(
+                unit_id=unit_id,
+                base_id=journal_base_id(unit_id, gate_loop),
+                node_id=template.id,
+                parent_unit_id=f"{step.step_id}.map" if fan_out else None,
+                index=index,
+                item=item,
+                template=template,
+                runner=runner,
+                engine=None if template.exec else engine_name,
+                model=None if template.exec else (invocation.model if invocation else None),
+                timeout_ms=timeout_ms,
+                inputs=inputs,
+                prompt=prompt,
+                input_hash=input_hash,
+            )
+        )
+    return WorkList(units=units, is_map=is_map, concurrency=concurrency, reducer=reducer, inputs=inputs)
