@@ -1,0 +1,86 @@
+"""Shared fixtures: an isolated data dir per test, and the built zipapp for end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT.parent / "shared" / "corpus"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_state(tmp_path, monkeypatch):
+    """Every test gets its own journal and never touches the user's real data dir."""
+    monkeypatch.setenv("AKM_DATA_DIR", str(tmp_path / "akm-data"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+
+
+@pytest.fixture(scope="session")
+def akm_bin(tmp_path_factory) -> Path:
+    """Build dist/akm once per test session (always fresh, so tests see the current code)."""
+    if os.environ.get("AKM_TEST_SKIP_BUILD") != "1" or not (ROOT / "dist" / "akm").exists():
+        proc = subprocess.run(["bash", str(ROOT / "build.sh")], cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, f"build.sh failed:\n{proc.stdout}\n{proc.stderr}"
+    return ROOT / "dist" / "akm"
+
+
+@pytest.fixture(scope="session")
+def shiv_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("shiv-root")
+
+
+class Akm:
+    """Runs akm as a user would: a real process, its own data dir and working directory."""
+
+    def __init__(self, argv0: list[str], data_dir: Path, cwd: Path, env: dict[str, str]):
+        self.argv0, self.data_dir, self.cwd, self.env = argv0, data_dir, cwd, env
+
+    def __call__(self, *args: str, timeout: float = 120, check: int | None = None, **kw) -> subprocess.CompletedProcess:
+        proc = subprocess.run([*self.argv0, *args], cwd=self.cwd, env=self.env, capture_output=True, text=True,
+                              timeout=timeout, **kw)
+        if check is not None:
+            assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        return proc
+
+    def popen(self, *args: str, **kw) -> subprocess.Popen:
+        return subprocess.Popen([*self.argv0, *args], cwd=self.cwd, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, **kw)
+
+    def json(self, *args: str, check: int | None = 0, timeout: float = 120) -> dict:
+        proc = self(*args, "--format", "json", check=check, timeout=timeout)
+        return json.loads(proc.stdout)
+
+
+def _env(tmp_path: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AKM_")}
+    env["AKM_DATA_DIR"] = str(tmp_path / "akm-data")
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg-config")
+    env.update(extra or {})
+    return env
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    d = tmp_path / "project"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def akm(tmp_path, project) -> Akm:
+    """akm from source (`python -m akm`): fast, same code path as the zipapp."""
+    env = _env(tmp_path, {"PYTHONPATH": str(ROOT)})
+    return Akm([sys.executable, "-m", "akm"], tmp_path / "akm-data", project, env)
+
+
+@pytest.fixture
+def akm_zipapp(tmp_path, project, akm_bin, shiv_root) -> Akm:
+    """The built single-file executable, driven like a user would."""
+    env = _env(tmp_path, {"SHIV_ROOT": str(shiv_root)})
+    return Akm([str(akm_bin)], tmp_path / "akm-data", project, env)
