@@ -335,13 +335,18 @@ def run_workflow(
                 run_id = active.id
             else:
                 run_id = str(uuid.uuid4())
-                plan_json = plan.canonical()
-                runs_store.create_run(
-                    db, run_id=run_id, workflow_ref=ref, workflow_path=str(wf_path), title=plan.title,
-                    scope_key=scope, params=values, plan_json=plan_json, plan_hash=plan.plan_hash(),
-                    hash_version=UNIT_HASH_VERSION, step_ids=[s.step_id for s in plan.steps],
-                )
-                started = True
+                try:
+                    runs_store.create_run(
+                        db, run_id=run_id, workflow_ref=ref, workflow_path=str(wf_path), title=plan.title,
+                        scope_key=scope, params=values, plan_json=plan.canonical(), plan_hash=plan.plan_hash(),
+                        hash_version=UNIT_HASH_VERSION, step_ids=[s.step_id for s in plan.steps],
+                    )
+                    started = True
+                except UsageError as exc:
+                    # Lost a start race to a concurrent invocation: continue (or queue behind) its run.
+                    if exc.code != "RUN_ALREADY_ACTIVE" or not exc.details.get("runId"):
+                        raise
+                    run_id = exc.details["runId"]
         timer = None
         if timeout_ms is not None:
             import threading

@@ -1,0 +1,68 @@
+"""Where akm keeps its state, and which project a command runs in.
+
+Two questions every command asks before touching the journal:
+
+* `data_dir()` / `state_db_path()` — the one SQLite file holding every run.
+  `AKM_DATA_DIR` wins (tests, CI, users who want state beside a project);
+  otherwise platformdirs' per-user data dir. platformdirs is imported inside
+  the function because the CLI imports this module on every start.
+* `project_root()` / `scope_key()` — the *run scope*. Runs are found by
+  (workflow ref, scope), so the same workflow started in two checkouts gives
+  two independent runs. The anchor is the nearest ancestor holding a `.akm/`
+  directory (an explicit akm project) or a `.git` (file or directory:
+  worktrees and submodules use a `.git` file), else the working directory. Paths are realpath'd so a symlinked checkout and
+  its target share one scope.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+SCOPE_PREFIX = "dir:v1:"
+
+
+def data_dir() -> Path:
+    """The directory holding `state.db`; `AKM_DATA_DIR` (trimmed, non-empty) overrides."""
+    override = os.environ.get("AKM_DATA_DIR", "").strip()
+    if override:
+        return Path(override)
+    import platformdirs  # lazy: keeps CLI start-up light
+
+    return Path(platformdirs.user_data_dir("akm", appauthor=False))
+
+
+def state_db_path() -> Path:
+    """The journal file: `<data_dir>/state.db`."""
+    return data_dir() / "state.db"
+
+
+def _ancestors(start: Path) -> list[Path]:
+    return [start, *start.parents]
+
+
+def project_root(cwd: str | os.PathLike[str] | None = None) -> Path:
+    """Nearest ancestor (inclusive) holding a `.akm/` dir or a `.git`, else cwd (realpath'd).
+
+    The nearest marker wins, so a stray `.akm/` high up (say in $HOME) cannot
+    fold every repository below it into one scope.
+    """
+    start = Path(os.path.realpath(os.fspath(cwd) if cwd is not None else os.getcwd()))
+    for candidate in _ancestors(start):
+        if (candidate / ".akm").is_dir() or os.path.lexists(candidate / ".git"):
+            return candidate
+    return start
+
+
+def _normalize(path: Path) -> str:
+    text = str(path)
+    if os.sep == "\\":  # Windows: one spelling per directory
+        text = text.replace("\\", "/").lower()
+    return text
+
+
+def scope_key(cwd: str | os.PathLike[str] | None = None) -> str:
+    """`"dir:v1:" + sha256_hex(project root path)` — the run scope of `cwd`."""
+    root = _normalize(project_root(cwd))
+    return SCOPE_PREFIX + hashlib.sha256(root.encode("utf-8")).hexdigest()

@@ -1,0 +1,232 @@
+"""One SQLite connection per invocation, with the pragmas and transaction rules the journal relies on.
+
+Why it looks like this:
+
+* `isolation_level=None` — we issue `BEGIN IMMEDIATE` ourselves. Python's
+  implicit transactions would start deferred transactions that can fail with
+  SQLITE_BUSY on upgrade, after work was already done.
+* WAL + `synchronous=NORMAL`: readers (`akm status`) never block the engine,
+  and a committed step survives a process crash (WAL + NORMAL may lose the
+  last commits only on power loss, which we accept for speed). Other journal
+  modes (`AKM_SQLITE_JOURNAL_MODE=DELETE|TRUNCATE`, for network filesystems
+  where WAL is unsafe) get `synchronous=FULL`.
+* One connection shared by the engine's worker threads, guarded by an RLock
+  that is held for a whole transaction — so another thread can never
+  accidentally "join" a transaction it does not own.
+* Every sqlite3 error that escapes becomes a `JournalError` with a readable
+  message: users never see a raw traceback for a locked or corrupt journal.
+* Timestamps are fixed-width ISO-8601 UTC with milliseconds and `Z`, so
+  lease/claim expiry can be compared as strings in SQL.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from akm.errors import JournalError
+
+BUSY_TIMEOUT_MS = 30_000
+BEGIN_ATTEMPTS = 5
+_BEGIN_BACKOFF_S = (0.001, 0.002, 0.004, 0.008)
+_JOURNAL_MODES = ("WAL", "DELETE", "TRUNCATE")
+
+
+def now_iso(offset_s: float = 0.0) -> str:
+    """UTC now (+ offset seconds) as `YYYY-MM-DDTHH:MM:SS.mmmZ` — fixed width, string-comparable."""
+    return format_iso(datetime.now(timezone.utc) + timedelta(seconds=offset_s))
+
+
+def format_iso(moment: datetime) -> str:
+    """Render an aware datetime in the journal's timestamp format."""
+    moment = moment.astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def parse_iso(text: str) -> datetime:
+    """Inverse of `format_iso` (accepts any ISO form Python understands)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _is_locked(exc: BaseException) -> bool:
+    msg = str(exc).lower()
+    return "database is locked" in msg or "database table is locked" in msg or "busy" in msg
+
+
+def journal_error(exc: sqlite3.Error, what: str, path: str | os.PathLike[str] | None = None) -> JournalError:
+    """Turn a sqlite3 error into a user-facing JournalError (callers `raise ... from exc`)."""
+    where = f" ({path})" if path is not None else ""
+    hint = None
+    if _is_locked(exc):
+        hint = "Another akm process holds the journal for a long time; retry when it finishes."
+    elif "not a database" in str(exc).lower() or "malformed" in str(exc).lower():
+        hint = "The journal file is damaged or is not an akm state database; set AKM_DATA_DIR to use another one."
+    return JournalError(f"journal {what} failed{where}: {exc}", hint=hint)
+
+
+class Database:
+    """A shared connection plus the transaction helper. Create it with `open_db`."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, journal_mode: str) -> None:
+        self.conn = conn
+        self.path = path
+        self.journal_mode = journal_mode
+        self.lock = threading.RLock()
+
+    # -- transactions -------------------------------------------------------------------------
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """`BEGIN IMMEDIATE` … `COMMIT`; joins a transaction this thread already has open.
+
+        BEGIN is retried (up to 5 attempts) only when it fails with "locked";
+        the body is never retried. A body exception rolls back and propagates
+        unchanged (sqlite3 errors become JournalError).
+        """
+        with self.lock:
+            if self.conn.in_transaction:
+                yield self.conn  # join: the outer owner commits or rolls back
+                return
+            self._begin_immediate()
+            try:
+                yield self.conn
+            except BaseException as exc:
+                self._rollback_quietly()
+                if isinstance(exc, sqlite3.Error):
+                    raise journal_error(exc, "write", self.path) from exc
+                raise
+            if not self.conn.in_transaction:
+                raise JournalError(
+                    f"journal write failed ({self.path}): the transaction ended before commit; nothing was saved"
+                )
+            try:
+                self.conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback_quietly()
+                raise journal_error(exc, "commit", self.path) from exc
+
+    def _begin_immediate(self) -> None:
+        last: sqlite3.Error | None = None
+        for attempt in range(BEGIN_ATTEMPTS):
+            try:
+                self.conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if not _is_locked(exc):
+                    raise journal_error(exc, "begin", self.path) from exc
+                last = exc
+            else:
+                if self.conn.in_transaction:
+                    return
+                last = sqlite3.OperationalError("BEGIN IMMEDIATE returned without a transaction")
+            if attempt < len(_BEGIN_BACKOFF_S):
+                time.sleep(_BEGIN_BACKOFF_S[attempt])
+        assert last is not None
+        raise journal_error(last, "begin", self.path) from last
+
+    def _rollback_quietly(self) -> None:
+        if self.conn.in_transaction:
+            try:
+                self.conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+
+    # -- statements ---------------------------------------------------------------------------
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
+        """Run one statement (inside the caller's tx if any, else autocommit)."""
+        with self.lock:
+            try:
+                return self.conn.execute(sql, params)
+            except sqlite3.Error as exc:
+                if self.conn.in_transaction:
+                    raise  # the owning tx() wraps it after rolling back
+                raise journal_error(exc, "statement", self.path) from exc
+
+    def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[sqlite3.Row]:
+        """All rows of a SELECT."""
+        with self.lock:
+            try:
+                return self.conn.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                if self.conn.in_transaction:
+                    raise
+                raise journal_error(exc, "read", self.path) from exc
+
+    def query_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Row | None:
+        rows = self.query(sql, params)
+        return rows[0] if rows else None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self.lock:
+            try:
+                self.conn.close()
+            except sqlite3.Error:
+                pass
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _journal_mode_from_env() -> str:
+    raw = os.environ.get("AKM_SQLITE_JOURNAL_MODE", "").strip().upper()
+    return raw if raw in _JOURNAL_MODES else "WAL"
+
+
+def _set_journal_mode(conn: sqlite3.Connection, mode: str) -> str:
+    # Switching a fresh file to WAL needs an exclusive lock; another process
+    # opening the same new file at the same moment can make it report BUSY.
+    for attempt in range(BEGIN_ATTEMPTS + 5):
+        try:
+            row = conn.execute(f"PRAGMA journal_mode={mode}").fetchone()
+            return str(row[0]).upper() if row else mode
+        except sqlite3.OperationalError as exc:
+            if not _is_locked(exc) or attempt == BEGIN_ATTEMPTS + 4:
+                raise
+            time.sleep(0.005 * (attempt + 1))
+    return mode  # pragma: no cover
+
+
+def open_db(path: str | os.PathLike[str], *, migrate: bool = True) -> Database:
+    """Open (creating parent dirs) the journal at `path`, set pragmas, apply pending migrations."""
+    db_path = Path(path)
+    try:
+        db_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise JournalError(f"cannot create the journal directory {db_path.parent}: {exc}") from exc
+    try:
+        conn = sqlite3.connect(
+            str(db_path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+        )
+    except sqlite3.Error as exc:
+        raise journal_error(exc, "open", db_path) from exc
+    conn.row_factory = sqlite3.Row
+    try:
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        mode = _set_journal_mode(conn, _journal_mode_from_env())
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA synchronous=NORMAL" if mode == "WAL" else "PRAGMA synchronous=FULL")
+    except sqlite3.Error as exc:
+        conn.close()
+        raise journal_error(exc, "open", db_path) from exc
+    db = Database(conn, db_path, mode)
+    if migrate:
+        from akm.store.migrations import apply_migrations
+
+        try:
+            apply_migrations(db)
+        except BaseException:
+            db.close()
+            raise
+    return db

@@ -1,0 +1,281 @@
+"""The append-only event bus and the invocation history (spec-engine §8, DECISIONS D17).
+
+Events: `(id, event_type, ts, run_id, metadata_json)`. The id is the durable
+cursor: SQLite serialises writers, so a committed id is never overtaken by a
+smaller one committed later, and `id > offset` polling never skips or repeats.
+Unlike upstream we store `run_id` as a column and filter on it in SQL, so the
+returned `next_offset` is the id of the last *returned* row (or the input
+offset when nothing matched) — polling one run with it is exact. Metadata
+holds ids / statuses / numbers only (never titles, notes, results or errors).
+
+task_history: one row per `workflow run` invocation. Metadata v2 is what we
+write; the reader decodes v1 and v2 strictly (field-for-field as upstream's
+0.9.0 decoder) and refuses anything else with a clear UsageError.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from akm.canonical import compact_json
+from akm.errors import UsageError
+from akm.store.db import Database, now_iso
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event row; `metadata` is `{}` when the stored JSON is empty or corrupt."""
+
+    id: int
+    event_type: str
+    ts: str
+    run_id: str | None
+    metadata: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "ts": self.ts, "eventType": self.event_type}
+        if self.run_id is not None:
+            out["runId"] = self.run_id
+        if self.metadata:
+            out["metadata"] = self.metadata
+        return out
+
+
+def append_event(db: Database, event_type: str, run_id: str | None, metadata: dict[str, Any] | None = None) -> int:
+    """Insert one event; joins the caller's open transaction (so it commits or rolls back with it)."""
+    with db.tx() as conn:
+        cur = conn.execute(
+            "INSERT INTO events (event_type, ts, run_id, metadata_json) VALUES (?, ?, ?, ?)",
+            (event_type, now_iso(), run_id, compact_json(metadata or {})),
+        )
+        return int(cur.lastrowid or 0)
+
+
+def _decode_metadata(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _event(row: Any) -> Event:
+    return Event(
+        id=int(row["id"]),
+        event_type=row["event_type"],
+        ts=row["ts"],
+        run_id=row["run_id"],
+        metadata=_decode_metadata(row["metadata_json"]),
+    )
+
+
+def list_events(
+    db: Database,
+    run_id: str | None = None,
+    since_offset: int = 0,
+    limit: int | None = None,
+    *,
+    event_type: str | None = None,
+    since_ts: str | None = None,
+) -> tuple[list[Event], int]:
+    """Events with `id > since_offset` (ascending), optionally for one run / type / `ts >= since_ts`.
+
+    Returns `(events, next_offset)`: `next_offset` = id of the last returned
+    event, or `since_offset` when none matched. `limit` keeps the *first* k
+    rows after the offset, so paging with `next_offset` never skips any.
+    """
+    if isinstance(since_offset, bool) or not isinstance(since_offset, int) or since_offset < 0:
+        raise UsageError(f"event offset must be a non-negative integer, got {since_offset!r}", code="INVALID_FLAG_VALUE")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise UsageError(f"event limit must be a positive integer, got {limit!r}", code="INVALID_FLAG_VALUE")
+    where = ["id > ?"]
+    params: list[Any] = [since_offset]
+    if run_id is not None:
+        where.append("run_id = ?")
+        params.append(run_id)
+    if event_type is not None:
+        where.append("event_type = ?")
+        params.append(event_type)
+    if since_ts is not None:
+        where.append("ts >= ?")
+        params.append(since_ts)
+    sql = f"SELECT id, event_type, ts, run_id, metadata_json FROM events WHERE {' AND '.join(where)} ORDER BY id ASC"
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    events = [_event(r) for r in db.query(sql, params)]
+    return events, (events[-1].id if events else since_offset)
+
+
+def has_event(db: Database, event_type: str, run_id: str) -> bool:
+    """True when an event of this type was already recorded for the run (idempotent emits)."""
+    return db.query_one("SELECT 1 FROM events WHERE event_type = ? AND run_id = ? LIMIT 1", (event_type, run_id)) is not None
+
+
+# -- task_history -------------------------------------------------------------------------------
+
+TASK_DETAIL_FIELDS = ("runId", "reason", "error", "exitCode")
+
+
+def _metadata_error(message: str) -> UsageError:
+    return UsageError(f"invalid task_history metadata_json: {message}", code="INVALID_TASK_METADATA")
+
+
+def _is_number(value: Any) -> bool:
+    """JSON number in JS terms: int or float, never bool (Python's bool is an int)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _validate_detail(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise _metadata_error("detail must be an object or null")
+    unknown = sorted(k for k in value if k not in TASK_DETAIL_FIELDS)
+    if unknown:
+        raise _metadata_error(f"unknown detail fields: {', '.join(unknown)}")
+    for field in ("runId", "reason", "error"):
+        if field in value and not isinstance(value[field], str):
+            raise _metadata_error(f"detail.{field} must be a string")
+    if value.get("exitCode") is not None and not _is_number(value["exitCode"]):
+        raise _metadata_error("detail.exitCode must be a number or null")
+
+
+def decode_task_metadata(raw: str | dict[str, Any]) -> dict[str, Any]:
+    """Decode task_history metadata v1 or v2 strictly; anything else is a UsageError.
+
+    v1 (`metadataVersion` absent or 1): fields durationMs?, detail?, profile?
+    -> `{metadataVersion: 1, durationMs?, detail?, legacyProfile?}`.
+    v2: durationMs (required number), detail (required key, object or null), engine?
+    -> `{metadataVersion: 2, durationMs, detail, engine?}`.
+    """
+    parsed: Any = raw
+    if isinstance(raw, str):
+        try:
+            parsed = json.loads(raw, parse_constant=_reject_constant)
+        except ValueError:
+            raise _metadata_error("not valid JSON") from None
+    if not isinstance(parsed, dict):
+        raise _metadata_error("root must be an object")
+    version = parsed.get("metadataVersion")
+    if version is None:
+        version = 1
+    if _is_number(version) and version == 1:
+        unknown = sorted(k for k in parsed if k not in ("metadataVersion", "durationMs", "detail", "profile"))
+        if unknown:
+            raise _metadata_error(f"unknown v1 fields: {', '.join(unknown)}")
+        if "metadataVersion" in parsed and not (_is_number(parsed["metadataVersion"]) and parsed["metadataVersion"] == 1):
+            raise _metadata_error("invalid v1 metadataVersion")
+        if "durationMs" in parsed and not _is_number(parsed["durationMs"]):
+            raise _metadata_error("durationMs must be a number")
+        if "profile" in parsed and not isinstance(parsed["profile"], str):
+            raise _metadata_error("profile must be a string")
+        _validate_detail(parsed.get("detail"))
+        out: dict[str, Any] = {"metadataVersion": 1}
+        if "durationMs" in parsed:
+            out["durationMs"] = parsed["durationMs"]
+        if parsed.get("detail") is not None:
+            out["detail"] = parsed["detail"]
+        if "profile" in parsed:
+            out["legacyProfile"] = parsed["profile"]
+        return out
+    if _is_number(version) and version == 2:
+        unknown = sorted(k for k in parsed if k not in ("metadataVersion", "durationMs", "detail", "engine"))
+        if unknown:
+            raise _metadata_error(f"unknown v2 fields: {', '.join(unknown)}")
+        if not _is_number(parsed.get("durationMs")):
+            raise _metadata_error("durationMs must be a number")
+        if "detail" not in parsed:
+            raise _metadata_error("detail is required in v2")
+        if parsed.get("engine") is not None and not isinstance(parsed["engine"], str):
+            raise _metadata_error("engine must be a string or null")
+        _validate_detail(parsed["detail"])
+        out = {"metadataVersion": 2, "durationMs": parsed["durationMs"], "detail": parsed["detail"]}
+        if "engine" in parsed:
+            out["engine"] = parsed["engine"]
+        return out
+    raise _metadata_error(f"unsupported metadataVersion: {_js_string(version)}")
+
+
+def _js_string(value: Any) -> str:
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+        return str(int(value))
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class TaskHistoryEntry:
+    """One invocation record with its decoded metadata."""
+
+    id: int
+    run_id: str | None
+    started_at: str
+    finished_at: str | None
+    outcome: str
+    metadata: dict[str, Any]
+
+
+def record_invocation(
+    db: Database,
+    *,
+    run_id: str | None,
+    started_at: str,
+    finished_at: str | None,
+    outcome: str,
+    duration_ms: int | float,
+    detail: dict[str, Any] | None,
+    engine: str | None,
+) -> int:
+    """Write one task_history row with metadata v2; returns its id.
+
+    `detail` may carry runId / reason / error (strings) and exitCode (number
+    or None); string fields given as None are dropped. The metadata is run
+    through the decoder before writing, so we never store a row we cannot read.
+    """
+    clean: dict[str, Any] | None = None
+    if detail is not None:
+        clean = {k: v for k, v in detail.items() if not (k in ("runId", "reason", "error") and v is None)}
+    metadata = {"metadataVersion": 2, "durationMs": duration_ms, "detail": clean, "engine": engine}
+    decode_task_metadata(metadata)
+    with db.tx() as conn:
+        cur = conn.execute(
+            "INSERT INTO task_history (run_id, started_at, finished_at, outcome, metadata_json) VALUES (?, ?, ?, ?, ?)",
+            (run_id, started_at, finished_at, outcome, compact_json(metadata)),
+        )
+        return int(cur.lastrowid or 0)
+
+
+def list_task_history(db: Database, run_id: str | None = None) -> list[TaskHistoryEntry]:
+    """Invocation records (oldest first), metadata decoded strictly (a bad row raises UsageError)."""
+    sql = "SELECT id, run_id, started_at, finished_at, outcome, metadata_json FROM task_history"
+    params: list[Any] = []
+    if run_id is not None:
+        sql += " WHERE run_id = ?"
+        params.append(run_id)
+    sql += " ORDER BY id ASC"
+    return [
+        TaskHistoryEntry(
+            id=int(r["id"]),
+            run_id=r["run_id"],
+            started_at=r["started_at"],
+            finished_at=r["finished_at"],
+            outcome=r["outcome"],
+            metadata=decode_task_metadata(r["metadata_json"]),
+        )
+        for r in db.query(sql, params)
+    ]

@@ -1,0 +1,196 @@
+"""Numbered schema migrations and their ledger (our own schema, DECISIONS D2).
+
+Rules (why: a journal must never be silently reinterpreted by the wrong akm):
+
+* Ids are permanent and applied in registry order; each migration runs in its
+  own `BEGIN IMMEDIATE` transaction and its ledger row is written in the same
+  transaction, so a crash leaves either nothing or the whole step.
+* The ledger re-read inside each transaction makes concurrent first opens by
+  several processes safe: the loser sees the id already applied.
+* The applied ids must be an exact ordered prefix of the registry. An id we do
+  not know means a newer akm wrote this journal -> refuse and tell the user to
+  upgrade; a known id out of order means the ledger is inconsistent -> refuse.
+* Never drop, rename or retype durable columns; add new migrations instead.
+
+Column meanings follow spec-engine.md §1.4 (table names are ours: `runs`,
+`steps`, `units`, `events`, `task_history`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+
+from akm.errors import JournalError
+from akm.store.db import Database, now_iso
+
+MIGRATION_0001 = """
+CREATE TABLE IF NOT EXISTS runs (
+    id                 TEXT PRIMARY KEY,
+    workflow_ref       TEXT NOT NULL,
+    workflow_path      TEXT,
+    title              TEXT NOT NULL DEFAULT '',
+    status             TEXT NOT NULL
+                       CHECK (status IN ('active','completed','failed','blocked','awaiting_session')),
+    params_json        TEXT NOT NULL DEFAULT '{}',
+    current_step_id    TEXT,
+    created_at         TEXT NOT NULL,
+    updated_at         TEXT NOT NULL,
+    completed_at       TEXT,
+    scope_key          TEXT NOT NULL,
+    plan_json          TEXT NOT NULL,
+    plan_hash          TEXT NOT NULL,
+    hash_version       INTEGER NOT NULL,
+    lease_holder       TEXT,
+    lease_host         TEXT,
+    lease_pid          INTEGER,
+    lease_until        TEXT,
+    status_detail_json TEXT
+);
+CREATE INDEX IF NOT EXISTS idx_runs_scope_ref_status ON runs (scope_key, workflow_ref, status);
+CREATE INDEX IF NOT EXISTS idx_runs_status ON runs (status);
+CREATE INDEX IF NOT EXISTS idx_runs_created ON runs (created_at);
+
+CREATE TABLE IF NOT EXISTS steps (
+    run_id          TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    step_id         TEXT NOT NULL,
+    sequence_index  INTEGER NOT NULL,
+    status          TEXT NOT NULL
+                    CHECK (status IN ('pending','running','completed','failed','skipped','blocked')),
+    notes           TEXT,
+    evidence_json   TEXT,
+    summary         TEXT,
+    completed_at    TEXT,
+    PRIMARY KEY (run_id, step_id)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS idx_steps_run_sequence ON steps (run_id, sequence_index);
+
+CREATE TABLE IF NOT EXISTS units (
+    run_id            TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    unit_id           TEXT NOT NULL,
+    step_id           TEXT,
+    node_id           TEXT NOT NULL,
+    parent_unit_id    TEXT,
+    phase             TEXT CHECK (phase IS NULL OR phase = 'gate'),
+    runner            TEXT,
+    engine            TEXT,
+    model             TEXT,
+    status            TEXT NOT NULL CHECK (status IN ('running','completed','failed')),
+    input_hash        TEXT,
+    result_json       TEXT,
+    tokens            INTEGER,
+    failure_reason    TEXT,
+    worktree_path     TEXT,
+    started_at        TEXT NOT NULL,
+    finished_at       TEXT,
+    session_id        TEXT,
+    last_checkin_at   TEXT,
+    attempts          INTEGER NOT NULL DEFAULT 1,
+    claim_holder      TEXT,
+    claim_host        TEXT,
+    claim_pid         INTEGER,
+    claim_expires_at  TEXT,
+    PRIMARY KEY (run_id, unit_id)
+);
+CREATE INDEX IF NOT EXISTS idx_units_run_step ON units (run_id, step_id);
+
+CREATE TABLE IF NOT EXISTS events (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_type     TEXT NOT NULL,
+    ts             TEXT NOT NULL,
+    run_id         TEXT,
+    metadata_json  TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS idx_events_run ON events (run_id, id);
+CREATE INDEX IF NOT EXISTS idx_events_type ON events (event_type);
+CREATE INDEX IF NOT EXISTS idx_events_ts ON events (ts);
+
+CREATE TABLE IF NOT EXISTS task_history (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id         TEXT,
+    started_at     TEXT NOT NULL,
+    finished_at    TEXT,
+    outcome        TEXT NOT NULL,
+    metadata_json  TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS idx_task_history_run ON task_history (run_id);
+CREATE INDEX IF NOT EXISTS idx_task_history_started ON task_history (started_at);
+"""
+
+# (id, sql). Append only; never edit an entry that has shipped.
+MIGRATIONS: list[tuple[str, str]] = [
+    ("0001-initial-schema", MIGRATION_0001),
+]
+
+LEDGER_DDL = (
+    "CREATE TABLE IF NOT EXISTS schema_migrations (id TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
+)
+
+
+def split_statements(sql: str) -> list[str]:
+    """Split a script into complete statements (executescript would COMMIT our transaction)."""
+    statements: list[str] = []
+    buf = ""
+    for line in sql.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            if buf.strip():
+                statements.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        raise ValueError(f"incomplete SQL statement in migration: {buf.strip()[:80]!r}")
+    return statements
+
+
+def _ledger_exists(db: Database) -> bool:
+    row = db.query_one("SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_migrations'")
+    return row is not None
+
+
+def applied_ids(db: Database) -> list[str]:
+    """Ledger ids in the order they were applied (empty for a fresh file)."""
+    if not _ledger_exists(db):
+        return []
+    return [r["id"] for r in db.query("SELECT id FROM schema_migrations ORDER BY rowid")]
+
+
+def check_ledger(applied: Sequence[str], registry: Sequence[tuple[str, str]], path: object = None) -> str:
+    """Classify the ledger: "current" | "old" (pending remain); raise JournalError for newer/inconsistent."""
+    known = [mid for mid, _ in registry]
+    where = f" at {path}" if path is not None else ""
+    unknown = [a for a in applied if a not in known]
+    if unknown:
+        raise JournalError(
+            f"the akm journal{where} was written by a newer version of akm "
+            f"(unknown schema migration {unknown[0]!r})",
+            code="JOURNAL_TOO_NEW",
+            hint="Upgrade akm to a version that knows this schema, or point AKM_DATA_DIR elsewhere.",
+        )
+    if list(applied) != known[: len(applied)]:
+        raise JournalError(
+            f"the akm journal{where} has an inconsistent migration ledger "
+            f"(applied {list(applied)!r}, expected a prefix of {known!r})",
+            code="JOURNAL_INCONSISTENT",
+            hint="The state database was modified outside akm; restore a backup or use a fresh AKM_DATA_DIR.",
+        )
+    return "current" if len(applied) == len(known) else "old"
+
+
+def apply_migrations(db: Database, registry: Sequence[tuple[str, str]] | None = None) -> list[str]:
+    """Apply pending migrations, each in its own transaction. Returns the ids applied now."""
+    registry = MIGRATIONS if registry is None else registry
+    if check_ledger(applied_ids(db), registry, db.path) == "current":
+        return []
+    done: list[str] = []
+    for mid, sql in registry:
+        with db.tx() as conn:
+            conn.execute(LEDGER_DDL)
+            applied = [r[0] for r in conn.execute("SELECT id FROM schema_migrations ORDER BY rowid")]
+            check_ledger(applied, registry, db.path)
+            if mid in applied:
+                continue
+            for statement in split_statements(sql):
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_migrations (id, applied_at) VALUES (?, ?)", (mid, now_iso()))
+        done.append(mid)
+    return done

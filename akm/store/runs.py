@@ -1,0 +1,546 @@
+"""Runs, the step spine, and the run lease (spec-engine §3.3–3.7, §4; DECISIONS D7, D16).
+
+Return types: `Run`, `Step` and `LeaseInfo` frozen dataclasses (documented
+below). Every state change is one short `BEGIN IMMEDIATE` transaction, and
+the events it implies are appended in that same transaction, so the log can
+never claim something the tables do not show (or miss something they do).
+
+Run statuses: `active`, `awaiting_session`, `blocked`, `failed`, `completed`.
+`awaiting_session` (D11) is a *drivable* status just like `active`: it is
+found by `find_active_run`, counts for the one-open-run-per-(ref, scope)
+guard, listed by `list_runs(active_only=True)`, may take/renew the lease,
+may complete steps, and `resume` treats it as a no-op. When a step completes
+on such a run the derived state replaces it (`active` if steps remain); the
+session layer sets `awaiting_session` again if it still waits.
+
+Lease (D16): holder id + host + pid + expiry. A lease is live when holder and
+expiry are set and expiry >= now (fixed-width ISO strings compare as times),
+except that a holder on *this* host whose pid no longer exists is dead at
+once, so a crashed `workflow run` is resumable immediately.
+
+Error codes raised here: RUN_ALREADY_ACTIVE, RUN_NOT_ACTIVE, RUN_COMPLETED,
+RUN_ALREADY_FINISHED, STEP_NOT_PENDING, STEP_NOT_CURRENT, LEASE_HELD
+(UsageError) and NOT_FOUND (NotFoundError).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from akm.canonical import compact_json
+from akm.errors import NotFoundError, UsageError
+from akm.store.db import Database, now_iso
+from akm.store.events import append_event, has_event
+
+RUN_STATUSES = ("active", "completed", "failed", "blocked", "awaiting_session")
+DRIVABLE_STATUSES = ("active", "awaiting_session")
+STEP_TERMINAL_STATUSES = ("completed", "failed", "skipped", "blocked")
+LEASE_TTL_S = 90.0
+
+_DRIVABLE_SQL = "('active','awaiting_session')"
+
+
+# -- rows -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    """Who holds a lease (or claim) and until when (ISO timestamp)."""
+
+    holder: str
+    host: str | None
+    pid: int | None
+    until: str
+
+
+@dataclass(frozen=True)
+class Run:
+    """One `runs` row. JSON columns are kept raw; the properties decode them."""
+
+    id: str
+    workflow_ref: str
+    workflow_path: str | None
+    title: str
+    status: str
+    params_json: str
+    current_step_id: str | None
+    created_at: str
+    updated_at: str
+    completed_at: str | None
+    scope_key: str
+    plan_json: str
+    plan_hash: str
+    hash_version: int
+    lease_holder: str | None
+    lease_host: str | None
+    lease_pid: int | None
+    lease_until: str | None
+    status_detail_json: str | None
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return json.loads(self.params_json) if self.params_json else {}
+
+    @property
+    def status_detail(self) -> dict[str, Any] | None:
+        return json.loads(self.status_detail_json) if self.status_detail_json else None
+
+    @property
+    def drivable(self) -> bool:
+        return self.status in DRIVABLE_STATUSES
+
+
+@dataclass(frozen=True)
+class Step:
+    """One `steps` row (the spine)."""
+
+    run_id: str
+    step_id: str
+    sequence_index: int
+    status: str
+    notes: str | None
+    evidence_json: str | None
+    summary: str | None
+    completed_at: str | None
+
+    @property
+    def evidence(self) -> Any:
+        return json.loads(self.evidence_json) if self.evidence_json else None
+
+
+_RUN_COLUMNS = ", ".join(Run.__dataclass_fields__)
+_STEP_COLUMNS = ", ".join(Step.__dataclass_fields__)
+
+
+def _run(row: Any) -> Run:
+    return Run(**{k: row[k] for k in Run.__dataclass_fields__})
+
+
+def _step(row: Any) -> Step:
+    return Step(**{k: row[k] for k in Step.__dataclass_fields__})
+
+
+# -- liveness (shared with unit claims) -------------------------------------------------------
+
+
+def pid_alive(pid: int) -> bool:
+    """Does a process with this pid exist on this host? (EPERM means it exists.)"""
+    if pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def holder_is_live(holder: str | None, host: str | None, pid: int | None, until: str | None, now: str) -> bool:
+    """The lease/claim rule: set, not expired, and not a dead process on this host."""
+    if holder is None or until is None or until < now:
+        return False
+    if host is not None and pid is not None and host == socket.gethostname() and not pid_alive(pid):
+        return False
+    return True
+
+
+# -- reads ------------------------------------------------------------------------------------
+
+
+def get_run(db: Database, run_id: str) -> Run | None:
+    row = db.query_one(f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
+    return _run(row) if row else None
+
+
+def require_run(db: Database, run_id: str) -> Run:
+    """Like `get_run` but raises NotFoundError."""
+    run = get_run(db, run_id)
+    if run is None:
+        raise NotFoundError(f"workflow run {run_id!r} not found")
+    return run
+
+
+def list_runs(
+    db: Database, scope_key: str | None = None, active_only: bool = False, ref: str | None = None
+) -> list[Run]:
+    """Runs newest first (created_at, then insertion). `active_only` = drivable statuses."""
+    where: list[str] = []
+    params: list[Any] = []
+    if scope_key is not None:
+        where.append("scope_key = ?")
+        params.append(scope_key)
+    if ref is not None:
+        where.append("workflow_ref = ?")
+        params.append(ref)
+    if active_only:
+        where.append(f"status IN {_DRIVABLE_SQL}")
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    rows = db.query(f"SELECT {_RUN_COLUMNS} FROM runs{clause} ORDER BY created_at DESC, rowid DESC", params)
+    return [_run(r) for r in rows]
+
+
+def find_active_run(db: Database, ref: str, scope_key: str) -> Run | None:
+    """The drivable run (active or awaiting_session) for ref in scope; newest updated_at wins."""
+    row = db.query_one(
+        f"SELECT {_RUN_COLUMNS} FROM runs WHERE workflow_ref = ? AND scope_key = ? AND status IN {_DRIVABLE_SQL} "
+        "ORDER BY updated_at DESC, created_at DESC, rowid DESC LIMIT 1",
+        (ref, scope_key),
+    )
+    return _run(row) if row else None
+
+
+def get_steps(db: Database, run_id: str) -> list[Step]:
+    """The spine in plan order."""
+    rows = db.query(f"SELECT {_STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY sequence_index", (run_id,))
+    return [_step(r) for r in rows]
+
+
+def get_step(db: Database, run_id: str, step_id: str) -> Step | None:
+    row = db.query_one(f"SELECT {_STEP_COLUMNS} FROM steps WHERE run_id = ? AND step_id = ?", (run_id, step_id))
+    return _step(row) if row else None
+
+
+# -- create -----------------------------------------------------------------------------------
+
+
+def create_run(
+    db: Database,
+    *,
+    run_id: str,
+    workflow_ref: str,
+    workflow_path: str | None,
+    title: str,
+    scope_key: str,
+    params: dict[str, Any],
+    plan_json: str,
+    plan_hash: str,
+    hash_version: int,
+    step_ids: Sequence[str],
+) -> Run:
+    """Insert an `active` run and its `pending` spine in one tx; emits `workflow_started`.
+
+    Refuses (UsageError RUN_ALREADY_ACTIVE, details.runId) when a drivable run
+    of the same ref already exists in this scope.
+    """
+    steps = list(step_ids)
+    if not steps:
+        raise UsageError(f"workflow {workflow_ref!r} has no steps; nothing to run")
+    if len(set(steps)) != len(steps):
+        raise UsageError(f"workflow {workflow_ref!r} declares a step id twice")
+    now = now_iso()
+    with db.tx() as conn:
+        existing = conn.execute(
+            f"SELECT id, status FROM runs WHERE workflow_ref = ? AND scope_key = ? AND status IN {_DRIVABLE_SQL} "
+            "ORDER BY updated_at DESC LIMIT 1",
+            (workflow_ref, scope_key),
+        ).fetchone()
+        if existing is not None:
+            raise UsageError(
+                f"workflow {workflow_ref} already has an {existing['status']} run ({existing['id']}) in this project",
+                code="RUN_ALREADY_ACTIVE",
+                hint=f"Continue it with `akm workflow run {existing['id']}` or abandon it with "
+                f"`akm workflow abandon {existing['id']}`.",
+                details={"runId": existing["id"]},
+            )
+        conn.execute(
+            "INSERT INTO runs (id, workflow_ref, workflow_path, title, status, params_json, current_step_id, "
+            "created_at, updated_at, scope_key, plan_json, plan_hash, hash_version) "
+            "VALUES (?, ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, workflow_ref, workflow_path, title, compact_json(params), steps[0], now, now, scope_key,
+             plan_json, plan_hash, hash_version),
+        )
+        conn.executemany(
+            "INSERT INTO steps (run_id, step_id, sequence_index, status) VALUES (?, ?, ?, 'pending')",
+            [(run_id, sid, i) for i, sid in enumerate(steps)],
+        )
+        append_event(db, "workflow_started", run_id, {"runId": run_id, "status": "active"})
+    return require_run(db, run_id)
+
+
+# -- derive + complete ------------------------------------------------------------------------
+
+
+def derive_run_state(steps: Sequence[Step]) -> tuple[str, str | None, str | None]:
+    """(status, current_step_id, completed_at) from the spine (spec §3.3). Pure.
+
+    First failed/blocked step -> that status; else first unfinished
+    (pending/running) -> active; else completed at the latest step stamp.
+    """
+    ordered = sorted(steps, key=lambda s: s.sequence_index)
+    for s in ordered:
+        if s.status in ("failed", "blocked"):
+            return s.status, s.step_id, None
+        if s.status in ("pending", "running"):
+            return "active", s.step_id, None
+    stamps = [s.completed_at for s in ordered if s.completed_at]
+    return "completed", None, (max(stamps) if stamps else None)
+
+
+def _check_lease_allows(row: Any, lease_holder: str | None, now: str) -> None:
+    if holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now) and (
+        row["lease_holder"] != lease_holder
+    ):
+        raise UsageError(
+            f"workflow run {row['id']} is being driven by engine {row['lease_holder']} "
+            f"(lease until {row['lease_until']}); the engine owns the step spine while it runs",
+            code="LEASE_HELD",
+            hint="Wait for that `akm workflow run` to finish or for its lease to expire.",
+            details={"holder": row["lease_holder"], "until": row["lease_until"]},
+        )
+
+
+def complete_step(
+    db: Database,
+    run_id: str,
+    step_id: str,
+    status: str,
+    *,
+    notes: str | None = None,
+    evidence_json: str | None = None,
+    summary: str | None = None,
+    lease_holder: str | None = None,
+    status_detail: dict[str, Any] | None = None,
+) -> Run:
+    """Finish the current step and re-derive the run, in one tx. Returns the updated Run.
+
+    Preconditions (UsageError otherwise): run drivable, step exists
+    (NotFoundError), is `pending`, is the run's current step, and no live
+    lease is held by someone other than `lease_holder`. Emits
+    `workflow_step_completed` / `workflow_step_updated` and, when the run is
+    done, `workflow_finished` in the same tx. `status_detail` is stored on
+    the run (e.g. D7's missing criteria for `blocked`); None clears it.
+    """
+    if status not in STEP_TERMINAL_STATUSES:
+        raise UsageError(f"cannot complete a step as {status!r}; use one of {', '.join(STEP_TERMINAL_STATUSES)}")
+    now = now_iso()
+    with db.tx() as conn:
+        run = conn.execute(
+            "SELECT id, status, current_step_id, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?",
+            (run_id,),
+        ).fetchone()
+        if run is None:
+            raise NotFoundError(f"workflow run {run_id!r} not found")
+        if run["status"] not in DRIVABLE_STATUSES:
+            raise UsageError(
+                f"workflow run {run_id} is {run['status']} and cannot be updated",
+                code="RUN_NOT_ACTIVE",
+                hint=f"Use `akm workflow resume {run_id}` to reopen it first." if run["status"] != "completed" else None,
+            )
+        _check_lease_allows(run, lease_holder, now)
+        step = conn.execute("SELECT status FROM steps WHERE run_id = ? AND step_id = ?", (run_id, step_id)).fetchone()
+        if step is None:
+            raise NotFoundError(f"step {step_id!r} not found in workflow run {run_id}")
+        if step["status"] != "pending":
+            raise UsageError(f"step {step_id} of run {run_id} is already {step['status']}", code="STEP_NOT_PENDING")
+        if run["current_step_id"] != step_id:
+            raise UsageError(
+                f"step {step_id} is not the current step of run {run_id}; complete {run['current_step_id']} first",
+                code="STEP_NOT_CURRENT",
+            )
+        clean_notes = notes.strip() if notes is not None and notes.strip() else None
+        conn.execute(
+            "UPDATE steps SET status = ?, notes = ?, evidence_json = ?, summary = ?, completed_at = ? "
+            "WHERE run_id = ? AND step_id = ?",
+            (status, clean_notes, evidence_json, summary, now, run_id, step_id),
+        )
+        spine = [_step(r) for r in conn.execute(f"SELECT {_STEP_COLUMNS} FROM steps WHERE run_id = ?", (run_id,))]
+        new_status, current, completed_at = derive_run_state(spine)
+        conn.execute(
+            "UPDATE runs SET status = ?, current_step_id = ?, completed_at = ?, updated_at = ?, "
+            "status_detail_json = ? WHERE id = ?",
+            (new_status, current, completed_at, now, compact_json(status_detail) if status_detail else None, run_id),
+        )
+        event = "workflow_step_completed" if status == "completed" else "workflow_step_updated"
+        append_event(db, event, run_id, {"runId": run_id, "stepId": step_id, "status": status})
+        if new_status == "completed":
+            append_event(db, "workflow_finished", run_id, {"runId": run_id})
+    return require_run(db, run_id)
+
+
+# -- status changes ---------------------------------------------------------------------------
+
+
+def set_run_status(db: Database, run_id: str, status: str, detail: dict[str, Any] | None = None) -> Run:
+    """Switch a drivable run between `active` and `awaiting_session` (D11), storing `detail`.
+
+    Only drivable runs move, and only to a drivable status; anything else is a
+    UsageError (steps decide failed/blocked/completed, via `complete_step`).
+    """
+    if status not in DRIVABLE_STATUSES:
+        raise UsageError(f"set_run_status only moves between active and awaiting_session, not {status!r}")
+    with db.tx() as conn:
+        row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"workflow run {run_id!r} not found")
+        if row["status"] not in DRIVABLE_STATUSES:
+            raise UsageError(f"workflow run {run_id} is {row['status']} and cannot be updated", code="RUN_NOT_ACTIVE")
+        conn.execute(
+            "UPDATE runs SET status = ?, status_detail_json = ?, updated_at = ? WHERE id = ?",
+            (status, compact_json(detail) if detail else None, now_iso(), run_id),
+        )
+    return require_run(db, run_id)
+
+
+def set_status_detail(db: Database, run_id: str, detail: dict[str, Any] | None) -> None:
+    """Replace the run's status detail (any status); None clears it."""
+    with db.tx() as conn:
+        cur = conn.execute(
+            "UPDATE runs SET status_detail_json = ? WHERE id = ?",
+            (compact_json(detail) if detail else None, run_id),
+        )
+        if cur.rowcount == 0:
+            raise NotFoundError(f"workflow run {run_id!r} not found")
+
+
+def resume_run(db: Database, run_id: str) -> Run:
+    """Reopen a blocked/failed run (spec §3.7). Returns the run after the call.
+
+    blocked/failed -> active: the current step goes back to `pending` (notes,
+    evidence, completed_at cleared; summary kept), lease, status detail and
+    completed_at cleared. active/awaiting_session -> no-op. completed ->
+    UsageError RUN_COMPLETED. No event (spec §8.1).
+    """
+    with db.tx() as conn:
+        row = conn.execute("SELECT status, current_step_id FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"workflow run {run_id!r} not found")
+        if row["status"] == "completed":
+            raise UsageError(f"workflow run {run_id} is already completed and cannot be resumed", code="RUN_COMPLETED")
+        if row["status"] in ("blocked", "failed"):
+            if row["current_step_id"] is not None:
+                conn.execute(
+                    "UPDATE steps SET status = 'pending', notes = NULL, evidence_json = NULL, completed_at = NULL "
+                    "WHERE run_id = ? AND step_id = ? AND status IN ('blocked','failed')",
+                    (run_id, row["current_step_id"]),
+                )
+            conn.execute(
+                "UPDATE runs SET status = 'active', updated_at = ?, completed_at = NULL, status_detail_json = NULL, "
+                "lease_holder = NULL, lease_host = NULL, lease_pid = NULL, lease_until = NULL WHERE id = ?",
+                (now_iso(), run_id),
+            )
+    return require_run(db, run_id)
+
+
+def abandon_run(db: Database, run_id: str) -> Run:
+    """Give up on a run: active/blocked/awaiting_session -> failed (spec §3.7, D7).
+
+    A `blocked` current step becomes `failed` too, so the spine stays
+    coherent. Appends `workflow_abandoned` once per run (idempotent) in the
+    same tx. Lease columns are kept as forensic state (renewals now fail).
+    completed/failed -> UsageError RUN_ALREADY_FINISHED.
+    """
+    now = now_iso()
+    with db.tx() as conn:
+        row = conn.execute("SELECT status, current_step_id FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"workflow run {run_id!r} not found")
+        if row["status"] in ("completed", "failed"):
+            raise UsageError(f"workflow run {run_id} is already {row['status']}", code="RUN_ALREADY_FINISHED")
+        if row["current_step_id"] is not None:
+            conn.execute(
+                "UPDATE steps SET status = 'failed', completed_at = ? WHERE run_id = ? AND step_id = ? "
+                "AND status = 'blocked'",
+                (now, run_id, row["current_step_id"]),
+            )
+        conn.execute(
+            "UPDATE runs SET status = 'failed', updated_at = ?, completed_at = ? "
+            "WHERE id = ? AND status IN ('active','blocked','awaiting_session')",
+            (now, now, run_id),
+        )
+        if not has_event(db, "workflow_abandoned", run_id):
+            append_event(db, "workflow_abandoned", run_id, {"runId": run_id})
+    return require_run(db, run_id)
+
+
+# -- lease ------------------------------------------------------------------------------------
+
+
+def _lease_of(row: Any) -> LeaseInfo:
+    return LeaseInfo(holder=row["lease_holder"], host=row["lease_host"], pid=row["lease_pid"], until=row["lease_until"])
+
+
+def acquire_lease(
+    db: Database,
+    run_id: str,
+    holder: str,
+    ttl_s: float = LEASE_TTL_S,
+    *,
+    host: str | None = None,
+    pid: int | None = None,
+) -> LeaseInfo | None:
+    """Take the run lease. None on success, else the live holder's LeaseInfo.
+
+    `host`/`pid` identify the holder (default: this machine and process).
+    A live lease is not re-acquirable, not even by the same holder id. The
+    dead-pid check runs first; the UPDATE's WHERE then names the old holder
+    and expiry, so of two racers only one can change the row.
+    Raises NotFoundError / UsageError RUN_NOT_ACTIVE for a missing or
+    non-drivable run.
+    """
+    host = socket.gethostname() if host is None else host
+    pid = os.getpid() if pid is None else pid
+    with db.tx() as conn:
+        row = conn.execute(
+            "SELECT id, status, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFoundError(f"workflow run {run_id!r} not found")
+        if row["status"] not in DRIVABLE_STATUSES:
+            raise UsageError(
+                f"workflow run {run_id} is {row['status']} and cannot be executed",
+                code="RUN_NOT_ACTIVE",
+                hint=f"Use `akm workflow resume {run_id}` to reopen it first." if row["status"] != "completed" else None,
+            )
+        now = now_iso()
+        if holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now):
+            return _lease_of(row)
+        cur = conn.execute(
+            "UPDATE runs SET lease_holder = ?, lease_host = ?, lease_pid = ?, lease_until = ? "
+            f"WHERE id = ? AND status IN {_DRIVABLE_SQL} AND lease_holder IS ? AND lease_until IS ?",
+            (holder, host, pid, now_iso(ttl_s), run_id, row["lease_holder"], row["lease_until"]),
+        )
+        if cur.rowcount == 1:
+            return None
+        current = conn.execute(
+            "SELECT lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,)
+        ).fetchone()
+        return _lease_of(current)
+
+
+def renew_lease(db: Database, run_id: str, holder: str, ttl_s: float = LEASE_TTL_S) -> bool:
+    """Extend our lease; False when `holder` no longer owns it or the run stopped being drivable."""
+    with db.tx() as conn:
+        cur = conn.execute(
+            f"UPDATE runs SET lease_until = ? WHERE id = ? AND lease_holder = ? AND status IN {_DRIVABLE_SQL}",
+            (now_iso(ttl_s), run_id, holder),
+        )
+        return cur.rowcount == 1
+
+
+def release_lease(db: Database, run_id: str, holder: str) -> bool:
+    """Drop our lease (no-op when someone else holds it, or the run failed: forensic)."""
+    with db.tx() as conn:
+        cur = conn.execute(
+            "UPDATE runs SET lease_holder = NULL, lease_host = NULL, lease_pid = NULL, lease_until = NULL "
+            "WHERE id = ? AND lease_holder = ? AND status <> 'failed'",
+            (run_id, holder),
+        )
+        return cur.rowcount == 1
+
+
+def read_lease(db: Database, run_id: str) -> LeaseInfo | None:
+    """The live lease on the run, or None (no lease, half-set, expired, or dead local holder)."""
+    row = db.query_one("SELECT lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,))
+    if row is None:
+        raise NotFoundError(f"workflow run {run_id!r} not found")
+    if not holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now_iso()):
+        return None
+    return _lease_of(row)

@@ -1,0 +1,307 @@
+"""The unit journal: one row per attempt id (spec-engine §5.15, §3.5; DECISIONS D8, D13).
+
+A row is inserted (`running`) *before* a unit is dispatched and finished
+after, so nothing dispatched is ever silently dropped. Re-inserting the same
+attempt id (a crashed engine's leftover `running` row, a rerun) lands
+`running` again, clears the value columns and bumps `attempts`.
+
+The finish guard keys on `started_at`: if another driver re-inserted the row
+meanwhile (new stamp), a stale finish must not clobber it ("superseded").
+To make that guard exact, `insert_unit` never reuses a stamp: a re-insert in
+the same millisecond gets the previous stamp + 1 ms.
+
+Claims (D13) let a session driver hold one running unit: holder + host + pid
++ expiry, with the same liveness rule as the run lease (a dead local pid is
+expired at once). Return type: `Unit` frozen dataclass, `ClaimInfo` (= the
+lease's `LeaseInfo` shape).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from akm.errors import JournalError, NotFoundError, UsageError
+from akm.store.db import Database, format_iso, now_iso, parse_iso
+from akm.store.events import append_event
+from akm.store.runs import DRIVABLE_STATUSES, LeaseInfo, holder_is_live
+
+CLAIM_TTL_S = 90.0
+ClaimInfo = LeaseInfo
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One `units` row (`unit_id` is the attempt id)."""
+
+    run_id: str
+    unit_id: str
+    step_id: str | None
+    node_id: str
+    parent_unit_id: str | None
+    phase: str | None
+    runner: str | None
+    engine: str | None
+    model: str | None
+    status: str
+    input_hash: str | None
+    result_json: str | None
+    tokens: int | None
+    failure_reason: str | None
+    worktree_path: str | None
+    started_at: str
+    finished_at: str | None
+    session_id: str | None
+    last_checkin_at: str | None
+    attempts: int
+    claim_holder: str | None
+    claim_host: str | None
+    claim_pid: int | None
+    claim_expires_at: str | None
+
+
+_UNIT_COLUMNS = ", ".join(Unit.__dataclass_fields__)
+
+
+def _unit(row: Any) -> Unit:
+    return Unit(**{k: row[k] for k in Unit.__dataclass_fields__})
+
+
+def _next_stamp(previous: str | None) -> str:
+    now = now_iso()
+    if previous is not None and now <= previous:
+        return format_iso(parse_iso(previous) + timedelta(milliseconds=1))
+    return now
+
+
+def insert_unit(
+    db: Database,
+    *,
+    run_id: str,
+    unit_id: str,
+    step_id: str | None,
+    node_id: str,
+    parent_unit_id: str | None = None,
+    phase: str | None = None,
+    runner: str | None = None,
+    engine: str | None = None,
+    model: str | None = None,
+    input_hash: str | None = None,
+    worktree_path: str | None = None,
+) -> str:
+    """Upsert the attempt row as `running`; returns its `started_at` (pass it to `finish_unit`).
+
+    On conflict: dispatch metadata overwritten, value columns and claim
+    cleared, `attempts + 1`. Emits `workflow_unit_started` in the same tx.
+    """
+    with db.tx() as conn:
+        prev = conn.execute(
+            "SELECT started_at FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)
+        ).fetchone()
+        started_at = _next_stamp(prev["started_at"] if prev else None)
+        conn.execute(
+            "INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, "
+            "status, input_hash, worktree_path, started_at) VALUES (?,?,?,?,?,?,?,?,?,'running',?,?,?) "
+            "ON CONFLICT (run_id, unit_id) DO UPDATE SET step_id = excluded.step_id, node_id = excluded.node_id, "
+            "parent_unit_id = excluded.parent_unit_id, phase = excluded.phase, runner = excluded.runner, "
+            "engine = excluded.engine, model = excluded.model, status = 'running', "
+            "input_hash = excluded.input_hash, worktree_path = excluded.worktree_path, "
+            "started_at = excluded.started_at, result_json = NULL, tokens = NULL, failure_reason = NULL, "
+            "session_id = NULL, finished_at = NULL, last_checkin_at = NULL, claim_holder = NULL, "
+            "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL, attempts = units.attempts + 1",
+            (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, input_hash,
+             worktree_path, started_at),
+        )
+        append_event(db, "workflow_unit_started", run_id, {"runId": run_id, "stepId": step_id, "unitId": unit_id})
+    return started_at
+
+
+def finish_unit(
+    db: Database,
+    *,
+    run_id: str,
+    unit_id: str,
+    started_at: str,
+    status: str,
+    result_json: str | None = None,
+    tokens: int | None = None,
+    failure_reason: str | None = None,
+    session_id: str | None = None,
+) -> str:
+    """Record this dispatch's outcome. Returns "finished" or "superseded".
+
+    Only the row still `running` with *this* dispatch's `started_at` is
+    updated (and its claim released); then `workflow_unit_finished` is
+    appended in the same tx. A row re-inserted or finished by someone else
+    is left alone ("superseded", no event). A missing row is a JournalError.
+    """
+    if status not in ("completed", "failed"):
+        raise ValueError(f"finish_unit status must be completed or failed, not {status!r}")
+    with db.tx() as conn:
+        cur = conn.execute(
+            "UPDATE units SET status = ?, result_json = ?, tokens = ?, failure_reason = ?, session_id = ?, "
+            "finished_at = ?, claim_holder = NULL, claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL "
+            "WHERE run_id = ? AND unit_id = ? AND status = 'running' AND started_at = ?",
+            (status, result_json, tokens, failure_reason, session_id, now_iso(), run_id, unit_id, started_at),
+        )
+        if cur.rowcount == 1:
+            step = conn.execute(
+                "SELECT step_id FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)
+            ).fetchone()
+            meta: dict[str, Any] = {"runId": run_id, "stepId": step["step_id"], "unitId": unit_id, "status": status}
+            if failure_reason is not None:
+                meta["failureReason"] = failure_reason
+            if tokens is not None:
+                meta["tokens"] = tokens
+            append_event(db, "workflow_unit_finished", run_id, meta)
+            return "finished"
+        exists = conn.execute("SELECT 1 FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)).fetchone()
+    if exists is None:
+        raise JournalError(
+            f"unit {unit_id!r} of run {run_id} finished ({status}) but its journal row is gone; "
+            "the result could not be journaled"
+        )
+    return "superseded"
+
+
+def heartbeat_units(db: Database, run_id: str, unit_ids: Sequence[str]) -> int:
+    """Stamp `last_checkin_at = now` on these running units (D8); returns rows touched."""
+    ids = list(unit_ids)
+    if not ids:
+        return 0
+    marks = ",".join("?" * len(ids))
+    with db.tx() as conn:
+        cur = conn.execute(
+            f"UPDATE units SET last_checkin_at = ? WHERE run_id = ? AND status = 'running' AND unit_id IN ({marks})",
+            (now_iso(), run_id, *ids),
+        )
+        return cur.rowcount
+
+
+def get_unit(db: Database, run_id: str, unit_id: str) -> Unit | None:
+    row = db.query_one(f"SELECT {_UNIT_COLUMNS} FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id))
+    return _unit(row) if row else None
+
+
+def get_units(db: Database, run_id: str, step_id: str | None = None) -> list[Unit]:
+    """Journal rows of a run (or one step), ordered started_at, unit_id."""
+    sql = f"SELECT {_UNIT_COLUMNS} FROM units WHERE run_id = ?"
+    params: list[Any] = [run_id]
+    if step_id is not None:
+        sql += " AND step_id = ?"
+        params.append(step_id)
+    return [_unit(r) for r in db.query(sql + " ORDER BY started_at, unit_id", params)]
+
+
+def journal_totals(db: Database, run_id: str) -> tuple[int, int]:
+    """(sum of attempts, sum of tokens) over dispatch rows (gate rows excluded) — seeds budgets."""
+    row = db.query_one(
+        "SELECT COALESCE(SUM(attempts), 0) AS a, COALESCE(SUM(tokens), 0) AS t FROM units "
+        "WHERE run_id = ? AND phase IS NULL",
+        (run_id,),
+    )
+    assert row is not None
+    return int(row["a"]), int(row["t"])
+
+
+# -- claims (D13) -----------------------------------------------------------------------------
+
+
+def _claim_of(row: Any) -> ClaimInfo:
+    return ClaimInfo(holder=row["claim_holder"], host=row["claim_host"], pid=row["claim_pid"],
+                     until=row["claim_expires_at"])
+
+
+def claim_unit(
+    db: Database,
+    run_id: str,
+    unit_id: str,
+    holder: str,
+    ttl_s: float = CLAIM_TTL_S,
+    *,
+    lease_holder: str | None = None,
+    host: str | None = None,
+    pid: int | None = None,
+) -> ClaimInfo | None:
+    """Claim (or, for the same holder, refresh) a running unit. None on success, else the live claim.
+
+    Also stamps `last_checkin_at`. Raises NotFoundError (no row/run),
+    UsageError RUN_NOT_ACTIVE (run not drivable), UNIT_TERMINAL (row already
+    completed/failed) or LEASE_HELD (a live engine lease held by anyone but
+    `lease_holder`: the engine is driving, so a driver may not claim).
+    """
+    host = socket.gethostname() if host is None else host
+    pid = os.getpid() if pid is None else pid
+    with db.tx() as conn:
+        run = conn.execute(
+            "SELECT status, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,)
+        ).fetchone()
+        if run is None:
+            raise NotFoundError(f"workflow run {run_id!r} not found")
+        if run["status"] not in DRIVABLE_STATUSES:
+            raise UsageError(f"workflow run {run_id} is {run['status']}; its units cannot be claimed",
+                             code="RUN_NOT_ACTIVE")
+        now = now_iso()
+        if holder_is_live(run["lease_holder"], run["lease_host"], run["lease_pid"], run["lease_until"], now) and (
+            run["lease_holder"] != lease_holder
+        ):
+            raise UsageError(
+                f"workflow run {run_id} is being driven by engine {run['lease_holder']} "
+                f"(lease until {run['lease_until']}); units cannot be claimed while it runs",
+                code="LEASE_HELD",
+                details={"holder": run["lease_holder"], "until": run["lease_until"]},
+            )
+        row = conn.execute(
+            "SELECT status, claim_holder, claim_host, claim_pid, claim_expires_at FROM units "
+            "WHERE run_id = ? AND unit_id = ?",
+            (run_id, unit_id),
+        ).fetchone()
+        if row is None:
+            raise NotFoundError(f"unit {unit_id!r} has no journal row in run {run_id}")
+        if row["status"] != "running":
+            raise UsageError(f"unit {unit_id} is already {row['status']}; cannot claim a terminal unit",
+                             code="UNIT_TERMINAL")
+        live = holder_is_live(row["claim_holder"], row["claim_host"], row["claim_pid"], row["claim_expires_at"], now)
+        if live and row["claim_holder"] != holder:
+            return _claim_of(row)
+        cur = conn.execute(
+            "UPDATE units SET claim_holder = ?, claim_host = ?, claim_pid = ?, claim_expires_at = ?, "
+            "last_checkin_at = ? WHERE run_id = ? AND unit_id = ? AND status = 'running' "
+            "AND claim_holder IS ? AND claim_expires_at IS ?",
+            (holder, host, pid, now_iso(ttl_s), now, run_id, unit_id, row["claim_holder"], row["claim_expires_at"]),
+        )
+        if cur.rowcount == 1:
+            return None
+        again = conn.execute(
+            "SELECT claim_holder, claim_host, claim_pid, claim_expires_at FROM units WHERE run_id = ? AND unit_id = ?",
+            (run_id, unit_id),
+        ).fetchone()
+        return _claim_of(again)
+
+
+def release_claim(db: Database, run_id: str, unit_id: str, holder: str) -> bool:
+    """Drop our claim on a unit; False when we do not hold it."""
+    with db.tx() as conn:
+        cur = conn.execute(
+            "UPDATE units SET claim_holder = NULL, claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL "
+            "WHERE run_id = ? AND unit_id = ? AND claim_holder = ?",
+            (run_id, unit_id, holder),
+        )
+        return cur.rowcount == 1
+
+
+def read_claim(db: Database, run_id: str, unit_id: str) -> ClaimInfo | None:
+    """The live claim on a unit, or None (the engine must not dispatch a unit with one)."""
+    row = db.query_one(
+        "SELECT claim_holder, claim_host, claim_pid, claim_expires_at FROM units WHERE run_id = ? AND unit_id = ?",
+        (run_id, unit_id),
+    )
+    if row is None or not holder_is_live(
+        row["claim_holder"], row["claim_host"], row["claim_pid"], row["claim_expires_at"], now_iso()
+    ):
+        return None
+    return _claim_of(row)

@@ -1,0 +1,245 @@
+"""Connection, pragmas, transactions and migrations of the SQLite journal (real files)."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import threading
+
+import pytest
+
+from akm.errors import JournalError
+from akm.store import events
+from akm.store.db import now_iso, open_db
+from akm.store.migrations import MIGRATIONS, apply_migrations, applied_ids, split_statements
+
+EXPECTED_COLUMNS = {
+    "runs": [
+        "id", "workflow_ref", "workflow_path", "title", "status", "params_json", "current_step_id", "created_at",
+        "updated_at", "completed_at", "scope_key", "plan_json", "plan_hash", "hash_version", "lease_holder",
+        "lease_host", "lease_pid", "lease_until", "status_detail_json",
+    ],
+    "steps": [
+        "run_id", "step_id", "sequence_index", "status", "notes", "evidence_json", "summary", "completed_at",
+    ],
+    "units": [
+        "run_id", "unit_id", "step_id", "node_id", "parent_unit_id", "phase", "runner", "engine", "model", "status",
+        "input_hash", "result_json", "tokens", "failure_reason", "worktree_path", "started_at", "finished_at",
+        "session_id", "last_checkin_at", "attempts", "claim_holder", "claim_host", "claim_pid", "claim_expires_at",
+    ],
+    "events": ["id", "event_type", "ts", "run_id", "metadata_json"],
+    "task_history": ["id", "run_id", "started_at", "finished_at", "outcome", "metadata_json"],
+    "schema_migrations": ["id", "applied_at"],
+}
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    return [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+
+
+def test_now_iso_is_fixed_width_utc_millis():
+    stamp = now_iso()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp)
+    later = now_iso(90)
+    assert len(later) == len(stamp) and later > stamp
+
+
+def test_open_creates_parent_dir_sets_pragmas_and_schema(tmp_path):
+    path = tmp_path / "deep" / "er" / "state.db"
+    db = open_db(path)
+    try:
+        assert path.exists()
+        conn = db.conn
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30000
+        for table, cols in EXPECTED_COLUMNS.items():
+            assert _columns(conn, table) == cols, table
+        assert applied_ids(db) == [mid for mid, _ in MIGRATIONS]
+        indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+        assert {"idx_runs_scope_ref_status", "idx_steps_run_sequence", "idx_units_run_step", "idx_events_run"} <= indexes
+        # CHECK constraints are real
+        with pytest.raises(sqlite3.IntegrityError):
+            conn.execute(
+                "INSERT INTO runs (id, workflow_ref, status, created_at, updated_at, scope_key, plan_json, plan_hash,"
+                " hash_version) VALUES ('x','w','paused','t','t','s','{}','h',1)"
+            )
+    finally:
+        db.close()
+
+
+def test_reopen_applies_nothing(tmp_path):
+    path = tmp_path / "state.db"
+    open_db(path).close()
+    db = open_db(path)
+    try:
+        assert apply_migrations(db) == []
+        assert db.query_one("SELECT COUNT(*) AS n FROM schema_migrations")["n"] == len(MIGRATIONS)
+    finally:
+        db.close()
+
+
+def test_delete_journal_mode_uses_full_sync(tmp_path, monkeypatch):
+    monkeypatch.setenv("AKM_SQLITE_JOURNAL_MODE", " delete ")
+    db = open_db(tmp_path / "state.db")
+    try:
+        assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        assert db.conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    finally:
+        db.close()
+
+
+def test_newer_ledger_is_refused_with_upgrade_hint(tmp_path):
+    path = tmp_path / "state.db"
+    db = open_db(path)
+    db.execute("INSERT INTO schema_migrations (id, applied_at) VALUES ('9999-from-the-future', 'x')")
+    db.close()
+    with pytest.raises(JournalError) as info:
+        open_db(path)
+    assert info.value.code == "JOURNAL_TOO_NEW"
+    assert "newer version of akm" in info.value.message
+    assert "Upgrade akm" in (info.value.hint or "")
+
+
+def test_prefix_ledger_applies_only_pending_and_inconsistent_is_refused(tmp_path):
+    m1 = ("a-1", "CREATE TABLE IF NOT EXISTS t1 (x INTEGER);")
+    m2 = ("a-2", "CREATE TABLE IF NOT EXISTS t2 (y INTEGER);\nCREATE INDEX IF NOT EXISTS i2 ON t2 (y);")
+    db = open_db(tmp_path / "state.db", migrate=False)
+    try:
+        assert apply_migrations(db, [m1]) == ["a-1"]
+        assert apply_migrations(db, [m1, m2]) == ["a-2"]
+        assert applied_ids(db) == ["a-1", "a-2"]
+        assert apply_migrations(db, [m1, m2]) == []
+        with pytest.raises(JournalError) as info:
+            apply_migrations(db, [m2, m1])  # known ids, wrong order
+        assert info.value.code == "JOURNAL_INCONSISTENT"
+    finally:
+        db.close()
+
+
+def test_failed_migration_rolls_back_its_ddl_and_ledger_row(tmp_path):
+    good = ("b-1", "CREATE TABLE IF NOT EXISTS ok_table (x INTEGER);")
+    bad = ("b-2", "CREATE TABLE IF NOT EXISTS half_done (x INTEGER);\nINSERT INTO no_such_table VALUES (1);")
+    db = open_db(tmp_path / "state.db", migrate=False)
+    try:
+        with pytest.raises(JournalError):
+            apply_migrations(db, [good, bad])
+        assert applied_ids(db) == ["b-1"]
+        tables = {r[0] for r in db.query("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert "ok_table" in tables and "half_done" not in tables
+    finally:
+        db.close()
+
+
+def test_split_statements_keeps_multiline_statements_whole():
+    parts = split_statements("CREATE TABLE a (\n x INTEGER CHECK (x IN (1,2))\n);\n\nCREATE INDEX i ON a (x);\n")
+    assert len(parts) == 2 and parts[0].startswith("CREATE TABLE a") and parts[1].startswith("CREATE INDEX")
+    with pytest.raises(ValueError):
+        split_statements("CREATE TABLE b (x")
+
+
+def test_not_a_database_becomes_journal_error(tmp_path):
+    path = tmp_path / "state.db"
+    path.write_bytes(b"this is definitely not sqlite" * 100)
+    with pytest.raises(JournalError) as info:
+        open_db(path)
+    assert "state.db" in info.value.message
+
+
+def test_tx_rolls_back_on_body_exception_and_reraises(tmp_path):
+    db = open_db(tmp_path / "state.db")
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            with db.tx():
+                events.append_event(db, "x", None, {})
+                raise RuntimeError("boom")
+        assert events.list_events(db)[0] == []
+        assert not db.conn.in_transaction
+    finally:
+        db.close()
+
+
+def test_tx_joins_outer_transaction(tmp_path):
+    db = open_db(tmp_path / "state.db")
+    try:
+        with pytest.raises(RuntimeError):
+            with db.tx():
+                with db.tx():  # joins: no nested BEGIN error
+                    events.append_event(db, "inner", None, {})
+                events.append_event(db, "outer", None, {})
+                raise RuntimeError("undo both")
+        assert events.list_events(db)[0] == []
+        with db.tx():
+            with db.tx():
+                events.append_event(db, "inner", None, {})
+        assert [e.event_type for e in events.list_events(db)[0]] == ["inner"]
+    finally:
+        db.close()
+
+
+def test_sqlite_error_in_tx_becomes_journal_error(tmp_path):
+    db = open_db(tmp_path / "state.db")
+    try:
+        with pytest.raises(JournalError) as info:
+            with db.tx() as conn:
+                conn.execute("INSERT INTO nope VALUES (1)")
+        assert "no such table" in info.value.message
+        assert not db.conn.in_transaction
+        with pytest.raises(JournalError):
+            db.query("SELECT * FROM nope")
+    finally:
+        db.close()
+
+
+def test_threads_sharing_one_database_serialize_transactions(tmp_path):
+    db = open_db(tmp_path / "state.db")
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            for i in range(40):
+                with db.tx():
+                    events.append_event(db, "tick", None, {"n": n, "i": i})
+        except BaseException as exc:  # pragma: no cover - surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert errors == []
+        rows, last = events.list_events(db)
+        assert len(rows) == 240 and len({e.id for e in rows}) == 240 and last == rows[-1].id
+    finally:
+        db.close()
+
+
+def test_two_connections_wait_for_each_other(tmp_path):
+    path = tmp_path / "state.db"
+    a, b = open_db(path), open_db(path)
+    order: list[str] = []
+    try:
+        started = threading.Event()
+
+        def other() -> None:
+            started.wait()
+            with b.tx():
+                order.append("b")
+                events.append_event(b, "b", None, {})
+
+        t = threading.Thread(target=other)
+        t.start()
+        with a.tx():
+            started.set()
+            events.append_event(a, "a", None, {})
+            threading.Event().wait(0.1)  # b's BEGIN IMMEDIATE must block meanwhile
+            order.append("a")
+        t.join()
+        assert order == ["a", "b"]
+        assert [e.event_type for e in events.list_events(a)[0]] == ["a", "b"]
+    finally:
+        a.close()
+        b.close()

@@ -1,0 +1,224 @@
+"""The run lease (spec-engine §4, D16) with real processes, threads and files."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from akm.errors import NotFoundError, UsageError
+from akm.store import runs
+from akm.store.db import now_iso, open_db
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def make_run(db, run_id="r1"):
+    return runs.create_run(
+        db, run_id=run_id, workflow_ref=f"workflows/{run_id}", workflow_path=None, title="t", scope_key="s",
+        params={}, plan_json="{}", plan_hash="0" * 64, hash_version=1, step_ids=["a", "b"],
+    )
+
+
+@pytest.fixture()
+def db_path(tmp_path):
+    return tmp_path / "state.db"
+
+
+@pytest.fixture()
+def db(db_path):
+    database = open_db(db_path)
+    make_run(database)
+    yield database
+    database.close()
+
+
+def test_acquire_renew_release_cycle(db):
+    assert runs.read_lease(db, "r1") is None
+    assert runs.acquire_lease(db, "r1", "h1") is None
+    lease = runs.read_lease(db, "r1")
+    assert lease.holder == "h1" and lease.host == socket.gethostname() and lease.pid == os.getpid()
+    # not re-acquirable, not even by the same holder id
+    assert runs.acquire_lease(db, "r1", "h1") == lease
+    assert runs.acquire_lease(db, "r1", "h2") == lease
+    time.sleep(0.005)
+    assert runs.renew_lease(db, "r1", "h1") is True
+    assert runs.read_lease(db, "r1").until > lease.until
+    assert runs.renew_lease(db, "r1", "h2") is False
+    assert runs.release_lease(db, "r1", "h2") is False  # not ours: no-op
+    assert runs.read_lease(db, "r1").holder == "h1"
+    assert runs.release_lease(db, "r1", "h1") is True
+    assert runs.read_lease(db, "r1") is None
+    assert runs.acquire_lease(db, "r1", "h2") is None
+
+
+def test_expired_lease_is_taken_over_and_old_holder_loses_renewal(db):
+    assert runs.acquire_lease(db, "r1", "old", ttl_s=0.03) is None
+    assert runs.acquire_lease(db, "r1", "new").holder == "old"
+    time.sleep(0.06)
+    assert runs.read_lease(db, "r1") is None  # expired
+    assert runs.acquire_lease(db, "r1", "new") is None
+    assert runs.renew_lease(db, "r1", "old") is False
+    assert runs.release_lease(db, "r1", "old") is False
+    assert runs.read_lease(db, "r1").holder == "new"
+
+
+def test_lease_requires_a_drivable_run(db):
+    with pytest.raises(NotFoundError):
+        runs.acquire_lease(db, "ghost", "h")
+    with pytest.raises(NotFoundError):
+        runs.read_lease(db, "ghost")
+    runs.set_run_status(db, "r1", "awaiting_session")
+    assert runs.acquire_lease(db, "r1", "h") is None  # awaiting_session is drivable
+    assert runs.renew_lease(db, "r1", "h") is True
+    runs.abandon_run(db, "r1")
+    assert runs.release_lease(db, "r1", "h") is False  # failed run keeps lease as forensic state
+    with pytest.raises(UsageError) as info:
+        runs.acquire_lease(db, "r1", "h2")
+    assert info.value.code == "RUN_NOT_ACTIVE" and "resume" in (info.value.hint or "")
+
+
+def test_half_set_lease_is_not_live(db):
+    db.execute("UPDATE runs SET lease_holder = 'half', lease_until = NULL WHERE id = 'r1'")
+    assert runs.read_lease(db, "r1") is None
+    assert runs.acquire_lease(db, "r1", "h") is None
+
+
+def _acquire_in_child(db_path: Path, holder: str, host_expr: str = "None", wait_stdin: bool = False):
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from akm.store.db import open_db
+        from akm.store import runs
+        db = open_db(sys.argv[1])
+        res = runs.acquire_lease(db, "r1", {holder!r}, host={host_expr})
+        print("won" if res is None else "lost", flush=True)
+        if {wait_stdin!r}:
+            sys.stdin.read()
+        """
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", script, str(db_path)], env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_dead_local_holder_is_expired_at_once(db, db_path):
+    child = _acquire_in_child(db_path, "crashed-engine")
+    assert child.stdout.readline().strip() == "won"
+    child.communicate(timeout=20)
+    raw = runs.require_run(db, "r1")
+    assert raw.lease_holder == "crashed-engine" and raw.lease_pid == child.pid
+    assert raw.lease_until > now_iso()  # still far from expiry ...
+    assert runs.read_lease(db, "r1") is None  # ... but its process is gone
+    assert runs.acquire_lease(db, "r1", "me") is None
+    assert runs.read_lease(db, "r1").holder == "me"
+
+
+def test_live_holder_in_another_process_keeps_lease_until_it_exits(db, db_path):
+    child = _acquire_in_child(db_path, "busy-engine", wait_stdin=True)
+    try:
+        assert child.stdout.readline().strip() == "won"
+        held = runs.acquire_lease(db, "r1", "me")
+        assert held is not None and held.holder == "busy-engine" and held.pid == child.pid
+    finally:
+        child.communicate(input="", timeout=20)
+    assert runs.acquire_lease(db, "r1", "me") is None
+
+
+def test_dead_holder_on_another_host_waits_for_expiry(db, db_path):
+    child = _acquire_in_child(db_path, "remote-engine", host_expr="'some-other-host'")
+    assert child.stdout.readline().strip() == "won"
+    child.communicate(timeout=20)
+    lease = runs.read_lease(db, "r1")
+    assert lease is not None and lease.host == "some-other-host"
+    assert runs.acquire_lease(db, "r1", "me").holder == "remote-engine"
+
+
+def test_two_threads_with_separate_connections_exactly_one_wins(db_path, db):
+    for round_no in range(8):
+        run_id = f"race{round_no}"
+        make_run(db, run_id)
+        conns = [open_db(db_path) for _ in range(4)]
+        barrier = threading.Barrier(len(conns))
+        results: dict[int, object] = {}
+
+        def go(i: int) -> None:
+            barrier.wait()
+            results[i] = runs.acquire_lease(conns[i], run_id, f"t{i}")
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(conns))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for c in conns:
+            c.close()
+        winners = [i for i, r in results.items() if r is None]
+        assert len(winners) == 1, results
+        assert all(r.holder == f"t{winners[0]}" for r in results.values() if r is not None)
+        assert runs.read_lease(db, run_id).holder == f"t{winners[0]}"
+
+
+def test_threads_sharing_one_database_exactly_one_wins(db):
+    barrier = threading.Barrier(6)
+    results: list[object] = []
+
+    def go(i: int) -> None:
+        barrier.wait()
+        results.append(runs.acquire_lease(db, "r1", f"t{i}"))
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r is None for r in results) == 1
+
+
+def test_ten_processes_race_exactly_one_wins(db, db_path, tmp_path):
+    go_file = tmp_path / "go"
+    script = textwrap.dedent(
+        """
+        import os, sys, time
+        from akm.store.db import open_db
+        from akm.store import runs
+        db = open_db(sys.argv[1])
+        print("ready", flush=True)
+        while not os.path.exists(sys.argv[2]):
+            time.sleep(0.001)
+        res = runs.acquire_lease(db, "r1", sys.argv[3])
+        print("won" if res is None else "lost:" + res.holder, flush=True)
+        sys.stdin.read()  # stay alive so the winner's pid stays live for everyone
+        """
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(db_path), str(go_file), f"p{i}"], env=_env(),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for i in range(10)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        go_file.write_text("go")
+        outcomes = [p.stdout.readline().strip() for p in procs]
+    finally:
+        for p in procs:
+            p.communicate(input="", timeout=30)
+    winners = [f"p{i}" for i, o in enumerate(outcomes) if o == "won"]
+    assert len(winners) == 1, outcomes
+    assert all(o == f"lost:{winners[0]}" for o in outcomes if o != "won")
+    assert runs.require_run(db, "r1").lease_holder == winners[0]

@@ -1,0 +1,183 @@
+"""The unit journal: upsert attempts, finish guard, totals, heartbeats, claims (D8, D13, D16)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from akm.errors import JournalError, NotFoundError, UsageError
+from akm.store import events, runs, units
+from akm.store.db import open_db
+
+
+@pytest.fixture()
+def db(tmp_path):
+    database = open_db(tmp_path / "state.db")
+    runs.create_run(
+        database, run_id="r1", workflow_ref="workflows/w", workflow_path=None, title="t", scope_key="s",
+        params={}, plan_json="{}", plan_hash="0" * 64, hash_version=1, step_ids=["build", "review"],
+    )
+    yield database
+    database.close()
+
+
+def insert(db, unit_id="build:solo", step_id="build", **kw):
+    args = dict(run_id="r1", unit_id=unit_id, step_id=step_id, node_id=kw.pop("node_id", step_id), runner="exec",
+                input_hash="h1")
+    args.update(kw)
+    return units.insert_unit(db, **args)
+
+
+def unit_events(db, kind):
+    return [e for e in events.list_events(db, "r1")[0] if e.event_type == kind]
+
+
+def test_insert_then_finish(db):
+    started = insert(db, engine=None, model=None, worktree_path="/wt/1")
+    u = units.get_unit(db, "r1", "build:solo")
+    assert (u.status, u.attempts, u.started_at, u.worktree_path, u.input_hash) == ("running", 1, started, "/wt/1", "h1")
+    assert unit_events(db, "workflow_unit_started")[0].metadata == {"runId": "r1", "stepId": "build",
+                                                                    "unitId": "build:solo"}
+    out = units.finish_unit(db, run_id="r1", unit_id="build:solo", started_at=started, status="failed",
+                            result_json='"boom"', tokens=None, failure_reason="non_zero_exit", session_id="s-1")
+    assert out == "finished"
+    u = units.get_unit(db, "r1", "build:solo")
+    assert (u.status, u.result_json, u.failure_reason, u.session_id) == ("failed", '"boom"', "non_zero_exit", "s-1")
+    assert u.finished_at is not None and u.finished_at >= u.started_at
+    assert unit_events(db, "workflow_unit_finished")[0].metadata == {
+        "runId": "r1", "stepId": "build", "unitId": "build:solo", "status": "failed", "failureReason": "non_zero_exit"}
+
+
+def test_reinsert_bumps_attempts_clears_values_and_never_reuses_a_stamp(db):
+    first = insert(db)
+    units.finish_unit(db, run_id="r1", unit_id="build:solo", started_at=first, status="completed",
+                      result_json='{"ok":true}', tokens=12, session_id="s")
+    units.heartbeat_units(db, "r1", ["build:solo"])  # terminal: untouched
+    stamps = [first]
+    for _ in range(3):  # back-to-back, likely within one millisecond
+        stamps.append(insert(db, input_hash="h2", worktree_path="/wt/2"))
+    assert len(set(stamps)) == 4 and stamps == sorted(stamps)
+    u = units.get_unit(db, "r1", "build:solo")
+    assert u.attempts == 4 and u.status == "running" and u.input_hash == "h2"
+    assert (u.result_json, u.tokens, u.session_id, u.finished_at, u.last_checkin_at) == (None, None, None, None, None)
+
+
+def test_finish_guard_superseded_does_not_overwrite(db):
+    stale = insert(db)
+    fresh = insert(db)  # another driver re-dispatched the same attempt id
+    assert units.finish_unit(db, run_id="r1", unit_id="build:solo", started_at=stale, status="completed",
+                             result_json='"old"') == "superseded"
+    u = units.get_unit(db, "r1", "build:solo")
+    assert u.status == "running" and u.result_json is None and u.started_at == fresh
+    assert unit_events(db, "workflow_unit_finished") == []
+    assert units.finish_unit(db, run_id="r1", unit_id="build:solo", started_at=fresh, status="completed",
+                             result_json='"new"', tokens=3) == "finished"
+    # a second finish of the same dispatch is also refused (row no longer running)
+    assert units.finish_unit(db, run_id="r1", unit_id="build:solo", started_at=fresh, status="failed") == "superseded"
+    assert units.get_unit(db, "r1", "build:solo").result_json == '"new"'
+    assert len(unit_events(db, "workflow_unit_finished")) == 1
+
+
+def test_finish_of_a_vanished_row_is_a_journal_error(db):
+    started = insert(db)
+    db.execute("DELETE FROM units WHERE unit_id = 'build:solo'")  # simulate an outside deletion
+    with pytest.raises(JournalError, match="row is gone"):
+        units.finish_unit(db, run_id="r1", unit_id="build:solo", started_at=started, status="completed")
+    assert unit_events(db, "workflow_unit_finished") == []
+
+
+def test_get_units_order_and_totals(db):
+    s1 = insert(db, unit_id="review.unit:aaa", step_id="review", node_id="review.unit", parent_unit_id="review.map")
+    s0 = insert(db, unit_id="review.unit:bbb", step_id="review", node_id="review.unit", parent_unit_id="review.map")
+    insert(db, unit_id="build:solo")
+    s2 = insert(db, unit_id="build:solo")  # attempts 2
+    g = insert(db, unit_id="review.gate:l1", step_id="review", node_id="review.gate", phase="gate", runner="llm")
+    units.finish_unit(db, run_id="r1", unit_id="review.unit:aaa", started_at=s1, status="completed", tokens=10)
+    units.finish_unit(db, run_id="r1", unit_id="review.unit:bbb", started_at=s0, status="completed", tokens=5)
+    units.finish_unit(db, run_id="r1", unit_id="build:solo", started_at=s2, status="completed", tokens=1)
+    units.finish_unit(db, run_id="r1", unit_id="review.gate:l1", started_at=g, status="completed", tokens=1000)
+    assert units.journal_totals(db, "r1") == (4, 16)  # gate row excluded
+    assert units.journal_totals(db, "nobody") == (0, 0)
+    rows = units.get_units(db, "r1")
+    assert [(r.started_at, r.unit_id) for r in rows] == sorted((r.started_at, r.unit_id) for r in rows)
+    assert [r.unit_id for r in units.get_units(db, "r1", step_id="build")] == ["build:solo"]
+    review = {r.unit_id: r for r in units.get_units(db, "r1", step_id="review")}
+    assert set(review) == {"review.unit:aaa", "review.unit:bbb", "review.gate:l1"}
+    assert review["review.unit:aaa"].parent_unit_id == "review.map" and review["review.gate:l1"].phase == "gate"
+
+
+def test_heartbeat_touches_running_rows_only(db):
+    s = insert(db, unit_id="a")
+    insert(db, unit_id="b")
+    units.finish_unit(db, run_id="r1", unit_id="a", started_at=s, status="completed")
+    assert units.heartbeat_units(db, "r1", ["a", "b", "ghost"]) == 1
+    assert units.get_unit(db, "r1", "b").last_checkin_at is not None
+    assert units.get_unit(db, "r1", "a").last_checkin_at is None
+    assert units.heartbeat_units(db, "r1", []) == 0
+
+
+def test_claims_hold_refresh_release(db):
+    insert(db)
+    assert units.claim_unit(db, "r1", "build:solo", "session-A") is None
+    first = units.read_claim(db, "r1", "build:solo")
+    assert first.holder == "session-A" and first.pid == os.getpid()
+    assert units.get_unit(db, "r1", "build:solo").last_checkin_at is not None
+    other = units.claim_unit(db, "r1", "build:solo", "session-B")
+    assert other is not None and other.holder == "session-A"
+    time.sleep(0.005)
+    assert units.claim_unit(db, "r1", "build:solo", "session-A") is None  # same holder refreshes
+    assert units.read_claim(db, "r1", "build:solo").until > first.until
+    assert units.release_claim(db, "r1", "build:solo", "session-B") is False
+    assert units.release_claim(db, "r1", "build:solo", "session-A") is True
+    assert units.read_claim(db, "r1", "build:solo") is None
+    assert units.claim_unit(db, "r1", "build:solo", "session-B") is None
+
+
+def test_claim_expiry_and_dead_local_holder(db):
+    insert(db)
+    assert units.claim_unit(db, "r1", "build:solo", "short", ttl_s=0.03) is None
+    time.sleep(0.06)
+    assert units.read_claim(db, "r1", "build:solo") is None
+    assert units.claim_unit(db, "r1", "build:solo", "next") is None
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    insert(db, unit_id="u2")
+    assert units.claim_unit(db, "r1", "u2", "crashed", pid=dead_pid) is None
+    assert units.read_claim(db, "r1", "u2") is None  # holder process is gone
+    assert units.claim_unit(db, "r1", "u2", "me") is None
+    insert(db, unit_id="u3")
+    assert units.claim_unit(db, "r1", "u3", "remote", pid=dead_pid, host="another-host") is None
+    assert units.claim_unit(db, "r1", "u3", "me").holder == "remote"  # other host: wait for expiry
+
+
+def test_claim_guards(db):
+    with pytest.raises(NotFoundError):
+        units.claim_unit(db, "r1", "nope", "A")
+    s = insert(db)
+    assert runs.acquire_lease(db, "r1", "engine-1") is None
+    with pytest.raises(UsageError) as info:
+        units.claim_unit(db, "r1", "build:solo", "A")
+    assert info.value.code == "LEASE_HELD"
+    assert units.claim_unit(db, "r1", "build:solo", "A", lease_holder="engine-1") is None
+    units.finish_unit(db, run_id="r1", unit_id="build:solo", started_at=s, status="completed")
+    assert units.get_unit(db, "r1", "build:solo").claim_holder is None  # finishing releases the claim
+    runs.release_lease(db, "r1", "engine-1")
+    with pytest.raises(UsageError) as info:
+        units.claim_unit(db, "r1", "build:solo", "A")
+    assert info.value.code == "UNIT_TERMINAL"
+    insert(db, unit_id="u9")
+    runs.abandon_run(db, "r1")
+    with pytest.raises(UsageError) as info:
+        units.claim_unit(db, "r1", "u9", "A")
+    assert info.value.code == "RUN_NOT_ACTIVE"
+
+
+def test_reinsert_clears_claim(db):
+    insert(db)
+    units.claim_unit(db, "r1", "build:solo", "A")
+    insert(db)
+    assert units.get_unit(db, "r1", "build:solo").claim_holder is None
