@@ -177,3 +177,33 @@ def test_retry_and_on_error_do_not_move_the_hash():
     assert unit_input_hash(template=base, params={"a": 2}) != h
     assert unit_input_hash(template=base, params={"a": 1}, gate_feedback={"feedback": "f", "missing": []}) != h
     assert unit_input_hash(template=base.model_copy(update={"instructions": "y"}), params={"a": 1}) != h
+
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(params=st.dictionaries(st.text(max_size=6), _json, max_size=4), item=_json,
+       exec_unit=st.booleans(), feedback=st.booleans())
+def test_unit_hasher_matches_reference_preimage(params, item, exec_unit, feedback):
+    from akm.plan.identity import UnitHasher
+
+    if exec_unit:
+        unit = UnitNode(id="s.unit", instructions="Do ü.", exec=ExecSpec(command=["x"], timeout_ms=5), env=["env/a"])
+    else:
+        unit = UnitNode(id="s.unit", instructions="Do ü.", invocation=Invocation(engine="e", model="m"),
+                        output_schema={"type": "object"})
+    fb = {"feedback": "again", "missing": ["a"]} if feedback else None
+    inputs = [("steps.a.output", item)]
+    ref = unit_input_hash(template=unit, params=params, item=item, inputs=inputs, dispatch={"k": 1}, gate_feedback=fb)
+    fast = UnitHasher(template=unit, params=params, inputs=inputs, dispatch={"k": 1}, gate_feedback=fb).hash(item)
+    assert fast == ref
+    solo = unit_input_hash(template=unit, params=params, inputs=inputs, dispatch={"k": 1}, gate_feedback=fb)
+    assert UnitHasher(template=unit, params=params, inputs=inputs, dispatch={"k": 1}, gate_feedback=fb).hash() == solo

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
+import selectors
 import signal
 import subprocess
 import sys
@@ -231,50 +231,61 @@ def build_exec_env(req: ExecRequest, parent: Mapping[str, str] | None = None) ->
 # --------------------------------------------------------------------------- capture
 
 
-class _StreamReader(threading.Thread):
-    """Drain one pipe to EOF, keeping a bounded prefix and counting the rest.
+class _Capture:
+    """One pipe's capture: a bounded prefix, a byte count, and whether EOF was seen.
 
-    On POSIX the read is preceded by a short poll so the supervisor can stop a
-    reader whose pipe is held open by a process we could not kill.
+    Pipes are drained by `_pump` from the unit's own thread with a selector, so
+    a unit costs no extra threads (two reader threads per unit used to dominate
+    the engine's per-unit overhead).
     """
 
-    def __init__(self, stream: Any, name: str, cap: int) -> None:
-        super().__init__(name=f"akm-exec-{name}", daemon=True)
+    def __init__(self, stream: Any, label: str, cap: int) -> None:
         self.stream = stream
-        self.label = name
+        self.fd = stream.fileno()
+        self.label = label
         self.cap = cap
         self.buf = bytearray()
         self.total = 0
         self.overflowed = False
         self.error: BaseException | None = None
         self.eof = False
-        self._stop_requested = threading.Event()
 
-    def stop(self) -> None:
-        self._stop_requested.set()
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.cap - len(self.buf)
+        if room > 0:
+            self.buf += chunk[:room]
+        if len(chunk) > room:
+            self.overflowed = True
 
-    def run(self) -> None:
-        fd = self.stream.fileno()
-        poller = None
-        if hasattr(select, "poll"):
-            poller = select.poll()
-            poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+
+def _pump(sel: selectors.BaseSelector, timeout: float) -> None:
+    """Read whatever is ready (waiting at most `timeout` s); unregister streams at EOF or error."""
+    if not sel.get_map():
+        if timeout > 0:
+            time.sleep(timeout)
+        return
+    for key, _ in sel.select(max(0.0, timeout)):
+        if key.data is None:  # the process's pidfd: it exited
+            sel.unregister(key.fd)
+            continue
+        cap: _Capture = key.data
         try:
-            while not self._stop_requested.is_set():
-                if poller is not None and not poller.poll(100):
-                    continue
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    self.eof = True
-                    return
-                self.total += len(chunk)
-                room = self.cap - len(self.buf)
-                if room > 0:
-                    self.buf += chunk[:room]
-                if len(chunk) > room:
-                    self.overflowed = True
-        except BaseException as exc:  # noqa: BLE001 - reported as capture failure
-            self.error = exc
+            chunk = os.read(cap.fd, 65536)
+        except OSError as exc:
+            cap.error = exc
+            sel.unregister(cap.fd)
+            continue
+        if chunk:
+            cap.feed(chunk)
+        else:
+            cap.eof = True
+            sel.unregister(cap.fd)
+
+
+def _pump_until(sel: selectors.BaseSelector, until: float) -> None:
+    while sel.get_map() and time.monotonic() < until:
+        _pump(sel, min(POLL_INTERVAL_S * 5, until - time.monotonic()))
 
 
 def _cut_utf8(data: bytes) -> bytes:
@@ -300,7 +311,7 @@ def _cut_utf8(data: bytes) -> bytes:
     return data if end - i >= need else data[:i]
 
 
-def _stdout_text(reader: _StreamReader) -> str:
+def _stdout_text(reader: _Capture) -> str:
     """Decoded stdout; when overflowed, the retained prefix plus a marker block."""
     if not reader.overflowed:
         return bytes(reader.buf).decode("utf-8", errors="replace")
@@ -461,59 +472,80 @@ def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         return _fail("spawn_failed", f"{label} could not start {desc}: {detail}")
 
-    out_r = _StreamReader(proc.stdout, "stdout", MAX_STREAM_BYTES)
-    err_r = _StreamReader(proc.stderr, "stderr", MAX_STREAM_BYTES)
-    out_r.start()
-    err_r.start()
+    out_r = _Capture(proc.stdout, "stdout", MAX_STREAM_BYTES)
+    err_r = _Capture(proc.stderr, "stderr", MAX_STREAM_BYTES)
+    readers = (out_r, err_r)
+    sel = selectors.DefaultSelector()
+    for r in readers:
+        sel.register(r.fd, selectors.EVENT_READ, r)
+    # On Linux a pidfd wakes the selector the moment the leader exits, instead of
+    # sleep-polling for it; elsewhere we fall back to Popen.wait with a timeout.
+    pidfd: int | None = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+            sel.register(pidfd, selectors.EVENT_READ, None)
+        except OSError:
+            pidfd = None
 
-    # 4. supervise the leader: cancel beats timeout; TERM the group, KILL after a grace
+    # 4. supervise: pump the pipes while the leader runs; cancel beats timeout;
+    #    TERM the group, KILL after a grace
     start = time.monotonic()
     deadline = start + req.timeout_ms / 1000.0 if req.timeout_ms is not None else None
     aborted = timed_out = False
     term_at: float | None = None
     killed = False
-    while True:
-        rc = proc.poll()
-        if rc is not None:
-            break
-        now = time.monotonic()
-        if term_at is None:
-            if cancel is not None and cancel.is_set():
-                aborted = True
-            elif deadline is not None and now >= deadline:
-                timed_out = True
-            if aborted or timed_out:
-                term_at = now
-                _signal_group(proc, signal.SIGTERM)
-        elif not killed and now - term_at >= KILL_GRACE_S:
-            killed = True
-            _signal_group(proc, _SIGKILL)
-        if cancel is not None and term_at is None:
-            cancel.wait(POLL_INTERVAL_S)
-        else:
-            time.sleep(POLL_INTERVAL_S)
+    try:
+        while True:
+            rc = proc.poll()
+            if rc is not None:
+                break
+            now = time.monotonic()
+            if term_at is None:
+                if cancel is not None and cancel.is_set():
+                    aborted = True
+                elif deadline is not None and now >= deadline:
+                    timed_out = True
+                if aborted or timed_out:
+                    term_at = now
+                    _signal_group(proc, signal.SIGTERM)
+            elif not killed and now - term_at >= KILL_GRACE_S:
+                killed = True
+                _signal_group(proc, _SIGKILL)
+            if sel.get_map():
+                # Wake for output, and often enough to notice cancel/timeout promptly.
+                wait = POLL_INTERVAL_S * 5
+                if deadline is not None and term_at is None:
+                    wait = min(wait, max(0.0, deadline - now))
+                _pump(sel, wait)
+            else:
+                # Both pipes closed: wait on the process itself (returns as soon as it exits).
+                try:
+                    proc.wait(POLL_INTERVAL_S * 5 if deadline is None else min(POLL_INTERVAL_S * 5, max(0.001, deadline - now)))
+                except subprocess.TimeoutExpired:
+                    pass
 
-    # 5. drain: the pipes should close now; if a descendant holds them, kill the group (D9)
-    drain_timed_out: list[str] = []
-    readers = (out_r, err_r)
-    if term_at is not None:
-        grace_end = max(term_at + KILL_GRACE_S, time.monotonic())
-        _join_all(readers, grace_end)
-        # we are terminating anyway: sweep anything left in the group
-        _signal_group(proc, _SIGKILL)
-        _join_all(readers, time.monotonic() + POST_KILL_DRAIN_S)
-    else:
-        _join_all(readers, time.monotonic() + DRAIN_GRACE_S)
-        if any(r.is_alive() for r in readers):
-            drain_timed_out = [f"{r.label} drain timed out" for r in readers if r.is_alive()]
+        if pidfd is not None and pidfd in sel.get_map():
+            sel.unregister(pidfd)
+
+        # 5. drain: the pipes should close now; if a descendant holds them, kill the group (D9)
+        drain_timed_out: list[str] = []
+        if term_at is not None:
+            _pump_until(sel, max(term_at + KILL_GRACE_S, time.monotonic()) if sel.get_map() else 0)
+            # we are terminating anyway: sweep anything left in the group
             _signal_group(proc, _SIGKILL)
-            _join_all(readers, time.monotonic() + POST_KILL_DRAIN_S)
-    for r in readers:
-        if r.is_alive():
-            r.stop()
-    for r in readers:
-        r.join(1.0)
-        if not r.is_alive():
+            _pump_until(sel, time.monotonic() + POST_KILL_DRAIN_S)
+        else:
+            _pump_until(sel, time.monotonic() + DRAIN_GRACE_S)
+            if sel.get_map():
+                drain_timed_out = [f"{r.label} drain timed out" for r in readers if not r.eof and r.error is None]
+                _signal_group(proc, _SIGKILL)
+                _pump_until(sel, time.monotonic() + POST_KILL_DRAIN_S)
+    finally:
+        sel.close()
+        if pidfd is not None:
+            os.close(pidfd)
+        for r in readers:
             try:
                 r.stream.close()
             except OSError:
@@ -571,10 +603,3 @@ def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
             return DispatchResult(ok=False, failure_reason="parse_error", error=PARSE_ERROR_MESSAGE, text=stdout or None)
         return DispatchResult(ok=True, text=stdout.strip(_JS_WHITESPACE) or None, result=value, has_result=True)
     return DispatchResult(ok=True, text=stdout_text or None)
-
-
-def _join_all(readers: tuple[_StreamReader, ...], until: float) -> None:
-    for r in readers:
-        remaining = until - time.monotonic()
-        if remaining > 0:
-            r.join(remaining)

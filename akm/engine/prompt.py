@@ -29,7 +29,7 @@ The instructions for this unit follow.
 """
 
 
-def _json_or_null(value: Any) -> str:
+def json_or_null(value: Any) -> str:
     try:
         return compact_json(value)
     except (TypeError, ValueError):
@@ -48,18 +48,21 @@ def build_unit_prompt(
     inputs: list[tuple[str, Any]] | None = None,
     gate_feedback: dict[str, Any] | None = None,
     schema: dict[str, Any] | None = None,
+    params_json: str | None = None,
 ) -> str:
+    """`params_json` may carry the params already serialised (a fan-out serialises them once)."""
     parts = [
-        PREAMBLE.format(run_id=run_id, step_id=step_id, unit_id=unit_id, params=_json_or_null(params)),
+        PREAMBLE.format(run_id=run_id, step_id=step_id, unit_id=unit_id,
+                        params=params_json if params_json is not None else json_or_null(params)),
         "\n",
         instructions,
     ]
     if item_index is not None:
         parts.append(
-            f"\n\n## Item (index {item_index})\nThis unit handles one item of a fan-out:\n{_json_or_null(item)}"
+            f"\n\n## Item (index {item_index})\nThis unit handles one item of a fan-out:\n{json_or_null(item)}"
         )
     if inputs:
-        blocks = [f"### {ref}\n{_json_or_null(value)}" for ref, value in inputs]
+        blocks = [f"### {ref}\n{json_or_null(value)}" for ref, value in inputs]
         parts.append("\n\n## Declared inputs\n" + "\n\n".join(blocks))
     if gate_feedback:
         text = (
@@ -73,6 +76,6 @@ def build_unit_prompt(
     if schema is not None:
         parts.append(
             "\n\nRespond with only a JSON value matching this JSON Schema (no prose, no code fences):\n"
-            + _json_or_null(schema)
+            + json_or_null(schema)
         )
     return "".join(parts)

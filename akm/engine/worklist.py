@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from akm.canonical import canonical_json
-from akm.engine.prompt import build_unit_prompt
+from akm.engine.prompt import json_or_null, build_unit_prompt
 from akm.format.refs import ReferenceResolutionError, ReferenceSyntaxError, parse_reference, resolve_reference
-from akm.plan.identity import NO_ITEM, item_unit_id, journal_base_id, solo_unit_id, unit_input_hash
+from akm.plan.identity import NO_ITEM, UnitHasher, item_unit_id, journal_base_id, solo_unit_id
 from akm.plan.model import MapNode, StepPlan, UnitNode
 
 MAX_FAN_OUT = 10_000
@@ -144,6 +144,9 @@ def build_work_list(
     dispatch_snapshot = engines.get(engine_name) if engine_name else None
     timeout_ms = template.exec.timeout_ms if template.exec else (invocation.timeout_ms if invocation else None)
 
+    hasher = UnitHasher(template=template, params=params, inputs=inputs, dispatch=dispatch_snapshot,
+                        gate_feedback=gate_feedback)
+    params_json = json_or_null(params)
     units: list[WorkUnit] = []
     for index, item in entries:
         fan_out = item is not NO_ITEM
@@ -159,15 +162,9 @@ def build_work_list(
             inputs=inputs,
             gate_feedback=gate_feedback,
             schema=template.output_schema,
+            params_json=params_json,
         )
-        input_hash = unit_input_hash(
-            template=template,
-            params=params,
-            item=item,
-            inputs=inputs,
-            dispatch=dispatch_snapshot,
-            gate_feedback=gate_feedback,
-        )
+        input_hash = hasher.hash(item)
         units.append(
             WorkUnit(
                 unit_id=unit_id,

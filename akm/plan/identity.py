@@ -84,4 +84,39 @@ def unit_input_hash(
     return canonical_hash(preimage)
 
 
+class UnitHasher:
+    """`unit_input_hash` for many items of one step, serialising the shared parts once.
+
+    A fan-out over N items with params of size P would otherwise canonicalise the
+    params N times (O(N·P)); here only the item is serialised per unit. The text
+    is assembled in sorted-key order, so it is byte-identical to the canonical
+    JSON of the full preimage (tests check both agree).
+    """
+
+    def __init__(self, *, template: UnitNode, params: dict[str, Any], inputs: list[tuple[str, Any]] | None = None,
+                 dispatch: Any = None, gate_feedback: dict[str, Any] | None = None) -> None:
+        cj = canonical_json
+        invocation = None if template.invocation is None else template.invocation.model_dump(mode="json", by_alias=True)
+        head = [
+            '{"dispatch":' + cj(None if template.exec is not None else dispatch),
+            ',"env":' + cj(template.env),
+        ]
+        if template.exec is not None:
+            head.append(',"exec":' + cj(template.exec.model_dump(mode="json", by_alias=True)))
+        if gate_feedback:
+            head.append(',"gateFeedback":' + cj(gate_feedback))
+        head.append(f',"hashVersion":{UNIT_HASH_VERSION}')
+        head.append(',"inputs":' + cj([{"reference": r, "value": v} for r, v in (inputs or [])]))
+        head.append(',"invocation":' + cj(invocation))
+        head.append(',"isolation":' + cj(template.isolation))
+        head.append(',"item":')
+        self._head = "".join(head)
+        self._tail = (',"params":' + cj(params) + ',"schema":' + cj(template.output_schema)
+                      + ',"template":' + cj(template.instructions) + "}")
+
+    def hash(self, item: Any = _NO_ITEM) -> str:
+        item_json = "null" if item is _NO_ITEM else canonical_json(item)
+        return sha256_hex(self._head + item_json + self._tail)
+
+
 NO_ITEM = _NO_ITEM

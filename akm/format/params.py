@@ -1,0 +1,285 @@
+"""Run params from CLI flags: `akm workflow run <target> --name value ...`.
+
+Why flags and not a JSON blob: agents and people both type `--count 3` naturally, and each flag can be
+checked against the declared param schema with a message that names it. The rules, in short:
+
+* Tokens: the first positional token is the target (a file path, `workflows/<name>` ref or run id).
+  Param flags must come after it. A second positional, a bare `--`, or a param flag before the target
+  is a usage error. Run-control flags (`RUN_CONTROL_VALUE_FLAGS`, `RUN_CONTROL_BOOL_FLAGS`, plus
+  `-h`/`-q` short forms) may appear anywhere and are *consumed*: a workflow param whose name is a
+  run-control name (e.g. `timeout`, `format`, `help`) therefore can never be set from the CLI.
+* `--name=value` gives the exact text (may be empty); `--name value` takes the next token unless it
+  starts with `-` (a negative number such as `-3` is still a value); otherwise `--name` is a bare flag.
+* Coercion follows the param's declared `type`: arrays by repeating the flag or one JSON `[...]` value,
+  objects as JSON, numbers/integers the way JavaScript's `Number()` reads text (`1e3`, `0x10`, `1.0`),
+  booleans `true`/`false`, strings kept byte-exact (`001` stays `"001"`). A bare flag is `true` for a
+  boolean, the string `"true"` for a string, and an error otherwise.
+* The resulting object is validated against the declared schemas; any problem is `INVALID_FLAG_VALUE`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from akm.errors import UsageError
+from akm.format.schema import preview, validate_instance
+
+RUN_CONTROL_VALUE_FLAGS: tuple[str, ...] = ("max-steps", "timeout", "format")
+RUN_CONTROL_BOOL_FLAGS: tuple[str, ...] = ("help", "quiet", "verbose")
+_SHORT_FLAGS = {"-h": "help", "-q": "quiet"}
+
+INVALID_FLAG_VALUE = "INVALID_FLAG_VALUE"
+UNKNOWN_FLAG = "UNKNOWN_FLAG"
+
+_NEGATIVE_NUMBER = re.compile(r"^-\d")
+_MAX_SAFE_INTEGER = 2**53 - 1
+# What JavaScript's Number() accepts after trimming (besides hex/octal/binary and Infinity).
+_DECIMAL = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
+_RADIX = re.compile(r"^0([xX][0-9a-fA-F]+|[oO][0-7]+|[bB][01]+)$")
+# ECMAScript StrWhiteSpaceChar: what Number() and trim() strip.
+_JS_SPACE = " \t\n\v\f\r\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+
+_AFTER_TARGET = "must come after the workflow path, ref or run id"
+
+
+@dataclass
+class RunArgs:
+    """`workflow run` argv after the subcommand, split into target, run controls and raw param flags."""
+
+    target: str | None
+    controls: dict[str, str | bool] = field(default_factory=dict)
+    params: list[tuple[str, str | bool]] = field(default_factory=list)
+
+
+def _is_value_token(token: str) -> bool:
+    return not token.startswith("-") or bool(_NEGATIVE_NUMBER.match(token))
+
+
+def split_run_args(tokens: list[str]) -> RunArgs:
+    """Split `workflow run` tokens; raise `UsageError` for misplaced or removed flags."""
+    args = RunArgs(target=None)
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        i += 1
+        if tok == "--":
+            raise UsageError(
+                f'"--" is not accepted: param flags {_AFTER_TARGET}, e.g. akm workflow run <target> --name value',
+                code=INVALID_FLAG_VALUE,
+            )
+        if _is_value_token(tok):
+            if args.target is not None:
+                raise UsageError(
+                    f'Unexpected extra argument "{tok}": pass exactly one target; param flags '
+                    f"{_AFTER_TARGET} and each value follows its flag (--name value)",
+                    code=INVALID_FLAG_VALUE,
+                )
+            args.target = tok
+            continue
+        if not tok.startswith("--"):
+            if tok in _SHORT_FLAGS:
+                args.controls[_SHORT_FLAGS[tok]] = True
+                continue
+            raise UsageError(
+                f'Unknown option "{tok}"; params are passed as --name value',
+                code=UNKNOWN_FLAG,
+            )
+        body = tok[2:]
+        name, has_eq, inline = body.partition("=")
+        if not name:
+            raise UsageError(f'Malformed flag "{tok}": expected --name or --name=value', code=INVALID_FLAG_VALUE)
+        if name == "params":
+            raise UsageError(
+                "--params was removed; pass each param as --name value",
+                code=INVALID_FLAG_VALUE,
+                hint="e.g. akm workflow run workflows/release --version 1.2.3 --dry_run",
+            )
+        if name in RUN_CONTROL_BOOL_FLAGS:
+            if has_eq and inline not in ("true", "false"):
+                raise UsageError(f"--{name} takes no value (or =true / =false)", code=INVALID_FLAG_VALUE)
+            args.controls[name] = (inline == "true") if has_eq else True
+            continue
+        if name in RUN_CONTROL_VALUE_FLAGS:
+            if has_eq:
+                args.controls[name] = inline
+            elif i < len(tokens) and _is_value_token(tokens[i]):
+                args.controls[name] = tokens[i]
+                i += 1
+            else:
+                raise UsageError(f"--{name} requires a value", code=INVALID_FLAG_VALUE)
+            continue
+        # A workflow param.
+        if args.target is None:
+            raise UsageError(
+                f"Param flag --{name} {_AFTER_TARGET}: akm workflow run <target> --{name} ...",
+                code=INVALID_FLAG_VALUE,
+            )
+        if has_eq:
+            args.params.append((name, inline))
+        elif i < len(tokens) and _is_value_token(tokens[i]):
+            args.params.append((name, tokens[i]))
+            i += 1
+        else:
+            args.params.append((name, True))
+    return args
+
+
+# --------------------------------------------------------------------------------------------
+# Coercion
+# --------------------------------------------------------------------------------------------
+
+
+def js_number(text: str) -> int | float | None:
+    """Read text the way JavaScript's `Number()` does; None for NaN, blank or non-finite.
+
+    Integral results come back as `int` so JSON output shows `3`, not `3.0`.
+    """
+    s = text.strip(_JS_SPACE)
+    if not s:
+        return None
+    m = _RADIX.match(s)
+    if m:
+        whole = int(s[2:], {"x": 16, "o": 8, "b": 2}[s[1].lower()])
+        if whole <= _MAX_SAFE_INTEGER:
+            return whole
+        try:
+            return float(whole)  # JS loses precision here too; only finite values count
+        except OverflowError:
+            return None
+    if not _DECIMAL.match(s):
+        return None
+    value = float(s)
+    if not math.isfinite(value):
+        return None
+    if value.is_integer() and abs(value) <= _MAX_SAFE_INTEGER:
+        return int(value)
+    return value
+
+
+def _types_of(schema: Any) -> list[str]:
+    declared = schema.get("type") if isinstance(schema, dict) else None
+    if isinstance(declared, str):
+        return [declared]
+    if isinstance(declared, list):
+        return [t for t in declared if isinstance(t, str)]
+    return []
+
+
+def _no_constants(const: str) -> Any:
+    raise ValueError(f"{const} is not JSON")
+
+
+def _parse_json(flag: str, text: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(
+            f"--{flag} must contain valid JSON: {exc}", code=INVALID_FLAG_VALUE
+        ) from None
+
+
+def _coerce_one(flag: str, raw: str | bool, schema: Any) -> Any:
+    types = _types_of(schema)
+    if not types:
+        return raw
+    if raw is True:
+        if "boolean" in types:
+            return True
+        if "string" in types:
+            return "true"
+        raise UsageError(
+            f"--{flag} requires a value of type {' or '.join(types)}",
+            code=INVALID_FLAG_VALUE,
+            hint=f"pass --{flag} <value> or --{flag}=<value>",
+        )
+    text = str(raw)
+    if "string" in types:
+        return text
+    for t in types:
+        if t == "boolean" and text in ("true", "false"):
+            return text == "true"
+        if t == "number":
+            n = js_number(text)
+            if n is not None:
+                return n
+        if t == "integer":
+            n = js_number(text)
+            if n is not None and float(n).is_integer() and abs(n) <= _MAX_SAFE_INTEGER:
+                return int(n)
+        if t == "null" and text == "null":
+            return None
+        if t == "object":
+            value = _parse_json(flag, text)
+            if isinstance(value, dict):
+                return value
+        if t == "array":
+            try:
+                value = json.loads(text, parse_constant=_no_constants)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(value, list):
+                return value
+    raise UsageError(
+        f"--{flag} must be {' or '.join(types)}; received {preview(text)}",
+        code=INVALID_FLAG_VALUE,
+    )
+
+
+def coerce_params(
+    pairs: list[tuple[str, str | bool]], param_schemas: dict[str, dict]
+) -> dict[str, Any]:
+    """Turn raw `(name, value)` flag pairs into a validated params object.
+
+    Names must exactly match a declared param (no `-`/`_` aliasing): `--include-processes` does not
+    set `include_processes`. Params named like a run-control flag (`timeout`, `format`, `max-steps`,
+    `help`, `quiet`, `verbose`) can never arrive here because `split_run_args` consumes those flags;
+    authors should avoid such names. Raises `UsageError` with code `UNKNOWN_FLAG` for an undeclared
+    name and `INVALID_FLAG_VALUE` for a value that does not fit its schema.
+    """
+    grouped: dict[str, list[str | bool]] = {}
+    for name, raw in pairs:
+        if name not in param_schemas:
+            declared = ", ".join(f"--{n}" for n in param_schemas) or "(this workflow declares no params)"
+            raise UsageError(
+                f"Unknown flag --{name}: param flags must exactly match a declared param name",
+                code=UNKNOWN_FLAG,
+                hint=f"declared params: {declared}",
+            )
+        grouped.setdefault(name, []).append(raw)
+
+    params: dict[str, Any] = {}
+    for name, raws in grouped.items():
+        schema = param_schemas[name]
+        types = _types_of(schema)
+        if "array" in types:
+            if len(raws) == 1 and isinstance(raws[0], str) and raws[0].strip(_JS_SPACE).startswith("["):
+                value = _parse_json(name, raws[0])
+                if not isinstance(value, list):
+                    raise UsageError(f"--{name} must be a JSON array", code=INVALID_FLAG_VALUE)
+                params[name] = value
+            else:
+                items = schema.get("items")
+                item_schema = items if isinstance(items, dict) else {}
+                params[name] = [_coerce_one(name, raw, item_schema) for raw in raws]
+            continue
+        if len(raws) > 1:
+            raise UsageError(
+                f"--{name} was provided more than once but is not declared as an array",
+                code=INVALID_FLAG_VALUE,
+            )
+        params[name] = _coerce_one(name, raws[0], schema)
+
+    errors = validate_instance(
+        params, {"type": "object", "properties": dict(param_schemas)}, root_label="params"
+    )
+    if errors:
+        raise UsageError(
+            "Invalid param value: " + "; ".join(errors),
+            code=INVALID_FLAG_VALUE,
+            details={"errors": errors},
+        )
+    return params

@@ -1,0 +1,456 @@
+"""The JSON-Schema subset akm understands: an authoring check and a bounded runtime validator.
+
+Why a subset: schemas travel into prompts, journals and plan hashes, and every keyword we accept must
+behave identically at lint time, in the engine and in the session brief. So authors get a hard lint
+error for a keyword we would otherwise silently ignore (`pattern`, `$ref`, ...), and the runtime
+validator only ever evaluates the supported keywords (`jsonschema`'s Draft 2020-12 implementations,
+restricted to that set), with JavaScript-like typing: `2.0` is an integer, `true` is not a number.
+
+Both entry points are total: `check_schema_definition` never raises on any JSON-ish value, and
+`validate_instance` never recurses without bound — a schema nested deeper than `MAX_SCHEMA_DEPTH`, a
+malformed schema or an evaluation that exceeds `MAX_VISITS` keyword visits is reported as an error,
+never as "valid".
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError
+
+MAX_SCHEMA_DEPTH = 64
+MAX_VISITS = 100_000
+# Authoring check walks at most this many nodes (YAML aliases can make a small file a huge tree).
+MAX_CHECK_NODES = 100_000
+
+TYPE_NAMES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
+
+SUPPORTED_KEYWORDS: frozenset[str] = frozenset(
+    {
+        "type", "enum", "properties", "required", "items", "additionalProperties",
+        "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum",
+        "allOf", "anyOf", "oneOf", "not",
+    }
+)
+
+# Recognised JSON-Schema keywords we deliberately do not implement: using one is a lint error,
+# because silently ignoring it would let invalid data through.
+UNSUPPORTED_KEYWORDS: frozenset[str] = frozenset(
+    {
+        "$ref", "$defs", "definitions", "$anchor", "$dynamicRef", "$dynamicAnchor", "if", "then",
+        "else", "const", "pattern", "format", "patternProperties", "propertyNames",
+        "additionalItems", "prefixItems", "contains", "minContains", "maxContains", "uniqueItems",
+        "multipleOf", "exclusiveMinimum", "exclusiveMaximum", "minProperties", "maxProperties",
+        "dependencies", "dependentRequired", "dependentSchemas", "unevaluatedItems",
+        "unevaluatedProperties", "contentEncoding", "contentMediaType", "contentSchema",
+    }
+)
+
+_COMBINATORS = ("allOf", "anyOf", "oneOf")
+_COUNT_KEYWORDS = ("minItems", "maxItems", "minLength", "maxLength")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+SchemaPath = tuple[str | int, ...]
+
+
+@dataclass
+class SchemaProblem:
+    """One authoring problem. `path` locates the schema node, `keyword` the offending key in it."""
+
+    path: SchemaPath
+    keyword: str
+    message: str
+    kind: Literal["unsupported", "malformed"]
+
+
+# --------------------------------------------------------------------------------------------
+# Authoring check
+# --------------------------------------------------------------------------------------------
+
+
+def _where(path: SchemaPath) -> str:
+    if not path:
+        return "the schema root"
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+def _is_int(value: Any) -> bool:
+    """JS-style integer test: bools are not numbers; 2.0 counts as the integer 2."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and math.isfinite(value) and value.is_integer()
+
+
+def _is_finite_number(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and math.isfinite(value)
+
+
+def _value_depth_exceeds(value: Any, limit: int) -> bool:
+    """True when a plain JSON value nests deeper than `limit` (iterative; safe on cycles)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    seen = 0
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        seen += 1
+        if seen > MAX_CHECK_NODES:
+            return True
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, depth + 1) for v in node)
+    return False
+
+
+def check_schema_definition(schema: Any) -> list[SchemaProblem]:
+    """Return every unsupported or malformed keyword in an authored schema (empty list = fine).
+
+    Annotation keywords (`title`, `description`, `default`, `examples`, `$schema`, `$id`, ...)
+    and unknown keywords (e.g. `x-owner`) pass. Recursion follows `properties.*`, `items`, the
+    combinator branches and `not`, to at most `MAX_SCHEMA_DEPTH` levels.
+    """
+    problems: list[SchemaProblem] = []
+
+    def bad(path: SchemaPath, keyword: str, message: str) -> None:
+        problems.append(SchemaProblem(path, keyword, message, "malformed"))
+
+    if not isinstance(schema, dict):
+        bad((), "", f"schema must be a mapping, got {_json_type(schema)}")
+        return problems
+
+    stack: list[tuple[dict, SchemaPath, int]] = [(schema, (), 0)]
+    visited = 0
+    while stack:
+        node, path, depth = stack.pop()
+        visited += 1
+        if visited > MAX_CHECK_NODES:
+            bad((), "", f"schema is too large (more than {MAX_CHECK_NODES} sub-schemas)")
+            break
+        if depth > MAX_SCHEMA_DEPTH:
+            bad(path, "", f"schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
+            continue
+        children: list[tuple[dict, SchemaPath]] = []
+        for key, value in node.items():
+            if not isinstance(key, str):
+                bad(path, str(key), f"schema keys must be strings, got {key!r}")
+                continue
+            _check_keyword(node, key, value, path, problems, children)
+        # Reverse so problems come out in document order (stack is LIFO).
+        for child, child_path in reversed(children):
+            stack.append((child, child_path, depth + 1))
+    return problems
+
+
+def _check_keyword(
+    node: dict,
+    key: str,
+    value: Any,
+    path: SchemaPath,
+    problems: list[SchemaProblem],
+    children: list[tuple[dict, SchemaPath]],
+) -> None:
+    # Messages do not repeat the location: `path` carries it and callers render it.
+    def bad(message: str) -> None:
+        problems.append(SchemaProblem(path, key, message, "malformed"))
+
+    def unsupported(message: str) -> None:
+        problems.append(SchemaProblem(path, key, message, "unsupported"))
+
+    if key in UNSUPPORTED_KEYWORDS:
+        unsupported(f'JSON-Schema keyword "{key}" is not supported by akm')
+    elif key == "type":
+        names = value if isinstance(value, list) else [value]
+        if not names:
+            bad('"type" must be a type name or a non-empty list of type names')
+        elif not all(isinstance(n, str) for n in names):
+            bad('"type" must be a type name or a non-empty list of type names')
+        else:
+            unknown = [n for n in names if n not in TYPE_NAMES]
+            if unknown:
+                bad(f'"type" names unknown type "{unknown[0]}"; use one of ' + ", ".join(sorted(TYPE_NAMES)))
+            elif len(set(names)) != len(names):
+                bad('"type" lists the same type more than once')
+    elif key == "enum":
+        if not isinstance(value, list) or not value:
+            bad('"enum" must be a non-empty list')
+        elif _value_depth_exceeds(value, MAX_SCHEMA_DEPTH):
+            bad(f'"enum" values nest deeper than {MAX_SCHEMA_DEPTH} levels')
+    elif key == "required":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            bad('"required" must be a list of property names (strings)')
+    elif key == "properties":
+        if not isinstance(value, dict):
+            bad('"properties" must be a mapping of property name to schema')
+        else:
+            for prop, sub in value.items():
+                if not isinstance(sub, dict):
+                    bad(f'"properties" entry "{prop}" must be a schema mapping')
+                else:
+                    children.append((sub, path + ("properties", str(prop))))
+    elif key == "items":
+        if isinstance(value, dict):
+            children.append((value, path + ("items",)))
+        elif isinstance(value, list):
+            unsupported('tuple-form "items" (a list of schemas) is not supported; use one schema mapping')
+        else:
+            bad('"items" must be a schema mapping')
+    elif key == "additionalProperties":
+        if isinstance(value, dict):
+            unsupported('"additionalProperties" must be true or false; a schema here is not supported')
+        elif not isinstance(value, bool):
+            bad('"additionalProperties" must be true or false')
+    elif key in _COUNT_KEYWORDS:
+        if not _is_int(value) or value < 0:
+            bad(f'"{key}" must be a non-negative integer')
+    elif key in ("minimum", "maximum"):
+        if not _is_finite_number(value):
+            bad(f'"{key}" must be a finite number')
+    elif key in _COMBINATORS:
+        if not isinstance(value, list) or not value or not all(isinstance(b, dict) for b in value):
+            bad(f'"{key}" must be a non-empty list of schema mappings')
+        else:
+            for i, branch in enumerate(value):
+                children.append((branch, path + (key, i)))
+    elif key == "not":
+        if not isinstance(value, dict):
+            bad('"not" must be a schema mapping')
+        else:
+            children.append((value, path + ("not",)))
+    # Anything else is an annotation or an extension keyword: allowed, never evaluated.
+
+
+# --------------------------------------------------------------------------------------------
+# Runtime validation
+# --------------------------------------------------------------------------------------------
+
+_budget: contextvars.ContextVar[list[int]] = contextvars.ContextVar("akm_schema_budget")
+
+
+class _BudgetExceeded(Exception):
+    """Raised inside keyword functions when one validation uses more than MAX_VISITS visits."""
+
+
+def _counted(fn: Any) -> Any:
+    def keyword(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+        counter = _budget.get(None)
+        if counter is not None:
+            counter[0] += 1
+            if counter[0] > MAX_VISITS:
+                raise _BudgetExceeded
+        result = fn(validator, value, instance, schema)
+        if result is not None:
+            yield from result
+
+    return keyword
+
+
+def _required(validator: Any, required: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    """Like Draft 2020-12 `required`, but keeps the property name for our message."""
+    if not validator.is_type(instance, "object"):
+        return
+    for prop in required:
+        if prop not in instance:
+            yield ValidationError(f'missing required property "{prop}"')
+
+
+_LIBRARY = Draft202012Validator.VALIDATORS
+_KEYWORDS = {name: _counted(_LIBRARY[name]) for name in SUPPORTED_KEYWORDS if name != "required"}
+_KEYWORDS["required"] = _counted(_required)
+
+# Only the supported keywords exist for this validator: `$ref`, `pattern`, `format`, ... are inert
+# at run time (lint already refused them), and nothing can trigger reference retrieval.
+_SubsetValidator = validators.create(
+    meta_schema=Draft202012Validator.META_SCHEMA,
+    validators=_KEYWORDS,
+    type_checker=Draft202012Validator.TYPE_CHECKER,
+)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "integer" if math.isfinite(value) and value.is_integer() else "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def preview(value: Any, limit: int = 80) -> str:
+    """A short, bounded JSON rendering of a value for messages (never walks a huge value)."""
+    out: list[str] = []
+    size = 0
+
+    def emit(s: str) -> bool:
+        nonlocal size
+        out.append(s)
+        size += len(s)
+        return size <= limit
+
+    def walk(v: Any, depth: int) -> bool:
+        if isinstance(v, float) and math.isfinite(v) and v.is_integer() and abs(v) < 1e21:
+            return emit(str(int(v)))
+        if v is None or isinstance(v, (bool, int, float, str)):
+            try:
+                return emit(json.dumps(v, ensure_ascii=False))
+            except ValueError:
+                return emit(str(v))
+        if depth >= 4:
+            return emit("…")
+        if isinstance(v, dict):
+            if not emit("{"):
+                return False
+            for i, (k, item) in enumerate(v.items()):
+                if (i and not emit(",")) or not emit(json.dumps(str(k), ensure_ascii=False) + ":"):
+                    return False
+                if not walk(item, depth + 1):
+                    return False
+            return emit("}")
+        if isinstance(v, (list, tuple)):
+            if not emit("["):
+                return False
+            for i, item in enumerate(v):
+                if (i and not emit(",")) or not walk(item, depth + 1):
+                    return False
+            return emit("]")
+        return emit(repr(v))
+
+    if walk(value, 0):
+        return "".join(out)
+    return "".join(out)[:limit] + "…"
+
+
+def render_path(root_label: str, path: Any) -> str:
+    """`$`, `$.key`, `$[3]`; keys that are not identifiers use `["odd key"]`."""
+    parts = [root_label]
+    for seg in path:
+        if isinstance(seg, int):
+            parts.append(f"[{seg}]")
+        elif isinstance(seg, str) and _IDENT_RE.match(seg):
+            parts.append(f".{seg}")
+        else:
+            parts.append("[" + json.dumps(str(seg), ensure_ascii=False) + "]")
+    return "".join(parts)
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _messages(error: ValidationError, root_label: str) -> list[str]:
+    """Our wording for one library error (a list: one error may name several properties)."""
+    kw, want, inst = error.validator, error.validator_value, error.instance
+    if kw == "type":
+        names = want if isinstance(want, list) else [want]
+        return [f"expected type {' or '.join(names)}, got {_json_type(inst)}"]
+    if kw == "enum":
+        return [f"value {preview(inst)} is not one of {preview(want, 200)}"]
+    if kw == "required":
+        return [error.message]
+    if kw == "additionalProperties":
+        props = error.schema.get("properties", {}) if isinstance(error.schema, dict) else {}
+        extras = [k for k in inst if k not in props] if isinstance(inst, dict) else []
+        return [f'unexpected property "{k}" (additionalProperties: false)' for k in extras] or [
+            error.message
+        ]
+    if kw == "minimum":
+        return [f"{_num(inst)} is below minimum {_num(want)}"]
+    if kw == "maximum":
+        return [f"{_num(inst)} is above maximum {_num(want)}"]
+    if kw == "minLength":
+        return [f"string is shorter than minLength {_num(want)} (length {len(inst)})"]
+    if kw == "maxLength":
+        return [f"string is longer than maxLength {_num(want)} (length {len(inst)})"]
+    if kw == "minItems":
+        return [f"array has fewer than minItems {_num(want)} items (has {len(inst)})"]
+    if kw == "maxItems":
+        return [f"array has more than maxItems {_num(want)} items (has {len(inst)})"]
+    if kw in ("anyOf", "oneOf"):
+        if kw == "oneOf" and not error.context:
+            return ["matches more than one schema in oneOf (exactly one must match)"]
+        return [f"does not match any schema in {kw}{_branch_summary(error, root_label)}"]
+    if kw == "not":
+        return ['must not match the schema in "not"']
+    return [error.message]
+
+
+def _branch_summary(error: ValidationError, root_label: str) -> str:
+    """Up to three branches' first errors, so the author sees why each alternative failed."""
+    firsts: dict[int, ValidationError] = {}
+    for sub in error.context or ():
+        branch = sub.relative_schema_path[0] if sub.relative_schema_path else 0
+        if isinstance(branch, int) and branch not in firsts:
+            firsts[branch] = sub
+    parts = []
+    for branch in sorted(firsts)[:3]:
+        sub = firsts[branch]
+        msg = _messages(sub, root_label)[0]
+        parts.append(f"branch {branch + 1}: {render_path(root_label, sub.absolute_path)}: {msg}")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def validate_instance(value: Any, schema: dict, root_label: str = "$") -> list[str]:
+    """Validate a JSON value against a subset schema; return `"<path>: <problem>"` strings.
+
+    An empty list means valid. A malformed or too-deep schema, or an evaluation exceeding the
+    visit budget, yields an error rather than an exception or a false "valid".
+    """
+    if not isinstance(schema, dict):
+        return [f"{root_label}: invalid schema: schema must be a mapping"]
+    malformed = [p for p in check_schema_definition(schema) if p.kind == "malformed"]
+    if malformed:
+        return [f"{root_label}: invalid schema (at {_where(p.path)}): {p.message}" for p in malformed]
+
+    token = _budget.set([0])
+    try:
+        errors = list(_SubsetValidator(schema).iter_errors(value))
+    except _BudgetExceeded:
+        return [f"{root_label}: validation exceeded {MAX_VISITS} steps; simplify the schema"]
+    except RecursionError:
+        return [f"{root_label}: value nests too deeply to validate"]
+    finally:
+        _budget.reset(token)
+
+    # Per node, a type mismatch is the whole story: drop enum/combinator noise from that node.
+    typed_nodes = {
+        (tuple(e.absolute_path), tuple(e.absolute_schema_path)[:-1])
+        for e in errors
+        if e.validator == "type"
+    }
+    out: list[str] = []
+    seen: set[str] = set()
+    for err in errors:
+        node = (tuple(err.absolute_path), tuple(err.absolute_schema_path)[:-1])
+        if err.validator != "type" and node in typed_nodes:
+            continue
+        where = render_path(root_label, err.absolute_path)
+        for msg in _messages(err, root_label):
+            line = f"{where}: {msg}"
+            if line not in seen:
+                seen.add(line)
+                out.append(line)
+    return out
