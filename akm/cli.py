@@ -7,12 +7,13 @@ imported inside the command that needs it (never `mcp` or `httpx`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import signal
 import sys
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    import argparse
 
 from akm import __version__
 from akm.errors import EXIT_INTERNAL, EXIT_USAGE, AkmError, UsageError
@@ -36,22 +37,24 @@ Exit status: 0 completed, 1 failed/blocked/timed out, 2 usage error,
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises a UsageError instead of printing and exiting."""
+def _build_parser() -> "argparse.ArgumentParser":
+    import argparse  # lazy: `akm --version` should not pay for it
 
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}", code="USAGE", hint=f"See `{self.prog} --help`.")
+    class _Parser(argparse.ArgumentParser):
+        """argparse that raises a UsageError instead of printing and exiting."""
 
+        def error(self, message: str) -> None:  # type: ignore[override]
+            raise UsageError(f"{self.prog}: {message}", code="USAGE", hint=f"See `{self.prog} --help`.")
 
-def _build_parser() -> _Parser:
     p = _Parser(prog="akm", description="akm: durable workflows for coding agents.")
     p.add_argument("--version", action="version", version=f"akm {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     wf = sub.add_parser("workflow", help="lint, run and inspect workflows")
+    p.workflow_parser = wf  # type: ignore[attr-defined]
     wsub = wf.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
 
-    def fmt(sp: argparse.ArgumentParser, choices: tuple[str, ...] = ("text", "json")) -> None:
+    def fmt(sp: "argparse.ArgumentParser", choices: tuple[str, ...] = ("text", "json")) -> None:
         sp.add_argument("--format", choices=choices, default="text")
 
     lint = wsub.add_parser("lint", help="check workflow files (or directories of them)")
@@ -213,6 +216,8 @@ def _cmd_run(tokens: list[str]) -> int:
         max_steps = int(raw)
     timeout_ms = _parse_duration_ms(str(ra.controls["timeout"])) if "timeout" in ra.controls else None
 
+    import signal
+
     cancel = Cancellation()
     show_progress = sys.stderr.isatty() or os.environ.get("AKM_PROGRESS") == "1"
     if ra.controls.get("quiet"):
@@ -308,13 +313,16 @@ def _wants_json(argv: Sequence[str]) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     json_errors = _wants_json(argv)
+    if argv == ["--version"]:
+        _out(f"akm {__version__}")
+        return 0
     try:
         if len(argv) >= 2 and argv[0] == "workflow" and argv[1] == "run":
             return _cmd_run(argv[2:])
         parser = _build_parser()
         args = parser.parse_args(argv)
         if args.command is None or (args.command == "workflow" and args.action is None):
-            parser.print_help() if args.command is None else parser.parse_args([*argv, "--help"])
+            (parser if args.command is None else parser.workflow_parser).print_help(sys.stderr)
             return EXIT_USAGE
         if args.command == "log":
             return _cmd_log(args)
