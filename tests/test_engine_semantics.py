@@ -1,0 +1,147 @@
+"""More engine semantics: vote, empty output, skip cascade, budget seeding, width, progress."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from akm import api
+from tests.test_engine import db_rows, py, run, steps_of, write_wf
+
+
+def test_vote_majority_and_tie(project):
+    wf = write_wf(project, "vote.md", f"""
+        params:
+          xs: {{ type: array }}
+        steps:
+          - id: poll
+            map:
+              over: params.xs
+              reducer: vote
+              unit: {{ exec: {{ command: {py('import json,os; print(json.loads(os.environ["AKM_ITEM"])["v"])')} }} }}
+        """, "## poll\n\nvote")
+    res = run(wf, project, params={"xs": [{"i": 1, "v": "a"}, {"i": 2, "v": "b"}, {"i": 3, "v": "a"}]})
+    assert res.run.status == "completed" and steps_of(res)["poll"]["output"] == "a"
+    (project / ".akm").mkdir()
+    res = run(wf, project, params={"xs": [{"i": 1, "v": "a"}, {"i": 2, "v": "b"}]})
+    assert res.run.status == "failed" and "tied" in steps_of(res)["poll"]["notes"]
+
+
+def test_empty_output_is_null_and_fails_a_dependent_input(project):
+    wf = write_wf(project, "empty.md", f"""
+        steps:
+          - id: quiet
+            unit: {{ exec: {{ command: {py('pass')} }} }}
+          - id: reader
+            inputs: [steps.quiet.output]
+            unit: {{ exec: {{ command: {py('print(1)')} }} }}
+        """, "## quiet\n\nsay nothing\n\n## reader\n\nread it")
+    res = run(wf, project)
+    st = steps_of(res)
+    assert st["quiet"]["status"] == "completed" and st["quiet"]["output"] is None
+    assert db_rows("SELECT result_json FROM units WHERE unit_id='quiet:solo'") == [(None,)]
+    assert res.run.status == "failed" and "resolved to null" in st["reader"]["notes"]
+
+
+def test_skipped_router_cascades_to_its_targets(project):
+    wf = write_wf(project, "cascade.md", f"""
+        params:
+          first: {{ type: string }}
+        steps:
+          - id: r1
+            route:
+              input: params.first
+              when: [{{ match: a, step: x }}, {{ match: b, step: r2 }}]
+          - id: x
+            unit: {{ exec: {{ command: {py('print("x")')} }} }}
+          - id: r2
+            route:
+              input: params.first
+              when: [{{ match: b, step: y }}]
+              default: z
+          - id: y
+            unit: {{ exec: {{ command: {py('print("y")')} }} }}
+          - id: z
+            unit: {{ exec: {{ command: {py('print("z")')} }} }}
+        """, "## r1\n\n## x\n\nx\n\n## r2\n\n## y\n\ny\n\n## z\n\nz")
+    res = run(wf, project, params={"first": "a"})
+    st = steps_of(res)
+    assert res.run.status == "completed"
+    assert {k: v["status"] for k, v in st.items()} == {
+        "r1": "completed", "x": "completed", "r2": "skipped", "y": "skipped", "z": "skipped"}
+    assert "r2" in st["y"]["notes"]
+
+
+def test_budget_is_seeded_from_the_journal_across_invocations(project):
+    flag = project / "fixed"
+    wf = write_wf(project, "seed.md", f"""
+        budget: {{ max_units: 2 }}
+        params:
+          xs: {{ type: array }}
+        steps:
+          - id: each
+            map:
+              over: params.xs
+              concurrency: 1
+              unit: {{ exec: {{ command: {py(f'import json,os,sys,pathlib; sys.exit(1) if json.loads(os.environ["AKM_ITEM"]) == "b" and not pathlib.Path({str(flag)!r}).exists() else print(1)')} }} }}
+        """, "## each\n\nx")
+    res = run(wf, project, params={"xs": ["a", "b"]})
+    assert res.run.status == "failed"
+    flag.write_text("1")
+    api.resume(res.run.run_id)
+    res2 = run(res.run.run_id, project)
+    assert res2.run.status == "failed"
+    assert "max_units" in steps_of(res2)["each"]["notes"]
+    assert db_rows("SELECT sum(attempts) FROM units") == [(2,)]
+
+
+def test_map_width_bounds_concurrent_children(project):
+    log = project / "spans.jsonl"
+    code = py(f'import json,time; a=time.time(); time.sleep(0.4); open({str(log)!r},"a").write(json.dumps([a,time.time()])+chr(10))')
+    wf = write_wf(project, "width.md", f"""
+        params:
+          xs: {{ type: array }}
+        steps:
+          - id: each
+            map:
+              over: params.xs
+              concurrency: 2
+              unit: {{ exec: {{ command: {code} }} }}
+        """, "## each\n\nx")
+    res = run(wf, project, params={"xs": [1, 2, 3, 4]})
+    assert res.run.status == "completed"
+    spans = [json.loads(line) for line in log.read_text().splitlines()]
+    points = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    live = peak = 0
+    for _, d in points:
+        live += d
+        peak = max(peak, live)
+    assert peak == 2
+
+
+def test_progress_lines_on_stderr(akm, project):
+    write_wf(project, "p.md", f"""
+        params:
+          xs: {{ type: array }}
+        steps:
+          - id: each
+            map:
+              over: params.xs
+              unit: {{ exec: {{ command: {py('print(1)')} }} }}
+        """, "## each\n\nx")
+    akm.env["AKM_PROGRESS"] = "1"
+    proc = akm("workflow", "run", "p.md", "--xs", "a", "--xs", "b", "--format", "json", check=0)
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("[each ")]
+    assert len(lines) == 2 and all(l.endswith(" ok") for l in lines)
+    assert json.loads(proc.stdout)["run"]["status"] == "completed"  # stdout is only JSON
+
+
+def test_list_filters(akm, project):
+    write_wf(project, "a.md", "steps:\n  - id: s\n    unit: { exec: { command: [echo, a] } }", "## s\n\nx")
+    write_wf(project, "b.md", "steps:\n  - id: s\n    unit: { exec: { command: [\"false\"] } }", "## s\n\nx")
+    akm("workflow", "run", "a.md", check=0)
+    akm("workflow", "run", "b.md", check=1)
+    runs = akm.json("workflow", "list")["runs"]
+    assert [r["status"] for r in runs] == ["failed", "completed"]  # newest first
+    assert akm.json("workflow", "list", "--ref", "a.md")["runs"][0]["status"] == "completed"
+    assert akm.json("workflow", "list", "--active")["runs"] == []
