@@ -432,6 +432,10 @@ def validate_instance(value: Any, schema: dict, root_label: str = "$") -> list[s
         return [f"{root_label}: validation exceeded {MAX_VISITS} steps; simplify the schema"]
     except RecursionError:
         return [f"{root_label}: value nests too deeply to validate"]
+    except Exception as exc:  # noqa: BLE001 - a part of the schema the subset check does not vet
+        # (e.g. inside an unsupported schema-form keyword) was malformed; report, never raise.
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return [f"{root_label}: invalid schema: {first}"]
     finally:
         _budget.reset(token)
 
