@@ -40,7 +40,13 @@ def lint(paths_: list[str]):
     """Lint files or directories; returns a `LintReport` (see akm.format.lint)."""
     from akm.format.lint import lint_paths
 
-    return lint_paths(paths_)
+    report = lint_paths(paths_)
+    if not report.files:
+        raise UsageError(
+            f"No workflow files found in {', '.join(paths_)}.", code="NO_WORKFLOW_FILES",
+            hint="Workflows are *.md files (README.md is skipped); pass a file or a directory holding them.",
+        )
+    return report
 
 
 class UpgradeResult(ApiModel):

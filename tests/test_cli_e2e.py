@@ -95,6 +95,9 @@ def test_lint_exit_codes_and_json_shape(akm, project):
     assert set(err) >= {"code", "message", "line"} and err["line"] == 4
     text = akm("workflow", "lint", "bad.md", check=1)
     assert "bad.md:4" in text.stdout
+    (project / "empty").mkdir()
+    nothing = akm("workflow", "lint", "empty", check=2)
+    assert "NO_WORKFLOW_FILES" in nothing.stderr
     usage = akm("workflow", "lint", check=2)
     assert "error[" in usage.stderr and "Traceback" not in usage.stderr
 
