@@ -430,59 +430,44 @@ def list_runs(*, active_only: bool = False, ref: str | None = None, all_scopes: 
               cwd: str | None = None) -> RunList:
     from akm.store import runs as runs_store
 
-    db = _open_db()
-    try:
+    with _open_db() as db:
         scope = None if all_scopes else paths.scope_key(Path(cwd or os.getcwd()))
         if ref is not None and os.path.isfile(ref):
             ref = os.path.realpath(ref)
         rows = runs_store.list_runs(db, scope_key=scope, active_only=active_only, ref=ref)
         return RunList(runs=[_run_view(db, r, with_steps=False) for r in rows])
-    finally:
-        db.close()
 
 
 def run_status(run_id: str, *, units: bool = False) -> RunView:
-    db = _open_db()
-    try:
+    with _open_db() as db:
         return _run_view(db, _require_run(db, run_id), with_units=units)
-    finally:
-        db.close()
 
 
 def run_plan(run_id: str):
     """The frozen plan of a run (verified), for `status --format mermaid`."""
     from akm.engine.state import decode_plan
 
-    db = _open_db()
-    try:
+    with _open_db() as db:
         run = _require_run(db, run_id)
         return decode_plan(run.id, run.plan_json, run.plan_hash)
-    finally:
-        db.close()
 
 
 def resume(run_id: str) -> RunView:
-    from akm.store import runs as runs_store
-
-    db = _open_db()
-    try:
-        _require_run(db, run_id)
-        run = runs_store.resume_run(db, run_id)
-        return _run_view(db, run)
-    finally:
-        db.close()
+    """Reopen a failed or blocked run (its current step becomes pending again)."""
+    return _control(run_id, "resume_run")
 
 
 def abandon(run_id: str) -> RunView:
+    """Give up on a run: it becomes failed and can no longer be driven."""
+    return _control(run_id, "abandon_run")
+
+
+def _control(run_id: str, action: str) -> RunView:
     from akm.store import runs as runs_store
 
-    db = _open_db()
-    try:
+    with _open_db() as db:
         _require_run(db, run_id)
-        run = runs_store.abandon_run(db, run_id)
-        return _run_view(db, run)
-    finally:
-        db.close()
+        return _run_view(db, getattr(runs_store, action)(db, run_id))
 
 
 def events(*, run_id: str | None = None, since: str | None = None, limit: int | None = None) -> EventPage:
@@ -499,11 +484,8 @@ def events(*, run_id: str | None = None, since: str | None = None, limit: int | 
             offset = int(raw)
         else:
             since_ts = since
-    db = _open_db()
-    try:
+    with _open_db() as db:
         evs, next_offset = events_store.list_events(db, run_id, offset, limit, since_ts=since_ts)
         return EventPage(run=run_id, since_offset=offset, next_offset=next_offset,
                          events=[EventView(id=e.id, ts=e.ts, event_type=e.event_type, run_id=e.run_id,
                                            metadata=e.metadata) for e in evs])
-    finally:
-        db.close()
