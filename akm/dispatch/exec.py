@@ -155,11 +155,15 @@ def build_exec_context(
     if item is not MISSING:
         if item_index is None:
             raise ValueError("build_exec_context: a map unit needs item_index with item")
-        ctx["AKM_ITEM"] = canonical_json(item)
-        ctx["AKM_ITEM_INDEX"] = str(int(item_index))
+        ctx.update(item_context(item, item_index))
     if inputs is not None:
         ctx["AKM_INPUTS"] = canonical_json(dict(inputs))
     return ctx
+
+
+def item_context(item: Any, item_index: int) -> dict[str, str]:
+    """The per-item part of a map unit's context (the rest is shared by the step's units)."""
+    return {"AKM_ITEM": canonical_json(item), "AKM_ITEM_INDEX": str(int(item_index))}
 
 
 def check_exec_context(context: Mapping[str, str], platform: str | None = None) -> str | None:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from akm.dispatch.exec import ExecRequest, build_exec_context, run_exec_unit
+from akm.dispatch.exec import ExecRequest, build_exec_context, item_context, run_exec_unit
 from akm.dispatch.redact import redact_text
 from akm.engine import worktree as worktrees
 from akm.engine.budget import DispatchBudget
@@ -109,6 +109,7 @@ class _StepRun:
         self.sensitive: list[str] = []
         self.done_count = 0
         self.total = 0
+        self._ctx_base: dict[str, str] | None = None
         self._count_lock = threading.Lock()
 
     # ------------------------------------------------------------ one attempt
@@ -164,11 +165,15 @@ class _StepRun:
         tmpl = unit.template
         spec = tmpl.exec
         assert spec is not None
-        ctx = build_exec_context(
-            run_id=self.d.run_id, step_id=self.step.step_id, unit_id=unit.unit_id, params=self.d.loaded.params,
-            **({"item": unit.item, "item_index": unit.index} if unit.item is not NO_ITEM else {}),
-            inputs=dict(unit.inputs) if tmpl.inputs else None,
-        )
+        if self._ctx_base is None:
+            # Params and inputs are the same for every unit of the step: serialise them once.
+            self._ctx_base = build_exec_context(
+                run_id=self.d.run_id, step_id=self.step.step_id, unit_id="", params=self.d.loaded.params,
+                inputs=dict(unit.inputs) if tmpl.inputs else None,
+            )
+        ctx = dict(self._ctx_base, AKM_UNIT_ID=unit.unit_id)
+        if unit.item is not NO_ITEM:
+            ctx.update(item_context(unit.item, unit.index))
         req = ExecRequest(
             command=list(spec.command), base_dir=base_dir, cwd=spec.cwd, pass_env=spec.pass_env,
             inherit_env=bool(spec.inherit_env), env_bindings=self.env_values, context=ctx,
