@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -458,3 +459,45 @@ def test_heartbeat_marks_running_units(project, tmp_path):
     assert res.done
     checkin, started = db_rows("SELECT last_checkin_at, started_at FROM units WHERE status='completed'")[0]
     assert checkin is not None and checkin > started
+
+
+def test_lost_lease_stops_the_driver(project):
+    """Another holder takes the lease mid-dispatch: the unit is stopped and the driver refuses to go on."""
+    import threading
+
+    from akm.engine.drive import DriveOptions, drive_run
+    from akm.store.db import open_db
+
+    wf = write_wf(project, "steal.md", f"""
+        steps:
+          - id: a
+            unit: {{ exec: {{ command: {py('import time; time.sleep(20)')} }} }}
+        """, "## a\n\nx")
+    first = run(wf, project, timeout_ms=50)  # creates the run; aborts at once
+    db = open_db(paths.state_db_path())
+    errors: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            drive_run(db, first.run.run_id, DriveOptions(work_dir=project, project_root=project,
+                                                         heartbeat_interval=0.2))
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    t = threading.Thread(target=drive)
+    t.start()
+    deadline = time.time() + 10
+    while time.time() < deadline and not db_rows("SELECT 1 FROM units WHERE status='running' AND attempts=2"):
+        time.sleep(0.05)
+    con = sqlite3.connect(paths.state_db_path())
+    con.execute("UPDATE runs SET lease_holder='thief', lease_host='elsewhere', lease_pid=1, "
+                "lease_until='2999-01-01T00:00:00.000Z'")
+    con.commit()
+    con.close()
+    t.join(timeout=15)
+    db.close()
+    assert not t.is_alive()
+    assert errors and isinstance(errors[0], UsageError) and errors[0].code == "LEASE_LOST"
+    assert "thief" in errors[0].message
+    assert db_rows("SELECT status, failure_reason FROM units") == [("failed", "aborted")]
+    assert db_rows("SELECT status, lease_holder FROM runs") == [("active", "thief")]

@@ -145,12 +145,15 @@ class _StepRun:
             d.heartbeat.untrack(attempt)
         outcome.dispatched = True
         try:
-            units_store.finish_unit(
+            finished = units_store.finish_unit(
                 d.db, run_id=d.run_id, unit_id=attempt, started_at=started_at,
                 status="completed" if outcome.ok else "failed", result_json=journaled_result_json(outcome),
                 tokens=outcome.tokens, failure_reason=None if outcome.ok else outcome.failure_reason,
                 session_id=outcome.session_id,
             )
+            if finished == "superseded":
+                d.warn(f"unit {attempt} was re-dispatched by another driver while it ran; this result was not "
+                       "journaled (the newer dispatch owns the row)")
         except Exception as exc:
             state = "completed" if outcome.ok else f"failed ({outcome.failure_reason})"
             outcome = UnitOutcome(unit.unit_id, ok=False, failure_reason="journal_write_failed",
