@@ -288,3 +288,12 @@ def test_lint_text_report_shape() -> None:
     assert set(first) == {"code", "message", "line", "column", "hint"}
     empty_section = next(e for e in dumped["errors"] if e["code"] == "empty_section")
     assert "column" not in empty_section  # None fields are omitted, not null
+
+
+def test_spec_lists_every_code() -> None:
+    from pathlib import Path
+
+    spec = (Path(__file__).resolve().parents[1] / "spec" / "workflow-format.md").read_text(encoding="utf-8")
+    table = spec.split("## Lint codes", 1)[1]
+    listed = {line.split("|")[1].strip().strip("`") for line in table.splitlines() if line.startswith("| `")}
+    assert listed == set(CODES)

@@ -405,3 +405,11 @@ def test_document_is_plain_data_for_the_compiler() -> None:
     dumped = doc.model_dump()
     assert dumped["steps"][0]["id"] == "a" and dumped["steps"][0]["instructions"]["text"] == "A."
     assert type(doc).model_validate(dumped) == doc
+
+
+def test_step_frontmatter_spans() -> None:
+    doc = ok(wf(
+        "steps:\n  - id: a\n    unit:\n      timeout: 5s\n    # comment\n  - id: b\n  - id: c\n"
+        "    inputs: [steps.a.output,\n      steps.b.output]\n",
+        "## a\n\nA.\n## b\n\nB.\n## c\n\nC.\n"))
+    assert [(s.id, s.line, s.end_line) for s in doc.steps] == [("a", 3, 5), ("b", 7, 7), ("c", 8, 10)]

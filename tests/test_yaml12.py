@@ -172,6 +172,8 @@ def test_stock_loader_api_has_the_same_meaning() -> None:
         yaml.load("a: 1\na: 2\n", Loader=Yaml12Loader)
     with pytest.raises(yaml.YAMLError):
         yaml.load("a: !!binary aGk=\n", Loader=Yaml12Loader)
+    with pytest.raises(yaml.YAMLError):
+        yaml.load("? [a]\n: 1\n", Loader=Yaml12Loader)
 
 
 @pytest.mark.parametrize(

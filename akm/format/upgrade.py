@@ -35,7 +35,7 @@ import yaml
 
 from akm.errors import UsageError
 from akm.format.schema import check_schema_definition
-from akm.format.yaml12 import Yaml12Loader, Yaml12Resolver
+from akm.format.yaml12 import Yaml12Resolver, load_yaml
 
 UPGRADE_FAILED = "UPGRADE_FAILED"
 
@@ -477,13 +477,15 @@ def upgrade_legacy(text: str) -> str:
         )
     fm: Any = {}
     if fm_text is not None:
-        try:
-            fm = yaml.load(fm_text, Loader=Yaml12Loader)
-        except yaml.YAMLError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "syntax error"
+        # The same strict reader lint uses: what it refuses (recursive aliases, duplicate
+        # keys, odd tags) cannot be carried into a file that must lint clean.
+        doc = load_yaml(fm_text)
+        if doc.problems:
             raise UsageError(
-                f"Cannot upgrade: the frontmatter is not valid YAML ({first})", code=UPGRADE_FAILED
-            ) from None
+                f"Cannot upgrade: the frontmatter is not valid YAML ({doc.problems[0].message})",
+                code=UPGRADE_FAILED,
+            )
+        fm = doc.value
         if fm is None:
             fm = {}
         if not isinstance(fm, dict):

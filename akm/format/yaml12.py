@@ -179,7 +179,10 @@ class Yaml12Loader(yaml.SafeLoader, Yaml12Resolver):
             )
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
-            key = _key_text(self.construct_object(key_node, deep=True), key_node)
+            try:
+                key = _key_text(self.construct_object(key_node, deep=True), key_node)
+            except YamlValueError as exc:
+                raise yaml.constructor.ConstructorError(None, None, exc.message, key_node.start_mark) from None
             if key in out:
                 raise yaml.constructor.ConstructorError(
                     "while constructing a mapping", node.start_mark,
