@@ -36,6 +36,7 @@ from akm.engine.reduce import (
     classify_reuse,
     evaluate_route,
     failed_step,
+    index_completed_rows,
     journaled_result_json,
     outcome_from_row,
     reduce_step,
@@ -244,8 +245,9 @@ class _StepRun:
             return failed_step(wl.reason)
         tmpl = step.unit_template
         assert tmpl is not None
-        rows = [asdict(r) for r in units_store.get_units(d.db, d.run_id, step.step_id) if r.phase is None]
-        decisions = [classify_reuse(u.base_id, u.input_hash, rows, self.loop) for u in wl.units]
+        rows = [vars(r) for r in units_store.get_units(d.db, d.run_id, step.step_id) if r.phase is None]
+        completed = index_completed_rows(rows)
+        decisions = [classify_reuse(u.base_id, u.input_hash, completed, self.loop) for u in wl.units]
         pending = [u for u, dec in zip(wl.units, decisions) if dec.kind == "dispatch"]
         if pending and any(u.runner == "session" for u in pending):
             return session_brief(step, pending, self.loop)

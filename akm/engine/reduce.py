@@ -8,13 +8,13 @@ resumed run rebuilds exactly the evidence a live run would have written.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from akm.canonical import canonical_json, compact_json
 from akm.format.refs import ReferenceResolutionError, ReferenceSyntaxError, parse_reference, resolve_reference
 from akm.format.schema import validate_instance
+from akm.plan.identity import base_of_attempt
 from akm.plan.model import RoutePlan, StepPlan
 
 TEXT_CLIP = 2000
@@ -53,9 +53,6 @@ class UnitOutcome:
 
 # ---------------------------------------------------------------- reuse
 
-_ATTEMPT = re.compile(r"^(?P<base>.*?)(?:~r(?P<n>\d+))?$")
-
-
 @dataclass
 class ReuseDecision:
     kind: str  # "reuse" | "diverge" | "dispatch"
@@ -63,24 +60,33 @@ class ReuseDecision:
     attempt_id: str | None = None
 
 
-def classify_reuse(base_id: str, input_hash: str, rows: list[dict[str, Any]], gate_loop: int) -> ReuseDecision:
+def index_completed_rows(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Completed rows grouped by attempt family (`B`, `B~r1`, `B~r2`… all under `B`), in journal order.
+
+    Built once per step so each unit's reuse decision is a dict lookup, not a scan
+    of the whole journal (a 2000-unit fan-out would otherwise cost O(n²)).
+    """
+    index: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("status") == "completed":
+            index.setdefault(base_of_attempt(row["unit_id"]), []).append(row)
+    return index
+
+
+def classify_reuse(base_id: str, input_hash: str, completed: dict[str, list[dict[str, Any]]],
+                   gate_loop: int) -> ReuseDecision:
     """Reuse a completed row with the same hash; a loop-1 completed row with another hash is divergence.
 
-    Rows are in journal order (started_at, unit_id). Running and failed rows never
-    block: the next dispatch of the same attempt id overwrites them.
+    `completed` comes from `index_completed_rows`. Running and failed rows never
+    block: the next dispatch of the same attempt id overwrites them. Rows beyond
+    the current `retry.max` still count (the plan's retry policy is not in the hash).
     """
-    completed = []
-    for row in rows:
-        uid = row["unit_id"]
-        if row.get("status") != "completed":
-            continue
-        if uid == base_id or (uid.startswith(base_id + "~r") and uid[len(base_id) + 2 :].isdigit()):
-            completed.append(row)
-    for row in completed:
+    family = completed.get(base_id, [])
+    for row in family:
         if row.get("input_hash") and row["input_hash"] == input_hash:
             return ReuseDecision("reuse", row=row)
-    if completed and gate_loop <= 1:
-        return ReuseDecision("diverge", attempt_id=completed[0]["unit_id"])
+    if family and gate_loop <= 1:
+        return ReuseDecision("diverge", attempt_id=family[0]["unit_id"])
     return ReuseDecision("dispatch")
 
 

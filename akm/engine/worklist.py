@@ -11,6 +11,7 @@ duplicate fan-out item, an input that does not resolve) is returned as a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from akm.canonical import canonical_json
@@ -36,12 +37,17 @@ class WorkUnit:
     model: str | None
     timeout_ms: int | None
     inputs: list[tuple[str, Any]]
-    prompt: str
     input_hash: str
+    prompt_args: dict[str, Any] = field(repr=False, default_factory=dict)
 
     @property
     def is_fan_out(self) -> bool:
         return self.item is not NO_ITEM
+
+    @cached_property
+    def prompt(self) -> str:
+        """Built on demand: exec units never need it, and a large fan-out would pay for every one."""
+        return build_unit_prompt(**self.prompt_args)
 
 
 @dataclass
@@ -151,7 +157,7 @@ def build_work_list(
     for index, item in entries:
         fan_out = item is not NO_ITEM
         unit_id = item_unit_id(template.id, item) if fan_out else solo_unit_id(step.step_id)
-        prompt = build_unit_prompt(
+        prompt_args = dict(
             run_id=run_id,
             step_id=step.step_id,
             unit_id=unit_id,
@@ -179,8 +185,8 @@ def build_work_list(
                 model=None if template.exec else (invocation.model if invocation else None),
                 timeout_ms=timeout_ms,
                 inputs=inputs,
-                prompt=prompt,
                 input_hash=input_hash,
+                prompt_args=prompt_args,
             )
         )
     return WorkList(units=units, is_map=is_map, concurrency=concurrency, reducer=reducer, inputs=inputs)

@@ -9,13 +9,11 @@ tests/test_identity.py; bump `UNIT_HASH_VERSION` if the preimage must change.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from akm.canonical import canonical_hash, canonical_json, sha256_hex
 from akm.plan.model import UNIT_HASH_VERSION, UnitNode
 
-_RETRY_SUFFIX = re.compile(r"~r(\d+)$")
 _NO_ITEM = object()
 
 
@@ -44,7 +42,8 @@ def gate_row_id(step_id: str, gate_loop: int) -> str:
 
 def base_of_attempt(attempt: str) -> str:
     """Strip one trailing `~r<digits>`; the inverse of `attempt_id`."""
-    return _RETRY_SUFFIX.sub("", attempt)
+    head, sep, tail = attempt.rpartition("~r")
+    return head if sep and tail.isdigit() and tail.isascii() else attempt
 
 
 def unit_input_hash(
