@@ -23,6 +23,7 @@ from akm import paths
 from akm.errors import AkmError, NotFoundError, UsageError
 from akm.plan.model import UNIT_HASH_VERSION
 
+STALE_AFTER_S = 90.0
 _RUN_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
@@ -115,6 +116,7 @@ class UnitView(ApiModel):
     started_at: str | None = None
     finished_at: str | None = None
     last_checkin_at: str | None = None
+    stale: bool | None = None
     worktree_path: str | None = None
 
 
@@ -211,11 +213,18 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
             view.steps.append(StepView(id=s.step_id, status=s.status, output=output, summary=s.summary,
                                        notes=s.notes))
     if with_units:
+        from akm.store.db import now_iso
+
+        # D8: a running unit whose last sign of life (heartbeat, else start) is older than
+        # STALE_AFTER_S is stale — its driver is probably gone. The engine heartbeats
+        # running units, so a long healthy unit is never reported stale.
+        cutoff = now_iso(-STALE_AFTER_S)
         view.units = [
             UnitView(unit_id=u.unit_id, step_id=u.step_id, status=u.status, attempts=u.attempts,
                      failure_reason=u.failure_reason, result=_json_or_none(u.result_json), tokens=u.tokens,
                      runner=u.runner, started_at=u.started_at, finished_at=u.finished_at,
-                     last_checkin_at=u.last_checkin_at, worktree_path=u.worktree_path)
+                     last_checkin_at=u.last_checkin_at, worktree_path=u.worktree_path,
+                     stale=((u.last_checkin_at or u.started_at) < cutoff) if u.status == "running" else None)
             for u in units_store.get_units(db, run.id)
         ]
     return view

@@ -145,3 +145,43 @@ def test_list_filters(akm, project):
     assert [r["status"] for r in runs] == ["failed", "completed"]  # newest first
     assert akm.json("workflow", "list", "--ref", "a.md")["runs"][0]["status"] == "completed"
     assert akm.json("workflow", "list", "--active")["runs"] == []
+
+
+def test_status_flags_stale_running_units(project):
+    """D8: a running row with no recent heartbeat is reported stale; finished rows never are."""
+    import sqlite3
+
+    from akm import paths
+
+    wf = write_wf(project, "st.md", f"""
+        steps:
+          - id: a
+            unit: {{ exec: {{ command: {py('print(1)')} }} }}
+        """, "## a\n\nx")
+    res = run(wf, project)
+    con = sqlite3.connect(paths.state_db_path())
+    con.execute("INSERT INTO units (run_id, unit_id, step_id, node_id, status, started_at, last_checkin_at) "
+                "VALUES (?, 'ghost:solo', 'a', 'a', 'running', '2020-01-01T00:00:00.000Z', NULL)", (res.run.run_id,))
+    con.execute("INSERT INTO units (run_id, unit_id, step_id, node_id, status, started_at, last_checkin_at) "
+                "VALUES (?, 'alive:solo', 'a', 'a', 'running', '2020-01-01T00:00:00.000Z', '2999-01-01T00:00:00.000Z')",
+                (res.run.run_id,))
+    con.commit()
+    con.close()
+    units = {u.unit_id: u for u in api.run_status(res.run.run_id, units=True).units}
+    assert units["ghost:solo"].stale is True
+    assert units["alive:solo"].stale is False
+    assert units["a:solo"].stale is None
+
+
+def test_workflows_ref_is_looked_up_in_the_project(akm, project):
+    lib = project / ".akm" / "workflows"
+    lib.mkdir(parents=True)
+    write_wf(lib, "greet.md", "steps:\n  - id: s\n    unit: { exec: { command: [echo, hi] } }", "## s\n\nx")
+    res = akm.json("workflow", "run", "workflows/greet")
+    assert res["run"]["status"] == "completed" and res["run"]["workflow"] == "workflows/greet"
+    sub = project / "deep" / "er"
+    sub.mkdir(parents=True)
+    akm.cwd = sub  # same project scope from a subdirectory
+    assert akm.json("workflow", "list")["runs"][0]["runId"] == res["run"]["runId"]
+    missing = akm("workflow", "run", "workflows/nope", check=1)
+    assert "WORKFLOW_NOT_FOUND" in missing.stderr and ".akm/workflows" in missing.stderr
