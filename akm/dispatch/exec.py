@@ -23,6 +23,7 @@ diagnostic is clipped, so callers can journal the result as-is.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -197,8 +198,12 @@ def check_exec_context(context: Mapping[str, str], platform: str | None = None) 
 # --------------------------------------------------------------------------- environment
 
 
+@functools.lru_cache(maxsize=16)
 def _supplement_path(path: str, home: str | None) -> str:
-    """Prepend existing user bin dirs when PATH has no entry under $HOME."""
+    """Prepend existing user bin dirs when PATH has no entry under $HOME.
+
+    Cached: a fan-out would otherwise stat the same directories for every unit.
+    """
     if os.name == "nt" or not home:
         return path
     entries = [p for p in path.split(os.pathsep) if p]
