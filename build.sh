@@ -9,8 +9,13 @@ cd "$(dirname "$0")"
 PYTHON="${PYTHON:-python3}"
 "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "akm needs Python 3.11 or newer")'
 
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+# A fixed build location: pip writes the interpreter path into the console
+# scripts it installs, so a random temp dir would make every build differ.
+work="${TMPDIR:-/tmp}/akm-build"
+mkdir -p "$work"
+exec 9>"$work/lock"
+command -v flock >/dev/null && flock 9   # one build at a time on this machine
+rm -rf "$work/venv"
 "$PYTHON" -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install --quiet --disable-pip-version-check "shiv>=1.0.4"
 
