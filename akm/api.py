@@ -31,7 +31,8 @@ class ApiModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
 
     def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        """Every documented key is present; "nothing" is null, never a missing key."""
+        return self.model_dump(mode="json", by_alias=True)
 
 
 # ------------------------------------------------------------------ lint / upgrade
@@ -149,8 +150,8 @@ class RunResult(ApiModel):
     executed: list[dict[str, Any]] = Field(default_factory=list)
     steps_processed: int = 0
     done: bool = False
-    aborted: bool | None = None
-    timed_out: bool | None = None
+    aborted: bool = False
+    timed_out: bool = False
     abort_reason: str | None = None
     started: bool = False
     warnings: list[str] = Field(default_factory=list)
@@ -203,7 +204,8 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
         current_step_id=run.current_step_id, created_at=run.created_at, updated_at=run.updated_at,
         completed_at=run.completed_at, params=_json_or_none(run.params_json) or {},
         engine_lease=LeaseView(**asdict(lease)) if lease else None,
-        awaiting=_json_or_none(run.status_detail_json) if run.status == "awaiting_session" else None,
+        awaiting=(_json_or_none(run.status_detail_json)
+                  if run.status == "awaiting_session" and with_steps else None),
     )
     if with_steps:
         view.steps = []
@@ -334,9 +336,10 @@ def run_workflow(
         else:
             wf_path, ref = resolve_workflow_file(target, work_dir)
             plan, warnings = compile_workflow_file(wf_path)
-            from akm.format.params import coerce_params
+            from akm.format.params import check_params, coerce_params
 
-            values = coerce_params(param_pairs or [], plan.param_schemas or {}) if param_pairs else dict(params or {})
+            schemas = plan.param_schemas or {}
+            values = coerce_params(param_pairs, schemas) if param_pairs else check_params(dict(params or {}), schemas)
             scope = paths.scope_key(work_dir)
             active = runs_store.find_active_run(db, ref, scope)
             if active is not None:
@@ -348,6 +351,11 @@ def run_workflow(
                              f"`akm workflow abandon {active.id}` and start again.",
                     )
                 run_id = active.id
+                if active.plan_hash != plan.plan_hash():
+                    warnings.append(
+                        f"{wf_path} changed since run {active.id} started; continuing that run with the plan it "
+                        f"froze. To run the edited file, `akm workflow abandon {active.id}` and run it again."
+                    )
             else:
                 run_id = str(uuid.uuid4())
                 try:
@@ -358,10 +366,18 @@ def run_workflow(
                     )
                     started = True
                 except UsageError as exc:
-                    # Lost a start race to a concurrent invocation: continue (or queue behind) its run.
+                    # Lost a start race to a concurrent invocation: continue (or queue behind) its run,
+                    # under the same rule as above — never adopt a run started with other params.
                     if exc.code != "RUN_ALREADY_ACTIVE" or not exc.details.get("runId"):
                         raise
-                    run_id = exc.details["runId"]
+                    winner = runs_store.get_run(db, exc.details["runId"])
+                    if winner is None or (have_params and winner.params != values):
+                        raise UsageError(
+                            f"Run {exc.details['runId']} of this workflow was just started by another invocation "
+                            "with other params.", code="RUN_ALREADY_ACTIVE",
+                            hint=f"Continue it with `akm workflow run {exc.details['runId']}`, or abandon it first.",
+                        ) from None
+                    run_id = winner.id
         timer = None
         if timeout_ms is not None:
             import threading
@@ -379,8 +395,8 @@ def run_workflow(
         run = runs_store.get_run(db, run_id)
         result = RunResult(
             run=_run_view(db, run), executed=driven.executed, steps_processed=driven.steps_processed,
-            done=driven.done, aborted=True if driven.aborted else None,
-            timed_out=True if driven.abort_reason == "timeout" else None, abort_reason=driven.abort_reason,
+            done=driven.done, aborted=driven.aborted,
+            timed_out=driven.abort_reason == "timeout", abort_reason=driven.abort_reason,
             started=started,
             warnings=warnings + driven.warnings,
         )
@@ -429,7 +445,7 @@ def exit_status_for(result: RunResult) -> int:
 def signal_exit_status(reason: str | None, default: int) -> int:
     from akm.errors import EXIT_SIGINT, EXIT_SIGTERM
 
-    return {"sigint": EXIT_SIGINT, "sigterm": EXIT_SIGTERM}.get(reason or "", default)
+    return {"sigint": EXIT_SIGINT, "sigterm": EXIT_SIGTERM, "sighup": 129}.get(reason or "", default)
 
 
 # ------------------------------------------------------------------ inspect / control
@@ -479,21 +495,41 @@ def _control(run_id: str, action: str) -> RunView:
         return _run_view(db, getattr(runs_store, action)(db, run_id))
 
 
+def _iso_timestamp(text: str) -> str:
+    """An ISO-8601 time for `--since`, normalised to the journal's fixed-width UTC form."""
+    from datetime import datetime, timezone
+
+    from akm.store.db import format_iso
+
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(
+            f"--since {text!r}: expected @offset:N (a previous nextOffset) or an ISO time like 2026-11-30T12:00:00Z.",
+            code="INVALID_FLAG_VALUE",
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return format_iso(moment.astimezone(timezone.utc))
+
+
 def events(*, run_id: str | None = None, since: str | None = None, limit: int | None = None) -> EventPage:
     """`akm log`: events after an `@offset:N` cursor (or since an ISO time)."""
     from akm.store import events as events_store
 
     offset, since_ts = 0, None
-    if since:
+    if since is not None:
         if since.startswith("@offset:"):
             raw = since[len("@offset:"):]
-            if not raw.isdigit():
-                raise UsageError(f"--since {since!r}: the offset must be a non-negative integer.",
+            if not raw.isdigit() or not raw.isascii() or int(raw) > 2**63 - 1:
+                raise UsageError(f"--since {since!r}: the offset must be a whole number (a previous nextOffset).",
                                  code="INVALID_FLAG_VALUE")
             offset = int(raw)
         else:
-            since_ts = since
+            since_ts = _iso_timestamp(since)
     with _open_db() as db:
+        if run_id is not None:
+            _require_run(db, run_id)
         evs, next_offset = events_store.list_events(db, run_id, offset, limit, since_ts=since_ts)
         return EventPage(run=run_id, since_offset=offset, next_offset=next_offset,
                          events=[EventView(id=e.id, ts=e.ts, event_type=e.event_type, run_id=e.run_id,

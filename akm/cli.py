@@ -33,7 +33,7 @@ Reserved run flags (cannot be param names on the CLI): --max-steps, --timeout,
 
 Exit status: 0 completed, 1 failed/blocked/timed out, 2 usage error,
 3 awaiting the calling agent (session units), 4 stopped at --max-steps,
-130/143 interrupted by SIGINT/SIGTERM.
+130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP.
 """
 
 
@@ -116,8 +116,14 @@ def _render_run_text(view: dict[str, Any]) -> str:
     if lease:
         lines.append(f"driven by {lease['holder']} (host {lease.get('host')}, pid {lease.get('pid')}) until {lease['until']}")
     for s in view.get("steps") or []:
-        text = s.get("summary") or s.get("notes") or ""
-        lines.append(f"  {s['status']:<10} {s['id']}" + (f"  — {text[:160]}" if text else ""))
+        text = (s.get("summary") or s.get("notes") or "").strip()
+        if s["status"] in ("failed", "blocked") and text:
+            # the cause of a failure is the one thing a user must see in full
+            lines.append(f"  {s['status']:<10} {s['id']}")
+            lines.extend(f"             {line}" for line in text.splitlines())
+        else:
+            first = text.splitlines()[0] if text else ""
+            lines.append(f"  {s['status']:<10} {s['id']}" + (f"  — {first[:160]}" if first else ""))
     for u in view.get("units") or []:
         extra = f" ({u['failureReason']})" if u.get("failureReason") else ""
         if u.get("stale"):
@@ -190,8 +196,11 @@ def _parse_duration_ms(text: str) -> int:
         if raw.endswith(suffix):
             raw, scale = raw[: -len(suffix)], factor
             break
-    if not raw.isdigit() or int(raw) * scale <= 0 or int(raw) * scale > 2_147_483_647:
+    if not raw.isdigit() or int(raw) * scale <= 0:
         raise UsageError(f"--timeout {text!r}: expected a duration like 500ms, 30s or 5m.", code="INVALID_FLAG_VALUE")
+    if int(raw) * scale > 2_147_483_647:
+        raise UsageError(f"--timeout {text!r} is too long: at most 2147483647 ms (about 24 days).",
+                         code="INVALID_FLAG_VALUE")
     return int(raw) * scale
 
 
@@ -225,12 +234,14 @@ def _cmd_run(tokens: list[str]) -> int:
     if ra.controls.get("quiet"):
         show_progress = False
 
+    reasons = {signal.SIGINT: "sigint", signal.SIGTERM: "sigterm", signal.SIGHUP: "sighup"}
+
     def on_signal(signum: int, _frame: Any) -> None:
-        cancel.trip("sigint" if signum == signal.SIGINT else "sigterm")
+        cancel.trip(reasons[signum])
         signal.signal(signum, signal.SIG_DFL)  # a second signal kills at once
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    for signum in reasons:
+        signal.signal(signum, on_signal)
 
     def progress(p: Any) -> None:
         if show_progress:

@@ -75,7 +75,7 @@ class ConfigError(AkmError):
 
 
 class JournalError(AkmError):
-    """The SQLite journal could not be read or written (exit 70)."""
+    """The SQLite journal could not be opened, read or written (exit 78: the environment, not a bug)."""
 
     code = "JOURNAL_ERROR"
-    exit_status = EXIT_INTERNAL
+    exit_status = EXIT_CONFIG

@@ -85,7 +85,8 @@ def test_lease_requires_a_drivable_run(db):
     assert runs.acquire_lease(db, "r1", "h") is None  # awaiting_session is drivable
     assert runs.renew_lease(db, "r1", "h") is True
     runs.abandon_run(db, "r1")
-    assert runs.release_lease(db, "r1", "h") is False  # failed run keeps lease as forensic state
+    assert runs.release_lease(db, "r1", "h") is True  # released on every exit path, failed runs included
+    assert runs.read_lease(db, "r1") is None
     with pytest.raises(UsageError) as info:
         runs.acquire_lease(db, "r1", "h2")
     assert info.value.code == "RUN_NOT_ACTIVE" and "resume" in (info.value.hint or "")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import selectors
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from akm.canonical import canonical_json
+from akm.dispatch import guard
 from akm.dispatch.redact import clip, redact_text, redact_value
 from akm.dispatch.types import DispatchResult
 
@@ -358,8 +360,14 @@ def _parse_strict_json(stdout: str) -> tuple[bool, Any]:
     def _no_constants(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
+    def _finite(text: str) -> float:
+        value = float(text)
+        if math.isinf(value):  # 1e400 parses to inf, which no JSON document can hold
+            raise ValueError(f"{text} is out of range")
+        return value
+
     try:
-        return True, json.loads(s, parse_constant=_no_constants)
+        return True, json.loads(s, parse_constant=_no_constants, parse_float=_finite)
     except (ValueError, RecursionError):
         return False, None
 
@@ -435,10 +443,13 @@ def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
         return _fail("spawn_failed", f"{label} has an empty command")
 
     # 1. working directory: containment on realpaths, then existence
-    base = os.path.abspath(req.base_dir)
-    target = os.path.normpath(os.path.join(base, req.cwd)) if req.cwd else base
-    real_base = os.path.realpath(base)
-    real_target = os.path.realpath(target)
+    try:
+        base = os.path.abspath(req.base_dir)
+        target = os.path.normpath(os.path.join(base, req.cwd)) if req.cwd else base
+        real_base = os.path.realpath(base)
+        real_target = os.path.realpath(target)
+    except (ValueError, OSError) as exc:  # e.g. an embedded NUL byte
+        return _fail("spawn_failed", f"{label} could not start {desc}: invalid working directory ({exc})")
     try:
         contained = os.path.commonpath([real_base, real_target]) == real_base
     except ValueError:  # different drives on Windows
@@ -480,6 +491,7 @@ def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         return _fail("spawn_failed", f"{label} could not start {desc}: {detail}")
+    guard.register(proc.pid)  # the group dies with the engine if the engine is killed
 
     out_r = _Capture(proc.stdout, "stdout", MAX_STREAM_BYTES)
     err_r = _Capture(proc.stderr, "stderr", MAX_STREAM_BYTES)
@@ -559,6 +571,7 @@ def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
                 r.stream.close()
             except OSError:
                 pass
+        guard.unregister(proc.pid)
 
     causes = list(drain_timed_out)
     for r in readers:

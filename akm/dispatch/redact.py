@@ -13,6 +13,7 @@ in an artifact would destroy the output while protecting nothing worth the name.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Iterable, Mapping
 from urllib.parse import parse_qsl, quote, quote_plus, unquote, unquote_plus, urlsplit
@@ -205,4 +206,7 @@ def sensitive_values_from(bindings: Mapping[str, str]) -> list[str]:
         for c in candidates:
             for variant in _encoded_variants(c):
                 add(variant)
+                # the spellings a JSON encoder gives it (`\u00e4`, `\"`), as in raw JSON stdout
+                add(json.dumps(variant)[1:-1])
+                add(json.dumps(variant, ensure_ascii=False)[1:-1])
     return out

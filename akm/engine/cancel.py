@@ -15,7 +15,9 @@ class Cancellation:
     def __init__(self) -> None:
         self.reason: str | None = None
         self._events: set[threading.Event] = set()
-        self._lock = threading.Lock()
+        # Re-entrant: `trip` runs from signal handlers, which may interrupt the main
+        # thread inside `link`/`unlink` while it holds this lock.
+        self._lock = threading.RLock()
 
     @property
     def tripped(self) -> bool:

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from akm.dispatch.exec import ExecRequest, build_exec_context, item_context, run_exec_unit
-from akm.dispatch.redact import redact_text
+from akm.dispatch.redact import redact_text, sensitive_values_from
 from akm.engine import worktree as worktrees
 from akm.engine.budget import DispatchBudget
 from akm.engine.cancel import Cancellation
 from akm.engine.env_bindings import EnvBindingError, resolve_env_refs
 from akm.engine.heartbeat import Heartbeat
 from akm.engine.reduce import (
+    OutputTooLarge,
     RouteError,
     StepResult,
     UnitOutcome,
@@ -41,8 +42,8 @@ from akm.engine.reduce import (
     outcome_from_row,
     reduce_step,
     route_targets,
-    step_outputs_from_evidence,
 )
+from akm.engine.scope import step_outputs_from_evidence
 from akm.engine.state import LoadedRun, load_run
 from akm.engine.worklist import StepFailure, WorkList, WorkUnit, build_work_list
 from akm.errors import AkmError, JournalError, UsageError
@@ -142,13 +143,22 @@ class _StepRun:
         d.heartbeat.track(attempt)
         try:
             outcome = self._run_exec(unit, base_dir)
+        except Exception as exc:  # the row is in the journal: it must be finished, whatever happened
+            outcome = UnitOutcome(unit.unit_id, ok=False, failure_reason="dispatch_error",
+                                  error=f"unit {attempt} failed inside akm before it produced a result: {exc}")
         finally:
             d.heartbeat.untrack(attempt)
         outcome.dispatched = True
         try:
+            result_json = journaled_result_json(outcome)
+        except (ValueError, TypeError) as exc:
+            outcome = UnitOutcome(unit.unit_id, ok=False, failure_reason="dispatch_error",
+                                  error=f"unit {attempt} produced a result that cannot be stored as JSON: {exc}")
+            result_json = journaled_result_json(outcome)
+        try:
             finished = units_store.finish_unit(
                 d.db, run_id=d.run_id, unit_id=attempt, started_at=started_at,
-                status="completed" if outcome.ok else "failed", result_json=journaled_result_json(outcome),
+                status="completed" if outcome.ok else "failed", result_json=result_json,
                 tokens=outcome.tokens, failure_reason=None if outcome.ok else outcome.failure_reason,
                 session_id=outcome.session_id,
             )
@@ -257,7 +267,7 @@ class _StepRun:
                     self.env_values = resolve_env_refs(tmpl.env, d.opts.project_root)
                 except EnvBindingError as exc:
                     return failed_step(f'Step "{step.step_id}" env binding failed: {exc}')
-                self.sensitive = sorted({v for v in self.env_values.values() if v}, key=len, reverse=True)
+                self.sensitive = sensitive_values_from(self.env_values)
             if tmpl.isolation == "worktree":
                 problem = worktrees.preflight(str(d.opts.work_dir))
                 if problem:
@@ -375,6 +385,14 @@ class _Driver:
         return step_outputs_from_evidence(self.evidence)
 
     def lost_lease_error(self) -> UsageError:
+        run = runs_store.get_run(self.db, self.run_id)
+        if run is not None and run.status not in ("active", "awaiting_session"):
+            return UsageError(
+                f"Run {self.run_id} became {run.status} while this invocation was driving it "
+                f"({'abandoned' if run.status == 'failed' else 'changed'} by another command); stopped. "
+                "Results of units that finished were kept in the journal.",
+                code="RUN_ABANDONED" if run.status == "failed" else "RUN_NOT_ACTIVE",
+            )
         lease = runs_store.read_lease(self.db, self.run_id)
         who = f"{lease.holder} (host {lease.host}, pid {lease.pid})" if lease else "(nobody)"
         return UsageError(
@@ -426,11 +444,23 @@ class _Driver:
                  evidence: dict[str, Any] | None) -> None:
         evidence_text = None
         if evidence is not None:
-            evidence_text, truncated = bounded_evidence_json(evidence)
+            try:
+                evidence_text, truncated = bounded_evidence_json(evidence)
+            except OutputTooLarge as exc:
+                status, summary, notes = "failed", None, f'Step "{step_id}" cannot complete: {exc}.'
+                evidence = {"error": notes}
+                evidence_text, truncated = bounded_evidence_json(evidence)
+                self.result.executed[-1].update(ok=False, summary=notes)
             if truncated:
-                self.warn(f"step {step_id} evidence exceeded 1 MiB and was stored truncated")
-        runs_store.complete_step(self.db, self.run_id, step_id, status, notes=notes, evidence_json=evidence_text,
-                                 summary=summary, lease_holder=self.holder)
+                self.warn(f"step {step_id}: per-unit evidence exceeded 1 MiB and was stored abridged "
+                          "(the step output is kept whole)")
+        try:
+            runs_store.complete_step(self.db, self.run_id, step_id, status, notes=notes,
+                                     evidence_json=evidence_text, summary=summary, lease_holder=self.holder)
+        except UsageError as exc:
+            if exc.code in ("RUN_NOT_ACTIVE", "LEASE_HELD"):
+                raise self.lost_lease_error() from None  # abandoned or taken over meanwhile: say so
+            raise
         if status == "completed":
             self.evidence[step_id] = evidence
 
@@ -560,9 +590,10 @@ def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
             code="LEASE_HELD",
             hint="Wait for that invocation to finish, or for its lease to expire.",
         )
-    driver = _Driver(db, loaded, holder, opts, result)
-    driver.heartbeat.start()
+    driver: _Driver | None = None
     try:
+        driver = _Driver(db, loaded, holder, opts, result)
+        driver.heartbeat.start()
         if loaded.status == "awaiting_session":
             runs_store.set_run_status(db, run_id, "active", None)
         driver.run()
@@ -570,7 +601,8 @@ def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
         result.done = final is not None and final.status == "completed"
         return result
     finally:
-        driver.heartbeat.stop()
+        if driver is not None:
+            driver.heartbeat.stop()
         try:
             runs_store.release_lease(db, run_id, holder)
         except JournalError as exc:

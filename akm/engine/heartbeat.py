@@ -16,7 +16,7 @@ from akm.store import units as units_store
 from akm.store.db import Database
 
 LEASE_TTL_S = 90.0
-HEARTBEAT_S = LEASE_TTL_S / 3
+HEARTBEAT_S = 10.0  # well inside the TTL; also how soon an abandon stops a driver
 
 
 class Heartbeat:

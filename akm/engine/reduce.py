@@ -11,8 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from akm.canonical import canonical_json, compact_json
-from akm.format.refs import ReferenceResolutionError, ReferenceSyntaxError, parse_reference, resolve_reference
+from akm.canonical import CanonicalError, canonical_json, compact_json
+from akm.engine.scope import resolve
+from akm.format.refs import ReferenceResolutionError, ReferenceSyntaxError
 from akm.format.schema import validate_instance
 from akm.plan.identity import base_of_attempt
 from akm.plan.model import RoutePlan, StepPlan
@@ -20,6 +21,7 @@ from akm.plan.model import RoutePlan, StepPlan
 TEXT_CLIP = 2000
 EVIDENCE_LIMIT_BYTES = 1024 * 1024
 EVIDENCE_PREVIEW = 1000
+OUTPUT_LIMIT_BYTES = 64 * 1024 * 1024
 
 
 def clip(text: str, limit: int) -> str:
@@ -176,19 +178,23 @@ def reduce_step(step: StepPlan, outcomes: list[UnitOutcome], *, is_map: bool, re
     failures = [o for o in outcomes if not o.ok]
     evidence: dict[str, Any] = {"units": [unit_evidence(o) for o in outcomes], "itemCount": n}
     vote_error: str | None = None
+    output: Any = None
     if reducer == "vote":
         counts: dict[str, list[Any]] = {}
-        for o in outcomes:
-            if o.ok:
-                key = canonical_json(o.value)
-                counts.setdefault(key, [o.value, 0])[1] += 1
+        try:
+            for o in outcomes:
+                if o.ok:
+                    key = canonical_json(o.value)
+                    counts.setdefault(key, [o.value, 0])[1] += 1
+        except CanonicalError as exc:
+            counts, vote_error = {}, f"vote failed: a unit result cannot be compared ({exc})"
         ranked = sorted(counts.values(), key=lambda pair: -pair[1])
-        if not ranked:
+        if vote_error:
+            pass
+        elif not ranked:
             vote_error = "vote failed: no successful unit results"
-            output: Any = None
         elif len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
             vote_error = f"vote failed: tied at {ranked[0][1]} votes each, no majority"
-            output = None
         else:
             output = ranked[0][0]
             evidence["vote"] = {"winner": output, "votes": ranked[0][1], "total": sum(p[1] for p in ranked)}
@@ -245,7 +251,7 @@ def route_value_string(value: Any) -> str:
 def evaluate_route(step_id: str, route: RoutePlan, params: dict[str, Any], outputs: dict[str, Any]) -> dict[str, Any]:
     """Return the evidence `route` object {input, value, selected} or raise RouteError."""
     try:
-        value = resolve_reference(parse_reference(route.input), params, outputs)
+        value = resolve(route.input, params, outputs)
     except (ReferenceResolutionError, ReferenceSyntaxError) as exc:
         raise RouteError(f'route input "{route.input}" failed to resolve: {exc}') from exc
     if isinstance(value, (dict, list)):
@@ -269,33 +275,38 @@ def route_targets(route: RoutePlan) -> list[str]:
 # ---------------------------------------------------------------- evidence bound
 
 
+class OutputTooLarge(ValueError):
+    """A step output over OUTPUT_LIMIT_BYTES: refused rather than stored truncated."""
+
+
 def bounded_evidence_json(evidence: dict[str, Any]) -> tuple[str, bool]:
-    """Serialise evidence under the 1 MiB row bound, largest entries replaced by markers first."""
+    """Serialise evidence for the step row.
+
+    The step `output` (and route decision) are kept whole, so a later invocation
+    resolves exactly what a live one did; only the per-unit bookkeeping is
+    replaced by a marker (largest first) when the row would pass 1 MiB. An
+    output over OUTPUT_LIMIT_BYTES raises OutputTooLarge — the step fails with a
+    clear reason instead of handing later steps a truncated value.
+    """
     text = compact_json(evidence)
-    if len(text.encode("utf-8")) <= EVIDENCE_LIMIT_BYTES:
+    size = len(text.encode("utf-8"))
+    if size <= EVIDENCE_LIMIT_BYTES:
         return text, False
-    original = len(text.encode("utf-8"))
+    output_size = len(compact_json(evidence.get("output")).encode("utf-8"))
+    if output_size > OUTPUT_LIMIT_BYTES:
+        raise OutputTooLarge(
+            f"the step output is {output_size} bytes of JSON, over the {OUTPUT_LIMIT_BYTES}-byte limit; "
+            "write bulk data to files and output their paths"
+        )
     work = dict(evidence)
-    sizes = sorted(((len(compact_json(v).encode("utf-8")), k) for k, v in work.items()), reverse=True)
-    for size, key in sizes:
-        preview = compact_json(work[key])[:EVIDENCE_PREVIEW]
+    keep = {"output", "route"}
+    sizes = sorted(((len(compact_json(v).encode("utf-8")), k) for k, v in work.items() if k not in keep),
+                   reverse=True)
+    for entry_size, key in sizes:
         work[key] = {"__akm_evidence_truncated__": True, "reason": "evidence exceeded the 1 MiB journal bound",
-                     "originalBytes": size, "limitBytes": EVIDENCE_LIMIT_BYTES, "preview": preview}
+                     "originalBytes": entry_size, "limitBytes": EVIDENCE_LIMIT_BYTES,
+                     "preview": compact_json(work[key])[:EVIDENCE_PREVIEW]}
         text = compact_json(work)
         if len(text.encode("utf-8")) <= EVIDENCE_LIMIT_BYTES:
-            return text, True
-    return compact_json({"__akm_evidence_truncated__": True, "originalBytes": original,
-                         "limitBytes": EVIDENCE_LIMIT_BYTES}), True
-
-
-def step_outputs_from_evidence(evidence_by_step: dict[str, Any]) -> dict[str, Any]:
-    """`steps.<id>.output` scope: evidence.output when present, else the whole evidence."""
-    out: dict[str, Any] = {}
-    for step_id, ev in evidence_by_step.items():
-        if ev is None:
-            continue
-        if isinstance(ev, dict) and "output" in ev:
-            out[step_id] = ev["output"]
-        else:
-            out[step_id] = ev
-    return out
+            break
+    return text, True

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from akm.canonical import canonical_json
+from akm.canonical import CanonicalError, canonical_json
 from akm.engine.prompt import json_or_null, build_unit_prompt
-from akm.format.refs import ReferenceResolutionError, ReferenceSyntaxError, parse_reference, resolve_reference
+from akm.engine.scope import resolve
+from akm.format.refs import ReferenceResolutionError, ReferenceSyntaxError
 from akm.plan.identity import NO_ITEM, UnitHasher, item_unit_id, journal_base_id, solo_unit_id
 from akm.plan.model import MapNode, StepPlan, UnitNode
 
@@ -64,11 +65,6 @@ class StepFailure:
     reason: str
 
 
-def _resolve(ref_text: str, params: dict[str, Any], outputs: dict[str, Any]) -> Any:
-    ref = parse_reference(ref_text)
-    return resolve_reference(ref, params, outputs)
-
-
 def _describe_type(value: Any) -> str:
     if value is None:
         return "null"
@@ -108,14 +104,14 @@ def build_work_list(
     inputs: list[tuple[str, Any]] = []
     for ref in template.inputs or []:
         try:
-            inputs.append((ref, _resolve(ref, params, step_outputs)))
+            inputs.append((ref, resolve(ref, params, step_outputs)))
         except (ReferenceResolutionError, ReferenceSyntaxError) as exc:
             return StepFailure(f'Step "{step.step_id}" declared input "{ref}" failed to resolve: {exc}')
 
     root = step.root
     if isinstance(root, MapNode):
         try:
-            items = _resolve(root.over, params, step_outputs)
+            items = resolve(root.over, params, step_outputs)
         except (ReferenceResolutionError, ReferenceSyntaxError) as exc:
             return StepFailure(f'Step "{step.step_id}" fan-out "over" ({root.over}) failed to resolve: {exc}')
         if not isinstance(items, list):
@@ -130,7 +126,10 @@ def build_work_list(
         for i, it in enumerate(items):
             if it is None:
                 return StepFailure(f'Step "{step.step_id}" fan-out list has a null item (index {i}).')
-            key = canonical_json(it)
+            try:
+                key = canonical_json(it)
+            except CanonicalError as exc:
+                return StepFailure(f'Step "{step.step_id}" fan-out item {i} cannot be identified: a value {exc}.')
             if key in seen:
                 preview = key if len(key) <= 200 else key[:200] + "…"
                 return StepFailure(
@@ -144,6 +143,18 @@ def build_work_list(
         entries = [(0, NO_ITEM)]
         concurrency, reducer, is_map = 1, "collect", False
 
+    try:
+        return _units(step, template, entries, run_id=run_id, params=params, inputs=inputs, engines=engines,
+                      gate_loop=gate_loop, gate_feedback=gate_feedback, concurrency=concurrency,
+                      reducer=reducer, is_map=is_map)
+    except CanonicalError as exc:
+        return StepFailure(f'Step "{step.step_id}" cannot identify its units: a value {exc}.')
+
+
+def _units(step: StepPlan, template: UnitNode, entries: list[tuple[int, Any]], *, run_id: str,
+           params: dict[str, Any], inputs: list[tuple[str, Any]], engines: dict[str, dict[str, Any]],
+           gate_loop: int, gate_feedback: dict[str, Any] | None, concurrency: int, reducer: str,
+           is_map: bool) -> WorkList:
     runner = runner_for(template, engines)
     invocation = template.invocation
     engine_name = invocation.engine if invocation else None

@@ -208,7 +208,13 @@ def _coerce_one(flag: str, raw: str | bool, schema: Any) -> Any:
                 return n
         if t == "integer":
             n = js_number(text)
-            if n is not None and float(n).is_integer() and abs(n) <= _MAX_SAFE_INTEGER:
+            if n is not None and float(n).is_integer():
+                if abs(n) > _MAX_SAFE_INTEGER:
+                    raise UsageError(
+                        f"--{flag} {text.strip()} is an integer outside the supported range "
+                        f"±{_MAX_SAFE_INTEGER} (2^53 - 1, the largest integer JSON tools agree on)",
+                        code=INVALID_FLAG_VALUE,
+                    )
                 return int(n)
         if t == "null" and text == "null":
             return None
@@ -273,13 +279,28 @@ def coerce_params(
             )
         params[name] = _coerce_one(name, raws[0], schema)
 
+    return check_params(params, param_schemas, code=INVALID_FLAG_VALUE)
+
+
+def check_params(params: Any, param_schemas: dict[str, dict], *, code: str = "INVALID_PARAMS") -> dict[str, Any]:
+    """Validate an already-typed params object (API/MCP callers) against the declared schemas.
+
+    Undeclared names are refused (nothing could read them, and they would still
+    change every unit's input hash); declared params may be omitted.
+    """
+    if not isinstance(params, dict):
+        raise UsageError("params must be an object mapping param names to values", code=code)
+    unknown = [name for name in params if name not in param_schemas]
+    if unknown:
+        declared = ", ".join(param_schemas) or "(this workflow declares no params)"
+        raise UsageError(
+            f"Unknown param(s) {', '.join(repr(n) for n in unknown)}: names must exactly match a declared param",
+            code=UNKNOWN_FLAG if code == INVALID_FLAG_VALUE else code,
+            hint=f"declared params: {declared}",
+        )
     errors = validate_instance(
         params, {"type": "object", "properties": dict(param_schemas)}, root_label="params"
     )
     if errors:
-        raise UsageError(
-            "Invalid param value: " + "; ".join(errors),
-            code=INVALID_FLAG_VALUE,
-            details={"errors": errors},
-        )
+        raise UsageError("Invalid param value: " + "; ".join(errors), code=code, details={"errors": errors})
     return params

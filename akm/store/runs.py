@@ -526,11 +526,15 @@ def renew_lease(db: Database, run_id: str, holder: str, ttl_s: float = LEASE_TTL
 
 
 def release_lease(db: Database, run_id: str, holder: str) -> bool:
-    """Drop our lease (no-op when someone else holds it, or the run failed: forensic)."""
+    """Drop our lease on every exit path (no-op when someone else holds it).
+
+    A finished driver's lease is not kept as a record of who ran the run: that
+    is task_history's job, and a stale holder shown on a failed run only misleads.
+    """
     with db.tx() as conn:
         cur = conn.execute(
             "UPDATE runs SET lease_holder = NULL, lease_host = NULL, lease_pid = NULL, lease_until = NULL "
-            "WHERE id = ? AND lease_holder = ? AND status <> 'failed'",
+            "WHERE id = ? AND lease_holder = ?",
             (run_id, holder),
         )
         return cur.rowcount == 1

@@ -1,0 +1,50 @@
+"""Review: exec units outlive a kill -9'd engine, and the immediate takeover (D16) runs them twice at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import sys
+import time
+
+PY = sys.executable
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); treat it as gone
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_unit_process_does_not_outlive_a_killed_engine(akm, project):
+    pids = project / "pids.txt"
+    (project / "o.md").write_text(
+        "---\nsteps:\n  - id: slow\n    unit:\n      timeout: 2s\n      exec:\n        command: "
+        + json.dumps([PY, "-c", f"import os,time; open({str(pids)!r},'a').write(str(os.getpid())+'\\n'); time.sleep(20)"])
+        + "\n---\n\n## slow\n\nx\n", encoding="utf-8")
+    proc = akm.popen("workflow", "run", "o.md")
+    deadline = time.time() + 15
+    while time.time() < deadline and not (pids.exists() and pids.read_text().strip()):
+        time.sleep(0.05)
+    assert pids.exists(), proc.communicate(timeout=5)
+    first = int(pids.read_text().split()[0])
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
+    try:
+        # the engine that enforced the unit's 2 s timeout is gone; the unit should be too
+        time.sleep(3)
+        assert not _alive(first), f"unit pid {first} is still running {3}s after its engine was killed (timeout 2s)"
+    finally:
+        if _alive(first):
+            os.killpg(first, signal.SIGKILL)
