@@ -158,7 +158,7 @@ def test_coercion(schema, raw, expected):
 @pytest.mark.parametrize(
     ("schema", "raw", "fragment"),
     [
-        ({"type": "integer"}, "9007199254740993", "must be integer"),
+        ({"type": "integer"}, "9007199254740993", "outside the supported range"),
         ({"type": "integer"}, "", "must be integer"),
         ({"type": "number"}, "Infinity", "must be number"),
         ({"type": "boolean"}, "True", "must be boolean"),
