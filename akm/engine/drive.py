@@ -124,7 +124,7 @@ class _StepRun:
             try:
                 tree = worktrees.create(base_dir, d.run_id, attempt)
             except (worktrees.WorktreeError, OSError) as exc:
-                return UnitOutcome(unit.unit_id, ok=False, failure_reason="worktree_failed",
+                return UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="worktree_failed",
                                    error=f"could not create the isolation worktree: {exc}")
             if tree.preserved_leftover:
                 d.warn(f"a previous attempt of {attempt} left uncollected work; preserved at {tree.preserved_leftover}")
@@ -138,13 +138,13 @@ class _StepRun:
         except Exception as exc:  # nothing was dispatched; the step decides what to do
             if tree is not None:
                 worktrees.cleanup(tree)
-            return UnitOutcome(unit.unit_id, ok=False, failure_reason="dispatch_error",
+            return UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="dispatch_error",
                                error=f"unit {attempt} could not journal its dispatch row (nothing was dispatched): {exc}")
         d.heartbeat.track(attempt)
         try:
             outcome = self._run_exec(unit, base_dir)
         except Exception as exc:  # the row is in the journal: it must be finished, whatever happened
-            outcome = UnitOutcome(unit.unit_id, ok=False, failure_reason="dispatch_error",
+            outcome = UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="dispatch_error",
                                   error=f"unit {attempt} failed inside akm before it produced a result: {exc}")
         finally:
             d.heartbeat.untrack(attempt)
@@ -152,7 +152,7 @@ class _StepRun:
         try:
             result_json = journaled_result_json(outcome)
         except (ValueError, TypeError) as exc:
-            outcome = UnitOutcome(unit.unit_id, ok=False, failure_reason="dispatch_error",
+            outcome = UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="dispatch_error",
                                   error=f"unit {attempt} produced a result that cannot be stored as JSON: {exc}")
             result_json = journaled_result_json(outcome)
         try:
@@ -167,7 +167,7 @@ class _StepRun:
                        "journaled (the newer dispatch owns the row)")
         except Exception as exc:
             state = "completed" if outcome.ok else f"failed ({outcome.failure_reason})"
-            outcome = UnitOutcome(unit.unit_id, ok=False, failure_reason="journal_write_failed",
+            outcome = UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="journal_write_failed",
                                   error=f'unit "{attempt}" dispatched and {state}, but its result could not be journaled: {exc}')
         if tree is not None:
             warning = worktrees.cleanup(tree)
@@ -195,14 +195,12 @@ class _StepRun:
             sensitive_values=self.sensitive,
         )
         res = run_exec_unit(req, self.event)
-        out = UnitOutcome(unit.unit_id, ok=res.ok, text=res.text, result=res.result, has_result=res.has_result,
-                          failure_reason=res.failure_reason, error=res.error, tokens=res.tokens,
-                          session_id=res.session_id)
+        out = UnitOutcome(unit_id=unit.unit_id, **vars(res))
         if out.ok and tmpl.output_schema is not None:
             errors = validate_instance(out.result, tmpl.output_schema)
             if errors:
                 raw = res.text
-                out = UnitOutcome(unit.unit_id, ok=False, failure_reason="validation_error",
+                out = UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="validation_error",
                                   error=redact_text("; ".join(errors), self.sensitive), text=raw)
         return out
 
@@ -212,7 +210,7 @@ class _StepRun:
         if decision.kind == "reuse":
             return outcome_from_row(unit.unit_id, decision.row, unit.template.output_schema is not None)
         if decision.kind == "diverge":
-            return UnitOutcome(unit.unit_id, ok=False, failure_reason="replay_divergence",
+            return UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="replay_divergence",
                                error=f"replay divergence: unit {decision.attempt_id} is journaled as completed with a "
                                      "different input hash; refusing to re-dispatch it.")
         retry = unit.template.retry
@@ -220,11 +218,11 @@ class _StepRun:
         last: UnitOutcome | None = None
         for k in range(max_attempts):
             if self.event.is_set():
-                return last or UnitOutcome(unit.unit_id, ok=False, failure_reason="aborted",
+                return last or UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="aborted",
                                            error="unit was not dispatched because the run was interrupted")
             refusal = d.budget.try_consume()
             if refusal:
-                return last or UnitOutcome(unit.unit_id, ok=False, failure_reason=refusal,
+                return last or UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason=refusal,
                                            error=d.budget.exceeded or d.budget.cap_message)
             att = attempt_id(unit.base_id, k)
             outcome = self._dispatch_attempt(unit, att)
@@ -320,7 +318,7 @@ class _StepRun:
                     except AkmError:
                         raise
                     except Exception as exc:  # a runner bug must not lose the slot silently
-                        results[i] = UnitOutcome(wl.units[i].unit_id, ok=False, failure_reason="dispatch_error",
+                        results[i] = UnitOutcome(unit_id=wl.units[i].unit_id, ok=False, failure_reason="dispatch_error",
                                                  error=f"internal error while running the unit: {exc}")
 
             with ThreadPoolExecutor(max_workers=width, thread_name_prefix="akm-unit") as pool:
@@ -328,7 +326,7 @@ class _StepRun:
                 for f in futures:
                     f.result()
         return [
-            r if r is not None else UnitOutcome(wl.units[i].unit_id, ok=False, failure_reason="aborted",
+            r if r is not None else UnitOutcome(unit_id=wl.units[i].unit_id, ok=False, failure_reason="aborted",
                                                 error="unit was not dispatched (interrupted)")
             for i, r in enumerate(results)
         ]

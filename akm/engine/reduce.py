@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from akm.canonical import CanonicalError, canonical_json, compact_json
+from akm.dispatch.types import DispatchResult
 from akm.engine.scope import resolve
 from akm.format.refs import ReferenceResolutionError, ReferenceSyntaxError
 from akm.format.schema import validate_instance
@@ -28,19 +29,11 @@ def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-@dataclass
-class UnitOutcome:
-    """What one unit ended with, live or rehydrated from its journal row."""
+@dataclass(kw_only=True)
+class UnitOutcome(DispatchResult):
+    """A dispatch result tied to its (base) unit id, live or rehydrated from its journal row."""
 
     unit_id: str
-    ok: bool
-    text: str | None = None
-    result: Any = None
-    has_result: bool = False
-    failure_reason: str | None = None
-    error: str | None = None
-    tokens: int | None = None
-    session_id: str | None = None
     reused: bool = False
     dispatched: bool = False
 
