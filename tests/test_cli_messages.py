@@ -1,4 +1,4 @@
-"""Review: error and failure messages that hide or misstate what is wrong."""
+"""error and failure messages that hide or misstate what is wrong."""
 
 from __future__ import annotations
 

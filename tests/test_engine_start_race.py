@@ -1,4 +1,4 @@
-"""Review: losing the start race silently drives the OTHER invocation's run with ITS params."""
+"""losing the start race silently drives the OTHER invocation's run with ITS params."""
 
 from __future__ import annotations
 

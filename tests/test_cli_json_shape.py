@@ -1,4 +1,4 @@
-"""Review: `workflow run --format json` against the shape spec/engine.md §6 documents."""
+"""`workflow run --format json` against the shape spec/engine.md §6 documents."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Review: what the user is told about the run lease after a run ends or is abandoned mid-drive."""
+"""what the user is told about the run lease after a run ends or is abandoned mid-drive."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Review: exec units outlive a kill -9'd engine, and the immediate takeover (D16) runs them twice at once."""
+"""exec units outlive a kill -9'd engine, and the immediate takeover (D16) runs them twice at once."""
 
 from __future__ import annotations
 

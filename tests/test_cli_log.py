@@ -1,4 +1,4 @@
-"""Review: `akm log` error paths (cursor parsing, unknown runs)."""
+"""`akm log` error paths (cursor parsing, unknown runs)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Review: secrets from `env:` bindings that reach the journal in another spelling."""
+"""secrets from `env:` bindings that reach the journal in another spelling."""
 
 from __future__ import annotations
 

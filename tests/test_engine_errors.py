@@ -1,4 +1,4 @@
-"""Review: unit outputs that are valid JSON but break canonicalisation crash the engine or strand rows."""
+"""unit outputs that are valid JSON but break canonicalisation crash the engine or strand rows."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Review: a step whose evidence exceeds 1 MiB behaves differently on resume than live."""
+"""a step whose evidence exceeds 1 MiB behaves differently on resume than live."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Review: params given as a dict (the MCP/API path) are never validated at start."""
+"""params given as a dict (the MCP/API path) are never validated at start."""
 
 from __future__ import annotations
 
