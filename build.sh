@@ -1,28 +1,23 @@
 #!/usr/bin/env bash
 # Build dist/akm: one self-contained executable (a shiv zipapp) holding akm and
-# its dependencies. Needs only python3 (>= 3.11) with pip and venv; shiv is
-# installed into a throwaway venv. The zipapp runs on the CPython minor version
-# it was built with.
+# its dependencies. Needs only python3 (>= 3.11) with pip: shiv itself is
+# installed into a throwaway directory (no venv module needed). The zipapp runs
+# on the CPython minor version it was built with. Byte-reproducible for the
+# same interpreter and dependency versions.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 PYTHON="${PYTHON:-python3}"
 "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "akm needs Python 3.11 or newer")'
 
-# A fixed build location: pip writes the interpreter path into the console
-# scripts it installs, so a random temp dir would make every build differ.
-work="${TMPDIR:-/tmp}/akm-build"
-mkdir -p "$work"
-exec 9>"$work/lock"
-command -v flock >/dev/null && flock 9   # one build at a time on this machine
-rm -rf "$work/venv"
-"$PYTHON" -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install --quiet --disable-pip-version-check "shiv>=1.0.4"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+"$PYTHON" -m pip install --quiet --disable-pip-version-check --target "$work/shiv" "shiv>=1.0.4"
 
 mkdir -p dist
 # Reproducible: fixed timestamps inside the archive; the build id is derived from the content.
 export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-1767225600}"
-"$work/venv/bin/shiv" \
+PYTHONPATH="$work/shiv" "$PYTHON" -m shiv \
   --compressed \
   --reproducible \
   --compile-pyc \
