@@ -250,7 +250,7 @@ def test_env_allowlist_by_default(tmp_path, monkeypatch):
     env = child_env(tmp_path)
     assert "AKM_EXEC_CANARY" not in env and "AWS_SECRET_ACCESS_KEY" not in env
     assert "PATH" in env and env["HOME"] == os.environ["HOME"]
-    allowed = set(EXEC_ENV_ALLOWLIST) | {"AKM_UNIT_ID"}
+    allowed = set(EXEC_ENV_ALLOWLIST) | {"AKM_UNIT_ID", "AKM_GUARD"}  # AKM_GUARD: see akm/dispatch/guard.py
     # the interpreter may add LC_CTYPE (locale coercion), which is on the list anyway
     assert set(env) <= allowed, set(env) - allowed
 

@@ -48,3 +48,22 @@ def test_unit_process_does_not_outlive_a_killed_engine(akm, project):
     finally:
         if _alive(first):
             os.killpg(first, signal.SIGKILL)
+
+
+def test_clean_exit_leaves_a_deliberately_detached_process_alone(akm, project):
+    """The guardian only acts when the engine dies without saying goodbye."""
+    pidfile = project / "daemon.pid"
+    daemon = (f"import os,subprocess,time; p=subprocess.Popen([{PY!r},'-c','import time; time.sleep(30)'],"
+              f"stdout=subprocess.DEVNULL,stderr=subprocess.DEVNULL,start_new_session=True);"
+              f"open({str(pidfile)!r},'w').write(str(p.pid))")
+    (project / "d.md").write_text(
+        "---\nsteps:\n  - id: start\n    unit:\n      exec:\n        command: "
+        + json.dumps([PY, "-c", daemon]) + "\n---\n\n## start\n\nx\n", encoding="utf-8")
+    akm("workflow", "run", "d.md", check=0)
+    pid = int(pidfile.read_text())
+    try:
+        time.sleep(1.0)
+        assert _alive(pid), "a process a unit deliberately detached was killed after a clean exit"
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)

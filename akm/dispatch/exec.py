@@ -477,6 +477,9 @@ def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
             "aborted", f"{label} {desc} was not dispatched because the workflow invocation was interrupted"
         )
     env = build_exec_env(req)
+    guard_token = guard.token()
+    if guard_token:
+        env[guard.ENV_NAME] = guard_token  # the unit dies with this engine if the engine is killed
     try:
         proc = subprocess.Popen(
             argv,
@@ -491,7 +494,6 @@ def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         return _fail("spawn_failed", f"{label} could not start {desc}: {detail}")
-    guard.register(proc.pid)  # the group dies with the engine if the engine is killed
 
     out_r = _Capture(proc.stdout, "stdout", MAX_STREAM_BYTES)
     err_r = _Capture(proc.stderr, "stderr", MAX_STREAM_BYTES)
@@ -571,7 +573,6 @@ def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
                 r.stream.close()
             except OSError:
                 pass
-        guard.unregister(proc.pid)
 
     causes = list(drain_timed_out)
     for r in readers:
