@@ -12,7 +12,7 @@ PYTHON="${PYTHON:-python3}"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-"$PYTHON" -m pip install --quiet --disable-pip-version-check --target "$work/shiv" "shiv>=1.0.4"
+"$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --target "$work/shiv" "shiv>=1.0.4"
 
 mkdir -p dist
 # Reproducible: fixed timestamps inside the archive; the build id is derived from the content.
@@ -24,7 +24,7 @@ PYTHONPATH="$work/shiv" "$PYTHON" -m shiv \
   --python '/usr/bin/env python3' \
   --entry-point akm.cli:main \
   --output-file dist/akm.tmp \
-  --disable-pip-version-check --quiet \
+  --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore --quiet \
   .
 chmod +x dist/akm.tmp
 mv dist/akm.tmp dist/akm
