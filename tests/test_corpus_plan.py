@@ -56,3 +56,8 @@ def test_legacy_refused_then_upgraded_by_the_cli(akm, project, path: Path):
     run = akm("workflow", "run", path.name, "--format", "json")
     assert run.returncode == 3, run.stderr  # agent work: parked for the calling session
     assert json.loads(run.stdout)["run"]["status"] == "awaiting_session"
+
+
+def test_the_shared_corpus_is_present():
+    """The corpus lives beside the checkout (../shared); a missing one must fail, not skip silently."""
+    assert len(CURRENT) >= 15 and len(LEGACY) >= 5, f"corpus not found at {CORPUS}"
