@@ -222,11 +222,17 @@ def _supplement_path(path: str, home: str | None) -> str:
     return os.pathsep.join(extra + ([path] if path else []))
 
 
+CONTEXT_NAMES = frozenset({"AKM_RUN_ID", "AKM_STEP_ID", "AKM_UNIT_ID", "AKM_PARAMS", "AKM_ITEM",
+                           "AKM_ITEM_INDEX", "AKM_INPUTS", "AKM_GUARD"})
+
+
 def build_exec_env(req: ExecRequest, parent: Mapping[str, str] | None = None) -> dict[str, str]:
     """Child environment: base (allowlist or whole parent), then bindings, then context."""
     parent = os.environ if parent is None else parent
     if req.inherit_env:
-        env = dict(parent)
+        # A nested akm (started from an outer run's unit) has the outer unit's context in
+        # its own environment: none of it may leak into this unit's context.
+        env = {k: v for k, v in parent.items() if k not in CONTEXT_NAMES}
     else:
         env = {}
         for name in list(EXEC_ENV_ALLOWLIST) + list(req.pass_env or []):

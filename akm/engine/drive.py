@@ -519,7 +519,8 @@ class _Driver:
             if isinstance(result, dict):
                 self.park(result)
                 return False
-            res.executed.append({"stepId": step.step_id, "ok": result.ok, "unitCount": result.unit_count,
+            res.executed.append({"stepId": step.step_id, "ok": result.ok, "skipped": False,
+                                 "unitCount": result.unit_count,
                                  "failedUnits": result.failed_units, "summary": result.summary,
                                  **({"gateLoop": loop} if loop > 1 else {})})
             if not result.ok:

@@ -82,11 +82,13 @@ def _unit_node(doc: WorkflowDocument, step: Step, bag: UnitBag | None, node_id: 
             timeout_ms=_timeout(bag, defaults, DEFAULT_EXEC_TIMEOUT_MS),
         )
     else:
+        declared = (bag is not None and bag.timeout_set) or (defaults is not None and defaults.timeout_set)
         invocation = Invocation(
             engine=(bag.engine if bag and bag.engine else None) or (defaults.engine if defaults else None),
             model=(bag.model if bag and bag.model else None) or (defaults.model if defaults else None),
-            timeout_ms=_timeout(bag, defaults, None),
             llm=_merge_llm(defaults, bag),
+            # absent unless the file states one: "engine default" and "none" must stay distinct
+            **({"timeout_ms": _timeout(bag, defaults, None)} if declared else {}),
         )
     on_error = (bag.on_error if bag else None) or (defaults.on_error if defaults else None) or "fail"
     return UnitNode(

@@ -57,8 +57,9 @@ def unit_input_hash(
 ) -> str:
     """SHA-256 of the canonical preimage (hashVersion 4).
 
-    Excluded on purpose: retry, on_error, the prompt wording, ids, cwd, config
-    and secret values — none of them change what the unit is asked to do.
+    Excluded on purpose: retry, on_error, the prompt wording, ids, the directory
+    akm runs in, config and secret values — none of them change what the unit is
+    asked to do. (An exec unit's own `cwd` is part of its exec spec, so it counts.)
     """
     preimage: dict[str, Any] = {
         "hashVersion": UNIT_HASH_VERSION,

@@ -39,8 +39,12 @@ class PlanModel(BaseModel):
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler: Any) -> dict[str, Any]:
+        """Drop None, except `_keep_none` fields that were explicitly set (`null` means something there)."""
         data = handler(self)
-        keep = self._keep_none
+        keep: set[str] = set()
+        for name in self.model_fields_set & self._keep_none:
+            keep.add(name)
+            keep.add(type(self).model_fields[name].alias or name)
         return {k: v for k, v in data.items() if v is not None or k in keep}
 
 
@@ -58,7 +62,7 @@ class Retry(PlanModel):
 class ExecSpec(PlanModel):
     """An argv command run without a shell (spec/workflow-format.md, exec units)."""
 
-    _keep_none = frozenset({"timeout_ms", "timeoutMs"})
+    _keep_none = frozenset({"timeout_ms"})
     command: list[str] = Field(min_length=1, max_length=64)
     cwd: str | None = None
     pass_env: list[str] | None = None
@@ -67,9 +71,13 @@ class ExecSpec(PlanModel):
 
 
 class Invocation(PlanModel):
-    """How a non-exec unit is dispatched. `engine: null` = a session unit (D11)."""
+    """How a non-exec unit is dispatched. `engine: null` = a session unit (D11).
 
-    _keep_none = frozenset({"engine", "model", "timeout_ms", "timeoutMs"})
+    `timeoutMs` absent = not declared (the engine's default applies); `null` =
+    declared `none` (unbounded).
+    """
+
+    _keep_none = frozenset({"engine", "model", "timeout_ms"})
     engine: str | None = None
     model: str | None = None
     timeout_ms: int | None = Field(default=None, ge=1, le=2_147_483_647)
