@@ -29,6 +29,7 @@ import math
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,6 +129,9 @@ class ExecRequest:
     timeout_ms: int | None = DEFAULT_EXEC_TIMEOUT_MS
     expect_json: bool = False
     sensitive_values: list[str] = field(default_factory=list)
+    # The environment to draw from (default: os.environ). A fan-out passes one plain-dict
+    # snapshot for all its units: os.environ encodes and decodes on every lookup.
+    parent_env: Mapping[str, str] | None = None
 
 
 # --------------------------------------------------------------------------- context
@@ -243,6 +247,36 @@ def build_exec_env(req: ExecRequest, parent: Mapping[str, str] | None = None) ->
     env.update(req.env_bindings)
     env.update(req.context)
     return env
+
+
+@functools.lru_cache(maxsize=256)
+def _resolve_dirs(base_dir: str, cwd: str | None) -> tuple[str, str, str, str]:
+    """(base, target, realpath(base), realpath(target)). Cached: every unit of a fan-out
+    shares them, and symlink resolution costs a syscall per path component."""
+    base = os.path.abspath(base_dir)
+    target = os.path.normpath(os.path.join(base, cwd)) if cwd else base
+    return base, target, os.path.realpath(base), os.path.realpath(target)
+
+
+@functools.lru_cache(maxsize=256)
+def _lookup_executable(name: str, path: str) -> str | None:
+    return shutil.which(name, path=path)
+
+
+def _resolve_executable(name: str, path: str) -> str | None:
+    """The program a bare `command[0]` names, found on the CHILD's PATH (as execvp would).
+
+    Resolved once per (name, PATH) instead of Popen probing every PATH entry per
+    unit; a path with a separator (`./run.sh`, `/bin/x`) is left to the OS as
+    written, and a name not found is left to Popen, which then fails `spawn_failed`.
+    """
+    if os.sep in name or (os.altsep and os.altsep in name):
+        return None
+    found = _lookup_executable(name, path)
+    if found is not None and not os.access(found, os.X_OK):
+        _lookup_executable.cache_clear()
+        return None
+    return found
 
 
 # --------------------------------------------------------------------------- capture
@@ -450,10 +484,7 @@ def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
 
     # 1. working directory: containment on realpaths, then existence
     try:
-        base = os.path.abspath(req.base_dir)
-        target = os.path.normpath(os.path.join(base, req.cwd)) if req.cwd else base
-        real_base = os.path.realpath(base)
-        real_target = os.path.realpath(target)
+        base, target, real_base, real_target = _resolve_dirs(req.base_dir, req.cwd)
     except (ValueError, OSError) as exc:  # e.g. an embedded NUL byte
         return _fail("spawn_failed", f"{label} could not start {desc}: invalid working directory ({exc})")
     try:
@@ -482,13 +513,14 @@ def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
         return _fail(
             "aborted", f"{label} {desc} was not dispatched because the workflow invocation was interrupted"
         )
-    env = build_exec_env(req)
+    env = build_exec_env(req, req.parent_env)
     guard_token = guard.token()
     if guard_token:
         env[guard.ENV_NAME] = guard_token  # the unit dies with this engine if the engine is killed
     try:
         proc = subprocess.Popen(
             argv,
+            executable=_resolve_executable(argv[0], env.get("PATH", os.defpath)),
             cwd=real_target,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -98,6 +98,23 @@ class DriveResult:
     warnings: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _PendingFinish:
+    """A finished attempt whose row update waits for the same worker's next write.
+
+    Finishing attempt k and inserting attempt k+1 in one transaction halves the
+    commits of a fan-out. The window adds nothing to what a crash can lose: the
+    next insert follows within microseconds, and a worker's last finish is
+    flushed when it runs out of units. A crash inside the window leaves the row
+    `running`, so the unit is dispatched again — as for a crash a moment earlier.
+    """
+
+    attempt: str
+    started_at: str
+    outcome: UnitOutcome  # mutated to journal_write_failed if the write fails
+    result_json: str | None
+
+
 class _StepRun:
     """Executes one step's units for one gate loop. Holds the per-step cancellation and budget."""
 
@@ -113,6 +130,8 @@ class _StepRun:
         self.total = 0
         self._ctx_base: dict[str, str] | None = None
         self._count_lock = threading.Lock()
+        self._local = threading.local()  # per worker: the attempt whose finish is deferred
+        self._parent_env = dict(os.environ)  # one snapshot per step for every unit's environment
 
     # ------------------------------------------------------------ one attempt
     def _dispatch_attempt(self, unit: WorkUnit, attempt: str) -> UnitOutcome:
@@ -129,12 +148,24 @@ class _StepRun:
             if tree.preserved_leftover:
                 d.warn(f"a previous attempt of {attempt} left uncollected work; preserved at {tree.preserved_leftover}")
             base_dir = tree.path
+        # This worker's previous attempt is finished in the same transaction as this
+        # insert: one commit per unit instead of two (see _PendingFinish).
+        pending, self._local.pending = getattr(self._local, "pending", None), None
+        insert = dict(run_id=d.run_id, unit_id=attempt, step_id=self.step.step_id, node_id=unit.node_id,
+                      parent_unit_id=unit.parent_unit_id, phase=None, runner=unit.runner, engine=unit.engine,
+                      model=unit.model, input_hash=unit.input_hash, worktree_path=tree.path if tree else None)
         try:
-            started_at = units_store.insert_unit(
-                d.db, run_id=d.run_id, unit_id=attempt, step_id=self.step.step_id, node_id=unit.node_id,
-                parent_unit_id=unit.parent_unit_id, phase=None, runner=unit.runner, engine=unit.engine,
-                model=unit.model, input_hash=unit.input_hash, worktree_path=tree.path if tree else None,
-            )
+            with d.db.tx():
+                if pending is not None:
+                    self._write_finish(pending)
+                started_at = units_store.insert_unit(d.db, **insert)
+        except Exception:
+            started_at = None
+            if pending is not None:  # find out which write failed: each alone
+                self._flush(pending)
+        try:
+            if started_at is None:
+                started_at = units_store.insert_unit(d.db, **insert)
         except Exception as exc:  # nothing was dispatched; the step decides what to do
             if tree is not None:
                 worktrees.cleanup(tree)
@@ -155,25 +186,37 @@ class _StepRun:
             outcome = UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="dispatch_error",
                                   error=f"unit {attempt} produced a result that cannot be stored as JSON: {exc}")
             result_json = journaled_result_json(outcome)
-        try:
-            finished = units_store.finish_unit(
-                d.db, run_id=d.run_id, unit_id=attempt, started_at=started_at,
-                status="completed" if outcome.ok else "failed", result_json=result_json,
-                tokens=outcome.tokens, failure_reason=None if outcome.ok else outcome.failure_reason,
-                session_id=outcome.session_id,
-            )
-            if finished == "superseded":
-                d.warn(f"unit {attempt} was re-dispatched by another driver while it ran; this result was not "
-                       "journaled (the newer dispatch owns the row)")
-        except Exception as exc:
-            state = "completed" if outcome.ok else f"failed ({outcome.failure_reason})"
-            outcome = UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="journal_write_failed",
-                                  error=f'unit "{attempt}" dispatched and {state}, but its result could not be journaled: {exc}')
+        self._local.pending = _PendingFinish(attempt, started_at, outcome, result_json)
         if tree is not None:
             warning = worktrees.cleanup(tree)
             if warning:
                 d.warn(warning)
         return outcome
+
+    def _write_finish(self, p: "_PendingFinish") -> None:
+        o = p.outcome
+        finished = units_store.finish_unit(
+            self.d.db, run_id=self.d.run_id, unit_id=p.attempt, started_at=p.started_at,
+            status="completed" if o.ok else "failed", result_json=p.result_json, tokens=o.tokens,
+            failure_reason=None if o.ok else o.failure_reason, session_id=o.session_id,
+        )
+        if finished == "superseded":
+            self.d.warn(f"unit {p.attempt} was re-dispatched by another driver while it ran; this result was not "
+                        "journaled (the newer dispatch owns the row)")
+
+    def _flush(self, p: "_PendingFinish | None" = None) -> None:
+        """Finish a deferred attempt now (its own transaction); a failure fails the unit hard."""
+        if p is None:
+            p, self._local.pending = getattr(self._local, "pending", None), None
+        if p is None:
+            return
+        try:
+            self._write_finish(p)
+        except Exception as exc:
+            o = p.outcome
+            state = "completed" if o.ok else f"failed ({o.failure_reason})"
+            o.ok, o.failure_reason, o.result, o.has_result, o.text = False, "journal_write_failed", None, False, None
+            o.error = f'unit "{p.attempt}" dispatched and {state}, but its result could not be journaled: {exc}'
 
     def _run_exec(self, unit: WorkUnit, base_dir: str) -> UnitOutcome:
         tmpl = unit.template
@@ -192,7 +235,7 @@ class _StepRun:
             command=list(spec.command), base_dir=base_dir, cwd=spec.cwd, pass_env=spec.pass_env,
             inherit_env=bool(spec.inherit_env), env_bindings=self.env_values, context=ctx,
             timeout_ms=spec.timeout_ms, expect_json=tmpl.output_schema is not None,
-            sensitive_values=self.sensitive,
+            sensitive_values=self.sensitive, parent_env=self._parent_env,
         )
         res = run_exec_unit(req, self.event)
         out = UnitOutcome(unit_id=unit.unit_id, **vars(res))
@@ -296,15 +339,24 @@ class _StepRun:
     def _schedule(self, wl: WorkList, decisions: list[Any], width: int) -> list[UnitOutcome]:
         results: list[UnitOutcome | None] = [None] * len(wl.units)
         if width <= 1 or len(wl.units) <= 1:
-            for i, (u, dec) in enumerate(zip(wl.units, decisions)):
-                if self.event.is_set() and dec.kind == "dispatch":
-                    break
-                results[i] = self.run_unit(u, dec)
+            try:
+                for i, (u, dec) in enumerate(zip(wl.units, decisions)):
+                    if self.event.is_set() and dec.kind == "dispatch":
+                        break
+                    results[i] = self.run_unit(u, dec)
+            finally:
+                self._flush()
         else:
             next_index = iter(range(len(wl.units)))
             claim_lock = threading.Lock()
 
             def worker() -> None:
+                try:
+                    work()
+                finally:
+                    self._flush()
+
+            def work() -> None:
                 while True:
                     with claim_lock:
                         i = next(next_index, None)
