@@ -297,6 +297,23 @@ def _check_lease_allows(row: Any, lease_holder: str | None, now: str) -> None:
         )
 
 
+def _drivable_run_row(conn: Any, run_id: str, verb: str) -> Any:
+    """The run's status/lease row inside a transaction; refuses runs that cannot be driven now."""
+    row = conn.execute(
+        "SELECT id, status, current_step_id, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?",
+        (run_id,),
+    ).fetchone()
+    if row is None:
+        raise NotFoundError(f"workflow run {run_id!r} not found")
+    if row["status"] not in DRIVABLE_STATUSES:
+        raise UsageError(
+            f"workflow run {run_id} is {row['status']} and cannot be {verb}",
+            code="RUN_NOT_ACTIVE",
+            hint=f"Use `akm workflow resume {run_id}` to reopen it first." if row["status"] != "completed" else None,
+        )
+    return row
+
+
 def complete_step(
     db: Database,
     run_id: str,
@@ -322,18 +339,7 @@ def complete_step(
         raise UsageError(f"cannot complete a step as {status!r}; use one of {', '.join(STEP_TERMINAL_STATUSES)}")
     now = now_iso()
     with db.tx() as conn:
-        run = conn.execute(
-            "SELECT id, status, current_step_id, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?",
-            (run_id,),
-        ).fetchone()
-        if run is None:
-            raise NotFoundError(f"workflow run {run_id!r} not found")
-        if run["status"] not in DRIVABLE_STATUSES:
-            raise UsageError(
-                f"workflow run {run_id} is {run['status']} and cannot be updated",
-                code="RUN_NOT_ACTIVE",
-                hint=f"Use `akm workflow resume {run_id}` to reopen it first." if run["status"] != "completed" else None,
-            )
+        run = _drivable_run_row(conn, run_id, "updated")
         _check_lease_allows(run, lease_holder, now)
         step = conn.execute("SELECT status FROM steps WHERE run_id = ? AND step_id = ?", (run_id, step_id)).fetchone()
         if step is None:
@@ -488,17 +494,7 @@ def acquire_lease(
     host = socket.gethostname() if host is None else host
     pid = os.getpid() if pid is None else pid
     with db.tx() as conn:
-        row = conn.execute(
-            "SELECT id, status, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,)
-        ).fetchone()
-        if row is None:
-            raise NotFoundError(f"workflow run {run_id!r} not found")
-        if row["status"] not in DRIVABLE_STATUSES:
-            raise UsageError(
-                f"workflow run {run_id} is {row['status']} and cannot be executed",
-                code="RUN_NOT_ACTIVE",
-                hint=f"Use `akm workflow resume {run_id}` to reopen it first." if row["status"] != "completed" else None,
-            )
+        row = _drivable_run_row(conn, run_id, "executed")
         now = now_iso()
         if holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now):
             return _lease_of(row)
