@@ -185,3 +185,43 @@ def test_workflows_ref_is_looked_up_in_the_project(akm, project):
     assert akm.json("workflow", "list")["runs"][0]["runId"] == res["run"]["runId"]
     missing = akm("workflow", "run", "workflows/nope", check=1)
     assert "WORKFLOW_NOT_FOUND" in missing.stderr and ".akm/workflows" in missing.stderr
+
+
+def test_schema_mismatch_reruns_the_step_in_a_second_gate_loop(project):
+    """A step output that misses its schema with loops left runs again with the errors as feedback (~l2 rows)."""
+    counter = project / "n"
+    wf = write_wf(project, "loop.md", f"""
+        steps:
+          - id: make
+            unit:
+              exec: {{ command: {py(f'import json,pathlib; p=pathlib.Path({str(counter)!r}); n=int(p.read_text()) if p.exists() else 0; p.write_text(str(n+1)); print(json.dumps("x" if n else 5))')} }}
+            output: {{ type: string }}
+            gate: {{ max_loops: 2 }}
+        """, "## make\n\nmake a string")
+    res = run(wf, project)
+    assert res.run.status == "completed" and steps_of(res)["make"]["output"] == "x"
+    rows = db_rows("SELECT unit_id, status, failure_reason FROM units ORDER BY started_at")
+    assert rows == [("make:solo", "failed", "validation_error"), ("make:solo~l2", "completed", None)]
+    assert [e.get("gateLoop") for e in res.executed] == [None, 2]
+    # a re-run of the completed run reuses everything
+    again = run(res.run.run_id, project)
+    assert again.done and db_rows("SELECT count(*) FROM units") == [(2,)]
+
+
+def test_gated_step_parks_for_a_judge(project):
+    """Gates are fail-closed: with no judge engine the rubric goes to the calling agent (D12)."""
+    wf = write_wf(project, "gate.md", f"""
+        steps:
+          - id: build
+            unit: {{ exec: {{ command: {py('print("built")')} }} }}
+        """, "## build\n\nBuild it.\n\n### gate\n\n- The build printed `built`.")
+    res = run(wf, project)
+    assert res.run.status == "awaiting_session" and api.exit_status_for(res) == 3
+    brief = res.run.awaiting
+    assert brief["kind"] == "judge" and brief["stepId"] == "build"
+    assert brief["artifact"] == "built" and "printed `built`" in brief["criteria"][0]
+    assert steps_of(res)["build"]["status"] == "pending"
+    # driving again reuses the journaled unit and parks again without re-running it
+    again = run(res.run.run_id, project)
+    assert again.run.status == "awaiting_session"
+    assert db_rows("SELECT unit_id, attempts FROM units") == [("build:solo", 1)]

@@ -213,6 +213,13 @@ def reduce_step(step: StepPlan, outcomes: list[UnitOutcome], *, is_map: bool, re
     ok = (on_error == "continue" or not failures) and vote_error is None
     result = StepResult(ok=ok, evidence=evidence, summary=summary, unit_count=n, failed_units=len(failures),
                         hard_failure=vote_error is not None)
+    template = step.unit_template
+    if (not ok and not is_map and failures and step.output_schema is not None and template is not None
+            and template.output_schema == step.output_schema
+            and all(o.failure_reason in ("validation_error", "parse_error") for o in failures)):
+        # D5: a solo step's `output` schema is checked on its unit, so a miss surfaces as a unit
+        # failure; it is still the step artifact missing its schema, which gate loops may retry.
+        result.artifact_schema_failure = True
     if ok:
         errors = _validate_output(step, output)
         if errors:
