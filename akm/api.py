@@ -212,7 +212,10 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
         for s in runs_store.get_steps(db, run.id):
             ev = _json_or_none(s.evidence_json)
             output = ev.get("output") if isinstance(ev, dict) else None
-            view.steps.append(StepView(id=s.step_id, status=s.status, output=output, summary=s.summary,
+            status = s.status
+            if status == "pending" and lease is not None and s.step_id == run.current_step_id:
+                status = "running"  # a live driver holds the run and works on this step right now
+            view.steps.append(StepView(id=s.step_id, status=status, output=output, summary=s.summary,
                                        notes=s.notes))
     if with_units:
         from akm.store.db import now_iso

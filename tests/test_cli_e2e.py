@@ -218,9 +218,12 @@ def test_sigint_stops_cleanly_with_130(akm, project):
         except sqlite3.OperationalError:
             pass  # the journal is still being created
         time.sleep(0.05)
+    run_id = akm.json("workflow", "list")["runs"][0]["runId"]
+    assert [s["status"] for s in akm.json("workflow", "status", run_id)["steps"]] == ["running"]
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 130, err
+    assert [s["status"] for s in akm.json("workflow", "status", run_id)["steps"]] == ["pending"]
     data = json.loads(out)
     assert data["aborted"] is True and data["run"]["status"] == "active"
     with db(akm) as con:
