@@ -131,22 +131,22 @@ def test_errors_are_clear_and_never_tracebacks(akm, project):
 
 
 def test_status_mermaid_and_log_cursor(akm, project):
-    write(project, "r.md", f"""\
+    write(project, "r.md", """\
         ---
         params:
-          mode: {{ type: string }}
+          mode: { type: string }
         steps:
           - id: first
-            unit: {{ exec: {{ command: [echo, one] }} }}
+            unit: { exec: { command: [echo, one] } }
           - id: pick
             route:
               input: params.mode
-              when: [{{ match: a, step: a }}]
+              when: [{ match: a, step: a }]
               default: b
           - id: a
-            unit: {{ exec: {{ command: [echo, a] }} }}
+            unit: { exec: { command: [echo, a] } }
           - id: b
-            unit: {{ exec: {{ command: [echo, b] }} }}
+            unit: { exec: { command: [echo, b] } }
         ---
 
         ## first

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from akm import api, paths
-from akm.engine.cancel import Cancellation
 from akm.errors import UsageError
 
 PY = sys.executable

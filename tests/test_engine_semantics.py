@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 from akm import api
 from tests.test_engine import db_rows, py, run, steps_of, write_wf

@@ -6,7 +6,6 @@ import sqlite3
 import threading
 import time
 
-import pytest
 
 from akm import paths
 from akm.errors import UsageError

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from akm.format.diagnostics import CODES
 from akm.format.lint import lint_text
-from akm.format.parse import STEP_KEYS, UNIT_KEYS, parse_workflow
+from akm.format.grammar import STEP_KEYS, UNIT_KEYS
+from akm.format.parse import parse_workflow
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

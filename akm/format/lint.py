@@ -15,7 +15,8 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from akm.format.diagnostics import Diagnostic
-from akm.format.parse import MAX_SOURCE_BYTES, parse_workflow
+from akm.format.grammar import MAX_SOURCE_BYTES
+from akm.format.parse import parse_workflow
 
 
 class FileReport(BaseModel):

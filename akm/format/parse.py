@@ -30,48 +30,7 @@ from akm.format.bind_sections import BoundSections, bind_sections, text_block
 from akm.format.cross_step_checks import check_references, check_routes, warn_untyped
 from akm.format.diagnostics import Diagnostic, sort_and_cap
 from akm.format.field_reader import FieldReader, describe, utf8_len
-from akm.format.grammar import (  # noqa: F401  (re-exported: the format's public constants)
-    BRANCH_KEYS,
-    BUDGET_KEYS,
-    CREDENTIAL_KEYS,
-    DEFAULTS_KEYS,
-    DURATION_HINT,
-    DURATION_RE,
-    ENGINE_NAME_RE,
-    ENV_VAR_RE,
-    EXEC_KEYS,
-    GATE_KEYS,
-    LLM_KEYS,
-    MAP_KEYS,
-    MAX_CONCURRENCY,
-    MAX_ENV_REFS,
-    MAX_EXEC_ARG_BYTES,
-    MAX_EXEC_ARGV,
-    MAX_EXEC_CWD_CHARS,
-    MAX_EXEC_PASS_ENV,
-    MAX_EXTRA_PARAMS_BYTES,
-    MAX_INPUTS,
-    MAX_JSON_DEPTH,
-    MAX_LOOPS,
-    MAX_PARAMS,
-    MAX_RETRY,
-    MAX_ROUTE_BRANCHES,
-    MAX_SCHEMA_BYTES,
-    MAX_SOURCE_BYTES,
-    MAX_STEPS,
-    MAX_TEXT_BYTES,
-    MAX_TIMEOUT_MS,
-    MAX_UNITS,
-    PARAM_NAME_RE,
-    PROTECTED_LLM_KEYS,
-    RETRY_KEYS,
-    ROUTE_KEYS,
-    STAMP_KEYS,
-    STEP_ID_RE,
-    STEP_KEYS,
-    TOP_LEVEL_KEYS,
-    UNIT_KEYS,
-)
+from akm.format.grammar import MAX_SOURCE_BYTES, TOP_LEVEL_KEYS
 from akm.format.markdown import Body, scan_body, split_frontmatter, split_lines
 from akm.format.model import GateSpec, Step, WorkflowDocument
 from akm.format.read_envelope import read_budget, read_envelope
