@@ -8,13 +8,14 @@ Thread-safe: fan-out workers consume from one budget.
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 LIFETIME_UNIT_CAP = 10_000
 
 
 class DispatchBudget:
     def __init__(self, *, used: int, tokens: int, max_units: int | None, max_tokens: int | None,
-                 on_exceed: "callable | None" = None) -> None:
+                 on_exceed: Callable[[], None] | None = None) -> None:
         self.used = used
         self.tokens = tokens
         self.max_units = max_units
@@ -24,7 +25,7 @@ class DispatchBudget:
         self._lock = threading.Lock()
         self._on_exceed = on_exceed
 
-    def set_exceed_hook(self, hook: "callable | None") -> None:
+    def set_exceed_hook(self, hook: Callable[[], None] | None) -> None:
         """Called once when a ceiling is crossed (the current step's cancellation)."""
         with self._lock:
             self._on_exceed = hook

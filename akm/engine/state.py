@@ -64,11 +64,11 @@ def decode_plan(run_id: str, plan_json: str | None, plan_hash: str | None) -> Pl
 
 
 def load_run(db: Database, run_id: str) -> LoadedRun:
-    row = runs_store.get_run(db, run_id)
-    if row is None:
+    run = runs_store.get_run(db, run_id)
+    if run is None:
         raise NotFoundError(f"No workflow run with id {run_id}.", code="RUN_NOT_FOUND",
                             hint="List runs with `akm workflow list`.")
-    row = asdict(row)
+    row = asdict(run)
     plan = decode_plan(run_id, row.get("plan_json"), row.get("plan_hash"))
     try:
         params = json.loads(row.get("params_json") or "{}")
