@@ -238,11 +238,7 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
 def _require_run(db, run_id: str):
     from akm.store import runs as runs_store
 
-    run = runs_store.get_run(db, run_id)
-    if run is None:
-        raise NotFoundError(f"No workflow run with id {run_id}.", code="RUN_NOT_FOUND",
-                            hint="List runs with `akm workflow list`.")
-    return run
+    return runs_store.require_run(db, run_id)
 
 
 # ------------------------------------------------------------------ resolve targets
@@ -446,9 +442,9 @@ def exit_status_for(result: RunResult) -> int:
 
 
 def signal_exit_status(reason: str | None, default: int) -> int:
-    from akm.errors import EXIT_SIGINT, EXIT_SIGTERM
+    from akm.errors import EXIT_SIGHUP, EXIT_SIGINT, EXIT_SIGTERM
 
-    return {"sigint": EXIT_SIGINT, "sigterm": EXIT_SIGTERM, "sighup": 129}.get(reason or "", default)
+    return {"sigint": EXIT_SIGINT, "sigterm": EXIT_SIGTERM, "sighup": EXIT_SIGHUP}.get(reason or "", default)
 
 
 # ------------------------------------------------------------------ inspect / control

@@ -14,8 +14,7 @@ LIFETIME_UNIT_CAP = 10_000
 
 
 class DispatchBudget:
-    def __init__(self, *, used: int, tokens: int, max_units: int | None, max_tokens: int | None,
-                 on_exceed: Callable[[], None] | None = None) -> None:
+    def __init__(self, *, used: int, tokens: int, max_units: int | None, max_tokens: int | None) -> None:
         self.used = used
         self.tokens = tokens
         self.max_units = max_units
@@ -23,7 +22,7 @@ class DispatchBudget:
         self.exceeded: str | None = None
         self.cap_message: str | None = None
         self._lock = threading.Lock()
-        self._on_exceed = on_exceed
+        self._on_exceed: Callable[[], None] | None = None
 
     def set_exceed_hook(self, hook: Callable[[], None] | None) -> None:
         """Called once when a ceiling is crossed (the current step's cancellation)."""

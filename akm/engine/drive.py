@@ -17,7 +17,7 @@ import os
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,6 +53,7 @@ from akm.plan.model import Plan, StepPlan
 from akm.store import runs as runs_store
 from akm.store import units as units_store
 from akm.store.db import Database
+from akm.store.runs import Step
 
 
 def host_concurrency_limit() -> int:
@@ -94,7 +95,6 @@ class DriveResult:
     aborted: bool = False
     abort_reason: str | None = None
     awaiting: dict[str, Any] | None = None
-    gate_rejection: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
 
 
@@ -451,15 +451,15 @@ class _Driver:
         )
 
     # -------------------------------------------------------- bookkeeping
-    def _load_evidence(self) -> list[dict[str, Any]]:
-        steps = [asdict(s) for s in runs_store.get_steps(self.db, self.run_id)]
+    def _load_evidence(self) -> list[Step]:
+        steps = runs_store.get_steps(self.db, self.run_id)
         self.evidence = {}
         for s in steps:
-            if s["status"] == "completed" and s.get("evidence_json"):
+            if s.status == "completed" and s.evidence_json:
                 try:
-                    self.evidence[s["step_id"]] = json.loads(s["evidence_json"])
+                    self.evidence[s.step_id] = json.loads(s.evidence_json)
                 except ValueError:
-                    self.evidence[s["step_id"]] = None
+                    self.evidence[s.step_id] = None
         return steps
 
     def _mark_unselected(self, router: str, selected: str | None, targets: list[str]) -> None:
@@ -467,8 +467,8 @@ class _Driver:
             if t != selected and t not in self.route_unselected:
                 self.route_unselected[t] = (router, selected)
 
-    def replay_routes(self, steps: list[dict[str, Any]]) -> None:
-        status = {s["step_id"]: s for s in steps}
+    def replay_routes(self, steps: list[Step]) -> None:
+        status = {s.step_id: s for s in steps}
         for sp in self.plan.steps:
             if sp.route is None:
                 continue
@@ -476,9 +476,9 @@ class _Driver:
             if row is None:
                 continue
             targets = route_targets(sp.route)
-            if row["status"] == "skipped":
+            if row.status == "skipped":
                 self._mark_unselected(sp.step_id, None, targets)
-            elif row["status"] == "completed":
+            elif row.status == "completed":
                 ev = self.evidence.get(sp.step_id) or {}
                 selected = (ev.get("route") or {}).get("selected") if isinstance(ev, dict) else None
                 if not isinstance(selected, str) or selected not in targets:

@@ -15,8 +15,7 @@ from akm.store import runs as runs_store
 from akm.store import units as units_store
 from akm.store.db import Database
 
-LEASE_TTL_S = 90.0
-HEARTBEAT_S = 10.0  # well inside the TTL; also how soon an abandon stops a driver
+HEARTBEAT_S = 10.0  # well inside the lease TTL (runs_store.LEASE_TTL_S); also how soon an abandon stops a driver
 
 
 class Heartbeat:

@@ -135,13 +135,12 @@ class StepResult:
     evidence: dict[str, Any]
     summary: str
     artifact_schema_failure: bool = False
-    hard_failure: bool = False
     unit_count: int = 0
     failed_units: int = 0
 
 
 def failed_step(reason: str) -> StepResult:
-    return StepResult(ok=False, evidence={"error": reason}, summary=reason, hard_failure=True)
+    return StepResult(ok=False, evidence={"error": reason}, summary=reason)
 
 
 def unit_evidence(outcome: UnitOutcome) -> dict[str, Any]:
@@ -211,8 +210,7 @@ def reduce_step(step: StepPlan, outcomes: list[UnitOutcome], *, is_map: bool, re
     if vote_error:
         summary += f" {vote_error}."
     ok = (on_error == "continue" or not failures) and vote_error is None
-    result = StepResult(ok=ok, evidence=evidence, summary=summary, unit_count=n, failed_units=len(failures),
-                        hard_failure=vote_error is not None)
+    result = StepResult(ok=ok, evidence=evidence, summary=summary, unit_count=n, failed_units=len(failures))
     template = step.unit_template
     if (not ok and not is_map and failures and step.output_schema is not None and template is not None
             and template.output_schema == step.output_schema

@@ -10,35 +10,35 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from akm.canonical import sha256_hex
-from akm.errors import NotFoundError, UsageError
+from akm.errors import UsageError
 from akm.format.schema import validate_instance
 from akm.plan.model import Plan
 from akm.store import runs as runs_store
 from akm.store.db import Database
+from akm.store.runs import Run
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass
 class LoadedRun:
-    row: dict[str, Any]
+    run: Run
     plan: Plan
     params: dict[str, Any]
-    steps: list[dict[str, Any]]
 
     @property
     def run_id(self) -> str:
-        return self.row["id"]
+        return self.run.id
 
     @property
     def status(self) -> str:
-        return self.row["status"]
+        return self.run.status
 
 
 def _corrupt(run_id: str, what: str) -> UsageError:
@@ -64,14 +64,10 @@ def decode_plan(run_id: str, plan_json: str | None, plan_hash: str | None) -> Pl
 
 
 def load_run(db: Database, run_id: str) -> LoadedRun:
-    run = runs_store.get_run(db, run_id)
-    if run is None:
-        raise NotFoundError(f"No workflow run with id {run_id}.", code="RUN_NOT_FOUND",
-                            hint="List runs with `akm workflow list`.")
-    row = asdict(run)
-    plan = decode_plan(run_id, row.get("plan_json"), row.get("plan_hash"))
+    run = runs_store.require_run(db, run_id)
+    plan = decode_plan(run_id, run.plan_json, run.plan_hash)
     try:
-        params = json.loads(row.get("params_json") or "{}")
+        params = json.loads(run.params_json or "{}")
     except ValueError as exc:
         raise _corrupt(run_id, "params record") from exc
     if not isinstance(params, dict):
@@ -80,7 +76,6 @@ def load_run(db: Database, run_id: str) -> LoadedRun:
         errors = validate_instance(params, {"type": "object", "properties": plan.param_schemas}, "params")
         if errors:
             raise _corrupt(run_id, "params record (" + "; ".join(errors) + ")")
-    steps = [asdict(s) for s in runs_store.get_steps(db, run_id)]
-    if [s["step_id"] for s in steps] != [p.step_id for p in plan.steps]:
+    if [s.step_id for s in runs_store.get_steps(db, run_id)] != [p.step_id for p in plan.steps]:
         raise _corrupt(run_id, "step spine (step rows do not match the frozen plan)")
-    return LoadedRun(row=row, plan=plan, params=params, steps=steps)
+    return LoadedRun(run=run, plan=plan, params=params)

@@ -79,7 +79,7 @@ def _describe_type(value: Any) -> str:
     return type(value).__name__
 
 
-def runner_for(template: UnitNode, engines: dict[str, dict[str, Any]]) -> str:
+def runner_for(template: UnitNode) -> str:
     """exec units always run natively; anything else needs an engine or a session (D11)."""
     if template.exec is not None:
         return "exec"
@@ -155,7 +155,7 @@ def _units(step: StepPlan, template: UnitNode, entries: list[tuple[int, Any]], *
            params: dict[str, Any], inputs: list[tuple[str, Any]], engines: dict[str, dict[str, Any]],
            gate_loop: int, gate_feedback: dict[str, Any] | None, concurrency: int, reducer: str,
            is_map: bool) -> WorkList:
-    runner = runner_for(template, engines)
+    runner = runner_for(template)
     invocation = template.invocation
     engine_name = invocation.engine if invocation else None
     dispatch_snapshot = engines.get(engine_name) if engine_name else None

@@ -161,10 +161,11 @@ def get_run(db: Database, run_id: str) -> Run | None:
 
 
 def require_run(db: Database, run_id: str) -> Run:
-    """Like `get_run` but raises NotFoundError."""
+    """Like `get_run` but raises NotFoundError (the one "no such run" error both fronts show)."""
     run = get_run(db, run_id)
     if run is None:
-        raise NotFoundError(f"workflow run {run_id!r} not found")
+        raise NotFoundError(f"No workflow run with id {run_id}.", code="RUN_NOT_FOUND",
+                            hint="List runs with `akm workflow list`.")
     return run
 
 
