@@ -342,19 +342,7 @@ def run_workflow(
             scope = paths.scope_key(work_dir)
             active = runs_store.find_active_run(db, ref, scope)
             if active is not None:
-                if have_params and active.params != values:
-                    raise UsageError(
-                        f"Run {active.id} of this workflow is still {active.status} in this project with other params.",
-                        code="RUN_ALREADY_ACTIVE",
-                        hint=f"Continue it with `akm workflow run {active.id}`, or discard it with "
-                             f"`akm workflow abandon {active.id}` and start again.",
-                    )
-                run_id = active.id
-                if active.plan_hash != plan.plan_hash():
-                    warnings.append(
-                        f"{wf_path} changed since run {active.id} started; continuing that run with the plan it "
-                        f"froze. To run the edited file, `akm workflow abandon {active.id}` and run it again."
-                    )
+                run_id = _continue_active(active, have_params, values, plan, wf_path, warnings)
             else:
                 run_id = str(uuid.uuid4())
                 try:
@@ -370,13 +358,9 @@ def run_workflow(
                     if exc.code != "RUN_ALREADY_ACTIVE" or not exc.details.get("runId"):
                         raise
                     winner = runs_store.get_run(db, exc.details["runId"])
-                    if winner is None or (have_params and winner.params != values):
-                        raise UsageError(
-                            f"Run {exc.details['runId']} of this workflow was just started by another invocation "
-                            "with other params.", code="RUN_ALREADY_ACTIVE",
-                            hint=f"Continue it with `akm workflow run {exc.details['runId']}`, or abandon it first.",
-                        ) from None
-                    run_id = winner.id
+                    if winner is None:
+                        raise
+                    run_id = _continue_active(winner, have_params, values, plan, wf_path, warnings)
         timer = None
         if timeout_ms is not None:
             import threading
@@ -418,6 +402,24 @@ def run_workflow(
         except Exception:
             pass  # history is advisory; never mask the real outcome
         db.close()
+
+
+def _continue_active(active, have_params: bool, values: dict[str, Any], plan, wf_path: Path,
+                     warnings: list[str]) -> str:
+    """Continue the drivable run of this workflow in this project — never one started with other params."""
+    if have_params and active.params != values:
+        raise UsageError(
+            f"Run {active.id} of this workflow is still {active.status} in this project with other params.",
+            code="RUN_ALREADY_ACTIVE",
+            hint=f"Continue it with `akm workflow run {active.id}`, or discard it with "
+                 f"`akm workflow abandon {active.id}` and start again.",
+        )
+    if active.plan_hash != plan.plan_hash():
+        warnings.append(
+            f"{wf_path} changed since run {active.id} started; continuing that run with the plan it "
+            f"froze. To run the edited file, `akm workflow abandon {active.id}` and run it again."
+        )
+    return active.id
 
 
 # Exit statuses of `workflow run` (documented in spec/engine.md).
