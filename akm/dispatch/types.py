@@ -17,6 +17,7 @@ class DispatchResult:
     error     -- human diagnostic (already redacted and clipped by the dispatcher).
     tokens    -- token usage when the runner reports it.
     session_id -- harness-native session id, if any.
+    truncated -- output was cut at a capture cap (the artifact is incomplete; never a silent success).
     """
 
     ok: bool
@@ -27,3 +28,4 @@ class DispatchResult:
     error: str | None = None
     tokens: int | None = None
     session_id: str | None = None
+    truncated: bool = False
