@@ -204,8 +204,7 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
         current_step_id=run.current_step_id, created_at=run.created_at, updated_at=run.updated_at,
         completed_at=run.completed_at, params=_json_or_none(run.params_json) or {},
         engine_lease=LeaseView(**asdict(lease)) if lease else None,
-        awaiting=(_json_or_none(run.status_detail_json)
-                  if run.status == "awaiting_session" and with_steps else None),
+        awaiting=_awaiting(db, run) if run.status == "awaiting_session" and with_steps else None,
     )
     if with_steps:
         view.steps = []
@@ -233,6 +232,16 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
             for u in units_store.get_units(db, run.id)
         ]
     return view
+
+
+def _awaiting(db, run) -> dict[str, Any] | None:
+    """The live brief of a run parked for the calling agent (computed from the journal, never stale)."""
+    from akm.engine import session
+
+    try:
+        return session.brief(db, run.id)
+    except AkmError:
+        return _json_or_none(run.status_detail_json)
 
 
 def _require_run(db, run_id: str):
@@ -535,3 +544,56 @@ def events(*, run_id: str | None = None, since: str | None = None, limit: int | 
         return EventPage(run=run_id, since_offset=offset, next_offset=next_offset,
                          events=[EventView(id=e.id, ts=e.ts, event_type=e.event_type, run_id=e.run_id,
                                            metadata=e.metadata) for e in evs])
+
+
+# ------------------------------------------------------------------ the session protocol (D11-D13)
+
+
+def default_holder() -> str:
+    """Who a report claims units as when the caller names nobody: this user on this host."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "user"
+    return f"cli:{user}@{socket.gethostname()}"
+
+
+def next_brief(run_id: str) -> dict[str, Any]:
+    """What the calling agent should do now for a run (read-only)."""
+    from akm.engine import session
+
+    with _open_db() as db:
+        _require_run(db, run_id)
+        return session.brief(db, run_id)
+
+
+def report_unit(
+    run_id: str,
+    unit_id: str,
+    *,
+    status: str,
+    result: Any = None,
+    has_result: bool = False,
+    verdict: Any = None,
+    has_verdict: bool = False,
+    tokens: int | None = None,
+    failure_reason: str | None = None,
+    expect_step: str | None = None,
+    rerun: bool = False,
+    holder: str | None = None,
+    cwd: str | None = None,
+) -> dict[str, Any]:
+    """Record a session unit's result (or a gate verdict) and finish the step when its work is done."""
+    from akm.engine import session
+
+    with _open_db() as db:
+        _require_run(db, run_id)
+        root = paths.project_root(Path(cwd or os.getcwd()))
+        return session.report(
+            db, run_id, unit_id, status=status, result=result if has_result else session.MISSING,
+            verdict=verdict if has_verdict else session.MISSING, tokens=tokens, failure_reason=failure_reason,
+            expect_step=expect_step, rerun=rerun, holder=holder or default_holder(), project_root=root,
+        )

@@ -36,6 +36,20 @@ def req(tmp_path: Path, command: list[str], **kw) -> ExecRequest:
     return ExecRequest(command=command, base_dir=str(tmp_path), **kw)
 
 
+def run_with_schema(r: ExecRequest, schema: dict | None = None):
+    """An exec unit with an output schema: the engine's structured loop over the exec dispatcher."""
+    from akm.dispatch.base import UnitRequest
+    from akm.dispatch.exec import ExecDispatcher
+    from akm.engine.structured import run_structured
+    from akm.plan.model import ExecSpec
+
+    request = UnitRequest(run_id="r", step_id="work", unit_id="work:solo", attempt_id="work:solo", kind="exec",
+                          cwd=r.base_dir, output_schema={} if schema is None else schema,
+                          timeout_ms=r.timeout_ms, exec_spec=ExecSpec(command=r.command, cwd=r.cwd),
+                          exec_context=r.context, env_bindings=r.env_bindings, sensitive_values=r.sensitive_values)
+    return run_structured(ExecDispatcher(), request, threading.Event())
+
+
 def pid_gone(pid: int) -> bool:
     """Dead, or a zombie nobody reaped yet (PID 1 in a container may not reap)."""
     try:
@@ -372,11 +386,10 @@ def test_big_stdout_without_schema_is_truncated_artifact(tmp_path):
 
 def test_big_stdout_with_schema_is_output_limit(tmp_path):
     marker = tmp_path / "done"
-    res = run_exec_unit(req(tmp_path, _writer(12 * 1024 * 1024, marker), expect_json=True))
+    res = run_with_schema(req(tmp_path, _writer(12 * 1024 * 1024, marker)))
     assert res.failure_reason == "exec_output_limit"
     assert res.text is None and not res.has_result
-    assert "NO artifact was promoted" in res.error and "exactly one JSON value" in res.error
-    assert "12582912" in res.error
+    assert "nothing was promoted" in res.error and "one JSON value" in res.error and res.truncated
     assert marker.exists()
 
 
@@ -517,13 +530,12 @@ def test_secret_straddling_the_stderr_tail_boundary(tmp_path):
 def test_secret_in_structured_result_is_redacted(tmp_path):
     bindings = {"API_TOKEN": SECRET}
     code = "import os,json;t=os.environ['API_TOKEN'];print(json.dumps({t:{'v':'x'+t}}))"
-    res = run_exec_unit(
+    res = run_with_schema(
         req(
             tmp_path,
             py(code),
             env_bindings=bindings,
             sensitive_values=sensitive_values_from(bindings),
-            expect_json=True,
         )
     )
     assert res.ok and res.has_result
@@ -539,18 +551,29 @@ def test_secret_in_structured_result_is_redacted(tmp_path):
     [('{"ok":true}\n', {"ok": True}), ("\ufeff [1, 2]\n\n", [1, 2]), ("null", None), ('"s"', "s")],
 )
 def test_strict_json_success(tmp_path, stdout, value):
-    res = run_exec_unit(req(tmp_path, py(f"import sys;sys.stdout.write({stdout!r})"), expect_json=True))
+    res = run_with_schema(req(tmp_path, py(f"import sys;sys.stdout.write({stdout!r})")))
     assert res.ok and res.has_result and res.result == value
 
 
-@pytest.mark.parametrize("stdout", ['log line {"ok":true}', "", "  \n", "NaN", '{"a":1} {"b":2}', "{bad}"])
-def test_strict_json_parse_error(tmp_path, stdout):
-    res = run_exec_unit(req(tmp_path, py(f"import sys;sys.stdout.write({stdout!r})"), expect_json=True))
+@pytest.mark.parametrize("stdout,why", [
+    ('log line {"ok":true}', 'does not start with a JSON value: line 1 column 1 reads "log line'),
+    ("Building...\n{}", "a log line before the value"),
+    ("", "the output is empty"),
+    ("  \n", "the output is empty"),
+    ("NaN", "NaN at line 1 column 1 is not a JSON value"),
+    ('{"a":1} {"b":2}', 'text follows the JSON value at line 1 column 9: "{\\"b\\":2}"'),
+    ("{bad}", "invalid JSON at line 1 column 2"),
+    ("1e999", "the number 1e999 is out of range"),
+    ('{"a": [1,', "the JSON value is cut off"),
+])
+def test_strict_json_parse_error(tmp_path, stdout, why):
+    """Each problem is reported as what it is, with its position (issue 6 item 11)."""
+    res = run_with_schema(req(tmp_path, py(f"import sys;sys.stdout.write({stdout!r})")))
     assert res.failure_reason == "parse_error" and not res.has_result
-    assert res.error == "no JSON structure found in response"
-    assert res.text == (stdout or None)
+    assert why in res.error
+    assert res.text == (stdout.rstrip("\n") or None)
 
 
 def test_non_zero_exit_wins_over_json_parse(tmp_path):
-    res = run_exec_unit(req(tmp_path, ["sh", "-c", "echo '{}'; exit 4"], expect_json=True))
+    res = run_with_schema(req(tmp_path, ["sh", "-c", "echo '{}'; exit 4"]))
     assert res.failure_reason == "non_zero_exit" and not res.has_result

@@ -199,12 +199,17 @@ def test_schema_mismatch_reruns_the_step_in_a_second_gate_loop(project):
         """, "## make\n\nmake a string")
     res = run(wf, project)
     assert res.run.status == "completed" and steps_of(res)["make"]["output"] == "x"
-    rows = db_rows("SELECT unit_id, status, failure_reason FROM units ORDER BY started_at")
-    assert rows == [("make:solo", "failed", "validation_error"), ("make:solo~l2", "completed", None)]
+    rows = db_rows("SELECT unit_id, phase, status, failure_reason FROM units ORDER BY started_at")
+    # the loop transition is journaled as a gate row (a rejection for the schema miss), so a crash
+    # or a session in the middle of loop 2 resumes at loop 2 with the same feedback
+    assert rows == [("make:solo", None, "failed", "validation_error"), ("make.gate:l1", "gate", "completed", None),
+                    ("make:solo~l2", None, "completed", None)]
+    verdict = json.loads(db_rows("SELECT result_json FROM units WHERE unit_id = 'make.gate:l1'")[0][0])
+    assert verdict["complete"] is False and verdict["reason"] == "output_schema" and "expected" in verdict["feedback"]
     assert [e.get("gateLoop") for e in res.executed] == [None, 2]
     # a re-run of the completed run reuses everything
     again = run(res.run.run_id, project)
-    assert again.done and db_rows("SELECT count(*) FROM units") == [(2,)]
+    assert again.done and db_rows("SELECT count(*) FROM units") == [(3,)]
 
 
 def test_gated_step_parks_for_a_judge(project):
@@ -218,7 +223,9 @@ def test_gated_step_parks_for_a_judge(project):
     assert res.run.status == "awaiting_session" and api.exit_status_for(res) == 3
     brief = res.run.awaiting
     assert brief["kind"] == "judge" and brief["stepId"] == "build"
-    assert brief["artifact"] == "built" and "printed `built`" in brief["criteria"][0]
+    judge = brief["judge"]
+    assert judge["artifact"] == "built" and "printed `built`" in judge["criteria"][0]
+    assert judge["unitId"] == "build.gate:l1" and '"built"' in judge["prompt"]
     assert steps_of(res)["build"]["status"] == "pending"
     # driving again reuses the journaled unit and parks again without re-running it
     again = run(res.run.run_id, project)

@@ -21,6 +21,7 @@ EXPECTED_COLUMNS = {
     ],
     "steps": [
         "run_id", "step_id", "sequence_index", "status", "notes", "evidence_json", "summary", "completed_at",
+        "gate_loop_base",
     ],
     "units": [
         "run_id", "unit_id", "step_id", "node_id", "parent_unit_id", "phase", "runner", "engine", "model", "status",

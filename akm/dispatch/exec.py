@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import re
 import selectors
@@ -60,7 +59,6 @@ DIAGNOSTIC_CLIP = 2000
 STDERR_DIAGNOSTIC_CLIP = DIAGNOSTIC_CLIP - 500
 
 TRUNCATION_MARKER = "__akm_exec_output_truncated__"
-PARSE_ERROR_MESSAGE = "no JSON structure found in response"
 
 # Copied from akm's environment when present (never set to ""). Credentials,
 # cloud/CI and proxy variables are deliberately absent: use `env:` or pass_env.
@@ -127,7 +125,6 @@ class ExecRequest:
     env_bindings: dict[str, str] = field(default_factory=dict)
     context: dict[str, str] = field(default_factory=dict)
     timeout_ms: int | None = DEFAULT_EXEC_TIMEOUT_MS
-    expect_json: bool = False
     sensitive_values: list[str] = field(default_factory=list)
     # The environment to draw from (default: os.environ). A fan-out passes one plain-dict
     # snapshot for all its units: os.environ encodes and decodes on every lookup.
@@ -391,27 +388,6 @@ def _stderr_tail(stderr: str) -> str:
     return f". stderr (last {STDERR_DIAGNOSTIC_CLIP} chars):\n…" + s[-STDERR_DIAGNOSTIC_CLIP:]
 
 
-def _parse_strict_json(stdout: str) -> tuple[bool, Any]:
-    """Exactly one JSON value (after trimming), NaN/Infinity refused."""
-    s = stdout.strip(_JS_WHITESPACE)
-    if not s:
-        return False, None
-
-    def _no_constants(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
-    def _finite(text: str) -> float:
-        value = float(text)
-        if math.isinf(value):  # 1e400 parses to inf, which no JSON document can hold
-            raise ValueError(f"{text} is out of range")
-        return value
-
-    try:
-        return True, json.loads(s, parse_constant=_no_constants, parse_float=_finite)
-    except (ValueError, RecursionError):
-        return False, None
-
-
 # --------------------------------------------------------------------------- process control
 
 
@@ -650,17 +626,24 @@ def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
             "group was killed and the partial output was discarded. Wait for child processes before exiting, "
             f"or redirect their output to a file or /dev/null{tail}",
         )
-    if out_r.overflowed and req.expect_json:
-        return _fail(
-            "exec_output_limit",
-            f"{label} {desc} wrote {out_r.total} bytes to stdout but only {len(out_r.buf)} bytes were retained "
-            f"(cap {MAX_STREAM_BYTES} bytes). The unit declares an `output: schema`, which needs stdout to be "
-            "exactly one JSON value, so the truncated stream cannot be used: NO artifact was promoted. Write bulk "
-            f"output to a file and print a small JSON summary instead{tail}",
+    return DispatchResult(ok=True, text=stdout_text or None, truncated=out_r.overflowed)
+
+
+class ExecDispatcher:
+    """The `exec` kind of the dispatcher seam: a UnitRequest becomes one supervised command.
+
+    Returns the raw stdout text; a step's output schema is applied by the engine
+    (akm.engine.structured), the same way for every unit kind.
+    """
+
+    kind = "exec"
+
+    def dispatch(self, request: Any, cancel: threading.Event, feedback: str | None = None) -> DispatchResult:
+        spec = request.exec_spec
+        req = ExecRequest(
+            command=list(spec.command), base_dir=request.cwd, cwd=spec.cwd, pass_env=spec.pass_env,
+            inherit_env=bool(spec.inherit_env), env_bindings=request.env_bindings, context=request.exec_context,
+            timeout_ms=request.timeout_ms, sensitive_values=request.sensitive_values,
+            parent_env=request.parent_env,
         )
-    if req.expect_json:
-        ok, value = _parse_strict_json(stdout)
-        if not ok:
-            return DispatchResult(ok=False, failure_reason="parse_error", error=PARSE_ERROR_MESSAGE, text=stdout or None)
-        return DispatchResult(ok=True, text=stdout.strip(_JS_WHITESPACE) or None, result=value, has_result=True)
-    return DispatchResult(ok=True, text=stdout_text or None)
+        return run_exec_unit(req, cancel)

@@ -1,18 +1,22 @@
-"""The native drive loop: take the run lease, execute steps, journal every unit.
+"""The native drive loop: take the run lease, dispatch units, let `finalize` decide.
 
-One invocation drives one run. The journal is the source of truth: a unit row is
-inserted (status `running`) before anything is dispatched and finished after,
-so a crash at any instant leaves either a completed row (reused on re-run, never
-redone) or a running/failed row (dispatched again, `attempts` bumped).
+One invocation drives one run. The journal is the source of truth: a unit row
+is inserted (status `running`) before anything is dispatched and finished
+after, so a crash at any instant leaves either a completed row (reused on
+re-run, never redone) or a running/failed row (dispatched again, `attempts`
+bumped).
 
-Exec units run natively. Units that need a model or an agent and have no
-engine are *session units* (D11): the loop drives everything it can, then
-parks the run as `awaiting_session` with a brief of the pending work.
+This module keeps only scheduling, the lease and dispatch. What a step does
+next — dispatch more units, loop with gate feedback, await a verdict,
+complete, fail, block — is decided by `akm.engine.finalize.decide_step` from
+the journal alone, the same function the session protocol uses when a calling
+agent reports results. Units that need a model or an agent with no engine are
+session units (D11): the loop drives everything it can, then parks the run as
+`awaiting_session`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import uuid
@@ -21,39 +25,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from akm.dispatch.exec import ExecRequest, build_exec_context, item_context, run_exec_unit
-from akm.dispatch.redact import redact_text, sensitive_values_from
+from akm.dispatch.base import DispatcherRegistry, UnitRequest
+from akm.dispatch.exec import build_exec_context, item_context
+from akm.dispatch.redact import sensitive_values_from
+from akm.engine import gates
 from akm.engine import worktree as worktrees
 from akm.engine.budget import DispatchBudget
 from akm.engine.cancel import Cancellation
 from akm.engine.env_bindings import EnvBindingError, resolve_env_refs
-from akm.engine.heartbeat import Heartbeat
-from akm.engine.reduce import (
-    OutputTooLarge,
-    RouteError,
-    StepResult,
-    UnitOutcome,
-    bounded_evidence_json,
-    classify_reuse,
-    evaluate_route,
-    failed_step,
-    index_completed_rows,
-    journaled_result_json,
-    outcome_from_row,
-    reduce_step,
-    route_targets,
+from akm.engine.finalize import (
+    DONE,
+    RUNNING,
+    GateState,
+    StepDecision,
+    UnitState,
+    decide_step,
 )
-from akm.engine.scope import step_outputs_from_evidence
+from akm.engine.heartbeat import Heartbeat
+from akm.engine.reduce import UnitOutcome, journaled_result_json
 from akm.engine.state import LoadedRun, load_run
-from akm.engine.worklist import StepFailure, WorkList, WorkUnit, build_work_list
+from akm.engine.stepctx import Spine, begin_judging, finish_judging, finish_step, journal_verdict, load_gate, load_spine, step_rows
+from akm.engine.structured import run_structured
+from akm.engine.worklist import WorkUnit
 from akm.errors import AkmError, JournalError, UsageError
-from akm.format.schema import validate_instance
 from akm.plan.identity import NO_ITEM, attempt_id
 from akm.plan.model import Plan, StepPlan
 from akm.store import runs as runs_store
 from akm.store import units as units_store
-from akm.store.db import Database
-from akm.store.runs import Step
+from akm.store.db import Database, now_iso
+from akm.store.runs import holder_is_live
 
 
 def host_concurrency_limit() -> int:
@@ -84,6 +84,7 @@ class DriveOptions:
     on_progress: Callable[[UnitProgress], None] | None = None
     on_warning: Callable[[str], None] | None = None
     heartbeat_interval: float | None = None
+    registry: DispatcherRegistry | None = None
 
 
 @dataclass
@@ -115,19 +116,25 @@ class _PendingFinish:
     result_json: str | None
 
 
-class _StepRun:
-    """Executes one step's units for one gate loop. Holds the per-step cancellation and budget."""
+@dataclass
+class _PassFailure:
+    """A dispatch pass that cannot be reduced: the step fails with `reason` whatever `on_error` says."""
 
-    def __init__(self, driver: "_Driver", step: StepPlan, loop: int, feedback: dict[str, Any] | None) -> None:
+    reason: str
+
+
+class _Pass:
+    """One dispatch pass over some units of one step (one gate loop). Holds the per-step cancellation."""
+
+    def __init__(self, driver: "_Driver", step: StepPlan, units: list[WorkUnit]) -> None:
         self.d = driver
         self.step = step
-        self.loop = loop
-        self.feedback = feedback
+        self.units = units
         self.event = threading.Event()
         self.env_values: dict[str, str] = {}
         self.sensitive: list[str] = []
         self.done_count = 0
-        self.total = 0
+        self.total = len(units)
         self._ctx_base: dict[str, str] | None = None
         self._count_lock = threading.Lock()
         self._local = threading.local()  # per worker: the attempt whose finish is deferred
@@ -137,7 +144,7 @@ class _StepRun:
     def _dispatch_attempt(self, unit: WorkUnit, attempt: str) -> UnitOutcome:
         d = self.d
         tmpl = unit.template
-        base_dir = str(d.opts.work_dir)
+        base_dir = str(d.opts.project_root)
         tree = None
         if tmpl.isolation == "worktree":
             try:
@@ -173,7 +180,7 @@ class _StepRun:
                                error=f"unit {attempt} could not journal its dispatch row (nothing was dispatched): {exc}")
         d.heartbeat.track(attempt)
         try:
-            outcome = self._run_exec(unit, base_dir)
+            outcome = self._run(unit, attempt, base_dir)
         except Exception as exc:  # the row is in the journal: it must be finished, whatever happened
             outcome = UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="dispatch_error",
                                   error=f"unit {attempt} failed inside akm before it produced a result: {exc}")
@@ -193,7 +200,7 @@ class _StepRun:
                 d.warn(warning)
         return outcome
 
-    def _write_finish(self, p: "_PendingFinish") -> None:
+    def _write_finish(self, p: _PendingFinish) -> None:
         o = p.outcome
         finished = units_store.finish_unit(
             self.d.db, run_id=self.d.run_id, unit_id=p.attempt, started_at=p.started_at,
@@ -204,7 +211,7 @@ class _StepRun:
             self.d.warn(f"unit {p.attempt} was re-dispatched by another driver while it ran; this result was not "
                         "journaled (the newer dispatch owns the row)")
 
-    def _flush(self, p: "_PendingFinish | None" = None) -> None:
+    def _flush(self, p: _PendingFinish | None = None) -> None:
         """Finish a deferred attempt now (its own transaction); a failure fails the unit hard."""
         if p is None:
             p, self._local.pending = getattr(self._local, "pending", None), None
@@ -218,44 +225,44 @@ class _StepRun:
             o.ok, o.failure_reason, o.result, o.has_result, o.text = False, "journal_write_failed", None, False, None
             o.error = f'unit "{p.attempt}" dispatched and {state}, but its result could not be journaled: {exc}'
 
-    def _run_exec(self, unit: WorkUnit, base_dir: str) -> UnitOutcome:
+    def _request(self, unit: WorkUnit, attempt: str, base_dir: str) -> UnitRequest:
         tmpl = unit.template
-        spec = tmpl.exec
-        assert spec is not None
-        if self._ctx_base is None:
-            # Params and inputs are the same for every unit of the step: serialise them once.
-            self._ctx_base = build_exec_context(
-                run_id=self.d.run_id, step_id=self.step.step_id, unit_id="", params=self.d.loaded.params,
-                inputs=dict(unit.inputs) if tmpl.inputs else None,
-            )
-        ctx = dict(self._ctx_base, AKM_UNIT_ID=unit.unit_id)
-        if unit.item is not NO_ITEM:
-            ctx.update(item_context(unit.item, unit.index))
-        req = ExecRequest(
-            command=list(spec.command), base_dir=base_dir, cwd=spec.cwd, pass_env=spec.pass_env,
-            inherit_env=bool(spec.inherit_env), env_bindings=self.env_values, context=ctx,
-            timeout_ms=spec.timeout_ms, expect_json=tmpl.output_schema is not None,
-            sensitive_values=self.sensitive, parent_env=self._parent_env,
-        )
-        res = run_exec_unit(req, self.event)
-        out = UnitOutcome(unit_id=unit.unit_id, **vars(res))
-        if out.ok and tmpl.output_schema is not None:
-            errors = validate_instance(out.result, tmpl.output_schema)
-            if errors:
-                raw = res.text
-                out = UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="validation_error",
-                                  error=redact_text("; ".join(errors), self.sensitive), text=raw)
-        return out
+        d = self.d
+        if tmpl.exec is not None:
+            if self._ctx_base is None:
+                # Params and inputs are the same for every unit of the step: serialise them once.
+                self._ctx_base = build_exec_context(
+                    run_id=d.run_id, step_id=self.step.step_id, unit_id="", params=d.loaded.params,
+                    inputs=dict(unit.inputs) if tmpl.inputs else None,
+                )
+            ctx = dict(self._ctx_base, AKM_UNIT_ID=unit.unit_id)
+            if unit.item is not NO_ITEM:
+                ctx.update(item_context(unit.item, unit.index))
+            return UnitRequest(run_id=d.run_id, step_id=self.step.step_id, unit_id=unit.unit_id, attempt_id=attempt,
+                               kind="exec", cwd=base_dir, output_schema=tmpl.output_schema,
+                               timeout_ms=tmpl.exec.timeout_ms, exec_spec=tmpl.exec, exec_context=ctx,
+                               env_bindings=self.env_values, sensitive_values=self.sensitive,
+                               parent_env=self._parent_env)
+        engine = d.plan.execution.engines.get(unit.engine) if unit.engine else None
+        return UnitRequest(run_id=d.run_id, step_id=self.step.step_id, unit_id=unit.unit_id, attempt_id=attempt,
+                           kind=unit.runner, cwd=base_dir, prompt=unit.prompt, output_schema=tmpl.output_schema,
+                           timeout_ms=unit.timeout_ms, engine_name=unit.engine, engine=engine, model=unit.model,
+                           env_bindings=self.env_values, sensitive_values=self.sensitive,
+                           parent_env=self._parent_env)
+
+    def _run(self, unit: WorkUnit, attempt: str, base_dir: str) -> UnitOutcome:
+        dispatcher = self.d.registry.get(unit.runner)
+        if dispatcher is None:
+            return UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="dispatch_error",
+                               error=f"no dispatcher for {unit.runner} units in this akm")
+        res = run_structured(dispatcher, self._request(unit, attempt, base_dir), self.event)
+        if res.truncated:
+            self.d.warn(f"unit {attempt}: its output was cut at the capture limit")
+        return UnitOutcome(unit_id=unit.unit_id, **vars(res))
 
     # ------------------------------------------------------------ one unit
-    def run_unit(self, unit: WorkUnit, decision: Any) -> UnitOutcome:
+    def run_unit(self, unit: WorkUnit) -> UnitOutcome:
         d = self.d
-        if decision.kind == "reuse":
-            return outcome_from_row(unit.unit_id, decision.row, unit.template.output_schema is not None)
-        if decision.kind == "diverge":
-            return UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="replay_divergence",
-                               error=f"replay divergence: unit {decision.attempt_id} is journaled as completed with a "
-                                     "different input hash; refusing to re-dispatch it.")
         retry = unit.template.retry
         max_attempts = 1 + (retry.max if retry else 0)
         last: UnitOutcome | None = None
@@ -286,68 +293,54 @@ class _StepRun:
         assert last is not None
         return last
 
-    # ------------------------------------------------------------ the step
-    def execute(self) -> StepResult | dict[str, Any]:
-        """Returns the step result, or a session brief (dict) when session work is pending."""
+    # ------------------------------------------------------------ the pass
+    def execute(self, concurrency: int) -> _PassFailure | None:
+        """Dispatch every unit once (with its retries). None = the journal now holds each unit's outcome."""
         d, step = self.d, self.step
-        wl = build_work_list(step, run_id=d.run_id, params=d.loaded.params, step_outputs=d.outputs(),
-                             engines=d.plan.execution.engines, gate_loop=self.loop, gate_feedback=self.feedback)
-        if isinstance(wl, StepFailure):
-            return failed_step(wl.reason)
         tmpl = step.unit_template
         assert tmpl is not None
-        rows = [vars(r) for r in units_store.get_units(d.db, d.run_id, step.step_id) if r.phase is None]
-        completed = index_completed_rows(rows)
-        decisions = [classify_reuse(u.base_id, u.input_hash, completed, self.loop) for u in wl.units]
-        pending = [u for u, dec in zip(wl.units, decisions) if dec.kind == "dispatch"]
-        if pending and any(u.runner == "session" for u in pending):
-            return session_brief(step, pending, self.loop)
-        if pending:
-            if tmpl.env:
-                try:
-                    self.env_values = resolve_env_refs(tmpl.env, d.opts.project_root)
-                except EnvBindingError as exc:
-                    return failed_step(f'Step "{step.step_id}" env binding failed: {exc}')
-                self.sensitive = sensitive_values_from(self.env_values)
-            if tmpl.isolation == "worktree":
-                problem = worktrees.preflight(str(d.opts.work_dir))
-                if problem:
-                    return failed_step(f'Step "{step.step_id}" cannot use isolation: worktree: {problem}')
-        self.total = len(pending)
-        width = max(1, min(wl.concurrency, d.plan.execution.max_concurrency or host_concurrency_limit(),
-                           max(1, len(wl.units))))
+        if tmpl.env:
+            try:
+                self.env_values = resolve_env_refs(tmpl.env, d.opts.project_root)
+            except EnvBindingError as exc:
+                return _PassFailure(f'Step "{step.step_id}" env binding failed: {exc}')
+            self.sensitive = sensitive_values_from(self.env_values)
+        if tmpl.isolation == "worktree":
+            problem = worktrees.preflight(str(d.opts.project_root))
+            if problem:
+                return _PassFailure(f'Step "{step.step_id}" cannot use isolation: worktree: {problem}')
+        width = max(1, min(concurrency, d.plan.execution.max_concurrency or host_concurrency_limit(),
+                           max(1, len(self.units))))
         d.opts.cancel.link(self.event)
         d.lease_lost.link(self.event)
         d.budget.set_exceed_hook(self.event.set)
         try:
-            outcomes = self._schedule(wl, decisions, width)
+            outcomes = self._schedule(width)
         finally:
             d.opts.cancel.unlink(self.event)
             d.lease_lost.unlink(self.event)
         if d.budget.exceeded:
-            return failed_step(d.budget.exceeded)
+            return _PassFailure(d.budget.exceeded)
         if d.budget.cap_message:
-            return failed_step(d.budget.cap_message)
-        diverged = [o.error for o in outcomes if o.failure_reason == "replay_divergence" and o.error]
-        if diverged:
-            return failed_step(" ".join(diverged))
+            return _PassFailure(d.budget.cap_message)
         unjournaled = [o.error for o in outcomes if o.failure_reason == "journal_write_failed" and o.error]
         if unjournaled:
-            return failed_step(" ".join(unjournaled))
-        return reduce_step(step, outcomes, is_map=wl.is_map, reducer=wl.reducer, on_error=tmpl.on_error)
+            return _PassFailure(" ".join(unjournaled))
+        return None
 
-    def _schedule(self, wl: WorkList, decisions: list[Any], width: int) -> list[UnitOutcome]:
-        results: list[UnitOutcome | None] = [None] * len(wl.units)
-        if width <= 1 or len(wl.units) <= 1:
+    def _schedule(self, width: int) -> list[UnitOutcome]:
+        units = self.units
+        results: list[UnitOutcome | None] = [None] * len(units)
+        if width <= 1 or len(units) <= 1:
             try:
-                for i, (u, dec) in enumerate(zip(wl.units, decisions)):
-                    if self.event.is_set() and dec.kind == "dispatch":
+                for i, u in enumerate(units):
+                    if self.event.is_set():
                         break
-                    results[i] = self.run_unit(u, dec)
+                    results[i] = self.run_unit(u)
             finally:
                 self._flush()
         else:
-            next_index = iter(range(len(wl.units)))
+            next_index = iter(range(len(units)))
             claim_lock = threading.Lock()
 
             def worker() -> None:
@@ -360,17 +353,14 @@ class _StepRun:
                 while True:
                     with claim_lock:
                         i = next(next_index, None)
-                    if i is None:
-                        return
-                    dec = decisions[i]
-                    if self.event.is_set() and dec.kind == "dispatch":
+                    if i is None or self.event.is_set():
                         return
                     try:
-                        results[i] = self.run_unit(wl.units[i], dec)
+                        results[i] = self.run_unit(units[i])
                     except AkmError:
                         raise
                     except Exception as exc:  # a runner bug must not lose the slot silently
-                        results[i] = UnitOutcome(unit_id=wl.units[i].unit_id, ok=False, failure_reason="dispatch_error",
+                        results[i] = UnitOutcome(unit_id=units[i].unit_id, ok=False, failure_reason="dispatch_error",
                                                  error=f"internal error while running the unit: {exc}")
 
             with ThreadPoolExecutor(max_workers=width, thread_name_prefix="akm-unit") as pool:
@@ -378,30 +368,18 @@ class _StepRun:
                 for f in futures:
                     f.result()
         return [
-            r if r is not None else UnitOutcome(unit_id=wl.units[i].unit_id, ok=False, failure_reason="aborted",
+            r if r is not None else UnitOutcome(unit_id=units[i].unit_id, ok=False, failure_reason="aborted",
                                                 error="unit was not dispatched (interrupted)")
             for i, r in enumerate(results)
         ]
 
 
-def session_brief(step: StepPlan, pending: list[WorkUnit], loop: int) -> dict[str, Any]:
-    """What the calling agent must do for this step (D11). Reported units land in the same journal."""
-    return {
-        "kind": "units",
-        "stepId": step.step_id,
-        "gateLoop": loop,
-        "units": [
-            {
-                "unitId": u.unit_id,
-                "attemptId": u.base_id,
-                "inputHash": u.input_hash,
-                "prompt": u.prompt,
-                "outputSchema": u.template.output_schema,
-                **({"item": u.item, "itemIndex": u.index} if u.item is not NO_ITEM else {}),
-            }
-            for u in pending
-        ],
-    }
+def _claimed_by_other(state: UnitState, now: str) -> bool:
+    """D13: a running row with a live claim belongs to its claimant; the engine must not dispatch it."""
+    row = state.row
+    return (state.status == RUNNING and row is not None
+            and holder_is_live(row.get("claim_holder"), row.get("claim_host"), row.get("claim_pid"),
+                               row.get("claim_expires_at"), now))
 
 
 class _Driver:
@@ -413,6 +391,7 @@ class _Driver:
         self.holder = holder
         self.opts = opts
         self.result = result
+        self.registry = opts.registry or _default_registry()
         self.lease_lost = Cancellation()
         self.heartbeat = Heartbeat(db, self.run_id, holder, self.lease_lost,
                                    **({"interval": opts.heartbeat_interval} if opts.heartbeat_interval else {}))
@@ -420,19 +399,14 @@ class _Driver:
         budget = self.plan.budget
         self.budget = DispatchBudget(used=used, tokens=tokens, max_units=budget.max_units if budget else None,
                                      max_tokens=budget.max_tokens if budget else None)
-        self.route_selected: set[str] = set()
-        self.route_unselected: dict[str, tuple[str, str | None]] = {}
-        self.evidence: dict[str, Any] = {}
         self._warn_lock = threading.Lock()
+        self.spine: Spine | None = None
 
     def warn(self, message: str) -> None:
         with self._warn_lock:
             self.result.warnings.append(message)
         if self.opts.on_warning is not None:
             self.opts.on_warning(message)
-
-    def outputs(self) -> dict[str, Any]:
-        return step_outputs_from_evidence(self.evidence)
 
     def lost_lease_error(self) -> UsageError:
         run = runs_store.get_run(self.db, self.run_id)
@@ -450,80 +424,52 @@ class _Driver:
             code="LEASE_LOST",
         )
 
-    # -------------------------------------------------------- bookkeeping
-    def _load_evidence(self) -> list[Step]:
-        steps = runs_store.get_steps(self.db, self.run_id)
-        self.evidence = {}
-        for s in steps:
-            if s.status == "completed" and s.evidence_json:
-                try:
-                    self.evidence[s.step_id] = json.loads(s.evidence_json)
-                except ValueError:
-                    self.evidence[s.step_id] = None
-        return steps
+    def _check_alive(self) -> None:
+        if self.lease_lost.tripped:
+            raise self.lost_lease_error()
 
-    def _mark_unselected(self, router: str, selected: str | None, targets: list[str]) -> None:
-        for t in targets:
-            if t != selected and t not in self.route_unselected:
-                self.route_unselected[t] = (router, selected)
+    def _stopped(self) -> bool:
+        if self.opts.cancel.tripped:
+            self.result.aborted, self.result.abort_reason = True, self.opts.cancel.reason
+            return True
+        return False
 
-    def replay_routes(self, steps: list[Step]) -> None:
-        status = {s.step_id: s for s in steps}
-        for sp in self.plan.steps:
-            if sp.route is None:
-                continue
-            row = status.get(sp.step_id)
-            if row is None:
-                continue
-            targets = route_targets(sp.route)
-            if row.status == "skipped":
-                self._mark_unselected(sp.step_id, None, targets)
-            elif row.status == "completed":
-                ev = self.evidence.get(sp.step_id) or {}
-                selected = (ev.get("route") or {}).get("selected") if isinstance(ev, dict) else None
-                if not isinstance(selected, str) or selected not in targets:
-                    raise UsageError(
-                        f"Run {self.run_id}: the journaled route decision of step {sp.step_id} is missing or names "
-                        "an undeclared step; refusing to guess which branch to take.",
-                        code="CORRUPT_RUN",
-                    )
-                self.route_selected.add(selected)
-                self._mark_unselected(sp.step_id, selected, targets)
-
-    def complete(self, step_id: str, status: str, *, summary: str | None, notes: str | None,
-                 evidence: dict[str, Any] | None) -> None:
-        evidence_text = None
-        if evidence is not None:
-            try:
-                evidence_text, truncated = bounded_evidence_json(evidence)
-            except OutputTooLarge as exc:
-                status, summary, notes = "failed", None, f'Step "{step_id}" cannot complete: {exc}.'
-                evidence = {"error": notes}
-                evidence_text, truncated = bounded_evidence_json(evidence)
-                self.result.executed[-1].update(ok=False, summary=notes)
-            if truncated:
-                self.warn(f"step {step_id}: per-unit evidence exceeded 1 MiB and was stored abridged "
-                          "(the step output is kept whole)")
+    # -------------------------------------------------------- spine writes
+    def finish(self, step_id: str, status: str, *, summary: str | None, notes: str | None,
+               evidence: dict[str, Any] | None, detail: dict[str, Any] | None = None) -> str:
         try:
-            runs_store.complete_step(self.db, self.run_id, step_id, status, notes=notes,
-                                     evidence_json=evidence_text, summary=summary, lease_holder=self.holder)
+            status, notes, warnings = finish_step(self.db, self.run_id, step_id, status, summary=summary, notes=notes,
+                                                  evidence=evidence, lease_holder=self.holder, status_detail=detail)
         except UsageError as exc:
             if exc.code in ("RUN_NOT_ACTIVE", "LEASE_HELD"):
                 raise self.lost_lease_error() from None  # abandoned or taken over meanwhile: say so
             raise
-        if status == "completed":
-            self.evidence[step_id] = evidence
+        for w in warnings:
+            self.warn(w)
+        if status == "failed" and notes and self.result.executed and self.result.executed[-1]["stepId"] == step_id:
+            entry = self.result.executed[-1]
+            if entry["ok"]:
+                entry.update(ok=False, summary=notes)
+        self.spine = load_spine(self.db, self.run_id, self.plan)
+        return status
+
+    def record(self, step_id: str, decision: StepDecision, *, ok: bool, summary: str | None = None) -> None:
+        """One `executed` entry per finished loop of a step."""
+        r = decision.result
+        self.result.executed.append({
+            "stepId": step_id, "ok": ok, "skipped": False,
+            "unitCount": r.unit_count if r else 0, "failedUnits": r.failed_units if r else 0,
+            "summary": summary if summary is not None else (r.summary if r else decision.notes),
+            **({"gateLoop": decision.loop} if decision.loop > 1 else {}),
+        })
 
     # -------------------------------------------------------- main loop
     def run(self) -> None:
         res = self.result
-        steps = self._load_evidence()
-        self.replay_routes(steps)
+        self.spine = load_spine(self.db, self.run_id, self.plan)
         while True:
-            if self.lease_lost.tripped:
-                raise self.lost_lease_error()
-            if self.opts.cancel.tripped:
-                res.aborted, res.abort_reason = True, self.opts.cancel.reason
+            self._check_alive()
+            if self._stopped():
                 return
             run = runs_store.get_run(self.db, self.run_id)
             if run is None or run.status != "active" or run.current_step_id is None:
@@ -532,91 +478,159 @@ class _Driver:
                 return
             if not runs_store.renew_lease(self.db, self.run_id, self.holder):
                 raise self.lost_lease_error()
-            step_id = run.current_step_id
-            step = self.plan.step(step_id)
+            step = self.plan.step(run.current_step_id)
             if step is None:
-                raise UsageError(f"Run {self.run_id}: current step {step_id} is not present in its frozen plan.",
-                                 code="CORRUPT_RUN")
-            if step_id in self.route_unselected and step_id not in self.route_selected:
-                router, selected = self.route_unselected[step_id]
-                if step.route is not None:
-                    self._mark_unselected(step_id, None, route_targets(step.route))
-                why = (f"route step {router} selected {selected}" if selected
-                       else f"route step {router} was itself skipped")
-                self.complete(step_id, "skipped", summary=None, notes=f"Skipped: {why}.", evidence=None)
-                res.executed.append({"stepId": step_id, "ok": True, "skipped": True, "unitCount": 0,
+                raise UsageError(f"Run {self.run_id}: current step {run.current_step_id} is not present in its "
+                                 "frozen plan.", code="CORRUPT_RUN")
+            why = self.spine.routes.skip_reason(step)
+            if why is not None:
+                self.spine.routes.skip(step)
+                self.finish(step.step_id, "skipped", summary=None, notes=f"Skipped: {why}.", evidence=None)
+                res.executed.append({"stepId": step.step_id, "ok": True, "skipped": True, "unitCount": 0,
                                      "failedUnits": 0, "summary": f"skipped ({why})"})
                 continue
             if not self.run_step(step):
                 return
 
     def run_step(self, step: StepPlan) -> bool:
-        """Execute one step through its loops. Returns False when the drive must stop."""
-        res = self.result
-        max_loops = max(1, step.gate.max_loops)
-        feedback: dict[str, Any] | None = None
-        for loop in range(1, max_loops + 1):
-            if loop > 1 and not runs_store.renew_lease(self.db, self.run_id, self.holder):
-                raise self.lost_lease_error()
-            if step.root is None:
-                result: StepResult | dict[str, Any] = StepResult(
-                    ok=True, evidence={}, summary=f'Step "{step.step_id}" is a route step — no units dispatched.')
-            else:
-                result = _StepRun(self, step, loop, feedback).execute()
-            if self.lease_lost.tripped:
-                raise self.lost_lease_error()
-            if self.opts.cancel.tripped:
-                res.aborted, res.abort_reason = True, self.opts.cancel.reason
+        """Drive one step until it finishes (True: the run moves on) or the drive must stop (False)."""
+        settled_loop: int | None = None  # the loop this invocation already dispatched
+        while True:
+            self._check_alive()
+            if self._stopped():
                 return False
-            if isinstance(result, dict):
-                self.park(result)
-                return False
-            res.executed.append({"stepId": step.step_id, "ok": result.ok, "skipped": False,
-                                 "unitCount": result.unit_count,
-                                 "failedUnits": result.failed_units, "summary": result.summary,
-                                 **({"gateLoop": loop} if loop > 1 else {})})
-            if not result.ok:
-                if result.artifact_schema_failure and loop < max_loops:
-                    feedback = {"feedback": result.summary, "missing": []}
-                    continue
-                self.complete(step.step_id, "failed", summary=None, notes=result.summary, evidence=result.evidence)
-                res.steps_processed += 1
-                return False
-            evidence = dict(result.evidence)
-            summary = result.summary
-            if step.route is not None:
-                scope = dict(self.outputs())
-                if step.root is not None:
-                    scope[step.step_id] = evidence.get("output")
-                try:
-                    decision = evaluate_route(step.step_id, step.route, self.loaded.params, scope)
-                except RouteError as exc:
-                    note = f'Step "{step.step_id}" route failed: {exc}'
-                    res.executed[-1].update(ok=False, summary=note)
-                    self.complete(step.step_id, "failed", summary=None, notes=note, evidence=evidence)
-                    res.steps_processed += 1
+            assert self.spine is not None
+            rows, gate_rows = step_rows(self.db, self.run_id, step.step_id)
+            gate = load_gate(self.db, self.run_id, step, self.spine, gate_rows)
+            decision = decide_step(run_id=self.run_id, step=step, params=self.loaded.params,
+                                   outputs=self.spine.outputs, engines=self.plan.execution.engines, gate=gate,
+                                   rows=rows, settled=settled_loop == gate.loop,
+                                   redo_failed=settled_loop != gate.loop)
+            if decision.kind == "work":
+                if settled_loop == gate.loop:
+                    return self.park_units(step, decision)  # claimed elsewhere, or session work
+                outcome = self.dispatch_pass(step, decision)
+                if outcome is False:
                     return False
-                evidence["route"] = decision
-                self.route_selected.add(decision["selected"])
-                self._mark_unselected(step.step_id, decision["selected"], route_targets(step.route))
-                if step.root is None:
-                    summary = (f"routed on {decision['input']}: value {json.dumps(decision['value'])} "
-                               f"selected step {decision['selected']}")
-                    res.executed[-1]["summary"] = summary
-            if any(c.strip() for c in step.gate.criteria):
-                self.park({"kind": "judge", "stepId": step.step_id, "gateLoop": loop,
-                           "criteria": step.gate.criteria, "artifact": evidence.get("output"),
-                           "summary": summary})
-                return False
-            self.complete(step.step_id, "completed", summary=summary, notes=None, evidence=evidence)
-            res.steps_processed += 1
-            return True
+                settled_loop = gate.loop
+                continue
+            if decision.kind == "retry":
+                assert decision.verdict is not None
+                self.record(step.step_id, decision, ok=False)
+                journal_verdict(self.db, self.run_id, step, decision.loop, decision.verdict, runner="schema")
+                continue
+            if decision.kind == "judge":
+                if not self.judge(step, decision, gate):
+                    return False
+                continue
+            return self.conclude(step, decision)
+
+    def dispatch_pass(self, step: StepPlan, decision: StepDecision) -> bool | None:
+        """Dispatch the decision's units that this engine can run. False = stop driving."""
+        now = now_iso()
+        runnable: list[WorkUnit] = []
+        for s in decision.states:
+            if s.status == DONE or _claimed_by_other(s, now):
+                continue
+            if s.unit.runner == "session" or (s.unit.runner not in self.registry.kinds()):
+                continue  # the calling agent does these (D11); a failed one stays failed until it reruns it
+            runnable.append(s.unit)
+        if not runnable:
+            return None
+        wl = decision.work_list
+        assert wl is not None
+        failure = _Pass(self, step, runnable).execute(wl.concurrency)
+        self._check_alive()
+        if self._stopped():
+            return False
+        if failure is not None:
+            self.record(step.step_id, decision, ok=False, summary=failure.reason)
+            self.finish(step.step_id, "failed", summary=None, notes=failure.reason,
+                        evidence={"error": failure.reason})
+            self.result.steps_processed += 1
+            return False
+        return None
+
+    def judge(self, step: StepPlan, decision: StepDecision, gate: GateState) -> bool:
+        """Get a verdict for the current loop: an engine judge now, or park for the calling agent."""
+        name, snapshot = gates.judge_engine(self.plan, step)
+        kind = (snapshot or {}).get("kind")
+        dispatcher = self.registry.get(kind) if kind else None
+        if name is None or dispatcher is None:
+            self.record(step.step_id, decision, ok=True)
+            self.park(judge_brief_stub(step, decision))
+            return False
+        r = decision.result
+        summary = gates.artifact_summary(r.unit_count if r else 0, r.failed_units if r else 0, decision.artifact)
+        judge = step.gate.judge
+        model = (judge.model if judge else None) or (snapshot or {}).get("model")
+        started = begin_judging(self.db, self.run_id, step, decision.loop, runner=kind, engine=name, model=model)
+        request = UnitRequest(run_id=self.run_id, step_id=step.step_id, unit_id=f"{step.step_id}.gate",
+                              attempt_id=f"{step.step_id}.gate:l{decision.loop}", kind=kind,
+                              cwd=str(self.opts.project_root), prompt=gates.judge_prompt(step, summary),
+                              system_prompt=gates.JUDGE_SYSTEM_PROMPT, output_schema=gates.VERDICT_SCHEMA,
+                              timeout_ms=judge.timeout_ms if judge else None, engine_name=name, engine=snapshot,
+                              model=model)
+        event = threading.Event()
+        self.opts.cancel.link(event)
+        self.lease_lost.link(event)
+        try:
+            verdict, error, tokens = gates.run_engine_judge(dispatcher, request, event)
+        finally:
+            self.opts.cancel.unlink(event)
+            self.lease_lost.unlink(event)
+        finish_judging(self.db, self.run_id, step, decision.loop, started, verdict, error=error, tokens=tokens)
+        self._check_alive()
+        if self._stopped():
+            return False
+        if verdict is None:
+            notes = (f'Step "{step.step_id}" could not be judged ({error}); gates are fail-closed, so the step is '
+                     "blocked. No gate loop was consumed: resuming the run judges it again.")
+            self.record(step.step_id, decision, ok=False, summary=notes)
+            self.finish(step.step_id, "blocked", summary=None, notes=notes, evidence=decision.evidence,
+                        detail={"kind": "judge_failed", "stepId": step.step_id, "error": error})
+            self.result.steps_processed += 1
+            return False
+        if not verdict.complete:
+            self.record(step.step_id, decision, ok=False, summary=f"gate rejected: {verdict.feedback}")
+        return True
+
+    def conclude(self, step: StepPlan, decision: StepDecision) -> bool:
+        """Apply a terminal decision: complete, fail or block the step."""
+        if decision.kind == "complete":
+            self.record(step.step_id, decision, ok=True, summary=decision.summary)
+            status = self.finish(step.step_id, "completed", summary=decision.summary, notes=None,
+                                 evidence=decision.evidence)
+        elif decision.kind == "fail":
+            self.record(step.step_id, decision, ok=False, summary=decision.notes)
+            status = self.finish(step.step_id, "failed", summary=None, notes=decision.notes,
+                                 evidence=decision.evidence)
+        else:  # block
+            self.record(step.step_id, decision, ok=False, summary=decision.notes)
+            status = self.finish(step.step_id, "blocked", summary=None, notes=decision.notes,
+                                 evidence=decision.evidence, detail=decision.detail)
+        self.result.steps_processed += 1
+        return status == "completed"
+
+    def park_units(self, step: StepPlan, decision: StepDecision) -> bool:
+        self.park({"kind": "units", "stepId": step.step_id, "gateLoop": decision.loop,
+                   "unitIds": [s.unit.unit_id for s in decision.units]})
         return False
 
     def park(self, brief: dict[str, Any]) -> None:
         """Stop with `awaiting_session`: the remaining work needs a model, an agent or a judge."""
         runs_store.set_run_status(self.db, self.run_id, "awaiting_session", brief)
         self.result.awaiting = brief
+
+
+def judge_brief_stub(step: StepPlan, decision: StepDecision) -> dict[str, Any]:
+    return {"kind": "judge", "stepId": step.step_id, "gateLoop": decision.loop}
+
+
+def _default_registry() -> DispatcherRegistry:
+    from akm.dispatch.registry import default_registry
+
+    return default_registry()
 
 
 def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:

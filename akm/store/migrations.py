@@ -117,9 +117,17 @@ CREATE INDEX IF NOT EXISTS idx_task_history_run ON task_history (run_id);
 CREATE INDEX IF NOT EXISTS idx_task_history_started ON task_history (started_at);
 """
 
+# D7: `resume` of a step whose last gate loop was rejected gives it a fresh loop budget.
+# Gate loops are derived from the journal (1 + the highest rejected loop), so the step
+# remembers how many loops were consumed before the resume.
+MIGRATION_0003 = """
+ALTER TABLE steps ADD COLUMN gate_loop_base INTEGER NOT NULL DEFAULT 0;
+"""
+
 # (id, sql). Append only; never edit an entry that has shipped.
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001-initial-schema", MIGRATION_0001),
+    ("0003-step-gate-loop-base", MIGRATION_0003),
 ]
 
 LEDGER_DDL = (

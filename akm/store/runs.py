@@ -107,6 +107,7 @@ class Step:
     evidence_json: str | None
     summary: str | None
     completed_at: str | None
+    gate_loop_base: int = 0
 
     @property
     def evidence(self) -> Any:
@@ -416,24 +417,49 @@ def resume_run(db: Database, run_id: str) -> Run:
     UsageError RUN_COMPLETED. No event (spec §8.1).
     """
     with db.tx() as conn:
-        row = conn.execute("SELECT status, current_step_id FROM runs WHERE id = ?", (run_id,)).fetchone()
+        row = conn.execute("SELECT status, current_step_id, status_detail_json FROM runs WHERE id = ?",
+                           (run_id,)).fetchone()
         if row is None:
             raise NotFoundError(f"workflow run {run_id!r} not found")
         if row["status"] == "completed":
             raise UsageError(f"workflow run {run_id} is already completed and cannot be resumed", code="RUN_COMPLETED")
         if row["status"] in ("blocked", "failed"):
             if row["current_step_id"] is not None:
+                step_id = row["current_step_id"]
                 conn.execute(
                     "UPDATE steps SET status = 'pending', notes = NULL, evidence_json = NULL, completed_at = NULL "
                     "WHERE run_id = ? AND step_id = ? AND status IN ('blocked','failed')",
-                    (run_id, row["current_step_id"]),
+                    (run_id, step_id),
                 )
+                if _gate_exhausted(row["status_detail_json"]):
+                    # D7: a fresh loop budget, counted from the last journaled gate loop
+                    conn.execute("UPDATE steps SET gate_loop_base = ? WHERE run_id = ? AND step_id = ?",
+                                 (_highest_gate_loop(conn, run_id, step_id), run_id, step_id))
             conn.execute(
                 "UPDATE runs SET status = 'active', updated_at = ?, completed_at = NULL, status_detail_json = NULL, "
                 "lease_holder = NULL, lease_host = NULL, lease_pid = NULL, lease_until = NULL WHERE id = ?",
                 (now_iso(), run_id),
             )
     return require_run(db, run_id)
+
+
+def _gate_exhausted(detail_json: str | None) -> bool:
+    try:
+        detail = json.loads(detail_json) if detail_json else None
+    except ValueError:
+        return False
+    return isinstance(detail, dict) and detail.get("kind") == "gate_exhausted"
+
+
+def _highest_gate_loop(conn: Any, run_id: str, step_id: str) -> int:
+    prefix = f"{step_id}.gate:l"
+    loops = [0]
+    for r in conn.execute("SELECT unit_id FROM units WHERE run_id = ? AND step_id = ? AND phase = 'gate'",
+                          (run_id, step_id)):
+        tail = r["unit_id"][len(prefix):] if r["unit_id"].startswith(prefix) else ""
+        if tail.isdigit() and tail.isascii():
+            loops.append(int(tail))
+    return max(loops)
 
 
 def abandon_run(db: Database, run_id: str) -> Run:

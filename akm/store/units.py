@@ -305,3 +305,165 @@ def read_claim(db: Database, run_id: str, unit_id: str) -> ClaimInfo | None:
     ):
         return None
     return _claim_of(row)
+
+
+# -- session reports (the calling agent's results) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReportWrite:
+    """What `write_report` did: `recorded` is written | idempotent | heartbeat."""
+
+    recorded: str
+    claim: ClaimInfo | None = None
+    tokens_crossed: str | None = None  # the max_tokens message when this report reached the ceiling
+
+
+def _is_report_lock(holder: str | None) -> bool:
+    """A report finalizing a step holds the run lease briefly; it does not block other reports."""
+    return bool(holder) and holder.startswith(REPORT_LOCK_PREFIX)
+
+
+REPORT_LOCK_PREFIX = "report:"
+
+
+def write_report(
+    db: Database,
+    *,
+    run_id: str,
+    unit_id: str,
+    step_id: str,
+    node_id: str,
+    parent_unit_id: str | None,
+    runner: str | None,
+    engine: str | None,
+    model: str | None,
+    input_hash: str,
+    status: str,
+    result_json: str | None,
+    tokens: int | None,
+    failure_reason: str | None,
+    holder: str,
+    rerun: bool,
+    max_units: int | None = None,
+    max_tokens: int | None = None,
+    host: str | None = None,
+    pid: int | None = None,
+) -> ReportWrite:
+    """Record one report of the calling agent in ONE transaction, with every guard inside it.
+
+    Guards (UsageError, nothing written): the run is drivable (RUN_NOT_ACTIVE), no live engine
+    lease (LEASE_HELD), a live claim of another holder (CLAIM_HELD), the reporter's own claim
+    expired (CLAIM_EXPIRED), a finished row reported again with other content and no `rerun`
+    (REPORT_CONFLICT), a running report on a finished row without `rerun` (UNIT_TERMINAL), a
+    unit ceiling of the run's budget (BUDGET_EXCEEDED). The same content again is
+    `idempotent`. `status` running claims the unit (or renews the reporter's claim).
+    """
+    host = socket.gethostname() if host is None else host
+    pid = os.getpid() if pid is None else pid
+    with db.tx() as conn:
+        now = now_iso()
+        run = conn.execute(
+            "SELECT status, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,)
+        ).fetchone()
+        if run is None:
+            raise NotFoundError(f"No workflow run with id {run_id}.", code="RUN_NOT_FOUND")
+        if run["status"] not in DRIVABLE_STATUSES:
+            raise UsageError(f"Run {run_id} is {run['status']}; it no longer takes reports.", code="RUN_NOT_ACTIVE")
+        if (holder_is_live(run["lease_holder"], run["lease_host"], run["lease_pid"], run["lease_until"], now)
+                and not _is_report_lock(run["lease_holder"])):
+            raise UsageError(
+                f"Run {run_id} is being driven by akm right now (lease holder {run['lease_holder']} until "
+                f"{run['lease_until']}); reports are refused while the engine owns the run.",
+                code="LEASE_HELD", details={"holder": run["lease_holder"], "until": run["lease_until"]},
+            )
+        row = conn.execute(
+            "SELECT status, result_json, failure_reason, tokens, attempts, input_hash, claim_holder, claim_host, "
+            "claim_pid, claim_expires_at FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id),
+        ).fetchone()
+        finishing_claim = False
+        prior_tokens = 0
+        if row is not None:
+            if row["status"] in ("completed", "failed"):
+                same = (row["status"] == status and row["result_json"] == result_json
+                        and (row["failure_reason"] or None) == (failure_reason or None))
+                if same and not rerun:
+                    return ReportWrite("idempotent")
+                if not rerun:
+                    if status == "running":
+                        raise UsageError(f"Unit {unit_id} is already {row['status']}; it cannot be claimed again "
+                                         "unless it is re-run.", code="UNIT_TERMINAL")
+                    raise UsageError(
+                        f"Unit {unit_id} is already recorded as {row['status']} with a different result; the "
+                        "journal keeps the first report unless this one is explicitly a re-run.",
+                        code="REPORT_CONFLICT",
+                    )
+                prior_tokens = int(row["tokens"] or 0)
+            else:  # running
+                live = holder_is_live(row["claim_holder"], row["claim_host"], row["claim_pid"],
+                                      row["claim_expires_at"], now)
+                if live and row["claim_holder"] != holder:
+                    raise UsageError(
+                        f"Unit {unit_id} is claimed by {row['claim_holder']} until {row['claim_expires_at']}; only "
+                        "that holder can report it.", code="CLAIM_HELD",
+                        details={"holder": row["claim_holder"], "until": row["claim_expires_at"]},
+                    )
+                if row["claim_holder"] == holder and not live and status != "running":
+                    raise UsageError(
+                        f"Your claim on unit {unit_id} expired at {row['claim_expires_at']}; claim it again (status "
+                        "running) before reporting its result.", code="CLAIM_EXPIRED",
+                    )
+                finishing_claim = row["claim_holder"] == holder and live
+        if status == "running" and finishing_claim:
+            conn.execute(
+                "UPDATE units SET claim_expires_at = ?, claim_host = ?, claim_pid = ?, last_checkin_at = ? "
+                "WHERE run_id = ? AND unit_id = ?", (now_iso(CLAIM_TTL_S), host, pid, now, run_id, unit_id))
+            return ReportWrite("heartbeat", ClaimInfo(holder, host, pid, now_iso(CLAIM_TTL_S)))
+        totals = conn.execute(
+            "SELECT COALESCE(SUM(attempts), 0) AS a, COALESCE(SUM(tokens), 0) AS t FROM units "
+            "WHERE run_id = ? AND phase IS NULL AND unit_id != ?", (run_id, unit_id)).fetchone()
+        own_attempts = int(row["attempts"]) if row is not None else 0
+        if not finishing_claim and max_units is not None and totals["a"] + own_attempts + 1 > max_units:
+            raise UsageError(
+                f"budget exceeded (max_units ceiling): {totals['a'] + own_attempts} of {max_units} units already "
+                "dispatched in this run.", code="BUDGET_EXCEEDED")
+        spent = int(totals["t"]) + (int(row["tokens"] or 0) if row is not None else 0)
+        if max_tokens is not None and spent >= max_tokens:
+            raise UsageError(f"budget exceeded (max_tokens ceiling): {spent} of {max_tokens} tokens used.",
+                             code="BUDGET_EXCEEDED")
+        if not finishing_claim:
+            started = insert_unit(db, run_id=run_id, unit_id=unit_id, step_id=step_id, node_id=node_id,
+                                  parent_unit_id=parent_unit_id, runner=runner, engine=engine, model=model,
+                                  input_hash=input_hash)
+        else:
+            started = conn.execute("SELECT started_at FROM units WHERE run_id = ? AND unit_id = ?",
+                                   (run_id, unit_id)).fetchone()["started_at"]
+        if status == "running":
+            until = now_iso(CLAIM_TTL_S)
+            conn.execute(
+                "UPDATE units SET claim_holder = ?, claim_host = ?, claim_pid = ?, claim_expires_at = ?, "
+                "last_checkin_at = ? WHERE run_id = ? AND unit_id = ?", (holder, host, pid, until, now, run_id, unit_id))
+            return ReportWrite("written", ClaimInfo(holder, host, pid, until))
+        carried = (prior_tokens + (tokens or 0)) if prior_tokens else tokens
+        finish_unit(db, run_id=run_id, unit_id=unit_id, started_at=started, status=status, result_json=result_json,
+                    tokens=carried, failure_reason=failure_reason, session_id=None)
+        crossed = None
+        if max_tokens is not None and spent - (int(row["tokens"] or 0) if row is not None else 0) + (carried or 0) >= max_tokens:
+            crossed = (f"budget exceeded (max_tokens ceiling): "
+                       f"{spent - (int(row['tokens'] or 0) if row is not None else 0) + (carried or 0)} of "
+                       f"{max_tokens} tokens used")
+        return ReportWrite("written", tokens_crossed=crossed)
+
+
+def guard_session_write(db: Database, run_id: str) -> None:
+    """Refuse a session write (a verdict) when the run cannot take it: not drivable, or driven by the engine."""
+    run = db.query_one("SELECT status, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?",
+                       (run_id,))
+    if run is None:
+        raise NotFoundError(f"No workflow run with id {run_id}.", code="RUN_NOT_FOUND")
+    if run["status"] not in DRIVABLE_STATUSES:
+        raise UsageError(f"Run {run_id} is {run['status']}; it no longer takes reports.", code="RUN_NOT_ACTIVE")
+    if (holder_is_live(run["lease_holder"], run["lease_host"], run["lease_pid"], run["lease_until"], now_iso())
+            and not _is_report_lock(run["lease_holder"])):
+        raise UsageError(f"Run {run_id} is being driven by akm right now; reports are refused while the engine "
+                         "owns the run.", code="LEASE_HELD")

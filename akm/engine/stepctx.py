@@ -1,0 +1,129 @@
+"""Loading what a step decision needs from the journal, and applying the decision.
+
+`finalize.decide_step` is pure; this module is its IO on both sides, shared by
+the native drive loop and the session protocol:
+
+* `load_spine` / `step_rows` read the step spine, outputs of earlier steps,
+  route decisions and the step's unit and gate rows;
+* `journal_verdict` / `journal_judge_failure` write a gate row;
+* `finish_step` completes, fails, skips or blocks the step (evidence bounded).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from akm.engine.finalize import GateState, RouteBook, Verdict, gate_row_for, gate_state
+from akm.engine.reduce import OutputTooLarge, bounded_evidence_json
+from akm.engine.scope import step_outputs_from_evidence
+from akm.plan.model import Plan, StepPlan
+from akm.store import runs as runs_store
+from akm.store import units as units_store
+from akm.store.db import Database
+from akm.store.runs import Step
+
+
+@dataclass
+class Spine:
+    """The step rows of a run, the outputs they promoted and the route book they imply."""
+
+    steps: list[Step]
+    evidence: dict[str, Any]
+    routes: RouteBook
+
+    def row(self, step_id: str) -> Step | None:
+        return next((s for s in self.steps if s.step_id == step_id), None)
+
+    @property
+    def outputs(self) -> dict[str, Any]:
+        return step_outputs_from_evidence(self.evidence)
+
+
+def load_spine(db: Database, run_id: str, plan: Plan) -> Spine:
+    steps = runs_store.get_steps(db, run_id)
+    evidence: dict[str, Any] = {}
+    for s in steps:
+        if s.status == "completed" and s.evidence_json:
+            try:
+                evidence[s.step_id] = json.loads(s.evidence_json)
+            except ValueError:
+                evidence[s.step_id] = None
+    routes = RouteBook.replay(run_id, plan, {s.step_id: (s.status, evidence.get(s.step_id)) for s in steps})
+    return Spine(steps=steps, evidence=evidence, routes=routes)
+
+
+def step_rows(db: Database, run_id: str, step_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(dispatch rows, gate rows) of one step, as plain dicts in journal order."""
+    units: list[dict[str, Any]] = []
+    gates: list[dict[str, Any]] = []
+    for r in units_store.get_units(db, run_id, step_id):
+        (gates if r.phase == "gate" else units).append(vars(r))
+    return units, gates
+
+
+def load_gate(db: Database, run_id: str, step: StepPlan, spine: Spine,
+              gate_rows: list[dict[str, Any]] | None = None) -> GateState:
+    if gate_rows is None:
+        gate_rows = step_rows(db, run_id, step.step_id)[1]
+    row = spine.row(step.step_id)
+    return gate_state(run_id, step, gate_rows, row.gate_loop_base if row else 0)
+
+
+# ---------------------------------------------------------------- writes
+
+
+def journal_verdict(db: Database, run_id: str, step: StepPlan, loop: int, verdict: Verdict, *,
+                    runner: str, engine: str | None = None, model: str | None = None) -> None:
+    """A gate row `<step>.gate:l<loop>` carrying the verdict (a rejection advances the loop)."""
+    row_id = gate_row_for(step.step_id, loop)
+    started = units_store.insert_unit(db, run_id=run_id, unit_id=row_id, step_id=step.step_id,
+                                      node_id=step.gate.id, phase="gate", runner=runner, engine=engine, model=model)
+    units_store.finish_unit(db, run_id=run_id, unit_id=row_id, started_at=started, status="completed",
+                            result_json=json.dumps(verdict.to_json(), ensure_ascii=False, separators=(",", ":")))
+
+
+def begin_judging(db: Database, run_id: str, step: StepPlan, loop: int, *, runner: str, engine: str | None,
+                  model: str | None) -> str:
+    """Insert the gate row before a judge runs (so a crash mid-judgement is visible); returns its stamp."""
+    return units_store.insert_unit(db, run_id=run_id, unit_id=gate_row_for(step.step_id, loop),
+                                   step_id=step.step_id, node_id=step.gate.id, phase="gate", runner=runner,
+                                   engine=engine, model=model)
+
+
+def finish_judging(db: Database, run_id: str, step: StepPlan, loop: int, started_at: str,
+                   verdict: Verdict | None, *, error: str | None = None, tokens: int | None = None) -> None:
+    """Finish the gate row: a verdict, or (fail-closed) a failed judge with no verdict."""
+    row_id = gate_row_for(step.step_id, loop)
+    if verdict is not None:
+        units_store.finish_unit(db, run_id=run_id, unit_id=row_id, started_at=started_at, status="completed",
+                                result_json=json.dumps(verdict.to_json(), ensure_ascii=False, separators=(",", ":")),
+                                tokens=tokens)
+    else:
+        units_store.finish_unit(db, run_id=run_id, unit_id=row_id, started_at=started_at, status="failed",
+                                result_json=json.dumps(error, ensure_ascii=False) if error else None,
+                                failure_reason="dispatch_error", tokens=tokens)
+
+
+def finish_step(db: Database, run_id: str, step_id: str, status: str, *, summary: str | None, notes: str | None,
+                evidence: dict[str, Any] | None, lease_holder: str | None,
+                status_detail: dict[str, Any] | None = None) -> tuple[str, str | None, list[str]]:
+    """Complete the step through the store's one spine advance. Returns (status, notes, warnings).
+
+    An artifact too large to journal fails the step instead of storing it truncated.
+    """
+    warnings: list[str] = []
+    evidence_text = None
+    if evidence is not None:
+        try:
+            evidence_text, truncated = bounded_evidence_json(evidence)
+        except OutputTooLarge as exc:
+            status, summary, notes = "failed", None, f'Step "{step_id}" cannot complete: {exc}.'
+            evidence_text, truncated = bounded_evidence_json({"error": notes})
+        if truncated:
+            warnings.append(f"step {step_id}: per-unit evidence exceeded 1 MiB and was stored abridged "
+                            "(the step output is kept whole)")
+    runs_store.complete_step(db, run_id, step_id, status, notes=notes, evidence_json=evidence_text,
+                             summary=summary, lease_holder=lease_holder, status_detail=status_detail)
+    return status, notes, warnings

@@ -1,0 +1,90 @@
+"""One structured-output loop for every unit kind: dispatch, parse, validate, re-ask once.
+
+Dispatchers return raw text. When the unit declares an output schema the
+engine — not the dispatcher — turns that text into the artifact, so an exec
+unit, an LLM unit and an agent unit are held to the same rules and journal the
+same shapes:
+
+* exec units get ONE attempt and a strict parse (a program can be fixed, a
+  re-run of the same command would print the same thing);
+* model and agent units get up to TWO attempts: on a parse or validation miss
+  the second attempt carries corrective feedback naming the errors.
+
+Tokens are summed over every call of the attempt and the last session id
+seen wins, so budgets count what was really spent.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from akm.dispatch.base import Dispatcher, DispatchResult, UnitRequest
+from akm.engine.answer import AnswerError, extract_model_json, parse_command_json
+
+MODEL_ATTEMPTS = 2
+
+
+def _feedback_for(errors: list[str], parse_failed: bool) -> str:
+    if parse_failed:
+        return ("Your previous answer could not be read as JSON: " + "; ".join(errors)
+                + ". Respond again with only one JSON value that matches the schema — no prose, no code fences.")
+    return ("Your previous answer did not match the required JSON Schema:\n"
+            + "\n".join(f"- {e}" for e in errors)
+            + "\nRespond again with only a corrected JSON value.")
+
+
+def run_structured(dispatcher: Dispatcher, request: UnitRequest, cancel: threading.Event) -> DispatchResult:
+    """Dispatch one unit attempt; with a schema, return a validated `result` or a coded failure."""
+    from akm.format.schema import validate_instance
+
+    schema = request.output_schema
+    attempts = 1 if (schema is None or request.kind == "exec") else MODEL_ATTEMPTS
+    tokens: int | None = None
+    session_id: str | None = None
+    feedback: str | None = None
+    final: DispatchResult | None = None
+    for n in range(attempts):
+        try:
+            raw = dispatcher.dispatch(request, cancel, feedback)
+        except Exception as exc:  # a dispatcher bug must still end as a journaled failure
+            raw = DispatchResult(ok=False, failure_reason="dispatch_error",
+                                 error=f"the {request.kind} dispatcher failed: {type(exc).__name__}: {exc}")
+        if raw.tokens is not None:
+            tokens = (tokens or 0) + raw.tokens
+        if raw.session_id:
+            session_id = raw.session_id
+        if not raw.ok:
+            final = raw
+            break
+        if schema is None:
+            final = DispatchResult(ok=True, text=raw.text or None, truncated=raw.truncated)
+            break
+        text = raw.text or ""
+        if raw.truncated:
+            final = DispatchResult(
+                ok=False, failure_reason="exec_output_limit" if request.kind == "exec" else "output_truncated",
+                truncated=True,
+                error="the output was cut at the capture limit, so it cannot be the one JSON value the output "
+                      "schema needs; nothing was promoted. Write bulk output to a file and print a small JSON "
+                      "summary instead.")
+            break
+        try:
+            value: Any = parse_command_json(text) if request.kind == "exec" else extract_model_json(text)
+        except AnswerError as exc:
+            final = DispatchResult(ok=False, failure_reason="parse_error", error=str(exc), text=text or None)
+            feedback = _feedback_for([str(exc)], parse_failed=True)
+        else:
+            errors = validate_instance(value, schema)
+            if not errors:
+                final = DispatchResult(ok=True, result=value, has_result=True, text=text.strip() or None)
+                break
+            final = DispatchResult(ok=False, failure_reason="validation_error", error="; ".join(errors),
+                                   text=text or None)
+            feedback = _feedback_for(errors, parse_failed=False)
+        if cancel.is_set() or n + 1 >= attempts:
+            break
+    assert final is not None
+    final.tokens = tokens
+    final.session_id = session_id
+    return final
