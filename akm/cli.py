@@ -84,6 +84,34 @@ def _build_parser() -> "argparse.ArgumentParser":
         sp.add_argument("run_id", metavar="RUN")
         fmt(sp)
 
+    nx = wsub.add_parser("next", help="what the calling agent should do now for a run (read-only)",
+                         description="Print the brief of a run's current step: the session units an agent must "
+                                     "do (prompt, context, schema, claim, how to report) or the gate verdict it "
+                                     "must give. Never changes the run.")
+    nx.add_argument("run_id", metavar="RUN", help="the run id")
+    fmt(nx)
+
+    rp = wsub.add_parser(
+        "report", help="record a session unit's result or a gate verdict",
+        description="Record the result of a session unit (or a judge's verdict) done by the calling agent. "
+                    "When it completes the step's work the step finishes (gate, route); then `akm workflow run "
+                    "RUN` continues the run. Every refusal leaves the journal unchanged.")
+    rp.add_argument("run_id", metavar="RUN", help="the run id")
+    rp.add_argument("unit_id", metavar="UNIT", help="the unit id from `akm workflow next` (or STEP.gate:lN)")
+    rp.add_argument("--status", required=True, choices=("completed", "failed", "running"),
+                    help="completed (with --result), failed (with --failure-reason), or running (claim it)")
+    rp.add_argument("--result", metavar="JSON|@FILE|-",
+                    help="the unit's result: JSON for units with an output schema, else text; @FILE reads a file, "
+                         "- reads standard input")
+    rp.add_argument("--verdict", metavar="JSON|@FILE|-",
+                    help='a gate verdict {"complete": bool, "missing": [..], "feedback": ".."}')
+    rp.add_argument("--tokens", metavar="N", help="tokens spent (counted against the run's budget)")
+    rp.add_argument("--failure-reason", metavar="R", help="why the unit failed (e.g. timeout)")
+    rp.add_argument("--expect-step", metavar="STEP", help="refuse unless the run is still on this step")
+    rp.add_argument("--rerun", action="store_true", help="replace a result already recorded for this unit")
+    rp.add_argument("--holder", metavar="H", help="claim holder name (default: this user and host)")
+    fmt(rp)
+
     log = sub.add_parser("log", help="journal events (cursor-paged)")
     log.add_argument("--run", dest="run_id", metavar="RUN")
     log.add_argument("--since", help="@offset:N (from a previous nextOffset) or an ISO time")
@@ -316,6 +344,93 @@ def _cmd_log(args: argparse.Namespace) -> int:
     return 0
 
 
+def _render_brief_text(b: dict[str, Any]) -> str:
+    lines = [f"run {b['runId']}  {b['status']}  step {b.get('stepId') or '-'}"
+             + (f" (gate loop {b['gateLoop']} of {b['maxLoops']})" if b.get("gateLoop") else "")]
+    lines.append(b.get("message") or "")
+    for w in b.get("warnings") or []:
+        lines.append(f"warning: {w}")
+    if b.get("gateFeedback"):
+        lines.append(f"feedback from the last loop: {b['gateFeedback'].get('feedback')}")
+    for u in b.get("units") or []:
+        claim = f", claimed by {u['claim']['holder']} until {u['claim']['expiresAt']}" if u.get("claim") else ""
+        lines.append(f"\n== unit {u['unitId']} ({u['action']}{claim})")
+        if "item" in u["context"]:
+            lines.append(f"item {u['context']['itemIndex']}: {json.dumps(u['context']['item'], ensure_ascii=False)}")
+        lines.append(u["prompt"])
+        rep = u["report"]
+        arg = "--result @result.json" if rep["resultKind"] == "json" else "--result @result.txt"
+        lines.append(f"-> akm workflow report {rep['runId']} {rep['unitId']} --expect-step {rep['expectStep']} "
+                     f"--status completed {arg}" + (" --rerun" if rep.get("rerun") else ""))
+    j = b.get("judge")
+    if j:
+        lines.append(f"\n== verdict {j['unitId']}")
+        lines.append(j["prompt"])
+        lines.append(f"-> akm workflow report {b['runId']} {j['unitId']} --expect-step {b['stepId']} "
+                     "--status completed --verdict '{\"complete\": true, \"missing\": [], \"feedback\": \"\"}'")
+    if b.get("kind") == "engine":
+        lines.append(f"-> akm workflow run {b['runId']}")
+    return "\n".join(lines)
+
+
+def _cmd_next(args: argparse.Namespace) -> int:
+    from akm import api
+
+    b = api.next_brief(args.run_id)
+    if args.format == "json":
+        _emit_json(b)
+    else:
+        _out(_sanitize(_render_brief_text(b)))
+    return 0
+
+
+def _read_payload(value: str, what: str) -> str:
+    """`--result`/`--verdict` text: literal, @FILE or - (standard input)."""
+    if value == "-":
+        return sys.stdin.read()
+    if value.startswith("@"):
+        path = value[1:]
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{what} {value!r}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}.",
+                             code="UNREADABLE_FILE") from None
+    return value
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from akm import api
+
+    tokens = None
+    if args.tokens is not None:
+        if not args.tokens.isdigit() or not args.tokens.isascii():
+            raise UsageError(f"--tokens {args.tokens!r}: expected a whole number ≥ 0.", code="INVALID_FLAG_VALUE")
+        tokens = int(args.tokens)
+    res = api.report_unit(
+        args.run_id, args.unit_id, status=args.status,
+        result=_read_payload(args.result, "--result") if args.result is not None else None,
+        has_result=args.result is not None,
+        verdict=_read_payload(args.verdict, "--verdict") if args.verdict is not None else None,
+        has_verdict=args.verdict is not None, tokens=tokens, failure_reason=args.failure_reason,
+        expect_step=args.expect_step, rerun=args.rerun, holder=args.holder,
+    )
+    if args.format == "json":
+        _emit_json(res)
+    else:
+        _out(_sanitize(f"{res['recorded']}: {res['unitId']} ({res['status']}) — {res['message']}"))
+        if res.get("stepOutcome") and res["stepOutcome"].get("kind") == "completed":
+            _out(f"-> akm workflow run {res['runId']}")
+    return 0
+
+
+def _sanitize(text: str) -> str:
+    """Drop terminal control sequences from text that came from units (keep newlines and tabs)."""
+    if not sys.stdout.isatty():
+        return text
+    return "".join(c if c in "\n\t" or (c.isprintable() and c != "\x1b") else "\ufffd" for c in text)
+
+
 def _wants_json(argv: Sequence[str]) -> bool:
     for i, tok in enumerate(argv):
         if tok == "--format=json" or (tok == "--format" and i + 1 < len(argv) and argv[i + 1] == "json"):
@@ -340,7 +455,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "log":
             return _cmd_log(args)
         handler = {"lint": _cmd_lint, "upgrade": _cmd_upgrade, "list": _cmd_list, "status": _cmd_status,
-                   "resume": _cmd_control, "abandon": _cmd_control}[args.action]
+                   "resume": _cmd_control, "abandon": _cmd_control, "next": _cmd_next,
+                   "report": _cmd_report}[args.action]
         return handler(args)
     except AkmError as exc:
         if json_errors:

@@ -135,6 +135,9 @@ class _Pass:
         self.sensitive: list[str] = []
         self.done_count = 0
         self.total = len(units)
+        # Fail fast: a unit that failed for good under `on_error: fail` fixes the step's verdict, so
+        # no further unit is started (units already running finish and are journaled).
+        self.halted = False
         self._ctx_base: dict[str, str] | None = None
         self._count_lock = threading.Lock()
         self._local = threading.local()  # per worker: the attempt whose finish is deferred
@@ -262,6 +265,12 @@ class _Pass:
 
     # ------------------------------------------------------------ one unit
     def run_unit(self, unit: WorkUnit) -> UnitOutcome:
+        outcome = self._run_unit(unit)
+        if not outcome.ok and unit.template.on_error == "fail":
+            self.halted = True
+        return outcome
+
+    def _run_unit(self, unit: WorkUnit) -> UnitOutcome:
         d = self.d
         retry = unit.template.retry
         max_attempts = 1 + (retry.max if retry else 0)
@@ -334,7 +343,7 @@ class _Pass:
         if width <= 1 or len(units) <= 1:
             try:
                 for i, u in enumerate(units):
-                    if self.event.is_set():
+                    if self.event.is_set() or self.halted:
                         break
                     results[i] = self.run_unit(u)
             finally:
@@ -353,7 +362,7 @@ class _Pass:
                 while True:
                     with claim_lock:
                         i = next(next_index, None)
-                    if i is None or self.event.is_set():
+                    if i is None or self.event.is_set() or self.halted:
                         return
                     try:
                         results[i] = self.run_unit(units[i])
@@ -505,7 +514,7 @@ class _Driver:
             decision = decide_step(run_id=self.run_id, step=step, params=self.loaded.params,
                                    outputs=self.spine.outputs, engines=self.plan.execution.engines, gate=gate,
                                    rows=rows, settled=settled_loop == gate.loop,
-                                   redo_failed=settled_loop != gate.loop)
+                                   redo_failed=settled_loop != gate.loop, fail_fast=settled_loop == gate.loop)
             if decision.kind == "work":
                 if settled_loop == gate.loop:
                     return self.park_units(step, decision)  # claimed elsewhere, or session work
@@ -532,8 +541,8 @@ class _Driver:
         for s in decision.states:
             if s.status == DONE or _claimed_by_other(s, now):
                 continue
-            if s.unit.runner == "session" or (s.unit.runner not in self.registry.kinds()):
-                continue  # the calling agent does these (D11); a failed one stays failed until it reruns it
+            if self.registry.get(s.unit.runner) is None:
+                continue  # the calling agent does these (D11)
             runnable.append(s.unit)
         if not runnable:
             return None

@@ -379,10 +379,13 @@ def decide_step(
         tmpl = step.unit_template
         if not (fail_fast and hard and tmpl is not None and tmpl.on_error == "fail"):
             return StepDecision("work", loop=gate.loop, units=outstanding, states=states, work_list=wl)
-        states = [s for s in states if s.terminal]  # the verdict is fixed; outstanding siblings are left out
     tmpl = step.unit_template
     assert tmpl is not None
-    outcomes = [outcome_of(s) for s in states]
+    # Fail fast: once a unit that is not tolerated failed for good, the step's verdict is fixed; units
+    # still outstanding are reduced as `not_run` (both surfaces stop giving out work at that point).
+    outcomes = [outcome_of(s) if s.terminal or settled and s.row is not None and s.status != RUNNING
+                else UnitOutcome(unit_id=s.unit.unit_id, ok=False, failure_reason="not_run")
+                for s in states]
     result = reduce_step(step, outcomes, is_map=wl.is_map, reducer=wl.reducer, on_error=tmpl.on_error)
     return _after_result(run_id, step, params, outputs, gate, result, states, wl)
 

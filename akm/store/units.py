@@ -358,9 +358,11 @@ def write_report(
     (REPORT_CONFLICT), a running report on a finished row without `rerun` (UNIT_TERMINAL), a
     unit ceiling of the run's budget (BUDGET_EXCEEDED). The same content again is
     `idempotent`. `status` running claims the unit (or renews the reporter's claim).
+
+    A reporter is often a short-lived process (one `akm workflow report` per call), so its claim
+    records no pid: it lives until it expires or is renewed, never "dies with" the reporting process.
     """
     host = socket.gethostname() if host is None else host
-    pid = os.getpid() if pid is None else pid
     with db.tx() as conn:
         now = now_iso()
         run = conn.execute(
