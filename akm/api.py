@@ -549,6 +549,99 @@ def events(*, run_id: str | None = None, since: str | None = None, limit: int | 
 # ------------------------------------------------------------------ the session protocol (D11-D13)
 
 
+class ReportHint(ApiModel):
+    """The exact arguments of the report that would record this unit (each front renders it its own way)."""
+
+    run_id: str
+    unit_id: str
+    expect_step: str | None = None
+    status: str = "completed"
+    result_kind: str  # json | text | verdict
+    rerun: bool = False
+
+
+class ClaimView(ApiModel):
+    holder: str
+    expires_at: str
+
+
+class UnitContext(ApiModel):
+    params: dict[str, Any] = Field(default_factory=dict)
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    gate_feedback: dict[str, Any] | None = None
+    item: Any = None
+    item_index: int | None = None
+
+
+class BriefUnit(ApiModel):
+    unit_id: str
+    attempt_id: str
+    input_hash: str
+    action: str  # do | claimed | rerun
+    runner: str
+    prompt: str
+    output_schema: dict[str, Any] | None = None
+    context: UnitContext
+    claim: ClaimView | None = None
+    last_failure: str | None = None
+    report: ReportHint
+
+
+class JudgeBrief(ApiModel):
+    unit_id: str
+    criteria: list[str]
+    artifact: Any = None
+    summary: str
+    prompt: str
+    verdict_schema: dict[str, Any]
+    report: ReportHint
+
+
+class Brief(ApiModel):
+    """What the calling agent should do now (kind: units | judge | engine | done | inactive | none)."""
+
+    run_id: str
+    status: str
+    done: bool
+    active: bool
+    kind: str
+    step_id: str | None = None
+    step_title: str | None = None
+    instructions: str | None = None
+    gate_loop: int | None = None
+    max_loops: int | None = None
+    gate_feedback: dict[str, Any] | None = None
+    units: list[BriefUnit] = Field(default_factory=list)
+    unit_count: int = 0
+    done_count: int = 0
+    judge: JudgeBrief | None = None
+    message: str = ""
+    warnings: list[str] = Field(default_factory=list)
+
+
+class StepOutcome(ApiModel):
+    kind: str  # completed | failed | blocked | next_loop | awaiting_verdict
+    summary: str | None = None
+    gate_loop: int | None = None
+    missing: list[str] | None = None
+    feedback: str | None = None
+
+
+class ReportResult(ApiModel):
+    run_id: str
+    step_id: str
+    unit_id: str
+    attempt_id: str
+    status: str
+    recorded: str  # written | idempotent | heartbeat
+    gate_loop: int
+    claim: ClaimView | None = None
+    remaining_units: int | None = None
+    step_outcome: StepOutcome | None = None
+    run_status: str
+    message: str = ""
+
+
 def default_holder() -> str:
     """Who a report claims units as when the caller names nobody: this user on this host."""
     import getpass
@@ -561,13 +654,13 @@ def default_holder() -> str:
     return f"cli:{user}@{socket.gethostname()}"
 
 
-def next_brief(run_id: str) -> dict[str, Any]:
+def next_brief(run_id: str) -> Brief:
     """What the calling agent should do now for a run (read-only)."""
     from akm.engine import session
 
     with _open_db() as db:
         _require_run(db, run_id)
-        return session.brief(db, run_id)
+        return Brief.model_validate(session.brief(db, run_id))
 
 
 def report_unit(
@@ -585,15 +678,78 @@ def report_unit(
     rerun: bool = False,
     holder: str | None = None,
     cwd: str | None = None,
-) -> dict[str, Any]:
+) -> ReportResult:
     """Record a session unit's result (or a gate verdict) and finish the step when its work is done."""
     from akm.engine import session
 
     with _open_db() as db:
         _require_run(db, run_id)
         root = paths.project_root(Path(cwd or os.getcwd()))
-        return session.report(
+        return ReportResult.model_validate(session.report(
             db, run_id, unit_id, status=status, result=result if has_result else session.MISSING,
             verdict=verdict if has_verdict else session.MISSING, tokens=tokens, failure_reason=failure_reason,
             expect_step=expect_step, rerun=rerun, holder=holder or default_holder(), project_root=root,
-        )
+        ))
+
+
+# ------------------------------------------------------------------ durations and setup status
+
+
+def parse_duration_ms(text: str) -> int:
+    """A duration like 500ms, 30s or 5m (a bare number is milliseconds) as milliseconds."""
+    raw = str(text).strip().lower()
+    scale = 1
+    for suffix, factor in (("ms", 1), ("s", 1000), ("m", 60_000)):
+        if raw.endswith(suffix):
+            raw, scale = raw[: -len(suffix)], factor
+            break
+    if not raw.isdigit() or not raw.isascii() or int(raw) * scale <= 0:
+        raise UsageError(f"timeout {text!r}: expected a duration like 500ms, 30s or 5m.", code="INVALID_FLAG_VALUE")
+    if int(raw) * scale > 2_147_483_647:
+        raise UsageError(f"timeout {text!r} is too long: at most 2147483647 ms (about 24 days).",
+                         code="INVALID_FLAG_VALUE")
+    return int(raw) * scale
+
+
+AGENT_CLIS = ("claude", "codex", "opencode", "gemini", "aider", "copilot", "q")
+
+
+class SetupStatus(ApiModel):
+    """What this machine can run, as far as akm can tell without writing anything."""
+
+    version: str
+    data_dir: str
+    journal: str
+    config_files: list[str] = Field(default_factory=list)
+    engines: list[dict[str, Any]] = Field(default_factory=list)
+    agent_clis: list[str] = Field(default_factory=list)
+    can_run: list[str] = Field(default_factory=list)
+
+
+def setup_status(*, cwd: str | None = None) -> SetupStatus:
+    """Read-only: journal location, config files present, their engines (names and kinds), agent CLIs on PATH."""
+    import shutil
+
+    from akm import __version__
+
+    files: list[str] = []
+    engines: list[dict[str, Any]] = []
+    import platformdirs
+
+    for f in (Path(platformdirs.user_config_dir("akm", appauthor=False)) / "config.json",
+              paths.project_root(Path(cwd or os.getcwd())) / ".akm" / "config.json"):
+        if f.is_file():
+            files.append(str(f))
+            try:
+                data = json.loads(f.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            for name, eng in (data.get("engines") or {}).items() if isinstance(data, dict) else []:
+                if isinstance(eng, dict):
+                    engines.append({"name": name, "kind": eng.get("kind"), "model": eng.get("model"),
+                                    "platform": eng.get("platform")})
+    clis = [c for c in AGENT_CLIS if shutil.which(c)]
+    can_run = ["exec units", "session units (done by the calling agent)"]
+    can_run += [f"{e['kind']} units via engine {e['name']}" for e in engines if e.get("kind")]
+    return SetupStatus(version=__version__, data_dir=str(paths.data_dir()), journal=str(paths.state_db_path()),
+                       config_files=files, engines=engines, agent_clis=clis, can_run=can_run)

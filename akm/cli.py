@@ -218,18 +218,9 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
 
 
 def _parse_duration_ms(text: str) -> int:
-    raw = text.strip().lower()
-    scale = 1
-    for suffix, factor in (("ms", 1), ("s", 1000), ("m", 60_000)):
-        if raw.endswith(suffix):
-            raw, scale = raw[: -len(suffix)], factor
-            break
-    if not raw.isdigit() or int(raw) * scale <= 0:
-        raise UsageError(f"--timeout {text!r}: expected a duration like 500ms, 30s or 5m.", code="INVALID_FLAG_VALUE")
-    if int(raw) * scale > 2_147_483_647:
-        raise UsageError(f"--timeout {text!r} is too long: at most 2147483647 ms (about 24 days).",
-                         code="INVALID_FLAG_VALUE")
-    return int(raw) * scale
+    from akm import api
+
+    return api.parse_duration_ms(text)
 
 
 def _cmd_run(tokens: list[str]) -> int:
@@ -376,7 +367,7 @@ def _render_brief_text(b: dict[str, Any]) -> str:
 def _cmd_next(args: argparse.Namespace) -> int:
     from akm import api
 
-    b = api.next_brief(args.run_id)
+    b = api.next_brief(args.run_id).to_json()
     if args.format == "json":
         _emit_json(b)
     else:
@@ -414,7 +405,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         verdict=_read_payload(args.verdict, "--verdict") if args.verdict is not None else None,
         has_verdict=args.verdict is not None, tokens=tokens, failure_reason=args.failure_reason,
         expect_step=args.expect_step, rerun=args.rerun, holder=args.holder,
-    )
+    ).to_json()
     if args.format == "json":
         _emit_json(res)
     else:
@@ -431,6 +422,20 @@ def _sanitize(text: str) -> str:
     return "".join(c if c in "\n\t" or (c.isprintable() and c != "\x1b") else "\ufffd" for c in text)
 
 
+def _cmd_mcp(rest: list[str]) -> int:
+    """`akm mcp`: the MCP stdio server. Only this path imports `mcp` (it costs about a second)."""
+    if rest in (["-h"], ["--help"]):
+        _out("usage: akm mcp\n\nServe akm's tools over the Model Context Protocol on stdin/stdout, e.g.\n"
+             "  claude mcp add akm -- /path/to/akm mcp")
+        return 0
+    if rest:
+        _err(f"error[USAGE]: akm mcp takes no arguments (got {' '.join(rest)})")
+        return EXIT_USAGE
+    from akm.mcp import serve
+
+    return serve()
+
+
 def _wants_json(argv: Sequence[str]) -> bool:
     for i, tok in enumerate(argv):
         if tok == "--format=json" or (tok == "--format" and i + 1 < len(argv) and argv[i + 1] == "json"):
@@ -444,6 +449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv == ["--version"]:
         _out(f"akm {__version__}")
         return 0
+    if argv[:1] == ["mcp"]:
+        return _cmd_mcp(argv[1:])
     try:
         if len(argv) >= 2 and argv[0] == "workflow" and argv[1] == "run":
             return _cmd_run(argv[2:])

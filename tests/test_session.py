@@ -48,7 +48,7 @@ def report(run_id, unit_id, project, **kw):
         kw["has_result"] = True
     if "verdict" in kw:
         kw["has_verdict"] = True
-    return api.report_unit(run_id, unit_id, cwd=str(project), **kw)
+    return api.report_unit(run_id, unit_id, cwd=str(project), **kw).to_json()
 
 
 def refused(code, fn, *a, **kw):
@@ -65,7 +65,7 @@ def refused(code, fn, *a, **kw):
 
 def test_fan_out_session_step_reported_then_the_next_exec_step_sees_it(project):
     rid = start(project, REVIEW, "## review\n\nReview the file.\n\n## tally\n\nCount.", files=["a.py", "b.py"])
-    brief = api.next_brief(rid)
+    brief = api.next_brief(rid).to_json()
     assert brief["kind"] == "units" and brief["stepId"] == "review" and len(brief["units"]) == 2
     u0 = brief["units"][0]
     assert u0["context"]["item"] == "a.py" and u0["context"]["itemIndex"] == 0
@@ -98,13 +98,13 @@ def test_gate_judged_by_a_reported_verdict_reject_loop_accept(project):
     rid = start(project, "steps:\n  - id: draft\n    gate: { max_loops: 2 }",
                 "## draft\n\nDraft it.\n\n### gate\n\n- Mentions cats.")
     report(rid, "draft:solo", project, result="about dogs")
-    brief = api.next_brief(rid)
+    brief = api.next_brief(rid).to_json()
     assert brief["kind"] == "judge" and brief["judge"]["unitId"] == "draft.gate:l1"
     assert brief["judge"]["artifact"] == "about dogs" and "- Mentions cats." in brief["judge"]["prompt"]
     out = report(rid, "draft.gate:l1", project, verdict={"complete": False, "missing": ["cats"],
                                                          "feedback": "Add cats."})
     assert out["stepOutcome"]["kind"] == "next_loop" and out["stepOutcome"]["feedback"] == "Add cats."
-    brief = api.next_brief(rid)
+    brief = api.next_brief(rid).to_json()
     assert brief["gateLoop"] == 2 and brief["units"][0]["attemptId"] == "draft:solo~l2"
     assert brief["units"][0]["context"]["gateFeedback"] == {"feedback": "Add cats.", "missing": ["cats"]}
     assert "Add cats." in brief["units"][0]["prompt"]
@@ -127,7 +127,7 @@ def test_exhausted_gate_blocks_and_resume_gives_a_fresh_budget(project):
     api.resume(rid)
     res = run(rid, project)  # loop 2 carries the rejection's feedback
     assert res.run.status == "awaiting_session"
-    brief = api.next_brief(rid)
+    brief = api.next_brief(rid).to_json()
     assert brief["gateLoop"] == 2 and brief["units"][0]["attemptId"] == "draft:solo~l2"
     report(rid, "draft:solo", project, result="perfect")
     out = report(rid, "draft.gate:l2", project, verdict={"complete": True})
@@ -137,8 +137,8 @@ def test_exhausted_gate_blocks_and_resume_gives_a_fresh_budget(project):
 def test_next_never_writes(project):
     rid = start(project, REVIEW, "## review\n\nR.\n\n## tally\n\nT.", files=["x"])
     before = journal()
-    api.next_brief(rid)
-    api.next_brief(rid)
+    api.next_brief(rid).to_json()
+    api.next_brief(rid).to_json()
     assert journal() == before
 
 
@@ -153,7 +153,7 @@ def test_unknown_unit_is_refused_naming_the_valid_ones(project):
 
 def test_wrong_step_is_refused(project):
     rid = start(project, REVIEW, "## review\n\nR.\n\n## tally\n\nT.", files=["a"])
-    unit = api.next_brief(rid)["units"][0]["unitId"]
+    unit = api.next_brief(rid).to_json()["units"][0]["unitId"]
     err = refused("STEP_MISMATCH", report, rid, unit, project, result={"verdict": "x"}, expect_step="tally")
     assert "is now on step review" in err.message
 
@@ -162,7 +162,7 @@ def test_wrong_step_is_refused(project):
                                          (None, "RESULT_REQUIRED")])
 def test_result_missing_its_schema_is_refused_with_the_errors(project, result, code):
     rid = start(project, REVIEW, "## review\n\nR.\n\n## tally\n\nT.", files=["a"])
-    unit = api.next_brief(rid)["units"][0]["unitId"]
+    unit = api.next_brief(rid).to_json()["units"][0]["unitId"]
     kw = {"result": result} if result is not None else {}
     err = refused(code, report, rid, unit, project, **kw)
     if code == "RESULT_INVALID" and isinstance(result, dict):
@@ -181,7 +181,7 @@ def test_different_content_for_a_completed_unit_diverges_unless_rerun(project):
 
 def test_conflicting_and_idempotent_reports_on_an_open_step(project):
     rid = start(project, REVIEW, "## review\n\nR.\n\n## tally\n\nT.", files=["a", "b"])
-    unit = api.next_brief(rid)["units"][0]["unitId"]
+    unit = api.next_brief(rid).to_json()["units"][0]["unitId"]
     assert report(rid, unit, project, result={"verdict": "ok"})["recorded"] == "written"
     assert report(rid, unit, project, result={"verdict": "ok"})["recorded"] == "idempotent"
     refused("REPORT_CONFLICT", report, rid, unit, project, result={"verdict": "changed"})
@@ -192,11 +192,11 @@ def test_conflicting_and_idempotent_reports_on_an_open_step(project):
 
 def test_foreign_and_expired_claims(project):
     rid = start(project, REVIEW, "## review\n\nR.\n\n## tally\n\nT.", files=["a", "b"])
-    unit = api.next_brief(rid)["units"][0]["unitId"]
+    unit = api.next_brief(rid).to_json()["units"][0]["unitId"]
     claimed = report(rid, unit, project, status="running", holder="agent-1")
     assert claimed["claim"]["holder"] == "agent-1" and claimed["recorded"] == "written"
     assert report(rid, unit, project, status="running", holder="agent-1")["recorded"] == "heartbeat"
-    brief_unit = api.next_brief(rid)["units"][0]
+    brief_unit = api.next_brief(rid).to_json()["units"][0]
     assert brief_unit["action"] == "claimed" and brief_unit["claim"]["holder"] == "agent-1"
     err = refused("CLAIM_HELD", report, rid, unit, project, result={"verdict": "x"}, holder="agent-2")
     assert "agent-1" in err.message
@@ -213,7 +213,7 @@ def test_foreign_and_expired_claims(project):
 
 def test_live_engine_lease_refuses_reports(project):
     rid = start(project, REVIEW, "## review\n\nR.\n\n## tally\n\nT.", files=["a"])
-    unit = api.next_brief(rid)["units"][0]["unitId"]
+    unit = api.next_brief(rid).to_json()["units"][0]["unitId"]
     from akm.store import runs as runs_store
     from akm.store.db import open_db
 
@@ -221,7 +221,7 @@ def test_live_engine_lease_refuses_reports(project):
         assert runs_store.acquire_lease(db, rid, "engine-x", host="elsewhere", pid=1) is None
     err = refused("LEASE_HELD", report, rid, unit, project, result={"verdict": "x"})
     assert "engine-x" in err.message
-    assert any("driving this run" in w for w in api.next_brief(rid)["warnings"])
+    assert any("driving this run" in w for w in api.next_brief(rid).to_json()["warnings"])
 
 
 def test_command_units_and_finished_runs_are_not_reportable(project):
@@ -253,7 +253,7 @@ def test_budget_ceiling_refuses_the_report(project):
           - id: m
             map: { over: params.xs }
         """, "## m\n\nM.", xs=["a", "b", "c"])
-    units = [u["unitId"] for u in api.next_brief(rid)["units"]]
+    units = [u["unitId"] for u in api.next_brief(rid).to_json()["units"]]
     report(rid, units[0], project, result="1")
     report(rid, units[1], project, result="2")
     err = refused("BUDGET_EXCEEDED", report, rid, units[2], project, result="3")
@@ -268,7 +268,7 @@ def test_failed_reports_fail_fast_and_normalize_their_reason(project):
           - id: m
             map: { over: params.xs }
         """, "## m\n\nM.", xs=["a", "b"])
-    units = [u["unitId"] for u in api.next_brief(rid)["units"]]
+    units = [u["unitId"] for u in api.next_brief(rid).to_json()["units"]]
     out = report(rid, units[0], project, status="failed", failure_reason="Copilot: PR Closed!!", result="it broke")
     assert out["stepOutcome"]["kind"] == "failed" and out["runStatus"] == "failed"
     assert db_rows("SELECT failure_reason FROM units WHERE unit_id = ?", units[0]) == [("external:copilot-pr-closed",)]
@@ -282,7 +282,7 @@ def test_retry_eligible_failure_keeps_the_unit_open(project):
         """, "## w\n\nW.")
     out = report(rid, "w:solo", project, status="failed", failure_reason="timeout")
     assert out["stepOutcome"] is None and out["remainingUnits"] == 1
-    unit = api.next_brief(rid)["units"][0]
+    unit = api.next_brief(rid).to_json()["units"][0]
     assert unit["action"] == "rerun" and unit["report"]["rerun"] and unit["lastFailure"] == "timeout"
     out = report(rid, "w:solo", project, result="done", rerun=True)
     assert out["runStatus"] == "completed"
@@ -311,7 +311,7 @@ def test_native_engine_never_dispatches_a_claimed_unit(project):
           - id: m
             map: { over: params.xs }
         """, "## m\n\nM.", xs=["a", "b"])
-    units = [u["unitId"] for u in api.next_brief(rid)["units"]]
+    units = [u["unitId"] for u in api.next_brief(rid).to_json()["units"]]
     report(rid, units[0], project, status="running", holder="agent")
     with open_db(paths.state_db_path()) as db:
         opts = DriveOptions(work_dir=project, project_root=project,
@@ -319,5 +319,5 @@ def test_native_engine_never_dispatches_a_claimed_unit(project):
         res = drive_run(db, rid, opts)
     assert calls == [units[1]]
     assert res.awaiting is not None  # still waiting for the claimed unit
-    brief = api.next_brief(rid)
+    brief = api.next_brief(rid).to_json()
     assert [u["unitId"] for u in brief["units"]] == [units[0]] and brief["units"][0]["action"] == "claimed"

@@ -1,0 +1,294 @@
+"""The MCP front (`akm mcp`): each tool is one `akm.api` call over stdio.
+
+Like the CLI this module holds no workflow logic. It translates arguments,
+runs the (blocking) api call in a worker thread, turns `AkmError` into an
+`isError` result carrying the same code and message the CLI prints, and adds
+its own hints — an agent is told which tool to call next, never a shell
+command. `mcp` is imported only here: the CLI never pays for it.
+
+Long runs: a `workflow_run` call returns after at most `call_bound` seconds
+(default 45, `AKM_MCP_CALL_BOUND` or the `timeout` argument make it shorter
+or longer) with the run still `active` and `next` saying to call
+`workflow_run` again — the run continues exactly where it stopped. Progress
+notifications are sent per finished unit and step. A cancelled call stops
+dispatch, kills running units and releases the run lease: the run stays
+resumable. Nothing but protocol frames reaches stdout: units never inherit it
+(their output is captured) and logging goes to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import Field
+
+from akm import __version__, api
+from akm.errors import AkmError
+
+DEFAULT_CALL_BOUND_S = 45.0
+
+INSTRUCTIONS = """akm runs durable markdown workflows. The loop:
+1. workflow_run(target=<file, workflows/<name> or run id>, params={...}) — akm runs every command unit itself.
+2. If the result's run.status is "awaiting_session", call workflow_next(run_id): it lists the units you must do
+   (prompt, context, output schema) or the gate verdict you must give.
+3. Do each unit in your own session, then unit_report(run_id, unit_id, status="completed", result=...) —
+   for a gate, unit_report(..., verdict={"complete": bool, "missing": [...], "feedback": "..."}).
+4. Call workflow_run(target=<run id>) again; repeat until run.status is "completed".
+Results that miss their output schema are refused with the errors: fix and report again."""
+
+# Hints in MCP terms for error codes whose CLI hint names shell commands.
+_HINTS = {
+    "RUN_NOT_FOUND": "List runs with workflow_list.",
+    "RUN_NOT_ACTIVE": "Reopen a failed or blocked run with workflow_resume, then workflow_run.",
+    "LEASE_HELD": "Another invocation is driving this run; wait for it, then call workflow_next again.",
+    "WORKFLOW_INVALID": "Call workflow_lint on the file for every problem and its fix.",
+    "UNKNOWN_UNIT": "Call workflow_next for the units of the current step.",
+    "STEP_MISMATCH": "The run moved on: call workflow_next and report against the new step.",
+    "RESULT_INVALID": "Correct the result so it matches the unit's outputSchema and report again.",
+    "RESULT_REQUIRED": "Report the unit's result (a JSON value matching its outputSchema).",
+    "REPORT_CONFLICT": "Pass rerun=true to replace the recorded result.",
+    "CLAIM_EXPIRED": "Report status=\"running\" to claim the unit again, then report its result.",
+    "NOT_AWAITING_VERDICT": "Call workflow_next to see what the run needs now.",
+    "RUN_ALREADY_ACTIVE": "Continue that run with workflow_run(target=<its run id>).",
+}
+
+
+def _error_result(exc: AkmError) -> CallToolResult:
+    body = exc.to_dict()
+    body["exitCode"] = exc.exit_status
+    hint = _HINTS.get(exc.code)
+    if hint:
+        body["hint"] = hint
+    elif "hint" in body and ("akm " in body["hint"] or "--" in body["hint"]):
+        body.pop("hint")  # a shell hint helps nobody here
+    text = f"error[{exc.code}]: {exc.message}" + (f"\nhint: {body['hint']}" if body.get("hint") else "")
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=body, is_error=True)
+
+
+def _ok(model: Any) -> CallToolResult:
+    data = model.to_json() if hasattr(model, "to_json") else model.model_dump(mode="json", by_alias=True)
+    import json
+
+    return CallToolResult(content=[TextContent(type="text", text=json.dumps(data, ensure_ascii=False))],
+                          structured_content=data)
+
+
+async def _call(fn: Any, *args: Any, **kwargs: Any) -> CallToolResult:
+    """Run a blocking api call off the event loop; AkmError becomes an isError result."""
+    try:
+        result = await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+    except AkmError as exc:
+        return _error_result(exc)
+    return _ok(result)
+
+
+class McpRunResult(api.RunResult):
+    """`workflow_run`'s result: the CLI's run JSON plus what to call next."""
+
+    next: str | None = None
+
+
+def _next_step_for(result: api.RunResult, bound_hit: bool) -> str | None:
+    status = result.run.status
+    rid = result.run.run_id
+    if status == "awaiting_session":
+        return f"Call workflow_next(run_id=\"{rid}\"), do the work it lists, report it with unit_report, " \
+               f"then call workflow_run(target=\"{rid}\") again."
+    if status == "active" and bound_hit:
+        return f"The run is still going (this call returns after its time bound). Call " \
+               f"workflow_run(target=\"{rid}\") to continue from where it stopped."
+    if status == "active":
+        return f"Call workflow_run(target=\"{rid}\") to continue."
+    if status in ("failed", "blocked"):
+        return f"Inspect with workflow_status(run_id=\"{rid}\"); fix the cause, then workflow_resume and " \
+               "workflow_run to retry (completed units are reused)."
+    return None
+
+
+def _bound_s() -> float:
+    raw = os.environ.get("AKM_MCP_CALL_BOUND", "").strip()
+    if not raw:
+        return DEFAULT_CALL_BOUND_S
+    try:
+        return max(0.1, float(raw.rstrip("s")))
+    except ValueError:
+        return DEFAULT_CALL_BOUND_S
+
+
+def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPServer:
+    """The akm MCP server (also used in-process by tests)."""
+    holder = holder or f"mcp:{uuid.uuid4()}"
+    base_cwd = cwd or os.getcwd()
+    server = MCPServer(name="akm", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
+
+    read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+
+    @server.tool(annotations=ToolAnnotations(title="Run a workflow", read_only_hint=False, destructive_hint=False,
+                                             idempotent_hint=False, open_world_hint=True))
+    async def workflow_run(
+        target: Annotated[str, Field(description="A workflow file path, a workflows/<name> ref, or a run id to continue")],
+        ctx: Context,
+        params: Annotated[dict[str, Any], Field(description="Run params (only when starting a run)")] = {},  # noqa: B006
+        max_steps: Annotated[int | None, Field(ge=1, description="Stop after this many steps")] = None,
+        timeout: Annotated[str | None, Field(description="Stop this call after a duration like 30s or 5m; the "
+                                                         "run stays active and continues on the next call")] = None,
+        cwd: Annotated[str | None, Field(description="Project directory (default: the server's)")] = None,
+        new: Annotated[bool, Field(description="Start a new run even if one with the same params is active")] = False,
+    ) -> Annotated[CallToolResult, McpRunResult]:
+        """Start or continue a workflow run; akm runs command units itself and stops when the calling agent
+        must act (status awaiting_session: see workflow_next) or the run finishes."""
+        from akm.engine.cancel import Cancellation
+
+        cancel = Cancellation()
+        bound = _bound_s()
+        try:
+            timeout_ms = api.parse_duration_ms(timeout) if timeout is not None else None
+        except AkmError as exc:
+            return _error_result(exc)
+        limit_ms = timeout_ms if timeout_ms is not None else int(bound * 1000)
+        loop = anyio.lowlevel.current_token()  # progress arrives on the engine's worker threads
+
+        def progress(p: Any) -> None:
+            try:
+                anyio.from_thread.run(ctx.report_progress, p.done, p.total,
+                                      f"{p.step_id}: {p.attempt_id} {'ok' if p.ok else 'failed'}", token=loop)
+            except Exception:
+                pass  # progress is advisory; a gone client must not stop the run
+
+        def call() -> api.RunResult:
+            kwargs: dict[str, Any] = dict(params=params or None, max_steps=max_steps, timeout_ms=limit_ms,
+                                          cancel=cancel, on_progress=progress, cwd=cwd or base_cwd)
+            if new:
+                kwargs["new"] = True
+            return api.run_workflow(target, **kwargs)
+
+        try:
+            result = await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+        except AkmError as exc:
+            return _error_result(exc)
+        except anyio.get_cancelled_exc_class():
+            cancel.trip("cancelled")  # the worker stops dispatch, kills units, releases the lease
+            raise
+        bound_hit = result.timed_out and timeout_ms is None
+        out = McpRunResult(**result.model_dump(), next=_next_step_for(result, bound_hit))
+        if bound_hit:
+            out.timed_out = False  # the call's own bound is not a user timeout
+            out.aborted = False
+        return _ok(out)
+
+    @server.tool(annotations=read_only)
+    async def workflow_next(
+        run_id: Annotated[str, Field(description="The run id")],
+    ) -> Annotated[CallToolResult, api.Brief]:
+        """What you should do now for a run: its session units (prompt, context, schema, how to report) or the
+        gate verdict it awaits. Never changes the run."""
+        return await _call(api.next_brief, run_id)
+
+    @server.tool(annotations=ToolAnnotations(title="Report a unit", read_only_hint=False, destructive_hint=False,
+                                             idempotent_hint=True, open_world_hint=False))
+    async def unit_report(
+        run_id: Annotated[str, Field(description="The run id")],
+        unit_id: Annotated[str, Field(description="The unitId from workflow_next (or STEP.gate:lN for a verdict)")],
+        status: Annotated[str, Field(description="completed | failed | running (claims the unit)")],
+        result: Annotated[Any, Field(description="The unit's result: a JSON value matching its outputSchema, "
+                                                 "or text")] = None,
+        verdict: Annotated[dict[str, Any] | None, Field(description='A gate verdict {"complete": bool, "missing": '
+                                                                    '[str], "feedback": str}')] = None,
+        tokens: Annotated[int | None, Field(ge=0, description="Tokens spent (counted against the budget)")] = None,
+        failure_reason: Annotated[str | None, Field(description="Why the unit failed (e.g. timeout)")] = None,
+        rerun: Annotated[bool, Field(description="Replace a result already recorded")] = False,
+        expect_step: Annotated[str | None, Field(description="Refuse unless the run is still on this step")] = None,
+        holder: Annotated[str | None, Field(description="Claim holder (default: this server); give parallel "
+                                                        "sub-agents their own")] = None,
+    ) -> Annotated[CallToolResult, api.ReportResult]:
+        """Record a unit you did (or a gate verdict). When it completes the step's work the step finishes; then
+        call workflow_run to continue the run. A refused report changes nothing."""
+        return await _call(api.report_unit, run_id, unit_id, status=status, result=result,
+                           has_result=result is not None, verdict=verdict, has_verdict=verdict is not None,
+                           tokens=tokens, failure_reason=failure_reason, expect_step=expect_step, rerun=rerun,
+                           holder=holder or holder_default, cwd=base_cwd)
+
+    holder_default = holder
+
+    @server.tool(annotations=read_only)
+    async def workflow_status(
+        run_id: Annotated[str, Field(description="The run id")],
+        units: Annotated[bool, Field(description="Include every journaled unit attempt")] = False,
+    ) -> Annotated[CallToolResult, api.RunView]:
+        """Where a run stands: steps, their outputs, and (with units) every unit attempt."""
+        return await _call(api.run_status, run_id, units=units)
+
+    @server.tool(annotations=read_only)
+    async def workflow_list(
+        active: Annotated[bool, Field(description="Only runs that can still be driven")] = False,
+        ref: Annotated[str | None, Field(description="Only runs of this workflow")] = None,
+    ) -> Annotated[CallToolResult, api.RunList]:
+        """Runs of this project, newest first."""
+        return await _call(api.list_runs, active_only=active, ref=ref, cwd=base_cwd)
+
+    @server.tool(annotations=read_only)
+    async def workflow_lint(
+        paths: Annotated[list[str], Field(min_length=1, description="Workflow files or directories")],
+    ) -> Annotated[CallToolResult, _lint_model()]:
+        """Check workflow files: every problem with file, line, code and a fix."""
+        resolved = [p if os.path.isabs(p) else str(Path(base_cwd) / p) for p in paths]
+        return await _call(api.lint, resolved)
+
+    @server.tool(annotations=ToolAnnotations(title="Resume a run", read_only_hint=False, destructive_hint=False,
+                                             idempotent_hint=True, open_world_hint=False))
+    async def workflow_resume(run_id: Annotated[str, Field(description="The run id")]) -> Annotated[CallToolResult,
+                                                                                                    api.RunView]:
+        """Reopen a failed or blocked run (its current step is retried on the next workflow_run)."""
+        return await _call(api.resume, run_id)
+
+    @server.tool(annotations=ToolAnnotations(title="Abandon a run", read_only_hint=False, destructive_hint=True,
+                                             idempotent_hint=False, open_world_hint=False))
+    async def workflow_abandon(run_id: Annotated[str, Field(description="The run id")]) -> Annotated[CallToolResult,
+                                                                                                     api.RunView]:
+        """Give up on a run for good."""
+        return await _call(api.abandon, run_id)
+
+    @server.tool(annotations=read_only)
+    async def workflow_events(
+        run_id: Annotated[str | None, Field(description="Only this run's events")] = None,
+        since: Annotated[str | None, Field(description="@offset:N (a previous nextOffset) or an ISO time")] = None,
+        limit: Annotated[int | None, Field(ge=1, description="At most this many events")] = None,
+    ) -> Annotated[CallToolResult, api.EventPage]:
+        """Journal events, cursor-paged: pass nextOffset back as since=@offset:N."""
+        return await _call(api.events, run_id=run_id, since=since, limit=limit)
+
+    @server.tool(annotations=read_only)
+    async def setup() -> Annotated[CallToolResult, api.SetupStatus]:
+        """What akm can run here: where state lives, configured engines, agent CLIs found. Writes nothing."""
+        return await _call(api.setup_status, cwd=base_cwd)
+
+    return server
+
+
+def _lint_model() -> Any:
+    from akm.format.lint import LintReport
+
+    return LintReport
+
+
+def serve() -> int:
+    """`akm mcp`: speak MCP on stdin/stdout until the client goes away."""
+    sys.stdout.flush()
+    server = build_server()
+    try:
+        anyio.run(server.run_stdio_async)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    return 0

@@ -1,0 +1,222 @@
+"""The MCP front, in-process with the official client: tools, structured results, errors, progress, cancel."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from akm import paths
+from tests.test_engine import py, write_wf
+
+mcp = pytest.importorskip("mcp")
+from mcp import Client  # noqa: E402
+
+from akm.mcp import build_server  # noqa: E402
+
+TOOLS = {"setup", "workflow_lint", "workflow_run", "workflow_list", "workflow_status", "workflow_next",
+         "unit_report", "workflow_resume", "workflow_abandon", "workflow_events"}
+
+
+def session_wf(project: Path) -> Path:
+    return write_wf(project, "flow.md", f"""
+        params:
+          topics: {{ type: array, items: {{ type: string }} }}
+        steps:
+          - id: prep
+            unit: {{ exec: {{ command: {py('print("ready")')} }} }}
+          - id: think
+            gate: {{ max_loops: 2 }}
+            map:
+              over: params.topics
+              unit:
+                output: {{ type: object, required: [line], properties: {{ line: {{ type: string }} }} }}
+          - id: show
+            unit: {{ exec: {{ command: {py('import os; print(os.environ["AKM_INPUTS"])')} }} }}
+            inputs: [steps.think.output]
+        """, "## prep\n\nPrepare.\n\n## think\n\nWrite a line about the topic.\n\n### gate\n\n- Each line names "
+             "its topic.\n\n## show\n\nShow.")
+
+
+def call(project: Path, script, **server_kw):
+    """Run `script(client)` against an in-process server rooted at `project`."""
+    async def main():
+        async with Client(build_server(cwd=str(project), **server_kw)) as client:
+            return await script(client)
+    return anyio.run(main)
+
+
+def test_tools_are_listed_with_schemas_and_annotations(project):
+    async def script(c):
+        return (await c.list_tools()).tools
+
+    tools = {t.name: t for t in call(project, script)}
+    assert set(tools) == TOOLS
+    for name, t in tools.items():
+        assert t.input_schema["type"] == "object" and t.output_schema, name
+        assert t.annotations is not None and t.description, name
+    for ro in ("workflow_next", "workflow_status", "workflow_list", "workflow_lint", "workflow_events", "setup"):
+        assert tools[ro].annotations.read_only_hint is True
+    assert tools["workflow_abandon"].annotations.destructive_hint is True
+    assert tools["workflow_run"].annotations.read_only_hint is False
+    assert set(tools["unit_report"].input_schema["required"]) == {"run_id", "unit_id", "status"}
+    assert "runId" in json.dumps(tools["workflow_run"].output_schema)
+
+
+def test_exec_workflow_completes_with_progress(project):
+    wf = write_wf(project, "fan.md", f"""
+        params:
+          xs: {{ type: array }}
+        steps:
+          - id: each
+            map:
+              over: params.xs
+              unit: {{ exec: {{ command: {py('import os; print(os.environ["AKM_ITEM"])')} }} }}
+        """, "## each\n\nEcho.")
+    progress = []
+
+    async def script(c):
+        async def cb(p, total, msg):
+            progress.append((p, total, msg))
+        return await c.call_tool("workflow_run", {"target": wf.name, "params": {"xs": [1, 2, 3]}},
+                                 progress_callback=cb)
+
+    r = call(project, script)
+    assert not r.is_error
+    run = r.structured_content["run"]
+    assert run["status"] == "completed" and run["steps"][0]["output"] == ["1", "2", "3"]
+    assert r.structured_content["next"] is None
+    assert sorted(p for p, _, _ in progress) == [1, 2, 3] and all(t == 3 for _, t, _ in progress)
+    assert json.loads(r.content[0].text) == r.structured_content
+
+
+def test_session_loop_with_gate_reject_then_accept(project):
+    session_wf(project)
+
+    async def script(c):
+        r = await c.call_tool("workflow_run", {"target": "flow.md", "params": {"topics": ["cats", "dogs"]}})
+        rid = r.structured_content["run"]["runId"]
+        assert r.structured_content["run"]["status"] == "awaiting_session"
+        assert "workflow_next" in r.structured_content["next"]
+        seen = []
+        for loop in (1, 2):
+            b = (await c.call_tool("workflow_next", {"run_id": rid})).structured_content
+            assert b["kind"] == "units" and b["gateLoop"] == loop
+            for u in b["units"]:
+                topic = u["context"]["item"]
+                line = f"about {topic}" if loop == 2 else "about nothing"
+                rep = await c.call_tool("unit_report", {"run_id": rid, "unit_id": u["unitId"], "status": "completed",
+                                                        "result": {"line": line}, "expect_step": "think"})
+                assert not rep.is_error, rep.content[0].text
+            b = (await c.call_tool("workflow_next", {"run_id": rid})).structured_content
+            assert b["kind"] == "judge"
+            seen.append(b["judge"]["artifact"])
+            verdict = ({"complete": True} if loop == 2 else
+                       {"complete": False, "missing": ["topic names"], "feedback": "Name the topic."})
+            rep = (await c.call_tool("unit_report", {"run_id": rid, "unit_id": b["judge"]["unitId"],
+                                                     "status": "completed", "verdict": verdict})).structured_content
+            assert rep["stepOutcome"]["kind"] == ("completed" if loop == 2 else "next_loop")
+        r = await c.call_tool("workflow_run", {"target": rid})
+        return r.structured_content, seen
+
+    result, seen = call(project, script)
+    assert result["run"]["status"] == "completed"
+    steps = {s["id"]: s["output"] for s in result["run"]["steps"]}
+    assert steps["think"] == [{"line": "about cats"}, {"line": "about dogs"}]
+    assert json.loads(steps["show"]) == {"steps.think.output": steps["think"]}
+    assert seen[0] == [{"line": "about nothing"}] * 2
+
+
+def test_errors_are_tool_errors_with_code_and_exit_status(project):
+    session_wf(project)
+
+    async def script(c):
+        r = await c.call_tool("workflow_run", {"target": "flow.md", "params": {"topics": ["a"]}})
+        rid = r.structured_content["run"]["runId"]
+        con = sqlite3.connect(paths.state_db_path())
+        before = con.execute("SELECT * FROM units ORDER BY rowid").fetchall()
+        bad = await c.call_tool("unit_report", {"run_id": rid, "unit_id": "think.unit:nope", "status": "completed",
+                                                "result": {"line": "x"}})
+        schema_miss = await c.call_tool("unit_report", {"run_id": rid, "unit_id": (await c.call_tool(
+            "workflow_next", {"run_id": rid})).structured_content["units"][0]["unitId"], "status": "completed",
+            "result": {"wrong": 1}})
+        after = con.execute("SELECT * FROM units ORDER BY rowid").fetchall()
+        con.close()
+        missing = await c.call_tool("workflow_status", {"run_id": "00000000-0000-4000-8000-000000000000"})
+        not_a_file = await c.call_tool("workflow_run", {"target": "nope.md"})
+        bad_args = await c.call_tool("workflow_run", {"target": "flow.md", "max_steps": 0})
+        return bad, schema_miss, missing, not_a_file, bad_args, before == after
+
+    bad, schema_miss, missing, not_a_file, bad_args, unchanged = call(project, script)
+    assert unchanged
+    assert bad.is_error and bad.structured_content["code"] == "UNKNOWN_UNIT"
+    assert bad.structured_content["exitCode"] == 2 and "think.unit:" in bad.structured_content["error"]
+    assert schema_miss.is_error and schema_miss.structured_content["code"] == "RESULT_INVALID"
+    assert 'missing required property "line"' in schema_miss.structured_content["error"]
+    assert missing.is_error and missing.structured_content["code"] == "RUN_NOT_FOUND"
+    assert "akm " not in missing.content[0].text  # MCP users are never told to type shell commands
+    assert not_a_file.is_error and not_a_file.structured_content["code"] == "WORKFLOW_NOT_FOUND"
+    assert bad_args.is_error
+
+
+def test_a_call_returns_at_its_bound_and_the_run_continues(project, monkeypatch):
+    monkeypatch.setenv("AKM_MCP_CALL_BOUND", "1")
+    wf = write_wf(project, "slow.md", f"""
+        steps:
+          - id: a
+            unit: {{ exec: {{ command: {py('import time; time.sleep(2); print("a")')} }} }}
+          - id: b
+            unit: {{ exec: {{ command: {py('print("b")')} }} }}
+        """, "## a\n\nA.\n\n## b\n\nB.")
+
+    async def script(c):
+        first = await c.call_tool("workflow_run", {"target": wf.name})
+        rid = first.structured_content["run"]["runId"]
+        results = [first]
+        for _ in range(10):
+            if results[-1].structured_content["run"]["status"] == "completed":
+                break
+            results.append(await c.call_tool("workflow_run", {"target": rid, "timeout": "60s"}))
+        return results
+
+    results = call(project, script)
+    first = results[0].structured_content
+    assert first["run"]["status"] == "active" and not first["timedOut"]
+    assert "to continue" in first["next"]
+    assert results[-1].structured_content["run"]["status"] == "completed"
+
+
+def test_cancelled_run_call_leaves_a_resumable_run(project, tmp_path):
+    started = tmp_path / "started"
+    wf = write_wf(project, "long.md", f"""
+        steps:
+          - id: a
+            unit: {{ exec: {{ command: {py(f'import pathlib,time; pathlib.Path({str(started)!r}).write_text("x"); time.sleep(60)')} }} }}
+        """, "## a\n\nA.")
+
+    async def script(c):
+        async with anyio.create_task_group() as tg:
+            async def runner():
+                await c.call_tool("workflow_run", {"target": wf.name})
+            tg.start_soon(runner)
+            deadline = time.monotonic() + 60
+            while not started.exists() and time.monotonic() < deadline:
+                await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+
+    call(project, script)
+    con = sqlite3.connect(paths.state_db_path())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the worker thread stops the unit and releases the lease
+        row = con.execute("SELECT status, lease_holder FROM runs").fetchone()
+        unit = con.execute("SELECT status, failure_reason FROM units").fetchone()
+        if row[1] is None and unit[0] != "running":
+            break
+        time.sleep(0.1)
+    assert row == ("active", None)
+    assert unit == ("failed", "aborted")
+    con.close()
