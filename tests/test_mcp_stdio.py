@@ -1,0 +1,183 @@
+"""End to end: the built `dist/akm mcp` over stdio, with the official client and with raw JSON-RPC."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from akm import paths
+from tests.test_engine import py, write_wf
+
+pytest.importorskip("mcp")
+from mcp import Client, StdioServerParameters  # noqa: E402
+
+
+def server_env(tmp_path: Path, shiv_root: Path) -> dict[str, str]:
+    """The stdio client passes a minimal environment: give the zipapp what it needs explicitly."""
+    return {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "SHIV_ROOT": str(shiv_root),
+            "AKM_DATA_DIR": str(tmp_path / "akm-data"), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+
+
+def flow(project: Path) -> Path:
+    return write_wf(project, "flow.md", f"""
+        steps:
+          - id: prep
+            unit: {{ exec: {{ command: {py('print("to stdout, never to the protocol")')} }} }}
+          - id: write
+            output: {{ type: object, required: [text], properties: {{ text: {{ type: string }} }} }}
+          - id: show
+            unit: {{ exec: {{ command: {py('import os; print(os.environ["AKM_INPUTS"])')} }} }}
+            inputs: [steps.write.output]
+        """, "## prep\n\nPrep.\n\n## write\n\nWrite a sentence.\n\n## show\n\nShow.")
+
+
+def test_official_client_drives_a_session_run_over_stdio(akm_bin, shiv_root, tmp_path, project):
+    flow(project)
+    params = StdioServerParameters(command=str(akm_bin), args=["mcp"], env=server_env(tmp_path, shiv_root),
+                                   cwd=str(project))
+
+    async def main():
+        async with Client(params) as c:
+            names = {t.name for t in (await c.list_tools()).tools}
+            assert {"workflow_run", "workflow_next", "unit_report"} <= names
+            r = await c.call_tool("workflow_run", {"target": "flow.md"})
+            assert r.structured_content["run"]["status"] == "awaiting_session"
+            rid = r.structured_content["run"]["runId"]
+            b = (await c.call_tool("workflow_next", {"run_id": rid})).structured_content
+            unit = b["units"][0]
+            assert unit["unitId"] == "write:solo" and unit["outputSchema"]["required"] == ["text"]
+            rep = await c.call_tool("unit_report", {"run_id": rid, "unit_id": "write:solo", "status": "completed",
+                                                    "result": {"text": "hello"}})
+            assert rep.structured_content["stepOutcome"]["kind"] == "completed"
+            done = await c.call_tool("workflow_run", {"target": rid})
+            return done.structured_content
+
+    result = anyio.run(main)
+    assert result["run"]["status"] == "completed"
+    show = json.loads(result["run"]["steps"][2]["output"])
+    assert show == {"steps.write.output": {"text": "hello"}}
+
+
+class RawServer:
+    """`dist/akm mcp` spoken to with hand-written JSON-RPC lines; every stdout line must be a protocol frame."""
+
+    def __init__(self, akm_bin: Path, env: dict[str, str], cwd: Path) -> None:
+        self.proc = subprocess.Popen([str(akm_bin), "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=env, cwd=cwd, text=True, bufsize=1)
+        self.frames: list[dict] = []
+        self.next_id = 0
+
+    def send(self, obj: dict | str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((obj if isinstance(obj, str) else json.dumps(obj)) + "\n")
+        self.proc.stdin.flush()
+
+    def request(self, method: str, params: dict | None = None) -> dict:
+        self.next_id += 1
+        rid = self.next_id
+        self.send({"jsonrpc": "2.0", "id": rid, "method": method, **({"params": params} if params else {})})
+        return self.wait_for(lambda f: f.get("id") == rid)
+
+    def wait_for(self, pred, timeout: float = 120) -> dict:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"server closed stdout; stderr:\n{self.proc.stderr.read() if self.proc.stderr else ''}")
+            frame = json.loads(line)  # anything that is not a JSON-RPC frame fails here
+            assert frame.get("jsonrpc") == "2.0", line
+            self.frames.append(frame)
+            if pred(frame):
+                return frame
+        raise AssertionError("no answer in time")
+
+    def initialize(self) -> dict:
+        init = self.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                           "clientInfo": {"name": "raw-test", "version": "0"}})
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return init
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+def test_only_protocol_on_stdout_and_malformed_requests_survive(akm_bin, shiv_root, tmp_path, project):
+    flow(project)
+    srv = RawServer(akm_bin, server_env(tmp_path, shiv_root), project)
+    try:
+        init = srv.initialize()
+        assert init["result"]["serverInfo"]["name"] == "akm" and "workflow_next" in init["result"]["instructions"]
+        srv.send("this is not json")
+        srv.send({"jsonrpc": "2.0", "id": "x", "method": "tools/call", "params": {"name": "no_such_tool"}})
+        srv.send({"jsonrpc": "2.0", "id": "y", "method": "tools/call",
+                  "params": {"name": "workflow_run", "arguments": {"max_steps": "many"}}})
+        run = srv.request("tools/call", {"name": "workflow_run", "arguments": {"target": "flow.md"}})
+        content = run["result"]["structuredContent"]
+        assert content["run"]["status"] == "awaiting_session"
+        assert content["run"]["steps"][0]["output"] == "to stdout, never to the protocol"
+        listed = srv.request("tools/list")
+        assert len(listed["result"]["tools"]) == 10
+        answered = {f.get("id") for f in srv.frames}
+        assert {"x", "y"} <= answered  # bad calls got answers (errors), and the server kept going
+        bad_call = next(f for f in srv.frames if f.get("id") == "y")
+        assert bad_call.get("error") or bad_call["result"]["isError"]
+    finally:
+        srv.close()
+
+
+def test_kill_9_of_the_server_mid_run_loses_nothing(akm_bin, shiv_root, tmp_path, project):
+    marker = tmp_path / "started"
+    slow = (f"import pathlib,sys,time; m=pathlib.Path({str(marker)!r})\n"
+            "if m.exists(): print('resumed'); sys.exit(0)\n"
+            "m.write_text('x'); time.sleep(600)")
+    write_wf(project, "long.md", f"""
+        steps:
+          - id: quick
+            unit: {{ exec: {{ command: {py('print("quick")')} }} }}
+          - id: slow
+            unit: {{ exec: {{ command: {py(slow)} }} }}
+        """, "## quick\n\nQ.\n\n## slow\n\nS.")
+    env = server_env(tmp_path, shiv_root)
+    srv = RawServer(akm_bin, env, project)
+    try:
+        srv.initialize()
+        srv.send({"jsonrpc": "2.0", "id": 99, "method": "tools/call",
+                  "params": {"name": "workflow_run", "arguments": {"target": "long.md", "timeout": "10m"}}})
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists()
+        srv.proc.send_signal(signal.SIGKILL)
+        srv.proc.wait(timeout=30)
+    finally:
+        srv.close()
+    db = sqlite3.connect(paths.state_db_path())
+    try:
+        run_id, status = db.execute("SELECT id, status FROM runs").fetchone()
+        quick_before = db.execute("SELECT attempts, started_at FROM units WHERE unit_id = 'quick:solo'").fetchone()
+    finally:
+        db.close()
+    assert status == "active"
+    # the run is picked up at once (its dead holder is on this host); only the in-flight unit runs again
+    proc = subprocess.run([str(akm_bin), "workflow", "run", run_id, "--format", "json"], env=env, cwd=project,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    view = json.loads(proc.stdout)["run"]
+    assert [s["output"] for s in view["steps"]] == ["quick", "resumed"]
+    db = sqlite3.connect(paths.state_db_path())
+    try:
+        assert db.execute("SELECT attempts, started_at FROM units WHERE unit_id = 'quick:solo'").fetchone() == quick_before
+        assert db.execute("SELECT attempts FROM units WHERE unit_id = 'slow:solo'").fetchone() == (2,)
+    finally:
+        db.close()
