@@ -125,11 +125,33 @@ def _bound_s() -> float:
         return DEFAULT_CALL_BOUND_S
 
 
+class _AkmServer(MCPServer):
+    """MCPServer whose argument errors carry a code like every other akm error."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        from mcp.server.mcpserver.exceptions import ToolError
+        from pydantic import ValidationError
+
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ValidationError):
+                problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
+                                     for e in cause.errors())
+                return _error_result(AkmError(f"Invalid arguments for {name}: {problems}.", code="INVALID_ARGUMENT",
+                                              exit_status=2))
+            if str(exc).startswith("Unknown tool"):
+                return _error_result(AkmError(f"{exc}. Tools: {', '.join(sorted(self._tool_manager._tools))}.",
+                                              code="UNKNOWN_TOOL", exit_status=2))
+            raise
+
+
 def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPServer:
     """The akm MCP server (also used in-process by tests)."""
     holder = holder or f"mcp:{uuid.uuid4()}"
     base_cwd = cwd or os.getcwd()
-    server = MCPServer(name="akm", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
+    server = _AkmServer(name="akm", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
 
     read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 

@@ -160,7 +160,8 @@ def test_errors_are_tool_errors_with_code_and_exit_status(project):
     assert missing.is_error and missing.structured_content["code"] == "RUN_NOT_FOUND"
     assert "akm " not in missing.content[0].text  # MCP users are never told to type shell commands
     assert not_a_file.is_error and not_a_file.structured_content["code"] == "WORKFLOW_NOT_FOUND"
-    assert bad_args.is_error
+    assert bad_args.is_error and bad_args.structured_content["code"] == "INVALID_ARGUMENT"
+    assert "max_steps" in bad_args.structured_content["error"]
 
 
 def test_a_call_returns_at_its_bound_and_the_run_continues(project, monkeypatch):
