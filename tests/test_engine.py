@@ -197,8 +197,9 @@ def test_failed_item_is_the_only_one_redispatched_after_resume(project):
           - id: each
             map:
               over: params.xs
+              concurrency: 1  # fail fast would otherwise race the siblings of the failing item
               unit:
-                exec: {{ command: {py(f'import json,os,sys,pathlib; i=json.loads(os.environ["AKM_ITEM"]); sys.exit(1) if i == "b" and not pathlib.Path({str(flag)!r}).exists() else print(i)')} }}
+                exec: {{ command: {py(f'import json,os,sys,pathlib; i=json.loads(os.environ["AKM_ITEM"]); sys.exit(1) if i == "c" and not pathlib.Path({str(flag)!r}).exists() else print(i)')} }}
         """, "## each\n\nx")
     res = run(wf, project, params={"xs": ["a", "b", "c"]})
     assert res.run.status == "failed"

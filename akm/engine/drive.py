@@ -622,8 +622,7 @@ class _Driver:
         return status == "completed"
 
     def park_units(self, step: StepPlan, decision: StepDecision) -> bool:
-        self.park({"kind": "units", "stepId": step.step_id, "gateLoop": decision.loop,
-                   "unitIds": [s.unit.unit_id for s in decision.units]})
+        self.park({"kind": "units", "stepId": step.step_id, "gateLoop": decision.loop})
         return False
 
     def park(self, brief: dict[str, Any]) -> None:

@@ -341,6 +341,7 @@ def decide_step(
     settled: bool = False,
     redo_failed: bool = False,
     fail_fast: bool = False,
+    work_list: WorkList | StepFailure | None = None,
 ) -> StepDecision:
     """Decide the current step's next move from its journal rows.
 
@@ -357,7 +358,7 @@ def decide_step(
     if step.root is None:
         result = StepResult(ok=True, evidence={}, summary=f'Step "{step.step_id}" is a route step — no units dispatched.')
         return _after_result(run_id, step, params, outputs, gate, result, [])
-    wl = work_list_for(run_id, step, params, outputs, engines, gate)
+    wl = work_list if work_list is not None else work_list_for(run_id, step, params, outputs, engines, gate)
     if isinstance(wl, StepFailure):
         return StepDecision("fail", loop=gate.loop, notes=wl.reason, evidence={"error": wl.reason})
     states = unit_states(wl, rows, gate.loop)

@@ -83,6 +83,33 @@ class _Current:
         return self.loaded.run_id
 
 
+_WORK_LISTS: dict[tuple[Any, ...], Any] = {}
+_WORK_LISTS_LOCK = threading.Lock()
+_WORK_LISTS_MAX = 8
+
+
+def _work_list(cur: _Current) -> Any:
+    """The step's work list, remembered per (run, spine, gate state): a long-lived server answering a
+    report per unit of a 1000-unit fan-out would otherwise rebuild (and rehash) it for every report."""
+    from akm.canonical import canonical_json
+    from akm.engine.finalize import work_list_for
+
+    assert cur.step is not None and cur.gate is not None
+    key = (cur.run_id, cur.loaded.run.plan_hash, cur.step.step_id, cur.gate.loop, cur.gate.base,
+           canonical_json(cur.gate.feedback), tuple((s.step_id, s.status, s.completed_at) for s in cur.spine.steps))
+    with _WORK_LISTS_LOCK:
+        hit = _WORK_LISTS.get(key)
+    if hit is not None:
+        return hit
+    wl = work_list_for(cur.run_id, cur.step, cur.loaded.params, cur.spine.outputs,
+                       cur.loaded.plan.execution.engines, cur.gate)
+    with _WORK_LISTS_LOCK:
+        if len(_WORK_LISTS) >= _WORK_LISTS_MAX:
+            _WORK_LISTS.pop(next(iter(_WORK_LISTS)))
+        _WORK_LISTS[key] = wl
+    return wl
+
+
 def _current(db: Database, run_id: str) -> _Current:
     loaded = load_run(db, run_id)
     spine = load_spine(db, run_id, loaded.plan)
@@ -95,7 +122,7 @@ def _current(db: Database, run_id: str) -> _Current:
     cur.gate = load_gate(db, run_id, step, spine, cur.gate_rows)
     cur.decision = decide_step(run_id=run_id, step=step, params=loaded.params, outputs=spine.outputs,
                                engines=loaded.plan.execution.engines, gate=cur.gate, rows=cur.rows,
-                               fail_fast=True)
+                               fail_fast=True, work_list=_work_list(cur) if step.root is not None else None)
     return cur
 
 
@@ -449,8 +476,7 @@ def _finalize(db: Database, run_id: str, project_root: Path, registry: Any,
                         "message": f"Step {step.step_id} failed: {budget_message}."}
             if d.kind == "work":
                 left = len(d.units)
-                _park(db, run_id, {"kind": "units", "stepId": step.step_id, "gateLoop": d.loop,
-                                   "unitIds": [s.unit.unit_id for s in d.units]})
+                _park(db, run_id, {"kind": "units", "stepId": step.step_id, "gateLoop": d.loop})
                 prior_loop = cur.gate.loop > 1 and d.loop == cur.gate.loop and cur.gate.feedback is not None
                 if prior_loop and all(s.row is None for s in d.states):
                     return {"stepOutcome": {"kind": "next_loop", "gateLoop": d.loop,
@@ -496,9 +522,13 @@ def _finalize(db: Database, run_id: str, project_root: Path, registry: Any,
 
 
 def _park(db: Database, run_id: str, stub: dict[str, Any]) -> None:
+    """Mark the run as waiting for the agent (a no-op when it already says exactly that)."""
     run = runs_store.get_run(db, run_id)
-    if run is not None and run.status in DRIVABLE_STATUSES:
-        runs_store.set_run_status(db, run_id, "awaiting_session", stub)
+    if run is None or run.status not in DRIVABLE_STATUSES:
+        return
+    if run.status == "awaiting_session" and run.status_detail == stub:
+        return
+    runs_store.set_run_status(db, run_id, "awaiting_session", stub)
 
 
 def _engine_judge(db: Database, cur: _Current, d: StepDecision, project_root: Path, registry: Any) -> bool:

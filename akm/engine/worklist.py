@@ -137,10 +137,10 @@ def build_work_list(
                     f"{preview}. Unit ids are derived from item content, so items must be distinct."
                 )
             seen[key] = i
-        entries = [(i, it) for i, it in enumerate(items)]
+        entries = [(i, it, key) for it, (key, i) in zip(items, seen.items())]
         concurrency, reducer, is_map = root.concurrency, root.reducer, True
     else:
-        entries = [(0, NO_ITEM)]
+        entries = [(0, NO_ITEM, "null")]
         concurrency, reducer, is_map = 1, "collect", False
 
     try:
@@ -151,7 +151,7 @@ def build_work_list(
         return StepFailure(f'Step "{step.step_id}" cannot identify its units: a value {exc}.')
 
 
-def _units(step: StepPlan, template: UnitNode, entries: list[tuple[int, Any]], *, run_id: str,
+def _units(step: StepPlan, template: UnitNode, entries: list[tuple[int, Any, str]], *, run_id: str,
            params: dict[str, Any], inputs: list[tuple[str, Any]], engines: dict[str, dict[str, Any]],
            gate_loop: int, gate_feedback: dict[str, Any] | None, concurrency: int, reducer: str,
            is_map: bool) -> WorkList:
@@ -165,9 +165,9 @@ def _units(step: StepPlan, template: UnitNode, entries: list[tuple[int, Any]], *
                         gate_feedback=gate_feedback)
     params_json = json_or_null(params)
     units: list[WorkUnit] = []
-    for index, item in entries:
+    for index, item, item_json in entries:  # item_json: the item's canonical JSON, computed once
         fan_out = item is not NO_ITEM
-        unit_id = item_unit_id(template.id, item) if fan_out else solo_unit_id(step.step_id)
+        unit_id = item_unit_id(template.id, item, item_json) if fan_out else solo_unit_id(step.step_id)
         prompt_args = dict(
             run_id=run_id,
             step_id=step.step_id,
@@ -181,7 +181,7 @@ def _units(step: StepPlan, template: UnitNode, entries: list[tuple[int, Any]], *
             schema=template.output_schema,
             params_json=params_json,
         )
-        input_hash = hasher.hash(item)
+        input_hash = hasher.hash(item, item_json)
         units.append(
             WorkUnit(
                 unit_id=unit_id,

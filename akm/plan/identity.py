@@ -21,9 +21,9 @@ def solo_unit_id(step_id: str) -> str:
     return f"{step_id}:solo"
 
 
-def item_unit_id(template_id: str, item: Any) -> str:
-    """`<step>.unit:<first 12 hex of sha256(canonical item)>`."""
-    return f"{template_id}:{sha256_hex(canonical_json(item))[:12]}"
+def item_unit_id(template_id: str, item: Any, item_json: str | None = None) -> str:
+    """`<step>.unit:<first 12 hex of sha256(canonical item)>` (`item_json`: its canonical JSON, if known)."""
+    return f"{template_id}:{sha256_hex(canonical_json(item) if item_json is None else item_json)[:12]}"
 
 
 def journal_base_id(unit_id: str, gate_loop: int) -> str:
@@ -114,8 +114,10 @@ class UnitHasher:
         self._tail = (',"params":' + cj(params) + ',"schema":' + cj(template.output_schema)
                       + ',"template":' + cj(template.instructions) + "}")
 
-    def hash(self, item: Any = _NO_ITEM) -> str:
-        item_json = "null" if item is _NO_ITEM else canonical_json(item)
+    def hash(self, item: Any = _NO_ITEM, item_json: str | None = None) -> str:
+        """`item_json` may carry the item's canonical JSON when the caller already has it."""
+        if item_json is None:
+            item_json = "null" if item is _NO_ITEM else canonical_json(item)
         return sha256_hex(self._head + item_json + self._tail)
 
 
