@@ -1,0 +1,126 @@
+"""The agent-facing surface, measured against baselines in the same run.
+
+Prints:
+  1. MCP server start to its first `initialize` answer (`akm mcp`), as a ratio to a
+     bare `python3 -c pass` start through the same interpreter;
+  2. a `workflow_status` round trip on a running server (median);
+  3. reports per second through the api for one 1000-unit session step (and the
+     brief of that step), the path an agent's `unit_report` calls take.
+
+Usage: python bench/bench_mcp.py [--akm dist/akm] [--units 1000] [--rounds 7]
+(`--akm` defaults to `python3 -m akm` from this checkout; pass dist/akm after ./build.sh.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _start_server(cmd: list[str], env: dict[str, str], cwd: str) -> subprocess.Popen:
+    return subprocess.Popen(cmd + ["mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=env, cwd=cwd, text=True, bufsize=1)
+
+
+def _rpc(proc: subprocess.Popen, rid: int, method: str, params: dict | None = None) -> dict:
+    assert proc.stdin and proc.stdout
+    proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, **({"params": params} if params else {})}) + "\n")
+    proc.stdin.flush()
+    while True:
+        frame = json.loads(proc.stdout.readline())
+        if frame.get("id") == rid:
+            return frame
+
+
+INIT = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}
+
+
+def time_initialize(cmd: list[str], env: dict[str, str], cwd: str) -> float:
+    t = time.perf_counter()
+    proc = _start_server(cmd, env, cwd)
+    _rpc(proc, 1, "initialize", INIT)
+    dt = time.perf_counter() - t
+    proc.kill()
+    proc.wait()
+    return dt
+
+
+def time_bare(python: str) -> float:
+    t = time.perf_counter()
+    subprocess.run([python, "-c", "pass"], check=True)
+    return time.perf_counter() - t
+
+
+def reports_per_second(units: int, work: Path) -> tuple[float, float]:
+    from akm import api
+
+    wf = work / "session.md"
+    wf.write_text("---\nparams:\n  xs: { type: array }\nsteps:\n  - id: m\n    map: { over: params.xs }\n---\n"
+                  "## m\n\nDo it.\n", encoding="utf-8")
+    res = api.run_workflow(str(wf), params={"xs": list(range(units))}, cwd=str(work))
+    rid = res.run.run_id
+    t = time.perf_counter()
+    brief = api.next_brief(rid)
+    brief_s = time.perf_counter() - t
+    t = time.perf_counter()
+    for i, u in enumerate(brief.units):
+        api.report_unit(rid, u.unit_id, status="completed", result=f"r{i}", has_result=True, cwd=str(work))
+    dt = time.perf_counter() - t
+    assert api.run_status(rid).steps[0].status == "completed"
+    return units / dt, brief_s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--akm", default=None)
+    ap.add_argument("--units", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    cmd = [args.akm] if args.akm else [sys.executable, "-m", "akm"]
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, AKM_DATA_DIR=str(Path(tmp) / "data"), PYTHONPATH=str(ROOT))
+        os.environ["AKM_DATA_DIR"] = env["AKM_DATA_DIR"]
+        time_initialize(cmd, env, tmp)  # warm (zipapp extraction, page cache)
+        inits, bares = [], []
+        for _ in range(args.rounds):  # interleaved, so load on the machine hits both alike
+            inits.append(time_initialize(cmd, env, tmp))
+            bares.append(time_bare(sys.executable))
+        init_s, bare_s = statistics.median(inits), statistics.median(bares)
+        print(f"MCP start to initialize answer: {init_s * 1000:.0f} ms; python3 -c pass {bare_s * 1000:.0f} ms; "
+              f"ratio {init_s / bare_s:.1f} (median of {args.rounds})")
+
+        wf = Path(tmp) / "one.md"
+        wf.write_text("---\nsteps:\n  - id: a\n    unit: { exec: { command: [\"true\"] } }\n---\n## a\n\nA.\n")
+        proc = _start_server(cmd, env, tmp)
+        _rpc(proc, 1, "initialize", INIT)
+        run = _rpc(proc, 2, "tools/call", {"name": "workflow_run", "arguments": {"target": "one.md"}})
+        rid = run["result"]["structuredContent"]["run"]["runId"]
+        trips = []
+        for i in range(30):
+            t = time.perf_counter()
+            _rpc(proc, 10 + i, "tools/call", {"name": "workflow_status", "arguments": {"run_id": rid}})
+            trips.append(time.perf_counter() - t)
+        proc.kill()
+        proc.wait()
+        status_ms = statistics.median(trips) * 1000
+        print(f"workflow_status round trip: {status_ms:.1f} ms (median of 30)")
+
+        rate, brief_s = reports_per_second(args.units, Path(tmp))
+        print(f"{args.units}-unit session step: brief {brief_s * 1000:.0f} ms; {rate:.0f} reports/s through the api")
+        print(json.dumps({"mcpInitRatio": round(init_s / bare_s, 2), "mcpInitMs": round(init_s * 1000),
+                          "statusRoundTripMs": round(status_ms, 1), "reportsPerSecond": round(rate),
+                          "briefMs": round(brief_s * 1000)}))
+
+
+if __name__ == "__main__":
+    main()
