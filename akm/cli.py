@@ -112,12 +112,89 @@ def _build_parser() -> "argparse.ArgumentParser":
     rp.add_argument("--holder", metavar="H", help="claim holder name (default: this user and host)")
     fmt(rp)
 
+    _add_config_parser(sub)
+
     log = sub.add_parser("log", help="journal events (cursor-paged)")
     log.add_argument("--run", dest="run_id", metavar="RUN")
     log.add_argument("--since", help="@offset:N (from a previous nextOffset) or an ISO time")
     log.add_argument("--limit", type=int)
     fmt(log)
     return p
+
+
+# ------------------------------------------------------------------ `akm config` (engines issue)
+
+
+def _add_config_parser(sub: Any) -> None:
+    cp = sub.add_parser("config", help="read and change engine configuration")
+    csub = cp.add_subparsers(dest="config_action", metavar="ACTION", parser_class=type(cp))
+    cp.set_defaults(config_parser=cp)
+
+    def scope(sp: "argparse.ArgumentParser") -> None:
+        sp.add_argument("--project", action="store_true",
+                        help="the project file (<project>/.akm/config.json) instead of the user file")
+
+    pth = csub.add_parser("path", help="print where the config file is")
+    scope(pth)
+    pth.add_argument("--format", choices=("text", "json"), default="text")
+    ls = csub.add_parser("list", help="the effective config (user file under the project file), as JSON")
+    ls.add_argument("--format", choices=("text", "json"), default="json")
+    get = csub.add_parser("get", help="one value (JSON; null when unset)")
+    get.add_argument("key", metavar="KEY")
+    get.add_argument("--format", choices=("text", "json"), default="json")
+    st = csub.add_parser("set", help="set a value (objects merge, arrays replace)")
+    st.add_argument("key", metavar="KEY")
+    st.add_argument("value", metavar="VALUE")
+    scope(st)
+    st.add_argument("--silent", action="store_true", help="print nothing on success")
+    st.add_argument("--format", choices=("text", "json"), default="text")
+    un = csub.add_parser("unset", help="remove a key (emptied parents are removed too)")
+    un.add_argument("key", metavar="KEY")
+    scope(un)
+    un.add_argument("--silent", action="store_true", help="print nothing on success")
+    un.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def _cmd_config(args: "argparse.Namespace") -> int:
+    from akm import api
+
+    action = args.config_action
+    if action is None:
+        args.config_parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    if action == "path":
+        paths_ = api.config_paths()
+        if args.format == "json":
+            _emit_json(paths_.to_json())
+        else:
+            _out(paths_.project if args.project else paths_.user)
+        return 0
+    if action == "list":
+        _emit_json(api.config_list())
+        return 0
+    if action == "get":
+        _emit_json(api.config_get(args.key))
+        return 0
+    try:
+        if action == "set":
+            change = api.config_set(args.key, args.value, project=args.project)
+        else:
+            change = api.config_unset(args.key, project=args.project)
+    except AkmError as exc:
+        if exc.code == "INVALID_FLAG_VALUE" and exc.hint is None:
+            exc.hint = "See `akm config --help`; `akm config get KEY` shows a key's current value."
+        raise
+    if args.silent:
+        return 0
+    if args.format == "json":
+        _emit_json(change.to_json())
+    elif not change.written:
+        _out(f"{change.key}: unchanged ({change.file})")
+    elif action == "set":
+        _out(f"{change.key} = {json.dumps(change.value, ensure_ascii=False)}  ({change.file})")
+    else:
+        _out(f"{change.key} removed  ({change.file})")
+    return 0
 
 
 # ------------------------------------------------------------------ output helpers
@@ -461,6 +538,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         if args.command == "log":
             return _cmd_log(args)
+        if args.command == "config":
+            return _cmd_config(args)
         handler = {"lint": _cmd_lint, "upgrade": _cmd_upgrade, "list": _cmd_list, "status": _cmd_status,
                    "resume": _cmd_control, "abandon": _cmd_control, "next": _cmd_next,
                    "report": _cmd_report}[args.action]

@@ -33,6 +33,24 @@ def data_dir() -> Path:
     return Path(platformdirs.user_data_dir("akm", appauthor=False))
 
 
+def config_dir() -> Path:
+    """Where the user's `config.json` lives.
+
+    `AKM_CONFIG_DIR` wins, then `$XDG_CONFIG_HOME/akm` (on every platform, so a
+    sandboxed or test run never touches the real user config), else platformdirs'
+    per-user config dir (`~/.config/akm` on Linux).
+    """
+    override = os.environ.get("AKM_CONFIG_DIR", "").strip()
+    if override:
+        return Path(override)
+    xdg = os.environ.get("XDG_CONFIG_HOME", "").strip()
+    if xdg:
+        return Path(xdg) / "akm"
+    import platformdirs  # lazy: keeps CLI start-up light
+
+    return Path(platformdirs.user_config_dir("akm", appauthor=False))
+
+
 def state_db_path() -> Path:
     """The journal file: `<data_dir>/state.db`."""
     return data_dir() / "state.db"

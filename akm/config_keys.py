@@ -1,0 +1,233 @@
+"""`akm config get|set|unset`: dotted key paths, and turning a command-line string into a value.
+
+Why a table and not pydantic introspection: the CLI must say "unknown key" for a
+typo before anything is written, coerce `0.2` to a number for `temperature` but
+keep `0.2` a string for `model`, and refuse a literal API key with a hint —
+decisions about single leaves, made before the whole file is validated. The
+whole-file rules (engine kinds, names pointing at the right engine) still run
+on save, in `akm.config.update_config_file`.
+
+Pure functions on plain dicts: no files, no printing.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+from typing import Any
+
+from akm.config import AGENT_PLATFORMS, engine_env_key_name, env_ref_name
+from akm.errors import UsageError
+
+# Leaf kinds: "string", "number", "integer", "boolean", "timeout" (ms or null),
+# "secret" (${NAME} only), "object", "array", ("enum", choices), ("record", value kind).
+_ENGINE_FIELDS: dict[str, Any] = {
+    "kind": ("enum", ("llm", "agent")),
+    "provider": "string",
+    "endpoint": "string",
+    "model": "string",
+    "apiKey": "secret",
+    "temperature": "number",
+    "maxTokens": "integer",
+    "contextLength": "integer",
+    "supportsJsonSchema": "boolean",
+    "concurrency": "integer",
+    "extraParams": "object",
+    "timeoutMs": "timeout",
+    "enableThinking": "boolean",
+    "platform": ("enum", AGENT_PLATFORMS),
+    "bin": "string",
+    "args": "array",
+    "llmEngine": "string",
+    "envPassthrough": "array",
+    "modelAliases": ("record", "string"),
+}
+_ENGINE = ("engine", _ENGINE_FIELDS)
+
+SCHEMA: dict[str, Any] = {
+    "engines": ("record", _ENGINE),
+    "defaults": {"llmEngine": "string", "agentEngine": "string"},
+    "workflow": {"judgeEngine": "string", "maxConcurrency": "integer", "defaultMapConcurrency": "integer"},
+    "modelAliases": ("record", ("record", "string")),
+}
+
+_DURATION = re.compile(r"^(\d+)(ms|s|m|h)?$")
+
+
+def split_key(key: str) -> list[str]:
+    parts = key.split(".")
+    if not key or any(not p for p in parts):
+        raise UsageError(f"Config key {key!r} is malformed: write dotted names like engines.fast.model.",
+                         code="INVALID_FLAG_VALUE")
+    return parts
+
+
+def _unknown(key: str) -> UsageError:
+    return UsageError(f"Unknown config key {key!r}.", code="INVALID_FLAG_VALUE",
+                      hint=f"Top-level keys: {', '.join(sorted(SCHEMA))}. Engine keys: "
+                           f"{', '.join(sorted(_ENGINE_FIELDS))}.")
+
+
+def leaf_kind(key: str) -> Any:
+    """The kind of value at `key` (see the table above); UsageError for a key the schema lacks."""
+    node: Any = SCHEMA
+    for part in split_key(key):
+        if isinstance(node, dict):
+            if part not in node:
+                raise _unknown(key)
+            node = node[part]
+        elif isinstance(node, tuple) and node[0] == "record":
+            node = node[1]
+        elif isinstance(node, tuple) and node[0] == "engine":
+            if part not in node[1]:
+                raise _unknown(key)
+            node = node[1][part]
+        else:  # a scalar leaf has no children
+            raise _unknown(key)
+    return node
+
+
+def get_value(data: dict[str, Any], key: str) -> Any:
+    """The value at `key` in `data`, or None when unset (the key must exist in the schema)."""
+    leaf_kind(key)
+    node: Any = data
+    for part in split_key(key):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return copy.deepcopy(node)
+
+
+def _parse_json(key: str, raw: str, want: type, what: str) -> Any:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise UsageError(f"{key}: expected {what} as JSON, got {raw!r}.", code="INVALID_FLAG_VALUE") from None
+    if not isinstance(value, want):
+        raise UsageError(f"{key}: expected {what}, got {type(value).__name__}.", code="INVALID_FLAG_VALUE")
+    return value
+
+
+def _refuse_literal_keys(key: str, value: Any, engine_name: str | None) -> None:
+    """Any `apiKey` in an object being set must be a `${NAME}` reference."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == "apiKey" and env_ref_name(v) is None:
+                _literal_secret(f"{key}.{k}", engine_name)
+            _refuse_literal_keys(f"{key}.{k}", v, engine_name)
+
+
+def _literal_secret(key: str, engine_name: str | None) -> None:
+    var = engine_env_key_name(engine_name) if engine_name else "MY_API_KEY"
+    raise UsageError(
+        f"{key}: akm does not store key values in config; give the name of an environment variable instead.",
+        code="INVALID_FLAG_VALUE",
+        hint=f"export {var}=… and run `akm config set {key} '${{{var}}}'` (or leave apiKey unset: "
+             f"akm reads {var} on its own).",
+    )
+
+
+def coerce(key: str, raw: str) -> tuple[Any, bool]:
+    """(value, unset) for `akm config set key raw`: the string turned into the leaf's type.
+
+    `unset` is True when the value means "remove the key" (`""` or `null` for an
+    object, array or nullable leaf).
+    """
+    kind = leaf_kind(key)
+    parts = split_key(key)
+    engine_name = parts[1] if parts[0] == "engines" and len(parts) >= 2 else None
+    if isinstance(kind, tuple) and kind[0] == "enum":
+        if raw not in kind[1]:
+            raise UsageError(f"{key}: expected one of {', '.join(kind[1])}, got {raw!r}.", code="INVALID_FLAG_VALUE")
+        return raw, False
+    if isinstance(kind, tuple) or kind in ("object", "array"):
+        if raw.strip() in ("", "null"):
+            return None, True
+        if kind == "array":
+            return _parse_json(key, raw, list, "an array"), False
+        value = _parse_json(key, raw, dict, "an object")
+        _refuse_literal_keys(key, value, engine_name)
+        return value, False
+    if kind == "secret":
+        if raw.strip() in ("", "null"):
+            return None, True
+        if env_ref_name(raw) is None:
+            _literal_secret(key, engine_name)
+        return raw, False
+    if kind == "string":
+        return raw, False
+    if kind == "boolean":
+        if raw not in ("true", "false"):
+            raise UsageError(f"{key}: expected true or false, got {raw!r}.", code="INVALID_FLAG_VALUE")
+        return raw == "true", False
+    if kind == "integer":
+        if not re.fullmatch(r"-?\d+", raw.strip()):
+            raise UsageError(f"{key}: expected a whole number, got {raw!r}.", code="INVALID_FLAG_VALUE")
+        return int(raw), False
+    if kind == "number":
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise UsageError(f"{key}: expected a number, got {raw!r}.", code="INVALID_FLAG_VALUE")
+        return (int(value) if value.is_integer() and re.fullmatch(r"-?\d+", raw.strip()) else value), False
+    if kind == "timeout":
+        text = raw.strip().lower()
+        if text in ("null", "none"):
+            return None, False
+        if text == "":
+            return None, True
+        m = _DURATION.match(text)
+        if not m or int(m.group(1)) == 0:
+            raise UsageError(f"{key}: expected milliseconds, a duration like 90s / 10m / 1h, or none; got {raw!r}.",
+                             code="INVALID_FLAG_VALUE")
+        factor = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}[m.group(2)]
+        return int(m.group(1)) * factor, False
+    raise _unknown(key)  # pragma: no cover - every kind is handled above
+
+
+def set_value(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """A copy of `data` with `value` at `key`; an object deep-merges into an existing object there."""
+    from akm.config import deep_merge
+
+    out = copy.deepcopy(data)
+    parts = split_key(key)
+    node = out
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    last = parts[-1]
+    if isinstance(value, dict) and isinstance(node.get(last), dict):
+        node[last] = deep_merge(node[last], value)
+    else:
+        node[last] = copy.deepcopy(value)
+    return out
+
+
+def unset_value(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """A copy of `data` without `key`; parents left empty by the removal are pruned."""
+    leaf_kind(key)
+    out = copy.deepcopy(data)
+    parts = split_key(key)
+    trail: list[tuple[dict[str, Any], str]] = []
+    node: Any = out
+    for part in parts[:-1]:
+        if not isinstance(node, dict) or not isinstance(node.get(part), dict):
+            return out
+        trail.append((node, part))
+        node = node[part]
+    if not isinstance(node, dict) or parts[-1] not in node:
+        return out
+    del node[parts[-1]]
+    for parent, part in reversed(trail):
+        if parent[part] == {}:
+            del parent[part]
+        else:
+            break
+    return out
