@@ -285,8 +285,12 @@ def resolve_workflow_file(target: str, cwd: Path) -> tuple[Path, str]:
     )
 
 
-def compile_workflow_file(path: Path):
-    """Parse + lint + compile a workflow file to a frozen plan, or raise with every problem listed."""
+def compile_workflow_file(path: Path, *, cwd: Path | None = None):
+    """Parse + lint + compile a workflow file to a frozen plan, or raise with every problem listed.
+
+    Engines are frozen from the config of the project `cwd` is in (none read when no config file exists).
+    """
+    from akm.config import load_config_if_any
     from akm.format.parse import parse_workflow
     from akm.plan.compile import compile_plan
 
@@ -299,7 +303,8 @@ def compile_workflow_file(path: Path):
             code="WORKFLOW_INVALID",
             hint=f"Run `akm workflow lint {path}` for details and fixes.",
         )
-    return compile_plan(parsed.document, title=path.stem), [w.message for w in parsed.warnings]
+    config = load_config_if_any(cwd)
+    return compile_plan(parsed.document, title=path.stem, config=config), [w.message for w in parsed.warnings]
 
 
 # ------------------------------------------------------------------ run
@@ -343,7 +348,7 @@ def run_workflow(
             run_id = existing.id
         else:
             wf_path, ref = resolve_workflow_file(target, work_dir)
-            plan, warnings = compile_workflow_file(wf_path)
+            plan, warnings = compile_workflow_file(wf_path, cwd=work_dir)
             from akm.format.params import check_params, coerce_params
 
             schemas = plan.param_schemas or {}
@@ -425,8 +430,8 @@ def _continue_active(active, have_params: bool, values: dict[str, Any], plan, wf
         )
     if active.plan_hash != plan.plan_hash():
         warnings.append(
-            f"{wf_path} changed since run {active.id} started; continuing that run with the plan it "
-            f"froze. To run the edited file, `akm workflow abandon {active.id}` and run it again."
+            f"{wf_path} (or the engine config) changed since run {active.id} started; continuing that run "
+            f"with the plan it froze. To run the edited file, `akm workflow abandon {active.id}` and run it again."
         )
     return active.id
 

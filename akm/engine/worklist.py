@@ -33,7 +33,7 @@ class WorkUnit:
     index: int
     item: Any  # NO_ITEM for solo units
     template: UnitNode
-    runner: str  # "exec" | "session" (llm/agent runners arrive with engines)
+    runner: str  # "exec" | "llm" | "agent" | "session"
     engine: str | None
     model: str | None
     timeout_ms: int | None
@@ -79,10 +79,15 @@ def _describe_type(value: Any) -> str:
     return type(value).__name__
 
 
-def runner_for(template: UnitNode) -> str:
-    """exec units always run natively; anything else needs an engine or a session (D11)."""
+def runner_for(template: UnitNode, engines: dict[str, dict[str, Any]] | None = None) -> str:
+    """exec units always run natively; a unit frozen onto an engine runs on that engine's kind
+    (`llm` / `agent`, from the plan's snapshot); anything else waits for the calling agent (D11)."""
     if template.exec is not None:
         return "exec"
+    invocation = template.invocation
+    snapshot = (engines or {}).get(invocation.engine) if invocation is not None and invocation.engine else None
+    if snapshot is not None and snapshot.get("kind") in ("llm", "agent"):
+        return str(snapshot["kind"])
     return "session"
 
 
@@ -155,7 +160,7 @@ def _units(step: StepPlan, template: UnitNode, entries: list[tuple[int, Any, str
            params: dict[str, Any], inputs: list[tuple[str, Any]], engines: dict[str, dict[str, Any]],
            gate_loop: int, gate_feedback: dict[str, Any] | None, concurrency: int, reducer: str,
            is_map: bool) -> WorkList:
-    runner = runner_for(template)
+    runner = runner_for(template, engines)
     invocation = template.invocation
     engine_name = invocation.engine if invocation else None
     dispatch_snapshot = engines.get(engine_name) if engine_name else None

@@ -6,9 +6,11 @@ and therefore the same `plan_hash`. Everything a run will need is decided here
 policies, schemas, gate criteria — so the engine never re-reads the file.
 
 Engine selection for model/agent units is frozen as an `invocation` naming the
-engine the document asked for (or none). Engine snapshots arrive with engine
-configuration; until then a unit without an engine is a session unit (D11),
-and exec-only workflows freeze with no config at all.
+engine that will run it (akm.plan.engines), with the resolved model and
+timeout; the engines used are snapshotted into `execution.engines` and the
+gate judge into each gated step's `gate.judge`. A unit without an engine is a
+session unit (D11). Exec-only workflows freeze exactly the same with or
+without config (only `workflow.maxConcurrency` / `defaultMapConcurrency` apply).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from akm.format.model import Defaults, Step, UnitBag, WorkflowDocument
+from akm.plan.engines import EngineFreezer
 from akm.plan.model import (
     Budget,
     ExecSpec,
@@ -62,7 +65,8 @@ def _merge_llm(defaults: Defaults | None, bag: UnitBag | None) -> dict[str, Any]
     return {renames.get(k, k): v for k, v in merged.items()}
 
 
-def _unit_node(doc: WorkflowDocument, step: Step, bag: UnitBag | None, node_id: str) -> UnitNode:
+def _unit_node(doc: WorkflowDocument, step: Step, bag: UnitBag | None, node_id: str,
+               freezer: EngineFreezer) -> UnitNode:
     defaults = doc.defaults
     instructions = step.instructions.text if step.instructions else ""
     source = (
@@ -83,12 +87,14 @@ def _unit_node(doc: WorkflowDocument, step: Step, bag: UnitBag | None, node_id: 
         )
     else:
         declared = (bag is not None and bag.timeout_set) or (defaults is not None and defaults.timeout_set)
-        invocation = Invocation(
-            engine=(bag.engine if bag and bag.engine else None) or (defaults.engine if defaults else None),
+        invocation = freezer.unit_invocation(
+            where=f'{doc.path}:{step.line}: step "{step.id}"',
+            named=(bag.engine if bag and bag.engine else None) or (defaults.engine if defaults else None),
             model=(bag.model if bag and bag.model else None) or (defaults.model if defaults else None),
-            llm=_merge_llm(defaults, bag),
             # absent unless the file states one: "engine default" and "none" must stay distinct
-            **({"timeout_ms": _timeout(bag, defaults, None)} if declared else {}),
+            declared_timeout=declared, timeout_ms=_timeout(bag, defaults, None),
+            llm=_merge_llm(defaults, bag), unit_llm=bool(bag is not None and bag.llm is not None),
+            needs_env=bool(bag is not None and bag.env), needs_cwd=bool(bag is not None and bag.isolation == "worktree"),
         )
     on_error = (bag.on_error if bag else None) or (defaults.on_error if defaults else None) or "fail"
     return UnitNode(
@@ -115,14 +121,16 @@ def _unit_schema(step: Step, bag: UnitBag | None) -> dict[str, Any] | None:
     return None
 
 
-def compile_step(doc: WorkflowDocument, step: Step) -> StepPlan:
+def compile_step(doc: WorkflowDocument, step: Step, freezer: EngineFreezer | None = None,
+                 default_map_concurrency: int = DEFAULT_MAP_CONCURRENCY) -> StepPlan:
+    freezer = freezer or EngineFreezer(None)
     rubric = step.gate_rubric.text if step.gate_rubric and step.gate_rubric.text.strip() else None
     gate = GatePlan(
         id=f"{step.id}.gate",
         step_id=step.id,
         criteria=[rubric] if rubric else [],
         max_loops=(step.gate.max_loops if step.gate and step.gate.max_loops else 1),
-        judge=None,
+        judge=freezer.judge_invocation() if rubric else None,
     )
     root = None
     route = None
@@ -135,17 +143,17 @@ def compile_step(doc: WorkflowDocument, step: Step) -> StepPlan:
         )
     elif step.kind == "map":
         assert step.map is not None
-        template = _unit_node(doc, step, step.map.unit, f"{step.id}.unit")
+        template = _unit_node(doc, step, step.map.unit, f"{step.id}.unit", freezer)
         root = MapNode(
             id=f"{step.id}.map",
             over=step.map.over,
             template=template,
-            concurrency=step.map.concurrency or DEFAULT_MAP_CONCURRENCY,
+            concurrency=step.map.concurrency or default_map_concurrency,
             reducer=step.map.reducer,
             source=template.source,
         )
     else:
-        root = _unit_node(doc, step, step.unit, step.id)
+        root = _unit_node(doc, step, step.unit, step.id, freezer)
     return StepPlan(
         step_id=step.id,
         title=step.id,
@@ -157,17 +165,29 @@ def compile_step(doc: WorkflowDocument, step: Step) -> StepPlan:
     )
 
 
-def compile_plan(doc: WorkflowDocument, *, title: str, max_concurrency: int | None = None) -> Plan:
-    """Freeze `doc`. `max_concurrency` is config `workflow.maxConcurrency` when set (D6)."""
+def compile_plan(doc: WorkflowDocument, *, title: str, max_concurrency: int | None = None,
+                 config: Any = None) -> Plan:
+    """Freeze `doc` against `config` (an `akm.config.LoadedConfig`, or None: no config file).
+
+    `max_concurrency` overrides config `workflow.maxConcurrency` (D6). Raises
+    ConfigError when a step names an engine the config lacks or one that cannot
+    run it.
+    """
     budget = None
     if doc.budget is not None and (doc.budget.max_units or doc.budget.max_tokens):
         budget = Budget(max_units=doc.budget.max_units, max_tokens=doc.budget.max_tokens)
     params = list(doc.params) or None
+    freezer = EngineFreezer(config)
+    settings = config.config.workflow if config is not None else None
+    if max_concurrency is None and settings is not None:
+        max_concurrency = settings.max_concurrency
+    map_width = (settings.default_map_concurrency if settings is not None else None) or DEFAULT_MAP_CONCURRENCY
+    steps = [compile_step(doc, s, freezer, map_width) for s in doc.steps]
     return Plan(
         title=title,
         params=params,
         param_schemas=dict(doc.params) if params else None,
         budget=budget,
-        execution=Execution(max_concurrency=max_concurrency, engines={}),
-        steps=[compile_step(doc, s) for s in doc.steps],
+        execution=Execution(max_concurrency=max_concurrency, engines=dict(sorted(freezer.snapshots.items()))),
+        steps=steps,
     )
