@@ -84,3 +84,15 @@ def akm_zipapp(tmp_path, project, akm_bin, shiv_root) -> Akm:
     """The built single-file executable, driven like a user would."""
     env = _env(tmp_path, {"SHIV_ROOT": str(shiv_root)})
     return Akm([str(akm_bin)], tmp_path / "akm-data", project, env)
+
+
+@pytest.fixture
+def fake_openai():
+    """A real OpenAI-compatible chat server on 127.0.0.1 (tests/fake_openai.py: behaviour by model name)."""
+    from tests.fake_openai import FakeOpenAI
+
+    server = FakeOpenAI()
+    try:
+        yield server
+    finally:
+        server.close()

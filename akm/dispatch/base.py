@@ -59,6 +59,7 @@ class UnitRequest:
     engine_name: str | None = None
     engine: dict[str, Any] | None = None
     model: str | None = None
+    llm_options: dict[str, Any] | None = None  # the unit's frozen `invocation.llm` (LLM engines only)
     # exec only
     exec_spec: Any = None  # akm.plan.model.ExecSpec
     exec_context: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,174 @@
+"""A real HTTP server on 127.0.0.1 speaking the OpenAI chat-completions API, for tests.
+
+What it answers is chosen by the request's `model`, so one server serves many
+behaviours at once (and parallel requests never share a script):
+
+  plain            content "hello" with usage 12 + 5 tokens
+  json             content '{"ok": true}'
+  probe-ok         content '{"ok": true, "ingest": true, "lint": true}' (the capability probe's answer)
+  echo             content = the last message's content
+  transcript       content = JSON of the whole `messages` array
+  echo-auth        content = "auth=<Authorization header>" (redaction tests)
+  reasoning        empty content, reasoning_content "thought"
+  rate-limit-N     429 with Retry-After: N on the first request of that model, then "ok"
+  rate-limit       429 without Retry-After, every time
+  flaky-500        500 on the first request of that model, then "ok"
+  fail-500         500 every time
+  unauthorized     401 whose body echoes the Authorization header
+  html-502         502 with an HTML page
+  html-200         200 with an HTML page
+  malformed        200 with "not json at all"
+  no-choices       200 with {"object": "chat.completion"}
+  stream           200 text/event-stream chunks
+  filtered         empty content, finish_reason content_filter
+  slow-S           sleeps S seconds (float), then "ok"
+  hold-S           like slow-S, counted in `max_inflight` (concurrency tests)
+  drop             closes the connection without answering, every time
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class FakeOpenAI:
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.counts: dict[str, int] = {}
+        self.inflight = 0
+        self.max_inflight = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length)
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    body = {"_raw": raw.decode("utf-8", "replace")}
+                with server.lock:
+                    server.requests.append({"path": self.path, "headers": dict(self.headers.items()), "body": body,
+                                            "at": time.monotonic()})
+                    model = str(body.get("model", ""))
+                    n = server.counts[model] = server.counts.get(model, 0) + 1
+                server.answer(self, model, n, body)
+
+            def send_json(self, status: int, doc: Any, headers: dict[str, str] | None = None) -> None:
+                self.send_text(status, json.dumps(doc), "application/json", headers)
+
+            def send_text(self, status: int, text: str, ctype: str, headers: dict[str, str] | None = None) -> None:
+                data = text.encode("utf-8")
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                try:
+                    self.wfile.write(data)
+                except OSError:
+                    pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+        host, port = self.httpd.server_address[:2]
+        self.base = f"http://{host}:{port}"
+        self.url = f"{self.base}/v1/chat/completions"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def bodies(self, model: str | None = None) -> list[dict[str, Any]]:
+        return [r["body"] for r in self.requests if model is None or r["body"].get("model") == model]
+
+    @staticmethod
+    def completion(content: str, *, finish: str = "stop", usage: dict[str, int] | None = None,
+                   reasoning: str | None = None) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+        doc: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion", "model": "fake",
+                               "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+        if usage is not None:
+            doc["usage"] = usage
+        return doc
+
+    def answer(self, h: Any, model: str, n: int, body: dict[str, Any]) -> None:  # noqa: C901
+        msgs = body.get("messages") or [{}]
+        if model == "plain":
+            h.send_json(200, self.completion("hello", usage={"prompt_tokens": 12, "completion_tokens": 5,
+                                                             "total_tokens": 17}))
+        elif model == "json":
+            h.send_json(200, self.completion('{"ok": true}', usage={"prompt_tokens": 3, "completion_tokens": 4}))
+        elif model == "probe-ok":
+            h.send_json(200, self.completion('{"ok": true, "ingest": true, "lint": true}'))
+        elif model == "echo":
+            h.send_json(200, self.completion(str(msgs[-1].get("content", ""))))
+        elif model == "transcript":
+            h.send_json(200, self.completion(json.dumps(msgs)))
+        elif model == "echo-auth":
+            h.send_json(200, self.completion(f"auth={h.headers.get('Authorization')}"))
+        elif model == "reasoning":
+            h.send_json(200, self.completion("", reasoning="thought"))
+        elif model.startswith("rate-limit-"):
+            if n == 1:
+                h.send_json(429, {"error": {"message": "slow down"}}, {"Retry-After": model.rsplit("-", 1)[1]})
+            else:
+                h.send_json(200, self.completion("ok"))
+        elif model == "rate-limit":
+            h.send_json(429, {"error": {"message": "slow down"}})
+        elif model == "flaky-500":
+            if n == 1:
+                h.send_json(500, {"error": {"message": "boom"}})
+            else:
+                h.send_json(200, self.completion("ok"))
+        elif model == "fail-500":
+            h.send_json(500, {"error": {"message": "boom"}})
+        elif model == "unauthorized":
+            h.send_json(401, {"error": {"message": f"bad key: {h.headers.get('Authorization')}"}})
+        elif model == "html-502":
+            h.send_text(502, "<!DOCTYPE html><html><body><h1>Bad Gateway</h1></body></html>", "text/html")
+        elif model == "html-200":
+            h.send_text(200, "<html><body>Welcome to nginx</body></html>", "text/html")
+        elif model == "malformed":
+            h.send_text(200, "not json at all", "application/json")
+        elif model == "no-choices":
+            h.send_json(200, {"object": "chat.completion"})
+        elif model == "stream":
+            chunk = json.dumps({"choices": [{"delta": {"content": "hi"}}]})
+            h.send_text(200, f"data: {chunk}\n\ndata: [DONE]\n\n", "text/event-stream")
+        elif model == "filtered":
+            h.send_json(200, self.completion("", finish="content_filter"))
+        elif model.startswith("slow-") or model.startswith("hold-"):
+            with self.lock:
+                self.inflight += 1
+                self.max_inflight = max(self.max_inflight, self.inflight)
+            try:
+                time.sleep(float(model.split("-", 1)[1]))
+            finally:
+                with self.lock:
+                    self.inflight -= 1
+            h.send_json(200, self.completion("ok", usage={"prompt_tokens": 1, "completion_tokens": 1,
+                                                          "total_tokens": 2}))
+        elif model == "drop":
+            h.close_connection = True
+            try:
+                h.connection.shutdown(2)
+            except OSError:
+                pass
+        else:
+            h.send_json(404, {"error": {"message": f"unknown model {model}"}})
