@@ -31,6 +31,7 @@ RETRYABLE_REASONS: tuple[str, ...] = (
     "llm_bad_response",
     "llm_network_error",
     "llm_content_filter",
+    "agent_error",
     "llm_invalid_json",
     "content_policy_reject",
     "unsupported_type",

@@ -1,0 +1,370 @@
+"""Agent units: run a harness CLI (claude, codex, opencode, …) once per attempt.
+
+The profile of each harness (argv, prompt channel, output format) lives in
+`akm.dispatch.harnesses`; this module runs it like an exec unit is run:
+
+* its own process group, stdin from `/dev/null` (or the prompt, for harnesses
+  that read a long prompt from stdin), killed as a group on cancel or timeout
+  (SIGTERM, SIGKILL after a grace), and swept when the main process exits but
+  a descendant still holds the pipes (D9); the guardian token rides along (D18);
+* an environment built from nothing: the exec allowlist, the harness's own
+  variables (its API key, its config dir), the engine's `envPassthrough`, then
+  the unit's `env:` bindings — nothing else of akm's environment leaks;
+* the working directory is the request's `cwd` (the project root, or the
+  unit's isolation worktree);
+* everything returned is scrubbed of the unit's secrets, of every passthrough
+  value that is not known to be harmless, and of the LLM key an agent on an
+  `llmEngine` was given.
+
+Agents usually print their final answer last, so output is kept as a bounded
+TAIL (the last `MAX_STDOUT_BYTES`), not a head.
+
+Process supervision is a small internal runner (`_run_process`) until the
+shared `akm.dispatch.process` module lands; switching is one call site.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from akm.dispatch import guard
+from akm.dispatch import harnesses as hz
+from akm.dispatch.base import UnitRequest
+from akm.dispatch.exec import EXEC_ENV_ALLOWLIST, _supplement_path
+from akm.dispatch.llm import LlmCallError, resolve_api_key
+from akm.dispatch.redact import clip, redact_text, sensitive_values_from
+from akm.dispatch.types import DispatchResult
+
+MAX_STDOUT_BYTES = 16 * 1024 * 1024
+MAX_STDERR_BYTES = 1024 * 1024
+KILL_GRACE_S = 5.0
+DRAIN_GRACE_S = 2.0
+POST_KILL_DRAIN_S = 1.0
+POLL_S = 0.05
+DIAGNOSTIC_CLIP = 2000
+STDERR_TAIL = 1500
+
+
+# --------------------------------------------------------------------------- process (interim runner)
+
+
+class _Tail:
+    """The last `cap` bytes of a stream, and how many were dropped before them."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.chunks: deque[bytes] = deque()
+        self.size = 0
+        self.total = 0
+        self.eof = False
+        self.error: BaseException | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        while self.size - len(self.chunks[0]) >= self.cap:
+            self.size -= len(self.chunks.popleft())
+
+    @property
+    def dropped(self) -> bool:
+        return self.total > self.cap
+
+    def text(self) -> str:
+        data = b"".join(self.chunks)
+        if len(data) > self.cap:
+            data = data[-self.cap:]
+        return data.decode("utf-8", errors="replace")
+
+
+def _pump(fd: int, tail: _Tail) -> None:
+    try:
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            tail.feed(chunk)
+        tail.eof = True
+    except OSError as exc:
+        tail.error = exc
+
+
+def _feed_stdin(stream: Any, data: bytes) -> None:
+    try:
+        stream.write(data)
+    except OSError:
+        pass  # the harness closed stdin early; its exit status tells the rest
+    finally:
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
+@dataclass
+class ProcessOutcome:
+    returncode: int | None
+    stdout: str
+    stderr: str
+    stdout_dropped: bool
+    spawn_error: str | None = None
+    aborted: bool = False
+    timed_out: bool = False
+    drain_problem: str | None = None
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    except (AttributeError, OSError):
+        try:
+            proc.send_signal(sig)
+        except OSError:
+            pass
+
+
+_SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
+
+
+def _run_process(argv: list[str], *, env: dict[str, str], cwd: str, stdin: str | None, timeout_ms: int | None,
+                 cancel: threading.Event) -> ProcessOutcome:
+    """Spawn in its own group, capture bounded tails, enforce cancel/timeout, sweep the group (D9)."""
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE if stdin is not None else
+                                subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, close_fds=True)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return ProcessOutcome(None, "", "", False, spawn_error=detail)
+    out, err = _Tail(MAX_STDOUT_BYTES), _Tail(MAX_STDERR_BYTES)
+    threads = [threading.Thread(target=_pump, args=(proc.stdout.fileno(), out), daemon=True),
+               threading.Thread(target=_pump, args=(proc.stderr.fileno(), err), daemon=True)]
+    if stdin is not None:
+        threads.append(threading.Thread(target=_feed_stdin, args=(proc.stdin, stdin.encode("utf-8")), daemon=True))
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_ms / 1000.0 if timeout_ms is not None else None
+    aborted = timed_out = killed = False
+    term_at: float | None = None
+    while True:
+        try:
+            proc.wait(POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        if term_at is None:
+            if cancel.is_set():
+                aborted = True
+            elif deadline is not None and now >= deadline:
+                timed_out = True
+            if aborted or timed_out:
+                term_at = now
+                _signal_group(proc, signal.SIGTERM)
+        elif not killed and now - term_at >= KILL_GRACE_S:
+            killed = True
+            _signal_group(proc, _SIGKILL)
+    readers = threads[:2]
+    drain_problem = None
+    grace = time.monotonic() + (0 if term_at is not None else DRAIN_GRACE_S)
+    for t in readers:
+        t.join(max(0.0, grace - time.monotonic()))
+    if term_at is not None or any(t.is_alive() for t in readers):
+        if term_at is None:
+            drain_problem = ("output capture did not complete: a background process kept stdout/stderr open after "
+                             "the harness exited; its process group was killed")
+        _signal_group(proc, _SIGKILL)
+        for t in readers:
+            t.join(POST_KILL_DRAIN_S)
+    for stream in (proc.stdout, proc.stderr):
+        try:
+            stream.close()
+        except OSError:
+            pass
+    return ProcessOutcome(proc.returncode, out.text(), err.text(), out.dropped, aborted=aborted, timed_out=timed_out,
+                          drain_problem=drain_problem)
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def agent_env(profile: hz.Profile, engine: Mapping[str, Any], request: UnitRequest,
+              parent: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """(child environment, the passthrough names that came from akm's environment)."""
+    names = [*EXEC_ENV_ALLOWLIST, *hz.COMMON_PASSTHROUGH, *profile.env_passthrough,
+             *(engine.get("envPassthrough") or [])]
+    env: dict[str, str] = {}
+    passed: list[str] = []
+    for name in dict.fromkeys(names):
+        if name in parent:
+            env[name] = parent[name]
+            passed.append(name)
+    if "PATH" in env:
+        env["PATH"] = _supplement_path(env["PATH"], parent.get("HOME") or os.path.expanduser("~"))
+    env.update(request.env_bindings)
+    env.update({"AKM_RUN_ID": request.run_id, "AKM_STEP_ID": request.step_id, "AKM_UNIT_ID": request.unit_id})
+    return env, passed
+
+
+def unsafe_values(env: Mapping[str, str], names: list[str]) -> list[str]:
+    """Values of passthrough variables that may be secrets (anything not on the harmless list,
+    and the credential parts of a harmless one that carries URL credentials)."""
+    secret = {n: env[n] for n in names if n in env and n not in hz.SAFE_ENV_NAMES}
+    values = sensitive_values_from(secret)
+    for n in names:
+        v = env.get(n, "")
+        if n in hz.SAFE_ENV_NAMES and "://" in v and "@" in v:
+            values += sensitive_values_from({n: v})
+    return values
+
+
+# --------------------------------------------------------------------------- the dispatcher
+
+
+class AgentDispatcher:
+    """Dispatcher for `agent` units (see the module docstring).
+
+    A corrective follow-up (`feedback`) is appended to the prompt after a blank
+    line: harness CLIs are one-shot, so the follow-up is a fresh call that
+    carries the original task and what was wrong with the previous answer.
+    An engine snapshot with `concurrency` caps how many of its processes run at once.
+    """
+
+    kind = "agent"
+
+    def __init__(self, *, environ: Mapping[str, str] | None = None) -> None:
+        self._environ = environ
+        self._gates: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+        self._gates_lock = threading.Lock()
+
+    def _gate(self, name: str, width: int | None) -> threading.BoundedSemaphore | None:
+        if not width:
+            return None
+        with self._gates_lock:
+            return self._gates.setdefault((name, width), threading.BoundedSemaphore(width))
+
+    def dispatch(self, request: UnitRequest, cancel: threading.Event,
+                 feedback: str | None = None) -> DispatchResult:
+        engine = request.engine or {}
+        platform = str(engine.get("platform") or "")
+        label = f"agent unit {request.attempt_id} on engine {request.engine_name or engine.get('name', '?')!r}"
+        secrets = list(request.sensitive_values)
+        profile = hz.PROFILES.get(platform)
+        if engine.get("kind") != "agent" or profile is None:
+            return _failure("dispatch_error", f"{label}: the plan has no agent engine snapshot with a known platform "
+                            f"(got {platform or 'none'!r})", secrets)
+        if cancel.is_set():
+            return _failure("aborted", f"{label} was not started: the run was interrupted", secrets)
+        parent = request.parent_env if request.parent_env is not None else (
+            self._environ if self._environ is not None else os.environ)
+        llm = engine.get("llm") if isinstance(engine.get("llm"), dict) else None
+        llm_key = None
+        if llm is not None:
+            try:
+                llm_key = resolve_api_key(llm, parent)
+            except LlmCallError as exc:
+                return _failure("dispatch_error", f"{label}: {exc.message}", secrets)
+            if llm_key:
+                secrets.append(llm_key)
+        prompt = f"{request.prompt}\n\n{feedback}" if feedback else request.prompt
+        tmpdir = tempfile.mkdtemp(prefix="akm-agent-") if request.output_schema is not None else None
+        try:
+            call = hz.Call(bin=str(engine.get("bin") or profile.bin),
+                           args=list(engine["args"]) if isinstance(engine.get("args"), list) else list(
+                               profile.base_args),
+                           prompt=prompt, system_prompt=request.system_prompt, model=request.model,
+                           schema=request.output_schema,
+                           schema_path=os.path.join(tmpdir, "output-schema.json") if tmpdir else None,
+                           llm=llm, llm_api_key=llm_key)
+            try:
+                built = hz.build(platform, call)
+            except hz.HarnessError as exc:
+                return _failure("dispatch_error", f"{label}: {exc}", secrets)
+            if built.schema_file is not None:
+                with open(built.schema_file[0], "w", encoding="utf-8") as fh:
+                    fh.write(built.schema_file[1])
+            env, passed = agent_env(profile, engine, request, parent)
+            env.update(built.env)
+            secrets += unsafe_values(env, passed) + sensitive_values_from(
+                {k: v for k, v in built.env.items() if k not in hz.SAFE_ENV_NAMES and k != "OPENCODE_CONFIG_CONTENT"})
+            token = guard.token()
+            if token:
+                env[guard.ENV_NAME] = token  # the harness dies with this engine if the engine is killed
+            exe = built.argv[0]
+            if os.sep not in exe and not (os.altsep and os.altsep in exe):
+                found = shutil.which(exe, path=env.get("PATH", os.defpath))
+                if found is None:
+                    return _failure("spawn_failed", f"{label}: {exe!r} ({platform}) is not on PATH "
+                                    f"({env.get('PATH', '')}); nothing was started", secrets)
+                built.argv[0] = found
+            gate = self._gate(str(engine.get("name") or platform), engine.get("concurrency"))
+            if gate is not None:
+                while not gate.acquire(timeout=POLL_S):
+                    if cancel.is_set():
+                        return _failure("aborted", f"{label} was not started: the run was interrupted", secrets)
+            try:
+                proc = _run_process(built.argv, env=env, cwd=request.cwd, stdin=built.stdin,
+                                    timeout_ms=request.timeout_ms, cancel=cancel)
+            finally:
+                if gate is not None:
+                    gate.release()
+            return self._result(label, platform, request, proc, secrets)
+        except Exception as exc:  # a bug must not escape a dispatcher (base.py contract)
+            return _failure("dispatch_error", f"{label} failed inside akm: {type(exc).__name__}: {exc}", secrets)
+        finally:
+            if tmpdir is not None:
+                shutil.rmtree(tmpdir, ignore_errors=True)
+
+    def _result(self, label: str, platform: str, request: UnitRequest, proc: ProcessOutcome,
+                secrets: list[str]) -> DispatchResult:
+        if proc.spawn_error is not None:
+            return _failure("spawn_failed", f"{label} could not start {platform}: {proc.spawn_error}", secrets)
+        stderr = redact_text(proc.stderr, secrets).strip()
+        tail = f". stderr (last {STDERR_TAIL} chars):\n…{stderr[-STDERR_TAIL:]}" if len(stderr) > STDERR_TAIL else (
+            f". stderr:\n{stderr}" if stderr else "")
+        got = hz.extract(platform, proc.stdout)
+        session = redact_text(got.session_id, secrets) if got.session_id else None
+        text = redact_text(got.text, secrets) or None
+        if proc.aborted:
+            return _failure("aborted", f"{label} was cancelled while running; its process group was terminated{tail}",
+                            secrets, text=text, session_id=session, tokens=got.tokens)
+        if proc.timed_out:
+            return _failure("timeout", f"{label} timed out after {request.timeout_ms} ms; its process group was "
+                            f"terminated{tail}", secrets, text=text, session_id=session, tokens=got.tokens)
+        if proc.returncode not in (0, None):
+            rc = proc.returncode
+            what = f"was killed by signal {-rc}" if rc is not None and rc < 0 else f"exited {rc}"
+            detail = f": {got.error}" if got.error else ""
+            return _failure("non_zero_exit", f"{label}: {platform} {what}{detail}{tail}", secrets, text=text,
+                            session_id=session, tokens=got.tokens)
+        if proc.drain_problem is not None:
+            return _failure("spawn_failed", f"{label}: {proc.drain_problem}{tail}", secrets, session_id=session,
+                            tokens=got.tokens)
+        if got.error is not None:
+            return _failure("agent_error", f"{label}: {platform} exited 0 but reported a failure: "
+                            f"{redact_text(got.error, secrets)}{tail}", secrets, text=text, session_id=session,
+                            tokens=got.tokens)
+        if proc.stdout_dropped and not got.parsed:
+            return DispatchResult(ok=False, failure_reason="agent_output_limit", truncated=True, session_id=session,
+                                  tokens=got.tokens, text=text,
+                                  error=clip(f"{label}: {platform} printed more than {MAX_STDOUT_BYTES} bytes and its "
+                                             "output is not in the harness's structured format, so the answer is "
+                                             "incomplete; nothing was promoted", DIAGNOSTIC_CLIP))
+        return DispatchResult(ok=True, text=text, tokens=got.tokens, session_id=session)
+
+
+def _failure(reason: str, error: str, secrets: list[str], *, text: str | None = None, session_id: str | None = None,
+             tokens: int | None = None) -> DispatchResult:
+    return DispatchResult(ok=False, failure_reason=reason, error=clip(redact_text(error, secrets), DIAGNOSTIC_CLIP),
+                          text=text, session_id=session_id, tokens=tokens)

@@ -1,0 +1,632 @@
+"""Agent harness profiles: how to call each agent CLI, and how to read what it prints.
+
+Pure functions (no processes, no environment reads): `build(platform, …)` turns
+one unit attempt into an argv (+ extra environment, + optional stdin and a
+temporary file), and `extract(platform, stdout)` reads the answer, the
+harness's session id and the tokens it reports out of that harness's real
+output format. `akm.dispatch.agents` runs them.
+
+Output modes were chosen so each harness tells us its session id and usage:
+
+| platform  | non-interactive call                                   | output read                           |
+|-----------|--------------------------------------------------------|---------------------------------------|
+| claude    | `claude -p --output-format json -- P`                  | one JSON result object                |
+| codex     | `codex exec --json --sandbox workspace-write -- P`     | JSONL thread events                   |
+| opencode  | `opencode run --format json -- P`                      | JSONL part events                     |
+| gemini    | `gemini --output-format json -p P`                     | one JSON object (`response`, `stats`) |
+| copilot   | `copilot -p P --allow-all-tools --output-format json`  | JSONL session events                  |
+| pi        | `pi --print --mode json P`                             | JSONL agent events                    |
+| aider     | `aider --yes-always --no-pretty --message=P`           | text (banners stripped)               |
+| amazonq   | `q chat --no-interactive --trust-all-tools -- P`       | text (ANSI stripped)                  |
+| openhands | `openhands --headless --json --task=P`                 | JSONL events                          |
+
+Anything a harness prints that does not parse as its format is returned as
+plain text, so a version that changed its output still yields an answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+# Environment every harness needs (beyond the exec allowlist): where its config and
+# caches live, and how the network is reached.
+COMMON_PASSTHROUGH: tuple[str, ...] = (
+    "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE",
+)
+
+# Passthrough names whose values are paths or identifiers, not secrets (spec-engine §9.1).
+SAFE_ENV_NAMES = frozenset({
+    "HOME", "PATH", "TMPDIR", "TEMP", "TMP", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ",
+    "SystemRoot", "SystemDrive", "WINDIR", "COMSPEC", "PATHEXT", "USERPROFILE", "HOMEDRIVE", "HOMEPATH", "APPDATA",
+    "LOCALAPPDATA", "ProgramData", "ProgramFiles", "AKM_EVENT_SOURCE", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
+    "XDG_CACHE_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS",
+    "REQUESTS_CA_BUNDLE", "OPENCODE_CONFIG", "CLAUDE_CONFIG", "CLAUDE_CONFIG_DIR", "CODEX_CONFIG", "CODEX_HOME",
+    "AWS_PROFILE", "AWS_REGION", "LLM_MODEL", "LLM_BASE_URL", "GOOGLE_CLOUD_PROJECT",
+})
+
+ARGV_PROMPT_LIMIT = 120_000  # bytes: one argv string is capped at 128 KiB on Linux
+LLM_KEY_ENV = "AKM_LLM_API_KEY"  # how an agent on an `llmEngine` receives that engine's key
+NO_KEY = "akm-no-key"  # placeholder for keyless local servers (some harnesses insist on a key)
+
+
+class HarnessError(ValueError):
+    """A request the harness cannot be given (a flag-shaped model, a prompt too long for argv, …)."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    platform: str
+    bin: str
+    base_args: tuple[str, ...]
+    env_passthrough: tuple[str, ...]
+    builder: Callable[["Call"], "Built"]
+    extractor: Callable[[str], "Extracted"]
+    llm_engine: bool = False  # can be pointed at an OpenAI-compatible endpoint (`llmEngine`)
+
+
+@dataclass
+class Call:
+    """What one attempt asks of a harness (already resolved: exact model, full prompt)."""
+
+    bin: str
+    args: list[str]
+    prompt: str
+    system_prompt: str | None = None
+    model: str | None = None
+    schema: dict[str, Any] | None = None
+    schema_path: str | None = None  # where a schema file may be written (codex)
+    llm: Mapping[str, Any] | None = None  # the `llmEngine` snapshot, when the agent runs on one
+    llm_api_key: str | None = None  # that engine's key, resolved from akm's environment (a secret)
+
+
+@dataclass
+class Built:
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    stdin: str | None = None
+    schema_file: tuple[str, str] | None = None  # (path, content) to write before spawning
+
+
+@dataclass
+class Extracted:
+    text: str
+    session_id: str | None = None
+    tokens: int | None = None
+    error: str | None = None  # the harness said it failed (in its own output) although it exited 0
+    parsed: bool = True  # False: the output was not in the harness's format and is returned as plain text
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_flag_safe(what: str, value: str | None) -> None:
+    if value is not None and value.lstrip().startswith("-"):
+        raise HarnessError(f"{what} {value!r} starts with '-', which the harness would read as a flag")
+
+
+def _payload(call: Call) -> str:
+    """System prompt (if any) and prompt as one text, for harnesses without a system-prompt flag."""
+    return f"{call.system_prompt}\n\n{call.prompt}" if call.system_prompt else call.prompt
+
+
+def _fits_argv(text: str) -> bool:
+    return len(text.encode("utf-8")) <= ARGV_PROMPT_LIMIT
+
+
+def _too_long(platform: str, text: str) -> HarnessError:
+    return HarnessError(f"the prompt is {len(text.encode('utf-8'))} bytes; {platform} takes it on its command "
+                        f"line, where one argument is limited to {ARGV_PROMPT_LIMIT} bytes — pass bulk data "
+                        "through files")
+
+
+def _llm_base(llm: Mapping[str, Any]) -> str:
+    endpoint = str(llm.get("endpoint") or "")
+    return endpoint[: -len("/chat/completions")] if endpoint.endswith("/chat/completions") else endpoint
+
+
+def _jsonl(stdout: str) -> list[dict[str, Any]]:
+    events = []
+    for line in stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            events.append(obj)
+    return events
+
+
+def _json_doc(stdout: str) -> dict[str, Any] | None:
+    text = stdout.strip()
+    if not text.startswith("{"):
+        start = text.rfind("\n{")
+        if start == -1:
+            return None
+        text = text[start + 1:]
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _int(v: Any) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _sum(*values: int | None) -> int | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def _text_parts(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content
+                       if isinstance(p, dict) and p.get("type") in (None, "text") and isinstance(p.get("text"), str))
+    return ""
+
+
+_ANSI = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+# --------------------------------------------------------------------------- claude
+
+
+def _build_claude(call: Call) -> Built:
+    argv = [call.bin, *call.args]
+    if call.system_prompt:
+        argv += ["--system-prompt", call.system_prompt]
+    if call.model:
+        argv += ["--model", call.model]
+    argv += ["--output-format", "json", "--print"]
+    if _fits_argv(call.prompt):
+        return Built(argv + ["--", call.prompt])
+    return Built(argv, stdin=call.prompt)  # `claude -p` reads the prompt from stdin
+
+
+def _extract_claude(stdout: str) -> Extracted:
+    doc = _json_doc(stdout)
+    if doc is None or not (doc.get("type") == "result" or ("result" in doc and doc.get("session_id"))):
+        return Extracted(stdout.strip(), parsed=False)
+    usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
+    text = doc.get("result") if isinstance(doc.get("result"), str) else ""
+    error = None
+    if doc.get("is_error") is True or str(doc.get("subtype", "")).startswith("error"):
+        error = f"claude reported {doc.get('subtype') or 'an error'}: {text}".rstrip(": ")
+    return Extracted(text.strip(), session_id=doc.get("session_id") or None,
+                     tokens=_sum(_int(usage.get("input_tokens")), _int(usage.get("output_tokens"))), error=error)
+
+
+# --------------------------------------------------------------------------- codex
+
+
+def _build_codex(call: Call) -> Built:
+    args = list(call.args)
+    if args[:1] == ["exec"]:
+        args = args[1:]
+    argv = [call.bin, "exec", *args]
+    if not any(a in ("--sandbox", "-s") or a.startswith("--sandbox=") for a in args):
+        argv += ["--sandbox", "workspace-write"]
+    if "--skip-git-repo-check" not in args:
+        argv.append("--skip-git-repo-check")
+    if call.model:
+        argv += ["--model", call.model]
+    argv.append("--json")
+    schema_file = None
+    if call.schema is not None and call.schema_path:
+        argv += ["--output-schema", call.schema_path]
+        schema_file = (call.schema_path, json.dumps(call.schema, indent=2))
+    payload = _payload(call)
+    if _fits_argv(payload):
+        return Built(argv + ["--", payload], schema_file=schema_file)
+    return Built(argv + ["-"], stdin=payload, schema_file=schema_file)  # `-`: read the prompt from stdin
+
+
+def _extract_codex(stdout: str) -> Extracted:
+    session = text = error = None
+    tokens: int | None = None
+    for ev in _jsonl(stdout):
+        kind = ev.get("type")
+        if kind == "thread.started" and ev.get("thread_id"):
+            session = session or str(ev["thread_id"])
+        elif kind == "item.completed" and isinstance(ev.get("item"), dict):
+            item = ev["item"]
+            if item.get("type") in ("agent_message", "assistant_message") and isinstance(item.get("text"), str):
+                text = item["text"]
+        elif kind == "turn.completed":
+            error = None  # a later completed turn supersedes an earlier stream error
+            u = ev.get("usage") if isinstance(ev.get("usage"), dict) else {}
+            tokens = _sum(tokens, _int(u.get("input_tokens")), _int(u.get("output_tokens")))
+        elif kind in ("turn.failed", "error"):
+            err = ev.get("error") if isinstance(ev.get("error"), dict) else ev
+            error = str(err.get("message") or "codex reported a failure")
+        msg = ev.get("msg") if isinstance(ev.get("msg"), dict) else None  # the older exec --json shape
+        if msg:
+            if msg.get("type") == "session_configured" and msg.get("session_id"):
+                session = session or str(msg["session_id"])
+            elif msg.get("type") == "agent_message" and isinstance(msg.get("message"), str):
+                text = msg["message"]
+            elif msg.get("type") == "task_complete" and isinstance(msg.get("last_agent_message"), str):
+                text = msg["last_agent_message"]
+    if text is None and session is None:
+        return Extracted(stdout.strip(), parsed=False)
+    return Extracted((text or "").strip(), session_id=session, tokens=tokens, error=error)
+
+
+# --------------------------------------------------------------------------- opencode
+
+
+def _build_opencode(call: Call) -> Built:
+    args = list(call.args)
+    env: dict[str, str] = {}
+    model = call.model
+    if call.llm is not None:
+        model = f"akm/{model or call.llm.get('model')}"
+        options: dict[str, str] = {"baseURL": _llm_base(call.llm)}
+        if call.llm_api_key:
+            # the key travels in the child's environment; the config only names it (opencode's {env:…})
+            env[LLM_KEY_ENV] = call.llm_api_key
+            options["apiKey"] = "{env:" + LLM_KEY_ENV + "}"
+        config = {"$schema": "https://opencode.ai/config.json", "model": model,
+                  "provider": {"akm": {"npm": "@ai-sdk/openai-compatible", "name": "akm", "options": options,
+                                       "models": {model.split("/", 1)[1]: {}}}}}
+        env["OPENCODE_CONFIG_CONTENT"] = json.dumps(config, separators=(",", ":"))
+    if model:
+        kept: list[str] = []
+        prefix = None
+        i = 0
+        while i < len(args):  # a model requested now replaces one in the configured args
+            a = args[i]
+            if a == "--model" and i + 1 < len(args):
+                prefix = args[i + 1].split("/", 1)[0] if "/" in args[i + 1] else None
+                i += 2
+                continue
+            if a.startswith("--model="):
+                value = a.split("=", 1)[1]
+                prefix = value.split("/", 1)[0] if "/" in value else None
+                i += 1
+                continue
+            kept.append(a)
+            i += 1
+        args = kept
+        if prefix and "/" not in model:
+            model = f"{prefix}/{model}"
+    argv = [call.bin, *args]
+    if call.system_prompt:
+        argv += ["--system-prompt", call.system_prompt]
+    if model:
+        argv += ["--model", model]
+    if "--format" not in args:
+        argv += ["--format", "json"]
+    if not _fits_argv(call.prompt):
+        raise _too_long("opencode", call.prompt)
+    return Built(argv + ["--", call.prompt], env=env)
+
+
+def _extract_opencode(stdout: str) -> Extracted:
+    events = _jsonl(stdout)
+    if not events:
+        return Extracted(stdout.strip(), parsed=False)
+    session = error = None
+    tokens: int | None = None
+    by_message: dict[str, list[str]] = {}
+    order: list[str] = []
+    for ev in events:
+        session = session or ev.get("sessionID") or None
+        part = ev.get("part") if isinstance(ev.get("part"), dict) else {}
+        if ev.get("type") == "text" and isinstance(part.get("text"), str):
+            mid = str(part.get("messageID") or "")
+            if mid not in by_message:
+                by_message[mid] = []
+                order.append(mid)
+            by_message[mid].append(part["text"])
+        elif ev.get("type") == "step_finish" and isinstance(part.get("tokens"), dict):
+            t = part["tokens"]
+            tokens = _sum(tokens, _int(t.get("input")), _int(t.get("output")), _int(t.get("reasoning")))
+        elif ev.get("type") == "error":
+            err = ev.get("error")
+            error = (err.get("data", {}).get("message") or err.get("name")) if isinstance(err, dict) else str(err)
+    text = "".join(by_message[order[-1]]) if order else ""
+    return Extracted(text.strip(), session_id=session, tokens=tokens, error=error)
+
+
+# --------------------------------------------------------------------------- gemini
+
+
+def _build_gemini(call: Call) -> Built:
+    argv = [call.bin, *call.args]
+    if call.model:
+        argv += ["--model", call.model]
+    argv += ["--output-format", "json"]
+    payload = _payload(call)
+    if not _fits_argv(payload):
+        raise _too_long("gemini", payload)
+    return Built(argv + ["-p", payload])
+
+
+_SESSION_KEYS = ("session_id", "sessionId", "conversation_id", "conversationId", "chat_id", "chatId")
+
+
+def _extract_gemini(stdout: str) -> Extracted:
+    doc = _json_doc(stdout)
+    if doc is None:
+        return Extracted(stdout.strip(), parsed=False)
+    text = next((doc[k] for k in ("response", "result", "text", "output", "content") if isinstance(doc.get(k), str)),
+                None)
+    session = next((str(doc[k]) for k in _SESSION_KEYS if doc.get(k)), None)
+    tokens = None
+    stats = doc.get("stats") if isinstance(doc.get("stats"), dict) else {}
+    for model_stats in (stats.get("models") or {}).values() if isinstance(stats.get("models"), dict) else []:
+        t = model_stats.get("tokens") if isinstance(model_stats, dict) else None
+        if isinstance(t, dict):
+            tokens = _sum(tokens, _int(t.get("total")) if t.get("total") is not None
+                          else _sum(_int(t.get("prompt")), _int(t.get("candidates"))))
+    err = doc.get("error")
+    error = (str(err.get("message") or err) if isinstance(err, dict) else str(err)) if err else None
+    if text is None and error is None:
+        return Extracted(stdout.strip(), session_id=session, tokens=tokens, parsed=False)
+    return Extracted((text or "").strip(), session_id=session, tokens=tokens, error=error)
+
+
+# --------------------------------------------------------------------------- copilot
+
+
+def _build_copilot(call: Call) -> Built:
+    argv = [call.bin, *call.args]
+    if call.model:
+        argv += ["--model", call.model]
+    if not any(a.startswith("--allow-tool") or a.startswith("--allow-all") or a == "--yolo" for a in call.args):
+        argv.append("--allow-all-tools")
+    argv += ["--output-format", "json"]
+    payload = _payload(call)
+    if not _fits_argv(payload):
+        raise _too_long("copilot", payload)
+    return Built(argv + ["-p", payload])
+
+
+def _extract_copilot(stdout: str) -> Extracted:
+    events = [e for e in _jsonl(stdout) if isinstance(e.get("type"), str)]
+    if not events:
+        return Extracted(stdout.strip(), parsed=False)
+    text = session = error = None
+    tokens: int | None = None
+    for ev in events:
+        data = ev.get("data") if isinstance(ev.get("data"), dict) else {}
+        kind = ev["type"]
+        if kind == "session.start":
+            session = session or data.get("sessionId")
+        elif kind == "assistant.message":
+            if isinstance(data.get("content"), str) and data["content"].strip():
+                text = data["content"]
+            tokens = _sum(tokens, _int(data.get("outputTokens")))
+        elif kind == "result":
+            session = ev.get("sessionId") or data.get("sessionId") or session
+            usage = ev.get("usage") if isinstance(ev.get("usage"), dict) else None
+            if usage:
+                tokens = _sum(_int(usage.get("inputTokens")), _int(usage.get("outputTokens"))) or tokens
+        elif kind in ("session.error", "error"):
+            error = str(data.get("message") or ev.get("message") or "copilot reported an error")
+    return Extracted((text or "").strip(), session_id=session, tokens=tokens, error=error)
+
+
+# --------------------------------------------------------------------------- pi
+
+
+def _build_pi(call: Call) -> Built:
+    argv = [call.bin, *call.args]
+    if call.system_prompt:
+        argv += ["--system-prompt", call.system_prompt]
+    if call.model:
+        argv += ["--model", call.model]
+    argv += ["--print", "--mode", "json"]
+    prompt = call.prompt if not call.prompt.startswith("-") else " " + call.prompt  # pi has no `--`
+    if not _fits_argv(prompt):
+        raise _too_long("pi", prompt)
+    return Built(argv + [prompt])
+
+
+def _extract_pi(stdout: str) -> Extracted:
+    events = _jsonl(stdout)
+    if not events:
+        return Extracted(stdout.strip(), parsed=False)
+    text = session = error = None
+    tokens: int | None = None
+    for ev in events:
+        kind = ev.get("type")
+        if kind == "session" and ev.get("id"):
+            session = session or str(ev["id"])
+        elif kind == "message_end" and isinstance(ev.get("message"), dict):
+            msg = ev["message"]
+            if msg.get("role") == "assistant":
+                t = _text_parts(msg.get("content"))
+                if t.strip():
+                    text = t
+                u = msg.get("usage") if isinstance(msg.get("usage"), dict) else {}
+                tokens = _sum(tokens, _int(u.get("input")), _int(u.get("output")))
+                if msg.get("stopReason") == "error":
+                    error = str(msg.get("errorMessage") or "pi reported an error")
+                else:
+                    error = None  # pi retried and this later answer stands
+        elif kind == "agent_end" and isinstance(ev.get("messages"), list) and text is None:
+            for msg in reversed(ev["messages"]):
+                if isinstance(msg, dict) and msg.get("role") == "assistant" and _text_parts(msg.get("content")):
+                    text = _text_parts(msg.get("content"))
+                    break
+    return Extracted((text or "").strip(), session_id=session, tokens=tokens, error=error)
+
+
+# --------------------------------------------------------------------------- aider
+
+
+def _build_aider(call: Call) -> Built:
+    argv = [call.bin, *call.args]
+    env: dict[str, str] = {}
+    model = call.model
+    if call.llm is not None:
+        model = f"openai/{model or call.llm.get('model')}"
+        argv += ["--openai-api-base", _llm_base(call.llm)]
+        env["OPENAI_API_KEY"] = call.llm_api_key or NO_KEY  # litellm wants some key even for local servers
+    if model:
+        argv += ["--model", model]
+    payload = _payload(call)
+    if not _fits_argv(payload):
+        raise _too_long("aider", payload)
+    return Built(argv + ["--yes-always", "--no-pretty", f"--message={payload}"], env=env)
+
+
+_AIDER_NOISE = re.compile(
+    r"^(Aider v\d|Main model:|Weak model:|Editor model:|Git repo:|Repo-map:|Model:|Added .* to the chat|"
+    r"Tokens: |Cost: |Applied edit to|Commit [0-9a-f]{7}|Use /help|Warning: |Can't initialize prompt toolkit|"
+    r"Detected dumb terminal|https://aider\.chat/|─+$|-{5,}$)")
+_AIDER_TOKENS = re.compile(r"Tokens:\s*([\d.]+)([kKmM]?)\s+sent,\s*([\d.]+)([kKmM]?)\s+received")
+
+
+def _scaled(number: str, unit: str) -> int:
+    return int(round(float(number) * {"": 1, "k": 1_000, "m": 1_000_000}[unit.lower()]))
+
+
+def _extract_aider(stdout: str) -> Extracted:
+    text = strip_ansi(stdout)
+    tokens = None
+    for m in _AIDER_TOKENS.finditer(text):
+        tokens = _sum(tokens, _scaled(m.group(1), m.group(2)) + _scaled(m.group(3), m.group(4)))
+    kept = [line for line in text.splitlines() if not _AIDER_NOISE.match(line.strip())]
+    answer = "\n".join(kept).strip()
+    return Extracted(answer or text.strip(), tokens=tokens, parsed=False)
+
+
+# --------------------------------------------------------------------------- amazonq
+
+
+def _build_amazonq(call: Call) -> Built:
+    args = list(call.args)
+    if args[:1] == ["chat"]:
+        args = args[1:]
+    argv = [call.bin, "chat", *args, "--no-interactive"]
+    if not any(a.startswith("--trust") for a in args):
+        argv.append("--trust-all-tools")
+    if call.model:
+        argv += ["--model", call.model]
+    payload = _payload(call)
+    if not _fits_argv(payload):
+        raise _too_long("amazonq", payload)
+    return Built(argv + ["--", payload])
+
+
+def _extract_amazonq(stdout: str) -> Extracted:
+    lines = [line.rsplit("\r", 1)[-1] for line in strip_ansi(stdout).split("\n")]
+    for i, line in enumerate(lines):
+        if line.strip():
+            if line.startswith("> "):
+                lines[i] = line[2:]
+            break
+    return Extracted("\n".join(lines).strip(), parsed=False)
+
+
+# --------------------------------------------------------------------------- openhands
+
+
+def _build_openhands(call: Call) -> Built:
+    env: dict[str, str] = {}
+    model = call.model
+    if call.llm is not None:
+        model = f"openai/{model or call.llm.get('model')}"
+        env["LLM_BASE_URL"] = _llm_base(call.llm)
+        env["LLM_API_KEY"] = call.llm_api_key or NO_KEY
+    if model:
+        env["LLM_MODEL"] = model
+    payload = _payload(call)
+    if not _fits_argv(payload):
+        raise _too_long("openhands", payload)
+    return Built([call.bin, *call.args, "--headless", "--json", f"--task={payload}"], env=env)
+
+
+def _extract_openhands(stdout: str) -> Extracted:
+    events = _jsonl(stdout)
+    if not events:
+        return Extracted(stdout.strip(), parsed=False)
+    text = session = None
+    for ev in events:
+        session = session or next((str(ev[k]) for k in ("session_id", "sessionId", "sid", "conversation_id")
+                                   if ev.get(k)), None)
+        if ev.get("source") not in (None, "agent"):
+            continue
+        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+        if ev.get("action") == "message":
+            text = args.get("content") or ev.get("message") or text
+        elif ev.get("action") == "finish":
+            text = args.get("final_thought") or args.get("thought") or ev.get("message") or text
+    return Extracted(str(text or "").strip(), session_id=session)
+
+
+# --------------------------------------------------------------------------- the table
+
+_BASE_ENV = {
+    "claude": ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CONFIG", "CLAUDE_CONFIG_DIR"),
+    "codex": ("OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_CONFIG", "CODEX_HOME"),
+    "opencode": ("OPENCODE_API_KEY", "OPENCODE_CONFIG", "ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENROUTER_API_KEY"),
+    "gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY", "GOOGLE_CLOUD_PROJECT", "GOOGLE_APPLICATION_CREDENTIALS"),
+    "copilot": ("GH_TOKEN", "GITHUB_TOKEN", "COPILOT_GITHUB_TOKEN"),
+    "pi": ("PI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"),
+    "aider": ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_API_BASE"),
+    "amazonq": ("AWS_PROFILE", "AWS_REGION"),
+    "openhands": ("LLM_MODEL", "LLM_API_KEY", "LLM_BASE_URL"),
+}
+
+PROFILES: dict[str, Profile] = {
+    "claude": Profile("claude", "claude", (), _BASE_ENV["claude"], _build_claude, _extract_claude),
+    "codex": Profile("codex", "codex", (), _BASE_ENV["codex"], _build_codex, _extract_codex),
+    "opencode": Profile("opencode", "opencode", ("run",), _BASE_ENV["opencode"], _build_opencode, _extract_opencode,
+                        llm_engine=True),
+    "gemini": Profile("gemini", "gemini", (), _BASE_ENV["gemini"], _build_gemini, _extract_gemini),
+    "copilot": Profile("copilot", "copilot", (), _BASE_ENV["copilot"], _build_copilot, _extract_copilot),
+    "pi": Profile("pi", "pi", (), _BASE_ENV["pi"], _build_pi, _extract_pi),
+    "aider": Profile("aider", "aider", ("--no-auto-commits",), _BASE_ENV["aider"], _build_aider, _extract_aider,
+                     llm_engine=True),
+    "amazonq": Profile("amazonq", "q", (), _BASE_ENV["amazonq"], _build_amazonq, _extract_amazonq),
+    "openhands": Profile("openhands", "openhands", (), _BASE_ENV["openhands"], _build_openhands, _extract_openhands,
+                         llm_engine=True),
+}
+
+# Detection order (what `akm setup` prefers when several CLIs are on PATH).
+DETECTION_ORDER: tuple[str, ...] = ("claude", "codex", "opencode", "gemini", "copilot", "aider", "pi", "amazonq",
+                                    "openhands")
+
+
+def build(platform: str, call: Call) -> Built:
+    """The argv (and extras) for one attempt. Raises HarnessError for a request the harness cannot take."""
+    profile = PROFILES[platform]
+    _check_flag_safe("model", call.model)
+    _check_flag_safe("system prompt", call.system_prompt)
+    return profile.builder(call)
+
+
+def extract(platform: str, stdout: str) -> Extracted:
+    """The answer, session id and tokens from a harness's stdout (plain text when it is not the expected format)."""
+    return PROFILES[platform].extractor(stdout)
+
+
+def detect(path: str | None = None) -> dict[str, str]:
+    """Harness CLIs on PATH: {platform: executable path}, in detection order."""
+    import shutil
+
+    found: dict[str, str] = {}
+    for platform in DETECTION_ORDER:
+        exe = shutil.which(PROFILES[platform].bin, path=path)
+        if exe:
+            found[platform] = exe
+    return found

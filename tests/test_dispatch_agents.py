@@ -1,0 +1,267 @@
+"""Agent units: each harness profile against a fake CLI on PATH printing that harness's real output shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from akm.dispatch import harnesses as hz
+from akm.dispatch.agents import AgentDispatcher
+from akm.dispatch.base import UnitRequest
+from tests import fake_harness
+
+KEY = "sk-agent-llm-key-0042"
+
+
+@pytest.fixture
+def bin_dir(tmp_path):
+    d = tmp_path / "bin"
+    fake_harness.install(str(d))
+    return d
+
+
+def parent_env(bin_dir, **extra) -> dict:
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": os.environ.get("HOME", "/tmp"),
+            "LANG": "C.UTF-8", **extra}
+
+
+def req(bin_dir, platform: str, prompt: str = "Do the task.", *, engine: dict | None = None, env=None,
+        timeout_ms=30_000, cwd=None, **kw) -> UnitRequest:
+    snap = {"name": f"{platform}-eng", "kind": "agent", "platform": platform, **(engine or {})}
+    return UnitRequest(run_id="run-1", step_id="s", unit_id="s:solo", attempt_id="s:solo", kind="agent",
+                       cwd=str(cwd or bin_dir.parent), prompt=prompt, timeout_ms=timeout_ms,
+                       engine_name=snap["name"], engine=snap, parent_env=env if env is not None else parent_env(bin_dir),
+                       **kw)
+
+
+def run(request, cancel=None, feedback=None):
+    return AgentDispatcher().dispatch(request, cancel or threading.Event(), feedback)
+
+
+# --------------------------------------------------------------------------- each profile end to end
+
+EXPECTED = {  # platform: (session id, tokens) as each real output shape reports them
+    "claude": ("0b6e2f4e-claude-session", 18),
+    "codex": ("0199a213-81c0-7800-8aa1-bbab2a035a53", 24885),
+    "opencode": ("ses_494719016ffe85dkDMj0FPRbHK", 265),
+    "gemini": ("gem-7c1e", 25113),
+    "copilot": ("6364c2f8-ac3c-412d-8495-05b65b146837", 31),
+    "pi": ("ccd569e0-4e1b-4c7d-a981-637ed4107310", 352),
+    "aider": (None, 2450),
+    "amazonq": (None, None),
+    "openhands": ("oh-1234", None),
+}
+
+
+@pytest.mark.parametrize("platform", sorted(EXPECTED))
+def test_each_harness_answer_session_and_tokens(bin_dir, platform):
+    res = run(req(bin_dir, platform, "Summarise.\nFAKE:answer=all good here"))
+    assert res.ok, res.error
+    assert res.text == "all good here"
+    assert (res.session_id, res.tokens) == EXPECTED[platform]
+    [call] = fake_harness.calls(str(bin_dir))
+    assert call["prompt"].startswith("Summarise.")
+    assert call["cwd"] == str(bin_dir.parent)
+
+
+@pytest.mark.parametrize("platform", ["claude", "codex", "opencode", "gemini", "copilot", "pi"])
+def test_a_failure_reported_in_the_output_fails_the_unit(bin_dir, platform):
+    res = run(req(bin_dir, platform, "FAKE:error"))
+    assert not res.ok and res.failure_reason == "agent_error", res
+    assert res.session_id == EXPECTED[platform][0]
+
+
+def test_plain_text_from_a_structured_harness_is_still_an_answer(bin_dir):
+    res = run(req(bin_dir, "claude", "FAKE:noise\nFAKE:answer=x"))
+    assert res.ok and res.text == "some plain text\nx" and res.session_id is None
+
+
+# --------------------------------------------------------------------------- argv builders (pure)
+
+
+def test_claude_argv():
+    built = hz.build("claude", hz.Call(bin="claude", args=[], prompt="P", system_prompt="S",
+                                       model="claude-opus-4-7"))
+    assert built.argv == ["claude", "--system-prompt", "S", "--model", "claude-opus-4-7", "--output-format", "json",
+                          "--print", "--", "P"]
+    long = hz.build("claude", hz.Call(bin="claude", args=[], prompt="x" * 200_000))
+    assert long.argv[-1] == "--print" and long.stdin == "x" * 200_000
+
+
+def test_codex_argv_and_schema_file(tmp_path):
+    built = hz.build("codex", hz.Call(bin="codex", args=[], prompt="P"))
+    assert built.argv == ["codex", "exec", "--sandbox", "workspace-write", "--skip-git-repo-check", "--json", "--",
+                          "P"]
+    schema = {"type": "object"}
+    built = hz.build("codex", hz.Call(bin="codex", args=["exec", "-s", "read-only"], prompt="P", system_prompt="S",
+                                      schema=schema, schema_path=str(tmp_path / "s.json")))
+    assert built.argv[:4] == ["codex", "exec", "-s", "read-only"] and "--sandbox" not in built.argv
+    assert built.argv[-4:] == ["--output-schema", str(tmp_path / "s.json"), "--", "S\n\nP"]
+    assert json.loads(built.schema_file[1]) == schema
+
+
+def test_opencode_model_replaces_the_configured_one_keeping_its_provider():
+    built = hz.build("opencode", hz.Call(bin="opencode", args=["run", "--model", "openai/gpt-5"], prompt="do work",
+                                         model="gpt-6"))
+    assert built.argv == ["opencode", "run", "--model", "openai/gpt-6", "--format", "json", "--", "do work"]
+
+
+def test_text_harness_argv():
+    assert hz.build("aider", hz.Call(bin="aider", args=["--no-auto-commits"], prompt="P", model="m")).argv == [
+        "aider", "--no-auto-commits", "--model", "m", "--yes-always", "--no-pretty", "--message=P"]
+    assert hz.build("amazonq", hz.Call(bin="q", args=["chat", "--trust-tools=fs_read,fs_write"], prompt="P")).argv \
+        == ["q", "chat", "--trust-tools=fs_read,fs_write", "--no-interactive", "--", "P"]
+    oh = hz.build("openhands", hz.Call(bin="openhands", args=[], prompt="P", model="gpt-x"))
+    assert oh.argv == ["openhands", "--headless", "--json", "--task=P"] and oh.env == {"LLM_MODEL": "gpt-x"}
+    assert hz.build("gemini", hz.Call(bin="gemini", args=[], prompt="P", system_prompt="S")).argv == [
+        "gemini", "--output-format", "json", "-p", "S\n\nP"]
+
+
+def test_a_flag_shaped_model_is_refused(bin_dir):
+    with pytest.raises(hz.HarnessError):
+        hz.build("claude", hz.Call(bin="claude", args=[], prompt="P", model="--dangerously-skip-permissions"))
+    res = run(req(bin_dir, "claude", model="--evil"))
+    assert res.failure_reason == "dispatch_error" and "flag" in res.error
+    assert fake_harness.calls(str(bin_dir)) == []
+
+
+def test_detect_finds_clis_on_path(bin_dir):
+    found = hz.detect(str(bin_dir))
+    assert list(found) == list(hz.DETECTION_ORDER) and found["amazonq"].endswith("/q")
+
+
+# --------------------------------------------------------------------------- process and environment
+
+
+def test_environment_is_built_from_nothing(bin_dir):
+    env = parent_env(bin_dir, SECRET_X="top-secret-value-1", ANTHROPIC_API_KEY="anthropic-key-value",
+                     EXTRA_ALLOWED="extra-value-77")
+    res = run(req(bin_dir, "claude", "FAKE:echo-env=SECRET_X", env=env, engine={"envPassthrough": ["EXTRA_ALLOWED"]},
+                  env_bindings={"BOUND": "bound-secret-42"}))
+    assert res.ok and res.text is None  # SECRET_X is not passed
+    [call] = fake_harness.calls(str(bin_dir))
+    child = call["env"]
+    assert "SECRET_X" not in child and child["HOME"] == env["HOME"] and child["PATH"].startswith(str(bin_dir))
+    assert child["ANTHROPIC_API_KEY"] == "anthropic-key-value"  # the harness's own key
+    assert child["EXTRA_ALLOWED"] == "extra-value-77" and child["BOUND"] == "bound-secret-42"
+    assert child["AKM_RUN_ID"] == "run-1" and child["AKM_UNIT_ID"] == "s:solo"
+
+
+def test_passthrough_secrets_and_bindings_are_redacted_from_output(bin_dir):
+    env = parent_env(bin_dir, ANTHROPIC_API_KEY="anthropic-key-value")
+    res = run(req(bin_dir, "claude", "FAKE:echo-env=ANTHROPIC_API_KEY", env=env))
+    assert res.ok and res.text == "[REDACTED]"
+    res = run(req(bin_dir, "claude", "FAKE:echo-env=BOUND", env_bindings={"BOUND": "bound-secret-42"},
+                  sensitive_values=["bound-secret-42"]))
+    assert res.text == "[REDACTED]"
+
+
+def test_missing_binary_is_spawn_failed(bin_dir, tmp_path):
+    res = run(req(bin_dir, "claude", env={"PATH": str(tmp_path / "empty"), "HOME": "/tmp"}))
+    assert res.failure_reason == "spawn_failed" and "not on PATH" in res.error
+    res = run(req(bin_dir, "claude", engine={"bin": str(tmp_path / "nope")}))
+    assert res.failure_reason == "spawn_failed"
+
+
+def test_non_zero_exit_keeps_stderr_and_session(bin_dir):
+    res = run(req(bin_dir, "codex", "FAKE:exit=3"))
+    assert res.failure_reason == "non_zero_exit" and "exited 3" in res.error and "fatal error" in res.error
+    assert res.session_id == EXPECTED["codex"][0]
+
+
+def test_timeout_kills_the_group_promptly(bin_dir):
+    start = time.monotonic()
+    res = run(req(bin_dir, "claude", "FAKE:sleep=30", timeout_ms=300))
+    assert res.failure_reason == "timeout" and "300 ms" in res.error
+    assert time.monotonic() - start < 10
+
+
+def test_cancel_kills_the_group_promptly(bin_dir):
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    start = time.monotonic()
+    res = run(req(bin_dir, "gemini", "FAKE:sleep=30", timeout_ms=None), cancel)
+    assert res.failure_reason == "aborted" and time.monotonic() - start < 10
+
+
+def test_a_background_child_holding_stdout_is_swept(bin_dir):
+    start = time.monotonic()
+    res = run(req(bin_dir, "claude", "FAKE:background"))
+    assert res.failure_reason == "spawn_failed" and "background process" in res.error
+    assert time.monotonic() - start < 15
+
+
+def test_cwd_comes_from_the_request(bin_dir, tmp_path):
+    tree = tmp_path / "worktree"
+    tree.mkdir()
+    assert run(req(bin_dir, "codex", cwd=tree)).ok
+    assert fake_harness.calls(str(bin_dir))[-1]["cwd"] == str(tree)
+
+
+def test_codex_gets_the_schema_as_a_file(bin_dir):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    res = run(req(bin_dir, "codex", "Answer in JSON.", output_schema=schema))
+    assert res.ok and json.loads(res.text) == {"ok": True}
+    call = fake_harness.calls(str(bin_dir))[-1]
+    assert json.loads(call["schema_file"]) == schema
+    assert not os.path.exists(call["argv"][call["argv"].index("--output-schema") + 1])  # cleaned up
+
+
+def test_long_prompt_goes_through_stdin_for_claude(bin_dir):
+    prompt = "FAKE:answer=long ok\n" + "x" * 200_000
+    res = run(req(bin_dir, "claude", prompt))
+    assert res.ok and res.text == "long ok"
+    assert fake_harness.calls(str(bin_dir))[-1]["stdin"] == prompt
+    res = run(req(bin_dir, "gemini", prompt))
+    assert res.failure_reason == "dispatch_error" and "command line" in res.error
+
+
+def test_feedback_is_appended_to_the_prompt(bin_dir):
+    run(req(bin_dir, "claude", "Do it."), feedback="That was not JSON.")
+    assert fake_harness.calls(str(bin_dir))[-1]["prompt"] == "Do it.\n\nThat was not JSON."
+
+
+@pytest.mark.parametrize("platform,where", [("opencode", "OPENCODE_CONFIG_CONTENT"), ("aider", "OPENAI_API_KEY"),
+                                            ("openhands", "LLM_API_KEY")])
+def test_agent_on_an_llm_engine_gets_its_endpoint_and_key(bin_dir, platform, where):
+    llm = {"name": "local", "kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions", "model": "qwen3",
+           "credential": {"names": ["LOCAL_KEY"], "required": True}}
+    env = parent_env(bin_dir, LOCAL_KEY=KEY)
+    marker = "FAKE:echo-env=AKM_LLM_API_KEY" if platform == "opencode" else f"FAKE:echo-env={where}"
+    res = run(req(bin_dir, platform, marker, env=env, engine={"llmEngine": "local", "llm": llm}))
+    assert res.ok and res.text == "[REDACTED]", res  # the key reached the harness, and never came back out
+    child = fake_harness.calls(str(bin_dir))[-1]
+    if platform == "opencode":
+        config = json.loads(child["env"]["OPENCODE_CONFIG_CONTENT"])
+        assert config["model"] == "akm/qwen3" and KEY not in child["env"]["OPENCODE_CONFIG_CONTENT"]
+        assert config["provider"]["akm"]["options"]["baseURL"] == "http://127.0.0.1:9/v1"
+        assert child["argv"][child["argv"].index("--model") + 1] == "akm/qwen3"
+    elif platform == "aider":
+        assert "--openai-api-base" in child["argv"] and child["env"][where] == KEY
+    else:
+        assert child["env"]["LLM_BASE_URL"] == "http://127.0.0.1:9/v1" and child["env"]["LLM_MODEL"] == "openai/qwen3"
+    missing = run(req(bin_dir, platform, env=parent_env(bin_dir), engine={"llmEngine": "local", "llm": llm}))
+    assert missing.failure_reason == "dispatch_error" and "$LOCAL_KEY" in missing.error
+
+
+def test_engine_concurrency_caps_running_processes(bin_dir):
+    dispatcher = AgentDispatcher()
+    results = []
+
+    def one(i: int) -> None:
+        r = req(bin_dir, "claude", "FAKE:sleep=0.4", engine={"concurrency": 1})
+        r.attempt_id = f"u{i}"
+        results.append((time.monotonic(), dispatcher.dispatch(r, threading.Event(), None)))
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(r.ok for _, r in results) and len(results) == 3
+    assert time.monotonic() - start >= 1.2  # three 0.4 s runs, one at a time
