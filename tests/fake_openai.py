@@ -6,6 +6,8 @@ behaviours at once (and parallel requests never share a script):
   plain            content "hello" with usage 12 + 5 tokens
   json             content '{"ok": true}'
   probe-ok         content '{"ok": true, "ingest": true, "lint": true}' (the capability probe's answer)
+  verdict-pass     a judge's passing verdict
+  verdict-reject   a judge's rejecting verdict (missing ["more detail"], feedback "add more detail")
   echo             content = the last message's content
   transcript       content = JSON of the whole `messages` array
   echo-auth        content = "auth=<Authorization header>" (redaction tests)
@@ -116,6 +118,12 @@ class FakeOpenAI:
             h.send_json(200, self.completion('{"ok": true}', usage={"prompt_tokens": 3, "completion_tokens": 4}))
         elif model == "probe-ok":
             h.send_json(200, self.completion('{"ok": true, "ingest": true, "lint": true}'))
+        elif model == "verdict-pass":
+            h.send_json(200, self.completion('{"complete": true, "missing": [], "feedback": ""}',
+                                             usage={"prompt_tokens": 50, "completion_tokens": 10}))
+        elif model == "verdict-reject":
+            h.send_json(200, self.completion('{"complete": false, "missing": ["more detail"], '
+                                             '"feedback": "add more detail"}'))
         elif model == "echo":
             h.send_json(200, self.completion(str(msgs[-1].get("content", ""))))
         elif model == "transcript":

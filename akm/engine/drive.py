@@ -250,6 +250,7 @@ class _Pass:
         return UnitRequest(run_id=d.run_id, step_id=self.step.step_id, unit_id=unit.unit_id, attempt_id=attempt,
                            kind=unit.runner, cwd=base_dir, prompt=unit.prompt, output_schema=tmpl.output_schema,
                            timeout_ms=unit.timeout_ms, engine_name=unit.engine, engine=engine, model=unit.model,
+                           llm_options=tmpl.invocation.llm if tmpl.invocation else None,
                            env_bindings=self.env_values, sensitive_values=self.sensitive,
                            parent_env=self._parent_env)
 

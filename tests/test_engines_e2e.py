@@ -1,0 +1,168 @@
+"""Engines end to end: config written with `akm config`, a run against a loopback LLM server and fake agent CLIs."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+
+import pytest
+
+from akm import api, cli, paths
+from akm.errors import ConfigError
+from tests import fake_harness
+from tests.test_engine import run, steps_of, write_wf
+
+KEY = "zz-loopback-key-7f3a91"
+
+
+def akm_config(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(["config", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def set_engine(capsys, name: str, engine: dict) -> None:
+    code, _, err = akm_config(capsys, "set", f"engines.{name}", json.dumps(engine))
+    assert code == 0, err
+
+
+def test_llm_unit_with_schema_and_gate_completes(project, fake_openai, capsys, monkeypatch):
+    monkeypatch.setenv("FAST_KEY", KEY)
+    set_engine(capsys, "fast", {"kind": "llm", "endpoint": fake_openai.url, "model": "json", "apiKey": "${FAST_KEY}"})
+    set_engine(capsys, "judge", {"kind": "llm", "endpoint": fake_openai.url, "model": "verdict-pass"})
+    assert akm_config(capsys, "set", "defaults.llmEngine", "fast")[0] == 0
+    assert akm_config(capsys, "set", "workflow.judgeEngine", "judge")[0] == 0
+    wf = write_wf(project, "ask.md", """
+        steps:
+          - id: ask
+            output: { type: object, required: [ok], properties: { ok: { type: boolean } } }
+        """, "## ask\n\nSay ok.\n\n### gate\n\nThe answer says ok.")
+    res = run(wf, project)
+    assert res.run.status == "completed", steps_of(res)
+    assert steps_of(res)["ask"]["output"] == {"ok": True}
+    asks = fake_openai.bodies("json")
+    assert len(asks) == 1 and fake_openai.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}"
+    assert len(fake_openai.bodies("verdict-pass")) == 1
+    con = sqlite3.connect(paths.state_db_path())
+    try:
+        rows = con.execute("SELECT unit_id, runner, engine, tokens FROM units ORDER BY unit_id").fetchall()
+    finally:
+        con.close()
+    assert ("ask:solo", "llm", "fast", 7) in rows
+    assert any(r[0].startswith("ask.gate") and r[2] == "judge" for r in rows)
+    # the key is in the environment only: never in config, journal, events or output
+    _assert_nowhere(KEY, project, res)
+
+
+def _assert_nowhere(secret: str, project, res) -> None:
+    places = [paths.config_dir(), paths.data_dir(), project]
+    for root in places:
+        for dirpath, _, files in os.walk(root):
+            for f in files:
+                data = open(os.path.join(dirpath, f), "rb").read()
+                assert secret.encode() not in data, os.path.join(dirpath, f)
+    assert secret not in json.dumps(res.to_json())
+    assert secret not in json.dumps(api.events(run_id=res.run.run_id).to_json())
+
+
+def test_rejecting_judge_loops_then_blocks(project, fake_openai, capsys):
+    set_engine(capsys, "fast", {"kind": "llm", "endpoint": fake_openai.url, "model": "plain"})
+    set_engine(capsys, "judge", {"kind": "llm", "endpoint": fake_openai.url, "model": "verdict-reject"})
+    akm_config(capsys, "set", "defaults.llmEngine", "fast")
+    akm_config(capsys, "set", "workflow.judgeEngine", "judge")
+    wf = write_wf(project, "loop.md", """
+        steps:
+          - id: write
+            gate: { max_loops: 2 }
+        """, "## write\n\nWrite it.\n\n### gate\n\nIt is detailed.")
+    res = run(wf, project)
+    assert res.run.status == "blocked"
+    assert len(fake_openai.bodies("plain")) == 2 and len(fake_openai.bodies("verdict-reject")) == 2
+    second = fake_openai.bodies("plain")[1]["messages"][-1]["content"]
+    assert "add more detail" in second  # the judge's feedback reaches the next loop
+
+
+def test_unknown_engines_refuse_the_run_up_front(project, fake_openai, capsys):
+    set_engine(capsys, "fast", {"kind": "llm", "endpoint": fake_openai.url, "model": "plain"})
+    wf = write_wf(project, "bad.md", """
+        steps:
+          - id: a
+            unit: { engine: missing }
+        """, "## a\n\nDo it.")
+    with pytest.raises(ConfigError) as info:
+        run(wf, project)
+    assert info.value.code == "UNKNOWN_ENGINE" and "missing" in info.value.message and info.value.exit_status == 78
+    # a hand-written judgeEngine naming nothing: the config itself is refused, before anything runs
+    cfg = paths.config_dir() / "config.json"
+    data = json.loads(cfg.read_text())
+    data["workflow"] = {"judgeEngine": "nope"}
+    cfg.write_text(json.dumps(data))
+    ok = write_wf(project, "ok.md", "steps:\n  - id: a\n", "## a\n\nDo it.")
+    with pytest.raises(ConfigError) as info:
+        run(ok, project)
+    assert "workflow.judgeEngine" in info.value.message and str(cfg) in info.value.message
+    assert fake_openai.requests == [] and api.list_runs(cwd=str(project)).runs == []
+
+
+def test_llm_fan_out_respects_engine_concurrency_and_the_token_budget(project, fake_openai, capsys):
+    set_engine(capsys, "fast", {"kind": "llm", "endpoint": fake_openai.url, "model": "hold-0.3", "concurrency": 3})
+    akm_config(capsys, "set", "defaults.llmEngine", "fast")
+    akm_config(capsys, "set", "workflow.maxConcurrency", "8")  # the host limit must not be what binds
+    items = json.dumps([f"item-{i}" for i in range(20)])
+    wf = write_wf(project, "fan.md", f"""
+        params: {{ items: {{ type: array }} }}
+        steps:
+          - id: each
+            map: {{ over: params.items, concurrency: 8 }}
+        """, "## each\n\nHandle the item.")
+    res = api.run_workflow(str(wf), cwd=str(project), params={"items": json.loads(items)})
+    assert res.run.status == "completed", steps_of(res)
+    assert len(fake_openai.bodies("hold-0.3")) == 20 and fake_openai.max_inflight == 3
+    budget = write_wf(project, "budget.md", """
+        params: { items: { type: array } }
+        budget: { max_tokens: 10 }
+        steps:
+          - id: each
+            map: { over: params.items, concurrency: 1, unit: { model: slow-0 } }
+        """, "## each\n\nHandle the item.")
+    before = len(fake_openai.requests)
+    res = api.run_workflow(str(budget), cwd=str(project), params={"items": [f"x{i}" for i in range(20)]})
+    assert res.run.status == "failed" and "max_tokens" in json.dumps(steps_of(res))
+    assert len(fake_openai.requests) - before == 5  # 2 tokens each: the fifth reaches the ceiling of 10
+
+
+def test_agent_engine_unit_runs_the_harness(project, tmp_path, capsys, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    fake_harness.install(str(bin_dir), ["claude"])
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    set_engine(capsys, "coder", {"kind": "agent", "platform": "claude", "model": "sonnet"})
+    akm_config(capsys, "set", "defaults.agentEngine", "coder")
+    wf = write_wf(project, "agent.md", """
+        steps:
+          - id: code
+            output: { type: object }
+        """, "## code\n\nWrite the code and answer in JSON.")
+    res = run(wf, project)
+    assert res.run.status == "completed", steps_of(res)
+    assert steps_of(res)["code"]["output"] == {"ok": True}
+    [call] = fake_harness.calls(str(bin_dir))
+    assert call["argv"][call["argv"].index("--model") + 1] == "claude-sonnet-4-6"
+    assert call["cwd"] == str(project)
+    con = sqlite3.connect(paths.state_db_path())
+    try:
+        [(runner, engine, session, tokens)] = con.execute(
+            "SELECT runner, engine, session_id, tokens FROM units").fetchall()
+    finally:
+        con.close()
+    assert (runner, engine, session, tokens) == ("agent", "coder", "0b6e2f4e-claude-session", 18)
+
+
+def test_no_engine_configured_keeps_units_for_the_session(project, capsys):
+    wf = write_wf(project, "s.md", """
+        steps:
+          - id: a
+            unit: { engine: fast }
+        """, "## a\n\nDo it.")
+    res = run(wf, project)
+    assert res.run.status == "awaiting_session"
