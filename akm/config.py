@@ -567,31 +567,39 @@ class LoadedConfig:
         return [p for p, d in ((self.user_path, self.user), (self.project_path, self.project)) if d is not None]
 
     def source_of(self, dotted: str) -> str:
-        """The file that sets `dotted` (the project file wins), for error messages."""
+        """The file that sets `dotted` (the project file wins), for error messages.
+
+        When neither file holds the full path (a required key is missing), the
+        file holding its nearest parent is named.
+        """
         keys = dotted.split(".")
-        for path, data in ((self.project_path, self.project), (self.user_path, self.user)):
-            node: Any = data
-            for k in keys:
-                if not isinstance(node, dict) or k not in node:
-                    break
-                node = node[k]
-            else:
-                return str(path)
-        return str(self.user_path)
+        while keys:
+            for path, data in ((self.project_path, self.project), (self.user_path, self.user)):
+                node: Any = data
+                for k in keys:
+                    if not isinstance(node, dict) or k not in node:
+                        break
+                    node = node[k]
+                else:
+                    return str(path)
+            keys = keys[:-1]
+        return str(self.project_path if self.project is not None and self.user is None else self.user_path)
 
 
 def _validate_layers(user_path: Path, user: dict[str, Any] | None, project_path: Path,
                      project: dict[str, Any] | None, *, action: str = "Invalid config") -> LoadedConfig:
-    issues: list[Issue] = []
-    for path, data in ((user_path, user), (project_path, project)):
-        if data is not None:
-            issues.extend(_structural(data, str(path))[1])
-    raise_issues(issues, action=action)
+    """Validate the merged layers; each issue names the file that sets the offending key.
+
+    Layers are not validated alone: a project file may override one key of an
+    engine the user file defines.
+    """
     merged = deep_merge(user or {}, project or {})
-    model, merged_issues = _structural(merged, str(project_path if project is not None else user_path))
+    model, issues = _structural(merged, "")
     loaded = LoadedConfig(config=model, merged=merged, user_path=user_path, project_path=project_path, user=user,
                           project=project)
-    raise_issues(merged_issues, action=action)
+    for issue in issues:
+        issue.file = loaded.source_of(issue.path)
+    raise_issues(issues, action=action)
     raise_issues(_cross_field(model, loaded.source_of), action=action)
     return loaded
 
