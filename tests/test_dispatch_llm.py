@@ -43,7 +43,10 @@ def test_structured_request_uses_json_schema_only_when_supported(fake_openai):
     res = run(req(snap(fake_openai, "json", supportsJsonSchema=True), schema=schema))
     assert res.ok and json.loads(res.text) == {"ok": True} and res.tokens == 7
     assert fake_openai.requests[-1]["body"]["response_format"] == {
-        "type": "json_schema", "json_schema": {"name": "akm_response", "schema": schema, "strict": True}}
+        "type": "json_schema", "json_schema": {"name": "akm_response", "schema": schema, "strict": False}}
+    closed = {**schema, "required": ["ok"], "additionalProperties": False}
+    run(req(snap(fake_openai, "json", supportsJsonSchema=True), schema=closed))
+    assert fake_openai.requests[-1]["body"]["response_format"]["json_schema"]["strict"] is True
     run(req(snap(fake_openai, "json"), schema=schema))
     assert "response_format" not in fake_openai.requests[-1]["body"]
 
@@ -237,7 +240,10 @@ def test_chat_and_post_chat_for_judges_and_setup(fake_openai):
 def test_probe_json_schema(fake_openai):
     ok = probe_json_schema({"endpoint": fake_openai.url, "model": "probe-ok"})
     assert ok.reachable and ok.structured_output
-    assert fake_openai.requests[-1]["body"]["response_format"]["json_schema"]["name"] == "akm_response"
+    assert fake_openai.requests[-1]["body"]["response_format"]["json_schema"] == {
+        "name": "akm_response", "schema": fake_openai.requests[-1]["body"]["response_format"]["json_schema"]["schema"],
+        "strict": True}
+    assert fake_openai.requests[-1]["body"]["max_tokens"] == 64 and fake_openai.requests[-1]["body"]["temperature"] == 0
     bad = probe_json_schema({"endpoint": fake_openai.url, "model": "plain"})
     assert bad.reachable and not bad.structured_output
     down = probe_json_schema({"endpoint": fake_openai.url, "model": "fail-500"}, timeout_ms=5000)

@@ -109,14 +109,13 @@ def test_llm_fan_out_respects_engine_concurrency_and_the_token_budget(project, f
     set_engine(capsys, "fast", {"kind": "llm", "endpoint": fake_openai.url, "model": "hold-0.3", "concurrency": 3})
     akm_config(capsys, "set", "defaults.llmEngine", "fast")
     akm_config(capsys, "set", "workflow.maxConcurrency", "8")  # the host limit must not be what binds
-    items = json.dumps([f"item-{i}" for i in range(20)])
-    wf = write_wf(project, "fan.md", f"""
-        params: {{ items: {{ type: array }} }}
+    wf = write_wf(project, "fan.md", """
+        params: { items: { type: array } }
         steps:
           - id: each
-            map: {{ over: params.items, concurrency: 8 }}
+            map: { over: params.items, concurrency: 8 }
         """, "## each\n\nHandle the item.")
-    res = api.run_workflow(str(wf), cwd=str(project), params={"items": json.loads(items)})
+    res = api.run_workflow(str(wf), cwd=str(project), params={"items": [f"item-{i}" for i in range(20)]})
     assert res.run.status == "completed", steps_of(res)
     assert len(fake_openai.bodies("hold-0.3")) == 20 and fake_openai.max_inflight == 3
     budget = write_wf(project, "budget.md", """

@@ -30,7 +30,6 @@ is not one JSON completion: HTML, not JSON, no choices, an event stream),
 
 from __future__ import annotations
 
-import email.utils
 import functools
 import json
 import os
@@ -41,7 +40,6 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
 from akm.dispatch.base import UnitRequest
@@ -169,7 +167,7 @@ def build_body(engine: Mapping[str, Any], messages: Sequence[Mapping[str, str]],
     if schema is not None and opt.get("supportsJsonSchema") is True:
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": RESPONSE_SCHEMA_NAME, "schema": dict(schema),
-                                                   "strict": True}}
+                                                   "strict": strict_compatible(schema)}}
     thinking = opt.get("enableThinking")
     if thinking is not None:
         if str(engine.get("provider") or "").lower() == "vllm":
@@ -182,6 +180,35 @@ def build_body(engine: Mapping[str, Any], messages: Sequence[Mapping[str, str]],
             if k not in ("model", "messages", "stream"):
                 body[k] = v
     return body
+
+
+def strict_compatible(schema: Any) -> bool:
+    """Can this schema be sent with `strict: true`?
+
+    OpenAI's strict mode refuses a schema unless every object closes its
+    properties (`additionalProperties: false`) and requires all of them; other
+    servers ignore the flag. A schema that is not strict-shaped is still sent,
+    as guidance, with `strict: false` rather than failing the request.
+    """
+    if isinstance(schema, list):
+        return all(strict_compatible(s) for s in schema)
+    if not isinstance(schema, Mapping):
+        return True
+    props = schema.get("properties")
+    is_object = schema.get("type") == "object" or isinstance(props, Mapping)
+    if is_object:
+        if schema.get("additionalProperties") is not False:
+            return False
+        if isinstance(props, Mapping) and set(schema.get("required") or []) != set(props):
+            return False
+    for key in ("properties", "$defs", "definitions"):
+        sub = schema.get(key)
+        if isinstance(sub, Mapping) and not all(strict_compatible(v) for v in sub.values()):
+            return False
+    for key in ("items", "anyOf", "allOf", "oneOf", "prefixItems"):
+        if key in schema and not strict_compatible(schema[key]):
+            return False
+    return True
 
 
 # --------------------------------------------------------------------------- transport
@@ -294,6 +321,9 @@ def _retry_after(value: str | None) -> float | None:
     value = value.strip()
     if re.fullmatch(r"\d+(\.\d+)?", value):
         return float(value)
+    import email.utils  # rare: an HTTP-date Retry-After
+    from datetime import datetime, timezone
+
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):

@@ -2,18 +2,45 @@
 
 from __future__ import annotations
 
+import importlib
+import threading
+from typing import Any
+
 from akm.dispatch.base import DispatcherRegistry
+from akm.dispatch.types import DispatchResult
+
+
+class _Lazy:
+    """A dispatcher whose module is imported on its first dispatch.
+
+    An exec-only run never loads the LLM client or the harness profiles; the
+    one instance created is then shared by every step of the drive, so the
+    per-engine semaphores it holds (D6) span the whole run.
+    """
+
+    def __init__(self, kind: str, module: str, name: str) -> None:
+        self.kind = kind
+        self._module, self._name = module, name
+        self._instance: Any = None
+        self._lock = threading.Lock()
+
+    def instance(self) -> Any:
+        if self._instance is None:
+            with self._lock:
+                if self._instance is None:
+                    self._instance = getattr(importlib.import_module(self._module), self._name)()
+        return self._instance
+
+    def dispatch(self, request: Any, cancel: threading.Event, feedback: str | None = None) -> DispatchResult:
+        return self.instance().dispatch(request, cancel, feedback)
 
 
 def default_registry() -> DispatcherRegistry:
-    """exec, llm (OpenAI-compatible HTTP) and agent (harness CLIs). `session` has no dispatcher: it parks.
-
-    One registry per drive: the LLM and agent dispatchers hold the per-engine
-    semaphores (D6), so units of every step of the run share one limit per engine.
-    Importing them costs nothing heavy (httpx is imported on the first request).
-    """
-    from akm.dispatch.agents import AgentDispatcher
+    """exec, llm (OpenAI-compatible HTTP) and agent (harness CLIs). `session` has no dispatcher: it parks."""
     from akm.dispatch.exec import ExecDispatcher
-    from akm.dispatch.llm import LlmDispatcher
 
-    return DispatcherRegistry({"exec": ExecDispatcher(), "llm": LlmDispatcher(), "agent": AgentDispatcher()})
+    return DispatcherRegistry({
+        "exec": ExecDispatcher(),
+        "llm": _Lazy("llm", "akm.dispatch.llm", "LlmDispatcher"),
+        "agent": _Lazy("agent", "akm.dispatch.agents", "AgentDispatcher"),
+    })

@@ -24,7 +24,6 @@ from akm.plan.model import (
     ExecSpec,
     Execution,
     GatePlan,
-    Invocation,
     MapNode,
     Plan,
     Retry,
