@@ -48,6 +48,9 @@ class FakeOpenAI:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # one segment per answer and no Nagle: keep-alive clients must not wait on delayed ACKs
+            wbufsize = 1 << 16
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: Any) -> None:  # quiet
                 pass
