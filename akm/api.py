@@ -737,17 +737,17 @@ def setup_status(*, cwd: str | None = None) -> SetupStatus:
 
     from akm import __version__
 
+    from akm import config as cfg
+    from akm.errors import ConfigError
+
     files: list[str] = []
     engines: list[dict[str, Any]] = []
-    import platformdirs
-
-    for f in (Path(platformdirs.user_config_dir("akm", appauthor=False)) / "config.json",
-              paths.project_root(Path(cwd or os.getcwd())) / ".akm" / "config.json"):
+    for f in (cfg.user_config_path(), cfg.project_config_path(cwd)):
         if f.is_file():
             files.append(str(f))
             try:
-                data = json.loads(f.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
+                data = cfg.read_config_file(f) or {}
+            except ConfigError:
                 continue
             for name, eng in (data.get("engines") or {}).items() if isinstance(data, dict) else []:
                 if isinstance(eng, dict):
