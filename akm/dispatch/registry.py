@@ -35,12 +35,29 @@ class _Lazy:
         return self.instance().dispatch(request, cancel, feedback)
 
 
-def default_registry() -> DispatcherRegistry:
-    """exec, llm (OpenAI-compatible HTTP) and agent (harness CLIs). `session` has no dispatcher: it parks."""
-    from akm.dispatch.exec import ExecDispatcher
+_SHARED: dict[str, Any] | None = None
+_SHARED_LOCK = threading.Lock()
 
-    return DispatcherRegistry({
-        "exec": ExecDispatcher(),
-        "llm": _Lazy("llm", "akm.dispatch.llm", "LlmDispatcher"),
-        "agent": _Lazy("agent", "akm.dispatch.agents", "AgentDispatcher"),
-    })
+
+def _shared() -> dict[str, Any]:
+    """One instance of each dispatcher per process: an MCP server driving two runs at once still holds
+    one per-engine limit (D6), not one per run."""
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            from akm.dispatch.exec import ExecDispatcher
+
+            _SHARED = {
+                "exec": ExecDispatcher(),
+                "llm": _Lazy("llm", "akm.dispatch.llm", "LlmDispatcher"),
+                "agent": _Lazy("agent", "akm.dispatch.agents", "AgentDispatcher"),
+            }
+        return _SHARED
+
+
+def default_registry() -> DispatcherRegistry:
+    """exec, llm (OpenAI-compatible HTTP) and agent (harness CLIs). `session` has no dispatcher: it parks.
+
+    A fresh registry (callers may register more kinds) over the process-wide dispatcher instances.
+    """
+    return DispatcherRegistry(dict(_shared()))

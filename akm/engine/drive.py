@@ -320,7 +320,7 @@ class _Pass:
             if problem:
                 return _PassFailure(f'Step "{step.step_id}" cannot use isolation: worktree: {problem}')
         width = max(1, min(concurrency, d.plan.execution.max_concurrency or host_concurrency_limit(),
-                           max(1, len(self.units))))
+                           self._engine_width(), max(1, len(self.units))))
         d.opts.cancel.link(self.event)
         d.lease_lost.link(self.event)
         d.budget.set_exceed_hook(self.event.set)
@@ -337,6 +337,14 @@ class _Pass:
         if unjournaled:
             return _PassFailure(" ".join(unjournaled))
         return None
+
+    def _engine_width(self) -> int:
+        """D6: an LLM engine's own `concurrency` bounds the width too (agents and exec: no such term)."""
+        name = self.units[0].engine if self.units else None
+        snap = self.d.plan.execution.engines.get(name) if name else None
+        if snap and snap.get("kind") == "llm" and isinstance(snap.get("concurrency"), int):
+            return max(1, snap["concurrency"])
+        return 1 << 30
 
     def _schedule(self, width: int) -> list[UnitOutcome]:
         units = self.units
