@@ -321,3 +321,16 @@ def test_native_engine_never_dispatches_a_claimed_unit(project):
     assert res.awaiting is not None  # still waiting for the claimed unit
     brief = api.next_brief(rid).to_json()
     assert [u["unitId"] for u in brief["units"]] == [units[0]] and brief["units"][0]["action"] == "claimed"
+
+
+def test_workflow_run_keeps_a_retryable_session_failure_open(project):
+    """The engine treats a session unit's retryable failure as the report path does: outstanding, not final."""
+    rid = start(project, """
+        steps:
+          - id: w
+            unit: { retry: { max: 2, on: [timeout] } }
+        """, "## w\n\nW.")
+    report(rid, "w:solo", project, status="failed", failure_reason="timeout")
+    res = run(rid, project)
+    assert res.run.status == "awaiting_session"
+    assert api.next_brief(rid).to_json()["units"][0]["action"] == "rerun"

@@ -410,6 +410,7 @@ class _Driver:
         self.opts = opts
         self.result = result
         self.registry = opts.registry or _default_registry()
+        self.native_kinds = frozenset(self.registry.kinds())
         self.lease_lost = Cancellation()
         self.heartbeat = Heartbeat(db, self.run_id, holder, self.lease_lost,
                                    **({"interval": opts.heartbeat_interval} if opts.heartbeat_interval else {}))
@@ -522,8 +523,8 @@ class _Driver:
             gate = load_gate(self.db, self.run_id, step, self.spine, gate_rows)
             decision = decide_step(run_id=self.run_id, step=step, params=self.loaded.params,
                                    outputs=self.spine.outputs, engines=self.plan.execution.engines, gate=gate,
-                                   rows=rows, settled=settled_loop == gate.loop,
-                                   redo_failed=settled_loop != gate.loop, fail_fast=settled_loop == gate.loop)
+                                   rows=rows, native_kinds=self.native_kinds, settled=settled_loop == gate.loop,
+                                   fail_fast=settled_loop == gate.loop)
             if decision.kind == "work":
                 if settled_loop == gate.loop:
                     return self.park_units(step, decision)  # claimed elsewhere, or session work

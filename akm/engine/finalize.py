@@ -338,20 +338,25 @@ def decide_step(
     engines: dict[str, dict[str, Any]],
     gate: GateState,
     rows: list[dict[str, Any]],
+    native_kinds: frozenset[str] = frozenset(),
     settled: bool = False,
-    redo_failed: bool = False,
     fail_fast: bool = False,
     work_list: WorkList | StepFailure | None = None,
 ) -> StepDecision:
     """Decide the current step's next move from its journal rows.
 
-    `settled=True` (the native driver, after a dispatch pass) treats every unit
-    that has a row as terminal: failed attempts were already retried in-pass.
-    `redo_failed=True` (the native driver, before its pass) counts failed units
-    it can run itself as outstanding: a new invocation (after `resume`) tries
-    them again. Otherwise (a session report) a unit is outstanding until it
-    completed or failed without retry eligibility. `fail_fast` finalizes a step as soon as a
-    unit that is not tolerated (`on_error: fail`) has failed for good.
+    Which units are still outstanding depends on who does them. Units of a kind in
+    `native_kinds` (the kinds the native driver dispatches itself) are outstanding
+    until done when the driver has not yet run a pass in this loop — so a new
+    invocation (after `resume`) tries failed ones again — and, once it has
+    (`settled=True`), only while they have no finished row: failed attempts were
+    already retried in the pass. Any other unit (a session unit, or every unit for
+    a report) is outstanding until it completed or failed without retry
+    eligibility. `fail_fast` finalizes a step as soon as a unit that is not
+    tolerated (`on_error: fail`) has failed for good; units still outstanding are
+    reduced as `not_run`. `work_list` may carry the step's work list for this gate
+    state when the caller already has it (it is a pure function of the plan,
+    params, earlier outputs and the gate state).
     """
     if gate.exhausted:
         return exhausted_decision(step, gate)
@@ -369,12 +374,12 @@ def decide_step(
             "refusing to re-dispatch it." for s in diverged)
         return StepDecision("fail", loop=gate.loop, notes=reason, evidence={"error": reason}, states=states,
                             work_list=wl)
-    if settled:
-        outstanding = [s for s in states if s.status in (PENDING, RUNNING)]
-    elif redo_failed:
-        outstanding = [s for s in states if s.status != DONE and not (s.status == FAILED and s.unit.runner == "session")]
-    else:
-        outstanding = [s for s in states if not s.terminal]
+    def is_outstanding(s: UnitState) -> bool:
+        if s.unit.runner in native_kinds:
+            return s.status in (PENDING, RUNNING) if settled else s.status != DONE
+        return not s.terminal
+
+    outstanding = [s for s in states if is_outstanding(s)]
     if outstanding:
         hard = [s for s in states if s.status == FAILED]
         tmpl = step.unit_template
@@ -384,9 +389,8 @@ def decide_step(
     assert tmpl is not None
     # Fail fast: once a unit that is not tolerated failed for good, the step's verdict is fixed; units
     # still outstanding are reduced as `not_run` (both surfaces stop giving out work at that point).
-    outcomes = [outcome_of(s) if s.terminal or settled and s.row is not None and s.status != RUNNING
-                else UnitOutcome(unit_id=s.unit.unit_id, ok=False, failure_reason="not_run")
-                for s in states]
+    outcomes = [UnitOutcome(unit_id=s.unit.unit_id, ok=False, failure_reason="not_run") if is_outstanding(s)
+                else outcome_of(s) for s in states]
     result = reduce_step(step, outcomes, is_map=wl.is_map, reducer=wl.reducer, on_error=tmpl.on_error)
     return _after_result(run_id, step, params, outputs, gate, result, states, wl)
 
