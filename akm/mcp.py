@@ -72,7 +72,13 @@ def _error_result(exc: AkmError) -> CallToolResult:
     elif "hint" in body and ("akm " in body["hint"] or "--" in body["hint"]):
         body.pop("hint")  # a shell hint helps nobody here
     text = f"error[{exc.code}]: {exc.message}" + (f"\nhint: {body['hint']}" if body.get("hint") else "")
-    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=body, is_error=True)
+    import json
+
+    # No structuredContent on errors: clients validate it against the tool's outputSchema (the TypeScript SDK
+    # does so even for isError results), so the error object travels as a second, JSON text block.
+    return CallToolResult(content=[TextContent(type="text", text=text),
+                                   TextContent(type="text", text=json.dumps(body, ensure_ascii=False))],
+                          is_error=True)
 
 
 def _ok(model: Any) -> CallToolResult:

@@ -42,6 +42,12 @@ def session_wf(project: Path) -> Path:
              "its topic.\n\n## show\n\nShow.")
 
 
+def err(result) -> dict:
+    """The error object of an isError result (its last text block is the CLI's JSON error)."""
+    assert result.is_error and result.structured_content is None
+    return json.loads(result.content[-1].text)
+
+
 def call(project: Path, script, **server_kw):
     """Run `script(client)` against an in-process server rooted at `project`."""
     async def main():
@@ -153,15 +159,14 @@ def test_errors_are_tool_errors_with_code_and_exit_status(project):
 
     bad, schema_miss, missing, not_a_file, bad_args, unchanged = call(project, script)
     assert unchanged
-    assert bad.is_error and bad.structured_content["code"] == "UNKNOWN_UNIT"
-    assert bad.structured_content["exitCode"] == 2 and "think.unit:" in bad.structured_content["error"]
-    assert schema_miss.is_error and schema_miss.structured_content["code"] == "RESULT_INVALID"
-    assert 'missing required property "line"' in schema_miss.structured_content["error"]
-    assert missing.is_error and missing.structured_content["code"] == "RUN_NOT_FOUND"
+    assert err(bad)["code"] == "UNKNOWN_UNIT" and bad.content[0].text.startswith("error[UNKNOWN_UNIT]: ")
+    assert err(bad)["exitCode"] == 2 and "think.unit:" in err(bad)["error"]
+    assert err(schema_miss)["code"] == "RESULT_INVALID"
+    assert 'missing required property "line"' in err(schema_miss)["error"]
+    assert err(missing)["code"] == "RUN_NOT_FOUND"
     assert "akm " not in missing.content[0].text  # MCP users are never told to type shell commands
-    assert not_a_file.is_error and not_a_file.structured_content["code"] == "WORKFLOW_NOT_FOUND"
-    assert bad_args.is_error and bad_args.structured_content["code"] == "INVALID_ARGUMENT"
-    assert "max_steps" in bad_args.structured_content["error"]
+    assert err(not_a_file)["code"] == "WORKFLOW_NOT_FOUND"
+    assert err(bad_args)["code"] == "INVALID_ARGUMENT" and "max_steps" in err(bad_args)["error"]
 
 
 def test_a_call_returns_at_its_bound_and_the_run_continues(project, monkeypatch):
