@@ -82,16 +82,21 @@ def upgrade(path: str, *, write: bool = False) -> UpgradeResult:
 
 
 def _read_workflow_text(path: Path) -> str:
+    from akm.text import shown
+
+    where = shown(str(path))
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise NotFoundError(f"Workflow file {path} does not exist.", code="WORKFLOW_NOT_FOUND") from None
+        raise NotFoundError(f"Workflow file {where} does not exist.", code="WORKFLOW_NOT_FOUND") from None
     except OSError as exc:
-        raise UsageError(f"Cannot read workflow file {path}: {exc.strerror}.", code="UNREADABLE_FILE") from None
+        raise UsageError(f"Cannot read workflow file {where}: {exc.strerror or exc}.", code="UNREADABLE_FILE") from None
+    except ValueError as exc:  # an embedded NUL (API callers)
+        raise UsageError(f"Cannot read workflow file {where}: {exc}.", code="INVALID_PATH") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{path} is not UTF-8 text (byte {exc.start}).", code="UNREADABLE_FILE") from None
+        raise UsageError(f"{where} is not UTF-8 text (byte {exc.start}).", code="UNREADABLE_FILE") from None
 
 
 # ------------------------------------------------------------------ run models
@@ -138,7 +143,7 @@ class RunView(ApiModel):
     created_at: str
     updated_at: str
     completed_at: str | None = None
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] | None = Field(default_factory=dict)  # null: the stored record is damaged
     steps: list[StepView] | None = None
     units: list[UnitView] | None = None
     engine_lease: LeaseView | None = None
@@ -182,7 +187,7 @@ class EventPage(ApiModel):
 def _open_db():
     from akm.store.db import open_db
 
-    return open_db(paths.state_db_path())
+    return open_db(paths.journal_path())
 
 
 def _json_or_none(text: str | None) -> Any:
@@ -194,6 +199,21 @@ def _json_or_none(text: str | None) -> Any:
         return None
 
 
+def _object_or_none(text: str | None) -> dict[str, Any] | None:
+    value = _json_or_none(text)
+    return value if isinstance(value, dict) else None
+
+
+def _params_view(run) -> dict[str, Any] | None:
+    """The run's params for display; null when the stored record is not a JSON object.
+
+    A damaged row must stay listable (one bad row must not break `workflow list`
+    for every run); driving it is refused by `load_run` as CORRUPT_RUN.
+    """
+    value = _json_or_none(run.params_json) if run.params_json else {}
+    return value if isinstance(value, dict) else None
+
+
 def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> RunView:
     from akm.store import runs as runs_store
     from akm.store import units as units_store
@@ -202,7 +222,7 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
     view = RunView(
         run_id=run.id, status=run.status, workflow=run.workflow_ref, title=run.title, plan_hash=run.plan_hash,
         current_step_id=run.current_step_id, created_at=run.created_at, updated_at=run.updated_at,
-        completed_at=run.completed_at, params=_json_or_none(run.params_json) or {},
+        completed_at=run.completed_at, params=_params_view(run),
         engine_lease=LeaseView(**asdict(lease)) if lease else None,
         awaiting=_awaiting(db, run) if run.status == "awaiting_session" and with_steps else None,
     )
@@ -241,7 +261,7 @@ def _awaiting(db, run) -> dict[str, Any] | None:
     try:
         return session.brief(db, run.id)
     except AkmError:
-        return _json_or_none(run.status_detail_json)
+        return _object_or_none(run.status_detail_json)
 
 
 def _require_run(db, run_id: str):
@@ -259,30 +279,54 @@ def resolve_workflow_file(target: str, cwd: Path) -> tuple[Path, str]:
     Returns (file, workflow_ref). A path's ref is its real path, so runs of the same
     file from anywhere in the project share one identity.
     """
+    from akm.text import require_utf8, shown
+
+    require_utf8(target, "the workflow target")
+    if len(target) > MAX_TARGET_CHARS:
+        raise UsageError(f"The workflow target is {len(target)} characters long, over the {MAX_TARGET_CHARS}-character "
+                         f"limit for a path or ref: {shown(target)}", code="INVALID_PATH")
     candidate = (cwd / target) if not os.path.isabs(target) else Path(target)
-    if candidate.is_file():
-        return candidate, os.path.realpath(candidate)
+    if _is_file(candidate, target):
+        real = os.path.realpath(candidate)
+        require_utf8(real, "the workflow file's path")
+        return candidate, real
     if target.startswith("workflows/"):
         name = target[len("workflows/"):]
         if name.endswith(".md"):
             name = name[:-3]
         if not name or ".." in name.split("/"):
-            raise UsageError(f"Invalid workflow ref {target!r}.", code="INVALID_REF")
+            raise UsageError(f"Invalid workflow ref {shown(target)}.", code="INVALID_REF")
         import platformdirs
 
         roots = [paths.project_root(cwd) / ".akm" / "workflows",
                  Path(platformdirs.user_data_dir("akm", appauthor=False)) / "workflows"]
         for root in roots:
             f = root / f"{name}.md"
-            if f.is_file():
+            if _is_file(f, target):
+                require_utf8(str(f), "the workflow file's path")
                 return f, f"workflows/{name}"
         raise NotFoundError(
-            f"Workflow {target} not found.", code="WORKFLOW_NOT_FOUND",
+            f"Workflow {shown(target)} not found.", code="WORKFLOW_NOT_FOUND",
             hint="Looked in " + " and ".join(str(r) for r in roots) + ".",
         )
     raise NotFoundError(
-        f"{target!r} is not a workflow file, a workflows/<name> ref or a run id.", code="WORKFLOW_NOT_FOUND",
+        f"{shown(target)} is not a workflow file, a workflows/<name> ref or a run id.", code="WORKFLOW_NOT_FOUND",
     )
+
+
+# A path or ref longer than this is refused before it reaches the filesystem (PATH_MAX is 4096 on Linux).
+MAX_TARGET_CHARS = 4096
+
+
+def _is_file(path: Path, target: str) -> bool:
+    """`path.is_file()`, but a path the OS cannot even look up is a usage error, not a crash."""
+    from akm.text import shown
+
+    try:
+        return path.is_file()
+    except OSError as exc:  # ENAMETOOLONG (a component over 255 bytes), EACCES on a parent, ...
+        raise UsageError(f"Cannot look up the workflow {shown(target)}: {exc.strerror or exc}.",
+                         code="INVALID_PATH") from None
 
 
 def compile_workflow_file(path: Path, *, cwd: Path | None = None):

@@ -520,6 +520,29 @@ def _wants_json(argv: Sequence[str]) -> bool:
     return False
 
 
+def _tolerant_streams() -> None:
+    """Never crash while printing: text that cannot be encoded is written escaped.
+
+    A strict UTF-8 stdout raises on a lone surrogate (an undecodable file name
+    listed by lint, say); the user should see `\\udcff`, not an internal error.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
+
+
+def _check_argv(argv: Sequence[str]) -> None:
+    """Every argument must be UTF-8 text: paths, refs, run ids and param values are stored as text."""
+    from akm.text import require_utf8
+
+    for i, token in enumerate(argv):
+        after = f" (after {argv[i - 1]})" if i and argv[i - 1].startswith("-") and len(argv[i - 1]) <= 64 else ""
+        require_utf8(token, f"argument {i + 1}{after}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     json_errors = _wants_json(argv)
@@ -528,7 +551,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if argv[:1] == ["mcp"]:
         return _cmd_mcp(argv[1:])
+    _tolerant_streams()
     try:
+        _check_argv(argv)
         if len(argv) >= 2 and argv[0] == "workflow" and argv[1] == "run":
             return _cmd_run(argv[2:])
         parser = _build_parser()

@@ -2,7 +2,8 @@
 
 Two questions every command asks before touching the journal:
 
-* `data_dir()` / `state_db_path()` — the one SQLite file holding every run.
+* `data_dir()` / `journal_path()` — the one SQLite file holding every run
+  (`akm-journal.sqlite3`; upstream akm's `state.db` beside it is not ours).
   `AKM_DATA_DIR` wins (tests, CI, users who want state beside a project);
   otherwise platformdirs' per-user data dir. platformdirs is imported inside
   the function because the CLI imports this module on every start.
@@ -23,8 +24,13 @@ from pathlib import Path
 SCOPE_PREFIX = "dir:v1:"
 
 
+# Our own file name: upstream akm keeps a different database, `state.db`, in the same
+# default data directory, and neither program may open the other's file.
+JOURNAL_FILE_NAME = "akm-journal.sqlite3"
+
+
 def data_dir() -> Path:
-    """The directory holding `state.db`; `AKM_DATA_DIR` (trimmed, non-empty) overrides."""
+    """The directory holding the journal; `AKM_DATA_DIR` (trimmed, non-empty) overrides."""
     override = os.environ.get("AKM_DATA_DIR", "").strip()
     if override:
         return Path(override)
@@ -51,9 +57,13 @@ def config_dir() -> Path:
     return Path(platformdirs.user_config_dir("akm", appauthor=False))
 
 
-def state_db_path() -> Path:
-    """The journal file: `<data_dir>/state.db`."""
-    return data_dir() / "state.db"
+def journal_path() -> Path:
+    """The journal file: `<data_dir>/akm-journal.sqlite3`."""
+    return data_dir() / JOURNAL_FILE_NAME
+
+
+# The old name, kept so code written against it keeps working; new code says journal_path().
+state_db_path = journal_path
 
 
 def _ancestors(start: Path) -> list[Path]:
@@ -83,4 +93,6 @@ def _normalize(path: Path) -> str:
 def scope_key(cwd: str | os.PathLike[str] | None = None) -> str:
     """`"dir:v1:" + sha256_hex(project root path)` — the run scope of `cwd`."""
     root = _normalize(project_root(cwd))
-    return SCOPE_PREFIX + hashlib.sha256(root.encode("utf-8")).hexdigest()
+    # surrogateescape: a directory name that is not UTF-8 hashes as its bytes on disk
+    # (for every UTF-8 name this is exactly its UTF-8 encoding).
+    return SCOPE_PREFIX + hashlib.sha256(root.encode("utf-8", "surrogateescape")).hexdigest()

@@ -112,7 +112,7 @@ def main() -> None:
 
         from akm import paths
 
-        con = sqlite3.connect(paths.state_db_path())
+        con = sqlite3.connect(paths.journal_path())
         con.execute("UPDATE steps SET status='pending', evidence_json=NULL, summary=NULL, completed_at=NULL "
                     "WHERE run_id=?", (run_id,))
         con.execute("UPDATE runs SET status='active', current_step_id='fan', completed_at=NULL WHERE id=?", (run_id,))

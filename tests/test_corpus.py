@@ -10,11 +10,12 @@ import pytest
 from akm.format.lint import lint_paths
 from akm.format.parse import parse_workflow
 
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
-CURRENT = sorted((CORPUS / "current").glob("*.md"))
-LEGACY = sorted((CORPUS / "legacy").glob("*.md"))
+from tests.conftest import CORPUS, corpus_files, needs_shared
 
-pytestmark = pytest.mark.skipif(not CURRENT, reason=f"corpus not found at {CORPUS}")
+CURRENT = corpus_files("current")
+LEGACY = corpus_files("legacy")
+
+pytestmark = needs_shared()
 
 
 @pytest.mark.parametrize("path", CURRENT, ids=[p.name for p in CURRENT])

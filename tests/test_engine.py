@@ -31,7 +31,7 @@ def py(code: str) -> str:
 
 
 def db_rows(sql: str, *args) -> list[tuple]:
-    con = sqlite3.connect(paths.state_db_path())
+    con = sqlite3.connect(paths.journal_path())
     try:
         return con.execute(sql, args).fetchall()
     finally:
@@ -229,7 +229,7 @@ def test_replay_divergence_is_detected(project):
     res = run(wf, project)
     assert res.run.status == "failed"
     # Tamper the completed row's hash and reopen step a: the journal no longer matches the plan.
-    con = sqlite3.connect(paths.state_db_path())
+    con = sqlite3.connect(paths.journal_path())
     con.execute("UPDATE units SET input_hash = ? WHERE unit_id = 'a:solo'", ("0" * 64,))
     con.execute("UPDATE steps SET status='pending', evidence_json=NULL, completed_at=NULL WHERE step_id='a'")
     con.execute("UPDATE steps SET status='pending' WHERE step_id='b'")
@@ -329,7 +329,7 @@ def test_secret_from_env_binding_never_stored_or_printed(project, capfd):
     assert res.run.status == "failed"
     out = json.dumps(res.to_json())
     assert secret not in out and "[REDACTED]" in out
-    data = Path(paths.state_db_path()).parent
+    data = Path(paths.journal_path()).parent
     for f in data.iterdir():
         assert secret.encode() not in f.read_bytes(), f"secret leaked into {f.name}"
     captured = capfd.readouterr()
@@ -346,7 +346,7 @@ def test_journal_write_failure_is_surfaced(project):
         """, "## a\n\nx")
     from akm.store.db import open_db
 
-    db = open_db(paths.state_db_path())
+    db = open_db(paths.journal_path())
     db.execute("CREATE TRIGGER fail_finish BEFORE UPDATE OF finished_at ON units "
                "WHEN NEW.finished_at IS NOT NULL BEGIN SELECT RAISE(ABORT, 'disk on fire'); END")
     db.close()
@@ -363,7 +363,7 @@ def test_tampered_plan_is_refused(project):
             unit: {{ exec: {{ command: {py('import time; print(1)')} }} }}
         """, "## a\n\nx")
     res = run(wf, project, max_steps=None)
-    con = sqlite3.connect(paths.state_db_path())
+    con = sqlite3.connect(paths.journal_path())
     con.execute("UPDATE runs SET status='active', plan_json = replace(plan_json, 'print(1)', 'print(2)')")
     con.commit()
     con.close()
@@ -444,13 +444,24 @@ def test_heartbeat_marks_running_units(project, tmp_path):
     from akm.engine.drive import DriveOptions, drive_run
     from akm.store.db import open_db
 
+    # The unit runs until the journal shows a heartbeat on its row (or 60 s pass): no time window.
+    wait_for_heartbeat = (
+        f"import sqlite3,time\nend = time.time() + 60\n"
+        f"while time.time() < end:\n"
+        f"    con = sqlite3.connect({str(paths.journal_path())!r}, timeout=30)\n"
+        f"    seen = con.execute(\"SELECT 1 FROM units WHERE status='running' AND last_checkin_at IS NOT NULL "
+        f"AND last_checkin_at > started_at\").fetchone()\n"
+        f"    con.close()\n"
+        f"    if seen: break\n"
+        f"    time.sleep(0.05)\n"
+        f"print(1)")
     wf = write_wf(project, "hb.md", f"""
         steps:
           - id: a
-            unit: {{ exec: {{ command: {py('import time; time.sleep(1.2); print(1)')} }} }}
+            unit: {{ exec: {{ command: {json.dumps([PY, "-c", wait_for_heartbeat])} }} }}
         """, "## a\n\nx")
     first = run(wf, project, max_steps=None, timeout_ms=50)  # creates the run, aborts at once
-    db = open_db(paths.state_db_path())
+    db = open_db(paths.journal_path())
     try:
         res = drive_run(db, first.run.run_id, DriveOptions(work_dir=project, project_root=project,
                                                           heartbeat_interval=0.2))
@@ -474,7 +485,7 @@ def test_lost_lease_stops_the_driver(project):
             unit: {{ exec: {{ command: {py('import time; time.sleep(20)')} }} }}
         """, "## a\n\nx")
     first = run(wf, project, timeout_ms=50)  # creates the run; aborts at once
-    db = open_db(paths.state_db_path())
+    db = open_db(paths.journal_path())
     errors: list[BaseException] = []
 
     def drive() -> None:
@@ -486,15 +497,15 @@ def test_lost_lease_stops_the_driver(project):
 
     t = threading.Thread(target=drive)
     t.start()
-    deadline = time.time() + 10
+    deadline = time.time() + 60
     while time.time() < deadline and not db_rows("SELECT 1 FROM units WHERE status='running' AND attempts=2"):
         time.sleep(0.05)
-    con = sqlite3.connect(paths.state_db_path())
+    con = sqlite3.connect(paths.journal_path())
     con.execute("UPDATE runs SET lease_holder='thief', lease_host='elsewhere', lease_pid=1, "
                 "lease_until='2999-01-01T00:00:00.000Z'")
     con.commit()
     con.close()
-    t.join(timeout=15)
+    t.join(timeout=60)
     db.close()
     assert not t.is_alive()
     assert errors and isinstance(errors[0], UsageError) and errors[0].code == "LEASE_LOST"

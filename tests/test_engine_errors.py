@@ -26,13 +26,12 @@ def test_deeply_nested_output_consumed_later_is_not_an_internal_error(project):
             inputs: [steps.a.output]
             unit: {{ exec: {{ command: {py('print("ok")')} }} }}
         """, "## a\n\nx\n\n## b\n\nx")
-    try:
-        res = run(wf, project)
-    except AkmError:
-        return  # a clean user-facing error is acceptable
-    except Exception as exc:  # noqa: BLE001
-        pytest.fail(f"engine raised a non-AkmError: {type(exc).__name__}: {exc}")
+    res = run(wf, project)  # no error at all: the step that cannot hash its input fails
     assert res.run.status == "failed"
+    steps = steps_of(res)
+    assert steps["a"]["status"] == "completed"
+    assert steps["b"]["status"] == "failed"
+    assert steps["b"]["notes"] == 'Step "b" cannot identify its units: value nests deeper than 64 levels.'
 
 
 def test_deeply_nested_vote_values_do_not_crash_reduce(project):
@@ -48,13 +47,11 @@ def test_deeply_nested_vote_values_do_not_crash_reduce(project):
                 exec: {{ command: {DEEP} }}
                 output: {{ type: array }}
         """, "## v\n\nx")
-    try:
-        res = run(wf, project, params={"xs": [1, 2, 3]})
-    except AkmError:
-        return
-    except Exception as exc:  # noqa: BLE001
-        pytest.fail(f"engine raised a non-AkmError: {type(exc).__name__}: {exc}")
-    assert res.run.status in ("completed", "failed")
+    res = run(wf, project, params={"xs": [1, 2, 3]})
+    assert res.run.status == "failed"
+    notes = steps_of(res)["v"]["notes"]
+    assert "3 succeeded, 0 failed" in notes
+    assert "vote failed: a unit result cannot be compared (value nests deeper than 64 levels)" in notes
 
 
 def test_out_of_range_number_does_not_strand_a_running_row(project):
@@ -75,19 +72,14 @@ def test_out_of_range_number_does_not_strand_a_running_row(project):
     assert db_rows("SELECT status FROM units") != [("running",)], steps_of(res)["a"]["notes"]
 
 
-def test_nul_in_exec_cwd_is_a_unit_failure_not_an_internal_error(project):
-    """Lint accepts `cwd: "sub\\0dir"`; exec's os.path.realpath raises ValueError, which nothing catches
-    (serial path: exception escapes drive_run -> CLI exit 70; the unit row is left `running`)."""
+def test_nul_in_exec_cwd_is_a_lint_error_and_nothing_runs(project):
+    """`cwd: "sub\\0dir"` once passed lint and crashed exec's os.path.realpath at run time."""
     (project / "nul.md").write_text(
         '---\nsteps:\n  - id: a\n    unit:\n      exec:\n        command: ["true"]\n        cwd: "sub\\0dir"\n'
         "---\n\n## a\n\nx\n", encoding="utf-8")
-    try:
-        res = run(project / "nul.md", project)
-    except AkmError:
-        res = None
-    except Exception as exc:  # noqa: BLE001
-        pytest.fail(f"engine raised a non-AkmError: {type(exc).__name__}: {exc}; "
-                    f"unit rows: {db_rows('SELECT unit_id, status FROM units')}")
-    if res is not None:
-        assert res.run.status == "failed"
-    assert ("running",) not in db_rows("SELECT status FROM units")
+    with pytest.raises(AkmError) as info:
+        run(project / "nul.md", project)
+    assert info.value.code == "WORKFLOW_INVALID"
+    assert "unit.exec.cwd contains a NUL character" in info.value.message
+    assert "[exec_cwd_not_relative]" in info.value.message
+    assert db_rows("SELECT status FROM units") == []

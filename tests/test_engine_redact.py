@@ -10,7 +10,7 @@ from tests.test_engine import db_rows, py, run, write_wf
 
 
 def _state_bytes() -> bytes:
-    data = Path(paths.state_db_path()).parent
+    data = Path(paths.journal_path()).parent
     return b"".join(f.read_bytes() for f in data.iterdir() if f.is_file())
 
 

@@ -96,7 +96,14 @@ def test_budget_is_seeded_from_the_journal_across_invocations(project):
 
 def test_map_width_bounds_concurrent_children(project):
     log = project / "spans.jsonl"
-    code = py(f'import json,time; a=time.time(); time.sleep(0.4); open({str(log)!r},"a").write(json.dumps([a,time.time()])+chr(10))')
+    started = project / "started"
+    started.mkdir()
+    # Each unit marks its start, then stays until two units have started (at most 60 s): the first
+    # two always overlap however slowly processes start, and the width caps the overlap at two.
+    code = py(f'import json,os,pathlib,time; a=time.time(); d=pathlib.Path({str(started)!r}); '
+              f'(d / os.environ["AKM_ITEM"]).touch(); end=a+60\n'
+              f'while len(list(d.iterdir())) < 2 and time.time() < end: time.sleep(0.02)\n'
+              f'open({str(log)!r},"a").write(json.dumps([a,time.time()])+chr(10))')
     wf = write_wf(project, "width.md", f"""
         params:
           xs: {{ type: array }}
@@ -158,7 +165,7 @@ def test_status_flags_stale_running_units(project):
             unit: {{ exec: {{ command: {py('print(1)')} }} }}
         """, "## a\n\nx")
     res = run(wf, project)
-    con = sqlite3.connect(paths.state_db_path())
+    con = sqlite3.connect(paths.journal_path())
     con.execute("INSERT INTO units (run_id, unit_id, step_id, node_id, status, started_at, last_checkin_at) "
                 "VALUES (?, 'ghost:solo', 'a', 'a', 'running', '2020-01-01T00:00:00.000Z', NULL)", (res.run.run_id,))
     con.execute("INSERT INTO units (run_id, unit_id, step_id, node_id, status, started_at, last_checkin_at) "

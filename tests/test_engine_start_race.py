@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import time
-
 
 from akm import paths
 from akm.errors import UsageError
+from akm.store import runs as runs_store
 from tests.test_engine import py, run, write_wf
 
 
-def test_lost_start_race_does_not_adopt_a_run_with_other_params(project):
+def test_lost_start_race_does_not_adopt_a_run_with_other_params(project, monkeypatch):
     wf = write_wf(project, "race.md", f"""
         params:
           who: {{ type: string }}
@@ -22,12 +21,22 @@ def test_lost_start_race_does_not_adopt_a_run_with_other_params(project):
         """, "## hello\n\nx")
     # Invocation A's run exists but is not yet visible to B's `find_active_run` ...
     a = run(wf, project, param_pairs=[("who", "alice")], max_steps=0)
-    con = sqlite3.connect(paths.state_db_path(), isolation_level=None, timeout=30)
+    con = sqlite3.connect(paths.journal_path(), isolation_level=None, timeout=30)
     con.execute("UPDATE runs SET status='failed' WHERE id=?", (a.run.run_id,))
     # ... and becomes visible (commits) while B is between its lookup and its INSERT.
     con.execute("BEGIN IMMEDIATE")
     con.execute("UPDATE runs SET status='active' WHERE id=?", (a.run.run_id,))
     out: dict = {}
+    # B signals once it has looked up (nothing active) and is about to insert: the insert then
+    # waits on our write lock. The real create_run runs; this only tells the test where B is.
+    at_insert = threading.Event()
+    real_create_run = runs_store.create_run
+
+    def create_run_after_signal(*args, **kwargs):
+        at_insert.set()
+        return real_create_run(*args, **kwargs)
+
+    monkeypatch.setattr(runs_store, "create_run", create_run_after_signal)
 
     def b() -> None:
         try:
@@ -37,14 +46,13 @@ def test_lost_start_race_does_not_adopt_a_run_with_other_params(project):
 
     t = threading.Thread(target=b)
     t.start()
-    time.sleep(1.0)  # B has looked up (nothing active) and now waits on the write lock in create_run
+    assert at_insert.wait(60), "B never reached create_run"
     con.execute("COMMIT")
     con.close()
-    t.join(timeout=30)
+    t.join(timeout=60)
     assert not t.is_alive()
-    if "err" in out:
-        assert isinstance(out["err"], UsageError) and out["err"].code in ("RUN_ALREADY_ACTIVE", "LEASE_HELD")
-        return
-    res = out["res"]
-    # B asked for who=bob; it must not report alice's run as its own.
-    assert res.run.params == {"who": "bob"}, f"B drove run {res.run.run_id} with params {res.run.params}"
+    # B lost the race to a run with other params: it must refuse, never adopt alice's run.
+    assert "res" not in out, f"B drove run {out['res'].run.run_id} with params {out['res'].run.params}"
+    err = out["err"]
+    assert isinstance(err, UsageError) and err.code == "RUN_ALREADY_ACTIVE", err
+    assert a.run.run_id in err.message and "other params" in err.message

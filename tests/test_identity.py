@@ -6,6 +6,7 @@ tool's published values, which is a useful cross-check of our canonical JSON.
 """
 
 import pytest
+from pydantic import ValidationError
 
 from akm.canonical import CanonicalError, canonical_json
 from akm.plan.identity import (
@@ -90,7 +91,7 @@ def test_plan_round_trips_byte_identical():
 
 def test_plan_decoder_is_strict():
     bad = dict(SHIP_PLAN, surprise=1)
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="surprise"):
         Plan.model_validate(bad)
 
 

@@ -90,6 +90,7 @@ CASES: list[tuple[str, str, int]] = [
     ("exec_invalid_command", wf("steps:\n  - id: a\n    unit:\n      exec:\n        command: \"bun test\"\n"), 6),  # §8.58
     ("exec_cwd_not_relative", wf("steps:\n  - id: a\n    unit:\n      exec:\n        command: [x]\n        cwd: ../x\n"), 7),
     ("exec_invalid_env_name", wf("steps:\n  - id: a\n    unit:\n      exec:\n        command: [x]\n        pass_env: [1BAD]\n"), 7),
+    ("invalid_env_ref", wf("steps:\n  - id: a\n    unit:\n      env: [ci]\n"), 5),
     ("exec_engine_conflict", wf("steps:\n  - id: a\n    unit:\n      exec: { command: [x] }\n      engine: fast\n"), 6),  # §8.58
     # schemas
     ("schema_unsupported_keyword",

@@ -74,7 +74,7 @@ def test_unknown_flag_without_declared_params():
         (["--count", "0"], "below minimum"),
         (["--mode", "slow"], "not one of"),
         (["--metadata", "nope"], "must contain valid JSON"),
-        (["--count"], "requires a value of type integer"),
+        (["--count"], "is declared as integer, not boolean"),
         (["--count", "abc"], "must be integer"),
         (["--count", "1.5"], "must be integer"),
         (["--tags", "[oops"], "must contain valid JSON"),
@@ -99,9 +99,16 @@ def test_acceptance_55_values():
     assert _params(["--tags", ' ["a"] ']) == {"tags": ["a"]}
     assert _params(["--tags", '{"a":1}']) == {"tags": ['{"a":1}']}  # not '[': one element
     assert _params(["--strict"]) == {"strict": True}
-    assert _params(["--name"]) == {"name": "true"}
     assert _params(["--name="]) == {"name": ""}
     assert _params(["--strict=false"]) == {"strict": False}
+
+
+def test_bare_flag_for_a_non_boolean_param_is_an_error_naming_it():
+    # issue 6 item 9: a bare --name used to become the string "true"
+    for tokens, name in ((["--name"], "name"), (["--count"], "count"), (["--tags"], "tags")):
+        err = _usage(_params, tokens)
+        assert err.code == "INVALID_FLAG_VALUE"
+        assert f"Param {name} needs a value" in err.message
 
 
 def test_array_items_are_coerced():
@@ -167,7 +174,8 @@ def test_coercion(schema, raw, expected):
         ({"type": ["integer", "boolean"]}, "x", "must be integer or boolean"),
         ({"type": "object"}, "{bad", "must contain valid JSON"),
         ({"type": "object"}, "NaN", "must contain valid JSON"),
-        ({"type": "number"}, True, "requires a value of type number"),
+        ({"type": "number"}, True, "is declared as number, not boolean"),
+        ({"type": "string"}, True, "is declared as string, not boolean"),
     ],
 )
 def test_coercion_errors(schema, raw, fragment):

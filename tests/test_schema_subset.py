@@ -136,9 +136,9 @@ def test_huge_shared_subtree_is_bounded():
     node: dict = {"type": "string"}
     for _ in range(40):
         node = {"anyOf": [node, node]}
-    start = time.monotonic()
+    start = time.process_time()  # CPU time of this process: a loaded machine does not inflate it
     problems = check_schema_definition(node)
-    assert time.monotonic() - start < 5
+    assert time.process_time() - start < 5  # unbounded, 2**40 visits would never finish
     assert problems and problems[0].kind == "malformed"
 
 
@@ -278,10 +278,10 @@ def test_deep_schemas():
 def test_visit_budget_turns_blowup_into_an_error():
     schema = {"items": {"anyOf": [{"type": "integer", "minimum": i} for i in range(10)]}}
     assert validate_instance([9] * 100, schema) == []
-    start = time.monotonic()
+    start = time.process_time()  # CPU time of this process: a loaded machine does not inflate it
     (err,) = validate_instance(["x"] * 20_000, schema)  # 200k+ keyword visits
     assert "exceeded 100000 steps" in err
-    assert time.monotonic() - start < 10
+    assert time.process_time() - start < 10
 
 
 def test_pathologically_deep_instance_is_an_error_not_a_crash():

@@ -46,7 +46,7 @@ def test_now_iso_is_fixed_width_utc_millis():
 
 
 def test_open_creates_parent_dir_sets_pragmas_and_schema(tmp_path):
-    path = tmp_path / "deep" / "er" / "state.db"
+    path = tmp_path / "deep" / "er" / "akm-journal.sqlite3"
     db = open_db(path)
     try:
         assert path.exists()
@@ -71,7 +71,7 @@ def test_open_creates_parent_dir_sets_pragmas_and_schema(tmp_path):
 
 
 def test_reopen_applies_nothing(tmp_path):
-    path = tmp_path / "state.db"
+    path = tmp_path / "akm-journal.sqlite3"
     open_db(path).close()
     db = open_db(path)
     try:
@@ -83,7 +83,7 @@ def test_reopen_applies_nothing(tmp_path):
 
 def test_delete_journal_mode_uses_full_sync(tmp_path, monkeypatch):
     monkeypatch.setenv("AKM_SQLITE_JOURNAL_MODE", " delete ")
-    db = open_db(tmp_path / "state.db")
+    db = open_db(tmp_path / "akm-journal.sqlite3")
     try:
         assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
         assert db.conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
@@ -92,7 +92,7 @@ def test_delete_journal_mode_uses_full_sync(tmp_path, monkeypatch):
 
 
 def test_newer_ledger_is_refused_with_upgrade_hint(tmp_path):
-    path = tmp_path / "state.db"
+    path = tmp_path / "akm-journal.sqlite3"
     db = open_db(path)
     db.execute("INSERT INTO schema_migrations (id, applied_at) VALUES ('9999-from-the-future', 'x')")
     db.close()
@@ -106,7 +106,7 @@ def test_newer_ledger_is_refused_with_upgrade_hint(tmp_path):
 def test_prefix_ledger_applies_only_pending_and_inconsistent_is_refused(tmp_path):
     m1 = ("a-1", "CREATE TABLE IF NOT EXISTS t1 (x INTEGER);")
     m2 = ("a-2", "CREATE TABLE IF NOT EXISTS t2 (y INTEGER);\nCREATE INDEX IF NOT EXISTS i2 ON t2 (y);")
-    db = open_db(tmp_path / "state.db", migrate=False)
+    db = open_db(tmp_path / "akm-journal.sqlite3", migrate=False)
     try:
         assert apply_migrations(db, [m1]) == ["a-1"]
         assert apply_migrations(db, [m1, m2]) == ["a-2"]
@@ -122,9 +122,9 @@ def test_prefix_ledger_applies_only_pending_and_inconsistent_is_refused(tmp_path
 def test_failed_migration_rolls_back_its_ddl_and_ledger_row(tmp_path):
     good = ("b-1", "CREATE TABLE IF NOT EXISTS ok_table (x INTEGER);")
     bad = ("b-2", "CREATE TABLE IF NOT EXISTS half_done (x INTEGER);\nINSERT INTO no_such_table VALUES (1);")
-    db = open_db(tmp_path / "state.db", migrate=False)
+    db = open_db(tmp_path / "akm-journal.sqlite3", migrate=False)
     try:
-        with pytest.raises(JournalError):
+        with pytest.raises(JournalError, match="no such table: no_such_table"):
             apply_migrations(db, [good, bad])
         assert applied_ids(db) == ["b-1"]
         tables = {r[0] for r in db.query("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -141,15 +141,15 @@ def test_split_statements_keeps_multiline_statements_whole():
 
 
 def test_not_a_database_becomes_journal_error(tmp_path):
-    path = tmp_path / "state.db"
+    path = tmp_path / "akm-journal.sqlite3"
     path.write_bytes(b"this is definitely not sqlite" * 100)
     with pytest.raises(JournalError) as info:
         open_db(path)
-    assert "state.db" in info.value.message
+    assert "akm-journal.sqlite3" in info.value.message
 
 
 def test_tx_rolls_back_on_body_exception_and_reraises(tmp_path):
-    db = open_db(tmp_path / "state.db")
+    db = open_db(tmp_path / "akm-journal.sqlite3")
     try:
         with pytest.raises(RuntimeError, match="boom"):
             with db.tx():
@@ -162,7 +162,7 @@ def test_tx_rolls_back_on_body_exception_and_reraises(tmp_path):
 
 
 def test_tx_joins_outer_transaction(tmp_path):
-    db = open_db(tmp_path / "state.db")
+    db = open_db(tmp_path / "akm-journal.sqlite3")
     try:
         with pytest.raises(RuntimeError):
             with db.tx():
@@ -180,7 +180,7 @@ def test_tx_joins_outer_transaction(tmp_path):
 
 
 def test_sqlite_error_in_tx_becomes_journal_error(tmp_path):
-    db = open_db(tmp_path / "state.db")
+    db = open_db(tmp_path / "akm-journal.sqlite3")
     try:
         with pytest.raises(JournalError) as info:
             with db.tx() as conn:
@@ -194,7 +194,7 @@ def test_sqlite_error_in_tx_becomes_journal_error(tmp_path):
 
 
 def test_threads_sharing_one_database_serialize_transactions(tmp_path):
-    db = open_db(tmp_path / "state.db")
+    db = open_db(tmp_path / "akm-journal.sqlite3")
     errors: list[BaseException] = []
 
     def worker(n: int) -> None:
@@ -219,7 +219,7 @@ def test_threads_sharing_one_database_serialize_transactions(tmp_path):
 
 
 def test_two_connections_wait_for_each_other(tmp_path):
-    path = tmp_path / "state.db"
+    path = tmp_path / "akm-journal.sqlite3"
     a, b = open_db(path), open_db(path)
     order: list[str] = []
     try:
@@ -244,3 +244,84 @@ def test_two_connections_wait_for_each_other(tmp_path):
     finally:
         a.close()
         b.close()
+
+
+# ------------------------------------------------------------------ whose database is this? (issue 6 item 10)
+
+
+def _upstream_like_state_db(path) -> bytes:
+    """A database shaped like upstream akm's state.db: its own ledger ids and tables, DELETE journal mode."""
+    con = sqlite3.connect(path)
+    con.executescript(
+        "CREATE TABLE schema_migrations (id TEXT PRIMARY KEY, applied_at TEXT NOT NULL);"
+        "INSERT INTO schema_migrations VALUES ('001-initial-schema', 'x'), ('020-three-db-cutover', 'y');"
+        "CREATE TABLE workflow_runs (id TEXT PRIMARY KEY); CREATE TABLE proposals (id TEXT);"
+    )
+    con.commit()
+    con.close()
+    return path.read_bytes()
+
+
+def test_upstream_state_db_is_foreign_and_left_untouched(tmp_path):
+    path = tmp_path / "state.db"
+    before = _upstream_like_state_db(path)
+    with pytest.raises(JournalError) as info:
+        open_db(path)
+    err = info.value
+    assert err.code == "JOURNAL_FOREIGN" and err.exit_status == 78
+    assert "is not an akm (Python) journal" in err.message
+    assert "upstream akm's state database (first migration '001-initial-schema')" in err.message
+    assert "akm-journal.sqlite3" in err.hint and "AKM_DATA_DIR" in err.hint
+    assert "newer version" not in err.message
+    assert path.read_bytes() == before  # not switched to WAL, nothing created
+    assert not (tmp_path / "state.db-wal").exists()
+
+
+def test_any_other_database_with_tables_is_foreign(tmp_path):
+    path = tmp_path / "akm-journal.sqlite3"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE notes (body TEXT)")
+    con.commit()
+    con.close()
+    with pytest.raises(JournalError) as info:
+        open_db(path)
+    assert info.value.code == "JOURNAL_FOREIGN" and "(notes)" in info.value.message
+
+
+def test_an_empty_sqlite_file_becomes_our_journal(tmp_path):
+    path = tmp_path / "akm-journal.sqlite3"
+    sqlite3.connect(path).close()
+    db = open_db(path)
+    try:
+        assert applied_ids(db) == [mid for mid, _ in MIGRATIONS]
+    finally:
+        db.close()
+
+
+def test_newer_akm_python_journal_is_too_new_not_foreign(tmp_path):
+    path = tmp_path / "akm-journal.sqlite3"
+    open_db(path).close()
+    con = sqlite3.connect(path)
+    con.execute("INSERT INTO schema_migrations (id, applied_at) VALUES ('0002-from-a-newer-akm', 'x')")
+    con.commit()
+    con.close()
+    with pytest.raises(JournalError) as info:
+        open_db(path)
+    assert info.value.code == "JOURNAL_TOO_NEW"
+    assert "written by a newer version of akm (Python)" in info.value.message
+
+
+def test_the_journal_has_a_name_of_its_own_beside_upstreams_state_db(tmp_path, monkeypatch):
+    from akm import api, paths
+
+    data = tmp_path / "data"
+    data.mkdir()
+    monkeypatch.setenv("AKM_DATA_DIR", str(data))
+    before = _upstream_like_state_db(data / "state.db")
+    project = tmp_path / "p"
+    project.mkdir()
+    (project / "w.md").write_text("---\nsteps:\n  - id: a\n    unit: { exec: { command: [\"true\"] } }\n---\n\n## a\n\nx\n")
+    res = api.run_workflow("w.md", cwd=str(project))
+    assert res.run.status == "completed"
+    assert paths.journal_path() == data / "akm-journal.sqlite3" and paths.journal_path().exists()
+    assert (data / "state.db").read_bytes() == before

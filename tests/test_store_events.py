@@ -11,7 +11,7 @@ from akm.store.db import open_db
 
 @pytest.fixture()
 def db(tmp_path):
-    database = open_db(tmp_path / "state.db")
+    database = open_db(tmp_path / "akm-journal.sqlite3")
     yield database
     database.close()
 
@@ -62,13 +62,15 @@ def test_corrupt_metadata_reads_as_empty(db):
 
 @pytest.mark.parametrize("bad", [-1, True, "3", 1.5])
 def test_bad_offsets_are_usage_errors(db, bad):
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match="event offset must be a non-negative integer") as info:
         events.list_events(db, since_offset=bad)
+    assert info.value.code == "INVALID_FLAG_VALUE"
 
 
 def test_bad_limit_is_usage_error(db):
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match="event limit must be a positive integer") as info:
         events.list_events(db, limit=0)
+    assert info.value.code == "INVALID_FLAG_VALUE"
 
 
 # -- task_history -------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from akm import paths
 def test_data_dir_env_override_is_trimmed(monkeypatch, tmp_path):
     monkeypatch.setenv("AKM_DATA_DIR", f"  {tmp_path}/data  ")
     assert paths.data_dir() == tmp_path / "data"
-    assert paths.state_db_path() == tmp_path / "data" / "state.db"
+    assert paths.journal_path() == tmp_path / "data" / "akm-journal.sqlite3"
 
 
 def test_data_dir_default_is_platformdirs(monkeypatch, tmp_path):

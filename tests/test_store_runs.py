@@ -11,7 +11,7 @@ from akm.store.db import open_db
 
 @pytest.fixture()
 def db(tmp_path):
-    database = open_db(tmp_path / "state.db")
+    database = open_db(tmp_path / "akm-journal.sqlite3")
     yield database
     database.close()
 
@@ -57,20 +57,21 @@ def test_create_guard_one_drivable_run_per_ref_and_scope(db):
     make_run(db, run_id="r3", scope="scope-b")  # other project: fine
     make_run(db, run_id="r4", ref="workflows/other")  # other workflow: fine
     runs.set_run_status(db, "r1", "awaiting_session", {"units": ["a:solo"]})
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError) as info:
         make_run(db, run_id="r5")  # awaiting_session still occupies the scope
+    assert info.value.code == "RUN_ALREADY_ACTIVE" and "awaiting_session run (r1)" in info.value.message
     runs.abandon_run(db, "r1")
     assert make_run(db, run_id="r6").status == "active"
 
 
 def test_create_is_atomic_on_duplicate_id(db):
     make_run(db)
-    with pytest.raises(JournalError):
+    with pytest.raises(JournalError, match="UNIQUE constraint failed: runs.id"):
         make_run(db, run_id="r1", ref="workflows/else", steps=("x",))
     assert [s.step_id for s in runs.get_steps(db, "r1")] == ["a", "b", "c"]
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match="declares a step id twice"):
         make_run(db, run_id="r9", ref="workflows/dup", steps=("x", "x"))
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match="has no steps; nothing to run"):
         make_run(db, run_id="r9", ref="workflows/empty", steps=())
 
 
@@ -134,11 +135,11 @@ def test_complete_step_preconditions(db):
     with pytest.raises(UsageError) as info:
         runs.complete_step(db, "r1", "b", "completed", summary="x")
     assert info.value.code == "STEP_NOT_CURRENT" and "complete a first" in info.value.message
-    with pytest.raises(NotFoundError):
+    with pytest.raises(NotFoundError, match="step 'zzz' not found"):
         runs.complete_step(db, "r1", "zzz", "completed", summary="x")
-    with pytest.raises(NotFoundError):
+    with pytest.raises(NotFoundError, match="workflow run 'nope' not found"):
         runs.complete_step(db, "nope", "a", "completed", summary="x")
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match="cannot complete a step as 'pending'"):
         runs.complete_step(db, "r1", "a", "pending")
     runs.complete_step(db, "r1", "a", "completed", summary="x")
     with pytest.raises(UsageError) as info:
@@ -157,8 +158,9 @@ def test_complete_step_respects_live_lease_of_another_holder(db):
     with pytest.raises(UsageError) as info:
         runs.complete_step(db, "r1", "a", "completed", summary="x", lease_holder="engine-2")
     assert info.value.code == "LEASE_HELD" and "engine-1" in info.value.message
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError) as info:
         runs.complete_step(db, "r1", "a", "completed", summary="x")  # no holder at all
+    assert info.value.code == "LEASE_HELD"
     assert runs.get_step(db, "r1", "a").status == "pending"
     run = runs.complete_step(db, "r1", "a", "completed", summary="x", lease_holder="engine-1")
     assert run.current_step_id == "b" and run.lease_holder == "engine-1"
@@ -180,7 +182,7 @@ def test_set_run_status_between_drivable_states(db):
     assert run.status == "active" and run.status_detail is None
     runs.set_run_status(db, "r1", "awaiting_session", None)
     assert runs.set_run_status(db, "r1", "active").status == "active"
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match="only moves between active and awaiting_session"):
         runs.set_run_status(db, "r1", "completed")
     runs.abandon_run(db, "r1")
     with pytest.raises(UsageError) as info:

@@ -16,7 +16,7 @@ from akm.store.db import open_db
 
 @pytest.fixture()
 def db(tmp_path):
-    database = open_db(tmp_path / "state.db")
+    database = open_db(tmp_path / "akm-journal.sqlite3")
     runs.create_run(
         database, run_id="r1", workflow_ref="workflows/w", workflow_path=None, title="t", scope_key="s",
         params={}, plan_json="{}", plan_hash="0" * 64, hash_version=1, step_ids=["build", "review"],

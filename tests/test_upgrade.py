@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import re
-from pathlib import Path
 
 import pytest
 import yaml
@@ -15,9 +14,10 @@ from akm.errors import UsageError
 from akm.format.upgrade import LegacyMarker, detect_legacy, upgrade_legacy
 from akm.format.yaml12 import Yaml12Loader
 
-CORPUS = Path("/work/shared/corpus")
-LEGACY = sorted((CORPUS / "legacy").glob("*.md"))
-CURRENT = sorted((CORPUS / "current").glob("*.md"))
+from tests.conftest import CORPUS, corpus_files, needs_shared
+
+LEGACY = corpus_files("legacy")
+CURRENT = corpus_files("current")
 
 
 def _split(text: str) -> tuple[dict, str]:
@@ -52,10 +52,12 @@ def _split_gate(section: str) -> tuple[str, str | None]:
     return parts[0].strip(), (parts[1].strip() if len(parts) == 2 else None)
 
 
+@needs_shared()
 def test_corpus_present():
     assert len(LEGACY) == 5 and len(CURRENT) >= 10
 
 
+@needs_shared()
 @pytest.mark.parametrize("path", LEGACY, ids=lambda p: p.name)
 def test_legacy_corpus_is_detected(path):
     text = path.read_text()
@@ -66,11 +68,13 @@ def test_legacy_corpus_is_detected(path):
     assert marker.reason == f'"# Workflow:" H1 at line {h1_line}'
 
 
+@needs_shared()
 @pytest.mark.parametrize("path", CURRENT, ids=lambda p: p.name)
 def test_current_corpus_is_not_legacy(path):
     assert detect_legacy(path.read_text()) is None
 
 
+@needs_shared()
 @pytest.mark.parametrize("path", LEGACY, ids=lambda p: p.name)
 def test_legacy_corpus_upgrades(path):
     text = path.read_text()
@@ -106,6 +110,7 @@ def test_legacy_corpus_upgrades(path):
     assert detect_legacy(out) is None
 
 
+@needs_shared()
 def test_upgrade_keeps_step_text_and_criteria_verbatim():
     text = (CORPUS / "legacy" / "stash-onboard-agent.md").read_text()
     _, body = _split(upgrade_legacy(text))
@@ -115,6 +120,7 @@ def test_upgrade_keeps_step_text_and_criteria_verbatim():
     assert gate == "- `skill:akm-quickstart` is retrievable.\n- `knowledge:akm-cli-reference` is retrievable."
 
 
+@needs_shared()
 def test_intro_becomes_preamble():
     text = (CORPUS / "legacy" / "stash-dream-memory-consolidation.md").read_text()
     _, body = _split(upgrade_legacy(text))
@@ -131,6 +137,7 @@ def _linter():
     return getattr(lint, "lint_text", None)
 
 
+@needs_shared()
 @pytest.mark.parametrize("path", LEGACY, ids=lambda p: p.name)
 def test_upgraded_corpus_lints_clean(path):
     lint_text = _linter()

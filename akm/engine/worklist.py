@@ -153,7 +153,7 @@ def build_work_list(
                       gate_loop=gate_loop, gate_feedback=gate_feedback, concurrency=concurrency,
                       reducer=reducer, is_map=is_map)
     except CanonicalError as exc:
-        return StepFailure(f'Step "{step.step_id}" cannot identify its units: a value {exc}.')
+        return StepFailure(f'Step "{step.step_id}" cannot identify its units: {exc}.')
 
 
 def _units(step: StepPlan, template: UnitNode, entries: list[tuple[int, Any, str]], *, run_id: str,

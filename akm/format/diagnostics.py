@@ -13,6 +13,8 @@ from typing import Any
 from pydantic import BaseModel, model_serializer
 
 MAX_REPORTED_ERRORS = 50
+# Warnings of one code listed one by one before the rest are folded into one entry.
+MAX_REPEATED_WARNINGS = 3
 
 
 class Diagnostic(BaseModel):
@@ -23,12 +25,14 @@ class Diagnostic(BaseModel):
     line: int
     column: int | None = None
     hint: str | None = None
+    # Set on a diagnostic that stands for several folded repeats (see `fold_repeats`).
+    count: int | None = None
 
     @model_serializer(mode="wrap")
     def _drop_empty(self, handler: Any) -> dict[str, Any]:
-        # The JSON contract omits column/hint instead of writing null.
+        # The JSON contract omits column/hint/count instead of writing null.
         data = handler(self)
-        for key in ("column", "hint"):
+        for key in ("column", "hint", "count"):
             if data.get(key) is None:
                 data.pop(key, None)
         return data
@@ -73,6 +77,7 @@ CODES: dict[str, str] = {
     "exec_cwd_not_relative": "`exec.cwd` is absolute, home-relative or escapes with `..`",
     "exec_invalid_env_name": "an `exec.pass_env` entry is not an environment variable name",
     "exec_engine_conflict": "an exec unit also names `engine`, `model` or `llm`",
+    "invalid_env_ref": "an `env` entry is not of the form env/<name>",
     # JSON Schema
     "schema_unsupported_keyword": "a JSON-Schema keyword outside the supported subset",
     "schema_malformed": "a JSON-Schema keyword with an invalid value",
@@ -122,3 +127,32 @@ def sort_and_cap(errors: list[Diagnostic], limit: int = MAX_REPORTED_ERRORS) -> 
         )
     )
     return kept
+
+
+def fold_repeats(warnings: list[Diagnostic], keep: int = MAX_REPEATED_WARNINGS) -> list[Diagnostic]:
+    """Keep the first `keep` warnings of each code; fold the rest into one entry per code.
+
+    Why: a generated file with thousands of untyped steps used to print thousands
+    of identical lines (and hand an agent thousands of JSON entries). The folded
+    entry keeps the code, sits on the first folded line, says which lines it
+    stands for, and carries `count` so totals stay exact.
+    """
+    by_code: dict[str, list[Diagnostic]] = {}
+    for w in warnings:
+        by_code.setdefault(w.code, []).append(w)
+    if all(len(group) <= keep + 1 for group in by_code.values()):
+        return warnings  # folding one warning into a summary would hide more than it saves
+    out: list[Diagnostic] = []
+    for code, group in by_code.items():
+        if len(group) <= keep + 1:
+            out.extend(group)
+            continue
+        out.extend(group[:keep])
+        rest = group[keep:]
+        lines = [d.line for d in rest]
+        shown = ", ".join(str(n) for n in lines[:5]) + (f", … {lines[-1]}" if len(lines) > 5 else "")
+        out.append(Diagnostic(
+            code=code, line=lines[0], count=len(rest),
+            message=f"{len(rest)} more {code} warnings like the ones above (lines {shown})",
+        ))
+    return sorted(out, key=lambda d: (d.line, d.column or 0))

@@ -57,6 +57,8 @@ ON_ERROR_CHOICES = ("fail", "continue")
 STEP_ID_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
 PARAM_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 ENV_VAR_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# `env/<name>`: the name becomes a file name (`.akm/env/<name>.env`), so no separators, no leading dot.
+ENV_REF_RE = re.compile(r"env/[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 ENGINE_NAME_RE = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*\Z")
 DURATION_RE = re.compile(r"([0-9]+)(ms|s|m)?\Z")
 

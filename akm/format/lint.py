@@ -112,14 +112,16 @@ def render_text(report: LintReport) -> str:
     for f in report.files:
         if f.errors:
             bad_files += 1
+        hinted: set[tuple[str, str]] = set()  # a repeated warning's hint is printed once per file
         for severity, items in (("error", f.errors), ("warning", f.warnings)):
             for d in items:
                 where = f"{f.path}:{d.line}" + (f":{d.column}" if d.column is not None else "")
                 out.append(f"{where}: {severity}[{d.code}]: {d.message}")
-                if d.hint:
+                if d.hint and (severity == "error" or (d.code, d.hint) not in hinted):
+                    hinted.add((d.code, d.hint))
                     out.append(f"    hint: {d.hint}")
         n_err += len(f.errors)
-        n_warn += len(f.warnings)
+        n_warn += sum(d.count or 1 for d in f.warnings)
     total = len(report.files)
     files_word = "file" if total == 1 else "files"
     if not report.files:

@@ -16,6 +16,7 @@ rubrics are hashed into the plan.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 _LINE_SPLIT = re.compile(r"\r?\n")
@@ -150,6 +151,10 @@ def scan_body(lines: list[str], body_start_line: int) -> Body:
     stray: list[StrayH1] = []
     first_h2 = next((h for h in headings if h.level == 2), None)
 
+    # `### gate` lines in file order: each section takes the ones inside its span with a
+    # bisect, so a file with thousands of sections stays linear instead of sections x headings.
+    gate_lines = [h.line for h in headings if h.level == 3 and h.text == "gate"]
+
     for pos, head in enumerate(bounds):
         end = bounds[pos + 1].line - 1 if pos + 1 < len(bounds) else last_line
         if head.level == 1:
@@ -161,12 +166,10 @@ def scan_body(lines: list[str], body_start_line: int) -> Body:
                     stray.append(StrayH1(line=head.line, text=head.text, first_text_line=text_line))
             continue
         section = Section(heading=head, end_line=end)
-        for sub in headings:
-            if sub.level == 3 and sub.text == "gate" and head.line < sub.line <= end:
-                if section.gate_line is None:
-                    section.gate_line = sub.line
-                else:
-                    section.extra_gate_lines.append(sub.line)
+        inside = gate_lines[bisect_right(gate_lines, head.line):bisect_right(gate_lines, end)]
+        if inside:
+            section.gate_line = inside[0]
+            section.extra_gate_lines.extend(inside[1:])
         instr_end = section.gate_line - 1 if section.gate_line is not None else end
         section.instructions = extract_block(lines, head.line + 1, instr_end)
         if section.gate_line is not None:

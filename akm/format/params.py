@@ -13,7 +13,7 @@ checked against the declared param schema with a message that names it. The rule
 * Coercion follows the param's declared `type`: arrays by repeating the flag or one JSON `[...]` value,
   objects as JSON, numbers/integers the way JavaScript's `Number()` reads text (`1e3`, `0x10`, `1.0`),
   booleans `true`/`false`, strings kept byte-exact (`001` stays `"001"`). A bare flag is `true` for a
-  boolean, the string `"true"` for a string, and an error otherwise.
+  boolean (or an untyped param) and an error naming the param for any other type.
 * The resulting object is validated against the declared schemas; any problem is `INVALID_FLAG_VALUE`.
 """
 
@@ -189,10 +189,11 @@ def _coerce_one(flag: str, raw: str | bool, schema: Any) -> Any:
     if raw is True:
         if "boolean" in types:
             return True
-        if "string" in types:
-            return "true"
+        # A bare flag is a boolean switch. For a string param it used to mean the text "true",
+        # which silently turned a forgotten value (`--branch --dry_run`) into a wrong one.
         raise UsageError(
-            f"--{flag} requires a value of type {' or '.join(types)}",
+            f"Param {flag} needs a value: --{flag} was given without one, and {flag} is declared as "
+            f"{' or '.join(types)}, not boolean",
             code=INVALID_FLAG_VALUE,
             hint=f"pass --{flag} <value> or --{flag}=<value>",
         )
@@ -290,6 +291,9 @@ def check_params(params: Any, param_schemas: dict[str, dict], *, code: str = "IN
     """
     if not isinstance(params, dict):
         raise UsageError("params must be an object mapping param names to values", code=code)
+    from akm.text import require_utf8_value
+
+    require_utf8_value(params, "params")
     unknown = [name for name in params if name not in param_schemas]
     if unknown:
         declared = ", ".join(param_schemas) or "(this workflow declares no params)"

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from akm.format.bind_sections import BoundSections, bind_sections, text_block
 from akm.format.cross_step_checks import check_references, check_routes, warn_untyped
-from akm.format.diagnostics import Diagnostic, sort_and_cap
+from akm.format.diagnostics import Diagnostic, fold_repeats, sort_and_cap
 from akm.format.field_reader import FieldReader, describe, utf8_len
 from akm.format.grammar import MAX_SOURCE_BYTES, TOP_LEVEL_KEYS
 from akm.format.markdown import Body, scan_body, split_frontmatter, split_lines
@@ -71,7 +71,7 @@ def parse_workflow(text: str, path: str) -> ParseResult:
 
 
 def _stop(ctx: FieldReader) -> ParseResult:
-    return ParseResult(errors=sort_and_cap(ctx.errors), warnings=ctx.warnings)
+    return ParseResult(errors=sort_and_cap(ctx.errors), warnings=fold_repeats(ctx.warnings))
 
 
 def _parse(text: str, path: str) -> ParseResult:
@@ -171,8 +171,9 @@ def _check_workflow(ctx: FieldReader, root: dict, lines: list[str], body_start: 
     warn_untyped(ctx, steps.drafts)
 
     errors = sort_and_cap(ctx.errors)
+    warnings = fold_repeats(ctx.warnings)
     if errors:
-        return ParseResult(errors=errors, warnings=ctx.warnings)
+        return ParseResult(errors=errors, warnings=warnings)
     document = WorkflowDocument(
         path=path,
         title=_title(body),
@@ -186,7 +187,7 @@ def _check_workflow(ctx: FieldReader, root: dict, lines: list[str], body_start: 
         line_count=len(lines),
         **doc_fields,
     )
-    return ParseResult(document=document, errors=[], warnings=ctx.warnings)
+    return ParseResult(document=document, errors=[], warnings=warnings)
 
 
 def _step(d: StepDraft, sections: BoundSections) -> Step:

@@ -75,6 +75,12 @@ def _read_command(ctx: FieldReader, value: dict, yp: tuple, what: str) -> list[s
                       hint='quote numbers and booleans, e.g. "1"' if not isinstance(arg, str) else None)
             return None
     for i, arg in enumerate(cmd):
+        if "\x00" in arg:
+            ctx.error("exec_invalid_command",
+                      f'{what}.command[{i}] contains a NUL character, which no program argument can hold', cyp + (i,),
+                      hint="remove the \\0 (an argv entry is a C string and would end at it)")
+            return None
+    for i, arg in enumerate(cmd):
         if utf8_len(arg) > MAX_EXEC_ARG_BYTES:
             ctx.error("too_large", f'{what}.command[{i}] is {utf8_len(arg)} bytes; each entry may be at most {MAX_EXEC_ARG_BYTES} bytes',
                       cyp + (i,), hint="put long input in a file and pass its path")
@@ -85,6 +91,9 @@ def _read_command(ctx: FieldReader, value: dict, yp: tuple, what: str) -> list[s
 def _read_cwd(ctx: FieldReader, value: Any, yp: tuple, what: str) -> str | None:
     cwd = ctx.text(value, yp, what)
     if cwd is None:
+        return None
+    if "\x00" in cwd:
+        ctx.error("exec_cwd_not_relative", f'{what} contains a NUL character, which no path can hold', yp)
         return None
     if len(cwd) > MAX_EXEC_CWD_CHARS:
         ctx.error("too_large", f'{what} is {len(cwd)} characters; at most {MAX_EXEC_CWD_CHARS} are allowed', yp)

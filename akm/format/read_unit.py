@@ -21,6 +21,7 @@ from akm.format.grammar import (
     DURATION_HINT,
     DURATION_RE,
     ENGINE_NAME_RE,
+    ENV_REF_RE,
     LLM_KEYS,
     MAX_ENV_REFS,
     MAX_EXTRA_PARAMS_BYTES,
@@ -76,11 +77,27 @@ def read_unit_bag(ctx: FieldReader, value: Any, yp: tuple, label: str, prefix: s
     if "output" in node:
         out["output"] = read_output_schema(ctx, node["output"], yp + ("output",), f"{what}.output", "{ type: object }")
     if "env" in node:
-        out["env"] = ctx.string_list(node["env"], yp + ("env",), f"{what}.env", limit=MAX_ENV_REFS, unique=True)
+        out["env"] = _read_env_refs(ctx, node["env"], yp + ("env",), f"{what}.env")
     if "isolation" in node:
         out["isolation"] = ctx.choice(node["isolation"], yp + ("isolation",), f"{what}.isolation", ("none", "worktree"))
     keep = {k: v for k, v in out.items() if v is not None or k == "timeout_ms"}
     return UnitBag(**keep)
+
+
+def _read_env_refs(ctx: FieldReader, value: Any, yp: tuple, what: str) -> list[str] | None:
+    """`env/<name>` refs. Checked here, not at dispatch: a bad ref must fail lint, not a run midway."""
+    refs = ctx.string_list(value, yp, what, limit=MAX_ENV_REFS, unique=True)
+    if refs is None:
+        return None
+    ok = True
+    for i, ref in enumerate(refs):
+        if not ENV_REF_RE.match(ref):
+            ctx.error("invalid_env_ref",
+                      f'{what}[{i}] is {describe(ref)}, not an env ref of the form env/<name>', yp + (i,),
+                      hint="<name> is letters, digits, _, . and - (not starting with a dot), e.g. env/ci; "
+                           "it names the file .akm/env/<name>.env")
+            ok = False
+    return refs if ok else None
 
 
 def _read_dispatch_field(ctx: FieldReader, node: dict, key: str, yp: tuple, what: str, out: dict[str, Any]) -> None:

@@ -412,6 +412,51 @@ def _syntax_problem(exc: yaml.YAMLError, text: str) -> YamlProblem:
     return YamlProblem("yaml_syntax", message, 1)
 
 
+_SLOW_PATH: Any = object()
+
+try:
+    from yaml.cyaml import CParser as _CParser
+except ImportError:  # pragma: no cover - PyYAML built without libyaml
+    _CParser = None
+
+if _CParser is not None:
+
+    class _CComposer(_CParser, Yaml12Resolver):  # type: ignore[misc, valid-type]
+        """libyaml's parser with our 1.2 resolver: composes the same node tree ~5x faster."""
+
+        def __init__(self, stream: str) -> None:
+            _CParser.__init__(self, stream)
+            Yaml12Resolver.__init__(self)
+
+else:  # pragma: no cover - PyYAML built without libyaml
+    _CComposer = None
+
+
+def _compose_fast(text: str) -> Any:
+    """The node tree from libyaml when it accepts the text, else `_SLOW_PATH`.
+
+    Why two parsers: the pure-Python composer costs ~10 s on a 1 MiB frontmatter
+    (lint must stay fast on big files), but its error messages and positions are
+    the ones users and tests know. So libyaml composes valid documents, and
+    anything it refuses (or text with characters the Python reader refuses,
+    which libyaml would reject differently) goes through the pure-Python path,
+    which reports exactly as before.
+    """
+    if _CComposer is None:
+        return _SLOW_PATH
+    if yaml.reader.Reader.NON_PRINTABLE.search(text):
+        return _SLOW_PATH
+    composer = None
+    try:
+        composer = _CComposer(text)
+        return composer.get_single_node()
+    except (yaml.YAMLError, RecursionError, UnicodeError, ValueError):
+        return _SLOW_PATH
+    finally:
+        if composer is not None:
+            composer.dispose()
+
+
 def load_yaml(text: str) -> YamlDoc:
     """Load one YAML document with 1.2 core meaning. Never raises for bad input.
 
@@ -419,19 +464,21 @@ def load_yaml(text: str) -> YamlDoc:
     and `value` is None.
     """
     doc = YamlDoc()
-    loader = None
-    try:
-        loader = Yaml12Loader(text)
-        node = loader.get_single_node()
-    except yaml.YAMLError as exc:
-        doc.problems.append(_syntax_problem(exc, text))
-        return doc
-    except RecursionError:
-        doc.problems.append(YamlProblem("yaml_syntax", "YAML nesting is too deep to read", 1, None))
-        return doc
-    finally:
-        if loader is not None:
-            loader.dispose()
+    node = _compose_fast(text)
+    if node is _SLOW_PATH:
+        loader = None
+        try:
+            loader = Yaml12Loader(text)
+            node = loader.get_single_node()
+        except yaml.YAMLError as exc:
+            doc.problems.append(_syntax_problem(exc, text))
+            return doc
+        except RecursionError:
+            doc.problems.append(YamlProblem("yaml_syntax", "YAML nesting is too deep to read", 1, None))
+            return doc
+        finally:
+            if loader is not None:
+                loader.dispose()
     if node is None:
         return doc
     try:

@@ -31,7 +31,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from akm.errors import JournalError
+from akm.errors import JournalError, UsageError
 
 BUSY_TIMEOUT_MS = 30_000
 BEGIN_ATTEMPTS = 5
@@ -71,6 +71,20 @@ def journal_error(exc: sqlite3.Error, what: str, path: str | os.PathLike[str] | 
     return JournalError(f"journal {what} failed{where}: {exc}", hint=hint)
 
 
+def _not_text(exc: UnicodeEncodeError) -> UsageError:
+    """A value bound to a statement is not valid Unicode text (a lone surrogate).
+
+    The last line of defence: fronts refuse such input where it enters
+    (akm.text); this keeps any that slips through from surfacing as an internal
+    error, and the transaction it was part of rolls back.
+    """
+    return UsageError(
+        f"a value is not valid UTF-8 text ({exc.reason} at character {exc.start + 1}) and cannot be stored in "
+        "or looked up in the journal",
+        code="NOT_UTF8",
+    )
+
+
 class Database:
     """A shared connection plus the transaction helper. Create it with `open_db`."""
 
@@ -101,6 +115,8 @@ class Database:
                 self._rollback_quietly()
                 if isinstance(exc, sqlite3.Error):
                     raise journal_error(exc, "write", self.path) from exc
+                if isinstance(exc, UnicodeEncodeError):
+                    raise _not_text(exc) from None
                 raise
             if not self.conn.in_transaction:
                 raise JournalError(
@@ -144,6 +160,8 @@ class Database:
         with self.lock:
             try:
                 return self.conn.execute(sql, params)
+            except UnicodeEncodeError as exc:
+                raise _not_text(exc) from None
             except sqlite3.Error as exc:
                 if self.conn.in_transaction:
                     raise  # the owning tx() wraps it after rolling back
@@ -154,6 +172,8 @@ class Database:
         with self.lock:
             try:
                 return self.conn.execute(sql, params).fetchall()
+            except UnicodeEncodeError as exc:
+                raise _not_text(exc) from None
             except sqlite3.Error as exc:
                 if self.conn.in_transaction:
                     raise
@@ -214,6 +234,14 @@ def open_db(path: str | os.PathLike[str], *, migrate: bool = True) -> Database:
     conn.row_factory = sqlite3.Row
     try:
         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        if migrate:
+            from akm.store.migrations import refuse_foreign
+
+            try:
+                refuse_foreign(conn, db_path)  # before any pragma that would change someone else's file
+            except JournalError:
+                conn.close()
+                raise
         mode = _set_journal_mode(conn, _journal_mode_from_env())
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA synchronous=NORMAL" if mode == "WAL" else "PRAGMA synchronous=FULL")

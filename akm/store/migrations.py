@@ -18,10 +18,12 @@ Column meanings follow spec-engine.md §1.4 (table names are ours: `runs`,
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Sequence
 
 from akm.errors import JournalError
+from akm.paths import JOURNAL_FILE_NAME
 from akm.store.db import Database, now_iso
 
 MIGRATION_0001 = """
@@ -162,6 +164,51 @@ def applied_ids(db: Database) -> list[str]:
     return [r["id"] for r in db.query("SELECT id FROM schema_migrations ORDER BY rowid")]
 
 
+_UPSTREAM_ID = re.compile(r"^\d{3}-")
+
+
+def refuse_foreign(conn: sqlite3.Connection, path: object = None,
+                   registry: Sequence[tuple[str, str]] | None = None) -> None:
+    """Raise `JOURNAL_FOREIGN` unless the file is empty or an akm (Python) journal.
+
+    Ours means: a `schema_migrations` ledger whose first applied id is one of our
+    migration ids (ids are permanent and applied in order, so every journal we
+    ever wrote starts with our first one — a newer akm's included, which
+    `check_ledger` then refuses as too new). Anything else holding tables is some
+    other program's database — upstream akm keeps a `state.db` with its own
+    ledger (`001-initial-schema`, …) — and is neither read nor modified: this
+    check runs before akm sets any pragma that would change the file.
+    """
+    registry = MIGRATIONS if registry is None else registry
+    tables = sorted(r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"))
+    if not tables:
+        return
+    applied: list[str] = []
+    if "schema_migrations" in tables:
+        try:
+            applied = [r[0] for r in conn.execute("SELECT id FROM schema_migrations ORDER BY rowid LIMIT 1")]
+        except sqlite3.Error:
+            applied = []
+        if not applied and tables == ["schema_migrations"]:
+            return  # an empty ledger and nothing else: nothing to protect
+    if applied and applied[0] in {mid for mid, _ in registry}:
+        return
+    where = f" {path}" if path is not None else ""
+    shown = ", ".join(tables[:6]) + (", …" if len(tables) > 6 else "")
+    looks_like = ""
+    if applied and isinstance(applied[0], str) and _UPSTREAM_ID.match(applied[0]):
+        looks_like = f" It looks like upstream akm's state database (first migration {applied[0]!r})."
+    raise JournalError(
+        f"the file{where} is not an akm (Python) journal: it holds tables ({shown}) that akm did not create, "
+        f"so akm will neither read nor change it.{looks_like}",
+        code="JOURNAL_FOREIGN",
+        hint=f"akm keeps its journal in its own file, {JOURNAL_FILE_NAME}, in its data directory "
+             "(AKM_DATA_DIR, else the per-user data directory); move this file away or point AKM_DATA_DIR "
+             "at another directory.",
+    )
+
+
 def check_ledger(applied: Sequence[str], registry: Sequence[tuple[str, str]], path: object = None) -> str:
     """Classify the ledger: "current" | "old" (pending remain); raise JournalError for newer/inconsistent."""
     known = [mid for mid, _ in registry]
@@ -169,7 +216,7 @@ def check_ledger(applied: Sequence[str], registry: Sequence[tuple[str, str]], pa
     unknown = [a for a in applied if a not in known]
     if unknown:
         raise JournalError(
-            f"the akm journal{where} was written by a newer version of akm "
+            f"the akm journal{where} was written by a newer version of akm (Python) "
             f"(unknown schema migration {unknown[0]!r})",
             code="JOURNAL_TOO_NEW",
             hint="Upgrade akm to a version that knows this schema, or point AKM_DATA_DIR elsewhere.",
@@ -187,6 +234,8 @@ def check_ledger(applied: Sequence[str], registry: Sequence[tuple[str, str]], pa
 def apply_migrations(db: Database, registry: Sequence[tuple[str, str]] | None = None) -> list[str]:
     """Apply pending migrations, each in its own transaction. Returns the ids applied now."""
     registry = MIGRATIONS if registry is None else registry
+    with db.lock:
+        refuse_foreign(db.conn, db.path, registry)
     if check_ledger(applied_ids(db), registry, db.path) == "current":
         return []
     done: list[str] = []

@@ -84,7 +84,18 @@ class Run:
 
     @property
     def params(self) -> dict[str, Any]:
-        return json.loads(self.params_json) if self.params_json else {}
+        """The params object; CORRUPT_RUN when the stored record is not one."""
+        try:
+            value = json.loads(self.params_json) if self.params_json else {}
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise UsageError(
+                f"Run {self.id} has a corrupt params record (not a JSON object).", code="CORRUPT_RUN",
+                hint=f"Inspect it with `akm workflow status {self.id}` or discard it with "
+                     f"`akm workflow abandon {self.id}`.",
+            )
+        return value
 
     @property
     def status_detail(self) -> dict[str, Any] | None:
@@ -165,7 +176,9 @@ def require_run(db: Database, run_id: str) -> Run:
     """Like `get_run` but raises NotFoundError (the one "no such run" error both fronts show)."""
     run = get_run(db, run_id)
     if run is None:
-        raise NotFoundError(f"No workflow run with id {run_id}.", code="RUN_NOT_FOUND",
+        from akm.text import shown
+
+        raise NotFoundError(f"No workflow run with id {shown(run_id)}.", code="RUN_NOT_FOUND",
                             hint="List runs with `akm workflow list`.")
     return run
 

@@ -1,0 +1,73 @@
+"""Text that came from outside: is it UTF-8, and how to quote it in a message.
+
+Why this module: on POSIX, argv entries and file names are bytes. Python hands
+bytes that are not valid UTF-8 over as lone surrogates (`\\udcff`), and an MCP
+client can send lone surrogates in JSON (`"\\ud800"`). Such a string looks like
+text until it reaches SQLite, `json.dumps` into a file, or a strict stdout —
+and then fails far from where it came in, as an internal error. akm stores
+runs, params and paths as text, so it refuses such values where they enter,
+with a message that says which value and where the bad byte is.
+
+Messages also quote what the user gave; a 5000-character argument must not
+become a 5000-character error, so every echo goes through `shown()`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from akm.errors import UsageError
+
+NOT_UTF8 = "NOT_UTF8"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+SHOWN_LIMIT = 120
+
+
+def surrogate_at(text: str) -> int | None:
+    """Index of the first character that is not valid Unicode text (a lone surrogate), or None."""
+    m = _SURROGATE.search(text)
+    return m.start() if m else None
+
+
+def _describe_bad_char(text: str, index: int) -> str:
+    ch = ord(text[index])
+    if 0xDC80 <= ch <= 0xDCFF:  # surrogateescape: an undecodable byte from argv or a file name
+        return f"byte 0x{ch - 0xDC00:02x} at character {index + 1}"
+    return f"a lone surrogate U+{ch:04X} at character {index + 1}"
+
+
+def require_utf8(text: str, what: str) -> str:
+    """`text` unchanged, or a `NOT_UTF8` usage error naming `what` and the first bad character."""
+    index = surrogate_at(text)
+    if index is None:
+        return text
+    raise UsageError(
+        f"{what} is not valid UTF-8 text ({_describe_bad_char(text, index)}): {shown(text)}",
+        code=NOT_UTF8,
+        hint="akm records names, paths and values as UTF-8 text; rename the file or directory, "
+             "or pass the value in UTF-8.",
+    )
+
+
+def require_utf8_value(value: Any, what: str) -> Any:
+    """Like `require_utf8` for every string (and object key) inside a JSON-like value."""
+    stack: list[tuple[Any, str]] = [(value, what)]
+    while stack:
+        v, where = stack.pop()
+        if isinstance(v, str):
+            require_utf8(v, where)
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                if isinstance(k, str):
+                    require_utf8(k, f"a key in {where}")
+                stack.append((item, f"{where}.{k}" if isinstance(k, str) and surrogate_at(k) is None else where))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(v))
+    return value
+
+
+def shown(text: str, limit: int = SHOWN_LIMIT) -> str:
+    """`text` quoted for a message: clipped to `limit` characters, bad characters escaped."""
+    clipped = text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
+    return '"' + clipped.encode("utf-8", "backslashreplace").decode("utf-8") + '"'

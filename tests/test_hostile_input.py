@@ -1,0 +1,210 @@
+"""Hostile input gets a coded error (exit 2, or the documented code), never `error[INTERNAL]` (issue 6 item 9).
+
+Undecodable bytes in argv and file names, over-long paths and refs, a damaged run row, bad `env:`
+refs, NUL bytes in commands, and a property test that throws odd argv at the whole CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from akm import api, paths
+from akm.cli import main
+from akm.errors import AkmError
+
+WF = """\
+---
+params:
+  who: { type: string }
+  n: { type: integer }
+steps:
+  - id: a
+    unit:
+      exec:
+        command: ["true"]
+---
+
+## a
+
+Say hi.
+"""
+
+
+@pytest.fixture
+def in_project(tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "wf.md").write_text(WF, encoding="utf-8")
+    monkeypatch.chdir(project)
+    return project
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _bad_bytes(name: bytes) -> str:
+    """A str as Python hands an undecodable argv entry or file name over (surrogateescape)."""
+    return os.fsdecode(name)
+
+
+# ------------------------------------------------------------------ non-UTF-8 text
+
+
+def test_non_utf8_param_value_is_not_utf8_exit_2(in_project, capsys):
+    code, _, err = cli(capsys, "workflow", "run", "wf.md", "--who", _bad_bytes(b"\xff\xfe"))
+    assert code == 2, err
+    assert "error[NOT_UTF8]: argument 5 (after --who) is not valid UTF-8 text (byte 0xff at character 1)" in err
+    assert "INTERNAL" not in err
+
+
+def test_non_utf8_file_name_is_not_utf8_exit_2(in_project, capsys):
+    name = _bad_bytes(b"b\xff.md")
+    (in_project / name).write_text(WF, encoding="utf-8")
+    for argv in (("workflow", "run", name), ("workflow", "lint", name), ("workflow", "status", name)):
+        code, _, err = cli(capsys, *argv)
+        assert code == 2 and "error[NOT_UTF8]" in err and "byte 0xff at character 2" in err, (argv, err)
+
+
+def test_project_directory_with_non_utf8_name(tmp_path, monkeypatch, capsys):
+    odd = tmp_path / _bad_bytes(b"p\xff")
+    odd.mkdir()
+    (odd / "wf.md").write_text(WF, encoding="utf-8")
+    monkeypatch.chdir(odd)
+    code, _, err = cli(capsys, "workflow", "run", "wf.md")
+    assert code == 2, err
+    assert "error[NOT_UTF8]: the workflow file's path is not valid UTF-8 text (byte 0xff" in err
+    code, out, err = cli(capsys, "workflow", "list")  # the scope of such a directory is still computable
+    assert (code, out.strip()) == (0, "no runs"), err
+    code, out, err = cli(capsys, "workflow", "lint", "wf.md")
+    assert code == 0 and "no errors" in out, err
+
+
+def test_api_params_with_lone_surrogates_are_refused(in_project):
+    with pytest.raises(AkmError) as info:
+        api.run_workflow("wf.md", params={"who": "x\ud800"}, cwd=str(in_project))
+    assert (info.value.code, info.value.exit_status) == ("NOT_UTF8", 2)
+    assert "params.who is not valid UTF-8 text (a lone surrogate U+D800 at character 2)" in info.value.message
+    assert api.list_runs(cwd=str(in_project)).runs == []
+
+
+# ------------------------------------------------------------------ long paths and refs
+
+
+@pytest.mark.parametrize("target", ["a" * 300 + ".md", "workflows/" + "b" * 300, "workflows/" + "c" * 5000,
+                                    "d/" * 3000 + "x.md"],
+                         ids=["file-name-300", "ref-300", "ref-5000", "path-6000"])
+def test_over_long_paths_and_refs_are_invalid_path(in_project, capsys, target):
+    (in_project / ".akm" / "workflows").mkdir(parents=True)  # so a ref's lookup reaches the OS
+    code, _, err = cli(capsys, "workflow", "run", target)
+    assert code == 2, err
+    assert "error[INVALID_PATH]" in err
+    assert len(err) < 600  # the message quotes a clipped target, not thousands of characters
+
+
+def test_over_long_run_id_is_clipped_in_the_message(in_project, capsys):
+    code, _, err = cli(capsys, "workflow", "status", "r" * 5000)
+    assert code == 1 and "error[RUN_NOT_FOUND]" in err
+    assert "(5000 characters)" in err and len(err) < 600
+
+
+# ------------------------------------------------------------------ a damaged run row
+
+
+def test_one_run_with_non_object_params_does_not_break_list(in_project, capsys):
+    good = api.run_workflow("wf.md", param_pairs=[("who", "ann")], cwd=str(in_project)).run.run_id
+    con = sqlite3.connect(paths.journal_path())
+    con.execute("UPDATE runs SET params_json = '[1, 2]' WHERE id = ?", (good,))
+    con.commit()
+    con.close()
+    second = api.run_workflow("wf.md", param_pairs=[("who", "bob")], cwd=str(in_project)).run.run_id
+
+    code, out, err = cli(capsys, "workflow", "list", "--format", "json")
+    assert code == 0, err
+    params = {r["runId"]: r["params"] for r in json.loads(out)["runs"]}
+    assert params == {good: None, second: {"who": "bob"}}
+    code, out, err = cli(capsys, "workflow", "status", good, "--format", "json")
+    assert code == 0 and json.loads(out)["params"] is None, err
+
+
+def test_driving_a_run_with_non_object_params_is_corrupt_run(in_project, capsys):
+    run_id = api.run_workflow("wf.md", cwd=str(in_project), max_steps=0).run.run_id
+    con = sqlite3.connect(paths.journal_path())
+    con.execute("UPDATE runs SET params_json = '\"text\"' WHERE id = ?", (run_id,))
+    con.commit()
+    con.close()
+    code, _, err = cli(capsys, "workflow", "run", run_id)
+    assert code == 2 and "error[CORRUPT_RUN]" in err and "params record" in err, err
+    code, _, err = cli(capsys, "workflow", "run", "wf.md", "--who", "x")  # the same workflow, with params
+    assert code == 2 and "error[CORRUPT_RUN]" in err and "not a JSON object" in err, err
+
+
+# ------------------------------------------------------------------ lint catches what used to fail at run time
+
+
+def _wf_with_unit(unit_yaml: str) -> str:
+    return "---\nsteps:\n  - id: a\n    unit:\n" + unit_yaml + "---\n\n## a\n\nx\n"
+
+
+@pytest.mark.parametrize("ref", ["ci", "env/", "env/../secrets", "env/.hidden", "env/a/b", "secrets/ci"])
+def test_env_refs_not_of_the_form_env_name_are_lint_errors(in_project, capsys, ref):
+    (in_project / "e.md").write_text(
+        _wf_with_unit(f"      env: [{json.dumps(ref)}]\n      exec: {{ command: [\"true\"] }}\n"), encoding="utf-8")
+    code, out, err = cli(capsys, "workflow", "lint", "e.md", "--format", "json")
+    assert code == 1, err
+    (diag,) = json.loads(out)["files"][0]["errors"]
+    assert diag["code"] == "invalid_env_ref" and diag["line"] == 5
+    assert "not an env ref of the form env/<name>" in diag["message"]
+    code, _, err = cli(capsys, "workflow", "run", "e.md")
+    assert code == 2 and "error[WORKFLOW_INVALID]" in err and "[invalid_env_ref]" in err
+
+
+def test_env_ref_names_that_are_fine(in_project, capsys):
+    (in_project / "e.md").write_text(
+        _wf_with_unit('      env: [env/ci, env/npm-readonly, env/integration.tests_2]\n'
+                      '      exec: { command: ["true"] }\n'), encoding="utf-8")
+    code, out, err = cli(capsys, "workflow", "lint", "e.md")
+    assert code == 0, out + err
+
+
+def test_nul_in_exec_command_is_a_lint_error(in_project, capsys):
+    (in_project / "n.md").write_text(_wf_with_unit('      exec: { command: ["echo", "a\\0b"] }\n'), encoding="utf-8")
+    code, out, err = cli(capsys, "workflow", "lint", "n.md", "--format", "json")
+    assert code == 1, err
+    (diag,) = json.loads(out)["files"][0]["errors"]
+    assert diag["code"] == "exec_invalid_command"
+    assert diag["message"] == 'Step "a": unit.exec.command[1] contains a NUL character, which no program argument can hold'
+
+
+# ------------------------------------------------------------------ the class: odd argv never crashes
+
+_TOKENS = st.sampled_from([
+    "workflow", "run", "lint", "list", "status", "resume", "abandon", "upgrade", "log", "--format", "json",
+    "text", "mermaid", "--since", "--run", "--ref", "--all", "--active", "--units", "--write", "--max-steps",
+    "--timeout", "--who", "--n", "--quiet", "-h", "-q", "--", "-", "wf.md", "workflows/x", "workflows/..",
+    "workflows/", "@offset:3", "@offset:99999999999999999999999", "2026-01-01", "1e999", "-1", "0", "0x10",
+    "\udcff", "a\udcffb", "\ud800", "x" * 300, "y" * 5000, "/", ".", "..", "/dev/null", "--who=", "--n=1.5",
+    "--n=9007199254740993", "--=x", "---", "\n", "\t", " ", "é", "\u202e", "NaN", "[]", "{}", '{"a":', "null",
+    "true", "wf.md/", "00000000-0000-4000-8000-000000000000", "--format=json", "--format=yaml",
+])
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(argv=st.lists(_TOKENS, max_size=6), prefix=st.booleans())
+def test_odd_argv_never_reaches_internal_error(in_project, capsys, argv, prefix):
+    full = (["workflow"] if prefix else []) + argv
+    try:
+        code = main(full)
+    except SystemExit as exc:  # argparse's own --help exits 0
+        code = exc.code
+    _, err = capsys.readouterr()
+    assert code != 70 and "error[INTERNAL]" not in err, (full, err)
