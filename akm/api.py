@@ -800,7 +800,7 @@ def setup_status(*, cwd: str | None = None) -> SetupStatus:
     clis = [c for c in AGENT_CLIS if shutil.which(c)]
     can_run = ["exec units", "session units (done by the calling agent)"]
     can_run += [f"{e['kind']} units via engine {e['name']}" for e in engines if e.get("kind")]
-    return SetupStatus(version=__version__, data_dir=str(paths.data_dir()), journal=str(paths.state_db_path()),
+    return SetupStatus(version=__version__, data_dir=str(paths.data_dir()), journal=str(paths.journal_path()),
                        config_files=files, engines=engines, agent_clis=clis, can_run=can_run)
 
 

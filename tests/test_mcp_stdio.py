@@ -162,7 +162,7 @@ def test_kill_9_of_the_server_mid_run_loses_nothing(akm_bin, shiv_root, tmp_path
         srv.proc.wait(timeout=30)
     finally:
         srv.close()
-    db = sqlite3.connect(paths.state_db_path())
+    db = sqlite3.connect(paths.journal_path())
     try:
         run_id, status = db.execute("SELECT id, status FROM runs").fetchone()
         quick_before = db.execute("SELECT attempts, started_at FROM units WHERE unit_id = 'quick:solo'").fetchone()
@@ -175,7 +175,7 @@ def test_kill_9_of_the_server_mid_run_loses_nothing(akm_bin, shiv_root, tmp_path
     assert proc.returncode == 0, proc.stderr
     view = json.loads(proc.stdout)["run"]
     assert [s["output"] for s in view["steps"]] == ["quick", "resumed"]
-    db = sqlite3.connect(paths.state_db_path())
+    db = sqlite3.connect(paths.journal_path())
     try:
         assert db.execute("SELECT attempts, started_at FROM units WHERE unit_id = 'quick:solo'").fetchone() == quick_before
         assert db.execute("SELECT attempts FROM units WHERE unit_id = 'slow:solo'").fetchone() == (2,)

@@ -28,7 +28,7 @@ REVIEW = """
 
 def journal() -> dict[str, list[tuple]]:
     """Everything a refused report must leave untouched."""
-    con = sqlite3.connect(paths.state_db_path())
+    con = sqlite3.connect(paths.journal_path())
     try:
         return {t: con.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in ("runs", "steps", "units", "events")}
     finally:
@@ -201,7 +201,7 @@ def test_foreign_and_expired_claims(project):
     err = refused("CLAIM_HELD", report, rid, unit, project, result={"verdict": "x"}, holder="agent-2")
     assert "agent-1" in err.message
     # the claim expires: its own holder must claim again before reporting
-    con = sqlite3.connect(paths.state_db_path())
+    con = sqlite3.connect(paths.journal_path())
     con.execute("UPDATE units SET claim_expires_at = '2000-01-01T00:00:00.000Z' WHERE unit_id = ?", (unit,))
     con.commit()
     con.close()
@@ -217,7 +217,7 @@ def test_live_engine_lease_refuses_reports(project):
     from akm.store import runs as runs_store
     from akm.store.db import open_db
 
-    with open_db(paths.state_db_path()) as db:
+    with open_db(paths.journal_path()) as db:
         assert runs_store.acquire_lease(db, rid, "engine-x", host="elsewhere", pid=1) is None
     err = refused("LEASE_HELD", report, rid, unit, project, result={"verdict": "x"})
     assert "engine-x" in err.message
@@ -313,7 +313,7 @@ def test_native_engine_never_dispatches_a_claimed_unit(project):
         """, "## m\n\nM.", xs=["a", "b"])
     units = [u["unitId"] for u in api.next_brief(rid).to_json()["units"]]
     report(rid, units[0], project, status="running", holder="agent")
-    with open_db(paths.state_db_path()) as db:
+    with open_db(paths.journal_path()) as db:
         opts = DriveOptions(work_dir=project, project_root=project,
                             registry=DispatcherRegistry({"session": Fake()}))
         res = drive_run(db, rid, opts)
