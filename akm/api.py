@@ -124,6 +124,7 @@ class UnitView(ApiModel):
     last_checkin_at: str | None = None
     stale: bool | None = None
     worktree_path: str | None = None
+    truncated: bool = False  # the output was cut at the capture cap; `result` is its beginning
 
 
 class LeaseView(ApiModel):
@@ -247,7 +248,7 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
             UnitView(unit_id=u.unit_id, step_id=u.step_id, status=u.status, attempts=u.attempts,
                      failure_reason=u.failure_reason, result=_json_or_none(u.result_json), tokens=u.tokens,
                      runner=u.runner, started_at=u.started_at, finished_at=u.finished_at,
-                     last_checkin_at=u.last_checkin_at, worktree_path=u.worktree_path,
+                     last_checkin_at=u.last_checkin_at, worktree_path=u.worktree_path, truncated=bool(u.truncated),
                      stale=((u.last_checkin_at or u.started_at) < cutoff) if u.status == "running" else None)
             for u in units_store.get_units(db, run.id)
         ]

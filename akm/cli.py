@@ -231,6 +231,8 @@ def _render_run_text(view: dict[str, Any]) -> str:
             lines.append(f"  {s['status']:<10} {s['id']}" + (f"  — {first[:160]}" if first else ""))
     for u in view.get("units") or []:
         extra = f" ({u['failureReason']})" if u.get("failureReason") else ""
+        if u.get("truncated"):
+            extra += " (output truncated at the capture cap)"
         if u.get("stale"):
             extra += " STALE: no heartbeat for 90 s, its driver is probably gone"
         lines.append(f"    unit {u['unitId']}: {u['status']}{extra}, attempts {u['attempts']}")

@@ -15,7 +15,8 @@ import pytest
 from akm.dispatch.exec import (
     DEFAULT_EXEC_TIMEOUT_MS,
     EXEC_ENV_ALLOWLIST,
-    MAX_STREAM_BYTES,
+    STDERR_CAPTURE_BYTES,
+    STDOUT_CAPTURE_BYTES,
     ExecRequest,
     build_exec_context,
     run_exec_unit,
@@ -83,7 +84,7 @@ def child_env(tmp_path: Path, **kw) -> dict:
 
 def test_constants():
     assert DEFAULT_EXEC_TIMEOUT_MS == 600_000
-    assert MAX_STREAM_BYTES == 8 * 1024 * 1024
+    assert STDOUT_CAPTURE_BYTES == 1024 * 1024 and STDERR_CAPTURE_BYTES == 64 * 1024
     assert len(EXEC_ENV_ALLOWLIST) == 26
     assert EXEC_ENV_ALLOWLIST[0] == "PATH" and EXEC_ENV_ALLOWLIST[-1] == "AKM_EVENT_SOURCE"
 
@@ -371,17 +372,13 @@ def _writer(n_bytes: int, marker: Path, stream: str = "stdout") -> list[str]:
     )
 
 
-def test_big_stdout_without_schema_is_truncated_artifact(tmp_path):
+def test_big_stdout_without_schema_is_its_beginning_marked_truncated(tmp_path):
     marker = tmp_path / "done"
-    res = run_exec_unit(req(tmp_path, _writer(12 * 1024 * 1024, marker)))
+    res = run_exec_unit(req(tmp_path, _writer(3 * 1024 * 1024, marker)))
     assert res.ok, res.error
-    assert marker.exists()
-    assert res.text.startswith("a" * MAX_STREAM_BYTES + "\n\n[__akm_exec_output_truncated__]")
-    block = res.text[MAX_STREAM_BYTES:]
-    assert "a" * 10 not in block
-    for needle in ("TRUNCATED", "THIS TEXT IS INCOMPLETE", "12582912", "8388608", "4194304"):
-        assert needle in block
-    assert block.rstrip().endswith(".")
+    assert marker.exists()  # the child ran to the end: the rest was drained, not blocked
+    assert res.truncated
+    assert res.text == "a" * STDOUT_CAPTURE_BYTES  # exactly the kept beginning, no in-band marker
 
 
 def test_big_stdout_with_schema_is_output_limit(tmp_path):
@@ -396,18 +393,24 @@ def test_big_stdout_with_schema_is_output_limit(tmp_path):
 def test_big_stderr_never_fails(tmp_path):
     marker = tmp_path / "done"
     res = run_exec_unit(req(tmp_path, _writer(9 * 1024 * 1024, marker, "stderr")))
-    assert res.ok and res.text is None and marker.exists()
+    assert res.ok and res.text is None and marker.exists() and not res.truncated
+
+
+def test_big_stderr_diagnostic_shows_its_end(tmp_path):
+    code = "import sys\nsys.stderr.write('x' * 3_000_000 + 'THE REAL ERROR')\nsys.exit(3)"
+    res = run_exec_unit(req(tmp_path, py(code)))
+    assert res.failure_reason == "non_zero_exit"
+    assert res.error.endswith("xxxxTHE REAL ERROR") and "exited 3" in res.error
 
 
 def test_truncation_cuts_on_character_boundary(tmp_path):
     # 'a' then 2-byte characters: the cap falls in the middle of one
     res = run_exec_unit(
-        req(tmp_path, py(f"import sys;sys.stdout.buffer.write(b'a'+'é'.encode()*{MAX_STREAM_BYTES // 2 + 10})"))
+        req(tmp_path, py(f"import sys;sys.stdout.buffer.write(b'a'+'é'.encode()*{STDOUT_CAPTURE_BYTES // 2 + 10})"))
     )
-    assert res.ok
-    prefix = res.text.split("\n\n[__akm_exec_output_truncated__]")[0]
-    assert "\ufffd" not in prefix
-    assert len(prefix.encode()) == MAX_STREAM_BYTES - 1
+    assert res.ok and res.truncated
+    assert "\ufffd" not in res.text
+    assert len(res.text.encode()) == STDOUT_CAPTURE_BYTES - 1
 
 
 # --------------------------------------------------------------------------- D9: leader exits, child holds stdout

@@ -203,7 +203,10 @@ def test_failed_item_is_the_only_one_redispatched_after_resume(project):
         """, "## each\n\nx")
     res = run(wf, project, params={"xs": ["a", "b", "c"]})
     assert res.run.status == "failed"
-    before = dict(db_rows("SELECT unit_id, started_at FROM units"))
+    # b fails; on_error: fail stops dispatching, so whether c was dispatched before that depends
+    # on scheduling: what matters is that nothing that completed is ever dispatched again.
+    before = {u: (status, started) for u, status, started in db_rows("SELECT unit_id, status, started_at FROM units")}
+    assert sorted(status for status, _ in before.values()).count("failed") == 1
     flag.write_text("yes")
     with pytest.raises(UsageError) as exc:
         run(res.run.run_id, project)
@@ -212,9 +215,14 @@ def test_failed_item_is_the_only_one_redispatched_after_resume(project):
     res2 = run(res.run.run_id, project)
     assert res2.run.status == "completed"
     after = db_rows("SELECT unit_id, attempts, started_at FROM units")
-    changed = [u for u, attempts, started in after if before[u] != started]
-    assert len(changed) == 1 and changed[0].startswith("each.unit:")
-    assert sorted(a for _, a, _ in after) == [1, 1, 2]
+    assert len(after) == 3
+    for unit_id, attempts, started in after:
+        if unit_id not in before:  # never dispatched before the resume: dispatched once now
+            assert attempts == 1
+        elif before[unit_id][0] == "completed":  # reused, never redone
+            assert (attempts, started) == (1, before[unit_id][1])
+        else:  # the failed one: dispatched again
+            assert attempts == 2 and started != before[unit_id][1]
     assert steps_of(res2)["each"]["output"] == ["a", "b", "c"]
 
 

@@ -4,18 +4,19 @@ Why this shape (spec-exec-and-deltas §1.7–1.12, spec-engine §6, DECISIONS D9
 
 * The argv goes straight to execve — no shell — so nothing authored or produced
   by a previous step can be interpreted as shell syntax.
-* The child gets its own session/process group, so timeout, cancel and the
-  post-exit sweep reach every descendant, not just the direct child.
 * The environment is built from nothing (allowlist, then `env:` bindings, then
   the engine's `AKM_*` context), so credentials in akm's own environment do not
   leak into arbitrary commands, and a binding can never spoof the context.
-* Each output pipe is drained to EOF by its own thread that keeps at most
-  `MAX_STREAM_BYTES` and discards the rest: the child never blocks on a full
-  pipe, its exit status stays real, and akm's memory stays bounded.
-* When the main process exits but a background descendant still holds the
-  pipes, we wait `DRAIN_GRACE_S` and then kill the group (D9) instead of letting
-  the unit hang until its timeout; the capture is then incomplete, so a leader
-  that exited 0 fails `spawn_failed` and its partial stdout is never promoted.
+* `exec.cwd` must stay inside the unit's base directory (checked on real paths),
+  and the context must fit the platform's environment limits; either problem
+  fails the unit before anything starts.
+* Supervision — own process group, timeout and cancel with group kill, bounded
+  capture that spills to disk, the post-exit drain grace (D9), the guardian
+  token, redaction at the capture cut — is `akm.dispatch.process`, shared with
+  agent CLIs. This module maps its `ProcessResult` onto a unit outcome: a leader
+  that exited 0 while a descendant kept the pipes open fails `spawn_failed` and
+  its partial stdout is never promoted; stdout over `STDOUT_CAPTURE_BYTES` is an
+  artifact marked `truncated` (the engine decides what a step makes of it).
 
 Everything returned is redacted against the request's sensitive values and the
 diagnostic is clipped, so callers can journal the result as-is.
@@ -27,38 +28,27 @@ import functools
 import json
 import os
 import re
-import selectors
-import shutil
 import signal
-import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from akm.canonical import canonical_json
-from akm.dispatch import guard
+from akm.dispatch.process import ProcessResult, run_process
 from akm.dispatch.redact import clip, redact_text, redact_value
 from akm.dispatch.types import DispatchResult
 
 DEFAULT_EXEC_TIMEOUT_MS = 600_000
-MAX_STREAM_BYTES = 8 * 1024 * 1024
-
-# Grace between SIGTERM and SIGKILL of the process group on timeout / cancel.
-KILL_GRACE_S = 5.0
-# How long the pipes may stay open after the main process exited (D9).
-DRAIN_GRACE_S = 2.0
-# After killing the group, how long to wait for the readers to see EOF before
-# giving up on a descendant that escaped the group (setsid) and still holds a pipe.
-POST_KILL_DRAIN_S = 1.0
-# Supervisor polling interval (cancel flag, deadline, leader exit).
-POLL_INTERVAL_S = 0.02
+# The stdout a unit may produce as its artifact (and what its journal row may hold): the
+# first 1 MiB is kept, the rest is drained and counted. stderr keeps its last 64 KiB (the
+# diagnostic shows the last 1500 characters of it).
+STDOUT_CAPTURE_BYTES = 1024 * 1024
+STDERR_CAPTURE_BYTES = 64 * 1024
 
 DIAGNOSTIC_CLIP = 2000
 STDERR_DIAGNOSTIC_CLIP = DIAGNOSTIC_CLIP - 500
 
-TRUNCATION_MARKER = "__akm_exec_output_truncated__"
 
 # Copied from akm's environment when present (never set to ""). Credentials,
 # cloud/CI and proxy variables are deliberately absent: use `env:` or pass_env.
@@ -255,126 +245,6 @@ def _resolve_dirs(base_dir: str, cwd: str | None) -> tuple[str, str, str, str]:
     return base, target, os.path.realpath(base), os.path.realpath(target)
 
 
-@functools.lru_cache(maxsize=256)
-def _lookup_executable(name: str, path: str) -> str | None:
-    return shutil.which(name, path=path)
-
-
-def _resolve_executable(name: str, path: str) -> str | None:
-    """The program a bare `command[0]` names, found on the CHILD's PATH (as execvp would).
-
-    Resolved once per (name, PATH) instead of Popen probing every PATH entry per
-    unit; a path with a separator (`./run.sh`, `/bin/x`) is left to the OS as
-    written, and a name not found is left to Popen, which then fails `spawn_failed`.
-    """
-    if os.sep in name or (os.altsep and os.altsep in name):
-        return None
-    found = _lookup_executable(name, path)
-    if found is not None and not os.access(found, os.X_OK):
-        _lookup_executable.cache_clear()
-        return None
-    return found
-
-
-# --------------------------------------------------------------------------- capture
-
-
-class _Capture:
-    """One pipe's capture: a bounded prefix, a byte count, and whether EOF was seen.
-
-    Pipes are drained by `_pump` from the unit's own thread with a selector, so
-    a unit costs no extra threads (two reader threads per unit used to dominate
-    the engine's per-unit overhead).
-    """
-
-    def __init__(self, stream: Any, label: str, cap: int) -> None:
-        self.stream = stream
-        self.fd = stream.fileno()
-        self.label = label
-        self.cap = cap
-        self.buf = bytearray()
-        self.total = 0
-        self.overflowed = False
-        self.error: BaseException | None = None
-        self.eof = False
-
-    def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.cap - len(self.buf)
-        if room > 0:
-            self.buf += chunk[:room]
-        if len(chunk) > room:
-            self.overflowed = True
-
-
-def _pump(sel: selectors.BaseSelector, timeout: float) -> None:
-    """Read whatever is ready (waiting at most `timeout` s); unregister streams at EOF or error."""
-    if not sel.get_map():
-        if timeout > 0:
-            time.sleep(timeout)
-        return
-    for key, _ in sel.select(max(0.0, timeout)):
-        if key.data is None:  # the process's pidfd: it exited
-            sel.unregister(key.fd)
-            continue
-        cap: _Capture = key.data
-        try:
-            chunk = os.read(cap.fd, 65536)
-        except OSError as exc:
-            cap.error = exc
-            sel.unregister(cap.fd)
-            continue
-        if chunk:
-            cap.feed(chunk)
-        else:
-            cap.eof = True
-            sel.unregister(cap.fd)
-
-
-def _pump_until(sel: selectors.BaseSelector, until: float) -> None:
-    while sel.get_map() and time.monotonic() < until:
-        _pump(sel, min(POLL_INTERVAL_S * 5, until - time.monotonic()))
-
-
-def _cut_utf8(data: bytes) -> bytes:
-    """Drop a multi-byte UTF-8 character the retention cap split in half."""
-    end = len(data)
-    i = end - 1
-    # walk back over continuation bytes (at most 3)
-    while i >= 0 and end - i <= 4 and (data[i] & 0xC0) == 0x80:
-        i -= 1
-    if i < 0:
-        return data
-    lead = data[i]
-    if lead < 0x80:
-        need = 1
-    elif lead >> 5 == 0b110:
-        need = 2
-    elif lead >> 4 == 0b1110:
-        need = 3
-    elif lead >> 3 == 0b11110:
-        need = 4
-    else:
-        return data  # invalid lead byte; leave it to errors="replace"
-    return data if end - i >= need else data[:i]
-
-
-def _stdout_text(reader: _Capture) -> str:
-    """Decoded stdout; when overflowed, the retained prefix plus a marker block."""
-    if not reader.overflowed:
-        return bytes(reader.buf).decode("utf-8", errors="replace")
-    kept = _cut_utf8(bytes(reader.buf))
-    text = kept.decode("utf-8", errors="replace")
-    discarded = reader.total - len(kept)
-    return (
-        text
-        + f"\n\n[{TRUNCATION_MARKER}] OUTPUT TRUNCATED: the command wrote {reader.total} bytes to stdout; "
-        f"only the first {len(kept)} bytes were kept (cap {MAX_STREAM_BYTES} bytes per stream) and "
-        f"{discarded} bytes were discarded. THIS TEXT IS INCOMPLETE. "
-        "Write bulk output to a file and print its path instead."
-    )
-
-
 def _strip_trailing_newlines(text: str) -> str:
     return _TRAILING_NEWLINES.sub("", text)
 
@@ -386,29 +256,6 @@ def _stderr_tail(stderr: str) -> str:
     if len(s) <= STDERR_DIAGNOSTIC_CLIP:
         return ". stderr:\n" + s
     return f". stderr (last {STDERR_DIAGNOSTIC_CLIP} chars):\n…" + s[-STDERR_DIAGNOSTIC_CLIP:]
-
-
-# --------------------------------------------------------------------------- process control
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    """Signal the whole process group, falling back to the direct child."""
-    if hasattr(os, "killpg"):
-        try:
-            os.killpg(proc.pid, sig)
-            return
-        except ProcessLookupError:
-            return
-        except OSError:
-            pass
-    try:
-        if proc.poll() is None:
-            proc.send_signal(sig)
-    except OSError:
-        pass
-
-
-_SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
 
 
 def _describe(argv: list[str]) -> str:
@@ -446,8 +293,8 @@ def _redact_result(res: DispatchResult, values: list[str]) -> DispatchResult:
     return res
 
 
-def _fail(reason: str, error: str, text: str | None = None) -> DispatchResult:
-    return DispatchResult(ok=False, failure_reason=reason, error=error, text=text or None)
+def _fail(reason: str, error: str, text: str | None = None, truncated: bool = False) -> DispatchResult:
+    return DispatchResult(ok=False, failure_reason=reason, error=error, text=text or None, truncated=truncated)
 
 
 def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
@@ -484,149 +331,49 @@ def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
     if too_large:
         return _fail("exec_context_too_large", f"{label}: {too_large}")
 
-    # 3. spawn
+    # 3. spawn and supervise (akm.dispatch.process)
     if cancel is not None and cancel.is_set():
         return _fail(
             "aborted", f"{label} {desc} was not dispatched because the workflow invocation was interrupted"
         )
-    env = build_exec_env(req, req.parent_env)
-    guard_token = guard.token()
-    if guard_token:
-        env[guard.ENV_NAME] = guard_token  # the unit dies with this engine if the engine is killed
-    try:
-        proc = subprocess.Popen(
-            argv,
-            executable=_resolve_executable(argv[0], env.get("PATH", os.defpath)),
-            cwd=real_target,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-        )
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
-        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        return _fail("spawn_failed", f"{label} could not start {desc}: {detail}")
+    proc = run_process(
+        argv, cwd=real_target, env=build_exec_env(req, req.parent_env), timeout_ms=req.timeout_ms, cancel=cancel,
+        capture_limit=STDOUT_CAPTURE_BYTES, stderr_limit=STDERR_CAPTURE_BYTES,
+        sensitive_values=req.sensitive_values,
+    )
+    return _outcome(proc, req, label, desc)
 
-    out_r = _Capture(proc.stdout, "stdout", MAX_STREAM_BYTES)
-    err_r = _Capture(proc.stderr, "stderr", MAX_STREAM_BYTES)
-    readers = (out_r, err_r)
-    sel = selectors.DefaultSelector()
-    for r in readers:
-        sel.register(r.fd, selectors.EVENT_READ, r)
-    # On Linux a pidfd wakes the selector the moment the leader exits, instead of
-    # sleep-polling for it; elsewhere we fall back to Popen.wait with a timeout.
-    pidfd: int | None = None
-    if hasattr(os, "pidfd_open"):
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-            sel.register(pidfd, selectors.EVENT_READ, None)
-        except OSError:
-            pidfd = None
 
-    # 4. supervise: pump the pipes while the leader runs; cancel beats timeout;
-    #    TERM the group, KILL after a grace
-    start = time.monotonic()
-    deadline = start + req.timeout_ms / 1000.0 if req.timeout_ms is not None else None
-    aborted = timed_out = False
-    term_at: float | None = None
-    killed = False
-    try:
-        while True:
-            rc = proc.poll()
-            if rc is not None:
-                break
-            now = time.monotonic()
-            if term_at is None:
-                if cancel is not None and cancel.is_set():
-                    aborted = True
-                elif deadline is not None and now >= deadline:
-                    timed_out = True
-                if aborted or timed_out:
-                    term_at = now
-                    _signal_group(proc, signal.SIGTERM)
-            elif not killed and now - term_at >= KILL_GRACE_S:
-                killed = True
-                _signal_group(proc, _SIGKILL)
-            if sel.get_map():
-                # Wake for output, and often enough to notice cancel/timeout promptly.
-                wait = POLL_INTERVAL_S * 5
-                if deadline is not None and term_at is None:
-                    wait = min(wait, max(0.0, deadline - now))
-                _pump(sel, wait)
-            else:
-                # Both pipes closed: wait on the process itself (returns as soon as it exits).
-                try:
-                    proc.wait(POLL_INTERVAL_S * 5 if deadline is None else min(POLL_INTERVAL_S * 5, max(0.001, deadline - now)))
-                except subprocess.TimeoutExpired:
-                    pass
-
-        if pidfd is not None and pidfd in sel.get_map():
-            sel.unregister(pidfd)
-
-        # 5. drain: the pipes should close now; if a descendant holds them, kill the group (D9)
-        drain_timed_out: list[str] = []
-        if term_at is not None:
-            _pump_until(sel, max(term_at + KILL_GRACE_S, time.monotonic()) if sel.get_map() else 0)
-            # we are terminating anyway: sweep anything left in the group
-            _signal_group(proc, _SIGKILL)
-            _pump_until(sel, time.monotonic() + POST_KILL_DRAIN_S)
-        else:
-            _pump_until(sel, time.monotonic() + DRAIN_GRACE_S)
-            if sel.get_map():
-                drain_timed_out = [f"{r.label} drain timed out" for r in readers if not r.eof and r.error is None]
-                _signal_group(proc, _SIGKILL)
-                _pump_until(sel, time.monotonic() + POST_KILL_DRAIN_S)
-    finally:
-        sel.close()
-        if pidfd is not None:
-            os.close(pidfd)
-        for r in readers:
-            try:
-                r.stream.close()
-            except OSError:
-                pass
-
-    causes = list(drain_timed_out)
-    for r in readers:
-        if r.error is not None:
-            causes.append(f"{r.label} read failed: {r.error}")
-        elif not r.eof and f"{r.label} drain timed out" not in causes:
-            causes.append(f"{r.label} drain timed out")
-
-    values = req.sensitive_values
-    stdout = _stdout_text(out_r)
-    # redact the whole stderr BEFORE taking its tail so a secret cut by the tail
-    # boundary cannot survive as a fragment
-    stderr_full = redact_text(bytes(err_r.buf).decode("utf-8", errors="replace"), values)
-    tail = _stderr_tail(stderr_full)
-    stdout_text = _strip_trailing_newlines(stdout)
-
-    # 6. map the outcome, first match wins
-    if aborted:
-        return _fail("aborted", f"{label} {desc} was cancelled while running; the process group was terminated{tail}", stdout_text)
-    if timed_out:
+def _outcome(proc: ProcessResult, req: ExecRequest, label: str, desc: str) -> DispatchResult:
+    """Map a supervised process onto the unit outcome, first match wins."""
+    if proc.spawn_error is not None:
+        return _fail("spawn_failed", f"{label} could not start {desc}: {proc.spawn_error}")
+    tail = _stderr_tail(proc.stderr)
+    stdout_text = _strip_trailing_newlines(proc.stdout)
+    truncated = proc.stdout_truncated
+    if proc.cancelled:
+        return _fail("aborted", f"{label} {desc} was cancelled while running; the process group was terminated{tail}",
+                     stdout_text, truncated)
+    if proc.timed_out:
         return _fail(
             "timeout",
             f"{label} {desc} timed out after {req.timeout_ms} ms; the process group was terminated{tail}",
-            stdout_text,
+            stdout_text, truncated,
         )
-    if rc != 0:
-        if rc < 0:
-            what = f"was killed by signal {_signal_name(-rc)} ({-rc})"
-        else:
-            what = f"exited {rc}"
-        return _fail("non_zero_exit", f"{label} {desc} {what}{tail}", stdout_text)
-    if causes:
+    if proc.signal is not None:
+        return _fail("non_zero_exit", f"{label} {desc} was killed by signal {_signal_name(proc.signal)} "
+                                      f"({proc.signal}){tail}", stdout_text, truncated)
+    if proc.exit_code != 0:
+        return _fail("non_zero_exit", f"{label} {desc} exited {proc.exit_code}{tail}", stdout_text, truncated)
+    if proc.capture_error:
         return _fail(
             "spawn_failed",
-            f"{label} {desc} exited 0 but output capture did not complete ({'; '.join(causes)}). "
+            f"{label} {desc} exited 0 but output capture did not complete ({proc.capture_error}). "
             "A background process probably kept stdout/stderr open after the command exited; its process "
             "group was killed and the partial output was discarded. Wait for child processes before exiting, "
             f"or redirect their output to a file or /dev/null{tail}",
         )
-    return DispatchResult(ok=True, text=stdout_text or None, truncated=out_r.overflowed)
+    return DispatchResult(ok=True, text=stdout_text or None, truncated=truncated)
 
 
 class ExecDispatcher:

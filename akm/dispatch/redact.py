@@ -81,13 +81,22 @@ def _effective_values(sensitive_values: Iterable[str]) -> list[str]:
     return out
 
 
-def redact_text(text: str, sensitive_values: Iterable[str]) -> str:
+def redact_text(text: str, sensitive_values: Iterable[str], *, cut_before: bool = False,
+                cut_after: bool = False) -> str:
     """Replace every occurrence of every sensitive value with `[REDACTED]`.
 
     All occurrences of all values are located on the ORIGINAL text first
     (overlapping ones included) and overlapping spans are merged, so two secrets
     that share characters never leave a fragment of either behind — a naive
     sequential `str.replace` would leak the tail of the second one.
+
+    `cut_after` / `cut_before` say the text is a piece of a longer stream that
+    was cut at its end / start (a capture cap, a kept tail). A secret straddling
+    the cut is only partly here, so no whole occurrence matches; the part that
+    is here — the longest end of the text that begins some secret, or the
+    longest start that ends one — is redacted too. That may hide a few innocent
+    characters right at a cut; it never leaves the first (or last) characters of
+    a secret readable.
     """
     if not text:
         return text
@@ -100,6 +109,14 @@ def redact_text(text: str, sensitive_values: Iterable[str]) -> str:
         while start != -1:
             spans.append((start, start + len(v)))
             start = text.find(v, start + 1)
+    if cut_after:
+        k = _longest_partial(text, values, at_end=True)
+        if k:
+            spans.append((len(text) - k, len(text)))
+    if cut_before:
+        k = _longest_partial(text, values, at_end=False)
+        if k:
+            spans.append((0, k))
     if not spans:
         return text
     spans.sort()
@@ -118,6 +135,17 @@ def redact_text(text: str, sensitive_values: Iterable[str]) -> str:
         pos = e
     parts.append(text[pos:])
     return "".join(parts)
+
+
+def _longest_partial(text: str, values: list[str], *, at_end: bool) -> int:
+    """Length of the longest proper prefix of a value ending `text` (at_end), or suffix starting it."""
+    best = 0
+    for v in values:
+        for k in range(min(len(v) - 1, len(text)), best, -1):
+            if (text.endswith(v[:k]) if at_end else text.startswith(v[len(v) - k:])):
+                best = k
+                break
+    return best
 
 
 def redact_value(obj: Any, sensitive_values: Iterable[str]) -> Any:

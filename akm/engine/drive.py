@@ -208,8 +208,11 @@ class _Pass:
         finished = units_store.finish_unit(
             self.d.db, run_id=self.d.run_id, unit_id=p.attempt, started_at=p.started_at,
             status="completed" if o.ok else "failed", result_json=p.result_json, tokens=o.tokens,
-            failure_reason=None if o.ok else o.failure_reason, session_id=o.session_id,
+            failure_reason=None if o.ok else o.failure_reason, session_id=o.session_id, truncated=o.truncated,
         )
+        # The journal holds the artifact now and the step is decided from the journal: do not keep
+        # every unit's output alive in memory until the pass ends (a wide fan-out of big outputs).
+        o.text, o.result = None, None
         if finished == "superseded":
             self.d.warn(f"unit {p.attempt} was re-dispatched by another driver while it ran; this result was not "
                         "journaled (the newer dispatch owns the row)")
@@ -260,8 +263,9 @@ class _Pass:
             return UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="dispatch_error",
                                error=f"no dispatcher for {unit.runner} units in this akm")
         res = run_structured(dispatcher, self._request(unit, attempt, base_dir), self.event)
-        if res.truncated:
-            self.d.warn(f"unit {attempt}: its output was cut at the capture limit")
+        if res.truncated and res.ok:
+            self.d.warn(f"unit {attempt}: its output was cut at the capture limit; the step gets only its "
+                        "beginning (marked truncated in the journal and the step evidence)")
         return UnitOutcome(unit_id=unit.unit_id, **vars(res))
 
     # ------------------------------------------------------------ one unit

@@ -96,7 +96,7 @@ def outcome_from_row(unit_id: str, row: dict[str, Any], has_schema: bool) -> Uni
         except ValueError:
             present = False
     out = UnitOutcome(unit_id=unit_id, ok=row.get("status") == "completed", tokens=row.get("tokens"),
-                      session_id=row.get("session_id"), reused=True)
+                      session_id=row.get("session_id"), truncated=bool(row.get("truncated")), reused=True)
     if not out.ok:
         out.failure_reason = row.get("failure_reason") or "reported_failure"
         if isinstance(parsed, str):
@@ -150,6 +150,8 @@ def unit_evidence(outcome: UnitOutcome) -> dict[str, Any]:
             entry["result"] = outcome.result
         elif outcome.text is not None:
             entry["text"] = clip(outcome.text, TEXT_CLIP)
+        if outcome.truncated:
+            entry["truncated"] = True  # the artifact is the beginning of a longer output
         return entry
     entry = {"unitId": outcome.unit_id, "ok": False}
     if outcome.failure_reason:
@@ -209,6 +211,13 @@ def reduce_step(step: StepPlan, outcomes: list[UnitOutcome], *, is_map: bool, re
             summary += f" First failure diagnostic ({first.unit_id}): {clip(first.error.strip(), TEXT_CLIP)}"
     if vote_error:
         summary += f" {vote_error}."
+    cut = [o.unit_id for o in outcomes if o.ok and o.truncated]
+    if cut:
+        # Visible as data, never silent: the evidence lists the units whose artifact is only the
+        # beginning of their output, and the summary says so.
+        evidence["truncatedUnits"] = cut
+        summary += (f" Output truncated at the capture cap (the artifact is only its beginning): "
+                    f"{', '.join(cut[:10])}{', …' if len(cut) > 10 else ''}.")
     ok = (on_error == "continue" or not failures) and vote_error is None
     result = StepResult(ok=ok, evidence=evidence, summary=summary, unit_count=n, failed_units=len(failures))
     template = step.unit_template
@@ -297,7 +306,7 @@ def bounded_evidence_json(evidence: dict[str, Any]) -> tuple[str, bool]:
             "write bulk data to files and output their paths"
         )
     work = dict(evidence)
-    keep = {"output", "route"}
+    keep = {"output", "route", "truncatedUnits"}
     sizes = sorted(((len(compact_json(v).encode("utf-8")), k) for k, v in work.items() if k not in keep),
                    reverse=True)
     for entry_size, key in sizes:

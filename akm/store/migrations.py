@@ -126,10 +126,16 @@ MIGRATION_0003 = """
 ALTER TABLE steps ADD COLUMN gate_loop_base INTEGER NOT NULL DEFAULT 0;
 """
 
+# A unit's stdout was cut at the capture cap: its artifact is the kept beginning (issue 6 item 7).
+MIGRATION_0004 = """
+ALTER TABLE units ADD COLUMN truncated INTEGER NOT NULL DEFAULT 0;
+"""
+
 # (id, sql). Append only; never edit an entry that has shipped.
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001-initial-schema", MIGRATION_0001),
     ("0003-step-gate-loop-base", MIGRATION_0003),
+    ("0004-unit-output-truncated", MIGRATION_0004),
 ]
 
 LEDGER_DDL = (

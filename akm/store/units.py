@@ -62,6 +62,7 @@ class Unit:
     claim_host: str | None
     claim_pid: int | None
     claim_expires_at: str | None
+    truncated: int = 0  # 1: the unit's output was cut at the capture cap (result_json holds its beginning)
 
 
 _UNIT_COLUMNS = ", ".join(Unit.__dataclass_fields__)
@@ -112,7 +113,8 @@ def insert_unit(
             "input_hash = excluded.input_hash, worktree_path = excluded.worktree_path, "
             "started_at = excluded.started_at, result_json = NULL, tokens = NULL, failure_reason = NULL, "
             "session_id = NULL, finished_at = NULL, last_checkin_at = NULL, claim_holder = NULL, "
-            "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL, attempts = units.attempts + 1",
+            "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL, truncated = 0, "
+            "attempts = units.attempts + 1",
             (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, input_hash,
              worktree_path, started_at),
         )
@@ -131,6 +133,7 @@ def finish_unit(
     tokens: int | None = None,
     failure_reason: str | None = None,
     session_id: str | None = None,
+    truncated: bool = False,
 ) -> str:
     """Record this dispatch's outcome. Returns "finished" or "superseded".
 
@@ -144,9 +147,10 @@ def finish_unit(
     with db.tx() as conn:
         cur = conn.execute(
             "UPDATE units SET status = ?, result_json = ?, tokens = ?, failure_reason = ?, session_id = ?, "
-            "finished_at = ?, claim_holder = NULL, claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL "
-            "WHERE run_id = ? AND unit_id = ? AND status = 'running' AND started_at = ?",
-            (status, result_json, tokens, failure_reason, session_id, now_iso(), run_id, unit_id, started_at),
+            "truncated = ?, finished_at = ?, claim_holder = NULL, claim_host = NULL, claim_pid = NULL, "
+            "claim_expires_at = NULL WHERE run_id = ? AND unit_id = ? AND status = 'running' AND started_at = ?",
+            (status, result_json, tokens, failure_reason, session_id, int(bool(truncated)), now_iso(), run_id,
+             unit_id, started_at),
         )
         if cur.rowcount == 1:
             step = conn.execute(
@@ -157,6 +161,8 @@ def finish_unit(
                 meta["failureReason"] = failure_reason
             if tokens is not None:
                 meta["tokens"] = tokens
+            if truncated:
+                meta["truncated"] = True
             append_event(db, "workflow_unit_finished", run_id, meta)
             return "finished"
         exists = conn.execute("SELECT 1 FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)).fetchone()

@@ -1,0 +1,511 @@
+"""Supervise one child process: spawn, capture, time out, cancel, kill the group.
+
+Exec units and agent CLIs both run through `run_process`; what differs between
+them (how the argv and environment are built, what the output means, which
+failure reason a unit gets) stays in their own modules. What is shared is
+everything that is easy to get wrong with real processes:
+
+* **No shell, own process group.** The argv goes straight to execve and the
+  child gets its own session, so timeout, cancel and the post-exit sweep reach
+  every descendant, not just the direct child. A bare program name is resolved
+  on the CHILD's `PATH` (cached per name and PATH).
+* **Timeout and cancel.** SIGTERM to the group, SIGKILL `KILL_GRACE_S` later.
+  Cancel wins over the deadline when both are due.
+* **Post-exit drain (D9).** When the leader exits but a background descendant
+  still holds the pipes, the pipes get `DRAIN_GRACE_S`, then the group is
+  killed and `capture_error` says which stream did not finish — the capture is
+  incomplete, and callers must not promote it.
+* **Bounded capture.** stdout keeps its first `capture_limit` bytes and stderr
+  its last `stderr_limit` bytes (the end of stderr is where the error is); the
+  rest is drained and counted, so the child never blocks on a full pipe and its
+  exit status stays real. Only `MEMORY_BUFFER_BYTES` of stdout stay in memory
+  while the child runs; the rest of the kept bytes spill to an unlinked temp
+  file, and turning kept bytes back into text is limited process-wide
+  (`MATERIALIZE_BUDGET_BYTES`), so a wide fan-out of chatty commands costs a
+  small buffer per running child, not its cap.
+* **The guardian.** Every child carries this engine's guard token (akm.dispatch.guard),
+  so it dies with a `kill -9`'d engine instead of running on unsupervised.
+* **Redaction at every cut.** stdout and stderr come back already redacted
+  against `sensitive_values`, including a secret cut in half by the capture
+  limit (stdout's end, stderr's kept tail's start): see `redact_text`.
+
+Nothing here raises for anything the child can do; a program that cannot be
+started is reported in `spawn_error`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence
+
+from akm.dispatch import guard
+from akm.dispatch.redact import redact_text
+
+# Grace between SIGTERM and SIGKILL of the process group on timeout / cancel.
+KILL_GRACE_S = 5.0
+# How long the pipes may stay open after the main process exited (D9).
+DRAIN_GRACE_S = 2.0
+# After killing the group, how long to wait for the readers to see EOF before
+# giving up on a descendant that escaped the group (setsid) and still holds a pipe.
+POST_KILL_DRAIN_S = 1.0
+# Supervisor polling interval (cancel flag, deadline, leader exit).
+POLL_INTERVAL_S = 0.02
+
+# Default caps (callers may pass their own).
+DEFAULT_CAPTURE_LIMIT = 1024 * 1024
+DEFAULT_STDERR_LIMIT = 64 * 1024
+# stdout bytes held in memory while a child runs; the rest of what is kept spills to a temp file.
+MEMORY_BUFFER_BYTES = 64 * 1024
+# Kept stdout being turned into text at once, across every supervised process (one
+# capture larger than the budget still proceeds, alone).
+MATERIALIZE_BUDGET_BYTES = 16 * 1024 * 1024
+
+_READ_CHUNK = 65536
+_SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
+
+
+class CancelFlag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+@dataclass
+class ProcessResult:
+    """What happened to one supervised process (text already redacted).
+
+    exit_code        -- the leader's exit status; None when it was killed by a signal or never started.
+    signal           -- the signal number that ended the leader, if any.
+    stdout           -- the kept prefix of stdout, decoded as UTF-8 (invalid bytes replaced; a character
+                        split by the cap is dropped), redacted.
+    stderr           -- the kept tail of stderr, decoded and redacted the same way.
+    stdout_truncated -- stdout was longer than `capture_limit`: `stdout` is only its beginning.
+    stderr_truncated -- stderr was longer than `stderr_limit`: `stderr` is only its end.
+    stdout_bytes / stderr_bytes -- how many bytes the child wrote to each stream in all.
+    timed_out        -- the deadline passed and the group was terminated.
+    cancelled        -- `cancel` was set while it ran (or before it started) and the group was terminated.
+    spawn_error      -- the program could not be started (nothing ran); everything else is empty.
+    capture_error    -- a stream did not reach EOF (a descendant kept it open, or a read failed): the
+                        capture is incomplete even if the leader exited 0.
+    """
+
+    exit_code: int | None = None
+    signal: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    timed_out: bool = False
+    cancelled: bool = False
+    spawn_error: str | None = None
+    capture_error: str | None = None
+
+    @property
+    def truncated(self) -> bool:
+        return self.stdout_truncated or self.stderr_truncated
+
+
+# --------------------------------------------------------------------------- executable lookup
+
+
+@functools.lru_cache(maxsize=256)
+def _lookup_executable(name: str, path: str) -> str | None:
+    return shutil.which(name, path=path)
+
+
+def resolve_executable(name: str, path: str) -> str | None:
+    """The program a bare `argv[0]` names, found on the CHILD's PATH (as execvp would).
+
+    Resolved once per (name, PATH) instead of Popen probing every PATH entry per
+    process; a path with a separator (`./run.sh`, `/bin/x`) is left to the OS as
+    written, and a name not found is left to Popen, which then reports it.
+    """
+    if os.sep in name or (os.altsep and os.altsep in name):
+        return None
+    found = _lookup_executable(name, path)
+    if found is not None and not os.access(found, os.X_OK):
+        _lookup_executable.cache_clear()
+        return None
+    return found
+
+
+# --------------------------------------------------------------------------- capture
+
+
+class HeadCapture:
+    """stdout: the first `cap` bytes (memory up to `mem`, then an unlinked temp file), and a count."""
+
+    def __init__(self, fd: int, label: str, cap: int, mem: int) -> None:
+        self.fd, self.label, self.cap, self.mem = fd, label, cap, mem
+        self.buf = bytearray()
+        self.spill: Any = None
+        self.kept = 0
+        self.total = 0
+        self.error: BaseException | None = None
+        self.eof = False
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.cap - self.kept
+        if room <= 0:
+            return
+        part = chunk[:room]
+        self.kept += len(part)
+        in_mem = max(0, self.mem - len(self.buf))
+        if in_mem:
+            self.buf += part[:in_mem]
+            part = part[in_mem:]
+        if part:
+            if self.spill is None:
+                self.spill = tempfile.TemporaryFile(prefix="akm-capture-")
+            self.spill.write(part)
+
+    @property
+    def overflowed(self) -> bool:
+        return self.total > self.cap
+
+    def data(self) -> bytes:
+        if self.spill is None:
+            return bytes(self.buf)
+        self.spill.seek(0)
+        return bytes(self.buf) + self.spill.read()
+
+    def close(self) -> None:
+        if self.spill is not None:
+            self.spill.close()
+            self.spill = None
+
+
+class TailCapture:
+    """stderr: the last `cap` bytes, and a count."""
+
+    def __init__(self, fd: int, label: str, cap: int) -> None:
+        self.fd, self.label, self.cap = fd, label, cap
+        self.buf = bytearray()
+        self.total = 0
+        self.error: BaseException | None = None
+        self.eof = False
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        self.buf += chunk
+        if len(self.buf) > 2 * self.cap:  # trim in batches, not on every read
+            del self.buf[: len(self.buf) - self.cap]
+
+    @property
+    def overflowed(self) -> bool:
+        return self.total > self.cap
+
+    def data(self) -> bytes:
+        return bytes(self.buf[-self.cap:]) if self.cap else b""
+
+    def close(self) -> None:
+        pass
+
+
+class _StdinWriter:
+    """Feeds `stdin_text` through the selector, so a big prompt never deadlocks against full output pipes."""
+
+    def __init__(self, fd: int, data: bytes) -> None:
+        self.fd, self.data, self.pos = fd, data, 0
+        os.set_blocking(fd, False)
+
+    def write_some(self) -> bool:
+        """Write what the pipe takes now; True when done (all written, or the child closed its end)."""
+        try:
+            self.pos += os.write(self.fd, self.data[self.pos:self.pos + _READ_CHUNK])
+        except BlockingIOError:
+            return False
+        except OSError:  # EPIPE: the child does not read its stdin; that is its business
+            return True
+        return self.pos >= len(self.data)
+
+
+def _pump(sel: selectors.BaseSelector, timeout: float) -> None:
+    """Serve whatever is ready (waiting at most `timeout` s); unregister streams at EOF or error."""
+    if not sel.get_map():
+        if timeout > 0:
+            time.sleep(timeout)
+        return
+    for key, _ in sel.select(max(0.0, timeout)):
+        target = key.data
+        if target is None:  # the process's pidfd: it exited
+            sel.unregister(key.fd)
+            continue
+        if isinstance(target, _StdinWriter):
+            if target.write_some():
+                sel.unregister(key.fd)
+                os.close(key.fd)
+            continue
+        try:
+            chunk = os.read(target.fd, _READ_CHUNK)
+        except OSError as exc:
+            target.error = exc
+            sel.unregister(target.fd)
+            continue
+        if chunk:
+            target.feed(chunk)
+        else:
+            target.eof = True
+            sel.unregister(target.fd)
+
+
+def _pump_until(sel: selectors.BaseSelector, until: float) -> None:
+    while sel.get_map() and time.monotonic() < until:
+        _pump(sel, min(POLL_INTERVAL_S * 5, until - time.monotonic()))
+
+
+def _cut_utf8_end(data: bytes) -> bytes:
+    """Drop a multi-byte UTF-8 character the end of a kept prefix split in half."""
+    end = len(data)
+    i = end - 1
+    while i >= 0 and end - i <= 4 and (data[i] & 0xC0) == 0x80:
+        i -= 1
+    if i < 0:
+        return data
+    lead = data[i]
+    if lead < 0x80:
+        need = 1
+    elif lead >> 5 == 0b110:
+        need = 2
+    elif lead >> 4 == 0b1110:
+        need = 3
+    elif lead >> 3 == 0b11110:
+        need = 4
+    else:
+        return data  # invalid lead byte; leave it to errors="replace"
+    return data if end - i >= need else data[:i]
+
+
+def _cut_utf8_start(data: bytes) -> bytes:
+    """Drop the continuation bytes of a character the start of a kept tail split in half."""
+    i = 0
+    while i < len(data) and i < 3 and (data[i] & 0xC0) == 0x80:
+        i += 1
+    return data[i:]
+
+
+def head_text(head: HeadCapture, values: Sequence[str]) -> str:
+    """The kept beginning of a stream as redacted text (a secret cut by the cap included)."""
+    data = head.data()
+    if head.overflowed:
+        data = _cut_utf8_end(data)
+    return redact_text(data.decode("utf-8", errors="replace"), values, cut_after=head.overflowed)
+
+
+def tail_text(tail: TailCapture, values: Sequence[str]) -> str:
+    """The kept end of a stream as redacted text (a secret cut at the start of the tail included)."""
+    data = tail.data()
+    if tail.overflowed:
+        data = _cut_utf8_start(data)
+    return redact_text(data.decode("utf-8", errors="replace"), values, cut_before=tail.overflowed)
+
+
+class _ByteBudget:
+    """A process-wide budget of bytes being materialized at once (see MATERIALIZE_BUDGET_BYTES)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.cond = threading.Condition()
+
+    def acquire(self, n: int) -> int:
+        n = min(n, self.limit)  # one capture over the whole budget waits for an empty budget, then runs
+        with self.cond:
+            while self.used and self.used + n > self.limit:
+                self.cond.wait()
+            self.used += n
+        return n
+
+    def release(self, n: int) -> None:
+        with self.cond:
+            self.used -= n
+            self.cond.notify_all()
+
+
+_MATERIALIZE = _ByteBudget(MATERIALIZE_BUDGET_BYTES)
+
+
+# --------------------------------------------------------------------------- process control
+
+
+def signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """Signal the whole process group, falling back to the direct child."""
+    if hasattr(os, "killpg"):
+        try:
+            os.killpg(proc.pid, sig)
+            return
+        except ProcessLookupError:
+            return
+        except OSError:
+            pass
+    try:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+    except OSError:
+        pass
+
+
+def run_process(
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    stdin_text: str | None = None,
+    timeout_ms: int | None = None,
+    cancel: CancelFlag | None = None,
+    capture_limit: int = DEFAULT_CAPTURE_LIMIT,
+    stderr_limit: int = DEFAULT_STDERR_LIMIT,
+    sensitive_values: Sequence[str] = (),
+) -> ProcessResult:
+    """Run `argv` in `cwd` with exactly `env` (plus the guard token) and supervise it to the end.
+
+    `stdin_text` is written to the child's stdin (UTF-8) and then closed; None gives it /dev/null.
+    `timeout_ms` None means no deadline. `cancel` is polled (`is_set()`) while the child runs.
+    `capture_limit` bounds the stdout kept (its beginning), `stderr_limit` the stderr kept (its end).
+    Everything returned is redacted against `sensitive_values`. Never raises for what the child does.
+    """
+    argv = list(argv)
+    if not argv:
+        return ProcessResult(spawn_error="the command is empty")
+    if cancel is not None and cancel.is_set():
+        return ProcessResult(cancelled=True)
+    child_env = dict(env)
+    token = guard.token()
+    if token:
+        child_env[guard.ENV_NAME] = token  # the child dies with this engine if the engine is killed
+    try:
+        proc = subprocess.Popen(
+            argv,
+            executable=resolve_executable(argv[0], child_env.get("PATH", os.defpath)),
+            cwd=cwd,
+            env=child_env,
+            stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return ProcessResult(spawn_error=detail)
+
+    assert proc.stdout is not None and proc.stderr is not None
+    out = HeadCapture(proc.stdout.fileno(), "stdout", max(0, capture_limit), MEMORY_BUFFER_BYTES)
+    err = TailCapture(proc.stderr.fileno(), "stderr", max(0, stderr_limit))
+    readers: tuple[HeadCapture | TailCapture, ...] = (out, err)
+    sel = selectors.DefaultSelector()
+    for r in readers:
+        sel.register(r.fd, selectors.EVENT_READ, r)
+    if stdin_text is not None and proc.stdin is not None:
+        stdin_fd = os.dup(proc.stdin.fileno())
+        proc.stdin.close()  # our dup is the only write end now; closing it is the child's EOF
+        data = stdin_text.encode("utf-8")
+        if data:
+            sel.register(stdin_fd, selectors.EVENT_WRITE, _StdinWriter(stdin_fd, data))
+        else:
+            os.close(stdin_fd)
+    # On Linux a pidfd wakes the selector the moment the leader exits, instead of
+    # sleep-polling for it; elsewhere we fall back to Popen.wait with a timeout.
+    pidfd: int | None = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+            sel.register(pidfd, selectors.EVENT_READ, None)
+        except OSError:
+            pidfd = None
+
+    deadline = time.monotonic() + timeout_ms / 1000.0 if timeout_ms is not None else None
+    cancelled = timed_out = killed = False
+    term_at: float | None = None
+    drain_timed_out: list[str] = []
+    try:
+        while True:
+            rc = proc.poll()
+            if rc is not None:
+                break
+            now = time.monotonic()
+            if term_at is None:
+                if cancel is not None and cancel.is_set():
+                    cancelled = True
+                elif deadline is not None and now >= deadline:
+                    timed_out = True
+                if cancelled or timed_out:
+                    term_at = now
+                    signal_group(proc, signal.SIGTERM)
+            elif not killed and now - term_at >= KILL_GRACE_S:
+                killed = True
+                signal_group(proc, _SIGKILL)
+            wait = POLL_INTERVAL_S * 5
+            if deadline is not None and term_at is None:
+                wait = min(wait, max(0.0, deadline - now))
+            if sel.get_map():
+                _pump(sel, wait)  # wake for output, and often enough to notice cancel/timeout promptly
+            else:
+                try:
+                    proc.wait(max(0.001, wait))
+                except subprocess.TimeoutExpired:
+                    pass
+        if pidfd is not None and pidfd in sel.get_map():
+            sel.unregister(pidfd)
+        # drain: the pipes should close now; if a descendant holds them, kill the group (D9)
+        if term_at is not None:
+            _pump_until(sel, max(term_at + KILL_GRACE_S, time.monotonic()) if sel.get_map() else 0)
+            signal_group(proc, _SIGKILL)  # we are terminating anyway: sweep anything left in the group
+            _pump_until(sel, time.monotonic() + POST_KILL_DRAIN_S)
+        else:
+            _pump_until(sel, time.monotonic() + DRAIN_GRACE_S)
+            if any(not r.eof and r.error is None for r in readers):
+                drain_timed_out = [f"{r.label} drain timed out" for r in readers if not r.eof and r.error is None]
+                signal_group(proc, _SIGKILL)
+                _pump_until(sel, time.monotonic() + POST_KILL_DRAIN_S)
+    finally:
+        for key in list(sel.get_map().values()):
+            if isinstance(key.data, _StdinWriter):
+                os.close(key.fd)
+        sel.close()
+        if pidfd is not None:
+            os.close(pidfd)
+        for stream in (proc.stdout, proc.stderr):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+    causes = list(drain_timed_out)
+    for r in readers:
+        if r.error is not None:
+            causes.append(f"{r.label} read failed: {r.error}")
+        elif not r.eof and f"{r.label} drain timed out" not in causes:
+            causes.append(f"{r.label} drain timed out")
+
+    values = list(sensitive_values)
+    try:
+        granted = _MATERIALIZE.acquire(out.kept)
+        try:
+            stdout = head_text(out, values)
+        finally:
+            _MATERIALIZE.release(granted)
+    finally:
+        out.close()
+    stderr = tail_text(err, values)
+
+    rc = proc.returncode
+    return ProcessResult(
+        exit_code=rc if rc is not None and rc >= 0 else None,
+        signal=-rc if rc is not None and rc < 0 else None,
+        stdout=stdout, stderr=stderr,
+        stdout_truncated=out.overflowed, stderr_truncated=err.overflowed,
+        stdout_bytes=out.total, stderr_bytes=err.total,
+        timed_out=timed_out, cancelled=cancelled,
+        capture_error="; ".join(causes) or None,
+    )
