@@ -44,7 +44,7 @@ def test_llm_unit_with_schema_and_gate_completes(project, fake_openai, capsys, m
     asks = fake_openai.bodies("json")
     assert len(asks) == 1 and fake_openai.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}"
     assert len(fake_openai.bodies("verdict-pass")) == 1
-    con = sqlite3.connect(paths.state_db_path())
+    con = sqlite3.connect(paths.journal_path())
     try:
         rows = con.execute("SELECT unit_id, runner, engine, tokens FROM units ORDER BY unit_id").fetchall()
     finally:
@@ -148,7 +148,7 @@ def test_agent_engine_unit_runs_the_harness(project, tmp_path, capsys, monkeypat
     [call] = fake_harness.calls(str(bin_dir))
     assert call["argv"][call["argv"].index("--model") + 1] == "claude-sonnet-4-6"
     assert call["cwd"] == str(project)
-    con = sqlite3.connect(paths.state_db_path())
+    con = sqlite3.connect(paths.journal_path())
     try:
         [(runner, engine, session, tokens)] = con.execute(
             "SELECT runner, engine, session_id, tokens FROM units").fetchall()

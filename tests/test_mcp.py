@@ -143,7 +143,7 @@ def test_errors_are_tool_errors_with_code_and_exit_status(project):
     async def script(c):
         r = await c.call_tool("workflow_run", {"target": "flow.md", "params": {"topics": ["a"]}})
         rid = r.structured_content["run"]["runId"]
-        con = sqlite3.connect(paths.state_db_path())
+        con = sqlite3.connect(paths.journal_path())
         before = con.execute("SELECT * FROM units ORDER BY rowid").fetchall()
         bad = await c.call_tool("unit_report", {"run_id": rid, "unit_id": "think.unit:nope", "status": "completed",
                                                 "result": {"line": "x"}})
@@ -215,7 +215,7 @@ def test_cancelled_run_call_leaves_a_resumable_run(project, tmp_path):
             tg.cancel_scope.cancel()
 
     call(project, script)
-    con = sqlite3.connect(paths.state_db_path())
+    con = sqlite3.connect(paths.journal_path())
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the worker thread stops the unit and releases the lease
         row = con.execute("SELECT status, lease_holder FROM runs").fetchone()

@@ -115,7 +115,7 @@ def _start(project: Path, sc: Scenario) -> str:
     from akm.plan.model import UNIT_HASH_VERSION
 
     rid = str(uuid.uuid4())
-    with open_db(paths.state_db_path()) as db:
+    with open_db(paths.journal_path()) as db:
         runs_store.create_run(db, run_id=rid, workflow_ref=str(wf), workflow_path=str(wf), title=plan.title,
                               scope_key=paths.scope_key(project), params=check_params(dict(sc.params),
                                                                                       plan.param_schemas or {}),
@@ -137,7 +137,7 @@ def _registry(o: Outcomes, *, units: bool) -> DispatcherRegistry:
 def drive_native(project: Path, sc: Scenario) -> str:
     rid = _start(project, sc)
     o = Outcomes(sc)
-    with open_db(paths.state_db_path()) as db:
+    with open_db(paths.journal_path()) as db:
         drive_run(db, rid, DriveOptions(work_dir=project, project_root=project, registry=_registry(o, units=True)))
     return rid
 
@@ -147,7 +147,7 @@ def drive_by_reports(project: Path, sc: Scenario) -> str:
     o = Outcomes(sc)
     reg = _registry(o, units=False)
     for _ in range(200):
-        with open_db(paths.state_db_path()) as db:
+        with open_db(paths.journal_path()) as db:
             b = session.brief(db, rid)
             if b["kind"] in ("done", "inactive"):
                 break
@@ -180,7 +180,7 @@ def drive_by_reports(project: Path, sc: Scenario) -> str:
 def graph(run_id: str) -> list[str]:
     """The canonical unit graph of §4.2 (attempts, claims, timestamps and runner columns excluded)."""
     lines: list[str] = []
-    with open_db(paths.state_db_path()) as db:
+    with open_db(paths.journal_path()) as db:
         rows = [dict(r) for r in db.query("SELECT * FROM units WHERE run_id = ? ORDER BY started_at, unit_id",
                                           (run_id,))]
         groups: dict[str, list[dict[str, Any]]] = {}

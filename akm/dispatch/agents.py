@@ -19,181 +19,32 @@ The profile of each harness (argv, prompt channel, output format) lives in
 Agents usually print their final answer last, so output is kept as a bounded
 TAIL (the last `MAX_STDOUT_BYTES`), not a head.
 
-Process supervision is a small internal runner (`_run_process`) until the
-shared `akm.dispatch.process` module lands; switching is one call site.
+Process supervision (group, timeout/cancel, drain grace, guardian token, capture
+caps, redaction at the cut) is `akm.dispatch.process.run_process`, the same code
+exec units run through.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import tempfile
 import threading
-import time
-from collections import deque
-from dataclasses import dataclass
 from typing import Any, Mapping
 
-from akm.dispatch import guard
 from akm.dispatch import harnesses as hz
 from akm.dispatch.base import UnitRequest
 from akm.dispatch.exec import EXEC_ENV_ALLOWLIST, _supplement_path
 from akm.dispatch.llm import LlmCallError, resolve_api_key
+from akm.dispatch.process import ProcessResult, run_process
 from akm.dispatch.redact import clip, redact_text, sensitive_values_from
 from akm.dispatch.types import DispatchResult
 
 MAX_STDOUT_BYTES = 16 * 1024 * 1024
 MAX_STDERR_BYTES = 1024 * 1024
-KILL_GRACE_S = 5.0
-DRAIN_GRACE_S = 2.0
-POST_KILL_DRAIN_S = 1.0
 POLL_S = 0.05
 DIAGNOSTIC_CLIP = 2000
 STDERR_TAIL = 1500
-
-
-# --------------------------------------------------------------------------- process (interim runner)
-
-
-class _Tail:
-    """The last `cap` bytes of a stream, and how many were dropped before them."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.chunks: deque[bytes] = deque()
-        self.size = 0
-        self.total = 0
-        self.eof = False
-        self.error: BaseException | None = None
-
-    def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        self.chunks.append(chunk)
-        self.size += len(chunk)
-        while self.size - len(self.chunks[0]) >= self.cap:
-            self.size -= len(self.chunks.popleft())
-
-    @property
-    def dropped(self) -> bool:
-        return self.total > self.cap
-
-    def text(self) -> str:
-        data = b"".join(self.chunks)
-        if len(data) > self.cap:
-            data = data[-self.cap:]
-        return data.decode("utf-8", errors="replace")
-
-
-def _pump(fd: int, tail: _Tail) -> None:
-    try:
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            tail.feed(chunk)
-        tail.eof = True
-    except OSError as exc:
-        tail.error = exc
-
-
-def _feed_stdin(stream: Any, data: bytes) -> None:
-    try:
-        stream.write(data)
-    except OSError:
-        pass  # the harness closed stdin early; its exit status tells the rest
-    finally:
-        try:
-            stream.close()
-        except OSError:
-            pass
-
-
-@dataclass
-class ProcessOutcome:
-    returncode: int | None
-    stdout: str
-    stderr: str
-    stdout_dropped: bool
-    spawn_error: str | None = None
-    aborted: bool = False
-    timed_out: bool = False
-    drain_problem: str | None = None
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-    except (AttributeError, OSError):
-        try:
-            proc.send_signal(sig)
-        except OSError:
-            pass
-
-
-_SIGKILL = getattr(signal, "SIGKILL", signal.SIGTERM)
-
-
-def _run_process(argv: list[str], *, env: dict[str, str], cwd: str, stdin: str | None, timeout_ms: int | None,
-                 cancel: threading.Event) -> ProcessOutcome:
-    """Spawn in its own group, capture bounded tails, enforce cancel/timeout, sweep the group (D9)."""
-    try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE if stdin is not None else
-                                subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, close_fds=True)
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
-        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        return ProcessOutcome(None, "", "", False, spawn_error=detail)
-    out, err = _Tail(MAX_STDOUT_BYTES), _Tail(MAX_STDERR_BYTES)
-    threads = [threading.Thread(target=_pump, args=(proc.stdout.fileno(), out), daemon=True),
-               threading.Thread(target=_pump, args=(proc.stderr.fileno(), err), daemon=True)]
-    if stdin is not None:
-        threads.append(threading.Thread(target=_feed_stdin, args=(proc.stdin, stdin.encode("utf-8")), daemon=True))
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout_ms / 1000.0 if timeout_ms is not None else None
-    aborted = timed_out = killed = False
-    term_at: float | None = None
-    while True:
-        try:
-            proc.wait(POLL_S)
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        now = time.monotonic()
-        if term_at is None:
-            if cancel.is_set():
-                aborted = True
-            elif deadline is not None and now >= deadline:
-                timed_out = True
-            if aborted or timed_out:
-                term_at = now
-                _signal_group(proc, signal.SIGTERM)
-        elif not killed and now - term_at >= KILL_GRACE_S:
-            killed = True
-            _signal_group(proc, _SIGKILL)
-    readers = threads[:2]
-    drain_problem = None
-    grace = time.monotonic() + (0 if term_at is not None else DRAIN_GRACE_S)
-    for t in readers:
-        t.join(max(0.0, grace - time.monotonic()))
-    if term_at is not None or any(t.is_alive() for t in readers):
-        if term_at is None:
-            drain_problem = ("output capture did not complete: a background process kept stdout/stderr open after "
-                             "the harness exited; its process group was killed")
-        _signal_group(proc, _SIGKILL)
-        for t in readers:
-            t.join(POST_KILL_DRAIN_S)
-    for stream in (proc.stdout, proc.stderr):
-        try:
-            stream.close()
-        except OSError:
-            pass
-    return ProcessOutcome(proc.returncode, out.text(), err.text(), out.dropped, aborted=aborted, timed_out=timed_out,
-                          drain_problem=drain_problem)
 
 
 # --------------------------------------------------------------------------- environment
@@ -298,9 +149,6 @@ class AgentDispatcher:
             env.update(built.env)
             secrets += unsafe_values(env, passed) + sensitive_values_from(
                 {k: v for k, v in built.env.items() if k not in hz.SAFE_ENV_NAMES and k != "OPENCODE_CONFIG_CONTENT"})
-            token = guard.token()
-            if token:
-                env[guard.ENV_NAME] = token  # the harness dies with this engine if the engine is killed
             exe = built.argv[0]
             if os.sep not in exe and not (os.altsep and os.altsep in exe):
                 found = shutil.which(exe, path=env.get("PATH", os.defpath))
@@ -314,8 +162,9 @@ class AgentDispatcher:
                     if cancel.is_set():
                         return _failure("aborted", f"{label} was not started: the run was interrupted", secrets)
             try:
-                proc = _run_process(built.argv, env=env, cwd=request.cwd, stdin=built.stdin,
-                                    timeout_ms=request.timeout_ms, cancel=cancel)
+                proc = run_process(built.argv, cwd=request.cwd, env=env, stdin_text=built.stdin,
+                                   timeout_ms=request.timeout_ms, cancel=cancel, capture_limit=MAX_STDOUT_BYTES,
+                                   stderr_limit=MAX_STDERR_BYTES, stdout_keep="tail", sensitive_values=secrets)
             finally:
                 if gate is not None:
                     gate.release()
@@ -326,7 +175,7 @@ class AgentDispatcher:
             if tmpdir is not None:
                 shutil.rmtree(tmpdir, ignore_errors=True)
 
-    def _result(self, label: str, platform: str, request: UnitRequest, proc: ProcessOutcome,
+    def _result(self, label: str, platform: str, request: UnitRequest, proc: ProcessResult,
                 secrets: list[str]) -> DispatchResult:
         if proc.spawn_error is not None:
             return _failure("spawn_failed", f"{label} could not start {platform}: {proc.spawn_error}", secrets)
@@ -336,26 +185,26 @@ class AgentDispatcher:
         got = hz.extract(platform, proc.stdout)
         session = redact_text(got.session_id, secrets) if got.session_id else None
         text = redact_text(got.text, secrets) or None
-        if proc.aborted:
+        if proc.cancelled:
             return _failure("aborted", f"{label} was cancelled while running; its process group was terminated{tail}",
                             secrets, text=text, session_id=session, tokens=got.tokens)
         if proc.timed_out:
             return _failure("timeout", f"{label} timed out after {request.timeout_ms} ms; its process group was "
                             f"terminated{tail}", secrets, text=text, session_id=session, tokens=got.tokens)
-        if proc.returncode not in (0, None):
-            rc = proc.returncode
-            what = f"was killed by signal {-rc}" if rc is not None and rc < 0 else f"exited {rc}"
+        if proc.signal is not None or proc.exit_code != 0:
+            what = f"was killed by signal {proc.signal}" if proc.signal is not None else f"exited {proc.exit_code}"
             detail = f": {got.error}" if got.error else ""
             return _failure("non_zero_exit", f"{label}: {platform} {what}{detail}{tail}", secrets, text=text,
                             session_id=session, tokens=got.tokens)
-        if proc.drain_problem is not None:
-            return _failure("spawn_failed", f"{label}: {proc.drain_problem}{tail}", secrets, session_id=session,
-                            tokens=got.tokens)
+        if proc.capture_error is not None:
+            return _failure("spawn_failed", f"{label}: output capture did not complete ({proc.capture_error}): a "
+                            "background process kept stdout/stderr open after the harness exited; its process group "
+                            f"was killed{tail}", secrets, session_id=session, tokens=got.tokens)
         if got.error is not None:
             return _failure("agent_error", f"{label}: {platform} exited 0 but reported a failure: "
                             f"{redact_text(got.error, secrets)}{tail}", secrets, text=text, session_id=session,
                             tokens=got.tokens)
-        if proc.stdout_dropped and not got.parsed:
+        if proc.stdout_truncated and not got.parsed:
             return DispatchResult(ok=False, failure_reason="agent_output_limit", truncated=True, session_id=session,
                                   tokens=got.tokens, text=text,
                                   error=clip(f"{label}: {platform} printed more than {MAX_STDOUT_BYTES} bytes and its "

@@ -44,6 +44,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
@@ -83,10 +84,11 @@ class ProcessResult:
 
     exit_code        -- the leader's exit status; None when it was killed by a signal or never started.
     signal           -- the signal number that ended the leader, if any.
-    stdout           -- the kept prefix of stdout, decoded as UTF-8 (invalid bytes replaced; a character
-                        split by the cap is dropped), redacted.
+    stdout           -- the kept part of stdout (its beginning, or its end with stdout_keep="tail"),
+                        decoded as UTF-8 (invalid bytes replaced; a character split by the cap is
+                        dropped), redacted.
     stderr           -- the kept tail of stderr, decoded and redacted the same way.
-    stdout_truncated -- stdout was longer than `capture_limit`: `stdout` is only its beginning.
+    stdout_truncated -- stdout was longer than `capture_limit`: `stdout` is only part of it.
     stderr_truncated -- stderr was longer than `stderr_limit`: `stderr` is only its end.
     stdout_bytes / stderr_bytes -- how many bytes the child wrote to each stream in all.
     timed_out        -- the deadline passed and the group was terminated.
@@ -186,30 +188,42 @@ class HeadCapture:
 
 
 class TailCapture:
-    """stderr: the last `cap` bytes, and a count."""
+    """stderr (or an agent's stdout): the last `cap` bytes, and a count.
+
+    Held in memory as a queue of read chunks, at most `cap` plus one chunk.
+    """
 
     def __init__(self, fd: int, label: str, cap: int) -> None:
         self.fd, self.label, self.cap = fd, label, cap
-        self.buf = bytearray()
+        self.chunks: deque[bytes] = deque()
+        self.size = 0
         self.total = 0
         self.error: BaseException | None = None
         self.eof = False
 
     def feed(self, chunk: bytes) -> None:
         self.total += len(chunk)
-        self.buf += chunk
-        if len(self.buf) > 2 * self.cap:  # trim in batches, not on every read
-            del self.buf[: len(self.buf) - self.cap]
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        while self.chunks and self.size - len(self.chunks[0]) >= self.cap:
+            self.size -= len(self.chunks.popleft())
 
     @property
     def overflowed(self) -> bool:
         return self.total > self.cap
 
+    @property
+    def kept(self) -> int:
+        return min(self.size, self.cap)
+
     def data(self) -> bytes:
-        return bytes(self.buf[-self.cap:]) if self.cap else b""
+        if not self.cap:
+            return b""
+        data = b"".join(self.chunks)
+        return data[-self.cap:] if len(data) > self.cap else data
 
     def close(self) -> None:
-        pass
+        self.chunks.clear()
 
 
 class _StdinWriter:
@@ -365,15 +379,20 @@ def run_process(
     cancel: CancelFlag | None = None,
     capture_limit: int = DEFAULT_CAPTURE_LIMIT,
     stderr_limit: int = DEFAULT_STDERR_LIMIT,
+    stdout_keep: str = "head",
     sensitive_values: Sequence[str] = (),
 ) -> ProcessResult:
     """Run `argv` in `cwd` with exactly `env` (plus the guard token) and supervise it to the end.
 
     `stdin_text` is written to the child's stdin (UTF-8) and then closed; None gives it /dev/null.
     `timeout_ms` None means no deadline. `cancel` is polled (`is_set()`) while the child runs.
-    `capture_limit` bounds the stdout kept (its beginning), `stderr_limit` the stderr kept (its end).
+    `capture_limit` bounds the stdout kept: its beginning (`stdout_keep="head"`, an exec unit's
+    artifact; memory-bounded by spilling) or its end (`"tail"`, for agent CLIs that print their
+    answer last; held in memory). `stderr_limit` bounds the stderr kept (always its end).
     Everything returned is redacted against `sensitive_values`. Never raises for what the child does.
     """
+    if stdout_keep not in ("head", "tail"):
+        raise ValueError(f"stdout_keep must be 'head' or 'tail', not {stdout_keep!r}")
     argv = list(argv)
     if not argv:
         return ProcessResult(spawn_error="the command is empty")
@@ -400,7 +419,9 @@ def run_process(
         return ProcessResult(spawn_error=detail)
 
     assert proc.stdout is not None and proc.stderr is not None
-    out = HeadCapture(proc.stdout.fileno(), "stdout", max(0, capture_limit), MEMORY_BUFFER_BYTES)
+    out: HeadCapture | TailCapture = (
+        HeadCapture(proc.stdout.fileno(), "stdout", max(0, capture_limit), MEMORY_BUFFER_BYTES)
+        if stdout_keep == "head" else TailCapture(proc.stdout.fileno(), "stdout", max(0, capture_limit)))
     err = TailCapture(proc.stderr.fileno(), "stderr", max(0, stderr_limit))
     readers: tuple[HeadCapture | TailCapture, ...] = (out, err)
     sel = selectors.DefaultSelector()
@@ -492,7 +513,7 @@ def run_process(
     try:
         granted = _MATERIALIZE.acquire(out.kept)
         try:
-            stdout = head_text(out, values)
+            stdout = head_text(out, values) if isinstance(out, HeadCapture) else tail_text(out, values)
         finally:
             _MATERIALIZE.release(granted)
     finally:
