@@ -1,0 +1,78 @@
+"""Cold paths of akm's zipapp runtime (`_akm_unpack.py` inside dist/akm; bundle/build.py fills in MEMBERS).
+
+Imported only when this build has no cache directory yet or a native extension of the running
+interpreter is not unpacked yet. Native extensions travel as xz streams (`_akm_natives/*.xz`): one
+stream per extension holding every interpreter's build of it back to back, since builds of one
+extension for different CPython versions are mostly alike and compress to about half together.
+"""
+
+import hashlib
+import os
+import sys
+from zipimport import zipimporter
+
+import _akm_boot
+
+# --- build constants (replaced by bundle/build.py) ---
+# relative path of an unpacked extension -> (stream in _akm_natives/, offset and size in the
+# decompressed stream, sha256 of the file)
+MEMBERS = {}
+# --- end of build constants ---
+
+
+def make_cache_dir(roots, name):
+    """Create `name` under the first usable root; returns (path, []) or ("", what went wrong where)."""
+    problems = []
+    for root, shared in roots:
+        path = os.path.join(root, name)
+        try:
+            os.makedirs(root, mode=0o700, exist_ok=True)
+            if shared and not _akm_boot.is_private(root):
+                problems.append("%s: not a private directory of this user" % root)
+                continue
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise PermissionError(13, "Permission denied")
+        except OSError as exc:
+            problems.append("%s: %s" % (path, exc.strerror or exc))
+            continue
+        return path, []
+    return "", problems
+
+
+def unpack_native(cache, rel):
+    """Write the running interpreter's build of one extension into the cache; returns its path."""
+    stream, offset, size, sha256 = MEMBERS[rel]
+    try:
+        import lzma
+    except ImportError:
+        _akm_boot.fail("NO_LZMA", "akm needs Python's lzma module to unpack its native code, and %s was built "
+                       "without it (liblzma missing when Python was compiled)" % sys.executable)
+    archive = _akm_boot.ARCHIVE
+    blob = zipimporter(archive).get_data(os.path.join(archive, "_akm_natives", stream))
+    data = _slice(lzma.LZMADecompressor(format=lzma.FORMAT_XZ), blob, offset, size)
+    if hashlib.sha256(data).hexdigest() != sha256:
+        _akm_boot.fail("CORRUPT_BUNDLE", "%s: native code for %s does not match its checksum; the file is "
+                       "damaged, rebuild or download it again" % (archive, rel))
+    path = os.path.join(cache, "native", rel)
+    _akm_boot.write_atomically(path, data)
+    if not os.path.exists(path):
+        _akm_boot.fail("NO_CACHE_DIR", "cannot write %s (akm unpacks its native code there); set SHIV_ROOT "
+                       "to a writable directory" % path)
+    return path
+
+
+def _slice(decompressor, blob, offset, size):
+    """Bytes [offset, offset + size) of a decompressed stream, decoding no further than needed."""
+    out = bytearray()
+    pos, end, data = 0, offset + size, blob
+    while pos < end:
+        chunk = decompressor.decompress(data, max_length=1 << 22)
+        data = b""
+        if not chunk and (decompressor.eof or decompressor.needs_input):
+            break
+        lo, hi = max(offset - pos, 0), min(end - pos, len(chunk))
+        if hi > lo:
+            out += chunk[lo:hi]
+        pos += len(chunk)
+    return bytes(out)
