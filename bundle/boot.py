@@ -1,21 +1,26 @@
-"""akm's zipapp runtime (`_akm_boot.py` inside dist/akm; bundle/build.py fills in the constants).
+"""akm's zipapp runtime: `_akm_boot.py` in dist/akm, run by its __main__.py (bundle/main.py), which
+passes ARCHIVE, CACHE (this build's cache dir, "" until it exists), ROOTS (where it may be created,
+best first, as (root, is the shared temp dir)), BUILD, MAGIC, PYC (bytecode dir for this interpreter),
+ZIP (the archive's zipimporter) and BOOT_CODE (this module's code when it was compiled, to cache).
 
 Why not shiv's bootstrap: it extracted and byte-compiled the whole site-packages on first start
-(seconds, tens of MB) and could only ever load the native extensions of one interpreter. Here pure
-Python is imported straight from the archive (packages sit at its root), its compiled bytecode cached per interpreter in a
-per-user cache (zipimport itself never caches and ignores __pycache__), and a native extension is
-unpacked only when the running interpreter imports it (`_akm_unpack`, kept out of this module so a
-warm start compiles as little as possible: this file is compiled from source on every start).
+(seconds, tens of MB) and only ever had one interpreter's native extensions. Here:
+- pure Python is read straight from the archive: the packages sit in an inner zip (`_akm_lib.zip`,
+  stored) that only this module indexes (`_akm_index.bin`), so Python's own start-up reads a
+  central directory of a handful of entries, not a thousand (that alone cost as much as starting
+  Python); their compiled bytecode is cached per interpreter in this build's cache directory;
+- a native extension is unpacked into the cache only when the running interpreter imports it
+  (`_akm_unpack`, which holds every cold path);
+- the packages' metadata and data files are served from the archive too (importlib.metadata entry
+  points, importlib.resources files).
 """
 
 import _imp
 import marshal
 import os
 import sys
-from zipimport import zipimporter
 
 # --- build constants (replaced by bundle/build.py) ---
-BUILD_ID = "0" * 64
 TARGET = "linux-x86_64"
 SYS_PLATFORM = "linux"
 MACHINES = ("x86_64",)
@@ -25,11 +30,13 @@ NATIVE = {}
 # --- end of build constants ---
 
 EXIT_CONFIG = 78  # akm.errors.EXIT_CONFIG: the environment, not a bug
-ARCHIVE = os.path.dirname(os.path.abspath(__file__))
 SUFFIX = _imp.extension_suffixes()[0]
-MAGIC = sys.modules["_frozen_importlib_external"].MAGIC_NUMBER
-CACHE_NAME = "akm-" + BUILD_ID[:16]
-PYC_DIR = "pyc" + os.sep + sys.implementation.cache_tag + (".opt-%d" % sys.flags.optimize if sys.flags.optimize else "")
+ModuleSpec = sys.modules["_frozen_importlib"].ModuleSpec
+INDEX = {}  # path in the library -> (offset in the archive, stored size, size, zip method); directories -> None
+_fd = None
+_unwritable = False
+_tree = None
+_dist_class = None
 
 
 def fail(code, message):
@@ -43,7 +50,7 @@ def check_interpreter():
     """Refuse an interpreter whose native extensions this file does not carry, before importing any."""
     machine = os.uname().machine
     if sys.platform != SYS_PLATFORM or machine not in MACHINES:
-        fail("UNSUPPORTED_PLATFORM", "this akm was built for %s; this machine is %s %s (build one with "
+        fail("UNSUPPORTED_PLATFORM", "this akm was built for %s; this machine is %s %s (build one for it with "
              "./build.sh --platform)" % (TARGET, sys.platform, machine))
     if sys.implementation.name != "cpython" or SUFFIX not in SUFFIXES:
         fail("UNSUPPORTED_PYTHON", "akm runs on CPython %s-%s (%s); this is %s %d.%d (extension suffix %s) at %s"
@@ -51,73 +58,29 @@ def check_interpreter():
                 sys.version_info[1], SUFFIX, sys.executable))
 
 
-def cache_roots():
-    """Where this build's cache may live, best first, as (root, shared): SHIV_ROOT, else the XDG cache,
-    else a private directory in the shared temp dir."""
-    explicit = os.environ.get("SHIV_ROOT")
-    if explicit:
-        return [(os.path.abspath(os.path.expanduser(explicit)), False)]
-    roots = []
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg and os.path.isabs(xdg):
-        roots.append((os.path.join(xdg, "akm"), False))
-    else:
-        home = os.path.expanduser("~")
-        if os.path.isabs(home):
-            sub = ("Library", "Caches") if sys.platform == "darwin" else (".cache",)
-            roots.append((os.path.join(home, *sub, "akm"), False))
-    roots.append((os.path.join(os.environ.get("TMPDIR") or "/tmp", "akm-%d" % os.getuid()), True))
-    return roots
-
-
-def is_private(root):
-    """A root in the shared temp dir is used only if it is ours and nobody else can write to it
-    (it holds code we load)."""
-    try:
-        st = os.lstat(root)
-    except OSError:
-        return False
-    return st.st_uid == os.getuid() and (st.st_mode & 0o170022) == 0o040000  # a directory, not group/world-writable
-
-
-_cache_dir = None  # this build's cache directory once found ("" while none exists)
-_unwritable = False  # creating one failed: stop trying for bytecode, which works without a cache
-
-
-def cache_dir():
-    """This build's cache directory if one exists already (the warm path: one stat), else ""."""
-    global _cache_dir
-    if _cache_dir is None:
-        _cache_dir = ""
-        for root, shared in cache_roots():
-            path = os.path.join(root, CACHE_NAME)
-            if os.path.isdir(path) and (not shared or is_private(root)):
-                _cache_dir = path
-                break
-    return _cache_dir
-
-
-def writable_cache_dir(soft=False):
-    """Create this build's cache directory on first need. Native code cannot load without one, so
+def writable_cache(soft):
+    """This build's cache directory, created on first need. Native code cannot load without one, so
     then (soft=False) no writable place is a clear error; bytecode (soft=True) just goes uncached."""
-    global _cache_dir, _unwritable
-    if cache_dir() or (soft and _unwritable):
-        return _cache_dir
+    global CACHE, _unwritable
+    if CACHE or (soft and _unwritable):
+        return CACHE
     import _akm_unpack
 
-    path, problems = _akm_unpack.make_cache_dir(cache_roots(), CACHE_NAME)
+    path, problems = _akm_unpack.make_cache_dir(ROOTS, "akm-" + BUILD)
     if path:
-        _cache_dir = path
+        CACHE = path
+        if BOOT_CODE is not None:
+            write_code(os.path.join(path, PYC, "_akm_boot.pyc"), BOOT_CODE)
     elif soft:
         _unwritable = True
     else:
-        fail("NO_CACHE_DIR", "akm needs a writable directory to unpack its native code for this Python; "
-             "tried %s. Set SHIV_ROOT to a writable directory." % "; ".join(problems))
-    return _cache_dir
+        fail("NO_CACHE_DIR", "akm needs a writable directory to unpack its native code for this Python; tried "
+             "%s. Set SHIV_ROOT to a writable directory." % "; ".join(problems))
+    return CACHE
 
 
 def write_atomically(path, data):
-    """Write a cache file so a concurrent reader sees the old file or the whole new one, never a part."""
+    """A reader sees the old file or the whole new one, never a part; failure leaves nothing behind."""
     tmp = "%s.%d.tmp" % (path, os.getpid())
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -131,27 +94,95 @@ def write_atomically(path, data):
             pass
 
 
-class BundleImporter(zipimporter):
-    """zipimport for the archive, plus a bytecode cache outside it.
+def write_code(path, code):
+    write_atomically(path, MAGIC + b"\0" * 12 + marshal.dumps(code))
 
-    Also answers get_filename without compiling: zipimport's own get_filename compiles the module
-    only to throw the code away, and the import system calls it for every module it finds.
-    """
 
-    def _source(self, fullname):
-        base = self.prefix + fullname.rpartition(".")[2]
-        return base + (os.sep + "__init__.py" if self.is_package(fullname) else ".py")
+def read(rel):
+    """A file of the library, from the archive."""
+    global _fd
+    offset, stored, size, method = INDEX[rel]
+    if _fd is None:
+        _fd = os.open(ARCHIVE, os.O_RDONLY)
+    data = os.pread(_fd, stored, offset)
+    if method:
+        import zlib
 
-    def get_filename(self, fullname):
-        return self.archive + os.sep + self._source(fullname)
+        data = zlib.decompress(data, -15)
+    return data
 
-    def get_code(self, fullname):
-        if fullname.startswith("_akm_"):  # the runtime itself: cold paths, and they create the cache
-            return super().get_code(fullname)
-        rel = self._source(fullname)
-        origin = self.archive + os.sep + rel
-        cached = cache_dir()
-        pyc = os.path.join(cached, PYC_DIR, rel + "c") if cached else None
+
+def locate(fullname):
+    """(path of the module's source in the library, is a package), or None."""
+    base = fullname.replace(".", "/")
+    if base + "/__init__.py" in INDEX:
+        return base + "/__init__.py", True
+    if base + ".py" in INDEX:
+        return base + ".py", False
+    return None
+
+
+def children(rel):
+    global _tree
+    if _tree is None:
+        tree = {}
+        for key in INDEX:
+            parent, _, name = key.rstrip("/").rpartition("/")
+            tree.setdefault(parent, set()).add(name)
+        _tree = tree
+    return sorted(_tree.get(rel, ()))
+
+
+class Bundle:
+    """The meta-path finder and loader of everything bundled: native extensions of the running
+    interpreter (unpacked on first import) and the pure-Python library."""
+
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        abi3 = NATIVE.get(fullname)
+        if abi3 is not None:
+            return cls.native_spec(fullname, abi3)
+        found = locate(fullname)
+        if found is None:
+            base = fullname.replace(".", "/")
+            if base + "/" in INDEX:  # a namespace package (no __init__.py), e.g. opentelemetry
+                spec = ModuleSpec(fullname, None, is_package=True)
+                spec.submodule_search_locations = [os.path.join(ARCHIVE, base)]
+                return spec
+            return None
+        rel, package = found
+        spec = ModuleSpec(fullname, cls, origin=os.path.join(ARCHIVE, rel), is_package=package)
+        spec.has_location = True
+        if package:
+            spec.submodule_search_locations = [os.path.join(ARCHIVE, rel.rpartition("/")[0])]
+        return spec
+
+    @staticmethod
+    def native_spec(fullname, abi3):
+        rel = fullname.replace(".", "/") + (".abi3.so" if abi3 else SUFFIX)
+        file = os.path.join(CACHE, "native", rel) if CACHE else ""
+        if not file or not os.path.exists(file):
+            import _akm_unpack
+
+            file = _akm_unpack.unpack_native(writable_cache(soft=False), rel)
+        from importlib.machinery import ExtensionFileLoader
+
+        spec = ModuleSpec(fullname, ExtensionFileLoader(fullname, file), origin=file)
+        spec.has_location = True
+        return spec
+
+    @staticmethod
+    def create_module(spec):
+        return None
+
+    @classmethod
+    def exec_module(cls, module):
+        exec(cls.get_code(module.__spec__.name), module.__dict__)
+
+    @staticmethod
+    def get_code(fullname):
+        rel = locate(fullname)[0]
+        pyc = os.path.join(CACHE, PYC, rel + "c") if CACHE else ""
         if pyc:
             try:
                 with open(pyc, "rb") as f:
@@ -160,46 +191,136 @@ class BundleImporter(zipimporter):
                     return marshal.loads(memoryview(data)[16:])
             except (OSError, ValueError, EOFError, TypeError):
                 pass
-        try:
-            source = self.get_data(origin)
-        except OSError:
-            return super().get_code(fullname)
-        code = compile(source, origin, "exec", dont_inherit=True)
+        code = compile(read(rel), os.path.join(ARCHIVE, rel), "exec", dont_inherit=True)
         # PYTHONDONTWRITEBYTECODE is not consulted: this is akm's cache of its own archive (as shiv's
         # extraction was), and without it every start would compile everything it imports again.
-        cached = cached or writable_cache_dir(soft=True)
-        if cached:
-            pyc = os.path.join(cached, PYC_DIR, rel + "c")
-            write_atomically(pyc, MAGIC + b"\0" * 12 + marshal.dumps(code))
+        if writable_cache(soft=True):
+            write_code(os.path.join(CACHE, PYC, rel + "c"), code)
         return code
 
+    @staticmethod
+    def get_source(fullname):
+        found = locate(fullname)
+        return read(found[0]).decode("utf-8") if found else None
 
-def path_hook(path):
-    if path == ARCHIVE or path.startswith(ARCHIVE + os.sep):
-        return BundleImporter(path)
-    raise ImportError("not in akm's bundle")
+    @staticmethod
+    def is_package(fullname):
+        found = locate(fullname)
+        if found is None:
+            raise ImportError("no module named %r in akm's bundle" % fullname, name=fullname)
+        return found[1]
+
+    @staticmethod
+    def get_filename(fullname):
+        return os.path.join(ARCHIVE, locate(fullname)[0])
+
+    @staticmethod
+    def get_data(path):
+        rel = os.path.relpath(path, ARCHIVE) if os.path.isabs(path) else path
+        if INDEX.get(rel):
+            return read(rel)
+        with open(path, "rb") as f:
+            return f.read()
+
+    @staticmethod
+    def get_resource_reader(fullname):
+        found = locate(fullname)
+        return Resources(found[0].rpartition("/")[0]) if found and found[1] else None
+
+    @staticmethod
+    def find_distributions(context=None):
+        """importlib.metadata's hook: the bundled distributions' dist-info, e.g. for entry points."""
+        global _dist_class
+        if _dist_class is None:
+            import importlib.metadata
+
+            class BundledDistribution(importlib.metadata.Distribution):
+                def __init__(self, info):
+                    self.info = info
+
+                def read_text(self, filename):
+                    rel = self.info + "/" + str(filename)
+                    return read(rel).decode("utf-8") if INDEX.get(rel) else None
+
+                def locate_file(self, path):
+                    return os.path.join(ARCHIVE, str(path))
+
+            _dist_class = BundledDistribution
+        wanted = getattr(context, "name", None)
+        wanted = normalize(wanted) if wanted else None
+        for key in children(""):
+            if key.endswith(".dist-info") and (wanted is None or normalize(key.partition("-")[0]) == wanted):
+                yield _dist_class(key)
 
 
-class NativeFinder:
-    """Finds the bundled native extensions of the running interpreter, unpacking one on first import."""
+def normalize(name):
+    out, sep = [], False
+    for ch in name.lower():
+        if ch in "-_.":
+            sep = True
+        else:
+            if sep and out:
+                out.append("_")
+            out.append(ch)
+            sep = False
+    return "".join(out)
 
-    @classmethod
-    def find_spec(cls, fullname, path=None, target=None):
-        abi3 = NATIVE.get(fullname)
-        if abi3 is None:
-            return None
-        rel = fullname.replace(".", os.sep) + (".abi3.so" if abi3 else SUFFIX)
-        cached = cache_dir()
-        file = os.path.join(cached, "native", rel) if cached else ""
-        if not file or not os.path.exists(file):
-            import _akm_unpack
 
-            file = _akm_unpack.unpack_native(writable_cache_dir(), rel)
-        from importlib.machinery import ExtensionFileLoader, ModuleSpec
+class Resources:
+    """importlib.resources' reader for a bundled package."""
 
-        spec = ModuleSpec(fullname, ExtensionFileLoader(fullname, file), origin=file)
-        spec.has_location = True
-        return spec
+    def __init__(self, rel):
+        self.rel = rel
+
+    def files(self):
+        return Entry(self.rel)
+
+
+class Entry:
+    """A file or directory of the library, as importlib.resources.abc.Traversable."""
+
+    def __init__(self, rel):
+        self.rel = rel.strip("/")
+
+    @property
+    def name(self):
+        return self.rel.rpartition("/")[2]
+
+    def is_dir(self):
+        return self.rel + "/" in INDEX
+
+    def is_file(self):
+        return bool(INDEX.get(self.rel))
+
+    def iterdir(self):
+        return iter([Entry(self.rel + "/" + name) for name in children(self.rel)])
+
+    def joinpath(self, *descendants):
+        parts = [self.rel] + [p for d in descendants for p in str(d).split("/") if p]
+        return Entry("/".join(parts))
+
+    def __truediv__(self, child):
+        return self.joinpath(child)
+
+    def read_bytes(self):
+        if not self.is_file():
+            raise FileNotFoundError(os.path.join(ARCHIVE, self.rel))
+        return read(self.rel)
+
+    def read_text(self, encoding=None, errors=None):
+        return self.read_bytes().decode(encoding or "utf-8", errors or "strict")
+
+    def open(self, mode="r", *args, **kwargs):
+        import io
+
+        stream = io.BytesIO(self.read_bytes())
+        return stream if "b" in mode else io.TextIOWrapper(stream, *args, **kwargs)
+
+    def __str__(self):
+        return os.path.join(ARCHIVE, self.rel)
+
+    def __repr__(self):
+        return "<akm bundle entry %s>" % self.rel
 
 
 def isolated(path):
@@ -213,10 +334,11 @@ def isolated(path):
 
 def main():
     check_interpreter()
-    sys.path[:] = [ARCHIVE] + isolated([p for p in sys.path if p != ARCHIVE])
-    sys.path_hooks.insert(0, path_hook)
-    sys.path_importer_cache[ARCHIVE] = BundleImporter(ARCHIVE)
-    sys.meta_path.insert(0, NativeFinder)
+    INDEX.update(marshal.loads(ZIP.get_data(os.path.join(ARCHIVE, "_akm_index.bin"))))
+    sys.path[:] = isolated(sys.path)
+    sys.meta_path.insert(0, Bundle)
+    if BOOT_CODE is not None and CACHE:
+        write_code(os.path.join(CACHE, PYC, "_akm_boot.pyc"), BOOT_CODE)
     script = os.environ.get("AKM_BUNDLE_EXEC")
     if script:  # hidden hook for tests and debugging: run a script on the bundled libraries
         import runpy

@@ -20,12 +20,14 @@ from __future__ import annotations
 import argparse
 import email.parser
 import hashlib
+import io
 import json
 import lzma
+import marshal
 import os
 import platform
 import re
-import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -412,26 +414,52 @@ def render(template: Path, constants: dict[str, object]) -> bytes:
     return (text[:start] + block + text[end:]).encode()
 
 
+def library_zip(files: dict[str, bytes], date_time: tuple) -> tuple[bytes, dict[str, tuple | None]]:
+    """The packages as an inner zip, and an index of where each file's data starts in it (the runtime
+    reads a file with one pread) plus every directory (namespace packages, resource listings)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for rel, data in sorted(files.items()):
+            info = zipfile.ZipInfo(rel, date_time=date_time)
+            info.compress_type, info.external_attr = zipfile.ZIP_DEFLATED, 0o100644 << 16
+            zf.writestr(info, data, compresslevel=9)
+        infos = zf.infolist()
+    raw = buf.getvalue()
+    index: dict[str, tuple | None] = {}
+    for info in infos:
+        name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26: info.header_offset + 30])
+        start = info.header_offset + 30 + name_len + extra_len
+        index[info.filename] = (start, info.compress_size, info.file_size, info.compress_type)
+    for rel in files:
+        for i, ch in enumerate(rel):
+            if ch == "/":
+                index[rel[: i + 1]] = None
+    return raw, index
+
+
 def write_archive(out: Path, target: Target, stage: Stage, streams: dict[str, bytes], members: dict[str, tuple],
                   epoch: int) -> str:
-    """The zipapp: shebang, our runtime, the native streams, the packages at the archive root (where
-    importlib.metadata finds their dist-info). Fixed timestamps and modes: byte-reproducible."""
-    build_id = hashlib.sha256()
-    for rel, data in sorted(stage.files.items()):
-        build_id.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+    """The zipapp: shebang, then a zip of a few entries: the library zip first (so its offset is known),
+    its index, the native streams, our runtime. Fixed timestamps and modes: byte-reproducible."""
+    date_time = time.gmtime(epoch)[:6]
+    library, index = library_zip(stage.files, date_time)
+    lib_name = "_akm_lib.zip"
+    base = len(SHEBANG) + 30 + len(lib_name)  # the inner zip's data follows the first local header
+    index = {rel: None if v is None else (base + v[0], *v[1:]) for rel, v in index.items()}
+    build_id = hashlib.sha256(hashlib.sha256(library).digest())
     for name, data in sorted(streams.items()):
         build_id.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     for runtime in ("main.py", "boot.py", "unpack.py"):
         build_id.update((HERE / runtime).read_bytes())
-    bid = build_id.hexdigest()
+    bid = build_id.hexdigest()[:16]
     minors = sorted(stage.suffixes)
+    main = render(HERE / "main.py", {"BUILD": bid})
     boot = render(HERE / "boot.py", {
-        "BUILD_ID": bid, "TARGET": target.name, "SYS_PLATFORM": target.sys_platform, "MACHINES": target.machines,
+        "TARGET": target.name, "SYS_PLATFORM": target.sys_platform, "MACHINES": target.machines,
         "PYTHONS": tuple(f"3.{m}" for m in minors), "SUFFIXES": frozenset(stage.suffixes.values()),
         "NATIVE": {m: None in b for m, b in sorted(stage.natives.items())},
     })
     unpack = render(HERE / "unpack.py", {"MEMBERS": dict(sorted(members.items()))})
-    date_time = time.gmtime(epoch)[:6]
 
     def entry(name: str, compress: int) -> zipfile.ZipInfo:
         info = zipfile.ZipInfo(name, date_time=date_time)
@@ -441,20 +469,17 @@ def write_archive(out: Path, target: Target, stage: Stage, streams: dict[str, by
     with open(out, "wb") as f:
         f.write(SHEBANG)
         with zipfile.ZipFile(f, "w") as zf:
-            zf.writestr(entry("__main__.py", zipfile.ZIP_DEFLATED), (HERE / "main.py").read_bytes())
+            zf.writestr(entry(lib_name, zipfile.ZIP_STORED), library)
+            zf.writestr(entry("_akm_index.bin", zipfile.ZIP_STORED), marshal.dumps(index, 4))
+            zf.writestr(entry("__main__.py", zipfile.ZIP_STORED), main)  # stored: a warm start needs no zlib
             zf.writestr(entry("_akm_boot.py", zipfile.ZIP_DEFLATED), boot)
             zf.writestr(entry("_akm_unpack.py", zipfile.ZIP_DEFLATED), unpack)
             for name, data in sorted(streams.items()):
                 zf.writestr(entry(f"_akm_natives/{name}", zipfile.ZIP_STORED), data)
-            # Directory entries too: zipimport finds a namespace package (no __init__.py, e.g.
-            # opentelemetry) only by its directory entry.
-            dirs = {rel[: i + 1] for rel in stage.files for i, ch in enumerate(rel) if ch == "/"}
-            for name in sorted(dirs):
-                info = entry(name, zipfile.ZIP_STORED)
-                info.external_attr = 0o40755 << 16 | 0x10
-                zf.writestr(info, b"")
-            for rel, data in sorted(stage.files.items()):
-                zf.writestr(entry(rel, zipfile.ZIP_DEFLATED), data)
+    with open(out, "rb") as f:
+        f.seek(base)
+        if f.read(4) != b"PK\x03\x04":
+            raise BuildError("the library zip is not where the index says it is")
     out.chmod(0o755)
     return bid
 

@@ -1,15 +1,58 @@
-# akm launcher (the zipapp's __main__.py, written by bundle/build.py).
-# Any Python that finds this file on PATH may run it, so it must parse on old ones:
-# no f-strings, no annotations, nothing newer than Python 2.7 / 3.0 syntax.
+# akm launcher, the zipapp's __main__.py (bundle/build.py fills in BUILD). Compiled from source on
+# every start, so it is kept this small; it must parse on old Pythons (no f-strings or annotations).
+# It refuses an old interpreter, finds this build's cache ($SHIV_ROOT, else the XDG cache, else a
+# private dir in the temp dir) and runs the runtime _akm_boot from its
+# cached bytecode there, compiling it only when that is missing.
 import sys
 
 if sys.version_info < (3, 11):
-    sys.stderr.write(
-        "error[UNSUPPORTED_PYTHON]: akm needs Python 3.11+; this is %d.%d at %s\n"
-        % (sys.version_info[0], sys.version_info[1], sys.executable or "(unknown interpreter)")
-    )
+    sys.stderr.write("error[UNSUPPORTED_PYTHON]: akm needs Python 3.11+; this is %d.%d at %s\n"
+                     % (sys.version_info[0], sys.version_info[1], sys.executable or "(unknown interpreter)"))
     sys.exit(78)
 
-import _akm_boot
+import marshal
+import os
 
-_akm_boot.main()
+# --- build constants (replaced by bundle/build.py) ---
+BUILD = "0000000000000000"
+# --- end of build constants ---
+
+
+def run(env=os.environ, join=os.path.join):
+    archive = os.path.dirname(os.path.abspath(__file__))
+    magic = sys.modules["_frozen_importlib_external"].MAGIC_NUMBER
+    pyc = join("pyc", sys.implementation.cache_tag + (".opt-%d" % sys.flags.optimize if sys.flags.optimize else ""))
+    home = os.path.expanduser("~")
+    xdg = env.get("XDG_CACHE_HOME", "")
+    tmp = join(env.get("TMPDIR") or "/tmp", "akm-%d" % os.getuid())
+    roots = [env["SHIV_ROOT"]] if env.get("SHIV_ROOT") else [
+        join(xdg, "akm") if os.path.isabs(xdg) else join(home, "Library/Caches/akm" if sys.platform == "darwin"
+                                                          else ".cache/akm"), tmp]
+    roots = [(os.path.abspath(os.path.expanduser(root)), root == tmp) for root in roots]
+    cache = code = None
+    for root, shared in roots:
+        path = join(root, "akm-" + BUILD)
+        if os.path.isdir(path):
+            st = os.lstat(root)  # the temp dir is shared: only a private dir of ours holds code we load
+            if not shared or (st.st_uid == os.getuid() and st.st_mode & 0o170022 == 0o040000):
+                cache = path
+            break
+    if cache:
+        try:
+            with open(join(cache, pyc, "_akm_boot.pyc"), "rb") as f:
+                data = f.read()
+            if data[:4] == magic:
+                code = marshal.loads(memoryview(data)[16:])
+        except (OSError, ValueError, EOFError, TypeError):
+            pass
+    boot = type(sys)("_akm_boot")
+    boot.__file__ = join(archive, "_akm_boot.py")
+    boot.__dict__.update(ARCHIVE=archive, CACHE=cache or "", ROOTS=roots, BUILD=BUILD, MAGIC=magic, PYC=pyc, ZIP=__loader__,
+                         BOOT_CODE=None if code else compile(__loader__.get_data(boot.__file__), boot.__file__,
+                                                             "exec", dont_inherit=True))
+    sys.modules["_akm_boot"] = boot
+    exec(code or boot.BOOT_CODE, boot.__dict__)
+    boot.main()
+
+
+run()

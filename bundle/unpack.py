@@ -9,7 +9,6 @@ extension for different CPython versions are mostly alike and compress to about 
 import hashlib
 import os
 import sys
-from zipimport import zipimporter
 
 import _akm_boot
 
@@ -27,7 +26,7 @@ def make_cache_dir(roots, name):
         path = os.path.join(root, name)
         try:
             os.makedirs(root, mode=0o700, exist_ok=True)
-            if shared and not _akm_boot.is_private(root):
+            if shared and not _is_private(root):
                 problems.append("%s: not a private directory of this user" % root)
                 continue
             os.makedirs(path, mode=0o700, exist_ok=True)
@@ -40,6 +39,12 @@ def make_cache_dir(roots, name):
     return "", problems
 
 
+def _is_private(root):
+    """The shared temp dir's root must be this user's and not writable by others: it holds code we load."""
+    st = os.lstat(root)
+    return st.st_uid == os.getuid() and (st.st_mode & 0o170022) == 0o040000
+
+
 def unpack_native(cache, rel):
     """Write the running interpreter's build of one extension into the cache; returns its path."""
     stream, offset, size, sha256 = MEMBERS[rel]
@@ -49,7 +54,7 @@ def unpack_native(cache, rel):
         _akm_boot.fail("NO_LZMA", "akm needs Python's lzma module to unpack its native code, and %s was built "
                        "without it (liblzma missing when Python was compiled)" % sys.executable)
     archive = _akm_boot.ARCHIVE
-    blob = zipimporter(archive).get_data(os.path.join(archive, "_akm_natives", stream))
+    blob = _akm_boot.ZIP.get_data(os.path.join(archive, "_akm_natives", stream))
     data = _slice(lzma.LZMADecompressor(format=lzma.FORMAT_XZ), blob, offset, size)
     if hashlib.sha256(data).hexdigest() != sha256:
         _akm_boot.fail("CORRUPT_BUNDLE", "%s: native code for %s does not match its checksum; the file is "
