@@ -48,6 +48,11 @@ PINS = HERE / "pins.txt"
 OLDEST = 11  # CPython 3.11: the oldest supported minor version
 SHEBANG = b"#!/usr/bin/env python3\n"
 MAX_SIZE = 12 * 1024 * 1024
+# Builds of one extension for consecutive CPython versions share one xz stream, where each is coded
+# as its differences from the one before (about half the size). Unpacking one decodes the stream up
+# to it, so a chain of 3 bounds that to 3 builds (pydantic-core: 15 MB, ~0.2 s) for ~1.2 MB more
+# than a single chain of all five.
+CHAIN = 3
 
 
 @dataclass(frozen=True)
@@ -368,11 +373,14 @@ def xz_filters(target: Target, largest: int) -> list[dict]:
 
 
 def pack_natives(target: Target, stage: Stage, cache: Path) -> tuple[dict[str, bytes], dict[str, tuple]]:
-    """One xz stream per extension module; returns the streams and MEMBERS for _akm_unpack."""
+    """xz streams of the extension modules, each holding up to CHAIN interpreters' builds of one
+    extension back to back; returns the streams and MEMBERS for _akm_unpack."""
     jobs = {}
     for module, builds in sorted(stage.natives.items()):
         order = [None] if None in builds else sorted(builds)
-        jobs[module + ".xz"] = (module, order, [builds[m] for m in order])
+        for i in range(0, len(order), CHAIN):
+            chunk = order[i: i + CHAIN]
+            jobs[f"{module}.{i // CHAIN}.xz"] = (module, chunk, [builds[m] for m in chunk])
     members: dict[str, tuple] = {}
 
     def compress(name: str) -> bytes:
@@ -404,13 +412,20 @@ def pack_natives(target: Target, stage: Stage, cache: Path) -> tuple[dict[str, b
 # ------------------------------------------------------------------ archive
 
 
+def literal(value: object) -> str:
+    """repr, but sets in sorted order (their repr follows string hashing, which varies per process)."""
+    if isinstance(value, (set, frozenset)):
+        return "frozenset({" + ", ".join(repr(v) for v in sorted(value)) + "})"
+    return repr(value)
+
+
 def render(template: Path, constants: dict[str, object]) -> bytes:
     """A runtime module with its build-constants block filled in."""
     text = template.read_text()
     start = text.index("# --- build constants")
     start = text.index("\n", start) + 1
     end = text.index("# --- end of build constants ---")
-    block = "".join(f"{k} = {v!r}\n" for k, v in constants.items())
+    block = "".join(f"{k} = {literal(v)}\n" for k, v in constants.items())
     return (text[:start] + block + text[end:]).encode()
 
 

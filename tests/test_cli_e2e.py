@@ -377,17 +377,3 @@ def test_chaos_kill_9_never_loses_or_redoes_completed_work(akm, project):
             uid = item_unit_id("fan.unit", item)
             allowed = 1 + sum(1 for s in in_flight_at_kills if uid in s)
             assert 1 <= starts.get(item, 0) <= allowed, (item, starts.get(item), in_flight_at_kills)
-
-
-def test_zipapp_first_run_extracts_then_starts_fast(akm_bin, tmp_path):
-    """The first run goes through shiv's bootstrap (extraction); later runs skip it entirely."""
-    env = dict(os.environ, SHIV_ROOT=str(tmp_path / "fresh-root"), AKM_DATA_DIR=str(tmp_path / "d"))
-    first = subprocess.run([str(akm_bin), "--version"], env=env, capture_output=True, text=True)
-    assert first.returncode == 0 and first.stdout.startswith("akm ")
-    second = subprocess.run([sys.executable, "-X", "importtime", str(akm_bin), "--version"], env=env,
-                            capture_output=True, text=True)
-    assert second.returncode == 0 and second.stdout.startswith("akm ")
-    assert "_bootstrap" not in second.stderr  # the fast path did not import shiv's bootstrap
-    lint = subprocess.run([str(akm_bin), "workflow", "lint", str(ROOT / "examples" / "hello.md")], env=env,
-                          capture_output=True, text=True)
-    assert lint.returncode == 0, lint.stderr
