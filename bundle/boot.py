@@ -133,6 +133,17 @@ def children(rel):
     return sorted(_tree.get(rel, ()))
 
 
+class NativeLoader(sys.modules["_frozen_importlib_external"].ExtensionFileLoader):
+    """Loads an unpacked extension; a failure to load one is the machine's, so it says which and why."""
+
+    def create_module(self, spec):
+        try:
+            return super().create_module(spec)
+        except ImportError as exc:
+            fail("NATIVE_LOAD_FAILED", "cannot load %s (%s); if its directory is on a filesystem mounted noexec, "
+                 "set SHIV_ROOT to one that is not" % (self.path, exc))
+
+
 class Bundle:
     """The meta-path finder and loader of everything bundled: native extensions of the running
     interpreter (unpacked on first import) and the pure-Python library."""
@@ -165,9 +176,7 @@ class Bundle:
             import _akm_unpack
 
             file = _akm_unpack.unpack_native(writable_cache(soft=False), rel)
-        from importlib.machinery import ExtensionFileLoader
-
-        spec = ModuleSpec(fullname, ExtensionFileLoader(fullname, file), origin=file)
+        spec = ModuleSpec(fullname, NativeLoader(fullname, file), origin=file)
         spec.has_location = True
         return spec
 

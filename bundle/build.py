@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from pip._vendor.packaging.markers import Marker
 from pip._vendor.packaging.requirements import Requirement
 from pip._vendor.packaging.utils import canonicalize_name, parse_wheel_filename
 from pip._vendor.packaging.version import Version
@@ -65,6 +66,7 @@ class Target:
     machines: tuple[str, ...]  # os.uname().machine values it runs on
     suffix_tail: str  # extension suffix after "cpython-3XY"
     bcj: int | None  # xz branch filter for this machine code, if liblzma has had one forever
+    macho_cpu: int | None = None  # Mach-O CPU type: the slice kept of a universal2 (fat) binary
 
 
 TARGETS = {
@@ -72,8 +74,9 @@ TARGETS = {
     for t in (
         Target("linux-x86_64", "manylinux2014_x86_64", "linux", ("x86_64",), "-x86_64-linux-gnu.so", lzma.FILTER_X86),
         Target("linux-aarch64", "manylinux2014_aarch64", "linux", ("aarch64",), "-aarch64-linux-gnu.so", None),
-        Target("macos-x86_64", "macosx_10_13_x86_64", "darwin", ("x86_64",), "-darwin.so", lzma.FILTER_X86),
-        Target("macos-arm64", "macosx_11_0_arm64", "darwin", ("arm64",), "-darwin.so", None),
+        Target("macos-x86_64", "macosx_10_15_x86_64", "darwin", ("x86_64",), "-darwin.so", lzma.FILTER_X86,
+               0x01000007),
+        Target("macos-arm64", "macosx_11_0_arm64", "darwin", ("arm64",), "-darwin.so", None, 0x0100000C),
     )
 }
 
@@ -106,9 +109,16 @@ class BuildError(Exception):
 
 @dataclass
 class Pins:
-    versions: dict[str, str]  # canonical name -> version
+    """bundle/pins.txt: `name==version` lines, with a marker where a platform needs another version
+    (e.g. a release without wheels for it)."""
+
+    entries: list[tuple[str, str, str]]  # (canonical name, version, marker or "")
     pythons: list[int]  # supported minor versions
     requirements_hash: str
+
+    def for_target(self, target: Target) -> dict[str, str]:
+        env = marker_env(target, OLDEST)
+        return {n: v for n, v, m in self.entries if not m or Marker(m).evaluate(env)}
 
     def text(self) -> str:
         lines = [
@@ -117,12 +127,7 @@ class Pins:
             f"# pythons: {' '.join(f'3.{m}' for m in self.pythons)}",
             f"# requirements-hash: {self.requirements_hash}",
         ]
-        return "\n".join(lines + [f"{n}=={v}" for n, v in sorted(self.versions.items())]) + "\n"
-
-    @property
-    def digest(self) -> str:
-        """Names the wheel selection of these versions (the same whichever interpreters are supported)."""
-        return hashlib.sha256(json.dumps(sorted(self.versions.items())).encode()).hexdigest()[:16]
+        return "\n".join(lines + [f"{n}=={v}" + (f" ; {m}" if m else "") for n, v, m in sorted(self.entries)]) + "\n"
 
 
 def _range(minors: list[int]) -> str:
@@ -140,16 +145,17 @@ def requirements_hash(reqs: list[str]) -> str:
 def read_pins() -> Pins | None:
     if not PINS.exists():
         return None
-    versions, pythons, rhash = {}, [], ""
+    entries, pythons, rhash = [], [], ""
     for line in PINS.read_text().splitlines():
         if line.startswith("# pythons:"):
             pythons = [int(v.split(".")[1]) for v in line.split(":", 1)[1].split()]
         elif line.startswith("# requirements-hash:"):
             rhash = line.split(":", 1)[1].strip()
         elif line.strip() and not line.startswith("#"):
-            name, _, version = line.partition("==")
-            versions[canonicalize_name(name)] = version.strip()
-    return Pins(versions, pythons, rhash) if versions and pythons else None
+            req, _, marker = line.partition(";")
+            name, _, version = req.partition("==")
+            entries.append((canonicalize_name(name), version.strip(), marker.strip()))
+    return Pins(entries, pythons, rhash) if entries and pythons else None
 
 
 # ------------------------------------------------------------------ wheels
@@ -175,10 +181,10 @@ class WheelCache:
     def __init__(self, root: Path, target: Target):
         self.root, self.target = root / "wheels" / target.name, target
 
-    def fetch(self, pins: Pins, minor: int, shared: dict[str, Path], online: bool = True) -> dict[str, Path]:
+    def fetch(self, pins: dict[str, str], minor: int, shared: dict[str, Path], online: bool = True) -> dict[str, Path]:
         """Wheels of every pin for CPython 3.minor; `shared` are those fetched for the oldest that serve it too."""
         folder = self.root / f"cp3{minor}"
-        wanted = {n: v for n, v in pins.versions.items() if n not in shared}
+        wanted = {n: v for n, v in pins.items() if n not in shared}
         key = hashlib.sha256(json.dumps(sorted(wanted.items())).encode()).hexdigest()[:16]
         memo = folder / f"selected-{key}.json"
         if memo.exists():
@@ -253,27 +259,48 @@ def check_closure(reqs: list[str], wheels: dict[str, Path], env: dict[str, str])
     return problems
 
 
-def relock(target: Target, cache: WheelCache, reqs: list[str]) -> Pins:
-    """Resolve the dependency closure for the oldest CPython, then find how far up the wheels reach."""
-    log(f"resolving {', '.join(reqs)} for CPython 3.{OLDEST} on {target.name}")
+def resolve(target: Target, reqs: list[str]) -> dict[str, str]:
+    """pip's resolution of the requirements for the oldest CPython on one platform."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         proc = pip("install", "--dry-run", "--ignore-installed", "--report", str(report), "--only-binary=:all:",
                    "--implementation", "cp", "--python-version", f"3.{OLDEST}", "--platform", target.pip_platform,
                    "--target", str(Path(tmp) / "t"), *reqs)
         if proc.returncode != 0:
-            raise BuildError(f"cannot resolve the dependencies:\n{_pip_error(proc)}")
+            raise BuildError(f"cannot resolve the dependencies for {target.name}:\n{_pip_error(proc)}")
         items = json.loads(report.read_text())["install"]
-    versions = {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in items}
-    pins = Pins(versions, [OLDEST], requirements_hash(reqs))
-    shared = {n: p for n, p in cache.fetch(pins, OLDEST, {}).items() if serves_later_versions(p)}
+    return {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in items}
+
+
+def relock(host: Target, cache: WheelCache, reqs: list[str]) -> Pins:
+    """Resolve the dependency closure for the oldest CPython on every platform (a platform that lacks
+    wheels of a release gets its own version, under a marker), then find how far up CPython the
+    wheels reach on this one."""
+    log(f"resolving {', '.join(reqs)} for CPython 3.{OLDEST} on {', '.join(TARGETS)}")
+    with ThreadPoolExecutor(max_workers=len(TARGETS)) as pool:
+        resolved = dict(zip(TARGETS, pool.map(lambda t: resolve(TARGETS[t], reqs), TARGETS)))
+    entries = []
+    for name in sorted(set().union(*resolved.values())):
+        by_version: dict[str | None, list[str]] = {}
+        for target, versions in resolved.items():
+            by_version.setdefault(versions.get(name), []).append(target)
+        for version, targets in by_version.items():
+            if version is None:
+                continue
+            marker = "" if len(targets) == len(TARGETS) else " or ".join(
+                f'(sys_platform == "{TARGETS[t].sys_platform}" and platform_machine == "{TARGETS[t].machines[0]}")'
+                for t in targets)
+            entries.append((name, version, marker))
+    pins = Pins(entries, [OLDEST], requirements_hash(reqs))
+    versions = pins.for_target(host)
+    shared = {n: p for n, p in cache.fetch(versions, OLDEST, {}).items() if serves_later_versions(p)}
     minor = OLDEST + 1
     while True:  # every newer CPython whose wheels exist for the same pins
         try:
-            wheels = cache.fetch(pins, minor, shared)
+            wheels = cache.fetch(versions, minor, shared)
         except BuildError:
             break
-        if check_closure(reqs, wheels, marker_env(target, minor)):
+        if check_closure(reqs, wheels, marker_env(host, minor)):
             break
         pins.pythons.append(minor)
         minor += 1
@@ -304,6 +331,26 @@ def prune_reason(rel: str) -> str | None:
         if not DIST_INFO_KEEP.match("/".join(parts[1:])):
             return "installer bookkeeping"
     return None
+
+
+def thin_macho(data: bytes, cpu: int, where: str) -> bytes:
+    """The one architecture's slice of a universal (fat) Mach-O binary, as `lipo -thin` cuts it (each
+    slice is a whole Mach-O file with its own code signature); other files unchanged."""
+    magic = data[:4]
+    if magic not in (b"\xca\xfe\xba\xbe", b"\xca\xfe\xba\xbf"):
+        return data
+    wide = magic == b"\xca\xfe\xba\xbf"
+    count = struct.unpack(">I", data[4:8])[0]
+    size = 32 if wide else 20
+    for i in range(count):
+        entry = data[8 + i * size: 8 + (i + 1) * size]
+        cputype, _, offset, length = (struct.unpack(">iiQQ", entry[:24]) if wide else struct.unpack(">iiII", entry[:16]))
+        if cputype == cpu:
+            slice_ = data[offset: offset + length]
+            if slice_[:4] != b"\xcf\xfa\xed\xfe" or struct.unpack("<i", slice_[4:8])[0] != cpu:
+                raise BuildError(f"{where}: the universal binary's slice for CPU {cpu:#x} is not a 64-bit Mach-O file")
+            return slice_
+    raise BuildError(f"{where}: a universal binary without a slice for CPU {cpu:#x}")
 
 
 def metadata_headers(data: bytes) -> bytes:
@@ -338,6 +385,8 @@ def stage(target: Target, per_version: dict[int, dict[str, Path]]) -> Stage:
                             raise BuildError(f"{path.name}: {rel} is native code that is not a Python extension "
                                              "module (shared libraries beside extensions are not supported)")
                         module = ext["module"].replace("/", ".")
+                        if target.macho_cpu:
+                            data = thin_macho(data, target.macho_cpu, f"{path.name}: {rel}")
                         if ext["minor"] is None:
                             natives.setdefault(module, {})[None] = data
                         elif "." + ext["tag"] != suffixes[minor]:
@@ -520,10 +569,11 @@ def build(target: Target, output: Path, cache_root: Path, force_relock: bool) ->
             log("bundle/pins.txt does not match pyproject.toml's dependencies: re-resolving")
         pins = relock(target, cache, reqs)
         PINS.write_text(pins.text())
-    first = cache.fetch(pins, pins.pythons[0], {})
+    versions = pins.for_target(target)
+    first = cache.fetch(versions, pins.pythons[0], {})
     shared = {n: p for n, p in first.items() if serves_later_versions(p)}
     with ThreadPoolExecutor(max_workers=4) as pool:
-        rest = dict(zip(pins.pythons[1:], pool.map(lambda m: cache.fetch(pins, m, shared), pins.pythons[1:])))
+        rest = dict(zip(pins.pythons[1:], pool.map(lambda m: cache.fetch(versions, m, shared), pins.pythons[1:])))
     per_version = {pins.pythons[0]: first, **rest}
     for minor, wheels in per_version.items():
         problems = check_closure(reqs, wheels, marker_env(target, minor))

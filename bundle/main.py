@@ -24,11 +24,15 @@ def run(env=os.environ, join=os.path.join):
     pyc = join("pyc", sys.implementation.cache_tag + (".opt-%d" % sys.flags.optimize if sys.flags.optimize else ""))
     home = os.path.expanduser("~")
     xdg = env.get("XDG_CACHE_HOME", "")
-    tmp = join(env.get("TMPDIR") or "/tmp", "akm-%d" % os.getuid())
-    roots = [env["SHIV_ROOT"]] if env.get("SHIV_ROOT") else [
-        join(xdg, "akm") if os.path.isabs(xdg) else join(home, "Library/Caches/akm" if sys.platform == "darwin"
-                                                          else ".cache/akm"), tmp]
-    roots = [(os.path.abspath(os.path.expanduser(root)), root == tmp) for root in roots]
+    tmp = os.path.abspath(join(env.get("TMPDIR") or "/tmp", "akm-%d" % os.getuid()))
+    if env.get("SHIV_ROOT"):
+        roots = [(os.path.abspath(os.path.expanduser(env["SHIV_ROOT"])), False)]
+    elif os.path.isabs(xdg) or os.path.isabs(home):
+        user = join(xdg, "akm") if os.path.isabs(xdg) else join(home, "Library/Caches/akm" if sys.platform == "darwin"
+                                                                 else ".cache/akm")
+        roots = [(user, False), (tmp, True)]
+    else:
+        roots = [(tmp, True)]
     cache = code = None
     for root, shared in roots:
         path = join(root, "akm-" + BUILD)
