@@ -1,5 +1,5 @@
 """akm's zipapp runtime: `_akm_boot.py` in dist/akm, run by its __main__.py (bundle/main.py), which
-passes ARCHIVE, CACHE (this build's cache dir, "" until it exists), ROOTS (where it may be created,
+calls main() with ARCHIVE, CACHE (this build's cache dir, "" until it exists), ROOTS (where it may be created,
 best first, as (root, is the shared temp dir)), BUILD, MAGIC, PYC (bytecode dir for this interpreter),
 ZIP (the archive's zipimporter) and BOOT_CODE (this module's code when it was compiled, to cache).
 
@@ -28,6 +28,12 @@ PYTHONS = ("3.11",)
 SUFFIXES = frozenset({".cpython-311-x86_64-linux-gnu.so"})
 NATIVE = {}
 # --- end of build constants ---
+
+# Set by main() from what __main__ found (see the module docstring).
+ARCHIVE = CACHE = BUILD = PYC = ""
+ROOTS = []
+MAGIC = b""
+ZIP = BOOT_CODE = None
 
 EXIT_CONFIG = 78  # akm.errors.EXIT_CONFIG: the environment, not a bug
 SUFFIX = _imp.extension_suffixes()[0]
@@ -101,7 +107,7 @@ def write_code(path, code):
 def read(rel):
     """A file of the library, from the archive."""
     global _fd
-    offset, stored, size, method = INDEX[rel]
+    offset, stored, _size, method = INDEX[rel]
     if _fd is None:
         _fd = os.open(ARCHIVE, os.O_RDONLY)
     data = os.pread(_fd, stored, offset)
@@ -341,7 +347,8 @@ def isolated(path):
     return path
 
 
-def main():
+def main(**found):
+    globals().update(found)
     check_interpreter()
     INDEX.update(marshal.loads(ZIP.get_data(os.path.join(ARCHIVE, "_akm_index.bin"))))
     sys.path[:] = isolated(sys.path)

@@ -403,6 +403,9 @@ def stage(target: Target, per_version: dict[int, dict[str, Path]]) -> Stage:
     for module, builds in natives.items():
         if None not in builds and set(builds) != set(per_version):
             raise BuildError(f"{module} is built for CPython {sorted(builds)} only, not all of {sorted(per_version)}")
+    tops = {rel.split("/")[0].removesuffix(".py") for rel in files if "/" in rel or rel.endswith(".py")}
+    if tops & sys.stdlib_module_names:  # the bundle's finder comes first: it would shadow the stdlib
+        raise BuildError(f"bundled packages named like standard-library modules: {sorted(tops & sys.stdlib_module_names)}")
     for src in sorted((ROOT / "akm").rglob("*")):
         rel = src.relative_to(ROOT).as_posix()
         if src.is_file() and not prune_reason(rel):
@@ -433,7 +436,7 @@ def pack_natives(target: Target, stage: Stage, cache: Path) -> tuple[dict[str, b
     members: dict[str, tuple] = {}
 
     def compress(name: str) -> bytes:
-        module, order, blobs = jobs[name]
+        _, _, blobs = jobs[name]
         filters = xz_filters(target, max(map(len, blobs)))
         key = hashlib.sha256(repr(filters).encode() + b"".join(hashlib.sha256(b).digest() for b in blobs))
         cached = cache / "streams" / f"{key.hexdigest()}.xz"

@@ -51,12 +51,11 @@ def run(env=os.environ, join=os.path.join):
             pass
     boot = type(sys)("_akm_boot")
     boot.__file__ = join(archive, "_akm_boot.py")
-    boot.__dict__.update(ARCHIVE=archive, CACHE=cache or "", ROOTS=roots, BUILD=BUILD, MAGIC=magic, PYC=pyc, ZIP=__loader__,
-                         BOOT_CODE=None if code else compile(__loader__.get_data(boot.__file__), boot.__file__,
-                                                             "exec", dont_inherit=True))
+    fresh = None if code else compile(__loader__.get_data(boot.__file__), boot.__file__, "exec", dont_inherit=True)
     sys.modules["_akm_boot"] = boot
-    exec(code or boot.BOOT_CODE, boot.__dict__)
-    boot.main()
+    exec(code or fresh, boot.__dict__)
+    boot.main(ARCHIVE=archive, CACHE=cache or "", ROOTS=roots, BUILD=BUILD, MAGIC=magic, PYC=pyc, ZIP=__loader__,
+              BOOT_CODE=fresh)
 
 
 run()

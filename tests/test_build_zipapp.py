@@ -107,7 +107,7 @@ def test_carries_native_code_for_every_supported_python(akm_bin):
         wanted = [base + ".abi3.so"] if abi3 else [base + suffix for suffix in boot["SUFFIXES"]]
         for rel in wanted:  # each (interpreter, platform) pair has its build, in a stream of the archive
             assert rel in members, f"{rel} missing"
-            stream, offset, size, sha256 = members[rel]
+            stream, _offset, size, sha256 = members[rel]
             assert stream in unpack["streams"] and size > 0 and len(sha256) == 64
     modules = [m.replace(".", "/") + "." for m in boot["NATIVE"]]
     assert all(any(rel.startswith(m) for m in modules) for rel in members)  # nothing else is native
