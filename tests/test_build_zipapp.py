@@ -181,29 +181,34 @@ def test_refuses_older_python_clearly(akm_bin, tmp_path):
             assert proc.stderr == f"error[UNSUPPORTED_PYTHON]: akm needs Python 3.11+; this is {major}.{minor} at {exe}\n"
 
 
-def test_mcp_stdio_server_and_client_on_every_local_python(akm_bin, tmp_path, shared_cache):
-    """Until `akm mcp` exists: the bundle imports mcp.server.mcpserver, mcp.server.stdio and
-    mcp.client, and a client from the file talks to a stdio MCPServer from the file."""
+def test_akm_mcp_from_the_file_on_every_local_python(akm_bin, tmp_path, shared_cache):
+    """`akm mcp` from the built file answers initialize, lints and runs a workflow over stdio, under
+    each interpreter; the client is the bundle's own `mcp.Client` (so mcp.client imports too)."""
     pythons = supported(akm_bin)
     cache = shared_cache
 
     def probe(version: tuple[int, int]) -> subprocess.CompletedProcess:
-        env = clean_env(tmp_path, SHIV_ROOT=str(cache), AKM_BUNDLE_EXEC=str(PROBE), AKM_PROBE_ZIPAPP=str(akm_bin))
-        return run([pythons[version], str(akm_bin)], env, tmp_path)
+        project = tmp_path / f"p{version[1]}"
+        project.mkdir()
+        shutil.copy(ROOT / "examples" / "hello.md", project / "hello.md")
+        env = clean_env(tmp_path / f"e{version[1]}", SHIV_ROOT=str(cache), AKM_BUNDLE_EXEC=str(PROBE),
+                        AKM_PROBE_ZIPAPP=str(akm_bin))
+        return run([pythons[version], str(akm_bin), "hello.md"], env, project)
 
     with ThreadPoolExecutor(max_workers=len(pythons)) as pool:
         results = dict(zip(pythons, pool.map(probe, pythons)))
-    archive = str(akm_bin)
     for version, proc in results.items():
         assert proc.returncode == 0, f"3.{version[1]}: {proc.stderr[-3000:]}"
         out = json.loads(proc.stdout.strip().splitlines()[-1])
-        assert out["server_name"] == "akm-probe" and out["is_error"] is False
-        assert out["server"]["word"] == "hello"
-        assert out["server"]["python"] == out["client_python"] == list(version)
-        for origins in (out["server"]["origins"], out["client_origins"]):
-            for module, origin in origins.items():
-                where = str(cache) if module.endswith(("_pydantic_core", "_rust")) else archive
-                assert origin.startswith(where), (module, origin)
+        assert out["server_name"] == "akm" and out["python"] == list(version)
+        assert {"workflow_run", "workflow_lint", "workflow_next", "unit_report"} <= set(out["tools"])
+        assert out["lint"]["is_error"] is False and out["lint"]["result"]["ok"] is True
+        assert out["run"]["is_error"] is False and out["run"]["result"]["run"]["status"] == "completed"
+        for module, origin in out["origins"].items():
+            where = str(cache) if module.endswith(("_pydantic_core", "_rust")) else str(akm_bin)
+            assert origin.startswith(where), (module, origin)
+    [build_dir] = cache.iterdir()  # the servers loaded cryptography's extension (MCPServer seals state with it)
+    assert (build_dir / "native" / "cryptography" / "hazmat" / "bindings" / "_rust.abi3.so").is_file()
 
 
 # ------------------------------------------------------------------ the cache
