@@ -196,11 +196,12 @@ class WheelCache:
         reqs.write_text("".join(f"{n}=={v}\n" for n, v in sorted(wanted.items())))
         args = ["download", "--no-deps", "--only-binary=:all:", "--implementation", "cp", "--python-version",
                 f"3.{minor}", "--platform", self.target.pip_platform, "-d", str(folder), "-r", str(reqs)]
-        proc = pip(*args, "--no-index", "--find-links", str(folder))
-        if proc.returncode != 0 and online:
+        proc = pip(*args, "--no-index", "--find-links", str(folder)) if any(folder.glob("*.whl")) else None
+        if (proc is None or proc.returncode != 0) and online:
             proc = pip(*args)
-        if proc.returncode != 0:
-            raise BuildError(f"no wheels for CPython 3.{minor} on {self.target.name}:\n{_pip_error(proc)}")
+        if proc is None or proc.returncode != 0:
+            raise BuildError(f"no wheels for CPython 3.{minor} on {self.target.name}" +
+                             (f":\n{_pip_error(proc)}" if proc else " in the wheel cache"))
         chosen = {}
         for name, version in wanted.items():
             matches = [p for p in folder.glob("*.whl") if _wheel_is(p, name, version)]
