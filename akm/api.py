@@ -761,48 +761,136 @@ def parse_duration_ms(text: str) -> int:
     return int(raw) * scale
 
 
-AGENT_CLIS = ("claude", "codex", "opencode", "gemini", "aider", "copilot", "q")
+# ================================================================== setup (`akm setup`, MCP `setup`)
+# Setup issue: thin wrappers over akm.setup. The wizard (akm/setup/wizard.py) is the CLI's interactive
+# front; it calls setup_detect / setup_recommend / setup_verify / setup_save below.
 
 
-class SetupStatus(ApiModel):
-    """What this machine can run, as far as akm can tell without writing anything."""
+class SetupResult(ApiModel):
+    """What `akm setup` did (or, as a preview, would do): the file, the engines, what can run now."""
 
-    version: str
-    data_dir: str
-    journal: str
-    config_files: list[str] = Field(default_factory=list)
+    shape: str = "setup"
+    schema_version: int = 1
+    config_path: str
+    written: bool
+    dry_run: bool = False
+    fields: list[str] = Field(default_factory=list)
     engines: list[dict[str, Any]] = Field(default_factory=list)
-    agent_clis: list[str] = Field(default_factory=list)
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    judge_engine: str | None = None
+    detected: dict[str, Any] | None = None
+    verifications: list[dict[str, Any]] = Field(default_factory=list)
+    json_schema: dict[str, Any] | None = None
+    warnings: list[str] = Field(default_factory=list)
     can_run: list[str] = Field(default_factory=list)
+    message: str = ""
 
 
-def setup_status(*, cwd: str | None = None) -> SetupStatus:
-    """Read-only: journal location, config files present, their engines (names and kinds), agent CLIs on PATH."""
-    import shutil
+def _setup_result(outcome: Any) -> SetupResult:
+    return SetupResult(
+        config_path=outcome.config_path, written=outcome.written, dry_run=outcome.dry_run, fields=outcome.fields,
+        engines=[a.to_json() for a in outcome.actions], defaults=outcome.defaults, judge_engine=outcome.judge_engine,
+        detected=outcome.detection.to_json() if outcome.detection is not None else None,
+        verifications=[v.to_json() for v in outcome.verifications],
+        json_schema=outcome.json_schema.to_json() if outcome.json_schema is not None else None,
+        warnings=outcome.warnings, can_run=outcome.can_run, message=outcome.message,
+    )
 
-    from akm import __version__
 
-    from akm import config as cfg
-    from akm.errors import ConfigError
+def setup(*, yes: bool = False, config: Any = None, from_file: str | None = None, probe: bool = False,
+          project: bool = False, cwd: str | None = None, dry_run: bool = False,
+          on_warning: Callable[[str], None] | None = None) -> SetupResult:
+    """Non-interactive setup: detect + verify + write engines (`yes`), apply a config blob (`config` object or
+    `from_file`), record json_schema support (`probe`). `dry_run` computes everything and writes nothing."""
+    from akm.setup import core
 
-    files: list[str] = []
-    engines: list[dict[str, Any]] = []
-    for f in (cfg.user_config_path(), cfg.project_config_path(cwd)):
-        if f.is_file():
-            files.append(str(f))
-            try:
-                data = cfg.read_config_file(f) or {}
-            except ConfigError:
-                continue
-            for name, eng in (data.get("engines") or {}).items() if isinstance(data, dict) else []:
-                if isinstance(eng, dict):
-                    engines.append({"name": name, "kind": eng.get("kind"), "model": eng.get("model"),
-                                    "platform": eng.get("platform")})
-    clis = [c for c in AGENT_CLIS if shutil.which(c)]
-    can_run = ["exec units", "session units (done by the calling agent)"]
-    can_run += [f"{e['kind']} units via engine {e['name']}" for e in engines if e.get("kind")]
-    return SetupStatus(version=__version__, data_dir=str(paths.data_dir()), journal=str(paths.journal_path()),
-                       config_files=files, engines=engines, agent_clis=clis, can_run=can_run)
+    if config is not None and from_file is not None:
+        raise UsageError("Give the setup config inline or as a file, not both.", code="INVALID_FLAG_VALUE")
+    base = Path(cwd) if cwd else Path.cwd()
+    blob = core.read_blob_file(from_file, base) if from_file is not None else config
+    outcome = core.run(yes=yes, blob=blob, probe=probe, project=project, cwd=cwd, dry_run=dry_run,
+                       on_warning=on_warning)
+    return _setup_result(outcome)
+
+
+def setup_preflight(*, cwd: str | None = None) -> None:
+    """Raise (ConfigError, file untouched) when the existing config is invalid: setup cannot run on it."""
+    from akm.setup import core
+
+    core.preflight(cwd)
+
+
+def setup_detect(*, cwd: str | None = None):
+    """What this machine has (servers, agent CLIs, harness configs, key variable names). Read-only."""
+    from akm.setup.detect import detect
+
+    return detect(cwd=Path(cwd) if cwd else None)
+
+
+def setup_recommend(detection: Any, *, cwd: str | None = None, project: bool = False,
+                    on_warning: Callable[[str], None] | None = None):
+    """What `--yes` would write given `detection` (verifies the chosen server)."""
+    from akm.setup import core
+
+    merged, _ = core.effective_after(core.SetupIntent(judge="keep"), cwd, project)
+    return core.recommend(detection, merged, warn=on_warning)
+
+
+def setup_current(*, cwd: str | None = None) -> dict[str, Any]:
+    """The effective config as setup sees it (both layers merged), apiKey values never included."""
+    from akm.setup import core
+
+    merged, _ = core.effective_after(core.SetupIntent(judge="keep"), cwd, False)
+    return _public_config(merged)
+
+
+def setup_preview(intent: Any, *, cwd: str | None = None, project: bool = False) -> list[str]:
+    """What could run if `intent` were saved (nothing written)."""
+    from akm.setup import core
+
+    merged, _ = core.effective_after(intent, cwd, project)
+    return core.can_run(merged)
+
+
+def setup_verify(endpoint: str, model: str, api_key_env: str | None = None):
+    """One 1-token chat request against an endpoint (key read from `$api_key_env` for the header only)."""
+    from akm.setup.verify import verify_endpoint
+
+    return verify_endpoint(endpoint, model, api_key_env)
+
+
+def setup_save(intent: Any, *, cwd: str | None = None, project: bool = False, probe: bool = True,
+               on_warning: Callable[[str], None] | None = None) -> SetupResult:
+    """Write the wizard's choices (one locked atomic save). `probe`: best-effort json_schema probe first."""
+    from akm.setup import core
+
+    warnings: list[str] = []
+
+    def warn(message: str) -> None:
+        warnings.append(message)
+        if on_warning is not None:
+            on_warning(message)
+
+    core.validate_intent(intent, cwd, project)
+    probe_result = None
+    merged, planned = core.effective_after(intent, cwd, project)
+    if probe and any(a.kind == "llm" and a.action == "added" for a in planned.actions):
+        # only an engine setup adds is probed: a user's own engine is never retuned
+        probe_result = core.probe_default_llm(merged)
+        if probe_result is not None and probe_result.supported is not None:
+            intent.json_schema = probe_result.supported
+        elif probe_result is not None:
+            warn(f"Could not probe engine {probe_result.engine} for json_schema support: {probe_result.reason}")
+    target, file_obj, written, applied = core.save(intent, cwd=cwd, project=project)
+    merged, _ = core.effective_after(core.SetupIntent(judge="keep"), cwd, project)
+    return SetupResult(
+        config_path=str(target), written=written, fields=list(file_obj or {}),
+        engines=[a.to_json() for a in applied.actions], defaults=dict(merged.get("defaults") or {}),
+        judge_engine=(merged.get("workflow") or {}).get("judgeEngine"),
+        json_schema=probe_result.to_json() if probe_result is not None else None, warnings=warnings,
+        can_run=core.can_run(merged), message=f"Wrote {target}." if written else f"{target} already says this; "
+                                                                                  "nothing was written.",
+    )
 
 
 # ================================================================== config (`akm config …`)

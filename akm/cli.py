@@ -113,6 +113,7 @@ def _build_parser() -> "argparse.ArgumentParser":
     fmt(rp)
 
     _add_config_parser(sub)
+    _add_setup_parser(sub)
 
     log = sub.add_parser("log", help="journal events (cursor-paged)")
     log.add_argument("--run", dest="run_id", metavar="RUN")
@@ -195,6 +196,95 @@ def _cmd_config(args: "argparse.Namespace") -> int:
     else:
         _out(f"{change.key} removed  ({change.file})")
     return 0
+
+
+# ------------------------------------------------------------------ `akm setup` (setup issue)
+
+_SETUP_HELP = """\
+Find local model servers (Ollama, LM Studio, any OpenAI-compatible server), agent
+CLIs on PATH and harness configs (Claude Code, OpenCode); check that they answer;
+write engines into the config.
+
+  akm setup                     a short wizard (needs a terminal)
+  akm setup --yes               no questions: write an llm engine for the first local
+                                server that answers and an agent engine for the
+                                preferred CLI on PATH (only where no default is set);
+                                prints a JSON summary
+  akm setup --config JSON       deep-merge a config object (keys only as ${ENV_NAME})
+  akm setup --from FILE         the same from a JSON or YAML file
+"""
+
+
+def _add_setup_parser(sub: Any) -> None:
+    import argparse
+
+    sp = sub.add_parser("setup", help="find model servers and agent CLIs, verify them, write engines",
+                        description=_SETUP_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp.add_argument("--yes", "-y", action="store_true", help="no questions: detect, verify and write engines")
+    sp.add_argument("--config", metavar="JSON", help="a config object to deep-merge (API keys only as ${ENV_NAME})")
+    sp.add_argument("--from", dest="from_file", metavar="FILE", help="read that config object from a JSON/YAML file")
+    sp.add_argument("--probe", action="store_true",
+                    help="also probe the default LLM engine for json_schema support (records supportsJsonSchema)")
+    sp.add_argument("--project", action="store_true",
+                    help="write the project file (<project>/.akm/config.json) instead of the user file")
+    sp.add_argument("--format", choices=("text", "json"), default=None,
+                    help="output of the non-interactive forms (default: json)")
+
+
+def _cmd_setup(args: "argparse.Namespace") -> int:
+    from akm import api
+
+    if args.config is not None and args.from_file is not None:
+        raise UsageError("--config and --from cannot be combined: give the config one way.",
+                         code="INVALID_FLAG_VALUE")
+    blob = None
+    if args.config is not None:
+        try:
+            blob = json.loads(args.config)
+        except ValueError as exc:
+            raise UsageError(f"Invalid JSON in --config: {getattr(exc, 'msg', exc)} "
+                             f"(line {getattr(exc, 'lineno', '?')}, column {getattr(exc, 'colno', '?')}).",
+                             code="INVALID_FLAG_VALUE", hint="Pass one JSON object, e.g. --config "
+                             "'{\"defaults\": {\"llmEngine\": \"fast\"}}'.") from None
+    if not (args.yes or args.config is not None or args.from_file is not None):
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            raise UsageError("akm setup asks questions, and there is no terminal to ask them on.",
+                             code="NON_INTERACTIVE_REQUIRES_YES",
+                             hint="Use `akm setup --yes` to detect and write engines without questions, or give "
+                                  "the config with `--config JSON` or `--from FILE`.")
+        from akm.setup.wizard import run_wizard
+
+        return run_wizard(project=args.project)
+
+    def warning(message: str) -> None:
+        _err(f"warning: {message}")
+
+    try:
+        res = api.setup(yes=args.yes, config=blob, from_file=args.from_file, probe=args.probe,
+                        project=args.project, on_warning=warning).to_json()
+    except AkmError as exc:
+        if exc.code == "INVALID_CONFIG_FILE" and exc.hint and "akm config" not in exc.hint:
+            exc.hint += " `akm config path` shows where the files are."
+        raise
+    if (args.format or "json") == "json":
+        _emit_json(res)
+        if sys.stderr.isatty():  # a person is watching: say it in words too
+            _err(res["message"])
+    else:
+        _out(_render_setup_text(res))
+    return 0
+
+
+def _render_setup_text(res: dict[str, Any]) -> str:
+    lines = [res["message"]]
+    for a in res["engines"]:
+        lines.append(f"  {a['action']} {a['kind']} engine {a['engine']}" + (f": {a['detail']}" if a["detail"] else ""))
+    d = res.get("defaults") or {}
+    if d:
+        lines.append("defaults: " + ", ".join(f"{k} = {v}" for k, v in d.items()))
+    lines.append("you can now run:")
+    lines.extend(f"  - {line}" for line in res["canRun"])
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ output helpers
@@ -567,6 +657,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_log(args)
         if args.command == "config":
             return _cmd_config(args)
+        if args.command == "setup":
+            return _cmd_setup(args)
         handler = {"lint": _cmd_lint, "upgrade": _cmd_upgrade, "list": _cmd_list, "status": _cmd_status,
                    "resume": _cmd_control, "abandon": _cmd_control, "next": _cmd_next,
                    "report": _cmd_report}[args.action]

@@ -604,6 +604,12 @@ def _validate_layers(user_path: Path, user: dict[str, Any] | None, project_path:
     return loaded
 
 
+def check_layers(user: dict[str, Any] | None, project: dict[str, Any] | None, *,
+                 cwd: str | os.PathLike[str] | None = None, action: str = "Invalid config") -> LoadedConfig:
+    """Validate a user and a project object as if they were on disk (ConfigError naming each bad key)."""
+    return _validate_layers(user_config_path(), user, project_config_path(cwd), project, action=action)
+
+
 _CACHE: dict[tuple[Any, ...], LoadedConfig] = {}
 
 
@@ -790,15 +796,57 @@ def update_config_file(
 # --------------------------------------------------------------------------- helpers for setup and writers
 
 
+def normalize_chat_endpoint(endpoint: str) -> str:
+    """The chat-completions URL for a base URL a user or a harness gave (spec-setup §4.7).
+
+    Trailing slashes go; a path not ending in `/chat/completions` gets `/v1`
+    (unless it already ends in `/v1` or contains `/openai`) and then
+    `/chat/completions`. Scheme and host are lower-cased. Raises ValueError
+    (with a message fit for a user) for what cannot be an endpoint: not http(s),
+    a user name or password, a query or a fragment.
+
+        http://localhost:11434                → http://localhost:11434/v1/chat/completions
+        https://api.groq.com/openai/v1        → https://api.groq.com/openai/v1/chat/completions
+        https://host/v1beta/openai            → https://host/v1beta/openai/chat/completions
+        http://h:1234/v1/chat/completions/    → http://h:1234/v1/chat/completions
+    """
+    from urllib.parse import urlunsplit
+
+    text = str(endpoint or "").strip()
+    if not text:
+        raise ValueError("no endpoint URL given")
+    parts = urlsplit(text)  # raises ValueError for malformed ports / brackets
+    parts.port  # noqa: B018 - validates the port (raises ValueError)
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{text!r} is not an http:// or https:// URL")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("the URL must not carry a user name or password (keys go in an environment variable)")
+    if parts.query or parts.fragment or "?" in text or "#" in text:
+        raise ValueError("the URL must not have a query or fragment")
+    path = parts.path.rstrip("/")
+    if not path.endswith("/chat/completions"):
+        if not (path.endswith("/v1") or "/openai" in path):
+            path += "/v1"
+        path += "/chat/completions"
+    netloc = parts.netloc.lower()
+    return urlunsplit((parts.scheme.lower(), netloc, path, "", "")).rstrip("/")
+
+
 def engine_fingerprint(engine: Mapping[str, Any]) -> tuple[str, ...]:
     """What makes two engine entries "the same engine" (for upserts that must not duplicate).
 
-    LLM: the normalised endpoint + model; agent: platform + bin + model.
+    LLM: the normalised endpoint (one server is one engine, whatever model a
+    user tuned it to); agent: the platform (and the LLM engine it runs on, if
+    any) — a user's `reviewer` engine on claude counts as "the claude engine".
     """
     if engine.get("kind") == "llm":
-        endpoint = str(engine.get("endpoint") or "").strip().rstrip("/").lower()
-        return ("llm", endpoint, str(engine.get("model") or "").strip())
-    return ("agent", str(engine.get("platform") or ""), str(engine.get("bin") or ""), str(engine.get("model") or ""))
+        raw = str(engine.get("endpoint") or "")
+        try:
+            endpoint = normalize_chat_endpoint(raw)
+        except ValueError:
+            endpoint = raw.strip().rstrip("/").lower()
+        return ("llm", endpoint)
+    return ("agent", str(engine.get("platform") or ""), str(engine.get("llmEngine") or ""))
 
 
 def find_engine(engines: Mapping[str, Mapping[str, Any]], engine: Mapping[str, Any]) -> str | None:

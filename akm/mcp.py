@@ -295,10 +295,24 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         """Journal events, cursor-paged: pass nextOffset back as since=@offset:N."""
         return await _call(api.events, run_id=run_id, since=since, limit=limit)
 
-    @server.tool(annotations=read_only)
-    async def setup() -> Annotated[CallToolResult, api.SetupStatus]:
-        """What akm can run here: where state lives, configured engines, agent CLIs found. Writes nothing."""
-        return await _call(api.setup_status, cwd=base_cwd)
+    @server.tool(annotations=ToolAnnotations(title="Set up engines", read_only_hint=False, destructive_hint=False,
+                                             idempotent_hint=True, open_world_hint=True))
+    async def setup(
+        yes: Annotated[bool, Field(description="Detect local model servers and agent CLIs, verify them, and write "
+                                               "an llm and an agent engine where no default is set")] = False,
+        config: Annotated[dict[str, Any] | None, Field(
+            description="Config to deep-merge (engines, defaults, workflow, modelAliases); API keys only as "
+                        "${ENV_NAME} references, never values")] = None,
+        probe: Annotated[bool, Field(description="Also probe the default LLM engine for json_schema support and "
+                                                 "record supportsJsonSchema")] = False,
+        project: Annotated[bool, Field(description="Write the project file (.akm/config.json) instead of the "
+                                                   "user file")] = False,
+    ) -> Annotated[CallToolResult, api.SetupResult]:
+        """Set up engines for akm on this machine: what was found, what was written, what can run now.
+        Never asks anything. With no arguments it is a preview: it detects and verifies, writes nothing."""
+        dry_run = not yes and config is None and not probe
+        return await _call(api.setup, yes=yes, config=config, probe=probe, project=project, cwd=base_cwd,
+                           dry_run=dry_run)
 
     return server
 

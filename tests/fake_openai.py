@@ -21,11 +21,21 @@ behaviours at once (and parallel requests never share a script):
   html-200         200 with an HTML page
   malformed        200 with "not json at all"
   no-choices       200 with {"object": "chat.completion"}
+  no-content       200 with {"choices": [{"message": {}}]}
   stream           200 text/event-stream chunks
   filtered         empty content, finish_reason content_filter
   slow-S           sleeps S seconds (float), then "ok"
   hold-S           like slow-S, counted in `max_inflight` (concurrency tests)
   drop             closes the connection without answering, every time
+  smart            answers by what is asked: "OK" to setup's verification, a passing verdict to a
+                   gate judge, the probe's object under response_format, else "hello"
+
+Setup tests also need the GET side of a model server: `shape` chooses which model
+lists it serves (`openai`: GET /v1/models; `ollama`: also /api/tags; `lmstudio`:
+also /api/v0/models) with `models`; `behaviour` maps a listed model name to one of
+the behaviours above; `require_key` answers 401 to any request without
+`Authorization: Bearer <key>`. `Silent` is a port that accepts connections and
+never answers.
 """
 
 from __future__ import annotations
@@ -37,8 +47,29 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
-class FakeOpenAI:
+class Silent:
+    """A TCP port that accepts connections (the kernel's backlog) and never answers."""
+
     def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.base = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class FakeOpenAI:
+    def __init__(self, *, shape: str | None = None, models: list[str] | None = None,
+                 behaviour: dict[str, str] | None = None, require_key: str | None = None) -> None:
+        self.shape = shape
+        self.models = list(models or [])
+        self.behaviour = dict(behaviour or {})
+        self.require_key = require_key
+        self.gets: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.counts: dict[str, int] = {}
@@ -55,6 +86,23 @@ class FakeOpenAI:
             def log_message(self, *args: Any) -> None:  # quiet
                 pass
 
+            def authorized(self) -> bool:
+                if server.require_key is None or self.headers.get("Authorization") == f"Bearer {server.require_key}":
+                    return True
+                self.send_json(401, {"error": {"message": "missing or wrong API key"}})
+                return False
+
+            def do_GET(self) -> None:  # noqa: N802
+                with server.lock:
+                    server.gets.append({"path": self.path, "headers": dict(self.headers.items())})
+                if not self.authorized():
+                    return
+                doc = server.model_list(self.path)
+                if doc is None:
+                    self.send_json(404, {"error": {"message": f"no route {self.path}"}})
+                else:
+                    self.send_json(200, doc)
+
             def do_POST(self) -> None:  # noqa: N802
                 length = int(self.headers.get("content-length") or 0)
                 raw = self.rfile.read(length)
@@ -67,7 +115,9 @@ class FakeOpenAI:
                                             "at": time.monotonic()})
                     model = str(body.get("model", ""))
                     n = server.counts[model] = server.counts.get(model, 0) + 1
-                server.answer(self, model, n, body)
+                if not self.authorized():
+                    return
+                server.answer(self, server.behaviour.get(model, model), n, body)
 
             def send_json(self, status: int, doc: Any, headers: dict[str, str] | None = None) -> None:
                 self.send_text(status, json.dumps(doc), "application/json", headers)
@@ -96,6 +146,22 @@ class FakeOpenAI:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    def model_list(self, path: str) -> Any:
+        """The GET answers of a model server of `self.shape` (None = 404)."""
+        if self.shape is None:
+            return None
+        if path == "/v1/models":
+            return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "fake"} for m in self.models]}
+        if path == "/api/tags" and self.shape == "ollama":
+            return {"models": [{"name": m if ":" in m else f"{m}:latest", "model": m,
+                                "details": {"family": "nomic-bert" if "embed" in m else "qwen2"}}
+                               for m in self.models]}
+        if path == "/api/v0/models" and self.shape == "lmstudio":
+            return {"object": "list", "data": [{"id": m, "object": "model",
+                                                "type": "embeddings" if "embed" in m else "llm",
+                                                "state": "loaded"} for m in self.models]}
+        return None
 
     def bodies(self, model: str | None = None) -> list[dict[str, Any]]:
         return [r["body"] for r in self.requests if model is None or r["body"].get("model") == model]
@@ -159,6 +225,8 @@ class FakeOpenAI:
             h.send_text(200, "not json at all", "application/json")
         elif model == "no-choices":
             h.send_json(200, {"object": "chat.completion"})
+        elif model == "no-content":
+            h.send_json(200, {"choices": [{"message": {}}]})
         elif model == "stream":
             chunk = json.dumps({"choices": [{"delta": {"content": "hi"}}]})
             h.send_text(200, f"data: {chunk}\n\ndata: [DONE]\n\n", "text/event-stream")
@@ -175,6 +243,20 @@ class FakeOpenAI:
                     self.inflight -= 1
             h.send_json(200, self.completion("ok", usage={"prompt_tokens": 1, "completion_tokens": 1,
                                                           "total_tokens": 2}))
+        elif model == "smart":
+            last = str(msgs[-1].get("content", "")) if msgs else ""
+            fmt = body.get("response_format") or {}
+            schema = ((fmt.get("json_schema") or {}).get("schema") or {}) if isinstance(fmt, dict) else {}
+            if last == "Reply OK":
+                h.send_json(200, self.completion("OK"))
+            elif "Return only the JSON verdict" in last:
+                h.send_json(200, self.completion('{"complete": true, "missing": [], "feedback": ""}',
+                                                 usage={"prompt_tokens": 40, "completion_tokens": 9}))
+            elif set(schema.get("properties") or {}) == {"ok", "ingest", "lint"}:
+                h.send_json(200, self.completion('{"ok": true, "ingest": true, "lint": true}'))
+            else:
+                h.send_json(200, self.completion("hello", usage={"prompt_tokens": 12, "completion_tokens": 5,
+                                                                 "total_tokens": 17}))
         elif model == "drop":
             h.close_connection = True
             try:

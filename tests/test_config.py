@@ -260,7 +260,10 @@ def test_setup_helpers_upsert_without_duplicates(project):
     assert (name, added) == ("local", True)
     again, added = config.upsert_engine(data, {**FAST, "endpoint": FAST["endpoint"] + "/"}, name_hint="local")
     assert (again, added) == ("local", False)
-    other, added = config.upsert_engine(data, {**FAST, "model": "other"}, name_hint="local")
+    same_server, added = config.upsert_engine(data, {**FAST, "model": "other"}, name_hint="local")
+    assert (same_server, added) == ("local", False)  # one server is one engine, whatever its model
+    other, added = config.upsert_engine(data, {**FAST, "endpoint": "http://127.0.0.1:10/v1/chat/completions"},
+                                        name_hint="local")
     assert (other, added) == ("local-2", True)
     assert config.set_default_if_unset(data, "llmEngine", "local") is True
     assert config.set_default_if_unset(data, "llmEngine", "local-2") is False

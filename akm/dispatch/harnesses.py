@@ -602,8 +602,8 @@ PROFILES: dict[str, Profile] = {
                          llm_engine=True),
 }
 
-# Detection order (what `akm setup` prefers when several CLIs are on PATH).
-DETECTION_ORDER: tuple[str, ...] = ("claude", "codex", "opencode", "gemini", "copilot", "aider", "pi", "amazonq",
+# Detection order: which CLI `akm setup --yes` prefers when several are on PATH (spec-setup §4.6).
+DETECTION_ORDER: tuple[str, ...] = ("opencode", "claude", "codex", "copilot", "pi", "gemini", "aider", "amazonq",
                                     "openhands")
 
 

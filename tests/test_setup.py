@@ -1,0 +1,549 @@
+"""`akm setup`: detection, verification, upserts, `--yes`, `--config`/`--from`, preflight, MCP.
+
+Real parts only: loopback model servers (tests/fake_openai.py) shaped like
+Ollama, LM Studio and a plain OpenAI-compatible server, one answering 401
+without its key, one that accepts connections and never answers; fake `claude`,
+`codex`, `opencode` executables on PATH; harness config files in a temp HOME.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from akm import cli, paths
+from akm.setup import detect as det
+from akm.setup.verify import verify_endpoint
+from tests import fake_harness
+from tests.fake_openai import FakeOpenAI, Silent
+
+KEY = "zz-setup-secret-5c1e0d"
+SIGNAL_VARS = [name for name, _, _ in det.ENV_SIGNALS] + [det.PROBE_URLS_ENV]
+
+
+def closed_port_url() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch, project):
+    """A clean machine: temp HOME, an empty bin dir as the whole PATH, no key variables, cwd = project."""
+    home = tmp_path / "home"
+    home.mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    for name in SIGNAL_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(det.PROBE_URLS_ENV, closed_port_url())
+    monkeypatch.chdir(project)
+
+    class Env:
+        pass
+
+    e = Env()
+    e.home, e.bin, e.project, e.mp = home, bin_dir, project, monkeypatch
+    e.probe = lambda *bases: monkeypatch.setenv(det.PROBE_URLS_ENV, ",".join(bases))
+    e.clis = lambda *names: fake_harness.install(str(bin_dir), list(names))
+    return e
+
+
+@pytest.fixture
+def servers():
+    made = []
+
+    def make(**kw):
+        s = FakeOpenAI(**kw)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+@pytest.fixture
+def silent():
+    s = Silent()
+    yield s
+    s.close()
+
+
+def setup_cli(capsys, *args: str) -> tuple[int, dict | None, str, str]:
+    code = cli.main(["setup", *args])
+    out, err = capsys.readouterr()
+    try:
+        doc = json.loads(out) if out.strip() else None
+    except ValueError:
+        doc = None
+    return code, doc, out, err
+
+
+def config_file() -> Path:
+    return paths.config_dir() / "config.json"
+
+
+def config() -> dict:
+    return json.loads(config_file().read_text())
+
+
+def ollama(servers, model: str = "qwen2.5:7b", behaviour: str = "smart", **kw) -> FakeOpenAI:
+    return servers(shape="ollama", models=[model, "nomic-embed-text"], behaviour={model: behaviour}, **kw)
+
+
+# ------------------------------------------------------------------ --yes
+
+
+def test_yes_writes_llm_and_agent_engines_then_a_second_run_is_byte_identical(env, servers, silent, capsys):
+    locked = servers(shape="openai", models=["m"], require_key=KEY)
+    oll = ollama(servers)
+    lms = servers(shape="lmstudio", models=["llama-3.2-3b-instruct", "text-embedding-nomic"],
+                  behaviour={"llama-3.2-3b-instruct": "smart"})
+    env.probe(silent.base, locked.base, oll.base, lms.base)
+    env.clis("claude", "codex", "opencode")
+
+    code, doc, _, err = setup_cli(capsys, "--yes")
+    assert code == 0, err
+    assert config() == {
+        "engines": {
+            "ollama": {"kind": "llm", "provider": "ollama", "endpoint": f"{oll.base}/v1/chat/completions",
+                       "model": "qwen2.5:7b"},
+            "opencode": {"kind": "agent", "platform": "opencode"},
+        },
+        "defaults": {"llmEngine": "ollama", "agentEngine": "opencode"},
+        "workflow": {"judgeEngine": "ollama"},
+    }
+    # the verification request: exactly this body, no credential
+    (req,) = oll.requests
+    assert req["path"] == "/v1/chat/completions"
+    assert req["body"] == {"model": "qwen2.5:7b", "messages": [{"role": "user", "content": "Reply OK"}],
+                           "max_tokens": 1, "stream": False}
+    assert "Authorization" not in req["headers"]
+    assert not lms.requests and not locked.requests  # the first server that verifies wins; nothing else is asked
+    servers_seen = {s["base"]: s for s in doc["detected"]["servers"]}
+    assert servers_seen[locked.base]["error"] == "HTTP 401" and not servers_seen[locked.base]["answered"]
+    assert servers_seen[silent.base]["answered"] is False
+    assert servers_seen[lms.base]["label"] == "LM Studio"
+    assert servers_seen[lms.base]["chatModels"] == ["llama-3.2-3b-instruct"]
+    assert servers_seen[oll.base]["chatModels"] == ["qwen2.5:7b"]  # the embedding model is not a chat model
+    assert [c["platform"] for c in doc["detected"]["agentClis"]] == ["opencode", "claude", "codex"]
+    assert doc["shape"] == "setup" and doc["written"] is True
+    assert {"engine": "ollama", "kind": "llm", "action": "added"}.items() <= doc["engines"][0].items()
+    assert any("LLM units on qwen2.5:7b via Ollama" in line for line in doc["canRun"])
+
+    first = config_file().read_bytes()
+    mtime = config_file().stat().st_mtime_ns
+    code, doc2, _, err = setup_cli(capsys, "--yes")
+    assert code == 0, err
+    assert config_file().read_bytes() == first and config_file().stat().st_mtime_ns == mtime
+    assert doc2["written"] is False
+    assert not (config_file().parent / "config-backups").exists()
+    assert len(oll.requests) == 1  # defaults are set: nothing is verified again
+
+
+def test_yes_probe_records_json_schema_support(env, servers, capsys):
+    good = ollama(servers)
+    env.probe(good.base)
+    code, doc, _, err = setup_cli(capsys, "--yes", "--probe")
+    assert code == 0, err
+    assert config()["engines"]["ollama"]["supportsJsonSchema"] is True
+    probe = good.requests[-1]["body"]
+    assert probe["max_tokens"] == 64 and probe["temperature"] == 0
+    assert probe["response_format"]["json_schema"]["name"] == "akm_response"
+    assert doc["jsonSchema"] == {"engine": "ollama", "reachable": True, "supported": True, "reason": None}
+    # a second probe run in the same environment changes nothing
+    before = config_file().read_bytes()
+    assert setup_cli(capsys, "--yes", "--probe")[0] == 0
+    assert config_file().read_bytes() == before
+
+
+def test_probe_records_false_when_the_answer_ignores_the_schema(env, servers, capsys):
+    plain = servers(shape="openai", models=["chatty"], behaviour={"chatty": "plain"})
+    env.probe(plain.base)
+    code, _, _, err = setup_cli(capsys, "--yes", "--probe")
+    assert code == 0, err
+    assert config()["engines"]["local"] == {"kind": "llm", "provider": "local",
+                                            "endpoint": f"{plain.base}/v1/chat/completions", "model": "chatty",
+                                            "supportsJsonSchema": False}
+
+
+def test_servers_that_fail_verification_are_skipped_with_the_reason(env, servers, capsys):
+    broken = servers(shape="openai", models=["m"], behaviour={"m": "fail-500"})
+    empty = servers(shape="openai", models=["m"], behaviour={"m": "no-content"})
+    good = servers(shape="lmstudio", models=["qwen-7b-instruct", "qwen-14b-instruct", "llama3"],
+                   behaviour={"qwen-14b-instruct": "smart"})
+    env.probe(broken.base, empty.base, good.base)
+    code, doc, _, err = setup_cli(capsys, "--yes")
+    assert code == 0, err
+    assert "HTTP 500" in err and "response did not contain choices[0].message.content" in err
+    assert [(v["ok"], v["reason"]) for v in doc["verifications"]] == [
+        (False, "HTTP 500"), (False, "response did not contain choices[0].message.content"), (True, None)]
+    assert config()["engines"] == {"lmstudio": {"kind": "llm", "provider": "lmstudio",
+                                                "endpoint": f"{good.base}/v1/chat/completions",
+                                                "model": "qwen-14b-instruct"}}
+    assert len(broken.requests) == 1  # verification never retries
+
+
+def test_a_server_that_never_answers_costs_one_short_timeout(env, silent, capsys):
+    env.probe(silent.base)
+    started = time.monotonic()
+    code, doc, _, err = setup_cli(capsys, "--yes")
+    elapsed = time.monotonic() - started
+    assert code == 0, err
+    assert not config_file().exists()
+    assert elapsed < det.PROBE_TIMEOUT_S + 3, elapsed  # the three questions to it are asked in parallel
+    assert "no answer within" in doc["detected"]["servers"][0]["error"]
+
+
+def test_nothing_detected_exits_0_and_says_what_can_still_run(env, capsys):
+    code, doc, _, err = setup_cli(capsys, "--yes")
+    assert code == 0, err
+    assert "exec units" in doc["message"] and "session units" in doc["message"]
+    assert doc["canRun"][0].startswith("exec units") and doc["written"] is False
+    assert not config_file().exists()
+    code = cli.main(["setup", "--yes", "--format", "text"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and "Nothing to set up was found" in out and "session units" in out
+
+
+def test_existing_engines_are_reused_by_fingerprint_and_never_retuned(env, servers, capsys):
+    oll = ollama(servers)
+    env.probe(oll.base)
+    env.clis("claude")
+    mine = {"kind": "llm", "endpoint": f"{oll.base}/v1/chat/completions", "model": "llama3", "temperature": 0.1}
+    reviewer = {"kind": "agent", "platform": "claude", "model": "opus"}
+    config_file().parent.mkdir(parents=True, exist_ok=True)
+    config_file().write_text(json.dumps({"engines": {"mine": mine, "reviewer": reviewer}}))
+    code, doc, _, err = setup_cli(capsys, "--yes")
+    assert code == 0, err
+    c = config()
+    assert c["engines"] == {"mine": mine, "reviewer": reviewer}  # nothing added, nothing changed
+    assert c["defaults"] == {"llmEngine": "mine", "agentEngine": "reviewer"}
+    assert {(a["engine"], a["action"]) for a in doc["engines"]} == {("mine", "kept"), ("reviewer", "kept")}
+
+
+def test_a_name_taken_by_another_kind_gets_a_suffix(env, capsys):
+    env.clis("claude")
+    other = {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions", "model": "m"}
+    config_file().parent.mkdir(parents=True, exist_ok=True)
+    config_file().write_text(json.dumps({"engines": {"claude": other}, "defaults": {"llmEngine": "claude"}}))
+    assert setup_cli(capsys, "--yes")[0] == 0
+    c = config()
+    assert c["engines"]["claude-2"] == {"kind": "agent", "platform": "claude"} and c["engines"]["claude"] == other
+    assert c["defaults"] == {"llmEngine": "claude", "agentEngine": "claude-2"}
+    assert c["workflow"] == {"judgeEngine": "claude"}
+
+
+def test_set_defaults_are_left_alone_and_nothing_is_verified(env, servers, capsys):
+    oll = ollama(servers)
+    env.probe(oll.base)
+    env.clis("codex")
+    config_file().parent.mkdir(parents=True, exist_ok=True)
+    existing = {"engines": {"fast": {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions",
+                                     "model": "m"}},
+                "defaults": {"llmEngine": "fast"}, "workflow": {"judgeEngine": "session"}}
+    config_file().write_text(json.dumps(existing))
+    assert setup_cli(capsys, "--yes")[0] == 0
+    assert not oll.requests
+    assert config() == {**existing, "engines": {**existing["engines"], "codex": {"kind": "agent", "platform": "codex"}},
+                        "defaults": {"llmEngine": "fast", "agentEngine": "codex"}}
+
+
+def test_project_flag_writes_the_project_file(env, servers, capsys):
+    oll = ollama(servers)
+    env.probe(oll.base)
+    (env.project / ".akm").mkdir()
+    assert setup_cli(capsys, "--yes", "--project")[0] == 0
+    data = json.loads((env.project / ".akm" / "config.json").read_text())
+    assert data["defaults"] == {"llmEngine": "ollama"}
+    assert not config_file().exists()
+
+
+# ------------------------------------------------------------------ secrets
+
+
+def test_a_harness_key_variable_is_used_by_name_and_its_value_never_written(env, servers, capsys):
+    lab = servers(shape="openai", models=["coder", "other"], behaviour={"coder": "smart"}, require_key=KEY)
+    oc = env.home / ".config" / "opencode"
+    oc.mkdir(parents=True)
+    (oc / "opencode.json").write_text(json.dumps({
+        "$schema": "https://opencode.ai/config.json", "model": "lab/coder",
+        "provider": {"lab": {"npm": "@ai-sdk/openai-compatible",
+                             "options": {"baseURL": f"{lab.base}/v1", "apiKey": "{env:LAB_KEY}"}}},
+    }))
+    # without the variable the server refuses and nothing is written
+    code, doc, out, err = setup_cli(capsys, "--yes")
+    assert code == 0 and not config_file().exists()
+    assert {s["base"]: s["error"] for s in doc["detected"]["servers"]}[lab.base] == "HTTP 401"
+    env.mp.setenv("LAB_KEY", KEY)
+    code, doc, out, err = setup_cli(capsys, "--yes", "--probe")
+    assert code == 0, err
+    assert config()["engines"]["lab"] == {"kind": "llm", "provider": "lab", "endpoint": f"{lab.base}/v1/chat/completions",
+                                          "model": "coder", "apiKey": "${LAB_KEY}", "supportsJsonSchema": True}
+    assert lab.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}"
+    assert doc["detected"]["harnessConfigs"][0]["apiKeyEnv"] == "LAB_KEY"
+    _assert_nowhere(KEY, out + err)
+
+
+def test_a_literal_key_in_a_harness_config_is_not_imported(env, servers, capsys):
+    literal = "sk-literal-" + KEY
+    oc = env.home / ".opencode"
+    oc.mkdir()
+    (oc / "config.json").write_text(json.dumps({"providers": [{"id": "x", "baseUrl": "http://127.0.0.1:9/v1",
+                                                               "apiKey": literal}], "model": "m"}))
+    code, doc, out, err = setup_cli(capsys, "--yes")
+    assert code == 0, err
+    (h,) = [h for h in doc["detected"]["harnessConfigs"] if h["harness"] == "opencode"]
+    assert h["apiKeyEnv"] is None and "did not import" in h["note"]
+    _assert_nowhere(literal, out + err)
+
+
+def test_a_literal_key_in_config_is_refused_before_any_probe_or_write(env, servers, capsys):
+    oll = ollama(servers)
+    env.probe(oll.base)
+    literal = "sk-abcdef" + KEY
+    blob = {"engines": {"fast": {"kind": "llm", "endpoint": f"{oll.base}/v1/chat/completions", "model": "m",
+                                 "apiKey": literal}}}
+    code, _, out, err = setup_cli(capsys, "--yes", "--config", json.dumps(blob))
+    assert code == 78 and "apiKey" in err
+    assert not config_file().parent.exists() and not oll.requests and not oll.gets
+    config_file().parent.mkdir(parents=True)
+    config_file().write_text('{"defaults": {}}\n')
+    before = config_file().read_bytes()
+    code, _, out, err = setup_cli(capsys, "--config", json.dumps(blob), "--format", "json")
+    assert code == 78 and json.loads(err)["code"] == "INVALID_CONFIG_FILE"
+    assert config_file().read_bytes() == before
+    _assert_nowhere(literal, out + err)
+
+
+def _assert_nowhere(secret: str, output: str) -> None:
+    assert secret not in output
+    for root in (paths.config_dir(), paths.data_dir()):
+        for dirpath, _, files in os.walk(root):
+            for f in files:
+                assert secret.encode() not in Path(dirpath, f).read_bytes(), f
+
+
+# ------------------------------------------------------------------ --config / --from
+
+
+def test_config_blob_is_deep_merged_and_unknown_keys_are_dropped(env, capsys, monkeypatch):
+    monkeypatch.setenv("FAST_KEY", KEY)
+    config_file().parent.mkdir(parents=True, exist_ok=True)
+    config_file().write_text(json.dumps({"engines": {"fast": {"kind": "llm", "endpoint":
+                                                              "http://127.0.0.1:9/v1/chat/completions",
+                                                              "model": "m", "temperature": 0.2}}}))
+    blob = {"profiles": {"llm": {}}, "engines": {"fast": {"model": "m2", "apiKey": "${FAST_KEY}"}},
+            "defaults": {"llmEngine": "fast"}}
+    code, doc, out, err = setup_cli(capsys, "--config", json.dumps(blob))
+    assert code == 0, err
+    assert "profiles" in err and doc["fields"] == ["engines", "defaults"]
+    assert config() == {"engines": {"fast": {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions",
+                                             "model": "m2", "temperature": 0.2, "apiKey": "${FAST_KEY}"}},
+                        "defaults": {"llmEngine": "fast"}}
+    assert doc["detected"] is None  # no --yes: nothing is probed
+    _assert_nowhere(KEY, out + err)
+
+
+def test_from_reads_json_and_yaml_and_refuses_bad_input(env, capsys, tmp_path):
+    y = tmp_path / "engines.yaml"
+    y.write_text("engines:\n  fast:\n    kind: llm\n    endpoint: http://127.0.0.1:9/v1/chat/completions\n"
+                 "    model: m\ndefaults:\n  llmEngine: fast\n")
+    assert setup_cli(capsys, "--from", str(y))[0] == 0
+    assert config()["defaults"] == {"llmEngine": "fast"}
+    assert setup_cli(capsys, "--from", str(tmp_path / "missing.json"))[0] == 78
+    assert setup_cli(capsys, "--config", "not json")[0] == 2
+    code, _, _, err = setup_cli(capsys, "--config", "{}", "--from", str(y))
+    assert code == 2 and "INVALID_FLAG_VALUE" in err
+    bad_endpoint = {"engines": {"x": {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completionz",
+                                      "model": "m"}}}
+    before = config_file().read_bytes()
+    assert setup_cli(capsys, "--config", json.dumps(bad_endpoint))[0] == 78
+    assert config_file().read_bytes() == before
+    assert setup_cli(capsys, "--config", "[1, 2]")[0] == 78
+
+
+def test_config_with_yes_fills_what_the_blob_leaves_unset(env, servers, capsys):
+    env.clis("claude")
+    oll = ollama(servers)
+    env.probe(oll.base)
+    blob = {"engines": {"fast": {"kind": "llm", "endpoint": f"{oll.base}/v1/chat/completions", "model": "x"}},
+            "defaults": {"llmEngine": "fast"}}
+    assert setup_cli(capsys, "--yes", "--config", json.dumps(blob))[0] == 0
+    c = config()
+    assert c["defaults"] == {"llmEngine": "fast", "agentEngine": "claude"}
+    assert set(c["engines"]) == {"fast", "claude"} and c["workflow"] == {"judgeEngine": "fast"}
+    assert not oll.requests
+
+
+# ------------------------------------------------------------------ preflight and the terminal guard
+
+
+@pytest.mark.parametrize("content", [
+    '{"engines": {"x": {"kind": "bogus"}}}',
+    '{"profiles": {"llm": {}}}',
+    '{"engines": ',
+])
+def test_an_invalid_existing_config_aborts_setup_untouched(env, servers, capsys, content):
+    oll = ollama(servers)
+    env.probe(oll.base)
+    config_file().parent.mkdir(parents=True, exist_ok=True)
+    config_file().write_text(content)
+    for args in (["--yes"], ["--config", "{}"]):
+        code, _, _, err = setup_cli(capsys, *args)
+        assert code == 78 and "left untouched" in err, err
+        assert config_file().read_text() == content
+    assert not oll.gets  # aborted before looking around
+    assert sorted(p.name for p in config_file().parent.iterdir()) == ["config.json"]
+
+
+def test_setup_without_a_terminal_refuses_and_names_yes(env, capsys):
+    code = cli.main(["setup"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "NON_INTERACTIVE_REQUIRES_YES" in err
+    assert "--yes" in err and "--config" in err and "--from" in err
+
+
+# ------------------------------------------------------------------ right after setup, a workflow runs
+
+
+def test_a_workflow_with_an_llm_unit_and_a_gate_completes_right_after_setup_yes(env, servers, capsys):
+    from tests.test_engine import run, steps_of, write_wf
+
+    oll = ollama(servers)
+    env.probe(oll.base)
+    env.clis("claude")
+    assert setup_cli(capsys, "--yes")[0] == 0
+    wf = write_wf(env.project, "ask.md", """
+        steps:
+          - id: ask
+            unit: { llm: { temperature: 0 } }
+          - id: review
+        """, "## ask\n\nSay hello.\n\n### gate\n\nThe answer greets.\n\n## review\n\nReview it.")
+    res = run(wf, env.project)
+    assert res.run.status == "completed", steps_of(res)
+    bodies = [r["body"] for r in oll.requests]
+    assert any("Say hello." in json.dumps(b) for b in bodies)  # the LLM unit ran on the detected server
+    assert any("Return only the JSON verdict" in json.dumps(b) for b in bodies)  # and so did its judge
+    assert [c["platform"] for c in fake_harness.calls(str(env.bin))] == ["claude"]  # review: the agent engine
+
+
+# ------------------------------------------------------------------ MCP
+
+
+def test_mcp_setup_previews_without_arguments_and_writes_with_yes(env, servers, project):
+    from tests.test_mcp import call
+
+    oll = ollama(servers)
+    env.probe(oll.base)
+
+    seen = {}
+
+    async def script(c):
+        seen["preview"] = await c.call_tool("setup", {})
+        seen["exists_after_preview"] = config_file().exists()
+        seen["yes"] = await c.call_tool("setup", {"yes": True, "probe": True})
+        seen["literal"] = await c.call_tool("setup", {"config": {"engines": {"k": {
+            "kind": "llm", "model": "m", "endpoint": oll.url, "apiKey": "sk-x1234567"}}}})
+
+    call(project, script)
+    res = seen["preview"]
+    assert not res.is_error and res.structured_content["dryRun"] is True
+    assert res.structured_content["engines"][0]["engine"] == "ollama" and not seen["exists_after_preview"]
+    assert not seen["yes"].is_error, seen["yes"].content
+    assert config()["engines"]["ollama"]["supportsJsonSchema"] is True
+    res = seen["literal"]
+    assert res.is_error and res.structured_content["code"] == "INVALID_CONFIG_FILE"
+    assert "sk-x1234567" not in json.dumps(res.structured_content)
+
+
+# ------------------------------------------------------------------ units: verification, detection
+
+
+@pytest.mark.parametrize("given, normalized", [
+    ("http://localhost:11434", "http://localhost:11434/v1/chat/completions"),
+    ("http://localhost:11434/", "http://localhost:11434/v1/chat/completions"),
+    ("http://127.0.0.1:1234/v1", "http://127.0.0.1:1234/v1/chat/completions"),
+    ("http://127.0.0.1:1234/v1/chat/completions/", "http://127.0.0.1:1234/v1/chat/completions"),
+    ("https://api.groq.com/openai/v1", "https://api.groq.com/openai/v1/chat/completions"),
+    ("https://generativelanguage.googleapis.com/v1beta/openai",
+     "https://generativelanguage.googleapis.com/v1beta/openai/chat/completions"),
+    ("HTTP://Example.COM:8080/v1", "http://example.com:8080/v1/chat/completions"),
+])
+def test_endpoint_normalization(given, normalized):
+    from akm.config import normalize_chat_endpoint
+
+    assert normalize_chat_endpoint(given) == normalized
+
+
+@pytest.mark.parametrize("bad", ["ftp://x/v1", "http://u:p@host/v1", "http://h/v1?x=1", "http://h/v1#f", "nope", ""])
+def test_unusable_urls_are_reasons_not_requests(bad):
+    v = verify_endpoint(bad, "m")
+    assert not v.ok and v.reason and v.endpoint is None
+
+
+def test_verification_reasons(servers, monkeypatch):
+    srv = servers(shape="openai", models=["m"], behaviour={"m": "echo-auth", "x": "unauthorized"})
+    assert verify_endpoint(srv.base, " ").reason == "no detected model"
+    monkeypatch.delenv("NOPE", raising=False)
+    v = verify_endpoint(srv.base, "m", "NOPE")
+    assert v.reason == "required credential NOPE is unavailable" and not srv.requests
+    monkeypatch.setenv("NOPE", KEY)
+    v = verify_endpoint(srv.base, "m", "NOPE")
+    assert v.ok and v.endpoint == srv.url and srv.requests[-1]["headers"]["Authorization"] == f"Bearer {KEY}"
+    assert KEY not in repr(v)
+    assert verify_endpoint(srv.base, "x").reason == "HTTP 401"
+    assert verify_endpoint(srv.base, "no-choices").reason == "response did not contain choices[0].message.content"
+    assert "not JSON" in verify_endpoint(srv.base, "malformed").reason
+    assert "refused" in verify_endpoint(closed_port_url(), "m").reason.lower()
+
+
+def test_default_model_pick():
+    assert det.pick_default_model(["llama3", "qwen-7b-instruct", "qwen-14b-instruct"]) == "qwen-14b-instruct"
+    assert det.pick_default_model(["a", "bb"]) == "bb"
+    assert det.pick_default_model(["ab", "aa"]) == "aa"
+    assert det.pick_default_model([]) is None and det.pick_default_model(["", " "]) is None
+
+
+def test_env_names_from_harness_configs_lose_their_braces():
+    assert det.env_name_of("${X_KEY}") == "X_KEY"
+    assert det.env_name_of("$OPENAI_API_KEY") == "OPENAI_API_KEY"
+    assert det.env_name_of("{env:LAB}") == "LAB"
+    assert det.env_name_of("sk-123") is None and det.env_name_of("${1BAD}") is None
+
+
+def test_harness_importers(tmp_path):
+    home = tmp_path / "h"
+    (home / ".claude").mkdir(parents=True)
+    c = det.import_claude_code(home)
+    assert (c.model, c.api_key_env, c.base_url, c.provider) == ("claude-sonnet-4-5", "ANTHROPIC_API_KEY", None,
+                                                                "anthropic")
+    (home / ".claude" / "settings.json").write_text(json.dumps({"env": {"ANTHROPIC_MODEL": "opus",
+                                                                        "ANTHROPIC_API_KEY": KEY}}))
+    c = det.import_claude_code(home)
+    assert c.model == "opus" and KEY not in json.dumps(c.__dict__)
+    (home / ".opencode").mkdir()
+    (home / ".opencode" / "config.json").write_text(json.dumps(
+        {"model": "m", "providers": [{"id": "x", "base_url": "http://h:1/v1", "apiKey": "$OPENAI_API_KEY"}]}))
+    o = det.import_opencode(home, tmp_path, {})
+    assert (o.provider, o.base_url, o.api_key_env, o.model) == ("x", "http://h:1/v1", "OPENAI_API_KEY", "m")
+    assert det.import_opencode(tmp_path / "nobody", tmp_path, {}) is None
+
+
+def test_env_scan_records_names_only(monkeypatch):
+    found = det.scan_env({"OPENAI_API_KEY": KEY, "GROQ_API_KEY": "  ", "OLLAMA_HOST": "0.0.0.0:11434"})
+    assert [(e.name, e.provider, e.kind) for e in found] == [("OPENAI_API_KEY", "openai", "apiKey"),
+                                                             ("OLLAMA_HOST", "ollama", "endpoint")]
+    assert KEY not in repr(found)
+    servers_ = det.probe_list({"OLLAMA_HOST": "0.0.0.0", det.PROBE_URLS_ENV: "http://127.0.0.1:5/v1/"}, [])
+    assert [s.base for s in servers_] == ["http://127.0.0.1:5", "http://127.0.0.1:11434"]
