@@ -802,12 +802,16 @@ def setup(*, yes: bool = False, config: Any = None, from_file: str | None = None
           on_warning: Callable[[str], None] | None = None) -> SetupResult:
     """Non-interactive setup: detect + verify + write engines (`yes`), apply a config blob (`config` object or
     `from_file`), record json_schema support (`probe`). `dry_run` computes everything and writes nothing."""
+    from akm.errors import ConfigError
     from akm.setup import core
 
     if config is not None and from_file is not None:
         raise UsageError("Give the setup config inline or as a file, not both.", code="INVALID_FLAG_VALUE")
     base = Path(cwd) if cwd else Path.cwd()
     blob = core.read_blob_file(from_file, base) if from_file is not None else config
+    if from_file is not None and not isinstance(blob, dict):
+        raise ConfigError(f"Setup config {from_file} must hold one JSON object at the top.",
+                          code="INVALID_CONFIG_FILE", details={"file": from_file})
     outcome = core.run(yes=yes, blob=blob, probe=probe, project=project, cwd=cwd, dry_run=dry_run,
                        on_warning=on_warning)
     return _setup_result(outcome)

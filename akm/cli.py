@@ -233,6 +233,7 @@ def _add_setup_parser(sub: Any) -> None:
 
 def _cmd_setup(args: "argparse.Namespace") -> int:
     from akm import api
+    from akm.errors import ConfigError
 
     if args.config is not None and args.from_file is not None:
         raise UsageError("--config and --from cannot be combined: give the config one way.",
@@ -246,7 +247,10 @@ def _cmd_setup(args: "argparse.Namespace") -> int:
                              f"(line {getattr(exc, 'lineno', '?')}, column {getattr(exc, 'colno', '?')}).",
                              code="INVALID_FLAG_VALUE", hint="Pass one JSON object, e.g. --config "
                              "'{\"defaults\": {\"llmEngine\": \"fast\"}}'.") from None
-    if not (args.yes or args.config is not None or args.from_file is not None):
+        if not isinstance(blob, dict):
+            raise ConfigError(f"--config must be one JSON object, not {type(blob).__name__}.",
+                              code="INVALID_CONFIG_FILE")
+    if not (args.yes or args.probe or args.config is not None or args.from_file is not None):
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise UsageError("akm setup asks questions, and there is no terminal to ask them on.",
                              code="NON_INTERACTIVE_REQUIRES_YES",

@@ -547,3 +547,23 @@ def test_env_scan_records_names_only(monkeypatch):
     assert KEY not in repr(found)
     servers_ = det.probe_list({"OLLAMA_HOST": "0.0.0.0", det.PROBE_URLS_ENV: "http://127.0.0.1:5/v1/"}, [])
     assert [s.base for s in servers_] == ["http://127.0.0.1:5", "http://127.0.0.1:11434"]
+
+
+def test_probe_alone_records_support_on_the_existing_default(env, servers, capsys):
+    srv = servers(shape="openai", models=["smart"])
+    config_file().parent.mkdir(parents=True, exist_ok=True)
+    config_file().write_text(json.dumps({"engines": {"fast": {"kind": "llm", "endpoint": srv.url, "model": "smart"}},
+                                         "defaults": {"llmEngine": "fast"}}))
+    code, doc, _, err = setup_cli(capsys, "--probe")
+    assert code == 0, err
+    assert config()["engines"]["fast"]["supportsJsonSchema"] is True and doc["detected"] is None
+    assert setup_cli(capsys, "--config", "null")[0] == 78
+
+
+def test_a_configured_platform_is_preferred_over_the_default_order(env, capsys):
+    env.clis("opencode", "codex")
+    config_file().parent.mkdir(parents=True, exist_ok=True)
+    config_file().write_text(json.dumps({"engines": {"fixer": {"kind": "agent", "platform": "codex"}}}))
+    assert setup_cli(capsys, "--yes")[0] == 0
+    assert config() == {"engines": {"fixer": {"kind": "agent", "platform": "codex"}},
+                        "defaults": {"agentEngine": "fixer"}, "workflow": {"judgeEngine": "fixer"}}

@@ -217,7 +217,10 @@ def recommend(detection: Detection, effective: Mapping[str, Any], *, environ: Ma
                 break
             warn(f"Skipping detected LLM {server.label} at {server.base} (model {server.default_model}): {v.reason}")
     if not _get(effective, "defaults", "agentEngine") and detection.agent_clis:
-        cli = detection.agent_clis[0]
+        # a platform the user already configured an engine for wins (that engine is then reused as is)
+        engines = effective.get("engines") if isinstance(effective.get("engines"), dict) else {}
+        configured = {e.get("platform") for e in engines.values() if isinstance(e, dict) and e.get("kind") == "agent"}
+        cli = next((c for c in detection.agent_clis if c.platform in configured), detection.agent_clis[0])
         rec.intent.agent = EngineChoice({"kind": "agent", "platform": cli.platform}, cli.platform,
                                         label=f"{cli.platform} ({cli.path})")
     return rec
