@@ -288,8 +288,8 @@ def test_a_harness_key_variable_is_used_by_name_and_its_value_never_written(env,
     env.mp.setenv("LAB_KEY", KEY)
     code, doc, out, err = setup_cli(capsys, "--yes", "--probe")
     assert code == 0, err
-    assert config()["engines"]["lab"] == {"kind": "llm", "provider": "lab", "endpoint": f"{lab.base}/v1/chat/completions",
-                                          "model": "coder", "apiKey": "${LAB_KEY}", "supportsJsonSchema": True}
+    assert config()["engines"]["lab"] == {"kind": "llm", "provider": "lab", "model": "coder", "apiKey": "${LAB_KEY}",
+                                          "endpoint": f"{lab.base}/v1/chat/completions", "supportsJsonSchema": True}
     assert lab.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}"
     assert doc["detected"]["harnessConfigs"][0]["apiKeyEnv"] == "LAB_KEY"
     _assert_nowhere(KEY, out + err)

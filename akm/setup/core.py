@@ -173,7 +173,8 @@ def apply_intent(data: dict[str, Any], other: dict[str, Any] | None, intent: Set
         engine = _get(data, "engines", name) if name else None
         if isinstance(engine, dict) and engine.get("supportsJsonSchema") is not intent.json_schema:
             engine["supportsJsonSchema"] = intent.json_schema
-            out.actions.append(Action(name, "llm", "updated", f"supportsJsonSchema = {str(intent.json_schema).lower()}"))
+            flag = str(intent.json_schema).lower()
+            out.actions.append(Action(name, "llm", "updated", f"supportsJsonSchema = {flag}"))
     return out
 
 

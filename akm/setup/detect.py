@@ -150,7 +150,7 @@ def pick_default_model(ids: list[str]) -> str | None:
         return None
     instruct = [i for i in ids if "instruct" in i.lower()]
     pool = instruct or ids
-    return sorted(pool, key=lambda i: (-len(i), i))[0]
+    return min(pool, key=lambda i: (-len(i), i))
 
 
 def env_name_of(value: Any) -> str | None:
@@ -363,8 +363,7 @@ def _chat_models_ollama(doc: Any) -> tuple[list[str], list[str]] | None:
     for m in models:
         if not isinstance(m, dict) or not isinstance(m.get("name") or m.get("model"), str):
             continue
-        name = str(m.get("name") or m.get("model"))
-        name = name[: -len(":latest")] if name.endswith(":latest") else name
+        name = str(m.get("name") or m.get("model")).removesuffix(":latest")
         names.append(name)
         details = m.get("details") if isinstance(m.get("details"), dict) else {}
         families = [str(details.get("family") or "")] + [str(f) for f in details.get("families") or []]
@@ -448,7 +447,7 @@ def _ollama_list(path: str | None) -> list[str] | None:
         if i == 0 and first.upper() == "NAME":
             continue
         if first:
-            names.append(first[: -len(":latest")] if first.endswith(":latest") else first)
+            names.append(first.removesuffix(":latest"))
     return sorted(set(names))
 
 

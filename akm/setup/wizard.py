@@ -115,7 +115,8 @@ class _Wizard:
             return 0
         res = api.setup_save(intent, cwd=self.cwd, project=self.project, probe=True, on_warning=t.warn)
         for a in res.engines:
-            t.write(f"  {a['action']} {a['kind']} engine {t.bold(a['engine'])}" + (f" — {a['detail']}" if a['detail'] else ""))
+            detail = f" — {a['detail']}" if a["detail"] else ""
+            t.write(f"  {a['action']} {a['kind']} engine {t.bold(a['engine'])}{detail}")
         if res.json_schema and res.json_schema.get("supported") is not None:
             t.write(f"  json_schema output: {'supported' if res.json_schema['supported'] else 'not supported'}"
                     f" by {res.json_schema['engine']}")
@@ -316,7 +317,8 @@ class _Wizard:
         if current:
             if not self.det.agent_clis:
                 default = len(options)
-            options.append(Option(("keep", None), f"Keep current: {current}", self._engine(current).get("platform", "")))
+            options.append(Option(("keep", None), f"Keep current: {current}",
+                                  self._engine(current).get("platform", "")))
         if not options:
             t.write("  No agent CLI found on PATH (opencode, claude, codex, copilot, pi, gemini, aider, q, "
                     "openhands): agent units will be done by the calling agent.")
@@ -332,7 +334,8 @@ class _Wizard:
                 return EngineChoice({"kind": "agent", "platform": cli.platform}, f"{cli.platform}-llm",
                                     force_default=True, on_llm=True, label=f"{cli.platform} on {llm_label}"), False
             engine = {"kind": "agent", "platform": cli.platform, "llmEngine": self._default("llmEngine")}
-            return EngineChoice(engine, f"{cli.platform}-llm", force_default=True, label=f"{cli.platform} on {llm_label}"), False
+            return EngineChoice(engine, f"{cli.platform}-llm", force_default=True,
+                                label=f"{cli.platform} on {llm_label}"), False
         return EngineChoice({"kind": "agent", "platform": cli.platform}, cli.platform, force_default=True,
                             label=f"{cli.platform} ({cli.path})"), False
 
