@@ -442,7 +442,7 @@ def test_a_workflow_with_an_llm_unit_and_a_gate_completes_right_after_setup_yes(
 
 
 def test_mcp_setup_previews_without_arguments_and_writes_with_yes(env, servers, project):
-    from tests.test_mcp import call
+    from tests.test_mcp import call, err
 
     oll = ollama(servers)
     env.probe(oll.base)
@@ -463,8 +463,8 @@ def test_mcp_setup_previews_without_arguments_and_writes_with_yes(env, servers, 
     assert not seen["yes"].is_error, seen["yes"].content
     assert config()["engines"]["ollama"]["supportsJsonSchema"] is True
     res = seen["literal"]
-    assert res.is_error and res.structured_content["code"] == "INVALID_CONFIG_FILE"
-    assert "sk-x1234567" not in json.dumps(res.structured_content)
+    assert err(res)["code"] == "INVALID_CONFIG_FILE"
+    assert "sk-x1234567" not in json.dumps([c.text for c in res.content])
 
 
 # ------------------------------------------------------------------ units: verification, detection
