@@ -53,6 +53,8 @@ def main() -> None:
     ap.add_argument("--akm", default=f"{sys.executable} -m akm")
     args = ap.parse_args()
     akm = shlex.split(args.akm)
+    if os.path.exists(akm[0]):
+        akm[0] = os.path.abspath(akm[0])
     tmp = Path(tempfile.mkdtemp(prefix="akm-bench-setup-"))
     empty_bin, clis_bin, home = tmp / "empty-bin", tmp / "bin", tmp / "home"
     for d in (empty_bin, clis_bin, home):
