@@ -567,3 +567,15 @@ def test_a_configured_platform_is_preferred_over_the_default_order(env, capsys):
     assert setup_cli(capsys, "--yes")[0] == 0
     assert config() == {"engines": {"fixer": {"kind": "agent", "platform": "codex"}},
                         "defaults": {"agentEngine": "fixer"}, "workflow": {"judgeEngine": "fixer"}}
+
+
+def test_ollama_list_names_installed_models_when_its_server_is_silent(env, capsys):
+    exe = env.bin / "ollama"
+    exe.write_text("#!/bin/sh\necho 'NAME             ID              SIZE      MODIFIED'\n"
+                   "echo 'qwen2.5:7b       845dbda0ea48    4.7 GB    2 days ago'\n"
+                   "echo 'llama3:latest    365c0bd3c000    4.7 GB    3 weeks ago'\n")
+    exe.chmod(0o755)
+    code, doc, _, err = setup_cli(capsys, "--yes")
+    assert code == 0, err
+    assert doc["detected"]["ollamaCliModels"] == ["llama3", "qwen2.5:7b"]
+    assert not config_file().exists()  # installed models are not a server that answers

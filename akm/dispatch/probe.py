@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from dataclasses import dataclass
 from typing import Any, Sequence
 from urllib.parse import urlsplit
@@ -113,14 +112,14 @@ def _get_httpx(url: str, headers: dict[str, str], timeout_s: float) -> tuple[int
 def run_listing(argv: Sequence[str], *, timeout_s: float = 5.0) -> str | None:
     """Run a CLI's read-only listing command (`ollama list`); its stdout, or None when it failed.
 
-    stdin is /dev/null and the process is killed at the timeout, so a CLI that
-    wants to prompt or hangs on a dead server cannot stall setup.
+    Supervised like every other child (`akm.dispatch.process`): stdin is
+    /dev/null, and at the timeout the whole process group is killed, so a CLI
+    that wants to prompt or hangs on a dead server cannot stall setup.
     """
-    try:
-        proc = subprocess.run(list(argv), stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s,
-                              env=dict(os.environ), check=False)
-    except (OSError, subprocess.SubprocessError):
+    from akm.dispatch.process import run_process
+
+    result = run_process(list(argv), cwd=os.getcwd(), env=dict(os.environ), timeout_ms=int(timeout_s * 1000),
+                         capture_limit=MAX_DOC_BYTES)
+    if result.exit_code != 0 or result.capture_error:
         return None
-    if proc.returncode != 0:
-        return None
-    return proc.stdout.decode("utf-8", errors="replace")
+    return result.stdout
