@@ -428,7 +428,10 @@ def run_workflow(
             timer.daemon = True
             timer.start()
         try:
-            opts = DriveOptions(work_dir=work_dir, project_root=paths.project_root(work_dir), max_steps=max_steps,
+            # Units run at the project root whatever directory the command was typed in, so
+            # every invocation of one run executes its steps in the same place.
+            root = paths.project_root(work_dir)
+            opts = DriveOptions(work_dir=root, project_root=root, max_steps=max_steps,
                                 cancel=cancel, on_progress=on_progress, on_warning=on_warning)
             driven = drive_run(db, run_id, opts)
         finally:
