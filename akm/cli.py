@@ -309,6 +309,8 @@ def _err(text: str) -> None:
 
 def _render_run_text(view: dict[str, Any]) -> str:
     lines = [f"run {view['runId']}  {view['status']}  ({view['workflow']})"]
+    if view.get("params"):
+        lines.append(f"params: {json.dumps(view['params'], ensure_ascii=False)}")
     if view.get("currentStepId"):
         lines.append(f"current step: {view['currentStepId']}")
     lease = view.get("engineLease")

@@ -65,6 +65,7 @@ CASES: list[tuple[str, str, int]] = [
     # envelope / params
     ("invalid_xref", wf(OK_STEPS + "xrefs:\n  - ../escape\n"), 5),
     ("invalid_param_name", wf("params:\n  my-param: { type: string }\n" + OK_STEPS), 3),  # §8.22
+    ("param_default_invalid", wf("params:\n  n:\n    type: integer\n    minimum: 1\n    default: 0\n" + OK_STEPS), 6),
     # steps
     ("steps_required", wf("type: workflow\n"), 1),  # §8.3
     ("steps_required", wf("steps: []\n"), 2),

@@ -14,7 +14,7 @@ from typing import Any
 from akm.canonical import CanonicalError, canonical_json, compact_json
 from akm.dispatch.types import DispatchResult
 from akm.engine.scope import resolve
-from akm.format.refs import ReferenceResolutionError, ReferenceSyntaxError
+from akm.format.refs import ReferenceResolutionError, ReferenceSyntaxError, parse_reference
 from akm.format.schema import validate_instance
 from akm.plan.identity import base_of_attempt
 from akm.plan.model import RoutePlan, StepPlan
@@ -260,6 +260,9 @@ def evaluate_route(step_id: str, route: RoutePlan, params: dict[str, Any], outpu
     try:
         value = resolve(route.input, params, outputs)
     except (ReferenceResolutionError, ReferenceSyntaxError) as exc:
+        if route.default_step_id is not None and _unset_param(route.input, params):
+            # An optional param that was not passed matches no branch: the default one runs.
+            return {"input": route.input, "value": None, "selected": route.default_step_id}
         raise RouteError(f'route input "{route.input}" failed to resolve: {exc}') from exc
     if isinstance(value, (dict, list)):
         raise RouteError(f'route input "{route.input}" resolved to an object or array; routes need a string, number or boolean')
@@ -270,6 +273,15 @@ def evaluate_route(step_id: str, route: RoutePlan, params: dict[str, Any], outpu
             f'route input "{route.input}" = {compact_json(value)} matched no "when:" branch and the route declares no default'
         )
     return {"input": route.input, "value": value, "selected": selected}
+
+
+def _unset_param(reference: str, params: dict[str, Any]) -> bool:
+    """Is `reference` a `params.<name>` whose param was not passed (absent or null)?"""
+    try:
+        ref = parse_reference(reference)
+    except ReferenceSyntaxError:
+        return False
+    return ref.root == "params" and params.get(ref.name) is None
 
 
 def route_targets(route: RoutePlan) -> list[str]:

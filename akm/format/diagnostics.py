@@ -63,6 +63,7 @@ CODES: dict[str, str] = {
     "invalid_xref": "an `xrefs` entry is not a canonical asset ref",
     # params
     "invalid_param_name": "a param name does not match [A-Za-z_][A-Za-z0-9_]*",
+    "param_default_invalid": "a param's `default:` does not validate against the param's own schema",
     # steps
     "steps_required": "`steps` is missing, not a list, or empty",
     "invalid_step_id": "a step id is missing or does not match [A-Za-z_][A-Za-z0-9_-]*",

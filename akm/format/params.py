@@ -14,11 +14,13 @@ checked against the declared param schema with a message that names it. The rule
   objects as JSON, numbers/integers the way JavaScript's `Number()` reads text (`1e3`, `0x10`, `1.0`),
   booleans `true`/`false`, strings kept byte-exact (`001` stays `"001"`). A bare flag is `true` for a
   boolean (or an untyped param) and an error naming the param for any other type.
-* The resulting object is validated against the declared schemas; any problem is `INVALID_FLAG_VALUE`.
+* Omitted params that declare a schema `default:` get it; then the object is validated against the
+  declared schemas; any problem is `INVALID_FLAG_VALUE`.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -283,11 +285,26 @@ def coerce_params(
     return check_params(params, param_schemas, code=INVALID_FLAG_VALUE)
 
 
+def apply_defaults(params: dict[str, Any], param_schemas: dict[str, dict]) -> dict[str, Any]:
+    """A copy of `params` with each omitted param that declares a schema `default:` set to it.
+
+    Applied before validation, so the run's params snapshot — what `status`
+    shows, what units receive and what their input hashes cover — holds the
+    value the run actually used. Only top-level param defaults count.
+    """
+    out = dict(params)
+    for name, schema in param_schemas.items():
+        if name not in out and isinstance(schema, dict) and "default" in schema:
+            out[name] = copy.deepcopy(schema["default"])
+    return out
+
+
 def check_params(params: Any, param_schemas: dict[str, dict], *, code: str = "INVALID_PARAMS") -> dict[str, Any]:
-    """Validate an already-typed params object (API/MCP callers) against the declared schemas.
+    """Fill in declared defaults, then validate a typed params object (API/MCP callers) against the schemas.
 
     Undeclared names are refused (nothing could read them, and they would still
-    change every unit's input hash); declared params may be omitted.
+    change every unit's input hash); declared params may be omitted. Returns
+    the params snapshot of the run: the given values plus applied defaults.
     """
     if not isinstance(params, dict):
         raise UsageError("params must be an object mapping param names to values", code=code)
@@ -302,6 +319,7 @@ def check_params(params: Any, param_schemas: dict[str, dict], *, code: str = "IN
             code=UNKNOWN_FLAG if code == INVALID_FLAG_VALUE else code,
             hint=f"declared params: {declared}",
         )
+    params = apply_defaults(params, param_schemas)
     errors = validate_instance(
         params, {"type": "object", "properties": dict(param_schemas)}, root_label="params"
     )

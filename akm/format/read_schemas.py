@@ -36,9 +36,24 @@ def read_params(ctx: FieldReader, root: dict) -> dict[str, dict]:
             ctx.error("invalid_type", f'Param "{name}" must be a JSON-Schema mapping, not {describe(schema)}',
                       yp, hint="e.g. `{ type: string, description: ... }`")
             continue
-        if check_schema(ctx, schema, yp, f'Param "{name}" schema'):
+        if check_schema(ctx, schema, yp, f'Param "{name}" schema') and _default_fits(ctx, name, schema, yp):
             params[name] = schema
     return params
+
+
+def _default_fits(ctx: FieldReader, name: str, schema: dict, yp: tuple) -> bool:
+    """A param's `default:` is what a run gets when the param is not passed, so it must fit its schema."""
+    if "default" not in schema:
+        return True
+    from akm.format.schema import validate_instance
+
+    problems = validate_instance(schema["default"], schema, root_label=f"params.{name}")
+    if problems:
+        ctx.error("param_default_invalid", f'Param "{name}" default does not fit its own schema: '
+                  + "; ".join(problems), yp + ("default",),
+                  hint="change the default, or the schema, so that a run without this param is valid")
+        return False
+    return True
 
 
 def read_output_schema(ctx: FieldReader, value: Any, yp: tuple, what: str, example: str) -> dict | None:
