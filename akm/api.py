@@ -163,6 +163,20 @@ class RunResult(ApiModel):
     warnings: list[str] = Field(default_factory=list)
 
 
+class RunWarning(ApiModel):
+    """Something a user must know about a run that is not an error (handed to `on_warning` as it happens).
+
+    `code` lets each front add its own advice: `WORKFLOW_CHANGED` (details:
+    `runId`, `path`) — the file was edited since the continued run froze its
+    plan; `LINT` (details: `path`, `line`, `lintCode`) — a lint warning of the
+    workflow file; `ENGINE` — anything the driver reports while it runs.
+    """
+
+    code: str
+    message: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
 class RunList(ApiModel):
     runs: list[RunView]
 
@@ -345,11 +359,13 @@ def compile_workflow_file(path: Path, *, cwd: Path | None = None):
         lines = [f"{path}:{e.line}: {e.message} [{e.code}]" for e in parsed.errors]
         raise UsageError(
             f"Workflow {path} has {len(parsed.errors)} error(s):\n" + "\n".join(lines),
-            code="WORKFLOW_INVALID",
-            hint=f"Run `akm workflow lint {path}` for details and fixes.",
+            code="WORKFLOW_INVALID", details={"path": str(path)},
         )
+    warnings = [RunWarning(code="LINT", message=f"{path}:{w.line}: {w.message} [{w.code}]",
+                           details={"path": str(path), "line": w.line, "lintCode": w.code})
+                for w in parsed.warnings]
     config = load_config_if_any(cwd)
-    return compile_plan(parsed.document, title=path.stem, config=config), [w.message for w in parsed.warnings]
+    return compile_plan(parsed.document, title=path.stem, config=config), warnings
 
 
 # ------------------------------------------------------------------ run
@@ -362,12 +378,19 @@ def run_workflow(
     params: dict[str, Any] | None = None,
     max_steps: int | None = None,
     timeout_ms: int | None = None,
+    new: bool = False,
     cancel=None,
     on_progress: Callable[[Any], None] | None = None,
-    on_warning: Callable[[str], None] | None = None,
+    on_warning: Callable[[RunWarning], None] | None = None,
     cwd: str | None = None,
 ) -> RunResult:
-    """Start or continue a run and drive it as far as it can go in this invocation."""
+    """Start or continue a run and drive it as far as it can go in this invocation.
+
+    A workflow target continues the drivable run of the same workflow (ref and
+    project) with the same params — after defaults — if there is one, even when
+    the file changed since (its frozen plan runs; a `WORKFLOW_CHANGED` warning
+    says so); otherwise, or with `new=True`, a new run starts.
+    """
     from akm.engine.cancel import Cancellation
     from akm.engine.drive import DriveOptions, drive_run
     from akm.store import events as events_store
@@ -381,27 +404,37 @@ def run_workflow(
     db = _open_db()
     run_id: str | None = None
     outcome, reason, error_text, exit_code = "error", None, None, None
+    warnings: list[RunWarning] = []
+
+    def warn(w: RunWarning) -> None:  # called from worker threads too; list.append is atomic
+        warnings.append(w)
+        if on_warning is not None:
+            on_warning(w)
+
     try:
-        warnings: list[str] = []
         started = False
-        have_params = bool(param_pairs) or bool(params)
         existing = runs_store.get_run(db, target) if _RUN_ID.match(target) else None
         if existing is not None:
-            if have_params:
-                raise UsageError("Param flags can only be used when starting a new run, not with a run id.",
+            if param_pairs or params:
+                raise UsageError("Params can only be given when starting a run from a workflow, not with a run id.",
                                  code="PARAMS_ON_EXISTING_RUN")
+            if new:
+                raise UsageError(f"{target} is a run id; a new run starts from a workflow file or ref.",
+                                 code="NEW_RUN_NEEDS_WORKFLOW")
             run_id = existing.id
         else:
             wf_path, ref = resolve_workflow_file(target, work_dir)
-            plan, warnings = compile_workflow_file(wf_path, cwd=work_dir)
+            plan, lint_warnings = compile_workflow_file(wf_path, cwd=work_dir)
+            for w in lint_warnings:
+                warn(w)
             from akm.format.params import check_params, coerce_params
 
             schemas = plan.param_schemas or {}
             values = coerce_params(param_pairs, schemas) if param_pairs else check_params(dict(params or {}), schemas)
             scope = paths.scope_key(work_dir)
-            active = runs_store.find_active_run(db, ref, scope)
+            active = None if new else runs_store.find_active_run(db, ref, scope, values)
             if active is not None:
-                run_id = _continue_active(active, have_params, values, plan, wf_path, warnings)
+                run_id = _continue_active(active, plan, wf_path, warn)
             else:
                 run_id = str(uuid.uuid4())
                 try:
@@ -409,17 +442,17 @@ def run_workflow(
                         db, run_id=run_id, workflow_ref=ref, workflow_path=str(wf_path), title=plan.title,
                         scope_key=scope, params=values, plan_json=plan.canonical(), plan_hash=plan.plan_hash(),
                         hash_version=UNIT_HASH_VERSION, step_ids=[s.step_id for s in plan.steps],
+                        join_identical=not new,
                     )
                     started = True
                 except UsageError as exc:
-                    # Lost a start race to a concurrent invocation: continue (or queue behind) its run,
-                    # under the same rule as above — never adopt a run started with other params.
-                    if exc.code != "RUN_ALREADY_ACTIVE" or not exc.details.get("runId"):
-                        raise
-                    winner = runs_store.get_run(db, exc.details["runId"])
+                    # Lost a start race to an identical invocation (same workflow, same params):
+                    # continue its run rather than start a twin.
+                    winner = runs_store.get_run(db, exc.details.get("runId", "")) \
+                        if exc.code == "RUN_ALREADY_ACTIVE" else None
                     if winner is None:
                         raise
-                    run_id = _continue_active(winner, have_params, values, plan, wf_path, warnings)
+                    run_id = _continue_active(winner, plan, wf_path, warn)
         timer = None
         if timeout_ms is not None:
             import threading
@@ -431,8 +464,9 @@ def run_workflow(
             # Units run at the project root whatever directory the command was typed in, so
             # every invocation of one run executes its steps in the same place.
             root = paths.project_root(work_dir)
-            opts = DriveOptions(work_dir=root, project_root=root, max_steps=max_steps,
-                                cancel=cancel, on_progress=on_progress, on_warning=on_warning)
+            opts = DriveOptions(work_dir=root, project_root=root, max_steps=max_steps, cancel=cancel,
+                                on_progress=on_progress,
+                                on_warning=lambda message: warn(RunWarning(code="ENGINE", message=message)))
             driven = drive_run(db, run_id, opts)
         finally:
             if timer is not None:
@@ -443,7 +477,7 @@ def run_workflow(
             done=driven.done, aborted=driven.aborted,
             timed_out=driven.abort_reason == "timeout", abort_reason=driven.abort_reason,
             started=started,
-            warnings=warnings + driven.warnings,
+            warnings=[w.message for w in warnings],
         )
         outcome = run.status
         reason = driven.abort_reason
@@ -466,21 +500,15 @@ def run_workflow(
         db.close()
 
 
-def _continue_active(active, have_params: bool, values: dict[str, Any], plan, wf_path: Path,
-                     warnings: list[str]) -> str:
-    """Continue the drivable run of this workflow in this project — never one started with other params."""
-    if have_params and active.params != values:
-        raise UsageError(
-            f"Run {active.id} of this workflow is still {active.status} in this project with other params.",
-            code="RUN_ALREADY_ACTIVE",
-            hint=f"Continue it with `akm workflow run {active.id}`, or discard it with "
-                 f"`akm workflow abandon {active.id}` and start again.",
-        )
+def _continue_active(active, plan, wf_path: Path, warn: Callable[[RunWarning], None]) -> str:
+    """Continue a drivable run of this workflow with these params — with the plan it froze."""
     if active.plan_hash != plan.plan_hash():
-        warnings.append(
-            f"{wf_path} (or the engine config) changed since run {active.id} started; continuing that run "
-            f"with the plan it froze. To run the edited file, `akm workflow abandon {active.id}` and run it again."
-        )
+        warn(RunWarning(
+            code="WORKFLOW_CHANGED",
+            message=f"{wf_path} (or the engine config) changed since run {active.id} started; continuing that "
+                    "run with the plan it froze (a new run would use the edited file).",
+            details={"runId": active.id, "path": str(wf_path)},
+        ))
     return active.id
 
 

@@ -19,17 +19,24 @@ from akm import __version__
 from akm.errors import EXIT_INTERNAL, EXIT_USAGE, AkmError, UsageError
 
 _RUN_HELP = """\
-usage: akm workflow run TARGET [--<param> VALUE ...] [--max-steps N] [--timeout DUR] [--format text|json]
+usage: akm workflow run TARGET [--<param> VALUE ...] [--new] [--max-steps N] [--timeout DUR]
+                        [--format text|json] [--quiet] [--verbose]
 
 Start or continue a workflow run and drive it as far as it can go.
 
 TARGET is a workflow file path, a workflows/<name> ref (.akm/workflows/ of the
 project, then the user library) or an existing run id.
 
+Which run: a workflow TARGET continues the active run of the same workflow in
+this project with the same params (after defaults), with the plan it froze
+even if the file was edited since (a warning says so); otherwise it starts a
+new run. Runs with other params live side by side.
+  --new           always start a new run (e.g. to run an edited file)
+
 Params: every declared param is a flag after TARGET: --name value, --name=value,
 a bare --name (true), repeat for arrays or pass JSON ([..], {..}).
-Reserved run flags (cannot be param names on the CLI): --max-steps, --timeout,
---format, --help, --quiet, --verbose.
+Reserved run flags (cannot be param names on the CLI): --new, --max-steps,
+--timeout, --format, --help, --quiet, --verbose.
 
 Exit status: 0 completed, 1 failed/blocked/timed out, 2 usage error,
 3 awaiting the calling agent (session units), 4 stopped at --max-steps,
@@ -442,11 +449,15 @@ def _cmd_run(tokens: list[str]) -> int:
             mark = "ok" if p.ok else f"FAILED ({p.failure_reason})"
             _err(f"[{p.step_id} {p.done}/{p.total}] {p.attempt_id} {mark}")
 
-    def warning(message: str) -> None:
-        _err(f"warning: {message}")
+    def warning(w: Any) -> None:
+        _err(f"warning: {w.message}")
+        if w.code == "WORKFLOW_CHANGED":
+            _err(f"  hint: to run the edited file, start a new run: akm workflow run {ra.target} --new "
+                 f"(and `akm workflow abandon {w.details['runId']}` to drop the old one)")
 
     result = api.run_workflow(ra.target, param_pairs=ra.params, max_steps=max_steps, timeout_ms=timeout_ms,
-                              cancel=cancel, on_progress=progress, on_warning=warning)
+                              new=bool(ra.controls.get("new")), cancel=cancel, on_progress=progress,
+                              on_warning=warning)
     data = result.to_json()
     if fmt == "json":
         _emit_json(data)

@@ -29,6 +29,7 @@ def make_run(db, run_id="r1", ref="workflows/ship", scope="scope-a", steps=("a",
         plan_hash="f" * 64,
         hash_version=1,
         step_ids=list(steps),
+        **({"join_identical": extra["join_identical"]} if "join_identical" in extra else {}),
     )
 
 
@@ -48,10 +49,10 @@ def test_create_inserts_active_run_and_pending_spine(db):
     assert event_types(db, "r1") == ["workflow_started"]
 
 
-def test_create_guard_one_drivable_run_per_ref_and_scope(db):
+def test_create_guard_one_drivable_run_per_ref_scope_and_params(db):
     make_run(db)
     with pytest.raises(UsageError) as info:
-        make_run(db, run_id="r2")
+        make_run(db, run_id="r2", params={"alpha": "x", "zeta": 1})  # same params, other key order
     assert info.value.code == "RUN_ALREADY_ACTIVE" and info.value.details == {"runId": "r1"}
     assert runs.get_run(db, "r2") is None and runs.get_steps(db, "r2") == []
     make_run(db, run_id="r3", scope="scope-b")  # other project: fine
@@ -62,6 +63,15 @@ def test_create_guard_one_drivable_run_per_ref_and_scope(db):
     assert info.value.code == "RUN_ALREADY_ACTIVE" and "awaiting_session run (r1)" in info.value.message
     runs.abandon_run(db, "r1")
     assert make_run(db, run_id="r6").status == "active"
+
+
+def test_runs_with_other_params_live_side_by_side_and_a_forced_start_always_inserts(db):
+    make_run(db)
+    assert make_run(db, run_id="r2", params={"zeta": 2, "alpha": "x"}).status == "active"
+    assert make_run(db, run_id="r3", join_identical=False).status == "active"  # identical, but asked for
+    assert runs.find_active_run(db, "workflows/ship", "scope-a", {"alpha": "x", "zeta": 2}).id == "r2"
+    assert runs.find_active_run(db, "workflows/ship", "scope-a", {"alpha": "y"}) is None
+    assert {r.id for r in runs.list_runs(db, active_only=True)} == {"r1", "r2", "r3"}
 
 
 def test_create_is_atomic_on_duplicate_id(db):

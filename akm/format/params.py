@@ -31,7 +31,7 @@ from akm.errors import UsageError
 from akm.format.schema import preview, validate_instance
 
 RUN_CONTROL_VALUE_FLAGS: tuple[str, ...] = ("max-steps", "timeout", "format")
-RUN_CONTROL_BOOL_FLAGS: tuple[str, ...] = ("help", "quiet", "verbose")
+RUN_CONTROL_BOOL_FLAGS: tuple[str, ...] = ("help", "quiet", "verbose", "new")
 _SHORT_FLAGS = {"-h": "help", "-q": "quiet"}
 
 INVALID_FLAG_VALUE = "INVALID_FLAG_VALUE"
@@ -245,7 +245,7 @@ def coerce_params(
 
     Names must exactly match a declared param (no `-`/`_` aliasing): `--include-processes` does not
     set `include_processes`. Params named like a run-control flag (`timeout`, `format`, `max-steps`,
-    `help`, `quiet`, `verbose`) can never arrive here because `split_run_args` consumes those flags;
+    `help`, `quiet`, `verbose`, `new`) can never arrive here because `split_run_args` consumes those flags;
     authors should avoid such names. Raises `UsageError` with code `UNKNOWN_FLAG` for an undeclared
     name and `INVALID_FLAG_VALUE` for a value that does not fit its schema.
     """

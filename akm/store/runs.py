@@ -7,8 +7,8 @@ never claim something the tables do not show (or miss something they do).
 
 Run statuses: `active`, `awaiting_session`, `blocked`, `failed`, `completed`.
 `awaiting_session` (D11) is a *drivable* status just like `active`: it is
-found by `find_active_run`, counts for the one-open-run-per-(ref, scope)
-guard, listed by `list_runs(active_only=True)`, may take/renew the lease,
+found by `find_active_run`, counts for the identical-start guard of
+`create_run`, listed by `list_runs(active_only=True)`, may take/renew the lease,
 may complete steps, and `resume` treats it as a no-op. When a step completes
 on such a run the derived state replaces it (`active` if steps remain); the
 session layer sets `awaiting_session` again if it still waits.
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from akm.canonical import compact_json
+from akm.canonical import CanonicalError, canonical_json, compact_json
 from akm.errors import NotFoundError, UsageError
 from akm.store.db import Database, now_iso
 from akm.store.events import append_event, has_event
@@ -202,14 +202,27 @@ def list_runs(
     return [_run(r) for r in rows]
 
 
-def find_active_run(db: Database, ref: str, scope_key: str) -> Run | None:
-    """The drivable run (active or awaiting_session) for ref in scope; newest updated_at wins."""
-    row = db.query_one(
+def same_params(params_json: str | None, params: dict[str, Any]) -> bool:
+    """Do a stored params snapshot and a params object hold the same values (key order aside)?"""
+    try:
+        stored = json.loads(params_json) if params_json else {}
+        return canonical_json(stored) == canonical_json(params)
+    except (ValueError, CanonicalError):
+        return False  # an unreadable snapshot matches nothing: a new run is the safe answer
+
+
+def find_active_run(db: Database, ref: str, scope_key: str, params: dict[str, Any] | None = None) -> Run | None:
+    """The drivable run (active or awaiting_session) of ref in scope — with exactly these params when
+    given — or None; the most recently updated wins."""
+    rows = db.query(
         f"SELECT {_RUN_COLUMNS} FROM runs WHERE workflow_ref = ? AND scope_key = ? AND status IN {_DRIVABLE_SQL} "
-        "ORDER BY updated_at DESC, created_at DESC, rowid DESC LIMIT 1",
+        "ORDER BY updated_at DESC, created_at DESC, rowid DESC",
         (ref, scope_key),
     )
-    return _run(row) if row else None
+    for row in rows:
+        if params is None or same_params(row["params_json"], params):
+            return _run(row)
+    return None
 
 
 def get_steps(db: Database, run_id: str) -> list[Step]:
@@ -239,11 +252,16 @@ def create_run(
     plan_hash: str,
     hash_version: int,
     step_ids: Sequence[str],
+    join_identical: bool = True,
 ) -> Run:
     """Insert an `active` run and its `pending` spine in one tx; emits `workflow_started`.
 
-    Refuses (UsageError RUN_ALREADY_ACTIVE, details.runId) when a drivable run
-    of the same ref already exists in this scope.
+    With `join_identical` (the default) it refuses (UsageError
+    RUN_ALREADY_ACTIVE, details.runId) when a drivable run of the same ref,
+    scope and params already exists: two identical starts racing each other
+    end with one run, and the loser continues the winner's. Runs of the same
+    workflow with other params live side by side; `join_identical=False`
+    always inserts (a deliberate fresh start).
     """
     steps = list(step_ids)
     if not steps:
@@ -252,19 +270,19 @@ def create_run(
         raise UsageError(f"workflow {workflow_ref!r} declares a step id twice")
     now = now_iso()
     with db.tx() as conn:
-        existing = conn.execute(
-            f"SELECT id, status FROM runs WHERE workflow_ref = ? AND scope_key = ? AND status IN {_DRIVABLE_SQL} "
-            "ORDER BY updated_at DESC LIMIT 1",
-            (workflow_ref, scope_key),
-        ).fetchone()
-        if existing is not None:
-            raise UsageError(
-                f"workflow {workflow_ref} already has an {existing['status']} run ({existing['id']}) in this project",
-                code="RUN_ALREADY_ACTIVE",
-                hint=f"Continue it with `akm workflow run {existing['id']}` or abandon it with "
-                f"`akm workflow abandon {existing['id']}`.",
-                details={"runId": existing["id"]},
-            )
+        if join_identical:
+            for existing in conn.execute(
+                f"SELECT id, status, params_json FROM runs WHERE workflow_ref = ? AND scope_key = ? "
+                f"AND status IN {_DRIVABLE_SQL} ORDER BY updated_at DESC",
+                (workflow_ref, scope_key),
+            ):
+                if same_params(existing["params_json"], params):
+                    raise UsageError(
+                        f"workflow {workflow_ref} already has an {existing['status']} run ({existing['id']}) "
+                        "with the same params in this project",
+                        code="RUN_ALREADY_ACTIVE",
+                        details={"runId": existing["id"]},
+                    )
         conn.execute(
             "INSERT INTO runs (id, workflow_ref, workflow_path, title, status, params_json, current_step_id, "
             "created_at, updated_at, scope_key, plan_json, plan_hash, hash_version) "
