@@ -233,7 +233,8 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
     from akm.store import runs as runs_store
     from akm.store import units as units_store
 
-    lease = runs_store.read_lease(db, run.id)
+    # Only a drivable run has a driver worth naming; an abandoned run's lease columns are forensic.
+    lease = runs_store.read_lease(db, run.id) if run.drivable else None
     view = RunView(
         run_id=run.id, status=run.status, workflow=run.workflow_ref, title=run.title, plan_hash=run.plan_hash,
         current_step_id=run.current_step_id, created_at=run.created_at, updated_at=run.updated_at,
@@ -574,7 +575,11 @@ def resume(run_id: str) -> RunView:
 
 
 def abandon(run_id: str) -> RunView:
-    """Give up on a run: it becomes failed and can no longer be driven."""
+    """Give up on a run, at once and for good: it becomes `abandoned` (final; never resumed).
+
+    No unit of it starts after this returns; a driver working on it stops its
+    in-flight units within about a second and exits with RUN_ABANDONED.
+    """
     return _control(run_id, "abandon_run")
 
 

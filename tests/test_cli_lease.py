@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
+
+from akm import paths
 
 FAIL = """\
 ---
@@ -22,7 +25,7 @@ SLOW_THEN_MORE = """\
 steps:
   - id: a
     unit:
-      exec: { command: [python3, -c, "import time; time.sleep(2); print(1)"] }
+      exec: { command: [python3, -c, "import time; time.sleep(120); print(1)"] }
     output: { type: integer }
   - id: b
     unit:
@@ -34,6 +37,26 @@ slow
 ## b
 quick
 """
+
+
+def _wait_for_event(event_type: str, unit_id: str | None = None, deadline_s: float = 60) -> str:
+    """The run id of the first journaled `event_type` event (of `unit_id`), waiting for it to appear."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if paths.state_db_path().exists():
+            con = sqlite3.connect(paths.state_db_path(), timeout=30)
+            try:
+                rows = con.execute("SELECT run_id, metadata_json FROM events WHERE event_type = ? ORDER BY id",
+                                   (event_type,)).fetchall()
+            except sqlite3.OperationalError:
+                rows = []  # the journal is still being created
+            finally:
+                con.close()
+            for run_id, meta in rows:
+                if unit_id is None or json.loads(meta).get("unitId") == unit_id:
+                    return run_id
+        time.sleep(0.05)
+    raise AssertionError(f"no {event_type} event within {deadline_s} s")
 
 
 def test_failed_run_does_not_report_a_lease_held_by_the_exited_process(akm, project):
@@ -51,24 +74,26 @@ def test_failed_run_does_not_report_a_lease_held_by_the_exited_process(akm, proj
 
 
 def test_abandon_while_driving_tells_the_driver_it_was_abandoned(akm, project):
-    """`workflow abandon RUN` while another invocation drives RUN: the driver died with
-    `error[RUN_NOT_ACTIVE]: ... is failed and cannot be updated` + hint "resume it" (exit 2), never saying
-    the run was abandoned — and its in-flight unit was journaled `completed` after the abandon."""
+    """`workflow abandon RUN` while another invocation drives RUN: the driver stops its in-flight unit,
+    starts nothing more, and says the run was abandoned (never "resume it"). Waits for journal events,
+    never for time windows."""
     (project / "two.md").write_text(SLOW_THEN_MORE)
     driver = akm.popen("workflow", "run", "two.md")
     try:
-        deadline = time.monotonic() + 10
-        run_id = None
-        while run_id is None and time.monotonic() < deadline:
-            runs = json.loads(akm("workflow", "list", "--format", "json", check=0).stdout)["runs"]
-            run_id = runs[0]["runId"] if runs else None
-            time.sleep(0.1)
-        assert run_id
-        time.sleep(0.5)
+        run_id = _wait_for_event("workflow_unit_started", "a:solo")
         akm("workflow", "abandon", run_id, check=0)
-        out, err = driver.communicate(timeout=30)
+        out, err = driver.communicate(timeout=90)  # unit a would sleep 120 s if it were not stopped
     finally:
         if driver.poll() is None:
             driver.kill()
-    assert "abandon" in (out + err).lower(), f"exit {driver.returncode}\n{out}\n{err}"
+    assert driver.returncode == 2, f"exit {driver.returncode}\n{out}\n{err}"
+    assert "RUN_ABANDONED" in err and "abandon" in (out + err).lower(), err
     assert "resume" not in err, err
+    view = akm.json("workflow", "status", run_id, "--units")
+    assert view["status"] == "abandoned" and view["engineLease"] is None
+    assert [(s["id"], s["status"]) for s in view["steps"]] == [("a", "failed"), ("b", "skipped")]
+    assert [(u["unitId"], u["status"]) for u in view["units"]] == [("a:solo", "failed")]
+    text = akm("workflow", "status", run_id, check=0).stdout
+    assert "abandoned" in text and "driven by" not in text and "pending" not in text, text
+    refused = akm("workflow", "resume", run_id, check=2)
+    assert "RUN_ABANDONED" in refused.stderr

@@ -326,3 +326,39 @@ def test_the_journal_has_a_name_of_its_own_beside_upstreams_state_db(tmp_path, m
     assert res.run.status == "completed"
     assert paths.journal_path() == data / "akm-journal.sqlite3" and paths.journal_path().exists()
     assert (data / "state.db").read_bytes() == before
+
+
+def test_migration_0005_keeps_every_run_and_its_foreign_keys(tmp_path):
+    """A journal written before `abandoned` existed: rebuilt runs table, same rows, cascades intact."""
+    path = tmp_path / "state.db"
+    old = open_db(path, migrate=False)
+    apply_migrations(old, MIGRATIONS[:1])
+    now = now_iso()
+    with old.tx() as conn:
+        conn.execute("INSERT INTO runs (id, workflow_ref, title, status, params_json, created_at, updated_at, "
+                     "scope_key, plan_json, plan_hash, hash_version, lease_holder) "
+                     "VALUES ('r1', 'w', 't', 'active', '{\"a\":1}', ?, ?, 's', '{}', 'h', 4, 'eng')", (now, now))
+        conn.execute("INSERT INTO steps (run_id, step_id, sequence_index, status) VALUES ('r1', 'a', 0, 'pending')")
+        conn.execute("INSERT INTO units (run_id, unit_id, node_id, status, started_at) "
+                     "VALUES ('r1', 'a:solo', 'n', 'running', ?)", (now,))
+    old.close()
+    db = open_db(path)
+    try:
+        assert applied_ids(db)[-1] == "0005-run-status-abandoned"
+        row = db.query_one("SELECT * FROM runs WHERE id = 'r1'")
+        assert (row["params_json"], row["lease_holder"], row["status"]) == ('{"a":1}', "eng", "active")
+        assert _columns(db.conn, "runs") == EXPECTED_COLUMNS["runs"]
+        with db.tx() as conn:
+            conn.execute("UPDATE runs SET status = 'abandoned' WHERE id = 'r1'")
+        with pytest.raises(JournalError):  # foreign keys are enforced again after the rebuild
+            with db.tx() as conn:
+                conn.execute("INSERT INTO steps (run_id, step_id, sequence_index, status) "
+                             "VALUES ('ghost', 'a', 0, 'pending')")
+        with db.tx() as conn:
+            conn.execute("DELETE FROM runs WHERE id = 'r1'")
+        assert db.query_one("SELECT count(*) AS n FROM steps")["n"] == 0  # the cascade still holds
+        assert db.query_one("SELECT count(*) AS n FROM units")["n"] == 0
+        indexes = {r[0] for r in db.query("SELECT name FROM sqlite_master WHERE type='index' AND tbl_name='runs'")}
+        assert {"idx_runs_scope_ref_status", "idx_runs_status", "idx_runs_created"} <= indexes
+    finally:
+        db.close()

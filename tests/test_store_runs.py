@@ -197,7 +197,7 @@ def test_set_run_status_between_drivable_states(db):
     runs.abandon_run(db, "r1")
     with pytest.raises(UsageError) as info:
         runs.set_run_status(db, "r1", "active")
-    assert info.value.code == "RUN_NOT_ACTIVE"
+    assert info.value.code == "RUN_ABANDONED"
 
 
 def _blocked_run(db, run_id="r1", ref="workflows/ship"):
@@ -242,37 +242,47 @@ def test_resume_completed_is_refused(db):
     assert info.value.code == "RUN_COMPLETED" and "cannot be resumed" in info.value.message
 
 
-def test_abandon_active_leaves_steps_and_is_idempotent_across_resume(db):
+def test_abandon_active_is_final_and_leaves_nothing_to_do(db):
     make_run(db)
+    runs.complete_step(db, "r1", "a", "completed", summary="a done")
     assert runs.acquire_lease(db, "r1", "eng") is None
     run = runs.abandon_run(db, "r1")
-    assert run.status == "failed" and run.completed_at is not None and run.current_step_id == "a"
+    assert run.status == "abandoned" and run.completed_at is not None and run.current_step_id == "b"
     assert run.lease_holder == "eng"  # forensic
-    assert runs.get_step(db, "r1", "a").status == "pending"
+    assert [(s.step_id, s.status, s.notes) for s in runs.get_steps(db, "r1")] == [
+        ("a", "completed", None), ("b", "failed", runs.ABANDONED_STEP_NOTE), ("c", "skipped", runs.SKIPPED_STEP_NOTE)]
     assert runs.renew_lease(db, "r1", "eng") is False  # a driving engine notices
     with pytest.raises(UsageError) as info:
         runs.abandon_run(db, "r1")
     assert info.value.code == "RUN_ALREADY_FINISHED"
-    runs.resume_run(db, "r1")
-    runs.abandon_run(db, "r1")
-    assert event_types(db, "r1").count("workflow_abandoned") == 1
+    with pytest.raises(UsageError) as info:
+        runs.resume_run(db, "r1")
+    assert info.value.code == "RUN_ABANDONED"
+    assert runs.get_run(db, "r1").status == "abandoned"
+    assert event_types(db, "r1")[-3:] == ["workflow_step_updated", "workflow_step_updated", "workflow_abandoned"]
 
 
-def test_abandon_blocked_fails_run_and_step_consistently(db):
+def test_abandon_blocked_fails_its_step_and_keeps_the_reason(db):
     _blocked_run(db)
     run = runs.abandon_run(db, "r1")
-    assert (run.status, run.current_step_id) == ("failed", "b")
+    assert (run.status, run.current_step_id) == ("abandoned", "b")
     b = runs.get_step(db, "r1", "b")
     assert b.status == "failed" and b.notes == "judge missing"
-    # the run stays resumable: resume reopens the failed step
-    assert runs.resume_run(db, "r1").status == "active"
-    assert runs.get_step(db, "r1", "b").status == "pending"
+    assert runs.get_step(db, "r1", "c").status == "skipped"
+
+
+def test_abandon_a_failed_run_makes_it_final(db):
+    make_run(db, steps=("a", "b"))
+    runs.complete_step(db, "r1", "a", "failed", notes="boom")
+    assert runs.abandon_run(db, "r1").status == "abandoned"
+    assert [(s.status, s.notes) for s in runs.get_steps(db, "r1")] == [("failed", "boom"),
+                                                                        ("skipped", runs.SKIPPED_STEP_NOTE)]
 
 
 def test_abandon_awaiting_session_and_refusals(db):
     make_run(db)
     runs.set_run_status(db, "r1", "awaiting_session")
-    assert runs.abandon_run(db, "r1").status == "failed"
+    assert runs.abandon_run(db, "r1").status == "abandoned"
     make_run(db, run_id="r2", steps=("a",))
     runs.complete_step(db, "r2", "a", "completed", summary="x")
     with pytest.raises(UsageError) as info:

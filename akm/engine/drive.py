@@ -436,9 +436,9 @@ class _Driver:
         if run is not None and run.status not in ("active", "awaiting_session"):
             return UsageError(
                 f"Run {self.run_id} became {run.status} while this invocation was driving it "
-                f"({'abandoned' if run.status == 'failed' else 'changed'} by another command); stopped. "
+                f"({'abandoned' if run.status == 'abandoned' else 'changed'} by another command); stopped. "
                 "Results of units that finished were kept in the journal.",
-                code="RUN_ABANDONED" if run.status == "failed" else "RUN_NOT_ACTIVE",
+                code="RUN_ABANDONED" if run.status == "abandoned" else "RUN_NOT_ACTIVE",
             )
         lease = runs_store.read_lease(self.db, self.run_id)
         who = f"{lease.holder} (host {lease.host}, pid {lease.pid})" if lease else "(nobody)"
@@ -663,11 +663,7 @@ def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
         result.done = True
         return result
     if loaded.status not in ("active", "awaiting_session"):
-        raise UsageError(
-            f"Workflow run {run_id} is {loaded.status} and cannot be executed.",
-            code="RUN_NOT_ACTIVE",
-            hint=f"Reopen it first with `akm workflow resume {run_id}`.",
-        )
+        raise runs_store.not_drivable_error(run_id, loaded.status, "executed")
     holder = str(uuid.uuid4())
     live = runs_store.acquire_lease(db, run_id, holder)
     if live is not None:

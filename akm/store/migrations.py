@@ -131,12 +131,54 @@ MIGRATION_0004 = """
 ALTER TABLE units ADD COLUMN truncated INTEGER NOT NULL DEFAULT 0;
 """
 
+# 0005: runs may be `abandoned` — final, unlike `failed` (which `resume` reopens). SQLite cannot
+# alter a CHECK constraint, so the table is rebuilt (SQLite's documented 12-step procedure: the
+# runner turns foreign keys off around it, so dropping the old table cascades nothing, and checks
+# `foreign_key_check` before committing). Columns, order and indexes are unchanged.
+MIGRATION_0005 = """
+CREATE TABLE runs_0005 (
+    id                 TEXT PRIMARY KEY,
+    workflow_ref       TEXT NOT NULL,
+    workflow_path      TEXT,
+    title              TEXT NOT NULL DEFAULT '',
+    status             TEXT NOT NULL
+                       CHECK (status IN ('active','completed','failed','blocked','awaiting_session','abandoned')),
+    params_json        TEXT NOT NULL DEFAULT '{}',
+    current_step_id    TEXT,
+    created_at         TEXT NOT NULL,
+    updated_at         TEXT NOT NULL,
+    completed_at       TEXT,
+    scope_key          TEXT NOT NULL,
+    plan_json          TEXT NOT NULL,
+    plan_hash          TEXT NOT NULL,
+    hash_version       INTEGER NOT NULL,
+    lease_holder       TEXT,
+    lease_host         TEXT,
+    lease_pid          INTEGER,
+    lease_until        TEXT,
+    status_detail_json TEXT
+);
+INSERT INTO runs_0005 SELECT id, workflow_ref, workflow_path, title, status, params_json, current_step_id,
+    created_at, updated_at, completed_at, scope_key, plan_json, plan_hash, hash_version, lease_holder,
+    lease_host, lease_pid, lease_until, status_detail_json FROM runs;
+DROP TABLE runs;
+ALTER TABLE runs_0005 RENAME TO runs;
+CREATE INDEX IF NOT EXISTS idx_runs_scope_ref_status ON runs (scope_key, workflow_ref, status);
+CREATE INDEX IF NOT EXISTS idx_runs_status ON runs (status);
+CREATE INDEX IF NOT EXISTS idx_runs_created ON runs (created_at);
+"""
+
 # (id, sql). Append only; never edit an entry that has shipped.
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001-initial-schema", MIGRATION_0001),
     ("0003-step-gate-loop-base", MIGRATION_0003),
     ("0004-unit-output-truncated", MIGRATION_0004),
+    ("0005-run-status-abandoned", MIGRATION_0005),
 ]
+
+# Migrations that rebuild a table other tables reference: run with foreign keys off (a pragma that
+# only takes effect outside a transaction), then verified with `PRAGMA foreign_key_check`.
+REBUILDS_REFERENCED_TABLE = frozenset({"0005-run-status-abandoned"})
 
 LEDGER_DDL = (
     "CREATE TABLE IF NOT EXISTS schema_migrations (id TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
@@ -246,14 +288,23 @@ def apply_migrations(db: Database, registry: Sequence[tuple[str, str]] | None = 
         return []
     done: list[str] = []
     for mid, sql in registry:
-        with db.tx() as conn:
-            conn.execute(LEDGER_DDL)
-            applied = [r[0] for r in conn.execute("SELECT id FROM schema_migrations ORDER BY rowid")]
-            check_ledger(applied, registry, db.path)
-            if mid in applied:
-                continue
-            for statement in split_statements(sql):
-                conn.execute(statement)
-            conn.execute("INSERT INTO schema_migrations (id, applied_at) VALUES (?, ?)", (mid, now_iso()))
-        done.append(mid)
+        rebuild = mid in REBUILDS_REFERENCED_TABLE
+        if rebuild:
+            db.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with db.tx() as conn:
+                conn.execute(LEDGER_DDL)
+                applied = [r[0] for r in conn.execute("SELECT id FROM schema_migrations ORDER BY rowid")]
+                check_ledger(applied, registry, db.path)
+                if mid in applied:
+                    continue
+                for statement in split_statements(sql):
+                    conn.execute(statement)
+                if rebuild and conn.execute("PRAGMA foreign_key_check").fetchone() is not None:
+                    raise JournalError(f"schema migration {mid} of {db.path} would break foreign keys; nothing was changed")
+                conn.execute("INSERT INTO schema_migrations (id, applied_at) VALUES (?, ?)", (mid, now_iso()))
+            done.append(mid)
+        finally:
+            if rebuild:
+                db.execute("PRAGMA foreign_keys=ON")
     return done

@@ -5,7 +5,8 @@ below). Every state change is one short `BEGIN IMMEDIATE` transaction, and
 the events it implies are appended in that same transaction, so the log can
 never claim something the tables do not show (or miss something they do).
 
-Run statuses: `active`, `awaiting_session`, `blocked`, `failed`, `completed`.
+Run statuses: `active`, `awaiting_session`, `blocked`, `failed`, `completed`,
+`abandoned` (final: given up by the user; never resumed or driven again).
 `awaiting_session` (D11) is a *drivable* status just like `active`: it is
 found by `find_active_run`, counts for the identical-start guard of
 `create_run`, listed by `list_runs(active_only=True)`, may take/renew the lease,
@@ -18,7 +19,7 @@ expiry are set and expiry >= now (fixed-width ISO strings compare as times),
 except that a holder on *this* host whose pid no longer exists is dead at
 once, so a crashed `workflow run` is resumable immediately.
 
-Error codes raised here: RUN_ALREADY_ACTIVE, RUN_NOT_ACTIVE, RUN_COMPLETED,
+Error codes raised here: RUN_ALREADY_ACTIVE, RUN_NOT_ACTIVE, RUN_ABANDONED, RUN_COMPLETED,
 RUN_ALREADY_FINISHED, STEP_NOT_PENDING, STEP_NOT_CURRENT, LEASE_HELD
 (UsageError) and NOT_FOUND (NotFoundError).
 """
@@ -37,7 +38,7 @@ from akm.errors import NotFoundError, UsageError
 from akm.store.db import Database, now_iso
 from akm.store.events import append_event, has_event
 
-RUN_STATUSES = ("active", "completed", "failed", "blocked", "awaiting_session")
+RUN_STATUSES = ("active", "completed", "failed", "blocked", "awaiting_session", "abandoned")
 DRIVABLE_STATUSES = ("active", "awaiting_session")
 STEP_TERMINAL_STATUSES = ("completed", "failed", "skipped", "blocked")
 LEASE_TTL_S = 90.0
@@ -170,6 +171,21 @@ def holder_is_live(holder: str | None, host: str | None, pid: int | None, until:
 def get_run(db: Database, run_id: str) -> Run | None:
     row = db.query_one(f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
     return _run(row) if row else None
+
+
+def run_status(db: Database, run_id: str) -> str | None:
+    """Just the run's status (a cheap read the heartbeat polls), or None for no such run."""
+    row = db.query_one("SELECT status FROM runs WHERE id = ?", (run_id,))
+    return row["status"] if row else None
+
+
+def not_drivable_error(run_id: str, status: str, verb: str) -> UsageError:
+    """The one refusal for acting on a run that cannot be driven: abandoned runs say so (they are final)."""
+    if status == "abandoned":
+        return UsageError(f"workflow run {run_id} was abandoned and cannot be {verb}; abandoning is final",
+                          code="RUN_ABANDONED", details={"runId": run_id, "status": status})
+    return UsageError(f"workflow run {run_id} is {status} and cannot be {verb}", code="RUN_NOT_ACTIVE",
+                      details={"runId": run_id, "status": status})
 
 
 def require_run(db: Database, run_id: str) -> Run:
@@ -337,13 +353,9 @@ def _drivable_run_row(conn: Any, run_id: str, verb: str) -> Any:
         (run_id,),
     ).fetchone()
     if row is None:
-        raise NotFoundError(f"workflow run {run_id!r} not found")
+        raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
     if row["status"] not in DRIVABLE_STATUSES:
-        raise UsageError(
-            f"workflow run {run_id} is {row['status']} and cannot be {verb}",
-            code="RUN_NOT_ACTIVE",
-            hint=f"Use `akm workflow resume {run_id}` to reopen it first." if row["status"] != "completed" else None,
-        )
+        raise not_drivable_error(run_id, row["status"], verb)
     return row
 
 
@@ -420,7 +432,7 @@ def set_run_status(db: Database, run_id: str, status: str, detail: dict[str, Any
         if row is None:
             raise NotFoundError(f"workflow run {run_id!r} not found")
         if row["status"] not in DRIVABLE_STATUSES:
-            raise UsageError(f"workflow run {run_id} is {row['status']} and cannot be updated", code="RUN_NOT_ACTIVE")
+            raise not_drivable_error(run_id, row["status"], "updated")
         conn.execute(
             "UPDATE runs SET status = ?, status_detail_json = ?, updated_at = ? WHERE id = ?",
             (status, compact_json(detail) if detail else None, now_iso(), run_id),
@@ -445,7 +457,8 @@ def resume_run(db: Database, run_id: str) -> Run:
     blocked/failed -> active: the current step goes back to `pending` (notes,
     evidence, completed_at cleared; summary kept), lease, status detail and
     completed_at cleared. active/awaiting_session -> no-op. completed ->
-    UsageError RUN_COMPLETED. No event (spec §8.1).
+    UsageError RUN_COMPLETED; abandoned -> RUN_ABANDONED (abandoning is final).
+    No event (spec §8.1).
     """
     with db.tx() as conn:
         row = conn.execute("SELECT status, current_step_id, status_detail_json FROM runs WHERE id = ?",
@@ -454,6 +467,8 @@ def resume_run(db: Database, run_id: str) -> Run:
             raise NotFoundError(f"workflow run {run_id!r} not found")
         if row["status"] == "completed":
             raise UsageError(f"workflow run {run_id} is already completed and cannot be resumed", code="RUN_COMPLETED")
+        if row["status"] == "abandoned":
+            raise not_drivable_error(run_id, "abandoned", "resumed")
         if row["status"] in ("blocked", "failed"):
             if row["current_step_id"] is not None:
                 step_id = row["current_step_id"]
@@ -493,32 +508,64 @@ def _highest_gate_loop(conn: Any, run_id: str, step_id: str) -> int:
     return max(loops)
 
 
-def abandon_run(db: Database, run_id: str) -> Run:
-    """Give up on a run: active/blocked/awaiting_session -> failed (spec §3.7, D7).
+ABANDONED_STEP_NOTE = "Not finished: the run was abandoned."
+SKIPPED_STEP_NOTE = "Not run: the run was abandoned."
 
-    A `blocked` current step becomes `failed` too, so the spine stays
-    coherent. Appends `workflow_abandoned` once per run (idempotent) in the
-    same tx. Lease columns are kept as forensic state (renewals now fail).
-    completed/failed -> UsageError RUN_ALREADY_FINISHED.
+
+def abandon_run(db: Database, run_id: str) -> Run:
+    """Give up on a run, at once and for good: active/awaiting_session/blocked/failed -> `abandoned`.
+
+    One transaction leaves a spine with nothing left to do: the current step
+    (pending, blocked or failed) becomes `failed` (keeping any notes saying
+    why it stopped), every later pending step `skipped`, and each change is an
+    event. When no live driver holds the run, its `running` unit rows (left by
+    a crashed driver) are finished `failed`/`abandoned`; a live driver finishes
+    its own, because from this commit on it cannot renew its lease
+    (`renew_lease`) nor journal a new unit (`units.insert_unit`), and its
+    heartbeat, which polls the run status, stops its in-flight units. The lease
+    columns stay as forensic state. `workflow_abandoned` is appended once.
+    completed/abandoned -> UsageError RUN_ALREADY_FINISHED.
     """
     now = now_iso()
     with db.tx() as conn:
-        row = conn.execute("SELECT status, current_step_id FROM runs WHERE id = ?", (run_id,)).fetchone()
+        row = conn.execute(
+            "SELECT status, current_step_id, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?",
+            (run_id,),
+        ).fetchone()
         if row is None:
             raise NotFoundError(f"workflow run {run_id!r} not found")
-        if row["status"] in ("completed", "failed"):
-            raise UsageError(f"workflow run {run_id} is already {row['status']}", code="RUN_ALREADY_FINISHED")
-        if row["current_step_id"] is not None:
+        if row["status"] in ("completed", "abandoned"):
+            raise UsageError(f"workflow run {run_id} is already {row['status']}", code="RUN_ALREADY_FINISHED",
+                             details={"runId": run_id, "status": row["status"]})
+        changed: list[tuple[str, str]] = []
+        for step in conn.execute(
+            "SELECT step_id, status, notes FROM steps WHERE run_id = ? AND (status IN ('pending','running','blocked') "
+            "OR (step_id = ? AND status = 'failed')) ORDER BY sequence_index",
+            (run_id, row["current_step_id"]),
+        ).fetchall():
+            current = step["step_id"] == row["current_step_id"]
+            status = "failed" if current else "skipped"
+            notes = step["notes"] or (ABANDONED_STEP_NOTE if current else SKIPPED_STEP_NOTE)
+            if step["status"] == status and step["notes"] == notes:
+                continue
             conn.execute(
-                "UPDATE steps SET status = 'failed', completed_at = ? WHERE run_id = ? AND step_id = ? "
-                "AND status = 'blocked'",
-                (now, run_id, row["current_step_id"]),
+                "UPDATE steps SET status = ?, notes = ?, completed_at = ? WHERE run_id = ? AND step_id = ?",
+                (status, notes, now, run_id, step["step_id"]),
+            )
+            changed.append((step["step_id"], status))
+        if not holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now):
+            conn.execute(
+                "UPDATE units SET status = 'failed', failure_reason = 'abandoned', finished_at = ? "
+                "WHERE run_id = ? AND status = 'running'",
+                (now, run_id),
             )
         conn.execute(
-            "UPDATE runs SET status = 'failed', updated_at = ?, completed_at = ? "
-            "WHERE id = ? AND status IN ('active','blocked','awaiting_session')",
+            "UPDATE runs SET status = 'abandoned', updated_at = ?, completed_at = ?, status_detail_json = NULL "
+            "WHERE id = ?",
             (now, now, run_id),
         )
+        for step_id, status in changed:
+            append_event(db, "workflow_step_updated", run_id, {"runId": run_id, "stepId": step_id, "status": status})
         if not has_event(db, "workflow_abandoned", run_id):
             append_event(db, "workflow_abandoned", run_id, {"runId": run_id})
     return require_run(db, run_id)

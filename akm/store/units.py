@@ -28,7 +28,7 @@ from typing import Any
 from akm.errors import JournalError, NotFoundError, UsageError
 from akm.store.db import Database, format_iso, now_iso, parse_iso
 from akm.store.events import append_event
-from akm.store.runs import DRIVABLE_STATUSES, LeaseInfo, holder_is_live
+from akm.store.runs import DRIVABLE_STATUSES, LeaseInfo, holder_is_live, not_drivable_error
 
 CLAIM_TTL_S = 90.0
 ClaimInfo = LeaseInfo
@@ -98,8 +98,16 @@ def insert_unit(
 
     On conflict: dispatch metadata overwritten, value columns and claim
     cleared, `attempts + 1`. Emits `workflow_unit_started` in the same tx.
+    Refuses (RUN_ABANDONED / RUN_NOT_ACTIVE, nothing written) when the run can
+    no longer be driven: checked in the insert's own transaction, so once an
+    abandon commits no unit of that run can start.
     """
     with db.tx() as conn:
+        run = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if run is None:
+            raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
+        if run["status"] not in DRIVABLE_STATUSES:
+            raise not_drivable_error(run_id, run["status"], "given new units")
         prev = conn.execute(
             "SELECT started_at FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)
         ).fetchone()
