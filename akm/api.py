@@ -108,6 +108,9 @@ class StepView(ApiModel):
     output: Any = None
     summary: str | None = None
     notes: str | None = None
+    unit_count: int = 0  # logical units journaled for the step (a retry is not another unit)
+    attempts: int = 0  # dispatches: retries, gate loops and re-runs after a crash included
+    gate_loops: int = 0  # gate loops run (1 unless the step looped)
 
 
 class UnitView(ApiModel):
@@ -149,6 +152,9 @@ class RunView(ApiModel):
     units: list[UnitView] | None = None
     engine_lease: LeaseView | None = None
     awaiting: dict[str, Any] | None = None
+    # The run's final artifact: once completed, the output of its last completed step that has one.
+    output: Any = None
+    output_step_id: str | None = None
 
 
 class RunResult(ApiModel):
@@ -244,14 +250,20 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
     )
     if with_steps:
         view.steps = []
+        tallies = units_store.step_tallies(db, run.id)
         for s in runs_store.get_steps(db, run.id):
             ev = _json_or_none(s.evidence_json)
             output = ev.get("output") if isinstance(ev, dict) else None
             status = s.status
             if status == "pending" and lease is not None and s.step_id == run.current_step_id:
                 status = "running"  # a live driver holds the run and works on this step right now
+            tally = tallies.get(s.step_id)
             view.steps.append(StepView(id=s.step_id, status=status, output=output, summary=s.summary,
-                                       notes=s.notes))
+                                       notes=s.notes, unit_count=tally.units if tally else 0,
+                                       attempts=tally.attempts if tally else 0,
+                                       gate_loops=tally.gate_loops if tally else 0))
+            if run.status == "completed" and s.status == "completed" and output is not None:
+                view.output, view.output_step_id = output, s.step_id
     if with_units:
         from akm.store.db import now_iso
 

@@ -314,24 +314,74 @@ def _err(text: str) -> None:
     sys.stderr.flush()
 
 
+# How much of a step's output the text views show; `--format json` always has all of it.
+_STEP_CLIP = (6, 600)  # lines, characters
+_RESULT_CLIP = (40, 4000)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _clip(text: str, limits: tuple[int, int]) -> tuple[str, bool]:
+    max_lines, max_chars = limits
+    lines = text.splitlines() or [""]
+    clipped = len(lines) > max_lines or len(text) > max_chars
+    text = "\n".join(lines[:max_lines])
+    if len(text) > max_chars:
+        text = text[:max_chars]
+    return (text.rstrip() + " …" if clipped else text), clipped
+
+
+def _value_text(value: Any) -> str:
+    """A step output as a person reads it: strings as they are, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _tally(step: dict[str, Any]) -> str:
+    """"3 units, 5 attempts, 2 gate loops": the work behind a step, retries and loops included."""
+    n, attempts, loops = step.get("unitCount") or 0, step.get("attempts") or 0, step.get("gateLoops") or 0
+    parts = [_plural(n, "unit")]
+    if attempts > n:
+        parts.append(_plural(attempts, "attempt"))
+    if loops > 1:
+        parts.append(_plural(loops, "gate loop"))
+    return ", ".join(parts)
+
+
 def _render_run_text(view: dict[str, Any]) -> str:
     lines = [f"run {view['runId']}  {view['status']}  ({view['workflow']})"]
     if view.get("params"):
         lines.append(f"params: {json.dumps(view['params'], ensure_ascii=False)}")
-    if view.get("currentStepId"):
+    if view.get("currentStepId") and view["status"] != "completed":
         lines.append(f"current step: {view['currentStepId']}")
     lease = view.get("engineLease")
     if lease:
         lines.append(f"driven by {lease['holder']} (host {lease.get('host')}, pid {lease.get('pid')}) until {lease['until']}")
+    clipped_any = False
+    width = max((len(s["id"]) for s in view.get("steps") or []), default=0)
     for s in view.get("steps") or []:
-        text = (s.get("summary") or s.get("notes") or "").strip()
-        if s["status"] in ("failed", "blocked") and text:
+        head = f"  {s['status']:<10} {s['id']:<{width}}"
+        notes = (s.get("notes") or "").strip()
+        summary = (s.get("summary") or "").strip()
+        if s["status"] in ("failed", "blocked"):
             # the cause of a failure is the one thing a user must see in full
-            lines.append(f"  {s['status']:<10} {s['id']}")
-            lines.extend(f"             {line}" for line in text.splitlines())
+            lines.append(head + (f"  — {_tally(s)}" if s.get("unitCount") else ""))
+            lines.extend(f"             {line}" for line in (notes or summary).splitlines())
+            continue
+        if s.get("unitCount"):
+            detail = _tally(s)
+            if "Failed:" in summary:  # units failed under on_error: continue — say so
+                detail += "; " + summary.splitlines()[0]
         else:
-            first = text.splitlines()[0] if text else ""
-            lines.append(f"  {s['status']:<10} {s['id']}" + (f"  — {first[:160]}" if first else ""))
+            detail = (summary or notes).splitlines()[0] if (summary or notes) else ""
+        lines.append(head + (f"  — {detail}" if detail else ""))
+        if s["status"] == "completed" and s.get("output") is not None:
+            text, clipped = _clip(_value_text(s["output"]), _STEP_CLIP)
+            clipped_any = clipped_any or clipped
+            first, *rest = text.splitlines() or [""]
+            lines.append(f"             → {first}")
+            lines.extend(f"               {line}" for line in rest)
     for u in view.get("units") or []:
         extra = f" ({u['failureReason']})" if u.get("failureReason") else ""
         if u.get("truncated"):
@@ -342,6 +392,13 @@ def _render_run_text(view: dict[str, Any]) -> str:
     aw = view.get("awaiting")
     if aw:
         lines.append(f"awaiting the calling agent: {aw.get('kind')} of step {aw.get('stepId')}")
+    if view.get("output") is not None:
+        text, clipped = _clip(_value_text(view["output"]), _RESULT_CLIP)
+        clipped_any = clipped_any or clipped
+        lines.append(f"result (output of step {view.get('outputStepId')}):")
+        lines.extend(f"  {line}" for line in text.splitlines() or [""])
+    if clipped_any:
+        lines.append(f"(outputs clipped; all of them: akm workflow status {view['runId']} --format json)")
     return "\n".join(lines)
 
 
