@@ -314,120 +314,6 @@ def _err(text: str) -> None:
     sys.stderr.flush()
 
 
-# How much of a step's output the text views show; `--format json` always has all of it.
-_STEP_CLIP = (6, 600)  # lines, characters
-_RESULT_CLIP = (40, 4000)
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
-
-
-def _clip(text: str, limits: tuple[int, int]) -> tuple[str, bool]:
-    max_lines, max_chars = limits
-    lines = text.splitlines() or [""]
-    clipped = len(lines) > max_lines or len(text) > max_chars
-    text = "\n".join(lines[:max_lines])
-    if len(text) > max_chars:
-        text = text[:max_chars]
-    return (text.rstrip() + " …" if clipped else text), clipped
-
-
-def _value_text(value: Any) -> str:
-    """A step output as a person reads it: strings as they are, anything else as JSON."""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-def _tally(step: dict[str, Any]) -> str:
-    """"3 units, 5 attempts, 2 gate loops": the work behind a step, retries and loops included."""
-    n, attempts, loops = step.get("unitCount") or 0, step.get("attempts") or 0, step.get("gateLoops") or 0
-    parts = [_plural(n, "unit")]
-    if attempts > n:
-        parts.append(_plural(attempts, "attempt"))
-    if loops > 1:
-        parts.append(_plural(loops, "gate loop"))
-    return ", ".join(parts)
-
-
-def _render_run_text(view: dict[str, Any]) -> str:
-    lines = [f"run {view['runId']}  {view['status']}  ({view['workflow']})"]
-    if view.get("params"):
-        lines.append(f"params: {json.dumps(view['params'], ensure_ascii=False)}")
-    if view.get("currentStepId") and view["status"] != "completed":
-        lines.append(f"current step: {view['currentStepId']}")
-    lease = view.get("engineLease")
-    if lease:
-        lines.append(f"driven by {lease['holder']} (host {lease.get('host')}, pid {lease.get('pid')}) until {lease['until']}")
-    clipped_any = False
-    width = max((len(s["id"]) for s in view.get("steps") or []), default=0)
-    for s in view.get("steps") or []:
-        head = f"  {s['status']:<10} {s['id']:<{width}}"
-        notes = (s.get("notes") or "").strip()
-        summary = (s.get("summary") or "").strip()
-        if s["status"] in ("failed", "blocked"):
-            # the cause of a failure is the one thing a user must see in full
-            lines.append(head + (f"  — {_tally(s)}" if s.get("unitCount") else ""))
-            lines.extend(f"             {line}" for line in (notes or summary).splitlines())
-            continue
-        if s.get("unitCount"):
-            detail = _tally(s)
-            if "Failed:" in summary:  # units failed under on_error: continue — say so
-                detail += "; " + summary.splitlines()[0]
-        else:
-            detail = (summary or notes).splitlines()[0] if (summary or notes) else ""
-        lines.append(head + (f"  — {detail}" if detail else ""))
-        if s["status"] == "completed" and s.get("output") is not None:
-            text, clipped = _clip(_value_text(s["output"]), _STEP_CLIP)
-            clipped_any = clipped_any or clipped
-            first, *rest = text.splitlines() or [""]
-            lines.append(f"             → {first}")
-            lines.extend(f"               {line}" for line in rest)
-    for u in view.get("units") or []:
-        extra = f" ({u['failureReason']})" if u.get("failureReason") else ""
-        if u.get("truncated"):
-            extra += " (output truncated at the capture cap)"
-        if u.get("stale"):
-            extra += " STALE: no heartbeat for 90 s, its driver is probably gone"
-        lines.append(f"    unit {u['unitId']}: {u['status']}{extra}, attempts {u['attempts']}")
-    aw = view.get("awaiting")
-    if aw:
-        lines.append(f"awaiting the calling agent: {aw.get('kind')} of step {aw.get('stepId')}")
-    if view.get("output") is not None:
-        text, clipped = _clip(_value_text(view["output"]), _RESULT_CLIP)
-        clipped_any = clipped_any or clipped
-        lines.append(f"result (output of step {view.get('outputStepId')}):")
-        lines.extend(f"  {line}" for line in text.splitlines() or [""])
-    if clipped_any:
-        lines.append(f"(outputs clipped; all of them: akm workflow status {view['runId']} --format json)")
-    return "\n".join(lines)
-
-
-def _mermaid(plan: Any, view: dict[str, Any]) -> str:
-    status = {s["id"]: s["status"] for s in view.get("steps") or []}
-    ids = {s.step_id: f"s{i}" for i, s in enumerate(plan.steps)}
-    lines = ["flowchart TD"]
-    for s in plan.steps:
-        kind = "route" if s.route else ("map" if s.root is not None and s.root.kind == "map" else "unit")
-        label = f"{s.step_id}<br/>{kind} · {status.get(s.step_id, 'pending')}"
-        shape = f'{{"{label}"}}' if s.route else f'["{label}"]'
-        lines.append(f"  {ids[s.step_id]}{shape}")
-    for i, s in enumerate(plan.steps):
-        if s.route:
-            for match, target in s.route.when.items():
-                lines.append(f'  {ids[s.step_id]} -- "{match}" --> {ids[target]}')
-            if s.route.default_step_id:
-                lines.append(f'  {ids[s.step_id]} -. "default" .-> {ids[s.route.default_step_id]}')
-        elif i + 1 < len(plan.steps):
-            lines.append(f"  {ids[s.step_id]} --> {ids[plan.steps[i + 1].step_id]}")
-    colors = {"completed": "#c8e6c9", "running": "#bbdefb", "failed": "#ffcdd2", "blocked": "#ffe0b2",
-              "skipped": "#eeeeee", "pending": "#ffffff"}
-    for st, color in colors.items():
-        lines.append(f"  classDef {st} fill:{color},stroke:#555")
-    for s in plan.steps:
-        lines.append(f"  class {ids[s.step_id]} {status.get(s.step_id, 'pending')}")
-    return "\n".join(lines)
-
-
 # ------------------------------------------------------------------ commands
 
 
@@ -464,6 +350,7 @@ def _parse_duration_ms(text: str) -> int:
 
 def _cmd_run(tokens: list[str]) -> int:
     from akm import api
+    from akm import cli_render as render
     from akm.engine.cancel import Cancellation
     from akm.format.params import split_run_args
 
@@ -519,7 +406,7 @@ def _cmd_run(tokens: list[str]) -> int:
     if fmt == "json":
         _emit_json(data)
     else:
-        _out(_render_run_text(data["run"]))
+        _out(render.run_text(data["run"]))
         if result.timed_out:
             _out("stopped: --timeout expired (the run is still active; run it again to continue)")
         elif result.aborted:
@@ -543,25 +430,27 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from akm import api
+    from akm import cli_render as render
 
     view = api.run_status(args.run_id, units=args.units).to_json()
     if args.format == "json":
         _emit_json(view)
     elif args.format == "mermaid":
-        _out(_mermaid(api.run_plan(args.run_id), view))
+        _out(render.mermaid(api.run_plan(args.run_id), view))
     else:
-        _out(_render_run_text(view))
+        _out(render.run_text(view))
     return 0
 
 
 def _cmd_control(args: argparse.Namespace) -> int:
     from akm import api
+    from akm import cli_render as render
 
     view = (api.resume if args.action == "resume" else api.abandon)(args.run_id).to_json()
     if args.format == "json":
         _emit_json(view)
     else:
-        _out(_render_run_text(view))
+        _out(render.run_text(view))
     return 0
 
 
