@@ -301,16 +301,49 @@ def _render_setup_text(res: dict[str, Any]) -> str:
 # ------------------------------------------------------------------ output helpers
 
 
+# Characters a terminal may act on rather than show: C0 controls (ESC starts escape sequences, CR
+# overwrites a line, BS erases), DEL, C1 controls (0x9b is a one-byte CSI) and the bidi overrides that
+# reorder what is displayed. Unit output, file contents and messages quoting them are printed with these
+# made visible; newline and tab stay as they are.
+_TERMINAL_UNSAFE = [c for c in range(0x20) if c not in (0x09, 0x0A)] + list(range(0x7F, 0xA0)) + [
+    0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_TEXT_ESCAPES: dict[int, str] | None = None
+_JSON_ESCAPES: dict[int, str] | None = None
+
+
+def _printable(text: str) -> str:
+    """Text with every terminal-active character written as a visible escape (`\\x1b`, `\\u202e`)."""
+    global _TEXT_ESCAPES
+    if _TEXT_ESCAPES is None:
+        _TEXT_ESCAPES = {c: (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _TERMINAL_UNSAFE}
+    return text.translate(_TEXT_ESCAPES)
+
+
+def _json_text(data: Any) -> str:
+    """JSON whose strings carry terminal-active characters as `\\u` escapes (the same JSON values)."""
+    global _JSON_ESCAPES
+    if _JSON_ESCAPES is None:
+        _JSON_ESCAPES = {c: f"\\u{c:04x}" for c in _TERMINAL_UNSAFE if c >= 0x7F}  # json.dumps escapes C0
+    return json.dumps(data, indent=2, ensure_ascii=False).translate(_JSON_ESCAPES)
+
+
 def _emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.write(_json_text(data) + "\n")
 
 
 def _out(text: str) -> None:
+    text = _printable(text)
     sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
 
 
 def _err(text: str) -> None:
+    text = _printable(text)
     sys.stderr.write(text + ("" if text.endswith("\n") else "\n"))
+    sys.stderr.flush()
+
+
+def _err_json(data: Any) -> None:
+    sys.stderr.write(_json_text(data) + "\n")
     sys.stderr.flush()
 
 
@@ -628,7 +661,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except AkmError as exc:
         if json_errors:
-            _err(json.dumps(exc.to_dict(), indent=2, ensure_ascii=False))
+            _err_json(exc.to_dict())
         else:
             _err(f"error[{exc.code}]: {exc.message}")
             if exc.hint:
