@@ -199,7 +199,12 @@ class EventPage(ApiModel):
     run: str | None = None
     since_offset: int
     next_offset: int
+    has_more: bool = False  # more events are waiting after next_offset (the page was full)
     events: list[EventView]
+
+
+DEFAULT_EVENT_LIMIT = 100
+MAX_EVENT_LIMIT = 10_000
 
 
 # ------------------------------------------------------------------ helpers
@@ -622,8 +627,15 @@ def _iso_timestamp(text: str) -> str:
 
 
 def events(*, run_id: str | None = None, since: str | None = None, limit: int | None = None) -> EventPage:
-    """`akm log`: events after an `@offset:N` cursor (or since an ISO time)."""
+    """Journal events after an `@offset:N` cursor (or since an ISO time), at most `limit`
+    (default 100, at most 10 000) per page; `has_more` says whether to ask again from `next_offset`."""
     from akm.store import events as events_store
+
+    if limit is None:
+        limit = DEFAULT_EVENT_LIMIT
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_EVENT_LIMIT:
+        raise UsageError(f"Event limit {limit!r}: expected a whole number from 1 to {MAX_EVENT_LIMIT}.",
+                         code="INVALID_FLAG_VALUE", details={"argument": "limit"})
 
     offset, since_ts = 0, None
     if since is not None:
@@ -638,8 +650,12 @@ def events(*, run_id: str | None = None, since: str | None = None, limit: int | 
     with _open_db() as db:
         if run_id is not None:
             _require_run(db, run_id)
-        evs, next_offset = events_store.list_events(db, run_id, offset, limit, since_ts=since_ts)
-        return EventPage(run=run_id, since_offset=offset, next_offset=next_offset,
+        evs, next_offset = events_store.list_events(db, run_id, offset, limit + 1, since_ts=since_ts)
+        has_more = len(evs) > limit
+        if has_more:
+            evs = evs[:limit]
+            next_offset = evs[-1].id
+        return EventPage(run=run_id, since_offset=offset, next_offset=next_offset, has_more=has_more,
                          events=[EventView(id=e.id, ts=e.ts, event_type=e.event_type, run_id=e.run_id,
                                            metadata=e.metadata) for e in evs])
 

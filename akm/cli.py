@@ -31,12 +31,20 @@ Which run: a workflow TARGET continues the active run of the same workflow in
 this project with the same params (after defaults), with the plan it froze
 even if the file was edited since (a warning says so); otherwise it starts a
 new run. Runs with other params live side by side.
-  --new           always start a new run (e.g. to run an edited file)
 
 Params: every declared param is a flag after TARGET: --name value, --name=value,
 a bare --name (true), repeat for arrays or pass JSON ([..], {..}).
-Reserved run flags (cannot be param names on the CLI): --new, --max-steps,
---timeout, --format, --help, --quiet, --verbose.
+
+Run flags:
+  --new           always start a new run (e.g. to run an edited file)
+  --max-steps N   finish at most N steps in this invocation (exit 4 if more remain)
+  --timeout DUR   stop after DUR (500ms, 30s, 5m); the run stays active
+  --format F      text (default) or json
+  --quiet, -q     no progress lines
+  --verbose       a progress line per finished unit on stderr, even when stderr
+                  is not a terminal (by default only a terminal gets them)
+  --help, -h      this help
+These names are reserved: a param of the same name cannot be set on the CLI.
 
 Exit status: 0 completed, 1 failed/blocked/timed out, 2 usage error,
 3 awaiting the calling agent (session units), 4 stopped at --max-steps,
@@ -57,45 +65,53 @@ def _build_parser() -> "argparse.ArgumentParser":
     p.add_argument("--version", action="version", version=f"akm {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    wf = sub.add_parser("workflow", help="lint, run and inspect workflows")
+    wf = sub.add_parser("workflow", help="lint, run and inspect workflows",
+                        description="Lint, run and inspect workflows. `akm workflow ACTION --help` for each action.")
     p.workflow_parser = wf  # type: ignore[attr-defined]
     wsub = wf.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    run_id_help = "a run id (from `akm workflow list` or a run's output)"
+
+    def add(name: str, text: str) -> "argparse.ArgumentParser":
+        return wsub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
 
     def fmt(sp: "argparse.ArgumentParser", choices: tuple[str, ...] = ("text", "json")) -> None:
-        sp.add_argument("--format", choices=choices, default="text")
+        sp.add_argument("--format", choices=choices, default="text",
+                        help="output format: " + ", ".join(choices) + " (default: text)")
 
-    lint = wsub.add_parser("lint", help="check workflow files (or directories of them)")
-    lint.add_argument("paths", nargs="+", metavar="PATH")
+    lint = add("lint", "check workflow files (or directories of them)")
+    lint.add_argument("paths", nargs="+", metavar="PATH",
+                      help="a workflow file, or a directory whose *.md files are linted (README.md skipped)")
     fmt(lint)
 
-    up = wsub.add_parser("upgrade", help="convert a legacy workflow file to the current format")
-    up.add_argument("path", metavar="FILE")
+    up = add("upgrade", "convert a legacy workflow file to the current format")
+    up.add_argument("path", metavar="FILE", help="the legacy workflow file; printed converted unless --write")
     up.add_argument("--write", action="store_true", help="rewrite the file in place (only if it lints clean)")
     fmt(up)
 
     wsub.add_parser("run", help="start or continue a run (see `akm workflow run --help`)", add_help=False)
 
-    ls = wsub.add_parser("list", help="list runs in this project (newest first)")
+    ls = add("list", "list runs in this project (newest first)")
     ls.add_argument("--active", action="store_true", help="only runs that can still be driven")
     ls.add_argument("--ref", help="only runs of this workflow (path or workflows/<name>)")
     ls.add_argument("--all", action="store_true", help="runs of every project, not just this one")
     fmt(ls)
 
-    st = wsub.add_parser("status", help="where a run stands")
-    st.add_argument("run_id", metavar="RUN")
+    st = add("status", "where a run stands: its steps, their outputs and the run's result")
+    st.add_argument("run_id", metavar="RUN", help=run_id_help)
     st.add_argument("--units", action="store_true", help="include every journaled unit attempt")
     fmt(st, ("text", "json", "mermaid"))
 
-    for name, text in (("resume", "reopen a failed or blocked run"), ("abandon", "give up on a run")):
-        sp = wsub.add_parser(name, help=text)
-        sp.add_argument("run_id", metavar="RUN")
+    for name, text in (("resume", "reopen a failed or blocked run (completed units are kept)"),
+                       ("abandon", "give up on a run for good: stops it at once; it can never be resumed")):
+        sp = add(name, text)
+        sp.add_argument("run_id", metavar="RUN", help=run_id_help)
         fmt(sp)
 
     nx = wsub.add_parser("next", help="what the calling agent should do now for a run (read-only)",
                          description="Print the brief of a run's current step: the session units an agent must "
                                      "do (prompt, context, schema, claim, how to report) or the gate verdict it "
                                      "must give. Never changes the run.")
-    nx.add_argument("run_id", metavar="RUN", help="the run id")
+    nx.add_argument("run_id", metavar="RUN", help=run_id_help)
     fmt(nx)
 
     rp = wsub.add_parser(
@@ -103,7 +119,7 @@ def _build_parser() -> "argparse.ArgumentParser":
         description="Record the result of a session unit (or a judge's verdict) done by the calling agent. "
                     "When it completes the step's work the step finishes (gate, route); then `akm workflow run "
                     "RUN` continues the run. Every refusal leaves the journal unchanged.")
-    rp.add_argument("run_id", metavar="RUN", help="the run id")
+    rp.add_argument("run_id", metavar="RUN", help=run_id_help)
     rp.add_argument("unit_id", metavar="UNIT", help="the unit id from `akm workflow next` (or STEP.gate:lN)")
     rp.add_argument("--status", required=True, choices=("completed", "failed", "running"),
                     help="completed (with --result), failed (with --failure-reason), or running (claim it)")
@@ -122,10 +138,12 @@ def _build_parser() -> "argparse.ArgumentParser":
     _add_config_parser(sub)
     _add_setup_parser(sub)
 
-    log = sub.add_parser("log", help="journal events (cursor-paged)")
-    log.add_argument("--run", dest="run_id", metavar="RUN")
-    log.add_argument("--since", help="@offset:N (from a previous nextOffset) or an ISO time")
-    log.add_argument("--limit", type=int)
+    log = sub.add_parser("log", help="journal events (cursor-paged)",
+                         description="Journal events in order, a page at a time. Continue with "
+                                     "--since @offset:<nextOffset> of the previous page.")
+    log.add_argument("--run", dest="run_id", metavar="RUN", help="only events of this run")
+    log.add_argument("--since", help="@offset:N (a previous nextOffset) or an ISO time such as 2026-11-30T12:00:00Z")
+    log.add_argument("--limit", type=int, metavar="N", help="at most N events per page (default 100, at most 10000)")
     fmt(log)
     return p
 
@@ -134,33 +152,43 @@ def _build_parser() -> "argparse.ArgumentParser":
 
 
 def _add_config_parser(sub: Any) -> None:
-    cp = sub.add_parser("config", help="read and change engine configuration")
+    cp = sub.add_parser("config", help="read and change engine configuration",
+                        description="Read and change engine configuration (user file, and the project's "
+                                    ".akm/config.json over it). `akm config ACTION --help` for each action.")
     csub = cp.add_subparsers(dest="config_action", metavar="ACTION", parser_class=type(cp))
     cp.set_defaults(config_parser=cp)
+
+    def add(name: str, text: str) -> "argparse.ArgumentParser":
+        return csub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
 
     def scope(sp: "argparse.ArgumentParser") -> None:
         sp.add_argument("--project", action="store_true",
                         help="the project file (<project>/.akm/config.json) instead of the user file")
 
-    pth = csub.add_parser("path", help="print where the config file is")
+    def fmt(sp: "argparse.ArgumentParser", default: str) -> None:
+        sp.add_argument("--format", choices=("text", "json"), default=default,
+                        help=f"output format: text, json (default: {default})")
+
+    key_help = "a dotted key path, e.g. engines.fast.model"
+    pth = add("path", "print where the config file is")
     scope(pth)
-    pth.add_argument("--format", choices=("text", "json"), default="text")
-    ls = csub.add_parser("list", help="the effective config (user file under the project file), as JSON")
-    ls.add_argument("--format", choices=("text", "json"), default="json")
-    get = csub.add_parser("get", help="one value (JSON; null when unset)")
-    get.add_argument("key", metavar="KEY")
-    get.add_argument("--format", choices=("text", "json"), default="json")
-    st = csub.add_parser("set", help="set a value (objects merge, arrays replace)")
-    st.add_argument("key", metavar="KEY")
-    st.add_argument("value", metavar="VALUE")
+    fmt(pth, "text")
+    ls = add("list", "the effective config (user file under the project file), as JSON")
+    fmt(ls, "json")
+    get = add("get", "one value (JSON; null when unset)")
+    get.add_argument("key", metavar="KEY", help=key_help)
+    fmt(get, "json")
+    st = add("set", "set a value (objects merge, arrays replace)")
+    st.add_argument("key", metavar="KEY", help=key_help)
+    st.add_argument("value", metavar="VALUE", help="the value, turned into the key's type: text, a number, true/false, a duration, or JSON")
     scope(st)
     st.add_argument("--silent", action="store_true", help="print nothing on success")
-    st.add_argument("--format", choices=("text", "json"), default="text")
-    un = csub.add_parser("unset", help="remove a key (emptied parents are removed too)")
-    un.add_argument("key", metavar="KEY")
+    fmt(st, "text")
+    un = add("unset", "remove a key (emptied parents are removed too)")
+    un.add_argument("key", metavar="KEY", help=key_help)
     scope(un)
     un.add_argument("--silent", action="store_true", help="print nothing on success")
-    un.add_argument("--format", choices=("text", "json"), default="text")
+    fmt(un, "text")
 
 
 def _cmd_config(args: "argparse.Namespace") -> int:
@@ -408,7 +436,10 @@ def _cmd_run(tokens: list[str]) -> int:
     import signal
 
     cancel = Cancellation()
-    show_progress = sys.stderr.isatty() or os.environ.get("AKM_PROGRESS") == "1"
+    if ra.controls.get("quiet") and ra.controls.get("verbose"):
+        raise UsageError("--quiet and --verbose contradict each other; pass one.", code="INVALID_FLAG_VALUE")
+    # Progress lines go to a terminal by default; --verbose sends them anywhere (an agent's pipe, a log).
+    show_progress = bool(ra.controls.get("verbose")) or sys.stderr.isatty() or os.environ.get("AKM_PROGRESS") == "1"
     if ra.controls.get("quiet"):
         show_progress = False
 
@@ -496,7 +527,8 @@ def _cmd_log(args: argparse.Namespace) -> int:
     else:
         for e in page["events"]:
             _out(f"{e['id']:>6} {e['ts']} {e['eventType']} {json.dumps(e.get('metadata', {}), ensure_ascii=False)}")
-        _out(f"next: --since @offset:{page['nextOffset']}")
+        more = "more events are waiting; " if page["hasMore"] else ""
+        _out(f"{more}next: --since @offset:{page['nextOffset']}")
     return 0
 
 

@@ -88,6 +88,11 @@ def list_events(
     Returns `(events, next_offset)`: `next_offset` = id of the last returned
     event, or `since_offset` when none matched. `limit` keeps the *first* k
     rows after the offset, so paging with `next_offset` never skips any.
+    With `since_ts`, when fewer than `limit` events matched, `next_offset` is
+    the newest event id at query time: everything up to it was considered, so
+    a poller continuing from it neither replays the journal (a time in the
+    future used to hand back offset 0) nor misses a later event (the newest id
+    is read first and the page is bounded by it).
     """
     if isinstance(since_offset, bool) or not isinstance(since_offset, int) or since_offset < 0:
         raise UsageError(f"event offset must be a non-negative integer, got {since_offset!r}", code="INVALID_FLAG_VALUE")
@@ -101,14 +106,21 @@ def list_events(
     if event_type is not None:
         where.append("event_type = ?")
         params.append(event_type)
+    newest = None
     if since_ts is not None:
         where.append("ts >= ?")
         params.append(since_ts)
+        row = db.query_one("SELECT COALESCE(MAX(id), 0) AS m FROM events")
+        newest = int(row["m"]) if row else 0
+        where.append("id <= ?")
+        params.append(newest)
     sql = f"SELECT id, event_type, ts, run_id, metadata_json FROM events WHERE {' AND '.join(where)} ORDER BY id ASC"
     if limit is not None:
         sql += " LIMIT ?"
         params.append(limit)
     events = [_event(r) for r in db.query(sql, params)]
+    if newest is not None and (limit is None or len(events) < limit):
+        return events, max(since_offset, newest)
     return events, (events[-1].id if events else since_offset)
 
 
