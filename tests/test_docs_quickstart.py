@@ -1,0 +1,43 @@
+"""README Quick start works where system pip is locked, and CI runs exactly it (issue 6 item 18)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+
+from tests.conftest import ROOT
+
+
+def _quickstart_lines() -> list[str]:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"## Quick start\s+```sh\n(.*?)```", readme, re.S)
+    assert block, "README has no Quick start sh block"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_second_quickstart_command_installs_into_a_venv_not_the_system():
+    install = _quickstart_lines()[1]
+    commands = [shlex.split(part) for part in install.split("&&")]
+    assert commands[0][:3] == ["python3", "-m", "venv"], install
+    venv = commands[0][3]
+    for argv in commands[1:]:
+        # every later command runs the venv's own interpreter or pip: PEP 668 does not apply there
+        assert argv[0].startswith(f"{venv}/bin/"), f"{argv[0]} runs outside the venv: {install}"
+    assert any(argv[-2:] == ["-m", "pytest"] or argv[-1] == "pytest" for argv in commands), install
+    assert subprocess.run(["bash", "-n", "-c", install]).returncode == 0
+
+
+def test_ci_runs_exactly_the_readme_command():
+    """CI may prepare its environment first (CI=1, the TypeScript client), then runs the README line as is."""
+    install = _quickstart_lines()[1]
+    script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    commands = [line for line in script.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert commands[-1] == install, commands[-1]
+    assert not any("pip install" in line or "pytest" in line for line in commands[:-1]), commands
+
+
+def test_readme_says_where_state_lives_and_how_to_move_it():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "AKM_DATA_DIR" in readme and "~/.local/share/akm" in readme
+    assert "conftest" in readme  # how the tests keep away from the user's journal
