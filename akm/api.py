@@ -1,8 +1,21 @@
 """The one service surface. The CLI and the MCP server are thin fronts over it.
 
-Every function takes plain values, returns pydantic models (camelCase JSON via
-`model_dump(by_alias=True)`), and raises `AkmError` subclasses for anything a
-user can cause. No printing here: progress and warnings go through callbacks.
+Every call takes its arguments as keywords or as one request model
+(`RunRequest`, `ListRunsRequest`, `StatusRequest`, `RunIdRequest`,
+`EventsRequest`, `LintRequest`, `UpgradeRequest`), validates them here — never
+in a front — and returns a pydantic model (camelCase JSON via `to_json()`). A
+front can publish a request model's JSON schema as a tool's input schema.
+Anything a user can cause raises an `AkmError` subclass whose message says what
+is wrong without naming a front's flags or commands; each front adds its own
+hint by error code (`code`, `details`).
+
+No printing here: progress (`UnitFinished`, `StepFinished`) and warnings
+(`RunWarning`) go through callbacks, and a `Cancellation` stops a run. The
+progress and warning callbacks are called from the engine's worker threads as
+well as the calling thread: keep them quick and thread-safe.
+
+Importing this module stays cheap (pydantic and the models below only): the
+engine, the store, the format and the plan are imported inside the calls.
 """
 
 from __future__ import annotations
@@ -14,17 +27,18 @@ import time
 import uuid
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from akm import paths
+from akm.engine.cancel import Cancellation  # noqa: F401  (an api type: fronts stop runs with it)
 from akm.errors import AkmError, NotFoundError, UsageError
-from akm.plan.model import UNIT_HASH_VERSION
 
 STALE_AFTER_S = 90.0
 _RUN_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+INVALID_ARGUMENT = "INVALID_FLAG_VALUE"  # the stable code of a bad argument value, whatever the front
 
 
 class ApiModel(BaseModel):
@@ -35,17 +49,157 @@ class ApiModel(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
 
+# ------------------------------------------------------------------ arguments
+
+
+MAX_TIMEOUT_MS = 2_147_483_647  # about 24 days: what a timer can hold everywhere
+_DURATION_UNITS = (("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000))
+OUTPUT_FORMATS = ("text", "json", "mermaid")
+
+
+def parse_duration_ms(value: str | int) -> int:
+    """A positive duration in ms from `500ms`, `30s`, `5m`, `1h` or a bare number of ms (UsageError if not)."""
+    try:
+        return _duration_ms(value)
+    except ValueError as exc:
+        raise UsageError(f"{exc}.", code=INVALID_ARGUMENT, details={"argument": "timeout"}) from None
+
+
+def _duration_ms(value: str | int) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"timeout {value!r}: expected a duration like 500ms, 30s or 5m")
+    if isinstance(value, int):
+        ms = value
+    else:
+        raw, scale = str(value).strip().lower(), 1
+        for suffix, factor in _DURATION_UNITS:
+            if raw.endswith(suffix) and raw[: -len(suffix)].isdigit():
+                raw, scale = raw[: -len(suffix)], factor
+                break
+        if not raw.isdigit() or not raw.isascii():
+            raise ValueError(f"timeout {value!r}: expected a duration like 500ms, 30s or 5m")
+        ms = int(raw) * scale
+    if ms <= 0:
+        raise ValueError(f"timeout {value!r}: a duration must be longer than zero")
+    if ms > MAX_TIMEOUT_MS:
+        raise ValueError(f"timeout {value!r} is too long: at most {MAX_TIMEOUT_MS} ms (about 24 days)")
+    return ms
+
+
+def _whole_number(value: Any, name: str, minimum: int, maximum: int | None = None) -> int:
+    """An int from an int or its decimal text, within [minimum, maximum]."""
+    span = f"from {minimum} to {maximum}" if maximum is not None else f"≥ {minimum}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.strip().isdigit() and value.strip().isascii():
+        number = int(value.strip())
+    else:
+        raise ValueError(f"{name} {value!r}: expected a whole number {span}")
+    if number < minimum or (maximum is not None and number > maximum):
+        raise ValueError(f"{name} {value!r}: expected a whole number {span}")
+    return number
+
+
+def check_output_format(value: str, allowed: tuple[str, ...] = ("text", "json")) -> str:
+    """Validate a requested output format against what the command can render."""
+    if value not in allowed:
+        raise UsageError(f"format {value!r}: expected one of {', '.join(allowed)}.", code=INVALID_ARGUMENT,
+                         details={"argument": "format", "allowed": list(allowed)})
+    return value
+
+
+M = TypeVar("M", bound="ApiModel")
+
+
+def _validated(model: type[M], given: Any, fields: dict[str, Any]) -> M:
+    """`given` when it already is the request model, else the model built (and validated) from `fields`.
+
+    A validation failure is a UsageError naming the argument (details.argument, in the api's
+    snake_case name), never a pydantic traceback.
+    """
+    if isinstance(given, model):
+        return given
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        argument = ".".join(str(p) for p in problem["loc"]) or model.__name__
+        cause = (problem.get("ctx") or {}).get("error")
+        message = str(cause) if cause is not None else f"{argument}: {problem['msg']}"
+        raise UsageError(message + ("" if message.endswith(".") else "."),
+                         code=INVALID_ARGUMENT, details={"argument": argument}) from None
+
+
+class LintRequest(ApiModel):
+    paths: list[str] = Field(min_length=1, description="workflow files, or directories holding them")
+
+
+class UpgradeRequest(ApiModel):
+    path: str = Field(description="a legacy workflow file")
+    write: bool = Field(False, description="rewrite the file in place (only if the result lints clean)")
+
+
+class RunRequest(ApiModel):
+    """Start or continue a run (see `run_workflow`)."""
+
+    target: str = Field(description="a workflow file, a workflows/<name> ref, or a run id")
+    params: dict[str, Any] | None = Field(None, description="typed params (validated against the workflow's)")
+    param_flags: list[tuple[str, Union[str, bool]]] | None = Field(
+        None, description="raw command-line param flags (name, text or true), coerced by the params' types")
+    max_steps: int | None = Field(None, description="finish at most this many steps now (0: start, drive nothing)")
+    timeout: Union[int, str, None] = Field(None, description="stop driving after this long: ms, or text like 30s / 5m")
+    new: bool = Field(False, description="always start a new run, even if an identical one is active")
+    cwd: str | None = Field(None, description="the directory the request is made from (default: the process's)")
+
+    @field_validator("max_steps", mode="before")
+    @classmethod
+    def _max_steps(cls, value: Any) -> int | None:
+        return None if value is None else _whole_number(value, "max_steps", 0)
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> int | None:  # always ms once validated
+        return None if value is None else _duration_ms(value)
+
+
+class ListRunsRequest(ApiModel):
+    active_only: bool = Field(False, description="only runs that can still be driven")
+    ref: str | None = Field(None, description="only runs of this workflow: a file (relative to cwd) or workflows/<name>")
+    all_scopes: bool = Field(False, description="runs of every project, not just cwd's")
+    cwd: str | None = Field(None, description="the directory whose project is listed (default: the process's)")
+
+
+class RunIdRequest(ApiModel):
+    run_id: str
+
+
+class StatusRequest(RunIdRequest):
+    units: bool = Field(False, description="include every journaled unit attempt")
+
+
+class EventsRequest(ApiModel):
+    run_id: str | None = Field(None, description="only events of this run")
+    since: str | None = Field(None, description="@offset:N (a previous nextOffset) or an ISO time")
+    limit: int | None = Field(None, description="events per page (default 100, 1 to 10000)")
+
+    @field_validator("limit", mode="before")
+    @classmethod
+    def _limit(cls, value: Any) -> int | None:
+        return None if value is None else _whole_number(value, "limit", 1, MAX_EVENT_LIMIT)
+
+
 # ------------------------------------------------------------------ lint / upgrade
 
 
-def lint(paths_: list[str]):
+def lint(paths_: list[str] | LintRequest):
     """Lint files or directories; returns a `LintReport` (see akm.format.lint)."""
     from akm.format.lint import lint_paths
 
-    report = lint_paths(paths_)
+    req = _validated(LintRequest, paths_, {"paths": paths_})
+    report = lint_paths(req.paths)
     if not report.files:
         raise UsageError(
-            f"No workflow files found in {', '.join(paths_)}.", code="NO_WORKFLOW_FILES",
+            f"No workflow files found in {', '.join(req.paths)}.", code="NO_WORKFLOW_FILES",
             hint="Workflows are *.md files (README.md is skipped); pass a file or a directory holding them.",
         )
     return report
@@ -59,11 +213,13 @@ class UpgradeResult(ApiModel):
     errors: list[dict[str, Any]] = Field(default_factory=list)
 
 
-def upgrade(path: str, *, write: bool = False) -> UpgradeResult:
+def upgrade(path: str | UpgradeRequest, *, write: bool = False) -> UpgradeResult:
     """Convert a legacy workflow file to the current format (optionally in place)."""
     from akm.format.lint import lint_text
     from akm.format.upgrade import detect_legacy, upgrade_legacy
 
+    req = _validated(UpgradeRequest, path, {"path": path, "write": write})
+    path, write = req.path, req.write
     text = _read_workflow_text(Path(path))
     if detect_legacy(text) is None:
         raise UsageError(f"{path} is not in the legacy workflow format; nothing to upgrade.", code="NOT_LEGACY")
@@ -181,6 +337,54 @@ class RunWarning(ApiModel):
     code: str
     message: str
     details: dict[str, Any] = Field(default_factory=dict)
+
+
+class UnitFinished(ApiModel):
+    """Progress: one dispatched unit attempt finished (called from the worker thread that ran it)."""
+
+    kind: Literal["unit"] = "unit"
+    run_id: str
+    step_id: str
+    unit_id: str
+    attempt_id: str
+    ok: bool
+    failure_reason: str | None = None
+    done: int  # units of this step finished so far in this invocation
+    total: int  # units of this step dispatched in this invocation
+
+
+class StepFinished(ApiModel):
+    """Progress: a step reached its final status (completed, failed or skipped) in this invocation."""
+
+    kind: Literal["step"] = "step"
+    run_id: str
+    step_id: str
+    status: str
+    summary: str | None = None
+
+
+ProgressEvent = Union[UnitFinished, StepFinished]
+
+
+class GraphNode(ApiModel):
+    id: str
+    kind: Literal["unit", "map", "route"]
+    status: str
+
+
+class GraphEdge(ApiModel):
+    source: str
+    target: str
+    label: str | None = None  # a route branch's match value, or "default"
+    certain: bool = True  # False: the target runs only when a route selects it
+
+
+class RunGraph(ApiModel):
+    """A run's steps and control flow (route targets are alternatives, drawn as branches)."""
+
+    run_id: str
+    nodes: list[GraphNode]
+    edges: list[GraphEdge]
 
 
 class RunList(ApiModel):
@@ -390,15 +594,16 @@ def compile_workflow_file(path: Path, *, cwd: Path | None = None):
 
 
 def run_workflow(
-    target: str,
+    target: str | RunRequest,
     *,
     param_pairs: list[tuple[str, str | bool]] | None = None,
     params: dict[str, Any] | None = None,
-    max_steps: int | None = None,
+    max_steps: int | str | None = None,
+    timeout: int | str | None = None,
     timeout_ms: int | None = None,
     new: bool = False,
-    cancel=None,
-    on_progress: Callable[[Any], None] | None = None,
+    cancel: Cancellation | None = None,
+    on_progress: Callable[[ProgressEvent], None] | None = None,
     on_warning: Callable[[RunWarning], None] | None = None,
     cwd: str | None = None,
 ) -> RunResult:
@@ -407,15 +612,24 @@ def run_workflow(
     A workflow target continues the drivable run of the same workflow (ref and
     project) with the same params — after defaults — if there is one, even when
     the file changed since (its frozen plan runs; a `WORKFLOW_CHANGED` warning
-    says so); otherwise, or with `new=True`, a new run starts.
+    says so); otherwise, or with `new=True`, a new run starts. `param_pairs`
+    are raw command-line flags, `params` typed values; `timeout` takes ms or
+    text (`30s`), `timeout_ms` ms. `on_progress` gets a `UnitFinished` per
+    finished unit attempt and a `StepFinished` per finished step, from worker
+    threads too; `cancel.trip(reason)` stops the drive (the run stays active).
     """
-    from akm.engine.cancel import Cancellation
     from akm.engine.drive import DriveOptions, drive_run
+    from akm.plan.model import UNIT_HASH_VERSION
     from akm.store import events as events_store
     from akm.store import runs as runs_store
     from akm.store.db import now_iso
 
-    work_dir = Path(cwd or os.getcwd()).resolve()
+    req = _validated(RunRequest, target, dict(
+        target=target, params=params, param_flags=param_pairs, max_steps=max_steps,
+        timeout=timeout if timeout is not None else timeout_ms, new=new, cwd=cwd))
+    target, params, param_pairs, max_steps, new = req.target, req.params, req.param_flags, req.max_steps, req.new
+    timeout_ms = req.timeout
+    work_dir = Path(req.cwd or os.getcwd()).resolve()
     cancel = cancel or Cancellation()
     started_wall = time.monotonic()
     started_at = now_iso()
@@ -483,7 +697,7 @@ def run_workflow(
             # every invocation of one run executes its steps in the same place.
             root = paths.project_root(work_dir)
             opts = DriveOptions(work_dir=root, project_root=root, max_steps=max_steps, cancel=cancel,
-                                on_progress=on_progress,
+                                on_progress=_progress_relay(on_progress),
                                 on_warning=lambda message: warn(RunWarning(code="ENGINE", message=message)))
             driven = drive_run(db, run_id, opts)
         finally:
@@ -516,6 +730,22 @@ def run_workflow(
         except Exception:
             pass  # history is advisory; never mask the real outcome
         db.close()
+
+
+def _progress_relay(on_progress: Callable[[ProgressEvent], None] | None) -> Callable[[Any], None] | None:
+    """The engine reports plain dataclasses; fronts get the api's typed events."""
+    if on_progress is None:
+        return None
+    from akm.engine.progress import StepProgress
+
+    def relay(p: Any) -> None:
+        if isinstance(p, StepProgress):
+            on_progress(StepFinished(run_id=p.run_id, step_id=p.step_id, status=p.status, summary=p.summary))
+        else:
+            on_progress(UnitFinished(run_id=p.run_id, step_id=p.step_id, unit_id=p.unit_id, attempt_id=p.attempt_id,
+                                     ok=p.ok, failure_reason=p.failure_reason, done=p.done, total=p.total))
+
+    return relay
 
 
 def _continue_active(active, plan, wf_path: Path, warn: Callable[[RunWarning], None]) -> str:
@@ -560,44 +790,68 @@ def signal_exit_status(reason: str | None, default: int) -> int:
 # ------------------------------------------------------------------ inspect / control
 
 
-def list_runs(*, active_only: bool = False, ref: str | None = None, all_scopes: bool = False,
-              cwd: str | None = None) -> RunList:
+def list_runs(request: ListRunsRequest | None = None, /, *, active_only: bool = False, ref: str | None = None,
+              all_scopes: bool = False, cwd: str | None = None) -> RunList:
+    """Runs of the project of `cwd` (or of every project), newest first.
+
+    `ref` is a workflow file — resolved against `cwd`, like a run target — or a
+    `workflows/<name>` ref.
+    """
     from akm.store import runs as runs_store
 
+    req = _validated(ListRunsRequest, request,
+                     dict(active_only=active_only, ref=ref, all_scopes=all_scopes, cwd=cwd))
+    work_dir = Path(req.cwd or os.getcwd())
+    ref = req.ref
+    if ref is not None:
+        candidate = Path(ref) if os.path.isabs(ref) else work_dir / ref
+        if candidate.is_file():
+            ref = os.path.realpath(candidate)
+        elif ref.startswith("workflows/") and ref.endswith(".md"):
+            ref = ref[:-3]
     with _open_db() as db:
-        scope = None if all_scopes else paths.scope_key(Path(cwd or os.getcwd()))
-        if ref is not None and os.path.isfile(ref):
-            ref = os.path.realpath(ref)
-        rows = runs_store.list_runs(db, scope_key=scope, active_only=active_only, ref=ref)
+        scope = None if req.all_scopes else paths.scope_key(work_dir)
+        rows = runs_store.list_runs(db, scope_key=scope, active_only=req.active_only, ref=ref)
         return RunList(runs=[_run_view(db, r, with_steps=False) for r in rows])
 
 
-def run_status(run_id: str, *, units: bool = False) -> RunView:
+def run_status(run_id: str | StatusRequest, *, units: bool = False) -> RunView:
+    """Where a run stands: steps with outputs and tallies, the final artifact, and (`units`) every attempt."""
+    req = _validated(StatusRequest, run_id, {"run_id": run_id, "units": units})
     with _open_db() as db:
-        return _run_view(db, _require_run(db, run_id), with_units=units)
+        return _run_view(db, _require_run(db, req.run_id), with_units=req.units)
 
 
-def run_plan(run_id: str):
-    """The frozen plan of a run (verified), for `status --format mermaid`."""
+def run_graph(run_id: str | RunIdRequest) -> RunGraph:
+    """A run's steps (kind, status) and control flow, from its verified frozen plan."""
     from akm.engine.state import decode_plan
+    from akm.plan.flow import flow_edges
 
+    req = _validated(RunIdRequest, run_id, {"run_id": run_id})
     with _open_db() as db:
-        run = _require_run(db, run_id)
-        return decode_plan(run.id, run.plan_json, run.plan_hash)
+        run = _require_run(db, req.run_id)
+        plan = decode_plan(run.id, run.plan_json, run.plan_hash)
+        view = _run_view(db, run)
+    status = {s.id: s.status for s in view.steps or []}
+    nodes = [GraphNode(id=s.step_id, status=status.get(s.step_id, "pending"),
+                       kind="route" if s.route else ("map" if s.root is not None and s.root.kind == "map" else "unit"))
+             for s in plan.steps]
+    edges = [GraphEdge(source=e.source, target=e.target, label=e.label, certain=e.certain) for e in flow_edges(plan)]
+    return RunGraph(run_id=run.id, nodes=nodes, edges=edges)
 
 
-def resume(run_id: str) -> RunView:
+def resume(run_id: str | RunIdRequest) -> RunView:
     """Reopen a failed or blocked run (its current step becomes pending again)."""
-    return _control(run_id, "resume_run")
+    return _control(_validated(RunIdRequest, run_id, {"run_id": run_id}).run_id, "resume_run")
 
 
-def abandon(run_id: str) -> RunView:
+def abandon(run_id: str | RunIdRequest) -> RunView:
     """Give up on a run, at once and for good: it becomes `abandoned` (final; never resumed).
 
     No unit of it starts after this returns; a driver working on it stops its
     in-flight units within about a second and exits with RUN_ABANDONED.
     """
-    return _control(run_id, "abandon_run")
+    return _control(_validated(RunIdRequest, run_id, {"run_id": run_id}).run_id, "abandon_run")
 
 
 def _control(run_id: str, action: str) -> RunView:
@@ -618,32 +872,31 @@ def _iso_timestamp(text: str) -> str:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         raise UsageError(
-            f"--since {text!r}: expected @offset:N (a previous nextOffset) or an ISO time like 2026-11-30T12:00:00Z.",
-            code="INVALID_FLAG_VALUE",
+            f"since {text!r}: expected @offset:N (a previous nextOffset) or an ISO time like 2026-11-30T12:00:00Z.",
+            code=INVALID_ARGUMENT, details={"argument": "since"},
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return format_iso(moment.astimezone(timezone.utc))
 
 
-def events(*, run_id: str | None = None, since: str | None = None, limit: int | None = None) -> EventPage:
+def events(request: EventsRequest | None = None, /, *, run_id: str | None = None, since: str | None = None,
+           limit: int | None = None) -> EventPage:
     """Journal events after an `@offset:N` cursor (or since an ISO time), at most `limit`
     (default 100, at most 10 000) per page; `has_more` says whether to ask again from `next_offset`."""
     from akm.store import events as events_store
 
-    if limit is None:
-        limit = DEFAULT_EVENT_LIMIT
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_EVENT_LIMIT:
-        raise UsageError(f"Event limit {limit!r}: expected a whole number from 1 to {MAX_EVENT_LIMIT}.",
-                         code="INVALID_FLAG_VALUE", details={"argument": "limit"})
+    req = _validated(EventsRequest, request, dict(run_id=run_id, since=since, limit=limit))
+    run_id, since = req.run_id, req.since
+    limit = DEFAULT_EVENT_LIMIT if req.limit is None else req.limit
 
     offset, since_ts = 0, None
     if since is not None:
         if since.startswith("@offset:"):
             raw = since[len("@offset:"):]
             if not raw.isdigit() or not raw.isascii() or int(raw) > 2**63 - 1:
-                raise UsageError(f"--since {since!r}: the offset must be a whole number (a previous nextOffset).",
-                                 code="INVALID_FLAG_VALUE")
+                raise UsageError(f"since {since!r}: the offset must be a whole number (a previous nextOffset).",
+                                 code=INVALID_ARGUMENT, details={"argument": "since"})
             offset = int(raw)
         else:
             since_ts = _iso_timestamp(since)
@@ -806,23 +1059,7 @@ def report_unit(
         ))
 
 
-# ------------------------------------------------------------------ durations and setup status
-
-
-def parse_duration_ms(text: str) -> int:
-    """A duration like 500ms, 30s or 5m (a bare number is milliseconds) as milliseconds."""
-    raw = str(text).strip().lower()
-    scale = 1
-    for suffix, factor in (("ms", 1), ("s", 1000), ("m", 60_000)):
-        if raw.endswith(suffix):
-            raw, scale = raw[: -len(suffix)], factor
-            break
-    if not raw.isdigit() or not raw.isascii() or int(raw) * scale <= 0:
-        raise UsageError(f"timeout {text!r}: expected a duration like 500ms, 30s or 5m.", code="INVALID_FLAG_VALUE")
-    if int(raw) * scale > 2_147_483_647:
-        raise UsageError(f"timeout {text!r} is too long: at most 2147483647 ms (about 24 days).",
-                         code="INVALID_FLAG_VALUE")
-    return int(raw) * scale
+# ------------------------------------------------------------------ setup status
 
 
 # ================================================================== setup (`akm setup`, MCP `setup`)

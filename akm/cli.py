@@ -403,16 +403,9 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
     return 0 if res.ok else 1
 
 
-def _parse_duration_ms(text: str) -> int:
-    from akm import api
-
-    return api.parse_duration_ms(text)
-
-
 def _cmd_run(tokens: list[str]) -> int:
     from akm import api
     from akm import cli_render as render
-    from akm.engine.cancel import Cancellation
     from akm.format.params import split_run_args
 
     if any(t in ("-h", "--help") for t in tokens):
@@ -422,20 +415,11 @@ def _cmd_run(tokens: list[str]) -> int:
     if ra.target is None:
         raise UsageError("workflow run needs a TARGET (a workflow file, workflows/<name> or a run id).",
                          code="USAGE", hint="See `akm workflow run --help`.")
-    fmt = str(ra.controls.get("format", "text"))
-    if fmt not in ("text", "json"):
-        raise UsageError(f"--format {fmt!r}: expected text or json.", code="INVALID_FLAG_VALUE")
-    max_steps = None
-    if "max-steps" in ra.controls:
-        raw = str(ra.controls["max-steps"])
-        if not raw.isdigit() or int(raw) < 1:
-            raise UsageError(f"--max-steps {raw!r}: expected a whole number ≥ 1.", code="INVALID_FLAG_VALUE")
-        max_steps = int(raw)
-    timeout_ms = _parse_duration_ms(str(ra.controls["timeout"])) if "timeout" in ra.controls else None
+    fmt = api.check_output_format(str(ra.controls.get("format", "text")), ("text", "json"))
 
     import signal
 
-    cancel = Cancellation()
+    cancel = api.Cancellation()
     if ra.controls.get("quiet") and ra.controls.get("verbose"):
         raise UsageError("--quiet and --verbose contradict each other; pass one.", code="INVALID_FLAG_VALUE")
     # Progress lines go to a terminal by default; --verbose sends them anywhere (an agent's pipe, a log).
@@ -452,8 +436,12 @@ def _cmd_run(tokens: list[str]) -> int:
     for signum in reasons:
         signal.signal(signum, on_signal)
 
-    def progress(p: Any) -> None:
-        if show_progress:
+    def progress(p: Any) -> None:  # from worker threads too: one write per line
+        if not show_progress:
+            return
+        if p.kind == "step":
+            _err(f"[{p.step_id}] step {p.status}")
+        else:
             mark = "ok" if p.ok else f"FAILED ({p.failure_reason})"
             _err(f"[{p.step_id} {p.done}/{p.total}] {p.attempt_id} {mark}")
 
@@ -463,9 +451,9 @@ def _cmd_run(tokens: list[str]) -> int:
             _err(f"  hint: to run the edited file, start a new run: akm workflow run {ra.target} --new "
                  f"(and `akm workflow abandon {w.details['runId']}` to drop the old one)")
 
-    result = api.run_workflow(ra.target, param_pairs=ra.params, max_steps=max_steps, timeout_ms=timeout_ms,
-                              new=bool(ra.controls.get("new")), cancel=cancel, on_progress=progress,
-                              on_warning=warning)
+    result = api.run_workflow(ra.target, param_pairs=ra.params, max_steps=ra.controls.get("max-steps"),
+                              timeout=ra.controls.get("timeout"), new=bool(ra.controls.get("new")), cancel=cancel,
+                              on_progress=progress, on_warning=warning)
     data = result.to_json()
     if fmt == "json":
         _emit_json(data)
@@ -500,7 +488,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.format == "json":
         _emit_json(view)
     elif args.format == "mermaid":
-        _out(render.mermaid(api.run_plan(args.run_id), view))
+        _out(render.mermaid(api.run_graph(args.run_id).to_json()))
     else:
         _out(render.run_text(view))
     return 0
@@ -568,7 +556,7 @@ def _cmd_next(args: argparse.Namespace) -> int:
     if args.format == "json":
         _emit_json(b)
     else:
-        _out(_sanitize(_render_brief_text(b)))
+        _out(_render_brief_text(b))
     return 0
 
 
@@ -606,17 +594,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.format == "json":
         _emit_json(res)
     else:
-        _out(_sanitize(f"{res['recorded']}: {res['unitId']} ({res['status']}) — {res['message']}"))
+        _out(f"{res['recorded']}: {res['unitId']} ({res['status']}) — {res['message']}")
         if res.get("stepOutcome") and res["stepOutcome"].get("kind") == "completed":
             _out(f"-> akm workflow run {res['runId']}")
     return 0
-
-
-def _sanitize(text: str) -> str:
-    """Drop terminal control sequences from text that came from units (keep newlines and tabs)."""
-    if not sys.stdout.isatty():
-        return text
-    return "".join(c if c in "\n\t" or (c.isprintable() and c != "\x1b") else "\ufffd" for c in text)
 
 
 def _cmd_mcp(rest: list[str]) -> int:
@@ -631,6 +612,41 @@ def _cmd_mcp(rest: list[str]) -> int:
     from akm.mcp import serve
 
     return serve()
+
+
+# The core says what is wrong; the CLI says what to type about it. Templates take `{key}` from the
+# error's details (a template whose keys are missing is not used, and the core's own hint stays).
+_CLI_HINTS: dict[str, str] = {
+    "RUN_NOT_FOUND": "List runs with `akm workflow list` (`--all` for every project).",
+    "RUN_ABANDONED": "Abandoning is final; start a new run from the workflow file with `akm workflow run FILE`.",
+    "RUN_ALREADY_FINISHED": "Start a new run from the workflow file with `akm workflow run FILE`.",
+    "LEASE_HELD": "Wait for that `akm workflow run` to finish, or for its lease to expire; "
+                  "`akm workflow status {runId}` shows who holds it.",
+    "WORKFLOW_INVALID": "Run `akm workflow lint {path}` for every problem and how to fix it.",
+    "CORRUPT_RUN": "Inspect it with `akm workflow status {runId}` or discard it with `akm workflow abandon {runId}`.",
+    "PARAMS_ON_EXISTING_RUN": "Params go with the workflow file: `akm workflow run FILE --name value`.",
+    "NEW_RUN_NEEDS_WORKFLOW": "Pass the workflow file or workflows/<name> together with --new.",
+}
+# An argument of the api (details.argument) as the CLI spells it.
+_FLAG_OF = {"max_steps": "--max-steps", "timeout": "--timeout", "format": "--format", "since": "--since",
+            "limit": "--limit", "paths": "PATH", "run_id": "RUN", "target": "TARGET"}
+
+
+def _cli_hint(exc: AkmError) -> str | None:
+    """This front's advice for an error, else the core's own hint."""
+    details = exc.details or {}
+    if exc.code == "RUN_NOT_ACTIVE" and details.get("status") in ("failed", "blocked") and details.get("runId"):
+        return f"Reopen it with `akm workflow resume {details['runId']}`, then run it again."
+    argument = details.get("argument")
+    if argument in _FLAG_OF:
+        return f"Check {_FLAG_OF[argument]}; `--help` on the command describes it."
+    template = _CLI_HINTS.get(exc.code)
+    if template is not None:
+        try:
+            return template.format(**details)
+        except (KeyError, IndexError):
+            pass
+    return exc.hint
 
 
 def _wants_json(argv: Sequence[str]) -> bool:
@@ -692,6 +708,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "report": _cmd_report}[args.action]
         return handler(args)
     except AkmError as exc:
+        exc.hint = _cli_hint(exc)
         if json_errors:
             _err_json(exc.to_dict())
         else:

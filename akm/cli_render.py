@@ -107,65 +107,25 @@ def _mermaid_text(text: str) -> str:
     return "".join(" " if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 else c for c in text)
 
 
-def _flow_edges(plan: Any) -> list[tuple[str, str, str | None, bool]]:
-    """(from, to, label, certain) edges of the plan's control flow.
-
-    Steps run in order; a route selects one of its targets and every other
-    target of that route is skipped. So the targets of one route are
-    alternatives: each continues to the first later step that is not one of
-    its alternatives (never to a sibling). Passing a step that only runs when
-    some route selects it gives a dotted (uncertain) edge and the walk goes on
-    to the next step, up to the first one that always runs.
-    """
-    order = [s.step_id for s in plan.steps]
-    targets_of: dict[str, list[str]] = {}
-    for s in plan.steps:
-        if s.route is not None:
-            targets_of[s.step_id] = list(dict.fromkeys([*s.route.when.values(),
-                                                        *([s.route.default_step_id] if s.route.default_step_id else [])]))
-    conditional = {t for ts in targets_of.values() for t in ts}
-    edges: list[tuple[str, str, str | None, bool]] = []
-    for i, step_id in enumerate(order):
-        exclusive = set(targets_of.get(step_id, []))
-        for ts in targets_of.values():
-            if step_id in ts:
-                exclusive.update(t for t in ts if t != step_id)
-        for later in order[i + 1:]:
-            if later in exclusive:
-                continue
-            edges.append((step_id, later, None, later not in conditional))
-            if later not in conditional:
-                break
-    for router, ts in targets_of.items():
-        s = plan.step(router)
-        for match, target in s.route.when.items():
-            edges.append((router, target, match, True))
-        if s.route.default_step_id:
-            edges.append((router, s.route.default_step_id, "default", False))
-    return edges
-
-
-def mermaid(plan: Any, view: dict[str, Any]) -> str:
-    """A flowchart of the run: one node per step coloured by status, routes drawn as branches."""
-    status = {s["id"]: s["status"] for s in view.get("steps") or []}
-    ids = {s.step_id: f"s{i}" for i, s in enumerate(plan.steps)}
-    lines = ["flowchart TD"]
-    for s in plan.steps:
-        kind = "route" if s.route else ("map" if s.root is not None and s.root.kind == "map" else "unit")
-        label = f"{_mermaid_text(s.step_id)}<br/>{kind} · {_mermaid_text(status.get(s.step_id, 'pending'))}"
-        shape = f'{{"{label}"}}' if s.route else f'["{label}"]'
-        lines.append(f"  {ids[s.step_id]}{shape}")
-    for src, dst, label, certain in _flow_edges(plan):
-        if label is not None:
-            arrow = f'-- "{_mermaid_text(label)}" -->' if certain else f'-. "{_mermaid_text(label)}" .->'
-        else:
-            arrow = "-->" if certain else "-.->"
-        lines.append(f"  {ids[src]} {arrow} {ids[dst]}")
+def mermaid(graph: dict[str, Any]) -> str:
+    """A flowchart of a run (`api.run_graph(...).to_json()`): steps coloured by status, routes as branches."""
+    ids = {n["id"]: f"s{i}" for i, n in enumerate(graph["nodes"])}
     colors = {"completed": "#c8e6c9", "running": "#bbdefb", "failed": "#ffcdd2", "blocked": "#ffe0b2",
               "skipped": "#eeeeee", "pending": "#ffffff"}
+    lines = ["flowchart TD"]
+    for n in graph["nodes"]:
+        label = f"{_mermaid_text(n['id'])}<br/>{n['kind']} · {_mermaid_text(n['status'])}"
+        shape = f'{{"{label}"}}' if n["kind"] == "route" else f'["{label}"]'
+        lines.append(f"  {ids[n['id']]}{shape}")
+    for e in graph["edges"]:
+        if e["label"] is not None:
+            text = _mermaid_text(e["label"])
+            arrow = f'-- "{text}" -->' if e["certain"] else f'-. "{text}" .->'
+        else:
+            arrow = "-->" if e["certain"] else "-.->"
+        lines.append(f"  {ids[e['source']]} {arrow} {ids[e['target']]}")
     for st, color in colors.items():
         lines.append(f"  classDef {st} fill:{color},stroke:#555")
-    for s in plan.steps:
-        st = status.get(s.step_id, "pending")
-        lines.append(f"  class {ids[s.step_id]} {st if st in colors else 'pending'}")
+    for n in graph["nodes"]:
+        lines.append(f"  class {ids[n['id']]} {n['status'] if n['status'] in colors else 'pending'}")
     return "\n".join(lines)

@@ -42,6 +42,7 @@ from akm.engine.finalize import (
     decide_step,
 )
 from akm.engine.heartbeat import Heartbeat
+from akm.engine.progress import StepProgress
 from akm.engine.reduce import UnitOutcome, journaled_result_json
 from akm.engine.state import LoadedRun, load_run
 from akm.engine.stepctx import Spine, begin_judging, finish_judging, finish_step, journal_verdict, load_gate, load_spine, step_rows
@@ -81,7 +82,7 @@ class DriveOptions:
     project_root: Path
     max_steps: int | None = None
     cancel: Cancellation = field(default_factory=Cancellation)
-    on_progress: Callable[[UnitProgress], None] | None = None
+    on_progress: Callable[[UnitProgress | StepProgress], None] | None = None  # from worker threads too
     on_warning: Callable[[str], None] | None = None
     heartbeat_interval: float | None = None
     registry: DispatcherRegistry | None = None
@@ -464,7 +465,7 @@ class _Driver:
             status, notes, warnings = finish_step(self.db, self.run_id, step_id, status, summary=summary, notes=notes,
                                                   evidence=evidence, lease_holder=self.holder, status_detail=detail)
         except UsageError as exc:
-            if exc.code in ("RUN_NOT_ACTIVE", "LEASE_HELD"):
+            if exc.code in ("RUN_NOT_ACTIVE", "RUN_ABANDONED", "LEASE_HELD"):
                 raise self.lost_lease_error() from None  # abandoned or taken over meanwhile: say so
             raise
         for w in warnings:
@@ -474,6 +475,8 @@ class _Driver:
             if entry["ok"]:
                 entry.update(ok=False, summary=notes)
         self.spine = load_spine(self.db, self.run_id, self.plan)
+        if self.opts.on_progress is not None:
+            self.opts.on_progress(StepProgress(self.run_id, step_id, status, summary or notes))
         return status
 
     def record(self, step_id: str, decision: StepDecision, *, ok: bool, summary: str | None = None) -> None:
@@ -669,8 +672,8 @@ def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
     if live is not None:
         raise UsageError(
             f"Workflow run {run_id} is being driven by another invocation: lease holder {live.holder} "
-            f"(host {live.host}, pid {live.pid}) until {live.until}. A second `akm workflow run` would race it.",
-            code="LEASE_HELD",
+            f"(host {live.host}, pid {live.pid}) until {live.until}. A second driver would race it.",
+            code="LEASE_HELD", details={"runId": run_id, "holder": live.holder, "until": live.until},
             hint="Wait for that invocation to finish, or for its lease to expire.",
         )
     driver: _Driver | None = None

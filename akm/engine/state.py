@@ -43,9 +43,8 @@ class LoadedRun:
 
 def _corrupt(run_id: str, what: str) -> UsageError:
     return UsageError(
-        f"Run {run_id} has a corrupt {what}; it cannot be executed.",
-        code="CORRUPT_RUN",
-        hint=f"Inspect it with `akm workflow status {run_id}` or discard it with `akm workflow abandon {run_id}`.",
+        f"Run {run_id} has a corrupt {what}; it cannot be executed (it can still be inspected or abandoned).",
+        code="CORRUPT_RUN", details={"runId": run_id},
     )
 
 

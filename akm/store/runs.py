@@ -195,7 +195,7 @@ def require_run(db: Database, run_id: str) -> Run:
         from akm.text import shown
 
         raise NotFoundError(f"No workflow run with id {shown(run_id)}.", code="RUN_NOT_FOUND",
-                            hint="List runs with `akm workflow list`.")
+                            details={"runId": run_id})
     return run
 
 
@@ -341,8 +341,8 @@ def _check_lease_allows(row: Any, lease_holder: str | None, now: str) -> None:
             f"workflow run {row['id']} is being driven by engine {row['lease_holder']} "
             f"(lease until {row['lease_until']}); the engine owns the step spine while it runs",
             code="LEASE_HELD",
-            hint="Wait for that `akm workflow run` to finish or for its lease to expire.",
-            details={"holder": row["lease_holder"], "until": row["lease_until"]},
+            hint="Wait for that driver to finish or for its lease to expire.",
+            details={"runId": row["id"], "holder": row["lease_holder"], "until": row["lease_until"]},
         )
 
 

@@ -1,0 +1,20 @@
+"""What the drive loop reports as it goes, besides the journal: one event per finished unit and step.
+
+Plain dataclasses (the drive loop calls the callback from worker threads for
+units and from its own thread for steps, so building one must stay cheap);
+`akm.api` turns them into its typed `UnitFinished` / `StepFinished` models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class StepProgress:
+    """A step reached a final status in this invocation: completed, failed or skipped."""
+
+    run_id: str
+    step_id: str
+    status: str
+    summary: str | None
