@@ -181,3 +181,15 @@ def test_reinsert_clears_claim(db):
     units.claim_unit(db, "r1", "build:solo", "A")
     insert(db)
     assert units.get_unit(db, "r1", "build:solo").claim_holder is None
+
+
+def test_step_tallies_count_units_attempts_and_gate_loops(db):
+    for uid in ("build.unit:aaaaaaaaaaaa", "build.unit:aaaaaaaaaaaa~r1", "build.unit:bbbbbbbbbbbb",
+                "build.unit:aaaaaaaaaaaa~l2", "build.unit:aaaaaaaaaaaa~l2~r1", "build.unit:bbbbbbbbbbbb~l2"):
+        insert(db, unit_id=uid)
+    insert(db, unit_id="build.unit:bbbbbbbbbbbb~l2")  # re-dispatched after a crash: attempts 2
+    insert(db, unit_id="review:solo", step_id="review")
+    insert(db, unit_id="review:gate", step_id="review", phase="gate")  # gate rows are not dispatches
+    tallies = units.step_tallies(db, "r1")
+    assert tallies == {"build": units.StepTally(units=2, attempts=7, gate_loops=2),
+                       "review": units.StepTally(units=1, attempts=1, gate_loops=1)}

@@ -19,7 +19,6 @@ lease's `LeaseInfo` shape).
 from __future__ import annotations
 
 import os
-import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -212,10 +211,6 @@ def get_units(db: Database, run_id: str, step_id: str | None = None) -> list[Uni
     return [_unit(r) for r in db.query(sql + " ORDER BY started_at, unit_id", params)]
 
 
-_ATTEMPT_SUFFIX = re.compile(r"~r\d+$")
-_LOOP_SUFFIX = re.compile(r"~l(\d+)$")
-
-
 @dataclass(frozen=True)
 class StepTally:
     """How much work a step took: logical units, dispatches (retries and re-runs included), gate loops."""
@@ -226,19 +221,20 @@ class StepTally:
 
 
 def step_tallies(db: Database, run_id: str) -> dict[str, StepTally]:
-    """Per step id, from the dispatch rows (gate rows excluded). A unit id `<base>~l<n>~r<k>` is
-    unit `<base>` in gate loop n, retry k; a row's `attempts` counts its re-dispatches after a crash."""
-    units: dict[str, set[str]] = {}
-    attempts: dict[str, int] = {}
-    loops: dict[str, int] = {}
-    for row in db.query("SELECT step_id, unit_id, attempts FROM units WHERE run_id = ? AND phase IS NULL", (run_id,)):
-        step = row["step_id"] or ""
-        base = _ATTEMPT_SUFFIX.sub("", row["unit_id"])
-        loop = _LOOP_SUFFIX.search(base)
-        units.setdefault(step, set()).add(_LOOP_SUFFIX.sub("", base))
-        attempts[step] = attempts.get(step, 0) + int(row["attempts"])
-        loops[step] = max(loops.get(step, 1), int(loop.group(1)) if loop else 1)
-    return {step: StepTally(len(ids), attempts[step], loops[step]) for step, ids in units.items()}
+    """Per step id, from the dispatch rows (gate rows excluded), in one indexed aggregate.
+
+    A unit id is `<base>[~l<n>][~r<k>]` (gate loop n, retry k; step ids and
+    unit bases never hold `~`), so the logical unit is the text before the
+    first `~`; a row's `attempts` counts its re-dispatches after a crash.
+    """
+    rows = db.query(
+        "SELECT step_id, COUNT(DISTINCT substr(unit_id, 1, instr(unit_id || '~', '~') - 1)) AS units, "
+        "SUM(attempts) AS attempts, MAX(CASE WHEN instr(unit_id, '~l') > 0 "
+        "THEN CAST(substr(unit_id, instr(unit_id, '~l') + 2) AS INTEGER) ELSE 1 END) AS loops "
+        "FROM units WHERE run_id = ? AND phase IS NULL GROUP BY step_id",
+        (run_id,),
+    )
+    return {r["step_id"] or "": StepTally(int(r["units"]), int(r["attempts"]), int(r["loops"])) for r in rows}
 
 
 def journal_totals(db: Database, run_id: str) -> tuple[int, int]:
