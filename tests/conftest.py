@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -121,3 +123,29 @@ def fake_openai():
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def cli(project, monkeypatch, capsys):
+    """`akm` in this process (`akm.cli.main`), run from the project directory: the fast way to test the
+    CLI front. `cli(*args, check=N)` -> (returncode, stdout, stderr); `cli.json(*args)` parses stdout.
+    Use `akm`/`akm_zipapp` when a real process matters (signals, a crashed driver, the built zipapp)."""
+    from akm.cli import main
+
+    monkeypatch.chdir(project)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    def call(*args: str, check: int | None = None) -> SimpleNamespace:
+        code = main(list(args))
+        captured = capsys.readouterr()
+        for signum, handler in saved.items():  # `workflow run` installs its own handlers
+            signal.signal(signum, handler)
+        if check is not None:
+            assert code == check, f"exit {code}\nstdout:\n{captured.out}\nstderr:\n{captured.err}"
+        return SimpleNamespace(returncode=code, stdout=captured.out, stderr=captured.err)
+
+    def call_json(*args: str, check: int | None = 0) -> dict:
+        return json.loads(call(*args, "--format", "json", check=check).stdout)
+
+    call.json = call_json  # type: ignore[attr-defined]
+    return call

@@ -124,14 +124,14 @@ def test_core_errors_name_no_cli_flags_or_commands(project):
             assert "akm " not in text and not re.search(r"(^|\s|`)--[a-z]", text), f"{err.code}: {text}"
 
 
-def test_the_cli_adds_its_own_hints(akm, project):
+def test_the_cli_adds_its_own_hints(cli, project):
     _fan(project)
-    missing = akm("workflow", "status", "00000000-0000-4000-8000-000000000000", check=1)
+    missing = cli("workflow", "status", "00000000-0000-4000-8000-000000000000", check=1)
     assert "hint: List runs with `akm workflow list`" in missing.stderr
-    bad = akm("workflow", "run", "fan.md", "--max-steps", "x", check=2)
+    bad = cli("workflow", "run", "fan.md", "--max-steps", "x", check=2)
     assert "max_steps 'x'" in bad.stderr and "--max-steps" in bad.stderr.split("hint:")[1]
     (project / "bad.md").write_text("---\nsteps: 3\n---\n")
-    invalid = akm("workflow", "run", "bad.md", check=2)
+    invalid = cli("workflow", "run", "bad.md", check=2)
     assert "akm workflow lint" in invalid.stderr
 
 

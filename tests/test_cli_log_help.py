@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
+import json
 
 import pytest
 
 from akm import api
 from akm.errors import UsageError
-from tests.conftest import ROOT
-from tests.test_engine import py, run, write_wf
+from tests.test_engine import run, write_wf
 
 
 def _completed_run(project, units: int = 3) -> str:
@@ -20,7 +19,7 @@ def _completed_run(project, units: int = 3) -> str:
           - id: fan
             map:
               over: params.items
-              unit: {{ exec: {{ command: {py('print(1)')} }} }}
+              unit: {{ exec: {{ command: ["true"] }} }}
         """, "## fan\n\nx")
     return run(wf, project).run.run_id
 
@@ -60,26 +59,29 @@ def test_out_of_range_limits_are_coded_errors(project, limit):
     assert info.value.code == "INVALID_FLAG_VALUE"
 
 
-def test_cli_limit_overflow_is_a_usage_error(akm):
-    proc = akm("log", "--limit", "99999999999999999999", check=2)
+def test_cli_limit_overflow_is_a_usage_error(cli):
+    proc = cli("log", "--limit", "99999999999999999999", check=2)
     assert "INVALID_FLAG_VALUE" in proc.stderr and "INTERNAL" not in proc.stderr
 
 
-def test_cli_default_page_and_more_line(akm, project):
-    shutil.copy(ROOT / "examples" / "hello.md", project / "hello.md")
-    akm("workflow", "run", "hello.md", "--count", "60", check=0)  # well over 100 events
-    page = akm.json("log")
+def test_cli_default_page_and_more_line(project, capsys):
+    from akm.cli import main
+
+    _completed_run(project, units=60)  # 120 unit events and more
+    assert main(["log", "--format", "json"]) == 0
+    page = json.loads(capsys.readouterr().out)
     assert len(page["events"]) == 100 and page["hasMore"] is True
-    assert "more events are waiting" in akm("log", check=0).stdout
+    assert main(["log"]) == 0
+    assert "more events are waiting" in capsys.readouterr().out
 
 
-def test_verbose_prints_progress_when_stderr_is_not_a_terminal(akm, project):
-    shutil.copy(ROOT / "examples" / "hello.md", project / "hello.md")
-    quiet = akm("workflow", "run", "hello.md", "--count", "2", check=0)
-    assert "[greet" not in quiet.stderr  # a pipe gets no progress by default
-    loud = akm("workflow", "run", "hello.md", "--count", "3", "--verbose", check=0)
-    assert "[greet " in loud.stderr, loud.stderr
-    both = akm("workflow", "run", "hello.md", "--quiet", "--verbose", check=2)
+def test_verbose_prints_progress_when_stderr_is_not_a_terminal(cli, project):
+    (project / "v.md").write_text("---\nsteps:\n  - id: a\n    unit: { exec: { command: [\"true\"] } }\n---\n## a\nx\n")
+    quiet = cli("workflow", "run", "v.md", "--new", check=0)
+    assert "[a " not in quiet.stderr  # a pipe gets no progress by default
+    loud = cli("workflow", "run", "v.md", "--new", "--verbose", check=0)
+    assert "[a 1/1] a:solo ok" in loud.stderr and "[a] step completed" in loud.stderr, loud.stderr
+    both = cli("workflow", "run", "v.md", "--quiet", "--verbose", check=2)
     assert "contradict" in both.stderr
 
 
@@ -109,9 +111,9 @@ def test_every_subcommand_describes_every_argument():
             assert parser.description, f"akm {' '.join(path)} has no description"
 
 
-def test_run_help_describes_every_run_flag(akm):
+def test_run_help_describes_every_run_flag(cli):
     from akm.format.params import RUN_CONTROL_BOOL_FLAGS, RUN_CONTROL_VALUE_FLAGS
 
-    text = akm("workflow", "run", "--help", check=0).stdout
+    text = cli("workflow", "run", "--help", check=0).stdout
     for flag in (*RUN_CONTROL_VALUE_FLAGS, *RUN_CONTROL_BOOL_FLAGS):
         assert f"--{flag} " in text or f"--{flag}," in text, flag

@@ -35,9 +35,9 @@ l
 """
 
 
-def test_run_text_shows_outputs_attempts_loops_and_the_result(akm, project):
+def test_run_text_shows_outputs_attempts_loops_and_the_result(cli, project):
     (project / "w.md").write_text(FLAKY_AND_LOOPING)
-    out = akm("workflow", "run", "w.md", check=0).stdout
+    out = cli("workflow", "run", "w.md", check=0).stdout
     assert "third time lucky" in out, out
     flaky_line = next(line for line in out.splitlines() if " flaky " in line)
     assert "1 unit, 3 attempts" in flaky_line, out
@@ -52,19 +52,19 @@ def test_run_text_shows_outputs_attempts_loops_and_the_result(akm, project):
     assert "result (output of step long):" in out
 
 
-def test_status_text_shows_the_same_outputs(akm, project):
+def test_status_text_shows_the_same_outputs(cli, project):
     shutil.copy(ROOT / "examples" / "hello.md", project / "hello.md")
-    run_id = akm.json("workflow", "run", "hello.md", "--count", "2")["run"]["runId"]
-    out = akm("workflow", "status", run_id, check=0).stdout
+    run_id = cli.json("workflow", "run", "hello.md", "--count", "2")["run"]["runId"]
+    out = cli("workflow", "status", run_id, check=0).stdout
     assert '["friend-1", "friend-2"]' in out and "Hello, friend-2!" in out, out
     assert "result (output of step small-party):" in out and "Tea for a few." in out
     greet = next(line for line in out.splitlines() if " greet " in line)
     assert "2 units" in greet and "attempts" not in greet  # no retries: no attempt count
 
 
-def test_json_step_views_carry_the_tallies(akm, project):
+def test_json_step_views_carry_the_tallies(cli, project):
     (project / "w.md").write_text(FLAKY_AND_LOOPING)
-    view = akm.json("workflow", "run", "w.md")["run"]
+    view = cli.json("workflow", "run", "w.md")["run"]
     tallies = {s["id"]: (s["unitCount"], s["attempts"], s["gateLoops"]) for s in view["steps"]}
     assert tallies == {"flaky": (1, 3, 1), "shape": (1, 2, 2), "long": (1, 1, 1)}
     assert view["outputStepId"] == "long" and view["output"].startswith("line 0\nline 1")

@@ -31,21 +31,21 @@ b
 ACTIVE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
-def test_text_output_never_carries_terminal_control_characters(akm, project):
+def test_text_output_never_carries_terminal_control_characters(cli, project):
     (project / "h.md").write_text(HOSTILE)
-    proc = akm("workflow", "run", "h.md", check=1)
+    proc = cli("workflow", "run", "h.md", check=1)
     for stream in (proc.stdout, proc.stderr):
         assert not ACTIVE.search(stream), repr(stream)
     assert "\\x1b]0;pwned" in proc.stdout and "\\u202etxt.exe" in proc.stdout  # shown, not acted on
     assert "\\x1b[31mred alert" in proc.stdout  # the failure diagnostic too
     run_id = proc.stdout.split()[1]
-    status = akm("workflow", "status", run_id, check=0).stdout
+    status = cli("workflow", "status", run_id, check=0).stdout
     assert not ACTIVE.search(status) and "pwned" in status
 
 
-def test_json_output_escapes_them_and_keeps_the_values(akm, project):
+def test_json_output_escapes_them_and_keeps_the_values(cli, project):
     (project / "h.md").write_text(HOSTILE)
-    proc = akm("workflow", "run", "h.md", "--format", "json", check=1)
+    proc = cli("workflow", "run", "h.md", "--format", "json", check=1)
     assert not ACTIVE.search(proc.stdout), repr(proc.stdout)
     loud = next(s for s in json.loads(proc.stdout)["run"]["steps"] if s["id"] == "loud")
     assert loud["output"] == "\x1b]0;pwned\x07\x1b[2J\rover\u202etxt.exe\x9b31m"  # same value, safely spelled
@@ -87,10 +87,10 @@ def _edges(mermaid: str) -> set[tuple[str, str]]:
     return {(m.group(1), m.group(2)) for m in re.finditer(r"^\s+(s\d+) .*?(s\d+)$", mermaid, re.M)}
 
 
-def test_mermaid_escapes_labels_and_draws_route_targets_as_branches(akm, project):
+def test_mermaid_escapes_labels_and_draws_route_targets_as_branches(cli, project):
     (project / "r.md").write_text(ROUTES)
-    run_id = akm.json("workflow", "run", "r.md", "--mode", "x")["run"]["runId"]
-    mer = akm("workflow", "status", run_id, "--format", "mermaid", check=0).stdout
+    run_id = cli.json("workflow", "run", "r.md", "--mode", "x")["run"]["runId"]
+    mer = cli("workflow", "status", run_id, "--format", "mermaid", check=0).stdout
     assert '"say #quot;hi#quot;"' in mer, mer
     assert "#lt;b#gt;bold#lt;/b#gt; #amp; #35;1" in mer and "<b>" not in mer
     edges = _edges(mer)
@@ -100,10 +100,10 @@ def test_mermaid_escapes_labels_and_draws_route_targets_as_branches(akm, project
     assert not {("s1", "s2"), ("s2", "s3"), ("s1", "s3")} & edges, mer
 
 
-def test_hello_branches_do_not_chain(akm, project):
+def test_hello_branches_do_not_chain(cli, project):
     shutil.copy(ROOT / "examples" / "hello.md", project / "hello.md")
-    run_id = akm.json("workflow", "run", "hello.md")["run"]["runId"]
-    mer = akm("workflow", "status", run_id, "--format", "mermaid", check=0).stdout
+    run_id = cli.json("workflow", "run", "hello.md")["run"]["runId"]
+    mer = cli("workflow", "status", run_id, "--format", "mermaid", check=0).stdout
     assert ("s4", "s5") not in _edges(mer), mer  # small-party and big-party are alternatives
 
 

@@ -31,17 +31,17 @@ def test_defaults_are_applied_recorded_and_reach_units(project):
     assert typed.run.params == {"count": 3, "mode": "fast"}
 
 
-def test_status_text_shows_the_params_with_defaults(akm, project):
+def test_status_text_shows_the_params_with_defaults(cli, project):
     shutil.copy(ROOT / "examples" / "hello.md", project / "hello.md")
-    run_id = akm.json("workflow", "run", "hello.md")["run"]["runId"]
-    text = akm("workflow", "status", run_id, check=0).stdout
+    run_id = cli.json("workflow", "run", "hello.md")["run"]["runId"]
+    text = cli("workflow", "status", run_id, check=0).stdout
     assert 'params: {"count": 3}' in text, text
 
 
-def test_hello_example_runs_with_its_default(akm, project):
+def test_hello_example_runs_with_its_default(cli, project):
     shutil.copy(ROOT / "examples" / "hello.md", project / "hello.md")
     assert ".get(" not in (ROOT / "examples" / "hello.md").read_text()  # no hand-coded default
-    res = akm.json("workflow", "run", "hello.md")
+    res = cli.json("workflow", "run", "hello.md")
     steps = {s["id"]: s for s in res["run"]["steps"]}
     assert steps["names"]["output"] == ["friend-1", "friend-2", "friend-3"]
 
@@ -88,11 +88,11 @@ def test_route_over_an_unset_param_without_default_branch_fails_clearly(project)
     assert "params.mode" in (res.run.steps[0].notes or "")
 
 
-def test_a_default_that_does_not_fit_its_schema_is_a_lint_error(akm, project):
+def test_a_default_that_does_not_fit_its_schema_is_a_lint_error(cli, project):
     (project / "bad.md").write_text(
         "---\nparams:\n  n: { type: integer, minimum: 1, default: 0 }\nsteps:\n  - id: a\n"
         "    unit: { exec: { command: [python3, -c, 'print(1)'] } }\n    output: { type: integer }\n---\n## a\nx\n")
-    report = akm.json("workflow", "lint", "bad.md", check=1)
+    report = cli.json("workflow", "lint", "bad.md", check=1)
     assert [e["code"] for e in report["files"][0]["errors"]] == ["param_default_invalid"]
-    proc = akm("workflow", "run", "bad.md", check=2)
+    proc = cli("workflow", "run", "bad.md", check=2)
     assert "param_default_invalid" in proc.stderr
