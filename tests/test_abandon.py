@@ -28,7 +28,7 @@ elif item == 1:
     if {wait_for_two!r}:
         deadline = time.time() + 60
         while time.time() < deadline:
-            con = sqlite3.connect(paths.state_db_path())
+            con = sqlite3.connect(paths.journal_path())
             started = con.execute("SELECT count(*) FROM units").fetchone()[0]
             con.close()
             if started >= 2:
@@ -46,7 +46,7 @@ def _unit_script(project, tmp_path, *, wait_for_two: bool):
 
 
 def _journal(sql: str, *args):
-    con = sqlite3.connect(paths.state_db_path())
+    con = sqlite3.connect(paths.journal_path())
     try:
         return con.execute(sql, args).fetchall()
     finally:

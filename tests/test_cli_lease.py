@@ -43,8 +43,8 @@ def _wait_for_event(event_type: str, unit_id: str | None = None, deadline_s: flo
     """The run id of the first journaled `event_type` event (of `unit_id`), waiting for it to appear."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
-        if paths.state_db_path().exists():
-            con = sqlite3.connect(paths.state_db_path(), timeout=30)
+        if paths.journal_path().exists():
+            con = sqlite3.connect(paths.journal_path(), timeout=30)
             try:
                 rows = con.execute("SELECT run_id, metadata_json FROM events WHERE event_type = ? ORDER BY id",
                                    (event_type,)).fetchall()

@@ -114,7 +114,7 @@ def test_two_identical_starts_racing_end_with_one_run(project):
             unit: {{ exec: {{ command: {py('print("hi")')} }} }}
         """, "## hello\n\nx")
     run(wf, project, param_pairs=[("who", "zed")], max_steps=0)  # creates the journal
-    lock = sqlite3.connect(paths.state_db_path(), isolation_level=None, timeout=30)
+    lock = sqlite3.connect(paths.journal_path(), isolation_level=None, timeout=30)
     lock.execute("BEGIN IMMEDIATE")  # both starts queue on the write lock, whatever order they reach it
     outcomes: list = []
 
@@ -132,7 +132,7 @@ def test_two_identical_starts_racing_end_with_one_run(project):
     for t in threads:
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads)
-    con = sqlite3.connect(paths.state_db_path())
+    con = sqlite3.connect(paths.journal_path())
     alice = con.execute("SELECT id, status FROM runs WHERE params_json = ?", (json.dumps({"who": "alice"},
                                                                                        separators=(",", ":")),)).fetchall()
     con.close()
