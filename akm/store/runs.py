@@ -92,9 +92,8 @@ class Run:
             value = None
         if not isinstance(value, dict):
             raise UsageError(
-                f"Run {self.id} has a corrupt params record (not a JSON object).", code="CORRUPT_RUN",
-                hint=f"Inspect it with `akm workflow status {self.id}` or discard it with "
-                     f"`akm workflow abandon {self.id}`.",
+                f"Run {self.id} has a corrupt params record (not a JSON object); it can still be inspected "
+                "or abandoned.", code="CORRUPT_RUN", details={"runId": self.id},
             )
         return value
 
