@@ -143,8 +143,12 @@ def test_driving_a_run_with_non_object_params_is_corrupt_run(in_project, capsys)
     con.close()
     code, _, err = cli(capsys, "workflow", "run", run_id)
     assert code == 2 and "error[CORRUPT_RUN]" in err and "params record" in err, err
-    code, _, err = cli(capsys, "workflow", "run", "wf.md", "--who", "x")  # the same workflow, with params
-    assert code == 2 and "error[CORRUPT_RUN]" in err and "not a JSON object" in err, err
+    # The same workflow with params: a corrupt row matches no params, so it cannot block the workflow
+    # (issue 6 item 4: an active run is continued only with the same params); a new run starts.
+    code, out, err = cli(capsys, "workflow", "run", "wf.md", "--who", "x", "--format", "json")
+    assert code == 0 and json.loads(out)["run"]["runId"] != run_id, err
+    code, _, err = cli(capsys, "workflow", "run", run_id)  # the corrupt run itself still refuses, coded
+    assert code == 2 and "error[CORRUPT_RUN]" in err, err
 
 
 # ------------------------------------------------------------------ lint catches what used to fail at run time

@@ -32,7 +32,7 @@ def test_truncated_stdout_completes_marked_as_truncated_everywhere(project, caps
             unit: {{ exec: {{ command: {writer(3 * 1024 * 1024)} }} }}
         """, "## dump\n\nx")
     warnings: list[str] = []
-    res = run(wf, project, on_warning=warnings.append)
+    res = run(wf, project, on_warning=lambda w: warnings.append(w.message))  # api.RunWarning
     assert res.run.status == "completed"
     step = steps_of(res)["dump"]
     assert step["output"] == "a" * STDOUT_CAPTURE_BYTES  # the beginning, and nothing else in it
