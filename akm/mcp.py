@@ -18,8 +18,10 @@ resumable. Nothing but protocol frames reaches stdout: units never inherit it
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -60,6 +62,13 @@ _HINTS = {
     "CLAIM_EXPIRED": "Report status=\"running\" to claim the unit again, then report its result.",
     "NOT_AWAITING_VERDICT": "Call workflow_next to see what the run needs now.",
     "RUN_ALREADY_ACTIVE": "Continue that run with workflow_run(target=<its run id>).",
+    "RUN_ABANDONED": "The run was abandoned for good: start a new one with workflow_run(target=<the workflow file>).",
+    "PARAMS_ON_EXISTING_RUN": "Params are fixed when a run starts: start a new run with workflow_run(target=<the "
+                              "workflow file>, params=..., new=true).",
+    "NEW_RUN_NEEDS_WORKFLOW": "new=true starts a run of a workflow: pass the workflow file or workflows/<name>, "
+                              "not a run id.",
+    "CORRUPT_RUN": "The run's journal rows are damaged: inspect it with workflow_status, or give it up with "
+                   "workflow_abandon.",
 }
 
 
@@ -186,10 +195,18 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         limit_ms = timeout_ms if timeout_ms is not None else int(bound * 1000)
         loop = anyio.lowlevel.current_token()  # progress arrives on the engine's worker threads
 
+        sent = itertools.count(1)  # MCP progress must increase with every notification of a call
+        sent_lock = threading.Lock()
+
         def progress(p: Any) -> None:
+            if p.kind == "step":
+                message = f"step {p.step_id} {p.status}"
+            else:
+                message = (f"step {p.step_id}: unit {p.done}/{p.total} {p.attempt_id} "
+                           + ("ok" if p.ok else f"failed ({p.failure_reason})"))
             try:
-                anyio.from_thread.run(ctx.report_progress, p.done, p.total,
-                                      f"{p.step_id}: {p.attempt_id} {'ok' if p.ok else 'failed'}", token=loop)
+                with sent_lock:  # numbered and sent in one order, whichever worker thread reports
+                    anyio.from_thread.run(ctx.report_progress, next(sent), None, message, token=loop)
             except Exception:
                 pass  # progress is advisory; a gone client must not stop the run
 

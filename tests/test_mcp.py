@@ -97,7 +97,10 @@ def test_exec_workflow_completes_with_progress(project):
     run = r.structured_content["run"]
     assert run["status"] == "completed" and run["steps"][0]["output"] == ["1", "2", "3"]
     assert r.structured_content["next"] is None
-    assert sorted(p for p, _, _ in progress) == [1, 2, 3] and all(t == 3 for _, t, _ in progress)
+    # one notification per finished unit and one per finished step, numbered in increasing order
+    assert [p for p, _, _ in progress] == [1, 2, 3, 4]
+    assert sorted(m for _, _, m in progress if "unit" in m)[0].startswith("step each: unit ")
+    assert progress[-1][2] == "step each completed"
     assert json.loads(r.content[0].text) == r.structured_content
 
 

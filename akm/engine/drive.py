@@ -450,6 +450,9 @@ class _Driver:
 
     def _check_alive(self) -> None:
         if self.lease_lost.tripped:
+            run = runs_store.get_run(self.db, self.run_id)
+            if run is not None and run.status == "completed":
+                return  # the heartbeat's renewal met the run this driver just completed: nothing was lost
             raise self.lost_lease_error()
 
     def _stopped(self) -> bool:
