@@ -27,26 +27,99 @@ import time
 import uuid
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Literal, TypeVar, Union
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic.alias_generators import to_camel
+from typing import TYPE_CHECKING, Any, Callable
 
 from akm import paths
 from akm.engine.cancel import Cancellation  # noqa: F401  (an api type: fronts stop runs with it)
 from akm.errors import AkmError, NotFoundError, UsageError
+from akm.views import (  # noqa: F401  (the read paths' typed results, re-exported)
+    EventPage,
+    EventView,
+    GraphEdge,
+    GraphNode,
+    LeaseView,
+    ProgressEvent,
+    RunGraph,
+    RunList,
+    RunResult,
+    RunView,
+    RunWarning,
+    StepFinished,
+    StepView,
+    UnitFinished,
+    UnitView,
+)
+
+if TYPE_CHECKING:
+    from akm.api_models import (  # noqa: F401
+        Brief,
+        ConfigChange,
+        ConfigPaths,
+        EventsRequest,
+        LintRequest,
+        ListRunsRequest,
+        ReportResult,
+        RunIdRequest,
+        RunRequest,
+        SetupResult,
+        StatusRequest,
+        UpgradeRequest,
+        UpgradeResult,
+    )
+
+# The pydantic models (requests; session, setup and config results) load on first use, so that
+# `import akm.api` — and with it `workflow list`, `status` — never imports pydantic.
+_MODELS = frozenset({
+    "ApiModel", "LintRequest", "UpgradeRequest", "RunRequest", "ListRunsRequest", "RunIdRequest", "StatusRequest",
+    "EventsRequest", "UpgradeResult", "ReportHint", "ClaimView", "UnitContext", "BriefUnit", "JudgeBrief", "Brief",
+    "StepOutcome", "ReportResult", "SetupResult", "ConfigPaths", "ConfigChange",
+})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODELS:
+        from akm import api_models
+
+        return getattr(api_models, name)
+    raise AttributeError(f"module 'akm.api' has no attribute {name!r}")
+
+
+def _validated(model: str, given: Any, fields: dict[str, Any]) -> Any:
+    """The request model `model` validated from `fields` (or `given` when it already is one)."""
+    from akm import api_models
+
+    return api_models._validated(getattr(api_models, model), given, fields)
+
+
+def _args(model: str, given: Any, fields: dict[str, Any], checks: dict[str, Callable[[Any], Any]]) -> Any:
+    """A call's arguments: the typed request when one is given (pydantic validates it), else `fields`
+    checked by the same plain rules the request model applies — so the read paths never import pydantic."""
+    if hasattr(type(given), "model_fields"):
+        return _validated(model, given, fields)
+    out = {}
+    for name, value in fields.items():
+        check = checks.get(name)
+        try:
+            out[name] = check(value) if check is not None else value
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"{exc}.", code=INVALID_ARGUMENT, details={"argument": name}) from None
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**out)
+
+
+def _of(kind: type, name: str, optional: bool = False) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if value is None and optional:
+            return None
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise TypeError(f"{name} {value!r}: expected {'nothing or ' if optional else ''}{kind.__name__}")
+        return value
+    return check
 
 STALE_AFTER_S = 90.0
 _RUN_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 INVALID_ARGUMENT = "INVALID_FLAG_VALUE"  # the stable code of a bad argument value, whatever the front
-
-
-class ApiModel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
-
-    def to_json(self) -> dict[str, Any]:
-        """Every documented key is present; "nothing" is null, never a missing key."""
-        return self.model_dump(mode="json", by_alias=True)
 
 
 # ------------------------------------------------------------------ arguments
@@ -108,86 +181,6 @@ def check_output_format(value: str, allowed: tuple[str, ...] = ("text", "json"))
     return value
 
 
-M = TypeVar("M", bound="ApiModel")
-
-
-def _validated(model: type[M], given: Any, fields: dict[str, Any]) -> M:
-    """`given` when it already is the request model, else the model built (and validated) from `fields`.
-
-    A validation failure is a UsageError naming the argument (details.argument, in the api's
-    snake_case name), never a pydantic traceback.
-    """
-    if isinstance(given, model):
-        return given
-    try:
-        return model(**fields)
-    except ValidationError as exc:
-        problem = exc.errors()[0]
-        argument = ".".join(str(p) for p in problem["loc"]) or model.__name__
-        cause = (problem.get("ctx") or {}).get("error")
-        message = str(cause) if cause is not None else f"{argument}: {problem['msg']}"
-        raise UsageError(message + ("" if message.endswith(".") else "."),
-                         code=INVALID_ARGUMENT, details={"argument": argument}) from None
-
-
-class LintRequest(ApiModel):
-    paths: list[str] = Field(min_length=1, description="workflow files, or directories holding them")
-
-
-class UpgradeRequest(ApiModel):
-    path: str = Field(description="a legacy workflow file")
-    write: bool = Field(False, description="rewrite the file in place (only if the result lints clean)")
-
-
-class RunRequest(ApiModel):
-    """Start or continue a run (see `run_workflow`)."""
-
-    target: str = Field(description="a workflow file, a workflows/<name> ref, or a run id")
-    params: dict[str, Any] | None = Field(None, description="typed params (validated against the workflow's)")
-    param_flags: list[tuple[str, Union[str, bool]]] | None = Field(
-        None, description="raw command-line param flags (name, text or true), coerced by the params' types")
-    max_steps: int | None = Field(None, description="finish at most this many steps now (0: start, drive nothing)")
-    timeout: Union[int, str, None] = Field(None, description="stop driving after this long: ms, or text like 30s / 5m")
-    new: bool = Field(False, description="always start a new run, even if an identical one is active")
-    cwd: str | None = Field(None, description="the directory the request is made from (default: the process's)")
-
-    @field_validator("max_steps", mode="before")
-    @classmethod
-    def _max_steps(cls, value: Any) -> int | None:
-        return None if value is None else _whole_number(value, "max_steps", 0)
-
-    @field_validator("timeout", mode="before")
-    @classmethod
-    def _timeout(cls, value: Any) -> int | None:  # always ms once validated
-        return None if value is None else _duration_ms(value)
-
-
-class ListRunsRequest(ApiModel):
-    active_only: bool = Field(False, description="only runs that can still be driven")
-    ref: str | None = Field(None, description="only runs of this workflow: a file (relative to cwd) or workflows/<name>")
-    all_scopes: bool = Field(False, description="runs of every project, not just cwd's")
-    cwd: str | None = Field(None, description="the directory whose project is listed (default: the process's)")
-
-
-class RunIdRequest(ApiModel):
-    run_id: str
-
-
-class StatusRequest(RunIdRequest):
-    units: bool = Field(False, description="include every journaled unit attempt")
-
-
-class EventsRequest(ApiModel):
-    run_id: str | None = Field(None, description="only events of this run")
-    since: str | None = Field(None, description="@offset:N (a previous nextOffset) or an ISO time")
-    limit: int | None = Field(None, description="events per page (default 100, 1 to 10000)")
-
-    @field_validator("limit", mode="before")
-    @classmethod
-    def _limit(cls, value: Any) -> int | None:
-        return None if value is None else _whole_number(value, "limit", 1, MAX_EVENT_LIMIT)
-
-
 # ------------------------------------------------------------------ lint / upgrade
 
 
@@ -195,7 +188,7 @@ def lint(paths_: list[str] | LintRequest):
     """Lint files or directories; returns a `LintReport` (see akm.format.lint)."""
     from akm.format.lint import lint_paths
 
-    req = _validated(LintRequest, paths_, {"paths": paths_})
+    req = _validated("LintRequest", paths_, {"paths": paths_})
     report = lint_paths(req.paths)
     if not report.files:
         raise UsageError(
@@ -205,20 +198,12 @@ def lint(paths_: list[str] | LintRequest):
     return report
 
 
-class UpgradeResult(ApiModel):
-    path: str
-    written: bool
-    text: str
-    ok: bool
-    errors: list[dict[str, Any]] = Field(default_factory=list)
-
-
 def upgrade(path: str | UpgradeRequest, *, write: bool = False) -> UpgradeResult:
     """Convert a legacy workflow file to the current format (optionally in place)."""
     from akm.format.lint import lint_text
     from akm.format.upgrade import detect_legacy, upgrade_legacy
 
-    req = _validated(UpgradeRequest, path, {"path": path, "write": write})
+    req = _validated("UpgradeRequest", path, {"path": path, "write": write})
     path, write = req.path, req.write
     text = _read_workflow_text(Path(path))
     if detect_legacy(text) is None:
@@ -234,6 +219,8 @@ def upgrade(path: str | UpgradeRequest, *, write: bool = False) -> UpgradeResult
                 details={"errors": errors},
             )
         Path(path).write_text(new_text, encoding="utf-8")
+    from akm.api_models import UpgradeResult
+
     return UpgradeResult(path=path, written=write, text=new_text, ok=not errors, errors=errors)
 
 
@@ -256,155 +243,6 @@ def _read_workflow_text(path: Path) -> str:
 
 
 # ------------------------------------------------------------------ run models
-
-
-class StepView(ApiModel):
-    id: str
-    status: str
-    output: Any = None
-    summary: str | None = None
-    notes: str | None = None
-    unit_count: int = 0  # logical units journaled for the step (a retry is not another unit)
-    attempts: int = 0  # dispatches: retries, gate loops and re-runs after a crash included
-    gate_loops: int = 0  # gate loops run (1 unless the step looped)
-
-
-class UnitView(ApiModel):
-    unit_id: str
-    step_id: str | None
-    status: str
-    attempts: int
-    failure_reason: str | None = None
-    result: Any = None
-    tokens: int | None = None
-    runner: str | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
-    last_checkin_at: str | None = None
-    stale: bool | None = None
-    worktree_path: str | None = None
-    truncated: bool = False  # the output was cut at the capture cap; `result` is its beginning
-
-
-class LeaseView(ApiModel):
-    holder: str
-    host: str | None = None
-    pid: int | None = None
-    until: str
-
-
-class RunView(ApiModel):
-    run_id: str
-    status: str
-    workflow: str
-    title: str
-    plan_hash: str
-    current_step_id: str | None = None
-    created_at: str
-    updated_at: str
-    completed_at: str | None = None
-    params: dict[str, Any] | None = Field(default_factory=dict)  # null: the stored record is damaged
-    steps: list[StepView] | None = None
-    units: list[UnitView] | None = None
-    engine_lease: LeaseView | None = None
-    awaiting: dict[str, Any] | None = None
-    # The run's final artifact: once completed, the output of its last completed step that has one.
-    output: Any = None
-    output_step_id: str | None = None
-
-
-class RunResult(ApiModel):
-    run: RunView
-    executed: list[dict[str, Any]] = Field(default_factory=list)
-    steps_processed: int = 0
-    done: bool = False
-    aborted: bool = False
-    timed_out: bool = False
-    abort_reason: str | None = None
-    started: bool = False
-    warnings: list[str] = Field(default_factory=list)
-
-
-class RunWarning(ApiModel):
-    """Something a user must know about a run that is not an error (handed to `on_warning` as it happens).
-
-    `code` lets each front add its own advice: `WORKFLOW_CHANGED` (details:
-    `runId`, `path`) — the file was edited since the continued run froze its
-    plan; `LINT` (details: `path`, `line`, `lintCode`) — a lint warning of the
-    workflow file; `ENGINE` — anything the driver reports while it runs.
-    """
-
-    code: str
-    message: str
-    details: dict[str, Any] = Field(default_factory=dict)
-
-
-class UnitFinished(ApiModel):
-    """Progress: one dispatched unit attempt finished (called from the worker thread that ran it)."""
-
-    kind: Literal["unit"] = "unit"
-    run_id: str
-    step_id: str
-    unit_id: str
-    attempt_id: str
-    ok: bool
-    failure_reason: str | None = None
-    done: int  # units of this step finished so far in this invocation
-    total: int  # units of this step dispatched in this invocation
-
-
-class StepFinished(ApiModel):
-    """Progress: a step reached its final status (completed, failed or skipped) in this invocation."""
-
-    kind: Literal["step"] = "step"
-    run_id: str
-    step_id: str
-    status: str
-    summary: str | None = None
-
-
-ProgressEvent = Union[UnitFinished, StepFinished]
-
-
-class GraphNode(ApiModel):
-    id: str
-    kind: Literal["unit", "map", "route"]
-    status: str
-
-
-class GraphEdge(ApiModel):
-    source: str
-    target: str
-    label: str | None = None  # a route branch's match value, or "default"
-    certain: bool = True  # False: the target runs only when a route selects it
-
-
-class RunGraph(ApiModel):
-    """A run's steps and control flow (route targets are alternatives, drawn as branches)."""
-
-    run_id: str
-    nodes: list[GraphNode]
-    edges: list[GraphEdge]
-
-
-class RunList(ApiModel):
-    runs: list[RunView]
-
-
-class EventView(ApiModel):
-    id: int
-    ts: str
-    event_type: str
-    run_id: str | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
-
-
-class EventPage(ApiModel):
-    run: str | None = None
-    since_offset: int
-    next_offset: int
-    has_more: bool = False  # more events are waiting after next_offset (the page was full)
-    events: list[EventView]
 
 
 DEFAULT_EVENT_LIMIT = 100
@@ -618,15 +456,17 @@ def run_workflow(
     finished unit attempt and a `StepFinished` per finished step, from worker
     threads too; `cancel.trip(reason)` stops the drive (the run stays active).
     """
-    from akm.engine.drive import DriveOptions, drive_run
-    from akm.plan.model import UNIT_HASH_VERSION
     from akm.store import events as events_store
     from akm.store import runs as runs_store
     from akm.store.db import now_iso
 
-    req = _validated(RunRequest, target, dict(
+    req = _args("RunRequest", target, dict(
         target=target, params=params, param_flags=param_pairs, max_steps=max_steps,
-        timeout=timeout if timeout is not None else timeout_ms, new=new, cwd=cwd))
+        timeout=timeout if timeout is not None else timeout_ms, new=new, cwd=cwd), {
+        "target": _of(str, "target"), "params": _of(dict, "params", True), "param_flags": _of(list, "param_flags", True),
+        "max_steps": lambda v: None if v is None else _whole_number(v, "max_steps", 0),
+        "timeout": lambda v: None if v is None else _duration_ms(v),
+        "new": _of(bool, "new"), "cwd": _of(str, "cwd", True)})
     target, params, param_pairs, max_steps, new = req.target, req.params, req.param_flags, req.max_steps, req.new
     timeout_ms = req.timeout
     work_dir = Path(req.cwd or os.getcwd()).resolve()
@@ -668,6 +508,8 @@ def run_workflow(
             if active is not None:
                 run_id = _continue_active(active, plan, wf_path, warn)
             else:
+                from akm.plan.model import UNIT_HASH_VERSION
+
                 run_id = str(uuid.uuid4())
                 try:
                     runs_store.create_run(
@@ -696,10 +538,18 @@ def run_workflow(
             # Units run at the project root whatever directory the command was typed in, so
             # every invocation of one run executes its steps in the same place.
             root = paths.project_root(work_dir)
-            opts = DriveOptions(work_dir=root, project_root=root, max_steps=max_steps, cancel=cancel,
-                                on_progress=_progress_relay(on_progress),
-                                on_warning=lambda message: warn(RunWarning(code="ENGINE", message=message)))
-            driven = drive_run(db, run_id, opts)
+            if existing is not None and existing.status == "completed":
+                # Re-running a finished run: nothing to drive, and no reason to load the engine or its plan.
+                from akm.engine.results import DriveResult
+
+                driven = DriveResult(run_id=run_id, done=True)
+            else:
+                from akm.engine.drive import DriveOptions, drive_run
+
+                opts = DriveOptions(work_dir=root, project_root=root, max_steps=max_steps, cancel=cancel,
+                                    on_progress=_progress_relay(on_progress),
+                                    on_warning=lambda message: warn(RunWarning(code="ENGINE", message=message)))
+                driven = drive_run(db, run_id, opts)
         finally:
             if timer is not None:
                 timer.cancel()
@@ -799,8 +649,9 @@ def list_runs(request: ListRunsRequest | None = None, /, *, active_only: bool = 
     """
     from akm.store import runs as runs_store
 
-    req = _validated(ListRunsRequest, request,
-                     dict(active_only=active_only, ref=ref, all_scopes=all_scopes, cwd=cwd))
+    req = _args("ListRunsRequest", request, dict(active_only=active_only, ref=ref, all_scopes=all_scopes, cwd=cwd), {
+        "active_only": _of(bool, "active_only"), "ref": _of(str, "ref", True),
+        "all_scopes": _of(bool, "all_scopes"), "cwd": _of(str, "cwd", True)})
     work_dir = Path(req.cwd or os.getcwd())
     ref = req.ref
     if ref is not None:
@@ -817,7 +668,8 @@ def list_runs(request: ListRunsRequest | None = None, /, *, active_only: bool = 
 
 def run_status(run_id: str | StatusRequest, *, units: bool = False) -> RunView:
     """Where a run stands: steps with outputs and tallies, the final artifact, and (`units`) every attempt."""
-    req = _validated(StatusRequest, run_id, {"run_id": run_id, "units": units})
+    req = _args("StatusRequest", run_id, {"run_id": run_id, "units": units},
+                {"run_id": _of(str, "run_id"), "units": _of(bool, "units")})
     with _open_db() as db:
         return _run_view(db, _require_run(db, req.run_id), with_units=req.units)
 
@@ -827,7 +679,7 @@ def run_graph(run_id: str | RunIdRequest) -> RunGraph:
     from akm.engine.state import decode_plan
     from akm.plan.flow import flow_edges
 
-    req = _validated(RunIdRequest, run_id, {"run_id": run_id})
+    req = _args("RunIdRequest", run_id, {"run_id": run_id}, {"run_id": _of(str, "run_id")})
     with _open_db() as db:
         run = _require_run(db, req.run_id)
         plan = decode_plan(run.id, run.plan_json, run.plan_hash)
@@ -842,7 +694,8 @@ def run_graph(run_id: str | RunIdRequest) -> RunGraph:
 
 def resume(run_id: str | RunIdRequest) -> RunView:
     """Reopen a failed or blocked run (its current step becomes pending again)."""
-    return _control(_validated(RunIdRequest, run_id, {"run_id": run_id}).run_id, "resume_run")
+    return _control(_args("RunIdRequest", run_id, {"run_id": run_id}, {"run_id": _of(str, "run_id")}).run_id,
+                    "resume_run")
 
 
 def abandon(run_id: str | RunIdRequest) -> RunView:
@@ -851,7 +704,8 @@ def abandon(run_id: str | RunIdRequest) -> RunView:
     No unit of it starts after this returns; a driver working on it stops its
     in-flight units within about a second and exits with RUN_ABANDONED.
     """
-    return _control(_validated(RunIdRequest, run_id, {"run_id": run_id}).run_id, "abandon_run")
+    return _control(_args("RunIdRequest", run_id, {"run_id": run_id}, {"run_id": _of(str, "run_id")}).run_id,
+                    "abandon_run")
 
 
 def _control(run_id: str, action: str) -> RunView:
@@ -886,7 +740,9 @@ def events(request: EventsRequest | None = None, /, *, run_id: str | None = None
     (default 100, at most 10 000) per page; `has_more` says whether to ask again from `next_offset`."""
     from akm.store import events as events_store
 
-    req = _validated(EventsRequest, request, dict(run_id=run_id, since=since, limit=limit))
+    req = _args("EventsRequest", request, dict(run_id=run_id, since=since, limit=limit), {
+        "run_id": _of(str, "run_id", True), "since": _of(str, "since", True),
+        "limit": lambda v: None if v is None else _whole_number(v, "limit", 1, MAX_EVENT_LIMIT)})
     run_id, since = req.run_id, req.since
     limit = DEFAULT_EVENT_LIMIT if req.limit is None else req.limit
 
@@ -916,99 +772,6 @@ def events(request: EventsRequest | None = None, /, *, run_id: str | None = None
 # ------------------------------------------------------------------ the session protocol (D11-D13)
 
 
-class ReportHint(ApiModel):
-    """The exact arguments of the report that would record this unit (each front renders it its own way)."""
-
-    run_id: str
-    unit_id: str
-    expect_step: str | None = None
-    status: str = "completed"
-    result_kind: str  # json | text | verdict
-    rerun: bool = False
-
-
-class ClaimView(ApiModel):
-    holder: str
-    expires_at: str
-
-
-class UnitContext(ApiModel):
-    params: dict[str, Any] = Field(default_factory=dict)
-    inputs: dict[str, Any] = Field(default_factory=dict)
-    gate_feedback: dict[str, Any] | None = None
-    item: Any = None
-    item_index: int | None = None
-
-
-class BriefUnit(ApiModel):
-    unit_id: str
-    attempt_id: str
-    input_hash: str
-    action: str  # do | claimed | rerun
-    runner: str
-    prompt: str
-    output_schema: dict[str, Any] | None = None
-    context: UnitContext
-    claim: ClaimView | None = None
-    last_failure: str | None = None
-    report: ReportHint
-
-
-class JudgeBrief(ApiModel):
-    unit_id: str
-    criteria: list[str]
-    artifact: Any = None
-    summary: str
-    prompt: str
-    verdict_schema: dict[str, Any]
-    report: ReportHint
-
-
-class Brief(ApiModel):
-    """What the calling agent should do now (kind: units | judge | engine | done | inactive | none)."""
-
-    run_id: str
-    status: str
-    done: bool
-    active: bool
-    kind: str
-    step_id: str | None = None
-    step_title: str | None = None
-    instructions: str | None = None
-    gate_loop: int | None = None
-    max_loops: int | None = None
-    gate_feedback: dict[str, Any] | None = None
-    units: list[BriefUnit] = Field(default_factory=list)
-    unit_count: int = 0
-    done_count: int = 0
-    judge: JudgeBrief | None = None
-    message: str = ""
-    warnings: list[str] = Field(default_factory=list)
-
-
-class StepOutcome(ApiModel):
-    kind: str  # completed | failed | blocked | next_loop | awaiting_verdict
-    summary: str | None = None
-    gate_loop: int | None = None
-    missing: list[str] | None = None
-    feedback: str | None = None
-
-
-class ReportResult(ApiModel):
-    run_id: str
-    step_id: str
-    unit_id: str
-    attempt_id: str
-    status: str
-    recorded: str  # written | idempotent | heartbeat
-    gate_loop: int
-    claim: ClaimView | None = None
-    remaining_units: int | None = None
-    step_outcome: StepOutcome | None = None
-    run_status: str
-    message: str = ""
-
-
 def default_holder() -> str:
     """Who a report claims units as when the caller names nobody: this user on this host."""
     import getpass
@@ -1027,6 +790,8 @@ def next_brief(run_id: str) -> Brief:
 
     with _open_db() as db:
         _require_run(db, run_id)
+        from akm.api_models import Brief
+
         return Brief.model_validate(session.brief(db, run_id))
 
 
@@ -1052,6 +817,8 @@ def report_unit(
     with _open_db() as db:
         _require_run(db, run_id)
         root = paths.project_root(Path(cwd or os.getcwd()))
+        from akm.api_models import ReportResult
+
         return ReportResult.model_validate(session.report(
             db, run_id, unit_id, status=status, result=result if has_result else session.MISSING,
             verdict=verdict if has_verdict else session.MISSING, tokens=tokens, failure_reason=failure_reason,
@@ -1067,27 +834,9 @@ def report_unit(
 # front; it calls setup_detect / setup_recommend / setup_verify / setup_save below.
 
 
-class SetupResult(ApiModel):
-    """What `akm setup` did (or, as a preview, would do): the file, the engines, what can run now."""
-
-    shape: str = "setup"
-    schema_version: int = 1
-    config_path: str
-    written: bool
-    dry_run: bool = False
-    fields: list[str] = Field(default_factory=list)
-    engines: list[dict[str, Any]] = Field(default_factory=list)
-    defaults: dict[str, Any] = Field(default_factory=dict)
-    judge_engine: str | None = None
-    detected: dict[str, Any] | None = None
-    verifications: list[dict[str, Any]] = Field(default_factory=list)
-    json_schema: dict[str, Any] | None = None
-    warnings: list[str] = Field(default_factory=list)
-    can_run: list[str] = Field(default_factory=list)
-    message: str = ""
-
-
 def _setup_result(outcome: Any) -> SetupResult:
+    from akm.api_models import SetupResult
+
     return SetupResult(
         config_path=outcome.config_path, written=outcome.written, dry_run=outcome.dry_run, fields=outcome.fields,
         engines=[a.to_json() for a in outcome.actions], defaults=outcome.defaults, judge_engine=outcome.judge_engine,
@@ -1188,6 +937,8 @@ def setup_save(intent: Any, *, cwd: str | None = None, project: bool = False, pr
             warn(f"Could not probe engine {probe_result.engine} for json_schema support: {probe_result.reason}")
     target, file_obj, written, applied = core.save(intent, cwd=cwd, project=project)
     merged, _ = core.effective_after(core.SetupIntent(judge="keep"), cwd, project)
+    from akm.api_models import SetupResult
+
     return SetupResult(
         config_path=str(target), written=written, fields=list(file_obj or {}),
         engines=[a.to_json() for a in applied.actions], defaults=dict(merged.get("defaults") or {}),
@@ -1202,27 +953,11 @@ def setup_save(intent: Any, *, cwd: str | None = None, project: bool = False, pr
 # Engines issue: thin wrappers over akm.config / akm.config_keys. Kept in one section.
 
 
-class ConfigPaths(ApiModel):
-    """Where config is read from. `project` is the project layer (it may not exist yet)."""
-
-    user: str
-    project: str
-    user_exists: bool
-    project_exists: bool
-
-
-class ConfigChange(ApiModel):
-    """The result of `config set` / `config unset`: the key, its new value in that file, and whether it was written."""
-
-    key: str
-    value: Any = None
-    file: str
-    written: bool
-
-
 def config_paths(*, cwd: str | None = None) -> ConfigPaths:
     """The user and project config paths (works even when a file is broken)."""
     from akm import config as cfg
+
+    from akm.api_models import ConfigPaths
 
     user, project = cfg.user_config_path(), cfg.project_config_path(cwd)
     return ConfigPaths(user=str(user), project=str(project), user_exists=user.is_file(),
@@ -1271,6 +1006,8 @@ def config_set(key: str, raw_value: str, *, project: bool = False, cwd: str | No
     new, written = cfg.update_config_file(lambda data: config_keys.set_value(data, key, value), project=project,
                                           cwd=cwd)
     target = cfg.project_config_path(cwd) if project else cfg.user_config_path()
+    from akm.api_models import ConfigChange
+
     return ConfigChange(key=key, value=_public_config(config_keys.get_value(new, key)), file=str(target),
                         written=written)
 
@@ -1279,6 +1016,7 @@ def config_unset(key: str, *, project: bool = False, cwd: str | None = None) -> 
     """Remove a key from the user (or project) file; emptied parents are pruned. No file: nothing happens."""
     from akm import config as cfg
     from akm import config_keys
+    from akm.api_models import ConfigChange
 
     config_keys.leaf_kind(key)
     target = cfg.project_config_path(cwd) if project else cfg.user_config_path()

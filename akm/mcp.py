@@ -22,6 +22,8 @@ import itertools
 import os
 import sys
 import threading
+import types
+import typing
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -32,9 +34,10 @@ import anyio.lowlevel
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic.alias_generators import to_camel
 
-from akm import __version__, api
+from akm import __version__, api, views
 from akm.errors import AkmError
 
 DEFAULT_CALL_BOUND_S = 45.0
@@ -91,8 +94,14 @@ def _error_result(exc: AkmError) -> CallToolResult:
 
 
 def _ok(model: Any) -> CallToolResult:
-    data = model.to_json() if hasattr(model, "to_json") else model.model_dump(mode="json", by_alias=True)
     import json
+
+    if isinstance(model, dict):
+        data = model
+    elif hasattr(model, "to_json"):
+        data = model.to_json()
+    else:
+        data = model.model_dump(mode="json", by_alias=True)
 
     return CallToolResult(content=[TextContent(type="text", text=json.dumps(data, ensure_ascii=False))],
                           structured_content=data)
@@ -107,13 +116,54 @@ async def _call(fn: Any, *args: Any, **kwargs: Any) -> CallToolResult:
     return _ok(result)
 
 
-class McpRunResult(api.RunResult):
-    """`workflow_run`'s result: the CLI's run JSON plus what to call next."""
+def _schema_model(cls: type, extra: dict[str, Any] | None = None) -> type[BaseModel]:
+    """A pydantic model with the camelCase wire shape of an api view (for a tool's outputSchema).
 
-    next: str | None = None
+    The api's read paths return plain records (`akm.views`) so that the CLI never imports pydantic;
+    this front derives the schema models once, recursively, at server start.
+    """
+    cached = _SCHEMA_MODELS.get((cls, tuple(extra or ())))
+    if cached is not None:
+        return cached
+    hints = typing.get_type_hints(cls)
+    fields_: dict[str, Any] = {}
+    for name, default in views.fields_of(cls):
+        if default is views.REQUIRED:
+            default = ...
+        elif isinstance(default, views._Factory):
+            default = Field(default_factory=default.make)
+        fields_[name] = (_schema_type(hints[name]), default)
+    for name, (kind, default) in (extra or {}).items():
+        fields_[name] = (kind, default)
+    model = create_model(cls.__name__ + ("Result" if extra else ""), __doc__=cls.__doc__,
+                         __config__=ConfigDict(alias_generator=to_camel, populate_by_name=True), **fields_)
+    _SCHEMA_MODELS[(cls, tuple(extra or ()))] = model
+    return model
 
 
-def _next_step_for(result: api.RunResult, bound_hit: bool) -> str | None:
+def _schema_type(hint: Any) -> Any:
+    if isinstance(hint, type) and issubclass(hint, views.View):
+        return _schema_model(hint)
+    args = typing.get_args(hint)
+    if not args:
+        return hint
+    origin = typing.get_origin(hint)
+    converted = tuple(_schema_type(a) for a in args)
+    if origin in (types.UnionType, typing.Union):
+        return typing.Union[converted]
+    if origin is typing.Literal:
+        return hint
+    return origin[converted] if len(converted) > 1 else origin[converted[0]]
+
+
+_SCHEMA_MODELS: dict[Any, type[BaseModel]] = {}
+McpRunResult = _schema_model(views.RunResult, {"next": (str | None, None)})  # the run JSON + what to call next
+RunViewModel = _schema_model(views.RunView)
+RunListModel = _schema_model(views.RunList)
+EventPageModel = _schema_model(views.EventPage)
+
+
+def _next_step_for(result: views.RunResult, bound_hit: bool) -> str | None:
     status = result.run.status
     rid = result.run.run_id
     if status == "awaiting_session":
@@ -210,7 +260,7 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
             except Exception:
                 pass  # progress is advisory; a gone client must not stop the run
 
-        def call() -> api.RunResult:
+        def call() -> views.RunResult:
             kwargs: dict[str, Any] = dict(params=params or None, max_steps=max_steps, timeout_ms=limit_ms,
                                           cancel=cancel, on_progress=progress, cwd=cwd or base_cwd)
             if new:
@@ -225,11 +275,10 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
             cancel.trip("cancelled")  # the worker stops dispatch, kills units, releases the lease
             raise
         bound_hit = result.timed_out and timeout_ms is None
-        out = McpRunResult(**result.model_dump(), next=_next_step_for(result, bound_hit))
         if bound_hit:
-            out.timed_out = False  # the call's own bound is not a user timeout
-            out.aborted = False
-        return _ok(out)
+            result.timed_out = False  # the call's own bound is not a user timeout
+            result.aborted = False
+        return _ok({**result.to_json(), "next": _next_step_for(result, bound_hit)})
 
     @server.tool(annotations=read_only)
     async def workflow_next(
@@ -269,7 +318,7 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
     async def workflow_status(
         run_id: Annotated[str, Field(description="The run id")],
         units: Annotated[bool, Field(description="Include every journaled unit attempt")] = False,
-    ) -> Annotated[CallToolResult, api.RunView]:
+    ) -> Annotated[CallToolResult, RunViewModel]:
         """Where a run stands: steps, their outputs, and (with units) every unit attempt."""
         return await _call(api.run_status, run_id, units=units)
 
@@ -277,7 +326,7 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
     async def workflow_list(
         active: Annotated[bool, Field(description="Only runs that can still be driven")] = False,
         ref: Annotated[str | None, Field(description="Only runs of this workflow")] = None,
-    ) -> Annotated[CallToolResult, api.RunList]:
+    ) -> Annotated[CallToolResult, RunListModel]:
         """Runs of this project, newest first."""
         return await _call(api.list_runs, active_only=active, ref=ref, cwd=base_cwd)
 
@@ -292,14 +341,14 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
     @server.tool(annotations=ToolAnnotations(title="Resume a run", read_only_hint=False, destructive_hint=False,
                                              idempotent_hint=True, open_world_hint=False))
     async def workflow_resume(run_id: Annotated[str, Field(description="The run id")]) -> Annotated[CallToolResult,
-                                                                                                    api.RunView]:
+                                                                                                    RunViewModel]:
         """Reopen a failed or blocked run (its current step is retried on the next workflow_run)."""
         return await _call(api.resume, run_id)
 
     @server.tool(annotations=ToolAnnotations(title="Abandon a run", read_only_hint=False, destructive_hint=True,
                                              idempotent_hint=False, open_world_hint=False))
     async def workflow_abandon(run_id: Annotated[str, Field(description="The run id")]) -> Annotated[CallToolResult,
-                                                                                                     api.RunView]:
+                                                                                                     RunViewModel]:
         """Give up on a run for good."""
         return await _call(api.abandon, run_id)
 
@@ -308,7 +357,7 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         run_id: Annotated[str | None, Field(description="Only this run's events")] = None,
         since: Annotated[str | None, Field(description="@offset:N (a previous nextOffset) or an ISO time")] = None,
         limit: Annotated[int | None, Field(ge=1, description="At most this many events")] = None,
-    ) -> Annotated[CallToolResult, api.EventPage]:
+    ) -> Annotated[CallToolResult, EventPageModel]:
         """Journal events, cursor-paged: pass nextOffset back as since=@offset:N."""
         return await _call(api.events, run_id=run_id, since=since, limit=limit)
 

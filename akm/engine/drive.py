@@ -42,6 +42,7 @@ from akm.engine.finalize import (
     decide_step,
 )
 from akm.engine.heartbeat import Heartbeat
+from akm.engine.results import DriveResult
 from akm.engine.progress import StepProgress
 from akm.engine.reduce import UnitOutcome, journaled_result_json
 from akm.engine.state import LoadedRun, load_run
@@ -86,18 +87,6 @@ class DriveOptions:
     on_warning: Callable[[str], None] | None = None
     heartbeat_interval: float | None = None
     registry: DispatcherRegistry | None = None
-
-
-@dataclass
-class DriveResult:
-    run_id: str
-    executed: list[dict[str, Any]] = field(default_factory=list)
-    steps_processed: int = 0
-    done: bool = False
-    aborted: bool = False
-    abort_reason: str | None = None
-    awaiting: dict[str, Any] | None = None
-    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass

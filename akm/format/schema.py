@@ -22,8 +22,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import ValidationError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
 
 MAX_SCHEMA_DEPTH = 64
 MAX_VISITS = 100_000
@@ -260,6 +262,8 @@ def _counted(fn: Any) -> Any:
 
 def _required(validator: Any, required: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
     """Like Draft 2020-12 `required`, but keeps the property name for our message."""
+    from jsonschema.exceptions import ValidationError
+
     if not validator.is_type(instance, "object"):
         return
     for prop in required:
@@ -267,17 +271,27 @@ def _required(validator: Any, required: Any, instance: Any, schema: Any) -> Iter
             yield ValidationError(f'missing required property "{prop}"')
 
 
-_LIBRARY = Draft202012Validator.VALIDATORS
-_KEYWORDS = {name: _counted(_LIBRARY[name]) for name in SUPPORTED_KEYWORDS if name != "required"}
-_KEYWORDS["required"] = _counted(_required)
+_VALIDATOR: Any = None
 
-# Only the supported keywords exist for this validator: `$ref`, `pattern`, `format`, ... are inert
-# at run time (lint already refused them), and nothing can trigger reference retrieval.
-_SubsetValidator = validators.create(
-    meta_schema=Draft202012Validator.META_SCHEMA,
-    validators=_KEYWORDS,
-    type_checker=Draft202012Validator.TYPE_CHECKER,
-)
+
+def _subset_validator() -> Any:
+    """The validator class for the supported subset, built on first use: importing jsonschema costs
+    more than a whole `workflow list`, and most commands never validate anything."""
+    global _VALIDATOR
+    if _VALIDATOR is None:
+        from jsonschema import Draft202012Validator, validators
+
+        library = Draft202012Validator.VALIDATORS
+        keywords = {name: _counted(library[name]) for name in SUPPORTED_KEYWORDS if name != "required"}
+        keywords["required"] = _counted(_required)
+        # Only the supported keywords exist for this validator: `$ref`, `pattern`, `format`, ... are inert
+        # at run time (lint already refused them), and nothing can trigger reference retrieval.
+        _VALIDATOR = validators.create(
+            meta_schema=Draft202012Validator.META_SCHEMA,
+            validators=keywords,
+            type_checker=Draft202012Validator.TYPE_CHECKER,
+        )
+    return _VALIDATOR
 
 
 def _json_type(value: Any) -> str:
@@ -427,7 +441,7 @@ def validate_instance(value: Any, schema: dict, root_label: str = "$") -> list[s
 
     token = _budget.set([0])
     try:
-        errors = list(_SubsetValidator(schema).iter_errors(value))
+        errors = list(_subset_validator()(schema).iter_errors(value))
     except _BudgetExceeded:
         return [f"{root_label}: validation exceeded {MAX_VISITS} steps; simplify the schema"]
     except RecursionError:

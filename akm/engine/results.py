@@ -1,0 +1,18 @@
+"""What one drive of a run returns (a light module: a re-run of a finished run needs only this)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class DriveResult:
+    run_id: str
+    executed: list[dict[str, Any]] = field(default_factory=list)
+    steps_processed: int = 0
+    done: bool = False
+    aborted: bool = False
+    abort_reason: str | None = None
+    awaiting: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)

@@ -1,0 +1,252 @@
+"""The api's typed results on the read paths: small typed records, cheap to import.
+
+`workflow list`, `workflow status` and a re-run of a finished run must start
+about as fast as the interpreter itself, so the types they return import
+nothing beyond the standard library — no pydantic, and not even `dataclasses`
+(creating a dataclass compiles its methods at import time, about half a
+millisecond per class). A view declares its fields as annotations with
+defaults, like a dataclass; `View` gives it a keyword constructor, equality
+and a repr. Every view serialises to the documented camelCase JSON with
+`to_json()` — every documented key present, "nothing" as null — and
+`model_dump()` gives the snake_case dict. The MCP front derives pydantic
+schemas from `fields_of(cls)` for its tools' output schemas.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal, Union
+
+
+def to_camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+class _Factory:
+    """A default made fresh for every instance (`factory(list)`), like dataclasses' default_factory."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+
+
+def factory(make: Any) -> Any:
+    return _Factory(make)
+
+
+REQUIRED: Any = object()
+
+
+def _json(value: Any, camel: bool) -> Any:
+    if isinstance(value, View):
+        return value._dump(camel)
+    if isinstance(value, dict):
+        return {k: _json(v, camel) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json(v, camel) for v in value]
+    return value
+
+
+class View:
+    """Base of the api's result records: keyword construction, equality, JSON out in camelCase."""
+
+    _fields: ClassVar[tuple[tuple[str, str, Any], ...]] = ()  # (name, camelName, default or REQUIRED)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        seen: dict[str, tuple[str, str, Any]] = {}
+        for klass in reversed(cls.__mro__):
+            for name, hint in vars(klass).get("__annotations__", {}).items():
+                if name.startswith("_") or "ClassVar" in str(hint):
+                    continue
+                seen[name] = (name, to_camel(name), vars(klass).get(name, REQUIRED))
+        cls._fields = tuple(seen.values())
+
+    def __init__(self, **values: Any) -> None:
+        for name, _, default in self._fields:
+            if name in values:
+                value = values.pop(name)
+            elif default is REQUIRED:
+                raise TypeError(f"{type(self).__name__}: missing required field {name!r}")
+            else:
+                value = default.make() if isinstance(default, _Factory) else default
+            setattr(self, name, value)
+        if values:
+            raise TypeError(f"{type(self).__name__}: unknown field(s) {', '.join(sorted(values))}")
+
+    def _dump(self, camel: bool) -> dict[str, Any]:
+        return {(key if camel else name): _json(getattr(self, name), camel) for name, key, _ in self._fields}
+
+    def to_json(self) -> dict[str, Any]:
+        """Every documented key is present; "nothing" is null, never a missing key."""
+        return self._dump(True)
+
+    def model_dump(self) -> dict[str, Any]:
+        return self._dump(False)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._dump(False) == other._dump(False)  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{name}={getattr(self, name)!r}" for name, _, _ in self._fields)
+        return f"{type(self).__name__}({inner})"
+
+
+def fields_of(cls: type[View]) -> list[tuple[str, Any]]:
+    """(name, default) of a view's fields in order; a default is REQUIRED, a value, or a `_Factory`."""
+    return [(name, default) for name, _, default in cls._fields]
+
+
+class StepView(View):
+    id: str
+    status: str
+    output: Any = None
+    summary: str | None = None
+    notes: str | None = None
+    unit_count: int = 0  # logical units journaled for the step (a retry is not another unit)
+    attempts: int = 0  # dispatches: retries, gate loops and re-runs after a crash included
+    gate_loops: int = 0  # gate loops run (1 unless the step looped)
+
+
+class UnitView(View):
+    unit_id: str
+    step_id: str | None
+    status: str
+    attempts: int
+    failure_reason: str | None = None
+    result: Any = None
+    tokens: int | None = None
+    runner: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    last_checkin_at: str | None = None
+    stale: bool | None = None
+    worktree_path: str | None = None
+    truncated: bool = False  # the output was cut at the capture cap; `result` is its beginning
+
+
+class LeaseView(View):
+    holder: str
+    host: str | None = None
+    pid: int | None = None
+    until: str
+
+
+class RunView(View):
+    run_id: str
+    status: str
+    workflow: str
+    title: str
+    plan_hash: str
+    current_step_id: str | None = None
+    created_at: str
+    updated_at: str
+    completed_at: str | None = None
+    params: dict[str, Any] | None = factory(dict)  # null: the stored record is damaged
+    steps: list[StepView] | None = None
+    units: list[UnitView] | None = None
+    engine_lease: LeaseView | None = None
+    awaiting: dict[str, Any] | None = None
+    # The run's final artifact: once completed, the output of its last completed step that has one.
+    output: Any = None
+    output_step_id: str | None = None
+
+
+class RunResult(View):
+    run: RunView
+    executed: list[dict[str, Any]] = factory(list)
+    steps_processed: int = 0
+    done: bool = False
+    aborted: bool = False
+    timed_out: bool = False
+    abort_reason: str | None = None
+    started: bool = False
+    warnings: list[str] = factory(list)
+
+
+class RunWarning(View):
+    """Something a user must know about a run that is not an error (handed to `on_warning` as it happens).
+
+    `code` lets each front add its own advice: `WORKFLOW_CHANGED` (details:
+    `runId`, `path`) — the file was edited since the continued run froze its
+    plan; `LINT` (details: `path`, `line`, `lintCode`) — a lint warning of the
+    workflow file; `ENGINE` — anything the driver reports while it runs.
+    """
+
+    code: str
+    message: str
+    details: dict[str, Any] = factory(dict)
+
+
+class UnitFinished(View):
+    """Progress: one dispatched unit attempt finished (called from the worker thread that ran it)."""
+
+    kind: Literal["unit"] = "unit"
+    run_id: str
+    step_id: str
+    unit_id: str
+    attempt_id: str
+    ok: bool
+    failure_reason: str | None = None
+    done: int  # units of this step finished so far in this invocation
+    total: int  # units of this step dispatched in this invocation
+
+
+class StepFinished(View):
+    """Progress: a step reached its final status (completed, failed or skipped) in this invocation."""
+
+    kind: Literal["step"] = "step"
+    run_id: str
+    step_id: str
+    status: str
+    summary: str | None = None
+
+
+class GraphNode(View):
+    id: str
+    kind: Literal["unit", "map", "route"]
+    status: str
+
+
+class GraphEdge(View):
+    source: str
+    target: str
+    label: str | None = None  # a route branch's match value, or "default"
+    certain: bool = True  # False: the target runs only when a route selects it
+
+
+class RunGraph(View):
+    """A run's steps and control flow (route targets are alternatives, drawn as branches)."""
+
+    run_id: str
+    nodes: list[GraphNode]
+    edges: list[GraphEdge]
+
+
+class RunList(View):
+    runs: list[RunView]
+
+
+class EventView(View):
+    id: int
+    ts: str
+    event_type: str
+    run_id: str | None = None
+    metadata: dict[str, Any] = factory(dict)
+
+
+class EventPage(View):
+    run: str | None = None
+    since_offset: int
+    next_offset: int
+    has_more: bool = False  # more events are waiting after next_offset (the page was full)
+    events: list[EventView]
+
+
+ProgressEvent = Union[UnitFinished, StepFinished]
+
+VIEW_TYPES = [StepView, UnitView, LeaseView, RunView, RunResult, RunWarning, UnitFinished, StepFinished, GraphNode,
+              GraphEdge, RunGraph, RunList, EventView, EventPage]
