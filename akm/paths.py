@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 SCOPE_PREFIX = "dir:v1:"
@@ -34,6 +35,11 @@ def data_dir() -> Path:
     override = os.environ.get("AKM_DATA_DIR", "").strip()
     if override:
         return Path(override)
+    if sys.platform.startswith("linux"):
+        # platformdirs' rule on Linux (XDG base directories), without its ~10-30 ms import on every
+        # `workflow list`; other systems ask platformdirs.
+        xdg = os.environ.get("XDG_DATA_HOME", "").strip()
+        return (Path(xdg) if xdg and os.path.isabs(xdg) else Path(os.path.expanduser("~/.local/share"))) / "akm"
     import platformdirs  # lazy: keeps CLI start-up light
 
     return Path(platformdirs.user_data_dir("akm", appauthor=False))

@@ -84,3 +84,16 @@ def test_paths_module_does_not_import_platformdirs_eagerly():
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("xdg", [None, "/tmp/xdg-data-test", "relative/ignored"])
+def test_data_dir_follows_platformdirs_without_importing_it(monkeypatch, xdg):
+    """The Linux shortcut must give exactly platformdirs' answer (it only saves its import)."""
+    import platformdirs
+
+    monkeypatch.delenv("AKM_DATA_DIR", raising=False)
+    if xdg is None:
+        monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    else:
+        monkeypatch.setenv("XDG_DATA_HOME", xdg)
+    assert paths.data_dir() == Path(platformdirs.user_data_dir("akm", appauthor=False))
