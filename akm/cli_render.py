@@ -87,7 +87,19 @@ def run_text(view: dict[str, Any]) -> str:
         lines.append(f"    unit {u['unitId']}: {u['status']}{extra}, attempts {u['attempts']}")
     aw = view.get("awaiting")
     if aw:
-        lines.append(f"awaiting the calling agent: {aw.get('kind')} of step {aw.get('stepId')}")
+        rid = view.get("runId")
+        if aw.get("kind") == "judge":
+            what = f"a verdict on the gate of step {aw.get('stepId')}"
+        elif aw.get("kind") == "units":
+            n = len(aw.get("units") or [])
+            what = f"{n} unit{'' if n == 1 else 's'} of step {aw.get('stepId')}"
+        else:
+            what = f"step {aw.get('stepId')}"
+        lines.append(f"awaiting the calling agent: {what}")
+        lines.append(f"  what to do: akm workflow next {rid}")
+        lines.append(f"  then:       akm workflow report {rid} UNIT --status completed --result …"
+                     + ("  (or --verdict for a gate)" if aw.get("kind") == "judge" else ""))
+        lines.append(f"  and:        akm workflow run {rid}")
     if view.get("output") is not None:
         text, clipped = _clip(_value_text(view["output"]), _RESULT_CLIP)
         clipped_any = clipped_any or clipped
