@@ -46,7 +46,16 @@ from akm.engine.results import DriveResult
 from akm.engine.progress import StepProgress
 from akm.engine.reduce import UnitOutcome, journaled_result_json
 from akm.engine.state import LoadedRun, load_run
-from akm.engine.stepctx import Spine, begin_judging, finish_judging, finish_step, journal_verdict, load_gate, load_spine, step_rows
+from akm.engine.stepctx import (
+    Spine,
+    finish_step,
+    journal_verdict,
+    judge_failure,
+    judge_with_engine,
+    load_gate,
+    load_spine,
+    step_rows,
+)
 from akm.engine.structured import run_structured
 from akm.engine.worklist import WorkUnit
 from akm.errors import AkmError, JournalError, UsageError
@@ -578,35 +587,23 @@ class _Driver:
             self.record(step.step_id, decision, ok=True)
             self.park(judge_brief_stub(step, decision))
             return False
-        r = decision.result
-        summary = gates.artifact_summary(r.unit_count if r else 0, r.failed_units if r else 0, decision.artifact)
-        judge = step.gate.judge
-        model = (judge.model if judge else None) or (snapshot or {}).get("model")
-        started = begin_judging(self.db, self.run_id, step, decision.loop, runner=kind, engine=name, model=model)
-        request = UnitRequest(run_id=self.run_id, step_id=step.step_id, unit_id=f"{step.step_id}.gate",
-                              attempt_id=f"{step.step_id}.gate:l{decision.loop}", kind=kind,
-                              cwd=str(self.opts.project_root), prompt=gates.judge_prompt(step, summary),
-                              system_prompt=gates.JUDGE_SYSTEM_PROMPT, output_schema=gates.VERDICT_SCHEMA,
-                              timeout_ms=judge.timeout_ms if judge else None, engine_name=name, engine=snapshot,
-                              model=model)
         event = threading.Event()
         self.opts.cancel.link(event)
         self.lease_lost.link(event)
         try:
-            verdict, error, tokens = gates.run_engine_judge(dispatcher, request, event)
+            verdict, error = judge_with_engine(self.db, self.run_id, self.plan, step, decision.loop,
+                                               result=decision.result, artifact=decision.artifact,
+                                               dispatcher=dispatcher, cwd=str(self.opts.project_root), cancel=event)
         finally:
             self.opts.cancel.unlink(event)
             self.lease_lost.unlink(event)
-        finish_judging(self.db, self.run_id, step, decision.loop, started, verdict, error=error, tokens=tokens)
         self._check_alive()
         if self._stopped():
             return False
         if verdict is None:
-            notes = (f'Step "{step.step_id}" could not be judged ({error}); gates are fail-closed, so the step is '
-                     "blocked. No gate loop was consumed: resuming the run judges it again.")
+            notes, detail = judge_failure(step, error)
             self.record(step.step_id, decision, ok=False, summary=notes)
-            self.finish(step.step_id, "blocked", summary=None, notes=notes, evidence=decision.evidence,
-                        detail={"kind": "judge_failed", "stepId": step.step_id, "error": error})
+            self.finish(step.step_id, "blocked", summary=None, notes=notes, evidence=decision.evidence, detail=detail)
             self.result.steps_processed += 1
             return False
         if not verdict.complete:

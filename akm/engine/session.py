@@ -45,7 +45,16 @@ from akm.engine.finalize import (
     verdict_from_value,
 )
 from akm.engine.state import LoadedRun, load_run
-from akm.engine.stepctx import Spine, begin_judging, finish_judging, finish_step, journal_verdict, load_gate, load_spine, step_rows
+from akm.engine.stepctx import (
+    Spine,
+    finish_step,
+    journal_verdict,
+    judge_failure,
+    judge_with_engine,
+    load_gate,
+    load_spine,
+    step_rows,
+)
 from akm.errors import UsageError
 from akm.format.schema import validate_instance
 from akm.plan.identity import NO_ITEM, base_of_attempt
@@ -533,40 +542,22 @@ def _park(db: Database, run_id: str, stub: dict[str, Any]) -> None:
 
 def _engine_judge(db: Database, cur: _Current, d: StepDecision, project_root: Path, registry: Any) -> bool:
     """Run the step's engine judge from a report (the same call the drive loop makes). False = blocked."""
-    from akm.dispatch.base import UnitRequest
-
     step = cur.step
     assert step is not None
-    name, snapshot = gates.judge_engine(cur.loaded.plan, step)
-    kind = (snapshot or {}).get("kind")
     if registry is None:
         from akm.dispatch.registry import default_registry
 
         registry = default_registry()
-    dispatcher = registry.get(kind) if kind else None
-    r = d.result
-    summary = gates.artifact_summary(r.unit_count if r else 0, r.failed_units if r else 0, d.artifact)
-    judge = step.gate.judge
-    model = (judge.model if judge else None) or (snapshot or {}).get("model")
-    started = begin_judging(db, cur.run_id, step, d.loop, runner=kind or "judge", engine=name, model=model)
-    if dispatcher is None:
-        verdict, error, tokens = None, f"no dispatcher for the judge engine {name!r} ({kind})", None
-    else:
-        request = UnitRequest(run_id=cur.run_id, step_id=step.step_id, unit_id=f"{step.step_id}.gate",
-                              attempt_id=gate_row_for(step.step_id, d.loop), kind=kind, cwd=str(project_root),
-                              prompt=gates.judge_prompt(step, summary), system_prompt=gates.JUDGE_SYSTEM_PROMPT,
-                              output_schema=gates.VERDICT_SCHEMA, timeout_ms=judge.timeout_ms if judge else None,
-                              engine_name=name, engine=snapshot, model=model)
-        verdict, error, tokens = gates.run_engine_judge(dispatcher, request, threading.Event())
-    finish_judging(db, cur.run_id, step, d.loop, started, verdict, error=error, tokens=tokens)
+    kind = (gates.judge_engine(cur.loaded.plan, step)[1] or {}).get("kind")
+    verdict, error = judge_with_engine(db, cur.run_id, cur.loaded.plan, step, d.loop, result=d.result,
+                                       artifact=d.artifact, dispatcher=registry.get(kind) if kind else None,
+                                       cwd=str(project_root), cancel=threading.Event())
     if verdict is not None:
         return True
-    lock_holder = runs_store.read_lease(db, cur.run_id)
-    notes = (f'Step "{step.step_id}" could not be judged ({error}); gates are fail-closed, so the step is blocked. '
-             "No gate loop was consumed: resuming the run judges it again.")
+    lock = runs_store.read_lease(db, cur.run_id)
+    notes, detail = judge_failure(step, error)
     finish_step(db, cur.run_id, step.step_id, "blocked", summary=None, notes=notes, evidence=d.evidence,
-                lease_holder=lock_holder.holder if lock_holder else None,
-                status_detail={"kind": "judge_failed", "stepId": step.step_id, "error": error})
+                lease_holder=lock.holder if lock else None, status_detail=detail)
     return False
 
 

@@ -127,3 +127,40 @@ def finish_step(db: Database, run_id: str, step_id: str, status: str, *, summary
     runs_store.complete_step(db, run_id, step_id, status, notes=notes, evidence_json=evidence_text,
                              summary=summary, lease_holder=lease_holder, status_detail=status_detail)
     return status, notes, warnings
+
+
+def judge_with_engine(db: Database, run_id: str, plan: Plan, step: StepPlan, loop: int, *, result: Any,
+                      artifact: Any, dispatcher: Any, cwd: str, cancel: Any) -> tuple[Verdict | None, str | None]:
+    """Ask the step's frozen judge engine for this loop's verdict and journal it as the gate row.
+
+    The one judge call of the drive loop and of a report. Returns (verdict, None), or (None, why) when the
+    judge failed or answered something that is not a verdict (fail-closed; the row is finished `failed`).
+    """
+    from akm.dispatch.base import UnitRequest
+    from akm.engine import gates
+
+    name, snapshot = gates.judge_engine(plan, step)
+    kind = (snapshot or {}).get("kind")
+    judge = step.gate.judge
+    model = (judge.model if judge else None) or (snapshot or {}).get("model")
+    started = begin_judging(db, run_id, step, loop, runner=kind or "judge", engine=name, model=model)
+    if dispatcher is None:
+        verdict, error, tokens = None, f"no dispatcher for the judge engine {name!r} ({kind})", None
+    else:
+        summary = gates.artifact_summary(result.unit_count if result else 0, result.failed_units if result else 0,
+                                         artifact)
+        request = UnitRequest(run_id=run_id, step_id=step.step_id, unit_id=step.gate.id,
+                              attempt_id=gate_row_for(step.step_id, loop), kind=kind, cwd=cwd,
+                              prompt=gates.judge_prompt(step, summary), system_prompt=gates.JUDGE_SYSTEM_PROMPT,
+                              output_schema=gates.VERDICT_SCHEMA, timeout_ms=judge.timeout_ms if judge else None,
+                              engine_name=name, engine=snapshot, model=model)
+        verdict, error, tokens = gates.run_engine_judge(dispatcher, request, cancel)
+    finish_judging(db, run_id, step, loop, started, verdict, error=error, tokens=tokens)
+    return verdict, error
+
+
+def judge_failure(step: StepPlan, error: str | None) -> tuple[str, dict[str, Any]]:
+    """(notes, run status detail) of a step blocked because its judge failed (fail-closed, no loop consumed)."""
+    notes = (f'Step "{step.step_id}" could not be judged ({error}); gates are fail-closed, so the step is blocked. '
+             "No gate loop was consumed: resuming the run judges it again.")
+    return notes, {"kind": "judge_failed", "stepId": step.step_id, "error": error}
