@@ -48,16 +48,20 @@ def normalize(value: Any, _depth: int = 0) -> Any:
     raise CanonicalError(f"{type(value).__name__} is not a JSON value")
 
 
+# One encoder each, built once: `json.dumps` with options builds a new encoder per call,
+# and these run several times per dispatched unit.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> str:
     """Sorted keys, compact separators, raw UTF-8, normalised numbers."""
-    return json.dumps(
-        normalize(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    return _CANONICAL.encode(normalize(value))
 
 
 def compact_json(value: Any) -> str:
     """Insertion-order compact JSON for prompts, params_json and evidence."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _COMPACT.encode(value)
 
 
 def sha256_hex(text: str) -> str:

@@ -169,6 +169,10 @@ def check_exec_context(context: Mapping[str, str], platform: str | None = None) 
     file whose path a step passes along.
     """
     per_var, total_limit, source = _CONTEXT_LIMITS_WIN32 if (platform or sys.platform) == "win32" else _CONTEXT_LIMITS_POSIX
+    # A character is at most 4 UTF-8 bytes: a context this short is within every limit
+    # without encoding it (the common case, checked once per unit).
+    if 4 * sum(len(name) + len(value) + 1 for name, value in context.items()) <= min(per_var, total_limit):
+        return None
     advice = "Pass a reference (a file path or an id) to bulk data instead of the data itself."
     total = 0
     for name, value in context.items():
@@ -237,12 +241,17 @@ def build_exec_env(req: ExecRequest, parent: Mapping[str, str] | None = None) ->
 
 
 @functools.lru_cache(maxsize=256)
-def _resolve_dirs(base_dir: str, cwd: str | None) -> tuple[str, str, str, str]:
-    """(base, target, realpath(base), realpath(target)). Cached: every unit of a fan-out
-    shares them, and symlink resolution costs a syscall per path component."""
+def _resolve_dirs(base_dir: str, cwd: str | None) -> tuple[str, str, str, str, bool]:
+    """(base, target, realpath(base), realpath(target), target inside base). Cached: every
+    unit of a fan-out shares them, and symlink resolution costs a syscall per path component."""
     base = os.path.abspath(base_dir)
     target = os.path.normpath(os.path.join(base, cwd)) if cwd else base
-    return base, target, os.path.realpath(base), os.path.realpath(target)
+    real_base, real_target = os.path.realpath(base), os.path.realpath(target)
+    try:
+        contained = os.path.commonpath([real_base, real_target]) == real_base
+    except ValueError:  # different drives on Windows
+        contained = False
+    return base, target, real_base, real_target, contained
 
 
 def _strip_trailing_newlines(text: str) -> str:
@@ -297,55 +306,73 @@ def _fail(reason: str, error: str, text: str | None = None, truncated: bool = Fa
     return DispatchResult(ok=False, failure_reason=reason, error=error, text=text or None, truncated=truncated)
 
 
+def _label(req: ExecRequest) -> str:
+    unit = req.context.get("AKM_UNIT_ID")
+    return f"exec unit {json.dumps(unit, ensure_ascii=False)}" if unit else "exec unit"
+
+
 def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
     argv = list(req.command)
-    unit = req.context.get("AKM_UNIT_ID")
-    label = f"exec unit {json.dumps(unit, ensure_ascii=False)}" if unit else "exec unit"
-    desc = _describe(argv)
     if not argv:
-        return _fail("spawn_failed", f"{label} has an empty command")
+        return _fail("spawn_failed", f"{_label(req)} has an empty command")
 
-    # 1. working directory: containment on realpaths, then existence
+    # 1. working directory: containment on realpaths (existence is checked when the spawn fails)
     try:
-        base, target, real_base, real_target = _resolve_dirs(req.base_dir, req.cwd)
+        base, target, real_base, real_target, contained = _resolve_dirs(req.base_dir, req.cwd)
     except (ValueError, OSError) as exc:  # e.g. an embedded NUL byte
-        return _fail("spawn_failed", f"{label} could not start {desc}: invalid working directory ({exc})")
-    try:
-        contained = os.path.commonpath([real_base, real_target]) == real_base
-    except ValueError:  # different drives on Windows
-        contained = False
+        return _fail("spawn_failed", f"{_label(req)} could not start {_describe(argv)}: invalid working directory ({exc})")
     if not contained:
         return _fail(
             "exec_cwd_escape",
-            f"{label}: exec.cwd {json.dumps(req.cwd, ensure_ascii=False)} resolves to {real_target}, "
+            f"{_label(req)}: exec.cwd {json.dumps(req.cwd, ensure_ascii=False)} resolves to {real_target}, "
             f"which is outside the unit's base directory {real_base}; nothing was started",
-        )
-    if not os.path.isdir(real_target):
-        return _fail(
-            "spawn_failed",
-            f"{label} could not start {desc}: working directory {target} is missing or not a directory",
         )
 
     # 2. context size
     too_large = check_exec_context(req.context)
     if too_large:
-        return _fail("exec_context_too_large", f"{label}: {too_large}")
+        return _missing_dir(req, argv, target, real_target) or _fail("exec_context_too_large",
+                                                                      f"{_label(req)}: {too_large}")
 
     # 3. spawn and supervise (akm.dispatch.process)
     if cancel is not None and cancel.is_set():
-        return _fail(
-            "aborted", f"{label} {desc} was not dispatched because the workflow invocation was interrupted"
+        return _missing_dir(req, argv, target, real_target) or _fail(
+            "aborted", f"{_label(req)} {_describe(argv)} was not dispatched because the workflow invocation was "
+                       "interrupted"
         )
     proc = run_process(
         argv, cwd=real_target, env=build_exec_env(req, req.parent_env), timeout_ms=req.timeout_ms, cancel=cancel,
         capture_limit=STDOUT_CAPTURE_BYTES, stderr_limit=STDERR_CAPTURE_BYTES,
         sensitive_values=req.sensitive_values,
     )
-    return _outcome(proc, req, label, desc)
+    if proc.spawn_error is not None:
+        missing = _missing_dir(req, argv, target, real_target)
+        if missing is not None:
+            return missing
+    return _outcome(proc, req, argv)
 
 
-def _outcome(proc: ProcessResult, req: ExecRequest, label: str, desc: str) -> DispatchResult:
+def _missing_dir(req: ExecRequest, argv: list[str], target: str, real_target: str) -> DispatchResult | None:
+    """The failure for a working directory that is not there, else None.
+
+    Asked only when something else failed: a fan-out's units share their directory,
+    and the spawn itself fails on a missing one — a stat per unit buys nothing.
+    """
+    if os.path.isdir(real_target):
+        return None
+    return _fail(
+        "spawn_failed",
+        f"{_label(req)} could not start {_describe(argv)}: working directory {target} is missing or not a directory",
+    )
+
+
+def _outcome(proc: ProcessResult, req: ExecRequest, argv: list[str]) -> DispatchResult:
     """Map a supervised process onto the unit outcome, first match wins."""
+    if (proc.exit_code == 0 and not proc.capture_error and not proc.cancelled and not proc.timed_out
+            and proc.signal is None and proc.spawn_error is None):
+        return DispatchResult(ok=True, text=_strip_trailing_newlines(proc.stdout) or None,
+                              truncated=proc.stdout_truncated)
+    label, desc = _label(req), _describe(argv)
     if proc.spawn_error is not None:
         return _fail("spawn_failed", f"{label} could not start {desc}: {proc.spawn_error}")
     tail = _stderr_tail(proc.stderr)

@@ -84,11 +84,14 @@ _owner: int | None = None
 def token() -> str | None:
     """This engine process's guard token (starting the guardian on first use), or None."""
     global _proc, _token, _owner
+    if _owner == os.getpid():  # every spawn asks: answer without a lock or a stat once started
+        return _token
     if not os.path.isdir("/proc"):
         return None
     with _lock:
         if _owner != os.getpid():  # first use, or we are a forked child: our own guardian
-            _proc, _token, _owner = None, None, os.getpid()
+            pid = os.getpid()
+            _proc, _token = None, None
             candidate = uuid.uuid4().hex
             try:
                 _proc = subprocess.Popen(
@@ -100,6 +103,7 @@ def token() -> str | None:
                 atexit.register(_goodbye)
             except OSError:
                 _proc = None  # no guardian: units still run, they just do not die with a crashed engine
+            _owner = pid  # last: the unlocked fast path above must never see a half-started guardian
         return _token
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import os
-import selectors
+import select
 import shutil
 import signal
 import subprocess
@@ -129,15 +129,13 @@ def resolve_executable(name: str, path: str) -> str | None:
 
     Resolved once per (name, PATH) instead of Popen probing every PATH entry per
     process; a path with a separator (`./run.sh`, `/bin/x`) is left to the OS as
-    written, and a name not found is left to Popen, which then reports it.
+    written, and a name not found is left to Popen, which then reports it. A
+    cached program that has since gone away makes its spawn fail: `run_process`
+    then forgets the cache and tries once more.
     """
     if os.sep in name or (os.altsep and os.altsep in name):
         return None
-    found = _lookup_executable(name, path)
-    if found is not None and not os.access(found, os.X_OK):
-        _lookup_executable.cache_clear()
-        return None
-    return found
+    return _lookup_executable(name, path)
 
 
 # --------------------------------------------------------------------------- capture
@@ -244,38 +242,74 @@ class _StdinWriter:
         return self.pos >= len(self.data)
 
 
-def _pump(sel: selectors.BaseSelector, timeout: float) -> None:
-    """Serve whatever is ready (waiting at most `timeout` s); unregister streams at EOF or error."""
-    if not sel.get_map():
-        if timeout > 0:
-            time.sleep(timeout)
-        return
-    for key, _ in sel.select(max(0.0, timeout)):
-        target = key.data
-        if target is None:  # the process's pidfd: it exited
-            sel.unregister(key.fd)
-            continue
-        if isinstance(target, _StdinWriter):
-            if target.write_some():
-                sel.unregister(key.fd)
-                os.close(key.fd)
-            continue
-        try:
-            chunk = os.read(target.fd, _READ_CHUNK)
-        except OSError as exc:
-            target.error = exc
-            sel.unregister(target.fd)
-            continue
-        if chunk:
-            target.feed(chunk)
-        else:
-            target.eof = True
-            sel.unregister(target.fd)
+_EXITED = object()  # the poll target of the leader's pidfd
+_POLLIN = getattr(select, "POLLIN", 1)
+_POLLOUT = getattr(select, "POLLOUT", 4)
 
 
-def _pump_until(sel: selectors.BaseSelector, until: float) -> None:
-    while sel.get_map() and time.monotonic() < until:
-        _pump(sel, min(POLL_INTERVAL_S * 5, until - time.monotonic()))
+class _Streams:
+    """The child's pipes (and its pidfd) under one `select.poll` object.
+
+    A plain poll object rather than `selectors`: registering costs no system
+    call and no per-key bookkeeping, and this runs once per unit of a fan-out.
+    """
+
+    def __init__(self) -> None:
+        self.poller = select.poll()
+        self.targets: dict[int, Any] = {}
+
+    def add(self, fd: int, mask: int, target: Any) -> None:
+        self.poller.register(fd, mask)
+        self.targets[fd] = target
+
+    def drop(self, fd: int) -> None:
+        self.poller.unregister(fd)
+        del self.targets[fd]
+
+    def open_streams(self) -> bool:
+        """Any pipe (not the pidfd) still being served."""
+        return any(t is not _EXITED for t in self.targets.values())
+
+    def pump(self, timeout: float) -> bool:
+        """Serve whatever is ready, waiting at most `timeout` s; True when the pidfd said the leader exited."""
+        if not self.targets:
+            if timeout > 0:
+                time.sleep(timeout)
+            return False
+        exited = False
+        for fd, _ in self.poller.poll(max(0.0, timeout) * 1000.0):
+            target = self.targets.get(fd)
+            if target is None:
+                continue
+            if target is _EXITED:
+                self.drop(fd)
+                exited = True
+                continue
+            if isinstance(target, _StdinWriter):
+                if target.write_some():
+                    self.drop(fd)
+                    os.close(fd)
+                continue
+            try:
+                chunk = os.read(fd, _READ_CHUNK)
+            except OSError as exc:
+                target.error = exc
+                self.drop(fd)
+                continue
+            if chunk:
+                target.feed(chunk)
+            else:
+                target.eof = True
+                self.drop(fd)
+        return exited
+
+    def pump_until(self, until: float) -> None:
+        """Serve the pipes until they all reach EOF or `until` (monotonic) passes."""
+        while self.open_streams():
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            self.pump(min(POLL_INTERVAL_S * 5, left))
 
 
 def _cut_utf8_end(data: bytes) -> bytes:
@@ -310,6 +344,8 @@ def _cut_utf8_start(data: bytes) -> bytes:
 
 def head_text(head: HeadCapture, values: Sequence[str]) -> str:
     """The kept beginning of a stream as redacted text (a secret cut by the cap included)."""
+    if not head.total:
+        return ""
     data = head.data()
     if head.overflowed:
         data = _cut_utf8_end(data)
@@ -318,6 +354,8 @@ def head_text(head: HeadCapture, values: Sequence[str]) -> str:
 
 def tail_text(tail: TailCapture, values: Sequence[str]) -> str:
     """The kept end of a stream as redacted text (a secret cut at the start of the tail included)."""
+    if not tail.total:
+        return ""
     data = tail.data()
     if tail.overflowed:
         data = _cut_utf8_start(data)
@@ -369,6 +407,38 @@ def signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
+_HAVE_PIDFD = hasattr(os, "pidfd_open")
+
+
+def _spawn(argv: list[str], cwd: str, env: dict[str, str], with_stdin: bool) -> subprocess.Popen | str:
+    """Start the child in its own session with piped output; the reason as a string when it cannot start."""
+    path = env.get("PATH", os.defpath)
+    executable = resolve_executable(argv[0], path)
+    for attempt in (1, 2):
+        try:
+            return subprocess.Popen(
+                argv,
+                executable=executable,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            if attempt == 1 and executable is not None and isinstance(exc, OSError):
+                # The cached lookup may be stale (the program moved or lost its x bit): look again.
+                _lookup_executable.cache_clear()
+                fresh = resolve_executable(argv[0], path)
+                if fresh != executable:
+                    executable = fresh
+                    continue
+            return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def run_process(
     argv: Sequence[str],
     *,
@@ -402,21 +472,9 @@ def run_process(
     token = guard.token()
     if token:
         child_env[guard.ENV_NAME] = token  # the child dies with this engine if the engine is killed
-    try:
-        proc = subprocess.Popen(
-            argv,
-            executable=resolve_executable(argv[0], child_env.get("PATH", os.defpath)),
-            cwd=cwd,
-            env=child_env,
-            stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-        )
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
-        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        return ProcessResult(spawn_error=detail)
+    proc = _spawn(argv, cwd, child_env, stdin_text is not None)
+    if isinstance(proc, str):
+        return ProcessResult(spawn_error=proc)
 
     assert proc.stdout is not None and proc.stderr is not None
     out: HeadCapture | TailCapture = (
@@ -424,76 +482,78 @@ def run_process(
         if stdout_keep == "head" else TailCapture(proc.stdout.fileno(), "stdout", max(0, capture_limit)))
     err = TailCapture(proc.stderr.fileno(), "stderr", max(0, stderr_limit))
     readers: tuple[HeadCapture | TailCapture, ...] = (out, err)
-    sel = selectors.DefaultSelector()
+    streams = _Streams()
     for r in readers:
-        sel.register(r.fd, selectors.EVENT_READ, r)
+        streams.add(r.fd, _POLLIN, r)
     if stdin_text is not None and proc.stdin is not None:
         stdin_fd = os.dup(proc.stdin.fileno())
         proc.stdin.close()  # our dup is the only write end now; closing it is the child's EOF
         data = stdin_text.encode("utf-8")
         if data:
-            sel.register(stdin_fd, selectors.EVENT_WRITE, _StdinWriter(stdin_fd, data))
+            streams.add(stdin_fd, _POLLOUT, _StdinWriter(stdin_fd, data))
         else:
             os.close(stdin_fd)
-    # On Linux a pidfd wakes the selector the moment the leader exits, instead of
-    # sleep-polling for it; elsewhere we fall back to Popen.wait with a timeout.
+    # On Linux a pidfd wakes the poll the moment the leader exits, and until it does
+    # there is no need to ask the kernel; elsewhere we poll for the exit status.
     pidfd: int | None = None
-    if hasattr(os, "pidfd_open"):
+    if _HAVE_PIDFD:
         try:
             pidfd = os.pidfd_open(proc.pid)
-            sel.register(pidfd, selectors.EVENT_READ, None)
+            streams.add(pidfd, _POLLIN, _EXITED)
         except OSError:
             pidfd = None
 
     deadline = time.monotonic() + timeout_ms / 1000.0 if timeout_ms is not None else None
     cancelled = timed_out = killed = False
+    exited = pidfd is None
     term_at: float | None = None
     drain_timed_out: list[str] = []
     try:
         while True:
-            rc = proc.poll()
-            if rc is not None:
+            if exited and proc.poll() is not None:
                 break
-            now = time.monotonic()
             if term_at is None:
                 if cancel is not None and cancel.is_set():
                     cancelled = True
-                elif deadline is not None and now >= deadline:
+                elif deadline is not None and time.monotonic() >= deadline:
                     timed_out = True
                 if cancelled or timed_out:
-                    term_at = now
+                    term_at = time.monotonic()
                     signal_group(proc, signal.SIGTERM)
-            elif not killed and now - term_at >= KILL_GRACE_S:
+            elif not killed and time.monotonic() - term_at >= KILL_GRACE_S:
                 killed = True
                 signal_group(proc, _SIGKILL)
             wait = POLL_INTERVAL_S * 5
             if deadline is not None and term_at is None:
-                wait = min(wait, max(0.0, deadline - now))
-            if sel.get_map():
-                _pump(sel, wait)  # wake for output, and often enough to notice cancel/timeout promptly
+                wait = min(wait, max(0.0, deadline - time.monotonic()))
+            if streams.targets:
+                # wake for output and the exit, and often enough to notice cancel/timeout promptly
+                if streams.pump(wait) or pidfd is None or pidfd not in streams.targets:
+                    exited = True
             else:
                 try:
                     proc.wait(max(0.001, wait))
                 except subprocess.TimeoutExpired:
                     pass
-        if pidfd is not None and pidfd in sel.get_map():
-            sel.unregister(pidfd)
+                exited = True
+        if pidfd is not None and pidfd in streams.targets:
+            streams.drop(pidfd)
         # drain: the pipes should close now; if a descendant holds them, kill the group (D9)
         if term_at is not None:
-            _pump_until(sel, max(term_at + KILL_GRACE_S, time.monotonic()) if sel.get_map() else 0)
+            if streams.targets:
+                streams.pump_until(max(term_at + KILL_GRACE_S, time.monotonic()))
             signal_group(proc, _SIGKILL)  # we are terminating anyway: sweep anything left in the group
-            _pump_until(sel, time.monotonic() + POST_KILL_DRAIN_S)
-        else:
-            _pump_until(sel, time.monotonic() + DRAIN_GRACE_S)
+            streams.pump_until(time.monotonic() + POST_KILL_DRAIN_S)
+        elif streams.targets:
+            streams.pump_until(time.monotonic() + DRAIN_GRACE_S)
             if any(not r.eof and r.error is None for r in readers):
                 drain_timed_out = [f"{r.label} drain timed out" for r in readers if not r.eof and r.error is None]
                 signal_group(proc, _SIGKILL)
-                _pump_until(sel, time.monotonic() + POST_KILL_DRAIN_S)
+                streams.pump_until(time.monotonic() + POST_KILL_DRAIN_S)
     finally:
-        for key in list(sel.get_map().values()):
-            if isinstance(key.data, _StdinWriter):
-                os.close(key.fd)
-        sel.close()
+        for fd, target in streams.targets.items():
+            if isinstance(target, _StdinWriter):
+                os.close(fd)
         if pidfd is not None:
             os.close(pidfd)
         for stream in (proc.stdout, proc.stderr):
@@ -511,11 +571,12 @@ def run_process(
 
     values = list(sensitive_values)
     try:
-        granted = _MATERIALIZE.acquire(out.kept)
+        granted = _MATERIALIZE.acquire(out.kept) if out.kept else 0
         try:
             stdout = head_text(out, values) if isinstance(out, HeadCapture) else tail_text(out, values)
         finally:
-            _MATERIALIZE.release(granted)
+            if granted:
+                _MATERIALIZE.release(granted)
     finally:
         out.close()
     stderr = tail_text(err, values)

@@ -208,6 +208,7 @@ class _Pass:
             self.d.db, run_id=self.d.run_id, unit_id=p.attempt, started_at=p.started_at,
             status="completed" if o.ok else "failed", result_json=p.result_json, tokens=o.tokens,
             failure_reason=None if o.ok else o.failure_reason, session_id=o.session_id, truncated=o.truncated,
+            step_id=self.step.step_id,
         )
         # The journal holds the artifact now and the step is decided from the journal: do not keep
         # every unit's output alive in memory until the pass ends (a wide fan-out of big outputs).

@@ -25,9 +25,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +38,24 @@ _BEGIN_BACKOFF_S = (0.001, 0.002, 0.004, 0.008)
 _JOURNAL_MODES = ("WAL", "DELETE", "TRUNCATE")
 
 
+_second_cache: tuple[int, str] = (-1, "")
+
+
 def now_iso(offset_s: float = 0.0) -> str:
-    """UTC now (+ offset seconds) as `YYYY-MM-DDTHH:MM:SS.mmmZ` — fixed width, string-comparable."""
-    return format_iso(datetime.now(timezone.utc) + timedelta(seconds=offset_s))
+    """UTC now (+ offset seconds) as `YYYY-MM-DDTHH:MM:SS.mmmZ` — fixed width, string-comparable.
+
+    Every journal write stamps a row, so this is on the per-unit path: the
+    `YYYY-MM-DDTHH:MM:SS` part is formatted once per second and cached (the
+    same text `format_iso` gives; a stale cache entry only costs a re-format).
+    """
+    global _second_cache
+    moment = time.time() + offset_s
+    second = int(moment)
+    cached = _second_cache
+    if cached[0] != second:
+        cached = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+        _second_cache = cached
+    return f"{cached[1]}.{int((moment - second) * 1000):03d}Z"
 
 
 def format_iso(moment: datetime) -> str:
@@ -85,6 +99,53 @@ def _not_text(exc: UnicodeEncodeError) -> UsageError:
     )
 
 
+class _Transaction:
+    """The context manager behind `Database.tx` (see there)."""
+
+    __slots__ = ("db", "owner")
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.owner = False
+
+    def __enter__(self) -> sqlite3.Connection:
+        db = self.db
+        db.lock.acquire()
+        try:
+            if not db.conn.in_transaction:
+                db._begin_immediate()
+                self.owner = True  # else join: the outer owner commits or rolls back
+        except BaseException:
+            db.lock.release()
+            raise
+        return db.conn
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        db = self.db
+        try:
+            if not self.owner:
+                return False
+            if exc is not None:
+                db._rollback_quietly()
+                if isinstance(exc, sqlite3.Error):
+                    raise journal_error(exc, "write", db.path) from exc
+                if isinstance(exc, UnicodeEncodeError):
+                    raise _not_text(exc) from None
+                return False
+            if not db.conn.in_transaction:
+                raise JournalError(
+                    f"journal write failed ({db.path}): the transaction ended before commit; nothing was saved"
+                )
+            try:
+                db.conn.execute("COMMIT")
+            except sqlite3.Error as err:
+                db._rollback_quietly()
+                raise journal_error(err, "commit", db.path) from err
+            return False
+        finally:
+            db.lock.release()
+
+
 class Database:
     """A shared connection plus the transaction helper. Create it with `open_db`."""
 
@@ -96,37 +157,15 @@ class Database:
 
     # -- transactions -------------------------------------------------------------------------
 
-    @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
+    def tx(self) -> _Transaction:
         """`BEGIN IMMEDIATE` … `COMMIT`; joins a transaction this thread already has open.
 
         BEGIN is retried (up to 5 attempts) only when it fails with "locked";
         the body is never retried. A body exception rolls back and propagates
-        unchanged (sqlite3 errors become JournalError).
+        unchanged (sqlite3 errors become JournalError). A plain class, not a
+        generator context manager: every unit's journal write goes through here.
         """
-        with self.lock:
-            if self.conn.in_transaction:
-                yield self.conn  # join: the outer owner commits or rolls back
-                return
-            self._begin_immediate()
-            try:
-                yield self.conn
-            except BaseException as exc:
-                self._rollback_quietly()
-                if isinstance(exc, sqlite3.Error):
-                    raise journal_error(exc, "write", self.path) from exc
-                if isinstance(exc, UnicodeEncodeError):
-                    raise _not_text(exc) from None
-                raise
-            if not self.conn.in_transaction:
-                raise JournalError(
-                    f"journal write failed ({self.path}): the transaction ended before commit; nothing was saved"
-                )
-            try:
-                self.conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                self._rollback_quietly()
-                raise journal_error(exc, "commit", self.path) from exc
+        return _Transaction(self)
 
     def _begin_immediate(self) -> None:
         last: sqlite3.Error | None = None

@@ -27,7 +27,7 @@ from typing import Any
 
 from akm.errors import JournalError, NotFoundError, UsageError
 from akm.store.db import Database, format_iso, now_iso, parse_iso
-from akm.store.events import append_event
+from akm.store.events import append_event, insert_event
 from akm.store.runs import DRIVABLE_STATUSES, LeaseInfo, holder_is_live, not_drivable_error
 
 CLAIM_TTL_S = 90.0
@@ -79,6 +79,27 @@ def _next_stamp(previous: str | None) -> str:
     return now
 
 
+_UNIT_ROW_COLUMNS = ("INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, "
+                     "status, input_hash, worktree_path, started_at) VALUES (?,?,?,?,?,?,?,?,?,'running',?,?,?) ")
+# The common case, a unit's first dispatch: one statement, no read.
+_INSERT_FRESH = _UNIT_ROW_COLUMNS + "ON CONFLICT (run_id, unit_id) DO NOTHING"
+_REINSERT = _UNIT_ROW_COLUMNS + (
+    "ON CONFLICT (run_id, unit_id) DO UPDATE SET step_id = excluded.step_id, node_id = excluded.node_id, "
+    "parent_unit_id = excluded.parent_unit_id, phase = excluded.phase, runner = excluded.runner, "
+    "engine = excluded.engine, model = excluded.model, status = 'running', "
+    "input_hash = excluded.input_hash, worktree_path = excluded.worktree_path, "
+    "started_at = excluded.started_at, result_json = NULL, tokens = NULL, failure_reason = NULL, "
+    "session_id = NULL, finished_at = NULL, last_checkin_at = NULL, claim_holder = NULL, "
+    "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL, truncated = 0, "
+    "attempts = units.attempts + 1"
+)
+_FINISH = (
+    "UPDATE units SET status = ?, result_json = ?, tokens = ?, failure_reason = ?, session_id = ?, "
+    "truncated = ?, finished_at = ?, claim_holder = NULL, claim_host = NULL, claim_pid = NULL, "
+    "claim_expires_at = NULL WHERE run_id = ? AND unit_id = ? AND status = 'running' AND started_at = ?"
+)
+
+
 def insert_unit(
     db: Database,
     *,
@@ -101,6 +122,7 @@ def insert_unit(
     Refuses (RUN_ABANDONED / RUN_NOT_ACTIVE, nothing written) when the run can
     no longer be driven: checked in the insert's own transaction, so once an
     abandon commits no unit of that run can start.
+    A first dispatch is one INSERT; only a re-dispatch reads the old stamp.
     """
     with db.tx() as conn:
         run = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -108,25 +130,17 @@ def insert_unit(
             raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
         if run["status"] not in DRIVABLE_STATUSES:
             raise not_drivable_error(run_id, run["status"], "given new units")
-        prev = conn.execute(
-            "SELECT started_at FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)
-        ).fetchone()
-        started_at = _next_stamp(prev["started_at"] if prev else None)
-        conn.execute(
-            "INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, "
-            "status, input_hash, worktree_path, started_at) VALUES (?,?,?,?,?,?,?,?,?,'running',?,?,?) "
-            "ON CONFLICT (run_id, unit_id) DO UPDATE SET step_id = excluded.step_id, node_id = excluded.node_id, "
-            "parent_unit_id = excluded.parent_unit_id, phase = excluded.phase, runner = excluded.runner, "
-            "engine = excluded.engine, model = excluded.model, status = 'running', "
-            "input_hash = excluded.input_hash, worktree_path = excluded.worktree_path, "
-            "started_at = excluded.started_at, result_json = NULL, tokens = NULL, failure_reason = NULL, "
-            "session_id = NULL, finished_at = NULL, last_checkin_at = NULL, claim_holder = NULL, "
-            "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL, truncated = 0, "
-            "attempts = units.attempts + 1",
-            (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, input_hash,
-             worktree_path, started_at),
-        )
-        append_event(db, "workflow_unit_started", run_id, {"runId": run_id, "stepId": step_id, "unitId": unit_id})
+        now = now_iso()
+        started_at = now
+        row = [run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, input_hash,
+               worktree_path, started_at]
+        if conn.execute(_INSERT_FRESH, row).rowcount != 1:
+            prev = conn.execute(
+                "SELECT started_at FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)
+            ).fetchone()
+            started_at = row[-1] = _next_stamp(prev["started_at"] if prev else None)
+            conn.execute(_REINSERT, row)
+        insert_event(conn, "workflow_unit_started", now, run_id, {"runId": run_id, "stepId": step_id, "unitId": unit_id})
     return started_at
 
 
@@ -142,6 +156,7 @@ def finish_unit(
     failure_reason: str | None = None,
     session_id: str | None = None,
     truncated: bool = False,
+    step_id: str | None = None,
 ) -> str:
     """Record this dispatch's outcome. Returns "finished" or "superseded".
 
@@ -149,29 +164,30 @@ def finish_unit(
     updated (and its claim released); then `workflow_unit_finished` is
     appended in the same tx. A row re-inserted or finished by someone else
     is left alone ("superseded", no event). A missing row is a JournalError.
+    `step_id`: the step the caller inserted the row with (saves reading it back).
     """
     if status not in ("completed", "failed"):
         raise ValueError(f"finish_unit status must be completed or failed, not {status!r}")
     with db.tx() as conn:
+        now = now_iso()
         cur = conn.execute(
-            "UPDATE units SET status = ?, result_json = ?, tokens = ?, failure_reason = ?, session_id = ?, "
-            "truncated = ?, finished_at = ?, claim_holder = NULL, claim_host = NULL, claim_pid = NULL, "
-            "claim_expires_at = NULL WHERE run_id = ? AND unit_id = ? AND status = 'running' AND started_at = ?",
-            (status, result_json, tokens, failure_reason, session_id, int(bool(truncated)), now_iso(), run_id,
+            _FINISH,
+            (status, result_json, tokens, failure_reason, session_id, int(bool(truncated)), now, run_id,
              unit_id, started_at),
         )
         if cur.rowcount == 1:
-            step = conn.execute(
-                "SELECT step_id FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)
-            ).fetchone()
-            meta: dict[str, Any] = {"runId": run_id, "stepId": step["step_id"], "unitId": unit_id, "status": status}
+            if step_id is None:
+                step_id = conn.execute(
+                    "SELECT step_id FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)
+                ).fetchone()["step_id"]
+            meta: dict[str, Any] = {"runId": run_id, "stepId": step_id, "unitId": unit_id, "status": status}
             if failure_reason is not None:
                 meta["failureReason"] = failure_reason
             if tokens is not None:
                 meta["tokens"] = tokens
             if truncated:
                 meta["truncated"] = True
-            append_event(db, "workflow_unit_finished", run_id, meta)
+            insert_event(conn, "workflow_unit_finished", now, run_id, meta)
             return "finished"
         exists = conn.execute("SELECT 1 FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)).fetchone()
     if exists is None:
