@@ -408,35 +408,82 @@ def signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 
 _HAVE_PIDFD = hasattr(os, "pidfd_open")
+_devnull_lock = threading.Lock()
+_devnull_fd: int | None = None
 
 
-def _spawn(argv: list[str], cwd: str, env: dict[str, str], with_stdin: bool) -> subprocess.Popen | str:
-    """Start the child in its own session with piped output; the reason as a string when it cannot start."""
+def _devnull() -> int:
+    """One read-only /dev/null descriptor for every child's stdin (close-on-exec here; dup2'd in the child)."""
+    global _devnull_fd
+    if _devnull_fd is None:
+        with _devnull_lock:
+            if _devnull_fd is None:
+                _devnull_fd = os.open(os.devnull, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    return _devnull_fd
+
+
+@dataclass
+class _Child:
+    """A started child and our ends of its pipes (`stdin` only when it is fed text)."""
+
+    proc: subprocess.Popen
+    stdout: int
+    stderr: int
+    stdin: int | None
+
+
+def _spawn(argv: list[str], cwd: str, env: dict[str, str], with_stdin: bool) -> _Child | str:
+    """Start the child in its own session with piped output; the reason as a string when it cannot start.
+
+    The pipes are ours (raw descriptors, no file objects) and stdin is a shared /dev/null
+    descriptor: per spawn that saves Popen opening /dev/null and wrapping each pipe in a
+    buffered file only for us to read it by descriptor.
+    """
     path = env.get("PATH", os.defpath)
     executable = resolve_executable(argv[0], path)
-    for attempt in (1, 2):
-        try:
-            return subprocess.Popen(
-                argv,
-                executable=executable,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            if attempt == 1 and executable is not None and isinstance(exc, OSError):
-                # The cached lookup may be stale (the program moved or lost its x bit): look again.
-                _lookup_executable.cache_clear()
-                fresh = resolve_executable(argv[0], path)
-                if fresh != executable:
-                    executable = fresh
-                    continue
-            return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    raise AssertionError("unreachable")  # pragma: no cover
+    child_ends: list[int] = []  # closed here once the child holds its copies (or never started)
+    ours: list[int] = []  # handed to the caller on success, closed here otherwise
+    try:
+        out_r, out_w = os.pipe()  # close-on-exec on our side (PEP 446); the child gets dup2'd copies
+        ours.append(out_r), child_ends.append(out_w)
+        err_r, err_w = os.pipe()
+        ours.append(err_r), child_ends.append(err_w)
+        in_w: int | None = None
+        if with_stdin:
+            in_r, in_w = os.pipe()
+            ours.append(in_w), child_ends.append(in_r)
+        else:
+            in_r = _devnull()
+        for attempt in (1, 2):
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    executable=executable,
+                    cwd=cwd,
+                    env=env,
+                    stdin=in_r,
+                    stdout=out_w,
+                    stderr=err_w,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+                ours = []
+                return _Child(proc, out_r, err_r, in_w)
+            except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                if attempt == 1 and executable is not None and isinstance(exc, OSError):
+                    # The cached lookup may be stale (the program moved or lost its x bit): look again.
+                    _lookup_executable.cache_clear()
+                    fresh = resolve_executable(argv[0], path)
+                    if fresh != executable:
+                        executable = fresh
+                        continue
+                return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise AssertionError("unreachable")  # pragma: no cover
+    except OSError as exc:  # no pipe (out of descriptors): nothing was started
+        return exc.strerror or str(exc)
+    finally:
+        for fd in child_ends + ours:
+            os.close(fd)
 
 
 def run_process(
@@ -472,27 +519,25 @@ def run_process(
     token = guard.token()
     if token:
         child_env[guard.ENV_NAME] = token  # the child dies with this engine if the engine is killed
-    proc = _spawn(argv, cwd, child_env, stdin_text is not None)
-    if isinstance(proc, str):
-        return ProcessResult(spawn_error=proc)
+    child = _spawn(argv, cwd, child_env, stdin_text is not None)
+    if isinstance(child, str):
+        return ProcessResult(spawn_error=child)
+    proc = child.proc
 
-    assert proc.stdout is not None and proc.stderr is not None
     out: HeadCapture | TailCapture = (
-        HeadCapture(proc.stdout.fileno(), "stdout", max(0, capture_limit), MEMORY_BUFFER_BYTES)
-        if stdout_keep == "head" else TailCapture(proc.stdout.fileno(), "stdout", max(0, capture_limit)))
-    err = TailCapture(proc.stderr.fileno(), "stderr", max(0, stderr_limit))
+        HeadCapture(child.stdout, "stdout", max(0, capture_limit), MEMORY_BUFFER_BYTES)
+        if stdout_keep == "head" else TailCapture(child.stdout, "stdout", max(0, capture_limit)))
+    err = TailCapture(child.stderr, "stderr", max(0, stderr_limit))
     readers: tuple[HeadCapture | TailCapture, ...] = (out, err)
     streams = _Streams()
     for r in readers:
         streams.add(r.fd, _POLLIN, r)
-    if stdin_text is not None and proc.stdin is not None:
-        stdin_fd = os.dup(proc.stdin.fileno())
-        proc.stdin.close()  # our dup is the only write end now; closing it is the child's EOF
-        data = stdin_text.encode("utf-8")
+    if child.stdin is not None:
+        data = (stdin_text or "").encode("utf-8")
         if data:
-            streams.add(stdin_fd, _POLLOUT, _StdinWriter(stdin_fd, data))
+            streams.add(child.stdin, _POLLOUT, _StdinWriter(child.stdin, data))
         else:
-            os.close(stdin_fd)
+            os.close(child.stdin)  # the child's EOF
     # On Linux a pidfd wakes the poll the moment the leader exits, and until it does
     # there is no need to ask the kernel; elsewhere we poll for the exit status.
     pidfd: int | None = None
@@ -556,9 +601,9 @@ def run_process(
                 os.close(fd)
         if pidfd is not None:
             os.close(pidfd)
-        for stream in (proc.stdout, proc.stderr):
+        for fd in (child.stdout, child.stderr):
             try:
-                stream.close()
+                os.close(fd)
             except OSError:
                 pass
 
