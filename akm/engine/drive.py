@@ -329,7 +329,8 @@ class _Pass:
         d.lease_lost.link(self.event)
         d.budget.set_exceed_hook(self.event.set)
         try:
-            outcomes = self._schedule(width)
+            with d.db.checkpoints_in_background():  # no commit of a unit waits for a WAL checkpoint's syncs
+                outcomes = self._schedule(width)
         finally:
             d.opts.cancel.unlink(self.event)
             d.lease_lost.unlink(self.event)

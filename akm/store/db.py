@@ -25,7 +25,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ BUSY_TIMEOUT_MS = 30_000
 BEGIN_ATTEMPTS = 5
 _BEGIN_BACKOFF_S = (0.001, 0.002, 0.004, 0.008)
 _JOURNAL_MODES = ("WAL", "DELETE", "TRUNCATE")
+WAL_AUTOCHECKPOINT_PAGES = 1000  # SQLite's default
 
 
 _second_cache: tuple[int, str] = (-1, "")
@@ -141,9 +143,66 @@ class _Transaction:
             except sqlite3.Error as err:
                 db._rollback_quietly()
                 raise journal_error(err, "commit", db.path) from err
+            if db._checkpoints is not None:
+                db._checkpoints.committed()
             return False
         finally:
             db.lock.release()
+
+
+class _Checkpointer:
+    """WAL checkpoints on a thread (and connection) of their own while a fan-out writes.
+
+    SQLite checkpoints the WAL inside the COMMIT that pushes it past
+    `wal_autocheckpoint` pages, and with `synchronous=NORMAL` that checkpoint
+    syncs the WAL and the database file: one commit in ~100 of a fan-out would
+    stall for the two syncs while holding the journal lock every worker needs.
+    Here the writer's connection stops checkpointing and this thread runs a
+    PASSIVE checkpoint (which never blocks the writer) every `EVERY_COMMITS`
+    commits — the same cadence and the same syncs, off the dispatch path.
+    """
+
+    EVERY_COMMITS = 100  # ~1000 WAL pages at a unit's ~10 pages per commit: SQLite's default cadence
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.count = 0
+        self.wake = threading.Event()
+        self.stopping = False
+        self.thread: threading.Thread | None = None
+
+    def committed(self) -> None:
+        """Called under the journal lock after each commit of the writer."""
+        self.count += 1
+        if self.count % self.EVERY_COMMITS == 0:
+            if self.thread is None:  # started on the first checkpoint due: a small pass never needs one
+                self.thread = threading.Thread(target=self._loop, name="akm-checkpoint", daemon=True)
+                self.thread.start()
+            self.wake.set()
+
+    def _loop(self) -> None:
+        try:
+            conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        except sqlite3.Error:
+            return  # the writer's own final checkpoint (on close, or once this stops) catches up
+        try:
+            while True:
+                self.wake.wait()
+                self.wake.clear()
+                if self.stopping:
+                    return
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error:
+                    pass  # advisory, like SQLite's own autocheckpoint
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.wake.set()
+        if self.thread is not None:
+            self.thread.join()
 
 
 class Database:
@@ -154,6 +213,8 @@ class Database:
         self.path = path
         self.journal_mode = journal_mode
         self.lock = threading.RLock()
+        self._checkpoints: _Checkpointer | None = None
+        self._checkpoint_users = 0
 
     # -- transactions -------------------------------------------------------------------------
 
@@ -191,6 +252,40 @@ class Database:
                 self.conn.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
+
+    @contextmanager
+    def checkpoints_in_background(self) -> Iterator[None]:
+        """While open, WAL checkpoints run on a background thread instead of inside commits.
+
+        For a stretch of many small commits (a fan-out): see `_Checkpointer`. Nests; the
+        last exit restores the connection's own autocheckpoint. Other journal modes: no-op.
+        """
+        if self.journal_mode != "WAL":
+            yield
+            return
+        with self.lock:
+            self._checkpoint_users += 1
+            if self._checkpoint_users == 1:
+                try:
+                    self.conn.execute("PRAGMA wal_autocheckpoint=0")
+                    self._checkpoints = _Checkpointer(self.path)
+                except sqlite3.Error:
+                    pass  # keep SQLite's own checkpoints
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._checkpoint_users -= 1
+                done = self._checkpoints if self._checkpoint_users == 0 else None
+                if done is not None:
+                    self._checkpoints = None
+            if done is not None:
+                done.stop()  # outside the lock: a running checkpoint finishes first
+                with self.lock:
+                    try:
+                        self.conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+                    except sqlite3.Error:
+                        pass
 
     # -- statements ---------------------------------------------------------------------------
 
