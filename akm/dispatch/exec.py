@@ -318,7 +318,7 @@ def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
 
     # 1. working directory: containment on realpaths (existence is checked when the spawn fails)
     try:
-        base, target, real_base, real_target, contained = _resolve_dirs(req.base_dir, req.cwd)
+        _, target, real_base, real_target, contained = _resolve_dirs(req.base_dir, req.cwd)
     except (ValueError, OSError) as exc:  # e.g. an embedded NUL byte
         return _fail("spawn_failed", f"{_label(req)} could not start {_describe(argv)}: invalid working directory ({exc})")
     if not contained:

@@ -161,13 +161,14 @@ class _Pass:
         # insert: one commit per unit instead of two (see _PendingFinish).
         pending, self._local.pending = getattr(self._local, "pending", None), None
         insert = dict(run_id=d.run_id, unit_id=attempt, step_id=self.step.step_id, node_id=unit.node_id,
-                      parent_unit_id=unit.parent_unit_id, phase=None, runner=unit.runner, engine=unit.engine,
+                      parent_unit_id=unit.parent_unit_id, runner=unit.runner, engine=unit.engine,
                       model=unit.model, input_hash=unit.input_hash, worktree_path=tree.path if tree else None)
         try:
-            with d.db.tx():
-                if pending is not None:
-                    self._write_finish(pending)
+            if pending is None:
                 started_at = units_store.insert_unit(d.db, **insert)
+            else:
+                finished, started_at = units_store.finish_and_insert(d.db, self._finish_of(pending), **insert)
+                self._finished(pending, finished)
         except Exception:
             started_at = None
             if pending is not None:  # find out which write failed: each alone
@@ -202,17 +203,23 @@ class _Pass:
                 d.warn(warning)
         return outcome
 
-    def _write_finish(self, p: _PendingFinish) -> None:
+    def _finish_of(self, p: _PendingFinish) -> units_store.UnitFinish:
         o = p.outcome
-        finished = units_store.finish_unit(
-            self.d.db, run_id=self.d.run_id, unit_id=p.attempt, started_at=p.started_at,
+        return units_store.UnitFinish(
+            run_id=self.d.run_id, unit_id=p.attempt, started_at=p.started_at,
             status="completed" if o.ok else "failed", result_json=p.result_json, tokens=o.tokens,
             failure_reason=None if o.ok else o.failure_reason, session_id=o.session_id, truncated=o.truncated,
             step_id=self.step.step_id,
         )
+
+    def _write_finish(self, p: _PendingFinish) -> None:
+        f = self._finish_of(p)
+        self._finished(p, units_store.finish_unit(self.d.db, **vars(f)))
+
+    def _finished(self, p: _PendingFinish, finished: str) -> None:
         # The journal holds the artifact now and the step is decided from the journal: do not keep
         # every unit's output alive in memory until the pass ends (a wide fan-out of big outputs).
-        o.text, o.result = None, None
+        p.outcome.text, p.outcome.result = None, None
         if finished == "superseded":
             self.d.warn(f"unit {p.attempt} was re-dispatched by another driver while it ran; this result was not "
                         "journaled (the newer dispatch owns the row)")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,20 +44,14 @@ class Event:
         return out
 
 
-_INSERT_EVENT = "INSERT INTO events (event_type, ts, run_id, metadata_json) VALUES (?, ?, ?, ?)"
-
-
 def append_event(db: Database, event_type: str, run_id: str | None, metadata: dict[str, Any] | None = None) -> int:
     """Insert one event; joins the caller's open transaction (so it commits or rolls back with it)."""
     with db.tx() as conn:
-        return insert_event(conn, event_type, now_iso(), run_id, metadata)
-
-
-def insert_event(conn: sqlite3.Connection, event_type: str, ts: str, run_id: str | None,
-                 metadata: dict[str, Any] | None) -> int:
-    """`append_event` for a caller that already holds the transaction and the stamp (the unit journal)."""
-    cur = conn.execute(_INSERT_EVENT, (event_type, ts, run_id, compact_json(metadata or {})))
-    return int(cur.lastrowid or 0)
+        cur = conn.execute(
+            "INSERT INTO events (event_type, ts, run_id, metadata_json) VALUES (?, ?, ?, ?)",
+            (event_type, now_iso(), run_id, compact_json(metadata or {})),
+        )
+        return int(cur.lastrowid or 0)
 
 
 def _decode_metadata(text: str | None) -> dict[str, Any]:

@@ -18,16 +18,18 @@ lease's `LeaseInfo` shape).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from akm.canonical import compact_json
 from akm.errors import JournalError, NotFoundError, UsageError
 from akm.store.db import Database, format_iso, now_iso, parse_iso
-from akm.store.events import append_event, insert_event
 from akm.store.runs import DRIVABLE_STATUSES, LeaseInfo, holder_is_live, not_drivable_error
 
 CLAIM_TTL_S = 90.0
@@ -81,8 +83,15 @@ def _next_stamp(previous: str | None) -> str:
 
 _UNIT_ROW_COLUMNS = ("INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, "
                      "status, input_hash, worktree_path, started_at) VALUES (?,?,?,?,?,?,?,?,?,'running',?,?,?) ")
-# The common case, a unit's first dispatch: one statement, no read.
-_INSERT_FRESH = _UNIT_ROW_COLUMNS + "ON CONFLICT (run_id, unit_id) DO NOTHING"
+# The common case, a unit's first dispatch of a drivable run: one statement, no read. It writes
+# nothing when the row exists or the run cannot be driven (then `_insert_row` finds out which).
+_INSERT_FRESH = (
+    "INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, "
+    "status, input_hash, worktree_path, started_at) SELECT ?,?,?,?,?,?,?,?,?,'running',?,?,? "
+    "WHERE EXISTS (SELECT 1 FROM runs WHERE id = ? AND status IN ("
+    + ",".join(f"'{status}'" for status in DRIVABLE_STATUSES) + ")) "
+    "ON CONFLICT (run_id, unit_id) DO NOTHING"
+)
 _REINSERT = _UNIT_ROW_COLUMNS + (
     "ON CONFLICT (run_id, unit_id) DO UPDATE SET step_id = excluded.step_id, node_id = excluded.node_id, "
     "parent_unit_id = excluded.parent_unit_id, phase = excluded.phase, runner = excluded.runner, "
@@ -98,6 +107,96 @@ _FINISH = (
     "truncated = ?, finished_at = ?, claim_holder = NULL, claim_host = NULL, claim_pid = NULL, "
     "claim_expires_at = NULL WHERE run_id = ? AND unit_id = ? AND status = 'running' AND started_at = ?"
 )
+
+
+_INSERT_EVENTS = "INSERT INTO events (event_type, ts, run_id, metadata_json) VALUES (?, ?, ?, ?)"
+_INSERT_TWO_EVENTS = _INSERT_EVENTS + ", (?, ?, ?, ?)"
+_json_str = json.encoder.encode_basestring  # a JSON string literal exactly as compact_json writes it
+
+
+def _json_opt(value: str | None) -> str:
+    return "null" if value is None else _json_str(value)
+
+
+def _started_meta(run_id: str, step_id: str | None, unit_id: str) -> str:
+    """compact_json({"runId", "stepId", "unitId"}), written directly: it is built for every dispatch."""
+    return f'{{"runId":{_json_str(run_id)},"stepId":{_json_opt(step_id)},"unitId":{_json_str(unit_id)}}}'
+
+
+@dataclass(frozen=True)
+class UnitFinish:
+    """One dispatch's outcome, as `finish_unit` records it (see there)."""
+
+    run_id: str
+    unit_id: str
+    started_at: str
+    status: str
+    result_json: str | None = None
+    tokens: int | None = None
+    failure_reason: str | None = None
+    session_id: str | None = None
+    truncated: bool = False
+    step_id: str | None = None  # the step the row was inserted with (saves reading it back)
+
+    def meta(self, step_id: str | None) -> str:
+        """The `workflow_unit_finished` metadata (compact JSON; ids, status, reason, tokens only)."""
+        text = (f'{{"runId":{_json_str(self.run_id)},"stepId":{_json_opt(step_id)},'
+                f'"unitId":{_json_str(self.unit_id)},"status":{_json_str(self.status)}')
+        if self.failure_reason is not None:
+            text += f',"failureReason":{_json_str(self.failure_reason)}'
+        if self.tokens is not None:
+            text += f',"tokens":{compact_json(self.tokens)}'
+        if self.truncated:
+            text += ',"truncated":true'
+        return text + "}"
+
+
+def _insert_row(conn: sqlite3.Connection, now: str, row: list[Any]) -> str:
+    """Write the `running` row (`row` ends with the stamp to use); returns the stamp it got.
+
+    Refuses (RUN_NOT_FOUND / RUN_ABANDONED / RUN_NOT_ACTIVE, nothing written) when the run
+    cannot be driven — checked in the caller's transaction, so once an abandon commits no unit
+    of that run can start.
+    """
+    run_id = row[0]
+    if conn.execute(_INSERT_FRESH, [*row, run_id]).rowcount == 1:
+        return now
+    run = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if run is None:
+        raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
+    if run["status"] not in DRIVABLE_STATUSES:
+        raise not_drivable_error(run_id, run["status"], "given new units")
+    prev = conn.execute("SELECT started_at FROM units WHERE run_id = ? AND unit_id = ?", (run_id, row[1])).fetchone()
+    row[-1] = _next_stamp(prev["started_at"] if prev else None)
+    conn.execute(_REINSERT, row)
+    return str(row[-1])
+
+
+def _finish_row(conn: sqlite3.Connection, now: str, f: UnitFinish) -> str | None:
+    """Finish this dispatch's row; its event metadata, or None when the row was superseded.
+
+    A missing row raises JournalError (the caller's transaction rolls back).
+    """
+    if f.status not in ("completed", "failed"):
+        raise ValueError(f"finish_unit status must be completed or failed, not {f.status!r}")
+    cur = conn.execute(
+        _FINISH,
+        (f.status, f.result_json, f.tokens, f.failure_reason, f.session_id, int(bool(f.truncated)), now, f.run_id,
+         f.unit_id, f.started_at),
+    )
+    if cur.rowcount == 1:
+        step_id = f.step_id
+        if step_id is None:
+            step_id = conn.execute(
+                "SELECT step_id FROM units WHERE run_id = ? AND unit_id = ?", (f.run_id, f.unit_id)
+            ).fetchone()["step_id"]
+        return f.meta(step_id)
+    if conn.execute("SELECT 1 FROM units WHERE run_id = ? AND unit_id = ?", (f.run_id, f.unit_id)).fetchone() is None:
+        raise JournalError(
+            f"unit {f.unit_id!r} of run {f.run_id} finished ({f.status}) but its journal row is gone; "
+            "the result could not be journaled"
+        )
+    return None
 
 
 def insert_unit(
@@ -125,22 +224,10 @@ def insert_unit(
     A first dispatch is one INSERT; only a re-dispatch reads the old stamp.
     """
     with db.tx() as conn:
-        run = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
-        if run is None:
-            raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
-        if run["status"] not in DRIVABLE_STATUSES:
-            raise not_drivable_error(run_id, run["status"], "given new units")
         now = now_iso()
-        started_at = now
-        row = [run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, input_hash,
-               worktree_path, started_at]
-        if conn.execute(_INSERT_FRESH, row).rowcount != 1:
-            prev = conn.execute(
-                "SELECT started_at FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)
-            ).fetchone()
-            started_at = row[-1] = _next_stamp(prev["started_at"] if prev else None)
-            conn.execute(_REINSERT, row)
-        insert_event(conn, "workflow_unit_started", now, run_id, {"runId": run_id, "stepId": step_id, "unitId": unit_id})
+        started_at = _insert_row(conn, now, [run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner,
+                                             engine, model, input_hash, worktree_path, now])
+        conn.execute(_INSERT_EVENTS, ("workflow_unit_started", now, run_id, _started_meta(run_id, step_id, unit_id)))
     return started_at
 
 
@@ -166,36 +253,50 @@ def finish_unit(
     is left alone ("superseded", no event). A missing row is a JournalError.
     `step_id`: the step the caller inserted the row with (saves reading it back).
     """
-    if status not in ("completed", "failed"):
-        raise ValueError(f"finish_unit status must be completed or failed, not {status!r}")
+    f = UnitFinish(run_id=run_id, unit_id=unit_id, started_at=started_at, status=status, result_json=result_json,
+                   tokens=tokens, failure_reason=failure_reason, session_id=session_id, truncated=truncated,
+                   step_id=step_id)
     with db.tx() as conn:
         now = now_iso()
-        cur = conn.execute(
-            _FINISH,
-            (status, result_json, tokens, failure_reason, session_id, int(bool(truncated)), now, run_id,
-             unit_id, started_at),
-        )
-        if cur.rowcount == 1:
-            if step_id is None:
-                step_id = conn.execute(
-                    "SELECT step_id FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)
-                ).fetchone()["step_id"]
-            meta: dict[str, Any] = {"runId": run_id, "stepId": step_id, "unitId": unit_id, "status": status}
-            if failure_reason is not None:
-                meta["failureReason"] = failure_reason
-            if tokens is not None:
-                meta["tokens"] = tokens
-            if truncated:
-                meta["truncated"] = True
-            insert_event(conn, "workflow_unit_finished", now, run_id, meta)
-            return "finished"
-        exists = conn.execute("SELECT 1 FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)).fetchone()
-    if exists is None:
-        raise JournalError(
-            f"unit {unit_id!r} of run {run_id} finished ({status}) but its journal row is gone; "
-            "the result could not be journaled"
-        )
-    return "superseded"
+        meta = _finish_row(conn, now, f)
+        if meta is None:
+            return "superseded"
+        conn.execute(_INSERT_EVENTS, ("workflow_unit_finished", now, run_id, meta))
+    return "finished"
+
+
+def finish_and_insert(
+    db: Database,
+    finish: UnitFinish,
+    *,
+    run_id: str,
+    unit_id: str,
+    step_id: str | None,
+    node_id: str,
+    parent_unit_id: str | None = None,
+    runner: str | None = None,
+    engine: str | None = None,
+    model: str | None = None,
+    input_hash: str | None = None,
+    worktree_path: str | None = None,
+) -> tuple[str, str]:
+    """`finish_unit(finish)` then `insert_unit(...)` in ONE transaction: (finish result, new started_at).
+
+    For a worker that finishes one attempt and dispatches its next: one commit per unit
+    (the insert still commits before its unit is dispatched). Any failure rolls back both
+    and raises; the caller may then write each alone to learn which one failed.
+    """
+    with db.tx() as conn:
+        now = now_iso()
+        finished = _finish_row(conn, now, finish)
+        started_at = _insert_row(conn, now, [run_id, unit_id, step_id, node_id, parent_unit_id, None, runner,
+                                             engine, model, input_hash, worktree_path, now])
+        started = ("workflow_unit_started", now, run_id, _started_meta(run_id, step_id, unit_id))
+        if finished is None:
+            conn.execute(_INSERT_EVENTS, started)
+        else:
+            conn.execute(_INSERT_TWO_EVENTS, ("workflow_unit_finished", now, finish.run_id, finished) + started)
+    return ("finished" if finished is not None else "superseded"), started_at
 
 
 def heartbeat_units(db: Database, run_id: str, unit_ids: Sequence[str]) -> int:
