@@ -117,7 +117,8 @@ class ExecRequest:
     timeout_ms: int | None = DEFAULT_EXEC_TIMEOUT_MS
     sensitive_values: list[str] = field(default_factory=list)
     # The environment to draw from (default: os.environ). A fan-out passes one plain-dict
-    # snapshot for all its units: os.environ encodes and decodes on every lookup.
+    # snapshot for all its units (never changed once passed): os.environ encodes and decodes
+    # on every lookup, and the part of the environment built from a snapshot is reused.
     parent_env: Mapping[str, str] | None = None
 
 
@@ -223,20 +224,36 @@ CONTEXT_NAMES = frozenset({"AKM_RUN_ID", "AKM_STEP_ID", "AKM_UNIT_ID", "AKM_PARA
 
 def build_exec_env(req: ExecRequest, parent: Mapping[str, str] | None = None) -> dict[str, str]:
     """Child environment: base (allowlist or whole parent), then bindings, then context."""
-    parent = os.environ if parent is None else parent
+    env = dict(_base_env(req, os.environ if parent is None else parent))
+    env.update(req.env_bindings)
+    env.update(req.context)
+    return env
+
+
+# The last base environment built from a snapshot (`ExecRequest.parent_env`): every unit of a
+# fan-out shares it. Never for `os.environ` itself, which may change between two units.
+_last_base: tuple[Mapping[str, str], tuple[str, ...], bool, dict[str, str]] | None = None
+
+
+def _base_env(req: ExecRequest, parent: Mapping[str, str]) -> dict[str, str]:
+    global _last_base
+    pass_env = tuple(req.pass_env or ())
+    last = _last_base
+    if last is not None and last[0] is parent and last[1] == pass_env and last[2] == req.inherit_env:
+        return last[3]
     if req.inherit_env:
         # A nested akm (started from an outer run's unit) has the outer unit's context in
         # its own environment: none of it may leak into this unit's context.
         env = {k: v for k, v in parent.items() if k not in CONTEXT_NAMES}
     else:
         env = {}
-        for name in list(EXEC_ENV_ALLOWLIST) + list(req.pass_env or []):
+        for name in EXEC_ENV_ALLOWLIST + pass_env:
             if name in parent:
                 env[name] = parent[name]
         if "PATH" in env:
             env["PATH"] = _supplement_path(env["PATH"], parent.get("HOME") or os.path.expanduser("~"))
-    env.update(req.env_bindings)
-    env.update(req.context)
+    if parent is not os.environ:
+        _last_base = (parent, pass_env, req.inherit_env, env)
     return env
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from akm.dispatch.base import DispatcherRegistry, UnitRequest
-from akm.dispatch.exec import build_exec_context, item_context
+from akm.dispatch.exec import build_exec_context
 from akm.dispatch.redact import sensitive_values_from
 from akm.engine import gates
 from akm.engine import worktree as worktrees
@@ -249,8 +249,8 @@ class _Pass:
                     inputs=dict(unit.inputs) if tmpl.inputs else None,
                 )
             ctx = dict(self._ctx_base, AKM_UNIT_ID=unit.unit_id)
-            if unit.item is not NO_ITEM:
-                ctx.update(item_context(unit.item, unit.index))
+            if unit.item is not NO_ITEM:  # what item_context(unit.item, unit.index) gives, serialised once already
+                ctx["AKM_ITEM"], ctx["AKM_ITEM_INDEX"] = unit.item_json, str(unit.index)
             return UnitRequest(run_id=d.run_id, step_id=self.step.step_id, unit_id=unit.unit_id, attempt_id=attempt,
                                kind="exec", cwd=base_dir, output_schema=tmpl.output_schema,
                                timeout_ms=tmpl.exec.timeout_ms, exec_spec=tmpl.exec, exec_context=ctx,

@@ -36,8 +36,6 @@ def _feedback_for(errors: list[str], parse_failed: bool) -> str:
 
 def run_structured(dispatcher: Dispatcher, request: UnitRequest, cancel: threading.Event) -> DispatchResult:
     """Dispatch one unit attempt; with a schema, return a validated `result` or a coded failure."""
-    from akm.format.schema import validate_instance
-
     schema = request.output_schema
     attempts = 1 if (schema is None or request.kind == "exec") else MODEL_ATTEMPTS
     tokens: int | None = None
@@ -75,6 +73,8 @@ def run_structured(dispatcher: Dispatcher, request: UnitRequest, cancel: threadi
             final = DispatchResult(ok=False, failure_reason="parse_error", error=str(exc), text=text or None)
             feedback = _feedback_for([str(exc)], parse_failed=True)
         else:
+            from akm.format.schema import validate_instance  # only units with a schema need it
+
             errors = validate_instance(value, schema)
             if not errors:
                 final = DispatchResult(ok=True, result=value, has_result=True, text=text.strip() or None)

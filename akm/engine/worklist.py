@@ -40,6 +40,7 @@ class WorkUnit:
     inputs: list[tuple[str, Any]]
     input_hash: str
     prompt_args: dict[str, Any] = field(repr=False, default_factory=dict)
+    item_json: str = "null"  # canonical JSON of `item` (computed once, for identity; exec units pass it on)
 
     @property
     def is_fan_out(self) -> bool:
@@ -203,6 +204,7 @@ def _units(step: StepPlan, template: UnitNode, entries: list[tuple[int, Any, str
                 inputs=inputs,
                 input_hash=input_hash,
                 prompt_args=prompt_args,
+                item_json=item_json,
             )
         )
     return WorkList(units=units, is_map=is_map, concurrency=concurrency, reducer=reducer, inputs=inputs)

@@ -71,7 +71,7 @@ _UNIT_COLUMNS = ", ".join(Unit.__dataclass_fields__)
 
 
 def _unit(row: Any) -> Unit:
-    return Unit(**{k: row[k] for k in Unit.__dataclass_fields__})
+    return Unit(*row)  # rows are selected as _UNIT_COLUMNS: the dataclass's own field order
 
 
 def _next_stamp(previous: str | None) -> str:
