@@ -144,7 +144,7 @@ class _Transaction:
                 db._rollback_quietly()
                 raise journal_error(err, "commit", db.path) from err
             if db._checkpoints is not None:
-                db._checkpoints.committed()
+                db._checkpoints.committed(db.conn)
             return False
         finally:
             db.lock.release()
@@ -155,11 +155,20 @@ class _Checkpointer:
 
     SQLite checkpoints the WAL inside the COMMIT that pushes it past
     `wal_autocheckpoint` pages, and with `synchronous=NORMAL` that checkpoint
-    syncs the WAL and the database file: one commit in ~100 of a fan-out would
-    stall for the two syncs while holding the journal lock every worker needs.
-    Here the writer's connection stops checkpointing and this thread runs a
-    PASSIVE checkpoint (which never blocks the writer) every `EVERY_COMMITS`
-    commits — the same cadence and the same syncs, off the dispatch path.
+    copies ~1000 pages and syncs the WAL and the database file: one commit in
+    ~100 of a fan-out would stall for it while holding the journal lock every
+    worker needs. Here the writer's connection stops checkpointing, and every
+    `EVERY_COMMITS` commits this thread runs a PASSIVE checkpoint (which never
+    blocks the writer) — the same cadence and the same syncs, off the dispatch
+    path.
+
+    A checkpoint by another connection cannot rewind the WAL while the writer
+    keeps appending (the writer restarts it at its next transaction only when
+    every frame was copied), so the WAL would grow for the whole fan-out. Once
+    a background checkpoint is done, the writer's next commit therefore copies
+    the few frames written meanwhile itself (`caught_up`); its following
+    transaction starts the WAL over, and the WAL stays as small as SQLite's own
+    checkpoints keep it.
     """
 
     EVERY_COMMITS = 100  # ~1000 WAL pages at a unit's ~10 pages per commit: SQLite's default cadence
@@ -168,12 +177,19 @@ class _Checkpointer:
         self.path = path
         self.count = 0
         self.wake = threading.Event()
+        self.caught_up = False  # set by the thread after a checkpoint: the writer finishes the job
         self.stopping = False
         self.thread: threading.Thread | None = None
 
-    def committed(self) -> None:
-        """Called under the journal lock after each commit of the writer."""
+    def committed(self, conn: sqlite3.Connection) -> None:
+        """Called under the journal lock after each commit of the writer (`conn`)."""
         self.count += 1
+        if self.caught_up:
+            self.caught_up = False
+            try:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.Error:
+                pass  # advisory, like SQLite's own autocheckpoint
         if self.count % self.EVERY_COMMITS == 0:
             if self.thread is None:  # started on the first checkpoint due: a small pass never needs one
                 self.thread = threading.Thread(target=self._loop, name="akm-checkpoint", daemon=True)
@@ -184,7 +200,7 @@ class _Checkpointer:
         try:
             conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
         except sqlite3.Error:
-            return  # the writer's own final checkpoint (on close, or once this stops) catches up
+            return  # the writer's own checkpoints (on close, or once this stops) catch up
         try:
             while True:
                 self.wake.wait()
@@ -194,7 +210,8 @@ class _Checkpointer:
                 try:
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 except sqlite3.Error:
-                    pass  # advisory, like SQLite's own autocheckpoint
+                    continue  # advisory, like SQLite's own autocheckpoint
+                self.caught_up = True
         finally:
             conn.close()
 
