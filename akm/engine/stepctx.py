@@ -58,8 +58,8 @@ def step_rows(db: Database, run_id: str, step_id: str) -> tuple[list[dict[str, A
     """(dispatch rows, gate rows) of one step, as plain dicts in journal order."""
     units: list[dict[str, Any]] = []
     gates: list[dict[str, Any]] = []
-    for r in units_store.get_units(db, run_id, step_id):
-        (gates if r.phase == "gate" else units).append(vars(r))
+    for r in units_store.unit_rows(db, run_id, step_id):
+        (gates if r["phase"] == "gate" else units).append(r)
     return units, gates
 
 

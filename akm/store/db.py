@@ -205,21 +205,29 @@ class _Checkpointer:
             while True:
                 self.wake.wait()
                 self.wake.clear()
-                if self.stopping:
-                    return
                 try:
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 except sqlite3.Error:
-                    continue  # advisory, like SQLite's own autocheckpoint
-                self.caught_up = True
+                    pass  # advisory, like SQLite's own autocheckpoint
+                else:
+                    self.caught_up = True
+                if self.stopping:  # that was the last one: what the fan-out wrote is in the database file
+                    return
         finally:
             conn.close()
 
     def stop(self) -> None:
+        """Let the thread end after one last checkpoint (it runs while the engine goes on: closing
+        the journal later then has little left to copy); `join` waits for it."""
         self.stopping = True
         self.wake.set()
+
+    def join(self) -> None:
         if self.thread is not None:
             self.thread.join()
+
+    def running(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
 
 
 class Database:
@@ -232,6 +240,7 @@ class Database:
         self.lock = threading.RLock()
         self._checkpoints: _Checkpointer | None = None
         self._checkpoint_users = 0
+        self._retired: list[_Checkpointer] = []  # stopped, joined on close (their last checkpoint may run on)
 
     # -- transactions -------------------------------------------------------------------------
 
@@ -296,9 +305,8 @@ class Database:
                 done = self._checkpoints if self._checkpoint_users == 0 else None
                 if done is not None:
                     self._checkpoints = None
-            if done is not None:
-                done.stop()  # outside the lock: a running checkpoint finishes first
-                with self.lock:
+                    done.stop()  # a checkpoint it is running finishes in the background; close() joins it
+                    self._retired = [c for c in self._retired if c.running()] + [done]
                     try:
                         self.conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
                     except sqlite3.Error:
@@ -337,6 +345,9 @@ class Database:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def close(self) -> None:
+        for checkpoints in self._retired:  # first: the last connection to close checkpoints the WAL
+            checkpoints.join()
+        self._retired.clear()
         with self.lock:
             try:
                 self.conn.close()

@@ -67,7 +67,8 @@ class Unit:
     truncated: int = 0  # 1: the unit's output was cut at the capture cap (result_json holds its beginning)
 
 
-_UNIT_COLUMNS = ", ".join(Unit.__dataclass_fields__)
+_UNIT_FIELDS = tuple(Unit.__dataclass_fields__)
+_UNIT_COLUMNS = ", ".join(_UNIT_FIELDS)
 
 
 def _unit(row: Any) -> Unit:
@@ -326,6 +327,14 @@ def get_units(db: Database, run_id: str, step_id: str | None = None) -> list[Uni
         sql += " AND step_id = ?"
         params.append(step_id)
     return [_unit(r) for r in db.query(sql + " ORDER BY started_at, unit_id", params)]
+
+
+def unit_rows(db: Database, run_id: str, step_id: str) -> list[dict[str, Any]]:
+    """`get_units(db, run_id, step_id)` as plain dicts (the fields of `Unit`), for readers that decide
+    from many rows at once: a frozen dataclass per row costs more than the query itself."""
+    sql = f"SELECT {_UNIT_COLUMNS} FROM units WHERE run_id = ? AND step_id = ? ORDER BY started_at, unit_id"
+    names = _UNIT_FIELDS
+    return [dict(zip(names, row)) for row in db.query(sql, (run_id, step_id))]
 
 
 @dataclass(frozen=True)
