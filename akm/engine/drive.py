@@ -17,10 +17,13 @@ session units (D11): the loop drives everything it can, then parks the run as
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -336,7 +339,7 @@ class _Pass:
         d.lease_lost.link(self.event)
         d.budget.set_exceed_hook(self.event.set)
         try:
-            with d.db.checkpoints_in_background():  # no commit of a unit waits for a WAL checkpoint's syncs
+            with d.db.checkpoints_in_background(), _old_objects_frozen():
                 outcomes = self._schedule(width)
         finally:
             d.opts.cancel.unlink(self.event)
@@ -402,6 +405,26 @@ class _Pass:
                                                 error="unit was not dispatched (interrupted)")
             for i, r in enumerate(results)
         ]
+
+
+@contextmanager
+def _old_objects_frozen() -> Iterator[None]:
+    """Keep the cyclic GC's full collections off everything that existed before the pass.
+
+    A pass allocates per unit; now and then that triggers a full collection, which
+    walks every object of the process (the plan, the modules, ...) while holding the
+    GIL that every worker needs. Frozen objects are skipped (they are still freed by
+    reference counting); the pass's end gives them back to the collector. Left alone
+    when someone else froze objects already (e.g. a long-running front).
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _claimed_by_other(state: UnitState, now: str) -> bool:

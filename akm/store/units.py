@@ -124,7 +124,7 @@ def _started_meta(run_id: str, step_id: str | None, unit_id: str) -> str:
     return f'{{"runId":{_json_str(run_id)},"stepId":{_json_opt(step_id)},"unitId":{_json_str(unit_id)}}}'
 
 
-@dataclass(frozen=True)
+@dataclass
 class UnitFinish:
     """One dispatch's outcome, as `finish_unit` records it (see there)."""
 
