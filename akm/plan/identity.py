@@ -9,6 +9,7 @@ tests/test_identity.py; bump `UNIT_HASH_VERSION` if the preimage must change.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from akm.canonical import canonical_hash, canonical_json, sha256_hex
@@ -110,15 +111,20 @@ class UnitHasher:
         head.append(',"invocation":' + cj(invocation))
         head.append(',"isolation":' + cj(template.isolation))
         head.append(',"item":')
-        self._head = "".join(head)
+        # The digest state after the head is kept, and the tail (which holds the params, often the
+        # bulk of the preimage) is encoded once: per unit only the item is new text.
+        self._head = hashlib.sha256("".join(head).encode("utf-8"))
         self._tail = (',"params":' + cj(params) + ',"schema":' + cj(template.output_schema)
-                      + ',"template":' + cj(template.instructions) + "}")
+                      + ',"template":' + cj(template.instructions) + "}").encode("utf-8")
 
     def hash(self, item: Any = _NO_ITEM, item_json: str | None = None) -> str:
         """`item_json` may carry the item's canonical JSON when the caller already has it."""
         if item_json is None:
             item_json = "null" if item is _NO_ITEM else canonical_json(item)
-        return sha256_hex(self._head + item_json + self._tail)
+        digest = self._head.copy()
+        digest.update(item_json.encode("utf-8"))
+        digest.update(self._tail)
+        return digest.hexdigest()
 
 
 NO_ITEM = _NO_ITEM
