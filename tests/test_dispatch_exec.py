@@ -167,6 +167,37 @@ def test_missing_cwd_is_spawn_failed_nothing_spawned(tmp_path):
     assert not marker.exists()
 
 
+def test_a_working_directory_removed_between_units_is_still_named(tmp_path):
+    # Directory checks are cached for a fan-out's units; one that disappears later is still
+    # reported as the working directory (not as an obscure spawn error), before any other check.
+    work = tmp_path / "work"
+    work.mkdir()
+    assert run_exec_unit(req(tmp_path, ["true"], cwd="work")).ok
+    work.rmdir()
+    res = run_exec_unit(req(tmp_path, ["true"], cwd="work"))
+    assert res.failure_reason == "spawn_failed" and "working directory" in res.error and "missing" in res.error
+    res = run_exec_unit(req(tmp_path, ["true"], cwd="work", context={"AKM_INPUTS": "x" * 98_305}))
+    assert res.failure_reason == "spawn_failed" and "working directory" in res.error
+
+
+def test_a_program_that_moved_is_found_again_on_path(tmp_path):
+    # Lookups are cached per (name, PATH); a cached program that is gone is looked up once more.
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    for d, word in ((first, "one"), (second, "two")):
+        tool = d / "akm-moving-tool"
+        tool.write_text(f"#!/bin/sh\necho {word}\n")
+        tool.chmod(0o755)
+    path = {"PATH": f"{first}{os.pathsep}{second}{os.pathsep}{os.environ['PATH']}"}
+    assert run_exec_unit(req(tmp_path, ["akm-moving-tool"], env_bindings=path)).text == "one"
+    (first / "akm-moving-tool").unlink()
+    assert run_exec_unit(req(tmp_path, ["akm-moving-tool"], env_bindings=path)).text == "two"
+    (second / "akm-moving-tool").unlink()
+    res = run_exec_unit(req(tmp_path, ["akm-moving-tool"], env_bindings=path))
+    assert res.failure_reason == "spawn_failed"
+
+
 def test_cwd_escape_via_symlink_nothing_spawned(tmp_path):
     base = tmp_path / "base"
     outside = tmp_path / "outside"

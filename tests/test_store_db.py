@@ -46,6 +46,66 @@ def test_now_iso_is_fixed_width_utc_millis():
     assert len(later) == len(stamp) and later > stamp
 
 
+def test_now_iso_matches_the_datetime_rendering():
+    from datetime import datetime, timedelta, timezone
+
+    from akm.store.db import format_iso, parse_iso
+
+    for offset in (0.0, 90.0, -1.5, 86_400.0 * 400):
+        before = datetime.now(timezone.utc) + timedelta(seconds=offset)
+        stamp = now_iso(offset)
+        after = datetime.now(timezone.utc) + timedelta(seconds=offset)
+        assert format_iso(before)[:19] <= stamp <= format_iso(after)  # the same text, between the two readings
+        assert format_iso(parse_iso(stamp)) == stamp
+
+
+def test_fan_out_checkpoints_run_in_the_background_and_the_wal_starts_over(tmp_path, monkeypatch):
+    import time
+
+    from akm.store import db as db_module
+
+    monkeypatch.setattr(db_module._Checkpointer, "EVERY_COMMITS", 20)
+    path = tmp_path / "j.sqlite3"
+    db = open_db(path)
+    db.execute("CREATE TABLE t (x TEXT)")
+
+    def commit() -> None:
+        with db.tx() as conn:
+            conn.execute("INSERT INTO t VALUES (?)", ("x" * 10_000,))  # three pages or so
+
+    def frames_in_wal() -> int:
+        return db.query_one("PRAGMA wal_checkpoint(PASSIVE)")[1]
+
+    with db.checkpoints_in_background():
+        assert db.query_one("PRAGMA wal_autocheckpoint")[0] == 0  # no commit checkpoints (and syncs) inline
+        checkpoints = db._checkpoints
+        for _ in range(20):
+            commit()
+        deadline = time.monotonic() + 60
+        while not checkpoints.caught_up and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert checkpoints.caught_up  # the thread checkpointed the 20 commits
+        commit()
+        # The race the writer's catch-up exists for: frames written while a checkpoint by another
+        # connection ran. Without the catch-up the WAL would never start over during a fan-out.
+        other = sqlite3.connect(path)
+        commit()
+        other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        commit()
+        commit()
+        other.close()
+        checkpoints.caught_up = True  # what the thread reports after such a checkpoint
+        commit()  # copies the frames written meanwhile itself ...
+        commit()  # ... so this one starts the WAL over instead of appending to it
+        assert frames_in_wal() < 8  # else: every page written since the last restart
+    assert db.query_one("PRAGMA wal_autocheckpoint")[0] == 1000
+    commit()
+    db.close()
+    db = open_db(path)
+    assert db.query_one("SELECT count(*) FROM t")[0] == 27
+    db.close()
+
+
 def test_open_creates_parent_dir_sets_pragmas_and_schema(tmp_path):
     path = tmp_path / "deep" / "er" / "akm-journal.sqlite3"
     db = open_db(path)

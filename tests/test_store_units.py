@@ -90,6 +90,55 @@ def test_finish_of_a_vanished_row_is_a_journal_error(db):
     assert unit_events(db, "workflow_unit_finished") == []
 
 
+def test_finish_and_insert_is_one_transaction_with_the_same_rows_and_events(db):
+    first = insert(db, unit_id="review.unit:aaa", step_id="review", node_id="review.unit")
+    done = units.UnitFinish(run_id="r1", unit_id="review.unit:aaa", started_at=first, status="failed",
+                            result_json='"boom"', tokens=7, failure_reason="non_zero_exit", truncated=True,
+                            step_id="review")
+    finished, second = units.finish_and_insert(db, done, run_id="r1", unit_id="review.unit:bbb", step_id="review",
+                                               node_id="review.unit", parent_unit_id="review.map", runner="exec",
+                                               input_hash="h2")
+    assert finished == "finished"
+    a, b = units.get_unit(db, "r1", "review.unit:aaa"), units.get_unit(db, "r1", "review.unit:bbb")
+    assert (a.status, a.result_json, a.tokens, a.failure_reason, a.truncated) == ("failed", '"boom"', 7,
+                                                                                 "non_zero_exit", 1)
+    assert (b.status, b.started_at, b.parent_unit_id, b.input_hash, b.attempts) == ("running", second, "review.map",
+                                                                                    "h2", 1)
+    kinds = [(e.event_type, e.metadata) for e in events.list_events(db, "r1")[0] if "unit" in e.event_type]
+    assert kinds[1:] == [
+        ("workflow_unit_finished", {"runId": "r1", "stepId": "review", "unitId": "review.unit:aaa",
+                                    "status": "failed", "failureReason": "non_zero_exit", "tokens": 7,
+                                    "truncated": True}),
+        ("workflow_unit_started", {"runId": "r1", "stepId": "review", "unitId": "review.unit:bbb"}),
+    ]
+    # A superseded finish still inserts (and writes no finished event) ...
+    stale = units.UnitFinish(run_id="r1", unit_id="review.unit:aaa", started_at=first, status="completed")
+    assert units.finish_and_insert(db, stale, run_id="r1", unit_id="review.unit:ccc", step_id="review",
+                                   node_id="review.unit")[0] == "superseded"
+    assert units.get_unit(db, "r1", "review.unit:ccc").status == "running"
+    assert len(unit_events(db, "workflow_unit_finished")) == 1
+    # ... while a finish whose row is gone fails the whole write: the next unit is not inserted.
+    db.execute("DELETE FROM units WHERE unit_id = 'review.unit:bbb'")
+    gone = units.UnitFinish(run_id="r1", unit_id="review.unit:bbb", started_at=second, status="completed")
+    with pytest.raises(JournalError, match="row is gone"):
+        units.finish_and_insert(db, gone, run_id="r1", unit_id="review.unit:ddd", step_id="review",
+                                node_id="review.unit")
+    assert units.get_unit(db, "r1", "review.unit:ddd") is None
+    assert [e for e in unit_events(db, "workflow_unit_started") if e.metadata["unitId"] == "review.unit:ddd"] == []
+
+
+def test_unit_event_metadata_is_the_compact_json_of_its_fields(db):
+    from akm.canonical import compact_json
+
+    odd = 'u"\\\u2028é\x01'  # quotes, backslash, a JS line separator, non-ASCII, a control character
+    started = insert(db, unit_id=odd, step_id=None, node_id="n")
+    units.finish_unit(db, run_id="r1", unit_id=odd, started_at=started, status="completed", tokens=0, step_id=None)
+    raw = [r["metadata_json"] for r in db.query("SELECT metadata_json FROM events WHERE event_type LIKE "
+                                                 "'workflow_unit_%' ORDER BY id")]
+    assert raw == [compact_json({"runId": "r1", "stepId": None, "unitId": odd}),
+                   compact_json({"runId": "r1", "stepId": None, "unitId": odd, "status": "completed", "tokens": 0})]
+
+
 def test_get_units_order_and_totals(db):
     s1 = insert(db, unit_id="review.unit:aaa", step_id="review", node_id="review.unit", parent_unit_id="review.map")
     s0 = insert(db, unit_id="review.unit:bbb", step_id="review", node_id="review.unit", parent_unit_id="review.map")
