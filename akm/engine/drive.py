@@ -554,6 +554,10 @@ class _Driver:
     def run_step(self, step: StepPlan) -> bool:
         """Drive one step until it finishes (True: the run moves on) or the drive must stop (False)."""
         settled_loop: int | None = None  # the loop this invocation already dispatched
+        # The work list is a pure function of the step, params, earlier outputs and the gate state: the
+        # decision after a dispatch pass reuses the one computed before it (a new loop computes its own).
+        work_list: Any = None
+        work_list_gate: tuple[int, Any] | None = None
         while True:
             self._check_alive()
             if self._stopped():
@@ -561,10 +565,13 @@ class _Driver:
             assert self.spine is not None
             rows, gate_rows = step_rows(self.db, self.run_id, step.step_id)
             gate = load_gate(self.db, self.run_id, step, self.spine, gate_rows)
+            reuse = work_list is not None and work_list_gate == (gate.loop, gate.feedback)
             decision = decide_step(run_id=self.run_id, step=step, params=self.loaded.params,
                                    outputs=self.spine.outputs, engines=self.plan.execution.engines, gate=gate,
                                    rows=rows, native_kinds=self.native_kinds, settled=settled_loop == gate.loop,
-                                   fail_fast=settled_loop == gate.loop)
+                                   fail_fast=settled_loop == gate.loop, work_list=work_list if reuse else None)
+            if decision.work_list is not None:
+                work_list, work_list_gate = decision.work_list, (gate.loop, gate.feedback)
             if decision.kind == "work":
                 if settled_loop == gate.loop:
                     return self.park_units(step, decision)  # claimed elsewhere, or session work
