@@ -24,8 +24,6 @@ import json
 import os
 import re
 import time
-import uuid
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -292,7 +290,7 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
         run_id=run.id, status=run.status, workflow=run.workflow_ref, title=run.title, plan_hash=run.plan_hash,
         current_step_id=run.current_step_id, created_at=run.created_at, updated_at=run.updated_at,
         completed_at=run.completed_at, params=_params_view(run),
-        engine_lease=LeaseView(**asdict(lease)) if lease else None,
+        engine_lease=LeaseView(**lease._asdict()) if lease else None,
         awaiting=_awaiting(db, run) if run.status == "awaiting_session" and with_steps else None,
     )
     if with_steps:
@@ -509,6 +507,8 @@ def run_workflow(
                 run_id = _continue_active(active, plan, wf_path, warn)
             else:
                 from akm.plan.model import UNIT_HASH_VERSION
+
+                import uuid
 
                 run_id = str(uuid.uuid4())
                 try:
@@ -775,13 +775,14 @@ def events(request: EventsRequest | None = None, /, *, run_id: str | None = None
 def default_holder() -> str:
     """Who a report claims units as when the caller names nobody: this user on this host."""
     import getpass
-    import socket
+
+    from akm.store.runs import hostname
 
     try:
         user = getpass.getuser()
     except Exception:
         user = "user"
-    return f"cli:{user}@{socket.gethostname()}"
+    return f"cli:{user}@{hostname()}"
 
 
 def next_brief(run_id: str) -> Brief:

@@ -217,7 +217,7 @@ class _Pass:
 
     def _write_finish(self, p: _PendingFinish) -> None:
         f = self._finish_of(p)
-        self._finished(p, units_store.finish_unit(self.d.db, **vars(f)))
+        self._finished(p, units_store.finish_unit(self.d.db, **f._asdict()))
 
     def _finished(self, p: _PendingFinish, finished: str) -> None:
         # The journal holds the artifact now and the step is decided from the journal: do not keep

@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from akm.canonical import compact_json
 from akm.errors import UsageError
 from akm.store.db import Database, now_iso
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
     """One event row; `metadata` is `{}` when the stored JSON is empty or corrupt."""
 
     id: int
@@ -230,8 +228,7 @@ def _js_string(value: Any) -> str:
     return str(value)
 
 
-@dataclass(frozen=True)
-class TaskHistoryEntry:
+class TaskHistoryEntry(NamedTuple):
     """One invocation record with its decoded metadata."""
 
     id: int

@@ -1,6 +1,6 @@
 """Runs, the step spine, and the run lease (spec-engine §3.3–3.7, §4; DECISIONS D7, D16).
 
-Return types: `Run`, `Step` and `LeaseInfo` frozen dataclasses (documented
+Return types: `Run`, `Step` and `LeaseInfo` named tuples (documented
 below). Every state change is one short `BEGIN IMMEDIATE` transaction, and
 the events it implies are appended in that same transaction, so the log can
 never claim something the tables do not show (or miss something they do).
@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from akm.canonical import CanonicalError, canonical_json, compact_json
 from akm.errors import NotFoundError, UsageError
@@ -49,8 +47,7 @@ _DRIVABLE_SQL = "('active','awaiting_session')"
 # -- rows -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class LeaseInfo:
+class LeaseInfo(NamedTuple):
     """Who holds a lease (or claim) and until when (ISO timestamp)."""
 
     holder: str
@@ -59,8 +56,7 @@ class LeaseInfo:
     until: str
 
 
-@dataclass(frozen=True)
-class Run:
+class Run(NamedTuple):
     """One `runs` row. JSON columns are kept raw; the properties decode them."""
 
     id: str
@@ -106,8 +102,7 @@ class Run:
         return self.status in DRIVABLE_STATUSES
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     """One `steps` row (the spine)."""
 
     run_id: str
@@ -125,19 +120,32 @@ class Step:
         return json.loads(self.evidence_json) if self.evidence_json else None
 
 
-_RUN_COLUMNS = ", ".join(Run.__dataclass_fields__)
-_STEP_COLUMNS = ", ".join(Step.__dataclass_fields__)
+_RUN_COLUMNS = ", ".join(Run._fields)
+_STEP_COLUMNS = ", ".join(Step._fields)
 
 
 def _run(row: Any) -> Run:
-    return Run(**{k: row[k] for k in Run.__dataclass_fields__})
+    return Run(**{k: row[k] for k in Run._fields})
 
 
 def _step(row: Any) -> Step:
-    return Step(**{k: row[k] for k in Step.__dataclass_fields__})
+    return Step(**{k: row[k] for k in Step._fields})
 
 
 # -- liveness (shared with unit claims) -------------------------------------------------------
+
+
+_HOST: str | None = None
+
+
+def hostname() -> str:
+    """This machine's name, as leases and claims record it (socket is imported on first need only)."""
+    global _HOST
+    if _HOST is None:
+        import socket
+
+        _HOST = socket.gethostname()
+    return _HOST
 
 
 def pid_alive(pid: int) -> bool:
@@ -159,7 +167,7 @@ def holder_is_live(holder: str | None, host: str | None, pid: int | None, until:
     """The lease/claim rule: set, not expired, and not a dead process on this host."""
     if holder is None or until is None or until < now:
         return False
-    if host is not None and pid is not None and host == socket.gethostname() and not pid_alive(pid):
+    if host is not None and pid is not None and host == hostname() and not pid_alive(pid):
         return False
     return True
 
@@ -595,7 +603,7 @@ def acquire_lease(
     Raises NotFoundError / UsageError RUN_NOT_ACTIVE for a missing or
     non-drivable run.
     """
-    host = socket.gethostname() if host is None else host
+    host = hostname() if host is None else host
     pid = os.getpid() if pid is None else pid
     with db.tx() as conn:
         row = _drivable_run_row(conn, run_id, "executed")

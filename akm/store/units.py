@@ -20,24 +20,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from akm.canonical import compact_json
 from akm.errors import JournalError, NotFoundError, UsageError
 from akm.store.db import Database, format_iso, now_iso, parse_iso
-from akm.store.runs import DRIVABLE_STATUSES, LeaseInfo, holder_is_live, not_drivable_error
+from akm.store.runs import DRIVABLE_STATUSES, LeaseInfo, holder_is_live, hostname, not_drivable_error
 
 CLAIM_TTL_S = 90.0
 ClaimInfo = LeaseInfo
 
 
-@dataclass(frozen=True)
-class Unit:
+class Unit(NamedTuple):
     """One `units` row (`unit_id` is the attempt id)."""
 
     run_id: str
@@ -67,7 +64,7 @@ class Unit:
     truncated: int = 0  # 1: the unit's output was cut at the capture cap (result_json holds its beginning)
 
 
-_UNIT_FIELDS = tuple(Unit.__dataclass_fields__)
+_UNIT_FIELDS = Unit._fields
 _UNIT_COLUMNS = ", ".join(_UNIT_FIELDS)
 
 
@@ -124,8 +121,7 @@ def _started_meta(run_id: str, step_id: str | None, unit_id: str) -> str:
     return f'{{"runId":{_json_str(run_id)},"stepId":{_json_opt(step_id)},"unitId":{_json_str(unit_id)}}}'
 
 
-@dataclass
-class UnitFinish:
+class UnitFinish(NamedTuple):
     """One dispatch's outcome, as `finish_unit` records it (see there)."""
 
     run_id: str
@@ -337,8 +333,7 @@ def unit_rows(db: Database, run_id: str, step_id: str) -> list[dict[str, Any]]:
     return [dict(zip(names, row)) for row in db.query(sql, (run_id, step_id))]
 
 
-@dataclass(frozen=True)
-class StepTally:
+class StepTally(NamedTuple):
     """How much work a step took: logical units, dispatches (retries and re-runs included), gate loops."""
 
     units: int
@@ -400,7 +395,7 @@ def claim_unit(
     completed/failed) or LEASE_HELD (a live engine lease held by anyone but
     `lease_holder`: the engine is driving, so a driver may not claim).
     """
-    host = socket.gethostname() if host is None else host
+    host = hostname() if host is None else host
     pid = os.getpid() if pid is None else pid
     with db.tx() as conn:
         run = conn.execute(
@@ -476,8 +471,7 @@ def read_claim(db: Database, run_id: str, unit_id: str) -> ClaimInfo | None:
 # -- session reports (the calling agent's results) ----------------------------------------------
 
 
-@dataclass(frozen=True)
-class ReportWrite:
+class ReportWrite(NamedTuple):
     """What `write_report` did: `recorded` is written | idempotent | heartbeat."""
 
     recorded: str
@@ -528,7 +522,7 @@ def write_report(
     A reporter is often a short-lived process (one `akm workflow report` per call), so its claim
     records no pid: it lives until it expires or is renewed, never "dies with" the reporting process.
     """
-    host = socket.gethostname() if host is None else host
+    host = hostname() if host is None else host
     with db.tx() as conn:
         now = now_iso()
         run = conn.execute(
