@@ -52,6 +52,14 @@ Exit status: 0 completed, 1 failed/blocked/timed out, 2 usage error,
 """
 
 
+def _terminal_width() -> int:
+    try:
+        columns = int(os.environ.get("COLUMNS", "") or os.get_terminal_size(sys.stdout.fileno()).columns)
+    except (OSError, ValueError, AttributeError):
+        columns = 80
+    return max(40, columns)
+
+
 def _build_parser() -> "argparse.ArgumentParser":
     import argparse  # lazy: `akm --version` should not pay for it
 
@@ -60,6 +68,12 @@ def _build_parser() -> "argparse.ArgumentParser":
 
         def error(self, message: str) -> None:  # type: ignore[override]
             raise UsageError(f"{self.prog}: {message}", code="USAGE", hint=f"See `{self.prog} --help`.")
+
+        def _get_formatter(self) -> "argparse.HelpFormatter":
+            # argparse sizes its formatter through shutil (and shutil's imports: zlib, bz2, lzma) even
+            # when nothing is printed; the terminal width from os costs nothing.
+            formatter_class: Any = self.formatter_class
+            return formatter_class(prog=self.prog, width=_terminal_width() - 2)
 
     p = _Parser(prog="akm", description="akm: durable workflows for coding agents.")
     p.add_argument("--version", action="version", version=f"akm {__version__}")

@@ -83,6 +83,7 @@ def main() -> None:
             "first start, empty cache: --version": cold("--version"),
             "--version": lambda: timed([*akm, "--version"], env, project),
             "workflow list (20 runs)": lambda: timed([*akm, "workflow", "list"], env, project),
+            "workflow status of a finished run": lambda: timed([*akm, "workflow", "status", run_id], env, project),
             "re-run of a finished run": lambda: timed([*akm, "workflow", "run", run_id], env, project),
         }
         lint_cold = cold("workflow", "lint", "hello.md")
