@@ -295,6 +295,24 @@ def test_a_harness_key_variable_is_used_by_name_and_its_value_never_written(env,
     _assert_nowhere(KEY, out + err)
 
 
+def test_a_harness_config_naming_a_probed_address_lends_it_its_key_variable(env, servers, capsys):
+    """The harness names a server setup probes anyway (a keyed llama.cpp on :8080): the key variable still applies."""
+    lab = servers(shape="openai", models=["coder", "other"], behaviour={"coder": "smart"}, require_key=KEY)
+    env.probe(lab.base)
+    env.mp.setenv("LAB_KEY", KEY)
+    (env.home / ".opencode").mkdir()
+    (env.home / ".opencode" / "config.json").write_text(json.dumps(
+        {"model": "coder", "providers": [{"id": "lab", "baseUrl": f"{lab.base}/v1/", "apiKey": "${LAB_KEY}"}]}))
+    code, doc, out, err = setup_cli(capsys, "--yes")
+    assert code == 0, err
+    (server,) = doc["detected"]["servers"]
+    assert server["answered"] and server["apiKeyEnv"] == "LAB_KEY"
+    (engine,) = config()["engines"].values()
+    assert engine["apiKey"] == "${LAB_KEY}" and engine["model"] == "coder"
+    assert config()["defaults"]["llmEngine"] in config()["engines"]
+    _assert_nowhere(KEY, out + err)
+
+
 def test_a_literal_key_in_a_harness_config_is_not_imported(env, servers, capsys):
     literal = "sk-literal-" + KEY
     oc = env.home / ".opencode"

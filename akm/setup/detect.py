@@ -321,7 +321,13 @@ def probe_list(environ: Mapping[str, str], harnesses: list[HarnessConfig]) -> li
     def add(url: str, label: str, source: str, *, provider: str = "local", api_key_env: str | None = None,
             original: str | None = None) -> None:
         base = probe_base(url)
-        if not base or base in out:
+        if not base:
+            return
+        if base in out:
+            # a harness config naming a server already on the list (say its llama.cpp on :8080) brings the NAME
+            # of the variable holding its key: without it that server answers 401 and is never considered
+            if api_key_env and not out[base].api_key_env:
+                out[base].api_key_env = api_key_env
             return
         try:
             endpoint = normalize_chat_endpoint(original or base)
