@@ -597,3 +597,18 @@ def test_ollama_list_names_installed_models_when_its_server_is_silent(env, capsy
     assert code == 0, err
     assert doc["detected"]["ollamaCliModels"] == ["llama3", "qwen2.5:7b"]
     assert not config_file().exists()  # installed models are not a server that answers
+
+
+def test_a_configured_engine_of_the_preferred_platform_is_reused_even_on_an_llm_engine(env, servers, capsys):
+    """`--yes` prefers a platform the user configured, and then uses THAT engine (no second opencode engine)."""
+    env.clis("claude", "opencode")
+    mine = {"engines": {"fast": {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions", "model": "m"},
+                        "oc": {"kind": "agent", "platform": "opencode", "llmEngine": "fast", "model": "big"}},
+            "defaults": {"llmEngine": "fast"}}
+    config_file().parent.mkdir(parents=True, exist_ok=True)
+    config_file().write_text(json.dumps(mine))
+    code, doc, _, err = setup_cli(capsys, "--yes")
+    assert code == 0, err
+    assert config()["engines"] == mine["engines"]
+    assert config()["defaults"] == {"llmEngine": "fast", "agentEngine": "oc"}
+    assert [(a["engine"], a["action"]) for a in doc["engines"]] == [("oc", "kept")]

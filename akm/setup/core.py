@@ -220,10 +220,18 @@ def recommend(detection: Detection, effective: Mapping[str, Any], *, environ: Ma
     if not _get(effective, "defaults", "agentEngine") and detection.agent_clis:
         # a platform the user already configured an engine for wins (that engine is then reused as is)
         engines = effective.get("engines") if isinstance(effective.get("engines"), dict) else {}
-        configured = {e.get("platform") for e in engines.values() if isinstance(e, dict) and e.get("kind") == "agent"}
+        configured: dict[str, dict[str, Any]] = {}
+        for name in sorted(engines):  # the alphabetically first engine of a platform, like find_engine
+            e = engines[name]
+            if isinstance(e, dict) and e.get("kind") == "agent" and isinstance(e.get("platform"), str):
+                configured.setdefault(e["platform"], e)
         cli = next((c for c in detection.agent_clis if c.platform in configured), detection.agent_clis[0])
-        rec.intent.agent = EngineChoice({"kind": "agent", "platform": cli.platform}, cli.platform,
-                                        label=f"{cli.platform} ({cli.path})")
+        engine: dict[str, Any] = {"kind": "agent", "platform": cli.platform}
+        if cli.platform in configured and configured[cli.platform].get("llmEngine"):
+            # the fingerprint includes llmEngine: without it the user's engine would not be found, and a
+            # second engine of that platform would be added beside it
+            engine["llmEngine"] = configured[cli.platform]["llmEngine"]
+        rec.intent.agent = EngineChoice(engine, cli.platform, label=f"{cli.platform} ({cli.path})")
     return rec
 
 
