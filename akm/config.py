@@ -859,12 +859,17 @@ def find_engine(engines: Mapping[str, Mapping[str, Any]], engine: Mapping[str, A
 
 
 def slug_engine_name(text: str) -> str:
-    """A valid engine name derived from free text (`"LM Studio"` → `lm-studio`)."""
+    """A valid engine name derived from free text (`"LM Studio"` → `lm-studio`).
+
+    Text that does not start with a letter gives `local` (spec-setup §4.8: a
+    provider id like `302ai` names a local engine, not an `ai` one).
+    """
     slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    slug = re.sub(r"^[^a-z]+", "", slug)
-    if slug.startswith("akm-"):
+    while slug.startswith("akm-"):
         slug = slug[4:]
-    slug = slug[:ENGINE_NAME_MAX].rstrip("-") or "engine"
+    if not slug[:1].isalpha():
+        return "local"
+    slug = slug[:ENGINE_NAME_MAX].rstrip("-")
     return "engine" if slug in RESERVED_ENGINE_NAMES else slug
 
 
