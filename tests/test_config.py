@@ -271,7 +271,8 @@ def test_setup_helpers_upsert_without_duplicates(project):
     assert config.slug_engine_name("session") == "engine"
     # spec-setup §4.8: a slug must start with a letter, else the engine is `local`
     assert config.slug_engine_name("302ai") == "local" and config.slug_engine_name("--") == "local"
-    assert config.slug_engine_name("akm-9x") == "local" and config.slug_engine_name("akm-akm-x") == "x" and config.unique_engine_name({"local": {}}, "1x") == "local-2"
+    assert config.slug_engine_name("akm-9x") == "local" and config.slug_engine_name("akm-akm-x") == "x"
+    assert config.unique_engine_name({"local": {}}, "1x") == "local-2"
 
 
 def test_exec_only_runs_do_not_build_config_models(project, monkeypatch):

@@ -565,6 +565,12 @@ def test_env_scan_records_names_only(monkeypatch):
     assert KEY not in repr(found)
     servers_ = det.probe_list({"OLLAMA_HOST": "0.0.0.0", det.PROBE_URLS_ENV: "http://127.0.0.1:5/v1/"}, [])
     assert [s.base for s in servers_] == ["http://127.0.0.1:5", "http://127.0.0.1:11434"]
+    # as Ollama reads OLLAMA_HOST: a scheme brings its own default port
+    for value, base in [("ollama.lan", "http://ollama.lan:11434"), ("http://box", "http://box"),
+                        ("https://ollama.example.com", "https://ollama.example.com"),
+                        ("http://box:9000/", "http://box:9000")]:
+        found = det.probe_list({"OLLAMA_HOST": value, det.PROBE_URLS_ENV: "http://127.0.0.1:5"}, [])
+        assert [s.base for s in found][1:] == [base], value
 
 
 def test_probe_alone_records_support_on_the_existing_default(env, servers, capsys):

@@ -187,11 +187,17 @@ def scan_env(environ: Mapping[str, str]) -> list[EnvSignal]:
 
 
 def _env_endpoint(name: str, raw: str) -> str | None:
-    """A base URL from an endpoint variable (`OLLAMA_HOST=0.0.0.0:11434` → http://127.0.0.1:11434), or None."""
+    """A base URL from an endpoint variable (`OLLAMA_HOST=0.0.0.0:11434` → http://127.0.0.1:11434), or None.
+
+    Ollama's own reading of `OLLAMA_HOST`: without a scheme the port defaults
+    to 11434; with `http://` or `https://` to that scheme's port (a server
+    behind a reverse proxy), so `https://ollama.example.com` is not asked on :11434.
+    """
     text = raw.strip()
     if not text:
         return None
-    if "://" not in text:
+    schemeless = "://" not in text
+    if schemeless:
         text = "http://" + text
     try:
         from urllib.parse import urlsplit
@@ -205,7 +211,7 @@ def _env_endpoint(name: str, raw: str) -> str | None:
     host = parts.hostname
     if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
-    if port is None and name.startswith("OLLAMA"):
+    if port is None and schemeless and name.startswith("OLLAMA"):
         port = 11434
     netloc = f"[{host}]" if ":" in host else host
     if port is not None:
