@@ -618,3 +618,37 @@ def test_a_configured_engine_of_the_preferred_platform_is_reused_even_on_an_llm_
     assert config()["engines"] == mine["engines"]
     assert config()["defaults"] == {"llmEngine": "fast", "agentEngine": "oc"}
     assert [(a["engine"], a["action"]) for a in doc["engines"]] == [("oc", "kept")]
+
+
+def test_the_yes_summary_keeps_its_documented_shape(env, servers, capsys):
+    """spec/setup.md §7: the key sets of the JSON summary are a contract (schemaVersion 1)."""
+    oll = ollama(servers)
+    env.probe(oll.base)
+    env.clis("claude")
+    env.mp.setenv("OPENAI_API_KEY", KEY)
+    (env.home / ".claude").mkdir()
+    (env.home / ".opencode").mkdir()
+    (env.home / ".opencode" / "config.json").write_text(json.dumps(
+        {"model": "m", "providers": [{"id": "x", "baseUrl": closed_port_url(), "apiKey": "$OPENAI_API_KEY"}]}))
+    code, doc, out, err = setup_cli(capsys, "--yes", "--probe")
+    assert code == 0, err
+    assert list(doc) == ["shape", "schemaVersion", "configPath", "written", "dryRun", "fields", "engines", "defaults",
+                         "judgeEngine", "detected", "verifications", "jsonSchema", "warnings", "canRun", "message"]
+    assert (doc["shape"], doc["schemaVersion"], doc["written"], doc["dryRun"]) == ("setup", 1, True, False)
+    assert list(doc["detected"]) == ["servers", "agentClis", "harnessConfigs", "envVars", "ollamaCliModels", "seconds"]
+    assert {tuple(e) for e in doc["engines"]} == {("engine", "kind", "action", "detail")}
+    assert {tuple(s) for s in doc["detected"]["servers"]} == {(
+        "base", "endpoint", "label", "source", "provider", "answered", "models", "chatModels", "defaultModel",
+        "apiKeyEnv", "error")}
+    assert [tuple(a) for a in doc["detected"]["agentClis"]] == [("platform", "path")]
+    assert [h["harness"] for h in doc["detected"]["harnessConfigs"]] == ["claude-code", "opencode"]
+    assert {tuple(h) for h in doc["detected"]["harnessConfigs"]} == {(
+        "harness", "file", "provider", "model", "baseUrl", "apiKeyEnv", "note")}
+    assert [tuple(e) for e in doc["detected"]["envVars"]] == [("name", "provider", "kind")]
+    assert {tuple(v) for v in doc["verifications"]} == {("ok", "endpoint", "model", "reason", "apiKeyEnv")}
+    assert list(doc["jsonSchema"]) == ["engine", "reachable", "supported", "reason"]
+    _assert_nowhere(KEY, out + err)
+    code, again, out, err = setup_cli(capsys, "--yes")
+    assert code == 0, err
+    assert list(again) == list(doc) and again["written"] is False
+    assert again["engines"] == [] and again["verifications"] == [] and again["defaults"] == doc["defaults"]
