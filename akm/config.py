@@ -809,6 +809,7 @@ def normalize_chat_endpoint(endpoint: str) -> str:
         https://api.groq.com/openai/v1        → https://api.groq.com/openai/v1/chat/completions
         https://host/v1beta/openai            → https://host/v1beta/openai/chat/completions
         http://h:1234/v1/chat/completions/    → http://h:1234/v1/chat/completions
+        https://h:443/v1                      → https://h/v1/chat/completions
     """
     from urllib.parse import urlunsplit
 
@@ -828,8 +829,10 @@ def normalize_chat_endpoint(endpoint: str) -> str:
         if not (path.endswith("/v1") or "/openai" in path):
             path += "/v1"
         path += "/chat/completions"
-    netloc = parts.netloc.lower()
-    return urlunsplit((parts.scheme.lower(), netloc, path, "", "")).rstrip("/")
+    scheme, netloc = parts.scheme.lower(), parts.netloc.lower()
+    if netloc.endswith(":") or parts.port == {"http": 80, "https": 443}[scheme]:
+        netloc = netloc.rsplit(":", 1)[0]  # as a WHATWG URL serializes: no empty or default port
+    return urlunsplit((scheme, netloc, path, "", "")).rstrip("/")
 
 
 def engine_fingerprint(engine: Mapping[str, Any]) -> tuple[str, ...]:

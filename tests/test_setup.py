@@ -497,6 +497,11 @@ def test_mcp_setup_previews_without_arguments_and_writes_with_yes(env, servers, 
     ("https://generativelanguage.googleapis.com/v1beta/openai",
      "https://generativelanguage.googleapis.com/v1beta/openai/chat/completions"),
     ("HTTP://Example.COM:8080/v1", "http://example.com:8080/v1/chat/completions"),
+    # a WHATWG URL (the reference's parser) serializes without a default or empty port
+    ("http://localhost:80/v1", "http://localhost/v1/chat/completions"),
+    ("https://[::1]:443", "https://[::1]/v1/chat/completions"),
+    ("http://h:/openai", "http://h/openai/chat/completions"),
+    ("https://h:80/v1", "https://h:80/v1/chat/completions"),
 ])
 def test_endpoint_normalization(given, normalized):
     from akm.config import normalize_chat_endpoint
