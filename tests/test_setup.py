@@ -657,3 +657,13 @@ def test_the_yes_summary_keeps_its_documented_shape(env, servers, capsys):
     assert code == 0, err
     assert list(again) == list(doc) and again["written"] is False
     assert again["engines"] == [] and again["verifications"] == [] and again["defaults"] == doc["defaults"]
+
+
+def test_agent_clis_are_found_in_the_documented_order(env, capsys):
+    env.clis(*reversed(list(fake_harness.PLATFORMS)))
+    code, doc, _, err = setup_cli(capsys, "--yes")
+    assert code == 0, err
+    assert [(c["platform"], Path(c["path"]).name) for c in doc["detected"]["agentClis"]] == [
+        ("opencode", "opencode"), ("claude", "claude"), ("codex", "codex"), ("copilot", "copilot"), ("pi", "pi"),
+        ("gemini", "gemini"), ("aider", "aider"), ("amazonq", "q"), ("openhands", "openhands")]
+    assert config()["engines"] == {"opencode": {"kind": "agent", "platform": "opencode"}}
