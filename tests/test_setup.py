@@ -667,3 +667,19 @@ def test_agent_clis_are_found_in_the_documented_order(env, capsys):
         ("opencode", "opencode"), ("claude", "claude"), ("codex", "codex"), ("copilot", "copilot"), ("pi", "pi"),
         ("gemini", "gemini"), ("aider", "aider"), ("amazonq", "q"), ("openhands", "openhands")]
     assert config()["engines"] == {"opencode": {"kind": "agent", "platform": "opencode"}}
+
+
+def test_verification_accepts_an_empty_answer_and_names_every_other_failure(servers):
+    """spec-setup §4.7 step 5: content must be a string (empty is fine); anything else is a reason, not a crash."""
+    srv = servers(shape="openai", models=["m"])
+    assert verify_endpoint(srv.base, "filtered").ok  # "" is a string
+    assert verify_endpoint(srv.base, "no-content").reason == "response did not contain choices[0].message.content"
+    for model, words in [("html-200", "HTML"), ("stream", "event stream"), ("fail-500", None),
+                         ("rate-limit", None), ("html-502", None)]:
+        v = verify_endpoint(srv.base, model)
+        assert not v.ok and v.reason, model
+        if words is None:
+            assert v.reason.startswith("HTTP ") and v.reason[5:].isdigit(), (model, v.reason)
+        else:
+            assert words in v.reason and srv.url not in v.reason, (model, v.reason)
+    assert len([r for r in srv.requests if r["body"]["model"] == "rate-limit"]) == 1  # one request, no retry
