@@ -683,3 +683,19 @@ def test_verification_accepts_an_empty_answer_and_names_every_other_failure(serv
         else:
             assert words in v.reason and srv.url not in v.reason, (model, v.reason)
     assert len([r for r in srv.requests if r["body"]["model"] == "rate-limit"]) == 1  # one request, no retry
+
+
+@pytest.mark.parametrize("url", ["http://me:{K}@127.0.0.1:9/v1", "http://127.0.0.1:9/v1?key={K}",
+                                 "http://127.0.0.1:9/v1#{K}", "http://127.0.0.1:x{K}/v1"])
+def test_a_harness_base_url_carrying_a_secret_is_neither_imported_nor_shown(env, capsys, url):
+    secret = "sk-in-url-" + KEY
+    oc = env.home / ".config" / "opencode"
+    oc.mkdir(parents=True)
+    (oc / "opencode.json").write_text(json.dumps(
+        {"model": "lab/m", "provider": {"lab": {"options": {"baseURL": url.format(K=secret)}}}}))
+    code, doc, out, err = setup_cli(capsys, "--yes")
+    assert code == 0, err
+    (h,) = doc["detected"]["harnessConfigs"]
+    assert h["baseUrl"] is None and "did not import" in h["note"]
+    assert [s["source"] for s in doc["detected"]["servers"]] == ["probe"]
+    _assert_nowhere(secret, out + err)

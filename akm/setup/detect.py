@@ -308,13 +308,28 @@ def _opencode_from(data: dict[str, Any], file: str) -> HarnessConfig:
     if model and provider_id and prefix == provider_id and bare:
         model = bare
     api_key_env = env_name_of(key_value)
-    note = None
+    notes = []
     if key_value is not None and api_key_env is None:
-        note = "its API key is written in the file; akm did not import it (use an environment variable)"
+        notes.append("its API key is written in the file; akm did not import it (use an environment variable)")
     del key_value  # never kept, never shown
-    return HarnessConfig("opencode", file, provider=provider_id, model=model,
-                         base_url=base_url if isinstance(base_url, str) and base_url.strip() else None,
-                         api_key_env=api_key_env, note=note)
+    base_url = base_url.strip() if isinstance(base_url, str) and base_url.strip() else None
+    if base_url is not None and _carries_secrets(base_url):
+        base_url = None  # never kept, never shown: it may hold a password or a key
+        notes.append("its base URL carries a user name, password, query or fragment; akm did not import it")
+    return HarnessConfig("opencode", file, provider=provider_id, model=model, base_url=base_url,
+                         api_key_env=api_key_env, note="; ".join(notes) or None)
+
+
+def _carries_secrets(url: str) -> bool:
+    """Whether a URL has parts where keys hide (`user:pass@`, `?key=…`, `#…`) or cannot be parsed at all."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        return True
+    return bool(parts.username or parts.password or parts.query or parts.fragment or "@" in parts.netloc)
 
 
 # --------------------------------------------------------------------------- servers
