@@ -211,6 +211,7 @@ def test_nothing_detected_exits_0_and_says_what_can_still_run(env, capsys):
     assert "exec units" in doc["message"] and "session units" in doc["message"]
     assert doc["canRun"][0].startswith("exec units") and doc["written"] is False
     assert not config_file().exists()
+    assert not config_file().parent.exists()  # no directory, no lock file: nothing at all
     code = cli.main(["setup", "--yes", "--format", "text"])
     out, _ = capsys.readouterr()
     assert code == 0 and "Nothing to set up was found" in out and "session units" in out
@@ -699,3 +700,14 @@ def test_a_harness_base_url_carrying_a_secret_is_neither_imported_nor_shown(env,
     assert h["baseUrl"] is None and "did not import" in h["note"]
     assert [s["source"] for s in doc["detected"]["servers"]] == ["probe"]
     _assert_nowhere(secret, out + err)
+
+
+def test_with_the_project_file_complete_the_user_file_is_not_created(env, servers, capsys):
+    env.clis("codex")
+    oll = ollama(servers)
+    env.probe(oll.base)
+    assert setup_cli(capsys, "--yes", "--project")[0] == 0
+    code, doc, _, err = setup_cli(capsys, "--yes")
+    assert code == 0, err
+    assert doc["written"] is False and doc["engines"] == [] and "was not created" in doc["message"]
+    assert not config_file().parent.exists()

@@ -325,7 +325,14 @@ def probe_default_llm(merged: Mapping[str, Any], environ: Mapping[str, str] | No
 def save(intent: SetupIntent, *, cwd: str | None, project: bool) -> tuple[Path, dict[str, Any], bool, Applied]:
     """The one write: (target path, new file object, written, what was done)."""
     user_path, project_path = cfg.user_config_path(), cfg.project_config_path(cwd)
+    target = project_path if project else user_path
     other = cfg.read_config_file(user_path if project else project_path)
+    if not target.exists():
+        # nothing to write into a file that does not exist: leave no directory or lock file behind either
+        empty: dict[str, Any] = {}
+        applied = apply_intent(empty, other, intent, project=project)
+        if not empty:
+            return target, empty, False, applied
     box: dict[str, Applied] = {}
 
     def mutate(data: dict[str, Any]) -> dict[str, Any]:
@@ -457,6 +464,8 @@ def run(*, yes: bool = False, blob: Any = None, probe: bool = False, project: bo
         message = "Nothing was written (preview)."
     elif written:
         message = f"Wrote {target}."
+    elif not Path(target).exists():
+        message = f"The config akm reads already says this; {target} was not created."
     else:
         message = f"{target} already says this; nothing was written."
     return Outcome(
