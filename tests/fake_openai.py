@@ -6,6 +6,7 @@ behaviours at once (and parallel requests never share a script):
   plain            content "hello" with usage 12 + 5 tokens
   json             content '{"ok": true}'
   probe-ok         content '{"ok": true, "ingest": true, "lint": true}' (the capability probe's answer)
+  probe-fenced     the same object after a <think> block, in a ```json fence (a thinking model's answer)
   verdict-pass     a judge's passing verdict
   verdict-reject   a judge's rejecting verdict (missing ["more detail"], feedback "add more detail")
   echo             content = the last message's content
@@ -187,6 +188,9 @@ class FakeOpenAI:
             h.send_json(200, self.completion('{"ok": true}', usage={"prompt_tokens": 3, "completion_tokens": 4}))
         elif model == "probe-ok":
             h.send_json(200, self.completion('{"ok": true, "ingest": true, "lint": true}'))
+        elif model == "probe-fenced":
+            h.send_json(200, self.completion('<think>they want JSON</think>\n```json\n'
+                                             '{"ok": true, "ingest": true, "lint": true}\n```'))
         elif model == "verdict-pass":
             h.send_json(200, self.completion('{"complete": true, "missing": [], "feedback": ""}',
                                              usage={"prompt_tokens": 50, "completion_tokens": 10}))

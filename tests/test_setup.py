@@ -711,3 +711,15 @@ def test_with_the_project_file_complete_the_user_file_is_not_created(env, server
     assert code == 0, err
     assert doc["written"] is False and doc["engines"] == [] and "was not created" in doc["message"]
     assert not config_file().parent.exists()
+
+
+def test_the_json_schema_probe_reads_the_answer_leniently(servers):
+    """spec-setup §5.6: structuredOutput by the lenient parse (§5.7): a think block and a fence are fine."""
+    from akm.setup.verify import probe_json_schema
+
+    srv = servers(shape="openai", models=["probe-fenced"])
+    engine = {"kind": "llm", "endpoint": srv.url, "model": "probe-fenced"}
+    assert probe_json_schema("fast", engine, default_llm="fast", environ={}).supported is True
+    assert probe_json_schema("fast", {**engine, "model": "plain"}, default_llm="fast", environ={}).supported is False
+    body = srv.requests[0]["body"]
+    assert (body["max_tokens"], body["temperature"], body["response_format"]["type"]) == (64, 0, "json_schema")

@@ -581,9 +581,11 @@ def probe_json_schema(engine: Mapping[str, Any], *, api_key: str | None = None, 
         return ProbeResult(False, False, err.message)
     if not resp.text:
         return ProbeResult(False, False, "empty reply")
-    try:
-        value = json.loads(resp.text)
-    except ValueError:
+    from akm.engine.answer import AnswerError, extract_model_json  # a pure helper module (json, re)
+
+    try:  # leniently, as upstream's parseJsonResponse: a think block or a code fence around the object is fine
+        value = extract_model_json(resp.text)
+    except AnswerError:
         value = None
     ok = isinstance(value, dict) and set(value) == {"ok", "ingest", "lint"} and all(v is True for v in value.values())
     return ProbeResult(True, ok)
