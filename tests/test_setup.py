@@ -286,6 +286,7 @@ def test_a_harness_key_variable_is_used_by_name_and_its_value_never_written(env,
     code, doc, out, err = setup_cli(capsys, "--yes")
     assert code == 0 and not config_file().exists()
     assert {s["base"]: s["error"] for s in doc["detected"]["servers"]}[lab.base] == "HTTP 401"
+    assert any("required credential LAB_KEY is unavailable" in w for w in doc["warnings"]), doc["warnings"]
     env.mp.setenv("LAB_KEY", KEY)
     code, doc, out, err = setup_cli(capsys, "--yes", "--probe")
     assert code == 0, err

@@ -205,6 +205,11 @@ def recommend(detection: Detection, effective: Mapping[str, Any], *, environ: Ma
     warn = warn or (lambda _m: None)
     rec = Recommendation(SetupIntent())
     if not _get(effective, "defaults", "llmEngine"):
+        env = os.environ if environ is None else environ
+        for server in detection.servers:
+            if not server.answered and server.api_key_env and not (env.get(server.api_key_env) or "").strip():
+                warn(f"Skipping {server.label} at {server.base}: required credential {server.api_key_env} is "
+                     f"unavailable (set it and run setup again).")
         for server in detection.answering:
             if not server.default_model:
                 warn(f"Skipping {server.label} at {server.base}: it lists no chat model.")
