@@ -848,6 +848,8 @@ def engine_fingerprint(engine: Mapping[str, Any]) -> tuple[str, ...]:
             endpoint = normalize_chat_endpoint(raw)
         except ValueError:
             endpoint = raw.strip().rstrip("/").lower()
+        # setup probes 127.0.0.1; a user's `localhost` engine on the same port is the same server
+        endpoint = re.sub(r"^(https?://)localhost(?=[:/]|$)", r"\g<1>127.0.0.1", endpoint)
         return ("llm", endpoint)
     return ("agent", str(engine.get("platform") or ""), str(engine.get("llmEngine") or ""))
 

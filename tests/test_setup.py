@@ -724,3 +724,17 @@ def test_the_json_schema_probe_reads_the_answer_leniently(servers):
     assert probe_json_schema("fast", {**engine, "model": "plain"}, default_llm="fast", environ={}).supported is False
     body = srv.requests[0]["body"]
     assert (body["max_tokens"], body["temperature"], body["response_format"]["type"]) == (64, 0, "json_schema")
+
+
+def test_a_localhost_engine_is_the_same_server_as_the_probed_loopback_address(env, servers, capsys):
+    oll = ollama(servers)
+    env.probe(oll.base)  # http://127.0.0.1:<port>
+    mine = {"kind": "llm", "endpoint": oll.base.replace("127.0.0.1", "localhost") + "/v1/chat/completions",
+            "model": "qwen2.5:7b"}
+    config_file().parent.mkdir(parents=True, exist_ok=True)
+    config_file().write_text(json.dumps({"engines": {"mine": mine}}))
+    code, doc, _, err = setup_cli(capsys, "--yes")
+    assert code == 0, err
+    assert config() == {"engines": {"mine": mine}, "defaults": {"llmEngine": "mine"},
+                        "workflow": {"judgeEngine": "mine"}}
+    assert [(a["engine"], a["action"]) for a in doc["engines"]] == [("mine", "kept")]
