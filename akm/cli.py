@@ -536,7 +536,7 @@ def _cmd_log(args: argparse.Namespace) -> int:
 
 def _render_brief_text(b: dict[str, Any]) -> str:
     lines = [f"run {b['runId']}  {b['status']}  step {b.get('stepId') or '-'}"
-             + (f" (gate loop {b['gateLoop']} of {b['maxLoops']})" if b.get("gateLoop") else "")]
+             + (f" (gate loop {b['gateLoop']} of {b['maxLoops']})" if (b.get("maxLoops") or 0) > 1 else "")]
     lines.append(b.get("message") or "")
     for w in b.get("warnings") or []:
         lines.append(f"warning: {w}")
@@ -545,7 +545,7 @@ def _render_brief_text(b: dict[str, Any]) -> str:
     for u in b.get("units") or []:
         claim = f", claimed by {u['claim']['holder']} until {u['claim']['expiresAt']}" if u.get("claim") else ""
         lines.append(f"\n== unit {u['unitId']} ({u['action']}{claim})")
-        if "item" in u["context"]:
+        if u["context"].get("itemIndex") is not None:  # a fan-out unit (a solo unit has no item)
             lines.append(f"item {u['context']['itemIndex']}: {json.dumps(u['context']['item'], ensure_ascii=False)}")
         lines.append(u["prompt"])
         rep = u["report"]
@@ -591,11 +591,14 @@ def _read_payload(value: str, what: str) -> str:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from akm import api
+    from akm.engine.budget import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
 
     tokens = None
     if args.tokens is not None:
-        if not args.tokens.isdigit() or not args.tokens.isascii():
-            raise UsageError(f"--tokens {args.tokens!r}: expected a whole number ≥ 0.", code="INVALID_FLAG_VALUE")
+        digits = args.tokens
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= 13 and int(digits) <= MAX_REPORT_TOKENS):
+            raise UsageError(f"--tokens {args.tokens!r}: expected a whole number from 0 to {MAX_REPORT_TOKENS}.",
+                             code="INVALID_FLAG_VALUE")
         tokens = int(args.tokens)
     res = api.report_unit(
         args.run_id, args.unit_id, status=args.status,
@@ -640,10 +643,15 @@ _CLI_HINTS: dict[str, str] = {
     "CORRUPT_RUN": "Inspect it with `akm workflow status {runId}` or discard it with `akm workflow abandon {runId}`.",
     "PARAMS_ON_EXISTING_RUN": "Params go with the workflow file: `akm workflow run FILE --name value`.",
     "NEW_RUN_NEEDS_WORKFLOW": "Pass the workflow file or workflows/<name> together with --new.",
+    "REPORT_CONFLICT": "Add --rerun to replace the recorded result.",
+    "UNIT_TERMINAL": "Add --rerun to do the finished unit again.",
+    "CLAIM_EXPIRED": "Claim it again with --status running (same --holder), then report its result.",
+    "STEP_MISMATCH": "`akm workflow next RUN` shows what the run needs now.",
+    "UNKNOWN_UNIT": "`akm workflow next RUN` lists the units to report.",
 }
 # An argument of the api (details.argument) as the CLI spells it.
 _FLAG_OF = {"max_steps": "--max-steps", "timeout": "--timeout", "format": "--format", "since": "--since",
-            "limit": "--limit", "paths": "PATH", "run_id": "RUN", "target": "TARGET"}
+            "limit": "--limit", "paths": "PATH", "run_id": "RUN", "target": "TARGET", "tokens": "--tokens"}
 
 
 def _cli_hint(exc: AkmError) -> str | None:

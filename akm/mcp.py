@@ -26,7 +26,7 @@ import types
 import typing
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 import anyio.from_thread
@@ -38,7 +38,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.alias_generators import to_camel
 
 from akm import __version__, api, views
-from akm.errors import AkmError
+from akm.engine.budget import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
+from akm.errors import EXIT_INTERNAL, AkmError
 
 DEFAULT_CALL_BOUND_S = 45.0
 
@@ -62,6 +63,7 @@ _HINTS = {
     "RESULT_INVALID": "Correct the result so it matches the unit's outputSchema and report again.",
     "RESULT_REQUIRED": "Report the unit's result (a JSON value matching its outputSchema).",
     "REPORT_CONFLICT": "Pass rerun=true to replace the recorded result.",
+    "UNIT_TERMINAL": "Pass rerun=true to do the finished unit again.",
     "CLAIM_EXPIRED": "Report status=\"running\" to claim the unit again, then report its result.",
     "NOT_AWAITING_VERDICT": "Call workflow_next to see what the run needs now.",
     "RUN_ALREADY_ACTIVE": "Continue that run with workflow_run(target=<its run id>).",
@@ -209,6 +211,12 @@ class _AkmServer(MCPServer):
             if str(exc).startswith("Unknown tool"):
                 return _error_result(AkmError(f"{exc}. Tools: {', '.join(sorted(self._tool_manager._tools))}.",
                                               code="UNKNOWN_TOOL", exit_status=2))
+            if cause is not None and not isinstance(cause, AkmError):
+                # The last line of defence, as at the CLI: a coded INTERNAL error (the SDK logged the traceback
+                # to stderr), never a bare "Error executing tool".
+                return _error_result(AkmError(f"unexpected {type(cause).__name__}: {cause}", code="INTERNAL",
+                                              exit_status=EXIT_INTERNAL,
+                                              hint="this is a bug in akm; the server's stderr has the traceback."))
             raise
 
 
@@ -293,12 +301,14 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
     async def unit_report(
         run_id: Annotated[str, Field(description="The run id")],
         unit_id: Annotated[str, Field(description="The unitId from workflow_next (or STEP.gate:lN for a verdict)")],
-        status: Annotated[str, Field(description="completed | failed | running (claims the unit)")],
+        status: Annotated[Literal["completed", "failed", "running"],
+                          Field(description="completed | failed | running (claims the unit)")],
         result: Annotated[Any, Field(description="The unit's result: a JSON value matching its outputSchema, "
                                                  "or text")] = None,
         verdict: Annotated[dict[str, Any] | None, Field(description='A gate verdict {"complete": bool, "missing": '
                                                                     '[str], "feedback": str}')] = None,
-        tokens: Annotated[int | None, Field(ge=0, description="Tokens spent (counted against the budget)")] = None,
+        tokens: Annotated[int | None, Field(ge=0, le=MAX_REPORT_TOKENS,
+                                             description="Tokens spent (counted against the budget)")] = None,
         failure_reason: Annotated[str | None, Field(description="Why the unit failed (e.g. timeout)")] = None,
         rerun: Annotated[bool, Field(description="Replace a result already recorded")] = False,
         expect_step: Annotated[str | None, Field(description="Refuse unless the run is still on this step")] = None,

@@ -11,6 +11,9 @@ import threading
 from typing import Callable
 
 LIFETIME_UNIT_CAP = 10_000
+# The most tokens one session report may count: far above any real unit, and low enough that the
+# journal's 64-bit sums over a run (budgets add every row's tokens) never overflow, whatever a client sends.
+MAX_UNIT_TOKENS = 10**12
 
 
 class DispatchBudget:

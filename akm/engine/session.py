@@ -31,6 +31,7 @@ from typing import Any
 
 from akm.dispatch.redact import redact_text, redact_value, sensitive_values_from
 from akm.engine import gates
+from akm.engine.budget import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
 from akm.engine.answer import AnswerError, parse_command_json
 from akm.engine.finalize import (
     DONE,
@@ -333,7 +334,8 @@ def _refuse_unit(cur: _Current, unit_id: str) -> UsageError:
 def _check_reportable(cur: _Current, expect_step: str | None) -> None:
     run = cur.loaded.run
     if run.status not in DRIVABLE_STATUSES:
-        raise UsageError(f"Run {cur.run_id} is {run.status}; it no longer takes reports.", code="RUN_NOT_ACTIVE")
+        raise UsageError(f"Run {cur.run_id} is {run.status}; it no longer takes reports.", code="RUN_NOT_ACTIVE",
+                         details={"runId": cur.run_id, "status": run.status})
     if cur.step is None:
         raise UsageError(f"Run {cur.run_id} has no current step.", code="RUN_NOT_ACTIVE")
     if expect_step is not None and expect_step != cur.step.step_id:
@@ -363,8 +365,10 @@ def report(
     if status not in REPORT_STATUSES:
         raise UsageError(f"Report status {status!r} is not one of {', '.join(REPORT_STATUSES)}.",
                          code="INVALID_ARGUMENT")
-    if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0):
-        raise UsageError("tokens must be a whole number ≥ 0.", code="INVALID_ARGUMENT")
+    if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool)
+                               or not 0 <= tokens <= MAX_REPORT_TOKENS):
+        raise UsageError(f"tokens must be a whole number from 0 to {MAX_REPORT_TOKENS}.", code="INVALID_ARGUMENT",
+                         details={"argument": "tokens"})
     cur = _current(db, run_id)
     _check_reportable(cur, expect_step)
     assert cur.step is not None
