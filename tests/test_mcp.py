@@ -230,3 +230,60 @@ def test_cancelled_run_call_leaves_a_resumable_run(project, tmp_path):
     assert row == ("active", None)
     assert unit == ("failed", "aborted")
     con.close()
+
+
+def test_arguments_of_the_wrong_type_or_range_are_coded_and_write_nothing(project):
+    from tests.test_session import journal
+
+    session_wf(project)
+
+    async def script(c):
+        tools = {t.name: t for t in (await c.list_tools()).tools}
+        r = await c.call_tool("workflow_run", {"target": "flow.md", "params": {"topics": ["a"]}})
+        rid = r.structured_content["run"]["runId"]
+        unit = (await c.call_tool("workflow_next", {"run_id": rid})).structured_content["units"][0]["unitId"]
+        ok = {"run_id": rid, "unit_id": unit, "status": "completed", "result": {"line": "a"}}
+        before = journal()
+        bad = {}
+        for name, args in {
+            "huge_tokens": {**ok, "tokens": 10**30},  # no SQLite integer holds it: was an uncoded crash
+            "int64_tokens": {**ok, "tokens": 2**63},
+            "string_tokens": {**ok, "tokens": "many"},
+            "bad_status": {**ok, "status": "done"},
+            "unit_not_a_string": {**ok, "unit_id": 7},
+            "verdict_not_an_object": {**ok, "verdict": "yes"},
+            "no_run_id": {k: v for k, v in ok.items() if k != "run_id"},
+        }.items():
+            bad[name] = await c.call_tool("unit_report", args)
+        return tools["unit_report"].input_schema, bad, journal() == before
+
+    schema, bad, unchanged = call(project, script)
+    assert unchanged, "a refused report changed the journal"
+    assert schema["properties"]["status"]["enum"] == ["completed", "failed", "running"]
+    assert schema["properties"]["tokens"]["anyOf"][0]["maximum"] == 10**12
+    for name, result in bad.items():
+        assert err(result)["code"] == "INVALID_ARGUMENT", (name, result.content[0].text)
+        assert err(result)["exitCode"] == 2
+    assert "tokens" in err(bad["huge_tokens"])["error"] and "status" in err(bad["bad_status"])["error"]
+
+
+def test_an_unexpected_failure_is_a_coded_internal_error_and_the_server_goes_on(project, monkeypatch):
+    from akm import api
+
+    session_wf(project)
+
+    def broken(*a, **kw):
+        raise ZeroDivisionError("the bug")
+
+    monkeypatch.setattr(api, "run_status", broken)  # stands in for any bug below the front
+
+    async def script(c):
+        failed = await c.call_tool("workflow_status", {"run_id": "x"})
+        listed = await c.call_tool("workflow_list", {})
+        return failed, listed
+
+    failed, listed = call(project, script)
+    body = err(failed)
+    assert body["code"] == "INTERNAL" and body["exitCode"] == 70
+    assert failed.content[0].text.startswith("error[INTERNAL]: unexpected ZeroDivisionError: the bug")
+    assert not listed.is_error
