@@ -132,6 +132,29 @@ def test_only_protocol_on_stdout_and_malformed_requests_survive(akm_bin, shiv_ro
         assert {"x", "y"} <= answered  # bad calls got answers (errors), and the server kept going
         bad_call = next(f for f in srv.frames if f.get("id") == "y")
         assert bad_call.get("error") or bad_call["result"]["isError"]
+        parse_error = next(f for f in srv.frames if f.get("id") is None and "error" in f)
+        assert parse_error["error"]["code"] == -32700  # "this is not json" is answered (JSON-RPC: id null)
+    finally:
+        srv.close()
+
+
+def test_requests_the_sdk_cannot_read_are_answered_not_dropped(akm_bin, shiv_root, tmp_path, project):
+    """A lone surrogate escape (what JavaScript's JSON.stringify writes for a broken string) or a malformed
+    request with an id used to vanish without an answer: the client waited on that id forever."""
+    srv = RawServer(akm_bin, server_env(tmp_path, shiv_root), project)
+    try:
+        srv.initialize()
+        srv.send('{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "unit_report", '
+                 '"arguments": {"run_id": "r", "unit_id": "u", "status": "completed", "result": "bad \\ud800"}}}')
+        lone = srv.wait_for(lambda f: f.get("id") == 7)
+        assert lone["error"]["code"] == -32700 and "UTF-8" in lone["error"]["message"]
+        srv.send({"jsonrpc": "2.0", "id": "m", "method": 5})
+        bad = srv.wait_for(lambda f: f.get("id") == "m")
+        assert bad["error"]["code"] == -32600 and "method" in bad["error"]["message"]
+        srv.send('{"jsonrpc": "2.0", "method": "notifications/x", "params": {"a": "\\udc80"}}')  # no id: no answer
+        alive = srv.request("tools/list")
+        assert len(alive["result"]["tools"]) == 10
+        assert all(f.get("id") in (None, 7, "m", alive["id"], 1) or "method" in f for f in srv.frames)
     finally:
         srv.close()
 
