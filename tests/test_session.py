@@ -169,6 +169,20 @@ def test_result_missing_its_schema_is_refused_with_the_errors(project, result, c
         assert 'missing required property "verdict"' in err.message and err.details["errors"]
 
 
+def test_a_result_too_large_for_the_journal_is_refused_before_it_is_parsed(project):
+    from akm.engine.session import MAX_RESULT_BYTES
+
+    rid = start(project, REVIEW, "## review\n\nR.\n\n## tally\n\nT.", files=["a"])
+    unit = api.next_brief(rid).to_json()["units"][0]["unitId"]
+    big = "x" * MAX_RESULT_BYTES
+    refused("RESULT_TOO_LARGE", report, rid, unit, project, result='{"verdict": "%s"}' % big)  # CLI: text
+    err = refused("RESULT_TOO_LARGE", report, rid, unit, project, result={"verdict": big})  # MCP: a JSON value
+    assert err.details["maxBytes"] == MAX_RESULT_BYTES and "file" in err.message
+    refused("RESULT_TOO_LARGE", report, rid, unit, project, status="failed", result=big + "x")
+    fits = report(rid, unit, project, result={"verdict": "x" * (1024 * 1024)})  # 1 MiB is fine
+    assert fits["recorded"] == "written"
+
+
 def test_different_content_for_a_completed_unit_diverges_unless_rerun(project):
     rid = start(project, "steps:\n  - id: w\n  - id: v", "## w\n\nW.\n\n## v\n\nV.")
     assert report(rid, "w:solo", project, result="one")["recorded"] == "written"

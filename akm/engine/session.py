@@ -73,6 +73,10 @@ FAILURE_TAXONOMY = frozenset({
     "llm_invalid_json", "content_policy_reject", "unsupported_type", "no_change", "aborted",
 })
 FINALIZE_WAIT_S = 30.0
+# The largest result a report may record: what an agent engine's unit can return (its harness's kept stdout,
+# `akm.dispatch.agents.MAX_STDOUT_BYTES`). Beyond it a report is refused with a code, before anything is
+# parsed or written, instead of growing the journal without bound (or failing inside SQLite).
+MAX_RESULT_BYTES = 16 * 1024 * 1024
 
 
 # ---------------------------------------------------------------- the current step
@@ -287,6 +291,8 @@ def _prepare_result(state: UnitState, status: str, result: Any, sensitive: list[
     """The unit row's result_json for this report; raises UsageError when a completed result misses its schema."""
     schema = state.unit.template.output_schema
     uid = state.unit.unit_id
+    if isinstance(result, str) and len(result) > MAX_RESULT_BYTES:  # at least that many bytes: refuse unparsed
+        raise _too_large(uid, len(result))
     if status == "failed":
         if result is MISSING or result is None:
             return None
@@ -318,6 +324,12 @@ def _prepare_result(state: UnitState, status: str, result: Any, sensitive: list[
         text = redact_text(result, sensitive)
         return json.dumps(text, ensure_ascii=False) if text else None
     return json.dumps(redact_value(result, sensitive), ensure_ascii=False, separators=(",", ":"))
+
+
+def _too_large(uid: str, size: int) -> UsageError:
+    return UsageError(f"The result for unit {uid} is too large: a report holds at most {MAX_RESULT_BYTES} bytes "
+                      "(16 MiB). Write a large output to a file and report its path instead.",
+                      code="RESULT_TOO_LARGE", details={"bytes": size, "maxBytes": MAX_RESULT_BYTES})
 
 
 def _refuse_unit(cur: _Current, unit_id: str) -> UsageError:
@@ -386,6 +398,10 @@ def report(
                          "be reported.", code="UNIT_NOT_REPORTABLE")
     sensitive = _sensitive_for(cur, state, project_root)
     result_json = None if status == "running" else _prepare_result(state, status, result, sensitive)
+    if result_json is not None and len(result_json) > MAX_RESULT_BYTES // 4:  # cheap: only big ones are measured
+        size = len(result_json.encode("utf-8", "surrogatepass"))
+        if size > MAX_RESULT_BYTES:
+            raise _too_large(state.unit.unit_id, size)
     reason = normalize_failure_reason(failure_reason, sensitive) if status == "failed" else None
     u = state.unit
     budget = cur.loaded.plan.budget
