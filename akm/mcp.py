@@ -81,6 +81,8 @@ def _error_result(exc: AkmError) -> CallToolResult:
     body = exc.to_dict()
     body["exitCode"] = exc.exit_status
     hint = _HINTS.get(exc.code)
+    if exc.code == "RUN_NOT_ACTIVE" and (exc.details or {}).get("status") not in (None, "failed", "blocked"):
+        hint = None  # resuming is for failed or blocked runs; the message says what the run is
     if hint:
         body["hint"] = hint
     elif "hint" in body and ("akm " in body["hint"] or "--" in body["hint"]):

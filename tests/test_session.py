@@ -183,6 +183,17 @@ def test_a_result_too_large_for_the_journal_is_refused_before_it_is_parsed(proje
     assert fits["recorded"] == "written"
 
 
+def test_a_string_schema_takes_the_text_itself(project):
+    """Over MCP `result: "Ada"` is already a JSON string: it must not need quoting twice (nor "42" become 42)."""
+    rid = start(project, "steps:\n  - id: name\n    output: { type: string }\n  - id: age\n"
+                         "    output: { type: object, required: [n], properties: { n: { type: integer } } }",
+                "## name\n\nA name.\n\n## age\n\nAn age.")
+    assert report(rid, "name:solo", project, result="42", status="running")["recorded"] == "written"
+    assert report(rid, "name:solo", project, result="42")["stepOutcome"]["kind"] == "completed"
+    assert db_rows("SELECT result_json FROM units WHERE unit_id = 'name:solo'") == [('"42"',)]
+    refused("RESULT_INVALID", report, rid, "age:solo", project, result="Ada")  # an object schema still wants JSON
+
+
 def test_different_content_for_a_completed_unit_diverges_unless_rerun(project):
     rid = start(project, "steps:\n  - id: w\n  - id: v", "## w\n\nW.\n\n## v\n\nV.")
     assert report(rid, "w:solo", project, result="one")["recorded"] == "written"

@@ -308,9 +308,15 @@ def _prepare_result(state: UnitState, status: str, result: Any, sensitive: list[
             try:
                 value = parse_command_json(result)
             except AnswerError as exc:
-                raise UsageError(f"The result for unit {uid} is not JSON: {redact_text(str(exc), sensitive)}.",
-                                 code="RESULT_INVALID") from None
+                # A schema that takes a string takes the text itself: over MCP `result: "Ada"` is already a JSON
+                # string, and nobody should have to quote it twice. Anything else must be JSON.
+                if validate_instance(result, schema):
+                    raise UsageError(f"The result for unit {uid} is not JSON: {redact_text(str(exc), sensitive)}.",
+                                     code="RESULT_INVALID") from None
+                value = result
         errors = validate_instance(value, schema)
+        if errors and isinstance(result, str) and value is not result and not validate_instance(result, schema):
+            value, errors = result, []  # `"42"` for a string schema is the text 42, not the number
         if errors:
             raise UsageError(
                 f"The result for unit {uid} failed validation against its declared output schema: "
