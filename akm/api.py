@@ -796,6 +796,20 @@ def next_brief(run_id: str) -> Brief:
         return Brief.model_validate(session.brief(db, run_id))
 
 
+def _run_project_root(run, cwd: Path) -> Path:
+    """The project a run belongs to, for a report: where its `env:` files (redaction) and its judge live.
+
+    Normally the reporter's own project. A report made from elsewhere — an MCP server whose client passed
+    `cwd` to `workflow_run`, a shell in another checkout — finds the run's project from its workflow file,
+    checked against the run's scope, so secrets are still redacted with the run's own env files.
+    """
+    root = paths.project_root(cwd)
+    if paths.scope_key(root) == run.scope_key or not run.workflow_path:
+        return root
+    candidate = paths.project_root(Path(run.workflow_path).parent)
+    return candidate if paths.scope_key(candidate) == run.scope_key else root
+
+
 def report_unit(
     run_id: str,
     unit_id: str,
@@ -816,8 +830,8 @@ def report_unit(
     from akm.engine import session
 
     with _open_db() as db:
-        _require_run(db, run_id)
-        root = paths.project_root(Path(cwd or os.getcwd()))
+        run = _require_run(db, run_id)
+        root = _run_project_root(run, Path(cwd or os.getcwd()))
         from akm.api_models import ReportResult
 
         return ReportResult.model_validate(session.report(

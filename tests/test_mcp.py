@@ -287,3 +287,19 @@ def test_an_unexpected_failure_is_a_coded_internal_error_and_the_server_goes_on(
     assert body["code"] == "INTERNAL" and body["exitCode"] == 70
     assert failed.content[0].text.startswith("error[INTERNAL]: unexpected ZeroDivisionError: the bug")
     assert not listed.is_error
+
+
+def test_a_report_to_a_finished_run_is_not_told_to_resume_it(project):
+    session_wf(project)
+
+    async def script(c):
+        r = await c.call_tool("workflow_run", {"target": "flow.md", "params": {"topics": ["a"]}})
+        rid = r.structured_content["run"]["runId"]
+        unit = (await c.call_tool("workflow_next", {"run_id": rid})).structured_content["units"][0]["unitId"]
+        await c.call_tool("workflow_abandon", {"run_id": rid})
+        return await c.call_tool("unit_report", {"run_id": rid, "unit_id": unit, "status": "completed",
+                                                 "result": {"line": "a"}})
+
+    body = err(call(project, script))
+    assert body["code"] == "RUN_NOT_ACTIVE" and "abandoned" in body["error"]
+    assert "workflow_resume" not in json.dumps(body)  # an abandoned (or completed) run cannot be resumed

@@ -359,3 +359,28 @@ def test_workflow_run_keeps_a_retryable_session_failure_open(project):
     res = run(rid, project)
     assert res.run.status == "awaiting_session"
     assert api.next_brief(rid).to_json()["units"][0]["action"] == "rerun"
+
+
+@pytest.mark.parametrize("reporter_dir", ["project", "elsewhere"])
+def test_a_reported_secret_is_redacted_wherever_the_report_comes_from(project, tmp_path, reporter_dir):
+    """A report stores nothing of the unit's `env:` secrets — also when the reporter stands outside the project
+    (an MCP server whose client ran the workflow with another `cwd`): the run's own env files are used."""
+    secret = "s3cr3t-Tok-8812"
+    (project / ".akm" / "env").mkdir(parents=True)
+    (project / ".akm" / "env" / "ci.env").write_text(f"TOKEN={secret}\n", encoding="utf-8")
+    rid = start(project, """
+        steps:
+          - id: w
+            unit: { env: [env/ci] }
+          - id: v
+            unit: { env: [env/ci], output: { type: object, properties: { note: { type: string } } } }
+        """, "## w\n\nW.\n\n## v\n\nV.")
+    where = project if reporter_dir == "project" else tmp_path / "elsewhere"
+    where.mkdir(exist_ok=True)
+    api.report_unit(rid, "w:solo", status="completed", result=f"the token is {secret}", has_result=True,
+                    holder=f"agent {secret}", cwd=str(where))
+    api.report_unit(rid, "v:solo", status="completed", result={"note": f"again {secret}"}, has_result=True,
+                    cwd=str(where))
+    dump = json.dumps(journal(), default=str)
+    assert secret not in dump, "a reported secret reached the journal"
+    assert db_rows("SELECT result_json FROM units WHERE unit_id = 'w:solo'") == [('"the token is [REDACTED]"',)]
