@@ -295,7 +295,8 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         run_id: Annotated[str, Field(description="The run id")],
     ) -> Annotated[CallToolResult, api.Brief]:
         """What you should do now for a run: its session units (prompt, context, schema, how to report) or the
-        gate verdict it awaits. Never changes the run."""
+        gate verdict it awaits. Never changes the run. Each unit's `report` names the unit_report arguments in
+        camelCase: runId -> run_id, unitId -> unit_id, expectStep -> expect_step, status, rerun."""
         return await _call(api.next_brief, run_id)
 
     @server.tool(annotations=ToolAnnotations(title="Report a unit", read_only_hint=False, destructive_hint=False,
