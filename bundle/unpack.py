@@ -53,12 +53,13 @@ def unpack_native(cache, rel):
     except ImportError:
         _akm_boot.fail("NO_LZMA", "akm needs Python's lzma module to unpack its native code, and %s was built "
                        "without it (liblzma missing when Python was compiled)" % sys.executable)
-    archive = _akm_boot.ARCHIVE
-    blob = _akm_boot.ZIP.get_data(os.path.join(archive, "_akm_natives", stream))
-    data = _slice(lzma.LZMADecompressor(format=lzma.FORMAT_XZ), blob, offset, size)
+    try:
+        blob = _akm_boot.ZIP.get_data("_akm_natives/" + stream)
+        data = _slice(lzma.LZMADecompressor(format=lzma.FORMAT_XZ), blob, offset, size)
+    except (OSError, ImportError, lzma.LZMAError, EOFError) as exc:
+        _akm_boot.damaged("native code for %s cannot be unpacked (%s)" % (rel, exc))
     if hashlib.sha256(data).hexdigest() != sha256:
-        _akm_boot.fail("CORRUPT_BUNDLE", "%s: native code for %s does not match its checksum; the file is "
-                       "damaged, rebuild or download it again" % (archive, rel))
+        _akm_boot.damaged("native code for %s does not match its checksum" % rel)
     path = os.path.join(cache, "native", rel)
     _akm_boot.write_atomically(path, data)
     if not os.path.exists(path):

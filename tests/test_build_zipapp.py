@@ -262,3 +262,65 @@ def test_cache_falls_back_to_private_temp_dir_then_fails_clearly(akm_bin, tmp_pa
     lint = run([sys.executable, str(akm_bin), "workflow", "lint", "w.md"], env, tmp_path)
     assert lint.returncode == 78 and "not a private directory" in lint.stderr, lint.stderr
     assert not list(shared.rglob("*.so"))
+
+
+# ------------------------------------------------------------------ how it is started, what it is
+
+
+def test_runs_by_any_path_to_it(akm_bin, tmp_path):
+    """`./akm`, `dir/../akm`, a symlink, a directory with spaces and non-ASCII: Python then knows the
+    archive by a path that is not normalized (/w/./akm), which must not matter, cold cache or warm."""
+    home = tmp_path / "dïr ü" / "bin"
+    home.mkdir(parents=True)
+    shutil.copy(akm_bin, home / "akm")
+    (tmp_path / "link").symlink_to(home / "akm")
+    shutil.copy(ROOT / "examples" / "hello.md", home / "hello.md")
+    env = clean_env(tmp_path, SHIV_ROOT=str(tmp_path / "cache ü"))
+    for argv in (["./akm"], [sys.executable, "./akm"], ["../bin/akm"], [str(tmp_path / "link")],
+                 [sys.executable, str(home / "." / ".." / "bin" / "akm")]):
+        for args in (["--version"], ["workflow", "lint", "hello.md"]):
+            shutil.rmtree(tmp_path / "cache ü", ignore_errors=True)
+            for start in ("cold", "warm"):
+                proc = run([*argv, *args], env, home)
+                assert proc.returncode == 0 and "Traceback" not in proc.stderr, (argv, args, start, proc.stderr)
+    proc = run(["./akm", "workflow", "run", "hello.md", "--format", "json"], env, home)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["run"]["status"] == "completed"
+
+
+def _damaged(akm_bin: Path, tmp_path: Path, name: str, offset: int) -> Path:
+    data = bytearray(akm_bin.read_bytes())
+    data[offset] ^= 0xFF
+    out = tmp_path / name
+    out.write_bytes(data)
+    out.chmod(0o755)
+    return out
+
+
+def test_a_damaged_file_says_so(akm_bin, tmp_path):
+    """A bit flipped in bundled source or native code, or a file cut short, is named as damage to
+    the file (never error[INTERNAL]), and nothing damaged is cached."""
+    (tmp_path / "w.md").write_text("---\nsteps: []\n---\n")
+    _boot, unpack, index = bundle_facts(akm_bin)
+    with zipfile.ZipFile(akm_bin) as zf:
+        natives = {i.filename: i for i in zf.infolist() if i.filename.startswith("_akm_natives/")}
+    offset, stored = index["akm/api.py"][:2]
+    stream, _off, _size, _sha = unpack["MEMBERS"][f"pydantic_core/_pydantic_core{__import__('_imp').extension_suffixes()[0]}"]
+    info = natives["_akm_natives/" + stream]
+    stream_data = info.header_offset + 30 + len(info.filename) + 100 + info.compress_size // 2
+    for name, at, what in (("source", offset + stored // 2, "akm/api.py "),  # then: does not match its checksum, or cannot be decompressed
+                           ("native", stream_data, "native code for pydantic_core/_pydantic_core")):
+        cache = tmp_path / f"cache-{name}"
+        damaged = _damaged(akm_bin, tmp_path, name, at)
+        proc = run([sys.executable, str(damaged), "workflow", "lint", "w.md"], clean_env(tmp_path, SHIV_ROOT=str(cache)),
+                   tmp_path)
+        assert proc.returncode == 78, proc.stderr
+        assert proc.stderr.startswith(f"error[CORRUPT_BUNDLE]: {damaged} is damaged: {what}"), proc.stderr
+        assert proc.stderr.rstrip().endswith("download or build it again")
+        assert not list(cache.rglob("api.pyc" if name == "source" else "*.so"))  # nothing damaged is cached
+    cut = tmp_path / "cut"
+    cut.write_bytes(akm_bin.read_bytes()[: akm_bin.stat().st_size // 2])
+    proc = run([sys.executable, str(cut), "--version"], clean_env(tmp_path), tmp_path)
+    assert proc.returncode != 0
+    assert "this file is cut short or damaged (it is a zip archive, and its end is missing): download or build it again" \
+        in proc.stderr.splitlines()[1]
