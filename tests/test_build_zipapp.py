@@ -8,11 +8,13 @@ import ast
 import glob
 import hashlib
 import json
+import lzma
 import marshal
 import os
 import re
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import zipfile
@@ -115,6 +117,55 @@ def test_carries_native_code_for_every_supported_python(akm_bin):
     # pycparser's binding generators, package test suites
     assert not [k for k in index if re.match(r"(yaml/_yaml|_yaml/|cffi/|pycparser/|[^/]+/tests/)", k)]
     assert "yaml/__init__.py" in index and "akm/cli.py" in index and "mcp/server/mcpserver/__init__.py" in index
+
+
+MACHINE_CODE = {  # what each target's extension modules must be: ELF e_machine, or Mach-O CPU type
+    "linux-x86_64": b"\x7fELF", "linux-aarch64": b"\x7fELF", "macos-x86_64": b"\xcf\xfa\xed\xfe",
+    "macos-arm64": b"\xcf\xfa\xed\xfe"}
+CPU = {"linux-x86_64": 62, "linux-aarch64": 183, "macos-x86_64": 0x01000007, "macos-arm64": 0x0100000C}
+
+
+def _cpu(data: bytes) -> int:
+    return struct.unpack("<H", data[18:20])[0] if data[:4] == b"\x7fELF" else struct.unpack("<i", data[4:8])[0]
+
+
+def test_every_platform_carries_every_pythons_native_code(akm_bin, tmp_path):
+    """`./build.sh --platform P` for the other platforms (from the wheel cache): each file has, for
+    every supported CPython, every native extension built for that platform's machine, intact."""
+    host = bundle_facts(akm_bin)[0]["TARGET"]
+    others = sorted(set(MACHINE_CODE) - {host})
+
+    def build(name: str) -> subprocess.CompletedProcess:
+        return run([sys.executable, str(ROOT / "bundle" / "build.py"), "--platform", name, "--output",
+                    str(tmp_path / f"akm-{name}")], dict(os.environ), ROOT, timeout=900)
+
+    with ThreadPoolExecutor(max_workers=len(others)) as pool:
+        builds = dict(zip(others, pool.map(build, others)))
+    for name in [host, *others]:
+        path = akm_bin if name == host else tmp_path / f"akm-{name}"
+        if name != host:
+            assert builds[name].returncode == 0, builds[name].stderr
+        assert path.stat().st_size <= 12 * 2**20, (name, path.stat().st_size)
+        boot, unpack, _index = bundle_facts(path)
+        assert boot["TARGET"] == name
+        minors = [int(v.split(".")[1]) for v in boot["PYTHONS"]]
+        assert minors == list(range(11, minors[-1] + 1)) and minors[-1] >= 13, (name, minors)
+        tail = {"linux-x86_64": "-x86_64-linux-gnu.so", "linux-aarch64": "-aarch64-linux-gnu.so"}.get(name, "-darwin.so")
+        assert boot["SUFFIXES"] == {f".cpython-3{m}{tail}" for m in minors}
+        assert {"pydantic_core._pydantic_core", "rpds.rpds", "cryptography.hazmat.bindings._rust",
+                "_cffi_backend"} <= set(boot["NATIVE"])
+        streams: dict[str, bytes] = {}
+        with zipfile.ZipFile(path) as zf:
+            for module, abi3 in boot["NATIVE"].items():
+                base = module.replace(".", "/")
+                for rel in [base + ".abi3.so"] if abi3 else [base + suffix for suffix in sorted(boot["SUFFIXES"])]:
+                    assert rel in unpack["MEMBERS"], (name, rel)  # each (version, platform) pair is there
+                    stream, offset, size, sha256 = unpack["MEMBERS"][rel]
+                    if stream not in streams:
+                        streams[stream] = lzma.decompress(zf.read("_akm_natives/" + stream))
+                    data = streams[stream][offset: offset + size]
+                    assert hashlib.sha256(data).hexdigest() == sha256, (name, rel)
+                    assert data[:4] == MACHINE_CODE[name] and _cpu(data) == CPU[name], (name, rel)
 
 
 def test_small_and_byte_reproducible(akm_bin, tmp_path):
