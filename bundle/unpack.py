@@ -62,10 +62,25 @@ def unpack_native(cache, rel):
         _akm_boot.damaged("native code for %s does not match its checksum" % rel)
     path = os.path.join(cache, "native", rel)
     _akm_boot.write_atomically(path, data)
-    if not os.path.exists(path):
-        _akm_boot.fail("NO_CACHE_DIR", "cannot write %s (akm unpacks its native code there); set SHIV_ROOT "
-                       "to a writable directory" % path)
-    return path
+    if os.path.exists(path):
+        return path
+    # The cache found at start-up exists but takes no new file (a read-only mount, another user's, filled
+    # by another interpreter): a later root may still serve, as it would have had that one been absent.
+    problems = ["%s: cannot write there" % path]
+    name = os.path.basename(cache)
+    later = [i for i, (root, _shared) in enumerate(_akm_boot.ROOTS) if os.path.join(root, name) == cache]
+    if later:
+        fallback, more = make_cache_dir(_akm_boot.ROOTS[later[0] + 1:], name)
+        problems += more
+        if fallback:
+            _akm_boot.CACHE = fallback
+            path = os.path.join(fallback, "native", rel)
+            _akm_boot.write_atomically(path, data)
+            if os.path.exists(path):
+                return path
+            problems.append("%s: cannot write there" % path)
+    _akm_boot.fail("NO_CACHE_DIR", "akm needs a writable directory to unpack its native code for this Python; "
+                   "tried %s. Set SHIV_ROOT to a writable directory." % "; ".join(problems))
 
 
 def _slice(decompressor, blob, offset, size):

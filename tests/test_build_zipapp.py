@@ -375,3 +375,27 @@ def test_a_damaged_file_says_so(akm_bin, tmp_path):
     assert proc.returncode != 0
     assert "this file is cut short or damaged (it is a zip archive, and its end is missing): download or build it again" \
         in proc.stderr.splitlines()[1]
+
+
+def test_a_cache_that_takes_no_new_file_falls_back_to_the_next_place(akm_bin, tmp_path):
+    """The user cache exists (e.g. filled by another interpreter) but cannot take this interpreter's
+    native code (read-only, another user's; here its native/ is a file): the private temp dir serves,
+    as it would have without that cache; with nowhere else, the error names both."""
+    (tmp_path / "w.md").write_text("---\nsteps:\n  - id: a\n    unit:\n      exec: { command: [\"true\"] }\n---\n\n## a\n\nx\n")
+    tmp_dir = tmp_path / "tmp"
+    tmp_dir.mkdir()
+    env = clean_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "xdg"), TMPDIR=str(tmp_dir))
+    assert run([sys.executable, str(akm_bin), "--version"], env, tmp_path).returncode == 0  # makes the cache
+    [build_dir] = (tmp_path / "xdg" / "akm").iterdir()
+    (build_dir / "native").write_text("")  # nothing can be unpacked there
+    proc = run([sys.executable, str(akm_bin), "workflow", "lint", "w.md"], env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    suffix = __import__("_imp").extension_suffixes()[0]
+    assert (tmp_dir / f"akm-{os.getuid()}" / build_dir.name / "native" / "pydantic_core" / f"_pydantic_core{suffix}").is_file()
+
+    shutil.rmtree(tmp_dir / f"akm-{os.getuid()}")
+    env["TMPDIR"] = str(tmp_path / "w.md")  # a file: no temp dir either
+    proc = run([sys.executable, str(akm_bin), "workflow", "lint", "w.md"], env, tmp_path)
+    assert proc.returncode == 78 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error[NO_CACHE_DIR]: akm needs a writable directory to unpack its native code")
+    assert str(build_dir / "native") in proc.stderr and str(tmp_path / "w.md") in proc.stderr
