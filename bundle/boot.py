@@ -38,7 +38,7 @@ ZIP = BOOT_CODE = None
 EXIT_CONFIG = 78  # akm.errors.EXIT_CONFIG: the environment, not a bug
 SUFFIX = _imp.extension_suffixes()[0]
 ModuleSpec = sys.modules["_frozen_importlib"].ModuleSpec
-INDEX = {}  # path in the library -> (offset in the archive, stored size, size, zip method); directories -> None
+INDEX = {}  # path in the library -> (offset in the archive, stored size, size, zip method, crc32); directories -> None
 _fd = None
 _unwritable = False
 _tree = None
@@ -50,6 +50,11 @@ def fail(code, message):
     sys.stderr.write("error[%s]: %s\n" % (code, message))
     sys.stderr.flush()
     raise SystemExit(EXIT_CONFIG)
+
+
+def damaged(what):
+    """The archive is not what the build wrote (cut short by a download, a bit flipped on disk)."""
+    fail("CORRUPT_BUNDLE", "%s is damaged: %s; download or build it again" % (ARCHIVE, what))
 
 
 def check_interpreter():
@@ -107,14 +112,21 @@ def write_code(path, code):
 def read(rel):
     """A file of the library, from the archive."""
     global _fd
-    offset, stored, _size, method = INDEX[rel]
+    offset, stored, _size, method, crc = INDEX[rel]
     if _fd is None:
         _fd = os.open(ARCHIVE, os.O_RDONLY)
     data = os.pread(_fd, stored, offset)
-    if method:
-        import zlib
+    import zlib
 
-        data = zlib.decompress(data, -15)
+    try:
+        if method:
+            data = zlib.decompress(data, -15)
+    except zlib.error as exc:
+        damaged("%s cannot be decompressed (%s)" % (rel, exc))
+    # Checked, unlike zipimport: compiled code is cached per build, so damaged source that still
+    # compiles would outlive the damaged file.
+    if zlib.crc32(data) != crc:
+        damaged("%s does not match its checksum" % rel)
     return data
 
 
@@ -350,7 +362,10 @@ def isolated(path):
 def main(**found):
     globals().update(found)
     check_interpreter()
-    INDEX.update(marshal.loads(ZIP.get_data(os.path.join(ARCHIVE, "_akm_index.bin"))))
+    try:  # members by name, not path: ZIP knows the archive by the path Python was given (see main.py)
+        INDEX.update(marshal.loads(ZIP.get_data("_akm_index.bin")))
+    except (OSError, ImportError, ValueError, EOFError, TypeError) as exc:
+        damaged("its index of bundled files cannot be read (%s)" % exc)
     sys.path[:] = isolated(sys.path)
     sys.meta_path.insert(0, Bundle)
     if BOOT_CODE is not None and CACHE:

@@ -47,7 +47,11 @@ ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "bundle"
 PINS = HERE / "pins.txt"
 OLDEST = 11  # CPython 3.11: the oldest supported minor version
-SHEBANG = b"#!/usr/bin/env python3\n"
+# Then a comment running into the zip's first bytes, with no newline: a file cut short has no zip
+# directory at its end, so Python runs it as a script, and its error quotes the line with the first
+# NUL byte. That line is then this sentence rather than a bare "PK".
+SHEBANG = (b"#!/usr/bin/env python3\n# akm: if Python shows this line in an error, this file is cut short or "
+           b"damaged (it is a zip archive, and its end is missing): download or build it again. ")
 MAX_SIZE = 12 * 1024 * 1024
 # Builds of one extension for consecutive CPython versions share one xz stream, where each is coded
 # as its differences from the one before (about half the size). Unpacking one decodes the stream up
@@ -497,7 +501,7 @@ def library_zip(files: dict[str, bytes], date_time: tuple) -> tuple[bytes, dict[
     for info in infos:
         name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26: info.header_offset + 30])
         start = info.header_offset + 30 + name_len + extra_len
-        index[info.filename] = (start, info.compress_size, info.file_size, info.compress_type)
+        index[info.filename] = (start, info.compress_size, info.file_size, info.compress_type, info.CRC)
     for rel in files:
         for i, ch in enumerate(rel):
             if ch == "/":

@@ -51,7 +51,9 @@ def run(env=os.environ, join=os.path.join):
             pass
     boot = type(sys)("_akm_boot")
     boot.__file__ = join(archive, "_akm_boot.py")
-    fresh = None if code else compile(__loader__.get_data(boot.__file__), boot.__file__, "exec", dont_inherit=True)
+    # The archive's members are read by name: the zipimporter knows the archive by the path Python was
+    # given (e.g. /w/./dist/akm for `./dist/akm`), which need not match the normalized `archive`.
+    fresh = None if code else compile(__loader__.get_data("_akm_boot.py"), boot.__file__, "exec", dont_inherit=True)
     sys.modules["_akm_boot"] = boot
     exec(code or fresh, boot.__dict__)
     boot.main(ARCHIVE=archive, CACHE=cache or "", ROOTS=roots, BUILD=BUILD, MAGIC=magic, PYC=pyc, ZIP=__loader__,

@@ -53,18 +53,34 @@ def unpack_native(cache, rel):
     except ImportError:
         _akm_boot.fail("NO_LZMA", "akm needs Python's lzma module to unpack its native code, and %s was built "
                        "without it (liblzma missing when Python was compiled)" % sys.executable)
-    archive = _akm_boot.ARCHIVE
-    blob = _akm_boot.ZIP.get_data(os.path.join(archive, "_akm_natives", stream))
-    data = _slice(lzma.LZMADecompressor(format=lzma.FORMAT_XZ), blob, offset, size)
+    try:
+        blob = _akm_boot.ZIP.get_data("_akm_natives/" + stream)
+        data = _slice(lzma.LZMADecompressor(format=lzma.FORMAT_XZ), blob, offset, size)
+    except (OSError, ImportError, lzma.LZMAError, EOFError) as exc:
+        _akm_boot.damaged("native code for %s cannot be unpacked (%s)" % (rel, exc))
     if hashlib.sha256(data).hexdigest() != sha256:
-        _akm_boot.fail("CORRUPT_BUNDLE", "%s: native code for %s does not match its checksum; the file is "
-                       "damaged, rebuild or download it again" % (archive, rel))
+        _akm_boot.damaged("native code for %s does not match its checksum" % rel)
     path = os.path.join(cache, "native", rel)
     _akm_boot.write_atomically(path, data)
-    if not os.path.exists(path):
-        _akm_boot.fail("NO_CACHE_DIR", "cannot write %s (akm unpacks its native code there); set SHIV_ROOT "
-                       "to a writable directory" % path)
-    return path
+    if os.path.exists(path):
+        return path
+    # The cache found at start-up exists but takes no new file (a read-only mount, another user's, filled
+    # by another interpreter): a later root may still serve, as it would have had that one been absent.
+    problems = ["%s: cannot write there" % path]
+    name = os.path.basename(cache)
+    later = [i for i, (root, _shared) in enumerate(_akm_boot.ROOTS) if os.path.join(root, name) == cache]
+    if later:
+        fallback, more = make_cache_dir(_akm_boot.ROOTS[later[0] + 1:], name)
+        problems += more
+        if fallback:
+            _akm_boot.CACHE = fallback
+            path = os.path.join(fallback, "native", rel)
+            _akm_boot.write_atomically(path, data)
+            if os.path.exists(path):
+                return path
+            problems.append("%s: cannot write there" % path)
+    _akm_boot.fail("NO_CACHE_DIR", "akm needs a writable directory to unpack its native code for this Python; "
+                   "tried %s. Set SHIV_ROOT to a writable directory." % "; ".join(problems))
 
 
 def _slice(decompressor, blob, offset, size):
@@ -72,7 +88,7 @@ def _slice(decompressor, blob, offset, size):
     out = bytearray()
     pos, end, data = 0, offset + size, blob
     while pos < end:
-        chunk = decompressor.decompress(data, max_length=1 << 22)
+        chunk = decompressor.decompress(data, max_length=1 << 20)  # small steps: little decoded past the end
         data = b""
         if not chunk and (decompressor.eof or decompressor.needs_input):
             break

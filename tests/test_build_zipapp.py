@@ -8,11 +8,13 @@ import ast
 import glob
 import hashlib
 import json
+import lzma
 import marshal
 import os
 import re
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import zipfile
@@ -115,6 +117,55 @@ def test_carries_native_code_for_every_supported_python(akm_bin):
     # pycparser's binding generators, package test suites
     assert not [k for k in index if re.match(r"(yaml/_yaml|_yaml/|cffi/|pycparser/|[^/]+/tests/)", k)]
     assert "yaml/__init__.py" in index and "akm/cli.py" in index and "mcp/server/mcpserver/__init__.py" in index
+
+
+MACHINE_CODE = {  # what each target's extension modules must be: ELF e_machine, or Mach-O CPU type
+    "linux-x86_64": b"\x7fELF", "linux-aarch64": b"\x7fELF", "macos-x86_64": b"\xcf\xfa\xed\xfe",
+    "macos-arm64": b"\xcf\xfa\xed\xfe"}
+CPU = {"linux-x86_64": 62, "linux-aarch64": 183, "macos-x86_64": 0x01000007, "macos-arm64": 0x0100000C}
+
+
+def _cpu(data: bytes) -> int:
+    return struct.unpack("<H", data[18:20])[0] if data[:4] == b"\x7fELF" else struct.unpack("<i", data[4:8])[0]
+
+
+def test_every_platform_carries_every_pythons_native_code(akm_bin, tmp_path):
+    """`./build.sh --platform P` for the other platforms (from the wheel cache): each file has, for
+    every supported CPython, every native extension built for that platform's machine, intact."""
+    host = bundle_facts(akm_bin)[0]["TARGET"]
+    others = sorted(set(MACHINE_CODE) - {host})
+
+    def build(name: str) -> subprocess.CompletedProcess:
+        return run([sys.executable, str(ROOT / "bundle" / "build.py"), "--platform", name, "--output",
+                    str(tmp_path / f"akm-{name}")], dict(os.environ), ROOT, timeout=900)
+
+    with ThreadPoolExecutor(max_workers=len(others)) as pool:
+        builds = dict(zip(others, pool.map(build, others)))
+    for name in [host, *others]:
+        path = akm_bin if name == host else tmp_path / f"akm-{name}"
+        if name != host:
+            assert builds[name].returncode == 0, builds[name].stderr
+        assert path.stat().st_size <= 12 * 2**20, (name, path.stat().st_size)
+        boot, unpack, _index = bundle_facts(path)
+        assert boot["TARGET"] == name
+        minors = [int(v.split(".")[1]) for v in boot["PYTHONS"]]
+        assert minors == list(range(11, minors[-1] + 1)) and minors[-1] >= 13, (name, minors)
+        tail = {"linux-x86_64": "-x86_64-linux-gnu.so", "linux-aarch64": "-aarch64-linux-gnu.so"}.get(name, "-darwin.so")
+        assert boot["SUFFIXES"] == {f".cpython-3{m}{tail}" for m in minors}
+        assert {"pydantic_core._pydantic_core", "rpds.rpds", "cryptography.hazmat.bindings._rust",
+                "_cffi_backend"} <= set(boot["NATIVE"])
+        streams: dict[str, bytes] = {}
+        with zipfile.ZipFile(path) as zf:
+            for module, abi3 in boot["NATIVE"].items():
+                base = module.replace(".", "/")
+                for rel in [base + ".abi3.so"] if abi3 else [base + suffix for suffix in sorted(boot["SUFFIXES"])]:
+                    assert rel in unpack["MEMBERS"], (name, rel)  # each (version, platform) pair is there
+                    stream, offset, size, sha256 = unpack["MEMBERS"][rel]
+                    if stream not in streams:
+                        streams[stream] = lzma.decompress(zf.read("_akm_natives/" + stream))
+                    data = streams[stream][offset: offset + size]
+                    assert hashlib.sha256(data).hexdigest() == sha256, (name, rel)
+                    assert data[:4] == MACHINE_CODE[name] and _cpu(data) == CPU[name], (name, rel)
 
 
 def test_small_and_byte_reproducible(akm_bin, tmp_path):
@@ -262,3 +313,89 @@ def test_cache_falls_back_to_private_temp_dir_then_fails_clearly(akm_bin, tmp_pa
     lint = run([sys.executable, str(akm_bin), "workflow", "lint", "w.md"], env, tmp_path)
     assert lint.returncode == 78 and "not a private directory" in lint.stderr, lint.stderr
     assert not list(shared.rglob("*.so"))
+
+
+# ------------------------------------------------------------------ how it is started, what it is
+
+
+def test_runs_by_any_path_to_it(akm_bin, tmp_path):
+    """`./akm`, `dir/../akm`, a symlink, a directory with spaces and non-ASCII: Python then knows the
+    archive by a path that is not normalized (/w/./akm), which must not matter, cold cache or warm."""
+    home = tmp_path / "dïr ü" / "bin"
+    home.mkdir(parents=True)
+    shutil.copy(akm_bin, home / "akm")
+    (tmp_path / "link").symlink_to(home / "akm")
+    shutil.copy(ROOT / "examples" / "hello.md", home / "hello.md")
+    env = clean_env(tmp_path, SHIV_ROOT=str(tmp_path / "cache ü"))
+    for argv in (["./akm"], [sys.executable, "./akm"], ["../bin/akm"], [str(tmp_path / "link")],
+                 [sys.executable, str(home / "." / ".." / "bin" / "akm")]):
+        for args in (["--version"], ["workflow", "lint", "hello.md"]):
+            shutil.rmtree(tmp_path / "cache ü", ignore_errors=True)
+            for start in ("cold", "warm"):
+                proc = run([*argv, *args], env, home)
+                assert proc.returncode == 0 and "Traceback" not in proc.stderr, (argv, args, start, proc.stderr)
+    proc = run(["./akm", "workflow", "run", "hello.md", "--format", "json"], env, home)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["run"]["status"] == "completed"
+
+
+def _damaged(akm_bin: Path, tmp_path: Path, name: str, offset: int) -> Path:
+    data = bytearray(akm_bin.read_bytes())
+    data[offset] ^= 0xFF
+    out = tmp_path / name
+    out.write_bytes(data)
+    out.chmod(0o755)
+    return out
+
+
+def test_a_damaged_file_says_so(akm_bin, tmp_path):
+    """A bit flipped in bundled source or native code, or a file cut short, is named as damage to
+    the file (never error[INTERNAL]), and nothing damaged is cached."""
+    (tmp_path / "w.md").write_text("---\nsteps: []\n---\n")
+    _boot, unpack, index = bundle_facts(akm_bin)
+    with zipfile.ZipFile(akm_bin) as zf:
+        natives = {i.filename: i for i in zf.infolist() if i.filename.startswith("_akm_natives/")}
+    offset, stored = index["akm/api.py"][:2]
+    stream, _off, _size, _sha = unpack["MEMBERS"][f"pydantic_core/_pydantic_core{__import__('_imp').extension_suffixes()[0]}"]
+    info = natives["_akm_natives/" + stream]
+    stream_data = info.header_offset + 30 + len(info.filename) + 100 + info.compress_size // 2
+    for name, at, what in (("source", offset + stored // 2, "akm/api.py "),  # then: does not match its checksum, or cannot be decompressed
+                           ("native", stream_data, "native code for pydantic_core/_pydantic_core")):
+        cache = tmp_path / f"cache-{name}"
+        damaged = _damaged(akm_bin, tmp_path, name, at)
+        proc = run([sys.executable, str(damaged), "workflow", "lint", "w.md"], clean_env(tmp_path, SHIV_ROOT=str(cache)),
+                   tmp_path)
+        assert proc.returncode == 78, proc.stderr
+        assert proc.stderr.startswith(f"error[CORRUPT_BUNDLE]: {damaged} is damaged: {what}"), proc.stderr
+        assert proc.stderr.rstrip().endswith("download or build it again")
+        assert not list(cache.rglob("api.pyc" if name == "source" else "*.so"))  # nothing damaged is cached
+    cut = tmp_path / "cut"
+    cut.write_bytes(akm_bin.read_bytes()[: akm_bin.stat().st_size // 2])
+    proc = run([sys.executable, str(cut), "--version"], clean_env(tmp_path), tmp_path)
+    assert proc.returncode != 0
+    assert "this file is cut short or damaged (it is a zip archive, and its end is missing): download or build it again" \
+        in proc.stderr.splitlines()[1]
+
+
+def test_a_cache_that_takes_no_new_file_falls_back_to_the_next_place(akm_bin, tmp_path):
+    """The user cache exists (e.g. filled by another interpreter) but cannot take this interpreter's
+    native code (read-only, another user's; here its native/ is a file): the private temp dir serves,
+    as it would have without that cache; with nowhere else, the error names both."""
+    (tmp_path / "w.md").write_text("---\nsteps:\n  - id: a\n    unit:\n      exec: { command: [\"true\"] }\n---\n\n## a\n\nx\n")
+    tmp_dir = tmp_path / "tmp"
+    tmp_dir.mkdir()
+    env = clean_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "xdg"), TMPDIR=str(tmp_dir))
+    assert run([sys.executable, str(akm_bin), "--version"], env, tmp_path).returncode == 0  # makes the cache
+    [build_dir] = (tmp_path / "xdg" / "akm").iterdir()
+    (build_dir / "native").write_text("")  # nothing can be unpacked there
+    proc = run([sys.executable, str(akm_bin), "workflow", "lint", "w.md"], env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    suffix = __import__("_imp").extension_suffixes()[0]
+    assert (tmp_dir / f"akm-{os.getuid()}" / build_dir.name / "native" / "pydantic_core" / f"_pydantic_core{suffix}").is_file()
+
+    shutil.rmtree(tmp_dir / f"akm-{os.getuid()}")
+    env["TMPDIR"] = str(tmp_path / "w.md")  # a file: no temp dir either
+    proc = run([sys.executable, str(akm_bin), "workflow", "lint", "w.md"], env, tmp_path)
+    assert proc.returncode == 78 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error[NO_CACHE_DIR]: akm needs a writable directory to unpack its native code")
+    assert str(build_dir / "native") in proc.stderr and str(tmp_path / "w.md") in proc.stderr
