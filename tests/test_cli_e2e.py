@@ -57,6 +57,17 @@ def test_cli_imports_nothing_heavy():
     assert out == "[]"
 
 
+def test_a_run_leaves_no_child_unreaped_at_exit(akm, project):
+    """Python's dev mode warns about a child still running at shutdown (the units' guardian was one)."""
+    import shutil
+
+    shutil.copy(ROOT / "examples" / "hello.md", project / "hello.md")
+    cmd = [PY, "-X", "dev", "-W", "error::ResourceWarning", "-m", "akm", "workflow", "run", "hello.md"]
+    done = subprocess.run(cmd, cwd=project, env=akm.env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "ResourceWarning" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
+
 # ------------------------------------------------------------------ CLI contract
 
 

@@ -114,6 +114,9 @@ def _goodbye() -> None:
             try:
                 _proc.stdin.write(b"bye\n")
                 _proc.stdin.close()
-            except (OSError, ValueError):
+                # It exits at once on `bye`: reap it, so the interpreter does not warn about a child
+                # still running at shutdown. A slow guardian is not worth delaying our exit for.
+                _proc.wait(timeout=0.5)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
                 pass
             _proc = None
