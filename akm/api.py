@@ -360,9 +360,11 @@ def resolve_workflow_file(target: str, cwd: Path) -> tuple[Path, str]:
                          f"limit for a path or ref: {shown(target)}", code="INVALID_PATH")
     candidate = (cwd / target) if not os.path.isabs(target) else Path(target)
     if _is_file(candidate, target):
+        # The real path, not `cwd / target`: a relative target joined to an invocation directory
+        # whose name is not UTF-8 ("<bad>/../wf.md") would carry that name into the plan.
         real = os.path.realpath(candidate)
         require_utf8(real, "the workflow file's path")
-        return candidate, real
+        return Path(real), real
     if target.startswith("workflows/"):
         name = target[len("workflows/"):]
         if name.endswith(".md"):

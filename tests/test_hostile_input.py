@@ -88,6 +88,18 @@ def test_project_directory_with_non_utf8_name(tmp_path, monkeypatch, capsys):
     assert code == 0 and "no errors" in out, err
 
 
+def test_relative_target_from_a_non_utf8_subdirectory_runs(in_project, monkeypatch, capsys):
+    """`../wf.md` from a directory whose name is not UTF-8 names a UTF-8 file: it runs (no INTERNAL)."""
+    (in_project / ".akm").mkdir()  # the project root, above the odd directory
+    odd = in_project / _bad_bytes(b"d\xfe")
+    odd.mkdir()
+    monkeypatch.chdir(odd)
+    code, out, err = cli(capsys, "workflow", "run", "../wf.md", "--who", "x", "--n", "1")
+    assert code == 0 and "completed" in out, err
+    (run,) = api.list_runs(cwd=str(in_project)).runs
+    assert api.run_status(run.run_id).workflow == str((in_project / "wf.md").resolve())
+
+
 def test_api_params_with_lone_surrogates_are_refused(in_project):
     with pytest.raises(AkmError) as info:
         api.run_workflow("wf.md", params={"who": "x\ud800"}, cwd=str(in_project))
