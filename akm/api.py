@@ -299,6 +299,7 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
         for s in runs_store.get_steps(db, run.id):
             ev = _json_or_none(s.evidence_json)
             output = ev.get("output") if isinstance(ev, dict) else None
+            cut = ev.get("truncatedUnits") if isinstance(ev, dict) else None
             status = s.status
             if status == "pending" and lease is not None and s.step_id == run.current_step_id:
                 status = "running"  # a live driver holds the run and works on this step right now
@@ -306,7 +307,8 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
             view.steps.append(StepView(id=s.step_id, status=status, output=output, summary=s.summary,
                                        notes=s.notes, unit_count=tally.units if tally else 0,
                                        attempts=tally.attempts if tally else 0,
-                                       gate_loops=tally.gate_loops if tally else 0))
+                                       gate_loops=tally.gate_loops if tally else 0,
+                                       truncated_units=len(cut) if isinstance(cut, list) else 0))
             if run.status == "completed" and s.status == "completed" and output is not None:
                 view.output, view.output_step_id = output, s.step_id
     if with_units:

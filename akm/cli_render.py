@@ -45,6 +45,14 @@ def _tally(step: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _truncation_note(step: dict[str, Any]) -> str:
+    """A completed step whose output is only a beginning must say so where its output is shown."""
+    n = step.get("truncatedUnits") or 0
+    if not n:
+        return ""
+    return f"; output of {_plural(n, 'unit')} cut at the capture cap (only its beginning was kept)"
+
+
 def run_text(view: dict[str, Any]) -> str:
     lines = [f"run {view['runId']}  {view['status']}  ({view['workflow']})"]
     if view.get("params"):
@@ -69,6 +77,7 @@ def run_text(view: dict[str, Any]) -> str:
             detail = _tally(s)
             if "Failed:" in summary:  # units failed under on_error: continue — say so
                 detail += "; " + summary.splitlines()[0]
+            detail += _truncation_note(s)
         else:
             detail = (summary or notes).splitlines()[0] if (summary or notes) else ""
         lines.append(head + (f"  — {detail}" if detail else ""))
@@ -103,7 +112,9 @@ def run_text(view: dict[str, Any]) -> str:
     if view.get("output") is not None:
         text, clipped = _clip(_value_text(view["output"]), _RESULT_CLIP)
         clipped_any = clipped_any or clipped
-        lines.append(f"result (output of step {view.get('outputStepId')}):")
+        cut = next((s for s in view.get("steps") or [] if s["id"] == view.get("outputStepId")), {})
+        lines.append(f"result (output of step {view.get('outputStepId')}"
+                     f"{'; only its beginning: cut at the capture cap' if cut.get('truncatedUnits') else ''}):")
         lines.extend(f"  {line}" for line in text.splitlines() or [""])
     if clipped_any:
         lines.append(f"(outputs clipped; all of them: akm workflow status {view['runId']} --format json)")

@@ -109,6 +109,7 @@ class StepView(View):
     unit_count: int = 0  # logical units journaled for the step (a retry is not another unit)
     attempts: int = 0  # dispatches: retries, gate loops and re-runs after a crash included
     gate_loops: int = 0  # gate loops run (1 unless the step looped)
+    truncated_units: int = 0  # units whose stdout was cut at the capture cap: the output is only a beginning
 
 
 class UnitView(View):

@@ -54,6 +54,21 @@ def test_truncated_stdout_completes_marked_as_truncated_everywhere(project, caps
     assert "unit dump:solo: completed (output truncated at the capture cap)" in capsys.readouterr().out
 
 
+def test_plain_status_text_says_a_step_output_was_cut(project, capsys):
+    """Without --units the step line and the result header say the output is only a beginning."""
+    wf = write_wf(project, "big.md", f"""
+        steps:
+          - id: dump
+            unit: {{ exec: {{ command: {writer(2 * 1024 * 1024)} }} }}
+        """, "## dump\n\nx")
+    res = run(wf, project)
+    assert [s["truncatedUnits"] for s in res.run.to_json()["steps"]] == [1]
+    assert main(["workflow", "status", res.run.run_id]) == 0
+    out = capsys.readouterr().out
+    assert "completed  dump  — 1 unit; output of 1 unit cut at the capture cap (only its beginning was kept)" in out
+    assert "result (output of step dump; only its beginning: cut at the capture cap):" in out
+
+
 def test_output_under_the_cap_is_not_marked(project):
     wf = write_wf(project, "small.md", f"""
         steps:
