@@ -598,6 +598,8 @@ def test_strict_json_success(tmp_path, stdout, value):
     ('{"a":1} {"b":2}', 'text follows the JSON value at line 1 column 9: "{\\"b\\":2}"'),
     ("{bad}", "invalid JSON at line 1 column 2"),
     ("1e999", "the number 1e999 is out of range"),
+    ('{"x": "1e999",\n "a": [1, 2e999]}', "invalid JSON at line 2 column 11: the number 2e999 is out of range"),
+    ('{"NaN": [1, Infinity]}', "invalid JSON at line 1 column 13: Infinity is not a JSON value"),
     ('{"a": [1,', "the JSON value is cut off"),
 ])
 def test_strict_json_parse_error(tmp_path, stdout, why):

@@ -170,6 +170,36 @@ def test_on_error_continue_gives_null_slots(project):
     assert "on_error: continue" in st["summary"]
 
 
+@pytest.mark.parametrize("shape", ["solo", "map"])
+def test_on_error_continue_with_a_schema_keeps_the_parse_error_as_the_reason(project, shape):
+    """The unit's parse error is the cause; the schema rejecting the null it leaves is the consequence."""
+    unit = f"""on_error: continue
+                output: {{ type: object }}
+                exec: {{ command: {py('print("log line"); print("{}")')} }}"""
+    if shape == "solo":
+        body = f"""
+          - id: each
+            unit:
+                {unit}
+            output: {{ type: object }}"""
+    else:
+        body = f"""
+          - id: each
+            map:
+              over: params.xs
+              unit:
+                {unit}
+            output: {{ type: array, items: {{ type: object }} }}"""
+    wf = write_wf(project, f"cont-{shape}.md", "params:\n  xs: { type: array, default: [1] }\nsteps:" + body,
+                  "## each\n\nx")
+    res = run(wf, project)
+    assert res.run.status == "failed"
+    notes = steps_of(res)["each"]["notes"]
+    assert "(parse_error) (recorded, on_error: continue)" in notes
+    assert "the output does not start with a JSON value: line 1 column 1 reads \"log line\"" in notes
+    assert notes.index("parse_error") < notes.index("expected type object, got null")
+
+
 def test_budget_ceiling_fails_the_step(project):
     wf = write_wf(project, "budget.md", f"""
         budget: {{ max_units: 2 }}

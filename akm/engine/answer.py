@@ -68,6 +68,21 @@ class _Decoder(json.JSONDecoder):
 _DECODER = _Decoder()
 
 
+# A JSON string, or a bare token (number or word): enough to walk a value token by token.
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|-?[A-Za-z0-9_.+]+(?:[eE][-+]?\d+)?')
+
+
+def _token_position(text: str, start: int, exc: ValueError) -> int:
+    """Where the token a decoder hook refused (`1e999`, `NaN`) sits: the first bare token outside
+    strings that spells it, in decoding order (the decoder stops at the first one it refuses)."""
+    message = str(exc)
+    for m in _TOKEN.finditer(text, start):
+        token = m.group()
+        if not token.startswith('"') and (f"the number {token} " in message or message.startswith(f"{token} ")):
+            return m.start()
+    return start
+
+
 def _decode_at(text: str, start: int) -> tuple[Any, int]:
     """raw_decode with our messages; raises AnswerError naming the position."""
     try:
@@ -78,8 +93,8 @@ def _decode_at(text: str, start: int) -> tuple[Any, int]:
                               "before the value is complete") from None
         what = exc.msg[:1].lower() + exc.msg[1:]
         raise AnswerError(f"invalid JSON at {_where(text, exc.pos)}: {what} (near {_excerpt(text, exc.pos)})") from None
-    except ValueError as exc:  # our constant/float hooks
-        raise AnswerError(f"invalid JSON at {_where(text, start)}: {exc}") from None
+    except ValueError as exc:  # our constant/float hooks: they are not told where they are
+        raise AnswerError(f"invalid JSON at {_where(text, _token_position(text, start, exc))}: {exc}") from None
     except RecursionError:
         raise AnswerError("the JSON value is nested too deeply to read") from None
 

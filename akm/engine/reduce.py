@@ -232,10 +232,18 @@ def reduce_step(step: StepPlan, outcomes: list[UnitOutcome], *, is_map: bool, re
         if errors:
             result.ok = False
             result.artifact_schema_failure = True
-            result.summary = (
-                f'Step "{step.step_id}" artifact failed validation against the step\'s declared output schema: '
-                + "; ".join(errors) + "."
-            )
+            if failures:
+                # The units' own failures (a parse error, a non-zero exit) are the cause; the schema
+                # only rejects the null a tolerated failure leaves. Lead with the cause.
+                result.summary = (
+                    f"{summary} With on_error: continue a failed unit leaves null in the artifact, which the "
+                    f"step's declared output schema rejects: " + "; ".join(errors) + "."
+                )
+            else:
+                result.summary = (
+                    f'Step "{step.step_id}" artifact failed validation against the step\'s declared output schema: '
+                    + "; ".join(errors) + "."
+                )
     return result
 
 
