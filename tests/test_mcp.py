@@ -173,18 +173,23 @@ def test_errors_are_tool_errors_with_code_and_exit_status(project):
     assert err(bad_args)["code"] == "INVALID_ARGUMENT" and "max_steps" in err(bad_args)["error"]
 
 
-def test_a_call_returns_at_its_bound_and_the_run_continues(project, monkeypatch):
+def test_a_call_returns_at_its_bound_and_the_run_continues(project, monkeypatch, tmp_path):
     monkeypatch.setenv("AKM_MCP_CALL_BOUND", "1")
+    release = tmp_path / "release"  # unit a runs until the first call has returned: no race with the bound
+    wait = (f"import pathlib, time; end = time.time() + 120\n"
+            f"while not pathlib.Path({str(release)!r}).exists() and time.time() < end: time.sleep(0.05)\n"
+            f"print('a')")
     wf = write_wf(project, "slow.md", f"""
         steps:
           - id: a
-            unit: {{ exec: {{ command: {py('import time; time.sleep(2); print("a")')} }} }}
+            unit: {{ exec: {{ command: {py(wait)} }} }}
           - id: b
             unit: {{ exec: {{ command: {py('print("b")')} }} }}
         """, "## a\n\nA.\n\n## b\n\nB.")
 
     async def script(c):
         first = await c.call_tool("workflow_run", {"target": wf.name})
+        release.write_text("go")
         rid = first.structured_content["run"]["runId"]
         results = [first]
         for _ in range(10):
