@@ -98,6 +98,19 @@ def test_same_params_continue_defaults_included_and_new_forces_a_fresh_run(cli, 
     assert [r["runId"] for r in runs] == [forced["run"]["runId"]]
 
 
+def test_the_same_file_spelled_from_a_subdirectory_continues_without_a_changed_warning(cli, project, monkeypatch):
+    """The plan must not depend on how the path was spelled: `two.md` from the root and `../two.md`
+    from a subdirectory are one unchanged file (main warned "changed since" and named --new)."""
+    (project / ".git").mkdir()
+    wf = _wf(project)
+    first = cli.json("workflow", "run", wf, "--max-steps", "1", check=4)
+    (project / "sub").mkdir()
+    monkeypatch.chdir(project / "sub")
+    proc = cli("workflow", "run", "../" + wf, check=0)
+    assert "changed since" not in proc.stderr, proc.stderr
+    assert first["run"]["runId"] in proc.stdout and "completed" in proc.stdout
+
+
 def test_new_with_a_run_id_is_a_usage_error(cli, project):
     wf = _wf(project)
     run_id = cli.json("workflow", "run", wf, "--max-steps", "1", check=4)["run"]["runId"]
