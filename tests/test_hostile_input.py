@@ -224,3 +224,43 @@ def test_odd_argv_never_reaches_internal_error(in_project, capsys, argv, prefix)
         code = exc.code
     _, err = capsys.readouterr()
     assert code != 70 and "error[INTERNAL]" not in err, (full, err)
+
+
+# ------------------------------------------------------------------ token counts from outside
+
+
+def test_a_huge_reported_token_count_is_a_coded_error_and_records_nothing(in_project, capsys):
+    (in_project / "s.md").write_text("---\nsteps:\n  - id: s\n    output: { type: object }\n---\n\n## s\n\nDo s.\n",
+                                     encoding="utf-8")
+    code, out, err = cli(capsys, "workflow", "run", "s.md", "--format", "json")
+    assert code == 3, err
+    run_id = json.loads(out)["run"]["runId"]
+    for tokens in ("99999999999999999999999", str(10**12 + 1)):
+        code, _, err = cli(capsys, "workflow", "report", run_id, "s:solo", "--status", "completed",
+                           "--result", "{}", "--tokens", tokens)
+        assert code == 2 and "whole number from 0 to 1000000000000" in err and "INTERNAL" not in err, err
+    assert api.run_status(run_id).status == "awaiting_session"  # nothing recorded
+    code, _, err = cli(capsys, "workflow", "report", run_id, "s:solo", "--status", "completed",
+                       "--result", "{}", "--tokens", str(10**12))
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("usage,expected", [
+    ("1e999", 10**12), ("100000000000000000000000000000", 10**12), ("-1", None), ("NaN", None),
+    ('"12"', None), ("true", None), ("17", 17),
+])
+def test_server_usage_figures_are_bounded_not_a_crash(usage, expected):
+    """A server's usage (infinity from `1e999`, a 30-digit integer) must not crash the dispatcher
+    (int(inf) raised OverflowError) nor overflow the journal's 64-bit integers."""
+    from akm.dispatch.harnesses import _int
+    from akm.dispatch.llm import _parse_response
+    from akm.dispatch.types import MAX_TOKENS, DispatchResult
+    from akm.engine.budget import MAX_UNIT_TOKENS
+
+    assert MAX_TOKENS == MAX_UNIT_TOKENS  # a dispatcher's figure and a report's share one bound
+
+    body = ('{"choices": [{"message": {"content": "hi"}}], "usage": {"total_tokens": %s}}' % usage).encode()
+    assert _parse_response("srv", 200, body, None, []).total_tokens == expected
+    value = json.loads(usage)
+    assert _int(value) == expected
+    assert DispatchResult(ok=True, tokens=value).tokens == expected

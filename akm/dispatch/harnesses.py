@@ -31,6 +31,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from akm.dispatch.types import token_count
+
 # Environment every harness needs (beyond the exec allowlist): where its config and
 # caches live, and how the network is reached.
 COMMON_PASSTHROUGH: tuple[str, ...] = (
@@ -159,7 +161,7 @@ def _json_doc(stdout: str) -> dict[str, Any] | None:
 
 
 def _int(v: Any) -> int | None:
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 else None
+    return token_count(v)
 
 
 def _sum(*values: int | None) -> int | None:

@@ -44,6 +44,7 @@ from typing import Any, Mapping, Sequence
 
 from akm.dispatch.base import UnitRequest
 from akm.dispatch.redact import REDACTED, clip, redact_text
+from akm.dispatch.types import token_count
 from akm.dispatch.types import DispatchResult
 
 DEFAULT_TIMEOUT_MS = 600_000
@@ -479,8 +480,7 @@ def _parse_response(where: str, status: int, data: bytes, retry_after: float | N
     usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
 
     def count(key: str) -> int | None:
-        v = usage.get(key)
-        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and v == v else None
+        return token_count(usage.get(key))
 
     return ChatResponse(
         text=redact_text(answer, secrets), status=status,

@@ -2,8 +2,30 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
+
+# The most tokens one unit attempt can count (= akm.engine.budget.MAX_UNIT_TOKENS, the session report bound). Far above any real call, and low enough that a run's
+# hard cap of 10 000 dispatches cannot push the journal's SUM(tokens) past SQLite's 64-bit integers
+# (or JSON's exact integers): 10 000 x 10^12 = 10^16 < 2^53.
+MAX_TOKENS = 10**12
+
+
+def token_count(value: Any) -> int | None:
+    """A usage figure a server, harness or agent reported, as a count the journal can hold.
+
+    Not a number (or NaN, or negative): unknown, None. Above `MAX_TOKENS` (a huge integer,
+    `1e999` read as infinity): `MAX_TOKENS`, so a token budget still trips rather than
+    silently ignoring the figure — and nothing overflows on the way into SQLite.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if value < 0:
+        return None
+    return MAX_TOKENS if value > MAX_TOKENS else int(value)
 
 
 @dataclass
@@ -29,3 +51,8 @@ class DispatchResult:
     tokens: int | None = None
     session_id: str | None = None
     truncated: bool = False
+
+    def __post_init__(self) -> None:
+        # Every dispatcher's usage figure passes here: one bound for the journal and the budget.
+        if self.tokens is not None:
+            self.tokens = token_count(self.tokens)
