@@ -264,3 +264,73 @@ def test_server_usage_figures_are_bounded_not_a_crash(usage, expected):
     value = json.loads(usage)
     assert _int(value) == expected
     assert DispatchResult(ok=True, tokens=value).tokens == expected
+
+
+# ------------------------------------------------------------------ JSON the journal cannot hold
+
+DEEP_WF = """\
+---
+params:
+  m: { type: array }
+steps:
+  - id: a
+    unit:
+      exec:
+        command: ["true"]
+---
+
+## a
+
+x
+"""
+
+
+@pytest.mark.parametrize("value,why", [
+    ("[" * 900 + "]" * 900, "params.m cannot be recorded as JSON: value nests deeper than 64 levels"),
+    ("[" * 65 + "]" * 65, "params.m cannot be recorded as JSON: value nests deeper than 64 levels"),
+    ("[1e999]", "--m must contain valid JSON: the number 1e999 is out of range"),
+])
+def test_param_json_that_cannot_be_recorded_is_invalid_flag_value(in_project, capsys, value, why):
+    (in_project / "deep.md").write_text(DEEP_WF, encoding="utf-8")
+    code, _, err = cli(capsys, "workflow", "run", "deep.md", "--m", value)
+    assert code == 2 and f"error[INVALID_FLAG_VALUE]: {why}" in err, err
+    assert api.list_runs(cwd=str(in_project)).runs == []
+
+
+def test_api_params_that_cannot_be_recorded_are_invalid_params(in_project):
+    (in_project / "deep.md").write_text(DEEP_WF, encoding="utf-8")
+    for bad in ([float("inf")], [float("nan")]):
+        with pytest.raises(AkmError) as info:
+            api.run_workflow("deep.md", params={"m": bad}, cwd=str(in_project))
+        assert (info.value.code, info.value.exit_status) == ("INVALID_PARAMS", 2)
+        assert "params.m cannot be recorded as JSON: non-finite number" in info.value.message
+
+
+def test_a_unit_answer_nesting_deeper_than_the_journal_holds_is_a_parse_error(in_project, capsys):
+    """On main the 900-deep artifact was accepted, and every later `status` of the run was INTERNAL."""
+    deep = "[" * 900 + "]" * 900
+    (in_project / "out.md").write_text(
+        "---\nsteps:\n  - id: a\n    unit:\n      exec:\n        command: "
+        + json.dumps(["python3", "-c", f"print({deep!r})"]) + "\n    output: { type: array }\n---\n\n## a\n\nx\n",
+        encoding="utf-8")
+    code, out, err = cli(capsys, "workflow", "run", "out.md")
+    assert code == 1 and "error[" not in err, err
+    assert "(parse_error)" in out and "nests deeper than 64 levels" in out
+    run_id = api.list_runs(cwd=str(in_project)).runs[0].run_id
+    code, _, err = cli(capsys, "workflow", "status", run_id, "--format", "json")
+    assert code == 0, err
+
+
+def test_a_structured_session_result_that_cannot_be_recorded_is_result_invalid(in_project, capsys):
+    (in_project / "s.md").write_text("---\nsteps:\n  - id: s\n---\n\n## s\n\nDo s.\n", encoding="utf-8")
+    code, out, err = cli(capsys, "workflow", "run", "s.md", "--format", "json")
+    assert code == 3, err
+    run_id = json.loads(out)["run"]["runId"]
+    deep: list = []
+    for _ in range(100):
+        deep = [deep]
+    for bad in (deep, {"x": float("inf")}):
+        with pytest.raises(AkmError) as info:
+            api.report_unit(run_id, "s:solo", status="completed", result=bad, has_result=True, cwd=str(in_project))
+        assert info.value.code == "RESULT_INVALID" and "cannot be recorded as JSON" in info.value.message
+    assert api.run_status(run_id).status == "awaiting_session"

@@ -83,10 +83,28 @@ def _token_position(text: str, start: int, exc: ValueError) -> int:
     return start
 
 
+def _nesting_over(value: Any, limit: int) -> bool:
+    """Does `value` nest deeper than `limit` levels? (Iterative: the value may be ~1000 deep.)"""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth >= limit:
+                return True
+            stack.extend((item, depth + 1) for item in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
 def _decode_at(text: str, start: int) -> tuple[Any, int]:
-    """raw_decode with our messages; raises AnswerError naming the position."""
+    """raw_decode with our messages; raises AnswerError naming the position.
+
+    A value nesting deeper than canonical JSON's `MAX_DEPTH` is refused here, where it enters:
+    accepted, it could never be hashed into a later step's input nor shown by `status`.
+    """
+    from akm.canonical import MAX_DEPTH
+
     try:
-        return _DECODER.raw_decode(text, start)
+        value, stop = _DECODER.raw_decode(text, start)
     except json.JSONDecodeError as exc:
         if exc.pos >= len(text.rstrip(_JS_WHITESPACE)):
             raise AnswerError(f"the JSON value is cut off: the text ends at {_where(text, exc.pos)} "
@@ -97,6 +115,10 @@ def _decode_at(text: str, start: int) -> tuple[Any, int]:
         raise AnswerError(f"invalid JSON at {_where(text, _token_position(text, start, exc))}: {exc}") from None
     except RecursionError:
         raise AnswerError("the JSON value is nested too deeply to read") from None
+    if _nesting_over(value, MAX_DEPTH):
+        raise AnswerError(f"the JSON value starting at {_where(text, start)} nests deeper than {MAX_DEPTH} "
+                          f"levels; akm records at most {MAX_DEPTH}")
+    return value, stop
 
 
 def parse_command_json(stdout: str) -> Any:
@@ -170,4 +192,9 @@ def extract_model_json(answer: str) -> Any:
             f"the answer holds more than one JSON value (at {_where(text, found[0][0])} and "
             f"{_where(text, found[1][0])}); answer with exactly one"
         )
+    from akm.canonical import MAX_DEPTH
+
+    if _nesting_over(found[0][1], MAX_DEPTH):
+        raise AnswerError(f"the JSON value at {_where(text, found[0][0])} nests deeper than {MAX_DEPTH} levels; "
+                          f"akm records at most {MAX_DEPTH}")
     return found[0][1]

@@ -314,6 +314,7 @@ def _prepare_result(state: UnitState, status: str, result: Any, sensitive: list[
                     raise UsageError(f"The result for unit {uid} is not JSON: {redact_text(str(exc), sensitive)}.",
                                      code="RESULT_INVALID") from None
                 value = result
+        _require_recordable(value, uid)
         errors = validate_instance(value, schema)
         if errors and isinstance(result, str) and value is not result and not validate_instance(result, schema):
             value, errors = result, []  # `"42"` for a string schema is the text 42, not the number
@@ -329,6 +330,7 @@ def _prepare_result(state: UnitState, status: str, result: Any, sensitive: list[
     if isinstance(result, str):
         text = redact_text(result, sensitive)
         return json.dumps(text, ensure_ascii=False) if text else None
+    _require_recordable(result, uid)
     return json.dumps(redact_value(result, sensitive), ensure_ascii=False, separators=(",", ":"))
 
 
@@ -336,6 +338,18 @@ def _too_large(uid: str, size: int) -> UsageError:
     return UsageError(f"The result for unit {uid} is too large: a report holds at most {MAX_RESULT_BYTES} bytes "
                       "(16 MiB). Write a large output to a file and report its path instead.",
                       code="RESULT_TOO_LARGE", details={"bytes": size, "maxBytes": MAX_RESULT_BYTES})
+
+
+def _require_recordable(value: Any, uid: str) -> None:
+    """A structured result (MCP callers send JSON values, not text) must be canonical JSON:
+    finite numbers, at most MAX_DEPTH levels — what later steps hash and `status` shows."""
+    from akm.canonical import CanonicalError, normalize
+
+    try:
+        normalize(value)
+    except CanonicalError as exc:
+        raise UsageError(f"The result for unit {uid} cannot be recorded as JSON: {exc}. Nothing was recorded.",
+                         code="RESULT_INVALID") from None
 
 
 def _refuse_unit(cur: _Current, unit_id: str) -> UsageError:

@@ -175,9 +175,21 @@ def _no_constants(const: str) -> Any:
     raise ValueError(f"{const} is not JSON")
 
 
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):
+        raise ValueError(f"the number {literal} is out of range")
+    return value
+
+
+def _loads(text: str) -> Any:
+    """Strict JSON: no NaN/Infinity, no number that reads as infinity (`1e999`)."""
+    return json.loads(text, parse_constant=_no_constants, parse_float=_finite_float)
+
+
 def _parse_json(flag: str, text: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_no_constants)
+        return _loads(text)
     except (ValueError, RecursionError) as exc:
         raise UsageError(
             f"--{flag} must contain valid JSON: {exc}", code=INVALID_FLAG_VALUE
@@ -227,7 +239,7 @@ def _coerce_one(flag: str, raw: str | bool, schema: Any) -> Any:
                 return value
         if t == "array":
             try:
-                value = json.loads(text, parse_constant=_no_constants)
+                value = _loads(text)
             except (ValueError, RecursionError):
                 continue
             if isinstance(value, list):
@@ -308,6 +320,7 @@ def check_params(params: Any, param_schemas: dict[str, dict], *, code: str = "IN
     """
     if not isinstance(params, dict):
         raise UsageError("params must be an object mapping param names to values", code=code)
+    from akm.canonical import CanonicalError, normalize
     from akm.text import require_utf8_value
 
     require_utf8_value(params, "params")
@@ -319,6 +332,14 @@ def check_params(params: Any, param_schemas: dict[str, dict], *, code: str = "IN
             code=UNKNOWN_FLAG if code == INVALID_FLAG_VALUE else code,
             hint=f"declared params: {declared}",
         )
+    for name, value in params.items():
+        # What the journal, the plan hash and every unit's input hash must hold: canonical JSON
+        # (finite numbers, at most MAX_DEPTH levels). Refused here, naming the param, rather
+        # than as an internal error when the run is hashed or stored.
+        try:
+            normalize({name: value})  # as the params object holds it (one level counts)
+        except CanonicalError as exc:
+            raise UsageError(f"params.{name} cannot be recorded as JSON: {exc}", code=code) from None
     params = apply_defaults(params, param_schemas)
     errors = validate_instance(
         params, {"type": "object", "properties": dict(param_schemas)}, root_label="params"
