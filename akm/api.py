@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from akm import paths
 from akm.engine.cancel import Cancellation  # noqa: F401  (an api type: fronts stop runs with it)
 from akm.errors import AkmError, NotFoundError, UsageError
+from akm.text import shown, whole_number
 from akm.views import (  # noqa: F401  (the read paths' typed results, re-exported)
     EventPage,
     EventView,
@@ -149,7 +150,10 @@ def _duration_ms(value: str | int) -> int:
                 break
         if not raw.isdigit() or not raw.isascii():
             raise ValueError(f"timeout {value!r}: expected a duration like 500ms, 30s or 5m")
-        ms = int(raw) * scale
+        number = whole_number(raw)
+        if number is None:
+            raise ValueError(f"timeout {shown(str(value))} is too long: at most {MAX_TIMEOUT_MS} ms (about 24 days)")
+        ms = number * scale
     if ms <= 0:
         raise ValueError(f"timeout {value!r}: a duration must be longer than zero")
     if ms > MAX_TIMEOUT_MS:
@@ -162,10 +166,10 @@ def _whole_number(value: Any, name: str, minimum: int, maximum: int | None = Non
     span = f"from {minimum} to {maximum}" if maximum is not None else f"≥ {minimum}"
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
-    elif isinstance(value, str) and value.strip().isdigit() and value.strip().isascii():
-        number = int(value.strip())
+    elif isinstance(value, str) and value.strip().isdigit() and whole_number(value) is not None:
+        number = whole_number(value)
     else:
-        raise ValueError(f"{name} {value!r}: expected a whole number {span}")
+        raise ValueError(f"{name} {shown(str(value))}: expected a whole number {span}")
     if number < minimum or (maximum is not None and number > maximum):
         raise ValueError(f"{name} {value!r}: expected a whole number {span}")
     return number
@@ -754,10 +758,10 @@ def events(request: EventsRequest | None = None, /, *, run_id: str | None = None
     if since is not None:
         if since.startswith("@offset:"):
             raw = since[len("@offset:"):]
-            if not raw.isdigit() or not raw.isascii() or int(raw) > 2**63 - 1:
-                raise UsageError(f"since {since!r}: the offset must be a whole number (a previous nextOffset).",
+            if not raw.isdigit() or (whole_number(raw) or 2**63) > 2**63 - 1:
+                raise UsageError(f"since {shown(since)}: the offset must be a whole number (a previous nextOffset).",
                                  code=INVALID_ARGUMENT, details={"argument": "since"})
-            offset = int(raw)
+            offset = int(raw)  # at most 19 digits here
         else:
             since_ts = _iso_timestamp(since)
     with _open_db() as db:

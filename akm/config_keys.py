@@ -20,6 +20,7 @@ from typing import Any
 
 from akm.config import AGENT_PLATFORMS, engine_env_key_name, env_ref_name
 from akm.errors import UsageError
+from akm.text import MAX_WHOLE_DIGITS, shown, whole_number
 
 # Leaf kinds: "string", "number", "integer", "boolean", "timeout" (ms or null),
 # "secret" (${NAME} only), "object", "array", ("enum", choices), ("record", value kind).
@@ -59,13 +60,13 @@ _DURATION = re.compile(r"^(\d+)(ms|s|m|h)?$")
 def split_key(key: str) -> list[str]:
     parts = key.split(".")
     if not key or any(not p for p in parts):
-        raise UsageError(f"Config key {key!r} is malformed: write dotted names like engines.fast.model.",
+        raise UsageError(f"Config key {shown(key)} is malformed: write dotted names like engines.fast.model.",
                          code="INVALID_FLAG_VALUE")
     return parts
 
 
 def _unknown(key: str) -> UsageError:
-    return UsageError(f"Unknown config key {key!r}.", code="INVALID_FLAG_VALUE",
+    return UsageError(f"Unknown config key {shown(key)}.", code="INVALID_FLAG_VALUE",
                       hint=f"Top-level keys: {', '.join(sorted(SCHEMA))}. Engine keys: "
                            f"{', '.join(sorted(_ENGINE_FIELDS))}.")
 
@@ -103,8 +104,8 @@ def get_value(data: dict[str, Any], key: str) -> Any:
 def _parse_json(key: str, raw: str, want: type, what: str) -> Any:
     try:
         value = json.loads(raw)
-    except ValueError:
-        raise UsageError(f"{key}: expected {what} as JSON, got {raw!r}.", code="INVALID_FLAG_VALUE") from None
+    except (ValueError, RecursionError):  # not JSON, nested too deep, or a number of > 4300 digits
+        raise UsageError(f"{key}: expected {what} as JSON, got {shown(raw)}.", code="INVALID_FLAG_VALUE") from None
     if not isinstance(value, want):
         raise UsageError(f"{key}: expected {what}, got {type(value).__name__}.", code="INVALID_FLAG_VALUE")
     return value
@@ -140,7 +141,7 @@ def coerce(key: str, raw: str) -> tuple[Any, bool]:
     engine_name = parts[1] if parts[0] == "engines" and len(parts) >= 2 else None
     if isinstance(kind, tuple) and kind[0] == "enum":
         if raw not in kind[1]:
-            raise UsageError(f"{key}: expected one of {', '.join(kind[1])}, got {raw!r}.", code="INVALID_FLAG_VALUE")
+            raise UsageError(f"{key}: expected one of {', '.join(kind[1])}, got {shown(raw)}.", code="INVALID_FLAG_VALUE")
         return raw, False
     if isinstance(kind, tuple) or kind in ("object", "array"):
         if raw.strip() in ("", "null"):
@@ -160,19 +161,21 @@ def coerce(key: str, raw: str) -> tuple[Any, bool]:
         return raw, False
     if kind == "boolean":
         if raw not in ("true", "false"):
-            raise UsageError(f"{key}: expected true or false, got {raw!r}.", code="INVALID_FLAG_VALUE")
+            raise UsageError(f"{key}: expected true or false, got {shown(raw)}.", code="INVALID_FLAG_VALUE")
         return raw == "true", False
     if kind == "integer":
-        if not re.fullmatch(r"-?\d+", raw.strip()):
-            raise UsageError(f"{key}: expected a whole number, got {raw!r}.", code="INVALID_FLAG_VALUE")
-        return int(raw), False
+        number = whole_number(raw) if re.fullmatch(r"-?\d+", raw.strip()) else None
+        if number is None:
+            raise UsageError(f"{key}: expected a whole number (at most {MAX_WHOLE_DIGITS} digits), got {shown(raw)}.",
+                             code="INVALID_FLAG_VALUE")
+        return number, False
     if kind == "number":
         try:
             value = float(raw)
         except ValueError:
             value = math.nan
         if not math.isfinite(value):
-            raise UsageError(f"{key}: expected a number, got {raw!r}.", code="INVALID_FLAG_VALUE")
+            raise UsageError(f"{key}: expected a number, got {shown(raw)}.", code="INVALID_FLAG_VALUE")
         return (int(value) if value.is_integer() and re.fullmatch(r"-?\d+", raw.strip()) else value), False
     if kind == "timeout":
         text = raw.strip().lower()
@@ -181,8 +184,8 @@ def coerce(key: str, raw: str) -> tuple[Any, bool]:
         if text == "":
             return None, True
         m = _DURATION.match(text)
-        if not m or int(m.group(1)) == 0:
-            raise UsageError(f"{key}: expected milliseconds, a duration like 90s / 10m / 1h, or none; got {raw!r}.",
+        if not m or not whole_number(m.group(1)):
+            raise UsageError(f"{key}: expected milliseconds, a duration like 90s / 10m / 1h, or none; got {shown(raw)}.",
                              code="INVALID_FLAG_VALUE")
         factor = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}[m.group(2)]
         return int(m.group(1)) * factor, False

@@ -71,3 +71,18 @@ def shown(text: str, limit: int = SHOWN_LIMIT) -> str:
     """`text` quoted for a message: clipped to `limit` characters, bad characters escaped."""
     clipped = text if len(text) <= limit else text[:limit] + f"… ({len(text)} characters)"
     return '"' + clipped.encode("utf-8", "backslashreplace").decode("utf-8") + '"'
+
+
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+# More digits than any count, offset or duration akm takes (2^63 has 19). Checked before int(),
+# which refuses over 4300 digits with a ValueError whose advice is for programmers.
+MAX_WHOLE_DIGITS = 40
+
+
+def whole_number(text: str) -> int | None:
+    """`text` — an optional sign and ASCII digits — as an int; None when it is not one, or is too
+    long to be any number akm accepts (callers then report their own range)."""
+    text = text.strip()
+    if not _WHOLE.fullmatch(text) or len(text.lstrip("+-").lstrip("0")) > MAX_WHOLE_DIGITS:
+        return None
+    return int(text)

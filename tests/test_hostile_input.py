@@ -334,3 +334,34 @@ def test_a_structured_session_result_that_cannot_be_recorded_is_result_invalid(i
             api.report_unit(run_id, "s:solo", status="completed", result=bad, has_result=True, cwd=str(in_project))
         assert info.value.code == "RESULT_INVALID" and "cannot be recorded as JSON" in info.value.message
     assert api.run_status(run_id).status == "awaiting_session"
+
+
+# ------------------------------------------------------------------ numbers of thousands of digits
+
+BIG = "9" * 5000  # int() refuses > 4300 digits with a ValueError (advice for programmers, not users)
+
+
+@pytest.mark.parametrize("argv,why", [
+    (("config", "set", "workflow.maxConcurrency", BIG), "workflow.maxConcurrency: expected a whole number"),
+    (("config", "set", "engines.x", "[" * 60000 + "]" * 60000), "engines.x: expected an object as JSON"),
+    (("log", "--since", "@offset:" + BIG), "the offset must be a whole number"),
+    (("workflow", "run", "wf.md", "--max-steps", BIG), "max_steps \"99"),
+    (("workflow", "run", "wf.md", "--timeout", BIG + "s"), "is too long"),
+    (("workflow", "report", "00000000-0000-4000-8000-000000000000", "u", "--status", "completed",
+      "--tokens", BIG), "--tokens"),
+])
+def test_numbers_of_thousands_of_digits_are_coded_errors(in_project, capsys, argv, why):
+    code, _, err = cli(capsys, *argv)
+    assert code == 2 and why in err and "INTERNAL" not in err and "set_int_max_str_digits" not in err, err
+    assert len(err) < 1000  # the number is clipped in the message
+
+
+def test_a_json_number_of_thousands_of_digits_is_named_not_a_python_limit(in_project, capsys):
+    from akm.engine.answer import AnswerError, parse_command_json
+
+    (in_project / "deep.md").write_text(DEEP_WF, encoding="utf-8")
+    code, _, err = cli(capsys, "workflow", "run", "deep.md", "--m", f"[{BIG}]")
+    assert code == 2 and "--m must contain valid JSON: a number of 5000 digits is out of range" in err, err
+    with pytest.raises(AnswerError) as info:
+        parse_command_json(f"[1, {BIG}]")
+    assert str(info.value) == "invalid JSON at line 1 column 5: the number 999999999999… has 5000 digits, too many to read"

@@ -51,7 +51,13 @@ class _Decoder(json.JSONDecoder):
     """Standard JSON, minus the JavaScript constants and numbers no JSON document can hold."""
 
     def __init__(self) -> None:
-        super().__init__(parse_constant=self._constant, parse_float=self._float)
+        super().__init__(parse_constant=self._constant, parse_float=self._float, parse_int=self._int)
+
+    @staticmethod
+    def _int(literal: str) -> int:
+        if len(literal) > 4000:  # int() refuses > 4300 digits, with advice meant for programmers
+            raise ValueError(f"the number {literal[:12]}… has {len(literal)} digits, too many to read")
+        return int(literal)
 
     @staticmethod
     def _constant(name: str) -> Any:
@@ -78,7 +84,8 @@ def _token_position(text: str, start: int, exc: ValueError) -> int:
     message = str(exc)
     for m in _TOKEN.finditer(text, start):
         token = m.group()
-        if not token.startswith('"') and (f"the number {token} " in message or message.startswith(f"{token} ")):
+        if not token.startswith('"') and (f"the number {token} " in message or message.startswith(f"{token} ")
+                                          or f"the number {token[:12]}… has {len(token)} digits" in message):
             return m.start()
     return start
 

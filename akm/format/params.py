@@ -182,9 +182,15 @@ def _finite_float(literal: str) -> float:
     return value
 
 
+def _whole_literal(literal: str) -> int:
+    if len(literal) > 4000:  # int() refuses > 4300 digits, with advice meant for programmers
+        raise ValueError(f"a number of {len(literal)} digits is out of range")
+    return int(literal)
+
+
 def _loads(text: str) -> Any:
-    """Strict JSON: no NaN/Infinity, no number that reads as infinity (`1e999`)."""
-    return json.loads(text, parse_constant=_no_constants, parse_float=_finite_float)
+    """Strict JSON: no NaN/Infinity, no number that reads as infinity (`1e999`) or has thousands of digits."""
+    return json.loads(text, parse_constant=_no_constants, parse_float=_finite_float, parse_int=_whole_literal)
 
 
 def _parse_json(flag: str, text: str) -> Any:
