@@ -152,13 +152,18 @@ def _duration_ms(value: str | int) -> int:
             raise ValueError(f"timeout {value!r}: expected a duration like 500ms, 30s or 5m")
         number = whole_number(raw)
         if number is None:
-            raise ValueError(f"timeout {shown(str(value))} is too long: at most {MAX_TIMEOUT_MS} ms (about 24 days)")
+            raise ValueError(f"timeout {_quoted(value)} is too long: at most {MAX_TIMEOUT_MS} ms (about 24 days)")
         ms = number * scale
     if ms <= 0:
         raise ValueError(f"timeout {value!r}: a duration must be longer than zero")
     if ms > MAX_TIMEOUT_MS:
         raise ValueError(f"timeout {value!r} is too long: at most {MAX_TIMEOUT_MS} ms (about 24 days)")
     return ms
+
+
+def _quoted(value: Any) -> str:
+    """A value as messages have always quoted it (repr), clipped by `shown` when it is long."""
+    return repr(value) if len(str(value)) <= 120 else shown(str(value))
 
 
 def _whole_number(value: Any, name: str, minimum: int, maximum: int | None = None) -> int:
@@ -169,7 +174,7 @@ def _whole_number(value: Any, name: str, minimum: int, maximum: int | None = Non
     elif isinstance(value, str) and value.strip().isdigit() and whole_number(value) is not None:
         number = whole_number(value)
     else:
-        raise ValueError(f"{name} {shown(str(value))}: expected a whole number {span}")
+        raise ValueError(f"{name} {_quoted(value)}: expected a whole number {span}")
     if number < minimum or (maximum is not None and number > maximum):
         raise ValueError(f"{name} {value!r}: expected a whole number {span}")
     return number
@@ -759,7 +764,7 @@ def events(request: EventsRequest | None = None, /, *, run_id: str | None = None
         if since.startswith("@offset:"):
             raw = since[len("@offset:"):]
             if not raw.isdigit() or (whole_number(raw) or 2**63) > 2**63 - 1:
-                raise UsageError(f"since {shown(since)}: the offset must be a whole number (a previous nextOffset).",
+                raise UsageError(f"since {_quoted(since)}: the offset must be a whole number (a previous nextOffset).",
                                  code=INVALID_ARGUMENT, details={"argument": "since"})
             offset = int(raw)  # at most 19 digits here
         else:
