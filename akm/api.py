@@ -763,10 +763,11 @@ def events(request: EventsRequest | None = None, /, *, run_id: str | None = None
     if since is not None:
         if since.startswith("@offset:"):
             raw = since[len("@offset:"):]
-            if not raw.isdigit() or (whole_number(raw) or 2**63) > 2**63 - 1:
+            number = whole_number(raw) if raw.isdigit() else None
+            if number is None or number > 2**63 - 1:
                 raise UsageError(f"since {_quoted(since)}: the offset must be a whole number (a previous nextOffset).",
                                  code=INVALID_ARGUMENT, details={"argument": "since"})
-            offset = int(raw)  # at most 19 digits here
+            offset = number
         else:
             since_ts = _iso_timestamp(since)
     with _open_db() as db:

@@ -110,10 +110,13 @@ def test_an_abandoned_run_cannot_be_resumed_or_driven(project, tmp_path):
     view = api.abandon(run_id)
     assert view.status == "abandoned"
     assert [(s.id, s.status) for s in view.steps] == [("a", "completed"), ("b", "failed")]
-    for attempt in (lambda: api.resume(run_id), lambda: run(run_id, project), lambda: api.abandon(run_id)):
+    for attempt, code in ((lambda: api.resume(run_id), "RUN_ABANDONED"), (lambda: run(run_id, project), "RUN_ABANDONED"),
+                          (lambda: api.abandon(run_id), "RUN_ALREADY_FINISHED")):
         with pytest.raises(UsageError) as info:
             attempt()
-        assert info.value.code in ("RUN_ABANDONED", "RUN_ALREADY_FINISHED")
+        assert info.value.code == code
+    brief = api.next_brief(run_id)
+    assert brief.kind == "inactive" and brief.message.endswith("it takes no reports; abandoning is final.")
     with pytest.raises(UsageError) as info:
         api.resume(run_id)
     assert info.value.code == "RUN_ABANDONED"

@@ -365,3 +365,9 @@ def test_a_json_number_of_thousands_of_digits_is_named_not_a_python_limit(in_pro
     with pytest.raises(AnswerError) as info:
         parse_command_json(f"[1, {BIG}]")
     assert str(info.value) == "invalid JSON at line 1 column 5: the number 999999999999… has 5000 digits, too many to read"
+
+
+def test_offset_zero_and_small_offsets_still_read(in_project, capsys):
+    for since in ("@offset:0", "@offset:00", "@offset:1"):
+        code, _, err = cli(capsys, "log", "--since", since)
+        assert code == 0, (since, err)

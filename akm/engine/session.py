@@ -218,7 +218,9 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
         out.update(kind="done", message=f"Run {run_id} is completed; no work remains.")
         return out
     if run.status not in DRIVABLE_STATUSES:
-        out.update(kind="inactive", message=f"Run {run_id} is {run.status}; it takes no reports until resumed.")
+        final = run.status == "abandoned"  # abandoning is final: there is no resuming to wait for
+        out.update(kind="inactive", message=f"Run {run_id} is {run.status}; it takes no reports"
+                                            + ("; abandoning is final." if final else " until resumed."))
         return out
     lease = runs_store.read_lease(db, run_id)
     if lease is not None and not lease.holder.startswith(units_store.REPORT_LOCK_PREFIX):
