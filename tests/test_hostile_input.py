@@ -315,7 +315,7 @@ def test_a_unit_answer_nesting_deeper_than_the_journal_holds_is_a_parse_error(in
         encoding="utf-8")
     code, out, err = cli(capsys, "workflow", "run", "out.md")
     assert code == 1 and "error[" not in err, err
-    assert "(parse_error)" in out and "nests deeper than 64 levels" in out
+    assert "(parse_error)" in out and "nests deeper than 200 levels" in out
     run_id = api.list_runs(cwd=str(in_project)).runs[0].run_id
     code, _, err = cli(capsys, "workflow", "status", run_id, "--format", "json")
     assert code == 0, err
@@ -327,7 +327,7 @@ def test_a_structured_session_result_that_cannot_be_recorded_is_result_invalid(i
     assert code == 3, err
     run_id = json.loads(out)["run"]["runId"]
     deep: list = []
-    for _ in range(100):
+    for _ in range(300):
         deep = [deep]
     for bad in (deep, {"x": float("inf")}):
         with pytest.raises(AkmError) as info:

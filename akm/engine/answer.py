@@ -90,6 +90,26 @@ def _token_position(text: str, start: int, exc: ValueError) -> int:
     return start
 
 
+# The deepest answer akm takes. Deeper values (json reads ~1000 levels) break the recursive
+# readers downstream — `status` rendering, redaction — as internal errors. A value deeper than
+# canonical JSON's 64 levels is still taken, but a later step cannot hash it as an input and fails.
+MAX_ANSWER_DEPTH = 200
+
+
+def recordable_problem(value: Any) -> str | None:
+    """Why a structured value (an MCP caller's result) cannot be recorded, or None."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            return "it holds a non-finite number"
+        if isinstance(v, (dict, list)):
+            if depth >= MAX_ANSWER_DEPTH:
+                return f"it nests deeper than {MAX_ANSWER_DEPTH} levels"
+            stack.extend((item, depth + 1) for item in (v.values() if isinstance(v, dict) else v))
+    return None
+
+
 def _nesting_over(value: Any, limit: int) -> bool:
     """Does `value` nest deeper than `limit` levels? (Iterative: the value may be ~1000 deep.)"""
     stack = [(value, 0)]
@@ -105,11 +125,9 @@ def _nesting_over(value: Any, limit: int) -> bool:
 def _decode_at(text: str, start: int) -> tuple[Any, int]:
     """raw_decode with our messages; raises AnswerError naming the position.
 
-    A value nesting deeper than canonical JSON's `MAX_DEPTH` is refused here, where it enters:
-    accepted, it could never be hashed into a later step's input nor shown by `status`.
+    A value nesting deeper than `MAX_ANSWER_DEPTH` is refused here, where it enters: accepted,
+    `status` could not show it.
     """
-    from akm.canonical import MAX_DEPTH
-
     try:
         value, stop = _DECODER.raw_decode(text, start)
     except json.JSONDecodeError as exc:
@@ -122,9 +140,9 @@ def _decode_at(text: str, start: int) -> tuple[Any, int]:
         raise AnswerError(f"invalid JSON at {_where(text, _token_position(text, start, exc))}: {exc}") from None
     except RecursionError:
         raise AnswerError("the JSON value is nested too deeply to read") from None
-    if _nesting_over(value, MAX_DEPTH):
-        raise AnswerError(f"the JSON value starting at {_where(text, start)} nests deeper than {MAX_DEPTH} "
-                          f"levels; akm records at most {MAX_DEPTH}")
+    if _nesting_over(value, MAX_ANSWER_DEPTH):
+        raise AnswerError(f"the JSON value starting at {_where(text, start)} nests deeper than {MAX_ANSWER_DEPTH} "
+                          f"levels; akm records at most {MAX_ANSWER_DEPTH}")
     return value, stop
 
 
@@ -199,9 +217,7 @@ def extract_model_json(answer: str) -> Any:
             f"the answer holds more than one JSON value (at {_where(text, found[0][0])} and "
             f"{_where(text, found[1][0])}); answer with exactly one"
         )
-    from akm.canonical import MAX_DEPTH
-
-    if _nesting_over(found[0][1], MAX_DEPTH):
-        raise AnswerError(f"the JSON value at {_where(text, found[0][0])} nests deeper than {MAX_DEPTH} levels; "
-                          f"akm records at most {MAX_DEPTH}")
+    if _nesting_over(found[0][1], MAX_ANSWER_DEPTH):
+        raise AnswerError(f"the JSON value at {_where(text, found[0][0])} nests deeper than {MAX_ANSWER_DEPTH} "
+                          f"levels; akm records at most {MAX_ANSWER_DEPTH}")
     return found[0][1]

@@ -343,15 +343,14 @@ def _too_large(uid: str, size: int) -> UsageError:
 
 
 def _require_recordable(value: Any, uid: str) -> None:
-    """A structured result (MCP callers send JSON values, not text) must be canonical JSON:
-    finite numbers, at most MAX_DEPTH levels — what later steps hash and `status` shows."""
-    from akm.canonical import CanonicalError, normalize
+    """A structured result (MCP callers send JSON values, not text) is held to what a text answer
+    is: finite numbers, at most MAX_ANSWER_DEPTH levels (what `status` can show)."""
+    from akm.engine.answer import recordable_problem
 
-    try:
-        normalize(value)
-    except CanonicalError as exc:
-        raise UsageError(f"The result for unit {uid} cannot be recorded as JSON: {exc}. Nothing was recorded.",
-                         code="RESULT_INVALID") from None
+    problem = recordable_problem(value)
+    if problem is not None:
+        raise UsageError(f"The result for unit {uid} cannot be recorded as JSON: {problem}. Nothing was recorded.",
+                         code="RESULT_INVALID")
 
 
 def _refuse_unit(cur: _Current, unit_id: str) -> UsageError:
