@@ -12,6 +12,11 @@ markers in the prompt:
   FAKE:error             the harness reports a failure in its output but exits 0
   FAKE:background        leave a child holding stdout open after exiting
   FAKE:noise             print plain text instead of the structured format
+  FAKE:verbose           claude: the JSON array verbose mode prints instead of one result object
+  FAKE:legacy            codex: the 0.4x event shape (items tagged `item_type`, `assistant_message`)
+
+Like the real `opencode run` (yargs in strict mode), the fake opencode refuses
+an option it does not know, with exit 1 and nothing on stdout.
 
 Without a marker the answer is `{"ok": true}` when the prompt asks for JSON,
 else `done`.
@@ -75,8 +80,19 @@ def _marker(prompt: str, name: str) -> str | None:
     return m.group(1) if m.group(1) is not None else ""
 
 
+# The options `opencode run` accepts (packages/opencode/src/cli/cmd/run.ts); anything else is refused.
+OPENCODE_RUN_OPTIONS = {"--model", "-m", "--format", "--agent", "--continue", "-c", "--session", "-s", "--share",
+                        "--command", "--file", "-f", "--title", "--attach", "--port", "--print-logs", "--log-level"}
+
+
 def main(platform: str) -> None:
     argv = sys.argv[1:]
+    if platform == "opencode":
+        head = argv[:argv.index("--")] if "--" in argv else argv
+        unknown = [a for a in head if a.startswith("-") and a.split("=", 1)[0] not in OPENCODE_RUN_OPTIONS]
+        if unknown:
+            sys.stderr.write(f"Unknown argument: {unknown[0].lstrip('-')}\n")
+            sys.exit(1)
     stdin = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
     prompt = _prompt(platform, argv, stdin)
     here = os.path.dirname(os.path.abspath(sys.argv[0]))
@@ -100,6 +116,10 @@ def main(platform: str) -> None:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # inherits stdout
     if _marker(prompt, "noise") is not None:
         print(f"some plain text\n{answer}")
+    elif platform == "claude" and _marker(prompt, "verbose") is not None:
+        print(_claude_verbose(answer, failed))
+    elif platform == "codex" and _marker(prompt, "legacy") is not None:
+        print(_codex_legacy(answer))
     else:
         print(SHAPES[platform](answer, failed))
     sys.stdout.flush()
@@ -121,6 +141,35 @@ def _claude(answer: str, failed: bool) -> str:
         "usage": {"input_tokens": 11, "cache_creation_input_tokens": 200, "cache_read_input_tokens": 3000,
                   "output_tokens": 7, "server_tool_use": {"web_search_requests": 0}, "service_tier": "standard"},
         "permission_denials": [], "uuid": "5d1c0f7e-2f4b-4f0e-9a0a-0c7e0e1e2f3a"})
+
+
+def _claude_verbose(answer: str, failed: bool) -> str:
+    """`claude -p --output-format json` with verbose mode on: every session message, the result last."""
+    sid = "0b6e2f4e-claude-session"
+    return json.dumps([
+        {"type": "system", "subtype": "init", "cwd": "/w", "session_id": sid, "tools": ["Bash", "Read"],
+         "model": "claude-sonnet-4-6", "permissionMode": "default"},
+        {"type": "assistant", "session_id": sid,
+         "message": {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-6",
+                     "content": [{"type": "text", "text": answer}], "stop_reason": None,
+                     "usage": {"input_tokens": 11, "output_tokens": 7}}},
+        json.loads(_claude(answer, failed)),
+    ])
+
+
+def _codex_legacy(answer: str) -> str:
+    """`codex exec --json` of the 0.4x releases: items tagged `item_type`, the answer an `assistant_message`."""
+    return _jsonl([
+        {"type": "thread.started", "thread_id": "0199a213-81c0-7800-8aa1-bbab2a035a53"},
+        {"type": "turn.started"},
+        {"type": "item.completed", "item": {"id": "item_0", "item_type": "reasoning", "text": "**Reading**"}},
+        {"type": "item.completed", "item": {"id": "item_1", "item_type": "command_execution",
+                                            "command": "bash -lc 'cat note.txt'", "aggregated_output": "PING\n",
+                                            "exit_code": 0, "status": "completed"}},
+        {"type": "item.completed", "item": {"id": "item_2", "item_type": "assistant_message", "text": answer}},
+        {"type": "turn.completed", "usage": {"input_tokens": 24763, "cached_input_tokens": 24448,
+                                             "output_tokens": 122}},
+    ])
 
 
 def _codex(answer: str, failed: bool) -> str:

@@ -75,6 +75,34 @@ def test_a_failure_reported_in_the_output_fails_the_unit(bin_dir, platform):
     assert res.session_id == EXPECTED[platform][0]
 
 
+def test_claude_in_verbose_mode_prints_an_array_whose_last_result_is_read(bin_dir):
+    """With verbose mode on (`--verbose`, or `viewMode: verbose` in ~/.claude/settings.json) claude's
+    `--output-format json` is a JSON array of every session message, the result object last."""
+    res = run(req(bin_dir, "claude", "FAKE:verbose\nFAKE:answer=from the array"))
+    assert res.ok, res.error
+    assert (res.text, res.session_id, res.tokens) == ("from the array", "0b6e2f4e-claude-session", 18)
+    failed = run(req(bin_dir, "claude", "FAKE:verbose\nFAKE:error"))
+    assert not failed.ok and failed.failure_reason == "agent_error"
+
+
+def test_codex_0_4x_item_type_events_are_read(bin_dir):
+    res = run(req(bin_dir, "codex", "FAKE:legacy\nFAKE:answer=legacy answer"))
+    assert res.ok, res.error
+    assert (res.text, res.session_id, res.tokens) == ("legacy answer", "0199a213-81c0-7800-8aa1-bbab2a035a53",
+                                                      24885)
+
+
+def test_opencode_gets_the_system_prompt_in_its_message(bin_dir):
+    """`opencode run` has no system-prompt option and refuses unknown ones: an agent judge on opencode
+    (judges always carry a system prompt) must still run."""
+    res = run(req(bin_dir, "opencode", "FAKE:answer=judged", system_prompt="You are a strict auditor."))
+    assert res.ok, res.error
+    assert res.text == "judged"
+    [call] = fake_harness.calls(str(bin_dir))
+    assert "--system-prompt" not in call["argv"]
+    assert call["prompt"] == "You are a strict auditor.\n\nFAKE:answer=judged"
+
+
 def test_plain_text_from_a_structured_harness_is_still_an_answer(bin_dir):
     res = run(req(bin_dir, "claude", "FAKE:noise\nFAKE:answer=x"))
     assert res.ok and res.text == "some plain text\nx" and res.session_id is None

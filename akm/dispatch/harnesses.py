@@ -12,7 +12,7 @@ Output modes were chosen so each harness tells us its session id and usage:
 |-----------|--------------------------------------------------------|---------------------------------------|
 | claude    | `claude -p --output-format json -- P`                  | one JSON result object                |
 | codex     | `codex exec --json --sandbox workspace-write -- P`     | JSONL thread events                   |
-| opencode  | `opencode run --format json -- P`                      | JSONL part events                     |
+| opencode  | `opencode run --format json -- [S\n\n]P`                | JSONL part events                     |
 | gemini    | `gemini --output-format json -p P`                     | one JSON object (`response`, `stats`) |
 | copilot   | `copilot -p P --allow-all-tools --output-format json`  | JSONL session events                  |
 | pi        | `pi --print --mode json P`                             | JSONL agent events                    |
@@ -200,8 +200,27 @@ def _build_claude(call: Call) -> Built:
     return Built(argv, stdin=call.prompt)  # `claude -p` reads the prompt from stdin
 
 
-def _extract_claude(stdout: str) -> Extracted:
+def _claude_result(stdout: str) -> dict[str, Any] | None:
+    """The result object of `--output-format json`: one object, or — when verbose mode is on (the
+    `--verbose` flag, or `viewMode: verbose` in the user's claude settings) — the last `type: result`
+    element of the JSON array of every session message claude prints instead."""
     doc = _json_doc(stdout)
+    if doc is not None:
+        return doc
+    text = stdout.strip()
+    if not text.startswith("["):
+        return None
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(items, list):
+        return None
+    return next((m for m in reversed(items) if isinstance(m, dict) and m.get("type") == "result"), None)
+
+
+def _extract_claude(stdout: str) -> Extracted:
+    doc = _claude_result(stdout)
     if doc is None or not (doc.get("type") == "result" or ("result" in doc and doc.get("session_id"))):
         return Extracted(stdout.strip(), parsed=False)
     usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
@@ -247,7 +266,8 @@ def _extract_codex(stdout: str) -> Extracted:
             session = session or str(ev["thread_id"])
         elif kind == "item.completed" and isinstance(ev.get("item"), dict):
             item = ev["item"]
-            if item.get("type") in ("agent_message", "assistant_message") and isinstance(item.get("text"), str):
+            item_kind = item.get("type") or item.get("item_type")  # codex 0.4x tagged items `item_type`
+            if item_kind in ("agent_message", "assistant_message") and isinstance(item.get("text"), str):
                 text = item["text"]
         elif kind == "turn.completed":
             error = None  # a later completed turn supersedes an earlier stream error
@@ -308,15 +328,14 @@ def _build_opencode(call: Call) -> Built:
         if prefix and "/" not in model:
             model = f"{prefix}/{model}"
     argv = [call.bin, *args]
-    if call.system_prompt:
-        argv += ["--system-prompt", call.system_prompt]
     if model:
         argv += ["--model", model]
     if "--format" not in args:
         argv += ["--format", "json"]
-    if not _fits_argv(call.prompt):
-        raise _too_long("opencode", call.prompt)
-    return Built(argv + ["--", call.prompt], env=env)
+    payload = _payload(call)  # `opencode run` has no system-prompt flag (and refuses unknown flags)
+    if not _fits_argv(payload):
+        raise _too_long("opencode", payload)
+    return Built(argv + ["--", payload], env=env)
 
 
 def _extract_opencode(stdout: str) -> Extracted:
