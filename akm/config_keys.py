@@ -18,7 +18,7 @@ import math
 import re
 from typing import Any
 
-from akm.config import AGENT_PLATFORMS, engine_env_key_name, env_ref_name
+from akm.config import AGENT_PLATFORMS, endpoint_problem, engine_env_key_name, env_ref_name
 from akm.errors import UsageError
 from akm.text import MAX_WHOLE_DIGITS, shown, whole_number
 
@@ -120,6 +120,15 @@ def _refuse_literal_keys(key: str, value: Any, engine_name: str | None) -> None:
             _refuse_literal_keys(f"{key}.{k}", v, engine_name)
 
 
+def _check_endpoint(key: str, value: Any) -> None:
+    """An LLM endpoint typed on the command line is checked as it is typed (spec-setup §2.8: a leaf
+    value that does not validate is a usage error, before anything is read or written)."""
+    problem = endpoint_problem(value)
+    if problem:
+        # the value is not echoed: a URL refused for carrying a password would print it
+        raise UsageError(f"{key}: the endpoint {problem}.", code="INVALID_FLAG_VALUE")
+
+
 def _literal_secret(key: str, engine_name: str | None) -> None:
     var = engine_env_key_name(engine_name) if engine_name else "MY_API_KEY"
     raise UsageError(
@@ -150,6 +159,8 @@ def coerce(key: str, raw: str) -> tuple[Any, bool]:
             return _parse_json(key, raw, list, "an array"), False
         value = _parse_json(key, raw, dict, "an object")
         _refuse_literal_keys(key, value, engine_name)
+        if len(parts) == 2 and parts[0] == "engines" and "endpoint" in value:
+            _check_endpoint(f"{key}.endpoint", value["endpoint"])
         return value, False
     if kind == "secret":
         if raw.strip() in ("", "null"):
@@ -158,6 +169,8 @@ def coerce(key: str, raw: str) -> tuple[Any, bool]:
             _literal_secret(key, engine_name)
         return raw, False
     if kind == "string":
+        if parts[0] == "engines" and parts[-1] == "endpoint":
+            _check_endpoint(key, raw)
         return raw, False
     if kind == "boolean":
         if raw not in ("true", "false"):
@@ -165,9 +178,9 @@ def coerce(key: str, raw: str) -> tuple[Any, bool]:
         return raw == "true", False
     if kind == "integer":
         number = whole_number(raw) if re.fullmatch(r"-?\d+", raw.strip()) else None
-        if number is None:
-            raise UsageError(f"{key}: expected a whole number (at most {MAX_WHOLE_DIGITS} digits), got {shown(raw)}.",
-                             code="INVALID_FLAG_VALUE")
+        if number is None or number < 1:  # every whole-number key counts from 1
+            raise UsageError(f"{key}: expected a whole number of at least 1 (at most {MAX_WHOLE_DIGITS} digits), "
+                             f"got {shown(raw)}.", code="INVALID_FLAG_VALUE")
         return number, False
     if kind == "number":
         try:

@@ -184,9 +184,13 @@ def test_set_refuses_literal_secrets_with_a_hint(project, user_file, capsys):
 
 
 @pytest.mark.parametrize("key,value,code", [
-    ("engines.fast.endpoint", "http://h/v1", 78),
-    ("engines.fast.endpoint", "ftp://h/chat/completions", 78),
-    ("engines.fast.endpoint", "http://h/v1/chat/completions?x=1", 78),
+    ("engines.fast.endpoint", "http://h/v1", 2),  # leaf values are checked as typed (spec-setup §2.8, test 6)
+    ("engines.fast.endpoint", "ftp://h/chat/completions", 2),
+    ("engines.fast.endpoint", "http://h/v1/chat/completions?x=1", 2),
+    ("engines.fast.endpoint", "http://u:p@h/v1/chat/completions", 2),
+    ("engines.slow", json.dumps({**FAST, "endpoint": "http://h/v1"}), 2),
+    ("engines.fast.maxTokens", "0", 2),
+    ("engines.fast.concurrency", "-3", 2),
     ("engines.fast.temperature", "warm", 2),
     ("engines.fast.supportsJsonSchema", "yes", 2),
     ("engines.fast.kind", "robot", 2),
@@ -202,6 +206,11 @@ def test_set_refusals_leave_the_file_untouched(project, user_file, capsys, key, 
     got, err = err_json(capsys, "config", "set", key, value)
     assert got == code, err
     assert user_file.read_bytes() == before
+
+
+def test_an_endpoint_refused_for_its_password_is_not_echoed(project, capsys):
+    code, err = err_json(capsys, "config", "set", "engines.fast.endpoint", "http://me:hunter2pw@h/v1/chat/completions")
+    assert code == 2 and "password" in err["error"] and "hunter2pw" not in json.dumps(err)
 
 
 def test_https_endpoint_with_a_path_prefix_is_fine(project, capsys):
