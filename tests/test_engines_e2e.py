@@ -66,6 +66,22 @@ def _assert_nowhere(secret: str, project, res) -> None:
     assert secret not in json.dumps(api.events(run_id=res.run.run_id).to_json())
 
 
+def test_unit_retry_on_rate_limit_waits_for_retry_after(project, fake_openai, capsys):
+    """A 429 whose Retry-After does not fit the unit's timeout fails the attempt at once; the unit's
+    `retry: { on: [llm_rate_limit] }` then waits what the server asked before asking again."""
+    set_engine(capsys, "fast", {"kind": "llm", "endpoint": fake_openai.url, "model": "rate-limit-1.5"})
+    akm_config(capsys, "set", "defaults.llmEngine", "fast")
+    wf = write_wf(project, "rl.md", """
+        steps:
+          - id: ask
+            unit: { timeout: 1s, retry: { max: 1, on: [llm_rate_limit] } }
+        """, "## ask\n\nSay ok.")
+    res = run(wf, project)
+    assert res.run.status == "completed", steps_of(res)
+    first, second = fake_openai.requests
+    assert second["at"] - first["at"] >= 1.4  # not re-asked before the server's Retry-After
+
+
 def test_rejecting_judge_loops_then_blocks(project, fake_openai, capsys):
     set_engine(capsys, "fast", {"kind": "llm", "endpoint": fake_openai.url, "model": "plain"})
     set_engine(capsys, "judge", {"kind": "llm", "endpoint": fake_openai.url, "model": "verdict-reject"})

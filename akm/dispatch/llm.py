@@ -679,7 +679,9 @@ class LlmDispatcher:
                         timeout_ms=request.timeout_ms, cancel=cancel, api_key=api_key, resolve_key=False,
                         secrets=secrets)
         except LlmCallError as err:
-            return _failure(failure_reason_for(err.code), f"{label}: {err.message}", secrets, tokens=err.tokens)
+            failed = _failure(failure_reason_for(err.code), f"{label}: {err.message}", secrets, tokens=err.tokens)
+            failed.retry_after_s = err.retry_after_s
+            return failed
         except Exception as exc:  # a bug must not escape a dispatcher (base.py contract)
             return _failure("dispatch_error", f"{label} failed inside akm: {type(exc).__name__}: {exc}", secrets)
         finally:

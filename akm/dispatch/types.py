@@ -40,6 +40,8 @@ class DispatchResult:
     tokens    -- token usage when the runner reports it.
     session_id -- harness-native session id, if any.
     truncated -- output was cut at a capture cap (the artifact is incomplete; never a silent success).
+    retry_after_s -- how long the server asked to be left alone (an HTTP 429's Retry-After), so a
+                 unit-level `retry` waits that long before its next attempt instead of re-asking at once.
     """
 
     ok: bool
@@ -51,6 +53,7 @@ class DispatchResult:
     tokens: int | None = None
     session_id: str | None = None
     truncated: bool = False
+    retry_after_s: float | None = None
 
     def __post_init__(self) -> None:
         # Every dispatcher's usage figure passes here: one bound for the journal and the budget.

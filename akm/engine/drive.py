@@ -70,6 +70,10 @@ from akm.store.db import Database, now_iso
 from akm.store.runs import holder_is_live
 
 
+# Longest wait a unit-level retry honours from a server's Retry-After (the LLM client's own cap).
+MAX_RETRY_AFTER_WAIT_S = 120.0
+
+
 def host_concurrency_limit() -> int:
     """D6: the host limit defaults to max(2, cpu_count)."""
     return max(2, os.cpu_count() or 2)
@@ -314,6 +318,11 @@ class _Pass:
                 return outcome
             if not retry or outcome.failure_reason not in retry.on:
                 return outcome
+            if k + 1 < max_attempts and outcome.retry_after_s:
+                # a rate-limited server said when to come back (429 Retry-After): re-asking sooner only
+                # earns another 429 and burns the retry; the wait ends at once if the run is cancelled
+                if self.event.wait(min(outcome.retry_after_s, MAX_RETRY_AFTER_WAIT_S)):
+                    return outcome
         assert last is not None
         return last
 
