@@ -17,6 +17,7 @@ behaviours at once (and parallel requests never share a script):
   rate-limit       429 without Retry-After, every time
   flaky-500        500 on the first request of that model, then "ok"
   fail-500         500 every time
+  flaky-500-words  500 whose JSON error message mentions HTML on the first request, then "ok"
   unauthorized     401 whose body echoes the Authorization header
   html-502         502 with an HTML page
   html-200         200 with an HTML page
@@ -212,6 +213,11 @@ class FakeOpenAI:
                 h.send_json(200, self.completion("ok"))
         elif model == "rate-limit":
             h.send_json(429, {"error": {"message": "slow down"}})
+        elif model == "flaky-500-words":
+            if n == 1:
+                h.send_json(500, {"error": {"message": "renderer failed: <p> in HTML template"}})
+            else:
+                h.send_json(200, self.completion("ok"))
         elif model == "flaky-500":
             if n == 1:
                 h.send_json(500, {"error": {"message": "boom"}})

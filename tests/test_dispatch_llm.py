@@ -93,6 +93,9 @@ def test_one_transport_retry_for_a_500(fake_openai):
     res = run(req(snap(fake_openai, "fail-500")))
     assert res.failure_reason == "llm_http_error" and "HTTP 500" in res.error and "boom" in res.error
     assert len(fake_openai.bodies("fail-500")) == 2
+    # a JSON error that merely mentions HTML is still a 5xx of the model server: retried
+    assert run(req(snap(fake_openai, "flaky-500-words"))).text == "ok"
+    assert len(fake_openai.bodies("flaky-500-words")) == 2
 
 
 @pytest.mark.parametrize("model,reason,words", [

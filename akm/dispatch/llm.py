@@ -72,8 +72,9 @@ class LlmCallError(Exception):
     """
 
     def __init__(self, code: str, message: str, *, status: int | None = None, retry_after_s: float | None = None,
-                 tokens: int | None = None) -> None:
+                 tokens: int | None = None, html: bool = False) -> None:
         super().__init__(message)
+        self.html = html  # the body was an HTML page (a proxy or a wrong URL, not the model server): never retried
         self.code = code
         self.message = message
         self.status = status
@@ -454,9 +455,10 @@ def _parse_response(where: str, status: int, data: bytes, retry_after: float | N
         raise LlmCallError("rate_limited", f"{where} rate-limited the request (HTTP 429){wait}: "
                            f"{_excerpt(data, secrets)}", status=status, retry_after_s=retry_after)
     if not 200 <= status < 300:
-        kind = "an HTML error page" if _looks_html(text) else "an error"
+        html = _looks_html(text)
+        kind = "an HTML error page" if html else "an error"
         raise LlmCallError("http_error", f"{where} answered HTTP {status} with {kind}: {_excerpt(data, secrets)}",
-                           status=status)
+                           status=status, html=html)
     if _looks_html(text):
         raise LlmCallError("bad_response", f"{where} answered HTTP {status} with an HTML page, not a chat "
                            f"completion (is the endpoint URL right?): {_excerpt(data, secrets)}", status=status)
@@ -499,7 +501,7 @@ def _retryable(err: LlmCallError) -> bool:
     if _CONTEXT_OVERFLOW.search(err.message):
         return False
     if err.code == "http_error":
-        return err.status is not None and err.status >= 500 and "HTML" not in err.message
+        return err.status is not None and err.status >= 500 and not err.html
     if err.code == "network_error":
         return not re.search(r"(?i)connecterror|connection refused|name or service|nodename", err.message)
     return False
