@@ -73,6 +73,22 @@ def _prompt(platform: str, argv: list[str], stdin: str) -> str:
     return stdin
 
 
+def _openai_strict(schema) -> bool:
+    """OpenAI strict structured outputs: every object closed and requiring all of its properties."""
+    if isinstance(schema, list):
+        return all(_openai_strict(s) for s in schema)
+    if not isinstance(schema, dict):
+        return True
+    props = schema.get("properties")
+    if schema.get("type") == "object" or isinstance(props, dict):
+        if schema.get("additionalProperties") is not False:
+            return False
+        if isinstance(props, dict) and set(schema.get("required") or []) != set(props):
+            return False
+    return all(_openai_strict(v) for k, v in schema.items() if k in ("properties", "items", "anyOf")
+               for v in ([v] if k != "properties" else v.values()))
+
+
 def _marker(prompt: str, name: str) -> str | None:
     m = re.search(rf"FAKE:{name}(?:=([^\n]*))?", prompt)
     if not m:
@@ -103,6 +119,14 @@ def main(platform: str) -> None:
             record["schema_file"] = fh.read()
     with open(os.path.join(here, "calls.jsonl"), "a") as fh:
         fh.write(json.dumps(record) + "\n")
+    if "schema_file" in record and not _openai_strict(json.loads(record["schema_file"])):
+        # what the real codex prints when OpenAI's strict mode refuses the --output-schema
+        msg = ("Invalid schema for response_format 'codex_output_schema': In context=(), 'additionalProperties' "
+               "is required to be supplied and to be false.")
+        print(_jsonl([{"type": "thread.started", "thread_id": "0199a213-81c0-7800-8aa1-bbab2a035a53"},
+                      {"type": "turn.started"}, {"type": "error", "message": msg},
+                      {"type": "turn.failed", "error": {"message": msg}}]))
+        sys.exit(1)
 
     if (s := _marker(prompt, "sleep")) is not None:
         time.sleep(float(s))

@@ -124,7 +124,7 @@ def test_codex_argv_and_schema_file(tmp_path):
     built = hz.build("codex", hz.Call(bin="codex", args=[], prompt="P"))
     assert built.argv == ["codex", "exec", "--sandbox", "workspace-write", "--skip-git-repo-check", "--json", "--",
                           "P"]
-    schema = {"type": "object"}
+    schema = {"type": "object", "properties": {}, "additionalProperties": False}
     built = hz.build("codex", hz.Call(bin="codex", args=["exec", "-s", "read-only"], prompt="P", system_prompt="S",
                                       schema=schema, schema_path=str(tmp_path / "s.json")))
     assert built.argv[:4] == ["codex", "exec", "-s", "read-only"] and "--sandbox" not in built.argv
@@ -231,12 +231,25 @@ def test_cwd_comes_from_the_request(bin_dir, tmp_path):
 
 
 def test_codex_gets_the_schema_as_a_file(bin_dir):
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
     res = run(req(bin_dir, "codex", "Answer in JSON.", output_schema=schema))
     assert res.ok and json.loads(res.text) == {"ok": True}
     call = fake_harness.calls(str(bin_dir))[-1]
     assert json.loads(call["schema_file"]) == schema
     assert not os.path.exists(call["argv"][call["argv"].index("--output-schema") + 1])  # cleaned up
+
+
+def test_codex_gets_no_schema_file_that_openai_strict_mode_would_refuse(bin_dir):
+    """codex forwards --output-schema to OpenAI in strict mode: an open object or an optional property
+    is an HTTP 400 and the turn fails. Such a schema stays in the prompt only."""
+    for schema in ({"type": "object", "properties": {"ok": {"type": "boolean"}}},
+                   {"type": "object", "required": ["ok"], "properties": {"ok": {}}, "additionalProperties": False},
+                   {"type": "object", "properties": {"ok": {"type": "boolean"}, "note": {"type": "string"}},
+                    "required": ["ok"], "additionalProperties": False}):
+        res = run(req(bin_dir, "codex", "Answer in JSON.", output_schema=schema))
+        assert res.ok and json.loads(res.text) == {"ok": True}, res.error
+        assert "--output-schema" not in fake_harness.calls(str(bin_dir))[-1]["argv"]
 
 
 def test_long_prompt_goes_through_stdin_for_claude(bin_dir):

@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from akm.dispatch.llm import strict_compatible
 from akm.dispatch.types import token_count
 
 # Environment every harness needs (beyond the exec allowlist): where its config and
@@ -248,7 +249,9 @@ def _build_codex(call: Call) -> Built:
         argv += ["--model", call.model]
     argv.append("--json")
     schema_file = None
-    if call.schema is not None and call.schema_path:
+    # codex sends --output-schema to OpenAI in strict mode, which refuses (HTTP 400 invalid_json_schema)
+    # any schema that leaves an object open or a property optional; such a schema only rides in the prompt
+    if call.schema is not None and call.schema_path and strict_compatible(call.schema):
         argv += ["--output-schema", call.schema_path]
         schema_file = (call.schema_path, json.dumps(call.schema, indent=2))
     payload = _payload(call)

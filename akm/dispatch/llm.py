@@ -195,7 +195,9 @@ def strict_compatible(schema: Any) -> bool:
     if isinstance(schema, list):
         return all(strict_compatible(s) for s in schema)
     if not isinstance(schema, Mapping):
-        return True
+        return schema is not True  # `true` (anything goes) cannot be said in strict mode
+    if not any(k in schema for k in ("type", "$ref", "anyOf", "oneOf", "allOf", "enum", "const")):
+        return False  # strict mode wants every node typed; `{}` is refused
     props = schema.get("properties")
     is_object = schema.get("type") == "object" or isinstance(props, Mapping)
     if is_object:
