@@ -80,6 +80,12 @@ def test_unit_retry_on_rate_limit_waits_for_retry_after(project, fake_openai, ca
     assert res.run.status == "completed", steps_of(res)
     first, second = fake_openai.requests
     assert second["at"] - first["at"] >= 1.4  # not re-asked before the server's Retry-After
+    con = sqlite3.connect(paths.journal_path())
+    try:
+        rows = con.execute("SELECT unit_id, status, failure_reason FROM units ORDER BY unit_id").fetchall()
+    finally:
+        con.close()
+    assert rows == [("ask:solo", "failed", "llm_rate_limit"), ("ask:solo~r1", "completed", None)]
 
 
 def test_rejecting_judge_loops_then_blocks(project, fake_openai, capsys):

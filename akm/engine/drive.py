@@ -320,7 +320,11 @@ class _Pass:
                 return outcome
             if k + 1 < max_attempts and outcome.retry_after_s:
                 # a rate-limited server said when to come back (429 Retry-After): re-asking sooner only
-                # earns another 429 and burns the retry; the wait ends at once if the run is cancelled
+                # earns another 429 and burns the retry; the wait ends at once if the run is cancelled.
+                # The failed attempt is journaled first, so no row looks `running` while nothing runs.
+                self._flush()
+                if outcome.failure_reason not in retry.on:  # its journal write failed
+                    return outcome
                 if self.event.wait(min(outcome.retry_after_s, MAX_RETRY_AFTER_WAIT_S)):
                     return outcome
         assert last is not None
