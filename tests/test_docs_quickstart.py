@@ -41,3 +41,25 @@ def test_readme_says_where_state_lives_and_how_to_move_it():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "AKM_DATA_DIR" in readme and "~/.local/share/akm" in readme
     assert "conftest" in readme  # how the tests keep away from the user's journal
+
+
+def test_readme_engine_config_commands_run_as_written(capsys, monkeypatch):
+    """Every `akm config` line of README "Run steps with a model or an agent" works, in order."""
+    from akm import cli
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"## Run steps with a model or an agent.*?```sh\n(.*?)```", readme, re.S)
+    assert block, "README has no engine config sh block"
+    monkeypatch.setenv("OPENAI_KEY", "sk-readme-test-key")
+    ran = 0
+    for line in block.group(1).splitlines():
+        argv = shlex.split(line, comments=True)
+        if not argv or argv[0] != "akm":
+            continue
+        code = cli.main(argv[1:])
+        out, err = capsys.readouterr()
+        assert code == 0, f"{line}\n{err}"
+        ran += 1
+    assert ran >= 5
+    assert cli.main(["config", "get", "engines.cloud.apiKey"]) == 0
+    assert "${OPENAI_KEY}" in capsys.readouterr().out
