@@ -374,8 +374,11 @@ def endpoint_problem(endpoint: Any) -> str | None:
         return "must be a URL ending in /chat/completions"
     try:
         parts = urlsplit(endpoint)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0..65535
     except ValueError:
         return "is not a valid URL"
+    if any(ch.isspace() for ch in endpoint):
+        return "is not a valid URL (it contains whitespace)"
     if parts.scheme not in ("http", "https") or not parts.netloc:
         return "must be an http:// or https:// URL ending in /chat/completions"
     if parts.username is not None or parts.password is not None:

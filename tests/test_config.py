@@ -188,6 +188,9 @@ def test_set_refuses_literal_secrets_with_a_hint(project, user_file, capsys):
     ("engines.fast.endpoint", "ftp://h/chat/completions", 2),
     ("engines.fast.endpoint", "http://h/v1/chat/completions?x=1", 2),
     ("engines.fast.endpoint", "http://u:p@h/v1/chat/completions", 2),
+    ("engines.fast.endpoint", "http://h:99999/v1/chat/completions", 2),  # no such port
+    ("engines.fast.endpoint", "http://h:abc/v1/chat/completions", 2),
+    ("engines.fast.endpoint", "http://h /v1/chat/completions", 2),
     ("engines.slow", json.dumps({**FAST, "endpoint": "http://h/v1"}), 2),
     ("engines.fast.maxTokens", "0", 2),
     ("engines.fast.concurrency", "-3", 2),
