@@ -446,8 +446,14 @@ def protocol_error_for(exc: Exception) -> Any:
 async def _serve_stdio(server: MCPServer) -> None:
     """`server.run_stdio_async`, but a line the transport cannot read is answered, not dropped."""
     from mcp.server.stdio import stdio_server
-    from mcp.shared._context_streams import create_context_streams
     from mcp.shared.message import SessionMessage
+
+    try:  # SDK internals (mcp 2.x): an SDK that moved them still serves, as the SDK itself does
+        from mcp.shared._context_streams import create_context_streams
+        low = server._lowlevel_server
+    except (ImportError, AttributeError):
+        await server.run_stdio_async()  # unreadable lines are then dropped by the SDK, not answered
+        return
 
     async with stdio_server() as (read_stream, write_stream):
         relay_send, relay_receive = create_context_streams(0)
@@ -464,7 +470,6 @@ async def _serve_stdio(server: MCPServer) -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(relay)
-            low = server._lowlevel_server
             await low.run(relay_receive, write_stream, low.create_initialization_options())
             tg.cancel_scope.cancel()
 

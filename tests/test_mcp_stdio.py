@@ -69,8 +69,8 @@ def test_official_client_drives_a_session_run_over_stdio(akm_bin, shiv_root, tmp
 class RawServer:
     """`dist/akm mcp` spoken to with hand-written JSON-RPC lines; every stdout line must be a protocol frame."""
 
-    def __init__(self, akm_bin: Path, env: dict[str, str], cwd: Path) -> None:
-        self.proc = subprocess.Popen([str(akm_bin), "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    def __init__(self, akm_bin: Path | None, env: dict[str, str], cwd: Path, argv: list[str] | None = None) -> None:
+        self.proc = subprocess.Popen(argv or [str(akm_bin), "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env, cwd=cwd, text=True, bufsize=1)
         self.frames: list[dict] = []
         self.next_id = 0
@@ -155,6 +155,26 @@ def test_requests_the_sdk_cannot_read_are_answered_not_dropped(akm_bin, shiv_roo
         alive = srv.request("tools/list")
         assert len(alive["result"]["tools"]) == 10
         assert all(f.get("id") in (None, 7, "m", alive["id"], 1) or "method" in f for f in srv.frames)
+    finally:
+        srv.close()
+
+
+def test_an_sdk_without_the_internals_we_use_still_serves(tmp_path, project):
+    """Answering unreadable lines uses mcp 2.x internals; with an SDK that moved them (a newer mcp from pip),
+    `akm mcp` must still start and serve, as the SDK's own stdio loop does."""
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = ("import sys, mcp.server.mcpserver, mcp.shared._context_streams as internals\n"
+            "del internals.create_context_streams  # the SDK's own modules hold their references already\n"
+            "from akm.cli import main\nsys.exit(main(['mcp']))")
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "PYTHONPATH": str(ROOT),
+           "AKM_DATA_DIR": str(tmp_path / "akm-data"), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    srv = RawServer(None, env, project, argv=[sys.executable, "-c", code])
+    try:
+        assert srv.initialize()["result"]["serverInfo"]["name"] == "akm"
+        assert len(srv.request("tools/list")["result"]["tools"]) == 10
     finally:
         srv.close()
 
