@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from typing import Any
 
 # What JavaScript's String.prototype.trim removes (incl. U+FEFF): the strict rule for
@@ -96,30 +97,30 @@ def _token_position(text: str, start: int, exc: ValueError) -> int:
 MAX_ANSWER_DEPTH = 200
 
 
-def recordable_problem(value: Any) -> str | None:
-    """Why a structured value (an MCP caller's result) cannot be recorded, or None."""
+def _nodes(value: Any) -> Iterator[tuple[Any, int]]:
+    """Every node of a JSON value with its depth (iterative: the value may be ~1000 deep).
+    A caller stops at the first node it refuses, so nothing deeper is ever walked."""
     stack = [(value, 0)]
     while stack:
         v, depth = stack.pop()
+        yield v, depth
+        if isinstance(v, (dict, list)):
+            stack.extend((item, depth + 1) for item in (v.values() if isinstance(v, dict) else v))
+
+
+def recordable_problem(value: Any) -> str | None:
+    """Why a structured value (an MCP caller's result) cannot be recorded, or None."""
+    for v, depth in _nodes(value):
         if isinstance(v, float) and not math.isfinite(v):
             return "it holds a non-finite number"
-        if isinstance(v, (dict, list)):
-            if depth >= MAX_ANSWER_DEPTH:
-                return f"it nests deeper than {MAX_ANSWER_DEPTH} levels"
-            stack.extend((item, depth + 1) for item in (v.values() if isinstance(v, dict) else v))
+        if isinstance(v, (dict, list)) and depth >= MAX_ANSWER_DEPTH:
+            return f"it nests deeper than {MAX_ANSWER_DEPTH} levels"
     return None
 
 
 def _nesting_over(value: Any, limit: int) -> bool:
-    """Does `value` nest deeper than `limit` levels? (Iterative: the value may be ~1000 deep.)"""
-    stack = [(value, 0)]
-    while stack:
-        v, depth = stack.pop()
-        if isinstance(v, (dict, list)):
-            if depth >= limit:
-                return True
-            stack.extend((item, depth + 1) for item in (v.values() if isinstance(v, dict) else v))
-    return False
+    """Does `value` nest deeper than `limit` levels?"""
+    return any(isinstance(v, (dict, list)) and depth >= limit for v, depth in _nodes(value))
 
 
 def _decode_at(text: str, start: int) -> tuple[Any, int]:
