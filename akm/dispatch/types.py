@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-# The most tokens one unit attempt can count (= akm.engine.budget.MAX_UNIT_TOKENS, the session report bound). Far above any real call, and low enough that a run's
-# hard cap of 10 000 dispatches cannot push the journal's SUM(tokens) past SQLite's 64-bit integers
+# The most tokens one unit attempt can count (session reports too: akm.engine.budget.MAX_UNIT_TOKENS).
+# Far above any real call, and low enough that a run's hard cap of 10 000 dispatches cannot push the journal's SUM(tokens) past SQLite's 64-bit integers
 # (or JSON's exact integers): 10 000 x 10^12 = 10^16 < 2^53.
 MAX_TOKENS = 10**12
 

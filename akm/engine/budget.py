@@ -10,10 +10,12 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
+from akm.dispatch.types import MAX_TOKENS
+
 LIFETIME_UNIT_CAP = 10_000
-# The most tokens one session report may count: far above any real unit, and low enough that the
-# journal's 64-bit sums over a run (budgets add every row's tokens) never overflow, whatever a client sends.
-MAX_UNIT_TOKENS = 10**12
+# The most tokens one session report may count: the bound every dispatcher's figure gets (see there),
+# so the journal's 64-bit sums over a run never overflow, whatever a client sends.
+MAX_UNIT_TOKENS = MAX_TOKENS
 
 
 class DispatchBudget:
