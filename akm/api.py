@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from akm import paths
 from akm.engine.cancel import Cancellation  # noqa: F401  (an api type: fronts stop runs with it)
 from akm.errors import AkmError, NotFoundError, UsageError
-from akm.text import shown, whole_number
+from akm.text import quoted, whole_number
 from akm.views import (  # noqa: F401  (the read paths' typed results, re-exported)
     EventPage,
     EventView,
@@ -152,7 +152,7 @@ def _duration_ms(value: str | int) -> int:
             raise ValueError(f"timeout {value!r}: expected a duration like 500ms, 30s or 5m")
         number = whole_number(raw)
         if number is None:
-            raise ValueError(f"timeout {_quoted(value)} is too long: at most {MAX_TIMEOUT_MS} ms (about 24 days)")
+            raise ValueError(f"timeout {quoted(value)} is too long: at most {MAX_TIMEOUT_MS} ms (about 24 days)")
         ms = number * scale
     if ms <= 0:
         raise ValueError(f"timeout {value!r}: a duration must be longer than zero")
@@ -161,20 +161,15 @@ def _duration_ms(value: str | int) -> int:
     return ms
 
 
-def _quoted(value: Any) -> str:
-    """A value as messages have always quoted it (repr), clipped by `shown` when it is long."""
-    return repr(value) if len(str(value)) <= 120 else shown(str(value))
-
-
 def _whole_number(value: Any, name: str, minimum: int, maximum: int | None = None) -> int:
     """An int from an int or its decimal text, within [minimum, maximum]."""
     span = f"from {minimum} to {maximum}" if maximum is not None else f"≥ {minimum}"
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
-    elif isinstance(value, str) and value.strip().isdigit() and whole_number(value) is not None:
-        number = whole_number(value)
+    elif isinstance(value, str) and value.strip().isdigit() and (parsed := whole_number(value)) is not None:
+        number = parsed
     else:
-        raise ValueError(f"{name} {_quoted(value)}: expected a whole number {span}")
+        raise ValueError(f"{name} {quoted(value)}: expected a whole number {span}")
     if number < minimum or (maximum is not None and number > maximum):
         raise ValueError(f"{name} {value!r}: expected a whole number {span}")
     return number
@@ -765,7 +760,7 @@ def events(request: EventsRequest | None = None, /, *, run_id: str | None = None
             raw = since[len("@offset:"):]
             number = whole_number(raw) if raw.isdigit() else None
             if number is None or number > 2**63 - 1:
-                raise UsageError(f"since {_quoted(since)}: the offset must be a whole number (a previous nextOffset).",
+                raise UsageError(f"since {quoted(since)}: the offset must be a whole number (a previous nextOffset).",
                                  code=INVALID_ARGUMENT, details={"argument": "since"})
             offset = number
         else:

@@ -597,10 +597,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.tokens is not None:
         digits = args.tokens
         if not (digits.isascii() and digits.isdigit() and len(digits) <= 13 and int(digits) <= MAX_REPORT_TOKENS):
-            from akm.text import shown
+            from akm.text import quoted
 
-            quoted = repr(args.tokens) if len(args.tokens) <= 120 else shown(args.tokens)  # a long one clipped
-            raise UsageError(f"--tokens {quoted}: expected a whole number from 0 to {MAX_REPORT_TOKENS}.",
+            raise UsageError(f"--tokens {quoted(args.tokens)}: expected a whole number from 0 to {MAX_REPORT_TOKENS}.",
                              code="INVALID_FLAG_VALUE")
         tokens = int(args.tokens)
     res = api.report_unit(

@@ -73,6 +73,11 @@ def shown(text: str, limit: int = SHOWN_LIMIT) -> str:
     return '"' + clipped.encode("utf-8", "backslashreplace").decode("utf-8") + '"'
 
 
+def quoted(value: Any) -> str:
+    """A value as messages have always quoted it (repr), clipped by `shown` when it is long."""
+    return repr(value) if len(str(value)) <= 120 else shown(str(value))
+
+
 _WHOLE = re.compile(r"[+-]?[0-9]+")
 # More digits than any count, offset or duration akm takes (2^63 has 19). Checked before int(),
 # which refuses over 4300 digits with a ValueError whose advice is for programmers.
