@@ -252,7 +252,7 @@ def test_a_huge_reported_token_count_is_a_coded_error_and_records_nothing(in_pro
 def test_server_usage_figures_are_bounded_not_a_crash(usage, expected):
     """A server's usage (infinity from `1e999`, a 30-digit integer) must not crash the dispatcher
     (int(inf) raised OverflowError) nor overflow the journal's 64-bit integers."""
-    from akm.dispatch.harnesses import _int
+    from akm.dispatch.harnesses import token_count  # what every harness reads its usage figures with
     from akm.dispatch.llm import _parse_response
     from akm.dispatch.types import MAX_TOKENS, DispatchResult
     from akm.engine.budget import MAX_UNIT_TOKENS
@@ -262,7 +262,7 @@ def test_server_usage_figures_are_bounded_not_a_crash(usage, expected):
     body = ('{"choices": [{"message": {"content": "hi"}}], "usage": {"total_tokens": %s}}' % usage).encode()
     assert _parse_response("srv", 200, body, None, []).total_tokens == expected
     value = json.loads(usage)
-    assert _int(value) == expected
+    assert token_count(value) == expected
     assert DispatchResult(ok=True, tokens=value).tokens == expected
 
 

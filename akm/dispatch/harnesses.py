@@ -161,10 +161,6 @@ def _json_doc(stdout: str) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _int(v: Any) -> int | None:
-    return token_count(v)
-
-
 def _sum(*values: int | None) -> int | None:
     present = [v for v in values if v is not None]
     return sum(present) if present else None
@@ -230,7 +226,7 @@ def _extract_claude(stdout: str) -> Extracted:
     if doc.get("is_error") is True or str(doc.get("subtype", "")).startswith("error"):
         error = f"claude reported {doc.get('subtype') or 'an error'}: {text}".rstrip(": ")
     return Extracted(text.strip(), session_id=doc.get("session_id") or None,
-                     tokens=_sum(_int(usage.get("input_tokens")), _int(usage.get("output_tokens"))), error=error)
+                     tokens=_sum(token_count(usage.get("input_tokens")), token_count(usage.get("output_tokens"))), error=error)
 
 
 # --------------------------------------------------------------------------- codex
@@ -275,7 +271,7 @@ def _extract_codex(stdout: str) -> Extracted:
         elif kind == "turn.completed":
             error = None  # a later completed turn supersedes an earlier stream error
             u = ev.get("usage") if isinstance(ev.get("usage"), dict) else {}
-            tokens = _sum(tokens, _int(u.get("input_tokens")), _int(u.get("output_tokens")))
+            tokens = _sum(tokens, token_count(u.get("input_tokens")), token_count(u.get("output_tokens")))
         elif kind in ("turn.failed", "error"):
             err = ev.get("error") if isinstance(ev.get("error"), dict) else ev
             error = str(err.get("message") or "codex reported a failure")
@@ -360,7 +356,7 @@ def _extract_opencode(stdout: str) -> Extracted:
             by_message[mid].append(part["text"])
         elif ev.get("type") == "step_finish" and isinstance(part.get("tokens"), dict):
             t = part["tokens"]
-            tokens = _sum(tokens, _int(t.get("input")), _int(t.get("output")), _int(t.get("reasoning")))
+            tokens = _sum(tokens, token_count(t.get("input")), token_count(t.get("output")), token_count(t.get("reasoning")))
         elif ev.get("type") == "error":
             err = ev.get("error")
             error = (err.get("data", {}).get("message") or err.get("name")) if isinstance(err, dict) else str(err)
@@ -397,8 +393,8 @@ def _extract_gemini(stdout: str) -> Extracted:
     for model_stats in (stats.get("models") or {}).values() if isinstance(stats.get("models"), dict) else []:
         t = model_stats.get("tokens") if isinstance(model_stats, dict) else None
         if isinstance(t, dict):
-            tokens = _sum(tokens, _int(t.get("total")) if t.get("total") is not None
-                          else _sum(_int(t.get("prompt")), _int(t.get("candidates"))))
+            tokens = _sum(tokens, token_count(t.get("total")) if t.get("total") is not None
+                          else _sum(token_count(t.get("prompt")), token_count(t.get("candidates"))))
     err = doc.get("error")
     error = (str(err.get("message") or err) if isinstance(err, dict) else str(err)) if err else None
     if text is None and error is None:
@@ -436,12 +432,12 @@ def _extract_copilot(stdout: str) -> Extracted:
         elif kind == "assistant.message":
             if isinstance(data.get("content"), str) and data["content"].strip():
                 text = data["content"]
-            tokens = _sum(tokens, _int(data.get("outputTokens")))
+            tokens = _sum(tokens, token_count(data.get("outputTokens")))
         elif kind == "result":
             session = ev.get("sessionId") or data.get("sessionId") or session
             usage = ev.get("usage") if isinstance(ev.get("usage"), dict) else None
             if usage:
-                tokens = _sum(_int(usage.get("inputTokens")), _int(usage.get("outputTokens"))) or tokens
+                tokens = _sum(token_count(usage.get("inputTokens")), token_count(usage.get("outputTokens"))) or tokens
         elif kind in ("session.error", "error"):
             error = str(data.get("message") or ev.get("message") or "copilot reported an error")
     return Extracted((text or "").strip(), session_id=session, tokens=tokens, error=error)
@@ -480,7 +476,7 @@ def _extract_pi(stdout: str) -> Extracted:
                 if t.strip():
                     text = t
                 u = msg.get("usage") if isinstance(msg.get("usage"), dict) else {}
-                tokens = _sum(tokens, _int(u.get("input")), _int(u.get("output")))
+                tokens = _sum(tokens, token_count(u.get("input")), token_count(u.get("output")))
                 if msg.get("stopReason") == "error":
                     error = str(msg.get("errorMessage") or "pi reported an error")
                 else:
