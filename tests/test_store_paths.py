@@ -97,3 +97,13 @@ def test_data_dir_follows_platformdirs_without_importing_it(monkeypatch, xdg):
     else:
         monkeypatch.setenv("XDG_DATA_HOME", xdg)
     assert paths.data_dir() == Path(platformdirs.user_data_dir("akm", appauthor=False))
+
+
+def test_a_journal_path_that_is_a_directory_is_a_clear_error(cli, tmp_path):
+    from akm import paths
+
+    paths.journal_path().mkdir(parents=True)
+    res = cli("workflow", "list", check=78)
+    assert "error[JOURNAL_ERROR]" in res.stderr and str(paths.journal_path()) in res.stderr
+    assert "hint: That path is a directory, not a file" in res.stderr and "AKM_DATA_DIR" in res.stderr
+    assert "Traceback" not in res.stderr

@@ -84,6 +84,11 @@ def journal_error(exc: sqlite3.Error, what: str, path: str | os.PathLike[str] | 
         hint = "Another akm process holds the journal for a long time; retry when it finishes."
     elif "not a database" in str(exc).lower() or "malformed" in str(exc).lower():
         hint = "The journal file is damaged or is not an akm state database; set AKM_DATA_DIR to use another one."
+    elif path is not None and os.path.isdir(path):
+        hint = "That path is a directory, not a file: move it away, or set AKM_DATA_DIR to another directory."
+    elif path is not None and "unable to open" in str(exc).lower():
+        hint = ("akm could not open or create the journal there (a missing or read-only directory, or no "
+                "permission); set AKM_DATA_DIR to a writable directory.")
     return JournalError(f"journal {what} failed{where}: {exc}", hint=hint)
 
 
