@@ -3,7 +3,9 @@
 Every call takes its arguments as keywords or as one request model
 (`RunRequest`, `ListRunsRequest`, `StatusRequest`, `RunIdRequest`,
 `EventsRequest`, `LintRequest`, `UpgradeRequest`), validates them here — never
-in a front — and returns a pydantic model (camelCase JSON via `to_json()`). A
+in a front — and returns a typed result: a pydantic model, or on the read and
+lint paths a plain record (`akm.views`, `akm.format.lint`) that imports no
+pydantic (camelCase JSON via `to_json()`). A
 front can publish a request model's JSON schema as a tool's input schema.
 Anything a user can cause raises an `AkmError` subclass whose message says what
 is wrong without naming a front's flags or commands; each front adds its own
