@@ -3,7 +3,9 @@
 Every call takes its arguments as keywords or as one request model
 (`RunRequest`, `ListRunsRequest`, `StatusRequest`, `RunIdRequest`,
 `EventsRequest`, `LintRequest`, `UpgradeRequest`), validates them here — never
-in a front — and returns a pydantic model (camelCase JSON via `to_json()`). A
+in a front — and returns a typed result: a pydantic model, or on the read and
+lint paths a plain record (`akm.views`, `akm.format.lint`) that imports no
+pydantic (camelCase JSON via `to_json()`). A
 front can publish a request model's JSON schema as a tool's input schema.
 Anything a user can cause raises an `AkmError` subclass whose message says what
 is wrong without naming a front's flags or commands; each front adds its own
@@ -190,7 +192,7 @@ def lint(paths_: list[str] | LintRequest):
     """Lint files or directories; returns a `LintReport` (see akm.format.lint)."""
     from akm.format.lint import lint_paths
 
-    req = _validated("LintRequest", paths_, {"paths": paths_})
+    req = _args("LintRequest", paths_, {"paths": paths_}, {"paths": _path_list})
     report = lint_paths(req.paths)
     if not report.files:
         raise UsageError(
@@ -198,6 +200,15 @@ def lint(paths_: list[str] | LintRequest):
             hint="Workflows are *.md files (README.md is skipped); pass a file or a directory holding them.",
         )
     return report
+
+
+def _path_list(value: Any) -> list[str]:
+    """LintRequest's rule for `paths` (a non-empty list of strings), without pydantic."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
+        raise TypeError(f"paths {value!r}: expected a list of workflow files or directories")
+    if not value:
+        raise ValueError("paths: expected at least one workflow file or directory")
+    return list(value)
 
 
 def upgrade(path: str | UpgradeRequest, *, write: bool = False) -> UpgradeResult:
@@ -212,7 +223,7 @@ def upgrade(path: str | UpgradeRequest, *, write: bool = False) -> UpgradeResult
         raise UsageError(f"{path} is not in the legacy workflow format; nothing to upgrade.", code="NOT_LEGACY")
     new_text = upgrade_legacy(text)
     report = lint_text(new_text, path)
-    errors = [e.model_dump(exclude_none=True) for e in report.errors]
+    errors = [e.model_dump() for e in report.errors]  # a Diagnostic's dump omits its empty fields
     if write:
         if errors:
             raise UsageError(

@@ -398,7 +398,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
 
     report = api.lint(args.paths)
     if args.format == "json":
-        _emit_json(report.model_dump(exclude_none=True))
+        _emit_json(report.model_dump())
     else:
         _out(render_text(report))
     return 0 if report.ok else 1

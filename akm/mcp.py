@@ -397,9 +397,10 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
 
 
 def _lint_model() -> Any:
+    """The workflow_lint output schema, derived from the lint report records (plain `View`s, no pydantic)."""
     from akm.format.lint import LintReport
 
-    return LintReport
+    return _schema_model(LintReport)
 
 
 def protocol_error_for(exc: Exception) -> Any:

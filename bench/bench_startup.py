@@ -2,7 +2,7 @@
 
 Prints the size of dist/akm and, over interleaved rounds (medians):
   - first start with an empty cache (`--version`, and `workflow lint` which also compiles what it
-    imports and unpacks this interpreter's native extensions),
+    imports; it imports no pydantic, so for examples/hello.md it unpacks no native extension),
   - `--version`, `workflow list` with 20 runs in the journal, re-running a finished run (warm cache).
 Every command goes through the same launcher as the baseline: the shebang's `/usr/bin/env python3`,
 or `--python PATH` for both. Build first: ./build.sh

@@ -56,6 +56,17 @@ def test_run_arguments_are_validated_by_the_api(project, kwargs, argument, words
     assert words in err.message and "--" not in err.message, err.message
 
 
+@pytest.mark.parametrize("paths", [[], "wf.md", ["wf.md", 3]])
+def test_lint_arguments_are_checked_without_and_with_a_request_model(project, paths):
+    """Plain arguments get LintRequest's rules without pydantic (the CLI's lint path); a request model still works."""
+    with pytest.raises(UsageError) as info:
+        api.lint(paths)
+    assert info.value.code == "INVALID_FLAG_VALUE" and info.value.details["argument"] == "paths"
+    wf = _fan(project)
+    assert api.lint([str(wf)]) == api.lint(api.LintRequest(paths=[str(wf)]))
+    assert api.lint((str(wf),)).files[0].ok is True
+
+
 def test_durations_and_formats():
     assert api.parse_duration_ms("500ms") == 500 and api.parse_duration_ms("30s") == 30_000
     assert api.parse_duration_ms("5m") == 300_000 and api.parse_duration_ms("1h") == 3_600_000

@@ -57,6 +57,92 @@ def test_cli_imports_nothing_heavy():
     assert out == "[]"
 
 
+LINT_EVERYTHING = """\
+    ---
+    params:
+      topics: { type: array, items: { type: string }, default: [x, y] }
+      count: { type: integer, minimum: 1, default: 3 }
+    defaults: { timeout: 5m, on_error: continue, llm: { temperature: 1 } }
+    budget: { max_units: 20 }
+    steps:
+      - id: prep
+        unit:
+          exec: { command: [echo, hi], pass_env: [HOME] }
+          retry: { max: 2, on: [timeout, non_zero_exit] }
+        output: { type: string }
+      - id: each
+        gate: { max_loops: 2 }
+        map:
+          over: params.topics
+          concurrency: 2
+          unit: { model: m, output: { type: object, required: [line], properties: { line: { type: string } } } }
+        inputs: [steps.prep.output]
+        output: { type: array }
+      - id: pick
+        route:
+          input: params.count
+          when: [{ match: 1, step: small }]
+          default: big
+      - id: small
+        unit: { exec: { command: [echo, small] } }
+      - id: big
+        unit: { exec: { command: [echo, big] } }
+        output: { type: string }
+    ---
+
+    ## prep
+
+    Prepare.
+
+    ## each
+
+    Write a line.
+
+    ### gate
+
+    - Each line names its topic.
+
+    ## small
+
+    Small.
+
+    ## big
+
+    Big.
+    """
+
+
+def test_lint_imports_no_pydantic(tmp_path):
+    """Issue 10: a cold zipapp start of `workflow lint` must not compile pydantic or unpack pydantic_core.
+
+    Linting a file using every container (params with defaults, output schemas, a gate, a map, a
+    route, retries, defaults and a budget), a file with errors and a legacy file, as text and as JSON,
+    leaves pydantic unimported.
+    """
+    write(tmp_path, "all.md", LINT_EVERYTHING)
+    write(tmp_path, "bad.md", "---\nsteps:\n  - id: a\n    unit: { exec: { command: 'echo hi' }, timeout: 1y }\n---\n\n## b\n")
+    write(tmp_path, "old.md", "# Workflow: Old one\n\n## Step: Do a thing\nStep ID: do-it\n\n### Instructions\nDo it.\n")
+    code = (
+        "import json, sys\n"
+        "from akm.cli import main\n"
+        "codes = [main(['workflow', 'lint', name, *fmt]) for name in ('all.md', 'bad.md', 'old.md', '.', 'gone.md')\n"
+        "         for fmt in ([], ['--format', 'json'])]\n"
+        "print(json.dumps({'codes': codes, 'loaded': sorted(m for m in sys.modules if m.split('.')[0] in\n"
+        "                  ('pydantic', 'pydantic_core', 'annotated_types', 'typing_inspection'))}))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([PY, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    lines = done.stdout.splitlines()
+    result = json.loads(lines[-1])
+    assert result["codes"] == [0, 0, 1, 1, 1, 1, 1, 1, 1, 1], done.stdout
+    assert result["loaded"] == [], result["loaded"]
+    text = done.stdout
+    assert 'all.md:26: warning[missing_output_schema]: Step "small"' in text  # the only finding in all.md
+    assert "1 file checked: no errors, 1 warning(s)" in text
+    assert "bad.md:4:52: error[invalid_duration]" in text and '"code": "invalid_duration"' in text
+    assert "old.md:1: error[legacy_format]" in text and "gone.md:1: error[unreadable_file]" in text
+
+
 def test_a_run_leaves_no_child_unreaped_at_exit(akm, project):
     """Python's dev mode warns about a child still running at shutdown (the units' guardian was one)."""
     import shutil

@@ -3,6 +3,8 @@ to parsing), plus the body rules: fences, sections, rubric extraction, preamble,
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from akm.format.markdown import extract_block, scan_headings, split_frontmatter, split_lines
@@ -404,7 +406,16 @@ def test_document_is_plain_data_for_the_compiler() -> None:
     doc = ok(wf("steps: [{id: a}]\n", "## a\n\nA.\n"))
     dumped = doc.model_dump()
     assert dumped["steps"][0]["id"] == "a" and dumped["steps"][0]["instructions"]["text"] == "A."
-    assert type(doc).model_validate(dumped) == doc
+    assert json.loads(json.dumps(dumped)) == dumped  # nothing but JSON data, nested records included
+    assert ok(wf("steps: [{id: a}]\n", "## a\n\nA.\n")) == doc and doc != ok(wf("steps: [{id: b}]\n", "## b\n\nA.\n"))
+
+
+def test_document_records_refuse_unknown_and_missing_fields() -> None:
+    """The parser builds them by keyword: a misspelt field must fail loudly, as `extra=forbid` did."""
+    with pytest.raises(TypeError, match="unknown field"):
+        RetrySpec(max=1, on=["timeout"], tries=2)
+    with pytest.raises(TypeError, match="missing required field 'on'"):
+        RetrySpec(max=1)
 
 
 def test_step_frontmatter_spans() -> None:

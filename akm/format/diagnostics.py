@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, model_serializer
+from akm.views import View
 
 MAX_REPORTED_ERRORS = 50
 # Warnings of one code listed one by one before the rest are folded into one entry.
 MAX_REPEATED_WARNINGS = 3
 
 
-class Diagnostic(BaseModel):
+class Diagnostic(View):
     """One problem in a workflow file. `line` is a 1-based file line; `column` is 1-based."""
 
     code: str
@@ -28,13 +28,12 @@ class Diagnostic(BaseModel):
     # Set on a diagnostic that stands for several folded repeats (see `fold_repeats`).
     count: int | None = None
 
-    @model_serializer(mode="wrap")
-    def _drop_empty(self, handler: Any) -> dict[str, Any]:
+    def _dump(self, camel: bool) -> dict[str, Any]:
         # The JSON contract omits column/hint/count instead of writing null.
-        data = handler(self)
+        data = super()._dump(camel)
         for key in ("column", "hint", "count"):
-            if data.get(key) is None:
-                data.pop(key, None)
+            if data[key] is None:
+                del data[key]
         return data
 
 

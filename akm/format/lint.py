@@ -4,7 +4,11 @@ Lint never raises for anything about the inputs: a missing path, a directory
 without workflows, a binary or non-UTF-8 file and an oversized file are all
 reported as diagnostics in the file's entry, so one bad file never hides the
 results for the others. The JSON shape (`LintReport.model_dump()`) is a public
-contract shared by the CLI's `--format json` and the MCP `workflow_lint` tool.
+contract shared by the CLI's `--format json` and the MCP `workflow_lint` tool
+(which derives its output schema from these records, see akm.mcp).
+
+The reports are plain records (`akm.views.View`), not pydantic models: linting
+imports no pydantic, which keeps a cold start of the zipapp under a second.
 """
 
 from __future__ import annotations
@@ -12,21 +16,20 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import BaseModel
-
 from akm.format.diagnostics import Diagnostic
 from akm.format.grammar import MAX_SOURCE_BYTES
 from akm.format.parse import parse_workflow
+from akm.views import View
 
 
-class FileReport(BaseModel):
+class FileReport(View):
     path: str
     ok: bool
     errors: list[Diagnostic]
     warnings: list[Diagnostic]
 
 
-class LintReport(BaseModel):
+class LintReport(View):
     ok: bool
     files: list[FileReport]
 

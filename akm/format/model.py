@@ -9,13 +9,18 @@ re-checking.
 
 Line numbers are 1-based file lines and exist for diagnostics and for the
 plan's `source` spans.
+
+They are plain records (`akm.views.View`: keyword construction that refuses
+unknown fields, equality, `model_dump()`), not pydantic models: the parser
+builds them from values it already checked, and `akm workflow lint` must not
+pay pydantic's import (about a third of a cold zipapp start) to hold them.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from akm.views import View, factory
 
 StepKind = Literal["unit", "map", "route"]
 
@@ -40,11 +45,7 @@ RETRYABLE_REASONS: tuple[str, ...] = (
 )
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TextBlock(_Model):
+class TextBlock(View):
     """Body text, byte-exact except for dropped blank edge lines and CRLF -> LF.
 
     `start_line`..`end_line` is the untrimmed span: for instructions, the line
@@ -56,23 +57,23 @@ class TextBlock(_Model):
     end_line: int
 
 
-class ExecSpec(_Model):
+class ExecSpec(View):
     """A command run directly (argv, never a shell). `pass_env` empty = none passed."""
 
     command: list[str]
     cwd: str | None = None
-    pass_env: list[str] = Field(default_factory=list)
+    pass_env: list[str] = factory(list)
     inherit_env: bool = False
 
 
-class RetrySpec(_Model):
+class RetrySpec(View):
     """Re-dispatch a failed unit up to `max` more times while its reason is in `on`."""
 
     max: int
     on: list[str]
 
 
-class LlmOptions(_Model):
+class LlmOptions(View):
     """LLM invocation tuning (only meaningful for LLM engines; merged at freeze)."""
 
     temperature: float | None = None
@@ -84,10 +85,10 @@ class LlmOptions(_Model):
 
     def authored(self) -> dict[str, Any]:
         """Only the keys the author wrote (what freeze merges)."""
-        return self.model_dump(exclude_none=True)
+        return {name: value for name, value in self.model_dump().items() if value is not None}
 
 
-class UnitBag(_Model):
+class UnitBag(View):
     """How one unit is dispatched: `unit:` on a unit step or `map.unit:` on a map step.
 
     `timeout_set` distinguishes "no timeout written" (False; freeze falls back to
@@ -108,7 +109,7 @@ class UnitBag(_Model):
     exec: ExecSpec | None = None
 
 
-class Defaults(_Model):
+class Defaults(View):
     """Document-wide dispatch defaults (`defaults:`); same timeout convention as UnitBag."""
 
     engine: str | None = None
@@ -119,14 +120,14 @@ class Defaults(_Model):
     llm: LlmOptions | None = None
 
 
-class Budget(_Model):
+class Budget(View):
     """Run-lifetime ceilings; at least one is set when the block exists."""
 
     max_tokens: int | None = None
     max_units: int | None = None
 
 
-class MapSpec(_Model):
+class MapSpec(View):
     """Fan-out: one unit per item of the array `over` resolves to.
 
     `concurrency=None` means "not written" (freeze applies the default width).
@@ -138,14 +139,14 @@ class MapSpec(_Model):
     unit: UnitBag | None = None
 
 
-class RouteBranch(_Model):
+class RouteBranch(View):
     """`match` is the JS string form of the authored value (`true` -> "true", `1.0` -> "1")."""
 
     match: str
     step: str
 
 
-class RouteSpec(_Model):
+class RouteSpec(View):
     """Pick one later step by the value `input` resolves to; others are skipped."""
 
     input: str
@@ -153,13 +154,13 @@ class RouteSpec(_Model):
     default: str | None = None
 
 
-class GateSpec(_Model):
+class GateSpec(View):
     """Present when the step has a frontmatter `gate:` or a non-empty `### gate` rubric."""
 
     max_loops: int | None = None
 
 
-class Step(_Model):
+class Step(View):
     """One declared step. Exactly one of unit/map/route semantics, per `kind`.
 
     A `unit` step may have `unit=None` (a bare `- id: x` uses the defaults).
@@ -176,7 +177,7 @@ class Step(_Model):
     unit: UnitBag | None = None
     map: MapSpec | None = None
     route: RouteSpec | None = None
-    inputs: list[str] = Field(default_factory=list)
+    inputs: list[str] = factory(list)
     output: dict[str, Any] | None = None
     gate: GateSpec | None = None
     instructions: TextBlock | None = None
@@ -184,7 +185,7 @@ class Step(_Model):
     section_line: int | None = None
 
 
-class WorkflowDocument(_Model):
+class WorkflowDocument(View):
     """A workflow file that parsed and passed every lint rule.
 
     `params` keeps declaration order; `params_declared` tells an absent
@@ -196,12 +197,12 @@ class WorkflowDocument(_Model):
     path: str
     title: str | None = None
     description: str | None = None
-    tags: list[str] = Field(default_factory=list)
+    tags: list[str] = factory(list)
     when_to_use: str | None = None
     status: Literal["draft", "stable", "deprecated"] | None = None
     updated: str | None = None
-    envelope: dict[str, Any] = Field(default_factory=dict)
-    params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    envelope: dict[str, Any] = factory(dict)
+    params: dict[str, dict[str, Any]] = factory(dict)
     params_declared: bool = False
     defaults: Defaults | None = None
     budget: Budget | None = None

@@ -24,8 +24,6 @@ from __future__ import annotations
 import re
 import shlex
 
-from pydantic import BaseModel
-
 from akm.format.bind_sections import BoundSections, bind_sections, text_block
 from akm.format.cross_step_checks import check_references, check_routes, warn_untyped
 from akm.format.diagnostics import Diagnostic, fold_repeats, sort_and_cap
@@ -38,9 +36,10 @@ from akm.format.read_schemas import read_params
 from akm.format.read_steps import StepDraft, read_steps
 from akm.format.read_unit import read_defaults
 from akm.format.yaml12 import YamlProblem, load_yaml
+from akm.views import View
 
 
-class ParseResult(BaseModel):
+class ParseResult(View):
     """`document` is set only when `errors` is empty. Warnings never block."""
 
     document: WorkflowDocument | None = None

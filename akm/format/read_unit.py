@@ -212,7 +212,7 @@ def _read_llm(ctx: FieldReader, value: Any, yp: tuple, what: str) -> LlmOptions 
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
             ctx.error("invalid_type", f'{what}.temperature must be a finite number, not {describe(t)}', yp + ("temperature",))
         else:
-            out["temperature"] = float(t) if isinstance(t, float) else t
+            out["temperature"] = float(t)  # `temperature: 1` is 1.0 in the plan (as when this was a pydantic float)
     for k in ("max_tokens", "context_length"):
         if k in node:
             out[k] = ctx.integer(node[k], yp + (k,), f"{what}.{k}", 1, 2**53 - 1)
