@@ -404,7 +404,7 @@ def test_migration_0005_keeps_every_run_and_its_foreign_keys(tmp_path):
     old.close()
     db = open_db(path)
     try:
-        assert applied_ids(db)[-1] == "0005-run-status-abandoned"
+        assert "0005-run-status-abandoned" in applied_ids(db)
         row = db.query_one("SELECT * FROM runs WHERE id = 'r1'")
         assert (row["params_json"], row["lease_holder"], row["status"]) == ('{"a":1}', "eng", "active")
         assert _columns(db.conn, "runs") == EXPECTED_COLUMNS["runs"]

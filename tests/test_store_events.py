@@ -154,3 +154,29 @@ def test_decode_rejects_everything_else(raw, message):
 def test_decode_accepts_an_object_too():
     assert events.decode_task_metadata({"metadataVersion": 2, "durationMs": 1, "detail": None}) == {
         "metadataVersion": 2, "durationMs": 1, "detail": None}
+
+
+def test_every_events_query_uses_the_id_range_or_the_run_index(db):
+    """Migration 0006 dropped the type and time indexes: no query of list_events/has_event may scan the table."""
+    from akm.store.migrations import applied_ids
+
+    assert "0006-drop-unused-event-indexes" in applied_ids(db)
+    names = {r[0] for r in db.query("SELECT name FROM sqlite_master WHERE type='index' AND tbl_name='events'")}
+    assert "idx_events_type" not in names and "idx_events_ts" not in names and "idx_events_run" in names
+    for i in range(50):
+        events.append_event(db, "tick" if i % 2 else "tock", f"r{i % 3}", {"i": i})
+    seen: list[str] = []
+    db.conn.set_trace_callback(seen.append)
+    try:
+        for run_id in (None, "r1"):
+            for event_type in (None, "tick"):
+                for since_ts in (None, "2000-01-01T00:00:00.000Z"):
+                    events.list_events(db, run_id, since_offset=3, limit=10, event_type=event_type, since_ts=since_ts)
+        events.has_event(db, "tick", "r1")
+    finally:
+        db.conn.set_trace_callback(None)
+    selects = [s for s in seen if s.lstrip().upper().startswith("SELECT") and "FROM events" in s]
+    assert len(selects) >= 9
+    for sql in selects:
+        plan = " | ".join(r[3] for r in db.conn.execute("EXPLAIN QUERY PLAN " + sql))
+        assert "SCAN events" not in plan or "MAX(id)" in sql, (sql, plan)
