@@ -58,6 +58,8 @@ def config_dir() -> Path:
     xdg = os.environ.get("XDG_CONFIG_HOME", "").strip()
     if xdg:
         return Path(xdg) / "akm"
+    if sys.platform.startswith("linux"):
+        return Path(os.path.expanduser("~/.config")) / "akm"  # platformdirs' Linux answer, without its import
     import platformdirs  # lazy: keeps CLI start-up light
 
     return Path(platformdirs.user_config_dir("akm", appauthor=False))

@@ -143,6 +143,26 @@ def test_lint_imports_no_pydantic(tmp_path):
     assert "old.md:1: error[legacy_format]" in text and "gone.md:1: error[unreadable_file]" in text
 
 
+def test_a_run_without_params_imports_no_jsonschema_nor_platformdirs(tmp_path):
+    """Issue 10: a first start pays for every module it compiles. A run of an exec workflow that declares
+    no params (nor output schemas) validates nothing, so it must not import jsonschema (and its
+    referencing/rpds stack); the user config dir on Linux needs no platformdirs."""
+    write(tmp_path, "t.md", "---\nsteps:\n  - id: a\n    unit: { exec: { command: ['true'] } }\n---\n\n## a\n\nx\n")
+    code = (
+        "import json, sys\n"
+        "from akm.cli import main\n"
+        "code = main(['workflow', 'run', 't.md', '--format', 'json'])\n"
+        "print(json.dumps({'code': code, 'loaded': sorted({m.split('.')[0] for m in sys.modules} &\n"
+        "                  {'jsonschema', 'referencing', 'rpds', 'platformdirs'})}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_CONFIG_HOME", "AKM_CONFIG_DIR")}
+    env.update(PYTHONPATH=str(ROOT), AKM_DATA_DIR=str(tmp_path / "data"), HOME=str(tmp_path / "home"))
+    done = subprocess.run([PY, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout.splitlines()[-1])
+    expected = [] if sys.platform.startswith("linux") else ["platformdirs"]  # elsewhere platformdirs knows the dirs
+    assert result == {"code": 0, "loaded": expected}, (result, done.stderr)
+
+
 def test_a_run_leaves_no_child_unreaped_at_exit(akm, project):
     """Python's dev mode warns about a child still running at shutdown (the units' guardian was one)."""
     import shutil

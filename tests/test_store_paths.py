@@ -99,6 +99,15 @@ def test_data_dir_follows_platformdirs_without_importing_it(monkeypatch, xdg):
     assert paths.data_dir() == Path(platformdirs.user_data_dir("akm", appauthor=False))
 
 
+def test_config_dir_follows_platformdirs_without_importing_it(monkeypatch):
+    """With neither AKM_CONFIG_DIR nor XDG_CONFIG_HOME set, the Linux shortcut is platformdirs' answer."""
+    import platformdirs
+
+    monkeypatch.delenv("AKM_CONFIG_DIR", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    assert paths.config_dir() == Path(platformdirs.user_config_dir("akm", appauthor=False))
+
+
 def test_a_journal_path_that_is_a_directory_is_a_clear_error(cli, tmp_path):
     from akm import paths
 

@@ -347,6 +347,11 @@ def check_params(params: Any, param_schemas: dict[str, dict], *, code: str = "IN
         except CanonicalError as exc:
             raise UsageError(f"params.{name} cannot be recorded as JSON: {exc}", code=code) from None
     params = apply_defaults(params, param_schemas)
+    if not params:
+        # An empty object always satisfies {"type": "object", "properties": …} (no param is `required`):
+        # a run without params needs no validator — and so does not import jsonschema (a cold first
+        # start of a zipapp pays a quarter of a second for it).
+        return params
     errors = validate_instance(
         params, {"type": "object", "properties": dict(param_schemas)}, root_label="params"
     )
