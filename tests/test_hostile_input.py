@@ -371,3 +371,24 @@ def test_offset_zero_and_small_offsets_still_read(in_project, capsys):
     for since in ("@offset:0", "@offset:00", "@offset:1"):
         code, _, err = cli(capsys, "log", "--since", since)
         assert code == 0, (since, err)
+
+
+@pytest.mark.parametrize("temperature", ["1" + "0" * 400, "-" + "9" * 330, ".nan", ".inf", "true", "'0.5'"])
+def test_an_impossible_temperature_is_a_lint_error_not_a_crash(temperature):
+    """A YAML integer too large for a float used to escape as `internal_error` (OverflowError)."""
+    from akm.format.parse import parse_workflow
+
+    source = ("---\nsteps:\n  - id: a\n    unit:\n      engine: x\n      llm: { temperature: " + temperature
+              + " }\n    output: { type: string }\n---\n\n## a\n\nx\n")
+    errors = parse_workflow(source, "wf.md").errors
+    assert [(e.code, e.line) for e in errors] == [("invalid_type", 6)], errors
+    assert "temperature must be a finite number" in errors[0].message
+
+
+def test_a_whole_temperature_is_a_float_in_the_document():
+    from akm.format.parse import parse_workflow
+
+    source = ("---\nsteps:\n  - id: a\n    unit:\n      engine: x\n      llm: { temperature: 1 }\n"
+              "    output: { type: string }\n---\n\n## a\n\nx\n")
+    llm = parse_workflow(source, "wf.md").document.steps[0].unit.llm
+    assert llm.temperature == 1.0 and isinstance(llm.temperature, float)

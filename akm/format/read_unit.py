@@ -202,6 +202,18 @@ def _read_retry(ctx: FieldReader, value: Any, yp: tuple, what: str) -> RetrySpec
     return RetrySpec(max=max_n, on=reasons)
 
 
+def _as_float(value: Any) -> float | None:
+    """A YAML number as a finite float; None for anything else (a bool, text, NaN, infinity, or an
+    integer too large for a float — a 400-digit `temperature` is a mistake to report, not a crash)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _read_llm(ctx: FieldReader, value: Any, yp: tuple, what: str) -> LlmOptions | None:
     node = ctx.strict_mapping(value, yp, what, LLM_KEYS)
     if node is None:
@@ -209,10 +221,11 @@ def _read_llm(ctx: FieldReader, value: Any, yp: tuple, what: str) -> LlmOptions 
     out: dict[str, Any] = {}
     if "temperature" in node:
         t = node["temperature"]
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        number = _as_float(t)
+        if number is None:
             ctx.error("invalid_type", f'{what}.temperature must be a finite number, not {describe(t)}', yp + ("temperature",))
         else:
-            out["temperature"] = float(t)  # `temperature: 1` is 1.0 in the plan (as when this was a pydantic float)
+            out["temperature"] = number  # `temperature: 1` is 1.0 in the plan (as when this was a pydantic float)
     for k in ("max_tokens", "context_length"):
         if k in node:
             out[k] = ctx.integer(node[k], yp + (k,), f"{what}.{k}", 1, 2**53 - 1)
