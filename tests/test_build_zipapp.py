@@ -295,11 +295,12 @@ def test_cache_falls_back_to_private_temp_dir_then_fails_clearly(akm_bin, tmp_pa
     assert not list(private.rglob("*.so"))  # lint is pure Python (no pydantic): nothing unpacked
     ok = run([sys.executable, str(akm_bin), "workflow", "run", "w.md"], env, tmp_path)
     assert ok.returncode == 0, ok.stderr
-    # only what this interpreter imported is unpacked: its builds of pydantic-core and of rpds (under
-    # jsonschema), no other Python's, and nothing the run did not import (cryptography stays packed)
+    # only what this interpreter imported is unpacked: its build of pydantic-core, no other Python's, and
+    # nothing the run did not import (a run without params validates none, so rpds under jsonschema
+    # stays packed; cryptography too)
     suffix = __import__("_imp").extension_suffixes()[0]
     assert sorted(p.relative_to(next(private.iterdir()) / "native").as_posix()
-                  for p in private.rglob("*.so")) == [f"pydantic_core/_pydantic_core{suffix}", f"rpds/rpds{suffix}"]
+                  for p in private.rglob("*.so")) == [f"pydantic_core/_pydantic_core{suffix}"]
 
     env["TMPDIR"] = str(blocker / "tmp")  # nowhere writable
     version = run([sys.executable, str(akm_bin), "--version"], env, tmp_path)
