@@ -38,7 +38,9 @@ from akm.views import (  # noqa: F401  (the read paths' typed results, re-export
     EventView,
     GraphEdge,
     GraphNode,
+    DetachedRun,
     LeaseView,
+    OpenedRun,
     ProgressEvent,
     RunGraph,
     RunList,
@@ -49,6 +51,7 @@ from akm.views import (  # noqa: F401  (the read paths' typed results, re-export
     StepView,
     UnitFinished,
     UnitView,
+    WaitResult,
 )
 
 if TYPE_CHECKING:
@@ -501,51 +504,7 @@ def run_workflow(
             on_warning(w)
 
     try:
-        started = False
-        existing = runs_store.get_run(db, target) if _RUN_ID.match(target) else None
-        if existing is not None:
-            if param_pairs or params:
-                raise UsageError("Params can only be given when starting a run from a workflow, not with a run id.",
-                                 code="PARAMS_ON_EXISTING_RUN")
-            if new:
-                raise UsageError(f"{target} is a run id; a new run starts from a workflow file or ref.",
-                                 code="NEW_RUN_NEEDS_WORKFLOW")
-            run_id = existing.id
-        else:
-            wf_path, ref = resolve_workflow_file(target, work_dir)
-            plan, lint_warnings = compile_workflow_file(wf_path, cwd=work_dir)
-            for w in lint_warnings:
-                warn(w)
-            from akm.format.params import check_params, coerce_params
-
-            schemas = plan.param_schemas or {}
-            values = coerce_params(param_pairs, schemas) if param_pairs else check_params(dict(params or {}), schemas)
-            scope = paths.scope_key(work_dir)
-            active = None if new else runs_store.find_active_run(db, ref, scope, values)
-            if active is not None:
-                run_id = _continue_active(active, plan, wf_path, warn)
-            else:
-                from akm.plan.model import UNIT_HASH_VERSION
-
-                import uuid
-
-                run_id = str(uuid.uuid4())
-                try:
-                    runs_store.create_run(
-                        db, run_id=run_id, workflow_ref=ref, workflow_path=str(wf_path), title=plan.title,
-                        scope_key=scope, params=values, plan_json=plan.canonical(), plan_hash=plan.plan_hash(),
-                        hash_version=UNIT_HASH_VERSION, step_ids=[s.step_id for s in plan.steps],
-                        join_identical=not new,
-                    )
-                    started = True
-                except UsageError as exc:
-                    # Lost a start race to an identical invocation (same workflow, same params):
-                    # continue its run rather than start a twin.
-                    winner = runs_store.get_run(db, exc.details.get("runId", "")) \
-                        if exc.code == "RUN_ALREADY_ACTIVE" else None
-                    if winner is None:
-                        raise
-                    run_id = _continue_active(winner, plan, wf_path, warn)
+        run_id, started, existing = _open(db, target, params, param_pairs, new, work_dir, warn)
         timer = None
         if timeout_ms is not None:
             import threading
@@ -599,6 +558,189 @@ def run_workflow(
         except Exception:
             pass  # history is advisory; never mask the real outcome
         db.close()
+
+
+def open_run(
+    target: str,
+    *,
+    param_pairs: list[tuple[str, str | bool]] | None = None,
+    params: dict[str, Any] | None = None,
+    new: bool = False,
+    cwd: str | None = None,
+) -> OpenedRun:
+    """Find or start the run `target` names, as `run_workflow` would, and drive nothing.
+
+    A front whose driver outlives its call (the MCP server, `workflow run --detach`) opens the run first, so
+    it knows the run id before any unit runs and bad input is refused at once, then drives it by id.
+    """
+    req = _args("RunRequest", target, dict(target=target, params=params, param_flags=param_pairs, new=new, cwd=cwd), {
+        "target": _of(str, "target"), "params": _of(dict, "params", True), "param_flags": _of(list, "param_flags", True),
+        "new": _of(bool, "new"), "cwd": _of(str, "cwd", True)})
+    work_dir = Path(req.cwd or os.getcwd()).resolve()
+    warnings: list[RunWarning] = []
+    db = _open_db()
+    try:
+        run_id, started, _existing = _open(db, req.target, req.params, req.param_flags, req.new, work_dir,
+                                           warnings.append)
+        run = _require_run(db, run_id)
+        return OpenedRun(run_id=run_id, status=run.status, started=started, warnings=[w.message for w in warnings])
+    finally:
+        db.close()
+
+
+def detach_run(
+    target: str,
+    *,
+    param_pairs: list[tuple[str, str | bool]] | None = None,
+    params: dict[str, Any] | None = None,
+    max_steps: int | str | None = None,
+    timeout: int | str | None = None,
+    new: bool = False,
+    cwd: str | None = None,
+) -> DetachedRun:
+    """Open the run `target` names (errors are raised here, before anything runs) and start its driver as a
+    background process that logs under the data directory; returns at once with the run id.
+
+    A run that is not drivable (completed, failed, blocked, abandoned) gets no driver (`pid` null).
+    """
+    from akm import detach
+
+    steps = None if max_steps is None else _whole_number(max_steps, "max_steps", 0)
+    timeout_ms = None if timeout is None else parse_duration_ms(timeout)
+    opened = open_run(target, param_pairs=param_pairs, params=params, new=new, cwd=cwd)
+    if opened.status not in ("active", "awaiting_session"):
+        return DetachedRun(run_id=opened.run_id, status=opened.status, started=opened.started,
+                           warnings=opened.warnings)
+    extra = ([f"--max-steps={steps}"] if steps is not None else []) + \
+        ([f"--timeout={timeout_ms}ms"] if timeout_ms is not None else [])
+    pid, log = detach.spawn_driver(opened.run_id, cwd=Path(cwd or os.getcwd()).resolve(), extra=extra)
+    return DetachedRun(run_id=opened.run_id, status=opened.status, started=opened.started, pid=pid, log=str(log),
+                       warnings=opened.warnings)
+
+
+# How long `wait_run` lets a run stay active with no live driver before it says so (a driver that was just
+# started needs a moment to take the lease; one that died leaves the run active for good).
+UNDRIVEN_GRACE_S = 10.0
+
+
+def wait_run(run_id: str, *, timeout: int | str | None = None, cancel: Cancellation | None = None,
+             undriven_after_s: float = UNDRIVEN_GRACE_S) -> WaitResult:
+    """Block until the run is no longer `active` (completed, failed, blocked, awaiting the session, abandoned).
+
+    Polls the journal (every 0.1 s at first, then up to every second): it works whoever drives the run — a
+    detached driver, another shell, an MCP server. Gives up when `timeout` (ms or text like `30s`) expires
+    (`timed_out`), when `cancel` trips, or when no live driver has held the run's lease for `undriven_after_s`
+    seconds (`undriven`: a driver that died leaves the run active until something drives it again).
+    """
+    from akm.store import runs as runs_store
+
+    timeout_ms = None if timeout is None else parse_duration_ms(timeout)
+    deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000.0
+    cancel = cancel or Cancellation()
+    db = _open_db()
+    try:
+        run = _require_run(db, run_id)
+        delay, undriven_since = 0.1, None
+        import threading
+
+        nap = threading.Event()
+        cancel.link(nap)
+        try:
+            while True:
+                run = _require_run(db, run_id)
+                if run.status != "active":
+                    return WaitResult(run=_run_view(db, run))
+                now = time.monotonic()
+                if runs_store.read_lease(db, run_id) is None:
+                    undriven_since = now if undriven_since is None else undriven_since
+                    if now - undriven_since >= undriven_after_s:
+                        return WaitResult(run=_run_view(db, run), undriven=True)
+                else:
+                    undriven_since = None
+                if deadline is not None and now >= deadline:
+                    return WaitResult(run=_run_view(db, run), timed_out=True)
+                if cancel.tripped:
+                    return WaitResult(run=_run_view(db, run), timed_out=True)
+                step = delay if deadline is None else max(0.0, min(delay, deadline - now))
+                nap.wait(step)
+                delay = min(1.0, delay * 1.5)
+        finally:
+            cancel.unlink(nap)
+    finally:
+        db.close()
+
+
+# Exit status of `workflow wait` when its --timeout expires with the run still active (GNU timeout's).
+EXIT_WAIT_TIMEOUT = 124
+# Exit status of `workflow wait` when the run is active but nothing drives it.
+EXIT_UNDRIVEN = 5
+
+
+def wait_exit_status(result: WaitResult) -> int:
+    """`workflow run`'s exit status for the state the run reached; 124 on timeout, 5 when nothing drives it."""
+    if result.timed_out:
+        return EXIT_WAIT_TIMEOUT
+    if result.undriven:
+        return EXIT_UNDRIVEN
+    if result.run.status == "abandoned":
+        from akm.errors import EXIT_FAILED
+
+        return EXIT_FAILED
+    return exit_status_for(RunResult(run=result.run))
+
+
+def _open(db, target: str, params: dict[str, Any] | None, param_pairs: list[Any] | None, new: bool,
+          work_dir: Path, warn: Callable[[RunWarning], None]) -> tuple[str, bool, Any]:
+    """Which run `target` names: an existing run id, the drivable run of the same workflow and params, or a
+    new run (created here). Returns (run id, whether it was started now, the existing run for a run id)."""
+    from akm.store import runs as runs_store
+
+    started = False
+    existing = runs_store.get_run(db, target) if _RUN_ID.match(target) else None
+    if existing is not None:
+        if param_pairs or params:
+            raise UsageError("Params can only be given when starting a run from a workflow, not with a run id.",
+                             code="PARAMS_ON_EXISTING_RUN")
+        if new:
+            raise UsageError(f"{target} is a run id; a new run starts from a workflow file or ref.",
+                             code="NEW_RUN_NEEDS_WORKFLOW")
+        run_id = existing.id
+    else:
+        wf_path, ref = resolve_workflow_file(target, work_dir)
+        plan, lint_warnings = compile_workflow_file(wf_path, cwd=work_dir)
+        for w in lint_warnings:
+            warn(w)
+        from akm.format.params import check_params, coerce_params
+
+        schemas = plan.param_schemas or {}
+        values = coerce_params(param_pairs, schemas) if param_pairs else check_params(dict(params or {}), schemas)
+        scope = paths.scope_key(work_dir)
+        active = None if new else runs_store.find_active_run(db, ref, scope, values)
+        if active is not None:
+            run_id = _continue_active(active, plan, wf_path, warn)
+        else:
+            from akm.plan.model import UNIT_HASH_VERSION
+
+            import uuid
+
+            run_id = str(uuid.uuid4())
+            try:
+                runs_store.create_run(
+                    db, run_id=run_id, workflow_ref=ref, workflow_path=str(wf_path), title=plan.title,
+                    scope_key=scope, params=values, plan_json=plan.canonical(), plan_hash=plan.plan_hash(),
+                    hash_version=UNIT_HASH_VERSION, step_ids=[s.step_id for s in plan.steps],
+                    join_identical=not new,
+                )
+                started = True
+            except UsageError as exc:
+                # Lost a start race to an identical invocation (same workflow, same params):
+                # continue its run rather than start a twin.
+                winner = runs_store.get_run(db, exc.details.get("runId", "")) \
+                    if exc.code == "RUN_ALREADY_ACTIVE" else None
+                if winner is None:
+                    raise
+                run_id = _continue_active(winner, plan, wf_path, warn)
+    return run_id, started, existing
 
 
 def _progress_relay(on_progress: Callable[[ProgressEvent], None] | None) -> Callable[[Any], None] | None:

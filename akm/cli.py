@@ -20,7 +20,7 @@ from akm.errors import EXIT_INTERNAL, EXIT_USAGE, AkmError, UsageError
 
 _RUN_HELP = """\
 usage: akm workflow run TARGET [--<param> VALUE ...] [--new] [--max-steps N] [--timeout DUR]
-                        [--format text|json] [--quiet] [--verbose]
+                        [--detach] [--format text|json] [--quiet] [--verbose]
 
 Start or continue a workflow run and drive it as far as it can go.
 
@@ -39,6 +39,8 @@ Run flags:
   --new           always start a new run (e.g. to run an edited file)
   --max-steps N   finish at most N steps in this invocation (exit 4 if more remain)
   --timeout DUR   stop after DUR (500ms, 30s, 5m); the run stays active
+  --detach        drive the run in the background: print the run id at once and
+                  log to <data dir>/logs/RUN.log; `akm workflow wait RUN` waits
   --format F      text (default) or json
   --quiet, -q     no progress lines
   --verbose       a progress line per finished unit on stderr, even when stderr
@@ -120,6 +122,14 @@ def _build_parser() -> "argparse.ArgumentParser":
         sp = add(name, text)
         sp.add_argument("run_id", metavar="RUN", help=run_id_help)
         fmt(sp)
+
+    wt = add("wait", "wait until a run is no longer active (driven elsewhere, e.g. by `workflow run --detach`)")
+    wt.add_argument("run_id", metavar="RUN", help=run_id_help)
+    wt.add_argument("--timeout", metavar="DUR", help="give up after DUR (500ms, 30s, 5m): exit 124")
+    fmt(wt)
+    wt.epilog = ("Exit status: that of `workflow run` for the state the run reached (0 completed, 1 failed, "
+                 "blocked or abandoned, 3 awaiting the calling agent); 124 when --timeout expired first; 5 when "
+                 "the run is active but no driver has held it for 10 s (resume it with `akm workflow run RUN`).")
 
     nx = wsub.add_parser("next", help="what the calling agent should do now for a run (read-only)",
                          description="Print the brief of a run's current step: the session units an agent must "
@@ -431,6 +441,22 @@ def _cmd_run(tokens: list[str]) -> int:
                          code="USAGE", hint="See `akm workflow run --help`.")
     fmt = api.check_output_format(str(ra.controls.get("format", "text")), ("text", "json"))
 
+    if ra.controls.get("detach"):
+        detached = api.detach_run(ra.target, param_pairs=ra.params, max_steps=ra.controls.get("max-steps"),
+                                  timeout=ra.controls.get("timeout"), new=bool(ra.controls.get("new")))
+        for message in detached.warnings:
+            _err(f"warning: {message}")
+        if fmt == "json":
+            _emit_json(detached.to_json())
+        elif detached.pid is None:
+            _out(f"{detached.run_id} {detached.status}: nothing to drive")
+        else:
+            _out(detached.run_id)
+            if not ra.controls.get("quiet"):
+                _err(f"driving in the background (pid {detached.pid}), log: {detached.log}; "
+                     f"wait with: akm workflow wait {detached.run_id}")
+        return 0
+
     import signal
 
     cancel = api.Cancellation()
@@ -506,6 +532,28 @@ def _cmd_status(args: argparse.Namespace) -> int:
     else:
         _out(render.run_text(view))
     return 0
+
+
+def _cmd_wait(args: argparse.Namespace) -> int:
+    from akm import api
+    from akm import cli_render as render
+
+    import signal
+
+    cancel = api.Cancellation()
+    signal.signal(signal.SIGINT, lambda *_: cancel.trip("sigint"))
+    result = api.wait_run(args.run_id, timeout=args.timeout, cancel=cancel)
+    if cancel.tripped:
+        return 130
+    if args.format == "json":
+        _emit_json(result.to_json())
+    else:
+        _out(render.run_text(result.run.to_json()))
+        if result.timed_out:
+            _out("waiting stopped: --timeout expired (the run is still active)")
+        elif result.undriven:
+            _out(f"the run is active but nothing drives it: continue it with akm workflow run {args.run_id}")
+    return api.wait_exit_status(result)
 
 
 def _cmd_control(args: argparse.Namespace) -> int:
@@ -728,7 +776,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "setup":
             return _cmd_setup(args)
         handler = {"lint": _cmd_lint, "upgrade": _cmd_upgrade, "list": _cmd_list, "status": _cmd_status,
-                   "resume": _cmd_control, "abandon": _cmd_control, "next": _cmd_next,
+                   "resume": _cmd_control, "abandon": _cmd_control, "next": _cmd_next, "wait": _cmd_wait,
                    "report": _cmd_report}[args.action]
         return handler(args)
     except AkmError as exc:

@@ -6,22 +6,24 @@ runs the (blocking) api call in a worker thread, turns `AkmError` into an
 its own hints — an agent is told which tool to call next, never a shell
 command. `mcp` is imported only here: the CLI never pays for it.
 
-Long runs: a `workflow_run` call returns after at most `call_bound` seconds
-(default 45, `AKM_MCP_CALL_BOUND` or the `timeout` argument make it shorter
-or longer) with the run still `active` and `next` saying to call
-`workflow_run` again — the run continues exactly where it stopped. Progress
-notifications are sent per finished unit and step. A cancelled call stops
-dispatch, kills running units and releases the run lease: the run stays
-resumable. Nothing but protocol frames reaches stdout: units never inherit it
-(their output is captured) and logging goes to stderr.
+Long runs: the server drives a run in a background thread of its own
+(`akm.drives`), so a unit longer than a call finishes, once. A `workflow_run`
+call waits at most its bound (default 45 s, `AKM_MCP_CALL_BOUND` or the
+`timeout` argument) and returns with the run finished, awaiting the agent, or
+still going (`driving: true`, per-step `progress`); the next call attaches to
+the same driver. A cancelled call only stops waiting; `stop=true` stops the
+driver. When the session ends (stdin closes, SIGTERM) every driver is stopped
+the way a signal stops `workflow run` and waited for: the runs stay
+resumable. Progress notifications (per finished unit and step) leave the
+driver through a bounded mailbox, never blocking it. Nothing but protocol
+frames reaches stdout: units never inherit it (their output is captured) and
+logging goes to stderr.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
-import threading
 import types
 import typing
 import uuid
@@ -38,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.alias_generators import to_camel
 
 from akm import __version__, api, views
+from akm import drives as drives_mod
 from akm.engine.budget import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
 from akm.errors import EXIT_INTERNAL, AkmError
 
@@ -167,21 +170,91 @@ RunListModel = _schema_model(views.RunList)
 EventPageModel = _schema_model(views.EventPage)
 
 
-def _next_step_for(result: views.RunResult, bound_hit: bool) -> str | None:
+def _next_step_for(result: views.RunResult) -> str | None:
     status = result.run.status
     rid = result.run.run_id
     if status == "awaiting_session":
         return f"Call workflow_next(run_id=\"{rid}\"), do the work it lists, report it with unit_report, " \
                f"then call workflow_run(target=\"{rid}\") again."
-    if status == "active" and bound_hit:
-        return f"The run is still going (this call returns after its time bound). Call " \
-               f"workflow_run(target=\"{rid}\") to continue from where it stopped."
+    if status == "active" and result.driving:
+        return f"The run is still going in the background (units keep running after this call). Call " \
+               f"workflow_run(target=\"{rid}\") to wait for it again: it attaches and reports what happened " \
+               f"meanwhile. Stop it with workflow_run(target=\"{rid}\", stop=true)."
     if status == "active":
         return f"Call workflow_run(target=\"{rid}\") to continue."
     if status in ("failed", "blocked"):
         return f"Inspect with workflow_status(run_id=\"{rid}\"); fix the cause, then workflow_resume and " \
                "workflow_run to retry (completed units are reused)."
     return None
+
+
+def _stop_run(drives: drives_mod.Drives, run_id: str) -> dict[str, Any]:
+    """`workflow_run(stop=true)`: stop this server's driver of the run; the run stays active and resumable."""
+    view = api.run_status(run_id)  # a coded error for an unknown run or a run id that is not one
+    stopped = drives.stop(view.run_id)
+    result = views.RunResult(run=api.run_status(view.run_id) if stopped else view, aborted=stopped,
+                             abort_reason="stopped" if stopped else None)
+    body = result.to_json()
+    body["next"] = (f"Stopped. Continue later with workflow_run(target=\"{view.run_id}\")." if stopped else
+                    "This server has no driver of that run running; nothing was stopped.")
+    return body
+
+
+class _ProgressReporter:
+    """Sends a call's progress notifications without ever holding up the driver.
+
+    The driver drops messages into the call's mailbox (`drives.Listener`); this reporter sends them from the
+    call's own task, each with a short bound, so a client that stops reading stalls only its own call. MCP wants
+    `progress` to increase with every notification: progress and total accumulate over the steps this call
+    reports — a step of N units counts N + 1 (each unit, then the step's own finish), so for one step `progress`
+    is units done and the step's finish is the last, highest tick.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.offset = 0  # ticks of the steps finished earlier in this call
+        self.step: str | None = None
+        self.step_total = 0
+        self.step_done = 0
+        self.sent = 0.0
+        self.gone = False
+
+    async def send(self, items: list[dict[str, Any]]) -> None:
+        for item in items:
+            if self.gone:
+                return
+            if item["kind"] == "unit":
+                if item["stepId"] != self.step or item["done"] <= self.step_done:
+                    self._open(item["stepId"])  # another step, or another pass (gate loop) of this one
+                self.step_done, self.step_total = item["done"], max(item["total"], self.step_total)
+                value, total = self.offset + item["done"], self.offset + self.step_total + 1
+                mark = "ok" if item["ok"] else f"failed ({item['failureReason']})"
+                message = f"step {item['stepId']}: unit {item['done']}/{item['total']} {item['attemptId']} {mark}"
+            else:
+                if item["stepId"] != self.step:
+                    self._open(item["stepId"])
+                value = total = self.offset + self.step_total + 1
+                message = f"step {item['stepId']} {item['status']}"
+                self._close()
+            if value <= self.sent:
+                continue  # progress must increase; a repeat carries nothing new
+            self.sent = value
+            with anyio.move_on_after(2.0) as scope:
+                try:
+                    await self.ctx.report_progress(value, total, message)
+                except Exception:
+                    self.gone = True  # progress is advisory; a gone client must not fail the call
+            if scope.cancelled_caught:
+                self.gone = True  # the client is not reading: send nothing more on this call
+
+    def _close(self) -> None:
+        if self.step is not None:
+            self.offset += self.step_total + 1
+        self.step, self.step_total, self.step_done = None, 0, 0
+
+    def _open(self, step: str) -> None:
+        self._close()
+        self.step = step
 
 
 def _bound_s() -> float:
@@ -195,7 +268,10 @@ def _bound_s() -> float:
 
 
 class _AkmServer(MCPServer):
-    """MCPServer whose argument errors carry a code like every other akm error."""
+    """MCPServer whose argument errors carry a code like every other akm error, and which owns the
+    background drivers of its runs (`drives`)."""
+
+    drives: drives_mod.Drives
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
         from mcp.server.mcpserver.exceptions import ToolError
@@ -227,6 +303,7 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
     holder = holder or f"mcp:{uuid.uuid4()}"
     base_cwd = cwd or os.getcwd()
     server = _AkmServer(name="akm", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
+    drives = server.drives = drives_mod.Drives(cwd=base_cwd)
 
     read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 
@@ -236,59 +313,51 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         target: Annotated[str, Field(description="A workflow file path, a workflows/<name> ref, or a run id to continue")],
         ctx: Context,
         params: Annotated[dict[str, Any], Field(description="Run params (only when starting a run)")] = {},  # noqa: B006
-        max_steps: Annotated[int | None, Field(ge=1, description="Stop after this many steps")] = None,
-        timeout: Annotated[str | None, Field(description="Stop this call after a duration like 30s or 5m; the "
-                                                         "run stays active and continues on the next call")] = None,
+        max_steps: Annotated[int | None, Field(ge=0, description="Stop after this many steps (0: start the run, "
+                                                                 "drive nothing)")] = None,
+        timeout: Annotated[str | None, Field(description="How long this call waits for the run, like 30s or 5m "
+                                                         "(default: the server's bound, 45 s); the run keeps going "
+                                                         "in the background either way")] = None,
         cwd: Annotated[str | None, Field(description="Project directory (default: the server's)")] = None,
         new: Annotated[bool, Field(description="Start a new run even if one with the same params is active")] = False,
+        stop: Annotated[bool, Field(description="Stop this server's background driver of the run (target: its run "
+                                                "id); running units are stopped, the run stays resumable")] = False,
     ) -> Annotated[CallToolResult, McpRunResult]:
-        """Start or continue a workflow run; akm runs command units itself and stops when the calling agent
-        must act (status awaiting_session: see workflow_next) or the run finishes."""
-        from akm.engine.cancel import Cancellation
-
-        cancel = Cancellation()
-        bound = _bound_s()
+        """Start or continue a workflow run. akm drives it in the background (command units run in this server's
+        process); the call waits up to its bound and returns when the run completes, fails, or needs you (status
+        awaiting_session: see workflow_next) — or with the run still going (driving: true) and per-step progress.
+        Calling again attaches to the same driver; cancelling a call only stops waiting."""
         try:
-            timeout_ms = api.parse_duration_ms(timeout) if timeout is not None else None
+            wait_ms = api.parse_duration_ms(timeout) if timeout is not None else int(_bound_s() * 1000)
         except AkmError as exc:
             return _error_result(exc)
-        limit_ms = timeout_ms if timeout_ms is not None else int(bound * 1000)
-        loop = anyio.lowlevel.current_token()  # progress arrives on the engine's worker threads
-
-        sent = itertools.count(1)  # MCP progress must increase with every notification of a call
-        sent_lock = threading.Lock()
-
-        def progress(p: Any) -> None:
-            if p.kind == "step":
-                message = f"step {p.step_id} {p.status}"
+        if stop:
+            return await _call(_stop_run, drives, target)
+        try:
+            drive, opened = await anyio.to_thread.run_sync(lambda: drives.start_or_attach(
+                target, params=params or None, new=new, max_steps=max_steps, cwd=cwd or base_cwd))
+        except AkmError as exc:
+            return _error_result(exc)
+        listener = drive.listen()
+        reporter = _ProgressReporter(ctx)
+        try:
+            with anyio.move_on_after(wait_ms / 1000.0):
+                while True:
+                    await reporter.send(listener.take())
+                    if drive.finished.is_set():
+                        break
+                    await anyio.sleep(0.05)
+            await reporter.send(listener.take())
+        finally:
+            drive.unlisten(listener)  # a cancelled call stops waiting; the driver goes on
+        try:
+            if drive.finished.is_set():
+                result = drives_mod.final(drive, opened)
             else:
-                message = (f"step {p.step_id}: unit {p.done}/{p.total} {p.attempt_id} "
-                           + ("ok" if p.ok else f"failed ({p.failure_reason})"))
-            try:
-                with sent_lock:  # numbered and sent in one order, whichever worker thread reports
-                    anyio.from_thread.run(ctx.report_progress, next(sent), None, message, token=loop)
-            except Exception:
-                pass  # progress is advisory; a gone client must not stop the run
-
-        def call() -> views.RunResult:
-            kwargs: dict[str, Any] = dict(params=params or None, max_steps=max_steps, timeout_ms=limit_ms,
-                                          cancel=cancel, on_progress=progress, cwd=cwd or base_cwd)
-            if new:
-                kwargs["new"] = True
-            return api.run_workflow(target, **kwargs)
-
-        try:
-            result = await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+                result = await anyio.to_thread.run_sync(drives_mod.snapshot, drive, opened)
         except AkmError as exc:
             return _error_result(exc)
-        except anyio.get_cancelled_exc_class():
-            cancel.trip("cancelled")  # the worker stops dispatch, kills units, releases the lease
-            raise
-        bound_hit = result.timed_out and timeout_ms is None
-        if bound_hit:
-            result.timed_out = False  # the call's own bound is not a user timeout
-            result.aborted = False
-        return _ok({**result.to_json(), "next": _next_step_for(result, bound_hit)})
+        return _ok({**result.to_json(), "next": _next_step_for(result)})
 
     @server.tool(annotations=read_only)
     async def workflow_next(
@@ -475,14 +544,47 @@ async def _serve_stdio(server: MCPServer) -> None:
             tg.cancel_scope.cancel()
 
 
+class _SessionEnded(BaseException):
+    """Raised in the main thread by SIGTERM / SIGHUP: leave the event loop, then stop the drivers."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
 def serve() -> int:
-    """`akm mcp`: speak MCP on stdin/stdout until the client goes away."""
+    """`akm mcp`: speak MCP on stdin/stdout until the client goes away.
+
+    However the session ends — stdin closed, SIGTERM, SIGHUP, SIGINT — every background driver is stopped
+    (its running units killed and journaled as aborted, its lease released) before the process exits, so no
+    unit outlives the server and each run stays resumable.
+    """
+    import signal
+
     sys.stdout.flush()
     server = build_server()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        server.drives.shutdown(wait_s=0)  # trip at once; the waiting happens below
+        signal.signal(signum, signal.SIG_DFL)  # a second signal kills at once
+        raise _SessionEnded(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+    status = 0
     try:
         anyio.run(_serve_stdio, server)
+    except _SessionEnded as exc:
+        status = exc.status
     except KeyboardInterrupt:
-        return 130
+        status = 130
     except BrokenPipeError:
-        return 0
-    return 0
+        status = 0
+    except BaseExceptionGroup as group:  # a signal raised inside a task group arrives wrapped
+        ended = [e for e in group.exceptions if isinstance(e, _SessionEnded)]
+        if not ended:
+            raise
+        status = ended[0].status
+    finally:
+        server.drives.shutdown()
+    return status

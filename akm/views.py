@@ -156,6 +156,16 @@ class RunView(View):
     output_step_id: str | None = None
 
 
+class StepCount(View):
+    """How far a background driver got in one step: units finished (ok or failed) of the units it dispatched."""
+
+    step_id: str
+    done: int = 0
+    total: int = 0
+    failed: int = 0
+    status: str | None = None  # the step's final status once the driver finished it
+
+
 class RunResult(View):
     run: RunView
     executed: list[dict[str, Any]] = factory(list)
@@ -166,6 +176,38 @@ class RunResult(View):
     abort_reason: str | None = None
     started: bool = False
     warnings: list[str] = factory(list)
+    # Set by long-lived fronts whose driver outlives the call (the MCP server): a driver is still working on
+    # the run after this answer, and how far it got in each step it reached.
+    driving: bool = False
+    progress: list[StepCount] | None = None
+
+
+class OpenedRun(View):
+    """The run a `workflow run` target names, found or started (see `api.open_run`); nothing driven yet."""
+
+    run_id: str
+    status: str
+    started: bool = False
+    warnings: list[str] = factory(list)
+
+
+class DetachedRun(View):
+    """A run whose driver was started in the background (`workflow run --detach`)."""
+
+    run_id: str
+    status: str
+    started: bool = False  # the run was started by this call (not continued)
+    pid: int | None = None  # the detached driver's process; null when the run needed no driving
+    log: str | None = None  # the driver's log file
+    warnings: list[str] = factory(list)
+
+
+class WaitResult(View):
+    """What `wait_run` saw: the run once it was no longer active, or when the wait gave up."""
+
+    run: RunView
+    timed_out: bool = False  # the wait's timeout expired with the run still active
+    undriven: bool = False  # the run is active but no live driver has held its lease for a while
 
 
 class RunWarning(View):

@@ -50,10 +50,15 @@ def err(result) -> dict:
 
 def call(project: Path, script, **server_kw):
     """Run `script(client)` against an in-process server rooted at `project`."""
+    server = build_server(cwd=str(project), **server_kw)
+
     async def main():
-        async with Client(build_server(cwd=str(project), **server_kw)) as client:
+        async with Client(server) as client:
             return await script(client)
-    return anyio.run(main)
+    try:
+        return anyio.run(main)
+    finally:
+        server.drives.shutdown()  # as `akm mcp` does when its session ends
 
 
 def test_tools_are_listed_with_schemas_and_annotations(project):
@@ -99,6 +104,7 @@ def test_exec_workflow_completes_with_progress(project):
     assert r.structured_content["next"] is None
     # one notification per finished unit and one per finished step, numbered in increasing order
     assert [p for p, _, _ in progress] == [1, 2, 3, 4]
+    assert {total for _, total, _ in progress} == {4}  # 3 units, then the step's own finish
     assert sorted(m for _, _, m in progress if "unit" in m)[0].startswith("step each: unit ")
     assert progress[-1][2] == "step each completed"
     assert json.loads(r.content[0].text) == r.structured_content
@@ -158,7 +164,7 @@ def test_errors_are_tool_errors_with_code_and_exit_status(project):
         con.close()
         missing = await c.call_tool("workflow_status", {"run_id": "00000000-0000-4000-8000-000000000000"})
         not_a_file = await c.call_tool("workflow_run", {"target": "nope.md"})
-        bad_args = await c.call_tool("workflow_run", {"target": "flow.md", "max_steps": 0})
+        bad_args = await c.call_tool("workflow_run", {"target": "flow.md", "max_steps": -1})
         return bad, schema_miss, missing, not_a_file, bad_args, before == after
 
     bad, schema_miss, missing, not_a_file, bad_args, unchanged = call(project, script)
@@ -173,10 +179,12 @@ def test_errors_are_tool_errors_with_code_and_exit_status(project):
     assert err(bad_args)["code"] == "INVALID_ARGUMENT" and "max_steps" in err(bad_args)["error"]
 
 
-def test_a_call_returns_at_its_bound_and_the_run_continues(project, monkeypatch, tmp_path):
+def test_a_call_returns_at_its_bound_and_the_run_goes_on_in_the_background(project, monkeypatch, tmp_path):
     monkeypatch.setenv("AKM_MCP_CALL_BOUND", "1")
-    release = tmp_path / "release"  # unit a runs until the first call has returned: no race with the bound
+    release = tmp_path / "release"  # unit a runs until two calls have returned at their bound
+    starts = tmp_path / "starts"
     wait = (f"import pathlib, time; end = time.time() + 120\n"
+            f"open({str(starts)!r}, 'a').write('a\\n')\n"
             f"while not pathlib.Path({str(release)!r}).exists() and time.time() < end: time.sleep(0.05)\n"
             f"print('a')")
     wf = write_wf(project, "slow.md", f"""
@@ -189,9 +197,10 @@ def test_a_call_returns_at_its_bound_and_the_run_continues(project, monkeypatch,
 
     async def script(c):
         first = await c.call_tool("workflow_run", {"target": wf.name})
-        release.write_text("go")
         rid = first.structured_content["run"]["runId"]
-        results = [first]
+        second = await c.call_tool("workflow_run", {"target": rid})
+        release.write_text("go")
+        results = [first, second]
         for _ in range(10):
             if results[-1].structured_content["run"]["status"] == "completed":
                 break
@@ -199,42 +208,62 @@ def test_a_call_returns_at_its_bound_and_the_run_continues(project, monkeypatch,
         return results
 
     results = call(project, script)
-    first = results[0].structured_content
-    assert first["run"]["status"] == "active" and not first["timedOut"]
-    assert "to continue" in first["next"]
-    assert results[-1].structured_content["run"]["status"] == "completed"
+    for early in results[:2]:
+        body = early.structured_content
+        assert body["run"]["status"] == "active" and not body["timedOut"] and not body["aborted"]
+        assert body["driving"] is True and "still going in the background" in body["next"]
+    last = results[-1].structured_content
+    assert last["run"]["status"] == "completed" and last["driving"] is False
+    assert [s["output"] for s in last["run"]["steps"]] == ["a", "b"]
+    assert starts.read_text() == "a\n"  # the unit longer than two calls ran once
+    con = sqlite3.connect(paths.journal_path())
+    assert con.execute("SELECT COUNT(*) FROM units WHERE step_id = 'a'").fetchone() == (1,)
+    con.close()
 
 
-def test_cancelled_run_call_leaves_a_resumable_run(project, tmp_path):
+def test_a_cancelled_call_stops_waiting_not_the_run_and_stop_stops_it(project, tmp_path):
     started = tmp_path / "started"
+    release = tmp_path / "release"
+    body = (f"import pathlib, time; pathlib.Path({str(started)!r}).write_text('x'); end = time.time() + 120\n"
+            f"while not pathlib.Path({str(release)!r}).exists() and time.time() < end: time.sleep(0.05)\n"
+            f"print('done')")
     wf = write_wf(project, "long.md", f"""
         steps:
           - id: a
-            unit: {{ exec: {{ command: {py(f'import pathlib,time; pathlib.Path({str(started)!r}).write_text("x"); time.sleep(60)')} }} }}
+            unit: {{ exec: {{ command: {py(body)} }} }}
         """, "## a\n\nA.")
+
+    def journal():
+        con = sqlite3.connect(paths.journal_path())
+        try:
+            return (con.execute("SELECT id, status, lease_holder FROM runs").fetchone(),
+                    con.execute("SELECT status, failure_reason FROM units").fetchall())
+        finally:
+            con.close()
 
     async def script(c):
         async with anyio.create_task_group() as tg:
             async def runner():
-                await c.call_tool("workflow_run", {"target": wf.name})
+                await c.call_tool("workflow_run", {"target": wf.name, "timeout": "120s"})
             tg.start_soon(runner)
             deadline = time.monotonic() + 60
             while not started.exists() and time.monotonic() < deadline:
                 await anyio.sleep(0.05)
             tg.cancel_scope.cancel()
+        (rid, status, holder), units = journal()
+        assert status == "active" and holder is not None and units == [("running", None)]  # still driven
+        stopped = await c.call_tool("workflow_run", {"target": rid, "stop": True})
+        after = journal()
+        nothing = await c.call_tool("workflow_run", {"target": rid, "stop": True})
+        release.write_text("go")
+        again = await c.call_tool("workflow_run", {"target": rid, "timeout": "60s"})
+        return stopped, after, nothing, again
 
-    call(project, script)
-    con = sqlite3.connect(paths.journal_path())
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # the worker thread stops the unit and releases the lease
-        row = con.execute("SELECT status, lease_holder FROM runs").fetchone()
-        unit = con.execute("SELECT status, failure_reason FROM units").fetchone()
-        if row[1] is None and unit[0] != "running":
-            break
-        time.sleep(0.1)
-    assert row == ("active", None)
-    assert unit == ("failed", "aborted")
-    con.close()
+    stopped, after, nothing, again = call(project, script)
+    assert stopped.structured_content["aborted"] is True and stopped.structured_content["abortReason"] == "stopped"
+    assert after[0][1:] == ("active", None) and after[1] == [("failed", "aborted")]  # lease released, resumable
+    assert nothing.structured_content["aborted"] is False and "nothing was stopped" in nothing.structured_content["next"]
+    assert again.structured_content["run"]["status"] == "completed"
 
 
 def test_arguments_of_the_wrong_type_or_range_are_coded_and_write_nothing(project):

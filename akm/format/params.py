@@ -31,7 +31,7 @@ from akm.errors import UsageError
 from akm.format.schema import preview, validate_instance
 
 RUN_CONTROL_VALUE_FLAGS: tuple[str, ...] = ("max-steps", "timeout", "format")
-RUN_CONTROL_BOOL_FLAGS: tuple[str, ...] = ("help", "quiet", "verbose", "new")
+RUN_CONTROL_BOOL_FLAGS: tuple[str, ...] = ("help", "quiet", "verbose", "new", "detach")
 _SHORT_FLAGS = {"-h": "help", "-q": "quiet"}
 
 INVALID_FLAG_VALUE = "INVALID_FLAG_VALUE"

@@ -1,0 +1,217 @@
+"""Drivers that outlive the call: background drives for a long-lived front (the MCP server).
+
+An MCP tool call has a time bound; a unit (an LLM answer, an agent session, a build) often takes longer.
+So a long-lived front does not drive a run inside its call: it asks `Drives.start_or_attach` for the run's
+driver — a thread of this process running `api.run_workflow(run_id)` — and only *waits* for it, up to its
+bound. The driver keeps going when the call returns; the next call for the same run attaches to it and sees
+what happened meanwhile (`executed` since the driver started, per-step counts, its final result).
+
+Rules this module keeps:
+* One driver per run per process, started under one lock, so two calls never race for the run's lease.
+* The driver never waits for a client: each waiting call gets a `Listener`, a bounded mailbox the driver
+  drops progress into without blocking (the oldest messages go when it is full). A client that never reads
+  its stdout can stall its own call, never the run.
+* Stopping is explicit (`stop`, `shutdown`): a cancelled call only stops waiting. `shutdown` (the session
+  ended: stdin closed, SIGTERM) stops every driver the way a signal stops `workflow run` — running units
+  are killed, their attempts journaled as aborted, the lease released — and waits for them, so nothing
+  is orphaned and each run stays resumable.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any, Callable
+
+from akm import api
+from akm.errors import AkmError
+from akm.views import RunResult, StepCount
+
+# Abort reasons that are ours, not the run's: a unit they stop is not "failed" to the agent.
+STOP_REASONS = frozenset({"stopped", "session_ended"})
+
+
+class Listener:
+    """A waiting call's mailbox: progress messages, most recent last, at most `size` of them."""
+
+    def __init__(self, size: int = 256) -> None:
+        self._items: collections.deque[dict[str, Any]] = collections.deque(maxlen=size)
+        self._lock = threading.Lock()
+        self.dropped = 0
+        self.wake = threading.Event()
+
+    def put(self, item: dict[str, Any]) -> None:
+        with self._lock:
+            if len(self._items) == self._items.maxlen:
+                self.dropped += 1
+            self._items.append(item)
+        self.wake.set()
+
+    def take(self) -> list[dict[str, Any]]:
+        with self._lock:
+            items = list(self._items)
+            self._items.clear()
+            self.wake.clear()
+        return items
+
+
+class Drive:
+    """One background driver of one run, and what it has done so far."""
+
+    def __init__(self, run_id: str, max_steps: int | None) -> None:
+        self.run_id = run_id
+        self.max_steps = max_steps
+        self.cancel = api.Cancellation()
+        self.finished = threading.Event()
+        self.result: RunResult | None = None
+        self.error: AkmError | None = None
+        self.delivered = False  # a call has reported the final result
+        self.started_mono = time.monotonic()
+        self._lock = threading.Lock()
+        self._steps: dict[str, StepCount] = {}
+        self._executed: list[dict[str, Any]] = []
+        self._listeners: set[Listener] = set()
+        self.carried: list[dict[str, Any]] = []  # what an earlier, unreported driver of the run executed
+        self.warnings: list[str] = []
+        self.thread: threading.Thread | None = None
+
+    # -- what the driver reports (worker threads) ------------------------------------------------------
+    def on_progress(self, p: Any) -> None:
+        if p.kind == "unit" and not p.ok and p.failure_reason == "aborted" and self.cancel.reason in STOP_REASONS:
+            return  # stopped by us (stop, or the session ended): not a failure of the unit
+        with self._lock:
+            count = self._steps.get(p.step_id)
+            if count is None:
+                count = self._steps[p.step_id] = StepCount(step_id=p.step_id)
+            if p.kind == "unit":
+                count.done, count.total = max(count.done, p.done), max(count.total, p.total)
+                if not p.ok:
+                    count.failed += 1
+                message = {"kind": "unit", "stepId": p.step_id, "done": p.done, "total": p.total,
+                           "attemptId": p.attempt_id, "ok": p.ok, "failureReason": p.failure_reason}
+            else:
+                count.status = p.status
+                message = {"kind": "step", "stepId": p.step_id, "status": p.status}
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener.put(message)
+
+    def progress(self) -> list[StepCount]:
+        with self._lock:
+            return [StepCount(**c.model_dump()) for c in self._steps.values()]
+
+    def listen(self) -> Listener:
+        listener = Listener()
+        with self._lock:
+            self._listeners.add(listener)
+        return listener
+
+    def unlisten(self, listener: Listener) -> None:
+        with self._lock:
+            self._listeners.discard(listener)
+
+    @property
+    def alive(self) -> bool:
+        return not self.finished.is_set()
+
+
+class Drives:
+    """The background drivers of one long-lived process, by run id."""
+
+    def __init__(self, *, cwd: str) -> None:
+        self.cwd = cwd
+        self._lock = threading.Lock()
+        self._drives: dict[str, Drive] = {}
+        self._closed = False
+
+    def start_or_attach(self, target: str, *, params: dict[str, Any] | None = None, new: bool = False,
+                        max_steps: int | None = None, cwd: str | None = None) -> tuple[Drive, api.OpenedRun]:
+        """The driver of the run `target` names: the running one, or a new one (the run is opened first, so
+        bad input is refused before anything runs). Raises AkmError for what `api.open_run` refuses."""
+        with self._lock:
+            if self._closed:
+                raise AkmError("The server is shutting down; no run is started.", code="SHUTTING_DOWN")
+            opened = api.open_run(target, params=params or None, new=new, cwd=cwd or self.cwd)
+            drive = self._drives.get(opened.run_id)
+            if drive is not None and drive.alive:
+                return drive, opened
+            fresh = Drive(opened.run_id, max_steps)
+            fresh.warnings = list(opened.warnings)
+            if drive is not None and not drive.delivered and drive.result is not None:
+                fresh.carried = list(drive.carried) + list(drive.result.executed)
+            self._drives[opened.run_id] = fresh
+            fresh.thread = threading.Thread(target=self._drive, args=(fresh, cwd or self.cwd),
+                                            name=f"akm-drive-{opened.run_id[:8]}", daemon=True)
+            fresh.thread.start()
+            return fresh, opened
+
+    def get(self, run_id: str) -> Drive | None:
+        with self._lock:
+            return self._drives.get(run_id)
+
+    def _drive(self, drive: Drive, cwd: str) -> None:
+        try:
+            result = api.run_workflow(drive.run_id, max_steps=drive.max_steps, cancel=drive.cancel,
+                                      on_progress=drive.on_progress,
+                                      on_warning=lambda w: drive.warnings.append(w.message), cwd=cwd)
+            if drive.carried:
+                result.executed = drive.carried + result.executed
+            drive.result = result
+        except AkmError as exc:
+            drive.error = exc
+        except Exception as exc:  # a bug: the waiting call reports it as INTERNAL, the server keeps serving
+            drive.error = AkmError(f"unexpected {type(exc).__name__} while driving run {drive.run_id}: {exc}",
+                                   code="INTERNAL", exit_status=70)
+        finally:
+            drive.finished.set()
+
+    def stop(self, run_id: str, *, reason: str = "stopped", wait_s: float = 60.0) -> bool:
+        """Stop this process's driver of the run (its running units are killed; the run stays active and
+        resumable). False when this process has no live driver of it."""
+        drive = self.get(run_id)
+        if drive is None or not drive.alive:
+            return False
+        drive.cancel.trip(reason)
+        drive.finished.wait(wait_s)
+        return True
+
+    def shutdown(self, *, reason: str = "session_ended", wait_s: float = 60.0) -> None:
+        """Stop every driver and wait for each to journal its aborted units and release its lease."""
+        with self._lock:
+            self._closed = True
+            drives = [d for d in self._drives.values() if d.alive]
+        for d in drives:
+            d.cancel.trip(reason)
+        deadline = time.monotonic() + wait_s
+        for d in drives:
+            d.finished.wait(max(0.0, deadline - time.monotonic()))
+
+    def live_count(self) -> int:
+        with self._lock:
+            return sum(1 for d in self._drives.values() if d.alive)
+
+
+def snapshot(drive: Drive, opened: api.OpenedRun) -> RunResult:
+    """The answer for a call whose bound came before the driver finished: the run as the journal has it now,
+    with `driving` set and the per-step counts so far."""
+    view = api.run_status(drive.run_id)
+    return RunResult(run=view, started=opened.started, warnings=list(drive.warnings), driving=drive.alive,
+                     progress=drive.progress())
+
+
+def final(drive: Drive, opened: api.OpenedRun) -> RunResult:
+    """The driver's own result once it finished (its error is raised)."""
+    if drive.error is not None:
+        raise drive.error
+    assert drive.result is not None
+    result = drive.result
+    result.started = result.started or opened.started
+    result.warnings = list(dict.fromkeys(list(opened.warnings) + list(drive.warnings) + list(result.warnings)))
+    result.progress = drive.progress()
+    result.driving = False
+    drive.delivered = True
+    return result
+
+
+WaitCallback = Callable[[list[dict[str, Any]]], Any]
