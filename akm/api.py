@@ -48,6 +48,7 @@ from akm.views import (  # noqa: F401  (the read paths' typed results, re-export
     RunView,
     RunWarning,
     StepFinished,
+    StepStarted,
     StepView,
     UnitFinished,
     UnitView,
@@ -747,11 +748,13 @@ def _progress_relay(on_progress: Callable[[ProgressEvent], None] | None) -> Call
     """The engine reports plain dataclasses; fronts get the api's typed events."""
     if on_progress is None:
         return None
-    from akm.engine.progress import StepProgress
+    from akm.engine.progress import PassStarted, StepProgress
 
     def relay(p: Any) -> None:
         if isinstance(p, StepProgress):
             on_progress(StepFinished(run_id=p.run_id, step_id=p.step_id, status=p.status, summary=p.summary))
+        elif isinstance(p, PassStarted):
+            on_progress(StepStarted(run_id=p.run_id, step_id=p.step_id, total=p.total))
         else:
             on_progress(UnitFinished(run_id=p.run_id, step_id=p.step_id, unit_id=p.unit_id, attempt_id=p.attempt_id,
                                      ok=p.ok, failure_reason=p.failure_reason, done=p.done, total=p.total))

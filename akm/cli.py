@@ -477,7 +477,7 @@ def _cmd_run(tokens: list[str]) -> int:
         signal.signal(signum, on_signal)
 
     def progress(p: Any) -> None:  # from worker threads too: one write per line
-        if not show_progress:
+        if not show_progress or p.kind == "step_started":
             return
         if p.kind == "step":
             _err(f"[{p.step_id}] step {p.status}")

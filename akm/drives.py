@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 from akm import api
 from akm.errors import AkmError
@@ -84,7 +84,10 @@ class Drive:
             count = self._steps.get(p.step_id)
             if count is None:
                 count = self._steps[p.step_id] = StepCount(step_id=p.step_id)
-            if p.kind == "unit":
+            if p.kind == "step_started":  # a new pass (first dispatch, or a gate loop's re-dos) counts afresh
+                count.done, count.total, count.failed, count.status = 0, p.total, 0, None
+                message = {"kind": "step_started", "stepId": p.step_id, "total": p.total}
+            elif p.kind == "unit":
                 count.done, count.total = max(count.done, p.done), max(count.total, p.total)
                 if not p.ok:
                     count.failed += 1
@@ -213,5 +216,3 @@ def final(drive: Drive, opened: api.OpenedRun) -> RunResult:
     drive.delivered = True
     return result
 
-
-WaitCallback = Callable[[list[dict[str, Any]]], Any]

@@ -223,6 +223,10 @@ class _ProgressReporter:
         for item in items:
             if self.gone:
                 return
+            if item["kind"] == "step_started":
+                self._open(item["stepId"])
+                self.step_total = item["total"]
+                continue  # nothing finished yet: no tick
             if item["kind"] == "unit":
                 if item["stepId"] != self.step or item["done"] <= self.step_done:
                     self._open(item["stepId"])  # another step, or another pass (gate loop) of this one
@@ -544,20 +548,12 @@ async def _serve_stdio(server: MCPServer) -> None:
             tg.cancel_scope.cancel()
 
 
-class _SessionEnded(BaseException):
-    """Raised in the main thread by SIGTERM / SIGHUP: leave the event loop, then stop the drivers."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(status)
-        self.status = status
-
-
 def serve() -> int:
     """`akm mcp`: speak MCP on stdin/stdout until the client goes away.
 
     However the session ends — stdin closed, SIGTERM, SIGHUP, SIGINT — every background driver is stopped
-    (its running units killed and journaled as aborted, its lease released) before the process exits, so no
-    unit outlives the server and each run stays resumable.
+    (its running units killed and journaled as aborted, its lease released) and waited for before the process
+    exits, so no unit outlives the server and each run stays resumable.
     """
     import signal
 
@@ -565,26 +561,23 @@ def serve() -> int:
     server = build_server()
 
     def on_signal(signum: int, _frame: Any) -> None:
-        server.drives.shutdown(wait_s=0)  # trip at once; the waiting happens below
+        # The SDK's stdin reader thread may sit in a read that never returns; leaving through the event loop
+        # would wait for it forever. Stop the drivers here, then exit at once.
         signal.signal(signum, signal.SIG_DFL)  # a second signal kills at once
-        raise _SessionEnded(128 + signum)
+        server.drives.shutdown()
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        os._exit(128 + signum)
 
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, on_signal)
     status = 0
     try:
         anyio.run(_serve_stdio, server)
-    except _SessionEnded as exc:
-        status = exc.status
-    except KeyboardInterrupt:
-        status = 130
     except BrokenPipeError:
         status = 0
-    except BaseExceptionGroup as group:  # a signal raised inside a task group arrives wrapped
-        ended = [e for e in group.exceptions if isinstance(e, _SessionEnded)]
-        if not ended:
-            raise
-        status = ended[0].status
     finally:
         server.drives.shutdown()
     return status

@@ -238,6 +238,15 @@ class UnitFinished(View):
     total: int  # units of this step dispatched in this invocation
 
 
+class StepStarted(View):
+    """Progress: the driver starts dispatching `total` units of a step (its units, or a gate loop's re-dos)."""
+
+    kind: Literal["step_started"] = "step_started"
+    run_id: str
+    step_id: str
+    total: int
+
+
 class StepFinished(View):
     """Progress: a step reached its final status (completed, failed or skipped) in this invocation."""
 
@@ -289,7 +298,7 @@ class EventPage(View):
     events: list[EventView]
 
 
-ProgressEvent = Union[UnitFinished, StepFinished]
+ProgressEvent = Union[UnitFinished, StepFinished, StepStarted]
 
 VIEW_TYPES = [StepView, UnitView, LeaseView, RunView, RunResult, RunWarning, UnitFinished, StepFinished, GraphNode,
               GraphEdge, RunGraph, RunList, EventView, EventPage]

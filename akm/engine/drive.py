@@ -46,7 +46,7 @@ from akm.engine.finalize import (
 )
 from akm.engine.heartbeat import Heartbeat
 from akm.engine.results import DriveResult
-from akm.engine.progress import StepProgress
+from akm.engine.progress import PassStarted, StepProgress
 from akm.engine.reduce import UnitOutcome, journaled_result_json
 from akm.engine.state import LoadedRun, load_run
 from akm.engine.stepctx import (
@@ -336,6 +336,8 @@ class _Pass:
         d, step = self.d, self.step
         tmpl = step.unit_template
         assert tmpl is not None
+        if d.opts.on_progress is not None:
+            d.opts.on_progress(PassStarted(d.run_id, step.step_id, self.total))
         if tmpl.env:
             try:
                 self.env_values = resolve_env_refs(tmpl.env, d.opts.project_root)

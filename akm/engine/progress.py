@@ -18,3 +18,12 @@ class StepProgress:
     step_id: str
     status: str
     summary: str | None
+
+
+@dataclass
+class PassStarted:
+    """A dispatch pass over `total` units of a step begins (a step's units, or one gate loop's re-dos)."""
+
+    run_id: str
+    step_id: str
+    total: int
