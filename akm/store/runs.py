@@ -160,7 +160,17 @@ def pid_alive(pid: int) -> bool:
         return False
     except OSError:
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """A process that exited but was not reaped yet (its parent died, and a container's init may never reap
+    it) still answers kill(pid, 0): on Linux /proc tells it is dead."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2][:2] == b" Z"
+    except OSError:
+        return False
 
 
 def holder_is_live(holder: str | None, host: str | None, pid: int | None, until: str | None, now: str) -> bool:
