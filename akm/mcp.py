@@ -47,7 +47,9 @@ from akm.errors import EXIT_INTERNAL, AkmError
 DEFAULT_CALL_BOUND_S = 45.0
 
 INSTRUCTIONS = """akm runs durable markdown workflows. The loop:
-1. workflow_run(target=<file, workflows/<name> or run id>, params={...}) — akm runs every command unit itself.
+1. workflow_run(target=<file, workflows/<name> or run id>, params={...}) — akm runs every command unit itself, in
+   the background: a call waits up to its bound; if the run is still going (driving: true), call workflow_run
+   with the run id again to keep waiting (nothing is redone).
 2. If the result's run.status is "awaiting_session", call workflow_next(run_id): it lists the units you must do
    (prompt, context, output schema) or the gate verdict you must give.
 3. Do each unit in your own session, then unit_report(run_id, unit_id, status="completed", result=...) —
