@@ -113,7 +113,9 @@ def _build_parser() -> "argparse.ArgumentParser":
     st = add("status", "where a run stands: its steps, their outputs and the run's result")
     st.add_argument("run_id", metavar="RUN", help=run_id_help)
     st.add_argument("--units", action="store_true", help="include every journaled unit attempt")
-    fmt(st, ("text", "json", "mermaid"))
+    st.add_argument("--watch", action="store_true",
+                    help="follow a run driven elsewhere: live progress on stderr until it is no longer active")
+    fmt(st, ("text", "json", "mermaid", "html"))
 
     for name, text in (("resume", "reopen a failed or blocked run (completed units are kept)"),
                        ("abandon", "give up on a run for good: stops it at once; it can never be resumed")):
@@ -450,7 +452,18 @@ def _cmd_run(tokens: list[str]) -> int:
     for signum in reasons:
         signal.signal(signum, on_signal)
 
+    # On a terminal (and without --verbose) the progress is a board of steps redrawn in place.
+    live = None
+    if show_progress and sys.stderr.isatty() and not ra.controls.get("verbose") \
+            and os.environ.get("AKM_PROGRESS") != "1" and os.environ.get("TERM") != "dumb":
+        from akm.report.live import LiveProgress
+
+        live = LiveProgress(sys.stderr)
+
     def progress(p: Any) -> None:  # from worker threads too: one write per line
+        if live is not None:
+            live.progress(p)
+            return
         if not show_progress:
             return
         if p.kind == "step":
@@ -460,14 +473,19 @@ def _cmd_run(tokens: list[str]) -> int:
             _err(f"[{p.step_id} {p.done}/{p.total}] {p.attempt_id} {mark}")
 
     def warning(w: Any) -> None:
-        _err(f"warning: {w.message}")
+        say = live.message if live is not None else _err
+        say(f"warning: {w.message}")
         if w.code == "WORKFLOW_CHANGED":
-            _err(f"  hint: to run the edited file, start a new run: akm workflow run {ra.target} --new "
-                 f"(and `akm workflow abandon {w.details['runId']}` to drop the old one)")
+            say(f"  hint: to run the edited file, start a new run: akm workflow run {ra.target} --new "
+                f"(and `akm workflow abandon {w.details['runId']}` to drop the old one)")
 
-    result = api.run_workflow(ra.target, param_pairs=ra.params, max_steps=ra.controls.get("max-steps"),
-                              timeout=ra.controls.get("timeout"), new=bool(ra.controls.get("new")), cancel=cancel,
-                              on_progress=progress, on_warning=warning)
+    try:
+        result = api.run_workflow(ra.target, param_pairs=ra.params, max_steps=ra.controls.get("max-steps"),
+                                  timeout=ra.controls.get("timeout"), new=bool(ra.controls.get("new")),
+                                  cancel=cancel, on_progress=progress, on_warning=warning)
+    finally:
+        if live is not None:
+            live.stop()
     data = result.to_json()
     if fmt == "json":
         _emit_json(data)
@@ -498,6 +516,17 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from akm import api
     from akm import cli_render as render
 
+    code = 0
+    if args.watch:  # follow a run driven elsewhere; then print its status as usual
+        from akm.report.watch import follow
+
+        try:
+            code = follow(args.run_id, sys.stderr)
+        except KeyboardInterrupt:
+            return 130  # Ctrl-C ends a watch quietly; the run itself is not touched
+    if args.format == "html":  # one self-contained page: `> run.html`, then open it in a browser
+        sys.stdout.write(api.run_report_html(args.run_id))
+        return code
     view = api.run_status(args.run_id, units=args.units).to_json()
     if args.format == "json":
         _emit_json(view)
@@ -505,7 +534,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         _out(render.mermaid(api.run_graph(args.run_id).to_json()))
     else:
         _out(render.run_text(view))
-    return 0
+    return code
 
 
 def _cmd_control(args: argparse.Namespace) -> int:
