@@ -64,7 +64,7 @@ def graph_svg(graph: dict[str, Any], anchors: dict[str, str] | None = None) -> s
     side = MARGIN + content_w + 24
     width = side + 14 * len(long_edges) + 40
     height = MARGIN * 2 + len(rows) * NODE_H + max(0, len(rows) - 1) * GAP_Y
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="graph" width="{width:.0f}" height="{height:.0f}" '
+    out = [f'<svg class="graph" width="{width:.0f}" height="{height:.0f}" '
            f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="step graph">',
            '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
            'orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="#555"/></marker></defs>']

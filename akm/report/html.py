@@ -8,9 +8,9 @@ timeline of every unit attempt, the failures with their reasons and
 diagnostics, and each step with its output, gate loops (verdict, missing,
 feedback) and units.
 
-The page fetches nothing: CSS and SVG are inline, there is no script at all,
-and a Content-Security-Policy forbids any load; outputs expand with
-`<details>`. Everything that came from a run passes through `esc()`.
+The page fetches nothing and names no URL: CSS and SVG are inline (HTML's
+own SVG, no namespace URL), there is no script at all, and a
+Content-Security-Policy forbids any load; outputs expand with `<details>`. Everything that came from a run passes through `esc()`.
 
 Size: outputs are clipped so that a 1000-unit run stays well under 2 MB —
 each unit's output to a share of a fixed character budget, the units table to
@@ -41,7 +41,7 @@ _GATE_ROW = re.compile(r"^(?P<step>.+)\.gate:l(?P<loop>\d+)$")
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#1b1b1b;background:#fafafa}
 header{background:#263238;color:#eceff1;padding:14px 24px}header h1{margin:0;font-size:20px}
-header .sub{font-size:12px;opacity:.8;font-family:ui-monospace,Menlo,monospace}
+header .badge{color:#111}header .sub{font-size:12px;opacity:.8;font-family:ui-monospace,Menlo,monospace}
 main{padding:8px 24px 40px;max-width:1200px}
 section{background:#fff;border:1px solid #e0e0e0;border-radius:6px;margin:14px 0;padding:10px 16px}
 h2{font-size:16px;margin:6px 0 10px}h3{font-size:14px;margin:10px 0 6px}
@@ -152,7 +152,7 @@ class _Report:
                          "</p>")
         if v.get("output") is not None:
             parts.append(f"<h3>Result (output of step {esc(v.get('outputStepId'))})</h3>"
-                         + _output_block(v["output"], self.step_clip, open_=True, what="result"))
+                         + _output_block(v["output"], self.step_clip, open_=len(_text(v["output"])) < 400, what="result"))
         parts.append("</section>")
         return "".join(parts)
 

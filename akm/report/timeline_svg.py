@@ -141,6 +141,6 @@ def timeline_svg(attempts: list[Attempt], step_order: list[str], run_start: floa
         ticks.append(f'<line x1="{x:.0f}" y1="14" x2="{x:.0f}" y2="{y}" stroke="#ddd"/>'
                      f'<text x="{x:.0f}" y="11" font-size="10" text-anchor="middle">{duration_text(span * k / 5)}</text>')
     width, height = LABEL_W + PLOT_W + 30, y + 4
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="timeline" width="{width}" height="{height}" '
+    return (f'<svg class="timeline" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" role="img" aria-label="timeline of unit attempts">'
             + "".join(ticks) + "".join(parts) + "</svg>")
