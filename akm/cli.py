@@ -40,9 +40,9 @@ Run flags:
   --max-steps N   finish at most N steps in this invocation (exit 4 if more remain)
   --timeout DUR   stop after DUR (500ms, 30s, 5m); the run stays active
   --format F      text (default) or json
-  --quiet, -q     no progress lines
-  --verbose       a progress line per finished unit on stderr, even when stderr
-                  is not a terminal (by default only a terminal gets them)
+  --quiet, -q     no progress at all
+  --verbose       a progress line per finished unit on stderr, terminal or not
+                  (by default a terminal gets a board of steps redrawn in place)
   --help, -h      this help
 These names are reserved: a param of the same name cannot be set on the CLI.
 
