@@ -525,7 +525,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             return 130  # Ctrl-C ends a watch quietly; the run itself is not touched
     if args.format == "html":  # one self-contained page: `> run.html`, then open it in a browser
-        sys.stdout.write(api.run_report_html(args.run_id))
+        page = api.run_report_html(args.run_id)
+        raw = getattr(sys.stdout, "buffer", None)
+        if raw is None:
+            sys.stdout.write(page)
+        else:  # bytes: the page says charset=utf-8, whatever the locale's encoding
+            sys.stdout.flush()
+            raw.write(page.encode("utf-8"))
         return code
     view = api.run_status(args.run_id, units=args.units).to_json()
     if args.format == "json":

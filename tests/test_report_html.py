@@ -229,3 +229,30 @@ def test_mcp_workflow_status_html_returns_the_page_as_a_resource(cli, project):
     assert resource.mime_type == "text/html" and str(resource.uri) == f"akm://runs/{rid}/report.html"
     assert resource.text.startswith("<!DOCTYPE html>") and "big-party" in resource.text
     assert len(plain.content) == 1  # json (the default) adds nothing
+
+
+def test_the_size_guard_holds_for_ten_thousand_units_of_hostile_output():
+    """The renderer alone (no browser): 10 000 units (the lifetime cap), each 5000 characters that all
+    need escaping, still make a page of at most 2 MB that says it left rows out."""
+    from akm.report.html import render_report
+
+    n = 10_000
+    units = [{"unitId": f"each.unit:{i:012x}", "stepId": "each", "status": "failed" if i % 3 else "completed",
+              "attempts": 1, "failureReason": "non_zero_exit" if i % 3 else None, "result": '<"&' * 1700,
+              "tokens": 5, "startedAt": "2026-01-01T00:00:00.000Z", "finishedAt": "2026-01-01T00:00:01.000Z",
+              "truncated": False} for i in range(n)]
+    events = []
+    for i, u in enumerate(units):
+        meta = {"stepId": "each", "unitId": u["unitId"]}
+        events.append({"eventType": "workflow_unit_started", "ts": f"2026-01-01T00:{i // 600:02d}:{i % 60:02d}.000Z",
+                       "metadata": meta})
+        events.append({"eventType": "workflow_unit_finished", "ts": f"2026-01-01T00:{i // 600:02d}:{i % 60:02d}.500Z",
+                       "metadata": {**meta, "status": u["status"], "failureReason": u["failureReason"]}})
+    view = {"runId": "r", "status": "failed", "workflow": "w", "title": "t", "planHash": "0" * 64,
+            "createdAt": "2026-01-01T00:00:00.000Z", "updatedAt": "2026-01-01T01:00:00.000Z",
+            "steps": [{"id": "each", "status": "failed", "output": ['<"&' * 1700] * 50, "notes": "<b>" * 5000,
+                       "unitCount": n, "attempts": n}], "units": units}
+    graph = {"nodes": [{"id": "each", "kind": "map", "status": "failed"}], "edges": []}
+    page = render_report(view, graph, events, {"maxUnits": 10_000, "maxTokens": None})
+    assert len(page.encode("utf-8")) <= MAX_BYTES
+    assert "unit row(s) were left out" in page and "<b>" not in page

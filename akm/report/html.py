@@ -15,7 +15,7 @@ Content-Security-Policy forbids any load; outputs expand with `<details>`. Every
 Size: outputs are clipped so that a 1000-unit run stays well under 2 MB —
 each unit's output to a share of a fixed character budget, the units table to
 `MAX_UNIT_ROWS` rows (failures first) — and if the page still comes out over
-`MAX_BYTES` it is rendered again with half the clip. The page says where it
+`MAX_BYTES` it is rendered again with half of each (see `_Report`). The page says where it
 clipped and how to see everything (`status RUN --units --format json`).
 """
 
@@ -36,6 +36,7 @@ UNIT_CLIP_RANGE = (120, 4000)
 STEP_CLIP = 8000
 NOTES_CLIP = 8000
 MAX_UNIT_ROWS = 2000
+MAX_LEVEL = 6  # how many times a page over MAX_BYTES is rendered again, smaller each time
 _GATE_ROW = re.compile(r"^(?P<step>.+)\.gate:l(?P<loop>\d+)$")
 
 CSS = """
@@ -83,7 +84,7 @@ def _output_block(value: Any, limit: int, *, open_: bool = False, what: str = "o
     shown, cut = clip(text, limit)
     note = (f'<div class="muted">clipped: the first {limit} of {len(text)} characters; '
             f'see "How to see everything" below</div>' if cut else "")
-    preview = esc(short(text, 110)) or "(empty)"
+    preview = esc(short(text, 72)) or "(empty)"
     return (f'<details{" open" if open_ else ""}><summary>{esc(what)}: <span class="mono">{preview}</span></summary>'
             f"<pre>{esc(shown)}{'…' if cut else ''}</pre>{note}</details>")
 
@@ -96,19 +97,24 @@ class _Report:
     """One rendering of a run at a given clip size (see `render_report`)."""
 
     def __init__(self, view: dict[str, Any], graph: dict[str, Any], events: list[dict[str, Any]],
-                 budget: dict[str, Any] | None, now: float, unit_budget: int) -> None:
+                 budget: dict[str, Any] | None, now: float, level: int) -> None:
+        """`level` 0 is the full page; each level halves the clip sizes; from level 3 on each also halves
+        the unit rows and the timeline's bars carry no tooltips (for runs of many thousand units)."""
         self.view, self.graph, self.budget, self.now = view, graph, budget or {}, now
         self.steps: list[dict[str, Any]] = view.get("steps") or []
         self.units: list[dict[str, Any]] = view.get("units") or []
         self.anchors = {s["id"]: f"step-{i}" for i, s in enumerate(self.steps)}
         self.attempts: list[Attempt] = attempts_from_events(events)
+        self.tooltips = level < 3
         work = [u for u in self.units if not _GATE_ROW.match(u["unitId"])]
-        self.unit_clip = max(UNIT_CLIP_RANGE[0], min(UNIT_CLIP_RANGE[1], unit_budget // max(1, len(work))))
-        self.step_clip = max(1000, min(STEP_CLIP, unit_budget // 8))
+        low, high = UNIT_CLIP_RANGE[0] >> level, UNIT_CLIP_RANGE[1] >> level
+        self.unit_clip = max(low, min(high, (UNIT_TEXT_BUDGET >> level) // max(1, len(work))))
+        self.step_clip = max(500, STEP_CLIP >> level)
         self.by_step: dict[str, list[dict[str, Any]]] = {}
         for u in self.units:
             self.by_step.setdefault(str(u.get("stepId")), []).append(u)
-        self.rows_left = MAX_UNIT_ROWS
+        self.rows_left = MAX_UNIT_ROWS >> max(0, level - 2)
+        self.max_rows = self.rows_left
         self.rows_omitted = 0
 
     # ---------------------------------------------------------------- sections
@@ -174,7 +180,7 @@ class _Report:
         if v.get("status") in ("active", "awaiting_session"):
             end = max(end, self.now)
         svg = timeline_svg(self.attempts, [s["id"] for s in self.steps], seconds(v.get("createdAt")), end,
-                           self.anchors)
+                           self.anchors, tooltips=self.tooltips)
         return ('<section id="timeline"><h2>Timeline of unit attempts</h2><p class="muted">One lane per step; '
                 "overlapping attempts stacked. Green completed, red failed, blue running or cut off, purple gate "
                 f"verdicts, dark outline a retry. Hover a bar for its unit.</p><div class=\"scroll\">{svg}</div>"
@@ -304,7 +310,7 @@ class _Report:
 
     def footer(self) -> str:
         rid = esc(self.view.get("runId"))
-        omitted = (f"<p>{self.rows_omitted} unit row(s) were left out of the tables (at most {MAX_UNIT_ROWS}, "
+        omitted = (f"<p>{self.rows_omitted} unit row(s) were left out of the tables (at most {self.max_rows}, "
                    "failures first).</p>" if self.rows_omitted else "")
         return (f'<section id="whole"><h2>How to see everything</h2>{omitted}<p>This page clips each unit\'s '
                 f"output to {self.unit_clip} characters and each step's to {self.step_clip}. Every output in full: "
@@ -333,10 +339,10 @@ def render_report(view: dict[str, Any], graph: dict[str, Any], events: list[dict
 
     Lone surrogates (possible in JSON from outside) become `?`, so the page always encodes as UTF-8."""
     now = time.time() if now is None else now
-    unit_budget = UNIT_TEXT_BUDGET
+    level = 0
     while True:
-        page = _Report(view, graph, events, budget, now, unit_budget).page()
+        page = _Report(view, graph, events, budget, now, level).page()
         page = page.encode("utf-8", "replace").decode("utf-8")
-        if len(page.encode("utf-8")) <= MAX_BYTES or unit_budget < 10_000:
+        if len(page.encode("utf-8")) <= MAX_BYTES or level >= MAX_LEVEL:
             return page
-        unit_budget //= 2
+        level += 1

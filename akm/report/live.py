@@ -4,9 +4,10 @@
 done of units dispatched, failures, elapsed time, status — fed either by the
 api's progress callbacks (`workflow run` in this process) or by journal
 events (`workflow status RUN --watch`, a run driven elsewhere). Two outputs:
-`LiveProgress` redraws the board on a terminal (ANSI cursor movement, a
-ticker thread so the clock moves between events; the cursor is hidden while
-it draws and always shown again), `LineProgress` prints one plain line per
+`LiveProgress` redraws the board on a terminal (ANSI cursor-up and erase
+below, a ticker thread so the clock moves between events; the cursor is never
+hidden, so a process killed mid-draw leaves the terminal as it was),
+`LineProgress` prints one plain line per
 event (for a pipe or a log, the `--verbose` form). Callbacks come from the
 engine's worker threads, so every method takes the board's lock.
 """
@@ -176,7 +177,6 @@ class LiveProgress:
         self._drawn = 0
         self._stopped = threading.Event()
         self._lock = threading.Lock()
-        self.stream.write("\x1b[?25l")  # hide the cursor while the board redraws
         self._ticker = threading.Thread(target=self._tick, name="akm-progress", daemon=True)
         self._ticker.start()
 
@@ -218,13 +218,9 @@ class LiveProgress:
         self.refresh()
 
     def stop(self) -> None:
-        """Draw the final board, leave it on screen and give the cursor back."""
+        """Draw the final board and leave it on screen."""
         if self._stopped.is_set():
             return
         self._stopped.set()
         self._ticker.join(timeout=2)
-        try:
-            self.refresh()
-        finally:
-            self.stream.write("\x1b[?25h")
-            self.stream.flush()
+        self.refresh()

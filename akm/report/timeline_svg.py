@@ -99,8 +99,9 @@ def _pack(attempts: list[Attempt], end_of: dict[int, float]) -> list[int]:
 
 
 def timeline_svg(attempts: list[Attempt], step_order: list[str], run_start: float | None, run_end: float,
-                 anchors: dict[str, str] | None = None) -> str:
-    """The SVG element for `attempts`, lanes in `step_order`; open attempts end at `run_end`."""
+                 anchors: dict[str, str] | None = None, *, tooltips: bool = True) -> str:
+    """The SVG element for `attempts`, lanes in `step_order`; open attempts end at `run_end`;
+    `tooltips=False` leaves out each bar's title (a page for very many attempts must stay small)."""
     anchors = anchors or {}
     if not attempts:
         return '<p class="muted">No unit was dispatched.</p>'
@@ -132,8 +133,9 @@ def timeline_svg(attempts: list[Attempt], step_order: list[str], run_start: floa
             outline = ' stroke="#212121" stroke-width="1"' if "~r" in a.unit_id else ""
             took = duration_text(end_of[i] - a.start) + ("" if a.end is not None else ", not finished")
             tip = f"{a.unit_id}: {a.status}, {took}" + (f" ({a.reason})" if a.reason else "")
+            title = f"<title>{esc(tip)}</title>" if tooltips else ""
             parts.append(f'<rect class="bar bar-{esc(a.status)}" x="{x:.1f}" y="{y + rows[i] * (ROW_H + ROW_GAP)}" '
-                         f'width="{w:.1f}" height="{ROW_H}" fill="{color}"{outline}><title>{esc(tip)}</title></rect>')
+                         f'width="{w:.1f}" height="{ROW_H}" fill="{color}"{outline}>{title}</rect>')
         y += lane_h + LANE_GAP
     ticks = []
     for k in range(6):
