@@ -4,8 +4,8 @@ Input: `api.run_graph(...).to_json()` — nodes in plan order, edges from
 `akm.plan.flow`. Steps run top to bottom, one row each, except that the
 targets of one route are alternatives and share a row side by side (the
 branches). An edge to the next row is a short curve; an edge that skips rows
-(past a branch it does not take) loops round the right-hand side so it never
-crosses a node. Uncertain edges (the target runs only if a route picks it) are
+(past a branch it does not take) runs down the right-hand side, right of
+every row, so it never crosses a node. Uncertain edges (the target runs only if a route picks it) are
 dashed; route edges carry their match value. Skipped steps are greyed out.
 Each node links to its step's section of the report (`#step-<index>`).
 """
@@ -79,9 +79,11 @@ def graph_svg(graph: dict[str, Any], anchors: dict[str, str] | None = None) -> s
         if tr - sr > 1:
             x = side + 14 * k
             k += 1
-            ay, by = sy + NODE_H / 2, ty + NODE_H / 2
-            d = (f"M{sx + NODE_W:.0f},{ay:.0f} C{x:.0f},{ay:.0f} {x:.0f},{by:.0f} {tx + NODE_W + 2:.0f},{by:.0f}")
-            lx, ly = x - 4, (ay + by) / 2
+            ay, by, r = sy + NODE_H / 2, ty + NODE_H / 2, 10
+            # Out to the right of every row, down, and back in: straight runs with rounded corners.
+            d = (f"M{sx + NODE_W:.0f},{ay:.0f} H{x - r:.0f} Q{x:.0f},{ay:.0f} {x:.0f},{ay + r:.0f} "
+                 f"V{by - r:.0f} Q{x:.0f},{by:.0f} {x - r:.0f},{by:.0f} H{tx + NODE_W + 2:.0f}")
+            lx, ly = x, (ay + by) / 2
         else:
             ax, ay = sx + NODE_W / 2, sy + NODE_H
             bx, by = tx + NODE_W / 2, ty - 2

@@ -57,7 +57,7 @@ details>summary{cursor:pointer;color:#37474f}.muted{color:#777}.mono{font-family
 .st-awaiting_session{background:#fff9c4}.st-abandoned{background:#d7ccc8}
 .step.skipped{opacity:.6}.reason{color:#b71c1c;font-weight:600}.scroll{overflow-x:auto}
 .verdict-pass{color:#1b5e20;font-weight:600}.verdict-fail{color:#b71c1c;font-weight:600}
-.meter{display:inline-block;width:160px;height:9px;background:#eee;border-radius:4px;vertical-align:middle}
+td ul{margin:0;padding-left:18px}.meter{display:inline-block;width:160px;height:9px;background:#eee;border-radius:4px;vertical-align:middle}
 .meter>span{display:block;height:9px;border-radius:4px;background:#1e88e5}
 """
 
@@ -87,6 +87,10 @@ def _output_block(value: Any, limit: int, *, open_: bool = False, what: str = "o
     preview = esc(short(text, 72)) or "(empty)"
     return (f'<details{" open" if open_ else ""}><summary>{esc(what)}: <span class="mono">{preview}</span></summary>'
             f"<pre>{esc(shown)}{'…' if cut else ''}</pre>{note}</details>")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _fmt_tokens(n: int | None) -> str:
@@ -132,10 +136,11 @@ class _Report:
         tokens = sum(known) if known else None
         rows = [("status", _badge(v.get("status"))), ("workflow", esc(v.get("workflow"))),
                 ("run id", f'<span class="mono">{esc(v.get("runId"))}</span>'),
-                ("started", esc(v.get("createdAt"))), ("finished", esc(v.get("completedAt") or "—")),
+                ("started", esc(v.get("createdAt"))), ("finished" if v.get("completedAt") else "last change",
+                 esc(v.get("completedAt") or v.get("updatedAt") or "—")),
                 ("duration", esc(duration_text(end - start if start is not None and end is not None else None))),
                 ("current step", esc(v.get("currentStepId") or "—")),
-                ("units", f"{logical} units, {attempts} attempts ({failed} failed)"),
+                ("units", f"{_plural(logical, 'unit')}, {_plural(attempts, 'attempt')} ({failed} failed)"),
                 ("tokens", esc(_fmt_tokens(tokens)))]
         if self.budget.get("maxUnits"):
             rows.append(("unit budget", self._meter(attempts, self.budget["maxUnits"], "attempts")))
@@ -268,7 +273,7 @@ class _Report:
         for s in self.steps:
             sid, status = s["id"], s.get("status")
             units = [u for u in self.by_step.get(sid, []) if not _GATE_ROW.match(u["unitId"])]
-            tally = f"{s.get('unitCount') or 0} units, {s.get('attempts') or 0} attempts"
+            tally = f"{_plural(s.get('unitCount') or 0, 'unit')}, {_plural(s.get('attempts') or 0, 'attempt')}"
             if (s.get("gateLoops") or 0) > 1:
                 tally += f", {s.get('gateLoops')} gate loops"
             failed = sum(1 for u in units if u.get("status") == "failed")

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from akm.report.escape import esc, short
 
-LABEL_W, PLOT_W = 170, 820
+LABEL_W, PLOT_W = 170, 740
 ROW_H, ROW_GAP, LANE_GAP = 9, 2, 10
 MAX_SUBROWS = 48
 
