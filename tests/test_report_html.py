@@ -256,3 +256,8 @@ def test_the_size_guard_holds_for_ten_thousand_units_of_hostile_output():
     page = render_report(view, graph, events, {"maxUnits": 10_000, "maxTokens": None})
     assert len(page.encode("utf-8")) <= MAX_BYTES
     assert "unit row(s) were left out" in page and "<b>" not in page
+
+
+def test_a_report_of_an_unknown_run_is_a_coded_error_and_prints_no_page(cli):
+    out = cli("workflow", "status", "00000000-0000-4000-8000-000000000000", "--format", "html", check=1)
+    assert out.stdout == "" and "error[RUN_NOT_FOUND]" in out.stderr and "Traceback" not in out.stderr
