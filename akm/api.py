@@ -856,6 +856,30 @@ def run_graph(run_id: str | RunIdRequest) -> RunGraph:
     return RunGraph(run_id=run.id, nodes=nodes, edges=edges)
 
 
+def run_report_html(run_id: str | RunIdRequest) -> str:
+    """A run as one self-contained HTML page (`akm.report.html`): its status with every unit, its step
+    graph, the timeline of its unit attempts from the journal events, and its budget."""
+    from akm.engine.state import decode_plan
+    from akm.report.html import render_report
+
+    req = _args("RunIdRequest", run_id, {"run_id": run_id}, {"run_id": _of(str, "run_id")})
+    view = run_status(req.run_id, units=True)
+    graph = run_graph(req.run_id)
+    with _open_db() as db:
+        run = _require_run(db, req.run_id)
+        plan = decode_plan(run.id, run.plan_json, run.plan_hash)
+    budget = {"maxUnits": plan.budget.max_units, "maxTokens": plan.budget.max_tokens} if plan.budget else None
+    evs: list[dict[str, Any]] = []
+    since = "@offset:0"
+    while True:
+        page = events(run_id=req.run_id, since=since, limit=MAX_EVENT_LIMIT)
+        evs.extend(e.to_json() for e in page.events)
+        if not page.has_more:
+            break
+        since = f"@offset:{page.next_offset}"
+    return render_report(view.to_json(), graph.to_json(), evs, budget)
+
+
 def resume(run_id: str | RunIdRequest) -> RunView:
     """Reopen a failed or blocked run (its current step becomes pending again)."""
     return _control(_args("RunIdRequest", run_id, {"run_id": run_id}, {"run_id": _of(str, "run_id")}).run_id,

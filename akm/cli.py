@@ -42,9 +42,9 @@ Run flags:
   --detach        drive the run in the background: print the run id at once and
                   log to <data dir>/logs/RUN.log; `akm workflow wait RUN` waits
   --format F      text (default) or json
-  --quiet, -q     no progress lines
-  --verbose       a progress line per finished unit on stderr, even when stderr
-                  is not a terminal (by default only a terminal gets them)
+  --quiet, -q     no progress at all
+  --verbose       a progress line per finished unit on stderr, terminal or not
+                  (by default a terminal gets a board of steps redrawn in place)
   --help, -h      this help
 These names are reserved: a param of the same name cannot be set on the CLI.
 
@@ -115,7 +115,9 @@ def _build_parser() -> "argparse.ArgumentParser":
     st = add("status", "where a run stands: its steps, their outputs and the run's result")
     st.add_argument("run_id", metavar="RUN", help=run_id_help)
     st.add_argument("--units", action="store_true", help="include every journaled unit attempt")
-    fmt(st, ("text", "json", "mermaid"))
+    st.add_argument("--watch", action="store_true",
+                    help="follow a run driven elsewhere: live progress on stderr until it is no longer active")
+    fmt(st, ("text", "json", "mermaid", "html"))
 
     for name, text in (("resume", "reopen a failed or blocked run (completed units are kept)"),
                        ("abandon", "give up on a run for good: stops it at once; it can never be resumed")):
@@ -476,7 +478,18 @@ def _cmd_run(tokens: list[str]) -> int:
     for signum in reasons:
         signal.signal(signum, on_signal)
 
+    # On a terminal (and without --verbose) the progress is a board of steps redrawn in place.
+    live = None
+    if show_progress and sys.stderr.isatty() and not ra.controls.get("verbose") \
+            and os.environ.get("AKM_PROGRESS") != "1" and os.environ.get("TERM") != "dumb":
+        from akm.report.live import LiveProgress
+
+        live = LiveProgress(sys.stderr)
+
     def progress(p: Any) -> None:  # from worker threads too: one write per line
+        if live is not None:
+            live.progress(p)
+            return
         if not show_progress or p.kind == "step_started":
             return
         if p.kind == "step":
@@ -486,14 +499,19 @@ def _cmd_run(tokens: list[str]) -> int:
             _err(f"[{p.step_id} {p.done}/{p.total}] {p.attempt_id} {mark}")
 
     def warning(w: Any) -> None:
-        _err(f"warning: {w.message}")
+        say = live.message if live is not None else _err
+        say(f"warning: {w.message}")
         if w.code == "WORKFLOW_CHANGED":
-            _err(f"  hint: to run the edited file, start a new run: akm workflow run {ra.target} --new "
-                 f"(and `akm workflow abandon {w.details['runId']}` to drop the old one)")
+            say(f"  hint: to run the edited file, start a new run: akm workflow run {ra.target} --new "
+                f"(and `akm workflow abandon {w.details['runId']}` to drop the old one)")
 
-    result = api.run_workflow(ra.target, param_pairs=ra.params, max_steps=ra.controls.get("max-steps"),
-                              timeout=ra.controls.get("timeout"), new=bool(ra.controls.get("new")), cancel=cancel,
-                              on_progress=progress, on_warning=warning)
+    try:
+        result = api.run_workflow(ra.target, param_pairs=ra.params, max_steps=ra.controls.get("max-steps"),
+                                  timeout=ra.controls.get("timeout"), new=bool(ra.controls.get("new")),
+                                  cancel=cancel, on_progress=progress, on_warning=warning)
+    finally:
+        if live is not None:
+            live.stop()
     data = result.to_json()
     if fmt == "json":
         _emit_json(data)
@@ -524,6 +542,23 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from akm import api
     from akm import cli_render as render
 
+    code = 0
+    if args.watch:  # follow a run driven elsewhere; then print its status as usual
+        from akm.report.watch import follow
+
+        try:
+            code = follow(args.run_id, sys.stderr)
+        except KeyboardInterrupt:
+            return 130  # Ctrl-C ends a watch quietly; the run itself is not touched
+    if args.format == "html":  # one self-contained page: `> run.html`, then open it in a browser
+        page = api.run_report_html(args.run_id)
+        raw = getattr(sys.stdout, "buffer", None)
+        if raw is None:
+            sys.stdout.write(page)
+        else:  # bytes: the page says charset=utf-8, whatever the locale's encoding
+            sys.stdout.flush()
+            raw.write(page.encode("utf-8"))
+        return code
     view = api.run_status(args.run_id, units=args.units).to_json()
     if args.format == "json":
         _emit_json(view)
@@ -531,7 +566,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         _out(render.mermaid(api.run_graph(args.run_id).to_json()))
     else:
         _out(render.run_text(view))
-    return 0
+    return code
 
 
 def _cmd_wait(args: argparse.Namespace) -> int:

@@ -116,6 +116,13 @@ def _ok(model: Any) -> CallToolResult:
                           structured_content=data)
 
 
+def _html_resource(uri: str, text: str) -> Any:
+    """An HTML page as an embedded `text/html` resource (the run report of `workflow_status(format="html")`)."""
+    from mcp_types import EmbeddedResource, TextResourceContents
+
+    return EmbeddedResource(type="resource", resource=TextResourceContents(uri=uri, mime_type="text/html", text=text))
+
+
 async def _call(fn: Any, *args: Any, **kwargs: Any) -> CallToolResult:
     """Run a blocking api call off the event loop; AkmError becomes an isError result."""
     try:
@@ -406,9 +413,18 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
     async def workflow_status(
         run_id: Annotated[str, Field(description="The run id")],
         units: Annotated[bool, Field(description="Include every journaled unit attempt")] = False,
+        format: Annotated[Literal["json", "html"], Field(  # noqa: A002 (the CLI's flag name)
+            description="html: also a self-contained HTML report of the run (a text/html resource)")] = "json",
     ) -> Annotated[CallToolResult, RunViewModel]:
         """Where a run stands: steps, their outputs, and (with units) every unit attempt."""
-        return await _call(api.run_status, run_id, units=units)
+        result = await _call(api.run_status, run_id, units=units)
+        if format == "html" and not result.is_error:
+            try:
+                page = await anyio.to_thread.run_sync(lambda: api.run_report_html(run_id))
+            except AkmError as exc:
+                return _error_result(exc)
+            result.content.append(_html_resource(f"akm://runs/{run_id}/report.html", page))
+        return result
 
     @server.tool(annotations=read_only)
     async def workflow_list(

@@ -40,6 +40,9 @@ assert.equal(verdict.structuredContent.stepOutcome.kind, "completed");
 
 const done = await client.callTool({ name: "workflow_run", arguments: { target: runId } });
 assert.equal(done.structuredContent.run.status, "completed");
+const report = await client.callTool({ name: "workflow_status", arguments: { run_id: runId, format: "html" } });
+assert.equal(report.isError, false, JSON.stringify(report.content).slice(0, 500));
+assert.equal(report.content.at(-1).resource.mimeType, "text/html");
 for (const [name, a] of [["workflow_status", { run_id: runId, units: true }], ["workflow_list", {}],
                          ["workflow_lint", { paths: ["flow.md"] }], ["workflow_events", { run_id: runId }],
                          ["setup", {}]]) {

@@ -1,0 +1,232 @@
+"""Live progress of a run in a terminal: a line per step, redrawn in place.
+
+`Board` holds what a person wants to see while a run goes — per step, units
+done of units dispatched, failures, elapsed time, status — fed either by the
+api's progress callbacks (`workflow run` in this process) or by journal
+events (`workflow status RUN --watch`, a run driven elsewhere). Two outputs:
+`LiveProgress` redraws the board on a terminal (ANSI cursor-up and erase
+below, a ticker thread so the clock moves between events; the cursor is never
+hidden, so a process killed mid-draw leaves the terminal as it was),
+`LineProgress` prints one plain line per
+event (for a pipe or a log, the `--verbose` form). Callbacks come from the
+engine's worker threads, so every method takes the board's lock.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable, TextIO
+
+from akm.report.timeline_svg import duration_text, seconds
+
+# Characters a terminal acts on (escapes, C1 controls, bidi overrides) are shown as visible escapes.
+_UNSAFE = [c for c in range(0x20)] + list(range(0x7F, 0xA0)) + [
+    0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_ESCAPES = {c: (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _UNSAFE}
+
+
+def safe(text: object) -> str:
+    """One line a terminal shows as-is: every control or bidi character written as a visible escape."""
+    return str(text).translate(_ESCAPES)
+
+
+class _Step:
+    __slots__ = ("step_id", "done", "total", "failed", "started", "finished", "status")
+
+    def __init__(self, step_id: str, started: float) -> None:
+        self.step_id, self.started = step_id, started
+        self.done = self.total = self.failed = 0
+        self.finished: float | None = None
+        self.status = "running"
+
+
+class Board:
+    """Per-step progress of one run (thread-safe)."""
+
+    def __init__(self, started: float | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.started = clock() if started is None else started
+        self.steps: dict[str, _Step] = {}
+        self.run_id: str | None = None
+        self.note: str | None = None  # a line under the header (who drives the run, why it waits)
+        self.lock = threading.RLock()
+        self._last_end = self.started
+
+    def _step(self, step_id: str, at: float) -> _Step:
+        step = self.steps.get(step_id)
+        if step is None:
+            # Steps run one after another: a step's clock starts when the one before it finished.
+            step = self.steps[step_id] = _Step(step_id, min(at, self._last_end) if self.steps else self.started)
+        return step
+
+    # ----------------------------------------------------------- feeds
+
+    def progress(self, p: Any) -> None:
+        """An api progress event (`StepStarted`, `UnitFinished` or `StepFinished`) of a run in this process."""
+        with self.lock:
+            at = self.clock()
+            self.run_id = self.run_id or p.run_id
+            step = self._step(p.step_id, at)
+            if p.kind == "step_started":  # the step shows at once, with its units to do
+                step.total = max(step.total, p.total)
+                if step.finished is None:
+                    step.status = "running"
+            elif p.kind == "step":
+                self._finish(step, p.status, at)
+            else:
+                step.done, step.total = max(step.done, p.done), max(step.total, p.total)
+                step.failed += 0 if p.ok else 1
+
+    def event(self, ev: dict[str, Any]) -> str | None:
+        """A journal event (`EventView.to_json()`); returns its one-line form for line output, if any."""
+        kind, meta = ev.get("eventType"), ev.get("metadata") or {}
+        at = seconds(ev.get("ts")) or self.clock()
+        step_id = meta.get("stepId")
+        with self.lock:
+            if not isinstance(step_id, str):
+                return f"run {ev.get('runId')}: {kind}" if kind in ("workflow_finished", "workflow_abandoned") else None
+            step = self._step(step_id, at)
+            if kind == "workflow_unit_started":
+                step.total += 1
+                if step.finished is None:
+                    step.status = "running"
+                return None
+            if kind == "workflow_unit_finished":
+                step.done += 1
+                ok = meta.get("status") == "completed"
+                step.failed += 0 if ok else 1
+                mark = "ok" if ok else f"FAILED ({meta.get('failureReason')})"
+                return f"[{step_id} {step.done}/{step.total}] {meta.get('unitId')} {mark}"
+            if kind in ("workflow_step_completed", "workflow_step_updated"):
+                status = str(meta.get("status") or "")
+                if status in ("completed", "failed", "skipped", "blocked"):
+                    self._finish(step, status, at)
+                    return f"[{step_id}] step {status}"
+                step.status, step.finished = status or "pending", None
+            return None
+
+    def _finish(self, step: _Step, status: str, at: float) -> None:
+        step.status, step.finished = status, at
+        self._last_end = max(self._last_end, at)
+
+    # ----------------------------------------------------------- view
+
+    def lines(self, width: int = 80, height: int = 24) -> list[str]:
+        """The board as terminal lines: a header, then a line per step (the latest ones if too many)."""
+        with self.lock:
+            now = self.clock()
+            steps = list(self.steps.values())
+            finished = sum(1 for s in steps if s.finished is not None)
+            units = sum(s.done for s in steps)
+            failed = sum(s.failed for s in steps)
+            head = (f"akm run {self.run_id or ''}".rstrip() + f"  {duration_text(now - self.started)}"
+                    f"  {finished} step(s) finished, {units} unit(s) done" + (f", {failed} failed" if failed else ""))
+            out = [head] + ([f"  {self.note}"] if self.note else [])
+            room = max(1, height - len(out) - 1)
+            if len(steps) > room:
+                hidden = steps[: len(steps) - room + 1]
+                out.append(f"  … {len(hidden)} earlier step(s)")
+                steps = steps[len(hidden):]
+            wid = min(28, max((len(s.step_id) for s in steps), default=4))
+            for s in steps:
+                elapsed = (s.finished if s.finished is not None else now) - s.started
+                work = f"{s.done}/{s.total} units" if s.total else ""
+                fails = f"{s.failed} failed" if s.failed else ""
+                name = s.step_id if len(s.step_id) <= wid else s.step_id[: wid - 1] + "…"
+                out.append(f"  {s.status:<10} {name:<{wid}}  {work:<14} {fails:<10} {duration_text(elapsed):>8}")
+            return [safe(line)[: max(10, width - 1)] for line in out]
+
+
+class LineProgress:
+    """Plain lines on a stream, one per event: what `--verbose` prints, and `--watch` on a pipe."""
+
+    def __init__(self, stream: TextIO, board: Board | None = None) -> None:
+        self.stream, self.board = stream, board or Board()
+
+    def progress(self, p: Any) -> None:
+        self.board.progress(p)
+        if p.kind == "step_started":
+            return
+        if p.kind == "step":
+            self.line(f"[{p.step_id}] step {p.status}")
+        else:
+            mark = "ok" if p.ok else f"FAILED ({p.failure_reason})"
+            self.line(f"[{p.step_id} {p.done}/{p.total}] {p.attempt_id} {mark}")
+
+    def event(self, ev: dict[str, Any]) -> None:
+        text = self.board.event(ev)
+        if text is not None:
+            self.line(text)
+
+    def line(self, text: str) -> None:
+        with self.board.lock:
+            self.stream.write("".join(safe(line) + "\n" for line in text.splitlines()))
+            self.stream.flush()
+
+    def message(self, text: str) -> None:
+        self.line(text)
+
+    def refresh(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class LiveProgress:
+    """The board redrawn in place on a terminal, every `interval` seconds and on every event."""
+
+    def __init__(self, stream: TextIO, board: Board | None = None, *, interval: float = 0.25) -> None:
+        self.stream, self.board, self.interval = stream, board or Board(), interval
+        self._drawn = 0
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._ticker = threading.Thread(target=self._tick, name="akm-progress", daemon=True)
+        self._ticker.start()
+
+    def _size(self) -> tuple[int, int]:
+        try:
+            size = os.get_terminal_size(self.stream.fileno())
+            return size.columns, size.lines
+        except (OSError, ValueError, AttributeError):
+            return 80, 24
+
+    def _tick(self) -> None:
+        while not self._stopped.wait(self.interval):
+            self.refresh()
+
+    def _clear(self) -> str:
+        return ("\r" + (f"\x1b[{self._drawn}A" if self._drawn else "") + "\x1b[J")
+
+    def refresh(self) -> None:
+        with self._lock:
+            if not self._drawn and not self.board.steps and self.board.clock() - self.board.started < 1.0:
+                return  # nothing to show yet: a command that fails at once prints no empty board
+            width, height = self._size()
+            lines = self.board.lines(width, height)
+            self.stream.write(self._clear() + "\n".join(lines) + "\n")
+            self.stream.flush()
+            self._drawn = len(lines)
+
+    def progress(self, p: Any) -> None:
+        self.board.progress(p)
+
+    def event(self, ev: dict[str, Any]) -> None:
+        self.board.event(ev)
+
+    def message(self, text: str) -> None:
+        """A line (a warning) printed above the board, which is drawn again below it."""
+        with self._lock:
+            self.stream.write(self._clear() + "".join(safe(line) + "\n" for line in text.splitlines()))
+            self._drawn = 0
+        self.refresh()
+
+    def stop(self) -> None:
+        """Draw the final board and leave it on screen."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._ticker.join(timeout=2)
+        self.refresh()
