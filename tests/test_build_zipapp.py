@@ -310,7 +310,7 @@ def test_cache_falls_back_to_private_temp_dir_then_fails_clearly(akm_bin, tmp_pa
     started = run([sys.executable, str(akm_bin), "workflow", "run", "w.md"], env, tmp_path)
     assert started.returncode == 78 and "Traceback" not in started.stderr
     assert started.stderr.startswith("error[NO_CACHE_DIR]: akm needs a writable directory to unpack its native code")
-    assert str(blocker / "home") in started.stderr and "Set SHIV_ROOT" in started.stderr
+    assert str(blocker / "home") in started.stderr and "Set AKM_CACHE_DIR" in started.stderr
 
     shared = tmp_path / "shared"
     (shared / f"akm-{os.getuid()}").mkdir(parents=True)
