@@ -507,6 +507,10 @@ def main(**found):
             sys.path_importer_cache[entry] = Directory(ARCHIVE)
     if CACHE and not hold(CACHE):
         CACHE = ""
+    if CACHE and os.path.exists(os.path.join(CACHE, "prune-pending")):  # another build's cache was in use
+        import _akm_unpack
+
+        _akm_unpack.prune(os.path.dirname(CACHE), os.path.basename(CACHE))
     if BOOT_CODE is not None and CACHE:
         write_code(os.path.join(CACHE, PYC, "_akm_boot.pyc"), BOOT_CODE)
     script = os.environ.get("AKM_BUNDLE_EXEC")

@@ -88,7 +88,8 @@ def prune(root, keep):
     process holds a shared lock on its build's `lock` file, so an exclusive one means none runs.
     Under that lock the directory is renamed away (a process of that build starting now sees it gone
     and makes it again), then deleted. A directory without a lock file is from a runtime older than
-    pruning; it is removed too (such a process still running makes again what it misses)."""
+    pruning; it is removed too (such a process still running makes again what it misses). While one
+    is in use, `prune-pending` in this build's directory makes every start try again."""
     import fcntl
     import shutil
 
@@ -96,6 +97,7 @@ def prune(root, keep):
         names = os.listdir(root)
     except OSError:
         return
+    busy = 0
     for name in names:
         path = os.path.join(root, name)
         if name.startswith(".akm-") and name.endswith(".trash"):  # left by a pruner that was killed
@@ -113,14 +115,25 @@ def prune(root, keep):
         trash = os.path.join(root, ".%s.%d.trash" % (name, os.getpid()))
         try:
             if fd is not None:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: a process of that build runs
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.rename(path, trash)
-        except OSError:
+        except BlockingIOError:  # a process of that build runs
+            busy += 1
+            continue
+        except OSError:  # not ours to remove (e.g. a read-only root): not retried either
             continue
         finally:
             if fd is not None:
                 os.close(fd)
         shutil.rmtree(trash, ignore_errors=True)
+    pending = os.path.join(root, keep, "prune-pending")
+    if busy:
+        _akm_boot.write_atomically(pending, b"")
+    elif os.path.exists(pending):
+        try:
+            os.unlink(pending)
+        except OSError:
+            pass
 
 
 def _is_build_dir(name):
