@@ -468,7 +468,8 @@ def evict_installed():
     for name, module in list(sys.modules.items()):
         top = name.partition(".")[0]
         if top + "/" in INDEX or top + ".py" in INDEX:
-            if not str(getattr(module, "__file__", None) or "").startswith(prefix):
+            where = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", None) or ()), "")
+            if not str(where).startswith(prefix):  # (a namespace package of ours has only a __path__)
                 del sys.modules[name]
 
 

@@ -69,8 +69,9 @@ def interpreters() -> dict[tuple[int, int], str]:
     found: dict[tuple[int, int], str] = {}
     for exe in dict.fromkeys(c for c in candidates if c and os.path.isfile(c) and os.access(c, os.X_OK)):
         try:
-            out = subprocess.run([exe, "-c", "import sys; print('%d %d %s' % (*sys.version_info[:2], "
-                                  "sys.implementation.name))"], capture_output=True, text=True, timeout=30).stdout.split()
+            out = subprocess.run([exe, "-c", "import platform, sys; print('%d %d %s' % (sys.version_info[0], "  # 2.7 too
+                                  "sys.version_info[1], platform.python_implementation().lower()))"],
+                                 capture_output=True, text=True, timeout=30).stdout.split()
         except (OSError, subprocess.TimeoutExpired):
             continue
         if len(out) == 3 and out[2] == "cpython":
@@ -87,6 +88,25 @@ def missing_pythons(minors: set[int]) -> list[str]:
     if running_in_ci() and len([v for v in found if v[0] == 3 and v[1] in minors]) < 2:
         problems.append(f"CI must test at least two supported CPython versions; found {sorted(found)}")
     return problems
+
+
+def test_a_python_that_cannot_be_found_fails_rather_than_is_skipped(tmp_path, monkeypatch):
+    """The per-interpreter tests assert through missing_pythons(): a version pyenv lists whose
+    interpreter does not run is named, and CI with fewer than two supported versions fails."""
+    broken = tmp_path / "pyenv" / "versions" / "3.14.0" / "bin" / "python3"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
+    monkeypatch.delenv("CI", raising=False)
+    interpreters.cache_clear()
+    try:
+        assert f"3.14 is listed at {broken.parent.parent} but no interpreter of it runs" in missing_pythons({14})
+        assert missing_pythons({99}) == []
+        monkeypatch.setenv("CI", "1")
+        assert any("at least two" in p for p in missing_pythons({99}))
+    finally:
+        interpreters.cache_clear()
 
 
 def constants(zf: zipfile.ZipFile, member: str) -> dict:
