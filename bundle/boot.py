@@ -1,7 +1,8 @@
 """akm's zipapp runtime: `_akm_boot.py` in dist/akm, run by its __main__.py (bundle/main.py), which
 calls main() with ARCHIVE, CACHE (this build's cache dir, "" until it exists), ROOTS (where it may be created,
 best first, as (root, is the shared temp dir)), BUILD, MAGIC, PYC (bytecode dir for this interpreter),
-ZIP (the archive's zipimporter) and BOOT_CODE (this module's code when it was compiled, to cache).
+ZIP (the archive's zipimporter), BOOT_CODE (this module's code when it was compiled, to cache) and NAME
+(__main__, or __mp_main__ in a multiprocessing child that runs the archive again).
 
 Why not shiv's bootstrap: it extracted and byte-compiled the whole site-packages on first start
 (seconds, tens of MB) and only ever had one interpreter's native extensions. Here:
@@ -12,7 +13,12 @@ Why not shiv's bootstrap: it extracted and byte-compiled the whole site-packages
 - a native extension is unpacked into the cache only when the running interpreter imports it
   (`_akm_unpack`, which holds every cold path);
 - the packages' metadata and data files are served from the archive too (importlib.metadata entry
-  points, importlib.resources files).
+  points, importlib.resources files; a file that must be a real path, e.g. certifi's CA bundle through
+  importlib.resources.as_file, is written once into the cache);
+- pkgutil lists the bundled modules (a path hook for the archive's directories), and multiprocessing
+  children (spawn, forkserver) run the archive again, which installs the bundle in them;
+- every process holds a shared lock on its build's cache directory, so the first start of a new build
+  can remove the caches of other builds that no process is using.
 """
 
 import _imp
@@ -30,7 +36,7 @@ NATIVE = {}
 # --- end of build constants ---
 
 # Set by main() from what __main__ found (see the module docstring).
-ARCHIVE = CACHE = BUILD = PYC = ""
+ARCHIVE = CACHE = BUILD = PYC = NAME = ""
 ROOTS = []
 MAGIC = b""
 ZIP = BOOT_CODE = None
@@ -43,6 +49,7 @@ _fd = None
 _unwritable = False
 _tree = None
 _dist_class = None
+_lock = None  # the open lock file of this build's cache directory, held while the process lives
 
 
 def fail(code, message):
@@ -80,14 +87,45 @@ def writable_cache(soft):
     path, problems = _akm_unpack.make_cache_dir(ROOTS, "akm-" + BUILD)
     if path:
         CACHE = path
+        if hold(path):
+            _akm_unpack.prune(os.path.dirname(path), os.path.basename(path))
         if BOOT_CODE is not None:
             write_code(os.path.join(path, PYC, "_akm_boot.pyc"), BOOT_CODE)
     elif soft:
         _unwritable = True
     else:
         fail("NO_CACHE_DIR", "akm needs a writable directory to unpack its native code for this Python; tried "
-             "%s. Set SHIV_ROOT to a writable directory." % "; ".join(problems))
+             "%s. Set AKM_CACHE_DIR to a writable directory." % "; ".join(problems))
     return CACHE
+
+
+def hold(cache):
+    """Take a shared lock on the cache directory's `lock` file for the life of this process (children
+    forked from it share it): a pruner takes it exclusively, so it never removes a cache in use.
+    False when the directory is being removed right now, or was since it was found: then it is not
+    ours to use (it is made again on first need)."""
+    global _lock
+    import fcntl
+
+    lock = os.path.join(cache, "lock")
+    try:
+        try:
+            fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = os.open(lock, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return os.path.isdir(cache)  # a cache that takes no file (read-only): no pruner can remove it either
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        if os.path.samestat(os.fstat(fd), os.stat(lock)):  # not renamed away before we locked it
+            if _lock is not None:
+                os.close(_lock)
+            _lock = fd
+            return True
+    except OSError:
+        pass
+    os.close(fd)
+    return False
 
 
 def write_atomically(path, data):
@@ -159,7 +197,7 @@ class NativeLoader(sys.modules["_frozen_importlib_external"].ExtensionFileLoader
             return super().create_module(spec)
         except ImportError as exc:
             fail("NATIVE_LOAD_FAILED", "cannot load %s (%s); if its directory is on a filesystem mounted noexec, "
-                 "set SHIV_ROOT to one that is not" % (self.path, exc))
+                 "set AKM_CACHE_DIR to one that is not" % (self.path, exc))
 
 
 class Bundle:
@@ -300,7 +338,29 @@ class Resources:
         self.rel = rel
 
     def files(self):
+        global _as_file
+        if _as_file is None:  # importlib.resources is imported by now: it is what calls files()
+            _as_file = getattr(sys.modules.get("importlib.resources"), "as_file", None)
+            if hasattr(_as_file, "register"):  # a functools.singledispatch function (3.11+)
+                _as_file.register(Entry, entry_as_file)
         return Entry(self.rel)
+
+
+_as_file = None
+
+
+def entry_as_file(entry):
+    """importlib.resources.as_file for a bundled file or directory: its copy in this build's cache,
+    written once (rather than a temporary copy per process, which a killed process leaves behind,
+    e.g. for every certifi.where()). Without a cache, importlib's temporary copy."""
+    import contextlib
+
+    import _akm_unpack
+
+    path = _akm_unpack.materialize(entry.rel)
+    if path is None:
+        return _as_file.dispatch(object)(entry)
+    return contextlib.nullcontext(path)
 
 
 class Entry:
@@ -350,6 +410,48 @@ class Entry:
         return "<akm bundle entry %s>" % self.rel
 
 
+class Directory:
+    """The path-entry finder of a directory of the library (sys.path_hooks), for what walks `__path__`
+    rather than importing: pkgutil.iter_modules / walk_packages list its modules as they would list
+    an installed package's; importing still goes through Bundle, first on sys.meta_path."""
+
+    def __init__(self, path):
+        path = os.path.abspath(path)
+        rel = os.path.relpath(path, ARCHIVE) if path == ARCHIVE or path.startswith(ARCHIVE + os.sep) else None
+        if rel is None or (rel != "." and rel + "/" not in INDEX):
+            raise ImportError("not a directory of akm's bundle", path=path)
+        self.path, self.rel = path, "" if rel == "." else rel
+
+    def find_spec(self, fullname, target=None):
+        spec = Bundle.find_spec(fullname)
+        if spec is not None and fullname.rpartition(".")[0].replace(".", "/") == self.rel:
+            return spec
+        if not self.rel:  # the archive itself also holds the runtime's own modules (_akm_unpack)
+            return ZIP.find_spec(fullname, target)
+        return None
+
+    @staticmethod
+    def invalidate_caches():
+        pass
+
+    def iter_modules(self, prefix=""):
+        """(name, is a package) of each module in this directory, as pkgutil wants them."""
+        found = {}
+        for name in children(self.rel):
+            rel = self.rel + "/" + name if self.rel else name
+            if name.endswith(".py") and name != "__init__.py":
+                found[name[:-3]] = False
+            elif rel + "/__init__.py" in INDEX:
+                found[name] = True
+        for module in NATIVE:
+            parent, _, leaf = module.rpartition(".")
+            if parent.replace(".", "/") == self.rel:
+                found[leaf] = False
+        for name, package in sorted(found.items()):
+            if name.isidentifier():
+                yield prefix + name, package
+
+
 def isolated(path):
     """Drop what `site` appended (site-packages, .pth entries): akm runs on its bundled libraries only,
     so a package installed on the machine can neither shadow nor stand in for a bundled one."""
@@ -359,7 +461,37 @@ def isolated(path):
     return path
 
 
+def evict_installed():
+    """Forget bundled packages that a `.pth` file imported from site-packages before we ran (e.g. a
+    certifi patched at start-up): the bundle's copy must serve, as for every other import."""
+    prefix = ARCHIVE + os.sep
+    for name, module in list(sys.modules.items()):
+        top = name.partition(".")[0]
+        if top + "/" in INDEX or top + ".py" in INDEX:
+            where = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", None) or ()), "")
+            if not str(where).startswith(prefix):  # (a namespace package of ours has only a __path__)
+                del sys.modules[name]
+
+
+def run_script(script, name):
+    """Run a script on the bundled libraries (AKM_BUNDLE_EXEC) as module `name`; returns its namespace.
+    Its `__file__` is the archive: multiprocessing re-runs `__main__.__file__` in a spawned child,
+    and the archive is what installs the bundle there before running the script again."""
+    try:
+        with open(script, "rb") as f:
+            code = compile(f.read(), script, "exec", dont_inherit=True)
+    except OSError as exc:
+        fail("NO_SCRIPT", "cannot read AKM_BUNDLE_EXEC script %s (%s)" % (script, exc.strerror or exc))
+    module = type(sys)(name)
+    module.__file__, module.__spec__, module.__loader__ = ARCHIVE, None, None
+    if name == "__main__":
+        sys.modules["__main__"] = module
+    exec(code, module.__dict__)
+    return module.__dict__
+
+
 def main(**found):
+    global CACHE
     globals().update(found)
     check_interpreter()
     try:  # members by name, not path: ZIP knows the archive by the path Python was given (see main.py)
@@ -367,16 +499,31 @@ def main(**found):
     except (OSError, ImportError, ValueError, EOFError, TypeError) as exc:
         damaged("its index of bundled files cannot be read (%s)" % exc)
     sys.path[:] = isolated(sys.path)
-    sys.meta_path.insert(0, Bundle)
+    evict_installed()
+    ours = lambda hook: getattr(hook, "__module__", None) == "_akm_boot"  # noqa: E731 (also an earlier run's)
+    sys.meta_path[:] = [Bundle] + [f for f in sys.meta_path if not ours(f)]
+    sys.path_hooks[:] = [Directory] + [h for h in sys.path_hooks if not ours(h)]
+    for entry in sys.path:
+        if entry == ARCHIVE or os.path.abspath(entry) == ARCHIVE:  # also as given, e.g. /w/./dist/akm
+            sys.path_importer_cache[entry] = Directory(ARCHIVE)
+    if CACHE and not hold(CACHE):
+        CACHE = ""
+    if CACHE and os.path.exists(os.path.join(CACHE, "prune-pending")):  # another build's cache was in use
+        import _akm_unpack
+
+        _akm_unpack.prune(os.path.dirname(CACHE), os.path.basename(CACHE))
     if BOOT_CODE is not None and CACHE:
         write_code(os.path.join(CACHE, PYC, "_akm_boot.pyc"), BOOT_CODE)
     script = os.environ.get("AKM_BUNDLE_EXEC")
+    if NAME == "__mp_main__":  # a spawned multiprocessing child: the bundle is installed, that is all
+        return {k: v for k, v in run_script(script, NAME).items() if not k.startswith("__")} if script else None
+    # Children re-run `__main__.__file__` (spawn, forkserver): as for `python script.py`, that is the archive.
+    main_module = sys.modules["__main__"]
+    main_module.__spec__, main_module.__file__ = None, ARCHIVE
     if script:  # hidden hook for tests and debugging: run a script on the bundled libraries
-        import runpy
-
         sys.argv[:] = [script] + sys.argv[1:]
-        runpy.run_path(script, run_name="__main__")
-        return
+        run_script(script, "__main__")
+        return None
     from akm.cli import main as cli_main
 
     sys.exit(cli_main())

@@ -415,7 +415,26 @@ def stage(target: Target, per_version: dict[int, dict[str, Path]]) -> Stage:
         rel = src.relative_to(ROOT).as_posix()
         if src.is_file() and not prune_reason(rel):
             files[rel] = src.read_bytes()
+    files.update(akm_dist_info())
     return Stage(files, natives, suffixes)
+
+
+def akm_dist_info() -> dict[str, bytes]:
+    """akm's own dist-info, as an install writes it (headers only): importlib.metadata.version("akm"),
+    its requirements and its console script, from pyproject.toml and akm.__version__."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    match = re.search(r'^__version__ = "([^"]+)"', (ROOT / "akm" / "__init__.py").read_text(), re.M)
+    if not match:
+        raise BuildError("akm/__init__.py has no __version__ = \"...\" line")
+    version = match.group(1)
+    meta = ["Metadata-Version: 2.4", f"Name: {project['name']}", f"Version: {version}",
+            f"Summary: {project.get('description', '')}", f"License-Expression: {project.get('license', '')}",
+            f"Requires-Python: {project.get('requires-python', '')}"]
+    meta += [f"Requires-Dist: {r}" for r in project.get("dependencies", [])]
+    info = f"{project['name']}-{version}.dist-info"
+    scripts = "".join(f"{k} = {v}\n" for k, v in sorted(project.get("scripts", {}).items()))
+    return {f"{info}/METADATA": ("\n".join(meta) + "\n").encode(), f"{info}/top_level.txt": b"akm\n",
+            f"{info}/entry_points.txt": f"[console_scripts]\n{scripts}".encode()}
 
 
 # ------------------------------------------------------------------ native streams

@@ -1,8 +1,9 @@
 # akm launcher, the zipapp's __main__.py (bundle/build.py fills in BUILD). Compiled from source on
 # every start, so it is kept this small; it must parse on old Pythons (no f-strings or annotations).
-# It refuses an old interpreter, finds this build's cache ($SHIV_ROOT, else the XDG cache, else a
-# private dir in the temp dir) and runs the runtime _akm_boot from its
-# cached bytecode there, compiling it only when that is missing.
+# It refuses an old interpreter, finds this build's cache ($AKM_CACHE_DIR or its old name $SHIV_ROOT,
+# else the XDG cache, else a private dir in the temp dir) and runs the runtime _akm_boot from its
+# cached bytecode there, compiling it only when that is missing. A multiprocessing child (spawn,
+# forkserver) runs this file again as __mp_main__: the runtime then only installs the bundle.
 import sys
 
 if sys.version_info < (3, 11):
@@ -25,8 +26,9 @@ def run(env=os.environ, join=os.path.join):
     home = os.path.expanduser("~")
     xdg = env.get("XDG_CACHE_HOME", "")
     tmp = os.path.abspath(join(env.get("TMPDIR") or "/tmp", "akm-%d" % os.getuid()))
-    if env.get("SHIV_ROOT"):
-        roots = [(os.path.abspath(os.path.expanduser(env["SHIV_ROOT"])), False)]
+    chosen = env.get("AKM_CACHE_DIR") or env.get("SHIV_ROOT")
+    if chosen:
+        roots = [(os.path.abspath(os.path.expanduser(chosen)), False)]
     elif os.path.isabs(xdg) or os.path.isabs(home):
         user = join(xdg, "akm") if os.path.isabs(xdg) else join(home, "Library/Caches/akm" if sys.platform == "darwin"
                                                                  else ".cache/akm")
@@ -56,8 +58,8 @@ def run(env=os.environ, join=os.path.join):
     fresh = None if code else compile(__loader__.get_data("_akm_boot.py"), boot.__file__, "exec", dont_inherit=True)
     sys.modules["_akm_boot"] = boot
     exec(code or fresh, boot.__dict__)
-    boot.main(ARCHIVE=archive, CACHE=cache or "", ROOTS=roots, BUILD=BUILD, MAGIC=magic, PYC=pyc, ZIP=__loader__,
-              BOOT_CODE=fresh)
+    return boot.main(ARCHIVE=archive, CACHE=cache or "", ROOTS=roots, BUILD=BUILD, MAGIC=magic, PYC=pyc,
+                     ZIP=__loader__, BOOT_CODE=fresh, NAME=__name__)
 
 
-run()
+globals().update(run() or ())  # as __mp_main__: the names of the script a child re-runs (AKM_BUNDLE_EXEC)

@@ -80,7 +80,85 @@ def unpack_native(cache, rel):
                 return path
             problems.append("%s: cannot write there" % path)
     _akm_boot.fail("NO_CACHE_DIR", "akm needs a writable directory to unpack its native code for this Python; "
-                   "tried %s. Set SHIV_ROOT to a writable directory." % "; ".join(problems))
+                   "tried %s. Set AKM_CACHE_DIR to a writable directory." % "; ".join(problems))
+
+
+def prune(root, keep):
+    """Remove the cache directories of other builds under `root` that no process is using: every akm
+    process holds a shared lock on its build's `lock` file, so an exclusive one means none runs.
+    Under that lock the directory is renamed away (a process of that build starting now sees it gone
+    and makes it again), then deleted. A directory without a lock file is from a runtime older than
+    pruning; it is removed too (such a process still running makes again what it misses). While one
+    is in use, `prune-pending` in this build's directory makes every start try again."""
+    import fcntl
+    import shutil
+
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    busy = 0
+    for name in names:
+        path = os.path.join(root, name)
+        if name.startswith(".akm-") and name.endswith(".trash"):  # left by a pruner that was killed
+            shutil.rmtree(path, ignore_errors=True)
+            continue
+        if name == keep or not _is_build_dir(name) or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        fd = None
+        try:
+            fd = os.open(os.path.join(path, "lock"), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            continue
+        trash = os.path.join(root, ".%s.%d.trash" % (name, os.getpid()))
+        try:
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(path, trash)
+        except BlockingIOError:  # a process of that build runs
+            busy += 1
+            continue
+        except OSError:  # not ours to remove (e.g. a read-only root): not retried either
+            continue
+        finally:
+            if fd is not None:
+                os.close(fd)
+        shutil.rmtree(trash, ignore_errors=True)
+    pending = os.path.join(root, keep, "prune-pending")
+    if busy:
+        _akm_boot.write_atomically(pending, b"")
+    elif os.path.exists(pending):
+        try:
+            os.unlink(pending)
+        except OSError:
+            pass
+
+
+def _is_build_dir(name):
+    tail = name[4:]
+    return name.startswith("akm-") and len(tail) == 16 and all(c in "0123456789abcdef" for c in tail)
+
+
+def materialize(rel):
+    """A bundled file or directory (with everything under it) as real files in this build's cache,
+    written once; its path, or None when there is no cache to write to."""
+    import pathlib
+
+    cache = _akm_boot.writable_cache(soft=True)
+    if not cache:
+        return None
+    if _akm_boot.INDEX.get(rel):
+        files = [rel]
+    else:  # each file checked: a process killed while writing a directory leaves it partly written
+        files = [k for k, v in _akm_boot.INDEX.items() if v and k.startswith(rel + "/")]
+    for key in files:
+        dest = os.path.join(cache, "files", key)
+        if not os.path.exists(dest):
+            _akm_boot.write_atomically(dest, _akm_boot.read(key))
+    target = os.path.join(cache, "files", rel)
+    return pathlib.Path(target) if os.path.exists(target) else None  # None: a cache that takes no new file
 
 
 def _slice(decompressor, blob, offset, size):

@@ -24,26 +24,89 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import running_in_ci
+
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "zipapp_mcp_probe.py"
 
 
+def _pyenv_roots() -> list[str]:
+    """Where pyenv keeps its Pythons: $PYENV_ROOT, what `pyenv root` says (any HOME), ~/.pyenv."""
+    roots = [os.environ.get("PYENV_ROOT", "")]
+    pyenv = shutil.which("pyenv")
+    if pyenv:
+        try:
+            roots.append(subprocess.run([pyenv, "root"], capture_output=True, text=True, timeout=30).stdout.strip())
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    roots.append(os.path.expanduser("~/.pyenv"))
+    return [r for r in dict.fromkeys(roots) if r and os.path.isdir(os.path.join(r, "versions"))]
+
+
+def listed_pythons() -> dict[tuple[int, int], str]:
+    """The CPython versions this machine says it has (pyenv's versions directories), each with the
+    directory it was listed from: the test must find an interpreter for every one of them."""
+    listed: dict[tuple[int, int], str] = {}
+    for root in _pyenv_roots():
+        for entry in sorted(glob.glob(os.path.join(root, "versions", "*"))):
+            m = re.match(r"^(\d+)\.(\d+)\.\d+$", os.path.basename(entry))  # CPython only: 3.12.1, not pypy3.10
+            if m:
+                listed.setdefault((int(m[1]), int(m[2])), entry)
+    return listed
+
+
 @lru_cache(maxsize=1)
 def interpreters() -> dict[tuple[int, int], str]:
-    """One interpreter per Python version found on this machine (PATH, /usr/bin, pyenv)."""
-    candidates = [sys.executable, shutil.which("python3"), "/usr/bin/python3", "/usr/local/bin/python3",
-                  *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/*/bin/python[23]"))),
-                  *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/*/bin/python")))]
+    """One interpreter per Python version found on this machine: PATH (python3, python3.X), /usr/bin,
+    /usr/local/bin, pyenv (wherever its root is), and AKM_TEST_PYTHONS (paths, os.pathsep-separated)."""
+    extra = [p for p in os.environ.get("AKM_TEST_PYTHONS", "").split(os.pathsep) if p]
+    candidates = [*extra, sys.executable, shutil.which("python3"),
+                  *(shutil.which(f"python3.{m}") for m in range(6, 20)),
+                  *sorted(glob.glob("/usr/bin/python3*")), *sorted(glob.glob("/usr/local/bin/python3*")),
+                  *(exe for root in _pyenv_roots()
+                    for exe in sorted(glob.glob(os.path.join(root, "versions", "*", "bin", "python[23]")))
+                    + sorted(glob.glob(os.path.join(root, "versions", "*", "bin", "python"))))]
     found: dict[tuple[int, int], str] = {}
-    for exe in dict.fromkeys(c for c in candidates if c and os.access(c, os.X_OK)):
+    for exe in dict.fromkeys(c for c in candidates if c and os.path.isfile(c) and os.access(c, os.X_OK)):
         try:
-            out = subprocess.run([exe, "-c", "import sys; print('%d %d' % sys.version_info[:2])"],
+            out = subprocess.run([exe, "-c", "import platform, sys; print('%d %d %s' % (sys.version_info[0], "  # 2.7 too
+                                  "sys.version_info[1], platform.python_implementation().lower()))"],
                                  capture_output=True, text=True, timeout=30).stdout.split()
         except (OSError, subprocess.TimeoutExpired):
             continue
-        if len(out) == 2:
+        if len(out) == 3 and out[2] == "cpython":
             found.setdefault((int(out[0]), int(out[1])), os.path.realpath(exe) if "shims" in exe else exe)
     return found
+
+
+def missing_pythons(minors: set[int]) -> list[str]:
+    """Why the per-interpreter tests would test fewer Pythons than they should: a version pyenv lists
+    that no interpreter was found for, or (in CI) fewer than two supported versions at all."""
+    found = interpreters()
+    problems = [f"3.{v[1]} is listed at {where} but no interpreter of it runs"
+                for v, where in sorted(listed_pythons().items()) if v[0] == 3 and v[1] in minors and v not in found]
+    if running_in_ci() and len([v for v in found if v[0] == 3 and v[1] in minors]) < 2:
+        problems.append(f"CI must test at least two supported CPython versions; found {sorted(found)}")
+    return problems
+
+
+def test_a_python_that_cannot_be_found_fails_rather_than_is_skipped(tmp_path, monkeypatch):
+    """The per-interpreter tests assert through missing_pythons(): a version pyenv lists whose
+    interpreter does not run is named, and CI with fewer than two supported versions fails."""
+    broken = tmp_path / "pyenv" / "versions" / "3.14.0" / "bin" / "python3"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
+    monkeypatch.delenv("CI", raising=False)
+    interpreters.cache_clear()
+    try:
+        assert f"3.14 is listed at {broken.parent.parent} but no interpreter of it runs" in missing_pythons({14})
+        assert missing_pythons({99}) == []
+        monkeypatch.setenv("CI", "1")
+        assert any("at least two" in p for p in missing_pythons({99}))
+    finally:
+        interpreters.cache_clear()
 
 
 def constants(zf: zipfile.ZipFile, member: str) -> dict:
@@ -69,8 +132,11 @@ def bundle_facts(akm_bin: Path) -> tuple[dict, dict, dict]:
 
 
 def supported(akm_bin: Path) -> dict[tuple[int, int], str]:
+    """Every CPython this machine has that the file supports; fails rather than quietly test fewer."""
     boot, _, _ = bundle_facts(akm_bin)
     minors = {int(v.split(".")[1]) for v in boot["PYTHONS"]}
+    problems = missing_pythons(minors)
+    assert not problems, "; ".join(problems)
     return {v: exe for v, exe in interpreters().items() if v[0] == 3 and v[1] in minors}
 
 
@@ -310,7 +376,7 @@ def test_cache_falls_back_to_private_temp_dir_then_fails_clearly(akm_bin, tmp_pa
     started = run([sys.executable, str(akm_bin), "workflow", "run", "w.md"], env, tmp_path)
     assert started.returncode == 78 and "Traceback" not in started.stderr
     assert started.stderr.startswith("error[NO_CACHE_DIR]: akm needs a writable directory to unpack its native code")
-    assert str(blocker / "home") in started.stderr and "Set SHIV_ROOT" in started.stderr
+    assert str(blocker / "home") in started.stderr and "Set AKM_CACHE_DIR" in started.stderr
 
     shared = tmp_path / "shared"
     (shared / f"akm-{os.getuid()}").mkdir(parents=True)
@@ -406,3 +472,245 @@ def test_a_cache_that_takes_no_new_file_falls_back_to_the_next_place(akm_bin, tm
     assert proc.returncode == 78 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith("error[NO_CACHE_DIR]: akm needs a writable directory to unpack its native code")
     assert str(build_dir / "native") in proc.stderr and str(tmp_path / "w.md") in proc.stderr
+
+
+# ------------------------------------------------------------------ like installed Python (every interpreter)
+
+
+def on_every_python(akm_bin: Path, tmp_path: Path, script: str, **env: str) -> dict[tuple[int, int], dict]:
+    """Run `script` inside the built file (AKM_BUNDLE_EXEC) under each supported CPython here, each with
+    its own cache and temp dir; its last stdout line is JSON, returned per version."""
+    pythons = supported(akm_bin)
+    assert pythons, "no supported Python on this machine"
+    (tmp_path / "script.py").write_text(script)
+
+    def one(version: tuple[int, int]) -> subprocess.CompletedProcess:
+        home = tmp_path / f"py3{version[1]}"
+        (home / "tmp").mkdir(parents=True, exist_ok=True)
+        run_env = clean_env(home, AKM_CACHE_DIR=str(home / "cache"), TMPDIR=str(home / "tmp"),
+                            AKM_BUNDLE_EXEC=str(tmp_path / "script.py"), **env)
+        return run([pythons[version], str(akm_bin)], run_env, home)
+
+    with ThreadPoolExecutor(max_workers=len(pythons)) as pool:
+        procs = dict(zip(pythons, pool.map(one, pythons)))
+    out = {}
+    for version, proc in procs.items():
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, f"3.{version[1]}: {proc.stderr[-3000:]}"
+        out[version] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def with_build_id(src: Path, dst: Path, build_id: str) -> Path:
+    """A copy of the file that is another build (its cache directory is akm-<build_id>): the same
+    entries in the same order, so the library's offsets in the index still hold."""
+    data = src.read_bytes()
+    with zipfile.ZipFile(src) as zin, open(dst, "wb") as f:
+        f.write(data[: zin.infolist()[0].header_offset])
+        with zipfile.ZipFile(f, "w") as zout:
+            for info in zin.infolist():
+                body = zin.read(info)
+                if info.filename == "__main__.py":
+                    body, n = re.subn(rb"""BUILD = ['"][0-9a-f]{16}['"]""", b"BUILD = '%s'" % build_id.encode(), body)
+                    assert n == 1, "no build constant in __main__.py"
+                zout.writestr(info, body)
+    dst.chmod(0o755)
+    return dst
+
+
+def _tree_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+HOLD = """\
+import sys
+print("ready", flush=True)
+sys.stdin.read()  # a process of this build runs until its stdin closes
+"""
+
+
+def test_caches_of_other_builds_are_pruned_when_unused(akm_bin, tmp_path):
+    """The first start of a build removes the cache directories of other builds beside its own (and
+    what a killed pruner left), but not one a process of that build still uses: that one goes at a
+    start after the process ended. Under each CPython here; the sizes are printed (pytest -s)."""
+    pythons = supported(akm_bin)
+    old = with_build_id(akm_bin, tmp_path / "akm-old", "0123456789abcdef")
+    (tmp_path / "hold.py").write_text(HOLD)
+    (tmp_path / "w.md").write_text("---\nsteps:\n  - id: a\n    unit:\n      exec: { command: [\"true\"] }\n---\n\n## a\n\nx\n")
+
+    def scenario(version: tuple[int, int]) -> dict:
+        exe, root = pythons[version], tmp_path / f"cache3{version[1]}"
+        env = clean_env(tmp_path / f"e{version[1]}", AKM_CACHE_DIR=str(root))
+        ran = run([exe, str(old), "workflow", "run", "w.md"], env, tmp_path)  # fills the old build's cache
+        assert ran.returncode == 0, ran.stderr
+        old_dir = root / "akm-0123456789abcdef"
+        sizes = {"old build after a run": _tree_size(old_dir)}
+        legacy = root / "akm-fedcba9876543210"  # from a runtime before pruning: no lock file
+        (legacy / "native").mkdir(parents=True)
+        (legacy / "native" / "x.so").write_bytes(b"\0" * 1000)
+        (root / ".akm-0000000000000000.99.trash" / "pyc").mkdir(parents=True)
+        (root / "notes").mkdir()  # not a cache directory: never touched
+        holder = subprocess.Popen([exe, str(old)], env=dict(env, AKM_BUNDLE_EXEC=str(tmp_path / "hold.py")),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline() == "ready\n"
+            first = run([exe, str(akm_bin), "workflow", "run", "w.md"], env, tmp_path)
+            assert first.returncode == 0, first.stderr
+            while_held = sorted(p.name for p in root.iterdir())
+        finally:
+            holder.communicate("", timeout=60)
+        [new_name] = [n for n in while_held if n not in ("akm-0123456789abcdef", "notes")]
+        assert (root / new_name / "prune-pending").exists()
+        again = run([exe, str(akm_bin), "--version"], env, tmp_path)  # the old build's process has ended
+        assert again.returncode == 0, again.stderr
+        sizes["new build after a run"] = _tree_size(root / new_name)
+        return {"while_held": while_held, "after": sorted(p.name for p in root.iterdir()), "new": new_name,
+                "pending": (root / new_name / "prune-pending").exists(), "sizes": sizes}
+
+    with ThreadPoolExecutor(max_workers=len(pythons)) as pool:
+        results = dict(zip(pythons, pool.map(scenario, pythons)))
+    for version, r in sorted(results.items()):
+        assert r["new"].startswith("akm-") and len(r["new"]) == 20, r
+        assert r["while_held"] == sorted(["akm-0123456789abcdef", r["new"], "notes"]), (version, r)  # in use: kept
+        assert r["after"] == sorted([r["new"], "notes"]) and not r["pending"], (version, r)
+        print(f"3.{version[1]}: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in r["sizes"].items()))
+
+
+MULTIPROCESSING = """\
+import json, multiprocessing, os, sys
+from concurrent.futures import ProcessPoolExecutor
+
+import yaml
+
+
+def probe(text):
+    from pydantic_core import _pydantic_core
+    return [os.getpid(), yaml.safe_load(text), _pydantic_core.__file__, yaml.__file__]
+
+
+if __name__ == "__main__":
+    out = {}
+    for method in ("spawn", "forkserver", "fork"):
+        ctx = multiprocessing.get_context(method)
+        with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+            out[method] = pool.submit(probe, "a: [1, 2]").result(timeout=120)
+        child = ctx.Process(target=yaml.safe_dump, args=({"b": 1},))  # a bundled function as the target
+        child.start()
+        child.join(120)
+        out[method].append(child.exitcode)
+    print(json.dumps({"pid": os.getpid(), "results": out, "archive": os.path.dirname(yaml.__path__[0])}))
+"""
+
+
+def test_multiprocessing_children_import_the_bundle(akm_bin, tmp_path):
+    """spawn and forkserver children (forkserver is Linux's default from CPython 3.14) run the archive
+    again, which installs the bundle before the parent's main script and target are loaded."""
+    for version, out in on_every_python(akm_bin, tmp_path, MULTIPROCESSING).items():
+        for method, (pid, loaded, native, yaml_file, exitcode) in out["results"].items():
+            assert pid != out["pid"] and loaded == {"a": [1, 2]}, (version, method)
+            assert native.startswith(str(tmp_path / f"py3{version[1]}" / "cache")), (version, method, native)
+            assert yaml_file.startswith(out["archive"] + os.sep) and exitcode == 0, (version, method)
+
+
+PKGUTIL = """\
+import importlib.metadata, json, pkgutil
+import akm, mcp.server, pydantic_core, yaml
+
+print(json.dumps({
+    "yaml": sorted(m.name for m in pkgutil.iter_modules(yaml.__path__)),
+    "pydantic_core": sorted(m.name for m in pkgutil.iter_modules(pydantic_core.__path__)),
+    "mcp": sorted(m.name for m in pkgutil.iter_modules(mcp.__path__, "mcp.")),  # walk_packages would import
+    "mcp.server": sorted(m.name for m in pkgutil.iter_modules(mcp.server.__path__, "mcp.server.")),  # mcp.cli
+    "top": sorted(m.name for m in pkgutil.iter_modules()),
+    "data": len(pkgutil.get_data("certifi", "cacert.pem")),
+    "akm": importlib.metadata.version("akm"), "akm_version": akm.__version__,
+    "akm_requires": importlib.metadata.requires("akm"),
+    "scripts": [e.value for e in importlib.metadata.entry_points(group="console_scripts", name="akm")],
+}))
+"""
+
+
+def test_pkgutil_and_metadata_see_the_bundle(akm_bin, tmp_path):
+    """pkgutil lists bundled modules as it would installed ones (its finder protocol on the archive's
+    directories), and importlib.metadata knows akm itself."""
+    _boot, _unpack, index = bundle_facts(akm_bin)
+
+    def modules(package: str) -> list[str]:
+        names = {k[len(package) + 1:-3] for k in index if re.fullmatch(rf"{package}/\w+\.py", k)} - {"__init__"}
+        names |= {k[len(package) + 1:-12] for k in index if re.fullmatch(rf"{package}/\w+/__init__\.py", k)}
+        assert names, package
+        return sorted(names)
+
+    for version, out in on_every_python(akm_bin, tmp_path, PKGUTIL).items():
+        assert out["yaml"] == modules("yaml") and {"loader", "constructor", "cyaml"} <= set(out["yaml"]), version
+        assert "_pydantic_core" in out["pydantic_core"]  # native: listed without being unpacked
+        assert out["mcp"] == [f"mcp.{m}" for m in modules("mcp")] and "mcp.server" in out["mcp"], version
+        assert out["mcp.server"] == [f"mcp.server.{m}" for m in modules("mcp/server")], version
+        assert "mcp.server.stdio" in out["mcp.server"]
+        assert {"akm", "yaml", "pydantic", "mcp", "certifi", "_cffi_backend"} <= set(out["top"]), version
+        assert not any(n.startswith("_akm") for n in out["top"]), version
+        assert out["data"] > 100_000
+        assert out["akm"] == out["akm_version"] and any(r.startswith("mcp") for r in out["akm_requires"])
+        assert out["scripts"] == ["akm.cli:main"]
+
+
+CERTIFICATES = """\
+import importlib.resources, json, os
+import certifi
+from akm.dispatch.llm import _ssl_context
+
+where = certifi.where()
+with importlib.resources.as_file(importlib.resources.files("jsonschema_specifications") / "schemas") as schemas:
+    listed = sorted(os.listdir(schemas))
+print(json.dumps({"where": where, "same": open(where, "rb").read() ==
+                  importlib.resources.files("certifi").joinpath("cacert.pem").read_bytes(),
+                  "ca_certs": len(_ssl_context().get_ca_certs()), "schemas": listed, "tmp": os.listdir(os.environ["TMPDIR"])}))
+"""
+
+
+def test_certificates_come_from_one_cached_file(akm_bin, tmp_path):
+    """certifi.where() (what akm's https context loads) is one file in the build's cache, the same for
+    every process, not a temporary copy per process; importlib.resources.as_file likewise."""
+    env = {"SSL_CERT_FILE": "", "SSL_CERT_DIR": ""}  # httpx would read these instead of certifi
+    first = on_every_python(akm_bin, tmp_path, CERTIFICATES, **env)
+    for version, out in first.items():
+        home = tmp_path / f"py3{version[1]}"
+        assert out["where"].startswith(str(home / "cache")) and out["where"].endswith("/files/certifi/cacert.pem"), out
+        assert out["same"] and out["ca_certs"] > 50 and out["tmp"] == [], (version, out)
+        assert "draft202012" in out["schemas"], out  # a directory, copied whole
+        assert not list((home / "tmp").iterdir())  # nothing left at exit either
+    second = on_every_python(akm_bin, tmp_path, CERTIFICATES, **env)  # another process reuses the file
+    assert {v: out["where"] for v, out in second.items()} == {v: out["where"] for v, out in first.items()}
+
+
+SOURCES = """\
+import inspect, json, os, traceback
+import yaml
+
+try:
+    yaml.safe_load("a: [1")
+except yaml.YAMLError:
+    tb = traceback.format_exc()
+print(json.dumps({"tb": tb, "file": yaml.__file__, "exists": os.path.exists(yaml.__file__),
+                  "source": inspect.getsource(yaml.safe_load)}))
+"""
+
+
+def test_tracebacks_show_bundled_source_and_file_is_inside_the_archive(akm_bin, tmp_path):
+    """What spec/build.md says of code run from the archive: tracebacks and inspect show the real
+    source lines; a module's __file__ names a path inside the archive, which does not exist on disk."""
+    for version, out in on_every_python(akm_bin, tmp_path, SOURCES).items():
+        assert f'{out["file"][:-len("__init__.py")]}parser.py", line' in out["tb"], (version, out["tb"])
+        assert "raise ParserError(" in out["tb"], out["tb"]  # the line itself, read from the archive
+        assert out["exists"] is False and out["source"].startswith("def safe_load(")
+
+
+def test_cache_dir_variable_and_its_old_name(akm_bin, tmp_path):
+    """AKM_CACHE_DIR names the cache root; SHIV_ROOT, its old name, still works; the first wins."""
+    base = clean_env(tmp_path)
+    for extra, where in (({"AKM_CACHE_DIR": str(tmp_path / "a")}, "a"), ({"SHIV_ROOT": str(tmp_path / "s")}, "s"),
+                         ({"AKM_CACHE_DIR": str(tmp_path / "b"), "SHIV_ROOT": str(tmp_path / "t")}, "b")):
+        proc = run([sys.executable, str(akm_bin), "--version"], {**base, **extra}, tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        [build_dir] = (tmp_path / where).iterdir()
+        assert (build_dir / "pyc").is_dir() and (build_dir / "lock").is_file()
+    assert not (tmp_path / "t").exists()

@@ -19,7 +19,7 @@ async def main(workflow: str) -> None:
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters
 
-    keep = ("SHIV_ROOT", "PATH", "HOME", "AKM_DATA_DIR", "XDG_CONFIG_HOME", "TMPDIR")
+    keep = ("AKM_CACHE_DIR", "SHIV_ROOT", "PATH", "HOME", "AKM_DATA_DIR", "XDG_CONFIG_HOME", "TMPDIR")
     params = StdioServerParameters(command=sys.executable, args=[os.environ["AKM_PROBE_ZIPAPP"], "mcp"],
                                    env={k: os.environ[k] for k in keep if k in os.environ}, cwd=os.getcwd())
     async with Client(params) as client:
