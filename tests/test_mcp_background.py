@@ -84,6 +84,7 @@ def test_a_unit_longer_than_the_bound_finishes_once_and_the_next_step_sees_it(ak
             return await run_until_done(c, "long.md")
 
     results, durations = anyio.run(main)
+    print(f"\nlong unit: {len(durations)} calls, longest {max(durations):.2f} s (bound {BOUND_S} s)")
     assert len(results) >= 2  # at least one call came back at its bound with the run still going
     assert max(durations) < BOUND_S + SLACK_S
     last = results[-1]
@@ -135,7 +136,10 @@ def test_a_fan_out_across_bounded_calls_redoes_nothing_and_reports_progress(akm_
     # per call, progress increases with every notification; a unit's tick is units done
     assert seen and all(total is not None and p <= total for p, total, _ in seen)
     units = [m for _, _, m in seen if m and ": unit " in m]
-    assert len(units) == 12 and not any("failed" in m for m in units)
+    # one per unit finished while a call waited (a unit finishing between two calls has nobody to tell)
+    assert 1 <= len(units) <= 12 and len(set(units)) == len(units) and not any("failed" in m for m in units)
+    assert results[-1]["progress"] == [{"stepId": "each", "done": 12, "total": 12, "failed": 0,
+                                        "status": "completed"}]
 
 
 def test_an_llm_unit_longer_than_the_bound_finishes_with_one_request(akm_bin, shiv_root, tmp_path, project,
@@ -158,6 +162,7 @@ def test_an_llm_unit_longer_than_the_bound_finishes_with_one_request(akm_bin, sh
             return await run_until_done(c, "ask.md")
 
     results, durations = anyio.run(main)
+    print(f"\nllm unit: {len(durations)} calls, longest {max(durations):.2f} s (bound {BOUND_S} s)")
     assert len(results) >= 2 and max(durations) < BOUND_S + SLACK_S
     assert results[-1]["run"]["status"] == "completed", results[-1]
     assert json.loads(results[-1]["run"]["steps"][1]["output"]) == {"steps.ask.output": "ok"}
