@@ -73,6 +73,7 @@ class Drive:
         self._executed: list[dict[str, Any]] = []
         self._listeners: set[Listener] = set()
         self.carried: list[dict[str, Any]] = []  # what an earlier, unreported driver of the run executed
+        self.carried_progress: list[StepCount] = []  # and how far it got
         self.warnings: list[str] = []
         self.thread: threading.Thread | None = None
 
@@ -102,7 +103,9 @@ class Drive:
 
     def progress(self) -> list[StepCount]:
         with self._lock:
-            return [StepCount(**c.model_dump()) for c in self._steps.values()]
+            mine = {c.step_id: StepCount(**c.model_dump()) for c in self._steps.values()}
+        earlier = [c for c in self.carried_progress if c.step_id not in mine]
+        return earlier + list(mine.values())
 
     def listen(self) -> Listener:
         listener = Listener()
@@ -139,10 +142,15 @@ class Drives:
             drive = self._drives.get(opened.run_id)
             if drive is not None and drive.alive:
                 return drive, opened
+            unreported = drive is not None and not drive.delivered and drive.result is not None
+            if unreported and opened.status != "active":
+                return drive, opened  # it finished between two calls and nothing changed since: report that
             fresh = Drive(opened.run_id, max_steps)
             fresh.warnings = list(opened.warnings)
-            if drive is not None and not drive.delivered and drive.result is not None:
+            if unreported:
+                assert drive is not None and drive.result is not None
                 fresh.carried = list(drive.carried) + list(drive.result.executed)
+                fresh.carried_progress = drive.progress()
             self._drives[opened.run_id] = fresh
             fresh.thread = threading.Thread(target=self._drive, args=(fresh, cwd or self.cwd),
                                             name=f"akm-drive-{opened.run_id[:8]}", daemon=True)
