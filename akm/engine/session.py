@@ -77,6 +77,9 @@ FINALIZE_WAIT_S = 30.0
 # `akm.dispatch.agents.MAX_STDOUT_BYTES`). Beyond it a report is refused with a code, before anything is
 # parsed or written, instead of growing the journal without bound (or failing inside SQLite).
 MAX_RESULT_BYTES = 16 * 1024 * 1024
+# The most a unit's journal row holds (spec/engine.md: `result_json` ≤ 1 MiB, what an exec unit keeps): a
+# report whose recorded result is larger is refused, not stored whole (a refusal writes nothing).
+MAX_RECORDED_RESULT_BYTES = 1024 * 1024
 
 
 # ---------------------------------------------------------------- the current step
@@ -336,10 +339,16 @@ def _prepare_result(state: UnitState, status: str, result: Any, sensitive: list[
     return json.dumps(redact_value(result, sensitive), ensure_ascii=False, separators=(",", ":"))
 
 
-def _too_large(uid: str, size: int) -> UsageError:
-    return UsageError(f"The result for unit {uid} is too large: a report holds at most {MAX_RESULT_BYTES} bytes "
-                      "(16 MiB). Write a large output to a file and report its path instead.",
-                      code="RESULT_TOO_LARGE", details={"bytes": size, "maxBytes": MAX_RESULT_BYTES})
+def _too_large(uid: str, size: int, *, recorded: bool = False) -> UsageError:
+    """RESULT_TOO_LARGE: the report's text passes 16 MiB (refused unread), or the JSON the journal would hold
+    passes the 1 MiB a unit's row holds."""
+    if recorded:
+        bound, limit = MAX_RECORDED_RESULT_BYTES, "the journal holds at most 1048576 bytes (1 MiB) of a unit's result"
+    else:
+        bound, limit = MAX_RESULT_BYTES, "a report's text may be at most 16777216 bytes (16 MiB)"
+    return UsageError(f"The result for unit {uid} is too large: {size} bytes, and {limit}. Nothing was recorded; "
+                      "write a large output to a file and report its path instead.",
+                      code="RESULT_TOO_LARGE", details={"bytes": size, "maxBytes": bound})
 
 
 def _require_recordable(value: Any, uid: str) -> None:
@@ -419,10 +428,10 @@ def report(
                          "be reported.", code="UNIT_NOT_REPORTABLE")
     sensitive = _sensitive_for(cur, state, project_root)
     result_json = None if status == "running" else _prepare_result(state, status, result, sensitive)
-    if result_json is not None and len(result_json) > MAX_RESULT_BYTES // 4:  # cheap: only big ones are measured
+    if result_json is not None and len(result_json) > MAX_RECORDED_RESULT_BYTES // 4:  # cheap: only big ones
         size = len(result_json.encode("utf-8", "surrogatepass"))
-        if size > MAX_RESULT_BYTES:
-            raise _too_large(state.unit.unit_id, size)
+        if size > MAX_RECORDED_RESULT_BYTES:
+            raise _too_large(state.unit.unit_id, size, recorded=True)
     reason = normalize_failure_reason(failure_reason, sensitive) if status == "failed" else None
     u = state.unit
     budget = cur.loaded.plan.budget
