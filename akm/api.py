@@ -371,10 +371,7 @@ def resolve_workflow_file(target: str, cwd: Path) -> tuple[Path, str]:
     """
     from akm.text import require_utf8, shown
 
-    require_utf8(target, "the workflow target")
-    if len(target) > MAX_TARGET_CHARS:
-        raise UsageError(f"The workflow target is {len(target)} characters long, over the {MAX_TARGET_CHARS}-character "
-                         f"limit for a path or ref: {shown(target)}", code="INVALID_PATH")
+    _checked_target(target, "the workflow target")
     candidate = (cwd / target) if not os.path.isabs(target) else Path(target)
     if _is_file(candidate, target):
         # The real path, not `cwd / target`: a relative target joined to an invocation directory
@@ -383,11 +380,10 @@ def resolve_workflow_file(target: str, cwd: Path) -> tuple[Path, str]:
         require_utf8(real, "the workflow file's path")
         return Path(real), real
     if target.startswith("workflows/"):
-        name = target[len("workflows/"):]
-        if name.endswith(".md"):
-            name = name[:-3]
-        if not name or ".." in name.split("/"):
+        ref = normalized_ref(target)
+        if ref is None:
             raise UsageError(f"Invalid workflow ref {shown(target)}.", code="INVALID_REF")
+        name = ref[len("workflows/"):]
         import platformdirs
 
         roots = [paths.project_root(cwd) / ".akm" / "workflows",
@@ -408,6 +404,50 @@ def resolve_workflow_file(target: str, cwd: Path) -> tuple[Path, str]:
 
 # A path or ref longer than this is refused before it reaches the filesystem (PATH_MAX is 4096 on Linux).
 MAX_TARGET_CHARS = 4096
+
+
+def _work_dir(cwd: str | None) -> Path:
+    """The directory a call works in: `cwd` (an MCP argument, an api caller's) or the process's. A NUL
+    byte, an over-long path or text that is not UTF-8 is INVALID_PATH here, not a ValueError or OSError
+    from deep inside path resolution."""
+    if not cwd:
+        return Path(os.getcwd())
+    from akm.text import require_utf8, shown
+
+    require_utf8(cwd, "cwd")
+    if "\0" in cwd:
+        raise UsageError(f"cwd {shown(cwd)} contains a NUL character, which no path can hold.", code="INVALID_PATH")
+    if len(cwd) > MAX_TARGET_CHARS:
+        raise UsageError(f"cwd is {len(cwd)} characters long, over the {MAX_TARGET_CHARS}-character limit for a "
+                         f"path: {shown(cwd)}", code="INVALID_PATH")
+    return Path(cwd)
+
+
+def normalized_ref(target: str) -> str | None:
+    """`workflows/<name>` with `.` and empty segments and a trailing `.md` dropped (`workflows/./s`,
+    `workflows//s.md` and `workflows/s` are one ref, so one identity for `which run`); None when `target`
+    is no such ref or names nothing (`workflows/`, a `..` segment)."""
+    if not target.startswith("workflows/"):
+        return None
+    name = target[len("workflows/"):]
+    if name.endswith(".md"):
+        name = name[:-3]
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        return None
+    return "workflows/" + "/".join(parts)
+
+
+def _checked_target(target: str, what: str) -> None:
+    from akm.text import require_utf8, shown
+
+    require_utf8(target, what)
+    if len(target) > MAX_TARGET_CHARS:
+        raise UsageError(f"{what[0].upper() + what[1:]} is {len(target)} characters long, over the "
+                         f"{MAX_TARGET_CHARS}-character limit for a path or ref: {shown(target)}", code="INVALID_PATH")
+    if "\0" in target:
+        raise UsageError(f"{what[0].upper() + what[1:]} {shown(target)} contains a NUL character, which no path "
+                         "can hold.", code="INVALID_PATH")
 
 
 def _is_file(path: Path, target: str) -> bool:
@@ -486,7 +526,7 @@ def run_workflow(
         "new": _of(bool, "new"), "cwd": _of(str, "cwd", True)})
     target, params, param_pairs, max_steps, new = req.target, req.params, req.param_flags, req.max_steps, req.new
     timeout_ms = req.timeout
-    work_dir = Path(req.cwd or os.getcwd()).resolve()
+    work_dir = _work_dir(req.cwd).resolve()
     cancel = cancel or Cancellation()
     started_wall = time.monotonic()
     started_at = now_iso()
@@ -671,14 +711,15 @@ def list_runs(request: ListRunsRequest | None = None, /, *, active_only: bool = 
     req = _args("ListRunsRequest", request, dict(active_only=active_only, ref=ref, all_scopes=all_scopes, cwd=cwd), {
         "active_only": _of(bool, "active_only"), "ref": _of(str, "ref", True),
         "all_scopes": _of(bool, "all_scopes"), "cwd": _of(str, "cwd", True)})
-    work_dir = Path(req.cwd or os.getcwd())
+    work_dir = _work_dir(req.cwd)
     ref = req.ref
     if ref is not None:
+        _checked_target(ref, "the ref")
         candidate = Path(ref) if os.path.isabs(ref) else work_dir / ref
-        if candidate.is_file():
+        if _is_file(candidate, ref):
             ref = os.path.realpath(candidate)
-        elif ref.startswith("workflows/") and ref.endswith(".md"):
-            ref = ref[:-3]
+        elif ref.startswith("workflows/"):
+            ref = normalized_ref(ref) or ref
     with _open_db() as db:
         scope = None if req.all_scopes else paths.scope_key(work_dir)
         rows = runs_store.list_runs(db, scope_key=scope, active_only=req.active_only, ref=ref)
@@ -851,7 +892,7 @@ def report_unit(
 
     with _open_db() as db:
         run = _require_run(db, run_id)
-        root = _run_project_root(run, Path(cwd or os.getcwd()))
+        root = _run_project_root(run, _work_dir(cwd))
         from akm.api_models import ReportResult
 
         return ReportResult.model_validate(session.report(

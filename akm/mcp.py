@@ -201,6 +201,11 @@ class _AkmServer(MCPServer):
         from mcp.server.mcpserver.exceptions import ToolError
         from pydantic import ValidationError
 
+        tool = self._tool_manager._tools.get(name) if isinstance(arguments, dict) else None
+        problems = _uncoerced(arguments, getattr(tool, "parameters", None)) if tool is not None else []
+        if problems:
+            return _error_result(AkmError(f"Invalid arguments for {name}: {'; '.join(problems)}.",
+                                          code="INVALID_ARGUMENT", exit_status=2))
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
@@ -220,6 +225,34 @@ class _AkmServer(MCPServer):
                                               exit_status=EXIT_INTERNAL,
                                               hint="this is a bug in akm; the server's stderr has the traceback."))
             raise
+
+
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", dict: "object", list: "array",
+               type(None): "null"}
+
+
+def _uncoerced(arguments: dict[str, Any], schema: Any) -> list[str]:
+    """Arguments whose JSON type the tool's schema does not take, where pydantic would coerce them
+    (`"tokens": "5"` read as 5, `"rerun": "yes"` or `1` as true, `true` as the integer 1): an agent that
+    sends the wrong type should hear so, not have its value reinterpreted."""
+    props = schema.get("properties", {}) if isinstance(schema, dict) else {}
+    problems = []
+    for key, value in arguments.items():
+        prop = props.get(key)
+        if not isinstance(prop, dict):
+            continue
+        allowed = {t for t in ([prop.get("type")] + [a.get("type") for a in prop.get("anyOf", [])
+                                                     if isinstance(a, dict)]) if isinstance(t, str)}
+        if not allowed or not allowed <= {"integer", "number", "boolean", "null"}:
+            continue  # strings, objects, arrays and untyped values are taken as they come
+        got = _JSON_TYPES.get(type(value), "a value")
+        fits = got in allowed or (got == "integer" and "number" in allowed) or \
+            (got == "number" and "integer" in allowed and float(value).is_integer())
+        if not fits:
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "…"
+            problems.append(f"{key}: expected {' or '.join(sorted(allowed))}, got {got} {shown} (no conversion "
+                            "from other types)")
+    return problems
 
 
 def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPServer:

@@ -83,3 +83,16 @@ def test_an_unreadable_result_file_is_still_unreadable_file(akm):
     for arg in ("@bad.txt", "@missing.txt", "@."):
         proc = akm("workflow", "report", run_id, "s:solo", "--status", "completed", "--result", arg)
         assert proc.returncode == 2 and "error[UNREADABLE_FILE]" in proc.stderr, (arg, proc.stderr)
+
+
+def test_workflows_refs_are_one_normalized_ref(akm):
+    """`workflows/./s` and `workflows/s` made two runs of one workflow (issue 23 item 5)."""
+    (akm.cwd / ".akm" / "workflows").mkdir(parents=True)
+    (akm.cwd / ".akm" / "workflows" / "s.md").write_text(SESSION_WF, encoding="utf-8")
+    first = akm.json("workflow", "run", "workflows/./s", check=3)
+    assert first["run"]["workflow"] == "workflows/s"
+    for spelling in ("workflows/s", "workflows//s.md", "workflows/s.md"):
+        again = akm.json("workflow", "run", spelling, check=3)
+        assert again["run"]["runId"] == first["run"]["runId"] and not again["started"], spelling
+    listed = akm.json("workflow", "list", "--ref", "workflows/./s")["runs"]
+    assert [r["runId"] for r in listed] == [first["run"]["runId"]]

@@ -194,3 +194,41 @@ def test_a_message_too_deep_for_any_reader_is_a_parse_error_with_its_id(server):
                 '"arguments": {"result": ' + _nested(100000) + "}}}")
     err = server.answer(8)["error"]
     assert err["code"] == -32700 and "nests too deeply" in err["message"] and "200 levels" in err["message"]
+
+
+def _call(server, rid, tool: str, arguments: dict) -> dict:
+    server.send({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": {"name": tool, "arguments": arguments}})
+    return server.answer(rid)["result"]
+
+
+def _code(result: dict) -> str:
+    assert result["isError"], result
+    return json.loads(result["content"][1]["text"])["code"]
+
+
+def test_paths_the_os_cannot_take_are_coded_errors_over_mcp(server, project):
+    """`workflow_list {ref: <300 chars>}` was an OSError and `workflow_run {cwd: "/tmp\\u0000x"}` a ValueError,
+    both INTERNAL."""
+    assert _code(_call(server, 1, "workflow_list", {"ref": "a" * 300})) == "INVALID_PATH"
+    assert _code(_call(server, 2, "workflow_list", {"ref": "x\u0000y"})) == "INVALID_PATH"
+    nul = _call(server, 3, "workflow_run", {"target": "wf.md", "cwd": "/tmp\u0000x"})
+    assert _code(nul) == "INVALID_PATH" and "NUL character" in nul["content"][0]["text"]
+    assert _code(_call(server, 4, "workflow_run", {"target": "wf.md", "cwd": "/" + "d" * 5000})) == "INVALID_PATH"
+
+
+def test_typed_arguments_are_not_coerced_from_other_types(server, project):
+    (project / "s.md").write_text(SESSION_WF, encoding="utf-8")
+    run_id = _call(server, "run", "workflow_run", {"target": "s.md"})["structuredContent"]["run"]["runId"]
+    base = {"run_id": run_id, "unit_id": "s:solo", "status": "completed", "result": "done"}
+    for rid, extra in enumerate(({"tokens": "5"}, {"tokens": True}, {"rerun": "yes"}, {"rerun": 1})):
+        refused = _call(server, rid, "unit_report", {**base, **extra})
+        assert _code(refused) == "INVALID_ARGUMENT", refused
+        assert "no conversion from other types" in refused["content"][0]["text"]
+    assert _code(_call(server, "steps", "workflow_run", {"target": run_id, "max_steps": "2"})) == "INVALID_ARGUMENT"
+    status = _call(server, "status", "workflow_status", {"run_id": run_id})["structuredContent"]
+    assert status["status"] == "awaiting_session"  # nothing was recorded
+    ok = _call(server, "ok", "unit_report", {**base, "tokens": 5})
+    assert not ok["isError"] and ok["structuredContent"]["recorded"] == "written"
+
+
+SESSION_WF = "---\nsteps:\n  - id: s\n---\n\n## s\n\nDo s.\n"
