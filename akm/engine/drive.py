@@ -35,7 +35,7 @@ from akm.engine import gates
 from akm.engine import worktree as worktrees
 from akm.engine.budget import DispatchBudget
 from akm.engine.cancel import Cancellation
-from akm.engine.env_bindings import EnvBindingError, resolve_env_refs
+from akm.engine.env_bindings import EnvBindingError, project_sensitive_values, resolve_env_refs
 from akm.engine.finalize import (
     DONE,
     RUNNING,
@@ -342,6 +342,8 @@ class _Pass:
             except EnvBindingError as exc:
                 return _PassFailure(f'Step "{step.step_id}" env binding failed: {exc}')
             self.sensitive = sensitive_values_from(self.env_values)
+        # Every env file the project can see is secret, bound by this unit or not (issue 23 item 4).
+        self.sensitive = self.sensitive + project_sensitive_values(d.opts.project_root)
         if tmpl.isolation == "worktree":
             problem = worktrees.preflight(str(d.opts.project_root))
             if problem:

@@ -281,15 +281,17 @@ def normalize_failure_reason(reason: str | None, sensitive: list[str]) -> str:
 
 
 def _sensitive_for(cur: _Current, state: UnitState, project_root: Path) -> list[str]:
+    """The unit's own `env:` values and those of every env file the project can see (spec/engine.md)."""
+    from akm.engine.env_bindings import EnvBindingError, project_sensitive_values, resolve_env_refs
+
+    visible = project_sensitive_values(project_root)
     refs = state.unit.template.env or []
     if not refs:
-        return []
-    from akm.engine.env_bindings import EnvBindingError, resolve_env_refs
-
+        return visible
     try:
-        return sensitive_values_from(resolve_env_refs(refs, project_root))
+        return sensitive_values_from(resolve_env_refs(refs, project_root)) + visible
     except EnvBindingError:
-        return []
+        return visible
 
 
 def _prepare_result(state: UnitState, status: str, result: Any, sensitive: list[str]) -> str | None:
@@ -474,7 +476,9 @@ def _report_verdict(db: Database, cur: _Current, unit_id: str, status: str, verd
             verdict = parse_command_json(verdict)
         except AnswerError as exc:
             raise UsageError(f"The verdict is not JSON: {exc}.", code="VERDICT_INVALID") from None
-    parsed = verdict_from_value(verdict)
+    from akm.engine.env_bindings import project_sensitive_values
+
+    parsed = verdict_from_value(redact_value(verdict, project_sensitive_values(project_root)))
     if parsed is None:
         raise UsageError('A verdict is an object {"complete": boolean, "missing": [string], "feedback": string}.',
                          code="VERDICT_INVALID")
