@@ -96,3 +96,51 @@ def test_workflows_refs_are_one_normalized_ref(akm):
         assert again["run"]["runId"] == first["run"]["runId"] and not again["started"], spelling
     listed = akm.json("workflow", "list", "--ref", "workflows/./s")["runs"]
     assert [r["runId"] for r in listed] == [first["run"]["runId"]]
+
+
+CAP_WF = """\
+---
+params:
+  items: { type: array }
+  two: { type: array, default: [1, 2] }
+steps:
+  - id: warm
+    map:
+      over: params.two
+      unit:
+        exec:
+          command: ["true"]
+  - id: wide
+    map:
+      over: params.items
+      unit:
+        exec:
+          command: ["true"]
+---
+
+## warm
+
+w
+
+## wide
+
+x
+"""
+
+
+def test_a_step_that_would_pass_the_lifetime_cap_fails_before_dispatching(tmp_path, project):
+    """10,000 units after 2 others passed the 10,000-dispatch lifetime cap only after running 9,998 of them
+    (and the run could never succeed): the step is refused at its start, with the bound named."""
+    import sqlite3
+
+    from akm import api, paths
+
+    (project / "cap.md").write_text(CAP_WF, encoding="utf-8")
+    res = api.run_workflow("cap.md", params={"items": list(range(9_999))}, cwd=str(project))
+    assert res.run.status == "failed"
+    wide = res.run.steps[1]
+    assert wide.status == "failed" and "lifetime cap of 10000 units" in (wide.notes or "")
+    assert "has 9999 units to dispatch, but the run has already dispatched 2" in wide.notes
+    con = sqlite3.connect(paths.journal_path())
+    assert con.execute("SELECT count(*) FROM units WHERE step_id = 'wide'").fetchone() == (0,)
+    con.close()

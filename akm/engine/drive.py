@@ -33,7 +33,7 @@ from akm.dispatch.exec import build_exec_context
 from akm.dispatch.redact import sensitive_values_from
 from akm.engine import gates
 from akm.engine import worktree as worktrees
-from akm.engine.budget import DispatchBudget
+from akm.engine.budget import LIFETIME_UNIT_CAP, DispatchBudget
 from akm.engine.cancel import Cancellation
 from akm.engine.env_bindings import EnvBindingError, project_sensitive_values, resolve_env_refs
 from akm.engine.finalize import (
@@ -336,6 +336,13 @@ class _Pass:
         d, step = self.d, self.step
         tmpl = step.unit_template
         assert tmpl is not None
+        if d.budget.used + len(self.units) > LIFETIME_UNIT_CAP:
+            # Refused before the first dispatch: the step could never finish, and running 9,999 of its units
+            # first only to fail on the cap wastes them all.
+            return _PassFailure(
+                f'Step "{step.step_id}" has {len(self.units)} units to dispatch, but the run has already dispatched '
+                f"{d.budget.used} of its lifetime cap of {LIFETIME_UNIT_CAP} units: it can never finish. Nothing "
+                "of it was dispatched; split the list over several runs or steps that run fewer units.")
         if tmpl.env:
             try:
                 self.env_values = resolve_env_refs(tmpl.env, d.opts.project_root)
