@@ -335,10 +335,12 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
         cutoff = now_iso(-STALE_AFTER_S)
         view.units = [
             UnitView(unit_id=u.unit_id, step_id=u.step_id, status=u.status, attempts=u.attempts,
+                     phase="gate" if u.phase == "gate" else "unit",
                      failure_reason=u.failure_reason, result=_json_or_none(u.result_json), tokens=u.tokens,
                      runner=u.runner, started_at=u.started_at, finished_at=u.finished_at,
                      last_checkin_at=u.last_checkin_at, worktree_path=u.worktree_path, truncated=bool(u.truncated),
-                     stale=((u.last_checkin_at or u.started_at) < cutoff) if u.status == "running" else None)
+                     stale=((u.last_checkin_at or u.started_at) < cutoff)
+                     if u.status == "running" and u.phase != "gate" else None)
             for u in units_store.get_units(db, run.id)
         ]
     return view

@@ -93,7 +93,8 @@ def run_text(view: dict[str, Any]) -> str:
             extra += " (output truncated at the capture cap)"
         if u.get("stale"):
             extra += " STALE: no heartbeat for 90 s, its driver is probably gone"
-        lines.append(f"    unit {u['unitId']}: {u['status']}{extra}, attempts {u['attempts']}")
+        lines.append(f"    {'gate' if u.get('phase') == 'gate' else 'unit'} {u['unitId']}: {u['status']}{extra}, "
+                     f"attempts {u['attempts']}")
     aw = view.get("awaiting")
     if aw:
         rid = view.get("runId")

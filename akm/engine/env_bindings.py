@@ -38,9 +38,21 @@ def _candidates(ref: str, project_root: Path) -> list[Path]:
     if not ENV_REF_RE.match(ref):
         raise EnvBindingError(f'env ref "{ref}" is not of the form env/<name>')
     name = ref[len("env/"):]
+    return [d / f"{name}.env" for d in env_dirs(project_root)]
+
+
+def _user_env_dir() -> Path:
+    """platformdirs' `user_config_dir("akm")/env` — on Linux without importing it (XDG_CONFIG_HOME, else
+    ~/.config), which every run would pay for now that every run reads the visible env files."""
+    import sys
+
+    if sys.platform.startswith("linux"):
+        xdg = os.environ.get("XDG_CONFIG_HOME", "").strip()
+        base = Path(xdg) if xdg else Path(os.path.expanduser("~/.config"))
+        return base / "akm" / "env"
     from platformdirs import user_config_dir
 
-    return [project_root / ".akm" / "env" / f"{name}.env", Path(user_config_dir("akm")) / "env" / f"{name}.env"]
+    return Path(user_config_dir("akm")) / "env"
 
 
 def parse_dotenv(text: str, origin: str) -> dict[str, str]:
@@ -120,9 +132,7 @@ def resolve_env_refs(refs: list[str], project_root: Path) -> dict[str, str]:
 
 def env_dirs(project_root: Path) -> list[Path]:
     """Where env files live for a project: its `.akm/env/`, then the user config dir's `akm/env/`."""
-    from platformdirs import user_config_dir
-
-    return [project_root / ".akm" / "env", Path(user_config_dir("akm")) / "env"]
+    return [project_root / ".akm" / "env", _user_env_dir()]
 
 
 _VISIBLE: dict[tuple[str, int, int], list[str]] = {}
