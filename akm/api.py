@@ -119,7 +119,7 @@ def _of(kind: type, name: str, optional: bool = False) -> Callable[[Any], Any]:
     return check
 
 STALE_AFTER_S = 90.0
-_RUN_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
 INVALID_ARGUMENT = "INVALID_FLAG_VALUE"  # the stable code of a bad argument value, whatever the front
 
 

@@ -25,9 +25,9 @@ import stat
 import threading
 from pathlib import Path
 
-from akm.format.grammar import ENV_REF_RE
+from akm.format.grammar import ENV_REF_RE, ENV_VAR_RE
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = ENV_VAR_RE  # the name rules live in akm/format/grammar.py
 
 
 class EnvBindingError(ValueError):
