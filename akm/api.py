@@ -265,10 +265,38 @@ MAX_EVENT_LIMIT = 10_000
 # ------------------------------------------------------------------ helpers
 
 
-def _open_db():
-    from akm.store.db import open_db
+def _open_db(*, read_only: bool = False):
+    """The journal. `read_only` (the read commands): when it cannot be opened for writing — a read-only
+    directory or mount — it is read as it is instead (`akm.store.db.open_db_read_only`)."""
+    from akm.errors import JournalError
+    from akm.store.db import open_db, open_db_read_only
 
-    return open_db(paths.journal_path())
+    path = paths.journal_path()
+    try:
+        return open_db(path)
+    except JournalError as exc:
+        if not read_only or exc.code != "JOURNAL_ERROR" or not path.is_file() or _writable(path):
+            raise
+        try:
+            return open_db_read_only(path)
+        except JournalError:
+            raise exc from None
+
+
+def _writable(path: Path) -> bool:
+    """Whether the journal and its directory take writes (a read-only mount answers EROFS even to root)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    os.close(fd)
+    probe = path.with_name(f".{path.name}.probe-{os.getpid()}")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:
+        return False
+    os.unlink(probe)
+    return True
 
 
 def _json_or_none(text: str | None) -> Any:
@@ -722,7 +750,7 @@ def list_runs(request: ListRunsRequest | None = None, /, *, active_only: bool = 
             ref = os.path.realpath(candidate)
         elif ref.startswith("workflows/"):
             ref = normalized_ref(ref) or ref
-    with _open_db() as db:
+    with _open_db(read_only=True) as db:
         scope = None if req.all_scopes else paths.scope_key(work_dir)
         rows = runs_store.list_runs(db, scope_key=scope, active_only=req.active_only, ref=ref)
         return RunList(runs=[_run_view(db, r, with_steps=False) for r in rows])
@@ -732,7 +760,7 @@ def run_status(run_id: str | StatusRequest, *, units: bool = False) -> RunView:
     """Where a run stands: steps with outputs and tallies, the final artifact, and (`units`) every attempt."""
     req = _args("StatusRequest", run_id, {"run_id": run_id, "units": units},
                 {"run_id": _of(str, "run_id"), "units": _of(bool, "units")})
-    with _open_db() as db:
+    with _open_db(read_only=True) as db:
         return _run_view(db, _require_run(db, req.run_id), with_units=req.units)
 
 
@@ -742,7 +770,7 @@ def run_graph(run_id: str | RunIdRequest) -> RunGraph:
     from akm.plan.flow import flow_edges
 
     req = _args("RunIdRequest", run_id, {"run_id": run_id}, {"run_id": _of(str, "run_id")})
-    with _open_db() as db:
+    with _open_db(read_only=True) as db:
         run = _require_run(db, req.run_id)
         plan = decode_plan(run.id, run.plan_json, run.plan_hash)
         view = _run_view(db, run)
@@ -819,7 +847,7 @@ def events(request: EventsRequest | None = None, /, *, run_id: str | None = None
             offset = number
         else:
             since_ts = _iso_timestamp(since)
-    with _open_db() as db:
+    with _open_db(read_only=True) as db:
         if run_id is not None:
             _require_run(db, run_id)
         evs, next_offset = events_store.list_events(db, run_id, offset, limit + 1, since_ts=since_ts)
@@ -852,7 +880,7 @@ def next_brief(run_id: str) -> Brief:
     """What the calling agent should do now for a run (read-only)."""
     from akm.engine import session
 
-    with _open_db() as db:
+    with _open_db(read_only=True) as db:
         _require_run(db, run_id)
         from akm.api_models import Brief
 

@@ -56,7 +56,7 @@ from akm.engine.stepctx import (
     load_spine,
     step_rows,
 )
-from akm.errors import UsageError
+from akm.errors import AkmError, UsageError
 from akm.format.schema import validate_instance
 from akm.plan.identity import NO_ITEM, base_of_attempt
 from akm.plan.model import StepPlan
@@ -456,8 +456,7 @@ def report(
                           f"{out['claim']['expiresAt'] if out['claim'] else '?'}; report running again to keep it, "
                           "then report its result.")
         return out
-    outcome = _finalize(db, run_id, project_root, registry,
-                        budget_message=write.tokens_crossed)
+    outcome = _finalize_written(db, run_id, project_root, registry, budget_message=write.tokens_crossed)
     fresh = runs_store.require_run(db, run_id)
     out.update(stepOutcome=outcome.get("stepOutcome"), remainingUnits=outcome.get("remainingUnits", 0),
                runStatus=fresh.status, message=outcome.get("message", ""))
@@ -494,7 +493,7 @@ def _report_verdict(db: Database, cur: _Current, unit_id: str, status: str, verd
     with db.tx():
         units_store.guard_session_write(db, cur.run_id)
         journal_verdict(db, cur.run_id, step, d.loop, parsed, runner="session")
-    outcome = _finalize(db, cur.run_id, project_root, registry)
+    outcome = _finalize_written(db, cur.run_id, project_root, registry)
     fresh = runs_store.require_run(db, cur.run_id)
     return {"runId": cur.run_id, "stepId": step.step_id, "unitId": expected, "attemptId": expected,
             "status": "completed", "recorded": "written", "gateLoop": d.loop, "claim": None,
@@ -518,6 +517,23 @@ def _acquire_finalize_lock(db: Database, run_id: str) -> str | None:
             return None  # the engine took over (it finishes the step itself), or a stuck reporter
         time.sleep(delay)
         delay = min(delay * 2, 0.2)
+
+
+def _finalize_written(db: Database, run_id: str, project_root: Path, registry: Any,
+                      budget_message: str | None = None) -> dict[str, Any]:
+    """`_finalize` after the report's write committed. The write stands whatever happens next: a run
+    abandoned (or otherwise stopped) between the write and the step's finish is answered as written —
+    the step is simply not finished — never as a refusal (issue 23 item 1: 8 reports raced an abandon,
+    were answered RUN_ABANDONED and were committed all the same)."""
+    try:
+        return _finalize(db, run_id, project_root, registry, budget_message=budget_message)
+    except AkmError as exc:
+        if exc.code not in ("RUN_ABANDONED", "RUN_NOT_ACTIVE", "RUN_NOT_FOUND"):
+            raise
+        run = runs_store.get_run(db, run_id)
+        now = run.status if run is not None else "gone"
+        return {"message": f"Recorded. The run is {now} now (it stopped after this report was written), so its "
+                           "step was not finished."}
 
 
 def _finalize(db: Database, run_id: str, project_root: Path, registry: Any,
