@@ -201,7 +201,8 @@ class _AkmServer(MCPServer):
         from mcp.server.mcpserver.exceptions import ToolError
         from pydantic import ValidationError
 
-        tool = self._tool_manager._tools.get(name) if isinstance(arguments, dict) else None
+        tools = getattr(getattr(self, "_tool_manager", None), "_tools", None)  # SDK internals: checked if present
+        tool = tools.get(name) if isinstance(tools, dict) and isinstance(arguments, dict) else None
         problems = _uncoerced(arguments, getattr(tool, "parameters", None)) if tool is not None else []
         if problems:
             return _error_result(AkmError(f"Invalid arguments for {name}: {'; '.join(problems)}.",
