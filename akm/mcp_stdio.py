@@ -32,6 +32,7 @@ from pydantic import ValidationError
 MAX_LINE_BYTES = 16 * 1024 * 1024  # the most one protocol line may hold (a report's bound, spec/session.md)
 _DRAIN_CHUNK = 1024 * 1024
 _HEAD_BYTES = 4096  # what of an over-long line is kept to find its id
+EOF_DRAIN_LIMIT_S = 900.0  # the longest akm waits at end of input for the answers still owed
 
 
 class Oversized:
@@ -247,8 +248,10 @@ async def _serve(low: Any, init_options: Any, stdin: BinaryIO, stdout: BinaryIO,
                 elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
                     in_flight.discard(_request_key((message.params or {}).get("requestId")))  # never answered
                 await read_send.send(SessionMessage(message))
-            # End of input: answer what was asked before stopping (the SDK's loop cancels it at EOF).
-            while in_flight and not _peer_gone(out_fd):
+            # End of input: answer what was asked before stopping (the SDK's loop cancels it at EOF). Bounded
+            # all the same, for a stdout that never reports its reader gone (a file) and an answer that never comes.
+            give_up = anyio.current_time() + EOF_DRAIN_LIMIT_S
+            while in_flight and not _peer_gone(out_fd) and anyio.current_time() < give_up:
                 settled = anyio.Event()
                 with anyio.move_on_after(0.25):
                     await settled.wait()

@@ -232,3 +232,35 @@ def test_typed_arguments_are_not_coerced_from_other_types(server, project):
 
 
 SESSION_WF = "---\nsteps:\n  - id: s\n---\n\n## s\n\nDo s.\n"
+
+
+def test_a_client_gone_at_end_of_input_still_cancels_the_call_at_once(tmp_path, project):
+    """Waiting for answers at EOF must not keep a run going for a client that closed both pipes."""
+    marker = tmp_path / "started"
+    unit = f"import pathlib, time; pathlib.Path({str(marker)!r}).write_text('x'); time.sleep(300)"
+    (project / "slow.md").write_text(
+        "---\nsteps:\n  - id: a\n    unit:\n      exec:\n        command: " + json.dumps([sys.executable, "-c", unit])
+        + "\n---\n\n## a\n\nx\n", encoding="utf-8")
+    env = {**_env(tmp_path), "AKM_MCP_CALL_BOUND": "600"}
+    proc = subprocess.Popen([sys.executable, "-m", "akm", "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env, cwd=project)
+    try:
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "workflow_run", "arguments": {"target": "slow.md"}}}
+        proc.stdin.write(b"".join(json.dumps(m).encode() + b"\n" for m in (INIT, INITIALIZED, call)))
+        proc.stdin.flush()
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the unit never started"
+            time.sleep(0.05)
+        proc.stdout.close()  # the client is gone: its end of our stdout closed
+        proc.stdin.close()
+        assert proc.wait(timeout=120) is not None  # not the 600 s call bound
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    from akm import api
+
+    (run,) = api.list_runs(cwd=str(project)).runs
+    assert run.status == "active"  # cancelled, still resumable
