@@ -213,7 +213,7 @@ _TOKENS = st.sampled_from([
 ])
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=int(os.environ.get("AKM_FUZZ_EXAMPLES", "150")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(argv=st.lists(_TOKENS, max_size=6), prefix=st.booleans())
 def test_odd_argv_never_reaches_internal_error(in_project, capsys, argv, prefix):
