@@ -586,7 +586,9 @@ def _read_payload(value: str, what: str) -> str:
     source = "standard input" if value == "-" else value[1:]
     try:
         if value == "-":
-            data = sys.stdin.buffer.read(MAX_PAYLOAD_BYTES + 1)
+            stdin = getattr(sys.stdin, "buffer", None)  # a text-only stdin (embedding, tests) is read as text
+            data = stdin.read(MAX_PAYLOAD_BYTES + 1) if stdin is not None else \
+                sys.stdin.read(MAX_PAYLOAD_BYTES + 1).encode("utf-8", "surrogateescape")
         else:
             with open(value[1:], "rb") as f:
                 data = f.read(MAX_PAYLOAD_BYTES + 1)
