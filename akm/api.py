@@ -123,7 +123,7 @@ def _of(kind: type, name: str, optional: bool = False) -> Callable[[Any], Any]:
     return check
 
 STALE_AFTER_S = 90.0
-_RUN_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
 INVALID_ARGUMENT = "INVALID_FLAG_VALUE"  # the stable code of a bad argument value, whatever the front
 
 
@@ -269,10 +269,38 @@ MAX_EVENT_LIMIT = 10_000
 # ------------------------------------------------------------------ helpers
 
 
-def _open_db():
-    from akm.store.db import open_db
+def _open_db(*, read_only: bool = False):
+    """The journal. `read_only` (the read commands): when it cannot be opened for writing — a read-only
+    directory or mount — it is read as it is instead (`akm.store.db.open_db_read_only`)."""
+    from akm.errors import JournalError
+    from akm.store.db import open_db, open_db_read_only
 
-    return open_db(paths.journal_path())
+    path = paths.journal_path()
+    try:
+        return open_db(path)
+    except JournalError as exc:
+        if not read_only or exc.code != "JOURNAL_ERROR" or not path.is_file() or _writable(path):
+            raise
+        try:
+            return open_db_read_only(path)
+        except JournalError:
+            raise exc from None
+
+
+def _writable(path: Path) -> bool:
+    """Whether the journal and its directory take writes (a read-only mount answers EROFS even to root)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    os.close(fd)
+    probe = path.with_name(f".{path.name}.probe-{os.getpid()}")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:
+        return False
+    os.unlink(probe)
+    return True
 
 
 def _json_or_none(text: str | None) -> Any:
@@ -339,10 +367,12 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
         cutoff = now_iso(-STALE_AFTER_S)
         view.units = [
             UnitView(unit_id=u.unit_id, step_id=u.step_id, status=u.status, attempts=u.attempts,
+                     phase="gate" if u.phase == "gate" else "unit",
                      failure_reason=u.failure_reason, result=_json_or_none(u.result_json), tokens=u.tokens,
                      runner=u.runner, started_at=u.started_at, finished_at=u.finished_at,
                      last_checkin_at=u.last_checkin_at, worktree_path=u.worktree_path, truncated=bool(u.truncated),
-                     stale=((u.last_checkin_at or u.started_at) < cutoff) if u.status == "running" else None)
+                     stale=((u.last_checkin_at or u.started_at) < cutoff)
+                     if u.status == "running" and u.phase != "gate" else None)
             for u in units_store.get_units(db, run.id)
         ]
     return view
@@ -375,10 +405,7 @@ def resolve_workflow_file(target: str, cwd: Path) -> tuple[Path, str]:
     """
     from akm.text import require_utf8, shown
 
-    require_utf8(target, "the workflow target")
-    if len(target) > MAX_TARGET_CHARS:
-        raise UsageError(f"The workflow target is {len(target)} characters long, over the {MAX_TARGET_CHARS}-character "
-                         f"limit for a path or ref: {shown(target)}", code="INVALID_PATH")
+    _checked_target(target, "the workflow target")
     candidate = (cwd / target) if not os.path.isabs(target) else Path(target)
     if _is_file(candidate, target):
         # The real path, not `cwd / target`: a relative target joined to an invocation directory
@@ -387,11 +414,10 @@ def resolve_workflow_file(target: str, cwd: Path) -> tuple[Path, str]:
         require_utf8(real, "the workflow file's path")
         return Path(real), real
     if target.startswith("workflows/"):
-        name = target[len("workflows/"):]
-        if name.endswith(".md"):
-            name = name[:-3]
-        if not name or ".." in name.split("/"):
+        ref = normalized_ref(target)
+        if ref is None:
             raise UsageError(f"Invalid workflow ref {shown(target)}.", code="INVALID_REF")
+        name = ref[len("workflows/"):]
         import platformdirs
 
         roots = [paths.project_root(cwd) / ".akm" / "workflows",
@@ -412,6 +438,50 @@ def resolve_workflow_file(target: str, cwd: Path) -> tuple[Path, str]:
 
 # A path or ref longer than this is refused before it reaches the filesystem (PATH_MAX is 4096 on Linux).
 MAX_TARGET_CHARS = 4096
+
+
+def _work_dir(cwd: str | None) -> Path:
+    """The directory a call works in: `cwd` (an MCP argument, an api caller's) or the process's. A NUL
+    byte, an over-long path or text that is not UTF-8 is INVALID_PATH here, not a ValueError or OSError
+    from deep inside path resolution."""
+    if not cwd:
+        return Path(os.getcwd())
+    from akm.text import require_utf8, shown
+
+    require_utf8(cwd, "cwd")
+    if "\0" in cwd:
+        raise UsageError(f"cwd {shown(cwd)} contains a NUL character, which no path can hold.", code="INVALID_PATH")
+    if len(cwd) > MAX_TARGET_CHARS:
+        raise UsageError(f"cwd is {len(cwd)} characters long, over the {MAX_TARGET_CHARS}-character limit for a "
+                         f"path: {shown(cwd)}", code="INVALID_PATH")
+    return Path(cwd)
+
+
+def normalized_ref(target: str) -> str | None:
+    """`workflows/<name>` with `.` and empty segments and a trailing `.md` dropped (`workflows/./s`,
+    `workflows//s.md` and `workflows/s` are one ref, so one identity for `which run`); None when `target`
+    is no such ref or names nothing (`workflows/`, a `..` segment)."""
+    if not target.startswith("workflows/"):
+        return None
+    name = target[len("workflows/"):]
+    if name.endswith(".md"):
+        name = name[:-3]
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        return None
+    return "workflows/" + "/".join(parts)
+
+
+def _checked_target(target: str, what: str) -> None:
+    from akm.text import require_utf8, shown
+
+    require_utf8(target, what)
+    if len(target) > MAX_TARGET_CHARS:
+        raise UsageError(f"{what[0].upper() + what[1:]} is {len(target)} characters long, over the "
+                         f"{MAX_TARGET_CHARS}-character limit for a path or ref: {shown(target)}", code="INVALID_PATH")
+    if "\0" in target:
+        raise UsageError(f"{what[0].upper() + what[1:]} {shown(target)} contains a NUL character, which no path "
+                         "can hold.", code="INVALID_PATH")
 
 
 def _is_file(path: Path, target: str) -> bool:
@@ -490,7 +560,7 @@ def run_workflow(
         "new": _of(bool, "new"), "cwd": _of(str, "cwd", True)})
     target, params, param_pairs, max_steps, new = req.target, req.params, req.param_flags, req.max_steps, req.new
     timeout_ms = req.timeout
-    work_dir = Path(req.cwd or os.getcwd()).resolve()
+    work_dir = _work_dir(req.cwd).resolve()
     cancel = cancel or Cancellation()
     started_wall = time.monotonic()
     started_at = now_iso()
@@ -816,15 +886,16 @@ def list_runs(request: ListRunsRequest | None = None, /, *, active_only: bool = 
     req = _args("ListRunsRequest", request, dict(active_only=active_only, ref=ref, all_scopes=all_scopes, cwd=cwd), {
         "active_only": _of(bool, "active_only"), "ref": _of(str, "ref", True),
         "all_scopes": _of(bool, "all_scopes"), "cwd": _of(str, "cwd", True)})
-    work_dir = Path(req.cwd or os.getcwd())
+    work_dir = _work_dir(req.cwd)
     ref = req.ref
     if ref is not None:
+        _checked_target(ref, "the ref")
         candidate = Path(ref) if os.path.isabs(ref) else work_dir / ref
-        if candidate.is_file():
+        if _is_file(candidate, ref):
             ref = os.path.realpath(candidate)
-        elif ref.startswith("workflows/") and ref.endswith(".md"):
-            ref = ref[:-3]
-    with _open_db() as db:
+        elif ref.startswith("workflows/"):
+            ref = normalized_ref(ref) or ref
+    with _open_db(read_only=True) as db:
         scope = None if req.all_scopes else paths.scope_key(work_dir)
         rows = runs_store.list_runs(db, scope_key=scope, active_only=req.active_only, ref=ref)
         return RunList(runs=[_run_view(db, r, with_steps=False) for r in rows])
@@ -834,7 +905,7 @@ def run_status(run_id: str | StatusRequest, *, units: bool = False) -> RunView:
     """Where a run stands: steps with outputs and tallies, the final artifact, and (`units`) every attempt."""
     req = _args("StatusRequest", run_id, {"run_id": run_id, "units": units},
                 {"run_id": _of(str, "run_id"), "units": _of(bool, "units")})
-    with _open_db() as db:
+    with _open_db(read_only=True) as db:
         return _run_view(db, _require_run(db, req.run_id), with_units=req.units)
 
 
@@ -844,7 +915,7 @@ def run_graph(run_id: str | RunIdRequest) -> RunGraph:
     from akm.plan.flow import flow_edges
 
     req = _args("RunIdRequest", run_id, {"run_id": run_id}, {"run_id": _of(str, "run_id")})
-    with _open_db() as db:
+    with _open_db(read_only=True) as db:
         run = _require_run(db, req.run_id)
         plan = decode_plan(run.id, run.plan_json, run.plan_hash)
         view = _run_view(db, run)
@@ -945,7 +1016,7 @@ def events(request: EventsRequest | None = None, /, *, run_id: str | None = None
             offset = number
         else:
             since_ts = _iso_timestamp(since)
-    with _open_db() as db:
+    with _open_db(read_only=True) as db:
         if run_id is not None:
             _require_run(db, run_id)
         evs, next_offset = events_store.list_events(db, run_id, offset, limit + 1, since_ts=since_ts)
@@ -978,7 +1049,7 @@ def next_brief(run_id: str) -> Brief:
     """What the calling agent should do now for a run (read-only)."""
     from akm.engine import session
 
-    with _open_db() as db:
+    with _open_db(read_only=True) as db:
         _require_run(db, run_id)
         from akm.api_models import Brief
 
@@ -1020,7 +1091,7 @@ def report_unit(
 
     with _open_db() as db:
         run = _require_run(db, run_id)
-        root = _run_project_root(run, Path(cwd or os.getcwd()))
+        root = _run_project_root(run, _work_dir(cwd))
         from akm.api_models import ReportResult
 
         return ReportResult.model_validate(session.report(

@@ -657,19 +657,38 @@ def _cmd_next(args: argparse.Namespace) -> int:
     return 0
 
 
+# The most `--result`/`--verdict` text read from a file or standard input (akm.engine.session.MAX_RESULT_BYTES,
+# which the CLI does not import for this): one byte more is read, so `@/dev/zero` is refused at once.
+MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
+
+
 def _read_payload(value: str, what: str) -> str:
-    """`--result`/`--verdict` text: literal, @FILE or - (standard input)."""
-    if value == "-":
-        return sys.stdin.read()
-    if value.startswith("@"):
-        path = value[1:]
-        try:
-            with open(path, encoding="utf-8") as f:
-                return f.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"{what} {value!r}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}.",
-                             code="UNREADABLE_FILE") from None
-    return value
+    """`--result`/`--verdict` text: literal, @FILE or - (standard input), reading at most 16 MiB + 1 byte."""
+    if value != "-" and not value.startswith("@"):
+        return value
+    source = "standard input" if value == "-" else value[1:]
+    try:
+        if value == "-":
+            stdin = getattr(sys.stdin, "buffer", None)  # a text-only stdin (embedding, tests) is read as text
+            data = stdin.read(MAX_PAYLOAD_BYTES + 1) if stdin is not None else \
+                sys.stdin.read(MAX_PAYLOAD_BYTES + 1).encode("utf-8", "surrogateescape")
+        else:
+            with open(value[1:], "rb") as f:
+                data = f.read(MAX_PAYLOAD_BYTES + 1)
+        if len(data) > MAX_PAYLOAD_BYTES:
+            raise UsageError(f"{what} {_clip(value)}: {source} holds more than {MAX_PAYLOAD_BYTES} bytes (16 MiB), "
+                             "the most a report may carry; nothing was recorded. Report the path of a large output "
+                             "instead.", code="RESULT_TOO_LARGE", details={"maxBytes": MAX_PAYLOAD_BYTES})
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"{what} {_clip(value)}: cannot read {_clip(source)}: "
+                         f"{getattr(exc, 'strerror', None) or exc}.", code="UNREADABLE_FILE") from None
+
+
+def _clip(text: str) -> str:
+    from akm.text import quoted
+
+    return quoted(text)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

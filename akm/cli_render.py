@@ -34,6 +34,28 @@ def _value_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+_PARAMS_CLIP = 300  # characters of the params line before each param is summarised
+_PARAM_CLIP = 80
+
+
+def _params_text(params: dict[str, Any]) -> tuple[str, bool]:
+    """The params on one line; when that passes _PARAMS_CLIP, each long param summarised (its beginning and,
+    for a list or object, how many items it has) — a 10,000-item list was one 129 KB line."""
+    whole = json.dumps(params, ensure_ascii=False)
+    if len(whole) <= _PARAMS_CLIP:
+        return whole, False
+    parts = []
+    for name, value in params.items():
+        text = json.dumps(value, ensure_ascii=False)
+        if len(text) > _PARAM_CLIP:
+            size = (f" ({_plural(len(value), 'item')})" if isinstance(value, list)
+                    else f" ({_plural(len(value), 'key')})" if isinstance(value, dict)
+                    else f" ({len(value)} characters)" if isinstance(value, str) else "")
+            text = text[:_PARAM_CLIP].rstrip() + " …" + size
+        parts.append(f"{name}={text}")
+    return ", ".join(parts), True
+
+
 def _tally(step: dict[str, Any]) -> str:
     """"3 units, 5 attempts, 2 gate loops": the work behind a step, retries and loops included."""
     n, attempts, loops = step.get("unitCount") or 0, step.get("attempts") or 0, step.get("gateLoops") or 0
@@ -56,13 +78,16 @@ def _truncation_note(step: dict[str, Any]) -> str:
 def run_text(view: dict[str, Any]) -> str:
     lines = [f"run {view['runId']}  {view['status']}  ({view['workflow']})"]
     if view.get("params"):
-        lines.append(f"params: {json.dumps(view['params'], ensure_ascii=False)}")
+        text, clipped = _params_text(view["params"])
+        clipped_any = clipped
+        lines.append(f"params: {text}")
+    else:
+        clipped_any = False
     if view.get("currentStepId") and view["status"] != "completed":
         lines.append(f"current step: {view['currentStepId']}")
     lease = view.get("engineLease")
     if lease:
         lines.append(f"driven by {lease['holder']} (host {lease.get('host')}, pid {lease.get('pid')}) until {lease['until']}")
-    clipped_any = False
     width = max((len(s["id"]) for s in view.get("steps") or []), default=0)
     for s in view.get("steps") or []:
         head = f"  {s['status']:<10} {s['id']:<{width}}"
@@ -80,6 +105,8 @@ def run_text(view: dict[str, Any]) -> str:
             detail += _truncation_note(s)
         else:
             detail = (summary or notes).splitlines()[0] if (summary or notes) else ""
+        if len(detail) > _STEP_CLIP[1]:
+            detail, clipped_any = detail[:_STEP_CLIP[1]].rstrip() + " …", True
         lines.append(head + (f"  — {detail}" if detail else ""))
         if s["status"] == "completed" and s.get("output") is not None:
             text, clipped = _clip(_value_text(s["output"]), _STEP_CLIP)
@@ -93,7 +120,8 @@ def run_text(view: dict[str, Any]) -> str:
             extra += " (output truncated at the capture cap)"
         if u.get("stale"):
             extra += " STALE: no heartbeat for 90 s, its driver is probably gone"
-        lines.append(f"    unit {u['unitId']}: {u['status']}{extra}, attempts {u['attempts']}")
+        lines.append(f"    {'gate' if u.get('phase') == 'gate' else 'unit'} {u['unitId']}: {u['status']}{extra}, "
+                     f"attempts {u['attempts']}")
     aw = view.get("awaiting")
     if aw:
         rid = view.get("runId")
@@ -117,7 +145,8 @@ def run_text(view: dict[str, Any]) -> str:
                      f"{'; only its beginning: cut at the capture cap' if cut.get('truncatedUnits') else ''}):")
         lines.extend(f"  {line}" for line in text.splitlines() or [""])
     if clipped_any:
-        lines.append(f"(outputs clipped; all of them: akm workflow status {view['runId']} --format json)")
+        lines.append(f"(long params and outputs clipped; all of them: akm workflow status {view['runId']} "
+                     "--format json)")
     return "\n".join(lines)
 
 

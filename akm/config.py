@@ -39,6 +39,7 @@ from typing import Any, Callable, Literal, Mapping
 from urllib.parse import urlsplit
 
 from akm.errors import ConfigError
+from akm.format.grammar import CONFIG_ENGINE_NAME_RE, ENV_VAR_REF_RE, ENV_VAR_RE
 
 CONFIG_FILE_NAME = "config.json"
 PROJECT_CONFIG_RELPATH = Path(".akm") / CONFIG_FILE_NAME
@@ -48,10 +49,10 @@ LOCK_TIMEOUT_S = 5.0
 MAX_TIMEOUT_MS = 2_147_483_647
 MAX_CONCURRENCY = 64
 
-ENGINE_NAME_RE = re.compile(r"^(?!akm-)[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
+ENGINE_NAME_RE = CONFIG_ENGINE_NAME_RE  # the name rules live in akm/format/grammar.py
 ENGINE_NAME_MAX = 63
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_ENV_REF_RE = re.compile(r"^\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))$")
+ENV_NAME_RE = ENV_VAR_RE
+_ENV_REF_RE = ENV_VAR_REF_RE
 
 # `workflow.judgeEngine: session` = the calling agent judges (D12). Not an engine name.
 SESSION_JUDGE = "session"

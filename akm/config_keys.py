@@ -54,7 +54,7 @@ SCHEMA: dict[str, Any] = {
     "modelAliases": ("record", ("record", "string")),
 }
 
-_DURATION = re.compile(r"^(\d+)(ms|s|m|h)?$")
+_DURATION = re.compile(r"(\d+)(ms|s|m|h)?\Z")
 
 
 def split_key(key: str) -> list[str]:

@@ -290,6 +290,12 @@ class _AkmServer(MCPServer):
         from mcp.server.mcpserver.exceptions import ToolError
         from pydantic import ValidationError
 
+        tools = getattr(getattr(self, "_tool_manager", None), "_tools", None)  # SDK internals: checked if present
+        tool = tools.get(name) if isinstance(tools, dict) and isinstance(arguments, dict) else None
+        problems = _uncoerced(arguments, getattr(tool, "parameters", None)) if tool is not None else []
+        if problems:
+            return _error_result(AkmError(f"Invalid arguments for {name}: {'; '.join(problems)}.",
+                                          code="INVALID_ARGUMENT", exit_status=2))
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
@@ -309,6 +315,34 @@ class _AkmServer(MCPServer):
                                               exit_status=EXIT_INTERNAL,
                                               hint="this is a bug in akm; the server's stderr has the traceback."))
             raise
+
+
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", dict: "object", list: "array",
+               type(None): "null"}
+
+
+def _uncoerced(arguments: dict[str, Any], schema: Any) -> list[str]:
+    """Arguments whose JSON type the tool's schema does not take, where pydantic would coerce them
+    (`"tokens": "5"` read as 5, `"rerun": "yes"` or `1` as true, `true` as the integer 1): an agent that
+    sends the wrong type should hear so, not have its value reinterpreted."""
+    props = schema.get("properties", {}) if isinstance(schema, dict) else {}
+    problems = []
+    for key, value in arguments.items():
+        prop = props.get(key)
+        if not isinstance(prop, dict):
+            continue
+        allowed = {t for t in ([prop.get("type")] + [a.get("type") for a in prop.get("anyOf", [])
+                                                     if isinstance(a, dict)]) if isinstance(t, str)}
+        if not allowed or not allowed <= {"integer", "number", "boolean", "null"}:
+            continue  # strings, objects, arrays and untyped values are taken as they come
+        got = _JSON_TYPES.get(type(value), "a value")
+        fits = got in allowed or (got == "integer" and "number" in allowed) or \
+            (got == "number" and "integer" in allowed and float(value).is_integer())
+        if not fits:
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "…"
+            problems.append(f"{key}: expected {' or '.join(sorted(allowed))}, got {got} {shown} (no conversion "
+                            "from other types)")
+    return problems
 
 
 def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPServer:
@@ -494,76 +528,13 @@ def _lint_model() -> Any:
     return _schema_model(LintReport)
 
 
-def protocol_error_for(exc: Exception) -> Any:
-    """The JSON-RPC error answering a line the SDK could not read, or None (nothing to answer).
-
-    The SDK's stdio transport drops such a line silently, so a client waiting on its id would wait forever:
-    * not JSON at all -> -32700 with id null (JSON-RPC 2.0: the id cannot be known);
-    * JSON that is not Unicode text (a lone surrogate escape such as \\ud800, which JavaScript's
-      JSON.stringify emits for a broken string) -> -32700 with the request's own id;
-    * JSON that is not a valid message but carries an id and a method -> -32600 with that id.
-    Notifications (no id) get no answer, as JSON-RPC wants.
-    """
-    import json
-
-    import mcp_types as types
-    from pydantic import ValidationError
-
-    if not isinstance(exc, ValidationError) or not exc.errors():
-        return None
-    first = exc.errors()[0]
-    raw = first.get("input")
-    if first.get("type") == "json_invalid" and isinstance(raw, (str, bytes)):
-        try:
-            message = json.loads(raw)
-        except (ValueError, RecursionError):
-            return types.JSONRPCError(jsonrpc="2.0", id=None, error=types.ErrorData(
-                code=types.PARSE_ERROR, message=f"Parse error: {first.get('msg')}"))
-        rid = message.get("id") if isinstance(message, dict) else None
-        if isinstance(rid, bool) or not isinstance(rid, (int, str)):
-            return None
-        return types.JSONRPCError(jsonrpc="2.0", id=rid, error=types.ErrorData(
-            code=types.PARSE_ERROR, message=f"Parse error: the request is not Unicode text ({first.get('msg')}); "
-                                            "send every string as valid UTF-8 (no lone surrogates)."))
-    raw = next((e["input"] for e in exc.errors() if isinstance(e.get("input"), dict) and "id" in e["input"]), None)
-    rid = raw.get("id") if raw is not None else None
-    if isinstance(rid, bool) or not isinstance(rid, (int, str)) or "method" not in raw:
-        return None
-    as_request = [e for e in exc.errors() if e["loc"][:1] == ("JSONRPCRequest",)] or exc.errors()
-    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'message'}: {e['msg']}" for e in as_request[:5])
-    return types.JSONRPCError(jsonrpc="2.0", id=rid, error=types.ErrorData(
-        code=types.INVALID_REQUEST, message=f"Invalid request: {problems}"))
-
-
 async def _serve_stdio(server: MCPServer) -> None:
-    """`server.run_stdio_async`, but a line the transport cannot read is answered, not dropped."""
-    from mcp.server.stdio import stdio_server
-    from mcp.shared.message import SessionMessage
+    """`server.run_stdio_async`, but with bounded lines and every request answered (`akm.mcp_stdio`)."""
+    from akm import mcp_stdio
 
-    try:  # SDK internals (mcp 2.x): an SDK that moved them still serves, as the SDK itself does
-        from mcp.shared._context_streams import create_context_streams
-        low = server._lowlevel_server
-    except (ImportError, AttributeError):
-        await server.run_stdio_async()  # unreadable lines are then dropped by the SDK, not answered
-        return
-
-    async with stdio_server() as (read_stream, write_stream):
-        relay_send, relay_receive = create_context_streams(0)
-
-        async def relay() -> None:
-            async with relay_send:
-                async for item in read_stream:
-                    if isinstance(item, Exception):
-                        answer = protocol_error_for(item)
-                        if answer is not None:
-                            await write_stream.send(SessionMessage(answer))
-                            continue
-                    await relay_send.send(item)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(relay)
-            await low.run(relay_receive, write_stream, low.create_initialization_options())
-            tg.cancel_scope.cancel()
+    low = getattr(server, "_lowlevel_server", None)
+    if low is None or not await mcp_stdio.serve(low, low.create_initialization_options()):
+        await server.run_stdio_async()  # an SDK that moved its internals: its own loop (unreadable lines dropped)
 
 
 def serve() -> int:

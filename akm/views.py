@@ -117,6 +117,7 @@ class UnitView(View):
     step_id: str | None
     status: str
     attempts: int
+    phase: str = "unit"  # "unit" (a dispatch) or "gate" (a gate's judge row: counted as no unit anywhere)
     failure_reason: str | None = None
     result: Any = None
     tokens: int | None = None

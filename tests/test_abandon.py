@@ -94,7 +94,9 @@ def test_abandon_stops_units_in_flight(project, tmp_path):
     assert time.monotonic() - began < 90, "the sleeping unit ran on after the abandon"
     rows = _journal("SELECT unit_id, status, failure_reason FROM units ORDER BY unit_id")
     assert len(rows) == 2 and "running" not in [r[1] for r in rows]
-    assert sorted((r[1], r[2]) for r in rows) == [("completed", None), ("failed", "aborted")]
+    # Both finished after the abandon committed (the first unit abandoned the run itself, then printed): no
+    # result of theirs is journaled; they end as abandon ends a dead driver's rows (issue 23 item 1).
+    assert sorted((r[1], r[2]) for r in rows) == [("failed", "abandoned"), ("failed", "abandoned")]
     assert _journal("SELECT status FROM runs") == [("abandoned",)]
 
 

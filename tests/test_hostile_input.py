@@ -213,7 +213,7 @@ _TOKENS = st.sampled_from([
 ])
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=int(os.environ.get("AKM_FUZZ_EXAMPLES", "150")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(argv=st.lists(_TOKENS, max_size=6), prefix=st.booleans())
 def test_odd_argv_never_reaches_internal_error(in_project, capsys, argv, prefix):
@@ -392,3 +392,20 @@ def test_a_whole_temperature_is_a_float_in_the_document():
               "    output: { type: string }\n---\n\n## a\n\nx\n")
     llm = parse_workflow(source, "wf.md").document.steps[0].unit.llm
     assert llm.temperature == 1.0 and isinstance(llm.temperature, float)
+
+
+# ------------------------------------------------------------------ issue 23 item 3: paths the OS cannot take
+
+
+@pytest.mark.parametrize("ref", ["a" * 300, "workflows/" + "c" * 5000, "x\x00y"], ids=["name-300", "ref-5000", "nul"])
+def test_list_with_a_ref_the_os_cannot_look_up_is_invalid_path(in_project, capsys, ref):
+    """`workflow list --ref <300 chars>` was an OSError (INTERNAL, exit 70)."""
+    code, _, err = cli(capsys, "workflow", "list", "--ref", ref)
+    assert code == 2 and "error[INVALID_PATH]" in err and len(err) < 600, err
+
+
+def test_api_cwd_with_a_nul_is_invalid_path(in_project):
+    for call in (lambda: api.run_workflow("wf.md", cwd="/tmp\x00x"), lambda: api.list_runs(cwd="/tmp\x00x")):
+        with pytest.raises(AkmError) as info:
+            call()
+        assert info.value.code == "INVALID_PATH" and "NUL character" in info.value.message

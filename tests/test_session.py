@@ -177,9 +177,14 @@ def test_a_result_too_large_for_the_journal_is_refused_before_it_is_parsed(proje
     big = "x" * MAX_RESULT_BYTES
     refused("RESULT_TOO_LARGE", report, rid, unit, project, result='{"verdict": "%s"}' % big)  # CLI: text
     err = refused("RESULT_TOO_LARGE", report, rid, unit, project, result={"verdict": big})  # MCP: a JSON value
-    assert err.details["maxBytes"] == MAX_RESULT_BYTES and "file" in err.message
+    assert err.details["maxBytes"] == 1024 * 1024 and "file" in err.message  # more than the journal's 1 MiB
     refused("RESULT_TOO_LARGE", report, rid, unit, project, status="failed", result=big + "x")
-    fits = report(rid, unit, project, result={"verdict": "x" * (1024 * 1024)})  # 1 MiB is fine
+    # issue 23 item 2: the journal holds at most 1 MiB of a unit's result (spec/engine.md); a 10 MB report
+    # was stored whole. Just over is refused (nothing written), just under is recorded.
+    over = refused("RESULT_TOO_LARGE", report, rid, unit, project, result={"verdict": "x" * (1024 * 1024 - 13)})
+    assert over.details == {"bytes": 1024 * 1024 + 1, "maxBytes": 1024 * 1024} and "1 MiB" in over.message
+    assert db_rows("SELECT count(*) FROM units WHERE status = 'completed'") == [(0,)]
+    fits = report(rid, unit, project, result={"verdict": "x" * (1024 * 1024 - 14)})  # exactly 1 MiB is fine
     assert fits["recorded"] == "written"
 
 

@@ -210,7 +210,7 @@ def _url_credential_parts(value: str) -> list[str]:
     return found
 
 
-def sensitive_values_from(bindings: Mapping[str, str]) -> list[str]:
+def sensitive_values_from(bindings: Mapping[str, str] | Iterable[str]) -> list[str]:
     """The redaction set for resolved `env:` bindings (names are not secret, values are).
 
     Each non-empty value is added as-is and trimmed, plus its URL-encoded and
@@ -227,10 +227,18 @@ def sensitive_values_from(bindings: Mapping[str, str]) -> list[str]:
             seen.add(v)
             out.append(v)
 
-    for value in bindings.values():
+    for value in bindings.values() if isinstance(bindings, Mapping) else bindings:
         if not isinstance(value, str) or not value:
             continue
         candidates = [value, value.strip()] + _url_credential_parts(value)
+        for c in _line_end_spellings(value):
+            # A multi-line secret as LF and as CRLF (a file or tool of the other convention), and each long
+            # line by itself (a PEM key printed line by line); each also JSON-escaped twice (a JSON string
+            # inside a JSON string: `\\n`, `\\\"`).
+            candidates.append(c)
+            for twice_escaped in (json.dumps(json.dumps(c)[1:-1])[1:-1],
+                                  json.dumps(json.dumps(c, ensure_ascii=False)[1:-1], ensure_ascii=False)[1:-1]):
+                add(twice_escaped)
         for c in candidates:
             for variant in _encoded_variants(c):
                 add(variant)
@@ -238,3 +246,16 @@ def sensitive_values_from(bindings: Mapping[str, str]) -> list[str]:
                 add(json.dumps(variant)[1:-1])
                 add(json.dumps(variant, ensure_ascii=False)[1:-1])
     return out
+
+
+_LONG_LINE = 8  # a line of a multi-line secret redacted on its own from this length (`-----END` lines too)
+
+
+def _line_end_spellings(value: str) -> list[str]:
+    """`value` with LF and with CRLF line ends, and its long lines, when it spans lines."""
+    if "\n" not in value and "\r" not in value:
+        return [value]
+    lf = value.replace("\r\n", "\n").replace("\r", "\n")
+    spellings = [value, lf, lf.replace("\n", "\r\n")]
+    spellings += [line.strip() for line in lf.split("\n") if len(line.strip()) >= _LONG_LINE]
+    return list(dict.fromkeys(spellings))

@@ -33,9 +33,9 @@ from akm.dispatch.exec import build_exec_context
 from akm.dispatch.redact import sensitive_values_from
 from akm.engine import gates
 from akm.engine import worktree as worktrees
-from akm.engine.budget import DispatchBudget
+from akm.engine.budget import LIFETIME_UNIT_CAP, DispatchBudget
 from akm.engine.cancel import Cancellation
-from akm.engine.env_bindings import EnvBindingError, resolve_env_refs
+from akm.engine.env_bindings import EnvBindingError, project_sensitive_values, resolve_env_refs
 from akm.engine.finalize import (
     DONE,
     RUNNING,
@@ -336,6 +336,13 @@ class _Pass:
         d, step = self.d, self.step
         tmpl = step.unit_template
         assert tmpl is not None
+        if d.budget.used + len(self.units) > LIFETIME_UNIT_CAP:
+            # Refused before the first dispatch: the step could never finish, and running 9,999 of its units
+            # first only to fail on the cap wastes them all.
+            return _PassFailure(
+                f'Step "{step.step_id}" has {len(self.units)} units to dispatch, but the run has already dispatched '
+                f"{d.budget.used} of its lifetime cap of {LIFETIME_UNIT_CAP} units: it can never finish. Nothing "
+                "of it was dispatched; split the list over several runs or steps that run fewer units.")
         if d.opts.on_progress is not None:
             d.opts.on_progress(PassStarted(d.run_id, step.step_id, self.total))
         if tmpl.env:
@@ -344,6 +351,8 @@ class _Pass:
             except EnvBindingError as exc:
                 return _PassFailure(f'Step "{step.step_id}" env binding failed: {exc}')
             self.sensitive = sensitive_values_from(self.env_values)
+        # Every env file the project can see is secret, bound by this unit or not (issue 23 item 4).
+        self.sensitive = self.sensitive + project_sensitive_values(d.opts.project_root)
         if tmpl.isolation == "worktree":
             problem = worktrees.preflight(str(d.opts.project_root))
             if problem:

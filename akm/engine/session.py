@@ -56,7 +56,7 @@ from akm.engine.stepctx import (
     load_spine,
     step_rows,
 )
-from akm.errors import UsageError
+from akm.errors import AkmError, UsageError
 from akm.format.schema import validate_instance
 from akm.plan.identity import NO_ITEM, base_of_attempt
 from akm.plan.model import StepPlan
@@ -77,6 +77,9 @@ FINALIZE_WAIT_S = 30.0
 # `akm.dispatch.agents.MAX_STDOUT_BYTES`). Beyond it a report is refused with a code, before anything is
 # parsed or written, instead of growing the journal without bound (or failing inside SQLite).
 MAX_RESULT_BYTES = 16 * 1024 * 1024
+# The most a unit's journal row holds (spec/engine.md: `result_json` ≤ 1 MiB, what an exec unit keeps): a
+# report whose recorded result is larger is refused, not stored whole (a refusal writes nothing).
+MAX_RECORDED_RESULT_BYTES = 1024 * 1024
 
 
 # ---------------------------------------------------------------- the current step
@@ -278,15 +281,17 @@ def normalize_failure_reason(reason: str | None, sensitive: list[str]) -> str:
 
 
 def _sensitive_for(cur: _Current, state: UnitState, project_root: Path) -> list[str]:
+    """The unit's own `env:` values and those of every env file the project can see (spec/engine.md)."""
+    from akm.engine.env_bindings import EnvBindingError, project_sensitive_values, resolve_env_refs
+
+    visible = project_sensitive_values(project_root)
     refs = state.unit.template.env or []
     if not refs:
-        return []
-    from akm.engine.env_bindings import EnvBindingError, resolve_env_refs
-
+        return visible
     try:
-        return sensitive_values_from(resolve_env_refs(refs, project_root))
+        return sensitive_values_from(resolve_env_refs(refs, project_root)) + visible
     except EnvBindingError:
-        return []
+        return visible
 
 
 def _prepare_result(state: UnitState, status: str, result: Any, sensitive: list[str]) -> str | None:
@@ -336,10 +341,16 @@ def _prepare_result(state: UnitState, status: str, result: Any, sensitive: list[
     return json.dumps(redact_value(result, sensitive), ensure_ascii=False, separators=(",", ":"))
 
 
-def _too_large(uid: str, size: int) -> UsageError:
-    return UsageError(f"The result for unit {uid} is too large: a report holds at most {MAX_RESULT_BYTES} bytes "
-                      "(16 MiB). Write a large output to a file and report its path instead.",
-                      code="RESULT_TOO_LARGE", details={"bytes": size, "maxBytes": MAX_RESULT_BYTES})
+def _too_large(uid: str, size: int, *, recorded: bool = False) -> UsageError:
+    """RESULT_TOO_LARGE: the report's text passes 16 MiB (refused unread), or the JSON the journal would hold
+    passes the 1 MiB a unit's row holds."""
+    if recorded:
+        bound, limit = MAX_RECORDED_RESULT_BYTES, "the journal holds at most 1048576 bytes (1 MiB) of a unit's result"
+    else:
+        bound, limit = MAX_RESULT_BYTES, "a report's text may be at most 16777216 bytes (16 MiB)"
+    return UsageError(f"The result for unit {uid} is too large: {size} bytes, and {limit}. Nothing was recorded; "
+                      "write a large output to a file and report its path instead.",
+                      code="RESULT_TOO_LARGE", details={"bytes": size, "maxBytes": bound})
 
 
 def _require_recordable(value: Any, uid: str) -> None:
@@ -419,10 +430,10 @@ def report(
                          "be reported.", code="UNIT_NOT_REPORTABLE")
     sensitive = _sensitive_for(cur, state, project_root)
     result_json = None if status == "running" else _prepare_result(state, status, result, sensitive)
-    if result_json is not None and len(result_json) > MAX_RESULT_BYTES // 4:  # cheap: only big ones are measured
+    if result_json is not None and len(result_json) > MAX_RECORDED_RESULT_BYTES // 4:  # cheap: only big ones
         size = len(result_json.encode("utf-8", "surrogatepass"))
-        if size > MAX_RESULT_BYTES:
-            raise _too_large(state.unit.unit_id, size)
+        if size > MAX_RECORDED_RESULT_BYTES:
+            raise _too_large(state.unit.unit_id, size, recorded=True)
     reason = normalize_failure_reason(failure_reason, sensitive) if status == "failed" else None
     u = state.unit
     budget = cur.loaded.plan.budget
@@ -445,8 +456,7 @@ def report(
                           f"{out['claim']['expiresAt'] if out['claim'] else '?'}; report running again to keep it, "
                           "then report its result.")
         return out
-    outcome = _finalize(db, run_id, project_root, registry,
-                        budget_message=write.tokens_crossed)
+    outcome = _finalize_written(db, run_id, project_root, registry, budget_message=write.tokens_crossed)
     fresh = runs_store.require_run(db, run_id)
     out.update(stepOutcome=outcome.get("stepOutcome"), remainingUnits=outcome.get("remainingUnits", 0),
                runStatus=fresh.status, message=outcome.get("message", ""))
@@ -465,7 +475,9 @@ def _report_verdict(db: Database, cur: _Current, unit_id: str, status: str, verd
             verdict = parse_command_json(verdict)
         except AnswerError as exc:
             raise UsageError(f"The verdict is not JSON: {exc}.", code="VERDICT_INVALID") from None
-    parsed = verdict_from_value(verdict)
+    from akm.engine.env_bindings import project_sensitive_values
+
+    parsed = verdict_from_value(redact_value(verdict, project_sensitive_values(project_root)))
     if parsed is None:
         raise UsageError('A verdict is an object {"complete": boolean, "missing": [string], "feedback": string}.',
                          code="VERDICT_INVALID")
@@ -481,7 +493,7 @@ def _report_verdict(db: Database, cur: _Current, unit_id: str, status: str, verd
     with db.tx():
         units_store.guard_session_write(db, cur.run_id)
         journal_verdict(db, cur.run_id, step, d.loop, parsed, runner="session")
-    outcome = _finalize(db, cur.run_id, project_root, registry)
+    outcome = _finalize_written(db, cur.run_id, project_root, registry)
     fresh = runs_store.require_run(db, cur.run_id)
     return {"runId": cur.run_id, "stepId": step.step_id, "unitId": expected, "attemptId": expected,
             "status": "completed", "recorded": "written", "gateLoop": d.loop, "claim": None,
@@ -505,6 +517,23 @@ def _acquire_finalize_lock(db: Database, run_id: str) -> str | None:
             return None  # the engine took over (it finishes the step itself), or a stuck reporter
         time.sleep(delay)
         delay = min(delay * 2, 0.2)
+
+
+def _finalize_written(db: Database, run_id: str, project_root: Path, registry: Any,
+                      budget_message: str | None = None) -> dict[str, Any]:
+    """`_finalize` after the report's write committed. The write stands whatever happens next: a run
+    abandoned (or otherwise stopped) between the write and the step's finish is answered as written —
+    the step is simply not finished — never as a refusal (issue 23 item 1: 8 reports raced an abandon,
+    were answered RUN_ABANDONED and were committed all the same)."""
+    try:
+        return _finalize(db, run_id, project_root, registry, budget_message=budget_message)
+    except AkmError as exc:
+        if exc.code not in ("RUN_ABANDONED", "RUN_NOT_ACTIVE", "RUN_NOT_FOUND"):
+            raise
+        run = runs_store.get_run(db, run_id)
+        now = run.status if run is not None else "gone"
+        return {"message": f"Recorded. The run is {now} now (it stopped after this report was written), so its "
+                           "step was not finished."}
 
 
 def _finalize(db: Database, run_id: str, project_root: Path, registry: Any,

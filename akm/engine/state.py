@@ -23,7 +23,7 @@ from akm.store import runs as runs_store
 from akm.store.db import Database
 from akm.store.runs import Run
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
 
 @dataclass

@@ -137,7 +137,10 @@ def judge_with_engine(db: Database, run_id: str, plan: Plan, step: StepPlan, loo
     judge failed or answered something that is not a verdict (fail-closed; the row is finished `failed`).
     """
     from akm.dispatch.base import UnitRequest
+    from pathlib import Path
+
     from akm.engine import gates
+    from akm.engine.env_bindings import project_sensitive_values
 
     name, snapshot = gates.judge_engine(plan, step)
     kind = (snapshot or {}).get("kind")
@@ -153,7 +156,8 @@ def judge_with_engine(db: Database, run_id: str, plan: Plan, step: StepPlan, loo
                               attempt_id=gate_row_for(step.step_id, loop), kind=kind, cwd=cwd,
                               prompt=gates.judge_prompt(step, summary), system_prompt=gates.JUDGE_SYSTEM_PROMPT,
                               output_schema=gates.VERDICT_SCHEMA, timeout_ms=judge.timeout_ms if judge else None,
-                              engine_name=name, engine=snapshot, model=model)
+                              engine_name=name, engine=snapshot, model=model,
+                              sensitive_values=project_sensitive_values(Path(cwd)))
         verdict, error, tokens = gates.run_engine_judge(dispatcher, request, cancel)
     finish_judging(db, run_id, step, loop, started, verdict, error=error, tokens=tokens)
     return verdict, error

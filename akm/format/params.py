@@ -40,8 +40,8 @@ UNKNOWN_FLAG = "UNKNOWN_FLAG"
 _NEGATIVE_NUMBER = re.compile(r"^-\d")
 _MAX_SAFE_INTEGER = 2**53 - 1
 # What JavaScript's Number() accepts after trimming (besides hex/octal/binary and Infinity).
-_DECIMAL = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?$")
-_RADIX = re.compile(r"^0([xX][0-9a-fA-F]+|[oO][0-7]+|[bB][01]+)$")
+_DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\Z")
+_RADIX = re.compile(r"0([xX][0-9a-fA-F]+|[oO][0-7]+|[bB][01]+)\Z")
 # ECMAScript StrWhiteSpaceChar: what Number() and trim() strip.
 _JS_SPACE = " \t\n\v\f\r\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 

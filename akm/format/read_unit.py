@@ -89,6 +89,8 @@ def _read_env_refs(ctx: FieldReader, value: Any, yp: tuple, what: str) -> list[s
     refs = ctx.string_list(value, yp, what, limit=MAX_ENV_REFS, unique=True)
     if refs is None:
         return None
+    # Upstream's colon spelling `env:<name>` (its own tests freeze and run it) is the same ref as `env/<name>`.
+    refs = list(dict.fromkeys("env/" + r[4:] if r.startswith("env:") else r for r in refs))
     ok = True
     for i, ref in enumerate(refs):
         if not ENV_REF_RE.match(ref):

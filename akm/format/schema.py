@@ -57,7 +57,7 @@ UNSUPPORTED_KEYWORDS: frozenset[str] = frozenset(
 
 _COMBINATORS = ("allOf", "anyOf", "oneOf")
 _COUNT_KEYWORDS = ("minItems", "maxItems", "minLength", "maxLength")
-_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*\Z")
 
 SchemaPath = tuple[str | int, ...]
 

@@ -176,6 +176,11 @@ def _finish_row(conn: sqlite3.Connection, now: str, f: UnitFinish) -> str | None
     """
     if f.status not in ("completed", "failed"):
         raise ValueError(f"finish_unit status must be completed or failed, not {f.status!r}")
+    run = conn.execute("SELECT status FROM runs WHERE id = ?", (f.run_id,)).fetchone()
+    if run is not None and run["status"] == "abandoned":
+        # A driver's in-flight unit finishing after an abandon (it stops them, but they end after the commit):
+        # its result is not journaled; the row ends as abandon ends a dead driver's rows (issue 23 item 1).
+        f = f._replace(status="failed", result_json=None, failure_reason="abandoned", truncated=False)
     cur = conn.execute(
         _FINISH,
         (f.status, f.result_json, f.tokens, f.failure_reason, f.session_id, int(bool(f.truncated)), now, f.run_id,
