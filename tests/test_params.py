@@ -113,7 +113,7 @@ def test_bare_flag_for_a_non_boolean_param_is_an_error_naming_it():
 
 def test_array_items_are_coerced():
     schemas = {"ids": {"type": "array", "items": {"type": "integer"}}, "raw": {"type": "array"}}
-    assert _params(["--ids", "1", "--ids", "0x10", "--ids=-3"], schemas) == {"ids": [1, 16, -3]}
+    assert _params(["--ids", "1", "--ids", "1e1", "--ids=-3"], schemas) == {"ids": [1, 10, -3]}
     assert _params(["--raw", "a", "--raw"], schemas) == {"raw": ["a", True]}
     assert _usage(_params, ["--ids", "x"], schemas).code == "INVALID_FLAG_VALUE"
     # A single value that does not start with '[' is one element, kept as typed text.
@@ -146,7 +146,6 @@ def test_js_number(text, expected):
         ({"type": "integer"}, "1e3", 1000),
         ({"type": "integer"}, "9007199254740991", 9007199254740991),
         ({"type": "number"}, "2.5", 2.5),
-        ({"type": "number"}, "0x10", 16),
         ({"type": "boolean"}, "true", True),
         ({"type": "string"}, "001", "001"),
         ({"type": ["integer", "string"]}, "5", "5"),  # string wins: exact text kept
@@ -212,7 +211,7 @@ def test_controls_anywhere_and_consumed():
 
 def test_reserved_names_are_run_controls_not_params():
     assert set(RUN_CONTROL_VALUE_FLAGS) == {"max-steps", "timeout", "format"}
-    assert set(RUN_CONTROL_BOOL_FLAGS) == {"help", "quiet", "verbose", "new"}
+    assert set(RUN_CONTROL_BOOL_FLAGS) == {"help", "quiet", "verbose", "new", "detach"}
     args = split_run_args(["w", "--timeout", "5m", "--format", "json"])
     assert args.params == [] and args.controls == {"timeout": "5m", "format": "json"}
     # Even when the workflow declares a param called `timeout`, the flag never reaches it.
@@ -254,3 +253,12 @@ def test_params_flag_before_target_even_after_controls():
 
 def test_no_tokens():
     assert split_run_args([]) == RunArgs(target=None, controls={}, params=[])
+
+
+@pytest.mark.parametrize("raw", ["0x10", "0X1f", "0o17", "0b101", " 0x10 "])
+@pytest.mark.parametrize("kind", ["integer", "number"])
+def test_radix_literals_are_not_coerced_to_numbers(raw, kind):
+    """`--count 0x10` is refused with the decimal spelling, not silently read as 16 (issue 23)."""
+    err = _usage(_params, ["--count", raw], {"count": {"type": kind}})
+    assert err.code == "INVALID_FLAG_VALUE" and "decimal" in err.message and "count" in err.message
+    assert _params(["--count", raw], {"count": {"type": ["integer", "string"]}}) == {"count": raw}

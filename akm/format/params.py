@@ -11,7 +11,8 @@ checked against the declared param schema with a message that names it. The rule
 * `--name=value` gives the exact text (may be empty); `--name value` takes the next token unless it
   starts with `-` (a negative number such as `-3` is still a value); otherwise `--name` is a bare flag.
 * Coercion follows the param's declared `type`: arrays by repeating the flag or one JSON `[...]` value,
-  objects as JSON, numbers/integers the way JavaScript's `Number()` reads text (`1e3`, `0x10`, `1.0`),
+  objects as JSON, numbers/integers the way JavaScript's `Number()` reads decimal text (`1e3`, `1.0`;
+  hex, octal and binary literals such as `0x10` are refused),
   booleans `true`/`false`, strings kept byte-exact (`001` stays `"001"`). A bare flag is `true` for a
   boolean (or an untyped param) and an error naming the param for any other type.
 * Omitted params that declare a schema `default:` get it; then the object is validated against the
@@ -220,6 +221,12 @@ def _coerce_one(flag: str, raw: str | bool, schema: Any) -> Any:
     text = str(raw)
     if "string" in types:
         return text
+    if ("number" in types or "integer" in types) and _RADIX.match(text.strip(_JS_SPACE)):
+        # JavaScript's Number() reads 0x10 as 16; a typo'd or pasted hex/octal/binary literal silently
+        # becoming a different count is worse than asking for the decimal spelling.
+        raise UsageError(
+            f"--{flag} {text.strip()!r} is a hexadecimal, octal or binary literal; write the number in decimal "
+            f"({js_number(text)!r})", code=INVALID_FLAG_VALUE)
     for t in types:
         if t == "boolean" and text in ("true", "false"):
             return text == "true"
