@@ -301,3 +301,122 @@ def test_a_driver_in_another_pid_namespace_does_not_take_over_a_live_run(tmp_pat
             first.wait()
     assert [p[0] for p in _lines(log)] == ["start", "end"]
     assert _rows("SELECT status FROM runs") == [("completed",)]
+
+
+# ------------------------------------------------------------------ a report's finalize lock (item 5)
+
+
+ASK = """
+    steps:
+      - id: ask
+        output: { type: string }
+      - id: after
+        unit: { exec: { command: %s } }
+    """ % json.dumps([sys.executable, "-c", "print(2)"])
+ASK_BODY = "## ask\n\nSay ok.\n\n### gate\n\nThe answer says ok.\n\n## after\n\nx"
+
+
+def _in_frame(thread: threading.Thread, name: str) -> bool:
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == name:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _set_judge(capsys, fake_openai, model: str) -> None:
+    from akm import cli
+
+    for args in (["config", "set", "engines.judge", json.dumps({"kind": "llm", "endpoint": fake_openai.url,
+                                                                 "model": model})],
+                 ["config", "set", "workflow.judgeEngine", "judge"]):
+        assert cli.main(args) == 0, capsys.readouterr().err
+    capsys.readouterr()
+
+
+def test_workflow_run_waits_for_the_report_that_is_finishing_the_step(project, fake_openai, capsys):
+    """issue 15 item 5: a report finishing a step holds the run lease while its engine judge answers;
+    `workflow run` started meanwhile waits for that hold (on the journal's lease row) instead of
+    answering LEASE_HELD "another invocation is driving", then drives the rest of the run."""
+    _set_judge(capsys, fake_openai, "verdict-held")
+    wf = write_wf(project, "ask.md", ASK, ASK_BODY)
+    rid = api.run_workflow(str(wf), cwd=str(project)).run.run_id
+    unit = api.next_brief(rid).to_json()["units"][0]["unitId"]
+    outcome: dict[str, object] = {}
+
+    def call(key: str, fn) -> None:
+        try:
+            outcome[key] = fn()
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            outcome[key] = exc
+
+    reporter = threading.Thread(target=call, args=("report", lambda: api.report_unit(
+        rid, unit, cwd=str(project), status="completed", result="ok", has_result=True).to_json()))
+    reporter.start()
+    try:
+        assert fake_openai.held.acquire(timeout=DEADLINE_S), "the report's judge was never asked"
+        assert _rows("SELECT lease_holder LIKE 'report:%' FROM runs WHERE id = ?", (rid,)) == [(1,)]
+        driver = threading.Thread(target=call, args=("run", lambda: api.run_workflow(rid, cwd=str(project))))
+        driver.start()
+        _wait("the driver to wait for the report's lock (or to give up)",
+              lambda: not driver.is_alive() or _in_frame(driver, "wait_lease_change"))
+    finally:
+        fake_openai.release.set()
+        reporter.join(DEADLINE_S)
+    driver.join(DEADLINE_S)
+    assert not isinstance(outcome.get("run"), BaseException), outcome.get("run")
+    assert not isinstance(outcome.get("report"), BaseException), outcome.get("report")
+    assert outcome["report"]["stepOutcome"]["kind"] == "completed"
+    assert outcome["run"].run.status == "completed"
+    assert _rows("SELECT step_id, status FROM steps WHERE run_id = ? ORDER BY sequence_index", (rid,)) == [
+        ("ask", "completed"), ("after", "completed")]
+
+
+def test_workflow_run_racing_the_finishing_report_never_answers_lease_held(project, fake_openai, capsys):
+    """Many races of `workflow run` against the report that finishes a step: the driver never answers
+    LEASE_HELD (a report refused because the driver got there first is retried, as an agent would)."""
+    _set_judge(capsys, fake_openai, "verdict-pass")
+    wf = write_wf(project, "ask.md", ASK, ASK_BODY)
+    held: list[str] = []
+    for i in range(20):
+        rid = api.run_workflow(str(wf), cwd=str(project), new=True).run.run_id
+        unit = api.next_brief(rid).to_json()["units"][0]["unitId"]
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def report() -> None:
+            barrier.wait()
+            db = open_db(paths.journal_path())
+            try:
+                while True:
+                    try:
+                        api.report_unit(rid, unit, cwd=str(project), status="completed", result="ok",
+                                        has_result=True)
+                        return
+                    except AkmError as exc:
+                        if exc.code != "LEASE_HELD":
+                            errors.append(exc)
+                            return
+                    lease = runs.read_lease(db, rid)  # the driver got there first: report once it is done
+                    if lease is not None:
+                        runs.wait_lease_change(db, rid, lease, time.monotonic() + DEADLINE_S)
+            finally:
+                db.close()
+
+        def drive() -> None:
+            barrier.wait()
+            try:
+                api.run_workflow(rid, cwd=str(project))
+            except AkmError as exc:
+                (held if exc.code == "LEASE_HELD" else errors).append(exc)
+
+        threads = [threading.Thread(target=report), threading.Thread(target=drive)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(DEADLINE_S)
+        assert not errors, errors
+        final = api.run_workflow(rid, cwd=str(project))  # drives what the race left (if anything)
+        assert final.run.status == "completed", (i, final.run)
+    assert held == [], [e.message for e in held]
