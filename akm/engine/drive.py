@@ -520,8 +520,11 @@ class _Driver:
         lease = runs_store.read_lease(self.db, self.run_id)
         who = f"{lease.holder} (host {lease.host}, pid {lease.pid})" if lease else "(nobody)"
         return UsageError(
-            f"This invocation lost its lease on run {self.run_id} (now held by {who}); stopping to avoid racing it.",
-            code="LEASE_LOST",
+            f"This invocation lost its lease on run {self.run_id} (now held by {who}); stopping to avoid racing it. "
+            "Units it had in flight were stopped; their results are not journaled over the new holder's.",
+            code="LEASE_LOST", details={"runId": self.run_id},
+            hint="Another invocation drives the run now (it redoes what this one left unfinished); "
+                 "`workflow status` shows it.",
         )
 
     def fenced_out(self, exc: BaseException) -> bool:

@@ -421,6 +421,8 @@ def lease_lost_error(run_id: str, fence: Fence, holder: str | None, epoch: int |
         f"This invocation lost its lease on run {run_id} (it held epoch {fence.epoch}; the lease is now {who}); "
         "nothing was written.", code="LEASE_LOST",
         details={"runId": run_id, "epoch": fence.epoch, "currentEpoch": epoch, "holder": holder},
+        hint="Another invocation drives the run now (it redoes what this one left unfinished); "
+             "`workflow status` shows it.",
     )
 
 
