@@ -486,6 +486,7 @@ def run_workflow(
         "new": _of(bool, "new"), "cwd": _of(str, "cwd", True)})
     target, params, param_pairs, max_steps, new = req.target, req.params, req.param_flags, req.max_steps, req.new
     timeout_ms = req.timeout
+    runs_store.lease_ttl_s()  # a bad AKM_LEASE_TTL_S is refused before anything is written (INVALID_ENV)
     work_dir = Path(req.cwd or os.getcwd()).resolve()
     cancel = cancel or Cancellation()
     started_wall = time.monotonic()

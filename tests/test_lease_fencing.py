@@ -420,3 +420,12 @@ def test_workflow_run_racing_the_finishing_report_never_answers_lease_held(proje
         final = api.run_workflow(rid, cwd=str(project))  # drives what the race left (if anything)
         assert final.run.status == "completed", (i, final.run)
     assert held == [], [e.message for e in held]
+
+
+def test_a_bad_lease_ttl_is_refused_before_a_run_is_created(akm, project):
+    (project / "one.md").write_text("---\nsteps:\n  - id: a\n    unit: { exec: { command: [python3, -c, 'print(1)'] } }\n"
+                                    "---\n## a\nx\n")
+    akm.env["AKM_LEASE_TTL_S"] = "soon"
+    res = akm("workflow", "run", "one.md", check=2)
+    assert "error[INVALID_ENV]" in res.stderr and "AKM_LEASE_TTL_S" in res.stderr and "Traceback" not in res.stderr
+    assert not paths.journal_path().exists() or _rows("SELECT count(*) FROM runs") == [(0,)]
