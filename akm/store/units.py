@@ -322,7 +322,7 @@ def finish_and_insert(
     """
     with db.tx() as conn:
         now = now_iso()
-        finished = _finish_row(conn, now, finish, fence)
+        finished = _finish_row(conn, now, finish)  # fenced by the insert below: a refusal rolls back both
         started_at = _insert_row(conn, now, [run_id, unit_id, step_id, node_id, parent_unit_id, None, runner,
                                              engine, model, input_hash, worktree_path, now], fence)
         started = ("workflow_unit_started", now, run_id, _started_meta(run_id, step_id, unit_id))
