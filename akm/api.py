@@ -560,6 +560,7 @@ def run_workflow(
         "new": _of(bool, "new"), "cwd": _of(str, "cwd", True)})
     target, params, param_pairs, max_steps, new = req.target, req.params, req.param_flags, req.max_steps, req.new
     timeout_ms = req.timeout
+    runs_store.lease_ttl_s()  # a bad AKM_LEASE_TTL_S is refused before anything is written (INVALID_ENV)
     work_dir = _work_dir(req.cwd).resolve()
     cancel = cancel or Cancellation()
     started_wall = time.monotonic()
@@ -647,7 +648,7 @@ def open_run(
     req = _args("RunRequest", target, dict(target=target, params=params, param_flags=param_pairs, new=new, cwd=cwd), {
         "target": _of(str, "target"), "params": _of(dict, "params", True), "param_flags": _of(list, "param_flags", True),
         "new": _of(bool, "new"), "cwd": _of(str, "cwd", True)})
-    work_dir = Path(req.cwd or os.getcwd()).resolve()
+    work_dir = _work_dir(req.cwd).resolve()
     warnings: list[RunWarning] = []
     db = _open_db()
     try:
@@ -684,7 +685,7 @@ def detach_run(
                            warnings=opened.warnings)
     extra = ([f"--max-steps={steps}"] if steps is not None else []) + \
         ([f"--timeout={timeout_ms}ms"] if timeout_ms is not None else [])
-    pid, log = detach.spawn_driver(opened.run_id, cwd=Path(cwd or os.getcwd()).resolve(), extra=extra)
+    pid, log = detach.spawn_driver(opened.run_id, cwd=_work_dir(cwd).resolve(), extra=extra)
     return DetachedRun(run_id=opened.run_id, status=opened.status, started=opened.started, pid=pid, log=str(log),
                        warnings=opened.warnings)
 

@@ -62,6 +62,8 @@ _HINTS = {
     "RUN_NOT_FOUND": "List runs with workflow_list.",
     "RUN_NOT_ACTIVE": "Reopen a failed or blocked run with workflow_resume, then workflow_run.",
     "LEASE_HELD": "Another invocation is driving this run; wait for it, then call workflow_next again.",
+    "LEASE_LOST": "Another driver took this run over (this one was too slow to renew its lease); call "
+                  "workflow_status to see who drives it now.",
     "WORKFLOW_INVALID": "Call workflow_lint on the file for every problem and its fix.",
     "UNKNOWN_UNIT": "Call workflow_next for the units of the current step.",
     "STEP_MISMATCH": "The run moved on: call workflow_next and report against the new step.",

@@ -8,6 +8,7 @@ behaviours at once (and parallel requests never share a script):
   probe-ok         content '{"ok": true, "ingest": true, "lint": true}' (the capability probe's answer)
   probe-fenced     the same object after a <think> block, in a ```json fence (a thinking model's answer)
   verdict-pass     a judge's passing verdict
+  verdict-held     a passing verdict, sent once the test sets `release` (counted in `held`)
   verdict-reject   a judge's rejecting verdict (missing ["more detail"], feedback "add more detail")
   echo             content = the last message's content
   transcript       content = JSON of the whole `messages` array
@@ -77,6 +78,8 @@ class FakeOpenAI:
         self.counts: dict[str, int] = {}
         self.inflight = 0
         self.max_inflight = 0
+        self.held = threading.Semaphore(0)  # one release per `verdict-held` request received
+        self.release = threading.Event()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -195,6 +198,10 @@ class FakeOpenAI:
         elif model == "verdict-pass":
             h.send_json(200, self.completion('{"complete": true, "missing": [], "feedback": ""}',
                                              usage={"prompt_tokens": 50, "completion_tokens": 10}))
+        elif model == "verdict-held":
+            self.held.release()
+            self.release.wait(120)
+            h.send_json(200, self.completion('{"complete": true, "missing": [], "feedback": ""}'))
         elif model == "verdict-reject":
             h.send_json(200, self.completion('{"complete": false, "missing": ["more detail"], '
                                              '"feedback": "add more detail"}'))

@@ -548,5 +548,6 @@ def test_lost_lease_stops_the_driver(project):
     assert not t.is_alive()
     assert errors and isinstance(errors[0], UsageError) and errors[0].code == "LEASE_LOST"
     assert "thief" in errors[0].message
-    assert db_rows("SELECT status, failure_reason FROM units") == [("failed", "aborted")]
+    # fenced: the stopped unit's row is the new holder's now (it dispatches it again); nothing is written over it
+    assert db_rows("SELECT status, failure_reason, attempts FROM units") == [("running", None, 2)]
     assert db_rows("SELECT status, lease_holder FROM runs") == [("active", "thief")]

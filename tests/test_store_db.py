@@ -17,7 +17,7 @@ EXPECTED_COLUMNS = {
     "runs": [
         "id", "workflow_ref", "workflow_path", "title", "status", "params_json", "current_step_id", "created_at",
         "updated_at", "completed_at", "scope_key", "plan_json", "plan_hash", "hash_version", "lease_holder",
-        "lease_host", "lease_pid", "lease_until", "status_detail_json",
+        "lease_host", "lease_pid", "lease_until", "status_detail_json", "lease_epoch",
     ],
     "steps": [
         "run_id", "step_id", "sequence_index", "status", "notes", "evidence_json", "summary", "completed_at",

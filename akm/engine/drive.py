@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -169,25 +170,38 @@ class _Pass:
         pending, self._local.pending = getattr(self._local, "pending", None), None
         insert = dict(run_id=d.run_id, unit_id=attempt, step_id=self.step.step_id, node_id=unit.node_id,
                       parent_unit_id=unit.parent_unit_id, runner=unit.runner, engine=unit.engine,
-                      model=unit.model, input_hash=unit.input_hash, worktree_path=tree.path if tree else None)
+                      model=unit.model, input_hash=unit.input_hash, worktree_path=tree.path if tree else None,
+                      fence=d.fence)
+        inserting = time.monotonic()
         try:
             if pending is None:
                 started_at = units_store.insert_unit(d.db, **insert)
             else:
                 finished, started_at = units_store.finish_and_insert(d.db, self._finish_of(pending), **insert)
                 self._finished(pending, finished)
-        except Exception:
+        except Exception as exc:
             started_at = None
+            if d.fenced_out(exc):  # another driver owns the run: nothing more is written or started
+                if pending is not None:
+                    self._not_journaled(pending)
+                return self._not_started(unit, attempt, tree)
             if pending is not None:  # find out which write failed: each alone
                 self._flush(pending)
         try:
             if started_at is None:
                 started_at = units_store.insert_unit(d.db, **insert)
         except Exception as exc:  # nothing was dispatched; the step decides what to do
+            if d.fenced_out(exc):
+                return self._not_started(unit, attempt, tree)
             if tree is not None:
                 worktrees.cleanup(tree)
             return UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="dispatch_error",
                                error=f"unit {attempt} could not journal its dispatch row (nothing was dispatched): {exc}")
+        # The insert proved the lease ours and good for half a TTL more. Past a quarter TTL since
+        # (this process was stopped, or starved), prove it again before starting the unit: a
+        # driver that lost the lease in between must not start what the new holder now owns.
+        if time.monotonic() - inserting > d.recheck_after_s and not d.reconfirm_lease():
+            return self._not_started(unit, attempt, tree)
         d.heartbeat.track(attempt)
         try:
             outcome = self._run(unit, attempt, base_dir)
@@ -210,6 +224,19 @@ class _Pass:
                 d.warn(warning)
         return outcome
 
+    def _not_started(self, unit: WorkUnit, attempt: str, tree: Any) -> UnitOutcome:
+        """The outcome of a unit this driver did not start because it lost the lease (nothing journaled)."""
+        if tree is not None:
+            worktrees.cleanup(tree)
+        return UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="aborted",
+                           error=f"unit {attempt} was not started: this invocation lost the run lease")
+
+    def _not_journaled(self, p: _PendingFinish) -> None:
+        """Drop a finished attempt whose driver lost the lease: the new holder owns (and redoes) its row."""
+        o = p.outcome
+        o.ok, o.failure_reason, o.result, o.has_result, o.text = False, "aborted", None, False, None
+        o.error = f"unit {p.attempt} finished after this invocation lost the run lease; its result was not journaled"
+
     def _finish_of(self, p: _PendingFinish) -> units_store.UnitFinish:
         o = p.outcome
         return units_store.UnitFinish(
@@ -221,7 +248,7 @@ class _Pass:
 
     def _write_finish(self, p: _PendingFinish) -> None:
         f = self._finish_of(p)
-        self._finished(p, units_store.finish_unit(self.d.db, **f._asdict()))
+        self._finished(p, units_store.finish_unit(self.d.db, **f._asdict(), fence=self.d.fence))
 
     def _finished(self, p: _PendingFinish, finished: str) -> None:
         # The journal holds the artifact now and the step is decided from the journal: do not keep
@@ -240,6 +267,9 @@ class _Pass:
         try:
             self._write_finish(p)
         except Exception as exc:
+            if self.d.fenced_out(exc):
+                self._not_journaled(p)
+                return
             o = p.outcome
             state = "completed" if o.ok else f"failed ({o.failure_reason})"
             o.ok, o.failure_reason, o.result, o.has_result, o.text = False, "journal_write_failed", None, False, None
@@ -460,19 +490,22 @@ def _claimed_by_other(state: UnitState, now: str) -> bool:
 
 
 class _Driver:
-    def __init__(self, db: Database, loaded: LoadedRun, holder: str, opts: DriveOptions, result: DriveResult) -> None:
+    def __init__(self, db: Database, loaded: LoadedRun, fence: runs_store.Fence, opts: DriveOptions,
+                 result: DriveResult) -> None:
         self.db = db
         self.loaded = loaded
         self.plan: Plan = loaded.plan
         self.run_id = loaded.run_id
-        self.holder = holder
+        self.holder = fence.holder
+        self.fence = fence
+        self.recheck_after_s = runs_store.lease_ttl_s() / 4
         self.opts = opts
         self.result = result
         self.registry = opts.registry or _default_registry()
         self.native_kinds = frozenset(self.registry.kinds())
         self.lease_lost = Cancellation()
-        self.heartbeat = Heartbeat(db, self.run_id, holder, self.lease_lost,
-                                   **({"interval": opts.heartbeat_interval} if opts.heartbeat_interval else {}))
+        self.heartbeat = Heartbeat(db, self.run_id, fence.holder, self.lease_lost,
+                                   interval=opts.heartbeat_interval or None, epoch=fence.epoch)
         used, tokens = units_store.journal_totals(db, self.run_id)
         budget = self.plan.budget
         self.budget = DispatchBudget(used=used, tokens=tokens, max_units=budget.max_units if budget else None,
@@ -498,9 +531,29 @@ class _Driver:
         lease = runs_store.read_lease(self.db, self.run_id)
         who = f"{lease.holder} (host {lease.host}, pid {lease.pid})" if lease else "(nobody)"
         return UsageError(
-            f"This invocation lost its lease on run {self.run_id} (now held by {who}); stopping to avoid racing it.",
-            code="LEASE_LOST",
+            f"This invocation lost its lease on run {self.run_id} (now held by {who}); stopping to avoid racing it. "
+            "Units it had in flight were stopped; their results are not journaled over the new holder's.",
+            code="LEASE_LOST", details={"runId": self.run_id},
+            hint="Another invocation drives the run now (it redoes what this one left unfinished); "
+                 "`workflow status` shows it.",
         )
+
+    def fenced_out(self, exc: BaseException) -> bool:
+        """Is `exc` a write refused because another driver took the lease? Then stop everything."""
+        if isinstance(exc, UsageError) and exc.code == "LEASE_LOST":
+            self.lease_lost.trip("lease_lost")
+            return True
+        return False
+
+    def reconfirm_lease(self) -> bool:
+        """Renew the lease under this driver's fence now; False (lease cancellation tripped) when lost."""
+        try:
+            ok = runs_store.renew_lease(self.db, self.run_id, self.holder, epoch=self.fence.epoch)
+        except Exception:
+            ok = False
+        if not ok:
+            self.lease_lost.trip("lease_lost")
+        return ok
 
     def _check_alive(self) -> None:
         if self.lease_lost.tripped:
@@ -520,9 +573,10 @@ class _Driver:
                evidence: dict[str, Any] | None, detail: dict[str, Any] | None = None) -> str:
         try:
             status, notes, warnings = finish_step(self.db, self.run_id, step_id, status, summary=summary, notes=notes,
-                                                  evidence=evidence, lease_holder=self.holder, status_detail=detail)
+                                                  evidence=evidence, lease_holder=self.holder, status_detail=detail,
+                                                  fence=self.fence)
         except UsageError as exc:
-            if exc.code in ("RUN_NOT_ACTIVE", "RUN_ABANDONED", "LEASE_HELD"):
+            if exc.code in ("RUN_NOT_ACTIVE", "RUN_ABANDONED", "LEASE_HELD", "LEASE_LOST"):
                 raise self.lost_lease_error() from None  # abandoned or taken over meanwhile: say so
             raise
         for w in warnings:
@@ -559,7 +613,7 @@ class _Driver:
                 return
             if self.opts.max_steps is not None and res.steps_processed >= self.opts.max_steps:
                 return
-            if not runs_store.renew_lease(self.db, self.run_id, self.holder):
+            if not runs_store.renew_lease(self.db, self.run_id, self.holder, epoch=self.fence.epoch):
                 raise self.lost_lease_error()
             step = self.plan.step(run.current_step_id)
             if step is None:
@@ -607,7 +661,8 @@ class _Driver:
             if decision.kind == "retry":
                 assert decision.verdict is not None
                 self.record(step.step_id, decision, ok=False)
-                journal_verdict(self.db, self.run_id, step, decision.loop, decision.verdict, runner="schema")
+                self._fenced_write(journal_verdict, self.db, self.run_id, step, decision.loop, decision.verdict,
+                                   runner="schema", fence=self.fence)
                 continue
             if decision.kind == "judge":
                 if not self.judge(step, decision, gate):
@@ -654,9 +709,10 @@ class _Driver:
         self.opts.cancel.link(event)
         self.lease_lost.link(event)
         try:
-            verdict, error = judge_with_engine(self.db, self.run_id, self.plan, step, decision.loop,
-                                               result=decision.result, artifact=decision.artifact,
-                                               dispatcher=dispatcher, cwd=str(self.opts.project_root), cancel=event)
+            verdict, error = self._fenced_write(
+                judge_with_engine, self.db, self.run_id, self.plan, step, decision.loop, result=decision.result,
+                artifact=decision.artifact, dispatcher=dispatcher, cwd=str(self.opts.project_root), cancel=event,
+                fence=self.fence)
         finally:
             self.opts.cancel.unlink(event)
             self.lease_lost.unlink(event)
@@ -696,8 +752,18 @@ class _Driver:
 
     def park(self, brief: dict[str, Any]) -> None:
         """Stop with `awaiting_session`: the remaining work needs a model, an agent or a judge."""
-        runs_store.set_run_status(self.db, self.run_id, "awaiting_session", brief)
+        self._fenced_write(runs_store.set_run_status, self.db, self.run_id, "awaiting_session", brief,
+                           fence=self.fence)
         self.result.awaiting = brief
+
+    def _fenced_write(self, write: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A journal write under this driver's fence; a refusal because the lease was lost says so."""
+        try:
+            return write(*args, **kwargs)
+        except UsageError as exc:
+            if self.fenced_out(exc):
+                raise self.lost_lease_error() from None
+            raise
 
 
 def judge_brief_stub(step: StepPlan, decision: StepDecision) -> dict[str, Any]:
@@ -710,6 +776,27 @@ def _default_registry() -> DispatcherRegistry:
     return default_registry()
 
 
+# How long a driver waits for a report that holds the lease while it finishes a step (a short hold:
+# journal reads and writes, or an engine judge) before it answers LEASE_HELD.
+REPORT_LOCK_WAIT_S = 10.0
+
+
+def _acquire(db: Database, run_id: str, holder: str) -> runs_store.LeaseInfo | None:
+    """`acquire_lease`, waiting (up to REPORT_LOCK_WAIT_S) while a report's finalize lock holds the run.
+
+    A report finishing a step takes the run lease for a moment; a driver started at that moment
+    is not racing another driver and must not be told so. It watches the journal's lease row and
+    retries as soon as that holder lets go (or its lease lapses); any other holder is answered at once.
+    """
+    deadline = time.monotonic() + REPORT_LOCK_WAIT_S
+    while True:
+        live = runs_store.acquire_lease(db, run_id, holder)
+        if live is None or not live.holder.startswith(units_store.REPORT_LOCK_PREFIX):
+            return live
+        if not runs_store.wait_lease_change(db, run_id, live, deadline):
+            return live
+
+
 def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
     """Drive `run_id` as far as it can go in this invocation."""
     loaded = load_run(db, run_id)
@@ -720,20 +807,33 @@ def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
     if loaded.status not in ("active", "awaiting_session"):
         raise runs_store.not_drivable_error(run_id, loaded.status, "executed")
     holder = str(uuid.uuid4())
-    live = runs_store.acquire_lease(db, run_id, holder)
+    try:
+        live = _acquire(db, run_id, holder)
+    except UsageError as exc:  # a report we waited for finished the run meanwhile
+        if exc.code == "RUN_NOT_ACTIVE" and (exc.details or {}).get("status") == "completed":
+            result.done = True
+            return result
+        raise
     if live is not None:
+        reporting = live.holder.startswith(units_store.REPORT_LOCK_PREFIX)
         raise UsageError(
-            f"Workflow run {run_id} is being driven by another invocation: lease holder {live.holder} "
-            f"(host {live.host}, pid {live.pid}) until {live.until}. A second driver would race it.",
+            (f"Workflow run {run_id} is held by a report that has been finishing its step for over "
+             f"{REPORT_LOCK_WAIT_S:g} s (lease holder {live.holder} until {live.until})." if reporting else
+             f"Workflow run {run_id} is being driven by another invocation: lease holder {live.holder} "
+             f"(host {live.host}, pid {live.pid}) until {live.until}.") + " A second driver would race it.",
             code="LEASE_HELD", details={"runId": run_id, "holder": live.holder, "until": live.until},
             hint="Wait for that invocation to finish, or for its lease to expire.",
         )
     driver: _Driver | None = None
     try:
-        driver = _Driver(db, loaded, holder, opts, result)
+        fence = runs_store.lease_fence(db, run_id, holder)
+        if fence is None:  # taken from us between the acquisition and this read: a takeover
+            raise UsageError(f"This invocation lost its lease on run {run_id} as soon as it took it; "
+                             "stopping to avoid racing the new holder.", code="LEASE_LOST")
+        driver = _Driver(db, loaded, fence, opts, result)
         driver.heartbeat.start()
-        if loaded.status == "awaiting_session":
-            runs_store.set_run_status(db, run_id, "active", None)
+        if runs_store.run_status(db, run_id) == "awaiting_session":
+            runs_store.set_run_status(db, run_id, "active", None, fence=fence)
         driver.run()
         final = runs_store.get_run(db, run_id)
         result.done = final is not None and final.status == "completed"

@@ -1,18 +1,23 @@
 """Keeps the run lease alive, marks running units as alive (D8), and notices an abandon.
 
-Runs on its own thread. Every `interval` seconds it renews the lease; a
-renewal that fails means another driver took the run over (or it was
-abandoned): the heartbeat trips the lease cancellation so in-flight units
-stop, and the drive loop raises instead of double-driving the run. Between
-renewals it polls the run's status every `STATUS_POLL_S` (one indexed read),
-so `workflow abandon` stops in-flight units within about a second rather
-than a whole heartbeat; no new unit can start meanwhile anyway, because the
-unit insert itself refuses a run that is no longer drivable.
+Runs on its own thread. Every `interval` seconds (a quarter of the lease TTL
+at most) it renews the lease; a renewal that fails means another driver took
+the run over (or it was abandoned): the heartbeat trips the lease
+cancellation so in-flight units stop, and the drive loop raises instead of
+double-driving the run. Between renewals it polls the run's status and lease
+(holder, epoch) every `STATUS_POLL_S` (one primary-key read), so an abandon or
+a takeover stops in-flight units within about a second rather than a whole
+heartbeat — e.g. a driver that was SIGSTOPped past its TTL and continued. No
+new unit can start meanwhile anyway: the unit insert itself refuses a run
+that is no longer drivable or no longer carries this driver's fence.
+Intervals are measured on the monotonic clock, so after a stop the first poll
+renews (or finds the lease lost) at once.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 from akm.engine.cancel import Cancellation
 from akm.store import runs as runs_store
@@ -20,14 +25,20 @@ from akm.store import units as units_store
 from akm.store.db import Database
 
 HEARTBEAT_S = 10.0  # well inside the lease TTL (runs_store.LEASE_TTL_S)
-STATUS_POLL_S = 1.0  # how soon an abandon stops the units a driver has in flight
+STATUS_POLL_S = 1.0  # how soon an abandon or a takeover stops the units a driver has in flight
+
+
+def default_interval() -> float:
+    """Renew every 10 s, or every quarter of a shorter lease TTL (AKM_LEASE_TTL_S)."""
+    return min(HEARTBEAT_S, runs_store.lease_ttl_s() / 4)
 
 
 class Heartbeat:
     def __init__(self, db: Database, run_id: str, holder: str, lost: Cancellation,
-                 interval: float = HEARTBEAT_S) -> None:
+                 interval: float | None = None, epoch: int | None = None) -> None:
         self.db, self.run_id, self.holder, self.lost = db, run_id, holder, lost
-        self.interval = interval
+        self.epoch = epoch
+        self.interval = default_interval() if interval is None else interval
         self._stop = threading.Event()
         self._running: set[str] = set()
         self._lock = threading.Lock()
@@ -52,7 +63,7 @@ class Heartbeat:
     def beat(self) -> bool:
         """One renewal; False (and the lease cancellation tripped) when the lease is gone."""
         try:
-            ok = runs_store.renew_lease(self.db, self.run_id, self.holder)
+            ok = runs_store.renew_lease(self.db, self.run_id, self.holder, epoch=self.epoch)
         except Exception:  # a failing renewal is treated as a lost lease
             ok = False
         if not ok:
@@ -68,28 +79,35 @@ class Heartbeat:
         return True
 
     def still_drivable(self) -> bool:
-        """False (and the lease cancellation tripped) once another command abandoned the run.
+        """False (and the lease cancellation tripped) once another command abandoned the run or
+        another driver took its lease (a new holder or epoch).
 
-        Only `abandoned` counts: completed/failed/blocked are written by this
-        driver itself, which must not be stopped by its own last step.
+        Only `abandoned` counts among statuses: completed/failed/blocked are written by this
+        driver itself, which must not be stopped by its own last step (a finished run keeps
+        this driver's lease until it releases it, so the lease check agrees).
         """
         try:
-            status = runs_store.run_status(self.db, self.run_id)
+            row = self.db.query_one("SELECT status, lease_holder, lease_epoch FROM runs WHERE id = ?",
+                                    (self.run_id,))
         except Exception:
             return True  # a failed read proves nothing; the next renewal decides
-        if status != "abandoned":
+        if row is None:
             return True
-        self.lost.trip("abandoned")
-        return False
+        if row["status"] == "abandoned":
+            self.lost.trip("abandoned")
+            return False
+        if row["lease_holder"] != self.holder or (self.epoch is not None and row["lease_epoch"] != self.epoch):
+            self.lost.trip("lease_lost")
+            return False
+        return True
 
     def _loop(self) -> None:
         poll = min(self.interval, STATUS_POLL_S)
-        since_beat = 0.0
+        last_beat = time.monotonic()
         while not self._stop.wait(poll):
-            since_beat += poll
-            if since_beat >= self.interval:
-                since_beat = 0.0
+            if not self.still_drivable():
+                return
+            if time.monotonic() - last_beat >= self.interval:
+                last_beat = time.monotonic()
                 if not self.beat():
                     return
-            elif not self.still_drivable():
-                return

@@ -22,7 +22,7 @@ from akm.plan.model import Plan, StepPlan
 from akm.store import runs as runs_store
 from akm.store import units as units_store
 from akm.store.db import Database
-from akm.store.runs import Step
+from akm.store.runs import Fence, Step
 
 
 @dataclass
@@ -75,40 +75,45 @@ def load_gate(db: Database, run_id: str, step: StepPlan, spine: Spine,
 
 
 def journal_verdict(db: Database, run_id: str, step: StepPlan, loop: int, verdict: Verdict, *,
-                    runner: str, engine: str | None = None, model: str | None = None) -> None:
+                    runner: str, engine: str | None = None, model: str | None = None,
+                    fence: Fence | None = None) -> None:
     """A gate row `<step>.gate:l<loop>` carrying the verdict (a rejection advances the loop)."""
     row_id = gate_row_for(step.step_id, loop)
     started = units_store.insert_unit(db, run_id=run_id, unit_id=row_id, step_id=step.step_id,
-                                      node_id=step.gate.id, phase="gate", runner=runner, engine=engine, model=model)
+                                      node_id=step.gate.id, phase="gate", runner=runner, engine=engine, model=model,
+                                      fence=fence)
     units_store.finish_unit(db, run_id=run_id, unit_id=row_id, started_at=started, status="completed",
-                            result_json=json.dumps(verdict.to_json(), ensure_ascii=False, separators=(",", ":")))
+                            result_json=json.dumps(verdict.to_json(), ensure_ascii=False, separators=(",", ":")),
+                            fence=fence)
 
 
 def begin_judging(db: Database, run_id: str, step: StepPlan, loop: int, *, runner: str, engine: str | None,
-                  model: str | None) -> str:
+                  model: str | None, fence: Fence | None = None) -> str:
     """Insert the gate row before a judge runs (so a crash mid-judgement is visible); returns its stamp."""
     return units_store.insert_unit(db, run_id=run_id, unit_id=gate_row_for(step.step_id, loop),
                                    step_id=step.step_id, node_id=step.gate.id, phase="gate", runner=runner,
-                                   engine=engine, model=model)
+                                   engine=engine, model=model, fence=fence)
 
 
 def finish_judging(db: Database, run_id: str, step: StepPlan, loop: int, started_at: str,
-                   verdict: Verdict | None, *, error: str | None = None, tokens: int | None = None) -> None:
+                   verdict: Verdict | None, *, error: str | None = None, tokens: int | None = None,
+                   fence: Fence | None = None) -> None:
     """Finish the gate row: a verdict, or (fail-closed) a failed judge with no verdict."""
     row_id = gate_row_for(step.step_id, loop)
     if verdict is not None:
         units_store.finish_unit(db, run_id=run_id, unit_id=row_id, started_at=started_at, status="completed",
                                 result_json=json.dumps(verdict.to_json(), ensure_ascii=False, separators=(",", ":")),
-                                tokens=tokens)
+                                tokens=tokens, fence=fence)
     else:
         units_store.finish_unit(db, run_id=run_id, unit_id=row_id, started_at=started_at, status="failed",
                                 result_json=json.dumps(error, ensure_ascii=False) if error else None,
-                                failure_reason="dispatch_error", tokens=tokens)
+                                failure_reason="dispatch_error", tokens=tokens, fence=fence)
 
 
 def finish_step(db: Database, run_id: str, step_id: str, status: str, *, summary: str | None, notes: str | None,
                 evidence: dict[str, Any] | None, lease_holder: str | None,
-                status_detail: dict[str, Any] | None = None) -> tuple[str, str | None, list[str]]:
+                status_detail: dict[str, Any] | None = None,
+                fence: Fence | None = None) -> tuple[str, str | None, list[str]]:
     """Complete the step through the store's one spine advance. Returns (status, notes, warnings).
 
     An artifact too large to journal fails the step instead of storing it truncated.
@@ -125,12 +130,13 @@ def finish_step(db: Database, run_id: str, step_id: str, status: str, *, summary
             warnings.append(f"step {step_id}: per-unit evidence exceeded 1 MiB and was stored abridged "
                             "(the step output is kept whole)")
     runs_store.complete_step(db, run_id, step_id, status, notes=notes, evidence_json=evidence_text,
-                             summary=summary, lease_holder=lease_holder, status_detail=status_detail)
+                             summary=summary, lease_holder=lease_holder, status_detail=status_detail, fence=fence)
     return status, notes, warnings
 
 
 def judge_with_engine(db: Database, run_id: str, plan: Plan, step: StepPlan, loop: int, *, result: Any,
-                      artifact: Any, dispatcher: Any, cwd: str, cancel: Any) -> tuple[Verdict | None, str | None]:
+                      artifact: Any, dispatcher: Any, cwd: str, cancel: Any,
+                      fence: Fence | None = None) -> tuple[Verdict | None, str | None]:
     """Ask the step's frozen judge engine for this loop's verdict and journal it as the gate row.
 
     The one judge call of the drive loop and of a report. Returns (verdict, None), or (None, why) when the
@@ -146,7 +152,7 @@ def judge_with_engine(db: Database, run_id: str, plan: Plan, step: StepPlan, loo
     kind = (snapshot or {}).get("kind")
     judge = step.gate.judge
     model = (judge.model if judge else None) or (snapshot or {}).get("model")
-    started = begin_judging(db, run_id, step, loop, runner=kind or "judge", engine=name, model=model)
+    started = begin_judging(db, run_id, step, loop, runner=kind or "judge", engine=name, model=model, fence=fence)
     if dispatcher is None:
         verdict, error, tokens = None, f"no dispatcher for the judge engine {name!r} ({kind})", None
     else:
@@ -159,7 +165,7 @@ def judge_with_engine(db: Database, run_id: str, plan: Plan, step: StepPlan, loo
                               engine_name=name, engine=snapshot, model=model,
                               sensitive_values=project_sensitive_values(Path(cwd)))
         verdict, error, tokens = gates.run_engine_judge(dispatcher, request, cancel)
-    finish_judging(db, run_id, step, loop, started, verdict, error=error, tokens=tokens)
+    finish_judging(db, run_id, step, loop, started, verdict, error=error, tokens=tokens, fence=fence)
     return verdict, error
 
 

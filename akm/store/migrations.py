@@ -177,6 +177,14 @@ DROP INDEX IF EXISTS idx_events_type;
 DROP INDEX IF EXISTS idx_events_ts;
 """
 
+# 0007: the lease's fencing counter (spec-engine §3). Bumped by every acquisition of the run lease by a
+# new holder; a driver's unit inserts, unit finishes and spine writes commit only while the run still
+# carries its (holder, epoch), so a driver that lost the lease (stopped past its TTL, then continued)
+# can neither start a unit nor journal one over the new holder's.
+MIGRATION_0007 = """
+ALTER TABLE runs ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0;
+"""
+
 # (id, sql). Append only; never edit an entry that has shipped.
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001-initial-schema", MIGRATION_0001),
@@ -184,6 +192,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0004-unit-output-truncated", MIGRATION_0004),
     ("0005-run-status-abandoned", MIGRATION_0005),
     ("0006-drop-unused-event-indexes", MIGRATION_0006),
+    ("0007-lease-epoch", MIGRATION_0007),
 ]
 
 # Migrations that rebuild a table other tables reference: run with foreign keys off (a pragma that

@@ -14,10 +14,14 @@ may complete steps, and `resume` treats it as a no-op. When a step completes
 on such a run the derived state replaces it (`active` if steps remain); the
 session layer sets `awaiting_session` again if it still waits.
 
-Lease (D16): holder id + host + pid + expiry. A lease is live when holder and
-expiry are set and expiry >= now (fixed-width ISO strings compare as times),
-except that a holder on *this* host whose pid no longer exists is dead at
-once, so a crashed `workflow run` is resumable immediately.
+Lease (D16): holder id + host id + pid + expiry + epoch. A lease is live when
+holder and expiry are set and expiry >= now (fixed-width ISO strings compare as
+times), except that a holder on *this* host whose pid no longer exists is dead
+at once, so a crashed `workflow run` is resumable immediately. "This host" is
+the host id (`host_id`): hostname + boot id + PID namespace, since a pid means
+nothing across a reboot or a PID namespace. The epoch is the fencing counter:
+every acquisition bumps it, and a driver's writes carry its `Fence` (holder,
+epoch) so that they commit only while it still owns the run (LEASE_LOST).
 
 Error codes raised here: RUN_ALREADY_ACTIVE, RUN_NOT_ACTIVE, RUN_ABANDONED, RUN_COMPLETED,
 RUN_ALREADY_FINISHED, STEP_NOT_PENDING, STEP_NOT_CURRENT, LEASE_HELD
@@ -27,6 +31,7 @@ RUN_ALREADY_FINISHED, STEP_NOT_PENDING, STEP_NOT_CURRENT, LEASE_HELD
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -40,6 +45,7 @@ RUN_STATUSES = ("active", "completed", "failed", "blocked", "awaiting_session", 
 DRIVABLE_STATUSES = ("active", "awaiting_session")
 STEP_TERMINAL_STATUSES = ("completed", "failed", "skipped", "blocked")
 LEASE_TTL_S = 90.0
+LEASE_TTL_ENV = "AKM_LEASE_TTL_S"  # overrides the TTL (seconds); for tests and slow shared hosts
 
 _DRIVABLE_SQL = "('active','awaiting_session')"
 
@@ -54,6 +60,13 @@ class LeaseInfo(NamedTuple):
     host: str | None
     pid: int | None
     until: str
+
+
+class Fence(NamedTuple):
+    """A driver's claim on the run as its writes check it: the holder id and the epoch it acquired."""
+
+    holder: str
+    epoch: int
 
 
 class Run(NamedTuple):
@@ -78,6 +91,7 @@ class Run(NamedTuple):
     lease_pid: int | None
     lease_until: str | None
     status_detail_json: str | None
+    lease_epoch: int = 0
 
     @property
     def params(self) -> dict[str, Any]:
@@ -136,16 +150,63 @@ def _step(row: Any) -> Step:
 
 
 _HOST: str | None = None
+_HOST_ID: str | None = None
 
 
 def hostname() -> str:
-    """This machine's name, as leases and claims record it (socket is imported on first need only)."""
+    """This machine's name, for display (socket is imported on first need only)."""
     global _HOST
     if _HOST is None:
         import socket
 
         _HOST = socket.gethostname()
     return _HOST
+
+
+def _read_first_line(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.readline().strip()
+    except OSError:
+        return ""
+
+
+def host_id() -> str:
+    """Where a pid means something, as leases and claims record it: `hostname/boot/pidns`.
+
+    The same hostname is not the same pid space: after a reboot pids are reused, and a process in
+    another PID namespace (a container, `unshare --pid`) sees other pids — judging a holder "dead"
+    by its pid there would let a second driver take over a live run. So the id adds the boot id
+    (Linux: /proc/sys/kernel/random/boot_id, first 12 hex digits) and the PID namespace inode
+    (readlink /proc/self/ns/pid). Without /proc (macOS) it is the hostname alone: no PID
+    namespaces there, and a pid recycled after a reboot only keeps a dead lease until it expires.
+    """
+    global _HOST_ID
+    if _HOST_ID is None:
+        boot = _read_first_line("/proc/sys/kernel/random/boot_id").replace("-", "")[:12]
+        try:
+            ns = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+        except OSError:
+            ns = ""
+        ns = ns[ns.find("[") + 1:ns.rfind("]")] if "[" in ns else ns
+        _HOST_ID = "/".join(part for part in (hostname(), boot, ns) if part) if boot or ns else hostname()
+    return _HOST_ID
+
+
+def lease_ttl_s() -> float:
+    """The lease TTL in seconds: AKM_LEASE_TTL_S when set (INVALID_ENV unless a number > 0), else 90."""
+    raw = os.environ.get(LEASE_TTL_ENV, "").strip()
+    if not raw:
+        return LEASE_TTL_S
+    try:
+        value = float(raw.removesuffix("s"))
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{LEASE_TTL_ENV} must be a number of seconds greater than 0, not {raw!r}.",
+                         code="INVALID_ENV", details={"name": LEASE_TTL_ENV, "value": raw},
+                         hint=f"Unset {LEASE_TTL_ENV} for the default of {LEASE_TTL_S:g} s.")
+    return value
 
 
 def pid_alive(pid: int) -> bool:
@@ -174,10 +235,10 @@ def _zombie(pid: int) -> bool:
 
 
 def holder_is_live(holder: str | None, host: str | None, pid: int | None, until: str | None, now: str) -> bool:
-    """The lease/claim rule: set, not expired, and not a dead process on this host."""
+    """The lease/claim rule: set, not expired, and not a dead process on this host (same `host_id`)."""
     if holder is None or until is None or until < now:
         return False
-    if host is not None and pid is not None and host == hostname() and not pid_alive(pid):
+    if host is not None and pid is not None and host == host_id() and not pid_alive(pid):
         return False
     return True
 
@@ -363,6 +424,33 @@ def _check_lease_allows(row: Any, lease_holder: str | None, now: str) -> None:
         )
 
 
+def lease_lost_error(run_id: str, fence: Fence, holder: str | None, epoch: int | None) -> UsageError:
+    """The refusal of a write by a driver that no longer owns the run (another holder took the lease)."""
+    who = f"held by {holder} (epoch {epoch})" if holder else f"released (epoch {epoch})"
+    return UsageError(
+        f"This invocation lost its lease on run {run_id} (it held epoch {fence.epoch}; the lease is now {who}); "
+        "nothing was written.", code="LEASE_LOST",
+        details={"runId": run_id, "epoch": fence.epoch, "currentEpoch": epoch, "holder": holder},
+        hint="Another invocation drives the run now (it redoes what this one left unfinished); "
+             "`workflow status` shows it.",
+    )
+
+
+def check_fence(conn: Any, run_id: str, fence: Fence | None) -> None:
+    """Inside the caller's transaction: LEASE_LOST unless the run still carries `fence` (None: no check).
+
+    Expiry alone does not end ownership: a lease lapsed but not taken by anyone is still the
+    holder's (its heartbeat renews it); only a new acquisition (a new epoch) or a release does.
+    """
+    if fence is None:
+        return
+    row = conn.execute("SELECT lease_holder, lease_epoch FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if row is None:
+        raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
+    if row["lease_holder"] != fence.holder or row["lease_epoch"] != fence.epoch:
+        raise lease_lost_error(run_id, fence, row["lease_holder"], row["lease_epoch"])
+
+
 def _drivable_run_row(conn: Any, run_id: str, verb: str) -> Any:
     """The run's status/lease row inside a transaction; refuses runs that cannot be driven now."""
     row = conn.execute(
@@ -387,8 +475,11 @@ def complete_step(
     summary: str | None = None,
     lease_holder: str | None = None,
     status_detail: dict[str, Any] | None = None,
+    fence: Fence | None = None,
 ) -> Run:
     """Finish the current step and re-derive the run, in one tx. Returns the updated Run.
+
+    `fence`: a driver's lease; LEASE_LOST (nothing written) once another holder took the run.
 
     Preconditions (UsageError otherwise): run drivable, step exists
     (NotFoundError), is `pending`, is the run's current step, and no live
@@ -402,6 +493,7 @@ def complete_step(
     now = now_iso()
     with db.tx() as conn:
         run = _drivable_run_row(conn, run_id, "updated")
+        check_fence(conn, run_id, fence)
         _check_lease_allows(run, lease_holder, now)
         step = conn.execute("SELECT status FROM steps WHERE run_id = ? AND step_id = ?", (run_id, step_id)).fetchone()
         if step is None:
@@ -436,11 +528,13 @@ def complete_step(
 # -- status changes ---------------------------------------------------------------------------
 
 
-def set_run_status(db: Database, run_id: str, status: str, detail: dict[str, Any] | None = None) -> Run:
+def set_run_status(db: Database, run_id: str, status: str, detail: dict[str, Any] | None = None,
+                   *, fence: Fence | None = None) -> Run:
     """Switch a drivable run between `active` and `awaiting_session` (D11), storing `detail`.
 
     Only drivable runs move, and only to a drivable status; anything else is a
     UsageError (steps decide failed/blocked/completed, via `complete_step`).
+    `fence`: a driver's lease (LEASE_LOST, nothing written, once it is lost).
     """
     if status not in DRIVABLE_STATUSES:
         raise UsageError(f"set_run_status only moves between active and awaiting_session, not {status!r}")
@@ -450,6 +544,7 @@ def set_run_status(db: Database, run_id: str, status: str, detail: dict[str, Any
             raise NotFoundError(f"workflow run {run_id!r} not found")
         if row["status"] not in DRIVABLE_STATUSES:
             raise not_drivable_error(run_id, row["status"], "updated")
+        check_fence(conn, run_id, fence)
         conn.execute(
             "UPDATE runs SET status = ?, status_detail_json = ?, updated_at = ? WHERE id = ?",
             (status, compact_json(detail) if detail else None, now_iso(), run_id),
@@ -599,31 +694,35 @@ def acquire_lease(
     db: Database,
     run_id: str,
     holder: str,
-    ttl_s: float = LEASE_TTL_S,
+    ttl_s: float | None = None,
     *,
     host: str | None = None,
     pid: int | None = None,
 ) -> LeaseInfo | None:
     """Take the run lease. None on success, else the live holder's LeaseInfo.
 
-    `host`/`pid` identify the holder (default: this machine and process).
+    `ttl_s` defaults to `lease_ttl_s()`. Success bumps the lease epoch (the
+    fencing counter; `lease_fence` reads the one this holder got).
+    `host`/`pid` identify the holder (default: this host id and process).
     A live lease is not re-acquirable, not even by the same holder id. The
     dead-pid check runs first; the UPDATE's WHERE then names the old holder
     and expiry, so of two racers only one can change the row.
     Raises NotFoundError / UsageError RUN_NOT_ACTIVE for a missing or
     non-drivable run.
     """
-    host = hostname() if host is None else host
+    host = host_id() if host is None else host
     pid = os.getpid() if pid is None else pid
+    ttl = lease_ttl_s() if ttl_s is None else ttl_s
     with db.tx() as conn:
         row = _drivable_run_row(conn, run_id, "executed")
         now = now_iso()
         if holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now):
             return _lease_of(row)
         cur = conn.execute(
-            "UPDATE runs SET lease_holder = ?, lease_host = ?, lease_pid = ?, lease_until = ? "
+            "UPDATE runs SET lease_holder = ?, lease_host = ?, lease_pid = ?, lease_until = ?, "
+            "lease_epoch = lease_epoch + 1 "
             f"WHERE id = ? AND status IN {_DRIVABLE_SQL} AND lease_holder IS ? AND lease_until IS ?",
-            (holder, host, pid, now_iso(ttl_s), run_id, row["lease_holder"], row["lease_until"]),
+            (holder, host, pid, now_iso(ttl), run_id, row["lease_holder"], row["lease_until"]),
         )
         if cur.rowcount == 1:
             return None
@@ -633,12 +732,26 @@ def acquire_lease(
         return _lease_of(current)
 
 
-def renew_lease(db: Database, run_id: str, holder: str, ttl_s: float = LEASE_TTL_S) -> bool:
-    """Extend our lease; False when `holder` no longer owns it or the run stopped being drivable."""
+def lease_fence(db: Database, run_id: str, holder: str) -> Fence | None:
+    """The fence of the lease `holder` holds now (its epoch), or None when it holds none.
+
+    Read right after `acquire_lease`: holder ids are unique per acquisition and the epoch only
+    changes with the holder, so the epoch read is the one this acquisition set.
+    """
+    row = db.query_one("SELECT lease_epoch FROM runs WHERE id = ? AND lease_holder = ?", (run_id, holder))
+    return Fence(holder, int(row["lease_epoch"])) if row else None
+
+
+def renew_lease(db: Database, run_id: str, holder: str, ttl_s: float | None = None,
+                *, epoch: int | None = None) -> bool:
+    """Extend our lease; False when `holder` (at `epoch`, when given) no longer owns it or the run
+    stopped being drivable. `ttl_s` defaults to `lease_ttl_s()`."""
+    ttl = lease_ttl_s() if ttl_s is None else ttl_s
     with db.tx() as conn:
         cur = conn.execute(
-            f"UPDATE runs SET lease_until = ? WHERE id = ? AND lease_holder = ? AND status IN {_DRIVABLE_SQL}",
-            (now_iso(ttl_s), run_id, holder),
+            f"UPDATE runs SET lease_until = ? WHERE id = ? AND lease_holder = ? AND status IN {_DRIVABLE_SQL}"
+            + (" AND lease_epoch = ?" if epoch is not None else ""),
+            (now_iso(ttl), run_id, holder, *((epoch,) if epoch is not None else ())),
         )
         return cur.rowcount == 1
 
@@ -656,6 +769,28 @@ def release_lease(db: Database, run_id: str, holder: str) -> bool:
             (run_id, holder),
         )
         return cur.rowcount == 1
+
+
+def wait_lease_change(db: Database, run_id: str, seen: LeaseInfo, deadline: float) -> bool:
+    """Block until the run's lease is no longer `seen` (released, taken, expired, or the run stopped
+    being drivable): True; False once `deadline` (time.monotonic()) passes first.
+
+    Watches the journal row (one primary-key read per poll, backing off from 2 ms to 50 ms), so a
+    waiter learns of the release within milliseconds, not after a fixed sleep.
+    """
+    import time
+
+    delay = 0.002
+    while True:
+        row = db.query_one("SELECT status, lease_holder, lease_until FROM runs WHERE id = ?", (run_id,))
+        if (row is None or row["status"] not in DRIVABLE_STATUSES or row["lease_holder"] != seen.holder
+                or row["lease_until"] is None or row["lease_until"] < now_iso()):
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, 0.05)
 
 
 def read_lease(db: Database, run_id: str) -> LeaseInfo | None:

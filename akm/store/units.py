@@ -12,7 +12,14 @@ the same millisecond gets the previous stamp + 1 ms.
 
 Claims (D13) let a session driver hold one running unit: holder + host + pid
 + expiry, with the same liveness rule as the run lease (a dead local pid is
-expired at once). Return type: `Unit` frozen dataclass, `ClaimInfo` (= the
+expired at once).
+
+Fencing: a driver passes its lease `Fence` to every insert and finish; the
+write commits only while the run still carries it (else LEASE_LOST, nothing
+written), checked in the write's own transaction. A fenced insert also needs
+the lease to run for at least half a TTL more (the common case: the heartbeat
+renews it long before), renewing it in that transaction otherwise, so a unit
+whose row committed cannot be taken over for that long. Return type: `Unit` frozen dataclass, `ClaimInfo` (= the
 lease's `LeaseInfo` shape).
 """
 
@@ -28,7 +35,16 @@ from typing import Any, NamedTuple
 from akm.canonical import compact_json
 from akm.errors import JournalError, NotFoundError, UsageError
 from akm.store.db import Database, format_iso, now_iso, parse_iso
-from akm.store.runs import DRIVABLE_STATUSES, LeaseInfo, holder_is_live, hostname, not_drivable_error
+from akm.store.runs import (
+    DRIVABLE_STATUSES,
+    Fence,
+    LeaseInfo,
+    check_fence,
+    holder_is_live,
+    host_id,
+    lease_ttl_s,
+    not_drivable_error,
+)
 
 CLAIM_TTL_S = 90.0
 ClaimInfo = LeaseInfo
@@ -90,6 +106,10 @@ _INSERT_FRESH = (
     + ",".join(f"'{status}'" for status in DRIVABLE_STATUSES) + ")) "
     "ON CONFLICT (run_id, unit_id) DO NOTHING"
 )
+# The same for a driver holding the lease: the run must still carry its fence, and for a while yet.
+_INSERT_FRESH_FENCED = _INSERT_FRESH.replace(
+    ")) ON CONFLICT", ") AND lease_holder = ? AND lease_epoch = ? AND lease_until >= ?) ON CONFLICT")
+assert _INSERT_FRESH_FENCED != _INSERT_FRESH
 _REINSERT = _UNIT_ROW_COLUMNS + (
     "ON CONFLICT (run_id, unit_id) DO UPDATE SET step_id = excluded.step_id, node_id = excluded.node_id, "
     "parent_unit_id = excluded.parent_unit_id, phase = excluded.phase, runner = excluded.runner, "
@@ -148,31 +168,41 @@ class UnitFinish(NamedTuple):
         return text + "}"
 
 
-def _insert_row(conn: sqlite3.Connection, now: str, row: list[Any]) -> str:
+def _insert_row(conn: sqlite3.Connection, now: str, row: list[Any], fence: Fence | None = None) -> str:
     """Write the `running` row (`row` ends with the stamp to use); returns the stamp it got.
 
     Refuses (RUN_NOT_FOUND / RUN_ABANDONED / RUN_NOT_ACTIVE, nothing written) when the run
     cannot be driven — checked in the caller's transaction, so once an abandon commits no unit
-    of that run can start.
+    of that run can start — and LEASE_LOST when `fence` is given and no longer the run's.
     """
     run_id = row[0]
-    if conn.execute(_INSERT_FRESH, [*row, run_id]).rowcount == 1:
-        return now
-    run = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if fence is None:
+        if conn.execute(_INSERT_FRESH, [*row, run_id]).rowcount == 1:
+            return now
+    else:
+        ttl = lease_ttl_s()
+        min_until = now_iso(ttl / 2)
+        if conn.execute(_INSERT_FRESH_FENCED, [*row, run_id, fence.holder, fence.epoch, min_until]).rowcount == 1:
+            return now
+    run = conn.execute("SELECT status, lease_until FROM runs WHERE id = ?", (run_id,)).fetchone()
     if run is None:
         raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
     if run["status"] not in DRIVABLE_STATUSES:
         raise not_drivable_error(run_id, run["status"], "given new units")
+    if fence is not None:
+        check_fence(conn, run_id, fence)
+        if run["lease_until"] is None or run["lease_until"] < min_until:
+            conn.execute("UPDATE runs SET lease_until = ? WHERE id = ?", (now_iso(ttl), run_id))
     prev = conn.execute("SELECT started_at FROM units WHERE run_id = ? AND unit_id = ?", (run_id, row[1])).fetchone()
     row[-1] = _next_stamp(prev["started_at"] if prev else None)
     conn.execute(_REINSERT, row)
     return str(row[-1])
 
 
-def _finish_row(conn: sqlite3.Connection, now: str, f: UnitFinish) -> str | None:
+def _finish_row(conn: sqlite3.Connection, now: str, f: UnitFinish, fence: Fence | None = None) -> str | None:
     """Finish this dispatch's row; its event metadata, or None when the row was superseded.
 
-    A missing row raises JournalError (the caller's transaction rolls back).
+    A missing row raises JournalError, a lost `fence` LEASE_LOST (the caller's transaction rolls back).
     """
     if f.status not in ("completed", "failed"):
         raise ValueError(f"finish_unit status must be completed or failed, not {f.status!r}")
@@ -181,6 +211,8 @@ def _finish_row(conn: sqlite3.Connection, now: str, f: UnitFinish) -> str | None
         # A driver's in-flight unit finishing after an abandon (it stops them, but they end after the commit):
         # its result is not journaled; the row ends as abandon ends a dead driver's rows (issue 23 item 1).
         f = f._replace(status="failed", result_json=None, failure_reason="abandoned", truncated=False)
+    else:
+        check_fence(conn, f.run_id, fence)
     cur = conn.execute(
         _FINISH,
         (f.status, f.result_json, f.tokens, f.failure_reason, f.session_id, int(bool(f.truncated)), now, f.run_id,
@@ -215,6 +247,7 @@ def insert_unit(
     model: str | None = None,
     input_hash: str | None = None,
     worktree_path: str | None = None,
+    fence: Fence | None = None,
 ) -> str:
     """Upsert the attempt row as `running`; returns its `started_at` (pass it to `finish_unit`).
 
@@ -224,11 +257,12 @@ def insert_unit(
     no longer be driven: checked in the insert's own transaction, so once an
     abandon commits no unit of that run can start.
     A first dispatch is one INSERT; only a re-dispatch reads the old stamp.
+    `fence`: the driver's lease; LEASE_LOST (nothing written) once another holder took the run.
     """
     with db.tx() as conn:
         now = now_iso()
         started_at = _insert_row(conn, now, [run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner,
-                                             engine, model, input_hash, worktree_path, now])
+                                             engine, model, input_hash, worktree_path, now], fence)
         conn.execute(_INSERT_EVENTS, ("workflow_unit_started", now, run_id, _started_meta(run_id, step_id, unit_id)))
     return started_at
 
@@ -246,6 +280,7 @@ def finish_unit(
     session_id: str | None = None,
     truncated: bool = False,
     step_id: str | None = None,
+    fence: Fence | None = None,
 ) -> str:
     """Record this dispatch's outcome. Returns "finished" or "superseded".
 
@@ -254,13 +289,15 @@ def finish_unit(
     appended in the same tx. A row re-inserted or finished by someone else
     is left alone ("superseded", no event). A missing row is a JournalError.
     `step_id`: the step the caller inserted the row with (saves reading it back).
+    `fence`: the driver's lease; LEASE_LOST (nothing written) once another holder took the run —
+    the row then belongs to the new holder, which dispatches it again.
     """
     f = UnitFinish(run_id=run_id, unit_id=unit_id, started_at=started_at, status=status, result_json=result_json,
                    tokens=tokens, failure_reason=failure_reason, session_id=session_id, truncated=truncated,
                    step_id=step_id)
     with db.tx() as conn:
         now = now_iso()
-        meta = _finish_row(conn, now, f)
+        meta = _finish_row(conn, now, f, fence)
         if meta is None:
             return "superseded"
         conn.execute(_INSERT_EVENTS, ("workflow_unit_finished", now, run_id, meta))
@@ -281,6 +318,7 @@ def finish_and_insert(
     model: str | None = None,
     input_hash: str | None = None,
     worktree_path: str | None = None,
+    fence: Fence | None = None,
 ) -> tuple[str, str]:
     """`finish_unit(finish)` then `insert_unit(...)` in ONE transaction: (finish result, new started_at).
 
@@ -290,9 +328,9 @@ def finish_and_insert(
     """
     with db.tx() as conn:
         now = now_iso()
-        finished = _finish_row(conn, now, finish)
+        finished = _finish_row(conn, now, finish)  # fenced by the insert below: a refusal rolls back both
         started_at = _insert_row(conn, now, [run_id, unit_id, step_id, node_id, parent_unit_id, None, runner,
-                                             engine, model, input_hash, worktree_path, now])
+                                             engine, model, input_hash, worktree_path, now], fence)
         started = ("workflow_unit_started", now, run_id, _started_meta(run_id, step_id, unit_id))
         if finished is None:
             conn.execute(_INSERT_EVENTS, started)
@@ -400,7 +438,7 @@ def claim_unit(
     completed/failed) or LEASE_HELD (a live engine lease held by anyone but
     `lease_holder`: the engine is driving, so a driver may not claim).
     """
-    host = hostname() if host is None else host
+    host = host_id() if host is None else host
     pid = os.getpid() if pid is None else pid
     with db.tx() as conn:
         run = conn.execute(
@@ -527,7 +565,7 @@ def write_report(
     A reporter is often a short-lived process (one `akm workflow report` per call), so its claim
     records no pid: it lives until it expires or is renewed, never "dies with" the reporting process.
     """
-    host = hostname() if host is None else host
+    host = host_id() if host is None else host
     with db.tx() as conn:
         now = now_iso()
         run = conn.execute(
