@@ -535,7 +535,9 @@ async def _serve_stdio(server: MCPServer) -> None:
     from akm import mcp_stdio
 
     low = getattr(server, "_lowlevel_server", None)
-    if low is None or not await mcp_stdio.serve(low, low.create_initialization_options()):
+    drives = getattr(server, "drives", None)
+    on_eof = (lambda: drives.shutdown(wait_s=0)) if drives is not None else None  # the session ended: stop runs
+    if low is None or not await mcp_stdio.serve(low, low.create_initialization_options(), on_eof):
         await server.run_stdio_async()  # an SDK that moved its internals: its own loop (unreadable lines dropped)
 
 

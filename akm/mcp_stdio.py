@@ -191,9 +191,10 @@ def _request_key(rid: Any) -> tuple[str, Any]:
     return (type(rid).__name__, rid)
 
 
-async def serve(low: Any, init_options: Any) -> bool:
+async def serve(low: Any, init_options: Any, on_eof: Callable[[], None] | None = None) -> bool:
     """Serve the low-level server `low` on stdin/stdout; False when the SDK internals it needs are missing
-    (the caller then uses the SDK's own loop)."""
+    (the caller then uses the SDK's own loop). `on_eof` runs when input ends, before the answers still owed
+    are awaited (the MCP server stops its background drivers there, so a waiting `workflow_run` answers)."""
     try:  # SDK internals (mcp 2.x); an SDK that moved them is served by its own stdio loop instead
         from mcp.server.stdio import _claim_fd, _open_stdin_diversion, _open_stdout_diversion
         from mcp.shared._context_streams import create_context_streams
@@ -210,7 +211,7 @@ async def serve(low: Any, init_options: Any) -> bool:
             release_in()
         raise
     try:
-        await _serve(low, init_options, stdin, stdout, create_context_streams, SessionMessage)
+        await _serve(low, init_options, stdin, stdout, create_context_streams, SessionMessage, on_eof)
     finally:
         for release in (release_out, release_in):
             if release is not None:
@@ -219,7 +220,8 @@ async def serve(low: Any, init_options: Any) -> bool:
 
 
 async def _serve(low: Any, init_options: Any, stdin: BinaryIO, stdout: BinaryIO,
-                 create_context_streams: Callable[..., Any], SessionMessage: Any) -> None:
+                 create_context_streams: Callable[..., Any], SessionMessage: Any,
+                 on_eof: Callable[[], None] | None = None) -> None:
     read_send, read_receive = create_context_streams(0)
     write_send, write_receive = create_context_streams(0)
     in_flight: set[tuple[str, Any]] = set()
@@ -248,6 +250,8 @@ async def _serve(low: Any, init_options: Any, stdin: BinaryIO, stdout: BinaryIO,
                 elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
                     in_flight.discard(_request_key((message.params or {}).get("requestId")))  # never answered
                 await read_send.send(SessionMessage(message))
+            if on_eof is not None:
+                await anyio.to_thread.run_sync(on_eof)
             # End of input: answer what was asked before stopping (the SDK's loop cancels it at EOF). Bounded
             # all the same, for a stdout that never reports its reader gone (a file) and an answer that never comes.
             give_up = anyio.current_time() + EOF_DRAIN_LIMIT_S
