@@ -142,13 +142,13 @@ class Drives:
             drive = self._drives.get(opened.run_id)
             if drive is not None and drive.alive:
                 return drive, opened
-            unreported = drive is not None and not drive.delivered and drive.result is not None
-            if unreported and opened.status != "active":
-                return drive, opened  # it finished between two calls and nothing changed since: report that
+            unreported = drive if drive is not None and not drive.delivered and drive.result is not None else None
+            if unreported is not None and opened.status != "active":
+                return unreported, opened  # it finished between two calls and nothing changed since: report that
             fresh = Drive(opened.run_id, max_steps)
             fresh.warnings = list(opened.warnings)
-            if unreported:
-                assert drive is not None and drive.result is not None
+            if unreported is not None and unreported.result is not None:
+                drive = unreported
                 fresh.carried = list(drive.carried) + list(drive.result.executed)
                 fresh.carried_progress = drive.progress()
             self._drives[opened.run_id] = fresh
