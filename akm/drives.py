@@ -148,9 +148,8 @@ class Drives:
             fresh = Drive(opened.run_id, max_steps)
             fresh.warnings = list(opened.warnings)
             if unreported is not None and unreported.result is not None:
-                drive = unreported
-                fresh.carried = list(drive.carried) + list(drive.result.executed)
-                fresh.carried_progress = drive.progress()
+                fresh.carried = list(unreported.carried) + list(unreported.result.executed)
+                fresh.carried_progress = unreported.progress()
             self._drives[opened.run_id] = fresh
             fresh.thread = threading.Thread(target=self._drive, args=(fresh, cwd or self.cwd),
                                             name=f"akm-drive-{opened.run_id[:8]}", daemon=True)
