@@ -120,7 +120,7 @@ def _of(kind: type, name: str, optional: bool = False) -> Callable[[Any], Any]:
 
 STALE_AFTER_S = 90.0
 _RUN_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-INVALID_ARGUMENT = "INVALID_FLAG_VALUE"  # the stable code of a bad argument value, whatever the front
+INVALID_ARGUMENT = "INVALID_ARGUMENT"  # the stable code of a bad argument value, whatever the front
 
 
 # ------------------------------------------------------------------ arguments
@@ -685,12 +685,25 @@ def list_runs(request: ListRunsRequest | None = None, /, *, active_only: bool = 
         return RunList(runs=[_run_view(db, r, with_steps=False) for r in rows])
 
 
-def run_status(run_id: str | StatusRequest, *, units: bool = False) -> RunView:
-    """Where a run stands: steps with outputs and tallies, the final artifact, and (`units`) every attempt."""
-    req = _args("StatusRequest", run_id, {"run_id": run_id, "units": units},
-                {"run_id": _of(str, "run_id"), "units": _of(bool, "units")})
+def run_status(run_id: str | StatusRequest, *, units: bool = False, step: str | None = None) -> RunView:
+    """Where a run stands: steps with outputs and tallies, the final artifact, and (`units`) every attempt.
+
+    `step` narrows the view to that step (and, with `units`, its attempts): what a front that clips large
+    outputs points at to fetch one whole.
+    """
+    req = _args("StatusRequest", run_id, {"run_id": run_id, "units": units, "step": step},
+                {"run_id": _of(str, "run_id"), "units": _of(bool, "units"), "step": _of(str, "step", True)})
     with _open_db() as db:
-        return _run_view(db, _require_run(db, req.run_id), with_units=req.units)
+        view = _run_view(db, _require_run(db, req.run_id), with_units=req.units)
+    if req.step is not None:
+        known = [s.id for s in view.steps or []]
+        if req.step not in known:
+            raise UsageError(f"Run {view.run_id} has no step {req.step!r}; its steps are {', '.join(known)}.",
+                             code="STEP_NOT_FOUND", details={"argument": "step", "steps": known})
+        view.steps = [s for s in view.steps or [] if s.id == req.step]
+        if view.units is not None:
+            view.units = [u for u in view.units if u.step_id == req.step]
+    return view
 
 
 def run_graph(run_id: str | RunIdRequest) -> RunGraph:
@@ -843,21 +856,33 @@ def report_unit(
     failure_reason: str | None = None,
     expect_step: str | None = None,
     rerun: bool = False,
+    attempt_id: str | None = None,
+    gate_loop: int | None = None,
     holder: str | None = None,
     cwd: str | None = None,
 ) -> ReportResult:
-    """Record a session unit's result (or a gate verdict) and finish the step when its work is done."""
+    """Record a session unit's result (or a gate verdict) and finish the step when its work is done.
+
+    `attempt_id` (the brief's) or `gate_loop` say which attempt the report answers: a report for an
+    attempt a gate already closed is never counted for a later loop (idempotent when it is what was
+    recorded, else STALE_REPORT). The same report resent after its step or run moved on is idempotent.
+    """
     from akm.engine import session
 
+    req = _validated("ReportRequest", None, dict(
+        run_id=run_id, unit_id=unit_id, status=status, tokens=tokens, failure_reason=failure_reason,
+        expect_step=expect_step, rerun=rerun, attempt_id=attempt_id, gate_loop=gate_loop, holder=holder, cwd=cwd))
     with _open_db() as db:
-        run = _require_run(db, run_id)
-        root = _run_project_root(run, Path(cwd or os.getcwd()))
+        run = _require_run(db, req.run_id)
+        root = _run_project_root(run, Path(req.cwd or os.getcwd()))
         from akm.api_models import ReportResult
 
         return ReportResult.model_validate(session.report(
-            db, run_id, unit_id, status=status, result=result if has_result else session.MISSING,
-            verdict=verdict if has_verdict else session.MISSING, tokens=tokens, failure_reason=failure_reason,
-            expect_step=expect_step, rerun=rerun, holder=holder or default_holder(), project_root=root,
+            db, req.run_id, req.unit_id, status=req.status, result=result if has_result else session.MISSING,
+            verdict=verdict if has_verdict else session.MISSING, tokens=req.tokens,
+            failure_reason=req.failure_reason, expect_step=req.expect_step, rerun=req.rerun,
+            attempt_id=req.attempt_id, gate_loop=req.gate_loop, holder=req.holder or default_holder(),
+            project_root=root,
         ))
 
 
@@ -891,7 +916,7 @@ def setup(*, yes: bool = False, config: Any = None, from_file: str | None = None
     from akm.setup import core
 
     if config is not None and from_file is not None:
-        raise UsageError("Give the setup config inline or as a file, not both.", code="INVALID_FLAG_VALUE")
+        raise UsageError("Give the setup config inline or as a file, not both.", code="INVALID_ARGUMENT")
     base = Path(cwd) if cwd else Path.cwd()
     blob = core.read_blob_file(from_file, base) if from_file is not None else config
     if from_file is not None and not isinstance(blob, dict):

@@ -231,7 +231,7 @@ def _cmd_config(args: "argparse.Namespace") -> int:
         else:
             change = api.config_unset(args.key, project=args.project)
     except AkmError as exc:
-        if exc.code == "INVALID_FLAG_VALUE" and exc.hint is None:
+        if exc.code == "INVALID_ARGUMENT" and exc.hint is None:
             exc.hint = "See `akm config --help`; `akm config get KEY` shows a key's current value."
         raise
     if args.silent:
@@ -286,7 +286,7 @@ def _cmd_setup(args: "argparse.Namespace") -> int:
 
     if args.config is not None and args.from_file is not None:
         raise UsageError("--config and --from cannot be combined: give the config one way.",
-                         code="INVALID_FLAG_VALUE")
+                         code="INVALID_ARGUMENT")
     blob = None
     if args.config is not None:
         try:
@@ -294,7 +294,7 @@ def _cmd_setup(args: "argparse.Namespace") -> int:
         except ValueError as exc:
             raise UsageError(f"Invalid JSON in --config: {getattr(exc, 'msg', exc)} "
                              f"(line {getattr(exc, 'lineno', '?')}, column {getattr(exc, 'colno', '?')}).",
-                             code="INVALID_FLAG_VALUE", hint="Pass one JSON object, e.g. --config "
+                             code="INVALID_ARGUMENT", hint="Pass one JSON object, e.g. --config "
                              "'{\"defaults\": {\"llmEngine\": \"fast\"}}'.") from None
         if not isinstance(blob, dict):
             raise ConfigError(f"--config must be one JSON object, not {type(blob).__name__}.",
@@ -435,7 +435,7 @@ def _cmd_run(tokens: list[str]) -> int:
 
     cancel = api.Cancellation()
     if ra.controls.get("quiet") and ra.controls.get("verbose"):
-        raise UsageError("--quiet and --verbose contradict each other; pass one.", code="INVALID_FLAG_VALUE")
+        raise UsageError("--quiet and --verbose contradict each other; pass one.", code="INVALID_ARGUMENT")
     # Progress lines go to a terminal by default; --verbose sends them anywhere (an agent's pipe, a log).
     show_progress = bool(ra.controls.get("verbose")) or sys.stderr.isatty() or os.environ.get("AKM_PROGRESS") == "1"
     if ra.controls.get("quiet"):
@@ -600,7 +600,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             from akm.text import quoted
 
             raise UsageError(f"--tokens {quoted(args.tokens)}: expected a whole number from 0 to {MAX_REPORT_TOKENS}.",
-                             code="INVALID_FLAG_VALUE")
+                             code="INVALID_ARGUMENT")
         tokens = int(args.tokens)
     res = api.report_unit(
         args.run_id, args.unit_id, status=args.status,

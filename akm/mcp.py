@@ -194,6 +194,40 @@ def _bound_s() -> float:
         return DEFAULT_CALL_BOUND_S
 
 
+# Each tool's arguments are one api request model's fields (`akm.api_models`): the tool's input schema is
+# generated from it and every call is checked by it before the SDK sees the arguments, so an unknown or
+# misspelt argument is INVALID_ARGUMENT naming it, never dropped. (model, the fields taken, renames)
+_TOOL_ARGS: dict[str, tuple[str, tuple[str, ...] | None, dict[str, str] | None]] = {
+    "workflow_run": ("RunRequest", ("target", "params", "max_steps", "timeout", "cwd", "new"), None),
+    "workflow_next": ("RunIdRequest", None, None),
+    "unit_report": ("ReportRequest", ("run_id", "unit_id", "status", "result", "verdict", "tokens",
+                                      "failure_reason", "rerun", "expect_step", "attempt_id", "gate_loop",
+                                      "holder"), None),
+    "workflow_status": ("StatusRequest", None, None),
+    "workflow_list": ("ListRunsRequest", ("active_only", "ref"), {"active": "active_only"}),
+    "workflow_lint": ("LintRequest", None, None),
+    "workflow_resume": ("RunIdRequest", None, None),
+    "workflow_abandon": ("RunIdRequest", None, None),
+    "workflow_events": ("EventsRequest", None, None),
+    "workflow_catalog": ("CatalogRequest", None, None),
+    "setup": ("SetupRequest", None, None),
+}
+
+
+def _checked_arguments(name: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
+    """The call's arguments checked by the tool's request model, keyed as the tool function names them."""
+    from akm import api_models
+
+    spec = _TOOL_ARGS.get(name)
+    if spec is None:
+        return arguments or {}
+    model, only, renames = spec
+    given = api_models.front_arguments(getattr(api_models, model), dict(arguments or {}), only=only,
+                                       renames=renames, call=name)
+    back = {field: front for front, field in (renames or {}).items()}
+    return {back.get(k, k): v for k, v in given.items()}
+
+
 class _AkmServer(MCPServer):
     """MCPServer whose argument errors carry a code like every other akm error."""
 
@@ -201,6 +235,10 @@ class _AkmServer(MCPServer):
         from mcp.server.mcpserver.exceptions import ToolError
         from pydantic import ValidationError
 
+        try:
+            arguments = _checked_arguments(name, arguments)
+        except AkmError as exc:
+            return _error_result(exc)
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
@@ -228,7 +266,9 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
     base_cwd = cwd or os.getcwd()
     server = _AkmServer(name="akm", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
 
-    read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+    def _read_only(title: str) -> ToolAnnotations:
+        return ToolAnnotations(title=title, read_only_hint=True, destructive_hint=False, idempotent_hint=True,
+                               open_world_hint=False)
 
     @server.tool(annotations=ToolAnnotations(title="Run a workflow", read_only_hint=False, destructive_hint=False,
                                              idempotent_hint=False, open_world_hint=True))
@@ -236,9 +276,11 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         target: Annotated[str, Field(description="A workflow file path, a workflows/<name> ref, or a run id to continue")],
         ctx: Context,
         params: Annotated[dict[str, Any], Field(description="Run params (only when starting a run)")] = {},  # noqa: B006
-        max_steps: Annotated[int | None, Field(ge=1, description="Stop after this many steps")] = None,
-        timeout: Annotated[str | None, Field(description="Stop this call after a duration like 30s or 5m; the "
-                                                         "run stays active and continues on the next call")] = None,
+        max_steps: Annotated[int | str | None, Field(description="Finish at most this many steps now (0: start "
+                                                                 "the run, drive nothing)")] = None,
+        timeout: Annotated[int | str | None, Field(description="Stop this call after a duration like 30s or 5m "
+                                                               "(or ms); the run stays active and continues on "
+                                                               "the next call")] = None,
         cwd: Annotated[str | None, Field(description="Project directory (default: the server's)")] = None,
         new: Annotated[bool, Field(description="Start a new run even if one with the same params is active")] = False,
     ) -> Annotated[CallToolResult, McpRunResult]:
@@ -290,7 +332,7 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
             result.aborted = False
         return _ok({**result.to_json(), "next": _next_step_for(result, bound_hit)})
 
-    @server.tool(annotations=read_only)
+    @server.tool(annotations=_read_only("What to do now"))
     async def workflow_next(
         run_id: Annotated[str, Field(description="The run id")],
     ) -> Annotated[CallToolResult, api.Brief]:
@@ -305,7 +347,7 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         run_id: Annotated[str, Field(description="The run id")],
         unit_id: Annotated[str, Field(description="The unitId from workflow_next (or STEP.gate:lN for a verdict)")],
         status: Annotated[Literal["completed", "failed", "running"],
-                          Field(description="completed | failed | running (claims the unit)")],
+                          Field(description="completed | failed | running (claims the unit)")] = "completed",
         result: Annotated[Any, Field(description="The unit's result: a JSON value matching its outputSchema, "
                                                  "or text")] = None,
         verdict: Annotated[dict[str, Any] | None, Field(description='A gate verdict {"complete": bool, "missing": '
@@ -317,25 +359,30 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         expect_step: Annotated[str | None, Field(description="Refuse unless the run is still on this step")] = None,
         holder: Annotated[str | None, Field(description="Claim holder (default: this server); give parallel "
                                                         "sub-agents their own")] = None,
+        attempt_id: Annotated[str | None, Field(description="The brief's attemptId")] = None,
+        gate_loop: Annotated[int | None, Field(description="The brief's gateLoop")] = None,
     ) -> Annotated[CallToolResult, api.ReportResult]:
         """Record a unit you did (or a gate verdict). When it completes the step's work the step finishes; then
         call workflow_run to continue the run. A refused report changes nothing."""
         return await _call(api.report_unit, run_id, unit_id, status=status, result=result,
                            has_result=result is not None, verdict=verdict, has_verdict=verdict is not None,
                            tokens=tokens, failure_reason=failure_reason, expect_step=expect_step, rerun=rerun,
-                           holder=holder or holder_default, cwd=base_cwd)
+                           attempt_id=attempt_id, gate_loop=gate_loop, holder=holder or holder_default,
+                           cwd=base_cwd)
 
     holder_default = holder
 
-    @server.tool(annotations=read_only)
+    @server.tool(annotations=_read_only("Run status"))
     async def workflow_status(
         run_id: Annotated[str, Field(description="The run id")],
         units: Annotated[bool, Field(description="Include every journaled unit attempt")] = False,
+        step: Annotated[str | None, Field(description="Only this step, its output whole")] = None,
     ) -> Annotated[CallToolResult, RunViewModel]:
-        """Where a run stands: steps, their outputs, and (with units) every unit attempt."""
-        return await _call(api.run_status, run_id, units=units)
+        """Where a run stands: steps, their outputs (large ones clipped: pass step for one whole), and (with
+        units) every unit attempt."""
+        return await _call(api.run_status, run_id, units=units, step=step)
 
-    @server.tool(annotations=read_only)
+    @server.tool(annotations=_read_only("List runs"))
     async def workflow_list(
         active: Annotated[bool, Field(description="Only runs that can still be driven")] = False,
         ref: Annotated[str | None, Field(description="Only runs of this workflow")] = None,
@@ -343,7 +390,7 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         """Runs of this project, newest first."""
         return await _call(api.list_runs, active_only=active, ref=ref, cwd=base_cwd)
 
-    @server.tool(annotations=read_only)
+    @server.tool(annotations=_read_only("Lint workflows"))
     async def workflow_lint(
         paths: Annotated[list[str], Field(min_length=1, description="Workflow files or directories")],
     ) -> Annotated[CallToolResult, _lint_model()]:
@@ -365,7 +412,7 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         """Give up on a run for good."""
         return await _call(api.abandon, run_id)
 
-    @server.tool(annotations=read_only)
+    @server.tool(annotations=_read_only("Journal events"))
     async def workflow_events(
         run_id: Annotated[str | None, Field(description="Only this run's events")] = None,
         since: Annotated[str | None, Field(description="@offset:N (a previous nextOffset) or an ISO time")] = None,
@@ -393,7 +440,27 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         return await _call(api.setup, yes=yes, config=config, probe=probe, project=project, cwd=base_cwd,
                            dry_run=dry_run)
 
+    _finish_tools(server)
     return server
+
+
+def _finish_tools(server: MCPServer) -> None:
+    """What a client sees of each tool: the input schema generated from its request model (strict), a
+    description without the docstring's indentation, and a title."""
+    import inspect
+
+    from akm import api_models
+
+    for name, tool in server._tool_manager._tools.items():
+        spec = _TOOL_ARGS.get(name)
+        if spec is not None:
+            model, only, renames = spec
+            schema = api_models.tool_input_schema(getattr(api_models, model), only=only, renames=renames)
+            schema.pop("description", None)
+            tool.parameters = schema
+        tool.description = inspect.cleandoc(tool.description or "")
+        if tool.title is None and tool.annotations is not None and tool.annotations.title:
+            tool.title = tool.annotations.title
 
 
 def _lint_model() -> Any:

@@ -70,7 +70,11 @@ def test_tools_are_listed_with_schemas_and_annotations(project):
     assert tools["setup"].annotations.read_only_hint is False  # it writes the config (a preview without arguments)
     assert tools["workflow_abandon"].annotations.destructive_hint is True
     assert tools["workflow_run"].annotations.read_only_hint is False
-    assert set(tools["unit_report"].input_schema["required"]) == {"run_id", "unit_id", "status"}
+    # status defaults to completed (a verdict is always completed), so only the ids are required
+    assert set(tools["unit_report"].input_schema["required"]) == {"run_id", "unit_id"}
+    for name, t in tools.items():  # generated from the api's request models: nothing outside them is taken
+        assert t.input_schema["additionalProperties"] is False, name
+        assert t.title and "\n    " not in t.description, name
     assert "runId" in json.dumps(tools["workflow_run"].output_schema)
 
 
@@ -158,7 +162,7 @@ def test_errors_are_tool_errors_with_code_and_exit_status(project):
         con.close()
         missing = await c.call_tool("workflow_status", {"run_id": "00000000-0000-4000-8000-000000000000"})
         not_a_file = await c.call_tool("workflow_run", {"target": "nope.md"})
-        bad_args = await c.call_tool("workflow_run", {"target": "flow.md", "max_steps": 0})
+        bad_args = await c.call_tool("workflow_run", {"target": "flow.md", "max_steps": -1})
         return bad, schema_miss, missing, not_a_file, bad_args, before == after
 
     bad, schema_miss, missing, not_a_file, bad_args, unchanged = call(project, script)

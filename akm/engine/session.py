@@ -36,6 +36,7 @@ from akm.engine.answer import AnswerError, parse_command_json
 from akm.engine.finalize import (
     DONE,
     FAILED,
+    DIVERGED,
     RETRYABLE,
     GateState,
     StepDecision,
@@ -58,7 +59,7 @@ from akm.engine.stepctx import (
 )
 from akm.errors import UsageError
 from akm.format.schema import validate_instance
-from akm.plan.identity import NO_ITEM, base_of_attempt
+from akm.plan.identity import NO_ITEM, base_of_attempt, journal_base_id
 from akm.plan.model import StepPlan
 from akm.store import runs as runs_store
 from akm.store import units as units_store
@@ -390,11 +391,20 @@ def report(
     failure_reason: str | None = None,
     expect_step: str | None = None,
     rerun: bool = False,
+    attempt_id: str | None = None,
+    gate_loop: int | None = None,
     holder: str,
     project_root: Path,
     registry: Any = None,
 ) -> dict[str, Any]:
-    """Record one report and finish the step when its work is complete. Returns the report result."""
+    """Record one report and finish the step when its work is complete. Returns the report result.
+
+    A report answers one attempt: the brief's `attempt_id` (or `gate_loop`) names it, else the unit's current
+    one. A report resent for an attempt that is already closed — its step finished, its gate loop rejected,
+    the run ended — is answered `idempotent` with the run's current state when it is what the journal holds
+    (an agent retrying a call whose answer it lost), and refused otherwise; it is never counted for a
+    later attempt.
+    """
     if status not in REPORT_STATUSES:
         raise UsageError(f"Report status {status!r} is not one of {', '.join(REPORT_STATUSES)}.",
                          code="INVALID_ARGUMENT")
@@ -403,9 +413,19 @@ def report(
         raise UsageError(f"tokens must be a whole number from 0 to {MAX_REPORT_TOKENS}.", code="INVALID_ARGUMENT",
                          details={"argument": "tokens"})
     cur = _current(db, run_id)
+    is_verdict = ".gate:l" in unit_id or unit_id.endswith(".gate") or verdict is not MISSING
+    if rerun or status == "running":
+        answered = None  # a re-run or a claim is new work, never a resend
+    elif is_verdict:
+        answered = _resent_verdict(db, cur, unit_id, verdict, gate_loop)
+    else:
+        answered = _resent_report(db, cur, unit_id, status, result, failure_reason, attempt_id, gate_loop,
+                                  project_root)
+    if answered is not None:
+        return answered
     _check_reportable(cur, expect_step)
     assert cur.step is not None
-    if ".gate:l" in unit_id or unit_id == f"{cur.step.step_id}.gate" or verdict is not MISSING:
+    if is_verdict:
         return _report_verdict(db, cur, unit_id, status, verdict, holder, project_root, registry)
     d = cur.decision
     if d is None:
@@ -414,6 +434,14 @@ def report(
     state = next((s for s in d.states if wanted in (s.unit.unit_id, s.unit.base_id)), None)
     if state is None:
         raise _refuse_unit(cur, unit_id)
+    if state.status == DIVERGED:
+        raise UsageError(
+            f"Replay divergence: unit {state.diverged_from} of run {run_id} is journaled as completed with a "
+            "different input hash than the plan gives it now; nothing was recorded. Start a new run.",
+            code="REPLAY_DIVERGED", details={"unitId": state.diverged_from, "inputHash": state.unit.input_hash})
+    asked = _asked_attempt(state.unit.unit_id, attempt_id, gate_loop)
+    if asked is not None and asked != state.unit.base_id:
+        raise _stale(cur, state.unit.unit_id, asked, state.unit.base_id)
     if state.unit.runner == "exec":
         raise UsageError(f"Unit {unit_id} is a command unit: akm runs it itself (continue the run); it cannot "
                          "be reported.", code="UNIT_NOT_REPORTABLE")
@@ -451,6 +479,173 @@ def report(
     out.update(stepOutcome=outcome.get("stepOutcome"), remainingUnits=outcome.get("remainingUnits", 0),
                runStatus=fresh.status, message=outcome.get("message", ""))
     return out
+
+
+# ---------------------------------------------------------------- resends and stale reports
+
+
+def _asked_attempt(unit_id: str, attempt_id: str | None, gate_loop: int | None) -> str | None:
+    """The journal id of the attempt a report says it answers (None: it names none)."""
+    if attempt_id is not None:
+        return base_of_attempt(attempt_id)
+    if gate_loop is not None:
+        return journal_base_id(_content_id(unit_id), gate_loop)
+    if "~l" in base_of_attempt(unit_id):
+        return base_of_attempt(unit_id)  # the unit named by its attempt id
+    return None
+
+
+def _content_id(unit_id: str) -> str:
+    """`X~l3~r1` -> `X`: the unit's content id, whatever attempt of it is named."""
+    head, sep, tail = base_of_attempt(unit_id).rpartition("~l")
+    return head if sep and tail.isdigit() else base_of_attempt(unit_id)
+
+
+def _loop_of(base_id: str) -> int:
+    head, sep, tail = base_id.rpartition("~l")
+    return int(tail) if sep and tail.isdigit() else 1
+
+
+def _stale(cur: _Current, unit_id: str, asked: str, current: str) -> UsageError:
+    return UsageError(
+        f"This report answers attempt {asked} of unit {unit_id}, which is closed (gate loop {_loop_of(asked)}); the "
+        f"current attempt is {current} (gate loop {_loop_of(current)}). Nothing was recorded: do the unit again "
+        "from the current brief (its context carries the gate's feedback) and report that.",
+        code="STALE_REPORT", details={"attemptId": asked, "currentAttemptId": current,
+                                      "stepId": cur.step.step_id if cur.step else None})
+
+
+def _family_rows(db: Database, run_id: str, content_id: str) -> list[dict[str, Any]]:
+    """Every journaled attempt of one unit (all gate loops and retries), oldest first."""
+    return [dict(r) for r in db.query(
+        "SELECT unit_id, step_id, status, result_json, failure_reason, input_hash FROM units WHERE run_id = ? "
+        "AND phase IS NULL AND (unit_id = ? OR substr(unit_id, 1, ?) = ?) ORDER BY rowid",
+        (run_id, content_id, len(content_id) + 1, content_id + "~"))]
+
+
+def _resent_report(db: Database, cur: _Current, unit_id: str, status: str, result: Any, failure_reason: str | None,
+                   attempt_id: str | None, gate_loop: int | None, project_root: Path) -> dict[str, Any] | None:
+    """The answer to a report of an attempt that is already closed and holds exactly this content, else None.
+
+    Closed: the run no longer takes reports, the unit is not in the current step's work, or the report names
+    an earlier gate loop — or names none while the current loop has no row of this unit yet. A closed
+    attempt holding other content is refused (STALE_REPORT for a rejected loop of the current step; a
+    finished step or run keeps its own refusal, below).
+    """
+    content_id = _content_id(unit_id)
+    rows = [r for r in _family_rows(db, cur.run_id, content_id) if r["status"] in ("completed", "failed")]
+    if not rows:
+        return None
+    d = cur.decision
+    state = None
+    if d is not None and cur.loaded.run.status in DRIVABLE_STATUSES:
+        state = next((s for s in d.states if s.unit.unit_id == content_id), None)
+    asked = _asked_attempt(unit_id, attempt_id, gate_loop)
+    if state is not None:
+        if asked is None and (state.row is not None or state.unit.base_id == content_id):
+            return None  # the current attempt: the normal path (and write_report's own idempotence)
+        if asked is not None and asked == state.unit.base_id:
+            return None
+        closed = [r for r in rows if base_of_attempt(r["unit_id"]) != state.unit.base_id
+                  and (asked is None or base_of_attempt(r["unit_id"]) == asked)]
+    else:
+        closed = [r for r in rows if asked is None or base_of_attempt(r["unit_id"]) == asked]
+    if not closed:
+        return None
+    template = _template_of(cur, closed[-1]["step_id"])
+    if template is None:
+        return None
+    try:
+        sensitive = _sensitive_of(template, project_root)
+        result_json = _prepare_result(_Recorded(content_id, template), status, result, sensitive)
+        reason = normalize_failure_reason(failure_reason, sensitive) if status == "failed" else None
+    except UsageError:
+        return None  # not what was recorded, and not even recordable: the normal path refuses it
+    same = next((r for r in reversed(closed) if r["status"] == status and r["result_json"] == result_json
+                 and (r["failure_reason"] or None) == (reason or None)), None)
+    if same is None:
+        if state is not None and asked is not None:
+            raise _stale(cur, content_id, asked, state.unit.base_id)
+        if state is not None and asked is None:
+            return None  # a first answer for the current loop (it differs from the rejected one)
+        return None  # a finished step or an ended run: the guards below say why it is refused
+    return _resend_answer(db, cur, same["step_id"], content_id, base_of_attempt(same["unit_id"]), status,
+                          _loop_of(base_of_attempt(same["unit_id"])))
+
+
+@dataclass
+class _Recorded:
+    """What `_prepare_result` needs of a unit: its id and template."""
+
+    unit_id: str
+    template: Any
+
+    @property
+    def unit(self) -> "_Recorded":
+        return self
+
+
+def _template_of(cur: _Current, step_id: str | None) -> Any:
+    step = cur.loaded.plan.step(step_id) if step_id else None
+    return step.unit_template if step is not None else None
+
+
+def _sensitive_of(template: Any, project_root: Path) -> list[str]:
+    refs = template.env or []
+    if not refs:
+        return []
+    from akm.engine.env_bindings import EnvBindingError, resolve_env_refs
+
+    try:
+        return sensitive_values_from(resolve_env_refs(refs, project_root))
+    except EnvBindingError:
+        return []
+
+
+def _resent_verdict(db: Database, cur: _Current, unit_id: str, verdict: Any, gate_loop: int | None
+                    ) -> dict[str, Any] | None:
+    """The answer to a verdict resent for a gate loop that already has exactly this verdict, else None
+    (a different verdict for a closed loop is STALE_REPORT)."""
+    step_id, _, loop_text = unit_id.partition(".gate:l")
+    if not loop_text:
+        if gate_loop is None or not unit_id.endswith(".gate"):
+            return None
+        step_id, loop_text = unit_id[: -len(".gate")], str(gate_loop)
+    if not loop_text.isdigit():
+        return None
+    row_id = gate_row_for(step_id, int(loop_text))
+    row = db.query_one("SELECT status, result_json FROM units WHERE run_id = ? AND unit_id = ? AND phase = 'gate'",
+                       (cur.run_id, row_id))
+    if row is None or row["status"] != "completed":
+        return None
+    value = verdict
+    if isinstance(value, str):
+        try:
+            value = parse_command_json(value)
+        except AnswerError:
+            return None
+    parsed = verdict_from_value(value)
+    if parsed is None:
+        return None
+    recorded = json.loads(row["result_json"]) if row["result_json"] else None
+    if recorded != parsed.to_json():
+        raise UsageError(
+            f"Gate loop {loop_text} of step {step_id} already has a verdict ({row['result_json']}); a different one "
+            "for it is never counted for a later loop. Nothing was recorded: fetch the current brief.",
+            code="STALE_REPORT", details={"unitId": row_id, "recorded": recorded})
+    return _resend_answer(db, cur, step_id, row_id, row_id, "completed", int(loop_text))
+
+
+def _resend_answer(db: Database, cur: _Current, step_id: str, unit_id: str, attempt: str, status: str,
+                   loop: int) -> dict[str, Any]:
+    run = runs_store.require_run(db, cur.run_id)
+    where = (f"the run is {run.status}" if run.status not in DRIVABLE_STATUSES
+             else f"the run is {run.status} on step {run.current_step_id}")
+    return {"runId": cur.run_id, "stepId": step_id, "unitId": unit_id, "attemptId": attempt, "status": status,
+            "recorded": "idempotent", "gateLoop": loop, "claim": None, "remainingUnits": None, "stepOutcome": None,
+            "runStatus": run.status,
+            "message": f"Already recorded: {unit_id} (gate loop {loop}) holds exactly this; nothing changed — "
+                       f"{where}."}
 
 
 def _report_verdict(db: Database, cur: _Current, unit_id: str, status: str, verdict: Any, holder: str,
