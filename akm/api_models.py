@@ -159,13 +159,15 @@ class UpgradeResult(ApiModel):
 
 
 class ReportHint(ApiModel):
-    """The exact arguments of the report that would record this unit (each front renders it its own way)."""
+    """The exact arguments of the report that would record this unit (each front renders it its own way):
+    every key is a `unit_report` argument, so a client may pass the object as it is and add the result."""
 
     run_id: str
     unit_id: str
+    attempt_id: str | None = None
+    gate_loop: int | None = None
     expect_step: str | None = None
     status: str = "completed"
-    result_kind: str  # json | text | verdict
     rerun: bool = False
 
 
@@ -186,7 +188,8 @@ class BriefUnit(ApiModel):
     unit_id: str
     attempt_id: str
     input_hash: str
-    action: str  # do | claimed | rerun
+    action: str  # do | claimed | rerun | do_not_run
+    result_kind: str = "text"  # json | text: what `result` is
     runner: str
     prompt: str
     output_schema: dict[str, Any] | None = None

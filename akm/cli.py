@@ -135,8 +135,9 @@ def _build_parser() -> "argparse.ArgumentParser":
                     "RUN` continues the run. Every refusal leaves the journal unchanged.")
     rp.add_argument("run_id", metavar="RUN", help=run_id_help)
     rp.add_argument("unit_id", metavar="UNIT", help="the unit id from `akm workflow next` (or STEP.gate:lN)")
-    rp.add_argument("--status", required=True, choices=("completed", "failed", "running"),
-                    help="completed (with --result), failed (with --failure-reason), or running (claim it)")
+    rp.add_argument("--status", choices=("completed", "failed", "running"),
+                    help="completed (with --result; the default with --verdict), failed (with --failure-reason), "
+                         "or running (claim it)")
     rp.add_argument("--result", metavar="JSON|@FILE|-",
                     help="the unit's result: JSON for units with an output schema, else text; @FILE reads a file, "
                          "- reads standard input")
@@ -145,6 +146,9 @@ def _build_parser() -> "argparse.ArgumentParser":
     rp.add_argument("--tokens", metavar="N", help="tokens spent (counted against the run's budget)")
     rp.add_argument("--failure-reason", metavar="R", help="why the unit failed (e.g. timeout)")
     rp.add_argument("--expect-step", metavar="STEP", help="refuse unless the run is still on this step")
+    rp.add_argument("--attempt", metavar="ID", help="the brief's attemptId: the attempt this report answers (a "
+                                                    "report for a gate loop already closed is never counted for "
+                                                    "a later one)")
     rp.add_argument("--rerun", action="store_true", help="replace a result already recorded for this unit")
     rp.add_argument("--holder", metavar="H", help="claim holder name (default: this user and host)")
     fmt(rp)
@@ -549,15 +553,15 @@ def _render_brief_text(b: dict[str, Any]) -> str:
             lines.append(f"item {u['context']['itemIndex']}: {json.dumps(u['context']['item'], ensure_ascii=False)}")
         lines.append(u["prompt"])
         rep = u["report"]
-        arg = "--result @result.json" if rep["resultKind"] == "json" else "--result @result.txt"
+        arg = "--result @result.json" if u.get("resultKind") == "json" else "--result @result.txt"
         lines.append(f"-> akm workflow report {rep['runId']} {rep['unitId']} --expect-step {rep['expectStep']} "
-                     f"--status completed {arg}" + (" --rerun" if rep.get("rerun") else ""))
+                     f"--attempt {rep['attemptId']} --status completed {arg}" + (" --rerun" if rep.get("rerun") else ""))
     j = b.get("judge")
     if j:
         lines.append(f"\n== verdict {j['unitId']}")
         lines.append(j["prompt"])
         lines.append(f"-> akm workflow report {b['runId']} {j['unitId']} --expect-step {b['stepId']} "
-                     "--status completed --verdict '{\"complete\": true, \"missing\": [], \"feedback\": \"\"}'")
+                     "--verdict '{\"complete\": true, \"missing\": [], \"feedback\": \"\"}'")
     if b.get("kind") == "engine":
         lines.append(f"-> akm workflow run {b['runId']}")
     return "\n".join(lines)
@@ -602,8 +606,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
             raise UsageError(f"--tokens {quoted(args.tokens)}: expected a whole number from 0 to {MAX_REPORT_TOKENS}.",
                              code="INVALID_ARGUMENT")
         tokens = int(args.tokens)
+    status = args.status
+    if status is None:
+        if args.verdict is None:
+            raise UsageError("--status is required (completed, failed or running); only --verdict implies "
+                             "completed.", code="INVALID_ARGUMENT", details={"argument": "status"})
+        status = "completed"
     res = api.report_unit(
-        args.run_id, args.unit_id, status=args.status,
+        args.run_id, args.unit_id, status=status, attempt_id=args.attempt,
         result=_read_payload(args.result, "--result") if args.result is not None else None,
         has_result=args.result is not None,
         verdict=_read_payload(args.verdict, "--verdict") if args.verdict is not None else None,

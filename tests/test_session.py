@@ -70,8 +70,9 @@ def test_fan_out_session_step_reported_then_the_next_exec_step_sees_it(project):
     u0 = brief["units"][0]
     assert u0["context"]["item"] == "a.py" and u0["context"]["itemIndex"] == 0
     assert u0["outputSchema"]["required"] == ["verdict"] and "Review the file." in u0["prompt"]
-    assert u0["report"] == {"runId": rid, "unitId": u0["unitId"], "expectStep": "review", "status": "completed",
-                            "resultKind": "json", "rerun": False}
+    assert u0["report"] == {"runId": rid, "unitId": u0["unitId"], "attemptId": u0["attemptId"], "gateLoop": 1,
+                            "expectStep": "review", "status": "completed", "rerun": False}
+    assert u0["resultKind"] == "json"
     assert brief["instructions"].strip() == "Review the file."
     first = report(rid, u0["unitId"], project, result={"verdict": "ok"}, expect_step="review")
     assert first["recorded"] == "written" and first["remainingUnits"] == 1 and first["stepOutcome"] is None

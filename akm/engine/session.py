@@ -173,14 +173,16 @@ def _unit_brief(cur: _Current, state: UnitState, now: str) -> dict[str, Any]:
         "attemptId": u.base_id,
         "inputHash": u.input_hash,
         "action": action,
+        "resultKind": "json" if tmpl.output_schema is not None else "text",
         "runner": u.runner,
         "prompt": u.prompt,
         "outputSchema": tmpl.output_schema,
         "context": context,
         "claim": claim,
         "lastFailure": state.row.get("failure_reason") if state.status in (RETRYABLE, FAILED) and state.row else None,
-        "report": {"runId": cur.run_id, "unitId": u.unit_id, "expectStep": cur.step.step_id if cur.step else None,
-                   "status": "completed", "resultKind": "json" if tmpl.output_schema is not None else "text",
+        "report": {"runId": cur.run_id, "unitId": u.unit_id, "attemptId": u.base_id,
+                   "gateLoop": cur.gate.loop if cur.gate else None,
+                   "expectStep": cur.step.step_id if cur.step else None, "status": "completed",
                    "rerun": action == "rerun"},
     }
 
@@ -198,8 +200,8 @@ def _judge_brief(cur: _Current) -> dict[str, Any]:
         "summary": summary,
         "prompt": gates.judge_prompt(step, summary),
         "verdictSchema": gates.VERDICT_SCHEMA,
-        "report": {"runId": cur.run_id, "unitId": unit_id, "expectStep": step.step_id, "status": "completed",
-                   "resultKind": "verdict", "rerun": False},
+        "report": {"runId": cur.run_id, "unitId": unit_id, "attemptId": None, "gateLoop": d.loop,
+                   "expectStep": step.step_id, "status": "completed", "rerun": False},
     }
 
 

@@ -1,0 +1,83 @@
+"""Reports an agent cannot get wrong (issue 16): resends are idempotent, stale reports are refused.
+
+An agent retries a call whose answer it lost, resends after a gate sent work back, resumes after a
+failure: every such report either answers `idempotent` with the run's current state (it is what the
+journal already holds) or is refused with a code — and a refusal leaves the journal unchanged.
+"""
+
+from __future__ import annotations
+
+from akm import api
+from tests.test_engine import py, run
+from tests.test_session import journal, refused, report, start
+
+GATED = ("steps:\n  - id: draft\n    gate: { max_loops: 3 }\n    output: { type: object, required: [text], "
+         "properties: { text: { type: string } } }\n  - id: after\n    unit: { exec: { command: %s } }"
+         % py("print('ok')"))
+BODY = "## draft\n\nDraft it.\n\n### gate\n\n- Mentions cats.\n\n## after\n\nAfter."
+
+
+def test_a_unit_report_resent_after_its_step_finished_or_the_run_ended_is_idempotent(project):
+    rid = start(project, GATED, BODY)
+    first = report(rid, "draft:solo", project, result={"text": "dogs"}, expect_step="draft")
+    assert first["recorded"] == "written" and first["stepOutcome"]["kind"] == "awaiting_verdict"
+    ok = report(rid, "draft.gate:l1", project, verdict={"complete": True})
+    assert ok["stepOutcome"]["kind"] == "completed"
+    before = journal()
+    again = report(rid, "draft:solo", project, result={"text": "dogs"}, expect_step="draft")
+    assert again["recorded"] == "idempotent" and again["attemptId"] == "draft:solo"
+    assert again["runStatus"] == ok["runStatus"]
+    verdict_again = report(rid, "draft.gate:l1", project, verdict={"complete": True})
+    assert verdict_again["recorded"] == "idempotent" and verdict_again["stepId"] == "draft"
+    assert journal() == before
+    done = run(rid, project)
+    assert done.run.status == "completed"
+    before = journal()
+    late = report(rid, "draft:solo", project, result={"text": "dogs"})
+    assert late["recorded"] == "idempotent" and late["runStatus"] == "completed"
+    assert "completed" in late["message"]
+    late_verdict = report(rid, "draft.gate:l1", project, verdict='{"complete": true}')
+    assert late_verdict["recorded"] == "idempotent" and late_verdict["runStatus"] == "completed"
+    assert journal() == before
+    # other content for a finished step or run is still refused
+    refused("RUN_NOT_ACTIVE", report, rid, "draft:solo", project, result={"text": "cats"})
+    refused("STALE_REPORT", report, rid, "draft.gate:l1", project, verdict={"complete": False, "feedback": "x"})
+
+
+def test_a_loop_one_report_resent_after_the_gate_rejected_it_is_never_the_loop_two_result(project):
+    rid = start(project, GATED, BODY)
+    brief = api.next_brief(rid).to_json()
+    loop1 = brief["units"][0]
+    assert loop1["attemptId"] == "draft:solo" and loop1["report"]["attemptId"] == "draft:solo"
+    report(rid, "draft:solo", project, result={"text": "dogs"}, attempt_id=loop1["attemptId"])
+    rejected = report(rid, "draft.gate:l1", project, verdict={"complete": False, "missing": ["cats"],
+                                                              "feedback": "Add cats."})
+    assert rejected["stepOutcome"]["kind"] == "next_loop"
+    before = journal()
+    # the lost answer's retry, as it was: the same content for loop 1 -> idempotent, not loop 2's result
+    resent = report(rid, "draft:solo", project, result={"text": "dogs"}, attempt_id="draft:solo")
+    assert resent["recorded"] == "idempotent" and resent["gateLoop"] == 1
+    plain = report(rid, "draft:solo", project, result={"text": "dogs"})  # no attempt named: the same
+    assert plain["recorded"] == "idempotent" and plain["attemptId"] == "draft:solo"
+    assert journal() == before
+    # other content named as loop 1's answer is stale: refused, nothing written
+    err = refused("STALE_REPORT", report, rid, "draft:solo", project, result={"text": "dogs!"},
+                  attempt_id="draft:solo")
+    assert err.details["currentAttemptId"] == "draft:solo~l2"
+    refused("STALE_REPORT", report, rid, "draft:solo", project, result={"text": "cats"}, gate_loop=1)
+    # a verdict resent for the rejected loop: the same is idempotent, a different one stale
+    assert report(rid, "draft.gate:l1", project, verdict={"complete": False, "missing": ["cats"],
+                                                          "feedback": "Add cats."})["recorded"] == "idempotent"
+    refused("STALE_REPORT", report, rid, "draft.gate:l1", project, verdict={"complete": True})
+    # the loop-2 judge sees loop 2's answer
+    brief = api.next_brief(rid).to_json()
+    assert brief["gateLoop"] == 2 and brief["units"][0]["attemptId"] == "draft:solo~l2"
+    out = report(rid, "draft:solo", project, result={"text": "cats"}, attempt_id="draft:solo~l2")
+    assert out["recorded"] == "written" and out["gateLoop"] == 2
+    judge = api.next_brief(rid).to_json()["judge"]
+    assert judge["unitId"] == "draft.gate:l2" and judge["artifact"] == {"text": "cats"}
+
+
+def test_a_report_naming_a_later_attempt_than_the_current_is_stale(project):
+    rid = start(project, GATED, BODY)
+    refused("STALE_REPORT", report, rid, "draft:solo", project, result={"text": "x"}, attempt_id="draft:solo~l2")
