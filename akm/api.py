@@ -847,7 +847,7 @@ def report_unit(
     run_id: str,
     unit_id: str,
     *,
-    status: str,
+    status: str = "completed",
     result: Any = None,
     has_result: bool = False,
     verdict: Any = None,

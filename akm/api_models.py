@@ -252,6 +252,9 @@ class ReportResult(ApiModel):
     step_outcome: StepOutcome | None = None
     run_status: str
     message: str = ""
+    # The run's new brief when this report changed what the agent must do next in the same step (its units
+    # are done and the gate awaits a verdict; the gate sent the step to its next loop): no extra round trip.
+    brief: Brief | None = None
 
 
 class SetupResult(ApiModel):

@@ -43,14 +43,17 @@ from akm.errors import EXIT_INTERNAL, AkmError
 
 DEFAULT_CALL_BOUND_S = 45.0
 
-INSTRUCTIONS = """akm runs durable markdown workflows. The loop:
+INSTRUCTIONS = """akm runs durable markdown workflows. workflow_catalog lists the workflows and their params. The loop:
 1. workflow_run(target=<file, workflows/<name> or run id>, params={...}) — akm runs every command unit itself.
-2. If the result's run.status is "awaiting_session", call workflow_next(run_id): it lists the units you must do
-   (prompt, context, output schema) or the gate verdict you must give.
-3. Do each unit in your own session, then unit_report(run_id, unit_id, status="completed", result=...) —
-   for a gate, unit_report(..., verdict={"complete": bool, "missing": [...], "feedback": "..."}).
-4. Call workflow_run(target=<run id>) again; repeat until run.status is "completed".
-Results that miss their output schema are refused with the errors: fix and report again."""
+2. If the result's run.status is "awaiting_session", run.awaiting is the brief: the units you must do (prompt,
+   context, output schema) or the gate verdict you must give (workflow_next(run_id) fetches it again).
+3. Do each unit in your own session, then unit_report(**unit.report, result=...). The report that finishes the
+   step's units answers with the judge brief when a gate needs your verdict:
+   unit_report(**judge.report, verdict={"complete": bool, "missing": [...], "feedback": "..."}).
+4. When a report's stepOutcome is completed, call workflow_run(target=<run id>) again; repeat until
+   run.status is "completed". Every answer's `next` says what to do.
+Results that miss their output schema are refused with the errors: fix and report again. Resending a report
+whose answer you lost is safe: the same report again answers recorded "idempotent"."""
 
 # Hints in MCP terms for error codes whose CLI hint names shell commands.
 _HINTS = {
@@ -113,11 +116,22 @@ def _ok(model: Any) -> CallToolResult:
 
 async def _call(fn: Any, *args: Any, **kwargs: Any) -> CallToolResult:
     """Run a blocking api call off the event loop; AkmError becomes an isError result."""
+    return await _call_then(None, fn, *args, **kwargs)
+
+
+async def _call_then(shape: Any, fn: Any, *args: Any, **kwargs: Any) -> CallToolResult:
+    """`_call`, with `shape(result)` giving the answer's JSON (this front's additions)."""
     try:
         result = await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
     except AkmError as exc:
         return _error_result(exc)
-    return _ok(result)
+    return _ok(shape(result) if shape is not None else result)
+
+
+def _with_next_after_report(res: Any) -> dict[str, Any]:
+    data = res.to_json()
+    data["next"] = _next_after_report(data)
+    return data
 
 
 def _schema_model(cls: type, extra: dict[str, Any] | None = None) -> type[BaseModel]:
@@ -162,6 +176,7 @@ def _schema_type(hint: Any) -> Any:
 
 _SCHEMA_MODELS: dict[Any, type[BaseModel]] = {}
 McpRunResult = _schema_model(views.RunResult, {"next": (str | None, None)})  # the run JSON + what to call next
+McpReportResult = create_model("McpReportResult", __base__=api.ReportResult, next=(str | None, None))
 RunViewModel = _schema_model(views.RunView)
 RunListModel = _schema_model(views.RunList)
 EventPageModel = _schema_model(views.EventPage)
@@ -171,8 +186,7 @@ def _next_step_for(result: views.RunResult, bound_hit: bool) -> str | None:
     status = result.run.status
     rid = result.run.run_id
     if status == "awaiting_session":
-        return f"Call workflow_next(run_id=\"{rid}\"), do the work it lists, report it with unit_report, " \
-               f"then call workflow_run(target=\"{rid}\") again."
+        return _next_for_brief((result.run.awaiting or {}), rid)
     if status == "active" and bound_hit:
         return f"The run is still going (this call returns after its time bound). Call " \
                f"workflow_run(target=\"{rid}\") to continue from where it stopped."
@@ -181,6 +195,44 @@ def _next_step_for(result: views.RunResult, bound_hit: bool) -> str | None:
     if status in ("failed", "blocked"):
         return f"Inspect with workflow_status(run_id=\"{rid}\"); fix the cause, then workflow_resume and " \
                "workflow_run to retry (completed units are reused)."
+    return None
+
+
+def _next_for_brief(brief: dict[str, Any], rid: str) -> str:
+    """What to do with a brief the answer already holds (run.awaiting, or a report's brief)."""
+    kind = brief.get("kind")
+    if kind == "units":
+        return ("Do each unit in run.awaiting.units (prompt, context, outputSchema) and report it with "
+                "unit_report(**unit.report, result=...); the report that finishes the step's units answers with "
+                f"the judge brief if a gate needs a verdict, else call workflow_run(target=\"{rid}\").")
+    if kind == "judge":
+        return ("Judge run.awaiting.judge.artifact against its criteria and report unit_report(**judge.report, "
+                "verdict={\"complete\": bool, \"missing\": [...], \"feedback\": \"...\"}).")
+    return f"Call workflow_next(run_id=\"{rid}\") for what the run needs now."
+
+
+def _next_after_report(res: dict[str, Any]) -> str | None:
+    """A report answer's `next`: what its own fields already say the agent must do."""
+    rid, outcome, status = res["runId"], res.get("stepOutcome") or {}, res.get("runStatus")
+    brief = res.get("brief")
+    if status == "completed":
+        return None
+    if brief and brief.get("kind") == "judge":
+        return ("The step's units are done: judge brief.judge.artifact against its criteria and report "
+                "unit_report(**brief.judge.report, verdict={\"complete\": bool, \"missing\": [...], "
+                "\"feedback\": \"...\"}).")
+    if brief and brief.get("kind") == "units":
+        return ("The gate sent the step back: redo each unit in brief.units with brief.gateFeedback and report it "
+                "with unit_report(**unit.report, result=...) (it names the new attemptId).")
+    if status in ("failed", "blocked"):
+        return (f"The run is {status}: inspect it with workflow_status(run_id=\"{rid}\"), fix the cause, then "
+                f"workflow_resume(run_id=\"{rid}\") and workflow_run(target=\"{rid}\").")
+    if outcome.get("kind") == "completed" or status == "active":
+        return f"Call workflow_run(target=\"{rid}\") to go on: its answer carries the next brief in run.awaiting."
+    if res.get("recorded") == "heartbeat" or res.get("status") == "running":
+        return "Report the unit's result with unit_report (status completed) before its claim expires."
+    if res.get("remainingUnits"):
+        return f"{res['remainingUnits']} unit(s) of the step still need a report."
     return None
 
 
@@ -361,14 +413,14 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
                                                         "sub-agents their own")] = None,
         attempt_id: Annotated[str | None, Field(description="The brief's attemptId")] = None,
         gate_loop: Annotated[int | None, Field(description="The brief's gateLoop")] = None,
-    ) -> Annotated[CallToolResult, api.ReportResult]:
+    ) -> Annotated[CallToolResult, McpReportResult]:
         """Record a unit you did (or a gate verdict). When it completes the step's work the step finishes; then
         call workflow_run to continue the run. A refused report changes nothing."""
-        return await _call(api.report_unit, run_id, unit_id, status=status, result=result,
-                           has_result=result is not None, verdict=verdict, has_verdict=verdict is not None,
-                           tokens=tokens, failure_reason=failure_reason, expect_step=expect_step, rerun=rerun,
-                           attempt_id=attempt_id, gate_loop=gate_loop, holder=holder or holder_default,
-                           cwd=base_cwd)
+        return await _call_then(_with_next_after_report, api.report_unit, run_id, unit_id, status=status,
+                                result=result, has_result=result is not None, verdict=verdict,
+                                has_verdict=verdict is not None, tokens=tokens, failure_reason=failure_reason,
+                                expect_step=expect_step, rerun=rerun, attempt_id=attempt_id, gate_loop=gate_loop,
+                                holder=holder or holder_default, cwd=base_cwd)
 
     holder_default = holder
 

@@ -479,8 +479,25 @@ def report(
                         budget_message=write.tokens_crossed)
     fresh = runs_store.require_run(db, run_id)
     out.update(stepOutcome=outcome.get("stepOutcome"), remainingUnits=outcome.get("remainingUnits", 0),
-               runStatus=fresh.status, message=outcome.get("message", ""))
+               runStatus=fresh.status, message=_run_message(outcome.get("message", ""), fresh))
+    out["brief"] = _brief_after(db, run_id, out["stepOutcome"])
     return out
+
+
+def _brief_after(db: Database, run_id: str, step_outcome: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The new brief when a report changed the agent's work within the step (a verdict is now awaited, or
+    the gate opened the next loop), so that the agent needs no `next` call; else None."""
+    if not step_outcome or step_outcome.get("kind") not in ("awaiting_verdict", "next_loop"):
+        return None
+    return brief(db, run_id)
+
+
+def _run_message(message: str, run: Any) -> str:
+    """A report's message, saying so when the report finished the whole run."""
+    if run.status == "completed":
+        return f"{message.split(':')[0]}; run {run.id} is completed." if message.startswith("Step ") else \
+            f"Run {run.id} is completed."
+    return message
 
 
 # ---------------------------------------------------------------- resends and stale reports
@@ -683,7 +700,8 @@ def _report_verdict(db: Database, cur: _Current, unit_id: str, status: str, verd
     return {"runId": cur.run_id, "stepId": step.step_id, "unitId": expected, "attemptId": expected,
             "status": "completed", "recorded": "written", "gateLoop": d.loop, "claim": None,
             "remainingUnits": outcome.get("remainingUnits", 0), "stepOutcome": outcome.get("stepOutcome"),
-            "runStatus": fresh.status, "message": outcome.get("message", "")}
+            "runStatus": fresh.status, "message": _run_message(outcome.get("message", ""), fresh),
+            "brief": _brief_after(db, cur.run_id, outcome.get("stepOutcome"))}
 
 
 # ---------------------------------------------------------------- finishing the step
@@ -730,8 +748,8 @@ def _finalize(db: Database, run_id: str, project_root: Path, registry: Any,
                                             "feedback": cur.gate.feedback["feedback"],
                                             "missing": cur.gate.feedback["missing"]},
                             "remainingUnits": left,
-                            "message": f"Step {step.step_id} goes to gate loop {d.loop}: fetch the brief again and "
-                                       "redo its units with the feedback."}
+                            "message": f"Step {step.step_id} goes to gate loop {d.loop}: redo its units with the "
+                                       "feedback (the brief is in this answer)."}
                 return {"remainingUnits": left,
                         "message": f"Recorded. {left} unit(s) of step {step.step_id} still need a report."}
             if d.kind == "retry":
@@ -743,7 +761,7 @@ def _finalize(db: Database, run_id: str, project_root: Path, registry: Any,
                     _park(db, run_id, {"kind": "judge", "stepId": step.step_id, "gateLoop": d.loop})
                     return {"stepOutcome": {"kind": "awaiting_verdict", "gateLoop": d.loop}, "remainingUnits": 0,
                             "message": f"Step {step.step_id}'s units are done; its gate needs your verdict "
-                                       "(fetch the brief)."}
+                                       "(the judge brief is in this answer)."}
                 if not _engine_judge(db, cur, d, project_root, registry):
                     fresh = runs_store.get_step(db, run_id, step.step_id)
                     return {"stepOutcome": {"kind": "blocked", "summary": fresh.notes if fresh else None},
