@@ -659,6 +659,9 @@ _CLI_HINTS: dict[str, str] = {
     "UNIT_TERMINAL": "Add --rerun to do the finished unit again.",
     "CLAIM_EXPIRED": "Claim it again with --status running (same --holder), then report its result.",
     "STEP_MISMATCH": "`akm workflow next RUN` shows what the run needs now.",
+    "STEP_CLOSED": "Start a new run to change it: `akm workflow run FILE --new`.",
+    "STALE_REPORT": "`akm workflow next RUN` shows the current attempt; report that with --attempt.",
+    "REPLAY_DIVERGED": "Start a new run: `akm workflow run FILE --new`.",
     "UNKNOWN_UNIT": "`akm workflow next RUN` lists the units to report.",
 }
 # An argument of the api (details.argument) as the CLI spells it.

@@ -63,6 +63,12 @@ _HINTS = {
     "WORKFLOW_INVALID": "Call workflow_lint on the file for every problem and its fix.",
     "UNKNOWN_UNIT": "Call workflow_next for the units of the current step.",
     "STEP_MISMATCH": "The run moved on: call workflow_next and report against the new step.",
+    "STEP_CLOSED": "Start a new run to change a finished step's output: workflow_run(target=<the workflow file>, "
+                   "params=..., new=true).",
+    "STALE_REPORT": "Call workflow_next: report the current attempt (its attemptId) with the gate's feedback.",
+    "REPLAY_DIVERGED": "The journal no longer matches the run's plan: start a new run with workflow_run(target=<the "
+                       "workflow file>, new=true).",
+    "BUDGET_EXCEEDED": "The run's budget is spent: start a new run (or raise the workflow's budget) to go on.",
     "RESULT_INVALID": "Correct the result so it matches the unit's outputSchema and report again.",
     "RESULT_REQUIRED": "Report the unit's result (a JSON value matching its outputSchema).",
     "REPORT_CONFLICT": "Pass rerun=true to replace the recorded result.",

@@ -81,3 +81,45 @@ def test_a_loop_one_report_resent_after_the_gate_rejected_it_is_never_the_loop_t
 def test_a_report_naming_a_later_attempt_than_the_current_is_stale(project):
     rid = start(project, GATED, BODY)
     refused("STALE_REPORT", report, rid, "draft:solo", project, result={"text": "x"}, attempt_id="draft:solo~l2")
+
+
+def test_a_session_unit_reported_failed_is_offered_again_after_resume(project):
+    rid = start(project, "steps:\n  - id: w\n  - id: after\n    unit: { exec: { command: %s } }" % py("print(1)"),
+                "## w\n\nW.\n\n## after\n\nA.")
+    out = report(rid, "w:solo", project, status="failed", failure_reason="no idea")
+    assert out["runStatus"] == "failed"
+    assert "workflow_resume" not in out["message"]  # the core names no front's tools; the MCP `next` does
+    api.resume(rid)
+    again = run(rid, project)  # before issue 16 the step failed again here, on every resume
+    assert again.run.status == "awaiting_session", again.run
+    unit = again.run.awaiting["units"][0]
+    assert unit["action"] == "rerun" and unit["report"]["rerun"] is True
+    done = report(rid, "w:solo", project, result="fixed", rerun=True)
+    assert done["stepOutcome"]["kind"] == "completed"
+    assert run(rid, project).run.status == "completed"
+
+
+def test_a_replay_divergence_is_refused_and_writes_nothing(project):
+    import sqlite3
+
+    from akm import paths
+
+    rid = start(project, "params:\n  xs: { type: array }\nsteps:\n  - id: m\n    map: { over: params.xs }",
+                "## m\n\nM.", xs=["a", "b"])
+    units = [u["unitId"] for u in api.next_brief(rid).to_json()["units"]]
+    report(rid, units[0], project, result="1")
+    con = sqlite3.connect(paths.journal_path())
+    con.execute("UPDATE units SET input_hash = 'tampered' WHERE unit_id = ?", (units[0],))
+    con.commit()
+    con.close()
+    err = refused("REPLAY_DIVERGED", report, rid, units[0], project, result="1", rerun=True)
+    assert err.details["unitId"] == units[0]
+
+
+def test_other_content_for_a_finished_step_names_the_way_out(project):
+    rid = start(project, "steps:\n  - id: a\n  - id: b", "## a\n\nA.\n\n## b\n\nB.")
+    report(rid, "a:solo", project, result="first")
+    run(rid, project)
+    assert report(rid, "a:solo", project, result="first")["recorded"] == "idempotent"
+    err = refused("STEP_CLOSED", report, rid, "a:solo", project, result="corrected")
+    assert "new run" in err.message and err.details == {"stepId": "a", "currentStep": "b"}

@@ -270,7 +270,7 @@ def test_verdicts_only_when_a_verdict_is_awaited(project):
     refused("VERDICT_INVALID", report, rid, "d.gate:l1", project, verdict="not json")
 
 
-def test_budget_ceiling_refuses_the_report(project):
+def test_budget_ceiling_refuses_the_report_and_fails_the_step_and_run(project):
     rid = start(project, """
         params:
           xs: { type: array }
@@ -282,8 +282,15 @@ def test_budget_ceiling_refuses_the_report(project):
     units = [u["unitId"] for u in api.next_brief(rid).to_json()["units"]]
     report(rid, units[0], project, result="1")
     report(rid, units[1], project, result="2")
-    err = refused("BUDGET_EXCEEDED", report, rid, units[2], project, result="3")
-    assert "max_units ceiling" in err.message
+    with pytest.raises(AkmError) as exc:
+        report(rid, units[2], project, result="3")
+    assert exc.value.code == "BUDGET_EXCEEDED" and "max_units ceiling" in exc.value.message
+    # as natively: the report is not recorded, the step and the run fail (issue 16; before, the run stayed
+    # awaiting_session and offered the unit forever)
+    assert db_rows("SELECT count(*) FROM units WHERE unit_id = ?", units[2]) == [(0,)]
+    view = api.run_status(rid)
+    assert view.status == "failed" and view.steps[0].status == "failed"
+    assert exc.value.details["runStatus"] == "failed"
 
 
 def test_failed_reports_fail_fast_and_normalize_their_reason(project):

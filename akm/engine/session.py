@@ -456,13 +456,18 @@ def report(
     reason = normalize_failure_reason(failure_reason, sensitive) if status == "failed" else None
     u = state.unit
     budget = cur.loaded.plan.budget
-    write = units_store.write_report(
-        db, run_id=run_id, unit_id=u.base_id, step_id=cur.step.step_id, node_id=u.node_id,
-        parent_unit_id=u.parent_unit_id, runner="session" if u.runner == "session" else u.runner, engine=u.engine,
-        model=u.model, input_hash=u.input_hash, status=status, result_json=result_json, tokens=tokens,
-        failure_reason=reason, holder=redact_text(holder, sensitive), rerun=rerun,
-        max_units=budget.max_units if budget else None, max_tokens=budget.max_tokens if budget else None,
-    )
+    try:
+        write = units_store.write_report(
+            db, run_id=run_id, unit_id=u.base_id, step_id=cur.step.step_id, node_id=u.node_id,
+            parent_unit_id=u.parent_unit_id, runner="session" if u.runner == "session" else u.runner,
+            engine=u.engine, model=u.model, input_hash=u.input_hash, status=status, result_json=result_json,
+            tokens=tokens, failure_reason=reason, holder=redact_text(holder, sensitive), rerun=rerun,
+            max_units=budget.max_units if budget else None, max_tokens=budget.max_tokens if budget else None,
+        )
+    except UsageError as exc:
+        if exc.code != "BUDGET_EXCEEDED":
+            raise
+        raise _budget_fails_the_step(db, run_id, cur.step.step_id, exc, project_root, registry) from None
     out: dict[str, Any] = {
         "runId": run_id, "stepId": cur.step.step_id, "unitId": u.unit_id, "attemptId": u.base_id,
         "status": status, "recorded": write.recorded, "gateLoop": d.loop,
@@ -482,6 +487,17 @@ def report(
                runStatus=fresh.status, message=_run_message(outcome.get("message", ""), fresh))
     out["brief"] = _brief_after(db, run_id, out["stepOutcome"])
     return out
+
+
+def _budget_fails_the_step(db: Database, run_id: str, step_id: str, exc: UsageError, project_root: Path,
+                           registry: Any) -> UsageError:
+    """A budget ceiling ends the run as it does natively: the report is not recorded, the step and the run
+    fail (a run left awaiting the agent would offer the unit forever). Returns the error to raise."""
+    reason = exc.message.rstrip(".")
+    _finalize(db, run_id, project_root, registry, budget_message=reason)
+    fresh = runs_store.require_run(db, run_id)
+    return UsageError(f"{exc.message} The report was not recorded; step {step_id} and the run are now {fresh.status}.",
+                      code="BUDGET_EXCEEDED", details={"runId": run_id, "stepId": step_id, "runStatus": fresh.status})
 
 
 def _brief_after(db: Database, run_id: str, step_outcome: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -587,7 +603,14 @@ def _resent_report(db: Database, cur: _Current, unit_id: str, status: str, resul
             raise _stale(cur, content_id, asked, state.unit.base_id)
         if state is not None and asked is None:
             return None  # a first answer for the current loop (it differs from the rejected one)
-        return None  # a finished step or an ended run: the guards below say why it is refused
+        step_id = closed[-1]["step_id"]
+        if cur.loaded.run.status in DRIVABLE_STATUSES and cur.step is not None and step_id != cur.step.step_id:
+            raise UsageError(
+                f"Unit {content_id} belongs to step {step_id}, which is finished: its output is fixed (later steps "
+                f"were built on it) and this different report was not recorded. The run is on step "
+                f"{cur.step.step_id}; to change {step_id}'s output, start a new run of the workflow.",
+                code="STEP_CLOSED", details={"stepId": step_id, "currentStep": cur.step.step_id})
+        return None  # an ended run: the guards below say why it is refused
     return _resend_answer(db, cur, same["step_id"], content_id, base_of_attempt(same["unit_id"]), status,
                           _loop_of(base_of_attempt(same["unit_id"])))
 

@@ -177,6 +177,13 @@ DROP INDEX IF EXISTS idx_events_type;
 DROP INDEX IF EXISTS idx_events_ts;
 """
 
+# 0007: a session unit the agent reported failed for good fails its step; resuming the run reopens it
+# (`reopened = 1` on its failed row), so the brief offers it again (`action: rerun`) instead of the step
+# failing again on every resume. A re-dispatch (a new attempt) clears it.
+MIGRATION_0007 = """
+ALTER TABLE units ADD COLUMN reopened INTEGER NOT NULL DEFAULT 0;
+"""
+
 # (id, sql). Append only; never edit an entry that has shipped.
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001-initial-schema", MIGRATION_0001),
@@ -184,6 +191,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0004-unit-output-truncated", MIGRATION_0004),
     ("0005-run-status-abandoned", MIGRATION_0005),
     ("0006-drop-unused-event-indexes", MIGRATION_0006),
+    ("0007-unit-reopened", MIGRATION_0007),
 ]
 
 # Migrations that rebuild a table other tables reference: run with foreign keys off (a pragma that

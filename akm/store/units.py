@@ -62,6 +62,7 @@ class Unit(NamedTuple):
     claim_pid: int | None
     claim_expires_at: str | None
     truncated: int = 0  # 1: the unit's output was cut at the capture cap (result_json holds its beginning)
+    reopened: int = 0  # 1: a failed session unit reopened by resuming the run (offered again as a re-run)
 
 
 _UNIT_FIELDS = Unit._fields
@@ -97,7 +98,7 @@ _REINSERT = _UNIT_ROW_COLUMNS + (
     "input_hash = excluded.input_hash, worktree_path = excluded.worktree_path, "
     "started_at = excluded.started_at, result_json = NULL, tokens = NULL, failure_reason = NULL, "
     "session_id = NULL, finished_at = NULL, last_checkin_at = NULL, claim_holder = NULL, "
-    "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL, truncated = 0, "
+    "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL, truncated = 0, reopened = 0, "
     "attempts = units.attempts + 1"
 )
 _FINISH = (
