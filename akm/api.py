@@ -706,6 +706,15 @@ def run_status(run_id: str | StatusRequest, *, units: bool = False, step: str | 
     return view
 
 
+def workflow_catalog(request: Any = None, /, *, cwd: str | None = None):
+    """The workflows the project of `cwd` can run by name (`workflows/<name>`): project first, then the
+    user library, each with its description, steps and params (name, type, description, required, default)."""
+    from akm.catalog import catalog
+
+    req = _args("CatalogRequest", request, {"cwd": cwd}, {"cwd": _of(str, "cwd", True)})
+    return catalog(paths.project_root(Path(req.cwd or os.getcwd())))
+
+
 def run_graph(run_id: str | RunIdRequest) -> RunGraph:
     """A run's steps (kind, status) and control flow, from its verified frozen plan."""
     from akm.engine.state import decode_plan

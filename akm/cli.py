@@ -104,6 +104,9 @@ def _build_parser() -> "argparse.ArgumentParser":
 
     wsub.add_parser("run", help="start or continue a run (see `akm workflow run --help`)", add_help=False)
 
+    cat = add("catalog", "the workflows this project can run by name, with their steps and params")
+    fmt(cat)
+
     ls = add("list", "list runs in this project (newest first)")
     ls.add_argument("--active", action="store_true", help="only runs that can still be driven")
     ls.add_argument("--ref", help="only runs of this workflow (path or workflows/<name>)")
@@ -113,6 +116,7 @@ def _build_parser() -> "argparse.ArgumentParser":
     st = add("status", "where a run stands: its steps, their outputs and the run's result")
     st.add_argument("run_id", metavar="RUN", help=run_id_help)
     st.add_argument("--units", action="store_true", help="include every journaled unit attempt")
+    st.add_argument("--step", metavar="STEP", help="only this step (its output whole)")
     fmt(st, ("text", "json", "mermaid"))
 
     for name, text in (("resume", "reopen a failed or blocked run (completed units are kept)"),
@@ -498,11 +502,32 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_catalog(args: argparse.Namespace) -> int:
+    from akm import api
+
+    res = api.workflow_catalog().to_json()
+    if args.format == "json":
+        _emit_json(res)
+        return 0
+    if not res["workflows"]:
+        _out("no workflows in " + " or ".join(res["roots"]))
+    for w in res["workflows"]:
+        about = w["description"] or w["title"] or ""
+        _out(f"{w['ref']}  ({w['source']})" + (f"  {about}" if about else ""))
+        _out("  steps: " + ", ".join(s["id"] + (" [gate]" if s["gated"] else "") for s in w["steps"]))
+        for p in w["params"]:
+            default = "" if p["required"] else f" = {json.dumps(p['default'], ensure_ascii=False)}"
+            _out(f"  --{p['name']} {p['type'] or 'any'}{default}" + (f"  {p['description']}" if p["description"] else ""))
+        for problem in w["problems"]:
+            _out(f"  problem: {problem}")
+    return 0
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from akm import api
     from akm import cli_render as render
 
-    view = api.run_status(args.run_id, units=args.units).to_json()
+    view = api.run_status(args.run_id, units=args.units, step=args.step).to_json()
     if args.format == "json":
         _emit_json(view)
     elif args.format == "mermaid":
@@ -741,6 +766,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "setup":
             return _cmd_setup(args)
         handler = {"lint": _cmd_lint, "upgrade": _cmd_upgrade, "list": _cmd_list, "status": _cmd_status,
+                   "catalog": _cmd_catalog,
                    "resume": _cmd_control, "abandon": _cmd_control, "next": _cmd_next,
                    "report": _cmd_report}[args.action]
         return handler(args)

@@ -186,6 +186,7 @@ McpReportResult = create_model("McpReportResult", __base__=api.ReportResult, nex
 RunViewModel = _schema_model(views.RunView)
 RunListModel = _schema_model(views.RunList)
 EventPageModel = _schema_model(views.EventPage)
+CatalogModel = _schema_model(views.Catalog)
 
 
 def _next_step_for(result: views.RunResult, bound_hit: bool) -> str | None:
@@ -469,6 +470,15 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
                                                                                                      RunViewModel]:
         """Give up on a run for good."""
         return await _call(api.abandon, run_id)
+
+    @server.tool(annotations=_read_only("Workflow catalog"))
+    async def workflow_catalog(
+        cwd: Annotated[str | None, Field(description="Project directory (default: the server's)")] = None,
+    ) -> Annotated[CallToolResult, CatalogModel]:
+        """The workflows this project can run by name: its .akm/workflows/ then the user library, each with
+        its ref (pass it to workflow_run as target), description, steps and params (name, type, description,
+        required, default)."""
+        return await _call(api.workflow_catalog, cwd=cwd or base_cwd)
 
     @server.tool(annotations=_read_only("Journal events"))
     async def workflow_events(

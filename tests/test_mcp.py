@@ -19,7 +19,7 @@ from mcp import Client  # noqa: E402
 from akm.mcp import build_server  # noqa: E402
 
 TOOLS = {"setup", "workflow_lint", "workflow_run", "workflow_list", "workflow_status", "workflow_next",
-         "unit_report", "workflow_resume", "workflow_abandon", "workflow_events"}
+         "unit_report", "workflow_resume", "workflow_abandon", "workflow_events", "workflow_catalog"}
 
 
 def session_wf(project: Path) -> Path:

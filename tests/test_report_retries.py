@@ -123,3 +123,47 @@ def test_other_content_for_a_finished_step_names_the_way_out(project):
     assert report(rid, "a:solo", project, result="first")["recorded"] == "idempotent"
     err = refused("STEP_CLOSED", report, rid, "a:solo", project, result="corrected")
     assert "new run" in err.message and err.details == {"stepId": "a", "currentStep": "b"}
+
+
+def test_the_catalog_lists_project_and_user_workflows_with_their_params(project, tmp_path, monkeypatch):
+    import platformdirs
+
+    lib = project / ".akm" / "workflows"
+    lib.mkdir(parents=True)
+    (lib / "greet.md").write_text(
+        "---\ndescription: Greets someone.\nparams:\n  who: { type: string, description: whom to greet }\n"
+        "  times: { type: integer, default: 1 }\nsteps:\n  - id: hello\n    gate: { max_loops: 2 }\n---\n\n"
+        "## hello\n\nSay hello to {{params.who}}.\n\n### gate\n\n- Polite.\n", encoding="utf-8")
+    (lib / "broken.md").write_text("---\nsteps: 7\n---\n", encoding="utf-8")
+    user = tmp_path / "user-data"
+    monkeypatch.setattr(platformdirs, "user_data_dir", lambda *a, **k: str(user))
+    (user / "workflows").mkdir(parents=True)
+    (user / "workflows" / "greet.md").write_text("shadowed by the project's", encoding="utf-8")
+    (user / "workflows" / "mine.md").write_text("---\nsteps:\n  - id: a\n---\n\n## a\n\nA.\n", encoding="utf-8")
+    res = api.workflow_catalog(cwd=str(project)).to_json()
+    by_ref = {w["ref"]: w for w in res["workflows"]}
+    assert list(by_ref) == ["workflows/broken", "workflows/greet", "workflows/mine"]
+    greet = by_ref["workflows/greet"]
+    assert greet["source"] == "project" and greet["description"] == "Greets someone." and greet["problems"] == []
+    assert greet["steps"] == [{"id": "hello", "kind": "unit", "gated": True}]
+    assert greet["params"] == [
+        {"name": "who", "type": "string", "description": "whom to greet", "required": True, "default": None},
+        {"name": "times", "type": "integer", "description": None, "required": False, "default": 1}]
+    assert by_ref["workflows/mine"]["source"] == "user"
+    assert by_ref["workflows/broken"]["problems"]
+    # what it lists runs by its ref
+    started = api.run_workflow("workflows/greet", params={"who": "Ada"}, cwd=str(project))
+    assert started.run.status == "awaiting_session"
+
+
+def test_akm_workflow_catalog_at_the_cli(akm, project):
+    import json
+
+    lib = project / ".akm" / "workflows"
+    lib.mkdir(parents=True)
+    (lib / "greet.md").write_text("---\nparams:\n  who: { type: string }\nsteps:\n  - id: hello\n---\n\n"
+                                  "## hello\n\nHi {{params.who}}.\n", encoding="utf-8")
+    out = akm("workflow", "catalog", check=0)
+    assert "workflows/greet  (project)" in out.stdout and "--who string" in out.stdout
+    data = json.loads(akm("workflow", "catalog", "--format", "json", check=0).stdout)
+    assert data["workflows"][0]["params"][0]["name"] == "who"
