@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 # `import akm.api` — and with it `workflow list`, `status` — never imports pydantic.
 _MODELS = frozenset({
     "ApiModel", "LintRequest", "UpgradeRequest", "RunRequest", "ListRunsRequest", "RunIdRequest", "StatusRequest",
+    "Request", "ReportRequest", "NextRequest", "SetupRequest", "CatalogRequest",
     "EventsRequest", "UpgradeResult", "ReportHint", "ClaimView", "UnitContext", "BriefUnit", "JudgeBrief", "Brief",
     "StepOutcome", "ReportResult", "SetupResult", "ConfigPaths", "ConfigChange",
 })
@@ -827,15 +828,24 @@ def default_holder() -> str:
     return f"cli:{user}@{hostname()}"
 
 
-def next_brief(run_id: str) -> Brief:
-    """What the calling agent should do now for a run (read-only)."""
+def next_brief(run_id: str, *, unit_id: str | None = None) -> Brief:
+    """What the calling agent should do now for a run (read-only); `unit_id`: only that unit of it."""
     from akm.engine import session
 
+    req = _validated("NextRequest", None, {"run_id": run_id, "unit_id": unit_id})
     with _open_db() as db:
-        _require_run(db, run_id)
+        _require_run(db, req.run_id)
         from akm.api_models import Brief
 
-        return Brief.model_validate(session.brief(db, run_id))
+        out = session.brief(db, req.run_id)
+    if req.unit_id is not None:
+        units = [u for u in out["units"] if req.unit_id in (u["unitId"], u["attemptId"])]
+        if not units:
+            raise UsageError(f"Unit {req.unit_id} is not outstanding in run {req.run_id} (step {out['stepId']}); "
+                             f"outstanding: {', '.join(u['unitId'] for u in out['units']) or '(none)'}.",
+                             code="UNKNOWN_UNIT", details={"argument": "unit_id"})
+        out["units"] = units
+    return Brief.model_validate(out)
 
 
 def _run_project_root(run, cwd: Path) -> Path:

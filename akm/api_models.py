@@ -80,6 +80,11 @@ class RunIdRequest(Request):
     run_id: str = Field(description="the run id")
 
 
+class NextRequest(RunIdRequest):
+    unit_id: str | None = Field(None, description="only this unit, whole (answers clip large prompts and "
+                                                  "inputs; this fetches one unclipped)")
+
+
 class StatusRequest(RunIdRequest):
     units: Flag = Field(False, description="include every journaled unit attempt")
     step: str | None = Field(None, description="only this step, with its output whole (a run's answers clip "

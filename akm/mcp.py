@@ -258,7 +258,7 @@ def _bound_s() -> float:
 # misspelt argument is INVALID_ARGUMENT naming it, never dropped. (model, the fields taken, renames)
 _TOOL_ARGS: dict[str, tuple[str, tuple[str, ...] | None, dict[str, str] | None]] = {
     "workflow_run": ("RunRequest", ("target", "params", "max_steps", "timeout", "cwd", "new"), None),
-    "workflow_next": ("RunIdRequest", None, None),
+    "workflow_next": ("NextRequest", None, None),
     "unit_report": ("ReportRequest", ("run_id", "unit_id", "status", "result", "verdict", "tokens",
                                       "failure_reason", "rerun", "expect_step", "attempt_id", "gate_loop",
                                       "holder"), None),
@@ -287,6 +287,27 @@ def _checked_arguments(name: str, arguments: dict[str, Any] | None) -> dict[str,
     return {back.get(k, k): v for k, v in given.items()}
 
 
+def _compacted(name: str, arguments: dict[str, Any], result: Any) -> Any:
+    """A tool's answer within `akm.compact.ANSWER_LIMIT`: large outputs, inputs and prompts clipped, each
+    with its size and the call that returns it whole (which itself answers unclipped)."""
+    from akm import compact
+
+    if not isinstance(result, CallToolResult) or result.is_error or not isinstance(result.structured_content, dict):
+        return result
+    data = result.structured_content
+    if name == "workflow_run" and isinstance(data.get("run"), dict):
+        compact.compact_run(data["run"])
+    elif name in ("workflow_status", "workflow_resume", "workflow_abandon") and arguments.get("step") is None:
+        compact.compact_run(data)
+    elif name == "workflow_next" and arguments.get("unit_id") is None:
+        compact.compact_brief(data)
+    elif name == "unit_report" and isinstance(data.get("brief"), dict):
+        compact.compact_brief(data["brief"])
+    else:
+        return result
+    return _ok(data)
+
+
 class _AkmServer(MCPServer):
     """MCPServer whose argument errors carry a code like every other akm error."""
 
@@ -299,7 +320,7 @@ class _AkmServer(MCPServer):
         except AkmError as exc:
             return _error_result(exc)
         try:
-            return await super().call_tool(name, arguments, context)
+            return _compacted(name, arguments, await super().call_tool(name, arguments, context))
         except ToolError as exc:
             cause = exc.__cause__
             if isinstance(cause, ValidationError):
@@ -394,11 +415,12 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
     @server.tool(annotations=_read_only("What to do now"))
     async def workflow_next(
         run_id: Annotated[str, Field(description="The run id")],
+        unit_id: Annotated[str | None, Field(description="Only this unit, whole")] = None,
     ) -> Annotated[CallToolResult, api.Brief]:
         """What you should do now for a run: its session units (prompt, context, schema, how to report) or the
         gate verdict it awaits. Never changes the run. Each unit's `report` names the unit_report arguments in
         camelCase: runId -> run_id, unitId -> unit_id, expectStep -> expect_step, status, rerun."""
-        return await _call(api.next_brief, run_id)
+        return await _call(api.next_brief, run_id, unit_id=unit_id)
 
     @server.tool(annotations=ToolAnnotations(title="Report a unit", read_only_hint=False, destructive_hint=False,
                                              idempotent_hint=True, open_world_hint=False))

@@ -143,3 +143,44 @@ def test_resends_are_idempotent_and_a_stale_loop_is_refused_over_stdio(akm_bin, 
     assert accepted_again["recorded"] == "idempotent"
     assert done["run"]["status"] == "completed"
     assert after_end["recorded"] == "idempotent" and after_end["runStatus"] == "completed"
+
+
+def test_answers_stay_compact_whatever_the_artifacts(akm_bin, shiv_root, tmp_path, project):
+    big = "import json; print(json.dumps({'rows': ['x' * 1000 for _ in range(400)]}))"  # a 400 KB artifact
+    write_wf(project, "big.md", f"""
+        steps:
+          - id: big
+            unit: {{ exec: {{ command: {py(big)} }} }}
+          - id: read
+            inputs: [steps.big.output]
+            gate: {{ max_loops: 1 }}
+        """, "## big\n\nBig.\n\n## read\n\nSummarise the rows.\n\n### gate\n\n- Short.")
+
+    async def script(c):
+        run = await c.call_tool("workflow_run", {"target": "big.md"})
+        rid = run.structured_content["run"]["runId"]
+        status = await c.call_tool("workflow_status", {"run_id": rid})
+        whole_step = await c.call_tool("workflow_status", {"run_id": rid, "step": "big"})
+        nxt = await c.call_tool("workflow_next", {"run_id": rid})
+        unit = nxt.structured_content["units"][0]
+        whole_unit = await c.call_tool("workflow_next", {"run_id": rid, "unit_id": unit["unitId"]})
+        rep = await c.call_tool("unit_report", {**unit["report"], "result": "400 rows of x"})
+        return run, status, whole_step, nxt, whole_unit, rep
+
+    run, status, whole_step, nxt, whole_unit, rep = serve(akm_bin, shiv_root, tmp_path, project, script)
+    limit = 64 * 1024
+    for answer in (run, status, nxt, rep):
+        assert not answer.is_error, answer.content[0].text
+        assert len(answer.content[0].text.encode()) <= limit, len(answer.content[0].text)
+    step = run.structured_content["run"]["steps"][0]
+    assert step["outputClipped"]["bytes"] > 400_000
+    assert step["outputClipped"]["fetch"].startswith("workflow_status(") and 'step="big"' in step["outputClipped"]["fetch"]
+    assert len(whole_step.structured_content["steps"]) == 1
+    output = whole_step.structured_content["steps"][0]["output"]  # fetched whole (a command's stdout text)
+    assert "outputClipped" not in whole_step.structured_content["steps"][0]
+    assert len(json.loads(output)["rows"]) == 400
+    unit = nxt.structured_content["units"][0]
+    assert "inputs.steps.big.output" in unit["context"]["clipped"]  # once, in the prompt — and that is clipped
+    assert unit["promptClipped"]["bytes"] > 400_000
+    assert whole_unit.structured_content["units"][0]["prompt"].count("x" * 1000) == 400
+    assert rep.structured_content["brief"]["kind"] == "judge"
