@@ -195,6 +195,7 @@ class BriefUnit(ApiModel):
     input_hash: str
     action: str  # do | claimed | rerun | do_not_run
     result_kind: str = "text"  # json | text: what `result` is
+    env_bindings: list[str] = Field(default_factory=list)  # the unit's env: binding names (never values)
     runner: str
     prompt: str
     output_schema: dict[str, Any] | None = None

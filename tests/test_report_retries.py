@@ -7,6 +7,8 @@ journal already holds) or is refused with a code — and a refusal leaves the jo
 
 from __future__ import annotations
 
+import json
+
 from akm import api
 from tests.test_engine import py, run
 from tests.test_session import journal, refused, report, start
@@ -167,3 +169,34 @@ def test_akm_workflow_catalog_at_the_cli(akm, project):
     assert "workflows/greet  (project)" in out.stdout and "--who string" in out.stdout
     data = json.loads(akm("workflow", "catalog", "--format", "json", check=0).stdout)
     assert data["workflows"][0]["params"][0]["name"] == "who"
+
+
+def test_the_brief_says_what_upstream_drivers_expect(project):
+    """Under another holder's live lease units are do_not_run; env binding names; credential-looking params
+    are warned about; a claim gone silent is named; the first claim answers heartbeat."""
+    import sqlite3
+
+    from akm import paths
+    from akm.store import runs as runs_store
+    from akm.store.db import open_db
+
+    (project / ".akm" / "env").mkdir(parents=True)
+    (project / ".akm" / "env" / "gh.env").write_text("GH_TOKEN=s3cret\nGH_HOST=github.com\n", encoding="utf-8")
+    rid = start(project, "params:\n  apiToken: { type: string }\nsteps:\n  - id: w\n    unit: { env: [env/gh] }",
+                "## w\n\nW.", apiToken="abc")
+    brief = api.next_brief(rid).to_json()
+    unit = brief["units"][0]
+    assert unit["envBindings"] == ["GH_HOST", "GH_TOKEN"] and unit["action"] == "do"
+    assert "s3cret" not in json.dumps(brief)
+    assert any("apiToken" in w and "not secret" in w for w in brief["warnings"])
+    claim = report(rid, "w:solo", project, status="running", holder="agent-1")
+    assert claim["recorded"] == "heartbeat"  # the first claim too (upstream's answer)
+    con = sqlite3.connect(paths.journal_path())
+    con.execute("UPDATE units SET claim_expires_at = '2000-01-01T00:00:00.000Z' WHERE unit_id = 'w:solo'")
+    con.commit()
+    con.close()
+    warnings = api.next_brief(rid).to_json()["warnings"]
+    assert any("agent-1" in w and "gone silent" in w for w in warnings)
+    with open_db(paths.journal_path()) as db:
+        assert runs_store.acquire_lease(db, rid, "engine-x", host="elsewhere", pid=1) is None
+    assert api.next_brief(rid).to_json()["units"][0]["action"] == "do_not_run"

@@ -189,7 +189,7 @@ def test_a_string_schema_takes_the_text_itself(project):
     rid = start(project, "steps:\n  - id: name\n    output: { type: string }\n  - id: age\n"
                          "    output: { type: object, required: [n], properties: { n: { type: integer } } }",
                 "## name\n\nA name.\n\n## age\n\nAn age.")
-    assert report(rid, "name:solo", project, result="42", status="running")["recorded"] == "written"
+    assert report(rid, "name:solo", project, result="42", status="running")["recorded"] == "heartbeat"
     assert report(rid, "name:solo", project, result="42")["stepOutcome"]["kind"] == "completed"
     assert db_rows("SELECT result_json FROM units WHERE unit_id = 'name:solo'") == [('"42"',)]
     refused("RESULT_INVALID", report, rid, "age:solo", project, result="Ada")  # an object schema still wants JSON
@@ -220,7 +220,7 @@ def test_foreign_and_expired_claims(project):
     rid = start(project, REVIEW, "## review\n\nR.\n\n## tally\n\nT.", files=["a", "b"])
     unit = api.next_brief(rid).to_json()["units"][0]["unitId"]
     claimed = report(rid, unit, project, status="running", holder="agent-1")
-    assert claimed["claim"]["holder"] == "agent-1" and claimed["recorded"] == "written"
+    assert claimed["claim"]["holder"] == "agent-1" and claimed["recorded"] == "heartbeat"  # as upstream
     assert report(rid, unit, project, status="running", holder="agent-1")["recorded"] == "heartbeat"
     brief_unit = api.next_brief(rid).to_json()["units"][0]
     assert brief_unit["action"] == "claimed" and brief_unit["claim"]["holder"] == "agent-1"

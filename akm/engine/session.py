@@ -158,11 +158,13 @@ def _live_claim(row: dict[str, Any] | None, now: str) -> dict[str, Any] | None:
 # ---------------------------------------------------------------- brief (read-only)
 
 
-def _unit_brief(cur: _Current, state: UnitState, now: str) -> dict[str, Any]:
+def _unit_brief(cur: _Current, state: UnitState, now: str, driven: bool = False) -> dict[str, Any]:
     u = state.unit
     tmpl = u.template
     claim = _live_claim(state.row, now)
     action = {RETRYABLE: "rerun", FAILED: "rerun"}.get(state.status, "claimed" if claim else "do")
+    if driven:
+        action = "do_not_run"  # another holder's live lease: akm itself is working on this step right now
     context: dict[str, Any] = {"params": cur.loaded.params, "inputs": {ref: v for ref, v in u.inputs},
                                "gateFeedback": cur.gate.feedback if cur.gate else None}
     if u.item is not NO_ITEM:
@@ -174,6 +176,7 @@ def _unit_brief(cur: _Current, state: UnitState, now: str) -> dict[str, Any]:
         "inputHash": u.input_hash,
         "action": action,
         "resultKind": "json" if tmpl.output_schema is not None else "text",
+        "envBindings": _binding_names(cur, tmpl.env),
         "runner": u.runner,
         "prompt": u.prompt,
         "outputSchema": tmpl.output_schema,
@@ -226,9 +229,11 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
                                             + ("; abandoning is final." if final else " until resumed."))
         return out
     lease = runs_store.read_lease(db, run_id)
-    if lease is not None and not lease.holder.startswith(units_store.REPORT_LOCK_PREFIX):
+    driven = lease is not None and not lease.holder.startswith(units_store.REPORT_LOCK_PREFIX)
+    if driven:
         out["warnings"].append(f"akm is driving this run right now (lease holder {lease.holder} until "
-                               f"{lease.until}); reports are refused until it stops.")
+                               f"{lease.until}); reports are refused until it stops: do not run its units.")
+    out["warnings"].extend(_secret_param_warnings(cur.loaded.params))
     d = cur.decision
     if step is None or d is None or cur.gate is None:
         out.update(kind="engine", message="akm settles the next step itself: continue the run.")
@@ -245,8 +250,9 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
         if not session_units:
             out.update(kind="engine", message="This step's units are run by akm itself: continue the run.")
             return out
-        out["units"] = [_unit_brief(cur, s, now) for s in session_units]
+        out["units"] = [_unit_brief(cur, s, now, driven) for s in session_units]
         out["kind"] = "units"
+        out["warnings"].extend(_silent_claim_warnings(session_units, now))
         todo = sum(1 for u in out["units"] if u["action"] != "claimed")
         out["message"] = (f"Step {step.step_id} (gate loop {d.loop}) needs {len(out['units'])} unit(s) done by "
                           f"you ({todo} unclaimed): do each unit's prompt, then report its result.")
@@ -261,6 +267,47 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
                           "criteria and report a verdict {complete, missing, feedback}.")
         return out
     out.update(kind="engine", message="akm can take the run further itself: continue the run.")
+    return out
+
+
+_SECRET_NAME = re.compile(r"(api[_-]?key|token|secret|passw(or)?d|credential|private[_-]?key|auth)", re.I)
+
+
+def _binding_names(cur: _Current, refs: list[str] | None) -> list[str]:
+    """The variable names a unit's `env:` refs bind (its env files, read here; never their values) — what the
+    agent doing the unit must have in its own environment. A ref that does not resolve is listed as itself."""
+    if not refs:
+        return []
+    from akm import paths
+    from akm.engine.env_bindings import EnvBindingError, resolve_env_refs
+
+    run = cur.loaded.run
+    root = paths.project_root(Path(run.workflow_path).parent) if run.workflow_path else Path.cwd()
+    try:
+        return sorted(resolve_env_refs(list(refs), root))
+    except EnvBindingError:
+        return list(refs)
+
+
+def _secret_param_warnings(params: dict[str, Any]) -> list[str]:
+    """Params are journaled and shown in every brief and prompt: a credential-looking one is named."""
+    names = [n for n in params if _SECRET_NAME.search(n)]
+    if not names:
+        return []
+    return [f"param(s) {', '.join(names)} look like credentials: params are not secret (they are journaled and "
+            "sent in every prompt); pass secrets through a unit's env: bindings instead."]
+
+
+def _silent_claim_warnings(states: list[UnitState], now: str) -> list[str]:
+    """A unit claimed by a holder whose claim expired without a result: that holder has gone silent."""
+    out = []
+    for s in states:
+        row = s.row
+        if row is None or row.get("status") != "running" or not row.get("claim_holder"):
+            continue
+        if _live_claim(row, now) is None:
+            out.append(f"unit {s.unit.unit_id} was claimed by {row['claim_holder']}, which has gone silent (its "
+                       f"claim expired at {row.get('claim_expires_at')} with no result): take the unit over.")
     return out
 
 

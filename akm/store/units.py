@@ -606,7 +606,7 @@ def write_report(
             conn.execute(
                 "UPDATE units SET claim_holder = ?, claim_host = ?, claim_pid = ?, claim_expires_at = ?, "
                 "last_checkin_at = ? WHERE run_id = ? AND unit_id = ?", (holder, host, pid, until, now, run_id, unit_id))
-            return ReportWrite("written", ClaimInfo(holder, host, pid, until))
+            return ReportWrite("heartbeat", ClaimInfo(holder, host, pid, until))  # a claim is a sign of life
         carried = (prior_tokens + (tokens or 0)) if prior_tokens else tokens
         finish_unit(db, run_id=run_id, unit_id=unit_id, started_at=started, status=status, result_json=result_json,
                     tokens=carried, failure_reason=failure_reason, session_id=None)
