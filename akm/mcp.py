@@ -530,8 +530,36 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         return await _call(api.setup, yes=yes, config=config, probe=probe, project=project, cwd=base_cwd,
                            dry_run=dry_run)
 
+    @server.resource("akm://runs", name="runs", title="Runs of this project",
+                     description="This project's runs, newest first (as workflow_list).", mime_type="application/json")
+    def runs_resource() -> str:
+        import json
+
+        return json.dumps(api.list_runs(cwd=base_cwd).to_json(), ensure_ascii=False)
+
+    @server.resource("akm://runs/{run_id}", name="run", title="A run",
+                     description="Where a run stands (as workflow_status; large outputs clipped).",
+                     mime_type="application/json")
+    def run_resource(run_id: str) -> str:
+        import json
+
+        from akm import compact
+
+        return json.dumps(compact.compact_run(api.run_status(run_id).to_json()), ensure_ascii=False)
+
     _finish_tools(server)
+    _drop_prompts(server)
     return server
+
+
+def _drop_prompts(server: MCPServer) -> None:
+    """akm has no prompts: a server that answers prompts/list advertises the capability (and an empty list)."""
+    try:
+        handlers = server._lowlevel_server._request_handlers
+    except AttributeError:  # an SDK that moved it: the capability stays advertised, with no prompts
+        return
+    for method in ("prompts/list", "prompts/get"):
+        handlers.pop(method, None)
 
 
 def _finish_tools(server: MCPServer) -> None:

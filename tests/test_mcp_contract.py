@@ -184,3 +184,22 @@ def test_answers_stay_compact_whatever_the_artifacts(akm_bin, shiv_root, tmp_pat
     assert unit["promptClipped"]["bytes"] > 400_000
     assert whole_unit.structured_content["units"][0]["prompt"].count("x" * 1000) == 400
     assert rep.structured_content["brief"]["kind"] == "judge"
+
+
+def test_capabilities_are_real_and_runs_are_resources(akm_bin, shiv_root, tmp_path, project):
+    gated(project)
+
+    async def script(c):
+        caps = c.server_capabilities
+        r = await c.call_tool("workflow_run", {"target": "flow.md"})
+        rid = r.structured_content["run"]["runId"]
+        listed = await c.read_resource("akm://runs")
+        one = await c.read_resource(f"akm://runs/{rid}")
+        templates = await c.list_resource_templates()
+        return caps, rid, listed, one, templates
+
+    caps, rid, listed, one, templates = serve(akm_bin, shiv_root, tmp_path, project, script)
+    assert caps.prompts is None and caps.resources is not None and caps.tools is not None
+    assert rid in listed.contents[0].text
+    assert json.loads(one.contents[0].text)["status"] == "awaiting_session"
+    assert any(t.uri_template == "akm://runs/{run_id}" for t in templates.resource_templates)
