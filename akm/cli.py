@@ -649,7 +649,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
         _emit_json(res)
     else:
         _out(f"{res['recorded']}: {res['unitId']} ({res['status']}) — {res['message']}")
-        if res.get("stepOutcome") and res["stepOutcome"].get("kind") == "completed":
+        if res.get("brief"):  # the step's work changed: what to do now, without another `next`
+            _out("")
+            _out(_render_brief_text(res["brief"]))
+        elif res.get("stepOutcome") and res["stepOutcome"].get("kind") == "completed" \
+                and res.get("runStatus") != "completed":
             _out(f"-> akm workflow run {res['runId']}")
     return 0
 

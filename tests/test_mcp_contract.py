@@ -77,6 +77,9 @@ def test_unknown_misspelt_and_lax_arguments_are_refused_and_camel_case_is_taken(
             "lax boolean": await c.call_tool("unit_report", {"run_id": rid, "unit_id": "write:solo",
                                                              "result": {"text": "x"}, "rerun": "yes"}),
             "twice": await c.call_tool("unit_report", {"run_id": rid, "runId": rid, "unit_id": "write:solo"}),
+            # camelCase is read, so the step guard holds (before, `expectStep` was dropped and the guard skipped)
+            "guarded": await c.call_tool("unit_report", {"runId": rid, "unitId": "write:solo", "expectStep": "show",
+                                                         "result": {"text": "x"}}),
         }
         after_refusals = journal(data)
         run = await c.call_tool("workflow_run", {"target": rid})
@@ -97,6 +100,7 @@ def test_unknown_misspelt_and_lax_arguments_are_refused_and_camel_case_is_taken(
     assert err(bad["parameters"])["code"] == "INVALID_ARGUMENT" and "'parameters'" in err(bad["parameters"])["error"]
     assert err(bad["lax boolean"])["code"] == "INVALID_ARGUMENT" and "rerun" in err(bad["lax boolean"])["error"]
     assert err(bad["twice"])["code"] == "INVALID_ARGUMENT"
+    assert err(bad["guarded"])["code"] == "STEP_MISMATCH"
     assert not ok.is_error, ok.content[0].text
     assert ok.structured_content["recorded"] == "written"
     assert ok.structured_content["brief"]["kind"] == "judge"  # no workflow_next needed for the verdict

@@ -200,3 +200,22 @@ def test_the_brief_says_what_upstream_drivers_expect(project):
     with open_db(paths.journal_path()) as db:
         assert runs_store.acquire_lease(db, rid, "engine-x", host="elsewhere", pid=1) is None
     assert api.next_brief(rid).to_json()["units"][0]["action"] == "do_not_run"
+
+
+def test_cli_verdict_implies_completed_and_a_report_prints_the_next_brief(akm, project):
+    (project / "g.md").write_text("---\nsteps:\n  - id: d\n    gate: { max_loops: 2 }\n---\n\n## d\n\nDraft.\n\n"
+                                  "### gate\n\n- Cats.\n", encoding="utf-8")
+    started = akm("workflow", "run", "g.md", "--format", "json")
+    assert started.returncode == 3, started.stderr
+    rid = json.loads(started.stdout)["run"]["runId"]
+    rep = akm("workflow", "report", rid, "d:solo", "--status", "completed", "--result", "dogs", "--attempt",
+              "d:solo", check=0)
+    assert "== verdict d.gate:l1" in rep.stdout  # the judge brief, without `workflow next`
+    no = akm("workflow", "report", rid, "d:solo", "--result", "dogs")
+    assert no.returncode == 2 and "error[INVALID_ARGUMENT]" in no.stderr and "--status" in no.stderr
+    ok = akm("workflow", "report", rid, "d.gate:l1", "--verdict", '{"complete": false, "feedback": "cats"}',
+             "--format", "json", check=0)
+    assert json.loads(ok.stdout)["stepOutcome"]["kind"] == "next_loop"
+    stale = akm("workflow", "report", rid, "d:solo", "--status", "completed", "--result", "cats!", "--attempt",
+                "d:solo")
+    assert stale.returncode == 2 and "error[STALE_REPORT]" in stale.stderr
