@@ -99,8 +99,9 @@ class ReportRequest(Request):
     status: Literal["completed", "failed", "running"] = Field(
         "completed", description="completed | failed | running (claims the unit); a verdict is completed")
     result: Any = Field(None, description="the unit's result: a JSON value matching its outputSchema, or text")
-    verdict: dict[str, Any] | str | None = Field(
-        None, description='a gate verdict {"complete": bool, "missing": [str], "feedback": str}')
+    verdict: dict[str, Any] | None = Field(
+        None, description='a gate verdict {"complete": bool, "missing": [str], "feedback": str} (the CLI reads '
+                          'it as JSON text)')
     tokens: int | None = Field(None, ge=0, le=MAX_UNIT_TOKENS, description="tokens spent (counted against the "
                                                                           "budget)")
     failure_reason: str | None = Field(None, description="why the unit failed (e.g. timeout)")

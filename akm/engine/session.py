@@ -601,8 +601,8 @@ def _family_rows(db: Database, run_id: str, content_id: str) -> list[dict[str, A
     """Every journaled attempt of one unit (all gate loops and retries), oldest first."""
     return [dict(r) for r in db.query(
         "SELECT unit_id, step_id, status, result_json, failure_reason, input_hash FROM units WHERE run_id = ? "
-        "AND phase IS NULL AND (unit_id = ? OR substr(unit_id, 1, ?) = ?) ORDER BY rowid",
-        (run_id, content_id, len(content_id) + 1, content_id + "~"))]
+        "AND phase IS NULL AND (unit_id = ? OR (unit_id > ? AND unit_id < ?)) ORDER BY rowid",
+        (run_id, content_id, content_id + "~", content_id + "\x7f"))]  # `X~…`: a key range of the primary key
 
 
 def _resent_report(db: Database, cur: _Current, unit_id: str, status: str, result: Any, failure_reason: str | None,
