@@ -328,15 +328,7 @@ def normalize_failure_reason(reason: str | None, sensitive: list[str]) -> str:
 
 
 def _sensitive_for(cur: _Current, state: UnitState, project_root: Path) -> list[str]:
-    refs = state.unit.template.env or []
-    if not refs:
-        return []
-    from akm.engine.env_bindings import EnvBindingError, resolve_env_refs
-
-    try:
-        return sensitive_values_from(resolve_env_refs(refs, project_root))
-    except EnvBindingError:
-        return []
+    return _sensitive_of(state.unit.template, project_root)
 
 
 def _prepare_result(state: UnitState, status: str, result: Any, sensitive: list[str]) -> str | None:
