@@ -75,7 +75,9 @@ if TYPE_CHECKING:
 # The pydantic models (requests; session, setup and config results) load on first use, so that
 # `import akm.api` — and with it `workflow list`, `status` — never imports pydantic.
 _MODELS = frozenset({
-    "ApiModel", "LintRequest", "UpgradeRequest", "RunRequest", "ListRunsRequest", "RunIdRequest", "StatusRequest",
+    "ApiModel", "LintRequest", "UpgradeRequest", "RunRequest", "RunToolRequest", "ListRunsRequest", "RunIdRequest",
+    "StatusRequest", "StatusToolRequest",
+    "Request", "ReportRequest", "NextRequest", "SetupRequest", "CatalogRequest",
     "EventsRequest", "UpgradeResult", "ReportHint", "ClaimView", "UnitContext", "BriefUnit", "JudgeBrief", "Brief",
     "StepOutcome", "ReportResult", "SetupResult", "ConfigPaths", "ConfigChange",
 })
@@ -124,7 +126,7 @@ def _of(kind: type, name: str, optional: bool = False) -> Callable[[Any], Any]:
 
 STALE_AFTER_S = 90.0
 _RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
-INVALID_ARGUMENT = "INVALID_FLAG_VALUE"  # the stable code of a bad argument value, whatever the front
+INVALID_ARGUMENT = "INVALID_ARGUMENT"  # the stable code of a bad argument value, whatever the front
 
 
 # ------------------------------------------------------------------ arguments
@@ -902,12 +904,34 @@ def list_runs(request: ListRunsRequest | None = None, /, *, active_only: bool = 
         return RunList(runs=[_run_view(db, r, with_steps=False) for r in rows])
 
 
-def run_status(run_id: str | StatusRequest, *, units: bool = False) -> RunView:
-    """Where a run stands: steps with outputs and tallies, the final artifact, and (`units`) every attempt."""
-    req = _args("StatusRequest", run_id, {"run_id": run_id, "units": units},
-                {"run_id": _of(str, "run_id"), "units": _of(bool, "units")})
+def run_status(run_id: str | StatusRequest, *, units: bool = False, step: str | None = None) -> RunView:
+    """Where a run stands: steps with outputs and tallies, the final artifact, and (`units`) every attempt.
+
+    `step` narrows the view to that step (and, with `units`, its attempts): what a front that clips large
+    outputs points at to fetch one whole.
+    """
+    req = _args("StatusRequest", run_id, {"run_id": run_id, "units": units, "step": step},
+                {"run_id": _of(str, "run_id"), "units": _of(bool, "units"), "step": _of(str, "step", True)})
     with _open_db(read_only=True) as db:
-        return _run_view(db, _require_run(db, req.run_id), with_units=req.units)
+        view = _run_view(db, _require_run(db, req.run_id), with_units=req.units)
+    if req.step is not None:
+        known = [s.id for s in view.steps or []]
+        if req.step not in known:
+            raise UsageError(f"Run {view.run_id} has no step {req.step!r}; its steps are {', '.join(known)}.",
+                             code="STEP_NOT_FOUND", details={"argument": "step", "steps": known})
+        view.steps = [s for s in view.steps or [] if s.id == req.step]
+        if view.units is not None:
+            view.units = [u for u in view.units if u.step_id == req.step]
+    return view
+
+
+def workflow_catalog(request: Any = None, /, *, cwd: str | None = None):
+    """The workflows the project of `cwd` can run by name (`workflows/<name>`): project first, then the
+    user library, each with its description, steps and params (name, type, description, required, default)."""
+    from akm.catalog import catalog
+
+    req = _args("CatalogRequest", request, {"cwd": cwd}, {"cwd": _of(str, "cwd", True)})
+    return catalog(paths.project_root(_work_dir(req.cwd)))
 
 
 def run_graph(run_id: str | RunIdRequest) -> RunGraph:
@@ -1046,15 +1070,24 @@ def default_holder() -> str:
     return f"cli:{user}@{hostname()}"
 
 
-def next_brief(run_id: str) -> Brief:
-    """What the calling agent should do now for a run (read-only)."""
+def next_brief(run_id: str, *, unit_id: str | None = None) -> Brief:
+    """What the calling agent should do now for a run (read-only); `unit_id`: only that unit of it."""
     from akm.engine import session
 
+    req = _validated("NextRequest", None, {"run_id": run_id, "unit_id": unit_id})
     with _open_db(read_only=True) as db:
-        _require_run(db, run_id)
+        _require_run(db, req.run_id)
         from akm.api_models import Brief
 
-        return Brief.model_validate(session.brief(db, run_id))
+        out = session.brief(db, req.run_id)
+    if req.unit_id is not None:
+        units = [u for u in out["units"] if req.unit_id in (u["unitId"], u["attemptId"])]
+        if not units:
+            raise UsageError(f"Unit {req.unit_id} is not outstanding in run {req.run_id} (step {out['stepId']}); "
+                             f"outstanding: {', '.join(u['unitId'] for u in out['units']) or '(none)'}.",
+                             code="UNKNOWN_UNIT", details={"argument": "unit_id"})
+        out["units"] = units
+    return Brief.model_validate(out)
 
 
 def _run_project_root(run, cwd: Path) -> Path:
@@ -1075,7 +1108,7 @@ def report_unit(
     run_id: str,
     unit_id: str,
     *,
-    status: str,
+    status: str = "completed",
     result: Any = None,
     has_result: bool = False,
     verdict: Any = None,
@@ -1084,21 +1117,33 @@ def report_unit(
     failure_reason: str | None = None,
     expect_step: str | None = None,
     rerun: bool = False,
+    attempt_id: str | None = None,
+    gate_loop: int | None = None,
     holder: str | None = None,
     cwd: str | None = None,
 ) -> ReportResult:
-    """Record a session unit's result (or a gate verdict) and finish the step when its work is done."""
+    """Record a session unit's result (or a gate verdict) and finish the step when its work is done.
+
+    `attempt_id` (the brief's) or `gate_loop` say which attempt the report answers: a report for an
+    attempt a gate already closed is never counted for a later loop (idempotent when it is what was
+    recorded, else STALE_REPORT). The same report resent after its step or run moved on is idempotent.
+    """
     from akm.engine import session
 
+    req = _validated("ReportRequest", None, dict(
+        run_id=run_id, unit_id=unit_id, status=status, tokens=tokens, failure_reason=failure_reason,
+        expect_step=expect_step, rerun=rerun, attempt_id=attempt_id, gate_loop=gate_loop, holder=holder, cwd=cwd))
     with _open_db() as db:
-        run = _require_run(db, run_id)
-        root = _run_project_root(run, _work_dir(cwd))
+        run = _require_run(db, req.run_id)
+        root = _run_project_root(run, _work_dir(req.cwd))
         from akm.api_models import ReportResult
 
         return ReportResult.model_validate(session.report(
-            db, run_id, unit_id, status=status, result=result if has_result else session.MISSING,
-            verdict=verdict if has_verdict else session.MISSING, tokens=tokens, failure_reason=failure_reason,
-            expect_step=expect_step, rerun=rerun, holder=holder or default_holder(), project_root=root,
+            db, req.run_id, req.unit_id, status=req.status, result=result if has_result else session.MISSING,
+            verdict=verdict if has_verdict else session.MISSING, tokens=req.tokens,
+            failure_reason=req.failure_reason, expect_step=req.expect_step, rerun=req.rerun,
+            attempt_id=req.attempt_id, gate_loop=req.gate_loop, holder=req.holder or default_holder(),
+            project_root=root,
         ))
 
 
@@ -1132,7 +1177,7 @@ def setup(*, yes: bool = False, config: Any = None, from_file: str | None = None
     from akm.setup import core
 
     if config is not None and from_file is not None:
-        raise UsageError("Give the setup config inline or as a file, not both.", code="INVALID_FLAG_VALUE")
+        raise UsageError("Give the setup config inline or as a file, not both.", code="INVALID_ARGUMENT")
     base = Path(cwd) if cwd else Path.cwd()
     blob = core.read_blob_file(from_file, base) if from_file is not None else config
     if from_file is not None and not isinstance(blob, dict):

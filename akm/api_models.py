@@ -7,12 +7,13 @@ run views (`RunView`, `RunList`, ...) are plain dataclasses in `akm.views`.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from akm.api import INVALID_ARGUMENT, MAX_EVENT_LIMIT, _duration_ms, _whole_number
+from akm.engine.budget import MAX_UNIT_TOKENS
 from akm.errors import UsageError
 
 
@@ -24,16 +25,28 @@ class ApiModel(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
 
-class LintRequest(ApiModel):
+# A boolean argument is a JSON boolean: "yes", 1 or "true" are refused, never read as true.
+Flag = Annotated[bool, Strict()]
+
+
+class Request(ApiModel):
+    """A call's arguments: the one rule book of every front (the MCP tools' input schemas are generated from
+    these models). Unknown arguments are refused (INVALID_ARGUMENT naming them) instead of being dropped;
+    every argument may be spelt in snake_case or camelCase (the briefs' `report` hints are camelCase)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class LintRequest(Request):
     paths: list[str] = Field(min_length=1, description="workflow files, or directories holding them")
 
 
-class UpgradeRequest(ApiModel):
+class UpgradeRequest(Request):
     path: str = Field(description="a legacy workflow file")
-    write: bool = Field(False, description="rewrite the file in place (only if the result lints clean)")
+    write: Flag = Field(False, description="rewrite the file in place (only if the result lints clean)")
 
 
-class RunRequest(ApiModel):
+class RunRequest(Request):
     """Start or continue a run (see `run_workflow`)."""
 
     target: str = Field(description="a workflow file, a workflows/<name> ref, or a run id")
@@ -42,7 +55,7 @@ class RunRequest(ApiModel):
         None, description="raw command-line param flags (name, text or true), coerced by the params' types")
     max_steps: int | None = Field(None, description="finish at most this many steps now (0: start, drive nothing)")
     timeout: Union[int, str, None] = Field(None, description="stop driving after this long: ms, or text like 30s / 5m")
-    new: bool = Field(False, description="always start a new run, even if an identical one is active")
+    new: Flag = Field(False, description="always start a new run, even if an identical one is active")
     cwd: str | None = Field(None, description="the directory the request is made from (default: the process's)")
 
     @field_validator("max_steps", mode="before")
@@ -56,22 +69,100 @@ class RunRequest(ApiModel):
         return None if value is None else _duration_ms(value)
 
 
-class ListRunsRequest(ApiModel):
-    active_only: bool = Field(False, description="only runs that can still be driven")
+class RunToolRequest(RunRequest):
+    """`workflow_run` over MCP: the run is driven in the background and a call only waits for it."""
+
+    timeout: Union[int, str, None] = Field(
+        None, description="how long this call waits for the run: ms, or text like 30s / 5m (default: the server's "
+                          "bound); the run keeps going in the background either way")
+    stop: Flag = Field(False, description="stop this server's background driver of the run (target: its run id); "
+                                          "its running units are stopped, the run stays active and resumable")
+
+
+class ListRunsRequest(Request):
+    active_only: Flag = Field(False, description="only runs that can still be driven")
     ref: str | None = Field(None, description="only runs of this workflow: a file (relative to cwd) or workflows/<name>")
-    all_scopes: bool = Field(False, description="runs of every project, not just cwd's")
+    all_scopes: Flag = Field(False, description="runs of every project, not just cwd's")
     cwd: str | None = Field(None, description="the directory whose project is listed (default: the process's)")
 
 
-class RunIdRequest(ApiModel):
-    run_id: str
+class RunIdRequest(Request):
+    run_id: str = Field(description="the run id")
+
+
+class NextRequest(RunIdRequest):
+    unit_id: str | None = Field(None, description="only this unit, whole (answers clip large prompts and "
+                                                  "inputs; this fetches one unclipped)")
 
 
 class StatusRequest(RunIdRequest):
-    units: bool = Field(False, description="include every journaled unit attempt")
+    units: Flag = Field(False, description="include every journaled unit attempt")
+    step: str | None = Field(None, description="only this step, with its output whole (a run's answers clip "
+                                               "large outputs)")
 
 
-class EventsRequest(ApiModel):
+class StatusToolRequest(StatusRequest):
+    """`workflow_status` over MCP: the run view, and with format html a self-contained report as well."""
+
+    format: Literal["json", "html"] = Field("json", description="html: also a self-contained HTML report of the "
+                                                                "run (a text/html resource)")
+
+
+class ReportRequest(Request):
+    """Record a session unit's result, a claim (status running) or a gate verdict (see `report_unit`)."""
+
+    run_id: str = Field(description="the run id")
+    unit_id: str = Field(description="the unitId from the brief (or STEP.gate:lN for a verdict)")
+    status: Literal["completed", "failed", "running"] = Field(
+        "completed", description="completed | failed | running (claims the unit); a verdict is completed")
+    result: Any = Field(None, description="the unit's result: a JSON value matching its outputSchema, or text")
+    verdict: dict[str, Any] | None = Field(
+        None, description='a gate verdict {"complete": bool, "missing": [str], "feedback": str} (the CLI reads '
+                          'it as JSON text)')
+    tokens: int | None = Field(None, ge=0, le=MAX_UNIT_TOKENS, description="tokens spent (counted against the "
+                                                                          "budget)")
+    failure_reason: str | None = Field(None, description="why the unit failed (e.g. timeout)")
+    rerun: Flag = Field(False, description="replace a result already recorded (do the unit again)")
+    expect_step: str | None = Field(None, description="refuse unless the run is still on this step")
+    attempt_id: str | None = Field(None, description="the brief's attemptId: the attempt this report answers "
+                                                     "(a report for a closed gate loop is never counted for a "
+                                                     "later one)")
+    gate_loop: int | None = Field(None, description="the gate loop this report answers (the brief's gateLoop)")
+    holder: str | None = Field(None, description="claim holder (default: the reporter); give parallel "
+                                                 "sub-agents their own")
+    cwd: str | None = Field(None, description="the directory the report is made from (default: the process's)")
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _tokens(cls, value: Any) -> int | None:
+        if value is None:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_UNIT_TOKENS:
+            raise ValueError(f"tokens {value!r}: expected a whole number from 0 to {MAX_UNIT_TOKENS}")
+        return value
+
+    @field_validator("gate_loop", mode="before")
+    @classmethod
+    def _gate_loop(cls, value: Any) -> int | None:
+        return None if value is None else _whole_number(value, "gate_loop", 1)
+
+
+class SetupRequest(Request):
+    yes: Flag = Field(False, description="detect local model servers and agent CLIs, verify them, and write "
+                                         "an llm and an agent engine where no default is set")
+    config: dict[str, Any] | None = Field(None, description="config to deep-merge (engines, defaults, workflow, "
+                                                            "modelAliases); API keys only as ${ENV_NAME} "
+                                                            "references, never values")
+    probe: Flag = Field(False, description="also probe the default LLM engine for json_schema support and record "
+                                           "supportsJsonSchema")
+    project: Flag = Field(False, description="write the project file (.akm/config.json) instead of the user file")
+
+
+class CatalogRequest(Request):
+    cwd: str | None = Field(None, description="the project directory (default: the process's)")
+
+
+class EventsRequest(Request):
     run_id: str | None = Field(None, description="only events of this run")
     since: str | None = Field(None, description="@offset:N (a previous nextOffset) or an ISO time")
     limit: int | None = Field(None, description="events per page (default 100, 1 to 10000)")
@@ -91,13 +182,15 @@ class UpgradeResult(ApiModel):
 
 
 class ReportHint(ApiModel):
-    """The exact arguments of the report that would record this unit (each front renders it its own way)."""
+    """The exact arguments of the report that would record this unit (each front renders it its own way):
+    every key is a `unit_report` argument, so a client may pass the object as it is and add the result."""
 
     run_id: str
     unit_id: str
+    attempt_id: str | None = None
+    gate_loop: int | None = None
     expect_step: str | None = None
     status: str = "completed"
-    result_kind: str  # json | text | verdict
     rerun: bool = False
 
 
@@ -118,7 +211,9 @@ class BriefUnit(ApiModel):
     unit_id: str
     attempt_id: str
     input_hash: str
-    action: str  # do | claimed | rerun
+    action: str  # do | claimed | rerun | do_not_run
+    result_kind: str = "text"  # json | text: what `result` is
+    env_bindings: list[str] = Field(default_factory=list)  # the unit's env: binding names (never values)
     runner: str
     prompt: str
     output_schema: dict[str, Any] | None = None
@@ -181,6 +276,9 @@ class ReportResult(ApiModel):
     step_outcome: StepOutcome | None = None
     run_status: str
     message: str = ""
+    # The run's new brief when this report changed what the agent must do next in the same step (its units
+    # are done and the gate awaits a verdict; the gate sent the step to its next loop): no extra round trip.
+    brief: Brief | None = None
 
 
 class SetupResult(ApiModel):
@@ -238,6 +336,78 @@ def _validated(model: type[M], given: Any, fields: dict[str, Any]) -> M:
         problem = exc.errors()[0]
         argument = ".".join(str(p) for p in problem["loc"]) or model.__name__
         cause = (problem.get("ctx") or {}).get("error")
-        message = str(cause) if cause is not None else f"{argument}: {problem['msg']}"
+        if cause is not None:
+            message = str(cause)
+        else:
+            shown = repr(problem.get("input"))
+            message = f"{argument}: {problem['msg']}" + (f" (got {shown})" if len(shown) <= 80 else "")
         raise UsageError(message + ("" if message.endswith(".") else "."),
                          code=INVALID_ARGUMENT, details={"argument": argument}) from None
+
+
+def front_arguments(model: type[Request], arguments: dict[str, Any], *, only: tuple[str, ...] | None = None,
+                    renames: dict[str, str] | None = None, call: str = "") -> dict[str, Any]:
+    """A front's raw arguments checked by `model`: {field name: value as given}, only the given ones.
+
+    `only` limits the arguments this front takes (others are unknown there); `renames` maps a front's own
+    name to the model's field (`active` -> `active_only`). Each argument may be spelt as the field name or
+    its camelCase alias. An unknown or doubly given argument, or a value the model refuses, is
+    INVALID_ARGUMENT naming the argument (with the nearest known spelling) — never dropped, never coerced.
+    """
+    import difflib
+
+    renames = renames or {}
+    names = {n: n for n in (only or tuple(model.model_fields))}
+    spelled: dict[str, str] = {}
+    for front, field in renames.items():
+        spelled[front] = field
+        names.pop(field, None)
+    for name in names:
+        spelled[name] = name
+        alias = model.model_fields[name].alias
+        if alias and alias != name:
+            spelled[alias] = name
+    front_names = sorted({f for f, n in spelled.items() if f in renames or f == n})
+    given: dict[str, Any] = {}
+    where = f" of {call}" if call else ""
+    for key, value in arguments.items():
+        field = spelled.get(key)
+        if field is None:
+            near = difflib.get_close_matches(key, list(spelled), n=1, cutoff=0.6)
+            hint = f" (did you mean {_front_name(spelled[near[0]], renames)}?)" if near else ""
+            raise UsageError(f"Unknown argument {key!r}{where}{hint}; its arguments are {', '.join(front_names)}.",
+                             code=INVALID_ARGUMENT, details={"argument": key, "arguments": front_names})
+        if field in given:
+            raise UsageError(f"Argument {_front_name(field, renames)}{where} is given twice ({key!r} too).",
+                             code=INVALID_ARGUMENT, details={"argument": key})
+        given[field] = value
+    _validated(model, None, given)
+    return given
+
+
+def _front_name(field: str, renames: dict[str, str]) -> str:
+    return next((f for f, n in renames.items() if n == field), field)
+
+
+def tool_input_schema(model: type[Request], *, only: tuple[str, ...] | None = None,
+                      renames: dict[str, str] | None = None) -> dict[str, Any]:
+    """The JSON schema of a front's arguments, generated from `model`: snake_case names (the aliases are
+    accepted too), the front's own names for renamed fields, `additionalProperties: false`."""
+    schema = model.model_json_schema(by_alias=False)
+    props: dict[str, Any] = schema.get("properties", {})
+    keep = set(only or props)
+    out_props: dict[str, Any] = {}
+    back = {field: front for front, field in (renames or {}).items()}
+    for name, prop in props.items():
+        if name in keep:
+            prop.pop("title", None)
+            out_props[back.get(name, name)] = prop
+    required = [back.get(n, n) for n in schema.get("required", []) if n in keep]
+    out: dict[str, Any] = {"type": "object", "properties": out_props, "additionalProperties": False}
+    if required:
+        out["required"] = required
+    if "$defs" in schema:
+        out["$defs"] = schema["$defs"]
+    if model.__doc__ and "description" in schema:
+        out["description"] = " ".join(schema["description"].split())
+    return out

@@ -106,6 +106,9 @@ def _build_parser() -> "argparse.ArgumentParser":
 
     wsub.add_parser("run", help="start or continue a run (see `akm workflow run --help`)", add_help=False)
 
+    cat = add("catalog", "the workflows this project can run by name, with their steps and params")
+    fmt(cat)
+
     ls = add("list", "list runs in this project (newest first)")
     ls.add_argument("--active", action="store_true", help="only runs that can still be driven")
     ls.add_argument("--ref", help="only runs of this workflow (path or workflows/<name>)")
@@ -117,6 +120,7 @@ def _build_parser() -> "argparse.ArgumentParser":
     st.add_argument("--units", action="store_true", help="include every journaled unit attempt")
     st.add_argument("--watch", action="store_true",
                     help="follow a run driven elsewhere: live progress on stderr until it is no longer active")
+    st.add_argument("--step", metavar="STEP", help="only this step (its output whole)")
     fmt(st, ("text", "json", "mermaid", "html"))
 
     for name, text in (("resume", "reopen a failed or blocked run (completed units are kept)"),
@@ -147,8 +151,9 @@ def _build_parser() -> "argparse.ArgumentParser":
                     "RUN` continues the run. Every refusal leaves the journal unchanged.")
     rp.add_argument("run_id", metavar="RUN", help=run_id_help)
     rp.add_argument("unit_id", metavar="UNIT", help="the unit id from `akm workflow next` (or STEP.gate:lN)")
-    rp.add_argument("--status", required=True, choices=("completed", "failed", "running"),
-                    help="completed (with --result), failed (with --failure-reason), or running (claim it)")
+    rp.add_argument("--status", choices=("completed", "failed", "running"),
+                    help="completed (with --result; the default with --verdict), failed (with --failure-reason), "
+                         "or running (claim it)")
     rp.add_argument("--result", metavar="JSON|@FILE|-",
                     help="the unit's result: JSON for units with an output schema, else text; @FILE reads a file, "
                          "- reads standard input")
@@ -157,6 +162,9 @@ def _build_parser() -> "argparse.ArgumentParser":
     rp.add_argument("--tokens", metavar="N", help="tokens spent (counted against the run's budget)")
     rp.add_argument("--failure-reason", metavar="R", help="why the unit failed (e.g. timeout)")
     rp.add_argument("--expect-step", metavar="STEP", help="refuse unless the run is still on this step")
+    rp.add_argument("--attempt", metavar="ID", help="the brief's attemptId: the attempt this report answers (a "
+                                                    "report for a gate loop already closed is never counted for "
+                                                    "a later one)")
     rp.add_argument("--rerun", action="store_true", help="replace a result already recorded for this unit")
     rp.add_argument("--holder", metavar="H", help="claim holder name (default: this user and host)")
     fmt(rp)
@@ -243,7 +251,7 @@ def _cmd_config(args: "argparse.Namespace") -> int:
         else:
             change = api.config_unset(args.key, project=args.project)
     except AkmError as exc:
-        if exc.code == "INVALID_FLAG_VALUE" and exc.hint is None:
+        if exc.code == "INVALID_ARGUMENT" and exc.hint is None:
             exc.hint = "See `akm config --help`; `akm config get KEY` shows a key's current value."
         raise
     if args.silent:
@@ -298,7 +306,7 @@ def _cmd_setup(args: "argparse.Namespace") -> int:
 
     if args.config is not None and args.from_file is not None:
         raise UsageError("--config and --from cannot be combined: give the config one way.",
-                         code="INVALID_FLAG_VALUE")
+                         code="INVALID_ARGUMENT")
     blob = None
     if args.config is not None:
         try:
@@ -306,7 +314,7 @@ def _cmd_setup(args: "argparse.Namespace") -> int:
         except ValueError as exc:
             raise UsageError(f"Invalid JSON in --config: {getattr(exc, 'msg', exc)} "
                              f"(line {getattr(exc, 'lineno', '?')}, column {getattr(exc, 'colno', '?')}).",
-                             code="INVALID_FLAG_VALUE", hint="Pass one JSON object, e.g. --config "
+                             code="INVALID_ARGUMENT", hint="Pass one JSON object, e.g. --config "
                              "'{\"defaults\": {\"llmEngine\": \"fast\"}}'.") from None
         if not isinstance(blob, dict):
             raise ConfigError(f"--config must be one JSON object, not {type(blob).__name__}.",
@@ -463,7 +471,7 @@ def _cmd_run(tokens: list[str]) -> int:
 
     cancel = api.Cancellation()
     if ra.controls.get("quiet") and ra.controls.get("verbose"):
-        raise UsageError("--quiet and --verbose contradict each other; pass one.", code="INVALID_FLAG_VALUE")
+        raise UsageError("--quiet and --verbose contradict each other; pass one.", code="INVALID_ARGUMENT")
     # Progress lines go to a terminal by default; --verbose sends them anywhere (an agent's pipe, a log).
     show_progress = bool(ra.controls.get("verbose")) or sys.stderr.isatty() or os.environ.get("AKM_PROGRESS") == "1"
     if ra.controls.get("quiet"):
@@ -538,6 +546,27 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_catalog(args: argparse.Namespace) -> int:
+    from akm import api
+
+    res = api.workflow_catalog().to_json()
+    if args.format == "json":
+        _emit_json(res)
+        return 0
+    if not res["workflows"]:
+        _out("no workflows in " + " or ".join(res["roots"]))
+    for w in res["workflows"]:
+        about = w["description"] or w["title"] or ""
+        _out(f"{w['ref']}  ({w['source']})" + (f"  {about}" if about else ""))
+        _out("  steps: " + ", ".join(s["id"] + (" [gate]" if s["gated"] else "") for s in w["steps"]))
+        for p in w["params"]:
+            default = "" if p["required"] else f" = {json.dumps(p['default'], ensure_ascii=False)}"
+            _out(f"  --{p['name']} {p['type'] or 'any'}{default}" + (f"  {p['description']}" if p["description"] else ""))
+        for problem in w["problems"]:
+            _out(f"  problem: {problem}")
+    return 0
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from akm import api
     from akm import cli_render as render
@@ -559,7 +588,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             raw.write(page.encode("utf-8"))
         return code
-    view = api.run_status(args.run_id, units=args.units).to_json()
+    view = api.run_status(args.run_id, units=args.units, step=args.step).to_json()
     if args.format == "json":
         _emit_json(view)
     elif args.format == "mermaid":
@@ -632,15 +661,15 @@ def _render_brief_text(b: dict[str, Any]) -> str:
             lines.append(f"item {u['context']['itemIndex']}: {json.dumps(u['context']['item'], ensure_ascii=False)}")
         lines.append(u["prompt"])
         rep = u["report"]
-        arg = "--result @result.json" if rep["resultKind"] == "json" else "--result @result.txt"
+        arg = "--result @result.json" if u.get("resultKind") == "json" else "--result @result.txt"
         lines.append(f"-> akm workflow report {rep['runId']} {rep['unitId']} --expect-step {rep['expectStep']} "
-                     f"--status completed {arg}" + (" --rerun" if rep.get("rerun") else ""))
+                     f"--attempt {rep['attemptId']} --status completed {arg}" + (" --rerun" if rep.get("rerun") else ""))
     j = b.get("judge")
     if j:
         lines.append(f"\n== verdict {j['unitId']}")
         lines.append(j["prompt"])
         lines.append(f"-> akm workflow report {b['runId']} {j['unitId']} --expect-step {b['stepId']} "
-                     "--status completed --verdict '{\"complete\": true, \"missing\": [], \"feedback\": \"\"}'")
+                     "--verdict '{\"complete\": true, \"missing\": [], \"feedback\": \"\"}'")
     if b.get("kind") == "engine":
         lines.append(f"-> akm workflow run {b['runId']}")
     return "\n".join(lines)
@@ -702,10 +731,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
             from akm.text import quoted
 
             raise UsageError(f"--tokens {quoted(args.tokens)}: expected a whole number from 0 to {MAX_REPORT_TOKENS}.",
-                             code="INVALID_FLAG_VALUE")
+                             code="INVALID_ARGUMENT")
         tokens = int(args.tokens)
+    status = args.status
+    if status is None:
+        if args.verdict is None:
+            raise UsageError("--status is required (completed, failed or running); only --verdict implies "
+                             "completed.", code="INVALID_ARGUMENT", details={"argument": "status"})
+        status = "completed"
     res = api.report_unit(
-        args.run_id, args.unit_id, status=args.status,
+        args.run_id, args.unit_id, status=status, attempt_id=args.attempt,
         result=_read_payload(args.result, "--result") if args.result is not None else None,
         has_result=args.result is not None,
         verdict=_read_payload(args.verdict, "--verdict") if args.verdict is not None else None,
@@ -716,7 +751,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
         _emit_json(res)
     else:
         _out(f"{res['recorded']}: {res['unitId']} ({res['status']}) — {res['message']}")
-        if res.get("stepOutcome") and res["stepOutcome"].get("kind") == "completed":
+        if res.get("brief"):  # the step's work changed: what to do now, without another `next`
+            _out("")
+            _out(_render_brief_text(res["brief"]))
+        elif res.get("stepOutcome") and res["stepOutcome"].get("kind") == "completed" \
+                and res.get("runStatus") != "completed":
             _out(f"-> akm workflow run {res['runId']}")
     return 0
 
@@ -751,6 +790,9 @@ _CLI_HINTS: dict[str, str] = {
     "UNIT_TERMINAL": "Add --rerun to do the finished unit again.",
     "CLAIM_EXPIRED": "Claim it again with --status running (same --holder), then report its result.",
     "STEP_MISMATCH": "`akm workflow next RUN` shows what the run needs now.",
+    "STEP_CLOSED": "Start a new run to change it: `akm workflow run FILE --new`.",
+    "STALE_REPORT": "`akm workflow next RUN` shows the current attempt; report that with --attempt.",
+    "REPLAY_DIVERGED": "Start a new run: `akm workflow run FILE --new`.",
     "UNKNOWN_UNIT": "`akm workflow next RUN` lists the units to report.",
 }
 # An argument of the api (details.argument) as the CLI spells it.
@@ -830,6 +872,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "setup":
             return _cmd_setup(args)
         handler = {"lint": _cmd_lint, "upgrade": _cmd_upgrade, "list": _cmd_list, "status": _cmd_status,
+                   "catalog": _cmd_catalog,
                    "resume": _cmd_control, "abandon": _cmd_control, "next": _cmd_next, "wait": _cmd_wait,
                    "report": _cmd_report}[args.action]
         return handler(args)

@@ -46,16 +46,19 @@ from akm.errors import EXIT_INTERNAL, AkmError
 
 DEFAULT_CALL_BOUND_S = 45.0
 
-INSTRUCTIONS = """akm runs durable markdown workflows. The loop:
+INSTRUCTIONS = """akm runs durable markdown workflows. workflow_catalog lists the workflows and their params. The loop:
 1. workflow_run(target=<file, workflows/<name> or run id>, params={...}) — akm runs every command unit itself, in
    the background: a call waits up to its bound; if the run is still going (driving: true), call workflow_run
    with the run id again to keep waiting (nothing is redone).
-2. If the result's run.status is "awaiting_session", call workflow_next(run_id): it lists the units you must do
-   (prompt, context, output schema) or the gate verdict you must give.
-3. Do each unit in your own session, then unit_report(run_id, unit_id, status="completed", result=...) —
-   for a gate, unit_report(..., verdict={"complete": bool, "missing": [...], "feedback": "..."}).
-4. Call workflow_run(target=<run id>) again; repeat until run.status is "completed".
-Results that miss their output schema are refused with the errors: fix and report again."""
+2. If the result's run.status is "awaiting_session", run.awaiting is the brief: the units you must do (prompt,
+   context, output schema) or the gate verdict you must give (workflow_next(run_id) fetches it again).
+3. Do each unit in your own session, then unit_report(**unit.report, result=...). The report that finishes the
+   step's units answers with the judge brief when a gate needs your verdict:
+   unit_report(**judge.report, verdict={"complete": bool, "missing": [...], "feedback": "..."}).
+4. When a report's stepOutcome is completed, call workflow_run(target=<run id>) again; repeat until
+   run.status is "completed". Every answer's `next` says what to do.
+Results that miss their output schema are refused with the errors: fix and report again. Resending a report
+whose answer you lost is safe: the same report again answers recorded "idempotent"."""
 
 # Hints in MCP terms for error codes whose CLI hint names shell commands.
 _HINTS = {
@@ -67,6 +70,12 @@ _HINTS = {
     "WORKFLOW_INVALID": "Call workflow_lint on the file for every problem and its fix.",
     "UNKNOWN_UNIT": "Call workflow_next for the units of the current step.",
     "STEP_MISMATCH": "The run moved on: call workflow_next and report against the new step.",
+    "STEP_CLOSED": "Start a new run to change a finished step's output: workflow_run(target=<the workflow file>, "
+                   "params=..., new=true).",
+    "STALE_REPORT": "Call workflow_next: report the current attempt (its attemptId) with the gate's feedback.",
+    "REPLAY_DIVERGED": "The journal no longer matches the run's plan: start a new run with workflow_run(target=<the "
+                       "workflow file>, new=true).",
+    "BUDGET_EXCEEDED": "The run's budget is spent: start a new run (or raise the workflow's budget) to go on.",
     "RESULT_INVALID": "Correct the result so it matches the unit's outputSchema and report again.",
     "RESULT_REQUIRED": "Report the unit's result (a JSON value matching its outputSchema).",
     "REPORT_CONFLICT": "Pass rerun=true to replace the recorded result.",
@@ -127,11 +136,22 @@ def _html_resource(uri: str, text: str) -> Any:
 
 async def _call(fn: Any, *args: Any, **kwargs: Any) -> CallToolResult:
     """Run a blocking api call off the event loop; AkmError becomes an isError result."""
+    return await _call_then(None, fn, *args, **kwargs)
+
+
+async def _call_then(shape: Any, fn: Any, *args: Any, **kwargs: Any) -> CallToolResult:
+    """`_call`, with `shape(result)` giving the answer's JSON (this front's additions)."""
     try:
         result = await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
     except AkmError as exc:
         return _error_result(exc)
-    return _ok(result)
+    return _ok(shape(result) if shape is not None else result)
+
+
+def _with_next_after_report(res: Any) -> dict[str, Any]:
+    data = res.to_json()
+    data["next"] = _next_after_report(data)
+    return data
 
 
 def _schema_model(cls: type, extra: dict[str, Any] | None = None) -> type[BaseModel]:
@@ -176,17 +196,18 @@ def _schema_type(hint: Any) -> Any:
 
 _SCHEMA_MODELS: dict[Any, type[BaseModel]] = {}
 McpRunResult = _schema_model(views.RunResult, {"next": (str | None, None)})  # the run JSON + what to call next
+McpReportResult = create_model("McpReportResult", __base__=api.ReportResult, next=(str | None, None))
 RunViewModel = _schema_model(views.RunView)
 RunListModel = _schema_model(views.RunList)
 EventPageModel = _schema_model(views.EventPage)
+CatalogModel = _schema_model(views.Catalog)
 
 
 def _next_step_for(result: views.RunResult) -> str | None:
     status = result.run.status
     rid = result.run.run_id
     if status == "awaiting_session":
-        return f"Call workflow_next(run_id=\"{rid}\"), do the work it lists, report it with unit_report, " \
-               f"then call workflow_run(target=\"{rid}\") again."
+        return _next_for_brief((result.run.awaiting or {}), rid)
     if status == "active" and result.driving:
         return f"The run is still going in the background (units keep running after this call). Call " \
                f"workflow_run(target=\"{rid}\") to wait for it again: it attaches and reports what happened " \
@@ -270,6 +291,42 @@ class _ProgressReporter:
     def _open(self, step: str) -> None:
         self._close()
         self.step = step
+def _next_for_brief(brief: dict[str, Any], rid: str) -> str:
+    """What to do with a brief the answer already holds (run.awaiting, or a report's brief)."""
+    kind = brief.get("kind")
+    if kind == "units":
+        return ("Do each unit in run.awaiting.units (prompt, context, outputSchema) and report it with "
+                "unit_report(**unit.report, result=...); the report that finishes the step's units answers with "
+                f"the judge brief if a gate needs a verdict, else call workflow_run(target=\"{rid}\").")
+    if kind == "judge":
+        return ("Judge run.awaiting.judge.artifact against its criteria and report unit_report(**judge.report, "
+                "verdict={\"complete\": bool, \"missing\": [...], \"feedback\": \"...\"}).")
+    return f"Call workflow_next(run_id=\"{rid}\") for what the run needs now."
+
+
+def _next_after_report(res: dict[str, Any]) -> str | None:
+    """A report answer's `next`: what its own fields already say the agent must do."""
+    rid, outcome, status = res["runId"], res.get("stepOutcome") or {}, res.get("runStatus")
+    brief = res.get("brief")
+    if status == "completed":
+        return None
+    if brief and brief.get("kind") == "judge":
+        return ("The step's units are done: judge brief.judge.artifact against its criteria and report "
+                "unit_report(**brief.judge.report, verdict={\"complete\": bool, \"missing\": [...], "
+                "\"feedback\": \"...\"}).")
+    if brief and brief.get("kind") == "units":
+        return ("The gate sent the step back: redo each unit in brief.units with brief.gateFeedback and report it "
+                "with unit_report(**unit.report, result=...) (it names the new attemptId).")
+    if status in ("failed", "blocked"):
+        return (f"The run is {status}: inspect it with workflow_status(run_id=\"{rid}\"), fix the cause, then "
+                f"workflow_resume(run_id=\"{rid}\") and workflow_run(target=\"{rid}\").")
+    if outcome.get("kind") == "completed" or status == "active":
+        return f"Call workflow_run(target=\"{rid}\") to go on: its answer carries the next brief in run.awaiting."
+    if res.get("recorded") == "heartbeat" or res.get("status") == "running":
+        return "Report the unit's result with unit_report (status completed) before its claim expires."
+    if res.get("remainingUnits"):
+        return f"{res['remainingUnits']} unit(s) of the step still need a report."
+    return None
 
 
 def _bound_s() -> float:
@@ -280,6 +337,61 @@ def _bound_s() -> float:
         return max(0.1, float(raw.rstrip("s")))
     except ValueError:
         return DEFAULT_CALL_BOUND_S
+
+
+# Each tool's arguments are one api request model's fields (`akm.api_models`): the tool's input schema is
+# generated from it and every call is checked by it before the SDK sees the arguments, so an unknown or
+# misspelt argument is INVALID_ARGUMENT naming it, never dropped. (model, the fields taken, renames)
+_TOOL_ARGS: dict[str, tuple[str, tuple[str, ...] | None, dict[str, str] | None]] = {
+    "workflow_run": ("RunToolRequest", ("target", "params", "max_steps", "timeout", "cwd", "new", "stop"), None),
+    "workflow_next": ("NextRequest", None, None),
+    "unit_report": ("ReportRequest", ("run_id", "unit_id", "status", "result", "verdict", "tokens",
+                                      "failure_reason", "rerun", "expect_step", "attempt_id", "gate_loop",
+                                      "holder"), None),
+    "workflow_status": ("StatusToolRequest", None, None),
+    "workflow_list": ("ListRunsRequest", ("active_only", "ref"), {"active": "active_only"}),
+    "workflow_lint": ("LintRequest", None, None),
+    "workflow_resume": ("RunIdRequest", None, None),
+    "workflow_abandon": ("RunIdRequest", None, None),
+    "workflow_events": ("EventsRequest", None, None),
+    "workflow_catalog": ("CatalogRequest", None, None),
+    "setup": ("SetupRequest", None, None),
+}
+
+
+def _checked_arguments(name: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
+    """The call's arguments checked by the tool's request model, keyed as the tool function names them."""
+    from akm import api_models
+
+    spec = _TOOL_ARGS.get(name)
+    if spec is None:
+        return arguments or {}
+    model, only, renames = spec
+    given = api_models.front_arguments(getattr(api_models, model), dict(arguments or {}), only=only,
+                                       renames=renames, call=name)
+    back = {field: front for front, field in (renames or {}).items()}
+    return {back.get(k, k): v for k, v in given.items()}
+
+
+def _compacted(name: str, arguments: dict[str, Any], result: Any) -> Any:
+    """A tool's answer within `akm.compact.ANSWER_LIMIT`: large outputs, inputs and prompts clipped, each
+    with its size and the call that returns it whole (which itself answers unclipped)."""
+    from akm import compact
+
+    if not isinstance(result, CallToolResult) or result.is_error or not isinstance(result.structured_content, dict):
+        return result
+    data = result.structured_content
+    if name == "workflow_run" and isinstance(data.get("run"), dict):
+        compact.compact_run(data["run"])
+    elif name in ("workflow_status", "workflow_resume", "workflow_abandon") and arguments.get("step") is None:
+        compact.compact_run(data)
+    elif name == "workflow_next" and arguments.get("unit_id") is None:
+        compact.compact_brief(data)
+    elif name == "unit_report" and isinstance(data.get("brief"), dict):
+        compact.compact_brief(data["brief"])
+    else:
+        return result
+    return _ok(data)
 
 
 class _AkmServer(MCPServer):
@@ -299,7 +411,11 @@ class _AkmServer(MCPServer):
             return _error_result(AkmError(f"Invalid arguments for {name}: {'; '.join(problems)}.",
                                           code="INVALID_ARGUMENT", exit_status=2))
         try:
-            return await super().call_tool(name, arguments, context)
+            arguments = _checked_arguments(name, arguments)
+        except AkmError as exc:
+            return _error_result(exc)
+        try:
+            return _compacted(name, arguments, await super().call_tool(name, arguments, context))
         except ToolError as exc:
             cause = exc.__cause__
             if isinstance(cause, ValidationError):
@@ -354,7 +470,9 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
     server = _AkmServer(name="akm", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
     drives = server.drives = drives_mod.Drives(cwd=base_cwd)
 
-    read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+    def _read_only(title: str) -> ToolAnnotations:
+        return ToolAnnotations(title=title, read_only_hint=True, destructive_hint=False, idempotent_hint=True,
+                               open_world_hint=False)
 
     @server.tool(annotations=ToolAnnotations(title="Run a workflow", read_only_hint=False, destructive_hint=False,
                                              idempotent_hint=False, open_world_hint=True))
@@ -362,11 +480,12 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         target: Annotated[str, Field(description="A workflow file path, a workflows/<name> ref, or a run id to continue")],
         ctx: Context,
         params: Annotated[dict[str, Any], Field(description="Run params (only when starting a run)")] = {},  # noqa: B006
-        max_steps: Annotated[int | None, Field(ge=0, description="Stop after this many steps (0: start the run, "
-                                                                 "drive nothing)")] = None,
-        timeout: Annotated[str | None, Field(description="How long this call waits for the run, like 30s or 5m "
-                                                         "(default: the server's bound, 45 s); the run keeps going "
-                                                         "in the background either way")] = None,
+        max_steps: Annotated[int | str | None, Field(description="Finish at most this many steps now (0: start "
+                                                                 "the run, drive nothing); only when this call "
+                                                                 "starts the run's driver")] = None,
+        timeout: Annotated[int | str | None, Field(description="How long this call waits for the run, like 30s or "
+                                                               "5m (or ms; default: the server's bound, 45 s); the "
+                                                               "run keeps going in the background either way")] = None,
         cwd: Annotated[str | None, Field(description="Project directory (default: the server's)")] = None,
         new: Annotated[bool, Field(description="Start a new run even if one with the same params is active")] = False,
         stop: Annotated[bool, Field(description="Stop this server's background driver of the run (target: its run "
@@ -408,14 +527,15 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
             return _error_result(exc)
         return _ok({**result.to_json(), "next": _next_step_for(result)})
 
-    @server.tool(annotations=read_only)
+    @server.tool(annotations=_read_only("What to do now"))
     async def workflow_next(
         run_id: Annotated[str, Field(description="The run id")],
+        unit_id: Annotated[str | None, Field(description="Only this unit, whole")] = None,
     ) -> Annotated[CallToolResult, api.Brief]:
         """What you should do now for a run: its session units (prompt, context, schema, how to report) or the
         gate verdict it awaits. Never changes the run. Each unit's `report` names the unit_report arguments in
         camelCase: runId -> run_id, unitId -> unit_id, expectStep -> expect_step, status, rerun."""
-        return await _call(api.next_brief, run_id)
+        return await _call(api.next_brief, run_id, unit_id=unit_id)
 
     @server.tool(annotations=ToolAnnotations(title="Report a unit", read_only_hint=False, destructive_hint=False,
                                              idempotent_hint=True, open_world_hint=False))
@@ -423,7 +543,7 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         run_id: Annotated[str, Field(description="The run id")],
         unit_id: Annotated[str, Field(description="The unitId from workflow_next (or STEP.gate:lN for a verdict)")],
         status: Annotated[Literal["completed", "failed", "running"],
-                          Field(description="completed | failed | running (claims the unit)")],
+                          Field(description="completed | failed | running (claims the unit)")] = "completed",
         result: Annotated[Any, Field(description="The unit's result: a JSON value matching its outputSchema, "
                                                  "or text")] = None,
         verdict: Annotated[dict[str, Any] | None, Field(description='A gate verdict {"complete": bool, "missing": '
@@ -435,25 +555,30 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         expect_step: Annotated[str | None, Field(description="Refuse unless the run is still on this step")] = None,
         holder: Annotated[str | None, Field(description="Claim holder (default: this server); give parallel "
                                                         "sub-agents their own")] = None,
-    ) -> Annotated[CallToolResult, api.ReportResult]:
+        attempt_id: Annotated[str | None, Field(description="The brief's attemptId")] = None,
+        gate_loop: Annotated[int | None, Field(description="The brief's gateLoop")] = None,
+    ) -> Annotated[CallToolResult, McpReportResult]:
         """Record a unit you did (or a gate verdict). When it completes the step's work the step finishes; then
         call workflow_run to continue the run. A refused report changes nothing."""
-        return await _call(api.report_unit, run_id, unit_id, status=status, result=result,
-                           has_result=result is not None, verdict=verdict, has_verdict=verdict is not None,
-                           tokens=tokens, failure_reason=failure_reason, expect_step=expect_step, rerun=rerun,
-                           holder=holder or holder_default, cwd=base_cwd)
+        return await _call_then(_with_next_after_report, api.report_unit, run_id, unit_id, status=status,
+                                result=result, has_result=result is not None, verdict=verdict,
+                                has_verdict=verdict is not None, tokens=tokens, failure_reason=failure_reason,
+                                expect_step=expect_step, rerun=rerun, attempt_id=attempt_id, gate_loop=gate_loop,
+                                holder=holder or holder_default, cwd=base_cwd)
 
     holder_default = holder
 
-    @server.tool(annotations=read_only)
+    @server.tool(annotations=_read_only("Run status"))
     async def workflow_status(
         run_id: Annotated[str, Field(description="The run id")],
         units: Annotated[bool, Field(description="Include every journaled unit attempt")] = False,
+        step: Annotated[str | None, Field(description="Only this step, its output whole")] = None,
         format: Annotated[Literal["json", "html"], Field(  # noqa: A002 (the CLI's flag name)
             description="html: also a self-contained HTML report of the run (a text/html resource)")] = "json",
     ) -> Annotated[CallToolResult, RunViewModel]:
-        """Where a run stands: steps, their outputs, and (with units) every unit attempt."""
-        result = await _call(api.run_status, run_id, units=units)
+        """Where a run stands: steps, their outputs (large ones clipped: pass step for one whole), and (with
+        units) every unit attempt; format html adds a self-contained HTML report."""
+        result = await _call(api.run_status, run_id, units=units, step=step)
         if format == "html" and not result.is_error:
             try:
                 page = await anyio.to_thread.run_sync(lambda: api.run_report_html(run_id))
@@ -462,7 +587,7 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
             result.content.append(_html_resource(f"akm://runs/{run_id}/report.html", page))
         return result
 
-    @server.tool(annotations=read_only)
+    @server.tool(annotations=_read_only("List runs"))
     async def workflow_list(
         active: Annotated[bool, Field(description="Only runs that can still be driven")] = False,
         ref: Annotated[str | None, Field(description="Only runs of this workflow")] = None,
@@ -470,7 +595,7 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         """Runs of this project, newest first."""
         return await _call(api.list_runs, active_only=active, ref=ref, cwd=base_cwd)
 
-    @server.tool(annotations=read_only)
+    @server.tool(annotations=_read_only("Lint workflows"))
     async def workflow_lint(
         paths: Annotated[list[str], Field(min_length=1, description="Workflow files or directories")],
     ) -> Annotated[CallToolResult, _lint_model()]:
@@ -492,7 +617,16 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         """Give up on a run for good."""
         return await _call(api.abandon, run_id)
 
-    @server.tool(annotations=read_only)
+    @server.tool(annotations=_read_only("Workflow catalog"))
+    async def workflow_catalog(
+        cwd: Annotated[str | None, Field(description="Project directory (default: the server's)")] = None,
+    ) -> Annotated[CallToolResult, CatalogModel]:
+        """The workflows this project can run by name: its .akm/workflows/ then the user library, each with
+        its ref (pass it to workflow_run as target), description, steps and params (name, type, description,
+        required, default)."""
+        return await _call(api.workflow_catalog, cwd=cwd or base_cwd)
+
+    @server.tool(annotations=_read_only("Journal events"))
     async def workflow_events(
         run_id: Annotated[str | None, Field(description="Only this run's events")] = None,
         since: Annotated[str | None, Field(description="@offset:N (a previous nextOffset) or an ISO time")] = None,
@@ -520,7 +654,55 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         return await _call(api.setup, yes=yes, config=config, probe=probe, project=project, cwd=base_cwd,
                            dry_run=dry_run)
 
+    @server.resource("akm://runs", name="runs", title="Runs of this project",
+                     description="This project's runs, newest first (as workflow_list).", mime_type="application/json")
+    def runs_resource() -> str:
+        import json
+
+        return json.dumps(api.list_runs(cwd=base_cwd).to_json(), ensure_ascii=False)
+
+    @server.resource("akm://runs/{run_id}", name="run", title="A run",
+                     description="Where a run stands (as workflow_status; large outputs clipped).",
+                     mime_type="application/json")
+    def run_resource(run_id: str) -> str:
+        import json
+
+        from akm import compact
+
+        return json.dumps(compact.compact_run(api.run_status(run_id).to_json()), ensure_ascii=False)
+
+    _finish_tools(server)
+    _drop_prompts(server)
     return server
+
+
+def _drop_prompts(server: MCPServer) -> None:
+    """akm has no prompts: a server that answers prompts/list advertises the capability (and an empty list)."""
+    try:
+        handlers = server._lowlevel_server._request_handlers
+    except AttributeError:  # an SDK that moved it: the capability stays advertised, with no prompts
+        return
+    for method in ("prompts/list", "prompts/get"):
+        handlers.pop(method, None)
+
+
+def _finish_tools(server: MCPServer) -> None:
+    """What a client sees of each tool: the input schema generated from its request model (strict), a
+    description without the docstring's indentation, and a title."""
+    import inspect
+
+    from akm import api_models
+
+    for name, tool in server._tool_manager._tools.items():
+        spec = _TOOL_ARGS.get(name)
+        if spec is not None:
+            model, only, renames = spec
+            schema = api_models.tool_input_schema(getattr(api_models, model), only=only, renames=renames)
+            schema.pop("description", None)
+            tool.parameters = schema
+        tool.description = inspect.cleandoc(tool.description or "")
+        if tool.title is None and tool.annotations is not None and tool.annotations.title:
+            tool.title = tool.annotations.title
 
 
 def _lint_model() -> Any:

@@ -283,6 +283,41 @@ class RunList(View):
     runs: list[RunView]
 
 
+class CatalogParam(View):
+    """One param a workflow takes. `required`: it declares no default (a run without it has no value)."""
+
+    name: str
+    type: str | None = None
+    description: str | None = None
+    required: bool = False
+    default: Any = None
+
+
+class CatalogStep(View):
+    id: str
+    kind: str  # unit | map | route
+    gated: bool = False
+
+
+class CatalogEntry(View):
+    """A workflow a project can run: `workflow_run(target=ref, params=...)`."""
+
+    ref: str  # workflows/<name>
+    path: str
+    source: str  # project | user
+    title: str | None = None
+    description: str | None = None
+    when_to_use: str | None = None
+    steps: list[CatalogStep] = factory(list)
+    params: list[CatalogParam] = factory(list)
+    problems: list[str] = factory(list)  # lint errors: the workflow cannot run until they are fixed
+
+
+class Catalog(View):
+    workflows: list[CatalogEntry]
+    roots: list[str] = factory(list)  # where it looked, in lookup order (the project shadows the user library)
+
+
 class EventView(View):
     id: int
     ts: str

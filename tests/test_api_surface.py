@@ -52,7 +52,7 @@ def test_run_arguments_are_validated_by_the_api(project, kwargs, argument, words
     with pytest.raises(UsageError) as info:
         run(wf, project, **kwargs)
     err = info.value
-    assert err.code == "INVALID_FLAG_VALUE" and err.details["argument"] == argument
+    assert err.code == "INVALID_ARGUMENT" and err.details["argument"] == argument
     assert words in err.message and "--" not in err.message, err.message
 
 
@@ -61,7 +61,7 @@ def test_lint_arguments_are_checked_without_and_with_a_request_model(project, pa
     """Plain arguments get LintRequest's rules without pydantic (the CLI's lint path); a request model still works."""
     with pytest.raises(UsageError) as info:
         api.lint(paths)
-    assert info.value.code == "INVALID_FLAG_VALUE" and info.value.details["argument"] == "paths"
+    assert info.value.code == "INVALID_ARGUMENT" and info.value.details["argument"] == "paths"
     wf = _fan(project)
     assert api.lint([str(wf)]) == api.lint(api.LintRequest(paths=[str(wf)]))
     assert api.lint((str(wf),)).files[0].ok is True

@@ -17,7 +17,7 @@ def test_log_huge_offset_is_a_usage_error_not_an_internal_error(akm, project):
     run_id = _completed_run(akm, project)
     proc = akm("log", "--run", run_id, "--since", "@offset:99999999999999999999999")
     assert proc.returncode == 2, proc.stderr
-    assert "error[INVALID_FLAG_VALUE]" in proc.stderr and "the offset must be a whole number" in proc.stderr
+    assert "error[INVALID_ARGUMENT]" in proc.stderr and "the offset must be a whole number" in proc.stderr
 
 
 def test_log_unknown_run_is_not_found(akm, project):
@@ -33,4 +33,4 @@ def test_log_malformed_cursor_is_not_silently_ignored(akm, project):
     run_id = _completed_run(akm, project)
     proc = akm("log", "--run", run_id, "--since", "2", "--format", "json")
     assert proc.returncode == 2, proc.stdout
-    assert '"code": "INVALID_FLAG_VALUE"' in proc.stderr and "expected @offset:N" in proc.stderr, proc.stderr
+    assert '"code": "INVALID_ARGUMENT"' in proc.stderr and "expected @offset:N" in proc.stderr, proc.stderr

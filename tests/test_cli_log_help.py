@@ -56,12 +56,12 @@ def test_log_has_a_default_limit_and_says_when_more_are_waiting(project, monkeyp
 def test_out_of_range_limits_are_coded_errors(project, limit):
     with pytest.raises(UsageError) as info:
         api.events(limit=limit)
-    assert info.value.code == "INVALID_FLAG_VALUE"
+    assert info.value.code == "INVALID_ARGUMENT"
 
 
 def test_cli_limit_overflow_is_a_usage_error(cli):
     proc = cli("log", "--limit", "99999999999999999999", check=2)
-    assert "INVALID_FLAG_VALUE" in proc.stderr and "INTERNAL" not in proc.stderr
+    assert "INVALID_ARGUMENT" in proc.stderr and "INTERNAL" not in proc.stderr
 
 
 def test_cli_default_page_and_more_line(project, capsys):

@@ -123,7 +123,7 @@ def test_shell_reports_refused_with_a_code_and_a_hint_and_nothing_written(cli, p
                                               "completed", "--result", '{"verdict": "x"}')
     # A token count no journal integer can hold is a usage error, not a crash.
     for tokens in ("99999999999999999999999", "9" * 5000, "-3", "²"):
-        refused(cli, "INVALID_FLAG_VALUE", *report, "--result", '{"verdict": "x"}', "--tokens", tokens)
+        refused(cli, "INVALID_ARGUMENT", *report, "--result", '{"verdict": "x"}', "--tokens", tokens)
     (project / "src" / "deep" / "latin1.json").write_bytes(b'{"verdict": "\xff"}')
     refused(cli, "UNREADABLE_FILE", *report, "--result", "@latin1.json")
 

@@ -177,7 +177,7 @@ def test_set_refuses_literal_secrets_with_a_hint(project, user_file, capsys):
         assert akm(capsys, "config", "set", "engines.fast.apiKey", value)[0] == 0
         assert json.loads(user_file.read_text())["engines"]["fast"]["apiKey"] == value
     code, err = err_json(capsys, "config", "set", "engines.fast.apiKey", "sk-live-123")
-    assert code == 2 and err["code"] == "INVALID_FLAG_VALUE" and "AKM_ENGINE_FAST_API_KEY" in err["hint"]
+    assert code == 2 and err["code"] == "INVALID_ARGUMENT" and "AKM_ENGINE_FAST_API_KEY" in err["hint"]
     code, err = err_json(capsys, "config", "set", "engines.other", json.dumps({**FAST, "apiKey": "sk-live-123"}))
     assert code == 2 and "sk-live-123" not in json.dumps(err)
     assert "sk-live-123" not in user_file.read_text()

@@ -293,7 +293,7 @@ x
 def test_param_json_that_cannot_be_recorded_is_invalid_flag_value(in_project, capsys, value, why):
     (in_project / "deep.md").write_text(DEEP_WF, encoding="utf-8")
     code, _, err = cli(capsys, "workflow", "run", "deep.md", "--m", value)
-    assert code == 2 and f"error[INVALID_FLAG_VALUE]: {why}" in err, err
+    assert code == 2 and f"error[INVALID_ARGUMENT]: {why}" in err, err
     assert api.list_runs(cwd=str(in_project)).runs == []
 
 

@@ -19,7 +19,7 @@ from mcp import Client  # noqa: E402
 from akm.mcp import build_server  # noqa: E402
 
 TOOLS = {"setup", "workflow_lint", "workflow_run", "workflow_list", "workflow_status", "workflow_next",
-         "unit_report", "workflow_resume", "workflow_abandon", "workflow_events"}
+         "unit_report", "workflow_resume", "workflow_abandon", "workflow_events", "workflow_catalog"}
 
 
 def session_wf(project: Path) -> Path:
@@ -75,7 +75,11 @@ def test_tools_are_listed_with_schemas_and_annotations(project):
     assert tools["setup"].annotations.read_only_hint is False  # it writes the config (a preview without arguments)
     assert tools["workflow_abandon"].annotations.destructive_hint is True
     assert tools["workflow_run"].annotations.read_only_hint is False
-    assert set(tools["unit_report"].input_schema["required"]) == {"run_id", "unit_id", "status"}
+    # status defaults to completed (a verdict is always completed), so only the ids are required
+    assert set(tools["unit_report"].input_schema["required"]) == {"run_id", "unit_id"}
+    for name, t in tools.items():  # generated from the api's request models: nothing outside them is taken
+        assert t.input_schema["additionalProperties"] is False, name
+        assert t.title and "\n    " not in t.description, name
     assert "runId" in json.dumps(tools["workflow_run"].output_schema)
 
 
@@ -117,7 +121,7 @@ def test_session_loop_with_gate_reject_then_accept(project):
         r = await c.call_tool("workflow_run", {"target": "flow.md", "params": {"topics": ["cats", "dogs"]}})
         rid = r.structured_content["run"]["runId"]
         assert r.structured_content["run"]["status"] == "awaiting_session"
-        assert "workflow_next" in r.structured_content["next"]
+        assert "run.awaiting" in r.structured_content["next"]  # the answer holds the brief already
         seen = []
         for loop in (1, 2):
             b = (await c.call_tool("workflow_next", {"run_id": rid})).structured_content

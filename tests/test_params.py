@@ -84,7 +84,7 @@ def test_unknown_flag_without_declared_params():
 )
 def test_acceptance_53_55_errors(tokens, fragment):
     err = _usage(_params, tokens)
-    assert err.code == "INVALID_FLAG_VALUE"
+    assert err.code == "INVALID_ARGUMENT"
     assert fragment in err.message
 
 
@@ -107,7 +107,7 @@ def test_bare_flag_for_a_non_boolean_param_is_an_error_naming_it():
     # issue 6 item 9: a bare --name used to become the string "true"
     for tokens, name in ((["--name"], "name"), (["--count"], "count"), (["--tags"], "tags")):
         err = _usage(_params, tokens)
-        assert err.code == "INVALID_FLAG_VALUE"
+        assert err.code == "INVALID_ARGUMENT"
         assert f"Param {name} needs a value" in err.message
 
 
@@ -115,7 +115,7 @@ def test_array_items_are_coerced():
     schemas = {"ids": {"type": "array", "items": {"type": "integer"}}, "raw": {"type": "array"}}
     assert _params(["--ids", "1", "--ids", "1e1", "--ids=-3"], schemas) == {"ids": [1, 10, -3]}
     assert _params(["--raw", "a", "--raw"], schemas) == {"raw": ["a", True]}
-    assert _usage(_params, ["--ids", "x"], schemas).code == "INVALID_FLAG_VALUE"
+    assert _usage(_params, ["--ids", "x"], schemas).code == "INVALID_ARGUMENT"
     # A single value that does not start with '[' is one element, kept as typed text.
     assert _params(["--raw", '{"a": 1}'], schemas) == {"raw": ['{"a": 1}']}
     schemas = {"one": {"type": "array"}}
@@ -179,7 +179,7 @@ def test_coercion(schema, raw, expected):
 )
 def test_coercion_errors(schema, raw, fragment):
     err = _usage(coerce_params, [("p", raw)], {"p": schema})
-    assert err.code == "INVALID_FLAG_VALUE"
+    assert err.code == "INVALID_ARGUMENT"
     assert fragment in err.message and "--p" in err.message
 
 
@@ -226,17 +226,17 @@ def test_negative_number_can_be_the_target_position_value():
 @pytest.mark.parametrize(
     ("tokens", "code", "fragment"),
     [
-        (["--count", "2", "workflows/x"], "INVALID_FLAG_VALUE", "must come after the workflow path, ref or run id"),
-        (["--count"], "INVALID_FLAG_VALUE", "must come after"),
-        (["w", "other"], "INVALID_FLAG_VALUE", "must come after"),
-        (["w", "--"], "INVALID_FLAG_VALUE", "must come after"),
-        (["--", "w"], "INVALID_FLAG_VALUE", "must come after"),
-        (["w", "--params", "{}"], "INVALID_FLAG_VALUE", "--params was removed; pass each param as --name value"),
-        (["w", "--params={}"], "INVALID_FLAG_VALUE", "--params was removed"),
-        (["w", "--max-steps"], "INVALID_FLAG_VALUE", "--max-steps requires a value"),
-        (["w", "--format", "--quiet"], "INVALID_FLAG_VALUE", "--format requires a value"),
-        (["w", "--quiet=yes"], "INVALID_FLAG_VALUE", "--quiet takes no value"),
-        (["w", "--=x"], "INVALID_FLAG_VALUE", "Malformed flag"),
+        (["--count", "2", "workflows/x"], "INVALID_ARGUMENT", "must come after the workflow path, ref or run id"),
+        (["--count"], "INVALID_ARGUMENT", "must come after"),
+        (["w", "other"], "INVALID_ARGUMENT", "must come after"),
+        (["w", "--"], "INVALID_ARGUMENT", "must come after"),
+        (["--", "w"], "INVALID_ARGUMENT", "must come after"),
+        (["w", "--params", "{}"], "INVALID_ARGUMENT", "--params was removed; pass each param as --name value"),
+        (["w", "--params={}"], "INVALID_ARGUMENT", "--params was removed"),
+        (["w", "--max-steps"], "INVALID_ARGUMENT", "--max-steps requires a value"),
+        (["w", "--format", "--quiet"], "INVALID_ARGUMENT", "--format requires a value"),
+        (["w", "--quiet=yes"], "INVALID_ARGUMENT", "--quiet takes no value"),
+        (["w", "--=x"], "INVALID_ARGUMENT", "Malformed flag"),
         (["w", "-x"], "UNKNOWN_FLAG", 'Unknown option "-x"'),
     ],
 )
@@ -260,5 +260,5 @@ def test_no_tokens():
 def test_radix_literals_are_not_coerced_to_numbers(raw, kind):
     """`--count 0x10` is refused with the decimal spelling, not silently read as 16 (issue 23)."""
     err = _usage(_params, ["--count", raw], {"count": {"type": kind}})
-    assert err.code == "INVALID_FLAG_VALUE" and "decimal" in err.message and "count" in err.message
+    assert err.code == "INVALID_ARGUMENT" and "decimal" in err.message and "count" in err.message
     assert _params(["--count", raw], {"count": {"type": ["integer", "string"]}}) == {"count": raw}

@@ -70,8 +70,9 @@ def test_fan_out_session_step_reported_then_the_next_exec_step_sees_it(project):
     u0 = brief["units"][0]
     assert u0["context"]["item"] == "a.py" and u0["context"]["itemIndex"] == 0
     assert u0["outputSchema"]["required"] == ["verdict"] and "Review the file." in u0["prompt"]
-    assert u0["report"] == {"runId": rid, "unitId": u0["unitId"], "expectStep": "review", "status": "completed",
-                            "resultKind": "json", "rerun": False}
+    assert u0["report"] == {"runId": rid, "unitId": u0["unitId"], "attemptId": u0["attemptId"], "gateLoop": 1,
+                            "expectStep": "review", "status": "completed", "rerun": False}
+    assert u0["resultKind"] == "json"
     assert brief["instructions"].strip() == "Review the file."
     first = report(rid, u0["unitId"], project, result={"verdict": "ok"}, expect_step="review")
     assert first["recorded"] == "written" and first["remainingUnits"] == 1 and first["stepOutcome"] is None
@@ -193,7 +194,7 @@ def test_a_string_schema_takes_the_text_itself(project):
     rid = start(project, "steps:\n  - id: name\n    output: { type: string }\n  - id: age\n"
                          "    output: { type: object, required: [n], properties: { n: { type: integer } } }",
                 "## name\n\nA name.\n\n## age\n\nAn age.")
-    assert report(rid, "name:solo", project, result="42", status="running")["recorded"] == "written"
+    assert report(rid, "name:solo", project, result="42", status="running")["recorded"] == "heartbeat"
     assert report(rid, "name:solo", project, result="42")["stepOutcome"]["kind"] == "completed"
     assert db_rows("SELECT result_json FROM units WHERE unit_id = 'name:solo'") == [('"42"',)]
     refused("RESULT_INVALID", report, rid, "age:solo", project, result="Ada")  # an object schema still wants JSON
@@ -224,7 +225,7 @@ def test_foreign_and_expired_claims(project):
     rid = start(project, REVIEW, "## review\n\nR.\n\n## tally\n\nT.", files=["a", "b"])
     unit = api.next_brief(rid).to_json()["units"][0]["unitId"]
     claimed = report(rid, unit, project, status="running", holder="agent-1")
-    assert claimed["claim"]["holder"] == "agent-1" and claimed["recorded"] == "written"
+    assert claimed["claim"]["holder"] == "agent-1" and claimed["recorded"] == "heartbeat"  # as upstream
     assert report(rid, unit, project, status="running", holder="agent-1")["recorded"] == "heartbeat"
     brief_unit = api.next_brief(rid).to_json()["units"][0]
     assert brief_unit["action"] == "claimed" and brief_unit["claim"]["holder"] == "agent-1"
@@ -274,7 +275,7 @@ def test_verdicts_only_when_a_verdict_is_awaited(project):
     refused("VERDICT_INVALID", report, rid, "d.gate:l1", project, verdict="not json")
 
 
-def test_budget_ceiling_refuses_the_report(project):
+def test_budget_ceiling_refuses_the_report_and_fails_the_step_and_run(project):
     rid = start(project, """
         params:
           xs: { type: array }
@@ -286,8 +287,15 @@ def test_budget_ceiling_refuses_the_report(project):
     units = [u["unitId"] for u in api.next_brief(rid).to_json()["units"]]
     report(rid, units[0], project, result="1")
     report(rid, units[1], project, result="2")
-    err = refused("BUDGET_EXCEEDED", report, rid, units[2], project, result="3")
-    assert "max_units ceiling" in err.message
+    with pytest.raises(AkmError) as exc:
+        report(rid, units[2], project, result="3")
+    assert exc.value.code == "BUDGET_EXCEEDED" and "max_units ceiling" in exc.value.message
+    # as natively: the report is not recorded, the step and the run fail (issue 16; before, the run stayed
+    # awaiting_session and offered the unit forever)
+    assert db_rows("SELECT count(*) FROM units WHERE unit_id = ?", units[2]) == [(0,)]
+    view = api.run_status(rid)
+    assert view.status == "failed" and view.steps[0].status == "failed"
+    assert exc.value.details["runStatus"] == "failed"
 
 
 def test_failed_reports_fail_fast_and_normalize_their_reason(project):

@@ -384,7 +384,7 @@ def test_from_reads_json_and_yaml_and_refuses_bad_input(env, capsys, tmp_path):
     assert setup_cli(capsys, "--from", str(tmp_path / "missing.json"))[0] == 78
     assert setup_cli(capsys, "--config", "not json")[0] == 2
     code, _, _, err = setup_cli(capsys, "--config", "{}", "--from", str(y))
-    assert code == 2 and "INVALID_FLAG_VALUE" in err
+    assert code == 2 and "INVALID_ARGUMENT" in err
     bad_endpoint = {"engines": {"x": {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completionz",
                                       "model": "m"}}}
     before = config_file().read_bytes()

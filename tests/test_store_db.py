@@ -28,6 +28,7 @@ EXPECTED_COLUMNS = {
         "input_hash", "result_json", "tokens", "failure_reason", "worktree_path", "started_at", "finished_at",
         "session_id", "last_checkin_at", "attempts", "claim_holder", "claim_host", "claim_pid", "claim_expires_at",
         "truncated",
+        "reopened",
     ],
     "events": ["id", "event_type", "ts", "run_id", "metadata_json"],
     "task_history": ["id", "run_id", "started_at", "finished_at", "outcome", "metadata_json"],

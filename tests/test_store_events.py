@@ -64,13 +64,13 @@ def test_corrupt_metadata_reads_as_empty(db):
 def test_bad_offsets_are_usage_errors(db, bad):
     with pytest.raises(UsageError, match="event offset must be a non-negative integer") as info:
         events.list_events(db, since_offset=bad)
-    assert info.value.code == "INVALID_FLAG_VALUE"
+    assert info.value.code == "INVALID_ARGUMENT"
 
 
 def test_bad_limit_is_usage_error(db):
     with pytest.raises(UsageError, match="event limit must be a positive integer") as info:
         events.list_events(db, limit=0)
-    assert info.value.code == "INVALID_FLAG_VALUE"
+    assert info.value.code == "INVALID_ARGUMENT"
 
 
 # -- task_history -------------------------------------------------------------------------------

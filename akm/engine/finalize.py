@@ -267,6 +267,7 @@ def unit_states(wl: WorkList, rows: list[dict[str, Any]], gate_loop: int) -> lis
         retry = u.template.retry
         tried = sum(int(r.get("attempts") or 1) for r in live)
         eligible = bool(retry) and latest.get("failure_reason") in retry.on and tried < 1 + retry.max
+        eligible = eligible or bool(latest.get("reopened"))  # a failed unit reopened by resuming the run
         states.append(UnitState(u, RETRYABLE if eligible else FAILED, latest))
     return states
 

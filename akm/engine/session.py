@@ -36,6 +36,7 @@ from akm.engine.answer import AnswerError, parse_command_json
 from akm.engine.finalize import (
     DONE,
     FAILED,
+    DIVERGED,
     RETRYABLE,
     GateState,
     StepDecision,
@@ -58,7 +59,7 @@ from akm.engine.stepctx import (
 )
 from akm.errors import AkmError, UsageError
 from akm.format.schema import validate_instance
-from akm.plan.identity import NO_ITEM, base_of_attempt
+from akm.plan.identity import NO_ITEM, base_of_attempt, journal_base_id
 from akm.plan.model import StepPlan
 from akm.store import runs as runs_store
 from akm.store import units as units_store
@@ -160,11 +161,13 @@ def _live_claim(row: dict[str, Any] | None, now: str) -> dict[str, Any] | None:
 # ---------------------------------------------------------------- brief (read-only)
 
 
-def _unit_brief(cur: _Current, state: UnitState, now: str) -> dict[str, Any]:
+def _unit_brief(cur: _Current, state: UnitState, now: str, driven: bool = False) -> dict[str, Any]:
     u = state.unit
     tmpl = u.template
     claim = _live_claim(state.row, now)
     action = {RETRYABLE: "rerun", FAILED: "rerun"}.get(state.status, "claimed" if claim else "do")
+    if driven:
+        action = "do_not_run"  # another holder's live lease: akm itself is working on this step right now
     context: dict[str, Any] = {"params": cur.loaded.params, "inputs": {ref: v for ref, v in u.inputs},
                                "gateFeedback": cur.gate.feedback if cur.gate else None}
     if u.item is not NO_ITEM:
@@ -175,14 +178,17 @@ def _unit_brief(cur: _Current, state: UnitState, now: str) -> dict[str, Any]:
         "attemptId": u.base_id,
         "inputHash": u.input_hash,
         "action": action,
+        "resultKind": "json" if tmpl.output_schema is not None else "text",
+        "envBindings": _binding_names(cur, tmpl.env),
         "runner": u.runner,
         "prompt": u.prompt,
         "outputSchema": tmpl.output_schema,
         "context": context,
         "claim": claim,
         "lastFailure": state.row.get("failure_reason") if state.status in (RETRYABLE, FAILED) and state.row else None,
-        "report": {"runId": cur.run_id, "unitId": u.unit_id, "expectStep": cur.step.step_id if cur.step else None,
-                   "status": "completed", "resultKind": "json" if tmpl.output_schema is not None else "text",
+        "report": {"runId": cur.run_id, "unitId": u.unit_id, "attemptId": u.base_id,
+                   "gateLoop": cur.gate.loop if cur.gate else None,
+                   "expectStep": cur.step.step_id if cur.step else None, "status": "completed",
                    "rerun": action == "rerun"},
     }
 
@@ -200,8 +206,8 @@ def _judge_brief(cur: _Current) -> dict[str, Any]:
         "summary": summary,
         "prompt": gates.judge_prompt(step, summary),
         "verdictSchema": gates.VERDICT_SCHEMA,
-        "report": {"runId": cur.run_id, "unitId": unit_id, "expectStep": step.step_id, "status": "completed",
-                   "resultKind": "verdict", "rerun": False},
+        "report": {"runId": cur.run_id, "unitId": unit_id, "attemptId": None, "gateLoop": d.loop,
+                   "expectStep": step.step_id, "status": "completed", "rerun": False},
     }
 
 
@@ -226,9 +232,11 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
                                             + ("; abandoning is final." if final else " until resumed."))
         return out
     lease = runs_store.read_lease(db, run_id)
-    if lease is not None and not lease.holder.startswith(units_store.REPORT_LOCK_PREFIX):
+    driven = lease is not None and not lease.holder.startswith(units_store.REPORT_LOCK_PREFIX)
+    if driven:
         out["warnings"].append(f"akm is driving this run right now (lease holder {lease.holder} until "
-                               f"{lease.until}); reports are refused until it stops.")
+                               f"{lease.until}); reports are refused until it stops: do not run its units.")
+    out["warnings"].extend(_secret_param_warnings(cur.loaded.params))
     d = cur.decision
     if step is None or d is None or cur.gate is None:
         out.update(kind="engine", message="akm settles the next step itself: continue the run.")
@@ -245,8 +253,9 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
         if not session_units:
             out.update(kind="engine", message="This step's units are run by akm itself: continue the run.")
             return out
-        out["units"] = [_unit_brief(cur, s, now) for s in session_units]
+        out["units"] = [_unit_brief(cur, s, now, driven) for s in session_units]
         out["kind"] = "units"
+        out["warnings"].extend(_silent_claim_warnings(session_units, now))
         todo = sum(1 for u in out["units"] if u["action"] != "claimed")
         out["message"] = (f"Step {step.step_id} (gate loop {d.loop}) needs {len(out['units'])} unit(s) done by "
                           f"you ({todo} unclaimed): do each unit's prompt, then report its result.")
@@ -261,6 +270,47 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
                           "criteria and report a verdict {complete, missing, feedback}.")
         return out
     out.update(kind="engine", message="akm can take the run further itself: continue the run.")
+    return out
+
+
+_SECRET_NAME = re.compile(r"(api[_-]?key|token|secret|passw(or)?d|credential|private[_-]?key|auth)", re.I)
+
+
+def _binding_names(cur: _Current, refs: list[str] | None) -> list[str]:
+    """The variable names a unit's `env:` refs bind (its env files, read here; never their values) — what the
+    agent doing the unit must have in its own environment. A ref that does not resolve is listed as itself."""
+    if not refs:
+        return []
+    from akm import paths
+    from akm.engine.env_bindings import EnvBindingError, resolve_env_refs
+
+    run = cur.loaded.run
+    root = paths.project_root(Path(run.workflow_path).parent) if run.workflow_path else Path.cwd()
+    try:
+        return sorted(resolve_env_refs(list(refs), root))
+    except EnvBindingError:
+        return list(refs)
+
+
+def _secret_param_warnings(params: dict[str, Any]) -> list[str]:
+    """Params are journaled and shown in every brief and prompt: a credential-looking one is named."""
+    names = [n for n in params if _SECRET_NAME.search(n)]
+    if not names:
+        return []
+    return [f"param(s) {', '.join(names)} look like credentials: params are not secret (they are journaled and "
+            "sent in every prompt); pass secrets through a unit's env: bindings instead."]
+
+
+def _silent_claim_warnings(states: list[UnitState], now: str) -> list[str]:
+    """A unit claimed by a holder whose claim expired without a result: that holder has gone silent."""
+    out = []
+    for s in states:
+        row = s.row
+        if row is None or row.get("status") != "running" or not row.get("claim_holder"):
+            continue
+        if _live_claim(row, now) is None:
+            out.append(f"unit {s.unit.unit_id} was claimed by {row['claim_holder']}, which has gone silent (its "
+                       f"claim expired at {row.get('claim_expires_at')} with no result): take the unit over.")
     return out
 
 
@@ -281,17 +331,7 @@ def normalize_failure_reason(reason: str | None, sensitive: list[str]) -> str:
 
 
 def _sensitive_for(cur: _Current, state: UnitState, project_root: Path) -> list[str]:
-    """The unit's own `env:` values and those of every env file the project can see (spec/engine.md)."""
-    from akm.engine.env_bindings import EnvBindingError, project_sensitive_values, resolve_env_refs
-
-    visible = project_sensitive_values(project_root)
-    refs = state.unit.template.env or []
-    if not refs:
-        return visible
-    try:
-        return sensitive_values_from(resolve_env_refs(refs, project_root)) + visible
-    except EnvBindingError:
-        return visible
+    return _sensitive_of(state.unit.template, project_root)
 
 
 def _prepare_result(state: UnitState, status: str, result: Any, sensitive: list[str]) -> str | None:
@@ -401,11 +441,20 @@ def report(
     failure_reason: str | None = None,
     expect_step: str | None = None,
     rerun: bool = False,
+    attempt_id: str | None = None,
+    gate_loop: int | None = None,
     holder: str,
     project_root: Path,
     registry: Any = None,
 ) -> dict[str, Any]:
-    """Record one report and finish the step when its work is complete. Returns the report result."""
+    """Record one report and finish the step when its work is complete. Returns the report result.
+
+    A report answers one attempt: the brief's `attempt_id` (or `gate_loop`) names it, else the unit's current
+    one. A report resent for an attempt that is already closed — its step finished, its gate loop rejected,
+    the run ended — is answered `idempotent` with the run's current state when it is what the journal holds
+    (an agent retrying a call whose answer it lost), and refused otherwise; it is never counted for a
+    later attempt.
+    """
     if status not in REPORT_STATUSES:
         raise UsageError(f"Report status {status!r} is not one of {', '.join(REPORT_STATUSES)}.",
                          code="INVALID_ARGUMENT")
@@ -414,9 +463,19 @@ def report(
         raise UsageError(f"tokens must be a whole number from 0 to {MAX_REPORT_TOKENS}.", code="INVALID_ARGUMENT",
                          details={"argument": "tokens"})
     cur = _current(db, run_id)
+    is_verdict = ".gate:l" in unit_id or unit_id.endswith(".gate") or verdict is not MISSING
+    if rerun or status == "running":
+        answered = None  # a re-run or a claim is new work, never a resend
+    elif is_verdict:
+        answered = _resent_verdict(db, cur, unit_id, verdict, gate_loop)
+    else:
+        answered = _resent_report(db, cur, unit_id, status, result, failure_reason, attempt_id, gate_loop,
+                                  project_root)
+    if answered is not None:
+        return answered
     _check_reportable(cur, expect_step)
     assert cur.step is not None
-    if ".gate:l" in unit_id or unit_id == f"{cur.step.step_id}.gate" or verdict is not MISSING:
+    if is_verdict:
         return _report_verdict(db, cur, unit_id, status, verdict, holder, project_root, registry)
     d = cur.decision
     if d is None:
@@ -425,6 +484,14 @@ def report(
     state = next((s for s in d.states if wanted in (s.unit.unit_id, s.unit.base_id)), None)
     if state is None:
         raise _refuse_unit(cur, unit_id)
+    if state.status == DIVERGED:
+        raise UsageError(
+            f"Replay divergence: unit {state.diverged_from} of run {run_id} is journaled as completed with a "
+            "different input hash than the plan gives it now; nothing was recorded. Start a new run.",
+            code="REPLAY_DIVERGED", details={"unitId": state.diverged_from, "inputHash": state.unit.input_hash})
+    asked = _asked_attempt(state.unit.unit_id, attempt_id, gate_loop)
+    if asked is not None and asked != state.unit.base_id:
+        raise _stale(cur, state.unit.unit_id, asked, state.unit.base_id)
     if state.unit.runner == "exec":
         raise UsageError(f"Unit {unit_id} is a command unit: akm runs it itself (continue the run); it cannot "
                          "be reported.", code="UNIT_NOT_REPORTABLE")
@@ -437,13 +504,18 @@ def report(
     reason = normalize_failure_reason(failure_reason, sensitive) if status == "failed" else None
     u = state.unit
     budget = cur.loaded.plan.budget
-    write = units_store.write_report(
-        db, run_id=run_id, unit_id=u.base_id, step_id=cur.step.step_id, node_id=u.node_id,
-        parent_unit_id=u.parent_unit_id, runner="session" if u.runner == "session" else u.runner, engine=u.engine,
-        model=u.model, input_hash=u.input_hash, status=status, result_json=result_json, tokens=tokens,
-        failure_reason=reason, holder=redact_text(holder, sensitive), rerun=rerun,
-        max_units=budget.max_units if budget else None, max_tokens=budget.max_tokens if budget else None,
-    )
+    try:
+        write = units_store.write_report(
+            db, run_id=run_id, unit_id=u.base_id, step_id=cur.step.step_id, node_id=u.node_id,
+            parent_unit_id=u.parent_unit_id, runner="session" if u.runner == "session" else u.runner,
+            engine=u.engine, model=u.model, input_hash=u.input_hash, status=status, result_json=result_json,
+            tokens=tokens, failure_reason=reason, holder=redact_text(holder, sensitive), rerun=rerun,
+            max_units=budget.max_units if budget else None, max_tokens=budget.max_tokens if budget else None,
+        )
+    except UsageError as exc:
+        if exc.code != "BUDGET_EXCEEDED":
+            raise
+        raise _budget_fails_the_step(db, run_id, cur.step.step_id, exc, project_root, registry) from None
     out: dict[str, Any] = {
         "runId": run_id, "stepId": cur.step.step_id, "unitId": u.unit_id, "attemptId": u.base_id,
         "status": status, "recorded": write.recorded, "gateLoop": d.loop,
@@ -459,8 +531,212 @@ def report(
     outcome = _finalize_written(db, run_id, project_root, registry, budget_message=write.tokens_crossed)
     fresh = runs_store.require_run(db, run_id)
     out.update(stepOutcome=outcome.get("stepOutcome"), remainingUnits=outcome.get("remainingUnits", 0),
-               runStatus=fresh.status, message=outcome.get("message", ""))
+               runStatus=fresh.status, message=_run_message(outcome.get("message", ""), fresh))
+    out["brief"] = _brief_after(db, run_id, out["stepOutcome"])
     return out
+
+
+def _budget_fails_the_step(db: Database, run_id: str, step_id: str, exc: UsageError, project_root: Path,
+                           registry: Any) -> UsageError:
+    """A budget ceiling ends the run as it does natively: the report is not recorded, the step and the run
+    fail (a run left awaiting the agent would offer the unit forever). Returns the error to raise."""
+    reason = exc.message.rstrip(".")
+    _finalize(db, run_id, project_root, registry, budget_message=reason)
+    fresh = runs_store.require_run(db, run_id)
+    return UsageError(f"{exc.message} The report was not recorded; step {step_id} and the run are now {fresh.status}.",
+                      code="BUDGET_EXCEEDED", details={"runId": run_id, "stepId": step_id, "runStatus": fresh.status})
+
+
+def _brief_after(db: Database, run_id: str, step_outcome: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The new brief when a report changed the agent's work within the step (a verdict is now awaited, or
+    the gate opened the next loop), so that the agent needs no `next` call; else None."""
+    if not step_outcome or step_outcome.get("kind") not in ("awaiting_verdict", "next_loop"):
+        return None
+    return brief(db, run_id)
+
+
+def _run_message(message: str, run: Any) -> str:
+    """A report's message, saying so when the report finished the whole run."""
+    if run.status == "completed":
+        return f"{message.split(':')[0]}; run {run.id} is completed." if message.startswith("Step ") else \
+            f"Run {run.id} is completed."
+    return message
+
+
+# ---------------------------------------------------------------- resends and stale reports
+
+
+def _asked_attempt(unit_id: str, attempt_id: str | None, gate_loop: int | None) -> str | None:
+    """The journal id of the attempt a report says it answers (None: it names none)."""
+    if attempt_id is not None:
+        return base_of_attempt(attempt_id)
+    if gate_loop is not None:
+        return journal_base_id(_content_id(unit_id), gate_loop)
+    if "~l" in base_of_attempt(unit_id):
+        return base_of_attempt(unit_id)  # the unit named by its attempt id
+    return None
+
+
+def _content_id(unit_id: str) -> str:
+    """`X~l3~r1` -> `X`: the unit's content id, whatever attempt of it is named."""
+    head, sep, tail = base_of_attempt(unit_id).rpartition("~l")
+    return head if sep and tail.isdigit() else base_of_attempt(unit_id)
+
+
+def _loop_of(base_id: str) -> int:
+    head, sep, tail = base_id.rpartition("~l")
+    return int(tail) if sep and tail.isdigit() else 1
+
+
+def _stale(cur: _Current, unit_id: str, asked: str, current: str) -> UsageError:
+    return UsageError(
+        f"This report answers attempt {asked} of unit {unit_id}, which is closed (gate loop {_loop_of(asked)}); the "
+        f"current attempt is {current} (gate loop {_loop_of(current)}). Nothing was recorded: do the unit again "
+        "from the current brief (its context carries the gate's feedback) and report that.",
+        code="STALE_REPORT", details={"attemptId": asked, "currentAttemptId": current,
+                                      "stepId": cur.step.step_id if cur.step else None})
+
+
+def _family_rows(db: Database, run_id: str, content_id: str) -> list[dict[str, Any]]:
+    """Every journaled attempt of one unit (all gate loops and retries), oldest first."""
+    return [dict(r) for r in db.query(
+        "SELECT unit_id, step_id, status, result_json, failure_reason, input_hash FROM units WHERE run_id = ? "
+        "AND phase IS NULL AND (unit_id = ? OR (unit_id > ? AND unit_id < ?)) ORDER BY rowid",
+        (run_id, content_id, content_id + "~", content_id + "\x7f"))]  # `X~…`: a key range of the primary key
+
+
+def _resent_report(db: Database, cur: _Current, unit_id: str, status: str, result: Any, failure_reason: str | None,
+                   attempt_id: str | None, gate_loop: int | None, project_root: Path) -> dict[str, Any] | None:
+    """The answer to a report of an attempt that is already closed and holds exactly this content, else None.
+
+    Closed: the run no longer takes reports, the unit is not in the current step's work, or the report names
+    an earlier gate loop — or names none while the current loop has no row of this unit yet. A closed
+    attempt holding other content is refused (STALE_REPORT for a rejected loop of the current step; a
+    finished step or run keeps its own refusal, below).
+    """
+    content_id = _content_id(unit_id)
+    rows = [r for r in _family_rows(db, cur.run_id, content_id) if r["status"] in ("completed", "failed")]
+    if not rows:
+        return None
+    d = cur.decision
+    state = None
+    if d is not None and cur.loaded.run.status in DRIVABLE_STATUSES:
+        state = next((s for s in d.states if s.unit.unit_id == content_id), None)
+    asked = _asked_attempt(unit_id, attempt_id, gate_loop)
+    if state is not None:
+        if asked is None and (state.row is not None or state.unit.base_id == content_id):
+            return None  # the current attempt: the normal path (and write_report's own idempotence)
+        if asked is not None and asked == state.unit.base_id:
+            return None
+        closed = [r for r in rows if base_of_attempt(r["unit_id"]) != state.unit.base_id
+                  and (asked is None or base_of_attempt(r["unit_id"]) == asked)]
+    else:
+        closed = [r for r in rows if asked is None or base_of_attempt(r["unit_id"]) == asked]
+    if not closed:
+        return None
+    template = _template_of(cur, closed[-1]["step_id"])
+    if template is None:
+        return None
+    try:
+        sensitive = _sensitive_of(template, project_root)
+        result_json = _prepare_result(_Recorded(content_id, template), status, result, sensitive)
+        reason = normalize_failure_reason(failure_reason, sensitive) if status == "failed" else None
+    except UsageError:
+        return None  # not what was recorded, and not even recordable: the normal path refuses it
+    same = next((r for r in reversed(closed) if r["status"] == status and r["result_json"] == result_json
+                 and (r["failure_reason"] or None) == (reason or None)), None)
+    if same is None:
+        if state is not None and asked is not None:
+            raise _stale(cur, content_id, asked, state.unit.base_id)
+        if state is not None and asked is None:
+            return None  # a first answer for the current loop (it differs from the rejected one)
+        step_id = closed[-1]["step_id"]
+        if cur.loaded.run.status in DRIVABLE_STATUSES and cur.step is not None and step_id != cur.step.step_id:
+            raise UsageError(
+                f"Unit {content_id} belongs to step {step_id}, which is finished: its output is fixed (later steps "
+                f"were built on it) and this different report was not recorded. The run is on step "
+                f"{cur.step.step_id}; to change {step_id}'s output, start a new run of the workflow.",
+                code="STEP_CLOSED", details={"stepId": step_id, "currentStep": cur.step.step_id})
+        return None  # an ended run: the guards below say why it is refused
+    return _resend_answer(db, cur, same["step_id"], content_id, base_of_attempt(same["unit_id"]), status,
+                          _loop_of(base_of_attempt(same["unit_id"])))
+
+
+@dataclass
+class _Recorded:
+    """What `_prepare_result` needs of a unit: its id and template."""
+
+    unit_id: str
+    template: Any
+
+    @property
+    def unit(self) -> "_Recorded":
+        return self
+
+
+def _template_of(cur: _Current, step_id: str | None) -> Any:
+    step = cur.loaded.plan.step(step_id) if step_id else None
+    return step.unit_template if step is not None else None
+
+
+def _sensitive_of(template: Any, project_root: Path) -> list[str]:
+    """The template's own `env:` values and those of every env file the project can see (spec/engine.md)."""
+    from akm.engine.env_bindings import EnvBindingError, project_sensitive_values, resolve_env_refs
+
+    visible = project_sensitive_values(project_root)
+    refs = template.env or []
+    if not refs:
+        return visible
+    try:
+        return sensitive_values_from(resolve_env_refs(refs, project_root)) + visible
+    except EnvBindingError:
+        return visible
+
+
+def _resent_verdict(db: Database, cur: _Current, unit_id: str, verdict: Any, gate_loop: int | None
+                    ) -> dict[str, Any] | None:
+    """The answer to a verdict resent for a gate loop that already has exactly this verdict, else None
+    (a different verdict for a closed loop is STALE_REPORT)."""
+    step_id, _, loop_text = unit_id.partition(".gate:l")
+    if not loop_text:
+        if gate_loop is None or not unit_id.endswith(".gate"):
+            return None
+        step_id, loop_text = unit_id[: -len(".gate")], str(gate_loop)
+    if not loop_text.isdigit():
+        return None
+    row_id = gate_row_for(step_id, int(loop_text))
+    row = db.query_one("SELECT status, result_json FROM units WHERE run_id = ? AND unit_id = ? AND phase = 'gate'",
+                       (cur.run_id, row_id))
+    if row is None or row["status"] != "completed":
+        return None
+    value = verdict
+    if isinstance(value, str):
+        try:
+            value = parse_command_json(value)
+        except AnswerError:
+            return None
+    parsed = verdict_from_value(value)
+    if parsed is None:
+        return None
+    recorded = json.loads(row["result_json"]) if row["result_json"] else None
+    if recorded != parsed.to_json():
+        raise UsageError(
+            f"Gate loop {loop_text} of step {step_id} already has a verdict ({row['result_json']}); a different one "
+            "for it is never counted for a later loop. Nothing was recorded: fetch the current brief.",
+            code="STALE_REPORT", details={"unitId": row_id, "recorded": recorded})
+    return _resend_answer(db, cur, step_id, row_id, row_id, "completed", int(loop_text))
+
+
+def _resend_answer(db: Database, cur: _Current, step_id: str, unit_id: str, attempt: str, status: str,
+                   loop: int) -> dict[str, Any]:
+    run = runs_store.require_run(db, cur.run_id)
+    where = (f"the run is {run.status}" if run.status not in DRIVABLE_STATUSES
+             else f"the run is {run.status} on step {run.current_step_id}")
+    return {"runId": cur.run_id, "stepId": step_id, "unitId": unit_id, "attemptId": attempt, "status": status,
+            "recorded": "idempotent", "gateLoop": loop, "claim": None, "remainingUnits": None, "stepOutcome": None,
+            "runStatus": run.status,
+            "message": f"Already recorded: {unit_id} (gate loop {loop}) holds exactly this; nothing changed — "
+                       f"{where}."}
 
 
 def _report_verdict(db: Database, cur: _Current, unit_id: str, status: str, verdict: Any, holder: str,
@@ -498,7 +774,8 @@ def _report_verdict(db: Database, cur: _Current, unit_id: str, status: str, verd
     return {"runId": cur.run_id, "stepId": step.step_id, "unitId": expected, "attemptId": expected,
             "status": "completed", "recorded": "written", "gateLoop": d.loop, "claim": None,
             "remainingUnits": outcome.get("remainingUnits", 0), "stepOutcome": outcome.get("stepOutcome"),
-            "runStatus": fresh.status, "message": outcome.get("message", "")}
+            "runStatus": fresh.status, "message": _run_message(outcome.get("message", ""), fresh),
+            "brief": _brief_after(db, cur.run_id, outcome.get("stepOutcome"))}
 
 
 # ---------------------------------------------------------------- finishing the step
@@ -562,8 +839,8 @@ def _finalize(db: Database, run_id: str, project_root: Path, registry: Any,
                                             "feedback": cur.gate.feedback["feedback"],
                                             "missing": cur.gate.feedback["missing"]},
                             "remainingUnits": left,
-                            "message": f"Step {step.step_id} goes to gate loop {d.loop}: fetch the brief again and "
-                                       "redo its units with the feedback."}
+                            "message": f"Step {step.step_id} goes to gate loop {d.loop}: redo its units with the "
+                                       "feedback (the brief is in this answer)."}
                 return {"remainingUnits": left,
                         "message": f"Recorded. {left} unit(s) of step {step.step_id} still need a report."}
             if d.kind == "retry":
@@ -575,7 +852,7 @@ def _finalize(db: Database, run_id: str, project_root: Path, registry: Any,
                     _park(db, run_id, {"kind": "judge", "stepId": step.step_id, "gateLoop": d.loop})
                     return {"stepOutcome": {"kind": "awaiting_verdict", "gateLoop": d.loop}, "remainingUnits": 0,
                             "message": f"Step {step.step_id}'s units are done; its gate needs your verdict "
-                                       "(fetch the brief)."}
+                                       "(the judge brief is in this answer)."}
                 if not _engine_judge(db, cur, d, project_root, registry):
                     fresh = runs_store.get_step(db, run_id, step.step_id)
                     return {"stepOutcome": {"kind": "blocked", "summary": fresh.notes if fresh else None},

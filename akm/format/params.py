@@ -16,7 +16,7 @@ checked against the declared param schema with a message that names it. The rule
   booleans `true`/`false`, strings kept byte-exact (`001` stays `"001"`). A bare flag is `true` for a
   boolean (or an untyped param) and an error naming the param for any other type.
 * Omitted params that declare a schema `default:` get it; then the object is validated against the
-  declared schemas; any problem is `INVALID_FLAG_VALUE`.
+  declared schemas; any problem is `INVALID_ARGUMENT`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ RUN_CONTROL_VALUE_FLAGS: tuple[str, ...] = ("max-steps", "timeout", "format")
 RUN_CONTROL_BOOL_FLAGS: tuple[str, ...] = ("help", "quiet", "verbose", "new", "detach")
 _SHORT_FLAGS = {"-h": "help", "-q": "quiet"}
 
-INVALID_FLAG_VALUE = "INVALID_FLAG_VALUE"
+INVALID_FLAG_VALUE = "INVALID_ARGUMENT"
 UNKNOWN_FLAG = "UNKNOWN_FLAG"
 
 _NEGATIVE_NUMBER = re.compile(r"^-\d")
@@ -272,7 +272,7 @@ def coerce_params(
     set `include_processes`. Params named like a run-control flag (`timeout`, `format`, `max-steps`,
     `help`, `quiet`, `verbose`, `new`) can never arrive here because `split_run_args` consumes those flags;
     authors should avoid such names. Raises `UsageError` with code `UNKNOWN_FLAG` for an undeclared
-    name and `INVALID_FLAG_VALUE` for a value that does not fit its schema.
+    name and `INVALID_ARGUMENT` for a value that does not fit its schema.
     """
     grouped: dict[str, list[str | bool]] = {}
     for name, raw in pairs:

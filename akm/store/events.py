@@ -93,9 +93,9 @@ def list_events(
     is read first and the page is bounded by it).
     """
     if isinstance(since_offset, bool) or not isinstance(since_offset, int) or since_offset < 0:
-        raise UsageError(f"event offset must be a non-negative integer, got {since_offset!r}", code="INVALID_FLAG_VALUE")
+        raise UsageError(f"event offset must be a non-negative integer, got {since_offset!r}", code="INVALID_ARGUMENT")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise UsageError(f"event limit must be a positive integer, got {limit!r}", code="INVALID_FLAG_VALUE")
+        raise UsageError(f"event limit must be a positive integer, got {limit!r}", code="INVALID_ARGUMENT")
     where = ["id > ?"]
     params: list[Any] = [since_offset]
     if run_id is not None:

@@ -185,6 +185,13 @@ MIGRATION_0007 = """
 ALTER TABLE runs ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0;
 """
 
+# 0008: a session unit the agent reported failed for good fails its step; resuming the run reopens it
+# (`reopened = 1` on its failed row), so the brief offers it again (`action: rerun`) instead of the step
+# failing again on every resume. A re-dispatch (a new attempt) clears it.
+MIGRATION_0008 = """
+ALTER TABLE units ADD COLUMN reopened INTEGER NOT NULL DEFAULT 0;
+"""
+
 # (id, sql). Append only; never edit an entry that has shipped.
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001-initial-schema", MIGRATION_0001),
@@ -193,6 +200,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0005-run-status-abandoned", MIGRATION_0005),
     ("0006-drop-unused-event-indexes", MIGRATION_0006),
     ("0007-lease-epoch", MIGRATION_0007),
+    ("0008-unit-reopened", MIGRATION_0008),
 ]
 
 # Migrations that rebuild a table other tables reference: run with foreign keys off (a pragma that

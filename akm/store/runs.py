@@ -589,6 +589,10 @@ def resume_run(db: Database, run_id: str) -> Run:
                     "WHERE run_id = ? AND step_id = ? AND status IN ('blocked','failed')",
                     (run_id, step_id),
                 )
+                # A session unit failed for good is offered to the agent again (the native engine
+                # re-dispatches its own failed units on the next invocation anyway).
+                conn.execute("UPDATE units SET reopened = 1 WHERE run_id = ? AND step_id = ? AND phase IS NULL "
+                             "AND status = 'failed' AND runner = 'session'", (run_id, step_id))
                 if _gate_exhausted(row["status_detail_json"]):
                     # D7: a fresh loop budget, counted from the last journaled gate loop
                     conn.execute("UPDATE steps SET gate_loop_base = ? WHERE run_id = ? AND step_id = ?",

@@ -78,6 +78,7 @@ class Unit(NamedTuple):
     claim_pid: int | None
     claim_expires_at: str | None
     truncated: int = 0  # 1: the unit's output was cut at the capture cap (result_json holds its beginning)
+    reopened: int = 0  # 1: a failed session unit reopened by resuming the run (offered again as a re-run)
 
 
 _UNIT_FIELDS = Unit._fields
@@ -117,7 +118,7 @@ _REINSERT = _UNIT_ROW_COLUMNS + (
     "input_hash = excluded.input_hash, worktree_path = excluded.worktree_path, "
     "started_at = excluded.started_at, result_json = NULL, tokens = NULL, failure_reason = NULL, "
     "session_id = NULL, finished_at = NULL, last_checkin_at = NULL, claim_holder = NULL, "
-    "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL, truncated = 0, "
+    "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL, truncated = 0, reopened = 0, "
     "attempts = units.attempts + 1"
 )
 _FINISH = (
@@ -648,7 +649,7 @@ def write_report(
             conn.execute(
                 "UPDATE units SET claim_holder = ?, claim_host = ?, claim_pid = ?, claim_expires_at = ?, "
                 "last_checkin_at = ? WHERE run_id = ? AND unit_id = ?", (holder, host, pid, until, now, run_id, unit_id))
-            return ReportWrite("written", ClaimInfo(holder, host, pid, until))
+            return ReportWrite("heartbeat", ClaimInfo(holder, host, pid, until))  # a claim is a sign of life
         carried = (prior_tokens + (tokens or 0)) if prior_tokens else tokens
         finish_unit(db, run_id=run_id, unit_id=unit_id, started_at=started, status=status, result_json=result_json,
                     tokens=carried, failure_reason=failure_reason, session_id=None)

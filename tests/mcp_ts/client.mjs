@@ -13,7 +13,7 @@ const client = new Client({ name: "akm-ts-test", version: "0.0.1" });
 await client.connect(new StdioClientTransport({ command: cmd, args: [...args, "mcp"], cwd, env }));
 
 const names = (await client.listTools()).tools.map((t) => t.name).sort();
-assert.deepEqual(names, ["setup", "unit_report", "workflow_abandon", "workflow_events", "workflow_lint",
+assert.deepEqual(names, ["setup", "unit_report", "workflow_abandon", "workflow_catalog", "workflow_events", "workflow_lint",
   "workflow_list", "workflow_next", "workflow_resume", "workflow_run", "workflow_status"]);
 
 const run = await client.callTool({ name: "workflow_run", arguments: { target: "flow.md", params: { topics: ["a", "b"] } } });
@@ -45,7 +45,7 @@ assert.equal(report.isError, false, JSON.stringify(report.content).slice(0, 500)
 assert.equal(report.content.at(-1).resource.mimeType, "text/html");
 for (const [name, a] of [["workflow_status", { run_id: runId, units: true }], ["workflow_list", {}],
                          ["workflow_lint", { paths: ["flow.md"] }], ["workflow_events", { run_id: runId }],
-                         ["setup", {}]]) {
+                         ["workflow_catalog", {}], ["setup", {}]]) {
   const r = await client.callTool({ name, arguments: a });
   assert.equal(r.isError, false, `${name}: ${JSON.stringify(r.content)}`);
 }
