@@ -391,7 +391,9 @@ def _compacted(name: str, arguments: dict[str, Any], result: Any) -> Any:
         compact.compact_brief(data["brief"])
     else:
         return result
-    return _ok(data)
+    compacted = _ok(data)
+    compacted.content.extend(result.content[1:])  # blocks beyond the JSON text (the HTML report) stay as they are
+    return compacted
 
 
 class _AkmServer(MCPServer):
