@@ -682,7 +682,9 @@ def detach_run(
     steps = None if max_steps is None else _whole_number(max_steps, "max_steps", 0)
     timeout_ms = None if timeout is None else parse_duration_ms(timeout)
     opened = open_run(target, param_pairs=param_pairs, params=params, new=new, cwd=cwd)
-    if opened.status not in ("active", "awaiting_session"):
+    from akm.store.status import DRIVABLE_STATUSES
+
+    if opened.status not in DRIVABLE_STATUSES:
         return DetachedRun(run_id=opened.run_id, status=opened.status, started=opened.started,
                            warnings=opened.warnings)
     extra = ([f"--max-steps={steps}"] if steps is not None else []) + \

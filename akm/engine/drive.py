@@ -69,6 +69,7 @@ from akm.store import runs as runs_store
 from akm.store import units as units_store
 from akm.store.db import Database, now_iso
 from akm.store.runs import holder_is_live
+from akm.store.status import DRIVABLE_STATUSES
 
 
 # Longest wait a unit-level retry honours from a server's Retry-After (the LLM client's own cap).
@@ -521,7 +522,7 @@ class _Driver:
 
     def lost_lease_error(self) -> UsageError:
         run = runs_store.get_run(self.db, self.run_id)
-        if run is not None and run.status not in ("active", "awaiting_session"):
+        if run is not None and run.status not in DRIVABLE_STATUSES:
             return UsageError(
                 f"Run {self.run_id} became {run.status} while this invocation was driving it "
                 f"({'abandoned' if run.status == 'abandoned' else 'changed'} by another command); stopped. "
@@ -804,7 +805,7 @@ def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
     if loaded.status == "completed":
         result.done = True
         return result
-    if loaded.status not in ("active", "awaiting_session"):
+    if loaded.status not in DRIVABLE_STATUSES:
         raise runs_store.not_drivable_error(run_id, loaded.status, "executed")
     holder = str(uuid.uuid4())
     try:

@@ -29,6 +29,7 @@ from typing import Any
 from akm.report.escape import clip, esc, short
 from akm.report.graph_svg import graph_svg
 from akm.report.timeline_svg import Attempt, attempts_from_events, duration_text, seconds, timeline_svg
+from akm.store.status import DRIVABLE_STATUSES
 
 MAX_BYTES = 2_000_000
 UNIT_TEXT_BUDGET = 600_000  # characters of unit output shared by all units of the page
@@ -126,7 +127,7 @@ class _Report:
     def summary(self) -> str:
         v = self.view
         start, end = seconds(v.get("createdAt")), seconds(v.get("completedAt") or v.get("updatedAt"))
-        if v.get("status") in ("active", "awaiting_session") and not v.get("completedAt"):
+        if v.get("status") in DRIVABLE_STATUSES and not v.get("completedAt"):
             end = max(end or 0.0, self.now)
         work = [u for u in self.units if not _GATE_ROW.match(u["unitId"])]
         logical = sum(int(s.get("unitCount") or 0) for s in self.steps)
@@ -182,7 +183,7 @@ class _Report:
     def timeline_section(self) -> str:
         v = self.view
         end = seconds(v.get("completedAt") or v.get("updatedAt")) or self.now
-        if v.get("status") in ("active", "awaiting_session"):
+        if v.get("status") in DRIVABLE_STATUSES:
             end = max(end, self.now)
         svg = timeline_svg(self.attempts, [s["id"] for s in self.steps], seconds(v.get("createdAt")), end,
                            self.anchors, tooltips=self.tooltips)

@@ -41,13 +41,11 @@ from akm.errors import NotFoundError, UsageError
 from akm.store.db import Database, now_iso
 from akm.store.events import append_event, has_event
 
-RUN_STATUSES = ("active", "completed", "failed", "blocked", "awaiting_session", "abandoned")
-DRIVABLE_STATUSES = ("active", "awaiting_session")
-STEP_TERMINAL_STATUSES = ("completed", "failed", "skipped", "blocked")
+from akm.store.status import DRIVABLE_STATUSES, RUN_STATUSES, STEP_TERMINAL_STATUSES  # noqa: E402,F401
 LEASE_TTL_S = 90.0
 LEASE_TTL_ENV = "AKM_LEASE_TTL_S"  # overrides the TTL (seconds); for tests and slow shared hosts
 
-_DRIVABLE_SQL = "('active','awaiting_session')"
+_DRIVABLE_SQL = "(" + ",".join(f"'{s}'" for s in DRIVABLE_STATUSES) + ")"
 
 
 # -- rows -------------------------------------------------------------------------------------

@@ -1,0 +1,18 @@
+"""The status vocabulary of runs, steps and unit attempts: one place, typed.
+
+Statuses travel as plain strings (journal columns, JSON); these `Literal`s let a type checker catch a typo,
+and the tuples are what SQL `IN (...)` clauses and membership tests use.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+RunStatus = Literal["active", "completed", "failed", "blocked", "awaiting_session", "abandoned"]
+StepStatus = Literal["pending", "running", "completed", "failed", "skipped", "blocked"]
+UnitStatus = Literal["running", "completed", "failed"]
+
+RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
+# A run something can still drive: the engine (active) or the calling agent (awaiting_session, D11).
+DRIVABLE_STATUSES: tuple[RunStatus, ...] = ("active", "awaiting_session")
+STEP_TERMINAL_STATUSES: tuple[StepStatus, ...] = ("completed", "failed", "skipped", "blocked")

@@ -1,0 +1,57 @@
+"""One vocabulary: every error code akm raises is an `akm.errors.Code`, spec/errors.md is generated from it,
+and the fronts' hint tables key on real codes (a typo there would be silent)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from akm import cli, errors
+from akm.errors import Code
+
+ROOT = Path(__file__).resolve().parent.parent
+# `code="X"` in a call or `code = "X"` on an error class; the runtime's `fail("X", ...)`.
+_LITERAL = re.compile(r"""\bcode\s*=\s*["']([A-Z][A-Z0-9_]+)["']""")
+_BUNDLE = re.compile(r"""\bfail\(\s*["']([A-Z][A-Z0-9_]+)["']""")
+# Warning codes (`RunWarning.code`) and lint diagnostics share the word `code` but are not errors.
+_NOT_ERRORS = {"ENGINE", "LINT", "WORKFLOW_CHANGED"}
+
+
+def _codes_in(paths: list[Path], pattern: re.Pattern[str]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for path in paths:
+        for m in pattern.finditer(path.read_text(encoding="utf-8")):
+            found.setdefault(m.group(1), str(path.relative_to(ROOT)))
+    return found
+
+
+def test_spec_errors_md_is_generated_from_the_enum():
+    assert (ROOT / "spec" / "errors.md").read_text(encoding="utf-8") == errors.render_errors_md(), \
+        "spec/errors.md is stale: python -m akm.errors > spec/errors.md"
+    assert set(errors.CODE_MEANINGS) == set(Code)
+
+
+def test_every_code_the_source_raises_is_in_the_enum():
+    raised = _codes_in(sorted((ROOT / "akm").rglob("*.py")), _LITERAL)
+    raised.update(_codes_in(sorted((ROOT / "bundle").glob("*.py")), _BUNDLE))
+    unknown = {c: where for c, where in raised.items() if c not in Code.__members__ and c not in _NOT_ERRORS}
+    assert not unknown, f"codes missing from akm.errors.Code (add them with a meaning): {unknown}"
+    unused = {c.value for c in Code} - set(raised) - {"ERROR", "INVALID_ARGUMENT", "UNKNOWN_FLAG", "UPGRADE_FAILED"}
+    assert not unused, f"codes nothing raises (remove them, or raise them): {unused}"
+
+
+def test_hint_tables_key_on_real_codes():
+    import akm.mcp as mcp_front
+
+    for table, where in ((cli._CLI_HINTS, "cli"), (mcp_front._HINTS, "mcp")):
+        bad = [k for k in table if k not in Code.__members__]
+        assert not bad, f"{where} hint table keys that are no error code: {bad}"
+
+
+def test_a_code_is_its_string():
+    """Code members are plain strings on the wire: AkmError(code=Code.X) and code="X" are the same error."""
+    err = errors.UsageError("m", code=Code.LEASE_HELD)
+    assert err.code == "LEASE_HELD" and err.to_dict()["code"] == "LEASE_HELD"
+    import json
+
+    assert json.dumps(err.to_dict())  # serialisable as a str
