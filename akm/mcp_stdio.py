@@ -145,7 +145,7 @@ def _unreadable(text: str, exc: ValidationError) -> types.JSONRPCError | types.J
             return _error(None, types.PARSE_ERROR, f"Parse error: {first.get('msg')}")
         if "recursion limit" in str(first.get("msg")):
             # pydantic's JSON reader stops at 200 levels, the envelope included; the engine's own limit for a
-            # value is 200 levels of the value itself (akm.engine.answer.MAX_ANSWER_DEPTH), as at the CLI.
+            # value is 200 levels of the value itself (akm.dispatch.answer.MAX_ANSWER_DEPTH), as at the CLI.
             try:
                 return _checked(types.jsonrpc_message_adapter.validate_python(obj, by_name=False), text)
             except ValidationError as again:

@@ -357,7 +357,7 @@ def test_numbers_of_thousands_of_digits_are_coded_errors(in_project, capsys, arg
 
 
 def test_a_json_number_of_thousands_of_digits_is_named_not_a_python_limit(in_project, capsys):
-    from akm.engine.answer import AnswerError, parse_command_json
+    from akm.dispatch.answer import AnswerError, parse_command_json
 
     (in_project / "deep.md").write_text(DEEP_WF, encoding="utf-8")
     code, _, err = cli(capsys, "workflow", "run", "deep.md", "--m", f"[{BIG}]")

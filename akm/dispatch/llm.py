@@ -585,7 +585,7 @@ def probe_json_schema(engine: Mapping[str, Any], *, api_key: str | None = None, 
         return ProbeResult(False, False, err.message)
     if not resp.text:
         return ProbeResult(False, False, "empty reply")
-    from akm.engine.answer import AnswerError, extract_model_json  # a pure helper module (json, re)
+    from akm.dispatch.answer import AnswerError, extract_model_json
 
     try:  # leniently, as upstream's parseJsonResponse: a think block or a code fence around the object is fine
         value = extract_model_json(resp.text)

@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 from akm.canonical import CanonicalError, canonical_json
-from akm.engine.answer import AnswerError, extract_model_json
+from akm.dispatch.answer import AnswerError, extract_model_json
 from akm.engine.finalize import Verdict, verdict_from_value
 from akm.plan.model import Plan, StepPlan
 

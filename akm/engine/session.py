@@ -32,7 +32,7 @@ from typing import Any
 from akm.dispatch.redact import redact_text, redact_value, sensitive_values_from
 from akm.engine import gates
 from akm.engine.budget import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
-from akm.engine.answer import AnswerError, parse_command_json
+from akm.dispatch.answer import AnswerError, parse_command_json
 from akm.engine.finalize import (
     DONE,
     FAILED,
@@ -396,7 +396,7 @@ def _too_large(uid: str, size: int, *, recorded: bool = False) -> UsageError:
 def _require_recordable(value: Any, uid: str) -> None:
     """A structured result (MCP callers send JSON values, not text) is held to what a text answer
     is: finite numbers, at most MAX_ANSWER_DEPTH levels (what `status` can show)."""
-    from akm.engine.answer import recordable_problem
+    from akm.dispatch.answer import recordable_problem
 
     problem = recordable_problem(value)
     if problem is not None:

@@ -20,7 +20,7 @@ import threading
 from typing import Any
 
 from akm.dispatch.base import Dispatcher, DispatchResult, UnitRequest
-from akm.engine.answer import AnswerError, extract_model_json, parse_command_json
+from akm.dispatch.answer import AnswerError, extract_model_json, parse_command_json
 
 MODEL_ATTEMPTS = 2
 
