@@ -12,33 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
-CORPUS = SHARED / "corpus"
-
-
-def running_in_ci() -> bool:
-    """CI is told apart by the `CI` variable (.ci/run sets CI=1; hosted CI services set it too)."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
-def needs_shared() -> pytest.MarkDecorator:
-    """Mark tests that read the reference material in ../shared (the workflow corpus).
-
-    Outside CI, a checkout without ../shared skips them with a reason that says what is
-    missing and where. In CI the mark does nothing: the tests run and a missing ../shared
-    fails loudly (see `test_the_shared_corpus_is_present`), so CI never passes by skipping.
-    """
-    if running_in_ci() or (CORPUS / "current").is_dir():
-        return pytest.mark.needs_shared
-    return pytest.mark.skip(
-        reason=f"needs the shared workflow corpus at {CORPUS} (../shared beside this checkout), which is "
-               "absent here; in CI (CI=1) its absence is a failure instead of a skip")
-
-
-def corpus_files(kind: str) -> list[Path]:
-    """`current` or `legacy` corpus workflows, sorted (empty when ../shared is absent)."""
-    return sorted((CORPUS / kind).glob("*.md"))
+from tests.helpers import CORPUS, ROOT, SHARED, corpus_files, needs_shared, running_in_ci  # noqa: F401
 
 
 @pytest.fixture(autouse=True)

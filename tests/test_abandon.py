@@ -10,8 +10,8 @@ import pytest
 
 from akm import api, paths
 from akm.errors import UsageError
-from tests.conftest import ROOT
-from tests.test_engine import PY, run, write_wf
+from tests.helpers import ROOT
+from tests.helpers import PY, run, write_wf
 
 # A unit that abandons its own run the way another command would. Item 2 (when there is one) sleeps;
 # item 1 first waits until item 2's unit row is journaled, so the abandon lands while 2 is in flight.

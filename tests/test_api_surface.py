@@ -11,8 +11,8 @@ import pytest
 
 from akm import api
 from akm.errors import AkmError, UsageError
-from tests.conftest import ROOT
-from tests.test_engine import py, run, write_wf
+from tests.helpers import ROOT
+from tests.helpers import py, run, write_wf
 
 
 def _fan(project):

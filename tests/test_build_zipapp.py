@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import running_in_ci
+from tests.helpers import running_in_ci
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "zipapp_mcp_probe.py"
@@ -195,6 +195,7 @@ def _cpu(data: bytes) -> int:
     return struct.unpack("<H", data[18:20])[0] if data[:4] == b"\x7fELF" else struct.unpack("<i", data[4:8])[0]
 
 
+@pytest.mark.slow
 def test_every_platform_carries_every_pythons_native_code(akm_bin, tmp_path):
     """`./build.sh --platform P` for the other platforms (from the wheel cache): each file has, for
     every supported CPython, every native extension built for that platform's machine, intact."""

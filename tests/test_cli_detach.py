@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from akm import api, cli
-from tests.test_engine import py, write_wf
+from tests.helpers import py, write_wf
 
 
 def fan(project: Path, starts: Path, release: Path | None = None, count: int = 4) -> Path:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 PY = sys.executable
 
@@ -438,6 +438,7 @@ def _snapshot(con: sqlite3.Connection, run_id: str) -> dict[str, tuple[str, str]
     return {u: (s, st) for u, s, st in rows}
 
 
+@pytest.mark.slow
 def test_chaos_kill_9_never_loses_or_redoes_completed_work(akm, project):
     iterations = int(os.environ.get("AKM_CHAOS_ITERATIONS", "20"))
     rng = random.Random(int(os.environ.get("AKM_CHAOS_SEED", "1234")))

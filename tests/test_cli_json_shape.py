@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def test_run_result_has_every_documented_top_level_key(akm, project):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def _completed_run(akm, project) -> str:

@@ -8,7 +8,7 @@ import pytest
 
 from akm import api
 from akm.errors import UsageError
-from tests.test_engine import run, write_wf
+from tests.helpers import run, write_wf
 
 
 def _completed_run(project, units: int = 3) -> str:

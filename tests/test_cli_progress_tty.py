@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.test_engine import py, write_wf
+from tests.helpers import py, write_wf
 
 pexpect = pytest.importorskip("pexpect")
 

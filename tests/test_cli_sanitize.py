@@ -6,7 +6,7 @@ import json
 import re
 import shutil
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 HOSTILE = """\
 ---

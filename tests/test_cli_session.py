@@ -6,7 +6,7 @@ import io
 import json
 import sys
 
-from tests.test_engine import py, write_wf
+from tests.helpers import py, write_wf
 from tests.test_session import journal
 
 FLOW = """

@@ -292,7 +292,7 @@ def test_exec_only_runs_do_not_build_config_models(project, monkeypatch):
     import akm.config as cfg
 
     monkeypatch.setattr(cfg, "_MODELS", None)
-    from tests.test_engine import py, run, write_wf
+    from tests.helpers import py, run, write_wf
 
     wf = write_wf(project, "e.md", f"steps:\n  - id: a\n    unit: {{ exec: {{ command: {py('print(1)')} }} }}\n",
                   "## a\n\nrun")

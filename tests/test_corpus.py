@@ -10,7 +10,7 @@ import pytest
 from akm.format.lint import lint_paths
 from akm.format.parse import parse_workflow
 
-from tests.conftest import CORPUS, corpus_files, needs_shared
+from tests.helpers import CORPUS, corpus_files, needs_shared
 
 CURRENT = corpus_files("current")
 LEGACY = corpus_files("legacy")

@@ -12,7 +12,7 @@ from akm.format.lint import lint_text
 from akm.format.parse import parse_workflow
 from akm.plan.compile import compile_plan
 from akm.plan.model import Plan
-from tests.conftest import CORPUS, ROOT, corpus_files, needs_shared
+from tests.helpers import CORPUS, ROOT, corpus_files, needs_shared
 
 CURRENT = corpus_files("current")
 LEGACY = corpus_files("legacy")

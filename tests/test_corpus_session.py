@@ -15,7 +15,7 @@ import sqlite3
 import pytest
 
 from akm import api, paths
-from tests.conftest import CORPUS
+from tests.helpers import CORPUS
 from tests.schema_examples import example
 
 FILES = sorted((CORPUS / "current").glob("*.md")) if (CORPUS / "current").is_dir() else []

@@ -6,7 +6,7 @@ import re
 import shlex
 import subprocess
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def _quickstart_lines() -> list[str]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -15,35 +13,7 @@ import pytest
 from akm import api, paths
 from akm.errors import UsageError
 
-PY = sys.executable
-
-
-def write_wf(dir_: Path, name: str, frontmatter: str, body: str) -> Path:
-    path = dir_ / name
-    path.write_text("---\n" + textwrap.dedent(frontmatter).strip() + "\n---\n\n" + textwrap.dedent(body).strip() + "\n",
-                    encoding="utf-8")
-    return path
-
-
-def py(code: str) -> str:
-    """A flow-style YAML argv running python code (JSON is valid YAML)."""
-    return json.dumps([PY, "-c", textwrap.dedent(code).strip()])
-
-
-def db_rows(sql: str, *args) -> list[tuple]:
-    con = sqlite3.connect(paths.journal_path())
-    try:
-        return con.execute(sql, args).fetchall()
-    finally:
-        con.close()
-
-
-def run(path_or_id, project: Path, **kw) -> api.RunResult:
-    return api.run_workflow(str(path_or_id), cwd=str(project), **kw)
-
-
-def steps_of(result: api.RunResult) -> dict[str, dict]:
-    return {s.id: s.model_dump() for s in result.run.steps}
+from tests.helpers import PY, db_rows, py, run, steps_of, write_wf
 
 
 # ------------------------------------------------------------------ basics

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from akm.errors import AkmError
-from tests.test_engine import db_rows, py, run, steps_of, write_wf
+from tests.helpers import db_rows, py, run, steps_of, write_wf
 
 DEEP = py('import json; v = 0\nfor _ in range(80): v = [v]\nprint(json.dumps(v))')
 

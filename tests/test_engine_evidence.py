@@ -5,7 +5,7 @@ the unit entry), so the evidence passes its 1 MiB bound and is abridged."""
 
 from __future__ import annotations
 
-from tests.test_engine import py, run, steps_of, write_wf
+from tests.helpers import py, run, steps_of, write_wf
 
 BIG = py('import json; print(json.dumps({"kind": "small", "blob": "x" * 900_000}))')
 KIND = py('import json,os; print(json.loads(os.environ["AKM_INPUTS"])["steps.a.output.kind"])')

@@ -6,7 +6,7 @@ import pytest
 
 from akm import api
 from akm.errors import AkmError
-from tests.test_engine import py, run, write_wf
+from tests.helpers import py, run, write_wf
 
 
 def test_api_params_dict_is_validated_before_the_run_is_created(project):

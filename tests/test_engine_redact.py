@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from akm import paths
-from tests.test_engine import db_rows, py, run, write_wf
+from tests.helpers import db_rows, py, run, write_wf
 
 
 def _state_bytes() -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from akm import api
-from tests.test_engine import db_rows, py, run, steps_of, write_wf
+from tests.helpers import db_rows, py, run, steps_of, write_wf
 
 
 def test_vote_majority_and_tie(project):

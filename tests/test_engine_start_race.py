@@ -7,7 +7,7 @@ import threading
 
 from akm import paths
 from akm.store import runs as runs_store
-from tests.test_engine import py, run, write_wf
+from tests.helpers import py, run, write_wf
 
 
 def test_lost_start_race_does_not_adopt_a_run_with_other_params(project, monkeypatch):

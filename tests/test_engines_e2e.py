@@ -11,7 +11,7 @@ import pytest
 from akm import api, cli, paths
 from akm.errors import ConfigError
 from tests import fake_harness
-from tests.test_engine import run, steps_of, write_wf
+from tests.helpers import run, steps_of, write_wf
 
 KEY = "zz-loopback-key-7f3a91"
 

@@ -22,7 +22,7 @@ from akm import api, paths
 from akm.errors import AkmError, UsageError
 from akm.store import runs, units
 from akm.store.db import now_iso, open_db
-from tests.test_engine import write_wf
+from tests.helpers import write_wf
 
 DEADLINE_S = 120.0
 

@@ -13,7 +13,7 @@ from akm.cli import main
 from akm.format import yaml12
 from akm.format.lint import lint_text
 from akm.format.markdown import scan_body, split_lines
-from tests.conftest import ROOT, corpus_files
+from tests.helpers import ROOT, corpus_files
 
 
 def untyped_steps(n: int) -> str:

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from akm import paths
-from tests.test_engine import py, write_wf
+from tests.helpers import py, write_wf
 
 mcp = pytest.importorskip("mcp")
 from mcp import Client  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.test_engine import py, write_wf
+from tests.helpers import py, write_wf
 from tests.test_mcp_stdio import RawServer, server_env
 
 pytest.importorskip("mcp")

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from akm import paths
-from tests.test_engine import py, write_wf
+from tests.helpers import py, write_wf
 from tests.test_mcp_stdio import server_env
 
 pytest.importorskip("mcp")

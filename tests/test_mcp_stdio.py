@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from akm import paths
-from tests.test_engine import py, write_wf
+from tests.helpers import py, write_wf
 
 pytest.importorskip("mcp")
 from mcp import Client, StdioServerParameters  # noqa: E402
@@ -164,7 +164,7 @@ def test_an_sdk_without_the_internals_we_use_still_serves(tmp_path, project):
     `akm mcp` must still start and serve, as the SDK's own stdio loop does."""
     import sys
 
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
 
     code = ("import sys, mcp.server.mcpserver, mcp.shared._context_streams as internals\n"
             "del internals.create_context_streams  # the SDK's own modules hold their references already\n"

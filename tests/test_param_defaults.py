@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 
 from akm import api
-from tests.conftest import ROOT
-from tests.test_engine import py, run, steps_of, write_wf
+from tests.helpers import ROOT
+from tests.helpers import py, run, steps_of, write_wf
 
 ECHO_PARAMS = py('import os; print(os.environ["AKM_PARAMS"])')
 

@@ -32,7 +32,7 @@ from akm.engine.drive import DriveOptions, drive_run
 from akm.plan.identity import base_of_attempt
 from akm.store import runs as runs_store
 from akm.store.db import open_db
-from tests.test_engine import write_wf
+from tests.helpers import write_wf
 
 JUDGE = "fakejudge"
 

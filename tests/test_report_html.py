@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, running_in_ci
-from tests.test_engine import py, write_wf
+from tests.helpers import ROOT, running_in_ci
+from tests.helpers import py, write_wf
 
 HOSTILE = '<script>alert(1)</script>"><img src=x onerror=alert(2)><a href="https://evil.example/x">x</a>'
 MAX_BYTES = 2_000_000

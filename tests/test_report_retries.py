@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from akm import api
-from tests.test_engine import py, run
+from tests.helpers import py, run
 from tests.test_session import journal, refused, report, start
 
 GATED = ("steps:\n  - id: draft\n    gate: { max_loops: 3 }\n    output: { type: object, required: [text], "

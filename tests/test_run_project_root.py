@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from tests.test_engine import py, run, steps_of, write_wf
+from tests.helpers import py, run, steps_of, write_wf
 
 
 def _project_with_subdir(project):

@@ -8,7 +8,7 @@ import threading
 
 from akm import paths
 from akm.errors import UsageError
-from tests.test_engine import py, run, write_wf
+from tests.helpers import py, run, write_wf
 
 TWO_STEPS = """\
 ---

@@ -9,7 +9,7 @@ import pytest
 
 from akm import api, paths
 from akm.errors import AkmError
-from tests.test_engine import db_rows, py, run, write_wf
+from tests.helpers import db_rows, py, run, write_wf
 
 REVIEW = """
     params:

@@ -438,7 +438,7 @@ def test_setup_without_a_terminal_refuses_and_names_yes(env, capsys):
 
 
 def test_a_workflow_with_an_llm_unit_and_a_gate_completes_right_after_setup_yes(env, servers, capsys):
-    from tests.test_engine import run, steps_of, write_wf
+    from tests.helpers import run, steps_of, write_wf
 
     oll = ollama(servers)
     env.probe(oll.base)

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests import fake_harness
-from tests.conftest import ROOT, running_in_ci
+from tests.helpers import ROOT, running_in_ci
 from tests.fake_openai import FakeOpenAI
 from tests.test_setup import KEY, SIGNAL_VARS, closed_port_url
 

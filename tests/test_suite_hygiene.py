@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def _copy_without_shared(tmp_path):

@@ -14,7 +14,7 @@ import sys
 from akm import api
 from akm.cli import main
 from akm.dispatch.exec import STDOUT_CAPTURE_BYTES
-from tests.test_engine import db_rows, run, steps_of, write_wf
+from tests.helpers import db_rows, run, steps_of, write_wf
 
 PY = sys.executable
 

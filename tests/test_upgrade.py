@@ -14,7 +14,7 @@ from akm.errors import UsageError
 from akm.format.upgrade import LegacyMarker, detect_legacy, upgrade_legacy
 from akm.format.yaml12 import Yaml12Loader
 
-from tests.conftest import CORPUS, corpus_files, needs_shared
+from tests.helpers import CORPUS, corpus_files, needs_shared
 
 LEGACY = corpus_files("legacy")
 CURRENT = corpus_files("current")

@@ -1,0 +1,79 @@
+"""Helpers the test modules share: writing workflows, running them, reading the journal.
+
+Kept here (not in a test module) so that tests import helpers, never each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from akm import api, paths
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+CORPUS = SHARED / "corpus"
+
+
+def running_in_ci() -> bool:
+    """CI is told apart by the `CI` variable (.ci/run sets CI=1; hosted CI services set it too)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def needs_shared() -> pytest.MarkDecorator:
+    """Mark tests that read the reference material in ../shared (the workflow corpus).
+
+    Outside CI, a checkout without ../shared skips them with a reason that says what is
+    missing and where. In CI the mark does nothing: the tests run and a missing ../shared
+    fails loudly (see `test_the_shared_corpus_is_present`), so CI never passes by skipping.
+    """
+    if running_in_ci() or (CORPUS / "current").is_dir():
+        return pytest.mark.needs_shared
+    return pytest.mark.skip(
+        reason=f"needs the shared workflow corpus at {CORPUS} (../shared beside this checkout), which is "
+               "absent here; in CI (CI=1) its absence is a failure instead of a skip")
+
+
+def corpus_files(kind: str) -> list[Path]:
+    """`current` or `legacy` corpus workflows, sorted (empty when ../shared is absent)."""
+    return sorted((CORPUS / kind).glob("*.md"))
+
+PY = sys.executable
+
+
+def write_wf(dir_: Path, name: str, frontmatter: str, body: str) -> Path:
+    """A workflow file: the frontmatter and body dedented, as a user would write them."""
+    path = dir_ / name
+    path.write_text("---\n" + textwrap.dedent(frontmatter).strip() + "\n---\n\n" + textwrap.dedent(body).strip() + "\n",
+                    encoding="utf-8")
+    return path
+
+
+def py(code: str) -> str:
+    """A flow-style YAML argv running python code (JSON is valid YAML)."""
+    return json.dumps([PY, "-c", textwrap.dedent(code).strip()])
+
+
+def db_rows(sql: str, *args) -> list[tuple]:
+    """Rows of a query on this test's journal (a real SQLite file)."""
+    con = sqlite3.connect(paths.journal_path())
+    try:
+        return con.execute(sql, args).fetchall()
+    finally:
+        con.close()
+
+
+def run(path_or_id, project: Path, **kw) -> api.RunResult:
+    """Start or continue a run from `project`, in process."""
+    return api.run_workflow(str(path_or_id), cwd=str(project), **kw)
+
+
+def steps_of(result: api.RunResult) -> dict[str, dict]:
+    """A run result's steps by id, as plain dicts."""
+    return {s.id: s.model_dump() for s in result.run.steps}
