@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers import ROOT
 
-pytest.importorskip("mcp")
+
 
 INIT = {"jsonrpc": "2.0", "id": "init", "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}

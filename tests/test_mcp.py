@@ -8,12 +8,11 @@ import time
 from pathlib import Path
 
 import anyio
-import pytest
 
 from akm import paths
 from tests.helpers import py, write_wf
 
-mcp = pytest.importorskip("mcp")
+import mcp  # noqa: E402,F401  (a hard dependency: never skipped)
 from mcp import Client  # noqa: E402
 
 from akm.mcp import build_server  # noqa: E402

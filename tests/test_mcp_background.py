@@ -23,7 +23,7 @@ import pytest
 from tests.helpers import py, write_wf
 from tests.test_mcp_stdio import RawServer, server_env
 
-pytest.importorskip("mcp")
+
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 BOUND_S = float(os.environ.get("AKM_TEST_CALL_BOUND_S", "2"))
@@ -239,15 +239,15 @@ def test_the_session_ending_stops_units_cleanly_and_the_run_resumes(akm_bin, shi
 
 def test_a_client_that_never_reads_cannot_wedge_the_run(akm_bin, shiv_root, tmp_path, project):
     count = int(os.environ.get("AKM_TEST_STALL_UNITS", "600"))
-    write_wf(project, "many.md", f"""
+    write_wf(project, "many.md", """
         params:
-          xs: {{ type: array }}
+          xs: { type: array }
         steps:
           - id: each
             map:
               over: params.xs
               concurrency: 8
-              unit: {{ exec: {{ command: ["true"] }} }}
+              unit: { exec: { command: ["true"] } }
         """, "## each\n\nE.")
     env = {**server_env(tmp_path, shiv_root), "AKM_MCP_CALL_BOUND": "600"}
     srv = RawServer(akm_bin, env, project)

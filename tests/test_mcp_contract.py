@@ -11,13 +11,12 @@ import sqlite3
 from pathlib import Path
 
 import anyio
-import pytest
 
 from akm import paths
 from tests.helpers import py, write_wf
 from tests.test_mcp_stdio import server_env
 
-pytest.importorskip("mcp")
+
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 

@@ -11,12 +11,11 @@ import time
 from pathlib import Path
 
 import anyio
-import pytest
 
 from akm import paths
 from tests.helpers import py, write_wf
 
-pytest.importorskip("mcp")
+
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 

@@ -208,7 +208,7 @@ def test_a_thousand_unit_run_stays_under_two_megabytes_even_with_large_hostile_o
 
 
 def test_mcp_workflow_status_html_returns_the_page_as_a_resource(cli, project):
-    pytest.importorskip("mcp")
+
     import anyio
     from mcp import Client
 

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 
 import pytest
 
-from akm.errors import JournalError, NotFoundError, UsageError
+from akm.errors import JournalError
 from akm.store import events, runs, units
 from akm.store.db import open_db
 
@@ -167,69 +163,6 @@ def test_heartbeat_touches_running_rows_only(db):
     assert units.get_unit(db, "r1", "b").last_checkin_at is not None
     assert units.get_unit(db, "r1", "a").last_checkin_at is None
     assert units.heartbeat_units(db, "r1", []) == 0
-
-
-def test_claims_hold_refresh_release(db):
-    insert(db)
-    assert units.claim_unit(db, "r1", "build:solo", "session-A") is None
-    first = units.read_claim(db, "r1", "build:solo")
-    assert first.holder == "session-A" and first.pid == os.getpid()
-    assert units.get_unit(db, "r1", "build:solo").last_checkin_at is not None
-    other = units.claim_unit(db, "r1", "build:solo", "session-B")
-    assert other is not None and other.holder == "session-A"
-    time.sleep(0.005)
-    assert units.claim_unit(db, "r1", "build:solo", "session-A") is None  # same holder refreshes
-    assert units.read_claim(db, "r1", "build:solo").until > first.until
-    assert units.release_claim(db, "r1", "build:solo", "session-B") is False
-    assert units.release_claim(db, "r1", "build:solo", "session-A") is True
-    assert units.read_claim(db, "r1", "build:solo") is None
-    assert units.claim_unit(db, "r1", "build:solo", "session-B") is None
-
-
-def test_claim_expiry_and_dead_local_holder(db):
-    insert(db)
-    assert units.claim_unit(db, "r1", "build:solo", "short", ttl_s=0.03) is None
-    time.sleep(0.06)
-    assert units.read_claim(db, "r1", "build:solo") is None
-    assert units.claim_unit(db, "r1", "build:solo", "next") is None
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead_pid = int(gone.stdout)
-    insert(db, unit_id="u2")
-    assert units.claim_unit(db, "r1", "u2", "crashed", pid=dead_pid) is None
-    assert units.read_claim(db, "r1", "u2") is None  # holder process is gone
-    assert units.claim_unit(db, "r1", "u2", "me") is None
-    insert(db, unit_id="u3")
-    assert units.claim_unit(db, "r1", "u3", "remote", pid=dead_pid, host="another-host") is None
-    assert units.claim_unit(db, "r1", "u3", "me").holder == "remote"  # other host: wait for expiry
-
-
-def test_claim_guards(db):
-    with pytest.raises(NotFoundError):
-        units.claim_unit(db, "r1", "nope", "A")
-    s = insert(db)
-    assert runs.acquire_lease(db, "r1", "engine-1") is None
-    with pytest.raises(UsageError) as info:
-        units.claim_unit(db, "r1", "build:solo", "A")
-    assert info.value.code == "LEASE_HELD"
-    assert units.claim_unit(db, "r1", "build:solo", "A", lease_holder="engine-1") is None
-    units.finish_unit(db, run_id="r1", unit_id="build:solo", started_at=s, status="completed")
-    assert units.get_unit(db, "r1", "build:solo").claim_holder is None  # finishing releases the claim
-    runs.release_lease(db, "r1", "engine-1")
-    with pytest.raises(UsageError) as info:
-        units.claim_unit(db, "r1", "build:solo", "A")
-    assert info.value.code == "UNIT_TERMINAL"
-    insert(db, unit_id="u9")
-    runs.abandon_run(db, "r1")
-    with pytest.raises(UsageError) as info:
-        units.claim_unit(db, "r1", "u9", "A")
-    assert info.value.code == "RUN_NOT_ACTIVE"
-
-
-def test_reinsert_clears_claim(db):
-    insert(db)
-    units.claim_unit(db, "r1", "build:solo", "A")
-    insert(db)
-    assert units.get_unit(db, "r1", "build:solo").claim_holder is None
 
 
 def test_step_tallies_count_units_attempts_and_gate_loops(db):

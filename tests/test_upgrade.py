@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import re
 
 import pytest
@@ -129,20 +128,11 @@ def test_intro_becomes_preamble():
     assert "operator-facing wrapper around `skills/akm-dream`" in preamble
 
 
-def _linter():
-    try:
-        lint = importlib.import_module("akm.format.lint")
-    except ImportError:
-        return None
-    return getattr(lint, "lint_text", None)
-
-
 @needs_shared()
 @pytest.mark.parametrize("path", LEGACY, ids=lambda p: p.name)
 def test_upgraded_corpus_lints_clean(path):
-    lint_text = _linter()
-    if lint_text is None:
-        pytest.skip("akm.format.lint.lint_text not available yet")
+    from akm.format.lint import lint_text
+
     original = lint_text(path.read_text(), str(path))
     assert not original.ok  # the legacy file itself is refused...
     report = lint_text(upgrade_legacy(path.read_text()), str(path))
@@ -272,10 +262,10 @@ def test_synthetic_upgrade():
         assert fragment in preamble
     assert detect_legacy(out) is None
 
-    lint_text = _linter()
-    if lint_text is not None:
-        report = lint_text(out, "synthetic.md")
-        assert report.errors == [], [e.message for e in report.errors]
+    from akm.format.lint import lint_text
+
+    report = lint_text(out, "synthetic.md")
+    assert report.errors == [], [e.message for e in report.errors]
 
 
 def test_step_headings_without_step_ids():
@@ -340,7 +330,7 @@ def test_detect_and_upgrade_are_total(parts):
     else:
         fm, _ = _split(out)
         assert fm["steps"] and detect_legacy(out) is None
-        lint_text = _linter()
-        if lint_text is not None:
-            report = lint_text(out, "generated.md")
-            assert report.errors == [], [e.message for e in report.errors]
+        from akm.format.lint import lint_text
+
+        report = lint_text(out, "generated.md")
+        assert report.errors == [], [e.message for e in report.errors]

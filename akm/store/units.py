@@ -26,7 +26,6 @@ lease's `LeaseInfo` shape).
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from collections.abc import Sequence
 from datetime import timedelta
@@ -419,100 +418,6 @@ def journal_totals(db: Database, run_id: str) -> tuple[int, int]:
 def _claim_of(row: Any) -> ClaimInfo:
     return ClaimInfo(holder=row["claim_holder"], host=row["claim_host"], pid=row["claim_pid"],
                      until=row["claim_expires_at"])
-
-
-def claim_unit(
-    db: Database,
-    run_id: str,
-    unit_id: str,
-    holder: str,
-    ttl_s: float = CLAIM_TTL_S,
-    *,
-    lease_holder: str | None = None,
-    host: str | None = None,
-    pid: int | None = None,
-) -> ClaimInfo | None:
-    """Claim (or, for the same holder, refresh) a running unit. None on success, else the live claim.
-
-    Also stamps `last_checkin_at`. Raises NotFoundError (no row/run),
-    UsageError RUN_NOT_ACTIVE (run not drivable), UNIT_TERMINAL (row already
-    completed/failed) or LEASE_HELD (a live engine lease held by anyone but
-    `lease_holder`: the engine is driving, so a driver may not claim).
-    """
-    host = host_id() if host is None else host
-    pid = os.getpid() if pid is None else pid
-    with db.tx() as conn:
-        run = conn.execute(
-            "SELECT status, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,)
-        ).fetchone()
-        if run is None:
-            raise NotFoundError(f"workflow run {run_id!r} not found")
-        if run["status"] not in DRIVABLE_STATUSES:
-            raise UsageError(f"workflow run {run_id} is {run['status']}; its units cannot be claimed",
-                             code="RUN_NOT_ACTIVE")
-        now = now_iso()
-        if holder_is_live(run["lease_holder"], run["lease_host"], run["lease_pid"], run["lease_until"], now) and (
-            run["lease_holder"] != lease_holder
-        ):
-            raise UsageError(
-                f"workflow run {run_id} is being driven by engine {run['lease_holder']} "
-                f"(lease until {run['lease_until']}); units cannot be claimed while it runs",
-                code="LEASE_HELD",
-                details={"holder": run["lease_holder"], "until": run["lease_until"]},
-            )
-        row = conn.execute(
-            "SELECT status, claim_holder, claim_host, claim_pid, claim_expires_at FROM units "
-            "WHERE run_id = ? AND unit_id = ?",
-            (run_id, unit_id),
-        ).fetchone()
-        if row is None:
-            raise NotFoundError(f"unit {unit_id!r} has no journal row in run {run_id}")
-        if row["status"] != "running":
-            raise UsageError(f"unit {unit_id} is already {row['status']}; cannot claim a terminal unit",
-                             code="UNIT_TERMINAL")
-        live = holder_is_live(row["claim_holder"], row["claim_host"], row["claim_pid"], row["claim_expires_at"], now)
-        if live and row["claim_holder"] != holder:
-            return _claim_of(row)
-        cur = conn.execute(
-            "UPDATE units SET claim_holder = ?, claim_host = ?, claim_pid = ?, claim_expires_at = ?, "
-            "last_checkin_at = ? WHERE run_id = ? AND unit_id = ? AND status = 'running' "
-            "AND claim_holder IS ? AND claim_expires_at IS ?",
-            (holder, host, pid, now_iso(ttl_s), now, run_id, unit_id, row["claim_holder"], row["claim_expires_at"]),
-        )
-        if cur.rowcount == 1:
-            return None
-        again = conn.execute(
-            "SELECT claim_holder, claim_host, claim_pid, claim_expires_at FROM units WHERE run_id = ? AND unit_id = ?",
-            (run_id, unit_id),
-        ).fetchone()
-        return _claim_of(again)
-
-
-def release_claim(db: Database, run_id: str, unit_id: str, holder: str) -> bool:
-    """Drop our claim on a unit; False when we do not hold it."""
-    with db.tx() as conn:
-        cur = conn.execute(
-            "UPDATE units SET claim_holder = NULL, claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL "
-            "WHERE run_id = ? AND unit_id = ? AND claim_holder = ?",
-            (run_id, unit_id, holder),
-        )
-        return cur.rowcount == 1
-
-
-def read_claim(db: Database, run_id: str, unit_id: str) -> ClaimInfo | None:
-    """The live claim on a unit, or None (the engine must not dispatch a unit with one)."""
-    row = db.query_one(
-        "SELECT claim_holder, claim_host, claim_pid, claim_expires_at FROM units WHERE run_id = ? AND unit_id = ?",
-        (run_id, unit_id),
-    )
-    if row is None or not holder_is_live(
-        row["claim_holder"], row["claim_host"], row["claim_pid"], row["claim_expires_at"], now_iso()
-    ):
-        return None
-    return _claim_of(row)
-
-
-# -- session reports (the calling agent's results) ----------------------------------------------
 
 
 class ReportWrite(NamedTuple):
