@@ -33,7 +33,7 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 from urllib.parse import urlsplit

@@ -72,7 +72,9 @@ def main() -> None:
         (work / ".akm").mkdir()
         (work / "fan.md").write_text(WF.format(items=json.dumps(list(range(args.units)))))
         (work / "bare.py").write_text(BARE)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AKM_", "SHIV_"))}
+        # Bytecode caches as a user has them (a PYTHONDONTWRITEBYTECODE shell would recompile every module).
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("AKM_", "SHIV_")) and k != "PYTHONDONTWRITEBYTECODE"}
         env.update(AKM_DATA_DIR=str(work / "data"), XDG_CONFIG_HOME=str(work / "config"),
                    PYTHONPATH=str(ROOT), SHIV_ROOT=str(work / "cache"))
         bare = [sys.executable, "bare.py", str(args.units)]

@@ -39,7 +39,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from akm.dispatch.base import UnitRequest

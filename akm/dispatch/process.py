@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from akm.record import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
 from akm.dispatch import guard

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 

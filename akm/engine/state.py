@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from akm.record import dataclass
 from typing import Any
 
 from akm.canonical import sha256_hex

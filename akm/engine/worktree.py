@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from akm.record import dataclass
 from pathlib import Path
 
 GIT_TIMEOUT_S = 30

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 from decimal import Decimal
 from typing import Any
 
