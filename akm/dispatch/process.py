@@ -38,10 +38,8 @@ from __future__ import annotations
 import functools
 import os
 import select
-import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections import deque
@@ -121,6 +119,8 @@ class ProcessResult:
 
 @functools.lru_cache(maxsize=256)
 def _lookup_executable(name: str, path: str) -> str | None:
+    import shutil  # on first lookup only: most of what it imports a run never needs
+
     return shutil.which(name, path=path)
 
 
@@ -166,6 +166,8 @@ class HeadCapture:
             part = part[in_mem:]
         if part:
             if self.spill is None:
+                import tempfile  # only output past the in-memory cap spills
+
                 self.spill = tempfile.TemporaryFile(prefix="akm-capture-")
             self.spill.write(part)
 

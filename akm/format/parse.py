@@ -51,6 +51,23 @@ class ParseResult(View):
         return not self.errors
 
 
+_STEPS_KEY = re.compile(r"^steps\s*:", re.MULTILINE)
+
+
+def _frontmatter_declares_steps(text: str) -> bool:
+    """`detect_legacy`'s first rule, cheaply: the `---` frontmatter has a `steps:` key (so it is not legacy)."""
+    lines = text.replace("\r\n", "\n").split("\n", 1)
+    if not lines or lines[0].rstrip("\r") != "---" or len(lines) < 2:
+        return False
+    rest = lines[1]
+    end = 0
+    for line in rest.split("\n"):
+        if line.rstrip("\r") == "---":
+            return _STEPS_KEY.search(rest[:end].replace("\r", "")) is not None
+        end += len(line) + 1
+    return False
+
+
 def parse_workflow(text: str, path: str) -> ParseResult:
     """Parse and check one workflow file. Never raises: every problem is a diagnostic."""
     try:
@@ -88,10 +105,11 @@ def _parse(text: str, path: str) -> ParseResult:
         )
         return _stop(ctx)
 
-    # Imported here: akm.format.upgrade pulls in jsonschema, which the CLI must not load at start.
-    from akm.format.upgrade import detect_legacy
+    legacy = None
+    if not _frontmatter_declares_steps(text):  # a current file is never legacy: spare it the detector's import
+        from akm.format.upgrade import detect_legacy
 
-    legacy = detect_legacy(text)
+        legacy = detect_legacy(text)
     if legacy is not None:
         reason = re.sub(r"\s*at line \d+", "", legacy.reason or "") or "legacy markers in the body"
         ctx.error(

@@ -142,9 +142,13 @@ def hostname() -> str:
     """This machine's name, as leases and claims record it (socket is imported on first need only)."""
     global _HOST
     if _HOST is None:
-        import socket
+        uname = getattr(os, "uname", None)
+        if uname is not None:
+            _HOST = uname().nodename  # what socket.gethostname() answers on POSIX, without importing socket
+        else:
+            import socket
 
-        _HOST = socket.gethostname()
+            _HOST = socket.gethostname()
     return _HOST
 
 
