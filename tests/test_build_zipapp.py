@@ -280,6 +280,13 @@ def test_warm_start_reads_cached_bytecode_only(akm_bin, tmp_path):
     assert not imported & {"_akm_unpack", "zlib", "lzma", "zipfile", "importlib.metadata"}, imported
 
 
+def _with_config(project: Path) -> None:
+    """A project config file: reading it builds the config's pydantic models (native code), which a run
+    without one never imports."""
+    (project / ".akm").mkdir(exist_ok=True)
+    (project / ".akm" / "config.json").write_text('{"workflow": {"maxConcurrency": 2}}')
+
+
 def test_cache_falls_back_to_private_temp_dir_then_fails_clearly(akm_bin, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -295,9 +302,13 @@ def test_cache_falls_back_to_private_temp_dir_then_fails_clearly(akm_bin, tmp_pa
     assert not list(private.rglob("*.so"))  # lint is pure Python (no pydantic): nothing unpacked
     ok = run([sys.executable, str(akm_bin), "workflow", "run", "w.md"], env, tmp_path)
     assert ok.returncode == 0, ok.stderr
-    # only what this interpreter imported is unpacked: its build of pydantic-core, no other Python's, and
-    # nothing the run did not import (a run without params validates none, so rpds under jsonschema
-    # stays packed; cryptography too)
+    assert not list(private.rglob("*.so"))  # nor is a run without a config file (plain-record plan, no pydantic)
+    _with_config(tmp_path)
+    ok = run([sys.executable, str(akm_bin), "workflow", "run", "w.md"], env, tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    # only what this interpreter imported is unpacked: its build of pydantic-core (the config's models), no
+    # other Python's, and nothing the run did not import (a run without params validates none, so rpds
+    # under jsonschema stays packed; cryptography too)
     suffix = __import__("_imp").extension_suffixes()[0]
     assert sorted(p.relative_to(next(private.iterdir()) / "native").as_posix()
                   for p in private.rglob("*.so")) == [f"pydantic_core/_pydantic_core{suffix}"]
@@ -365,11 +376,13 @@ def test_a_damaged_file_says_so(akm_bin, tmp_path):
     stream, _off, _size, _sha = unpack["MEMBERS"][f"pydantic_core/_pydantic_core{__import__('_imp').extension_suffixes()[0]}"]
     info = natives["_akm_natives/" + stream]
     stream_data = info.header_offset + 30 + len(info.filename) + 100 + info.compress_size // 2
+    _with_config(tmp_path)  # the run reads it: pydantic-core is loaded
     for name, at, what in (("source", offset + stored // 2, "akm/api.py "),  # then: does not match its checksum, or cannot be decompressed
                            ("native", stream_data, "native code for pydantic_core/_pydantic_core")):
         cache = tmp_path / f"cache-{name}"
         damaged = _damaged(akm_bin, tmp_path, name, at)
-        # a run: it loads akm/api.py and pydantic-core (lint would not: it imports no native code)
+        # a run with a config file: it loads akm/api.py and pydantic-core (lint would not: it imports no
+        # native code)
         proc = run([sys.executable, str(damaged), "workflow", "run", "w.md"], clean_env(tmp_path, SHIV_ROOT=str(cache)),
                    tmp_path)
         assert proc.returncode == 78, proc.stderr
@@ -392,6 +405,7 @@ def test_a_cache_that_takes_no_new_file_falls_back_to_the_next_place(akm_bin, tm
     tmp_dir = tmp_path / "tmp"
     tmp_dir.mkdir()
     env = clean_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "xdg"), TMPDIR=str(tmp_dir))
+    _with_config(tmp_path)  # the run reads it: pydantic-core must be unpacked somewhere
     assert run([sys.executable, str(akm_bin), "--version"], env, tmp_path).returncode == 0  # makes the cache
     [build_dir] = (tmp_path / "xdg" / "akm").iterdir()
     (build_dir / "native").write_text("")  # nothing can be unpacked there
