@@ -22,7 +22,6 @@ and are re-exported here, where callers have always imported them from.
 from __future__ import annotations
 
 import re
-import shlex
 
 from akm.format.bind_sections import BoundSections, bind_sections, text_block
 from akm.format.cross_step_checks import check_references, check_routes, warn_untyped
@@ -49,6 +48,12 @@ class ParseResult(View):
     @property
     def ok(self) -> bool:
         return not self.errors
+
+
+def _quote(path: str) -> str:
+    import shlex  # only a legacy file's hint needs it
+
+    return shlex.quote(path)
 
 
 _STEPS_KEY = re.compile(r"^steps\s*:", re.MULTILINE)
@@ -116,7 +121,7 @@ def _parse(text: str, path: str) -> ParseResult:
             "legacy_format",
             f"this file uses the retired workflow format ({reason}); it cannot be run as is",
             line=max(1, legacy.line),
-            hint=f"convert it with `akm workflow upgrade {shlex.quote(path)} --write`",
+            hint=f"convert it with `akm workflow upgrade {_quote(path)} --write`",
         )
         return _stop(ctx)
 
