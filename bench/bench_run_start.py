@@ -6,7 +6,7 @@ time: the baseline is a script with a `ThreadPoolExecutor(2)` and `subprocess.ru
 Rounds are interleaved (which goes first alternates); each figure is a median with its range.
 Goal (issue 21): ratio <= 2.
 
-Usage: python bench/bench_run_start.py [--rounds 9] [--units 20] [--zipapp]  (--zipapp: dist/akm, build first)
+Usage: python bench/bench_run_start.py [--rounds 9] [--units 20] [--zipapp] [--config]  (--zipapp: dist/akm, build first)
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--units", type=int, default=20)
     ap.add_argument("--zipapp", action="store_true", help="run dist/akm instead of the source tree")
+    ap.add_argument("--config", action="store_true", help="with a project config file (an LLM engine, defaults)")
     args = ap.parse_args()
     akm = [sys.executable, str(ROOT / "dist" / "akm")] if args.zipapp else [sys.executable, "-m", "akm"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,6 +73,11 @@ def main() -> None:
         (work / ".akm").mkdir()
         (work / "fan.md").write_text(WF.format(items=json.dumps(list(range(args.units)))))
         (work / "bare.py").write_text(BARE)
+        if args.config:
+            (work / ".akm" / "config.json").write_text(json.dumps({
+                "engines": {"local": {"kind": "llm", "endpoint": "http://127.0.0.1:11434/v1/chat/completions",
+                                      "model": "qwen3"}},
+                "defaults": {"llmEngine": "local"}, "workflow": {"maxConcurrency": 4}}))
         # Bytecode caches as a user has them (a PYTHONDONTWRITEBYTECODE shell would recompile every module).
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("AKM_", "SHIV_")) and k != "PYTHONDONTWRITEBYTECODE"}
@@ -94,7 +100,7 @@ def main() -> None:
     a_med = statistics.median(w[0] for w in walls)
     b_med = statistics.median(w[1] for w in walls)
     print(f"`workflow run` of {args.units} x `true` at width 2 ({'dist/akm' if args.zipapp else 'source'}), "
-          f"{args.rounds} interleaved rounds:")
+          f"{args.rounds} interleaved rounds{', with a config file' if args.config else ''}:")
     print(f"  wall: akm / bare 2-thread pool process, median {med:.2f} (range {min(ratios):.2f}-{max(ratios):.2f}; "
           f"goal <= 2; medians {a_med * 1000:.0f} ms / {b_med * 1000:.0f} ms)")
     print(json.dumps({"runStartRatio": round(med, 3), "akmMs": round(a_med * 1000, 1),
