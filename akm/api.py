@@ -797,9 +797,9 @@ def _open(db, target: str, params: dict[str, Any] | None, param_pairs: list[Any]
         else:
             from akm.plan.model import UNIT_HASH_VERSION
 
-            import uuid
+            from akm.ids import uuid4
 
-            run_id = str(uuid.uuid4())
+            run_id = uuid4()
             try:
                 runs_store.create_run(
                     db, run_id=run_id, workflow_ref=ref, workflow_path=str(wf_path), title=plan.title,

@@ -10,7 +10,10 @@ hashes are built on this function and must never change silently
 
 from __future__ import annotations
 
-import hashlib
+try:  # the builtin module: `hashlib` loads OpenSSL (~3 ms of every start) for a few small digests
+    from _sha256 import sha256 as _sha256
+except ImportError:  # pragma: no cover - an interpreter built without it
+    from hashlib import sha256 as _sha256
 import json
 import math
 from typing import Any
@@ -65,7 +68,7 @@ def compact_json(value: Any) -> str:
 
 
 def sha256_hex(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return _sha256(text.encode("utf-8")).hexdigest()
 
 
 def canonical_hash(value: Any) -> str:

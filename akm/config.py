@@ -33,7 +33,7 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 from urllib.parse import urlsplit
@@ -439,9 +439,6 @@ def _issues_from(exc: Any, data: Any, file: str) -> list[Issue]:
 
 
 def _structural(data: dict[str, Any], file: str) -> tuple[Any, list[Issue]]:
-    from pydantic import ValidationError
-
-    Config = _models()["Config"]
     issues: list[Issue] = []
     for name in (data.get("engines") or {}) if isinstance(data.get("engines"), dict) else {}:
         if not isinstance(name, str) or len(name) > ENGINE_NAME_MAX or not ENGINE_NAME_RE.match(name):
@@ -450,6 +447,15 @@ def _structural(data: dict[str, Any], file: str) -> tuple[Any, list[Issue]]:
         elif name in RESERVED_ENGINE_NAMES:
             issues.append(Issue(file, f"engines.{name}", f"{name!r} is reserved (workflow.judgeEngine: session "
                                 "means the calling agent judges)"))
+    if not issues:
+        from akm.config_plain import plain_config
+
+        plain = plain_config(data)  # a valid config needs no pydantic (see akm.config_plain)
+        if plain is not None:
+            return plain, issues
+    from pydantic import ValidationError
+
+    Config = _models()["Config"]
     try:
         model = Config.model_validate(data)
     except ValidationError as exc:

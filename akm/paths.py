@@ -17,7 +17,6 @@ Two questions every command asks before touching the journal:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from pathlib import Path
@@ -103,4 +102,6 @@ def scope_key(cwd: str | os.PathLike[str] | None = None) -> str:
     root = _normalize(project_root(cwd))
     # surrogateescape: a directory name that is not UTF-8 hashes as its bytes on disk
     # (for every UTF-8 name this is exactly its UTF-8 encoding).
-    return SCOPE_PREFIX + hashlib.sha256(root.encode("utf-8", "surrogateescape")).hexdigest()
+    from akm.canonical import _sha256
+
+    return SCOPE_PREFIX + _sha256(root.encode("utf-8", "surrogateescape")).hexdigest()

@@ -264,6 +264,7 @@ def test_cli_on_every_local_python(akm_bin, tmp_path, shared_cache):
         out = {"version": run([*akm, "--version"], env, project)}
         out["lint"] = run([*akm, "workflow", "lint", "hello.md", "--format", "json"], env, project)
         out["run"] = run([*akm, "workflow", "run", "hello.md", "--count", "2", "--format", "json"], env, project)
+        out["native"] = run([*akm, *NATIVE_CMD], env, project)  # a run loads no native code; this does
         return out
 
     with ThreadPoolExecutor(max_workers=len(pythons)) as pool:
@@ -347,6 +348,11 @@ def test_warm_start_reads_cached_bytecode_only(akm_bin, tmp_path):
     assert not imported & {"_akm_unpack", "zlib", "lzma", "zipfile", "importlib.metadata"}, imported
 
 
+# A command that loads pydantic (native code) and akm/api.py: a run no longer does (plain-record plan and
+# config), so the native-code paths are exercised through it.
+NATIVE_CMD = ("config", "path")
+
+
 def test_cache_falls_back_to_private_temp_dir_then_fails_clearly(akm_bin, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -362,9 +368,11 @@ def test_cache_falls_back_to_private_temp_dir_then_fails_clearly(akm_bin, tmp_pa
     assert not list(private.rglob("*.so"))  # lint is pure Python (no pydantic): nothing unpacked
     ok = run([sys.executable, str(akm_bin), "workflow", "run", "w.md"], env, tmp_path)
     assert ok.returncode == 0, ok.stderr
+    assert not list(private.rglob("*.so"))  # nor is a run (plain-record plan and config: no pydantic)
+    ok = run([sys.executable, str(akm_bin), *NATIVE_CMD], env, tmp_path)
+    assert ok.returncode == 0, ok.stderr
     # only what this interpreter imported is unpacked: its build of pydantic-core, no other Python's, and
-    # nothing the run did not import (a run without params validates none, so rpds under jsonschema
-    # stays packed; cryptography too)
+    # nothing the command did not import (rpds under jsonschema stays packed; cryptography too)
     suffix = __import__("_imp").extension_suffixes()[0]
     assert sorted(p.relative_to(next(private.iterdir()) / "native").as_posix()
                   for p in private.rglob("*.so")) == [f"pydantic_core/_pydantic_core{suffix}"]
@@ -374,7 +382,7 @@ def test_cache_falls_back_to_private_temp_dir_then_fails_clearly(akm_bin, tmp_pa
     assert version.returncode == 0 and version.stdout.startswith("akm ")  # needs no cache
     lint = run([sys.executable, str(akm_bin), "workflow", "lint", "w.md"], env, tmp_path)
     assert lint.returncode == 0 and "1 file checked: no errors" in lint.stdout, lint.stderr  # nor does lint
-    started = run([sys.executable, str(akm_bin), "workflow", "run", "w.md"], env, tmp_path)
+    started = run([sys.executable, str(akm_bin), *NATIVE_CMD], env, tmp_path)
     assert started.returncode == 78 and "Traceback" not in started.stderr
     assert started.stderr.startswith("error[NO_CACHE_DIR]: akm needs a writable directory to unpack its native code")
     assert str(blocker / "home") in started.stderr and "Set AKM_CACHE_DIR" in started.stderr
@@ -383,7 +391,7 @@ def test_cache_falls_back_to_private_temp_dir_then_fails_clearly(akm_bin, tmp_pa
     (shared / f"akm-{os.getuid()}").mkdir(parents=True)
     (shared / f"akm-{os.getuid()}").chmod(0o777)  # someone else could plant code there: never used
     env["TMPDIR"] = str(shared)
-    started = run([sys.executable, str(akm_bin), "workflow", "run", "w.md"], env, tmp_path)
+    started = run([sys.executable, str(akm_bin), *NATIVE_CMD], env, tmp_path)
     assert started.returncode == 78 and "not a private directory" in started.stderr, started.stderr
     assert not list(shared.rglob("*.so"))
 
@@ -436,8 +444,8 @@ def test_a_damaged_file_says_so(akm_bin, tmp_path):
                            ("native", stream_data, "native code for pydantic_core/_pydantic_core")):
         cache = tmp_path / f"cache-{name}"
         damaged = _damaged(akm_bin, tmp_path, name, at)
-        # a run: it loads akm/api.py and pydantic-core (lint would not: it imports no native code)
-        proc = run([sys.executable, str(damaged), "workflow", "run", "w.md"], clean_env(tmp_path, SHIV_ROOT=str(cache)),
+        # it loads akm/api.py and pydantic-core (lint would not: it imports no native code)
+        proc = run([sys.executable, str(damaged), *NATIVE_CMD], clean_env(tmp_path, SHIV_ROOT=str(cache)),
                    tmp_path)
         assert proc.returncode == 78, proc.stderr
         assert proc.stderr.startswith(f"error[CORRUPT_BUNDLE]: {damaged} is damaged: {what}"), proc.stderr
@@ -462,14 +470,14 @@ def test_a_cache_that_takes_no_new_file_falls_back_to_the_next_place(akm_bin, tm
     assert run([sys.executable, str(akm_bin), "--version"], env, tmp_path).returncode == 0  # makes the cache
     [build_dir] = (tmp_path / "xdg" / "akm").iterdir()
     (build_dir / "native").write_text("")  # nothing can be unpacked there
-    proc = run([sys.executable, str(akm_bin), "workflow", "run", "w.md"], env, tmp_path)
+    proc = run([sys.executable, str(akm_bin), *NATIVE_CMD], env, tmp_path)
     assert proc.returncode == 0, proc.stderr
     suffix = __import__("_imp").extension_suffixes()[0]
     assert (tmp_dir / f"akm-{os.getuid()}" / build_dir.name / "native" / "pydantic_core" / f"_pydantic_core{suffix}").is_file()
 
     shutil.rmtree(tmp_dir / f"akm-{os.getuid()}")
     env["TMPDIR"] = str(tmp_path / "w.md")  # a file: no temp dir either
-    proc = run([sys.executable, str(akm_bin), "workflow", "run", "w.md"], env, tmp_path)
+    proc = run([sys.executable, str(akm_bin), *NATIVE_CMD], env, tmp_path)
     assert proc.returncode == 78 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith("error[NO_CACHE_DIR]: akm needs a writable directory to unpack its native code")
     assert str(build_dir / "native") in proc.stderr and str(tmp_path / "w.md") in proc.stderr

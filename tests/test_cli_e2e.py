@@ -163,6 +163,31 @@ def test_a_run_without_params_imports_no_jsonschema_nor_platformdirs(tmp_path):
     assert result == {"code": 0, "loaded": expected}, (result, done.stderr)
 
 
+def test_a_run_with_params_and_schemas_imports_no_pydantic_jsonschema_nor_dataclasses(tmp_path):
+    """Issue 21: `workflow run` starts like a read. The frozen plan is plain records (no pydantic), valid
+    params and outputs are checked without jsonschema, and the run path's records and pool need neither
+    `dataclasses` (with `inspect`) nor `concurrent.futures` (with `logging`)."""
+    write(tmp_path, "t.md", "---\nparams:\n  xs: { type: array, items: { type: integer }, default: [1, 2, 3] }\n"
+          "steps:\n  - id: a\n    map:\n      over: params.xs\n      concurrency: 2\n"
+          "      unit: { exec: { command: ['true'] } }\n    output: { type: array }\n---\n\n## a\n\nx\n")
+    code = (
+        "import json, sys\n"
+        "from akm.cli import main\n"
+        "code = main(['workflow', 'run', 't.md', '--format', 'json'])\n"
+        "print(json.dumps({'code': code, 'loaded': sorted({m.split('.')[0] for m in sys.modules} &\n"
+        "                  {'pydantic', 'pydantic_core', 'jsonschema', 'dataclasses', 'inspect', 'concurrent',\n"
+        "                   'logging', 'uuid'})}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_CONFIG_HOME", "AKM_CONFIG_DIR")}
+    env.update(PYTHONPATH=str(ROOT), AKM_DATA_DIR=str(tmp_path / "data"), HOME=str(tmp_path / "home"))
+    done = subprocess.run([PY, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result == {"code": 0, "loaded": []}, (result, done.stderr)
+    again = subprocess.run([PY, "-c", code.replace("'t.md'", "'t.md', '--xs', '[\"a\"]'")],
+                           cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert "expected type integer, got string" in again.stderr, again.stderr  # a refusal is still worded
+
+
 def test_a_run_leaves_no_child_unreaped_at_exit(akm, project):
     """Python's dev mode warns about a child still running at shutdown (the units' guardian was one)."""
     import shutil

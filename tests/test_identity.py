@@ -6,7 +6,6 @@ tool's published values, which is a useful cross-check of our canonical JSON.
 """
 
 import pytest
-from pydantic import ValidationError
 
 from akm.canonical import CanonicalError, canonical_json
 from akm.plan.identity import (
@@ -18,7 +17,7 @@ from akm.plan.identity import (
     solo_unit_id,
     unit_input_hash,
 )
-from akm.plan.model import ExecSpec, Invocation, Plan, UnitNode
+from akm.plan.model import ExecSpec, Invocation, Plan, PlanError, UnitNode
 
 SHIP_PLAN = {
     "irVersion": 3,
@@ -91,7 +90,7 @@ def test_plan_round_trips_byte_identical():
 
 def test_plan_decoder_is_strict():
     bad = dict(SHIP_PLAN, surprise=1)
-    with pytest.raises(ValidationError, match="surprise"):
+    with pytest.raises(PlanError, match="surprise"):
         Plan.model_validate(bad)
 
 

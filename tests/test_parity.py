@@ -105,8 +105,9 @@ def _start(project: Path, sc: Scenario) -> str:
     wf = write_wf(project, f"{sc.name}.md", sc.frontmatter, sc.body)
     plan, _ = api.compile_workflow_file(wf)
     if sc.engine_judge:
-        steps = [s.model_copy(update={"gate": s.gate.model_copy(update={"judge": type(s.gate).model_fields["judge"]
-                                                                         .annotation.__args__[0](engine=JUDGE)})})
+        from akm.plan.model import Invocation
+
+        steps = [s.model_copy(update={"gate": s.gate.model_copy(update={"judge": Invocation(engine=JUDGE)})})
                  for s in plan.steps]
         execution = plan.execution.model_copy(update={"engines": {JUDGE: {"kind": JUDGE}}})
         plan = type(plan).model_validate(plan.model_copy(update={"steps": steps, "execution": execution})

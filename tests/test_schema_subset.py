@@ -291,3 +291,53 @@ def test_pathologically_deep_instance_is_an_error_not_a_crash():
     assert validate_instance(inst, {"type": "array"}) == []
     (err,) = validate_instance(inst, {"enum": ["a"]})
     assert err.startswith("$: ")
+
+
+# ------------------------------------------------------------------ the quick check agrees with the library
+
+_scalar = st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from([0.0, 1.0, 1.5, -2.0]) | st.text(max_size=3)
+_values = st.recursive(_scalar, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from("abc"), c,
+                                                                                          max_size=3), max_leaves=8)
+_types = st.sampled_from(sorted(["string", "number", "integer", "boolean", "object", "array", "null"]))
+
+
+def _schemas(children):
+    small = st.integers(0, 3)
+    return st.one_of(
+        st.fixed_dictionaries({"type": _types | st.lists(_types, min_size=1, max_size=2, unique=True)}),
+        st.fixed_dictionaries({"enum": st.lists(_values, min_size=1, max_size=3)}),
+        st.fixed_dictionaries({"properties": st.dictionaries(st.sampled_from("abc"), children, max_size=2)},
+                              optional={"required": st.lists(st.sampled_from("abc"), max_size=2, unique=True),
+                                        "additionalProperties": st.booleans()}),
+        st.fixed_dictionaries({"items": children}, optional={"minItems": small, "maxItems": small}),
+        st.fixed_dictionaries({"minLength": small}, optional={"maxLength": small, "description": st.text(max_size=3)}),
+        st.fixed_dictionaries({"minimum": st.integers(-2, 2)}, optional={"maximum": st.sampled_from([0, 1.5, 2])}),
+        st.fixed_dictionaries({st.sampled_from(["allOf", "anyOf", "oneOf"]): st.lists(children, min_size=1, max_size=3)}),
+        st.fixed_dictionaries({"not": children}),
+    )
+
+
+_schema = st.recursive(st.just({}) | _schemas(st.just({})), _schemas, max_leaves=6)
+
+
+@settings(max_examples=400, deadline=None)
+@given(schema=_schema, value=_values)
+def test_quick_check_decides_like_the_library(schema, value):
+    """`validate_instance` answers valid values without the library (no jsonschema import): the quick
+    check must agree with the library on every value it calls valid, and call valid what the library does."""
+    from akm.format.schema import _subset_validator, quick_valid
+
+    library_ok = not list(_subset_validator()(schema).iter_errors(value))
+    assert quick_valid(value, schema) == library_ok, (schema, value)
+
+
+def test_a_valid_value_needs_no_jsonschema_import():
+    import subprocess
+    import sys
+
+    code = ("import sys; from akm.format.schema import validate_instance as v; "
+            "assert v({'xs': [1, 2.0], 'n': 'a'}, {'type': 'object', 'properties': {'xs': {'type': 'array', "
+            "'items': {'type': 'integer'}}, 'n': {'enum': ['a', 'b']}}, 'required': ['xs']}) == []; "
+            "assert 'jsonschema' not in sys.modules; "
+            "assert v(3, {'type': 'string'}) == ['$: expected type string, got integer']")
+    subprocess.run([sys.executable, "-c", code], check=True)

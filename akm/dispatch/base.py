@@ -25,7 +25,7 @@ it returns against `request.sensitive_values`.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 from typing import Any, Mapping, Protocol
 
 from akm.dispatch.types import DispatchResult

@@ -31,7 +31,7 @@ import re
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 from typing import Any, Mapping
 
 from akm.canonical import canonical_json

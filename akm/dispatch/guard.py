@@ -23,7 +23,6 @@ import os
 import subprocess
 import sys
 import threading
-import uuid
 
 ENV_NAME = "AKM_GUARD"
 
@@ -92,7 +91,9 @@ def token() -> str | None:
         if _owner != os.getpid():  # first use, or we are a forked child: our own guardian
             pid = os.getpid()
             _proc, _token = None, None
-            candidate = uuid.uuid4().hex
+            from akm.ids import uuid4
+
+            candidate = uuid4().replace("-", "")
             try:
                 _proc = subprocess.Popen(
                     [sys.executable, "-I", "-S", "-c", _GUARDIAN, candidate],

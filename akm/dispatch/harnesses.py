@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 from typing import Any, Callable, Mapping
 
 from akm.dispatch.llm import strict_compatible

@@ -30,6 +30,7 @@ is not one JSON completion: HTML, not JSON, no choices, an event stream),
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
@@ -39,7 +40,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from akm.dispatch.base import UnitRequest
@@ -365,6 +366,63 @@ def _looks_html(text: str) -> bool:
     return head.startswith("<!doctype html") or head.startswith("<html")
 
 
+class _Conn:
+    """One client with at most one keep-alive connection, used by one request at a time.
+
+    Reusing the connection saves a client, an SSL context and a TCP (or TLS) handshake per
+    request; holding it exclusively keeps the watchdog's cut exact: the socket a request may
+    be cut on is this client's own (`sock`, recorded when it connected), never another's.
+    """
+
+    __slots__ = ("client", "sock")
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.sock: Any = None
+
+
+_IDLE: dict[tuple[Any, ...], list[_Conn]] = {}
+_IDLE_LOCK = threading.Lock()
+_IDLE_MAX = 64  # per endpoint: the widest a step can be
+
+
+def _checkout(key: tuple[Any, ...], scheme: str, proxy: str | None) -> _Conn:
+    with _IDLE_LOCK:
+        free = _IDLE.get(key)
+        if free:
+            return free.pop()
+    import httpx
+
+    # plain http needs no TLS context (building one loads the CA bundle: ~0.3 s in a one-shot process)
+    return _Conn(httpx.Client(trust_env=False, verify=_ssl_context() if scheme == "https" else False,
+                              proxy=proxy, follow_redirects=False,
+                              limits=httpx.Limits(max_connections=1, max_keepalive_connections=1)))
+
+
+def _checkin(key: tuple[Any, ...], conn: _Conn) -> None:
+    with _IDLE_LOCK:
+        free = _IDLE.setdefault(key, [])
+        if len(free) < _IDLE_MAX:
+            free.append(conn)
+            return
+    conn.client.close()
+
+
+def close_idle_connections() -> None:
+    """Close every pooled client (at exit, and for callers that want no socket left open)."""
+    with _IDLE_LOCK:
+        conns = [c for free in _IDLE.values() for c in free]
+        _IDLE.clear()
+    for c in conns:
+        try:
+            c.client.close()
+        except Exception:  # noqa: BLE001 - closing is best effort
+            pass
+
+
+atexit.register(close_idle_connections)
+
+
 def post_chat(endpoint: str, body: Mapping[str, Any], *, api_key: str | None = None,
               timeout_ms: int | None = DEFAULT_TIMEOUT_MS, cancel: threading.Event | None = None,
               secrets: Sequence[str] = (), deadline: float | None = None) -> ChatResponse:
@@ -395,41 +453,49 @@ def post_chat(endpoint: str, body: Mapping[str, Any], *, api_key: str | None = N
 
     inflight = _Inflight(cancel, deadline)
 
+    url = httpx.URL(endpoint)
+    proxy = _proxy_for(url.scheme, url.host)
+    key = (url.scheme, url.host, url.port, proxy)
+    conn: _Conn | None = None
+    reusable = False
+
     def trace(event: str, info: Mapping[str, Any]) -> None:
         if event.endswith("connect_tcp.complete") or event.endswith("start_tls.complete"):
             stream = info.get("return_value")
             try:
-                inflight.add(stream.get_extra_info("socket") if stream is not None else None)
+                sock = stream.get_extra_info("socket") if stream is not None else None
             except Exception:  # an exotic transport without a socket: the deadline backstop still applies
-                pass
+                sock = None
+            if sock is not None and conn is not None:
+                conn.sock = sock
+            inflight.add(sock)
 
-    url = httpx.URL(endpoint)
     t = None if remaining is None else max(0.001, remaining)
     timeout = httpx.Timeout(t, connect=min(t, CONNECT_TIMEOUT_S) if t is not None else CONNECT_TIMEOUT_S)
     started = time.monotonic()
     _WATCHDOG.register(inflight)
     try:
-        # plain http needs no TLS context (building one loads the CA bundle: ~0.3 s in a one-shot process)
-        with httpx.Client(trust_env=False, verify=_ssl_context() if url.scheme == "https" else False, timeout=timeout,
-                          proxy=_proxy_for(url.scheme, url.host), follow_redirects=False) as client:
-            with client.stream("POST", url, content=content, headers=headers,
-                               extensions={"trace": trace}) as resp:
-                status = resp.status_code
-                ctype = resp.headers.get("content-type", "").lower()
-                retry_after = _retry_after(resp.headers.get("retry-after"))
-                if "text/event-stream" in ctype:
-                    raise LlmCallError("bad_response", f"{where} answered with an event stream (HTTP {status}, "
-                                       "text/event-stream); akm needs one JSON completion — turn streaming off "
-                                       "for this endpoint", status=status)
-                chunks: list[bytes] = []
-                size = 0
-                for chunk in resp.iter_bytes():
-                    size += len(chunk)
-                    if size > MAX_BODY_BYTES:
-                        raise LlmCallError("bad_response", f"{where} answered with more than {MAX_BODY_BYTES} "
-                                           f"bytes (HTTP {status}); refusing to read further", status=status)
-                    chunks.append(chunk)
-                data = b"".join(chunks)
+        conn = _checkout(key, url.scheme, proxy)
+        inflight.add(conn.sock)  # a kept-alive connection: cut it if this request is cancelled or overdue
+        with conn.client.stream("POST", url, content=content, headers=headers, timeout=timeout,
+                                extensions={"trace": trace}) as resp:
+            status = resp.status_code
+            ctype = resp.headers.get("content-type", "").lower()
+            retry_after = _retry_after(resp.headers.get("retry-after"))
+            if "text/event-stream" in ctype:
+                raise LlmCallError("bad_response", f"{where} answered with an event stream (HTTP {status}, "
+                                   "text/event-stream); akm needs one JSON completion — turn streaming off "
+                                   "for this endpoint", status=status)
+            chunks: list[bytes] = []
+            size = 0
+            for chunk in resp.iter_bytes():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise LlmCallError("bad_response", f"{where} answered with more than {MAX_BODY_BYTES} "
+                                       f"bytes (HTTP {status}); refusing to read further", status=status)
+                chunks.append(chunk)
+            data = b"".join(chunks)
+        reusable = True
     except LlmCallError:
         raise
     except httpx.HTTPError as exc:
@@ -444,6 +510,11 @@ def post_chat(endpoint: str, body: Mapping[str, Any], *, api_key: str | None = N
                            f"{clip(detail, ERROR_EXCERPT)}") from None
     finally:
         _WATCHDOG.unregister(inflight)
+        if conn is not None:
+            if reusable and not inflight.fired:
+                _checkin(key, conn)
+            else:  # an error or a cut may leave the connection in any state: never hand it on
+                conn.client.close()
     if inflight.fired == "aborted":
         raise LlmCallError("aborted", f"request to {where} was cancelled while in flight")
     return _parse_response(where, status, data, retry_after, secrets)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from akm.record import dataclass
 from typing import Any, Sequence
 from urllib.parse import urlsplit
 

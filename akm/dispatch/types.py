@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from akm.record import dataclass
 from typing import Any
 
 # The most tokens one unit attempt can count (session reports too: akm.engine.budget.MAX_UNIT_TOKENS).

@@ -21,11 +21,9 @@ import gc
 import os
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -64,6 +62,7 @@ from akm.engine.structured import run_structured
 from akm.engine.worklist import WorkUnit
 from akm.errors import AkmError, JournalError, UsageError
 from akm.plan.identity import NO_ITEM, attempt_id
+from akm.ids import uuid4
 from akm.plan.model import Plan, StepPlan
 from akm.store import runs as runs_store
 from akm.store import units as units_store
@@ -451,15 +450,35 @@ class _Pass:
                         results[i] = UnitOutcome(unit_id=units[i].unit_id, ok=False, failure_reason="dispatch_error",
                                                  error=f"internal error while running the unit: {exc}")
 
-            with ThreadPoolExecutor(max_workers=width, thread_name_prefix="akm-unit") as pool:
-                futures = [pool.submit(worker) for _ in range(width)]
-                for f in futures:
-                    f.result()
+            _run_workers(worker, width)
         return [
             r if r is not None else UnitOutcome(unit_id=units[i].unit_id, ok=False, failure_reason="aborted",
                                                 error="unit was not dispatched (interrupted)")
             for i, r in enumerate(results)
         ]
+
+
+def _run_workers(worker: Callable[[], None], width: int) -> None:
+    """Run `worker` on `width` threads and wait for all; the first exception raised in one is re-raised here.
+
+    Plain threads, not a `ThreadPoolExecutor`: `concurrent.futures` imports `logging` (with
+    `traceback`, `linecache`, `tokenize`), several milliseconds of every short run's start.
+    """
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            worker()
+        except BaseException as exc:  # noqa: BLE001 - handed to the driver's thread, as Future.result() did
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, name=f"akm-unit_{i}", daemon=True) for i in range(width)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 @contextmanager
@@ -807,7 +826,7 @@ def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
         return result
     if loaded.status not in DRIVABLE_STATUSES:
         raise runs_store.not_drivable_error(run_id, loaded.status, "executed")
-    holder = str(uuid.uuid4())
+    holder = uuid4()
     try:
         live = _acquire(db, run_id, holder)
     except UsageError as exc:  # a report we waited for finished the run meanwhile

@@ -20,7 +20,7 @@ the step's loop base so the budget starts afresh.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 from typing import Any
 
 from akm.engine.reduce import (

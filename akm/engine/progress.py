@@ -7,7 +7,7 @@ units and from its own thread for steps, so building one must stay cheap);
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from akm.record import dataclass
 
 
 @dataclass

@@ -8,7 +8,7 @@ resumed run rebuilds exactly the evidence a live run would have written.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from akm.record import dataclass
 from typing import Any
 
 from akm.canonical import CanonicalError, canonical_json, compact_json

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 from typing import Any
 
 

@@ -25,7 +25,7 @@ import re
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from akm.record import dataclass
 from pathlib import Path
 from typing import Any
 

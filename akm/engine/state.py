@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from akm.record import dataclass
 from typing import Any
-
-from pydantic import ValidationError
 
 from akm.canonical import sha256_hex
 from akm.errors import UsageError
 from akm.format.schema import validate_instance
-from akm.plan.model import Plan
+from akm.plan.model import Plan, PlanError
 from akm.store import runs as runs_store
 from akm.store.db import Database
 from akm.store.runs import Run
@@ -55,7 +53,7 @@ def decode_plan(run_id: str, plan_json: str | None, plan_hash: str | None) -> Pl
         raise _corrupt(run_id, "frozen plan (integrity check failed: plan_hash does not match plan_json)")
     try:
         plan = Plan.model_validate(json.loads(plan_json))
-    except (ValueError, ValidationError) as exc:
+    except (ValueError, PlanError) as exc:
         raise _corrupt(run_id, f"frozen plan ({str(exc).splitlines()[0]})") from exc
     if plan.canonical() != plan_json:
         raise _corrupt(run_id, "frozen plan (noncanonical JSON)")

@@ -12,7 +12,7 @@ the native drive loop and the session protocol:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from akm.record import dataclass
 from typing import Any
 
 from akm.engine.finalize import GateState, RouteBook, Verdict, gate_row_for, gate_state

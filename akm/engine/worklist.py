@@ -10,7 +10,7 @@ duplicate fan-out item, an input that does not resolve) is returned as a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 from functools import cached_property
 from typing import Any
 

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from akm.record import dataclass
 from pathlib import Path
 
 GIT_TIMEOUT_S = 30
@@ -42,6 +40,8 @@ def _git(args: list[str], cwd: str) -> subprocess.CompletedProcess[str]:
 
 
 def worktree_root() -> Path:
+    import tempfile  # worktree units only: most runs never import it
+
     return Path(tempfile.gettempdir()) / "akm-worktrees"
 
 
@@ -93,6 +93,8 @@ def create(base: str, run_id: str, attempt_id: str) -> Worktree:
     with _lock_for(base):
         if dest.exists():
             if is_clean(str(dest)) is True:
+                import shutil
+
                 shutil.rmtree(dest, ignore_errors=True)
             else:
                 target = _retain_name(dest)

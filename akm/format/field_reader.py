@@ -10,7 +10,6 @@ lives in these helpers so the same mistake reads the same wherever it is made.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import re
@@ -57,6 +56,8 @@ def as_int(value: Any) -> int | None:
 
 def suggest(word: str, choices: tuple[str, ...] | list[str]) -> str:
     """A `did you mean "x"? ` prefix for a hint, or "" when nothing is close."""
+    import difflib  # only a refusal needs it
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f'did you mean "{close[0]}"? ' if close else ""
 

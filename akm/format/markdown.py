@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 
 _LINE_SPLIT = re.compile(r"\r?\n")
 _HEADING = re.compile(r"(#{1,6})\s+(.+)\Z", re.DOTALL)

@@ -25,7 +25,7 @@ import copy
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 from typing import Any
 
 from akm.errors import UsageError

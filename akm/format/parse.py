@@ -22,7 +22,6 @@ and are re-exported here, where callers have always imported them from.
 from __future__ import annotations
 
 import re
-import shlex
 
 from akm.format.bind_sections import BoundSections, bind_sections, text_block
 from akm.format.cross_step_checks import check_references, check_routes, warn_untyped
@@ -49,6 +48,29 @@ class ParseResult(View):
     @property
     def ok(self) -> bool:
         return not self.errors
+
+
+def _quote(path: str) -> str:
+    import shlex  # only a legacy file's hint needs it
+
+    return shlex.quote(path)
+
+
+_STEPS_KEY = re.compile(r"^steps\s*:", re.MULTILINE)
+
+
+def _frontmatter_declares_steps(text: str) -> bool:
+    """`detect_legacy`'s first rule, cheaply: the `---` frontmatter has a `steps:` key (so it is not legacy)."""
+    lines = text.replace("\r\n", "\n").split("\n", 1)
+    if not lines or lines[0].rstrip("\r") != "---" or len(lines) < 2:
+        return False
+    rest = lines[1]
+    end = 0
+    for line in rest.split("\n"):
+        if line.rstrip("\r") == "---":
+            return _STEPS_KEY.search(rest[:end].replace("\r", "")) is not None
+        end += len(line) + 1
+    return False
 
 
 def parse_workflow(text: str, path: str) -> ParseResult:
@@ -88,17 +110,18 @@ def _parse(text: str, path: str) -> ParseResult:
         )
         return _stop(ctx)
 
-    # Imported here: akm.format.upgrade pulls in jsonschema, which the CLI must not load at start.
-    from akm.format.upgrade import detect_legacy
+    legacy = None
+    if not _frontmatter_declares_steps(text):  # a current file is never legacy: spare it the detector's import
+        from akm.format.upgrade import detect_legacy
 
-    legacy = detect_legacy(text)
+        legacy = detect_legacy(text)
     if legacy is not None:
         reason = re.sub(r"\s*at line \d+", "", legacy.reason or "") or "legacy markers in the body"
         ctx.error(
             "legacy_format",
             f"this file uses the retired workflow format ({reason}); it cannot be run as is",
             line=max(1, legacy.line),
-            hint=f"convert it with `akm workflow upgrade {shlex.quote(path)} --write`",
+            hint=f"convert it with `akm workflow upgrade {_quote(path)} --write`",
         )
         return _stop(ctx)
 

@@ -10,7 +10,7 @@ because whether `steps.x.output` is valid depends on where `x` is declared.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 from typing import Any
 
 from akm.format.field_reader import FieldReader, corrected_name, describe

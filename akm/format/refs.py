@@ -16,7 +16,7 @@ plain JSON values at run time and fails loudly (never yields a silent `None`): a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from akm.record import dataclass
 from typing import Any, Literal
 
 # Largest index we accept: JavaScript's safe-integer limit. Bigger can never address a real array and

@@ -19,7 +19,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from akm.record import dataclass
 from typing import Any, Literal
 
 from typing import TYPE_CHECKING
@@ -427,6 +427,118 @@ def _branch_summary(error: ValidationError, root_label: str) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
+class _Undecided(Exception):
+    """The quick check met something it does not decide exactly as the library would: ask the library."""
+
+
+def _is_a(value: Any, name: str) -> bool:
+    """Draft 2020-12's type checker as the subset validator uses it (2.0 is an integer, true no number)."""
+    if name == "string":
+        return isinstance(value, str)
+    if name == "object":
+        return isinstance(value, dict)
+    if name == "array":
+        return isinstance(value, list)
+    if name == "null":
+        return value is None
+    if name == "boolean":
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if name == "integer":
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if name == "number":
+        return isinstance(value, (int, float))
+    raise _Undecided
+
+
+def _same(one: Any, two: Any) -> bool:
+    """The library's `enum` equality: 1 == 1.0, but true is not 1; lists and objects compared deeply."""
+    if isinstance(one, str) or isinstance(two, str):
+        return one == two
+    if isinstance(one, list) and isinstance(two, list):
+        return len(one) == len(two) and all(_same(a, b) for a, b in zip(one, two))
+    if isinstance(one, dict) and isinstance(two, dict):
+        return one.keys() == two.keys() and all(_same(one[k], two[k]) for k in one)
+    if isinstance(one, (list, dict)) or isinstance(two, (list, dict)):
+        return False  # a container never equals a scalar, nor a list an object
+    if isinstance(one, bool) or isinstance(two, bool):
+        return type(one) is type(two) and one == two
+    return one == two
+
+
+def _conforms(value: Any, schema: dict, visits: list[int]) -> bool:
+    """Does `value` satisfy `schema`? The supported keywords only, with the library's semantics."""
+    for key, want in schema.items():
+        if key not in SUPPORTED_KEYWORDS:
+            continue
+        visits[0] += 1
+        if visits[0] > MAX_VISITS // 2:  # well inside the library's budget: near it, let the library say
+            raise _Undecided
+        if key == "type":
+            names = want if isinstance(want, list) else [want]
+            if not any(_is_a(value, n) for n in names):
+                return False
+        elif key == "enum":
+            if not any(_same(v, value) for v in want):
+                return False
+        elif key == "properties":
+            if isinstance(value, dict):
+                for prop, sub in want.items():
+                    if prop in value and not _conforms(value[prop], sub, visits):
+                        return False
+        elif key == "required":
+            if isinstance(value, dict) and any(prop not in value for prop in want):
+                return False
+        elif key == "items":
+            if "prefixItems" in schema or not isinstance(want, dict):
+                raise _Undecided
+            if isinstance(value, list) and not all(_conforms(v, want, visits) for v in value):
+                return False
+        elif key == "additionalProperties":
+            if "patternProperties" in schema or not isinstance(want, bool):
+                raise _Undecided
+            if want is False and isinstance(value, dict):
+                props = schema.get("properties", {})
+                if any(k not in props for k in value):
+                    return False
+        elif key in ("minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum"):
+            kind = "array" if key.endswith("Items") else "string" if key.endswith("Length") else "number"
+            if _is_a(value, kind):
+                measure = value if kind == "number" else len(value)
+                if (measure < want) if key.startswith("min") else (measure > want):
+                    return False
+        elif key == "allOf":
+            if not all(_conforms(value, sub, visits) for sub in want):
+                return False
+        elif key == "anyOf":
+            if not any(_conforms(value, sub, visits) for sub in want):
+                return False
+        elif key == "oneOf":
+            if sum(1 for sub in want if _conforms(value, sub, visits)) != 1:
+                return False
+        elif key == "not":
+            if _conforms(value, want, visits):
+                return False
+        else:  # pragma: no cover - every supported keyword is handled above
+            raise _Undecided
+    return True
+
+
+def quick_valid(value: Any, schema: dict) -> bool:
+    """True when `value` certainly satisfies the (well-formed) subset `schema`; False when it may not.
+
+    Most values a run checks are valid, and saying so needs no messages: this pure check answers
+    them without importing `jsonschema` (which costs a short run more than its whole engine).
+    Anything it does not decide exactly like the library (a refusal included) goes to the library,
+    which words the errors.
+    """
+    try:
+        return _conforms(value, schema, [0])
+    except (_Undecided, RecursionError, TypeError):
+        return False
+
+
 def validate_instance(value: Any, schema: dict, root_label: str = "$") -> list[str]:
     """Validate a JSON value against a subset schema; return `"<path>: <problem>"` strings.
 
@@ -438,6 +550,8 @@ def validate_instance(value: Any, schema: dict, root_label: str = "$") -> list[s
     malformed = [p for p in check_schema_definition(schema) if p.kind == "malformed"]
     if malformed:
         return [f"{root_label}: invalid schema (at {_where(p.path)}): {p.message}" for p in malformed]
+    if quick_valid(value, schema):
+        return []
 
     token = _budget.set([0])
     try:

@@ -28,7 +28,7 @@ The conversion is pure text-to-text; it never touches the filesystem.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from akm.record import dataclass, field
 from typing import Any
 
 import yaml

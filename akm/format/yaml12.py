@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
-from decimal import Decimal
+from akm.record import dataclass, field
 from typing import Any
 
 import yaml
@@ -142,6 +141,8 @@ def js_number(v: float) -> str:
     if v == 0:
         return "0"
     sign = "-" if v < 0 else ""
+    from decimal import Decimal  # only a float that becomes text needs it (~1 ms of every start otherwise)
+
     _, digit_tuple, exponent = Decimal(repr(abs(v))).as_tuple()
     digits = "".join(map(str, digit_tuple)).rstrip("0") or "0"
     stripped = len("".join(map(str, digit_tuple))) - len(digits)

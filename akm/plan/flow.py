@@ -10,7 +10,7 @@ step, up to the first one that always runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from akm.record import dataclass
 
 from akm.plan.model import Plan
 

@@ -9,10 +9,9 @@ tests/test_identity.py; bump `UNIT_HASH_VERSION` if the preimage must change.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
-from akm.canonical import canonical_hash, canonical_json, sha256_hex
+from akm.canonical import _sha256, canonical_hash, canonical_json, sha256_hex
 from akm.plan.model import UNIT_HASH_VERSION, UnitNode
 
 _NO_ITEM = object()
@@ -113,7 +112,7 @@ class UnitHasher:
         head.append(',"item":')
         # The digest state after the head is kept, and the tail (which holds the params, often the
         # bulk of the preimage) is encoded once: per unit only the item is new text.
-        self._head = hashlib.sha256("".join(head).encode("utf-8"))
+        self._head = _sha256("".join(head).encode("utf-8"))
         self._tail = (',"params":' + cj(params) + ',"schema":' + cj(template.output_schema)
                       + ',"template":' + cj(template.instructions) + "}").encode("utf-8")
 

@@ -155,9 +155,13 @@ def hostname() -> str:
     """This machine's name, for display (socket is imported on first need only)."""
     global _HOST
     if _HOST is None:
-        import socket
+        uname = getattr(os, "uname", None)
+        if uname is not None:
+            _HOST = uname().nodename  # what socket.gethostname() answers on POSIX, without importing socket
+        else:
+            import socket
 
-        _HOST = socket.gethostname()
+            _HOST = socket.gethostname()
     return _HOST
 
 

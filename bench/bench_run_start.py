@@ -1,0 +1,111 @@
+"""A short `workflow run` from a cold process, as a ratio to a bare 2-thread pool measured in the same run.
+
+Both sides are fresh interpreter processes that spawn the same 20 `true` processes two at a
+time: the baseline is a script with a `ThreadPoolExecutor(2)` and `subprocess.run`, the other is
+`akm workflow run` of a 20-item map at width 2 (its journal, plan, lint and start-up included).
+Rounds are interleaved (which goes first alternates); each figure is a median with its range.
+Goal (issue 21): ratio <= 2.
+
+Usage: python bench/bench_run_start.py [--rounds 9] [--units 20] [--zipapp] [--config]  (--zipapp: dist/akm, build first)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+WF = """---
+params:
+  xs: {{ type: array, default: {items} }}
+steps:
+  - id: fan
+    map:
+      over: params.xs
+      concurrency: 2
+      unit:
+        exec: {{ command: ["true"] }}
+    output: {{ type: array }}
+---
+
+## fan
+
+Run `true` once per item.
+"""
+
+BARE = """import subprocess, sys
+from concurrent.futures import ThreadPoolExecutor
+def spawn(_):
+    subprocess.run(["true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                   start_new_session=True, check=True)
+with ThreadPoolExecutor(max_workers=2) as pool:
+    list(pool.map(spawn, range(int(sys.argv[1]))))
+"""
+
+
+def timed(argv: list[str], env: dict[str, str], cwd: Path) -> float:
+    t = time.perf_counter()
+    proc = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    elapsed = time.perf_counter() - t
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.decode()[-800:]}")
+    return elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--units", type=int, default=20)
+    ap.add_argument("--zipapp", action="store_true", help="run dist/akm instead of the source tree")
+    ap.add_argument("--config", action="store_true", help="with a project config file (an LLM engine, defaults)")
+    args = ap.parse_args()
+    akm = [sys.executable, str(ROOT / "dist" / "akm")] if args.zipapp else [sys.executable, "-m", "akm"]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / ".akm").mkdir()
+        (work / "fan.md").write_text(WF.format(items=json.dumps(list(range(args.units)))))
+        (work / "bare.py").write_text(BARE)
+        if args.config:
+            (work / ".akm" / "config.json").write_text(json.dumps({
+                "engines": {"local": {"kind": "llm", "endpoint": "http://127.0.0.1:11434/v1/chat/completions",
+                                      "model": "qwen3"}},
+                "defaults": {"llmEngine": "local"}, "workflow": {"maxConcurrency": 4}}))
+        # Bytecode caches as a user has them (a PYTHONDONTWRITEBYTECODE shell would recompile every module).
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("AKM_", "SHIV_")) and k != "PYTHONDONTWRITEBYTECODE"}
+        env.update(AKM_DATA_DIR=str(work / "data"), XDG_CONFIG_HOME=str(work / "config"),
+                   PYTHONPATH=str(ROOT), SHIV_ROOT=str(work / "cache"))
+        bare = [sys.executable, "bare.py", str(args.units)]
+        run = [*akm, "workflow", "run", "fan.md"]
+        timed(bare, env, work), timed(run, env, work)  # warm: bytecode caches, the journal's schema
+        ratios, walls = [], []
+        for r in range(args.rounds):
+            if r % 2 == 0:
+                b = timed(bare, env, work)
+                a = timed(run, env, work)
+            else:
+                a = timed(run, env, work)
+                b = timed(bare, env, work)
+            ratios.append(a / b)
+            walls.append((a, b))
+    med = statistics.median(ratios)
+    a_med = statistics.median(w[0] for w in walls)
+    b_med = statistics.median(w[1] for w in walls)
+    print(f"`workflow run` of {args.units} x `true` at width 2 ({'dist/akm' if args.zipapp else 'source'}), "
+          f"{args.rounds} interleaved rounds{', with a config file' if args.config else ''}:")
+    print(f"  wall: akm / bare 2-thread pool process, median {med:.2f} (range {min(ratios):.2f}-{max(ratios):.2f}; "
+          f"goal <= 2; medians {a_med * 1000:.0f} ms / {b_med * 1000:.0f} ms)")
+    print(json.dumps({"runStartRatio": round(med, 3), "akmMs": round(a_med * 1000, 1),
+                      "bareMs": round(b_med * 1000, 1)}))
+
+
+if __name__ == "__main__":
+    main()
