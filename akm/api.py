@@ -34,11 +34,11 @@ from akm.engine.cancel import Cancellation  # noqa: F401  (an api type: fronts s
 from akm.errors import AkmError, NotFoundError, UsageError
 from akm.text import quoted, whole_number
 from akm.views import (  # noqa: F401  (the read paths' typed results, re-exported)
+    DetachedRun,
     EventPage,
     EventView,
     GraphEdge,
     GraphNode,
-    DetachedRun,
     LeaseView,
     OpenedRun,
     ProgressEvent,
@@ -74,13 +74,37 @@ if TYPE_CHECKING:
 
 # The pydantic models (requests; session, setup and config results) load on first use, so that
 # `import akm.api` — and with it `workflow list`, `status` — never imports pydantic.
-_MODELS = frozenset({
-    "ApiModel", "LintRequest", "UpgradeRequest", "RunRequest", "RunToolRequest", "ListRunsRequest", "RunIdRequest",
-    "StatusRequest", "StatusToolRequest",
-    "Request", "ReportRequest", "NextRequest", "SetupRequest", "CatalogRequest",
-    "EventsRequest", "UpgradeResult", "ReportHint", "ClaimView", "UnitContext", "BriefUnit", "JudgeBrief", "Brief",
-    "StepOutcome", "ReportResult", "SetupResult", "ConfigPaths", "ConfigChange",
-})
+_MODELS = frozenset(
+    {
+        "ApiModel",
+        "LintRequest",
+        "UpgradeRequest",
+        "RunRequest",
+        "RunToolRequest",
+        "ListRunsRequest",
+        "RunIdRequest",
+        "StatusRequest",
+        "StatusToolRequest",
+        "Request",
+        "ReportRequest",
+        "NextRequest",
+        "SetupRequest",
+        "CatalogRequest",
+        "EventsRequest",
+        "UpgradeResult",
+        "ReportHint",
+        "ClaimView",
+        "UnitContext",
+        "BriefUnit",
+        "JudgeBrief",
+        "Brief",
+        "StepOutcome",
+        "ReportResult",
+        "SetupResult",
+        "ConfigPaths",
+        "ConfigChange",
+    }
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -122,7 +146,9 @@ def _of(kind: type, name: str, optional: bool = False) -> Callable[[Any], Any]:
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             raise TypeError(f"{name} {value!r}: expected {'nothing or ' if optional else ''}{kind.__name__}")
         return value
+
     return check
+
 
 STALE_AFTER_S = 90.0
 _RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
@@ -186,8 +212,11 @@ def _whole_number(value: Any, name: str, minimum: int, maximum: int | None = Non
 def check_output_format(value: str, allowed: tuple[str, ...] = ("text", "json")) -> str:
     """Validate a requested output format against what the command can render."""
     if value not in allowed:
-        raise UsageError(f"format {value!r}: expected one of {', '.join(allowed)}.", code=INVALID_ARGUMENT,
-                         details={"argument": "format", "allowed": list(allowed)})
+        raise UsageError(
+            f"format {value!r}: expected one of {', '.join(allowed)}.",
+            code=INVALID_ARGUMENT,
+            details={"argument": "format", "allowed": list(allowed)},
+        )
     return value
 
 
@@ -202,7 +231,8 @@ def lint(paths_: list[str] | LintRequest):
     report = lint_paths(req.paths)
     if not report.files:
         raise UsageError(
-            f"No workflow files found in {', '.join(req.paths)}.", code="NO_WORKFLOW_FILES",
+            f"No workflow files found in {', '.join(req.paths)}.",
+            code="NO_WORKFLOW_FILES",
             hint="Workflows are *.md files (README.md is skipped); pass a file or a directory holding them.",
         )
     return report
@@ -336,9 +366,16 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
     # Only a drivable run has a driver worth naming; an abandoned run's lease columns are forensic.
     lease = runs_store.read_lease(db, run.id) if run.drivable else None
     view = RunView(
-        run_id=run.id, status=run.status, workflow=run.workflow_ref, title=run.title, plan_hash=run.plan_hash,
-        current_step_id=run.current_step_id, created_at=run.created_at, updated_at=run.updated_at,
-        completed_at=run.completed_at, params=_params_view(run),
+        run_id=run.id,
+        status=run.status,
+        workflow=run.workflow_ref,
+        title=run.title,
+        plan_hash=run.plan_hash,
+        current_step_id=run.current_step_id,
+        created_at=run.created_at,
+        updated_at=run.updated_at,
+        completed_at=run.completed_at,
+        params=_params_view(run),
         engine_lease=LeaseView(**lease._asdict()) if lease else None,
         awaiting=_awaiting(db, run) if run.status == "awaiting_session" and with_steps else None,
     )
@@ -353,11 +390,19 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
             if status == "pending" and lease is not None and s.step_id == run.current_step_id:
                 status = "running"  # a live driver holds the run and works on this step right now
             tally = tallies.get(s.step_id)
-            view.steps.append(StepView(id=s.step_id, status=status, output=output, summary=s.summary,
-                                       notes=s.notes, unit_count=tally.units if tally else 0,
-                                       attempts=tally.attempts if tally else 0,
-                                       gate_loops=tally.gate_loops if tally else 0,
-                                       truncated_units=len(cut) if isinstance(cut, list) else 0))
+            view.steps.append(
+                StepView(
+                    id=s.step_id,
+                    status=status,
+                    output=output,
+                    summary=s.summary,
+                    notes=s.notes,
+                    unit_count=tally.units if tally else 0,
+                    attempts=tally.attempts if tally else 0,
+                    gate_loops=tally.gate_loops if tally else 0,
+                    truncated_units=len(cut) if isinstance(cut, list) else 0,
+                )
+            )
             if run.status == "completed" and s.status == "completed" and output is not None:
                 view.output, view.output_step_id = output, s.step_id
     if with_units:
@@ -368,13 +413,25 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
         # running units, so a long healthy unit is never reported stale.
         cutoff = now_iso(-STALE_AFTER_S)
         view.units = [
-            UnitView(unit_id=u.unit_id, step_id=u.step_id, status=u.status, attempts=u.attempts,
-                     phase="gate" if u.phase == "gate" else "unit",
-                     failure_reason=u.failure_reason, result=_json_or_none(u.result_json), tokens=u.tokens,
-                     runner=u.runner, started_at=u.started_at, finished_at=u.finished_at,
-                     last_checkin_at=u.last_checkin_at, worktree_path=u.worktree_path, truncated=bool(u.truncated),
-                     stale=((u.last_checkin_at or u.started_at) < cutoff)
-                     if u.status == "running" and u.phase != "gate" else None)
+            UnitView(
+                unit_id=u.unit_id,
+                step_id=u.step_id,
+                status=u.status,
+                attempts=u.attempts,
+                phase="gate" if u.phase == "gate" else "unit",
+                failure_reason=u.failure_reason,
+                result=_json_or_none(u.result_json),
+                tokens=u.tokens,
+                runner=u.runner,
+                started_at=u.started_at,
+                finished_at=u.finished_at,
+                last_checkin_at=u.last_checkin_at,
+                worktree_path=u.worktree_path,
+                truncated=bool(u.truncated),
+                stale=((u.last_checkin_at or u.started_at) < cutoff)
+                if u.status == "running" and u.phase != "gate"
+                else None,
+            )
             for u in units_store.get_units(db, run.id)
         ]
     return view
@@ -419,22 +476,26 @@ def resolve_workflow_file(target: str, cwd: Path) -> tuple[Path, str]:
         ref = normalized_ref(target)
         if ref is None:
             raise UsageError(f"Invalid workflow ref {shown(target)}.", code="INVALID_REF")
-        name = ref[len("workflows/"):]
+        name = ref[len("workflows/") :]
         import platformdirs
 
-        roots = [paths.project_root(cwd) / ".akm" / "workflows",
-                 Path(platformdirs.user_data_dir("akm", appauthor=False)) / "workflows"]
+        roots = [
+            paths.project_root(cwd) / ".akm" / "workflows",
+            Path(platformdirs.user_data_dir("akm", appauthor=False)) / "workflows",
+        ]
         for root in roots:
             f = root / f"{name}.md"
             if _is_file(f, target):
                 require_utf8(str(f), "the workflow file's path")
                 return f, f"workflows/{name}"
         raise NotFoundError(
-            f"Workflow {shown(target)} not found.", code="WORKFLOW_NOT_FOUND",
+            f"Workflow {shown(target)} not found.",
+            code="WORKFLOW_NOT_FOUND",
             hint="Looked in " + " and ".join(str(r) for r in roots) + ".",
         )
     raise NotFoundError(
-        f"{shown(target)} is not a workflow file, a workflows/<name> ref or a run id.", code="WORKFLOW_NOT_FOUND",
+        f"{shown(target)} is not a workflow file, a workflows/<name> ref or a run id.",
+        code="WORKFLOW_NOT_FOUND",
     )
 
 
@@ -454,8 +515,10 @@ def _work_dir(cwd: str | None) -> Path:
     if "\0" in cwd:
         raise UsageError(f"cwd {shown(cwd)} contains a NUL character, which no path can hold.", code="INVALID_PATH")
     if len(cwd) > MAX_TARGET_CHARS:
-        raise UsageError(f"cwd is {len(cwd)} characters long, over the {MAX_TARGET_CHARS}-character limit for a "
-                         f"path: {shown(cwd)}", code="INVALID_PATH")
+        raise UsageError(
+            f"cwd is {len(cwd)} characters long, over the {MAX_TARGET_CHARS}-character limit for a path: {shown(cwd)}",
+            code="INVALID_PATH",
+        )
     return Path(cwd)
 
 
@@ -465,7 +528,7 @@ def normalized_ref(target: str) -> str | None:
     is no such ref or names nothing (`workflows/`, a `..` segment)."""
     if not target.startswith("workflows/"):
         return None
-    name = target[len("workflows/"):]
+    name = target[len("workflows/") :]
     if name.endswith(".md"):
         name = name[:-3]
     parts = [p for p in name.split("/") if p not in ("", ".")]
@@ -479,11 +542,16 @@ def _checked_target(target: str, what: str) -> None:
 
     require_utf8(target, what)
     if len(target) > MAX_TARGET_CHARS:
-        raise UsageError(f"{what[0].upper() + what[1:]} is {len(target)} characters long, over the "
-                         f"{MAX_TARGET_CHARS}-character limit for a path or ref: {shown(target)}", code="INVALID_PATH")
+        raise UsageError(
+            f"{what[0].upper() + what[1:]} is {len(target)} characters long, over the "
+            f"{MAX_TARGET_CHARS}-character limit for a path or ref: {shown(target)}",
+            code="INVALID_PATH",
+        )
     if "\0" in target:
-        raise UsageError(f"{what[0].upper() + what[1:]} {shown(target)} contains a NUL character, which no path "
-                         "can hold.", code="INVALID_PATH")
+        raise UsageError(
+            f"{what[0].upper() + what[1:]} {shown(target)} contains a NUL character, which no path can hold.",
+            code="INVALID_PATH",
+        )
 
 
 def _is_file(path: Path, target: str) -> bool:
@@ -493,8 +561,9 @@ def _is_file(path: Path, target: str) -> bool:
     try:
         return path.is_file()
     except OSError as exc:  # ENAMETOOLONG (a component over 255 bytes), EACCES on a parent, ...
-        raise UsageError(f"Cannot look up the workflow {shown(target)}: {exc.strerror or exc}.",
-                         code="INVALID_PATH") from None
+        raise UsageError(
+            f"Cannot look up the workflow {shown(target)}: {exc.strerror or exc}.", code="INVALID_PATH"
+        ) from None
 
 
 def compile_workflow_file(path: Path, *, cwd: Path | None = None):
@@ -512,11 +581,17 @@ def compile_workflow_file(path: Path, *, cwd: Path | None = None):
         lines = [f"{path}:{e.line}: {e.message} [{e.code}]" for e in parsed.errors]
         raise UsageError(
             f"Workflow {path} has {len(parsed.errors)} error(s):\n" + "\n".join(lines),
-            code="WORKFLOW_INVALID", details={"path": str(path)},
+            code="WORKFLOW_INVALID",
+            details={"path": str(path)},
         )
-    warnings = [RunWarning(code="LINT", message=f"{path}:{w.line}: {w.message} [{w.code}]",
-                           details={"path": str(path), "line": w.line, "lintCode": w.code})
-                for w in parsed.warnings]
+    warnings = [
+        RunWarning(
+            code="LINT",
+            message=f"{path}:{w.line}: {w.message} [{w.code}]",
+            details={"path": str(path), "line": w.line, "lintCode": w.code},
+        )
+        for w in parsed.warnings
+    ]
     config = load_config_if_any(cwd)
     return compile_plan(parsed.document, title=path.stem, config=config), warnings
 
@@ -553,13 +628,28 @@ def run_workflow(
     from akm.store import runs as runs_store
     from akm.store.db import now_iso
 
-    req = _args("RunRequest", target, dict(
-        target=target, params=params, param_flags=param_pairs, max_steps=max_steps,
-        timeout=timeout if timeout is not None else timeout_ms, new=new, cwd=cwd), {
-        "target": _of(str, "target"), "params": _of(dict, "params", True), "param_flags": _of(list, "param_flags", True),
-        "max_steps": lambda v: None if v is None else _whole_number(v, "max_steps", 0),
-        "timeout": lambda v: None if v is None else _duration_ms(v),
-        "new": _of(bool, "new"), "cwd": _of(str, "cwd", True)})
+    req = _args(
+        "RunRequest",
+        target,
+        dict(
+            target=target,
+            params=params,
+            param_flags=param_pairs,
+            max_steps=max_steps,
+            timeout=timeout if timeout is not None else timeout_ms,
+            new=new,
+            cwd=cwd,
+        ),
+        {
+            "target": _of(str, "target"),
+            "params": _of(dict, "params", True),
+            "param_flags": _of(list, "param_flags", True),
+            "max_steps": lambda v: None if v is None else _whole_number(v, "max_steps", 0),
+            "timeout": lambda v: None if v is None else _duration_ms(v),
+            "new": _of(bool, "new"),
+            "cwd": _of(str, "cwd", True),
+        },
+    )
     target, params, param_pairs, max_steps, new = req.target, req.params, req.param_flags, req.max_steps, req.new
     timeout_ms = req.timeout
     runs_store.lease_ttl_s()  # a bad AKM_LEASE_TTL_S is refused before anything is written (INVALID_ENV)
@@ -598,18 +688,27 @@ def run_workflow(
             else:
                 from akm.engine.drive import DriveOptions, drive_run
 
-                opts = DriveOptions(work_dir=root, project_root=root, max_steps=max_steps, cancel=cancel,
-                                    on_progress=_progress_relay(on_progress),
-                                    on_warning=lambda message: warn(RunWarning(code="ENGINE", message=message)))
+                opts = DriveOptions(
+                    work_dir=root,
+                    project_root=root,
+                    max_steps=max_steps,
+                    cancel=cancel,
+                    on_progress=_progress_relay(on_progress),
+                    on_warning=lambda message: warn(RunWarning(code="ENGINE", message=message)),
+                )
                 driven = drive_run(db, run_id, opts)
         finally:
             if timer is not None:
                 timer.cancel()
         run = runs_store.get_run(db, run_id)
         result = RunResult(
-            run=_run_view(db, run), executed=driven.executed, steps_processed=driven.steps_processed,
-            done=driven.done, aborted=driven.aborted,
-            timed_out=driven.abort_reason == "timeout", abort_reason=driven.abort_reason,
+            run=_run_view(db, run),
+            executed=driven.executed,
+            steps_processed=driven.steps_processed,
+            done=driven.done,
+            aborted=driven.aborted,
+            timed_out=driven.abort_reason == "timeout",
+            abort_reason=driven.abort_reason,
             started=started,
             warnings=[w.message for w in warnings],
         )
@@ -624,7 +723,11 @@ def run_workflow(
     finally:
         try:
             events_store.record_invocation(
-                db, run_id=run_id, started_at=started_at, finished_at=now_iso(), outcome=outcome,
+                db,
+                run_id=run_id,
+                started_at=started_at,
+                finished_at=now_iso(),
+                outcome=outcome,
                 duration_ms=int((time.monotonic() - started_wall) * 1000),
                 detail={"runId": run_id, "reason": reason, "error": error_text, "exitCode": exit_code},
                 engine=None,
@@ -647,15 +750,25 @@ def open_run(
     A front whose driver outlives its call (the MCP server, `workflow run --detach`) opens the run first, so
     it knows the run id before any unit runs and bad input is refused at once, then drives it by id.
     """
-    req = _args("RunRequest", target, dict(target=target, params=params, param_flags=param_pairs, new=new, cwd=cwd), {
-        "target": _of(str, "target"), "params": _of(dict, "params", True), "param_flags": _of(list, "param_flags", True),
-        "new": _of(bool, "new"), "cwd": _of(str, "cwd", True)})
+    req = _args(
+        "RunRequest",
+        target,
+        dict(target=target, params=params, param_flags=param_pairs, new=new, cwd=cwd),
+        {
+            "target": _of(str, "target"),
+            "params": _of(dict, "params", True),
+            "param_flags": _of(list, "param_flags", True),
+            "new": _of(bool, "new"),
+            "cwd": _of(str, "cwd", True),
+        },
+    )
     work_dir = _work_dir(req.cwd).resolve()
     warnings: list[RunWarning] = []
     db = _open_db()
     try:
-        run_id, started, _existing = _open(db, req.target, req.params, req.param_flags, req.new, work_dir,
-                                           warnings.append)
+        run_id, started, _existing = _open(
+            db, req.target, req.params, req.param_flags, req.new, work_dir, warnings.append
+        )
         run = _require_run(db, run_id)
         return OpenedRun(run_id=run_id, status=run.status, started=started, warnings=[w.message for w in warnings])
     finally:
@@ -685,13 +798,19 @@ def detach_run(
     from akm.store.status import DRIVABLE_STATUSES
 
     if opened.status not in DRIVABLE_STATUSES:
-        return DetachedRun(run_id=opened.run_id, status=opened.status, started=opened.started,
-                           warnings=opened.warnings)
-    extra = ([f"--max-steps={steps}"] if steps is not None else []) + \
-        ([f"--timeout={timeout_ms}ms"] if timeout_ms is not None else [])
+        return DetachedRun(run_id=opened.run_id, status=opened.status, started=opened.started, warnings=opened.warnings)
+    extra = ([f"--max-steps={steps}"] if steps is not None else []) + (
+        [f"--timeout={timeout_ms}ms"] if timeout_ms is not None else []
+    )
     pid, log = detach.spawn_driver(opened.run_id, cwd=_work_dir(cwd).resolve(), extra=extra)
-    return DetachedRun(run_id=opened.run_id, status=opened.status, started=opened.started, pid=pid, log=str(log),
-                       warnings=opened.warnings)
+    return DetachedRun(
+        run_id=opened.run_id,
+        status=opened.status,
+        started=opened.started,
+        pid=pid,
+        log=str(log),
+        warnings=opened.warnings,
+    )
 
 
 # How long `wait_run` lets a run stay active with no live driver before it says so (a driver that was just
@@ -699,8 +818,13 @@ def detach_run(
 UNDRIVEN_GRACE_S = 10.0
 
 
-def wait_run(run_id: str, *, timeout: int | str | None = None, cancel: Cancellation | None = None,
-             undriven_after_s: float = UNDRIVEN_GRACE_S) -> WaitResult:
+def wait_run(
+    run_id: str,
+    *,
+    timeout: int | str | None = None,
+    cancel: Cancellation | None = None,
+    undriven_after_s: float = UNDRIVEN_GRACE_S,
+) -> WaitResult:
     """Block until the run is no longer `active` (completed, failed, blocked, awaiting the session, abandoned).
 
     Polls the journal (every 0.1 s at first, then up to every second): it works whoever drives the run — a
@@ -765,8 +889,15 @@ def wait_exit_status(result: WaitResult) -> int:
     return exit_status_for(RunResult(run=result.run))
 
 
-def _open(db, target: str, params: dict[str, Any] | None, param_pairs: list[Any] | None, new: bool,
-          work_dir: Path, warn: Callable[[RunWarning], None]) -> tuple[str, bool, Any]:
+def _open(
+    db,
+    target: str,
+    params: dict[str, Any] | None,
+    param_pairs: list[Any] | None,
+    new: bool,
+    work_dir: Path,
+    warn: Callable[[RunWarning], None],
+) -> tuple[str, bool, Any]:
     """Which run `target` names: an existing run id, the drivable run of the same workflow and params, or a
     new run (created here). Returns (run id, whether it was started now, the existing run for a run id)."""
     from akm.store import runs as runs_store
@@ -775,11 +906,14 @@ def _open(db, target: str, params: dict[str, Any] | None, param_pairs: list[Any]
     existing = runs_store.get_run(db, target) if _RUN_ID.match(target) else None
     if existing is not None:
         if param_pairs or params:
-            raise UsageError("Params can only be given when starting a run from a workflow, not with a run id.",
-                             code="PARAMS_ON_EXISTING_RUN")
+            raise UsageError(
+                "Params can only be given when starting a run from a workflow, not with a run id.",
+                code="PARAMS_ON_EXISTING_RUN",
+            )
         if new:
-            raise UsageError(f"{target} is a run id; a new run starts from a workflow file or ref.",
-                             code="NEW_RUN_NEEDS_WORKFLOW")
+            raise UsageError(
+                f"{target} is a run id; a new run starts from a workflow file or ref.", code="NEW_RUN_NEEDS_WORKFLOW"
+            )
         run_id = existing.id
     else:
         wf_path, ref = resolve_workflow_file(target, work_dir)
@@ -795,24 +929,32 @@ def _open(db, target: str, params: dict[str, Any] | None, param_pairs: list[Any]
         if active is not None:
             run_id = _continue_active(active, plan, wf_path, warn)
         else:
-            from akm.plan.model import UNIT_HASH_VERSION
-
             from akm.ids import uuid4
+            from akm.plan.model import UNIT_HASH_VERSION
 
             run_id = uuid4()
             try:
                 runs_store.create_run(
-                    db, run_id=run_id, workflow_ref=ref, workflow_path=str(wf_path), title=plan.title,
-                    scope_key=scope, params=values, plan_json=plan.canonical(), plan_hash=plan.plan_hash(),
-                    hash_version=UNIT_HASH_VERSION, step_ids=[s.step_id for s in plan.steps],
+                    db,
+                    run_id=run_id,
+                    workflow_ref=ref,
+                    workflow_path=str(wf_path),
+                    title=plan.title,
+                    scope_key=scope,
+                    params=values,
+                    plan_json=plan.canonical(),
+                    plan_hash=plan.plan_hash(),
+                    hash_version=UNIT_HASH_VERSION,
+                    step_ids=[s.step_id for s in plan.steps],
                     join_identical=not new,
                 )
                 started = True
             except UsageError as exc:
                 # Lost a start race to an identical invocation (same workflow, same params):
                 # continue its run rather than start a twin.
-                winner = runs_store.get_run(db, exc.details.get("runId", "")) \
-                    if exc.code == "RUN_ALREADY_ACTIVE" else None
+                winner = (
+                    runs_store.get_run(db, exc.details.get("runId", "")) if exc.code == "RUN_ALREADY_ACTIVE" else None
+                )
                 if winner is None:
                     raise
                 run_id = _continue_active(winner, plan, wf_path, warn)
@@ -831,8 +973,18 @@ def _progress_relay(on_progress: Callable[[ProgressEvent], None] | None) -> Call
         elif isinstance(p, PassStarted):
             on_progress(StepStarted(run_id=p.run_id, step_id=p.step_id, total=p.total))
         else:
-            on_progress(UnitFinished(run_id=p.run_id, step_id=p.step_id, unit_id=p.unit_id, attempt_id=p.attempt_id,
-                                     ok=p.ok, failure_reason=p.failure_reason, done=p.done, total=p.total))
+            on_progress(
+                UnitFinished(
+                    run_id=p.run_id,
+                    step_id=p.step_id,
+                    unit_id=p.unit_id,
+                    attempt_id=p.attempt_id,
+                    ok=p.ok,
+                    failure_reason=p.failure_reason,
+                    done=p.done,
+                    total=p.total,
+                )
+            )
 
     return relay
 
@@ -840,12 +992,14 @@ def _progress_relay(on_progress: Callable[[ProgressEvent], None] | None) -> Call
 def _continue_active(active, plan, wf_path: Path, warn: Callable[[RunWarning], None]) -> str:
     """Continue a drivable run of this workflow with these params — with the plan it froze."""
     if active.plan_hash != plan.plan_hash():
-        warn(RunWarning(
-            code="WORKFLOW_CHANGED",
-            message=f"{wf_path} (or the engine config) changed since run {active.id} started; continuing that "
-                    "run with the plan it froze (a new run would use the edited file).",
-            details={"runId": active.id, "path": str(wf_path)},
-        ))
+        warn(
+            RunWarning(
+                code="WORKFLOW_CHANGED",
+                message=f"{wf_path} (or the engine config) changed since run {active.id} started; continuing that "
+                "run with the plan it froze (a new run would use the edited file).",
+                details={"runId": active.id, "path": str(wf_path)},
+            )
+        )
     return active.id
 
 
@@ -879,8 +1033,15 @@ def signal_exit_status(reason: str | None, default: int) -> int:
 # ------------------------------------------------------------------ inspect / control
 
 
-def list_runs(request: ListRunsRequest | None = None, /, *, active_only: bool = False, ref: str | None = None,
-              all_scopes: bool = False, cwd: str | None = None) -> RunList:
+def list_runs(
+    request: ListRunsRequest | None = None,
+    /,
+    *,
+    active_only: bool = False,
+    ref: str | None = None,
+    all_scopes: bool = False,
+    cwd: str | None = None,
+) -> RunList:
     """Runs of the project of `cwd` (or of every project), newest first.
 
     `ref` is a workflow file — resolved against `cwd`, like a run target — or a
@@ -888,9 +1049,17 @@ def list_runs(request: ListRunsRequest | None = None, /, *, active_only: bool = 
     """
     from akm.store import runs as runs_store
 
-    req = _args("ListRunsRequest", request, dict(active_only=active_only, ref=ref, all_scopes=all_scopes, cwd=cwd), {
-        "active_only": _of(bool, "active_only"), "ref": _of(str, "ref", True),
-        "all_scopes": _of(bool, "all_scopes"), "cwd": _of(str, "cwd", True)})
+    req = _args(
+        "ListRunsRequest",
+        request,
+        dict(active_only=active_only, ref=ref, all_scopes=all_scopes, cwd=cwd),
+        {
+            "active_only": _of(bool, "active_only"),
+            "ref": _of(str, "ref", True),
+            "all_scopes": _of(bool, "all_scopes"),
+            "cwd": _of(str, "cwd", True),
+        },
+    )
     work_dir = _work_dir(req.cwd)
     ref = req.ref
     if ref is not None:
@@ -912,15 +1081,22 @@ def run_status(run_id: str | StatusRequest, *, units: bool = False, step: str | 
     `step` narrows the view to that step (and, with `units`, its attempts): what a front that clips large
     outputs points at to fetch one whole.
     """
-    req = _args("StatusRequest", run_id, {"run_id": run_id, "units": units, "step": step},
-                {"run_id": _of(str, "run_id"), "units": _of(bool, "units"), "step": _of(str, "step", True)})
+    req = _args(
+        "StatusRequest",
+        run_id,
+        {"run_id": run_id, "units": units, "step": step},
+        {"run_id": _of(str, "run_id"), "units": _of(bool, "units"), "step": _of(str, "step", True)},
+    )
     with _open_db(read_only=True) as db:
         view = _run_view(db, _require_run(db, req.run_id), with_units=req.units)
     if req.step is not None:
         known = [s.id for s in view.steps or []]
         if req.step not in known:
-            raise UsageError(f"Run {view.run_id} has no step {req.step!r}; its steps are {', '.join(known)}.",
-                             code="STEP_NOT_FOUND", details={"argument": "step", "steps": known})
+            raise UsageError(
+                f"Run {view.run_id} has no step {req.step!r}; its steps are {', '.join(known)}.",
+                code="STEP_NOT_FOUND",
+                details={"argument": "step", "steps": known},
+            )
         view.steps = [s for s in view.steps or [] if s.id == req.step]
         if view.units is not None:
             view.units = [u for u in view.units if u.step_id == req.step]
@@ -947,9 +1123,14 @@ def run_graph(run_id: str | RunIdRequest) -> RunGraph:
         plan = decode_plan(run.id, run.plan_json, run.plan_hash)
         view = _run_view(db, run)
     status = {s.id: s.status for s in view.steps or []}
-    nodes = [GraphNode(id=s.step_id, status=status.get(s.step_id, "pending"),
-                       kind="route" if s.route else ("map" if s.root is not None and s.root.kind == "map" else "unit"))
-             for s in plan.steps]
+    nodes = [
+        GraphNode(
+            id=s.step_id,
+            status=status.get(s.step_id, "pending"),
+            kind="route" if s.route else ("map" if s.root is not None and s.root.kind == "map" else "unit"),
+        )
+        for s in plan.steps
+    ]
     edges = [GraphEdge(source=e.source, target=e.target, label=e.label, certain=e.certain) for e in flow_edges(plan)]
     return RunGraph(run_id=run.id, nodes=nodes, edges=edges)
 
@@ -980,8 +1161,9 @@ def run_report_html(run_id: str | RunIdRequest) -> str:
 
 def resume(run_id: str | RunIdRequest) -> RunView:
     """Reopen a failed or blocked run (its current step becomes pending again)."""
-    return _control(_args("RunIdRequest", run_id, {"run_id": run_id}, {"run_id": _of(str, "run_id")}).run_id,
-                    "resume_run")
+    return _control(
+        _args("RunIdRequest", run_id, {"run_id": run_id}, {"run_id": _of(str, "run_id")}).run_id, "resume_run"
+    )
 
 
 def abandon(run_id: str | RunIdRequest) -> RunView:
@@ -990,8 +1172,9 @@ def abandon(run_id: str | RunIdRequest) -> RunView:
     No unit of it starts after this returns; a driver working on it stops its
     in-flight units within about a second and exits with RUN_ABANDONED.
     """
-    return _control(_args("RunIdRequest", run_id, {"run_id": run_id}, {"run_id": _of(str, "run_id")}).run_id,
-                    "abandon_run")
+    return _control(
+        _args("RunIdRequest", run_id, {"run_id": run_id}, {"run_id": _of(str, "run_id")}).run_id, "abandon_run"
+    )
 
 
 def _control(run_id: str, action: str) -> RunView:
@@ -1013,33 +1196,50 @@ def _iso_timestamp(text: str) -> str:
     except ValueError:
         raise UsageError(
             f"since {text!r}: expected @offset:N (a previous nextOffset) or an ISO time like 2026-11-30T12:00:00Z.",
-            code=INVALID_ARGUMENT, details={"argument": "since"},
+            code=INVALID_ARGUMENT,
+            details={"argument": "since"},
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return format_iso(moment.astimezone(timezone.utc))
 
 
-def events(request: EventsRequest | None = None, /, *, run_id: str | None = None, since: str | None = None,
-           limit: int | None = None) -> EventPage:
+def events(
+    request: EventsRequest | None = None,
+    /,
+    *,
+    run_id: str | None = None,
+    since: str | None = None,
+    limit: int | None = None,
+) -> EventPage:
     """Journal events after an `@offset:N` cursor (or since an ISO time), at most `limit`
     (default 100, at most 10 000) per page; `has_more` says whether to ask again from `next_offset`."""
     from akm.store import events as events_store
 
-    req = _args("EventsRequest", request, dict(run_id=run_id, since=since, limit=limit), {
-        "run_id": _of(str, "run_id", True), "since": _of(str, "since", True),
-        "limit": lambda v: None if v is None else _whole_number(v, "limit", 1, MAX_EVENT_LIMIT)})
+    req = _args(
+        "EventsRequest",
+        request,
+        dict(run_id=run_id, since=since, limit=limit),
+        {
+            "run_id": _of(str, "run_id", True),
+            "since": _of(str, "since", True),
+            "limit": lambda v: None if v is None else _whole_number(v, "limit", 1, MAX_EVENT_LIMIT),
+        },
+    )
     run_id, since = req.run_id, req.since
     limit = DEFAULT_EVENT_LIMIT if req.limit is None else req.limit
 
     offset, since_ts = 0, None
     if since is not None:
         if since.startswith("@offset:"):
-            raw = since[len("@offset:"):]
+            raw = since[len("@offset:") :]
             number = whole_number(raw) if raw.isdigit() else None
             if number is None or number > 2**63 - 1:
-                raise UsageError(f"since {quoted(since)}: the offset must be a whole number (a previous nextOffset).",
-                                 code=INVALID_ARGUMENT, details={"argument": "since"})
+                raise UsageError(
+                    f"since {quoted(since)}: the offset must be a whole number (a previous nextOffset).",
+                    code=INVALID_ARGUMENT,
+                    details={"argument": "since"},
+                )
             offset = number
         else:
             since_ts = _iso_timestamp(since)
@@ -1051,9 +1251,15 @@ def events(request: EventsRequest | None = None, /, *, run_id: str | None = None
         if has_more:
             evs = evs[:limit]
             next_offset = evs[-1].id
-        return EventPage(run=run_id, since_offset=offset, next_offset=next_offset, has_more=has_more,
-                         events=[EventView(id=e.id, ts=e.ts, event_type=e.event_type, run_id=e.run_id,
-                                           metadata=e.metadata) for e in evs])
+        return EventPage(
+            run=run_id,
+            since_offset=offset,
+            next_offset=next_offset,
+            has_more=has_more,
+            events=[
+                EventView(id=e.id, ts=e.ts, event_type=e.event_type, run_id=e.run_id, metadata=e.metadata) for e in evs
+            ],
+        )
 
 
 # ------------------------------------------------------------------ the session protocol (D11-D13)
@@ -1085,9 +1291,12 @@ def next_brief(run_id: str, *, unit_id: str | None = None) -> Brief:
     if req.unit_id is not None:
         units = [u for u in out["units"] if req.unit_id in (u["unitId"], u["attemptId"])]
         if not units:
-            raise UsageError(f"Unit {req.unit_id} is not outstanding in run {req.run_id} (step {out['stepId']}); "
-                             f"outstanding: {', '.join(u['unitId'] for u in out['units']) or '(none)'}.",
-                             code="UNKNOWN_UNIT", details={"argument": "unit_id"})
+            raise UsageError(
+                f"Unit {req.unit_id} is not outstanding in run {req.run_id} (step {out['stepId']}); "
+                f"outstanding: {', '.join(u['unitId'] for u in out['units']) or '(none)'}.",
+                code="UNKNOWN_UNIT",
+                details={"argument": "unit_id"},
+            )
         out["units"] = units
     return Brief.model_validate(out)
 
@@ -1132,21 +1341,46 @@ def report_unit(
     """
     from akm.engine import session
 
-    req = _validated("ReportRequest", None, dict(
-        run_id=run_id, unit_id=unit_id, status=status, tokens=tokens, failure_reason=failure_reason,
-        expect_step=expect_step, rerun=rerun, attempt_id=attempt_id, gate_loop=gate_loop, holder=holder, cwd=cwd))
+    req = _validated(
+        "ReportRequest",
+        None,
+        dict(
+            run_id=run_id,
+            unit_id=unit_id,
+            status=status,
+            tokens=tokens,
+            failure_reason=failure_reason,
+            expect_step=expect_step,
+            rerun=rerun,
+            attempt_id=attempt_id,
+            gate_loop=gate_loop,
+            holder=holder,
+            cwd=cwd,
+        ),
+    )
     with _open_db() as db:
         run = _require_run(db, req.run_id)
         root = _run_project_root(run, _work_dir(req.cwd))
         from akm.api_models import ReportResult
 
-        return ReportResult.model_validate(session.report(
-            db, req.run_id, req.unit_id, status=req.status, result=result if has_result else session.MISSING,
-            verdict=verdict if has_verdict else session.MISSING, tokens=req.tokens,
-            failure_reason=req.failure_reason, expect_step=req.expect_step, rerun=req.rerun,
-            attempt_id=req.attempt_id, gate_loop=req.gate_loop, holder=req.holder or default_holder(),
-            project_root=root,
-        ))
+        return ReportResult.model_validate(
+            session.report(
+                db,
+                req.run_id,
+                req.unit_id,
+                status=req.status,
+                result=result if has_result else session.MISSING,
+                verdict=verdict if has_verdict else session.MISSING,
+                tokens=req.tokens,
+                failure_reason=req.failure_reason,
+                expect_step=req.expect_step,
+                rerun=req.rerun,
+                attempt_id=req.attempt_id,
+                gate_loop=req.gate_loop,
+                holder=req.holder or default_holder(),
+                project_root=root,
+            )
+        )
 
 
 # ------------------------------------------------------------------ setup status
@@ -1161,18 +1395,33 @@ def _setup_result(outcome: Any) -> SetupResult:
     from akm.api_models import SetupResult
 
     return SetupResult(
-        config_path=outcome.config_path, written=outcome.written, dry_run=outcome.dry_run, fields=outcome.fields,
-        engines=[a.to_json() for a in outcome.actions], defaults=outcome.defaults, judge_engine=outcome.judge_engine,
+        config_path=outcome.config_path,
+        written=outcome.written,
+        dry_run=outcome.dry_run,
+        fields=outcome.fields,
+        engines=[a.to_json() for a in outcome.actions],
+        defaults=outcome.defaults,
+        judge_engine=outcome.judge_engine,
         detected=outcome.detection.to_json() if outcome.detection is not None else None,
         verifications=[v.to_json() for v in outcome.verifications],
         json_schema=outcome.json_schema.to_json() if outcome.json_schema is not None else None,
-        warnings=outcome.warnings, can_run=outcome.can_run, message=outcome.message,
+        warnings=outcome.warnings,
+        can_run=outcome.can_run,
+        message=outcome.message,
     )
 
 
-def setup(*, yes: bool = False, config: Any = None, from_file: str | None = None, probe: bool = False,
-          project: bool = False, cwd: str | None = None, dry_run: bool = False,
-          on_warning: Callable[[str], None] | None = None) -> SetupResult:
+def setup(
+    *,
+    yes: bool = False,
+    config: Any = None,
+    from_file: str | None = None,
+    probe: bool = False,
+    project: bool = False,
+    cwd: str | None = None,
+    dry_run: bool = False,
+    on_warning: Callable[[str], None] | None = None,
+) -> SetupResult:
     """Non-interactive setup: detect + verify + write engines (`yes`), apply a config blob (`config` object or
     `from_file`), record json_schema support (`probe`). `dry_run` computes everything and writes nothing."""
     from akm.errors import ConfigError
@@ -1183,10 +1432,14 @@ def setup(*, yes: bool = False, config: Any = None, from_file: str | None = None
     base = Path(cwd) if cwd else Path.cwd()
     blob = core.read_blob_file(from_file, base) if from_file is not None else config
     if from_file is not None and not isinstance(blob, dict):
-        raise ConfigError(f"Setup config {from_file} must hold one JSON object at the top.",
-                          code="INVALID_CONFIG_FILE", details={"file": from_file})
-    outcome = core.run(yes=yes, blob=blob, probe=probe, project=project, cwd=cwd, dry_run=dry_run,
-                       on_warning=on_warning)
+        raise ConfigError(
+            f"Setup config {from_file} must hold one JSON object at the top.",
+            code="INVALID_CONFIG_FILE",
+            details={"file": from_file},
+        )
+    outcome = core.run(
+        yes=yes, blob=blob, probe=probe, project=project, cwd=cwd, dry_run=dry_run, on_warning=on_warning
+    )
     return _setup_result(outcome)
 
 
@@ -1204,8 +1457,9 @@ def setup_detect(*, cwd: str | None = None):
     return detect(cwd=Path(cwd) if cwd else None)
 
 
-def setup_recommend(detection: Any, *, cwd: str | None = None, project: bool = False,
-                    on_warning: Callable[[str], None] | None = None):
+def setup_recommend(
+    detection: Any, *, cwd: str | None = None, project: bool = False, on_warning: Callable[[str], None] | None = None
+):
     """What `--yes` would write given `detection` (verifies the chosen server)."""
     from akm.setup import core
 
@@ -1236,8 +1490,14 @@ def setup_verify(endpoint: str, model: str, api_key_env: str | None = None):
     return verify_endpoint(endpoint, model, api_key_env)
 
 
-def setup_save(intent: Any, *, cwd: str | None = None, project: bool = False, probe: bool = True,
-               on_warning: Callable[[str], None] | None = None) -> SetupResult:
+def setup_save(
+    intent: Any,
+    *,
+    cwd: str | None = None,
+    project: bool = False,
+    probe: bool = True,
+    on_warning: Callable[[str], None] | None = None,
+) -> SetupResult:
     """Write the wizard's choices (one locked atomic save). `probe`: best-effort json_schema probe first."""
     from akm.setup import core
 
@@ -1263,12 +1523,16 @@ def setup_save(intent: Any, *, cwd: str | None = None, project: bool = False, pr
     from akm.api_models import SetupResult
 
     return SetupResult(
-        config_path=str(target), written=written, fields=list(file_obj or {}),
-        engines=[a.to_json() for a in applied.actions], defaults=dict(merged.get("defaults") or {}),
+        config_path=str(target),
+        written=written,
+        fields=list(file_obj or {}),
+        engines=[a.to_json() for a in applied.actions],
+        defaults=dict(merged.get("defaults") or {}),
         judge_engine=(merged.get("workflow") or {}).get("judgeEngine"),
-        json_schema=probe_result.to_json() if probe_result is not None else None, warnings=warnings,
-        can_run=core.can_run(merged), message=f"Wrote {target}." if written else f"{target} already says this; "
-                                                                                  "nothing was written.",
+        json_schema=probe_result.to_json() if probe_result is not None else None,
+        warnings=warnings,
+        can_run=core.can_run(merged),
+        message=f"Wrote {target}." if written else f"{target} already says this; nothing was written.",
     )
 
 
@@ -1279,12 +1543,12 @@ def setup_save(intent: Any, *, cwd: str | None = None, project: bool = False, pr
 def config_paths(*, cwd: str | None = None) -> ConfigPaths:
     """The user and project config paths (works even when a file is broken)."""
     from akm import config as cfg
-
     from akm.api_models import ConfigPaths
 
     user, project = cfg.user_config_path(), cfg.project_config_path(cwd)
-    return ConfigPaths(user=str(user), project=str(project), user_exists=user.is_file(),
-                       project_exists=project.is_file())
+    return ConfigPaths(
+        user=str(user), project=str(project), user_exists=user.is_file(), project_exists=project.is_file()
+    )
 
 
 def _public_config(data: Any) -> Any:
@@ -1326,13 +1590,15 @@ def config_set(key: str, raw_value: str, *, project: bool = False, cwd: str | No
     value, unset = config_keys.coerce(key, raw_value)
     if unset:
         return config_unset(key, project=project, cwd=cwd)
-    new, written = cfg.update_config_file(lambda data: config_keys.set_value(data, key, value), project=project,
-                                          cwd=cwd)
+    new, written = cfg.update_config_file(
+        lambda data: config_keys.set_value(data, key, value), project=project, cwd=cwd
+    )
     target = cfg.project_config_path(cwd) if project else cfg.user_config_path()
     from akm.api_models import ConfigChange
 
-    return ConfigChange(key=key, value=_public_config(config_keys.get_value(new, key)), file=str(target),
-                        written=written)
+    return ConfigChange(
+        key=key, value=_public_config(config_keys.get_value(new, key)), file=str(target), written=written
+    )
 
 
 def config_unset(key: str, *, project: bool = False, cwd: str | None = None) -> ConfigChange:

@@ -52,7 +52,8 @@ class RunRequest(Request):
     target: str = Field(description="a workflow file, a workflows/<name> ref, or a run id")
     params: dict[str, Any] | None = Field(None, description="typed params (validated against the workflow's)")
     param_flags: list[tuple[str, Union[str, bool]]] | None = Field(
-        None, description="raw command-line param flags (name, text or true), coerced by the params' types")
+        None, description="raw command-line param flags (name, text or true), coerced by the params' types"
+    )
     max_steps: int | None = Field(None, description="finish at most this many steps now (0: start, drive nothing)")
     timeout: Union[int, str, None] = Field(None, description="stop driving after this long: ms, or text like 30s / 5m")
     new: Flag = Field(False, description="always start a new run, even if an identical one is active")
@@ -73,15 +74,22 @@ class RunToolRequest(RunRequest):
     """`workflow_run` over MCP: the run is driven in the background and a call only waits for it."""
 
     timeout: Union[int, str, None] = Field(
-        None, description="how long this call waits for the run: ms, or text like 30s / 5m (default: the server's "
-                          "bound); the run keeps going in the background either way")
-    stop: Flag = Field(False, description="stop this server's background driver of the run (target: its run id); "
-                                          "its running units are stopped, the run stays active and resumable")
+        None,
+        description="how long this call waits for the run: ms, or text like 30s / 5m (default: the server's "
+        "bound); the run keeps going in the background either way",
+    )
+    stop: Flag = Field(
+        False,
+        description="stop this server's background driver of the run (target: its run id); "
+        "its running units are stopped, the run stays active and resumable",
+    )
 
 
 class ListRunsRequest(Request):
     active_only: Flag = Field(False, description="only runs that can still be driven")
-    ref: str | None = Field(None, description="only runs of this workflow: a file (relative to cwd) or workflows/<name>")
+    ref: str | None = Field(
+        None, description="only runs of this workflow: a file (relative to cwd) or workflows/<name>"
+    )
     all_scopes: Flag = Field(False, description="runs of every project, not just cwd's")
     cwd: str | None = Field(None, description="the directory whose project is listed (default: the process's)")
 
@@ -91,21 +99,24 @@ class RunIdRequest(Request):
 
 
 class NextRequest(RunIdRequest):
-    unit_id: str | None = Field(None, description="only this unit, whole (answers clip large prompts and "
-                                                  "inputs; this fetches one unclipped)")
+    unit_id: str | None = Field(
+        None, description="only this unit, whole (answers clip large prompts and inputs; this fetches one unclipped)"
+    )
 
 
 class StatusRequest(RunIdRequest):
     units: Flag = Field(False, description="include every journaled unit attempt")
-    step: str | None = Field(None, description="only this step, with its output whole (a run's answers clip "
-                                               "large outputs)")
+    step: str | None = Field(
+        None, description="only this step, with its output whole (a run's answers clip large outputs)"
+    )
 
 
 class StatusToolRequest(StatusRequest):
     """`workflow_status` over MCP: the run view, and with format html a self-contained report as well."""
 
-    format: Literal["json", "html"] = Field("json", description="html: also a self-contained HTML report of the "
-                                                                "run (a text/html resource)")
+    format: Literal["json", "html"] = Field(
+        "json", description="html: also a self-contained HTML report of the run (a text/html resource)"
+    )
 
 
 class ReportRequest(Request):
@@ -114,22 +125,28 @@ class ReportRequest(Request):
     run_id: str = Field(description="the run id")
     unit_id: str = Field(description="the unitId from the brief (or STEP.gate:lN for a verdict)")
     status: Literal["completed", "failed", "running"] = Field(
-        "completed", description="completed | failed | running (claims the unit); a verdict is completed")
+        "completed", description="completed | failed | running (claims the unit); a verdict is completed"
+    )
     result: Any = Field(None, description="the unit's result: a JSON value matching its outputSchema, or text")
     verdict: dict[str, Any] | None = Field(
-        None, description='a gate verdict {"complete": bool, "missing": [str], "feedback": str} (the CLI reads '
-                          'it as JSON text)')
-    tokens: int | None = Field(None, ge=0, le=MAX_UNIT_TOKENS, description="tokens spent (counted against the "
-                                                                          "budget)")
+        None,
+        description='a gate verdict {"complete": bool, "missing": [str], "feedback": str} (the CLI reads '
+        "it as JSON text)",
+    )
+    tokens: int | None = Field(None, ge=0, le=MAX_UNIT_TOKENS, description="tokens spent (counted against the budget)")
     failure_reason: str | None = Field(None, description="why the unit failed (e.g. timeout)")
     rerun: Flag = Field(False, description="replace a result already recorded (do the unit again)")
     expect_step: str | None = Field(None, description="refuse unless the run is still on this step")
-    attempt_id: str | None = Field(None, description="the brief's attemptId: the attempt this report answers "
-                                                     "(a report for a closed gate loop is never counted for a "
-                                                     "later one)")
+    attempt_id: str | None = Field(
+        None,
+        description="the brief's attemptId: the attempt this report answers "
+        "(a report for a closed gate loop is never counted for a "
+        "later one)",
+    )
     gate_loop: int | None = Field(None, description="the gate loop this report answers (the brief's gateLoop)")
-    holder: str | None = Field(None, description="claim holder (default: the reporter); give parallel "
-                                                 "sub-agents their own")
+    holder: str | None = Field(
+        None, description="claim holder (default: the reporter); give parallel sub-agents their own"
+    )
     cwd: str | None = Field(None, description="the directory the report is made from (default: the process's)")
 
     @field_validator("tokens", mode="before")
@@ -148,13 +165,20 @@ class ReportRequest(Request):
 
 
 class SetupRequest(Request):
-    yes: Flag = Field(False, description="detect local model servers and agent CLIs, verify them, and write "
-                                         "an llm and an agent engine where no default is set")
-    config: dict[str, Any] | None = Field(None, description="config to deep-merge (engines, defaults, workflow, "
-                                                            "modelAliases); API keys only as ${ENV_NAME} "
-                                                            "references, never values")
-    probe: Flag = Field(False, description="also probe the default LLM engine for json_schema support and record "
-                                           "supportsJsonSchema")
+    yes: Flag = Field(
+        False,
+        description="detect local model servers and agent CLIs, verify them, and write "
+        "an llm and an agent engine where no default is set",
+    )
+    config: dict[str, Any] | None = Field(
+        None,
+        description="config to deep-merge (engines, defaults, workflow, "
+        "modelAliases); API keys only as ${ENV_NAME} "
+        "references, never values",
+    )
+    probe: Flag = Field(
+        False, description="also probe the default LLM engine for json_schema support and record supportsJsonSchema"
+    )
     project: Flag = Field(False, description="write the project file (.akm/config.json) instead of the user file")
 
 
@@ -341,12 +365,19 @@ def _validated(model: type[M], given: Any, fields: dict[str, Any]) -> M:
         else:
             shown = repr(problem.get("input"))
             message = f"{argument}: {problem['msg']}" + (f" (got {shown})" if len(shown) <= 80 else "")
-        raise UsageError(message + ("" if message.endswith(".") else "."),
-                         code=INVALID_ARGUMENT, details={"argument": argument}) from None
+        raise UsageError(
+            message + ("" if message.endswith(".") else "."), code=INVALID_ARGUMENT, details={"argument": argument}
+        ) from None
 
 
-def front_arguments(model: type[Request], arguments: dict[str, Any], *, only: tuple[str, ...] | None = None,
-                    renames: dict[str, str] | None = None, call: str = "") -> dict[str, Any]:
+def front_arguments(
+    model: type[Request],
+    arguments: dict[str, Any],
+    *,
+    only: tuple[str, ...] | None = None,
+    renames: dict[str, str] | None = None,
+    call: str = "",
+) -> dict[str, Any]:
     """A front's raw arguments checked by `model`: {field name: value as given}, only the given ones.
 
     `only` limits the arguments this front takes (others are unknown there); `renames` maps a front's own
@@ -375,11 +406,17 @@ def front_arguments(model: type[Request], arguments: dict[str, Any], *, only: tu
         if field is None:
             near = difflib.get_close_matches(key, list(spelled), n=1, cutoff=0.6)
             hint = f" (did you mean {_front_name(spelled[near[0]], renames)}?)" if near else ""
-            raise UsageError(f"Unknown argument {key!r}{where}{hint}; its arguments are {', '.join(front_names)}.",
-                             code=INVALID_ARGUMENT, details={"argument": key, "arguments": front_names})
+            raise UsageError(
+                f"Unknown argument {key!r}{where}{hint}; its arguments are {', '.join(front_names)}.",
+                code=INVALID_ARGUMENT,
+                details={"argument": key, "arguments": front_names},
+            )
         if field in given:
-            raise UsageError(f"Argument {_front_name(field, renames)}{where} is given twice ({key!r} too).",
-                             code=INVALID_ARGUMENT, details={"argument": key})
+            raise UsageError(
+                f"Argument {_front_name(field, renames)}{where} is given twice ({key!r} too).",
+                code=INVALID_ARGUMENT,
+                details={"argument": key},
+            )
         given[field] = value
     _validated(model, None, given)
     return given
@@ -389,8 +426,9 @@ def _front_name(field: str, renames: dict[str, str]) -> str:
     return next((f for f, n in renames.items() if n == field), field)
 
 
-def tool_input_schema(model: type[Request], *, only: tuple[str, ...] | None = None,
-                      renames: dict[str, str] | None = None) -> dict[str, Any]:
+def tool_input_schema(
+    model: type[Request], *, only: tuple[str, ...] | None = None, renames: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The JSON schema of a front's arguments, generated from `model`: snake_case names (the aliases are
     accepted too), the front's own names for renamed fields, `additionalProperties: false`."""
     schema = model.model_json_schema(by_alias=False)

@@ -17,8 +17,10 @@ def library_roots(project_root: Path) -> list[tuple[str, Path]]:
     """(source, directory) in lookup order: what `workflows/<name>` resolves against."""
     import platformdirs
 
-    return [("project", project_root / ".akm" / "workflows"),
-            ("user", Path(platformdirs.user_data_dir("akm", appauthor=False)) / "workflows")]
+    return [
+        ("project", project_root / ".akm" / "workflows"),
+        ("user", Path(platformdirs.user_data_dir("akm", appauthor=False)) / "workflows"),
+    ]
 
 
 def catalog(project_root: Path) -> Catalog:
@@ -63,6 +65,10 @@ def _entry(ref: str, path: Path, source: str) -> CatalogEntry:
 def _param(name: str, schema: Any) -> CatalogParam:
     schema = schema if isinstance(schema, dict) else {}
     kind = schema.get("type")
-    return CatalogParam(name=name, type=kind if isinstance(kind, str) else (
-        " | ".join(str(k) for k in kind) if isinstance(kind, list) else None),
-        description=schema.get("description"), required="default" not in schema, default=schema.get("default"))
+    return CatalogParam(
+        name=name,
+        type=kind if isinstance(kind, str) else (" | ".join(str(k) for k in kind) if isinstance(kind, list) else None),
+        description=schema.get("description"),
+        required="default" not in schema,
+        default=schema.get("default"),
+    )

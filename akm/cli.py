@@ -81,8 +81,11 @@ def _build_parser() -> "argparse.ArgumentParser":
     p.add_argument("--version", action="version", version=f"akm {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    wf = sub.add_parser("workflow", help="lint, run and inspect workflows",
-                        description="Lint, run and inspect workflows. `akm workflow ACTION --help` for each action.")
+    wf = sub.add_parser(
+        "workflow",
+        help="lint, run and inspect workflows",
+        description="Lint, run and inspect workflows. `akm workflow ACTION --help` for each action.",
+    )
     p.workflow_parser = wf  # type: ignore[attr-defined]
     wsub = wf.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     run_id_help = "a run id (from `akm workflow list` or a run's output)"
@@ -91,12 +94,20 @@ def _build_parser() -> "argparse.ArgumentParser":
         return wsub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
 
     def fmt(sp: "argparse.ArgumentParser", choices: tuple[str, ...] = ("text", "json")) -> None:
-        sp.add_argument("--format", choices=choices, default="text",
-                        help="output format: " + ", ".join(choices) + " (default: text)")
+        sp.add_argument(
+            "--format",
+            choices=choices,
+            default="text",
+            help="output format: " + ", ".join(choices) + " (default: text)",
+        )
 
     lint = add("lint", "check workflow files (or directories of them)")
-    lint.add_argument("paths", nargs="+", metavar="PATH",
-                      help="a workflow file, or a directory whose *.md files are linted (README.md skipped)")
+    lint.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="a workflow file, or a directory whose *.md files are linted (README.md skipped)",
+    )
     fmt(lint)
 
     up = add("upgrade", "convert a legacy workflow file to the current format")
@@ -118,13 +129,18 @@ def _build_parser() -> "argparse.ArgumentParser":
     st = add("status", "where a run stands: its steps, their outputs and the run's result")
     st.add_argument("run_id", metavar="RUN", help=run_id_help)
     st.add_argument("--units", action="store_true", help="include every journaled unit attempt")
-    st.add_argument("--watch", action="store_true",
-                    help="follow a run driven elsewhere: live progress on stderr until it is no longer active")
+    st.add_argument(
+        "--watch",
+        action="store_true",
+        help="follow a run driven elsewhere: live progress on stderr until it is no longer active",
+    )
     st.add_argument("--step", metavar="STEP", help="only this step (its output whole)")
     fmt(st, ("text", "json", "mermaid", "html"))
 
-    for name, text in (("resume", "reopen a failed or blocked run (completed units are kept)"),
-                       ("abandon", "give up on a run for good: stops it at once; it can never be resumed")):
+    for name, text in (
+        ("resume", "reopen a failed or blocked run (completed units are kept)"),
+        ("abandon", "give up on a run for good: stops it at once; it can never be resumed"),
+    ):
         sp = add(name, text)
         sp.add_argument("run_id", metavar="RUN", help=run_id_help)
         fmt(sp)
@@ -133,38 +149,56 @@ def _build_parser() -> "argparse.ArgumentParser":
     wt.add_argument("run_id", metavar="RUN", help=run_id_help)
     wt.add_argument("--timeout", metavar="DUR", help="give up after DUR (500ms, 30s, 5m): exit 124")
     fmt(wt)
-    wt.epilog = ("Exit status: that of `workflow run` for the state the run reached (0 completed, 1 failed, "
-                 "blocked or abandoned, 3 awaiting the calling agent); 124 when --timeout expired first; 5 when "
-                 "the run is active but no driver has held it for 10 s (resume it with `akm workflow run RUN`).")
+    wt.epilog = (
+        "Exit status: that of `workflow run` for the state the run reached (0 completed, 1 failed, "
+        "blocked or abandoned, 3 awaiting the calling agent); 124 when --timeout expired first; 5 when "
+        "the run is active but no driver has held it for 10 s (resume it with `akm workflow run RUN`)."
+    )
 
-    nx = wsub.add_parser("next", help="what the calling agent should do now for a run (read-only)",
-                         description="Print the brief of a run's current step: the session units an agent must "
-                                     "do (prompt, context, schema, claim, how to report) or the gate verdict it "
-                                     "must give. Never changes the run.")
+    nx = wsub.add_parser(
+        "next",
+        help="what the calling agent should do now for a run (read-only)",
+        description="Print the brief of a run's current step: the session units an agent must "
+        "do (prompt, context, schema, claim, how to report) or the gate verdict it "
+        "must give. Never changes the run.",
+    )
     nx.add_argument("run_id", metavar="RUN", help=run_id_help)
     fmt(nx)
 
     rp = wsub.add_parser(
-        "report", help="record a session unit's result or a gate verdict",
+        "report",
+        help="record a session unit's result or a gate verdict",
         description="Record the result of a session unit (or a judge's verdict) done by the calling agent. "
-                    "When it completes the step's work the step finishes (gate, route); then `akm workflow run "
-                    "RUN` continues the run. Every refusal leaves the journal unchanged.")
+        "When it completes the step's work the step finishes (gate, route); then `akm workflow run "
+        "RUN` continues the run. Every refusal leaves the journal unchanged.",
+    )
     rp.add_argument("run_id", metavar="RUN", help=run_id_help)
     rp.add_argument("unit_id", metavar="UNIT", help="the unit id from `akm workflow next` (or STEP.gate:lN)")
-    rp.add_argument("--status", choices=("completed", "failed", "running"),
-                    help="completed (with --result; the default with --verdict), failed (with --failure-reason), "
-                         "or running (claim it)")
-    rp.add_argument("--result", metavar="JSON|@FILE|-",
-                    help="the unit's result: JSON for units with an output schema, else text; @FILE reads a file, "
-                         "- reads standard input")
-    rp.add_argument("--verdict", metavar="JSON|@FILE|-",
-                    help='a gate verdict {"complete": bool, "missing": [..], "feedback": ".."}')
+    rp.add_argument(
+        "--status",
+        choices=("completed", "failed", "running"),
+        help="completed (with --result; the default with --verdict), failed (with --failure-reason), "
+        "or running (claim it)",
+    )
+    rp.add_argument(
+        "--result",
+        metavar="JSON|@FILE|-",
+        help="the unit's result: JSON for units with an output schema, else text; @FILE reads a file, "
+        "- reads standard input",
+    )
+    rp.add_argument(
+        "--verdict", metavar="JSON|@FILE|-", help='a gate verdict {"complete": bool, "missing": [..], "feedback": ".."}'
+    )
     rp.add_argument("--tokens", metavar="N", help="tokens spent (counted against the run's budget)")
     rp.add_argument("--failure-reason", metavar="R", help="why the unit failed (e.g. timeout)")
     rp.add_argument("--expect-step", metavar="STEP", help="refuse unless the run is still on this step")
-    rp.add_argument("--attempt", metavar="ID", help="the brief's attemptId: the attempt this report answers (a "
-                                                    "report for a gate loop already closed is never counted for "
-                                                    "a later one)")
+    rp.add_argument(
+        "--attempt",
+        metavar="ID",
+        help="the brief's attemptId: the attempt this report answers (a "
+        "report for a gate loop already closed is never counted for "
+        "a later one)",
+    )
     rp.add_argument("--rerun", action="store_true", help="replace a result already recorded for this unit")
     rp.add_argument("--holder", metavar="H", help="claim holder name (default: this user and host)")
     fmt(rp)
@@ -172,9 +206,12 @@ def _build_parser() -> "argparse.ArgumentParser":
     _add_config_parser(sub)
     _add_setup_parser(sub)
 
-    log = sub.add_parser("log", help="journal events (cursor-paged)",
-                         description="Journal events in order, a page at a time. Continue with "
-                                     "--since @offset:<nextOffset> of the previous page.")
+    log = sub.add_parser(
+        "log",
+        help="journal events (cursor-paged)",
+        description="Journal events in order, a page at a time. Continue with "
+        "--since @offset:<nextOffset> of the previous page.",
+    )
     log.add_argument("--run", dest="run_id", metavar="RUN", help="only events of this run")
     log.add_argument("--since", help="@offset:N (a previous nextOffset) or an ISO time such as 2026-11-30T12:00:00Z")
     log.add_argument("--limit", type=int, metavar="N", help="at most N events per page (default 100, at most 10000)")
@@ -186,9 +223,12 @@ def _build_parser() -> "argparse.ArgumentParser":
 
 
 def _add_config_parser(sub: Any) -> None:
-    cp = sub.add_parser("config", help="read and change engine configuration",
-                        description="Read and change engine configuration (user file, and the project's "
-                                    ".akm/config.json over it). `akm config ACTION --help` for each action.")
+    cp = sub.add_parser(
+        "config",
+        help="read and change engine configuration",
+        description="Read and change engine configuration (user file, and the project's "
+        ".akm/config.json over it). `akm config ACTION --help` for each action.",
+    )
     csub = cp.add_subparsers(dest="config_action", metavar="ACTION", parser_class=type(cp))
     cp.set_defaults(config_parser=cp)
 
@@ -196,12 +236,19 @@ def _add_config_parser(sub: Any) -> None:
         return csub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
 
     def scope(sp: "argparse.ArgumentParser") -> None:
-        sp.add_argument("--project", action="store_true",
-                        help="the project file (<project>/.akm/config.json) instead of the user file")
+        sp.add_argument(
+            "--project",
+            action="store_true",
+            help="the project file (<project>/.akm/config.json) instead of the user file",
+        )
 
     def fmt(sp: "argparse.ArgumentParser", default: str) -> None:
-        sp.add_argument("--format", choices=("text", "json"), default=default,
-                        help=f"output format: text, json (default: {default})")
+        sp.add_argument(
+            "--format",
+            choices=("text", "json"),
+            default=default,
+            help=f"output format: text, json (default: {default})",
+        )
 
     key_help = "a dotted key path, e.g. engines.fast.model"
     pth = add("path", "print where the config file is")
@@ -214,7 +261,11 @@ def _add_config_parser(sub: Any) -> None:
     fmt(get, "json")
     st = add("set", "set a value (objects merge, arrays replace)")
     st.add_argument("key", metavar="KEY", help=key_help)
-    st.add_argument("value", metavar="VALUE", help="the value, turned into the key's type: text, a number, true/false, a duration, or JSON")
+    st.add_argument(
+        "value",
+        metavar="VALUE",
+        help="the value, turned into the key's type: text, a number, true/false, a duration, or JSON",
+    )
     scope(st)
     st.add_argument("--silent", action="store_true", help="print nothing on success")
     fmt(st, "text")
@@ -287,17 +338,28 @@ write engines into the config.
 def _add_setup_parser(sub: Any) -> None:
     import argparse
 
-    sp = sub.add_parser("setup", help="find model servers and agent CLIs, verify them, write engines",
-                        description=_SETUP_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp = sub.add_parser(
+        "setup",
+        help="find model servers and agent CLIs, verify them, write engines",
+        description=_SETUP_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sp.add_argument("--yes", "-y", action="store_true", help="no questions: detect, verify and write engines")
     sp.add_argument("--config", metavar="JSON", help="a config object to deep-merge (API keys only as ${ENV_NAME})")
     sp.add_argument("--from", dest="from_file", metavar="FILE", help="read that config object from a JSON/YAML file")
-    sp.add_argument("--probe", action="store_true",
-                    help="also probe the default LLM engine for json_schema support (records supportsJsonSchema)")
-    sp.add_argument("--project", action="store_true",
-                    help="write the project file (<project>/.akm/config.json) instead of the user file")
-    sp.add_argument("--format", choices=("text", "json"), default=None,
-                    help="output of the non-interactive forms (default: json)")
+    sp.add_argument(
+        "--probe",
+        action="store_true",
+        help="also probe the default LLM engine for json_schema support (records supportsJsonSchema)",
+    )
+    sp.add_argument(
+        "--project",
+        action="store_true",
+        help="write the project file (<project>/.akm/config.json) instead of the user file",
+    )
+    sp.add_argument(
+        "--format", choices=("text", "json"), default=None, help="output of the non-interactive forms (default: json)"
+    )
 
 
 def _cmd_setup(args: "argparse.Namespace") -> int:
@@ -305,26 +367,30 @@ def _cmd_setup(args: "argparse.Namespace") -> int:
     from akm.errors import ConfigError
 
     if args.config is not None and args.from_file is not None:
-        raise UsageError("--config and --from cannot be combined: give the config one way.",
-                         code="INVALID_ARGUMENT")
+        raise UsageError("--config and --from cannot be combined: give the config one way.", code="INVALID_ARGUMENT")
     blob = None
     if args.config is not None:
         try:
             blob = json.loads(args.config)
         except ValueError as exc:
-            raise UsageError(f"Invalid JSON in --config: {getattr(exc, 'msg', exc)} "
-                             f"(line {getattr(exc, 'lineno', '?')}, column {getattr(exc, 'colno', '?')}).",
-                             code="INVALID_ARGUMENT", hint="Pass one JSON object, e.g. --config "
-                             "'{\"defaults\": {\"llmEngine\": \"fast\"}}'.") from None
+            raise UsageError(
+                f"Invalid JSON in --config: {getattr(exc, 'msg', exc)} "
+                f"(line {getattr(exc, 'lineno', '?')}, column {getattr(exc, 'colno', '?')}).",
+                code="INVALID_ARGUMENT",
+                hint='Pass one JSON object, e.g. --config \'{"defaults": {"llmEngine": "fast"}}\'.',
+            ) from None
         if not isinstance(blob, dict):
-            raise ConfigError(f"--config must be one JSON object, not {type(blob).__name__}.",
-                              code="INVALID_CONFIG_FILE")
+            raise ConfigError(
+                f"--config must be one JSON object, not {type(blob).__name__}.", code="INVALID_CONFIG_FILE"
+            )
     if not (args.yes or args.probe or args.config is not None or args.from_file is not None):
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
-            raise UsageError("akm setup asks questions, and there is no terminal to ask them on.",
-                             code="NON_INTERACTIVE_REQUIRES_YES",
-                             hint="Use `akm setup --yes` to detect and write engines without questions, or give "
-                                  "the config with `--config JSON` or `--from FILE`.")
+            raise UsageError(
+                "akm setup asks questions, and there is no terminal to ask them on.",
+                code="NON_INTERACTIVE_REQUIRES_YES",
+                hint="Use `akm setup --yes` to detect and write engines without questions, or give "
+                "the config with `--config JSON` or `--from FILE`.",
+            )
         from akm.setup.wizard import run_wizard
 
         return run_wizard(project=args.project)
@@ -333,8 +399,14 @@ def _cmd_setup(args: "argparse.Namespace") -> int:
         _err(f"warning: {message}")
 
     try:
-        res = api.setup(yes=args.yes, config=blob, from_file=args.from_file, probe=args.probe,
-                        project=args.project, on_warning=warning).to_json()
+        res = api.setup(
+            yes=args.yes,
+            config=blob,
+            from_file=args.from_file,
+            probe=args.probe,
+            project=args.project,
+            on_warning=warning,
+        ).to_json()
     except AkmError as exc:
         if exc.code == "INVALID_CONFIG_FILE" and exc.hint and "akm config" not in exc.hint:
             exc.hint += " `akm config path` shows where the files are."
@@ -367,8 +439,11 @@ def _render_setup_text(res: dict[str, Any]) -> str:
 # overwrites a line, BS erases), DEL, C1 controls (0x9b is a one-byte CSI) and the bidi overrides that
 # reorder what is displayed. Unit output, file contents and messages quoting them are printed with these
 # made visible; newline and tab stay as they are.
-_TERMINAL_UNSAFE = [c for c in range(0x20) if c not in (0x09, 0x0A)] + list(range(0x7F, 0xA0)) + [
-    0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_TERMINAL_UNSAFE = (
+    [c for c in range(0x20) if c not in (0x09, 0x0A)]
+    + list(range(0x7F, 0xA0))
+    + [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+)
 _TEXT_ESCAPES: dict[int, str] | None = None
 _JSON_ESCAPES: dict[int, str] | None = None
 
@@ -447,13 +522,21 @@ def _cmd_run(tokens: list[str]) -> int:
         return 0
     ra = split_run_args(tokens)
     if ra.target is None:
-        raise UsageError("workflow run needs a TARGET (a workflow file, workflows/<name> or a run id).",
-                         code="USAGE", hint="See `akm workflow run --help`.")
+        raise UsageError(
+            "workflow run needs a TARGET (a workflow file, workflows/<name> or a run id).",
+            code="USAGE",
+            hint="See `akm workflow run --help`.",
+        )
     fmt = api.check_output_format(str(ra.controls.get("format", "text")), ("text", "json"))
 
     if ra.controls.get("detach"):
-        detached = api.detach_run(ra.target, param_pairs=ra.params, max_steps=ra.controls.get("max-steps"),
-                                  timeout=ra.controls.get("timeout"), new=bool(ra.controls.get("new")))
+        detached = api.detach_run(
+            ra.target,
+            param_pairs=ra.params,
+            max_steps=ra.controls.get("max-steps"),
+            timeout=ra.controls.get("timeout"),
+            new=bool(ra.controls.get("new")),
+        )
         for message in detached.warnings:
             _err(f"warning: {message}")
         if fmt == "json":
@@ -463,8 +546,10 @@ def _cmd_run(tokens: list[str]) -> int:
         else:
             _out(detached.run_id)
             if not ra.controls.get("quiet"):
-                _err(f"driving in the background (pid {detached.pid}), log: {detached.log}; "
-                     f"wait with: akm workflow wait {detached.run_id}")
+                _err(
+                    f"driving in the background (pid {detached.pid}), log: {detached.log}; "
+                    f"wait with: akm workflow wait {detached.run_id}"
+                )
         return 0
 
     import signal
@@ -488,8 +573,13 @@ def _cmd_run(tokens: list[str]) -> int:
 
     # On a terminal (and without --verbose) the progress is a board of steps redrawn in place.
     live = None
-    if show_progress and sys.stderr.isatty() and not ra.controls.get("verbose") \
-            and os.environ.get("AKM_PROGRESS") != "1" and os.environ.get("TERM") != "dumb":
+    if (
+        show_progress
+        and sys.stderr.isatty()
+        and not ra.controls.get("verbose")
+        and os.environ.get("AKM_PROGRESS") != "1"
+        and os.environ.get("TERM") != "dumb"
+    ):
         from akm.report.live import LiveProgress
 
         live = LiveProgress(sys.stderr)
@@ -510,13 +600,22 @@ def _cmd_run(tokens: list[str]) -> int:
         say = live.message if live is not None else _err
         say(f"warning: {w.message}")
         if w.code == "WORKFLOW_CHANGED":
-            say(f"  hint: to run the edited file, start a new run: akm workflow run {ra.target} --new "
-                f"(and `akm workflow abandon {w.details['runId']}` to drop the old one)")
+            say(
+                f"  hint: to run the edited file, start a new run: akm workflow run {ra.target} --new "
+                f"(and `akm workflow abandon {w.details['runId']}` to drop the old one)"
+            )
 
     try:
-        result = api.run_workflow(ra.target, param_pairs=ra.params, max_steps=ra.controls.get("max-steps"),
-                                  timeout=ra.controls.get("timeout"), new=bool(ra.controls.get("new")),
-                                  cancel=cancel, on_progress=progress, on_warning=warning)
+        result = api.run_workflow(
+            ra.target,
+            param_pairs=ra.params,
+            max_steps=ra.controls.get("max-steps"),
+            timeout=ra.controls.get("timeout"),
+            new=bool(ra.controls.get("new")),
+            cancel=cancel,
+            on_progress=progress,
+            on_warning=warning,
+        )
     finally:
         if live is not None:
             live.stop()
@@ -561,7 +660,9 @@ def _cmd_catalog(args: argparse.Namespace) -> int:
         _out("  steps: " + ", ".join(s["id"] + (" [gate]" if s["gated"] else "") for s in w["steps"]))
         for p in w["params"]:
             default = "" if p["required"] else f" = {json.dumps(p['default'], ensure_ascii=False)}"
-            _out(f"  --{p['name']} {p['type'] or 'any'}{default}" + (f"  {p['description']}" if p["description"] else ""))
+            _out(
+                f"  --{p['name']} {p['type'] or 'any'}{default}" + (f"  {p['description']}" if p["description"] else "")
+            )
         for problem in w["problems"]:
             _out(f"  problem: {problem}")
     return 0
@@ -599,10 +700,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_wait(args: argparse.Namespace) -> int:
+    import signal
+
     from akm import api
     from akm import cli_render as render
-
-    import signal
 
     cancel = api.Cancellation()
     signal.signal(signal.SIGINT, lambda *_: cancel.trip("sigint"))
@@ -647,8 +748,10 @@ def _cmd_log(args: argparse.Namespace) -> int:
 
 
 def _render_brief_text(b: dict[str, Any]) -> str:
-    lines = [f"run {b['runId']}  {b['status']}  step {b.get('stepId') or '-'}"
-             + (f" (gate loop {b['gateLoop']} of {b['maxLoops']})" if (b.get("maxLoops") or 0) > 1 else "")]
+    lines = [
+        f"run {b['runId']}  {b['status']}  step {b.get('stepId') or '-'}"
+        + (f" (gate loop {b['gateLoop']} of {b['maxLoops']})" if (b.get("maxLoops") or 0) > 1 else "")
+    ]
     lines.append(b.get("message") or "")
     for w in b.get("warnings") or []:
         lines.append(f"warning: {w}")
@@ -662,14 +765,18 @@ def _render_brief_text(b: dict[str, Any]) -> str:
         lines.append(u["prompt"])
         rep = u["report"]
         arg = "--result @result.json" if u.get("resultKind") == "json" else "--result @result.txt"
-        lines.append(f"-> akm workflow report {rep['runId']} {rep['unitId']} --expect-step {rep['expectStep']} "
-                     f"--attempt {rep['attemptId']} --status completed {arg}" + (" --rerun" if rep.get("rerun") else ""))
+        lines.append(
+            f"-> akm workflow report {rep['runId']} {rep['unitId']} --expect-step {rep['expectStep']} "
+            f"--attempt {rep['attemptId']} --status completed {arg}" + (" --rerun" if rep.get("rerun") else "")
+        )
     j = b.get("judge")
     if j:
         lines.append(f"\n== verdict {j['unitId']}")
         lines.append(j["prompt"])
-        lines.append(f"-> akm workflow report {b['runId']} {j['unitId']} --expect-step {b['stepId']} "
-                     "--verdict '{\"complete\": true, \"missing\": [], \"feedback\": \"\"}'")
+        lines.append(
+            f"-> akm workflow report {b['runId']} {j['unitId']} --expect-step {b['stepId']} "
+            '--verdict \'{"complete": true, "missing": [], "feedback": ""}\''
+        )
     if b.get("kind") == "engine":
         lines.append(f"-> akm workflow run {b['runId']}")
     return "\n".join(lines)
@@ -699,19 +806,28 @@ def _read_payload(value: str, what: str) -> str:
     try:
         if value == "-":
             stdin = getattr(sys.stdin, "buffer", None)  # a text-only stdin (embedding, tests) is read as text
-            data = stdin.read(MAX_PAYLOAD_BYTES + 1) if stdin is not None else \
-                sys.stdin.read(MAX_PAYLOAD_BYTES + 1).encode("utf-8", "surrogateescape")
+            data = (
+                stdin.read(MAX_PAYLOAD_BYTES + 1)
+                if stdin is not None
+                else sys.stdin.read(MAX_PAYLOAD_BYTES + 1).encode("utf-8", "surrogateescape")
+            )
         else:
             with open(value[1:], "rb") as f:
                 data = f.read(MAX_PAYLOAD_BYTES + 1)
         if len(data) > MAX_PAYLOAD_BYTES:
-            raise UsageError(f"{what} {_clip(value)}: {source} holds more than {MAX_PAYLOAD_BYTES} bytes (16 MiB), "
-                             "the most a report may carry; nothing was recorded. Report the path of a large output "
-                             "instead.", code="RESULT_TOO_LARGE", details={"maxBytes": MAX_PAYLOAD_BYTES})
+            raise UsageError(
+                f"{what} {_clip(value)}: {source} holds more than {MAX_PAYLOAD_BYTES} bytes (16 MiB), "
+                "the most a report may carry; nothing was recorded. Report the path of a large output "
+                "instead.",
+                code="RESULT_TOO_LARGE",
+                details={"maxBytes": MAX_PAYLOAD_BYTES},
+            )
         return data.decode("utf-8")
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"{what} {_clip(value)}: cannot read {_clip(source)}: "
-                         f"{getattr(exc, 'strerror', None) or exc}.", code="UNREADABLE_FILE") from None
+        raise UsageError(
+            f"{what} {_clip(value)}: cannot read {_clip(source)}: {getattr(exc, 'strerror', None) or exc}.",
+            code="UNREADABLE_FILE",
+        ) from None
 
 
 def _clip(text: str) -> str:
@@ -730,22 +846,34 @@ def _cmd_report(args: argparse.Namespace) -> int:
         if not (digits.isascii() and digits.isdigit() and len(digits) <= 13 and int(digits) <= MAX_REPORT_TOKENS):
             from akm.text import quoted
 
-            raise UsageError(f"--tokens {quoted(args.tokens)}: expected a whole number from 0 to {MAX_REPORT_TOKENS}.",
-                             code="INVALID_ARGUMENT")
+            raise UsageError(
+                f"--tokens {quoted(args.tokens)}: expected a whole number from 0 to {MAX_REPORT_TOKENS}.",
+                code="INVALID_ARGUMENT",
+            )
         tokens = int(args.tokens)
     status = args.status
     if status is None:
         if args.verdict is None:
-            raise UsageError("--status is required (completed, failed or running); only --verdict implies "
-                             "completed.", code="INVALID_ARGUMENT", details={"argument": "status"})
+            raise UsageError(
+                "--status is required (completed, failed or running); only --verdict implies completed.",
+                code="INVALID_ARGUMENT",
+                details={"argument": "status"},
+            )
         status = "completed"
     res = api.report_unit(
-        args.run_id, args.unit_id, status=status, attempt_id=args.attempt,
+        args.run_id,
+        args.unit_id,
+        status=status,
+        attempt_id=args.attempt,
         result=_read_payload(args.result, "--result") if args.result is not None else None,
         has_result=args.result is not None,
         verdict=_read_payload(args.verdict, "--verdict") if args.verdict is not None else None,
-        has_verdict=args.verdict is not None, tokens=tokens, failure_reason=args.failure_reason,
-        expect_step=args.expect_step, rerun=args.rerun, holder=args.holder,
+        has_verdict=args.verdict is not None,
+        tokens=tokens,
+        failure_reason=args.failure_reason,
+        expect_step=args.expect_step,
+        rerun=args.rerun,
+        holder=args.holder,
     ).to_json()
     if args.format == "json":
         _emit_json(res)
@@ -754,8 +882,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
         if res.get("brief"):  # the step's work changed: what to do now, without another `next`
             _out("")
             _out(_render_brief_text(res["brief"]))
-        elif res.get("stepOutcome") and res["stepOutcome"].get("kind") == "completed" \
-                and res.get("runStatus") != "completed":
+        elif (
+            res.get("stepOutcome")
+            and res["stepOutcome"].get("kind") == "completed"
+            and res.get("runStatus") != "completed"
+        ):
             _out(f"-> akm workflow run {res['runId']}")
     return 0
 
@@ -763,8 +894,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_mcp(rest: list[str]) -> int:
     """`akm mcp`: the MCP stdio server. Only this path imports `mcp` (it costs about a second)."""
     if rest in (["-h"], ["--help"]):
-        _out("usage: akm mcp\n\nServe akm's tools over the Model Context Protocol on stdin/stdout, e.g.\n"
-             "  claude mcp add akm -- /path/to/akm mcp")
+        _out(
+            "usage: akm mcp\n\nServe akm's tools over the Model Context Protocol on stdin/stdout, e.g.\n"
+            "  claude mcp add akm -- /path/to/akm mcp"
+        )
         return 0
     if rest:
         _err(f"error[USAGE]: akm mcp takes no arguments (got {' '.join(rest)})")
@@ -781,7 +914,7 @@ _CLI_HINTS: dict[str, str] = {
     "RUN_ABANDONED": "Abandoning is final; start a new run from the workflow file with `akm workflow run FILE`.",
     "RUN_ALREADY_FINISHED": "Start a new run from the workflow file with `akm workflow run FILE`.",
     "LEASE_HELD": "Wait for that `akm workflow run` to finish, or for its lease to expire; "
-                  "`akm workflow status {runId}` shows who holds it.",
+    "`akm workflow status {runId}` shows who holds it.",
     "WORKFLOW_INVALID": "Run `akm workflow lint {path}` for every problem and how to fix it.",
     "CORRUPT_RUN": "Inspect it with `akm workflow status {runId}` or discard it with `akm workflow abandon {runId}`.",
     "PARAMS_ON_EXISTING_RUN": "Params go with the workflow file: `akm workflow run FILE --name value`.",
@@ -796,8 +929,17 @@ _CLI_HINTS: dict[str, str] = {
     "UNKNOWN_UNIT": "`akm workflow next RUN` lists the units to report.",
 }
 # An argument of the api (details.argument) as the CLI spells it.
-_FLAG_OF = {"max_steps": "--max-steps", "timeout": "--timeout", "format": "--format", "since": "--since",
-            "limit": "--limit", "paths": "PATH", "run_id": "RUN", "target": "TARGET", "tokens": "--tokens"}
+_FLAG_OF = {
+    "max_steps": "--max-steps",
+    "timeout": "--timeout",
+    "format": "--format",
+    "since": "--since",
+    "limit": "--limit",
+    "paths": "PATH",
+    "run_id": "RUN",
+    "target": "TARGET",
+    "tokens": "--tokens",
+}
 
 
 def _cli_hint(exc: AkmError) -> str | None:
@@ -871,10 +1013,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_config(args)
         if args.command == "setup":
             return _cmd_setup(args)
-        handler = {"lint": _cmd_lint, "upgrade": _cmd_upgrade, "list": _cmd_list, "status": _cmd_status,
-                   "catalog": _cmd_catalog,
-                   "resume": _cmd_control, "abandon": _cmd_control, "next": _cmd_next, "wait": _cmd_wait,
-                   "report": _cmd_report}[args.action]
+        handler = {
+            "lint": _cmd_lint,
+            "upgrade": _cmd_upgrade,
+            "list": _cmd_list,
+            "status": _cmd_status,
+            "catalog": _cmd_catalog,
+            "resume": _cmd_control,
+            "abandon": _cmd_control,
+            "next": _cmd_next,
+            "wait": _cmd_wait,
+            "report": _cmd_report,
+        }[args.action]
         return handler(args)
     except AkmError as exc:
         exc.hint = _cli_hint(exc)

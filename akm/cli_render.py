@@ -48,16 +48,22 @@ def _params_text(params: dict[str, Any]) -> tuple[str, bool]:
     for name, value in params.items():
         text = json.dumps(value, ensure_ascii=False)
         if len(text) > _PARAM_CLIP:
-            size = (f" ({_plural(len(value), 'item')})" if isinstance(value, list)
-                    else f" ({_plural(len(value), 'key')})" if isinstance(value, dict)
-                    else f" ({len(value)} characters)" if isinstance(value, str) else "")
+            size = (
+                f" ({_plural(len(value), 'item')})"
+                if isinstance(value, list)
+                else f" ({_plural(len(value), 'key')})"
+                if isinstance(value, dict)
+                else f" ({len(value)} characters)"
+                if isinstance(value, str)
+                else ""
+            )
             text = text[:_PARAM_CLIP].rstrip() + " …" + size
         parts.append(f"{name}={text}")
     return ", ".join(parts), True
 
 
 def _tally(step: dict[str, Any]) -> str:
-    """"3 units, 5 attempts, 2 gate loops": the work behind a step, retries and loops included."""
+    """ "3 units, 5 attempts, 2 gate loops": the work behind a step, retries and loops included."""
     n, attempts, loops = step.get("unitCount") or 0, step.get("attempts") or 0, step.get("gateLoops") or 0
     parts = [_plural(n, "unit")]
     if attempts > n:
@@ -87,7 +93,9 @@ def run_text(view: dict[str, Any]) -> str:
         lines.append(f"current step: {view['currentStepId']}")
     lease = view.get("engineLease")
     if lease:
-        lines.append(f"driven by {lease['holder']} (host {lease.get('host')}, pid {lease.get('pid')}) until {lease['until']}")
+        lines.append(
+            f"driven by {lease['holder']} (host {lease.get('host')}, pid {lease.get('pid')}) until {lease['until']}"
+        )
     width = max((len(s["id"]) for s in view.get("steps") or []), default=0)
     for s in view.get("steps") or []:
         head = f"  {s['status']:<10} {s['id']:<{width}}"
@@ -106,7 +114,7 @@ def run_text(view: dict[str, Any]) -> str:
         else:
             detail = (summary or notes).splitlines()[0] if (summary or notes) else ""
         if len(detail) > _STEP_CLIP[1]:
-            detail, clipped_any = detail[:_STEP_CLIP[1]].rstrip() + " …", True
+            detail, clipped_any = detail[: _STEP_CLIP[1]].rstrip() + " …", True
         lines.append(head + (f"  — {detail}" if detail else ""))
         if s["status"] == "completed" and s.get("output") is not None:
             text, clipped = _clip(_value_text(s["output"]), _STEP_CLIP)
@@ -120,8 +128,10 @@ def run_text(view: dict[str, Any]) -> str:
             extra += " (output truncated at the capture cap)"
         if u.get("stale"):
             extra += " STALE: no heartbeat for 90 s, its driver is probably gone"
-        lines.append(f"    {'gate' if u.get('phase') == 'gate' else 'unit'} {u['unitId']}: {u['status']}{extra}, "
-                     f"attempts {u['attempts']}")
+        lines.append(
+            f"    {'gate' if u.get('phase') == 'gate' else 'unit'} {u['unitId']}: {u['status']}{extra}, "
+            f"attempts {u['attempts']}"
+        )
     aw = view.get("awaiting")
     if aw:
         rid = view.get("runId")
@@ -134,19 +144,24 @@ def run_text(view: dict[str, Any]) -> str:
             what = f"step {aw.get('stepId')}"
         lines.append(f"awaiting the calling agent: {what}")
         lines.append(f"  what to do: akm workflow next {rid}")
-        lines.append(f"  then:       akm workflow report {rid} UNIT --status completed --result …"
-                     + ("  (or --verdict for a gate)" if aw.get("kind") == "judge" else ""))
+        lines.append(
+            f"  then:       akm workflow report {rid} UNIT --status completed --result …"
+            + ("  (or --verdict for a gate)" if aw.get("kind") == "judge" else "")
+        )
         lines.append(f"  and:        akm workflow run {rid}")
     if view.get("output") is not None:
         text, clipped = _clip(_value_text(view["output"]), _RESULT_CLIP)
         clipped_any = clipped_any or clipped
         cut = next((s for s in view.get("steps") or [] if s["id"] == view.get("outputStepId")), {})
-        lines.append(f"result (output of step {view.get('outputStepId')}"
-                     f"{'; only its beginning: cut at the capture cap' if cut.get('truncatedUnits') else ''}):")
+        lines.append(
+            f"result (output of step {view.get('outputStepId')}"
+            f"{'; only its beginning: cut at the capture cap' if cut.get('truncatedUnits') else ''}):"
+        )
         lines.extend(f"  {line}" for line in text.splitlines() or [""])
     if clipped_any:
-        lines.append(f"(long params and outputs clipped; all of them: akm workflow status {view['runId']} "
-                     "--format json)")
+        lines.append(
+            f"(long params and outputs clipped; all of them: akm workflow status {view['runId']} --format json)"
+        )
     return "\n".join(lines)
 
 
@@ -162,8 +177,14 @@ def _mermaid_text(text: str) -> str:
 def mermaid(graph: dict[str, Any]) -> str:
     """A flowchart of a run (`api.run_graph(...).to_json()`): steps coloured by status, routes as branches."""
     ids = {n["id"]: f"s{i}" for i, n in enumerate(graph["nodes"])}
-    colors = {"completed": "#c8e6c9", "running": "#bbdefb", "failed": "#ffcdd2", "blocked": "#ffe0b2",
-              "skipped": "#eeeeee", "pending": "#ffffff"}
+    colors = {
+        "completed": "#c8e6c9",
+        "running": "#bbdefb",
+        "failed": "#ffcdd2",
+        "blocked": "#ffe0b2",
+        "skipped": "#eeeeee",
+        "pending": "#ffffff",
+    }
     lines = ["flowchart TD"]
     for n in graph["nodes"]:
         label = f"{_mermaid_text(n['id'])}<br/>{n['kind']} · {_mermaid_text(n['status'])}"

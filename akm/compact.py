@@ -97,5 +97,6 @@ def compact_brief(brief: dict[str, Any], limit: int = ANSWER_LIMIT - 1024) -> di
             brief["unitsListed"] = len(kept)
             brief.setdefault("warnings", []).append(
                 f"this answer lists {len(kept)} of the {len(units)} outstanding units (answers stay under "
-                f"{ANSWER_LIMIT // 1024} KB): report them, then workflow_next(run_id=\"{rid}\") lists the rest.")
+                f'{ANSWER_LIMIT // 1024} KB): report them, then workflow_next(run_id="{rid}") lists the rest.'
+            )
     return brief

@@ -33,13 +33,13 @@ import json
 import os
 import re
 import time
-from akm.record import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 from urllib.parse import urlsplit
 
 from akm.errors import ConfigError
-from akm.format.grammar import CONFIG_ENGINE_NAME_RE, ENV_VAR_REF_RE, ENV_VAR_RE
+from akm.format.grammar import CONFIG_ENGINE_NAME_RE, ENV_VAR_RE, ENV_VAR_REF_RE
+from akm.record import dataclass, field
 
 CONFIG_FILE_NAME = "config.json"
 PROJECT_CONFIG_RELPATH = Path(".akm") / CONFIG_FILE_NAME
@@ -59,14 +59,32 @@ SESSION_JUDGE = "session"
 RESERVED_ENGINE_NAMES = frozenset({SESSION_JUDGE})
 
 # Agent harnesses akm knows how to drive (akm.dispatch.agents has one profile each).
-AGENT_PLATFORMS: tuple[str, ...] = ("claude", "codex", "opencode", "gemini", "aider", "copilot", "amazonq", "pi",
-                                    "openhands")
+AGENT_PLATFORMS: tuple[str, ...] = (
+    "claude",
+    "codex",
+    "opencode",
+    "gemini",
+    "aider",
+    "copilot",
+    "amazonq",
+    "pi",
+    "openhands",
+)
 # Harnesses that can be pointed at an OpenAI-compatible endpoint (an agent engine's `llmEngine`).
 PLATFORMS_WITH_LLM_ENGINE: tuple[str, ...] = ("opencode", "aider", "openhands")
 
 # Keys that belong to the other kind: named in the error instead of a generic "extra key".
-_LLM_ONLY_KEYS = ("provider", "endpoint", "apiKey", "temperature", "maxTokens", "supportsJsonSchema", "extraParams",
-                  "contextLength", "enableThinking")
+_LLM_ONLY_KEYS = (
+    "provider",
+    "endpoint",
+    "apiKey",
+    "temperature",
+    "maxTokens",
+    "supportsJsonSchema",
+    "extraParams",
+    "contextLength",
+    "enableThinking",
+)
 _AGENT_ONLY_KEYS = ("platform", "bin", "args", "llmEngine", "envPassthrough", "modelAliases")
 
 # Top-level keys of the upstream tool's older formats: refused with a pointer instead of silently ignored.
@@ -75,8 +93,11 @@ _RETIRED_TOP_LEVEL = {
     "llm": "the LLM connection is now an engine: `engines.<name>` with kind llm, and `defaults.llmEngine`",
     "agent": "agent CLIs are now engines: `engines.<name>` with kind agent, and `defaults.agentEngine`",
 }
-_RETIRED_DEFAULTS = {"engine": "use defaults.llmEngine or defaults.agentEngine",
-                     "llm": "use defaults.llmEngine", "agent": "use defaults.agentEngine"}
+_RETIRED_DEFAULTS = {
+    "engine": "use defaults.llmEngine or defaults.agentEngine",
+    "llm": "use defaults.llmEngine",
+    "agent": "use defaults.agentEngine",
+}
 
 
 # --------------------------------------------------------------------------- plain-dict helpers
@@ -140,7 +161,7 @@ def strip_jsonc(text: str) -> str:
             i = n if end == -1 else end
         elif text.startswith("/*", i):
             end = text.find("*/", i + 2)
-            chunk = text[i:] if end == -1 else text[i:end + 2]
+            chunk = text[i:] if end == -1 else text[i : end + 2]
             out.append("\n" * chunk.count("\n"))
             i = n if end == -1 else end + 2
         else:
@@ -259,8 +280,9 @@ def _build_models():  # noqa: C901 - one place that states the whole schema
         @classmethod
         def _api_key(cls, v: str | None) -> str | None:
             if v is not None and env_ref_name(v) is None:
-                raise ValueError("must be a reference to an environment variable, ${NAME}; "
-                                 "a key value never goes in a config file")
+                raise ValueError(
+                    "must be a reference to an environment variable, ${NAME}; a key value never goes in a config file"
+                )
             return v
 
         @field_validator("extra_params")
@@ -301,8 +323,10 @@ def _build_models():  # noqa: C901 - one place that states the whole schema
         @classmethod
         def _no_llm_keys(cls, data: Any) -> Any:
             if isinstance(data, dict) and data.get("platform") == "opencode-sdk":
-                raise ValueError("platform opencode-sdk is not supported; use platform opencode "
-                                 "(with llmEngine to run it on an LLM engine's endpoint)")
+                raise ValueError(
+                    "platform opencode-sdk is not supported; use platform opencode "
+                    "(with llmEngine to run it on an LLM engine's endpoint)"
+                )
             return _forbid(data, _LLM_ONLY_KEYS, "agent")
 
         @field_validator("env_passthrough")
@@ -318,8 +342,10 @@ def _build_models():  # noqa: C901 - one place that states the whole schema
         @model_validator(mode="after")
         def _llm_engine_platform(self) -> "AgentEngine":
             if self.llm_engine is not None and self.platform not in PLATFORMS_WITH_LLM_ENGINE:
-                raise ValueError(f"llmEngine is not supported on platform {self.platform} "
-                                 f"(only {', '.join(PLATFORMS_WITH_LLM_ENGINE)})")
+                raise ValueError(
+                    f"llmEngine is not supported on platform {self.platform} "
+                    f"(only {', '.join(PLATFORMS_WITH_LLM_ENGINE)})"
+                )
             return self
 
     Engine = Annotated[Union[LlmEngine, AgentEngine], Field(discriminator="kind")]
@@ -365,8 +391,13 @@ def _build_models():  # noqa: C901 - one place that states the whole schema
         def engine(self, name: str | None):
             return self.engines.get(name) if name else None
 
-    return {"Config": Config, "LlmEngine": LlmEngine, "AgentEngine": AgentEngine, "Defaults": Defaults,
-            "WorkflowSettings": WorkflowSettings}
+    return {
+        "Config": Config,
+        "LlmEngine": LlmEngine,
+        "AgentEngine": AgentEngine,
+        "Defaults": Defaults,
+        "WorkflowSettings": WorkflowSettings,
+    }
 
 
 def endpoint_problem(endpoint: Any) -> str | None:
@@ -427,7 +458,7 @@ def _issues_from(exc: Any, data: Any, file: str) -> list[Issue]:
     for err in exc.errors(include_url=False):
         msg = err.get("msg", "invalid")
         if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
+            msg = msg[len("Value error, ") :]
         if err.get("type") == "missing":
             msg = "is required"
         elif err.get("type") == "union_tag_invalid":
@@ -442,11 +473,22 @@ def _structural(data: dict[str, Any], file: str) -> tuple[Any, list[Issue]]:
     issues: list[Issue] = []
     for name in (data.get("engines") or {}) if isinstance(data.get("engines"), dict) else {}:
         if not isinstance(name, str) or len(name) > ENGINE_NAME_MAX or not ENGINE_NAME_RE.match(name):
-            issues.append(Issue(file, f"engines.{name}", "engine names are lower-case words of letters and digits "
-                                f"joined by '-', at most {ENGINE_NAME_MAX} characters, not starting with akm-"))
+            issues.append(
+                Issue(
+                    file,
+                    f"engines.{name}",
+                    "engine names are lower-case words of letters and digits "
+                    f"joined by '-', at most {ENGINE_NAME_MAX} characters, not starting with akm-",
+                )
+            )
         elif name in RESERVED_ENGINE_NAMES:
-            issues.append(Issue(file, f"engines.{name}", f"{name!r} is reserved (workflow.judgeEngine: session "
-                                "means the calling agent judges)"))
+            issues.append(
+                Issue(
+                    file,
+                    f"engines.{name}",
+                    f"{name!r} is reserved (workflow.judgeEngine: session means the calling agent judges)",
+                )
+            )
     if not issues:
         from akm.config_plain import plain_config
 
@@ -473,11 +515,17 @@ def _cross_field(cfg: Any, where: Callable[[str], str]) -> list[Issue]:
         engine = cfg.engines.get(name)
         if engine is None:
             known = ", ".join(sorted(cfg.engines)) or "none configured"
-            issues.append(Issue(where(path), path, f"names engine {name!r}, which is not configured "
-                                f"(engines: {known})"))
+            issues.append(
+                Issue(where(path), path, f"names engine {name!r}, which is not configured (engines: {known})")
+            )
         elif engine.kind not in kinds:
-            issues.append(Issue(where(path), path, f"names engine {name!r}, which is a {engine.kind} engine; "
-                                f"it must be {' or '.join(kinds)}"))
+            issues.append(
+                Issue(
+                    where(path),
+                    path,
+                    f"names engine {name!r}, which is a {engine.kind} engine; it must be {' or '.join(kinds)}",
+                )
+            )
 
     check("defaults.llmEngine", cfg.defaults.llm_engine, ("llm",))
     check("defaults.agentEngine", cfg.defaults.agent_engine, ("agent",))
@@ -498,8 +546,11 @@ def raise_issues(issues: list[Issue], *, action: str = "Invalid config") -> None
         f"{action} in {' and '.join(files)}:\n" + "\n".join(lines),
         code="INVALID_CONFIG_FILE",
         hint="Fix the keys named above; comments (// and /* */) are allowed, trailing commas are not.",
-        details={"file": first.file, "path": first.path,
-                 "issues": [{"file": i.file, "path": i.path, "message": i.message} for i in issues]},
+        details={
+            "file": first.file,
+            "path": first.path,
+            "issues": [{"file": i.file, "path": i.path, "message": i.message} for i in issues],
+        },
     )
 
 
@@ -526,19 +577,27 @@ def read_config_file(path: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except IsADirectoryError:
-        raise ConfigError(f"Config file {path} is a directory.", code="INVALID_CONFIG_FILE",
-                          details={"file": str(path)}) from None
+        raise ConfigError(
+            f"Config file {path} is a directory.", code="INVALID_CONFIG_FILE", details={"file": str(path)}
+        ) from None
     except OSError as exc:
-        raise ConfigError(f"Cannot read config file {path}: {exc.strerror}.", code="INVALID_CONFIG_FILE",
-                          details={"file": str(path)}) from None
+        raise ConfigError(
+            f"Cannot read config file {path}: {exc.strerror}.", code="INVALID_CONFIG_FILE", details={"file": str(path)}
+        ) from None
     if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"Config file {path} is larger than {MAX_CONFIG_BYTES} bytes.", code="INVALID_CONFIG_FILE",
-                          details={"file": str(path)})
+        raise ConfigError(
+            f"Config file {path} is larger than {MAX_CONFIG_BYTES} bytes.",
+            code="INVALID_CONFIG_FILE",
+            details={"file": str(path)},
+        )
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"Config file {path} is not UTF-8 text (byte {exc.start}).", code="INVALID_CONFIG_FILE",
-                          details={"file": str(path)}) from None
+        raise ConfigError(
+            f"Config file {path} is not UTF-8 text (byte {exc.start}).",
+            code="INVALID_CONFIG_FILE",
+            details={"file": str(path)},
+        ) from None
     if not text.strip():
         return {}
     try:
@@ -546,14 +605,17 @@ def read_config_file(path: Path) -> dict[str, Any] | None:
     except ValueError as exc:
         line = getattr(exc, "lineno", None)
         raise ConfigError(
-            f"Config file {path}{f' line {line}' if line else ''} is not valid JSON: "
-            f"{getattr(exc, 'msg', str(exc))}.",
-            code="INVALID_CONFIG_FILE", hint="Comments (// and /* */) are allowed; trailing commas are not.",
+            f"Config file {path}{f' line {line}' if line else ''} is not valid JSON: {getattr(exc, 'msg', str(exc))}.",
+            code="INVALID_CONFIG_FILE",
+            hint="Comments (// and /* */) are allowed; trailing commas are not.",
             details={"file": str(path), "line": line},
         ) from None
     if not isinstance(data, dict):
-        raise ConfigError(f"Config file {path} must hold a JSON object at the top, not {type(data).__name__}.",
-                          code="INVALID_CONFIG_FILE", details={"file": str(path)})
+        raise ConfigError(
+            f"Config file {path} must hold a JSON object at the top, not {type(data).__name__}.",
+            code="INVALID_CONFIG_FILE",
+            details={"file": str(path)},
+        )
     return data
 
 
@@ -596,8 +658,14 @@ class LoadedConfig:
         return str(self.project_path if self.project is not None and self.user is None else self.user_path)
 
 
-def _validate_layers(user_path: Path, user: dict[str, Any] | None, project_path: Path,
-                     project: dict[str, Any] | None, *, action: str = "Invalid config") -> LoadedConfig:
+def _validate_layers(
+    user_path: Path,
+    user: dict[str, Any] | None,
+    project_path: Path,
+    project: dict[str, Any] | None,
+    *,
+    action: str = "Invalid config",
+) -> LoadedConfig:
     """Validate the merged layers; each issue names the file that sets the offending key.
 
     Layers are not validated alone: a project file may override one key of an
@@ -605,8 +673,9 @@ def _validate_layers(user_path: Path, user: dict[str, Any] | None, project_path:
     """
     merged = deep_merge(user or {}, project or {})
     model, issues = _structural(merged, "")
-    loaded = LoadedConfig(config=model, merged=merged, user_path=user_path, project_path=project_path, user=user,
-                          project=project)
+    loaded = LoadedConfig(
+        config=model, merged=merged, user_path=user_path, project_path=project_path, user=user, project=project
+    )
     for issue in issues:
         issue.file = loaded.source_of(issue.path)
     raise_issues(issues, action=action)
@@ -614,8 +683,13 @@ def _validate_layers(user_path: Path, user: dict[str, Any] | None, project_path:
     return loaded
 
 
-def check_layers(user: dict[str, Any] | None, project: dict[str, Any] | None, *,
-                 cwd: str | os.PathLike[str] | None = None, action: str = "Invalid config") -> LoadedConfig:
+def check_layers(
+    user: dict[str, Any] | None,
+    project: dict[str, Any] | None,
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    action: str = "Invalid config",
+) -> LoadedConfig:
     """Validate a user and a project object as if they were on disk (ConfigError naming each bad key)."""
     return _validate_layers(user_config_path(), user, project_config_path(cwd), project, action=action)
 
@@ -687,7 +761,9 @@ class _FileLock:
                     self.fd = None
                     raise ConfigError(
                         f"Could not lock {self.path} within {self.timeout_s:.0f} s: another process may be "
-                        "updating the config.", code="CONFIG_LOCKED", details={"file": str(self.path)},
+                        "updating the config.",
+                        code="CONFIG_LOCKED",
+                        details={"file": str(self.path)},
                     ) from None
                 time.sleep(0.05)
 
@@ -896,7 +972,7 @@ def unique_engine_name(engines: Mapping[str, Any], base: str) -> str:
     n = 2
     while True:
         suffix = f"-{n}"
-        candidate = base[:ENGINE_NAME_MAX - len(suffix)].rstrip("-") + suffix
+        candidate = base[: ENGINE_NAME_MAX - len(suffix)].rstrip("-") + suffix
         if candidate not in engines:
             return candidate
         n += 1
@@ -943,6 +1019,7 @@ def summarize(loaded: LoadedConfig | None) -> ConfigSummary:
     return ConfigSummary(
         llm_engines=sorted(n for n, e in cfg.engines.items() if e.kind == "llm"),
         agent_engines=sorted(n for n, e in cfg.engines.items() if e.kind == "agent"),
-        default_llm=cfg.defaults.llm_engine, default_agent=cfg.defaults.agent_engine,
+        default_llm=cfg.defaults.llm_engine,
+        default_agent=cfg.defaults.agent_engine,
         judge=cfg.workflow.judge_engine,
     )

@@ -60,15 +60,19 @@ _DURATION = re.compile(r"(\d+)(ms|s|m|h)?\Z")
 def split_key(key: str) -> list[str]:
     parts = key.split(".")
     if not key or any(not p for p in parts):
-        raise UsageError(f"Config key {shown(key)} is malformed: write dotted names like engines.fast.model.",
-                         code="INVALID_ARGUMENT")
+        raise UsageError(
+            f"Config key {shown(key)} is malformed: write dotted names like engines.fast.model.",
+            code="INVALID_ARGUMENT",
+        )
     return parts
 
 
 def _unknown(key: str) -> UsageError:
-    return UsageError(f"Unknown config key {shown(key)}.", code="INVALID_ARGUMENT",
-                      hint=f"Top-level keys: {', '.join(sorted(SCHEMA))}. Engine keys: "
-                           f"{', '.join(sorted(_ENGINE_FIELDS))}.")
+    return UsageError(
+        f"Unknown config key {shown(key)}.",
+        code="INVALID_ARGUMENT",
+        hint=f"Top-level keys: {', '.join(sorted(SCHEMA))}. Engine keys: {', '.join(sorted(_ENGINE_FIELDS))}.",
+    )
 
 
 def leaf_kind(key: str) -> Any:
@@ -135,7 +139,7 @@ def _literal_secret(key: str, engine_name: str | None) -> None:
         f"{key}: akm does not store key values in config; give the name of an environment variable instead.",
         code="INVALID_ARGUMENT",
         hint=f"export {var}=… and run `akm config set {key} '${{{var}}}'` (or leave apiKey unset: "
-             f"akm reads {var} on its own).",
+        f"akm reads {var} on its own).",
     )
 
 
@@ -179,8 +183,10 @@ def coerce(key: str, raw: str) -> tuple[Any, bool]:
     if kind == "integer":
         number = whole_number(raw) if re.fullmatch(r"-?\d+", raw.strip()) else None
         if number is None or number < 1:  # every whole-number key counts from 1
-            raise UsageError(f"{key}: expected a whole number of at least 1 (at most {MAX_WHOLE_DIGITS} digits), "
-                             f"got {shown(raw)}.", code="INVALID_ARGUMENT")
+            raise UsageError(
+                f"{key}: expected a whole number of at least 1 (at most {MAX_WHOLE_DIGITS} digits), got {shown(raw)}.",
+                code="INVALID_ARGUMENT",
+            )
         return number, False
     if kind == "number":
         try:
@@ -198,8 +204,10 @@ def coerce(key: str, raw: str) -> tuple[Any, bool]:
             return None, True
         m = _DURATION.match(text)
         if not m or not whole_number(m.group(1)):
-            raise UsageError(f"{key}: expected milliseconds, a duration like 90s / 10m / 1h, or none; got {shown(raw)}.",
-                             code="INVALID_ARGUMENT")
+            raise UsageError(
+                f"{key}: expected milliseconds, a duration like 90s / 10m / 1h, or none; got {shown(raw)}.",
+                code="INVALID_ARGUMENT",
+            )
         factor = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}[m.group(2)]
         return int(m.group(1)) * factor, False
     raise _unknown(key)  # pragma: no cover - every kind is handled above

@@ -67,6 +67,7 @@ def _string(v: Any, min_len: int = 0) -> Any:
 def _integer(lo: int, hi: int | None = None) -> Any:
     def check(v: Any) -> Any:
         return v if type(v) is int and v >= lo and (hi is None or v <= hi) else _DOUBT
+
     return check
 
 
@@ -103,7 +104,9 @@ def _extra_params(v: Any) -> Any:
 
     def clean(node: Any) -> bool:
         if isinstance(node, dict):
-            return all(not (isinstance(k, str) and C._norm_key(k) in CREDENTIAL_KEYS) and clean(s) for k, s in node.items())
+            return all(
+                not (isinstance(k, str) and C._norm_key(k) in CREDENTIAL_KEYS) and clean(s) for k, s in node.items()
+            )
         if isinstance(node, list):
             return all(clean(s) for s in node)
         return True
@@ -138,14 +141,19 @@ _AGENT: dict[str, tuple[Any, bool]] = {
     "model": (lambda v: _string(v, 1), False),
     "llm_engine": (_string, False),
     "timeout_ms": (_TIMEOUT, False),
-    "env_passthrough": (lambda v: v if _strings(v) is not _DOUBT and all(C.ENV_NAME_RE.match(x) for x in v)
-                        else _DOUBT, False),
+    "env_passthrough": (
+        lambda v: v if _strings(v) is not _DOUBT and all(C.ENV_NAME_RE.match(x) for x in v) else _DOUBT,
+        False,
+    ),
     "model_aliases": (_aliases, False),
     "concurrency": (_WIDTH, False),
 }
 _DEFAULTS = {"llm_engine": (_string, False), "agent_engine": (_string, False)}
-_WORKFLOW = {"judge_engine": (_string, False), "max_concurrency": (_WIDTH, False),
-             "default_map_concurrency": (_WIDTH, False)}
+_WORKFLOW = {
+    "judge_engine": (_string, False),
+    "max_concurrency": (_WIDTH, False),
+    "default_map_concurrency": (_WIDTH, False),
+}
 
 
 def _fields(data: Any, spec: dict[str, tuple[Any, bool]], cls: type[_Record], forbidden: tuple[str, ...] = ()) -> Any:
@@ -189,8 +197,11 @@ def plain_config(data: Any) -> PlainConfig | None:
             if raw.get("platform") == "opencode-sdk":
                 return None
             engine = _fields(raw, _AGENT, PlainAgentEngine, C._LLM_ONLY_KEYS)
-            if engine is not _DOUBT and engine.llm_engine is not None \
-                    and engine.platform not in C.PLATFORMS_WITH_LLM_ENGINE:
+            if (
+                engine is not _DOUBT
+                and engine.llm_engine is not None
+                and engine.platform not in C.PLATFORMS_WITH_LLM_ENGINE
+            ):
                 return None
         else:
             return None
@@ -211,7 +222,16 @@ def plain_config(data: Any) -> PlainConfig | None:
         if checked is _DOUBT:
             return None
         aliases[column] = checked
-    given = {n for n, k in (("engines", "engines"), ("defaults", "defaults"), ("workflow", "workflow"),
-                            ("model_aliases", "modelAliases")) if k in data}
-    return PlainConfig({"engines": engines, "defaults": defaults, "workflow": workflow, "model_aliases": aliases},
-                       given)
+    given = {
+        n
+        for n, k in (
+            ("engines", "engines"),
+            ("defaults", "defaults"),
+            ("workflow", "workflow"),
+            ("model_aliases", "modelAliases"),
+        )
+        if k in data
+    }
+    return PlainConfig(
+        {"engines": engines, "defaults": defaults, "workflow": workflow, "model_aliases": aliases}, given
+    )

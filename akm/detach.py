@@ -43,7 +43,12 @@ def spawn_driver(run_id: str, *, cwd: Path, extra: list[str]) -> tuple[int, Path
     try:
         proc = subprocess.Popen(
             [*self_command(), "workflow", "run", run_id, "--verbose", *extra],
-            stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, cwd=str(cwd), start_new_session=True, close_fds=True,
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            cwd=str(cwd),
+            start_new_session=True,
+            close_fds=True,
         )
     finally:
         os.close(fd)

@@ -92,8 +92,15 @@ class Drive:
                 count.done, count.total = max(count.done, p.done), max(count.total, p.total)
                 if not p.ok:
                     count.failed += 1
-                message = {"kind": "unit", "stepId": p.step_id, "done": p.done, "total": p.total,
-                           "attemptId": p.attempt_id, "ok": p.ok, "failureReason": p.failure_reason}
+                message = {
+                    "kind": "unit",
+                    "stepId": p.step_id,
+                    "done": p.done,
+                    "total": p.total,
+                    "attemptId": p.attempt_id,
+                    "ok": p.ok,
+                    "failureReason": p.failure_reason,
+                }
             else:
                 count.status = p.status
                 message = {"kind": "step", "stepId": p.step_id, "status": p.status}
@@ -131,8 +138,15 @@ class Drives:
         self._drives: dict[str, Drive] = {}
         self._closed = False
 
-    def start_or_attach(self, target: str, *, params: dict[str, Any] | None = None, new: bool = False,
-                        max_steps: int | None = None, cwd: str | None = None) -> tuple[Drive, api.OpenedRun]:
+    def start_or_attach(
+        self,
+        target: str,
+        *,
+        params: dict[str, Any] | None = None,
+        new: bool = False,
+        max_steps: int | None = None,
+        cwd: str | None = None,
+    ) -> tuple[Drive, api.OpenedRun]:
         """The driver of the run `target` names: the running one, or a new one (the run is opened first, so
         bad input is refused before anything runs). Raises AkmError for what `api.open_run` refuses."""
         with self._lock:
@@ -151,8 +165,9 @@ class Drives:
                 fresh.carried = list(unreported.carried) + list(unreported.result.executed)
                 fresh.carried_progress = unreported.progress()
             self._drives[opened.run_id] = fresh
-            fresh.thread = threading.Thread(target=self._drive, args=(fresh, cwd or self.cwd),
-                                            name=f"akm-drive-{opened.run_id[:8]}", daemon=True)
+            fresh.thread = threading.Thread(
+                target=self._drive, args=(fresh, cwd or self.cwd), name=f"akm-drive-{opened.run_id[:8]}", daemon=True
+            )
             fresh.thread.start()
             return fresh, opened
 
@@ -162,17 +177,25 @@ class Drives:
 
     def _drive(self, drive: Drive, cwd: str) -> None:
         try:
-            result = api.run_workflow(drive.run_id, max_steps=drive.max_steps, cancel=drive.cancel,
-                                      on_progress=drive.on_progress,
-                                      on_warning=lambda w: drive.warnings.append(w.message), cwd=cwd)
+            result = api.run_workflow(
+                drive.run_id,
+                max_steps=drive.max_steps,
+                cancel=drive.cancel,
+                on_progress=drive.on_progress,
+                on_warning=lambda w: drive.warnings.append(w.message),
+                cwd=cwd,
+            )
             if drive.carried:
                 result.executed = drive.carried + result.executed
             drive.result = result
         except AkmError as exc:
             drive.error = exc
         except Exception as exc:  # a bug: the waiting call reports it as INTERNAL, the server keeps serving
-            drive.error = AkmError(f"unexpected {type(exc).__name__} while driving run {drive.run_id}: {exc}",
-                                   code="INTERNAL", exit_status=70)
+            drive.error = AkmError(
+                f"unexpected {type(exc).__name__} while driving run {drive.run_id}: {exc}",
+                code="INTERNAL",
+                exit_status=70,
+            )
         finally:
             drive.finished.set()
 
@@ -206,8 +229,9 @@ def snapshot(drive: Drive, opened: api.OpenedRun) -> RunResult:
     """The answer for a call whose bound came before the driver finished: the run as the journal has it now,
     with `driving` set and the per-step counts so far."""
     view = api.run_status(drive.run_id)
-    return RunResult(run=view, started=opened.started, warnings=list(drive.warnings), driving=drive.alive,
-                     progress=drive.progress())
+    return RunResult(
+        run=view, started=opened.started, warnings=list(drive.warnings), driving=drive.alive, progress=drive.progress()
+    )
 
 
 def final(drive: Drive, opened: api.OpenedRun) -> RunResult:
@@ -222,4 +246,3 @@ def final(drive: Drive, opened: api.OpenedRun) -> RunResult:
     result.driving = False
     drive.delivered = True
     return result
-

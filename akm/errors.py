@@ -105,7 +105,7 @@ class Code(StrEnum):
 CODE_MEANINGS: dict[Code, str] = {
     Code.USAGE: "the command line is malformed (a missing or unknown argument, a bad choice)",
     Code.INVALID_ARGUMENT: "an argument's value is wrong (a type, a range, an unknown or doubly given argument); "
-                           "`details.argument` names it — the same code on both fronts",
+    "`details.argument` names it — the same code on both fronts",
     Code.UNKNOWN_FLAG: "`workflow run` got a `--flag` that is neither a run flag nor a declared param",
     Code.UNKNOWN_TOOL: "an MCP call named a tool akm does not have (the message lists the tools)",
     Code.NOT_UTF8: "an argument, path or payload is not UTF-8 text",
@@ -177,11 +177,16 @@ CODE_MEANINGS: dict[Code, str] = {
 
 def render_errors_md() -> str:
     """spec/errors.md, generated from `Code` (tests/test_vocabulary.py checks the file matches)."""
-    lines = ["# Error codes", "",
-             "Generated from `akm.errors.Code` (`python -m akm.errors > spec/errors.md`); a test keeps them equal.",
-             "Every error prints `error[CODE]: message` (a JSON object with `--format json`; an MCP tool error with",
-             "the code in its text) and exits with the status in spec/engine.md §6.", "",
-             "| code | meaning |", "|---|---|"]
+    lines = [
+        "# Error codes",
+        "",
+        "Generated from `akm.errors.Code` (`python -m akm.errors > spec/errors.md`); a test keeps them equal.",
+        "Every error prints `error[CODE]: message` (a JSON object with `--format json`; an MCP tool error with",
+        "the code in its text) and exits with the status in spec/engine.md §6.",
+        "",
+        "| code | meaning |",
+        "|---|---|",
+    ]
     lines += [f"| `{code.value}` | {CODE_MEANINGS[code]} |" for code in Code]
     return "\n".join(lines) + "\n"
 

@@ -66,30 +66,30 @@ _HINTS = {
     "RUN_NOT_ACTIVE": "Reopen a failed or blocked run with workflow_resume, then workflow_run.",
     "LEASE_HELD": "Another invocation is driving this run; wait for it, then call workflow_next again.",
     "LEASE_LOST": "Another driver took this run over (this one was too slow to renew its lease); call "
-                  "workflow_status to see who drives it now.",
+    "workflow_status to see who drives it now.",
     "WORKFLOW_INVALID": "Call workflow_lint on the file for every problem and its fix.",
     "UNKNOWN_UNIT": "Call workflow_next for the units of the current step.",
     "STEP_MISMATCH": "The run moved on: call workflow_next and report against the new step.",
     "STEP_CLOSED": "Start a new run to change a finished step's output: workflow_run(target=<the workflow file>, "
-                   "params=..., new=true).",
+    "params=..., new=true).",
     "STALE_REPORT": "Call workflow_next: report the current attempt (its attemptId) with the gate's feedback.",
     "REPLAY_DIVERGED": "The journal no longer matches the run's plan: start a new run with workflow_run(target=<the "
-                       "workflow file>, new=true).",
+    "workflow file>, new=true).",
     "BUDGET_EXCEEDED": "The run's budget is spent: start a new run (or raise the workflow's budget) to go on.",
     "RESULT_INVALID": "Correct the result so it matches the unit's outputSchema and report again.",
     "RESULT_REQUIRED": "Report the unit's result (a JSON value matching its outputSchema).",
     "REPORT_CONFLICT": "Pass rerun=true to replace the recorded result.",
     "UNIT_TERMINAL": "Pass rerun=true to do the finished unit again.",
-    "CLAIM_EXPIRED": "Report status=\"running\" to claim the unit again, then report its result.",
+    "CLAIM_EXPIRED": 'Report status="running" to claim the unit again, then report its result.',
     "NOT_AWAITING_VERDICT": "Call workflow_next to see what the run needs now.",
     "RUN_ALREADY_ACTIVE": "Continue that run with workflow_run(target=<its run id>).",
     "RUN_ABANDONED": "The run was abandoned for good: start a new one with workflow_run(target=<the workflow file>).",
     "PARAMS_ON_EXISTING_RUN": "Params are fixed when a run starts: start a new run with workflow_run(target=<the "
-                              "workflow file>, params=..., new=true).",
+    "workflow file>, params=..., new=true).",
     "NEW_RUN_NEEDS_WORKFLOW": "new=true starts a run of a workflow: pass the workflow file or workflows/<name>, "
-                              "not a run id.",
+    "not a run id.",
     "CORRUPT_RUN": "The run's journal rows are damaged: inspect it with workflow_status, or give it up with "
-                   "workflow_abandon.",
+    "workflow_abandon.",
 }
 
 
@@ -108,9 +108,13 @@ def _error_result(exc: AkmError) -> CallToolResult:
 
     # No structuredContent on errors: clients validate it against the tool's outputSchema (the TypeScript SDK
     # does so even for isError results), so the error object travels as a second, JSON text block.
-    return CallToolResult(content=[TextContent(type="text", text=text),
-                                   TextContent(type="text", text=json.dumps(body, ensure_ascii=False))],
-                          is_error=True)
+    return CallToolResult(
+        content=[
+            TextContent(type="text", text=text),
+            TextContent(type="text", text=json.dumps(body, ensure_ascii=False)),
+        ],
+        is_error=True,
+    )
 
 
 def _ok(model: Any) -> CallToolResult:
@@ -123,8 +127,9 @@ def _ok(model: Any) -> CallToolResult:
     else:
         data = model.model_dump(mode="json", by_alias=True)
 
-    return CallToolResult(content=[TextContent(type="text", text=json.dumps(data, ensure_ascii=False))],
-                          structured_content=data)
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(data, ensure_ascii=False))], structured_content=data
+    )
 
 
 def _html_resource(uri: str, text: str) -> Any:
@@ -173,8 +178,12 @@ def _schema_model(cls: type, extra: dict[str, Any] | None = None) -> type[BaseMo
         fields_[name] = (_schema_type(hints[name]), default)
     for name, (kind, default) in (extra or {}).items():
         fields_[name] = (kind, default)
-    model = create_model(cls.__name__ + ("Result" if extra else ""), __doc__=cls.__doc__,
-                         __config__=ConfigDict(alias_generator=to_camel, populate_by_name=True), **fields_)
+    model = create_model(
+        cls.__name__ + ("Result" if extra else ""),
+        __doc__=cls.__doc__,
+        __config__=ConfigDict(alias_generator=to_camel, populate_by_name=True),
+        **fields_,
+    )
     _SCHEMA_MODELS[(cls, tuple(extra or ()))] = model
     return model
 
@@ -209,14 +218,18 @@ def _next_step_for(result: views.RunResult) -> str | None:
     if status == "awaiting_session":
         return _next_for_brief((result.run.awaiting or {}), rid)
     if status == "active" and result.driving:
-        return f"The run is still going in the background (units keep running after this call). Call " \
-               f"workflow_run(target=\"{rid}\") to wait for it again: it attaches and reports what happened " \
-               f"meanwhile. Stop it with workflow_run(target=\"{rid}\", stop=true)."
+        return (
+            f"The run is still going in the background (units keep running after this call). Call "
+            f'workflow_run(target="{rid}") to wait for it again: it attaches and reports what happened '
+            f'meanwhile. Stop it with workflow_run(target="{rid}", stop=true).'
+        )
     if status == "active":
-        return f"Call workflow_run(target=\"{rid}\") to continue."
+        return f'Call workflow_run(target="{rid}") to continue.'
     if status in ("failed", "blocked"):
-        return f"Inspect with workflow_status(run_id=\"{rid}\"); fix the cause, then workflow_resume and " \
-               "workflow_run to retry (completed units are reused)."
+        return (
+            f'Inspect with workflow_status(run_id="{rid}"); fix the cause, then workflow_resume and '
+            "workflow_run to retry (completed units are reused)."
+        )
     return None
 
 
@@ -224,11 +237,17 @@ def _stop_run(drives: drives_mod.Drives, run_id: str) -> dict[str, Any]:
     """`workflow_run(stop=true)`: stop this server's driver of the run; the run stays active and resumable."""
     view = api.run_status(run_id)  # a coded error for an unknown run or a run id that is not one
     stopped = drives.stop(view.run_id)
-    result = views.RunResult(run=api.run_status(view.run_id) if stopped else view, aborted=stopped,
-                             abort_reason="stopped" if stopped else None)
+    result = views.RunResult(
+        run=api.run_status(view.run_id) if stopped else view,
+        aborted=stopped,
+        abort_reason="stopped" if stopped else None,
+    )
     body = result.to_json()
-    body["next"] = (f"Stopped. Continue later with workflow_run(target=\"{view.run_id}\")." if stopped else
-                    "This server has no driver of that run running; nothing was stopped.")
+    body["next"] = (
+        f'Stopped. Continue later with workflow_run(target="{view.run_id}").'
+        if stopped
+        else "This server has no driver of that run running; nothing was stopped."
+    )
     return body
 
 
@@ -291,17 +310,23 @@ class _ProgressReporter:
     def _open(self, step: str) -> None:
         self._close()
         self.step = step
+
+
 def _next_for_brief(brief: dict[str, Any], rid: str) -> str:
     """What to do with a brief the answer already holds (run.awaiting, or a report's brief)."""
     kind = brief.get("kind")
     if kind == "units":
-        return ("Do each unit in run.awaiting.units (prompt, context, outputSchema) and report it with "
-                "unit_report(**unit.report, result=...); the report that finishes the step's units answers with "
-                f"the judge brief if a gate needs a verdict, else call workflow_run(target=\"{rid}\").")
+        return (
+            "Do each unit in run.awaiting.units (prompt, context, outputSchema) and report it with "
+            "unit_report(**unit.report, result=...); the report that finishes the step's units answers with "
+            f'the judge brief if a gate needs a verdict, else call workflow_run(target="{rid}").'
+        )
     if kind == "judge":
-        return ("Judge run.awaiting.judge.artifact against its criteria and report unit_report(**judge.report, "
-                "verdict={\"complete\": bool, \"missing\": [...], \"feedback\": \"...\"}).")
-    return f"Call workflow_next(run_id=\"{rid}\") for what the run needs now."
+        return (
+            "Judge run.awaiting.judge.artifact against its criteria and report unit_report(**judge.report, "
+            'verdict={"complete": bool, "missing": [...], "feedback": "..."}).'
+        )
+    return f'Call workflow_next(run_id="{rid}") for what the run needs now.'
 
 
 def _next_after_report(res: dict[str, Any]) -> str | None:
@@ -311,17 +336,23 @@ def _next_after_report(res: dict[str, Any]) -> str | None:
     if status == "completed":
         return None
     if brief and brief.get("kind") == "judge":
-        return ("The step's units are done: judge brief.judge.artifact against its criteria and report "
-                "unit_report(**brief.judge.report, verdict={\"complete\": bool, \"missing\": [...], "
-                "\"feedback\": \"...\"}).")
+        return (
+            "The step's units are done: judge brief.judge.artifact against its criteria and report "
+            'unit_report(**brief.judge.report, verdict={"complete": bool, "missing": [...], '
+            '"feedback": "..."}).'
+        )
     if brief and brief.get("kind") == "units":
-        return ("The gate sent the step back: redo each unit in brief.units with brief.gateFeedback and report it "
-                "with unit_report(**unit.report, result=...) (it names the new attemptId).")
+        return (
+            "The gate sent the step back: redo each unit in brief.units with brief.gateFeedback and report it "
+            "with unit_report(**unit.report, result=...) (it names the new attemptId)."
+        )
     if status in ("failed", "blocked"):
-        return (f"The run is {status}: inspect it with workflow_status(run_id=\"{rid}\"), fix the cause, then "
-                f"workflow_resume(run_id=\"{rid}\") and workflow_run(target=\"{rid}\").")
+        return (
+            f'The run is {status}: inspect it with workflow_status(run_id="{rid}"), fix the cause, then '
+            f'workflow_resume(run_id="{rid}") and workflow_run(target="{rid}").'
+        )
     if outcome.get("kind") == "completed" or status == "active":
-        return f"Call workflow_run(target=\"{rid}\") to go on: its answer carries the next brief in run.awaiting."
+        return f'Call workflow_run(target="{rid}") to go on: its answer carries the next brief in run.awaiting.'
     if res.get("recorded") == "heartbeat" or res.get("status") == "running":
         return "Report the unit's result with unit_report (status completed) before its claim expires."
     if res.get("remainingUnits"):
@@ -345,9 +376,24 @@ def _bound_s() -> float:
 _TOOL_ARGS: dict[str, tuple[str, tuple[str, ...] | None, dict[str, str] | None]] = {
     "workflow_run": ("RunToolRequest", ("target", "params", "max_steps", "timeout", "cwd", "new", "stop"), None),
     "workflow_next": ("NextRequest", None, None),
-    "unit_report": ("ReportRequest", ("run_id", "unit_id", "status", "result", "verdict", "tokens",
-                                      "failure_reason", "rerun", "expect_step", "attempt_id", "gate_loop",
-                                      "holder"), None),
+    "unit_report": (
+        "ReportRequest",
+        (
+            "run_id",
+            "unit_id",
+            "status",
+            "result",
+            "verdict",
+            "tokens",
+            "failure_reason",
+            "rerun",
+            "expect_step",
+            "attempt_id",
+            "gate_loop",
+            "holder",
+        ),
+        None,
+    ),
     "workflow_status": ("StatusToolRequest", None, None),
     "workflow_list": ("ListRunsRequest", ("active_only", "ref"), {"active": "active_only"}),
     "workflow_lint": ("LintRequest", None, None),
@@ -367,8 +413,9 @@ def _checked_arguments(name: str, arguments: dict[str, Any] | None) -> dict[str,
     if spec is None:
         return arguments or {}
     model, only, renames = spec
-    given = api_models.front_arguments(getattr(api_models, model), dict(arguments or {}), only=only,
-                                       renames=renames, call=name)
+    given = api_models.front_arguments(
+        getattr(api_models, model), dict(arguments or {}), only=only, renames=renames, call=name
+    )
     back = {field: front for front, field in (renames or {}).items()}
     return {back.get(k, k): v for k, v in given.items()}
 
@@ -410,8 +457,11 @@ class _AkmServer(MCPServer):
         tool = tools.get(name) if isinstance(tools, dict) and isinstance(arguments, dict) else None
         problems = _uncoerced(arguments, getattr(tool, "parameters", None)) if tool is not None else []
         if problems:
-            return _error_result(AkmError(f"Invalid arguments for {name}: {'; '.join(problems)}.",
-                                          code="INVALID_ARGUMENT", exit_status=2))
+            return _error_result(
+                AkmError(
+                    f"Invalid arguments for {name}: {'; '.join(problems)}.", code="INVALID_ARGUMENT", exit_status=2
+                )
+            )
         try:
             arguments = _checked_arguments(name, arguments)
         except AkmError as exc:
@@ -421,24 +471,43 @@ class _AkmServer(MCPServer):
         except ToolError as exc:
             cause = exc.__cause__
             if isinstance(cause, ValidationError):
-                problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
-                                     for e in cause.errors())
-                return _error_result(AkmError(f"Invalid arguments for {name}: {problems}.", code="INVALID_ARGUMENT",
-                                              exit_status=2))
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in cause.errors()
+                )
+                return _error_result(
+                    AkmError(f"Invalid arguments for {name}: {problems}.", code="INVALID_ARGUMENT", exit_status=2)
+                )
             if str(exc).startswith("Unknown tool"):
-                return _error_result(AkmError(f"{exc}. Tools: {', '.join(sorted(self._tool_manager._tools))}.",
-                                              code="UNKNOWN_TOOL", exit_status=2))
+                return _error_result(
+                    AkmError(
+                        f"{exc}. Tools: {', '.join(sorted(self._tool_manager._tools))}.",
+                        code="UNKNOWN_TOOL",
+                        exit_status=2,
+                    )
+                )
             if cause is not None and not isinstance(cause, AkmError):
                 # The last line of defence, as at the CLI: a coded INTERNAL error (the SDK logged the traceback
                 # to stderr), never a bare "Error executing tool".
-                return _error_result(AkmError(f"unexpected {type(cause).__name__}: {cause}", code="INTERNAL",
-                                              exit_status=EXIT_INTERNAL,
-                                              hint="this is a bug in akm; the server's stderr has the traceback."))
+                return _error_result(
+                    AkmError(
+                        f"unexpected {type(cause).__name__}: {cause}",
+                        code="INTERNAL",
+                        exit_status=EXIT_INTERNAL,
+                        hint="this is a bug in akm; the server's stderr has the traceback.",
+                    )
+                )
             raise
 
 
-_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", dict: "object", list: "array",
-               type(None): "null"}
+_JSON_TYPES = {
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    dict: "object",
+    list: "array",
+    type(None): "null",
+}
 
 
 def _uncoerced(arguments: dict[str, Any], schema: Any) -> list[str]:
@@ -451,17 +520,24 @@ def _uncoerced(arguments: dict[str, Any], schema: Any) -> list[str]:
         prop = props.get(key)
         if not isinstance(prop, dict):
             continue
-        allowed = {t for t in ([prop.get("type")] + [a.get("type") for a in prop.get("anyOf", [])
-                                                     if isinstance(a, dict)]) if isinstance(t, str)}
+        allowed = {
+            t
+            for t in ([prop.get("type")] + [a.get("type") for a in prop.get("anyOf", []) if isinstance(a, dict)])
+            if isinstance(t, str)
+        }
         if not allowed or not allowed <= {"integer", "number", "boolean", "null"}:
             continue  # strings, objects, arrays and untyped values are taken as they come
         got = _JSON_TYPES.get(type(value), "a value")
-        fits = got in allowed or (got == "integer" and "number" in allowed) or \
-            (got == "number" and "integer" in allowed and float(value).is_integer())
+        fits = (
+            got in allowed
+            or (got == "integer" and "number" in allowed)
+            or (got == "number" and "integer" in allowed and float(value).is_integer())
+        )
         if not fits:
             shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "…"
-            problems.append(f"{key}: expected {' or '.join(sorted(allowed))}, got {got} {shown} (no conversion "
-                            "from other types)")
+            problems.append(
+                f"{key}: expected {' or '.join(sorted(allowed))}, got {got} {shown} (no conversion from other types)"
+            )
     return problems
 
 
@@ -473,25 +549,50 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
     drives = server.drives = drives_mod.Drives(cwd=base_cwd)
 
     def _read_only(title: str) -> ToolAnnotations:
-        return ToolAnnotations(title=title, read_only_hint=True, destructive_hint=False, idempotent_hint=True,
-                               open_world_hint=False)
+        return ToolAnnotations(
+            title=title, read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+        )
 
-    @server.tool(annotations=ToolAnnotations(title="Run a workflow", read_only_hint=False, destructive_hint=False,
-                                             idempotent_hint=False, open_world_hint=True))
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="Run a workflow",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=True,
+        )
+    )
     async def workflow_run(
-        target: Annotated[str, Field(description="A workflow file path, a workflows/<name> ref, or a run id to continue")],
+        target: Annotated[
+            str, Field(description="A workflow file path, a workflows/<name> ref, or a run id to continue")
+        ],
         ctx: Context,
         params: Annotated[dict[str, Any], Field(description="Run params (only when starting a run)")] = {},  # noqa: B006
-        max_steps: Annotated[int | str | None, Field(description="Finish at most this many steps now (0: start "
-                                                                 "the run, drive nothing); only when this call "
-                                                                 "starts the run's driver")] = None,
-        timeout: Annotated[int | str | None, Field(description="How long this call waits for the run, like 30s or "
-                                                               "5m (or ms; default: the server's bound, 45 s); the "
-                                                               "run keeps going in the background either way")] = None,
+        max_steps: Annotated[
+            int | str | None,
+            Field(
+                description="Finish at most this many steps now (0: start "
+                "the run, drive nothing); only when this call "
+                "starts the run's driver"
+            ),
+        ] = None,
+        timeout: Annotated[
+            int | str | None,
+            Field(
+                description="How long this call waits for the run, like 30s or "
+                "5m (or ms; default: the server's bound, 45 s); the "
+                "run keeps going in the background either way"
+            ),
+        ] = None,
         cwd: Annotated[str | None, Field(description="Project directory (default: the server's)")] = None,
         new: Annotated[bool, Field(description="Start a new run even if one with the same params is active")] = False,
-        stop: Annotated[bool, Field(description="Stop this server's background driver of the run (target: its run "
-                                                "id); running units are stopped, the run stays resumable")] = False,
+        stop: Annotated[
+            bool,
+            Field(
+                description="Stop this server's background driver of the run (target: its run "
+                "id); running units are stopped, the run stays resumable"
+            ),
+        ] = False,
     ) -> Annotated[CallToolResult, McpRunResult]:
         """Start or continue a workflow run. akm drives it in the background (command units run in this server's
         process); the call waits up to its bound and returns when the run completes, fails, or needs you (status
@@ -504,8 +605,11 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         if stop:
             return await _call(_stop_run, drives, target)
         try:
-            drive, opened = await anyio.to_thread.run_sync(lambda: drives.start_or_attach(
-                target, params=params or None, new=new, max_steps=max_steps, cwd=cwd or base_cwd))
+            drive, opened = await anyio.to_thread.run_sync(
+                lambda: drives.start_or_attach(
+                    target, params=params or None, new=new, max_steps=max_steps, cwd=cwd or base_cwd
+                )
+            )
         except AkmError as exc:
             return _error_result(exc)
         listener = drive.listen()
@@ -539,34 +643,62 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         camelCase: runId -> run_id, unitId -> unit_id, expectStep -> expect_step, status, rerun."""
         return await _call(api.next_brief, run_id, unit_id=unit_id)
 
-    @server.tool(annotations=ToolAnnotations(title="Report a unit", read_only_hint=False, destructive_hint=False,
-                                             idempotent_hint=True, open_world_hint=False))
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="Report a unit",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=False,
+        )
+    )
     async def unit_report(
         run_id: Annotated[str, Field(description="The run id")],
         unit_id: Annotated[str, Field(description="The unitId from workflow_next (or STEP.gate:lN for a verdict)")],
-        status: Annotated[Literal["completed", "failed", "running"],
-                          Field(description="completed | failed | running (claims the unit)")] = "completed",
-        result: Annotated[Any, Field(description="The unit's result: a JSON value matching its outputSchema, "
-                                                 "or text")] = None,
-        verdict: Annotated[dict[str, Any] | None, Field(description='A gate verdict {"complete": bool, "missing": '
-                                                                    '[str], "feedback": str}')] = None,
-        tokens: Annotated[int | None, Field(ge=0, le=MAX_REPORT_TOKENS,
-                                             description="Tokens spent (counted against the budget)")] = None,
+        status: Annotated[
+            Literal["completed", "failed", "running"],
+            Field(description="completed | failed | running (claims the unit)"),
+        ] = "completed",
+        result: Annotated[
+            Any, Field(description="The unit's result: a JSON value matching its outputSchema, or text")
+        ] = None,
+        verdict: Annotated[
+            dict[str, Any] | None,
+            Field(description='A gate verdict {"complete": bool, "missing": [str], "feedback": str}'),
+        ] = None,
+        tokens: Annotated[
+            int | None, Field(ge=0, le=MAX_REPORT_TOKENS, description="Tokens spent (counted against the budget)")
+        ] = None,
         failure_reason: Annotated[str | None, Field(description="Why the unit failed (e.g. timeout)")] = None,
         rerun: Annotated[bool, Field(description="Replace a result already recorded")] = False,
         expect_step: Annotated[str | None, Field(description="Refuse unless the run is still on this step")] = None,
-        holder: Annotated[str | None, Field(description="Claim holder (default: this server); give parallel "
-                                                        "sub-agents their own")] = None,
+        holder: Annotated[
+            str | None, Field(description="Claim holder (default: this server); give parallel sub-agents their own")
+        ] = None,
         attempt_id: Annotated[str | None, Field(description="The brief's attemptId")] = None,
         gate_loop: Annotated[int | None, Field(description="The brief's gateLoop")] = None,
     ) -> Annotated[CallToolResult, McpReportResult]:
         """Record a unit you did (or a gate verdict). When it completes the step's work the step finishes; then
         call workflow_run to continue the run. A refused report changes nothing."""
-        return await _call_then(_with_next_after_report, api.report_unit, run_id, unit_id, status=status,
-                                result=result, has_result=result is not None, verdict=verdict,
-                                has_verdict=verdict is not None, tokens=tokens, failure_reason=failure_reason,
-                                expect_step=expect_step, rerun=rerun, attempt_id=attempt_id, gate_loop=gate_loop,
-                                holder=holder or holder_default, cwd=base_cwd)
+        return await _call_then(
+            _with_next_after_report,
+            api.report_unit,
+            run_id,
+            unit_id,
+            status=status,
+            result=result,
+            has_result=result is not None,
+            verdict=verdict,
+            has_verdict=verdict is not None,
+            tokens=tokens,
+            failure_reason=failure_reason,
+            expect_step=expect_step,
+            rerun=rerun,
+            attempt_id=attempt_id,
+            gate_loop=gate_loop,
+            holder=holder or holder_default,
+            cwd=base_cwd,
+        )
 
     holder_default = holder
 
@@ -575,8 +707,12 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         run_id: Annotated[str, Field(description="The run id")],
         units: Annotated[bool, Field(description="Include every journaled unit attempt")] = False,
         step: Annotated[str | None, Field(description="Only this step, its output whole")] = None,
-        format: Annotated[Literal["json", "html"], Field(  # noqa: A002 (the CLI's flag name)
-            description="html: also a self-contained HTML report of the run (a text/html resource)")] = "json",
+        format: Annotated[
+            Literal["json", "html"],
+            Field(  # noqa: A002 (the CLI's flag name)
+                description="html: also a self-contained HTML report of the run (a text/html resource)"
+            ),
+        ] = "json",
     ) -> Annotated[CallToolResult, RunViewModel]:
         """Where a run stands: steps, their outputs (large ones clipped: pass step for one whole), and (with
         units) every unit attempt; format html adds a self-contained HTML report."""
@@ -605,17 +741,33 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         resolved = [p if os.path.isabs(p) else str(Path(base_cwd) / p) for p in paths]
         return await _call(api.lint, resolved)
 
-    @server.tool(annotations=ToolAnnotations(title="Resume a run", read_only_hint=False, destructive_hint=False,
-                                             idempotent_hint=True, open_world_hint=False))
-    async def workflow_resume(run_id: Annotated[str, Field(description="The run id")]) -> Annotated[CallToolResult,
-                                                                                                    RunViewModel]:
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="Resume a run",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=False,
+        )
+    )
+    async def workflow_resume(
+        run_id: Annotated[str, Field(description="The run id")],
+    ) -> Annotated[CallToolResult, RunViewModel]:
         """Reopen a failed or blocked run (its current step is retried on the next workflow_run)."""
         return await _call(api.resume, run_id)
 
-    @server.tool(annotations=ToolAnnotations(title="Abandon a run", read_only_hint=False, destructive_hint=True,
-                                             idempotent_hint=False, open_world_hint=False))
-    async def workflow_abandon(run_id: Annotated[str, Field(description="The run id")]) -> Annotated[CallToolResult,
-                                                                                                     RunViewModel]:
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="Abandon a run",
+            read_only_hint=False,
+            destructive_hint=True,
+            idempotent_hint=False,
+            open_world_hint=False,
+        )
+    )
+    async def workflow_abandon(
+        run_id: Annotated[str, Field(description="The run id")],
+    ) -> Annotated[CallToolResult, RunViewModel]:
         """Give up on a run for good."""
         return await _call(api.abandon, run_id)
 
@@ -637,35 +789,66 @@ def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPSer
         """Journal events, cursor-paged: pass nextOffset back as since=@offset:N."""
         return await _call(api.events, run_id=run_id, since=since, limit=limit)
 
-    @server.tool(annotations=ToolAnnotations(title="Set up engines", read_only_hint=False, destructive_hint=False,
-                                             idempotent_hint=True, open_world_hint=True))
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="Set up engines",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=True,
+        )
+    )
     async def setup(
-        yes: Annotated[bool, Field(description="Detect local model servers and agent CLIs, verify them, and write "
-                                               "an llm and an agent engine where no default is set")] = False,
-        config: Annotated[dict[str, Any] | None, Field(
-            description="Config to deep-merge (engines, defaults, workflow, modelAliases); API keys only as "
-                        "${ENV_NAME} references, never values")] = None,
-        probe: Annotated[bool, Field(description="Also probe the default LLM engine for json_schema support and "
-                                                 "record supportsJsonSchema")] = False,
-        project: Annotated[bool, Field(description="Write the project file (.akm/config.json) instead of the "
-                                                   "user file")] = False,
+        yes: Annotated[
+            bool,
+            Field(
+                description="Detect local model servers and agent CLIs, verify them, and write "
+                "an llm and an agent engine where no default is set"
+            ),
+        ] = False,
+        config: Annotated[
+            dict[str, Any] | None,
+            Field(
+                description="Config to deep-merge (engines, defaults, workflow, modelAliases); API keys only as "
+                "${ENV_NAME} references, never values"
+            ),
+        ] = None,
+        probe: Annotated[
+            bool,
+            Field(
+                description="Also probe the default LLM engine for json_schema support and record supportsJsonSchema"
+            ),
+        ] = False,
+        project: Annotated[
+            bool, Field(description="Write the project file (.akm/config.json) instead of the user file")
+        ] = False,
     ) -> Annotated[CallToolResult, api.SetupResult]:
         """Set up engines for akm on this machine: what was found, what was written, what can run now.
         Never asks anything. With no arguments it is a preview: it detects and verifies, writes nothing."""
         dry_run = not yes and config is None and not probe
-        return await _call(api.setup, yes=yes, config=config, probe=probe, project=project, cwd=base_cwd,
-                           dry_run=dry_run)
+        return await _call(
+            api.setup, yes=yes, config=config, probe=probe, project=project, cwd=base_cwd, dry_run=dry_run
+        )
 
-    @server.resource("akm://runs", name="runs", title="Runs of this project",
-                     description="This project's runs, newest first (as workflow_list).", mime_type="application/json")
+    @server.resource(
+        "akm://runs",
+        name="runs",
+        title="Runs of this project",
+        description="This project's runs, newest first (as workflow_list).",
+        mime_type="application/json",
+    )
     def runs_resource() -> str:
         import json
 
         return json.dumps(api.list_runs(cwd=base_cwd).to_json(), ensure_ascii=False)
 
-    @server.resource("akm://runs/{run_id}", name="run", title="A run",
-                     description="Where a run stands (as workflow_status; large outputs clipped).",
-                     mime_type="application/json")
+    @server.resource(
+        "akm://runs/{run_id}",
+        name="run",
+        title="A run",
+        description="Where a run stands (as workflow_status; large outputs clipped).",
+        mime_type="application/json",
+    )
     def run_resource(run_id: str) -> str:
         import json
 

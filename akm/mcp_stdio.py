@@ -20,7 +20,6 @@ written at once and then EOF answered only the first. This module keeps the SDK'
 from __future__ import annotations
 
 import json
-import os
 import re
 import select
 from typing import Any, BinaryIO, Callable
@@ -63,8 +62,11 @@ def read_line(stream: BinaryIO) -> bytes | Oversized | None:
 
 
 def _error(rid: Any, code: int, message: str, data: Any = None) -> types.JSONRPCError:
-    error = types.ErrorData(code=code, message=message, data=data) if data is not None else \
-        types.ErrorData(code=code, message=message)
+    error = (
+        types.ErrorData(code=code, message=message, data=data)
+        if data is not None
+        else types.ErrorData(code=code, message=message)
+    )
     return types.JSONRPCError(jsonrpc="2.0", id=rid, error=error)
 
 
@@ -75,12 +77,20 @@ def _valid_id(rid: Any) -> bool:
 def _kind(value: Any) -> str:
     if value is None:
         return "null"
-    return {bool: "a boolean", float: "a number with a fraction or an exponent", dict: "an object", list: "an array",
-            int: "an integer", str: "a string"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        float: "a number with a fraction or an exponent",
+        dict: "an object",
+        list: "an array",
+        int: "an integer",
+        str: "a string",
+    }.get(type(value), type(value).__name__)
 
 
-_PAIR = re.compile(r'\s*"((?:[^"\\]|\\.)*)"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null)'
-                   r"\s*,")
+_PAIR = re.compile(
+    r'\s*"((?:[^"\\]|\\.)*)"\s*:\s*("(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null)'
+    r"\s*,"
+)
 
 
 def leading_id(head: str) -> Any:
@@ -103,10 +113,13 @@ def classify(raw: bytes | Oversized) -> types.JSONRPCMessage | types.JSONRPCErro
     cannot be read: JSON-RPC answers neither)."""
     if isinstance(raw, Oversized):
         rid = leading_id(raw.head.decode("utf-8", errors="replace"))
-        return _error(rid, types.INVALID_REQUEST,
-                      f"Invalid request: the message is {raw.size} bytes, more than the {MAX_LINE_BYTES} bytes "
-                      "(16 MiB) a line may hold; it was not read. Write a large result to a file and send its path.",
-                      {"bytes": raw.size, "maxBytes": MAX_LINE_BYTES})
+        return _error(
+            rid,
+            types.INVALID_REQUEST,
+            f"Invalid request: the message is {raw.size} bytes, more than the {MAX_LINE_BYTES} bytes "
+            "(16 MiB) a line may hold; it was not read. Write a large result to a file and send its path.",
+            {"bytes": raw.size, "maxBytes": MAX_LINE_BYTES},
+        )
     text = raw.decode("utf-8", errors="replace")  # as the SDK reads stdin
     try:
         message = types.jsonrpc_message_adapter.validate_json(text, by_name=False)
@@ -120,8 +133,11 @@ def _checked(message: Any, text: str) -> Any:
     if isinstance(message, types.JSONRPCNotification) and '"id"' in text:
         obj = _loads(text)
         if isinstance(obj, dict) and "id" in obj:
-            return _error(None, types.INVALID_REQUEST,
-                          f"Invalid request: the id must be a string or an integer, not {_kind(obj['id'])}.")
+            return _error(
+                None,
+                types.INVALID_REQUEST,
+                f"Invalid request: the id must be a string or an integer, not {_kind(obj['id'])}.",
+            )
     return message
 
 
@@ -138,9 +154,12 @@ def _unreadable(text: str, exc: ValidationError) -> types.JSONRPCError | types.J
         try:
             obj = json.loads(text)
         except RecursionError:
-            return _error(leading_id(text[:_HEAD_BYTES]), types.PARSE_ERROR,
-                          "Parse error: the message nests too deeply to read (a value, such as a unit_report "
-                          "result, may nest at most 200 levels).")
+            return _error(
+                leading_id(text[:_HEAD_BYTES]),
+                types.PARSE_ERROR,
+                "Parse error: the message nests too deeply to read (a value, such as a unit_report "
+                "result, may nest at most 200 levels).",
+            )
         except ValueError:
             return _error(None, types.PARSE_ERROR, f"Parse error: {first.get('msg')}")
         if "recursion limit" in str(first.get("msg")):
@@ -151,23 +170,33 @@ def _unreadable(text: str, exc: ValidationError) -> types.JSONRPCError | types.J
             except ValidationError as again:
                 return _invalid(obj, again)
         rid = obj.get("id") if isinstance(obj, dict) else None
-        return _error(rid if _valid_id(rid) else None, types.PARSE_ERROR,
-                      f"Parse error: the request is not Unicode text ({first.get('msg')}); send every string as "
-                      "valid UTF-8 (no lone surrogates).")
+        return _error(
+            rid if _valid_id(rid) else None,
+            types.PARSE_ERROR,
+            f"Parse error: the request is not Unicode text ({first.get('msg')}); send every string as "
+            "valid UTF-8 (no lone surrogates).",
+        )
     return _invalid(_loads(text), exc)
 
 
 def _invalid(obj: Any, exc: ValidationError) -> types.JSONRPCError | None:
     """JSON that is no JSON-RPC message: -32600, unless it is a notification or a response."""
     if isinstance(obj, list):
-        return _error(None, types.INVALID_REQUEST, "Invalid request: a batch (a JSON array) is not supported; "
-                                                   "send one JSON-RPC object per line.")
+        return _error(
+            None,
+            types.INVALID_REQUEST,
+            "Invalid request: a batch (a JSON array) is not supported; send one JSON-RPC object per line.",
+        )
     if not isinstance(obj, dict):
-        return _error(None, types.INVALID_REQUEST,
-                      f"Invalid request: a JSON-RPC message is an object, not {_kind(obj)}.")
+        return _error(
+            None, types.INVALID_REQUEST, f"Invalid request: a JSON-RPC message is an object, not {_kind(obj)}."
+        )
     if "id" in obj and not _valid_id(obj["id"]):
-        return _error(None, types.INVALID_REQUEST,
-                      f"Invalid request: the id must be a string or an integer, not {_kind(obj['id'])}.")
+        return _error(
+            None,
+            types.INVALID_REQUEST,
+            f"Invalid request: the id must be a string or an integer, not {_kind(obj['id'])}.",
+        )
     if "method" not in obj and ("result" in obj or "error" in obj):
         return None  # a malformed response of the client's: nothing to answer
     if "id" not in obj and "method" in obj:
@@ -219,9 +248,15 @@ async def serve(low: Any, init_options: Any, on_eof: Callable[[], None] | None =
     return True
 
 
-async def _serve(low: Any, init_options: Any, stdin: BinaryIO, stdout: BinaryIO,
-                 create_context_streams: Callable[..., Any], SessionMessage: Any,
-                 on_eof: Callable[[], None] | None = None) -> None:
+async def _serve(
+    low: Any,
+    init_options: Any,
+    stdin: BinaryIO,
+    stdout: BinaryIO,
+    create_context_streams: Callable[..., Any],
+    SessionMessage: Any,
+    on_eof: Callable[[], None] | None = None,
+) -> None:
     read_send, read_receive = create_context_streams(0)
     write_send, write_receive = create_context_streams(0)
     in_flight: set[tuple[str, Any]] = set()

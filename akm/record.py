@@ -15,7 +15,7 @@ defines its own. Anything else (`slots=`, `order=`, `init=False`, ...) is handed
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, dataclass_transform
 
 __all__ = ["dataclass", "field", "FrozenInstanceError"]
 
@@ -89,27 +89,34 @@ def _build(cls: type, frozen: bool, kw_only: bool) -> type:
 
         def __repr__(self: Any) -> str:
             return f"{type(self).__qualname__}({', '.join(f'{n}={getattr(self, n)!r}' for n in shown)})"
+
         cls.__repr__ = __repr__  # type: ignore[method-assign]
     explicit_hash = "__hash__" in own and not (own["__hash__"] is None and "__eq__" in own)
     if "__eq__" not in own:
+
         def __eq__(self: Any, other: Any) -> Any:
             if other.__class__ is not self.__class__:
                 return NotImplemented
             return all(getattr(self, n) == getattr(other, n) for n in names)
+
         cls.__eq__ = __eq__  # type: ignore[method-assign]
     if not explicit_hash:
         if frozen:
+
             def __hash__(self: Any) -> int:
                 return hash(tuple(getattr(self, n) for n in names))
+
             cls.__hash__ = __hash__  # type: ignore[method-assign]
         else:
             cls.__hash__ = None  # type: ignore[assignment]  # mutable and compared by value: unhashable
     if frozen:
+
         def __setattr__(self: Any, name: str, value: Any) -> None:
             raise FrozenInstanceError(f"cannot assign to field {name!r}")
 
         def __delattr__(self: Any, name: str) -> None:
             raise FrozenInstanceError(f"cannot delete field {name!r}")
+
         cls.__setattr__ = __setattr__  # type: ignore[method-assign]
         cls.__delattr__ = __delattr__  # type: ignore[method-assign]
     return cls
@@ -143,12 +150,16 @@ def _make_init(cls: type, fields: dict[str, _Field], frozen: bool) -> Callable[.
     return init
 
 
+@dataclass_transform(field_specifiers=(field,))
 def dataclass(cls: type | None = None, /, *, frozen: bool = False, kw_only: bool = False, **other: Any) -> Any:
     if other:
         import dataclasses
 
-        return dataclasses.dataclass(cls, frozen=frozen, kw_only=kw_only, **other) if cls is not None else \
-            dataclasses.dataclass(frozen=frozen, kw_only=kw_only, **other)
+        return (
+            dataclasses.dataclass(cls, frozen=frozen, kw_only=kw_only, **other)
+            if cls is not None
+            else dataclasses.dataclass(frozen=frozen, kw_only=kw_only, **other)
+        )
     if cls is None:
         return lambda klass: _build(klass, frozen, kw_only)
     return _build(cls, frozen, kw_only)

@@ -46,7 +46,7 @@ def require_utf8(text: str, what: str) -> str:
         f"{what} is not valid UTF-8 text ({_describe_bad_char(text, index)}): {shown(text)}",
         code=NOT_UTF8,
         hint="akm records names, paths and values as UTF-8 text; rename the file or directory, "
-             "or pass the value in UTF-8.",
+        "or pass the value in UTF-8.",
     )
 
 

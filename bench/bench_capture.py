@@ -45,8 +45,10 @@ steps:
 Write a lot.
 """
 
-BIG = ("import sys\nchunk = b'x' * 65536\nfor _ in range({blocks}):\n"
-       "    sys.stdout.buffer.write(chunk)\n    sys.stderr.buffer.write(chunk)\n")
+BIG = (
+    "import sys\nchunk = b'x' * 65536\nfor _ in range({blocks}):\n"
+    "    sys.stdout.buffer.write(chunk)\n    sys.stderr.buffer.write(chunk)\n"
+)
 SMALL = "print('small')"
 
 
@@ -75,9 +77,26 @@ def measure(width: int, code: str, root: Path) -> tuple[float, int, str]:
         )
         xs = json.dumps([f"item-{i}" for i in range(width)])
         proc = subprocess.run(
-            [sys.executable, "-c", probe, sys.executable, "-c", engine, "workflow", "run", "w.md", "--xs", xs,
-             "--format", "json"],
-            cwd=project, env=env, capture_output=True, text=True, timeout=600,
+            [
+                sys.executable,
+                "-c",
+                probe,
+                sys.executable,
+                "-c",
+                engine,
+                "workflow",
+                "run",
+                "w.md",
+                "--xs",
+                xs,
+                "--format",
+                "json",
+            ],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         rss_line, _, out = proc.stdout.partition("\n")
         status = json.loads(out)["run"]["status"] if out.strip() else f"error: {proc.stderr[-300:]}"
@@ -94,13 +113,18 @@ def main() -> None:
     small_rss, small_journal, small_status = measure(args.width, SMALL, args.akm_root)
     big_rss, big_journal, big_status = measure(args.width, BIG.format(blocks=args.mb * 16), args.akm_root)
     print(f"{args.width} units at once, each writing {args.mb} MiB to stdout and {args.mb} MiB to stderr")
-    print(f"baseline (one line each): peak RSS {small_rss:7.1f} MiB, journal {small_journal / 2**20:7.2f} MiB "
-          f"[{small_status}]")
-    print(f"big outputs:              peak RSS {big_rss:7.1f} MiB, journal {big_journal / 2**20:7.2f} MiB "
-          f"[{big_status}]")
-    print(f"ratio big/baseline:       RSS {big_rss / small_rss:.2f}x, journal {big_journal / small_journal:.1f}x; "
-          f"added: {big_rss - small_rss:.1f} MiB RSS, {(big_journal - small_journal) / 2**20:.2f} MiB journal "
-          f"({(big_journal - small_journal) / args.width / 2**20:.2f} MiB per unit)")
+    print(
+        f"baseline (one line each): peak RSS {small_rss:7.1f} MiB, journal {small_journal / 2**20:7.2f} MiB "
+        f"[{small_status}]"
+    )
+    print(
+        f"big outputs:              peak RSS {big_rss:7.1f} MiB, journal {big_journal / 2**20:7.2f} MiB [{big_status}]"
+    )
+    print(
+        f"ratio big/baseline:       RSS {big_rss / small_rss:.2f}x, journal {big_journal / small_journal:.1f}x; "
+        f"added: {big_rss - small_rss:.1f} MiB RSS, {(big_journal - small_journal) / 2**20:.2f} MiB journal "
+        f"({(big_journal - small_journal) / args.width / 2**20:.2f} MiB per unit)"
+    )
 
 
 if __name__ == "__main__":

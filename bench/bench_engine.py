@@ -71,8 +71,14 @@ def measure(fn: Callable[[], object]) -> Sample:
 
 def baseline(n: int, width: int) -> None:
     def spawn(_: int) -> None:
-        subprocess.run(["true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                       start_new_session=True, check=True)
+        subprocess.run(
+            ["true"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            check=True,
+        )
 
     with ThreadPoolExecutor(max_workers=width) as pool:
         list(pool.map(spawn, range(n)))
@@ -109,13 +115,21 @@ def fan_out(units: int, rounds: int, work: Path, width: int = 2) -> dict[str, fl
     print(f"fan-out of {units} x `true` at width {width}, {rounds} interleaved rounds:")
     eng_wall, bare_wall = walls[ratios.index(sorted(ratios)[len(ratios) // 2])]
     goal = 1.2 if width <= 2 else 1.3
-    print(f"  wall: engine / bare {width}-thread pool, median {med(ratios):.2f} "
-          f"(range {min(ratios):.2f}-{max(ratios):.2f}; goal <= {goal}; median round {eng_wall:.2f} s / {bare_wall:.2f} s)")
-    print(f"  CPU per unit (whole process, all threads): engine {med(eng_cpu):.3f} ms, bare pool "
-          f"{med(bare_cpu):.3f} ms; engine's own {med(over):.3f} ms per unit "
-          f"(range {min(over):.3f}-{max(over):.3f}; goal <= 0.3)")
-    return {f"fanoutRatioW{width}": round(med(ratios), 3), f"engineCpuMsPerUnitW{width}": round(med(eng_cpu), 3),
-            f"bareCpuMsPerUnitW{width}": round(med(bare_cpu), 3), f"overheadCpuMsPerUnitW{width}": round(med(over), 3)}
+    print(
+        f"  wall: engine / bare {width}-thread pool, median {med(ratios):.2f} "
+        f"(range {min(ratios):.2f}-{max(ratios):.2f}; goal <= {goal}; median round {eng_wall:.2f} s / {bare_wall:.2f} s)"
+    )
+    print(
+        f"  CPU per unit (whole process, all threads): engine {med(eng_cpu):.3f} ms, bare pool "
+        f"{med(bare_cpu):.3f} ms; engine's own {med(over):.3f} ms per unit "
+        f"(range {min(over):.3f}-{max(over):.3f}; goal <= 0.3)"
+    )
+    return {
+        f"fanoutRatioW{width}": round(med(ratios), 3),
+        f"engineCpuMsPerUnitW{width}": round(med(eng_cpu), 3),
+        f"bareCpuMsPerUnitW{width}": round(med(bare_cpu), 3),
+        f"overheadCpuMsPerUnitW{width}": round(med(over), 3),
+    }
 
 
 def reruns(n: int, work: Path) -> dict[str, float]:
@@ -138,8 +152,10 @@ def reruns(n: int, work: Path) -> dict[str, float]:
     from akm import paths
 
     con = sqlite3.connect(paths.journal_path())
-    con.execute("UPDATE steps SET status='pending', evidence_json=NULL, summary=NULL, completed_at=NULL "
-                "WHERE run_id=?", (run_id,))
+    con.execute(
+        "UPDATE steps SET status='pending', evidence_json=NULL, summary=NULL, completed_at=NULL WHERE run_id=?",
+        (run_id,),
+    )
     con.execute("UPDATE runs SET status='active', current_step_id='fan', completed_at=NULL WHERE id=?", (run_id,))
     con.commit()
     con.close()
@@ -147,8 +163,10 @@ def reruns(n: int, work: Path) -> dict[str, float]:
     res = api.run_workflow(run_id, cwd=str(work))
     redrive = time.perf_counter() - t
     assert res.done and res.executed[0]["unitCount"] == n
-    print(f"re-drive of a {n}-unit step whose units are all journaled: {redrive * 1000:.1f} ms "
-          f"(0 dispatched, {redrive / n * 1e6:.0f} us/unit)")
+    print(
+        f"re-drive of a {n}-unit step whose units are all journaled: {redrive * 1000:.1f} ms "
+        f"(0 dispatched, {redrive / n * 1e6:.0f} us/unit)"
+    )
     return {"rerunCompletedMs": round(rerun * 1000, 1), "redriveJournaledMs": round(redrive * 1000, 1)}
 
 

@@ -57,8 +57,10 @@ def main() -> None:
     finally:
         yaml12._CComposer = saved
 
-    print(f"workflow: {args.steps} steps, {len(text) / 1024:.0f} KiB; "
-          f"{len(report.warnings)} warning entries for {sum(w.count or 1 for w in report.warnings)} warnings")
+    print(
+        f"workflow: {args.steps} steps, {len(text) / 1024:.0f} KiB; "
+        f"{len(report.warnings)} warning entries for {sum(w.count or 1 for w in report.warnings)} warnings"
+    )
     print(f"baseline, pure-Python YAML compose only: {baseline:.2f} s CPU (median of {args.runs})")
     print(f"lint (libyaml path):                     {lint:.2f} s CPU  ratio {lint / baseline:.2f}")
     print(f"lint (pure-Python YAML path):            {slow:.2f} s CPU  ratio {slow / baseline:.2f}")

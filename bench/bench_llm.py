@@ -50,6 +50,7 @@ def bare(url: str, n: int, width: int) -> float:
 
     body = {"model": "plain", "messages": [{"role": "user", "content": "x"}], "temperature": 0.3}
     with httpx.Client(timeout=30) as client:
+
         def one(_: int) -> None:
             r = client.post(url, json=body)
             r.raise_for_status()
@@ -66,12 +67,29 @@ def dispatcher(url: str, n: int, width: int) -> float:
     from akm.dispatch.llm import LlmDispatcher
 
     d = LlmDispatcher()
-    engine = {"name": "bench", "kind": "llm", "endpoint": url, "model": "plain", "concurrency": width,
-              "credential": {"names": [], "required": False}}
+    engine = {
+        "name": "bench",
+        "kind": "llm",
+        "endpoint": url,
+        "model": "plain",
+        "concurrency": width,
+        "credential": {"names": [], "required": False},
+    }
 
     def one(i: int) -> None:
-        req = UnitRequest(run_id="r", step_id="s", unit_id=f"u{i}", attempt_id=f"u{i}", kind="llm", cwd="/",
-                          prompt="x", timeout_ms=30_000, engine_name="bench", engine=engine, parent_env={})
+        req = UnitRequest(
+            run_id="r",
+            step_id="s",
+            unit_id=f"u{i}",
+            attempt_id=f"u{i}",
+            kind="llm",
+            cwd="/",
+            prompt="x",
+            timeout_ms=30_000,
+            engine_name="bench",
+            engine=engine,
+            parent_env={},
+        )
         assert d.dispatch(req, threading.Event(), None).ok
 
     t = time.perf_counter()
@@ -105,10 +123,22 @@ def main() -> None:
             os.environ["AKM_DATA_DIR"] = str(work / "data")
             os.environ["XDG_CONFIG_HOME"] = str(work / "xdg")
             (work / ".akm").mkdir()
-            (work / ".akm" / "config.json").write_text(json.dumps({
-                "engines": {"bench": {"kind": "llm", "endpoint": server.url, "model": "plain",
-                                      "concurrency": args.width}},
-                "defaults": {"llmEngine": "bench"}, "workflow": {"maxConcurrency": args.width}}))
+            (work / ".akm" / "config.json").write_text(
+                json.dumps(
+                    {
+                        "engines": {
+                            "bench": {
+                                "kind": "llm",
+                                "endpoint": server.url,
+                                "model": "plain",
+                                "concurrency": args.width,
+                            }
+                        },
+                        "defaults": {"llmEngine": "bench"},
+                        "workflow": {"maxConcurrency": args.width},
+                    }
+                )
+            )
             bare(server.url, 20, args.width)  # warm up
             dispatcher(server.url, 20, args.width)
             n, w = args.units, args.width
@@ -123,14 +153,18 @@ def main() -> None:
                     d.append(dispatcher(server.url, n, w))
                     b.append(bare(server.url, n, w))
             mb, md, ma = (statistics.median(x) for x in (b, d, a))
-            rd = [x / y for x, y in zip(d, b)]
-            ra = [x / y for x, y in zip(a, b)]
+            rd = [x / y for x, y in zip(d, b, strict=False)]
+            ra = [x / y for x, y in zip(a, b, strict=False)]
             print(f"{n} LLM units at width {w}, median of {args.rounds} rounds (loopback server answering at once)")
             print(f"  bare httpx client   {mb * 1000:8.1f} ms  ({mb / n * 1000:.2f} ms/request)")
-            print(f"  LlmDispatcher       {md * 1000:8.1f} ms  ratio {statistics.median(rd):.2f} "
-                  f"(range {min(rd):.2f}-{max(rd):.2f}; goal <= 1.3)  overhead {(md - mb) / n * 1000:+.2f} ms/unit")
-            print(f"  akm workflow run    {ma * 1000:8.1f} ms  ratio {statistics.median(ra):.2f} "
-                  f"(range {min(ra):.2f}-{max(ra):.2f})  overhead {(ma - mb) / n * 1000:+.2f} ms/unit")
+            print(
+                f"  LlmDispatcher       {md * 1000:8.1f} ms  ratio {statistics.median(rd):.2f} "
+                f"(range {min(rd):.2f}-{max(rd):.2f}; goal <= 1.3)  overhead {(md - mb) / n * 1000:+.2f} ms/unit"
+            )
+            print(
+                f"  akm workflow run    {ma * 1000:8.1f} ms  ratio {statistics.median(ra):.2f} "
+                f"(range {min(ra):.2f}-{max(ra):.2f})  overhead {(ma - mb) / n * 1000:+.2f} ms/unit"
+            )
     finally:
         server.close()
 

@@ -28,13 +28,23 @@ sys.path.insert(0, str(ROOT))
 
 
 def _start_server(cmd: list[str], env: dict[str, str], cwd: str) -> subprocess.Popen:
-    return subprocess.Popen(cmd + ["mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            env=env, cwd=cwd, text=True, bufsize=1)
+    return subprocess.Popen(
+        cmd + ["mcp"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=cwd,
+        text=True,
+        bufsize=1,
+    )
 
 
 def _rpc(proc: subprocess.Popen, rid: int, method: str, params: dict | None = None) -> dict:
     assert proc.stdin and proc.stdout
-    proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, **({"params": params} if params else {})}) + "\n")
+    proc.stdin.write(
+        json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, **({"params": params} if params else {})}) + "\n"
+    )
     proc.stdin.flush()
     while True:
         frame = json.loads(proc.stdout.readline())
@@ -65,8 +75,10 @@ def reports_per_second(units: int, work: Path) -> tuple[float, float]:
     from akm import api
 
     wf = work / "session.md"
-    wf.write_text("---\nparams:\n  xs: { type: array }\nsteps:\n  - id: m\n    map: { over: params.xs }\n---\n"
-                  "## m\n\nDo it.\n", encoding="utf-8")
+    wf.write_text(
+        "---\nparams:\n  xs: { type: array }\nsteps:\n  - id: m\n    map: { over: params.xs }\n---\n## m\n\nDo it.\n",
+        encoding="utf-8",
+    )
     res = api.run_workflow(str(wf), params={"xs": list(range(units))}, cwd=str(work))
     rid = res.run.run_id
     t = time.perf_counter()
@@ -96,11 +108,13 @@ def main() -> None:
             inits.append(time_initialize(cmd, env, tmp))
             bares.append(time_bare(sys.executable))
         init_s, bare_s = statistics.median(inits), statistics.median(bares)
-        print(f"MCP start to initialize answer: {init_s * 1000:.0f} ms; python3 -c pass {bare_s * 1000:.0f} ms; "
-              f"ratio {init_s / bare_s:.1f} (median of {args.rounds})")
+        print(
+            f"MCP start to initialize answer: {init_s * 1000:.0f} ms; python3 -c pass {bare_s * 1000:.0f} ms; "
+            f"ratio {init_s / bare_s:.1f} (median of {args.rounds})"
+        )
 
         wf = Path(tmp) / "one.md"
-        wf.write_text("---\nsteps:\n  - id: a\n    unit: { exec: { command: [\"true\"] } }\n---\n## a\n\nA.\n")
+        wf.write_text('---\nsteps:\n  - id: a\n    unit: { exec: { command: ["true"] } }\n---\n## a\n\nA.\n')
         proc = _start_server(cmd, env, tmp)
         _rpc(proc, 1, "initialize", INIT)
         run = _rpc(proc, 2, "tools/call", {"name": "workflow_run", "arguments": {"target": "one.md"}})
@@ -117,9 +131,17 @@ def main() -> None:
 
         rate, brief_s = reports_per_second(args.units, Path(tmp))
         print(f"{args.units}-unit session step: brief {brief_s * 1000:.0f} ms; {rate:.0f} reports/s through the api")
-        print(json.dumps({"mcpInitRatio": round(init_s / bare_s, 2), "mcpInitMs": round(init_s * 1000),
-                          "statusRoundTripMs": round(status_ms, 1), "reportsPerSecond": round(rate),
-                          "briefMs": round(brief_s * 1000)}))
+        print(
+            json.dumps(
+                {
+                    "mcpInitRatio": round(init_s / bare_s, 2),
+                    "mcpInitMs": round(init_s * 1000),
+                    "statusRoundTripMs": round(status_ms, 1),
+                    "reportsPerSecond": round(rate),
+                    "briefMs": round(brief_s * 1000),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -74,15 +74,33 @@ def main() -> None:
         (work / "fan.md").write_text(WF.format(items=json.dumps(list(range(args.units)))))
         (work / "bare.py").write_text(BARE)
         if args.config:
-            (work / ".akm" / "config.json").write_text(json.dumps({
-                "engines": {"local": {"kind": "llm", "endpoint": "http://127.0.0.1:11434/v1/chat/completions",
-                                      "model": "qwen3"}},
-                "defaults": {"llmEngine": "local"}, "workflow": {"maxConcurrency": 4}}))
+            (work / ".akm" / "config.json").write_text(
+                json.dumps(
+                    {
+                        "engines": {
+                            "local": {
+                                "kind": "llm",
+                                "endpoint": "http://127.0.0.1:11434/v1/chat/completions",
+                                "model": "qwen3",
+                            }
+                        },
+                        "defaults": {"llmEngine": "local"},
+                        "workflow": {"maxConcurrency": 4},
+                    }
+                )
+            )
         # Bytecode caches as a user has them (a PYTHONDONTWRITEBYTECODE shell would recompile every module).
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("AKM_", "SHIV_")) and k != "PYTHONDONTWRITEBYTECODE"}
-        env.update(AKM_DATA_DIR=str(work / "data"), XDG_CONFIG_HOME=str(work / "config"),
-                   PYTHONPATH=str(ROOT), SHIV_ROOT=str(work / "cache"))
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("AKM_", "SHIV_")) and k != "PYTHONDONTWRITEBYTECODE"
+        }
+        env.update(
+            AKM_DATA_DIR=str(work / "data"),
+            XDG_CONFIG_HOME=str(work / "config"),
+            PYTHONPATH=str(ROOT),
+            SHIV_ROOT=str(work / "cache"),
+        )
         bare = [sys.executable, "bare.py", str(args.units)]
         run = [*akm, "workflow", "run", "fan.md"]
         timed(bare, env, work), timed(run, env, work)  # warm: bytecode caches, the journal's schema
@@ -99,12 +117,17 @@ def main() -> None:
     med = statistics.median(ratios)
     a_med = statistics.median(w[0] for w in walls)
     b_med = statistics.median(w[1] for w in walls)
-    print(f"`workflow run` of {args.units} x `true` at width 2 ({'dist/akm' if args.zipapp else 'source'}), "
-          f"{args.rounds} interleaved rounds{', with a config file' if args.config else ''}:")
-    print(f"  wall: akm / bare 2-thread pool process, median {med:.2f} (range {min(ratios):.2f}-{max(ratios):.2f}; "
-          f"goal <= 2; medians {a_med * 1000:.0f} ms / {b_med * 1000:.0f} ms)")
-    print(json.dumps({"runStartRatio": round(med, 3), "akmMs": round(a_med * 1000, 1),
-                      "bareMs": round(b_med * 1000, 1)}))
+    print(
+        f"`workflow run` of {args.units} x `true` at width 2 ({'dist/akm' if args.zipapp else 'source'}), "
+        f"{args.rounds} interleaved rounds{', with a config file' if args.config else ''}:"
+    )
+    print(
+        f"  wall: akm / bare 2-thread pool process, median {med:.2f} (range {min(ratios):.2f}-{max(ratios):.2f}; "
+        f"goal <= 2; medians {a_med * 1000:.0f} ms / {b_med * 1000:.0f} ms)"
+    )
+    print(
+        json.dumps({"runStartRatio": round(med, 3), "akmMs": round(a_med * 1000, 1), "bareMs": round(b_med * 1000, 1)})
+    )
 
 
 if __name__ == "__main__":

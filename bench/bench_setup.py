@@ -67,8 +67,12 @@ def main() -> None:
     base_env.pop("OLLAMA_HOST", None)
 
     def env_for(path: Path, probes: str, cfg: str) -> dict[str, str]:
-        return {**base_env, "PATH": f"{path}{os.pathsep}{os.path.dirname(sys.executable)}",
-                "AKM_SETUP_PROBE_URLS": probes, "AKM_CONFIG_DIR": str(tmp / cfg)}
+        return {
+            **base_env,
+            "PATH": f"{path}{os.pathsep}{os.path.dirname(sys.executable)}",
+            "AKM_SETUP_PROBE_URLS": probes,
+            "AKM_CONFIG_DIR": str(tmp / cfg),
+        }
 
     def series(name: str, path: Path, probes: str, fresh: bool = True) -> float:
         times = []
@@ -78,8 +82,9 @@ def main() -> None:
         return statistics.median(times)
 
     try:
-        version = statistics.median(timed([*akm, "--version"], env_for(empty_bin, closed_port(), "v"), str(tmp))
-                                    for _ in range(args.runs))
+        version = statistics.median(
+            timed([*akm, "--version"], env_for(empty_bin, closed_port(), "v"), str(tmp)) for _ in range(args.runs)
+        )
         nothing = series("nothing", empty_bin, ",".join(closed_port() for _ in range(3)))
         found = series("found", clis_bin, f"{server.base},{closed_port()},{closed_port()}")
         with_silent = series("silent", clis_bin, f"{server.base},{silent.base},{closed_port()}")

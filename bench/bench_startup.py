@@ -64,18 +64,28 @@ def main() -> None:
         (project / "tiny.md").write_text(TINY)
         shutil.copy(ROOT / "examples" / "hello.md", project / "hello.md")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AKM_", "SHIV_"))}
-        env.update(AKM_DATA_DIR=str(tmp_path / "data"), XDG_CONFIG_HOME=str(tmp_path / "config"),
-                   SHIV_ROOT=str(tmp_path / "warm-cache"))
+        env.update(
+            AKM_DATA_DIR=str(tmp_path / "data"),
+            XDG_CONFIG_HOME=str(tmp_path / "config"),
+            SHIV_ROOT=str(tmp_path / "warm-cache"),
+        )
         run_id = ""
         for _ in range(20):
-            out = subprocess.run([*akm, "workflow", "run", "tiny.md", "--format", "json"], env=env, cwd=project,
-                                 capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(
+                [*akm, "workflow", "run", "tiny.md", "--format", "json"],
+                env=env,
+                cwd=project,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             run_id = json.loads(out)["run"]["runId"]
 
         def cold(*argv: str):
             def go() -> float:
                 cold_env = dict(env, SHIV_ROOT=tempfile.mkdtemp(dir=tmp))
                 return timed([*akm, *argv], cold_env, project)
+
             return go
 
         cases = {

@@ -43,15 +43,23 @@ class Akm:
         self.argv0, self.data_dir, self.cwd, self.env = argv0, data_dir, cwd, env
 
     def __call__(self, *args: str, timeout: float = 120, check: int | None = None, **kw) -> subprocess.CompletedProcess:
-        proc = subprocess.run([*self.argv0, *args], cwd=self.cwd, env=self.env, capture_output=True, text=True,
-                              timeout=timeout, **kw)
+        proc = subprocess.run(
+            [*self.argv0, *args], cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=timeout, **kw
+        )
         if check is not None:
             assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
         return proc
 
     def popen(self, *args: str, **kw) -> subprocess.Popen:
-        return subprocess.Popen([*self.argv0, *args], cwd=self.cwd, env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, **kw)
+        return subprocess.Popen(
+            [*self.argv0, *args],
+            cwd=self.cwd,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            **kw,
+        )
 
     def json(self, *args: str, check: int | None = 0, timeout: float = 120) -> dict:
         proc = self(*args, "--format", "json", check=check, timeout=timeout)

@@ -66,8 +66,14 @@ class Silent:
 
 
 class FakeOpenAI:
-    def __init__(self, *, shape: str | None = None, models: list[str] | None = None,
-                 behaviour: dict[str, str] | None = None, require_key: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        shape: str | None = None,
+        models: list[str] | None = None,
+        behaviour: dict[str, str] | None = None,
+        require_key: str | None = None,
+    ) -> None:
         self.shape = shape
         self.models = list(models or [])
         self.behaviour = dict(behaviour or {})
@@ -116,8 +122,9 @@ class FakeOpenAI:
                 except ValueError:
                     body = {"_raw": raw.decode("utf-8", "replace")}
                 with server.lock:
-                    server.requests.append({"path": self.path, "headers": dict(self.headers.items()), "body": body,
-                                            "at": time.monotonic()})
+                    server.requests.append(
+                        {"path": self.path, "headers": dict(self.headers.items()), "body": body, "at": time.monotonic()}
+                    )
                     model = str(body.get("model", ""))
                     n = server.counts[model] = server.counts.get(model, 0) + 1
                 if not self.authorized():
@@ -159,26 +166,42 @@ class FakeOpenAI:
         if path == "/v1/models":
             return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "fake"} for m in self.models]}
         if path == "/api/tags" and self.shape == "ollama":
-            return {"models": [{"name": m if ":" in m else f"{m}:latest", "model": m,
-                                "details": {"family": "nomic-bert" if "embed" in m else "qwen2"}}
-                               for m in self.models]}
+            return {
+                "models": [
+                    {
+                        "name": m if ":" in m else f"{m}:latest",
+                        "model": m,
+                        "details": {"family": "nomic-bert" if "embed" in m else "qwen2"},
+                    }
+                    for m in self.models
+                ]
+            }
         if path == "/api/v0/models" and self.shape == "lmstudio":
-            return {"object": "list", "data": [{"id": m, "object": "model",
-                                                "type": "embeddings" if "embed" in m else "llm",
-                                                "state": "loaded"} for m in self.models]}
+            return {
+                "object": "list",
+                "data": [
+                    {"id": m, "object": "model", "type": "embeddings" if "embed" in m else "llm", "state": "loaded"}
+                    for m in self.models
+                ],
+            }
         return None
 
     def bodies(self, model: str | None = None) -> list[dict[str, Any]]:
         return [r["body"] for r in self.requests if model is None or r["body"].get("model") == model]
 
     @staticmethod
-    def completion(content: str, *, finish: str = "stop", usage: dict[str, int] | None = None,
-                   reasoning: str | None = None) -> dict[str, Any]:
+    def completion(
+        content: str, *, finish: str = "stop", usage: dict[str, int] | None = None, reasoning: str | None = None
+    ) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if reasoning is not None:
             message["reasoning_content"] = reasoning
-        doc: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion", "model": "fake",
-                               "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+        doc: dict[str, Any] = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": "fake",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        }
         if usage is not None:
             doc["usage"] = usage
         return doc
@@ -186,25 +209,36 @@ class FakeOpenAI:
     def answer(self, h: Any, model: str, n: int, body: dict[str, Any]) -> None:  # noqa: C901
         msgs = body.get("messages") or [{}]
         if model == "plain":
-            h.send_json(200, self.completion("hello", usage={"prompt_tokens": 12, "completion_tokens": 5,
-                                                             "total_tokens": 17}))
+            h.send_json(
+                200, self.completion("hello", usage={"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17})
+            )
         elif model == "json":
             h.send_json(200, self.completion('{"ok": true}', usage={"prompt_tokens": 3, "completion_tokens": 4}))
         elif model == "probe-ok":
             h.send_json(200, self.completion('{"ok": true, "ingest": true, "lint": true}'))
         elif model == "probe-fenced":
-            h.send_json(200, self.completion('<think>they want JSON</think>\n```json\n'
-                                             '{"ok": true, "ingest": true, "lint": true}\n```'))
+            h.send_json(
+                200,
+                self.completion(
+                    '<think>they want JSON</think>\n```json\n{"ok": true, "ingest": true, "lint": true}\n```'
+                ),
+            )
         elif model == "verdict-pass":
-            h.send_json(200, self.completion('{"complete": true, "missing": [], "feedback": ""}',
-                                             usage={"prompt_tokens": 50, "completion_tokens": 10}))
+            h.send_json(
+                200,
+                self.completion(
+                    '{"complete": true, "missing": [], "feedback": ""}',
+                    usage={"prompt_tokens": 50, "completion_tokens": 10},
+                ),
+            )
         elif model == "verdict-held":
             self.held.release()
             self.release.wait(120)
             h.send_json(200, self.completion('{"complete": true, "missing": [], "feedback": ""}'))
         elif model == "verdict-reject":
-            h.send_json(200, self.completion('{"complete": false, "missing": ["more detail"], '
-                                             '"feedback": "add more detail"}'))
+            h.send_json(
+                200, self.completion('{"complete": false, "missing": ["more detail"], "feedback": "add more detail"}')
+            )
         elif model == "echo":
             h.send_json(200, self.completion(str(msgs[-1].get("content", ""))))
         elif model == "transcript":
@@ -258,8 +292,9 @@ class FakeOpenAI:
             finally:
                 with self.lock:
                     self.inflight -= 1
-            h.send_json(200, self.completion("ok", usage={"prompt_tokens": 1, "completion_tokens": 1,
-                                                          "total_tokens": 2}))
+            h.send_json(
+                200, self.completion("ok", usage={"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2})
+            )
         elif model == "smart":
             last = str(msgs[-1].get("content", "")) if msgs else ""
             fmt = body.get("response_format") or {}
@@ -267,13 +302,20 @@ class FakeOpenAI:
             if last == "Reply OK":
                 h.send_json(200, self.completion("OK"))
             elif "Return only the JSON verdict" in last:
-                h.send_json(200, self.completion('{"complete": true, "missing": [], "feedback": ""}',
-                                                 usage={"prompt_tokens": 40, "completion_tokens": 9}))
+                h.send_json(
+                    200,
+                    self.completion(
+                        '{"complete": true, "missing": [], "feedback": ""}',
+                        usage={"prompt_tokens": 40, "completion_tokens": 9},
+                    ),
+                )
             elif set(schema.get("properties") or {}) == {"ok", "ingest", "lint"}:
                 h.send_json(200, self.completion('{"ok": true, "ingest": true, "lint": true}'))
             else:
-                h.send_json(200, self.completion("hello", usage={"prompt_tokens": 12, "completion_tokens": 5,
-                                                                 "total_tokens": 17}))
+                h.send_json(
+                    200,
+                    self.completion("hello", usage={"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}),
+                )
         elif model == "drop":
             h.close_connection = True
             try:

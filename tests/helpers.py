@@ -37,12 +37,14 @@ def needs_shared() -> pytest.MarkDecorator:
         return pytest.mark.needs_shared
     return pytest.mark.skip(
         reason=f"needs the shared workflow corpus at {CORPUS} (../shared beside this checkout), which is "
-               "absent here; in CI (CI=1) its absence is a failure instead of a skip")
+        "absent here; in CI (CI=1) its absence is a failure instead of a skip"
+    )
 
 
 def corpus_files(kind: str) -> list[Path]:
     """`current` or `legacy` corpus workflows, sorted (empty when ../shared is absent)."""
     return sorted((CORPUS / kind).glob("*.md"))
+
 
 PY = sys.executable
 
@@ -50,8 +52,10 @@ PY = sys.executable
 def write_wf(dir_: Path, name: str, frontmatter: str, body: str) -> Path:
     """A workflow file: the frontmatter and body dedented, as a user would write them."""
     path = dir_ / name
-    path.write_text("---\n" + textwrap.dedent(frontmatter).strip() + "\n---\n\n" + textwrap.dedent(body).strip() + "\n",
-                    encoding="utf-8")
+    path.write_text(
+        "---\n" + textwrap.dedent(frontmatter).strip() + "\n---\n\n" + textwrap.dedent(body).strip() + "\n",
+        encoding="utf-8",
+    )
     return path
 
 

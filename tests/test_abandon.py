@@ -10,8 +10,7 @@ import pytest
 
 from akm import api, paths
 from akm.errors import UsageError
-from tests.helpers import ROOT
-from tests.helpers import PY, run, write_wf
+from tests.helpers import PY, ROOT, run, write_wf
 
 # A unit that abandons its own run the way another command would. Item 2 (when there is one) sleeps;
 # item 1 first waits until item 2's unit row is journaled, so the abandon lands while 2 is in flight.
@@ -54,7 +53,10 @@ def _journal(sql: str, *args):
 
 
 def _fan(project, tmp_path, items, width, *, wait_for_two):
-    return write_wf(project, "fan.md", f"""
+    return write_wf(
+        project,
+        "fan.md",
+        f"""
         params:
           items: {{ type: array, items: {{ type: integer }}, default: {json.dumps(items)} }}
         steps:
@@ -67,7 +69,9 @@ def _fan(project, tmp_path, items, width, *, wait_for_two):
                   command: {_unit_script(project, tmp_path, wait_for_two=wait_for_two)}
           - id: after
             unit: {{ exec: {{ command: {json.dumps([PY, "-c", "print(2)"])} }} }}
-        """, "## fan\n\nx\n\n## after\n\ny")
+        """,
+        "## fan\n\nx\n\n## after\n\ny",
+    )
 
 
 def test_no_unit_starts_after_abandon_and_the_driver_says_so(project, tmp_path):
@@ -101,19 +105,27 @@ def test_abandon_stops_units_in_flight(project, tmp_path):
 
 
 def test_an_abandoned_run_cannot_be_resumed_or_driven(project, tmp_path):
-    wf = write_wf(project, "two.md", f"""
+    wf = write_wf(
+        project,
+        "two.md",
+        f"""
         steps:
           - id: a
             unit: {{ exec: {{ command: {json.dumps([PY, "-c", "print(1)"])} }} }}
           - id: b
             unit: {{ exec: {{ command: {json.dumps([PY, "-c", "print(2)"])} }} }}
-        """, "## a\n\nx\n\n## b\n\ny")
+        """,
+        "## a\n\nx\n\n## b\n\ny",
+    )
     run_id = run(wf, project, max_steps=1).run.run_id
     view = api.abandon(run_id)
     assert view.status == "abandoned"
     assert [(s.id, s.status) for s in view.steps] == [("a", "completed"), ("b", "failed")]
-    for attempt, code in ((lambda: api.resume(run_id), "RUN_ABANDONED"), (lambda: run(run_id, project), "RUN_ABANDONED"),
-                          (lambda: api.abandon(run_id), "RUN_ALREADY_FINISHED")):
+    for attempt, code in (
+        (lambda: api.resume(run_id), "RUN_ABANDONED"),
+        (lambda: run(run_id, project), "RUN_ABANDONED"),
+        (lambda: api.abandon(run_id), "RUN_ALREADY_FINISHED"),
+    ):
         with pytest.raises(UsageError) as info:
             attempt()
         assert info.value.code == code

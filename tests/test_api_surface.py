@@ -11,22 +11,26 @@ import pytest
 
 from akm import api
 from akm.errors import AkmError, UsageError
-from tests.helpers import ROOT
-from tests.helpers import py, run, write_wf
+from tests.helpers import ROOT, py, run, write_wf
 
 
 def _fan(project):
-    return write_wf(project, "fan.md", f"""
+    return write_wf(
+        project,
+        "fan.md",
+        f"""
         params:
           items: {{ type: array, items: {{ type: integer }}, default: [1, 2, 3] }}
         steps:
           - id: fan
             map:
               over: params.items
-              unit: {{ exec: {{ command: {py('print(1)')} }} }}
+              unit: {{ exec: {{ command: {py("print(1)")} }} }}
           - id: last
-            unit: {{ exec: {{ command: {py('print(2)')} }} }}
-        """, "## fan\n\nx\n\n## last\n\ny")
+            unit: {{ exec: {{ command: {py("print(2)")} }} }}
+        """,
+        "## fan\n\nx\n\n## last\n\ny",
+    )
 
 
 def test_calls_take_request_models_and_publish_their_schemas(project):
@@ -40,13 +44,16 @@ def test_calls_take_request_models_and_publish_their_schemas(project):
     assert {"target", "params", "maxSteps", "timeout", "new", "cwd"} <= set(props)
 
 
-@pytest.mark.parametrize("kwargs, argument, words", [
-    ({"max_steps": "abc"}, "max_steps", "whole number"),
-    ({"max_steps": -1}, "max_steps", "whole number"),
-    ({"timeout": "5 parsecs"}, "timeout", "duration like"),
-    ({"timeout": "99999999999s"}, "timeout", "too long"),
-    ({"timeout": 0}, "timeout", "longer than zero"),
-])
+@pytest.mark.parametrize(
+    "kwargs, argument, words",
+    [
+        ({"max_steps": "abc"}, "max_steps", "whole number"),
+        ({"max_steps": -1}, "max_steps", "whole number"),
+        ({"timeout": "5 parsecs"}, "timeout", "duration like"),
+        ({"timeout": "99999999999s"}, "timeout", "too long"),
+        ({"timeout": 0}, "timeout", "longer than zero"),
+    ],
+)
 def test_run_arguments_are_validated_by_the_api(project, kwargs, argument, words):
     wf = _fan(project)
     with pytest.raises(UsageError) as info:
@@ -151,16 +158,29 @@ _FRONT_WORDS = re.compile(r"`akm\b|(^|\s|`)--[a-z][a-z-]+")
 
 
 def test_no_core_string_names_a_cli_command_or_flag():
-    files = [ROOT / "akm" / "api.py", *sorted((ROOT / "akm" / "engine").glob("*.py")),
-             *sorted((ROOT / "akm" / "store").glob("*.py"))]
+    files = [
+        ROOT / "akm" / "api.py",
+        *sorted((ROOT / "akm" / "engine").glob("*.py")),
+        *sorted((ROOT / "akm" / "store").glob("*.py")),
+    ]
     found = []
     for path in files:
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                      if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)
+        }
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-                    and " " in node.value and _FRONT_WORDS.search(node.value)):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and " " in node.value
+                and _FRONT_WORDS.search(node.value)
+            ):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value[:80]!r}")
     assert not found, "\n".join(found)

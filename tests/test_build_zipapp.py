@@ -60,18 +60,34 @@ def interpreters() -> dict[tuple[int, int], str]:
     """One interpreter per Python version found on this machine: PATH (python3, python3.X), /usr/bin,
     /usr/local/bin, pyenv (wherever its root is), and AKM_TEST_PYTHONS (paths, os.pathsep-separated)."""
     extra = [p for p in os.environ.get("AKM_TEST_PYTHONS", "").split(os.pathsep) if p]
-    candidates = [*extra, sys.executable, shutil.which("python3"),
-                  *(shutil.which(f"python3.{m}") for m in range(6, 20)),
-                  *sorted(glob.glob("/usr/bin/python3*")), *sorted(glob.glob("/usr/local/bin/python3*")),
-                  *(exe for root in _pyenv_roots()
-                    for exe in sorted(glob.glob(os.path.join(root, "versions", "*", "bin", "python[23]")))
-                    + sorted(glob.glob(os.path.join(root, "versions", "*", "bin", "python"))))]
+    candidates = [
+        *extra,
+        sys.executable,
+        shutil.which("python3"),
+        *(shutil.which(f"python3.{m}") for m in range(6, 20)),
+        *sorted(glob.glob("/usr/bin/python3*")),
+        *sorted(glob.glob("/usr/local/bin/python3*")),
+        *(
+            exe
+            for root in _pyenv_roots()
+            for exe in sorted(glob.glob(os.path.join(root, "versions", "*", "bin", "python[23]")))
+            + sorted(glob.glob(os.path.join(root, "versions", "*", "bin", "python")))
+        ),
+    ]
     found: dict[tuple[int, int], str] = {}
     for exe in dict.fromkeys(c for c in candidates if c and os.path.isfile(c) and os.access(c, os.X_OK)):
         try:
-            out = subprocess.run([exe, "-c", "import platform, sys; print('%d %d %s' % (sys.version_info[0], "  # 2.7 too
-                                  "sys.version_info[1], platform.python_implementation().lower()))"],
-                                 capture_output=True, text=True, timeout=30).stdout.split()
+            out = subprocess.run(
+                [
+                    exe,
+                    "-c",
+                    "import platform, sys; print('%d %d %s' % (sys.version_info[0], "  # 2.7 too
+                    "sys.version_info[1], platform.python_implementation().lower()))",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout.split()
         except (OSError, subprocess.TimeoutExpired):
             continue
         if len(out) == 3 and out[2] == "cpython":
@@ -83,8 +99,11 @@ def missing_pythons(minors: set[int]) -> list[str]:
     """Why the per-interpreter tests would test fewer Pythons than they should: a version pyenv lists
     that no interpreter was found for, or (in CI) fewer than two supported versions at all."""
     found = interpreters()
-    problems = [f"3.{v[1]} is listed at {where} but no interpreter of it runs"
-                for v, where in sorted(listed_pythons().items()) if v[0] == 3 and v[1] in minors and v not in found]
+    problems = [
+        f"3.{v[1]} is listed at {where} but no interpreter of it runs"
+        for v, where in sorted(listed_pythons().items())
+        if v[0] == 3 and v[1] in minors and v not in found
+    ]
     if running_in_ci() and len([v for v in found if v[0] == 3 and v[1] in minors]) < 2:
         problems.append(f"CI must test at least two supported CPython versions; found {sorted(found)}")
     return problems
@@ -186,8 +205,11 @@ def test_carries_native_code_for_every_supported_python(akm_bin):
 
 
 MACHINE_CODE = {  # what each target's extension modules must be: ELF e_machine, or Mach-O CPU type
-    "linux-x86_64": b"\x7fELF", "linux-aarch64": b"\x7fELF", "macos-x86_64": b"\xcf\xfa\xed\xfe",
-    "macos-arm64": b"\xcf\xfa\xed\xfe"}
+    "linux-x86_64": b"\x7fELF",
+    "linux-aarch64": b"\x7fELF",
+    "macos-x86_64": b"\xcf\xfa\xed\xfe",
+    "macos-arm64": b"\xcf\xfa\xed\xfe",
+}
 CPU = {"linux-x86_64": 62, "linux-aarch64": 183, "macos-x86_64": 0x01000007, "macos-arm64": 0x0100000C}
 
 
@@ -203,11 +225,22 @@ def test_every_platform_carries_every_pythons_native_code(akm_bin, tmp_path):
     others = sorted(set(MACHINE_CODE) - {host})
 
     def build(name: str) -> subprocess.CompletedProcess:
-        return run([sys.executable, str(ROOT / "bundle" / "build.py"), "--platform", name, "--output",
-                    str(tmp_path / f"akm-{name}")], dict(os.environ), ROOT, timeout=900)
+        return run(
+            [
+                sys.executable,
+                str(ROOT / "bundle" / "build.py"),
+                "--platform",
+                name,
+                "--output",
+                str(tmp_path / f"akm-{name}"),
+            ],
+            dict(os.environ),
+            ROOT,
+            timeout=900,
+        )
 
     with ThreadPoolExecutor(max_workers=len(others)) as pool:
-        builds = dict(zip(others, pool.map(build, others)))
+        builds = dict(zip(others, pool.map(build, others), strict=False))
     for name in [host, *others]:
         path = akm_bin if name == host else tmp_path / f"akm-{name}"
         if name != host:
@@ -217,10 +250,16 @@ def test_every_platform_carries_every_pythons_native_code(akm_bin, tmp_path):
         assert boot["TARGET"] == name
         minors = [int(v.split(".")[1]) for v in boot["PYTHONS"]]
         assert minors == list(range(11, minors[-1] + 1)) and minors[-1] >= 13, (name, minors)
-        tail = {"linux-x86_64": "-x86_64-linux-gnu.so", "linux-aarch64": "-aarch64-linux-gnu.so"}.get(name, "-darwin.so")
+        tail = {"linux-x86_64": "-x86_64-linux-gnu.so", "linux-aarch64": "-aarch64-linux-gnu.so"}.get(
+            name, "-darwin.so"
+        )
         assert boot["SUFFIXES"] == {f".cpython-3{m}{tail}" for m in minors}
-        assert {"pydantic_core._pydantic_core", "rpds.rpds", "cryptography.hazmat.bindings._rust",
-                "_cffi_backend"} <= set(boot["NATIVE"])
+        assert {
+            "pydantic_core._pydantic_core",
+            "rpds.rpds",
+            "cryptography.hazmat.bindings._rust",
+            "_cffi_backend",
+        } <= set(boot["NATIVE"])
         streams: dict[str, bytes] = {}
         with zipfile.ZipFile(path) as zf:
             for module, abi3 in boot["NATIVE"].items():
@@ -230,7 +269,7 @@ def test_every_platform_carries_every_pythons_native_code(akm_bin, tmp_path):
                     stream, offset, size, sha256 = unpack["MEMBERS"][rel]
                     if stream not in streams:
                         streams[stream] = lzma.decompress(zf.read("_akm_natives/" + stream))
-                    data = streams[stream][offset: offset + size]
+                    data = streams[stream][offset : offset + size]
                     assert hashlib.sha256(data).hexdigest() == sha256, (name, rel)
                     assert data[:4] == MACHINE_CODE[name] and _cpu(data) == CPU[name], (name, rel)
 
@@ -268,7 +307,7 @@ def test_cli_on_every_local_python(akm_bin, tmp_path, shared_cache):
         return out
 
     with ThreadPoolExecutor(max_workers=len(pythons)) as pool:
-        results = dict(zip(pythons, pool.map(drive, pythons)))
+        results = dict(zip(pythons, pool.map(drive, pythons), strict=False))
     for version, out in results.items():
         for step, proc in out.items():
             assert proc.returncode == 0, f"3.{version[1]} {step}: {proc.stderr[-2000:]}"
@@ -297,7 +336,9 @@ def test_refuses_older_python_clearly(akm_bin, tmp_path):
             proc = run([exe, str(akm_bin), *args], clean_env(tmp_path), tmp_path, timeout=60)
             assert proc.returncode == 78, (exe, proc.stderr)
             assert proc.stdout == ""
-            assert proc.stderr == f"error[UNSUPPORTED_PYTHON]: akm needs Python 3.11+; this is {major}.{minor} at {exe}\n"
+            assert (
+                proc.stderr == f"error[UNSUPPORTED_PYTHON]: akm needs Python 3.11+; this is {major}.{minor} at {exe}\n"
+            )
 
 
 def test_akm_mcp_from_the_file_on_every_local_python(akm_bin, tmp_path, shared_cache):
@@ -310,12 +351,13 @@ def test_akm_mcp_from_the_file_on_every_local_python(akm_bin, tmp_path, shared_c
         project = tmp_path / f"p{version[1]}"
         project.mkdir()
         shutil.copy(ROOT / "examples" / "hello.md", project / "hello.md")
-        env = clean_env(tmp_path / f"e{version[1]}", SHIV_ROOT=str(cache), AKM_BUNDLE_EXEC=str(PROBE),
-                        AKM_PROBE_ZIPAPP=str(akm_bin))
+        env = clean_env(
+            tmp_path / f"e{version[1]}", SHIV_ROOT=str(cache), AKM_BUNDLE_EXEC=str(PROBE), AKM_PROBE_ZIPAPP=str(akm_bin)
+        )
         return run([pythons[version], str(akm_bin), "hello.md"], env, project)
 
     with ThreadPoolExecutor(max_workers=len(pythons)) as pool:
-        results = dict(zip(pythons, pool.map(probe, pythons)))
+        results = dict(zip(pythons, pool.map(probe, pythons), strict=False))
     for version, proc in results.items():
         assert proc.returncode == 0, f"3.{version[1]}: {proc.stderr[-3000:]}"
         out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -340,8 +382,12 @@ def test_warm_start_reads_cached_bytecode_only(akm_bin, tmp_path):
     [build_dir] = (tmp_path / "cache").iterdir()
     assert not (build_dir / "native").exists()  # --version needs no native code: nothing unpacked
     tag = sys.implementation.cache_tag
-    assert (build_dir / "pyc" / tag / "_akm_boot.pyc").is_file() and (build_dir / "pyc" / tag / "akm" / "cli.pyc").is_file()
-    second = run([sys.executable, "-S", "-X", "importtime", str(akm_bin), "--version"], env, tmp_path)  # -S: no .pth imports
+    assert (build_dir / "pyc" / tag / "_akm_boot.pyc").is_file() and (
+        build_dir / "pyc" / tag / "akm" / "cli.pyc"
+    ).is_file()
+    second = run(
+        [sys.executable, "-S", "-X", "importtime", str(akm_bin), "--version"], env, tmp_path
+    )  # -S: no .pth imports
     assert second.returncode == 0 and second.stdout == first.stdout
     imported = {line.rsplit("|", 1)[1].strip() for line in second.stderr.splitlines() if "|" in line}
     assert "akm.cli" in imported
@@ -356,7 +402,9 @@ NATIVE_CMD = ("config", "path")
 def test_cache_falls_back_to_private_temp_dir_then_fails_clearly(akm_bin, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    (tmp_path / "w.md").write_text("---\nsteps:\n  - id: a\n    unit:\n      exec: { command: [\"true\"] }\n---\n\n## a\n\nx\n")
+    (tmp_path / "w.md").write_text(
+        '---\nsteps:\n  - id: a\n    unit:\n      exec: { command: ["true"] }\n---\n\n## a\n\nx\n'
+    )
     tmp_dir = tmp_path / "tmp"
     tmp_dir.mkdir()
     env = clean_env(tmp_path, HOME=str(blocker / "home"), TMPDIR=str(tmp_dir))  # HOME cannot exist
@@ -374,8 +422,9 @@ def test_cache_falls_back_to_private_temp_dir_then_fails_clearly(akm_bin, tmp_pa
     # only what this interpreter imported is unpacked: its build of pydantic-core, no other Python's, and
     # nothing the command did not import (rpds under jsonschema stays packed; cryptography too)
     suffix = __import__("_imp").extension_suffixes()[0]
-    assert sorted(p.relative_to(next(private.iterdir()) / "native").as_posix()
-                  for p in private.rglob("*.so")) == [f"pydantic_core/_pydantic_core{suffix}"]
+    assert sorted(p.relative_to(next(private.iterdir()) / "native").as_posix() for p in private.rglob("*.so")) == [
+        f"pydantic_core/_pydantic_core{suffix}"
+    ]
 
     env["TMPDIR"] = str(blocker / "tmp")  # nowhere writable
     version = run([sys.executable, str(akm_bin), "--version"], env, tmp_path)
@@ -408,8 +457,13 @@ def test_runs_by_any_path_to_it(akm_bin, tmp_path):
     (tmp_path / "link").symlink_to(home / "akm")
     shutil.copy(ROOT / "examples" / "hello.md", home / "hello.md")
     env = clean_env(tmp_path, SHIV_ROOT=str(tmp_path / "cache ü"))
-    for argv in (["./akm"], [sys.executable, "./akm"], ["../bin/akm"], [str(tmp_path / "link")],
-                 [sys.executable, str(home / "." / ".." / "bin" / "akm")]):
+    for argv in (
+        ["./akm"],
+        [sys.executable, "./akm"],
+        ["../bin/akm"],
+        [str(tmp_path / "link")],
+        [sys.executable, str(home / "." / ".." / "bin" / "akm")],
+    ):
         for args in (["--version"], ["workflow", "lint", "hello.md"]):
             shutil.rmtree(tmp_path / "cache ü", ignore_errors=True)
             for start in ("cold", "warm"):
@@ -432,21 +486,26 @@ def _damaged(akm_bin: Path, tmp_path: Path, name: str, offset: int) -> Path:
 def test_a_damaged_file_says_so(akm_bin, tmp_path):
     """A bit flipped in bundled source or native code, or a file cut short, is named as damage to
     the file (never error[INTERNAL]), and nothing damaged is cached."""
-    (tmp_path / "w.md").write_text("---\nsteps:\n  - id: a\n    unit:\n      exec: { command: [\"true\"] }\n---\n\n## a\n\nx\n")
+    (tmp_path / "w.md").write_text(
+        '---\nsteps:\n  - id: a\n    unit:\n      exec: { command: ["true"] }\n---\n\n## a\n\nx\n'
+    )
     _boot, unpack, index = bundle_facts(akm_bin)
     with zipfile.ZipFile(akm_bin) as zf:
         natives = {i.filename: i for i in zf.infolist() if i.filename.startswith("_akm_natives/")}
     offset, stored = index["akm/api.py"][:2]
-    stream, _off, _size, _sha = unpack["MEMBERS"][f"pydantic_core/_pydantic_core{__import__('_imp').extension_suffixes()[0]}"]
+    stream, _off, _size, _sha = unpack["MEMBERS"][
+        f"pydantic_core/_pydantic_core{__import__('_imp').extension_suffixes()[0]}"
+    ]
     info = natives["_akm_natives/" + stream]
     stream_data = info.header_offset + 30 + len(info.filename) + 100 + info.compress_size // 2
-    for name, at, what in (("source", offset + stored // 2, "akm/api.py "),  # then: does not match its checksum, or cannot be decompressed
-                           ("native", stream_data, "native code for pydantic_core/_pydantic_core")):
+    for name, at, what in (
+        ("source", offset + stored // 2, "akm/api.py "),  # then: does not match its checksum, or cannot be decompressed
+        ("native", stream_data, "native code for pydantic_core/_pydantic_core"),
+    ):
         cache = tmp_path / f"cache-{name}"
         damaged = _damaged(akm_bin, tmp_path, name, at)
         # it loads akm/api.py and pydantic-core (lint would not: it imports no native code)
-        proc = run([sys.executable, str(damaged), *NATIVE_CMD], clean_env(tmp_path, SHIV_ROOT=str(cache)),
-                   tmp_path)
+        proc = run([sys.executable, str(damaged), *NATIVE_CMD], clean_env(tmp_path, SHIV_ROOT=str(cache)), tmp_path)
         assert proc.returncode == 78, proc.stderr
         assert proc.stderr.startswith(f"error[CORRUPT_BUNDLE]: {damaged} is damaged: {what}"), proc.stderr
         assert proc.stderr.rstrip().endswith("download or build it again")
@@ -455,15 +514,19 @@ def test_a_damaged_file_says_so(akm_bin, tmp_path):
     cut.write_bytes(akm_bin.read_bytes()[: akm_bin.stat().st_size // 2])
     proc = run([sys.executable, str(cut), "--version"], clean_env(tmp_path), tmp_path)
     assert proc.returncode != 0
-    assert "this file is cut short or damaged (it is a zip archive, and its end is missing): download or build it again" \
+    assert (
+        "this file is cut short or damaged (it is a zip archive, and its end is missing): download or build it again"
         in proc.stderr.splitlines()[1]
+    )
 
 
 def test_a_cache_that_takes_no_new_file_falls_back_to_the_next_place(akm_bin, tmp_path):
     """The user cache exists (e.g. filled by another interpreter) but cannot take this interpreter's
     native code (read-only, another user's; here its native/ is a file): the private temp dir serves,
     as it would have without that cache; with nowhere else, the error names both."""
-    (tmp_path / "w.md").write_text("---\nsteps:\n  - id: a\n    unit:\n      exec: { command: [\"true\"] }\n---\n\n## a\n\nx\n")
+    (tmp_path / "w.md").write_text(
+        '---\nsteps:\n  - id: a\n    unit:\n      exec: { command: ["true"] }\n---\n\n## a\n\nx\n'
+    )
     tmp_dir = tmp_path / "tmp"
     tmp_dir.mkdir()
     env = clean_env(tmp_path, XDG_CACHE_HOME=str(tmp_path / "xdg"), TMPDIR=str(tmp_dir))
@@ -473,7 +536,9 @@ def test_a_cache_that_takes_no_new_file_falls_back_to_the_next_place(akm_bin, tm
     proc = run([sys.executable, str(akm_bin), *NATIVE_CMD], env, tmp_path)
     assert proc.returncode == 0, proc.stderr
     suffix = __import__("_imp").extension_suffixes()[0]
-    assert (tmp_dir / f"akm-{os.getuid()}" / build_dir.name / "native" / "pydantic_core" / f"_pydantic_core{suffix}").is_file()
+    assert (
+        tmp_dir / f"akm-{os.getuid()}" / build_dir.name / "native" / "pydantic_core" / f"_pydantic_core{suffix}"
+    ).is_file()
 
     shutil.rmtree(tmp_dir / f"akm-{os.getuid()}")
     env["TMPDIR"] = str(tmp_path / "w.md")  # a file: no temp dir either
@@ -496,12 +561,17 @@ def on_every_python(akm_bin: Path, tmp_path: Path, script: str, **env: str) -> d
     def one(version: tuple[int, int]) -> subprocess.CompletedProcess:
         home = tmp_path / f"py3{version[1]}"
         (home / "tmp").mkdir(parents=True, exist_ok=True)
-        run_env = clean_env(home, AKM_CACHE_DIR=str(home / "cache"), TMPDIR=str(home / "tmp"),
-                            AKM_BUNDLE_EXEC=str(tmp_path / "script.py"), **env)
+        run_env = clean_env(
+            home,
+            AKM_CACHE_DIR=str(home / "cache"),
+            TMPDIR=str(home / "tmp"),
+            AKM_BUNDLE_EXEC=str(tmp_path / "script.py"),
+            **env,
+        )
         return run([pythons[version], str(akm_bin)], run_env, home)
 
     with ThreadPoolExecutor(max_workers=len(pythons)) as pool:
-        procs = dict(zip(pythons, pool.map(one, pythons)))
+        procs = dict(zip(pythons, pool.map(one, pythons), strict=False))
     out = {}
     for version, proc in procs.items():
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, f"3.{version[1]}: {proc.stderr[-3000:]}"
@@ -544,7 +614,9 @@ def test_caches_of_other_builds_are_pruned_when_unused(akm_bin, tmp_path):
     pythons = supported(akm_bin)
     old = with_build_id(akm_bin, tmp_path / "akm-old", "0123456789abcdef")
     (tmp_path / "hold.py").write_text(HOLD)
-    (tmp_path / "w.md").write_text("---\nsteps:\n  - id: a\n    unit:\n      exec: { command: [\"true\"] }\n---\n\n## a\n\nx\n")
+    (tmp_path / "w.md").write_text(
+        '---\nsteps:\n  - id: a\n    unit:\n      exec: { command: ["true"] }\n---\n\n## a\n\nx\n'
+    )
 
     def scenario(version: tuple[int, int]) -> dict:
         exe, root = pythons[version], tmp_path / f"cache3{version[1]}"
@@ -558,8 +630,13 @@ def test_caches_of_other_builds_are_pruned_when_unused(akm_bin, tmp_path):
         (legacy / "native" / "x.so").write_bytes(b"\0" * 1000)
         (root / ".akm-0000000000000000.99.trash" / "pyc").mkdir(parents=True)
         (root / "notes").mkdir()  # not a cache directory: never touched
-        holder = subprocess.Popen([exe, str(old)], env=dict(env, AKM_BUNDLE_EXEC=str(tmp_path / "hold.py")),
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        holder = subprocess.Popen(
+            [exe, str(old)],
+            env=dict(env, AKM_BUNDLE_EXEC=str(tmp_path / "hold.py")),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert holder.stdout.readline() == "ready\n"
             first = run([exe, str(akm_bin), "workflow", "run", "w.md"], env, tmp_path)
@@ -572,11 +649,16 @@ def test_caches_of_other_builds_are_pruned_when_unused(akm_bin, tmp_path):
         again = run([exe, str(akm_bin), "--version"], env, tmp_path)  # the old build's process has ended
         assert again.returncode == 0, again.stderr
         sizes["new build after a run"] = _tree_size(root / new_name)
-        return {"while_held": while_held, "after": sorted(p.name for p in root.iterdir()), "new": new_name,
-                "pending": (root / new_name / "prune-pending").exists(), "sizes": sizes}
+        return {
+            "while_held": while_held,
+            "after": sorted(p.name for p in root.iterdir()),
+            "new": new_name,
+            "pending": (root / new_name / "prune-pending").exists(),
+            "sizes": sizes,
+        }
 
     with ThreadPoolExecutor(max_workers=len(pythons)) as pool:
-        results = dict(zip(pythons, pool.map(scenario, pythons)))
+        results = dict(zip(pythons, pool.map(scenario, pythons), strict=False))
     for version, r in sorted(results.items()):
         assert r["new"].startswith("akm-") and len(r["new"]) == 20, r
         assert r["while_held"] == sorted(["akm-0123456789abcdef", r["new"], "notes"]), (version, r)  # in use: kept
@@ -644,8 +726,8 @@ def test_pkgutil_and_metadata_see_the_bundle(akm_bin, tmp_path):
     _boot, _unpack, index = bundle_facts(akm_bin)
 
     def modules(package: str) -> list[str]:
-        names = {k[len(package) + 1:-3] for k in index if re.fullmatch(rf"{package}/\w+\.py", k)} - {"__init__"}
-        names |= {k[len(package) + 1:-12] for k in index if re.fullmatch(rf"{package}/\w+/__init__\.py", k)}
+        names = {k[len(package) + 1 : -3] for k in index if re.fullmatch(rf"{package}/\w+\.py", k)} - {"__init__"}
+        names |= {k[len(package) + 1 : -12] for k in index if re.fullmatch(rf"{package}/\w+/__init__\.py", k)}
         assert names, package
         return sorted(names)
 
@@ -708,7 +790,7 @@ def test_tracebacks_show_bundled_source_and_file_is_inside_the_archive(akm_bin, 
     """What spec/build.md says of code run from the archive: tracebacks and inspect show the real
     source lines; a module's __file__ names a path inside the archive, which does not exist on disk."""
     for version, out in on_every_python(akm_bin, tmp_path, SOURCES).items():
-        assert f'{out["file"][:-len("__init__.py")]}parser.py", line' in out["tb"], (version, out["tb"])
+        assert f'{out["file"][: -len("__init__.py")]}parser.py", line' in out["tb"], (version, out["tb"])
         assert "raise ParserError(" in out["tb"], out["tb"]  # the line itself, read from the archive
         assert out["exists"] is False and out["source"].startswith("def safe_load(")
 
@@ -716,8 +798,11 @@ def test_tracebacks_show_bundled_source_and_file_is_inside_the_archive(akm_bin, 
 def test_cache_dir_variable_and_its_old_name(akm_bin, tmp_path):
     """AKM_CACHE_DIR names the cache root; SHIV_ROOT, its old name, still works; the first wins."""
     base = clean_env(tmp_path)
-    for extra, where in (({"AKM_CACHE_DIR": str(tmp_path / "a")}, "a"), ({"SHIV_ROOT": str(tmp_path / "s")}, "s"),
-                         ({"AKM_CACHE_DIR": str(tmp_path / "b"), "SHIV_ROOT": str(tmp_path / "t")}, "b")):
+    for extra, where in (
+        ({"AKM_CACHE_DIR": str(tmp_path / "a")}, "a"),
+        ({"SHIV_ROOT": str(tmp_path / "s")}, "s"),
+        ({"AKM_CACHE_DIR": str(tmp_path / "b"), "SHIV_ROOT": str(tmp_path / "t")}, "b"),
+    ):
         proc = run([sys.executable, str(akm_bin), "--version"], {**base, **extra}, tmp_path)
         assert proc.returncode == 0, proc.stderr
         [build_dir] = (tmp_path / where).iterdir()

@@ -14,11 +14,19 @@ from tests.helpers import py, write_wf
 
 
 def fan(project: Path, starts: Path, release: Path | None = None, count: int = 4) -> Path:
-    hold = (f"\nwhile not pathlib.Path({str(release)!r}).exists() and time.time() < end: time.sleep(0.05)"
-            if release else "")
-    body = (f"import json, os, pathlib, time; item = json.loads(os.environ['AKM_ITEM']); end = time.time() + 120\n"
-            f"open({str(starts)!r}, 'a').write(item + '\\n'){hold}\nprint(item)")
-    return write_wf(project, "fan.md", f"""
+    hold = (
+        f"\nwhile not pathlib.Path({str(release)!r}).exists() and time.time() < end: time.sleep(0.05)"
+        if release
+        else ""
+    )
+    body = (
+        f"import json, os, pathlib, time; item = json.loads(os.environ['AKM_ITEM']); end = time.time() + 120\n"
+        f"open({str(starts)!r}, 'a').write(item + '\\n'){hold}\nprint(item)"
+    )
+    return write_wf(
+        project,
+        "fan.md",
+        f"""
         params:
           xs: {{ type: array, default: {json.dumps([f"i{n}" for n in range(count)])} }}
         steps:
@@ -27,7 +35,9 @@ def fan(project: Path, starts: Path, release: Path | None = None, count: int = 4
               over: params.xs
               concurrency: 2
               unit: {{ exec: {{ command: {py(body)} }} }}
-        """, "## each\n\nE.")
+        """,
+        "## each\n\nE.",
+    )
 
 
 def _wait(pred, timeout: float = 120.0):
@@ -64,8 +74,9 @@ def test_detach_prints_the_run_id_at_once_and_wait_returns_its_exit_status(akm, 
     assert took < 60  # measured by hand: about 0.3 s; the bound only catches a detach that drives in the foreground
 
 
-def test_wait_times_out_with_124_and_a_kill_9_of_the_detached_driver_redoes_only_in_flight_units(akm, project,
-                                                                                               tmp_path):
+def test_wait_times_out_with_124_and_a_kill_9_of_the_detached_driver_redoes_only_in_flight_units(
+    akm, project, tmp_path
+):
     starts, release = tmp_path / "starts", tmp_path / "release"
     fan(project, starts, release, count=4)
     detached = akm.json("workflow", "run", "fan.md", "--detach")
@@ -84,11 +95,16 @@ def test_wait_times_out_with_124_and_a_kill_9_of_the_detached_driver_redoes_only
 
 
 def test_wait_in_process_exit_statuses(project, tmp_path, capsys):
-    wf = write_wf(project, "ask.md", """
+    wf = write_wf(
+        project,
+        "ask.md",
+        """
         steps:
           - id: write
             output: { type: object }
-        """, "## write\n\nWrite.")
+        """,
+        "## write\n\nWrite.",
+    )
     result = api.run_workflow(str(wf), cwd=str(project))
     rid = result.run.run_id
     assert cli.main(["workflow", "wait", rid]) == 3  # awaiting the calling agent, as `workflow run` exits

@@ -120,8 +120,14 @@ def test_lint_imports_no_pydantic(tmp_path):
     leaves pydantic unimported.
     """
     write(tmp_path, "all.md", LINT_EVERYTHING)
-    write(tmp_path, "bad.md", "---\nsteps:\n  - id: a\n    unit: { exec: { command: 'echo hi' }, timeout: 1y }\n---\n\n## b\n")
-    write(tmp_path, "old.md", "# Workflow: Old one\n\n## Step: Do a thing\nStep ID: do-it\n\n### Instructions\nDo it.\n")
+    write(
+        tmp_path,
+        "bad.md",
+        "---\nsteps:\n  - id: a\n    unit: { exec: { command: 'echo hi' }, timeout: 1y }\n---\n\n## b\n",
+    )
+    write(
+        tmp_path, "old.md", "# Workflow: Old one\n\n## Step: Do a thing\nStep ID: do-it\n\n### Instructions\nDo it.\n"
+    )
     code = (
         "import json, sys\n"
         "from akm.cli import main\n"
@@ -167,9 +173,13 @@ def test_a_run_with_params_and_schemas_imports_no_pydantic_jsonschema_nor_datacl
     """Issue 21: `workflow run` starts like a read. The frozen plan is plain records (no pydantic), valid
     params and outputs are checked without jsonschema, and the run path's records and pool need neither
     `dataclasses` (with `inspect`) nor `concurrent.futures` (with `logging`)."""
-    write(tmp_path, "t.md", "---\nparams:\n  xs: { type: array, items: { type: integer }, default: [1, 2, 3] }\n"
-          "steps:\n  - id: a\n    map:\n      over: params.xs\n      concurrency: 2\n"
-          "      unit: { exec: { command: ['true'] } }\n    output: { type: array }\n---\n\n## a\n\nx\n")
+    write(
+        tmp_path,
+        "t.md",
+        "---\nparams:\n  xs: { type: array, items: { type: integer }, default: [1, 2, 3] }\n"
+        "steps:\n  - id: a\n    map:\n      over: params.xs\n      concurrency: 2\n"
+        "      unit: { exec: { command: ['true'] } }\n    output: { type: array }\n---\n\n## a\n\nx\n",
+    )
     code = (
         "import json, sys\n"
         "from akm.cli import main\n"
@@ -183,8 +193,13 @@ def test_a_run_with_params_and_schemas_imports_no_pydantic_jsonschema_nor_datacl
     done = subprocess.run([PY, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     result = json.loads(done.stdout.splitlines()[-1])
     assert result == {"code": 0, "loaded": []}, (result, done.stderr)
-    again = subprocess.run([PY, "-c", code.replace("'t.md'", "'t.md', '--xs', '[\"a\"]'")],
-                           cwd=tmp_path, env=env, capture_output=True, text=True)
+    again = subprocess.run(
+        [PY, "-c", code.replace("'t.md'", "'t.md', '--xs', '[\"a\"]'")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert "expected type integer, got string" in again.stderr, again.stderr  # a refusal is still worded
 
 
@@ -203,7 +218,10 @@ def test_a_run_leaves_no_child_unreaped_at_exit(akm, project):
 
 
 def test_lint_exit_codes_and_json_shape(akm, project):
-    write(project, "good.md", """\
+    write(
+        project,
+        "good.md",
+        """\
         ---
         steps:
           - id: a
@@ -214,8 +232,12 @@ def test_lint_exit_codes_and_json_shape(akm, project):
         ## a
 
         Say hi.
-        """)
-    write(project, "bad.md", """\
+        """,
+    )
+    write(
+        project,
+        "bad.md",
+        """\
         ---
         steps:
           - id: a
@@ -225,7 +247,8 @@ def test_lint_exit_codes_and_json_shape(akm, project):
         ## a
 
         Say hi.
-        """)
+        """,
+    )
     ok = akm("workflow", "lint", "good.md", "--format", "json", check=0)
     assert json.loads(ok.stdout)["ok"] is True
     bad = akm("workflow", "lint", "bad.md", "good.md", "--format", "json", check=1)
@@ -251,7 +274,10 @@ def test_errors_are_clear_and_never_tracebacks(akm, project):
     assert "RUN_NOT_FOUND" in unknown.stderr
     as_json = akm("workflow", "status", "nope", "--format", "json", check=1)
     assert json.loads(as_json.stderr)["code"] == "RUN_NOT_FOUND"
-    write(project, "p.md", """\
+    write(
+        project,
+        "p.md",
+        """\
         ---
         params:
           count: { type: integer, minimum: 1 }
@@ -263,7 +289,8 @@ def test_errors_are_clear_and_never_tracebacks(akm, project):
         ## a
 
         x
-        """)
+        """,
+    )
     bad_param = akm("workflow", "run", "p.md", "--count", "0", check=2)
     assert "count" in bad_param.stderr
     unknown_param = akm("workflow", "run", "p.md", "--colour", "red", check=2)
@@ -273,7 +300,10 @@ def test_errors_are_clear_and_never_tracebacks(akm, project):
 
 
 def test_status_mermaid_and_log_cursor(akm, project):
-    write(project, "r.md", """\
+    write(
+        project,
+        "r.md",
+        """\
         ---
         params:
           mode: { type: string }
@@ -304,7 +334,8 @@ def test_status_mermaid_and_log_cursor(akm, project):
         ## b
 
         x
-        """)
+        """,
+    )
     res = akm.json("workflow", "run", "r.md", "--mode", "zzz")
     run_id = res["run"]["runId"]
     mer = akm("workflow", "status", run_id, "--format", "mermaid", check=0).stdout
@@ -319,7 +350,10 @@ def test_status_mermaid_and_log_cursor(akm, project):
 
 
 def test_resume_and_abandon(akm, project):
-    write(project, "f.md", """\
+    write(
+        project,
+        "f.md",
+        """\
         ---
         steps:
           - id: a
@@ -329,7 +363,8 @@ def test_resume_and_abandon(akm, project):
         ## a
 
         x
-        """)
+        """,
+    )
     res = akm("workflow", "run", "f.md", "--format", "json", check=1)
     run_id = json.loads(res.stdout)["run"]["runId"]
     assert akm.json("workflow", "resume", run_id)["status"] == "active"
@@ -339,7 +374,10 @@ def test_resume_and_abandon(akm, project):
 
 
 def test_sigint_stops_cleanly_with_130(akm, project):
-    write(project, "s.md", f"""\
+    write(
+        project,
+        "s.md",
+        f"""\
         ---
         steps:
           - id: slow
@@ -349,7 +387,8 @@ def test_sigint_stops_cleanly_with_130(akm, project):
         ## slow
 
         x
-        """)
+        """,
+    )
     proc = akm.popen("workflow", "run", "s.md", "--format", "json")
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -381,9 +420,14 @@ def test_concurrent_runs_of_one_run_exactly_one_drives(akm, project, contenders)
     # The driver's slow unit holds the lease until every other contender has given up: no
     # contender can arrive after the run finished, however slowly the machine starts them.
     release = project / "release"
-    hold = (f"import os,time\nend = time.time() + 120\n"
-            f"while not os.path.exists({str(release)!r}) and time.time() < end: time.sleep(0.05)\nprint('done')")
-    write(project, "c.md", f"""\
+    hold = (
+        f"import os,time\nend = time.time() + 120\n"
+        f"while not os.path.exists({str(release)!r}) and time.time() < end: time.sleep(0.05)\nprint('done')"
+    )
+    write(
+        project,
+        "c.md",
+        f"""\
         ---
         steps:
           - id: first
@@ -399,7 +443,8 @@ def test_concurrent_runs_of_one_run_exactly_one_drives(akm, project, contenders)
         ## slow
 
         x
-        """)
+        """,
+    )
     created = akm("workflow", "run", "c.md", "--max-steps", "1", "--format", "json", check=4)
     run_id = json.loads(created.stdout)["run"]["runId"]
     procs = [akm.popen("workflow", "run", run_id, "--format", "json") for _ in range(contenders)]

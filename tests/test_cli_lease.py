@@ -46,8 +46,9 @@ def _wait_for_event(event_type: str, unit_id: str | None = None, deadline_s: flo
         if paths.journal_path().exists():
             con = sqlite3.connect(paths.journal_path(), timeout=30)
             try:
-                rows = con.execute("SELECT run_id, metadata_json FROM events WHERE event_type = ? ORDER BY id",
-                                   (event_type,)).fetchall()
+                rows = con.execute(
+                    "SELECT run_id, metadata_json FROM events WHERE event_type = ? ORDER BY id", (event_type,)
+                ).fetchall()
             except sqlite3.OperationalError:
                 rows = []  # the journal is still being created
             finally:

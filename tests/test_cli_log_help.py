@@ -12,7 +12,10 @@ from tests.helpers import run, write_wf
 
 
 def _completed_run(project, units: int = 3) -> str:
-    wf = write_wf(project, "w.md", f"""
+    wf = write_wf(
+        project,
+        "w.md",
+        f"""
         params:
           items: {{ type: array, items: {{ type: integer }}, default: {list(range(units))} }}
         steps:
@@ -20,7 +23,9 @@ def _completed_run(project, units: int = 3) -> str:
             map:
               over: params.items
               unit: {{ exec: {{ command: ["true"] }} }}
-        """, "## fan\n\nx")
+        """,
+        "## fan\n\nx",
+    )
     return run(wf, project).run.run_id
 
 
@@ -76,7 +81,7 @@ def test_cli_default_page_and_more_line(project, capsys):
 
 
 def test_verbose_prints_progress_when_stderr_is_not_a_terminal(cli, project):
-    (project / "v.md").write_text("---\nsteps:\n  - id: a\n    unit: { exec: { command: [\"true\"] } }\n---\n## a\nx\n")
+    (project / "v.md").write_text('---\nsteps:\n  - id: a\n    unit: { exec: { command: ["true"] } }\n---\n## a\nx\n')
     quiet = cli("workflow", "run", "v.md", "--new", check=0)
     assert "[a " not in quiet.stderr  # a pipe gets no progress by default
     loud = cli("workflow", "run", "v.md", "--new", "--verbose", check=0)
@@ -96,9 +101,9 @@ def _walk(parser, prefix=()):
 
 
 def test_every_subcommand_describes_every_argument():
-    from akm.cli import _build_parser
-
     import argparse
+
+    from akm.cli import _build_parser
 
     for path, parser in _walk(_build_parser()):
         if path == ("workflow", "run"):

@@ -27,7 +27,10 @@ def flow(project, *, wait_for: str | None = None, first_waits: bool = True) -> N
     if wait_for:
         skip = "" if first_waits else "os.environ['AKM_ITEM'] != '1' and "
         wait = f"import os, time\nwhile {skip}not os.path.exists({wait_for!r}): time.sleep(0.05)\n"
-    write_wf(project, "flow.md", """
+    write_wf(
+        project,
+        "flow.md",
+        """
         steps:
           - id: fan
             map:
@@ -40,13 +43,22 @@ def flow(project, *, wait_for: str | None = None, first_waits: bool = True) -> N
             output: { type: string }
         params:
           items: { type: array, items: { type: integer }, default: [1, 2, 3] }
-        """ % (py(wait + "import json; print(json.dumps('done'))"), py("import json; print(json.dumps('end'))")),
-             "## fan\n\nFan out.\n\n## last\n\nFinish.")
+        """
+        % (py(wait + "import json; print(json.dumps('done'))"), py("import json; print(json.dumps('end'))")),
+        "## fan\n\nFan out.\n\n## last\n\nFinish.",
+    )
 
 
 def spawn(akm, *args: str) -> "pexpect.spawn":
-    return pexpect.spawn(akm.argv0[0], [*akm.argv0[1:], *args], cwd=str(akm.cwd), env=akm.env, encoding="utf-8",
-                         dimensions=(30, 110), timeout=DEADLINE_S)
+    return pexpect.spawn(
+        akm.argv0[0],
+        [*akm.argv0[1:], *args],
+        cwd=str(akm.cwd),
+        env=akm.env,
+        encoding="utf-8",
+        dimensions=(30, 110),
+        timeout=DEADLINE_S,
+    )
 
 
 def finish(child) -> str:
@@ -64,13 +76,13 @@ def test_workflow_run_draws_a_step_board_in_place_on_a_terminal(akm, project):
     assert child.exitstatus == 0, out
     assert ERASE_BELOW in out and "A" + ERASE_BELOW in out  # redrawn in place: up over the last board, erase
     assert "\x1b[?25l" not in out  # the cursor is never hidden (a killed run cannot leave it hidden)
-    final = out[out.rindex("akm run "):]
-    board = final[:final.index("\nrun ")]  # the final board, left on screen, then the result on stdout
+    final = out[out.rindex("akm run ") :]
+    board = final[: final.index("\nrun ")]  # the final board, left on screen, then the result on stdout
     assert "2 step(s) finished, 4 unit(s) done" in board
     lines = [line for line in board.splitlines() if line.strip().startswith("completed")]
     assert [line.split()[1] for line in lines] == ["fan", "last"]
     assert "3/3 units" in lines[0] and "1/1 units" in lines[1]
-    assert final[final.index("\nrun "):].split()[2] == "completed"  # `run RUN  completed  (flow.md)`
+    assert final[final.index("\nrun ") :].split()[2] == "completed"  # `run RUN  completed  (flow.md)`
 
 
 def test_no_board_when_stderr_is_not_a_terminal_and_verbose_keeps_its_lines(akm, project):
@@ -119,7 +131,7 @@ def test_status_watch_follows_a_run_driven_elsewhere_until_it_finishes(akm, proj
         (project / "go").write_text("", encoding="utf-8")
         out = finish(child)
         assert child.exitstatus == 0, out
-        board = out[out.rindex("akm run "):]
+        board = out[out.rindex("akm run ") :]
         assert "2 step(s) finished" in board and "3/3 units" in board
         assert f"run {rid}  completed" in out  # then the status text, as without --watch
     finally:
@@ -158,8 +170,13 @@ def test_the_board_escapes_what_a_terminal_would_act_on():
     from akm.report.live import Board
 
     board = Board(started=0.0, clock=lambda: 2.0)
-    board.event({"eventType": "workflow_unit_started", "ts": "1970-01-01T00:00:01Z",
-                 "metadata": {"stepId": "evil\x1b[2J\u202e", "unitId": "u"}})
+    board.event(
+        {
+            "eventType": "workflow_unit_started",
+            "ts": "1970-01-01T00:00:01Z",
+            "metadata": {"stepId": "evil\x1b[2J\u202e", "unitId": "u"},
+        }
+    )
     lines = board.lines(100, 20)
     assert all("\x1b" not in line and "\u202e" not in line for line in lines)
     assert any("evil\\x1b[2J\\u202e" in line for line in lines)

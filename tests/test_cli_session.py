@@ -78,12 +78,25 @@ def test_the_shell_loop_from_a_subdirectory(cli, project, monkeypatch):
 
     # --result @FILE is read relative to where the user stands; - reads standard input.
     (project / "src" / "deep" / "a.json").write_text('{"verdict": "fine"}', encoding="utf-8")
-    first = cli.json("workflow", "report", rid, brief["units"][0]["unitId"], "--status", "completed",
-                     "--result", "@a.json", "--tokens", "12", "--expect-step", "review")
+    first = cli.json(
+        "workflow",
+        "report",
+        rid,
+        brief["units"][0]["unitId"],
+        "--status",
+        "completed",
+        "--result",
+        "@a.json",
+        "--tokens",
+        "12",
+        "--expect-step",
+        "review",
+    )
     assert first["recorded"] == "written" and first["remainingUnits"] == 1
     monkeypatch.setattr(sys, "stdin", io.StringIO('{"verdict": "also fine"}'))
-    out = cli("workflow", "report", rid, brief["units"][1]["unitId"], "--status", "completed", "--result", "-",
-              check=0).stdout
+    out = cli(
+        "workflow", "report", rid, brief["units"][1]["unitId"], "--status", "completed", "--result", "-", check=0
+    ).stdout
     assert out.startswith("written: review.unit:") and "Step review completed" in out
     assert f"-> akm workflow run {rid}" in out
 
@@ -95,13 +108,29 @@ def test_the_shell_loop_from_a_subdirectory(cli, project, monkeypatch):
 
     judge = cli("workflow", "next", rid, check=0).stdout
     assert "== verdict write.gate:l1" in judge and "It says hello" in judge
-    rejected = cli.json("workflow", "report", rid, "write.gate:l1", "--status", "completed", "--verdict",
-                        '{"complete": false, "missing": ["hello"], "feedback": "Say hello"}')
+    rejected = cli.json(
+        "workflow",
+        "report",
+        rid,
+        "write.gate:l1",
+        "--status",
+        "completed",
+        "--verdict",
+        '{"complete": false, "missing": ["hello"], "feedback": "Say hello"}',
+    )
     assert rejected["stepOutcome"]["kind"] == "next_loop"
     assert "feedback from the last loop: Say hello" in cli("workflow", "next", rid, check=0).stdout
     cli("workflow", "report", rid, "write:solo", "--status", "completed", "--result", '{"text": "hello"}', check=0)
-    accepted = cli.json("workflow", "report", rid, "write.gate:l2", "--status", "completed", "--verdict",
-                        '{"complete": true, "missing": [], "feedback": ""}')
+    accepted = cli.json(
+        "workflow",
+        "report",
+        rid,
+        "write.gate:l2",
+        "--status",
+        "completed",
+        "--verdict",
+        '{"complete": true, "missing": [], "feedback": ""}',
+    )
     assert accepted["stepOutcome"]["kind"] == "completed"
 
     done = cli.json("workflow", "run", rid)
@@ -117,10 +146,12 @@ def test_shell_reports_refused_with_a_code_and_a_hint_and_nothing_written(cli, p
 
     refused(cli, "RESULT_INVALID", *report, "--result", "{bad")
     refused(cli, "RESULT_REQUIRED", *report)
-    assert "akm workflow next RUN" in refused(cli, "STEP_MISMATCH", *report, "--result", '{"verdict": "x"}',
-                                             "--expect-step", "write")
-    assert "akm workflow next RUN" in refused(cli, "UNKNOWN_UNIT", "workflow", "report", rid, "nope", "--status",
-                                              "completed", "--result", '{"verdict": "x"}')
+    assert "akm workflow next RUN" in refused(
+        cli, "STEP_MISMATCH", *report, "--result", '{"verdict": "x"}', "--expect-step", "write"
+    )
+    assert "akm workflow next RUN" in refused(
+        cli, "UNKNOWN_UNIT", "workflow", "report", rid, "nope", "--status", "completed", "--result", '{"verdict": "x"}'
+    )
     # A token count no journal integer can hold is a usage error, not a crash.
     for tokens in ("99999999999999999999999", "9" * 5000, "-3", "²"):
         refused(cli, "INVALID_ARGUMENT", *report, "--result", '{"verdict": "x"}', "--tokens", tokens)
@@ -139,6 +170,7 @@ def test_reports_on_a_failed_run_say_how_to_reopen_it(cli, project, monkeypatch)
     unit = cli.json("workflow", "next", rid)["units"][0]["unitId"]
     cli("workflow", "report", rid, unit, "--status", "failed", "--failure-reason", "timeout", check=0)
     assert cli.json("workflow", "status", rid)["status"] == "failed"
-    err = refused(cli, "RUN_NOT_ACTIVE", "workflow", "report", rid, unit, "--status", "completed",
-                  "--result", '{"verdict": "x"}')
+    err = refused(
+        cli, "RUN_NOT_ACTIVE", "workflow", "report", rid, unit, "--status", "completed", "--result", '{"verdict": "x"}'
+    )
     assert f"akm workflow resume {rid}" in err

@@ -11,8 +11,12 @@ from tests.test_session import start
 
 def test_a_wide_fan_out_brief_lists_what_fits_and_says_the_rest_follows(project):
     items = [f"file-{i:04d}.py " + "y" * 300 for i in range(600)]
-    rid = start(project, "params:\n  xs: { type: array }\nsteps:\n  - id: m\n    map: { over: params.xs }",
-                "## m\n\nReview it.", xs=items)
+    rid = start(
+        project,
+        "params:\n  xs: { type: array }\nsteps:\n  - id: m\n    map: { over: params.xs }",
+        "## m\n\nReview it.",
+        xs=items,
+    )
     brief = api.next_brief(rid).to_json()
     assert size_of(brief) > ANSWER_LIMIT
     small = compact_brief(json.loads(json.dumps(brief)))

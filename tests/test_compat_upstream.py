@@ -11,8 +11,10 @@ from akm.format.parse import parse_workflow
 
 def test_the_colon_env_ref_is_read_as_env_slash_name(tmp_path):
     """Upstream freezes and runs `env: [env:secrets]` (native-executor.test.ts); our lint refused it."""
-    source = ("---\nsteps:\n  - id: a\n    unit:\n      env: [\"env:secrets\", env/ci, \"env:ci\"]\n"
-              "      exec: { command: [\"true\"] }\n---\n\n## a\n\nx\n")
+    source = (
+        '---\nsteps:\n  - id: a\n    unit:\n      env: ["env:secrets", env/ci, "env:ci"]\n'
+        '      exec: { command: ["true"] }\n---\n\n## a\n\nx\n'
+    )
     parsed = parse_workflow(source, "wf.md")
     assert parsed.errors == []
     assert parsed.document.steps[0].unit.env == ["env/secrets", "env/ci"]
@@ -23,14 +25,16 @@ def test_a_colon_env_ref_binds_the_env_file(tmp_path):
     (project / ".akm" / "env").mkdir(parents=True)
     (project / ".akm" / "env" / "secrets.env").write_text("GREETING=hello-from-env\n", encoding="utf-8")
     (project / "w.md").write_text(
-        "---\nsteps:\n  - id: a\n    unit:\n      env: [\"env:secrets\"]\n      exec:\n        command: "
+        '---\nsteps:\n  - id: a\n    unit:\n      env: ["env:secrets"]\n      exec:\n        command: '
         + json.dumps([sys.executable, "-c", "import os; print(len(os.environ['GREETING']))"])
-        + "\n---\n\n## a\n\nx\n", encoding="utf-8")
+        + "\n---\n\n## a\n\nx\n",
+        encoding="utf-8",
+    )
     res = api.run_workflow("w.md", cwd=str(project))
     assert res.run.status == "completed" and res.run.steps[0].output == "14"
 
 
-GATED = "---\nsteps:\n  - id: a\n    unit:\n      exec: { command: [\"true\"] }\n---\n\n## a\n\nDo a.\n\n### gate\n\n- it is done\n"
+GATED = '---\nsteps:\n  - id: a\n    unit:\n      exec: { command: ["true"] }\n---\n\n## a\n\nDo a.\n\n### gate\n\n- it is done\n'
 
 
 def test_status_units_marks_gate_rows_with_their_phase(tmp_path):
@@ -39,8 +43,14 @@ def test_status_units_marks_gate_rows_with_their_phase(tmp_path):
     (project / "g.md").write_text(GATED, encoding="utf-8")
     run_id = api.run_workflow("g.md", cwd=str(project)).run.run_id
     assert api.next_brief(run_id).to_json()["kind"] == "judge"
-    api.report_unit(run_id, "a.gate:l1", status="completed", verdict={"complete": True, "missing": [], "feedback": ""},
-                    has_verdict=True, cwd=str(project))
+    api.report_unit(
+        run_id,
+        "a.gate:l1",
+        status="completed",
+        verdict={"complete": True, "missing": [], "feedback": ""},
+        has_verdict=True,
+        cwd=str(project),
+    )
     view = api.run_status(run_id, units=True).to_json()
     phases = {u["unitId"]: u["phase"] for u in view["units"]}
     assert phases == {"a:solo": "unit", "a.gate:l1": "gate"}

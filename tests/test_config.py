@@ -51,13 +51,25 @@ def test_no_file_is_an_empty_config_and_nothing_is_created(project, capsys):
 
 
 def test_project_file_is_merged_over_the_user_file(project, user_file):
-    user_file.write_text(json.dumps({"engines": {"fast": {**FAST, "temperature": 0.2}},
-                                     "workflow": {"maxConcurrency": 4, "defaultMapConcurrency": 2},
-                                     "modelAliases": {"big": {"*": "a", "fast": "b"}}}))
+    user_file.write_text(
+        json.dumps(
+            {
+                "engines": {"fast": {**FAST, "temperature": 0.2}},
+                "workflow": {"maxConcurrency": 4, "defaultMapConcurrency": 2},
+                "modelAliases": {"big": {"*": "a", "fast": "b"}},
+            }
+        )
+    )
     (project / ".akm").mkdir()
-    (project / ".akm" / "config.json").write_text(json.dumps({"engines": {"fast": {"model": "llama"}},
-                                                               "workflow": {"maxConcurrency": 8},
-                                                               "modelAliases": {"big": {"*": "c"}}}))
+    (project / ".akm" / "config.json").write_text(
+        json.dumps(
+            {
+                "engines": {"fast": {"model": "llama"}},
+                "workflow": {"maxConcurrency": 8},
+                "modelAliases": {"big": {"*": "c"}},
+            }
+        )
+    )
     loaded = config.load_config(project)
     fast = loaded.config.engines["fast"]
     assert (fast.model, fast.temperature, fast.endpoint) == ("llama", 0.2, FAST["endpoint"])  # objects merge
@@ -67,8 +79,14 @@ def test_project_file_is_merged_over_the_user_file(project, user_file):
 
 
 def test_arrays_replace_and_unknown_keys_round_trip(project, user_file, capsys):
-    user_file.write_text(json.dumps({"engines": {"cc": {"kind": "agent", "platform": "claude", "args": ["-a", "-b"],
-                                                        "futureKey": 1}}, "futureTop": {"x": 1}}))
+    user_file.write_text(
+        json.dumps(
+            {
+                "engines": {"cc": {"kind": "agent", "platform": "claude", "args": ["-a", "-b"], "futureKey": 1}},
+                "futureTop": {"x": 1},
+            }
+        )
+    )
     assert akm(capsys, "config", "set", "engines.cc.args", '["-c"]')[0] == 0
     data = json.loads(user_file.read_text())
     assert data["engines"]["cc"]["args"] == ["-c"] and data["engines"]["cc"]["futureKey"] == 1
@@ -76,8 +94,9 @@ def test_arrays_replace_and_unknown_keys_round_trip(project, user_file, capsys):
 
 
 def test_comments_are_allowed_trailing_commas_are_not(project, user_file):
-    user_file.write_text('{\n  // the fast one\n  "engines": {"fast": /* inline */ %s}, "x": "a // not a comment"\n}'
-                         % json.dumps(FAST))
+    user_file.write_text(
+        '{\n  // the fast one\n  "engines": {"fast": /* inline */ %s}, "x": "a // not a comment"\n}' % json.dumps(FAST)
+    )
     loaded = config.load_config(project)
     assert loaded.merged["x"] == "a // not a comment" and loaded.config.engines["fast"].model == "qwen3"
     user_file.write_text('{"engines": {},}')
@@ -91,21 +110,25 @@ def test_comments_are_allowed_trailing_commas_are_not(project, user_file):
 
 
 def test_every_problem_in_one_error_naming_file_and_key_path(project, user_file, capsys):
-    user_file.write_text(json.dumps({
-        "engines": {
-            "Fast": FAST,
-            "nosuffix": {**FAST, "endpoint": "http://h/v1"},
-            "userinfo": {**FAST, "endpoint": "http://u:p@h/v1/chat/completions"},
-            "literal": {**FAST, "apiKey": "sk-live-123456"},
-            "agentish": {**FAST, "platform": "claude"},
-            "llmish": {"kind": "agent", "platform": "claude", "endpoint": "http://x/v1/chat/completions"},
-            "claudellm": {"kind": "agent", "platform": "claude", "llmEngine": "fast"},
-            "nokind": {"model": "x"},
-            "protected": {**FAST, "extraParams": {"stream": True}},
-            "creds": {**FAST, "extraParams": {"nested": {"Authorization": "x"}}},
-        },
-        "workflow": {"maxConcurrency": 0},
-    }))
+    user_file.write_text(
+        json.dumps(
+            {
+                "engines": {
+                    "Fast": FAST,
+                    "nosuffix": {**FAST, "endpoint": "http://h/v1"},
+                    "userinfo": {**FAST, "endpoint": "http://u:p@h/v1/chat/completions"},
+                    "literal": {**FAST, "apiKey": "sk-live-123456"},
+                    "agentish": {**FAST, "platform": "claude"},
+                    "llmish": {"kind": "agent", "platform": "claude", "endpoint": "http://x/v1/chat/completions"},
+                    "claudellm": {"kind": "agent", "platform": "claude", "llmEngine": "fast"},
+                    "nokind": {"model": "x"},
+                    "protected": {**FAST, "extraParams": {"stream": True}},
+                    "creds": {**FAST, "extraParams": {"nested": {"Authorization": "x"}}},
+                },
+                "workflow": {"maxConcurrency": 0},
+            }
+        )
+    )
     code, err = err_json(capsys, "config", "list")
     assert code == 78 and err["code"] == "INVALID_CONFIG_FILE"
     paths_ = {i["path"]: i["message"] for i in err["details"]["issues"]}
@@ -128,12 +151,15 @@ def test_cross_field_rules_name_the_file_that_sets_the_key(project, user_file):
     user_file.write_text(json.dumps({"engines": {"fast": FAST, "cc": {"kind": "agent", "platform": "claude"}}}))
     (project / ".akm").mkdir()
     proj = project / ".akm" / "config.json"
-    proj.write_text(json.dumps({"defaults": {"llmEngine": "cc", "agentEngine": "fast"},
-                                "workflow": {"judgeEngine": "nope"}}))
+    proj.write_text(
+        json.dumps({"defaults": {"llmEngine": "cc", "agentEngine": "fast"}, "workflow": {"judgeEngine": "nope"}})
+    )
     with pytest.raises(ConfigError) as info:
         config.load_config(project)
     issues = {i["path"]: i for i in info.value.details["issues"]}
-    assert issues["defaults.llmEngine"]["file"] == str(proj) and "agent engine" in issues["defaults.llmEngine"]["message"]
+    assert (
+        issues["defaults.llmEngine"]["file"] == str(proj) and "agent engine" in issues["defaults.llmEngine"]["message"]
+    )
     assert "llm engine" in issues["defaults.agentEngine"]["message"]
     assert "not configured" in issues["workflow.judgeEngine"]["message"]
     proj.write_text(json.dumps({"workflow": {"judgeEngine": "session"}}))
@@ -141,8 +167,11 @@ def test_cross_field_rules_name_the_file_that_sets_the_key(project, user_file):
 
 
 def test_retired_upstream_keys_are_named(project, user_file):
-    for data, word in (({"profiles": {}}, "profiles"), ({"llm": {}}, "'llm'"), ({"defaults": {"engine": "x"}},
-                                                                                   "defaults.engine")):
+    for data, word in (
+        ({"profiles": {}}, "profiles"),
+        ({"llm": {}}, "'llm'"),
+        ({"defaults": {"engine": "x"}}, "defaults.engine"),
+    ):
         user_file.write_text(json.dumps(data))
         with pytest.raises(ConfigError, match=word):
             config.load_config(project)
@@ -183,26 +212,29 @@ def test_set_refuses_literal_secrets_with_a_hint(project, user_file, capsys):
     assert "sk-live-123" not in user_file.read_text()
 
 
-@pytest.mark.parametrize("key,value,code", [
-    ("engines.fast.endpoint", "http://h/v1", 2),  # leaf values are checked as typed (spec-setup §2.8, test 6)
-    ("engines.fast.endpoint", "ftp://h/chat/completions", 2),
-    ("engines.fast.endpoint", "http://h/v1/chat/completions?x=1", 2),
-    ("engines.fast.endpoint", "http://u:p@h/v1/chat/completions", 2),
-    ("engines.fast.endpoint", "http://h:99999/v1/chat/completions", 2),  # no such port
-    ("engines.fast.endpoint", "http://h:abc/v1/chat/completions", 2),
-    ("engines.fast.endpoint", "http://h /v1/chat/completions", 2),
-    ("engines.slow", json.dumps({**FAST, "endpoint": "http://h/v1"}), 2),
-    ("engines.fast.maxTokens", "0", 2),
-    ("engines.fast.concurrency", "-3", 2),
-    ("engines.fast.temperature", "warm", 2),
-    ("engines.fast.supportsJsonSchema", "yes", 2),
-    ("engines.fast.kind", "robot", 2),
-    ("engines.Fast", json.dumps(FAST), 78),
-    ("defaults.llmEngine", "nope", 78),
-    ("no.such.key", "1", 2),
-    ("engines.fast.nope", "1", 2),
-    ("workflow.maxConcurrency", "1.5", 2),
-])
+@pytest.mark.parametrize(
+    "key,value,code",
+    [
+        ("engines.fast.endpoint", "http://h/v1", 2),  # leaf values are checked as typed (spec-setup §2.8, test 6)
+        ("engines.fast.endpoint", "ftp://h/chat/completions", 2),
+        ("engines.fast.endpoint", "http://h/v1/chat/completions?x=1", 2),
+        ("engines.fast.endpoint", "http://u:p@h/v1/chat/completions", 2),
+        ("engines.fast.endpoint", "http://h:99999/v1/chat/completions", 2),  # no such port
+        ("engines.fast.endpoint", "http://h:abc/v1/chat/completions", 2),
+        ("engines.fast.endpoint", "http://h /v1/chat/completions", 2),
+        ("engines.slow", json.dumps({**FAST, "endpoint": "http://h/v1"}), 2),
+        ("engines.fast.maxTokens", "0", 2),
+        ("engines.fast.concurrency", "-3", 2),
+        ("engines.fast.temperature", "warm", 2),
+        ("engines.fast.supportsJsonSchema", "yes", 2),
+        ("engines.fast.kind", "robot", 2),
+        ("engines.Fast", json.dumps(FAST), 78),
+        ("defaults.llmEngine", "nope", 78),
+        ("no.such.key", "1", 2),
+        ("engines.fast.nope", "1", 2),
+        ("workflow.maxConcurrency", "1.5", 2),
+    ],
+)
 def test_set_refusals_leave_the_file_untouched(project, user_file, capsys, key, value, code):
     akm(capsys, "config", "set", "engines.fast", json.dumps(FAST))
     before = user_file.read_bytes()
@@ -217,8 +249,16 @@ def test_an_endpoint_refused_for_its_password_is_not_echoed(project, capsys):
 
 
 def test_https_endpoint_with_a_path_prefix_is_fine(project, capsys):
-    assert akm(capsys, "config", "set", "engines.h", json.dumps(
-        {**FAST, "endpoint": "https://h/openai/v1/chat/completions"}))[0] == 0
+    assert (
+        akm(
+            capsys,
+            "config",
+            "set",
+            "engines.h",
+            json.dumps({**FAST, "endpoint": "https://h/openai/v1/chat/completions"}),
+        )[0]
+        == 0
+    )
 
 
 def test_project_flag_writes_the_project_file(project, capsys, monkeypatch):
@@ -255,8 +295,9 @@ def test_saves_are_private_atomic_and_backed_up(project, user_file, capsys):
 
 def test_concurrent_writers_do_not_lose_updates(project, user_file):
     def add(i: int) -> None:
-        config.update_config_file(lambda d: {**d, "engines": {**d.get("engines", {}),
-                                                               f"e{i}": {**FAST, "model": f"m{i}"}}}, cwd=project)
+        config.update_config_file(
+            lambda d: {**d, "engines": {**d.get("engines", {}), f"e{i}": {**FAST, "model": f"m{i}"}}}, cwd=project
+        )
 
     threads = [threading.Thread(target=add, args=(i,)) for i in range(8)]
     for t in threads:
@@ -274,8 +315,9 @@ def test_setup_helpers_upsert_without_duplicates(project):
     assert (again, added) == ("local", False)
     same_server, added = config.upsert_engine(data, {**FAST, "model": "other"}, name_hint="local")
     assert (same_server, added) == ("local", False)  # one server is one engine, whatever its model
-    other, added = config.upsert_engine(data, {**FAST, "endpoint": "http://127.0.0.1:10/v1/chat/completions"},
-                                        name_hint="local")
+    other, added = config.upsert_engine(
+        data, {**FAST, "endpoint": "http://127.0.0.1:10/v1/chat/completions"}, name_hint="local"
+    )
     assert (other, added) == ("local-2", True)
     assert config.set_default_if_unset(data, "llmEngine", "local") is True
     assert config.set_default_if_unset(data, "llmEngine", "local-2") is False
@@ -294,8 +336,9 @@ def test_exec_only_runs_do_not_build_config_models(project, monkeypatch):
     monkeypatch.setattr(cfg, "_MODELS", None)
     from tests.helpers import py, run, write_wf
 
-    wf = write_wf(project, "e.md", f"steps:\n  - id: a\n    unit: {{ exec: {{ command: {py('print(1)')} }} }}\n",
-                  "## a\n\nrun")
+    wf = write_wf(
+        project, "e.md", f"steps:\n  - id: a\n    unit: {{ exec: {{ command: {py('print(1)')} }} }}\n", "## a\n\nrun"
+    )
     assert run(wf, project).run.status == "completed"
     assert cfg._MODELS is None
     assert os.environ.get("AKM_CONFIG_DIR") is None

@@ -9,7 +9,6 @@ import pytest
 
 from akm.format.lint import lint_paths
 from akm.format.parse import parse_workflow
-
 from tests.helpers import CORPUS, corpus_files, needs_shared
 
 CURRENT = corpus_files("current")

@@ -28,8 +28,10 @@ def test_compiles_and_round_trips(path: Path):
     assert again.canonical() == text and again.plan_hash() == plan.plan_hash()
     assert [s.step_id for s in plan.steps] == [s.id for s in parsed.document.steps]
     # compiling twice is deterministic
-    assert compile_plan(parse_workflow(path.read_text(encoding="utf-8"), str(path)).document,
-                        title=path.stem).plan_hash() == plan.plan_hash()
+    assert (
+        compile_plan(parse_workflow(path.read_text(encoding="utf-8"), str(path)).document, title=path.stem).plan_hash()
+        == plan.plan_hash()
+    )
 
 
 def test_exec_only_example_freezes_without_engines():

@@ -27,8 +27,11 @@ CALLS_BEFORE = {"triage-bug-report": 37, "release-train": 38}
 def _journal() -> list[tuple]:
     con = sqlite3.connect(paths.journal_path())
     try:
-        return [*con.execute("SELECT * FROM units ORDER BY rowid"), *con.execute("SELECT * FROM steps ORDER BY rowid"),
-                *con.execute("SELECT id, status, current_step_id FROM runs")]
+        return [
+            *con.execute("SELECT * FROM units ORDER BY rowid"),
+            *con.execute("SELECT * FROM steps ORDER BY rowid"),
+            *con.execute("SELECT id, status, current_step_id FROM runs"),
+        ]
     finally:
         con.close()
 
@@ -47,7 +50,7 @@ def drive(project, path, *, resend: bool) -> tuple[api.RunResult, int]:
     for step in plan.steps:
         over = getattr(step.root, "over", None)
         if over and over.startswith("steps."):
-            source, _, rest = over[len("steps."):].partition(".output")
+            source, _, rest = over[len("steps.") :].partition(".output")
             fan_out_fields.setdefault(source, []).append(rest.lstrip("."))
     calls = 1
     res = api.run_workflow(str(wf), params=params, cwd=str(project))
@@ -73,8 +76,16 @@ def drive(project, path, *, resend: bool) -> tuple[api.RunResult, int]:
         out = None
         if brief["kind"] == "judge":
             rep = brief["judge"]["report"]
-            out, calls = send(run_id=rid, unit_id=rep["unitId"], verdict={"complete": True}, has_verdict=True,
-                              expect_step=rep["expectStep"]), calls + 1
+            out, calls = (
+                send(
+                    run_id=rid,
+                    unit_id=rep["unitId"],
+                    verdict={"complete": True},
+                    has_verdict=True,
+                    expect_step=rep["expectStep"],
+                ),
+                calls + 1,
+            )
         else:
             assert brief["kind"] == "units", brief
             for i, unit in enumerate(brief["units"]):
@@ -84,8 +95,17 @@ def drive(project, path, *, resend: bool) -> tuple[api.RunResult, int]:
                 if unit["outputSchema"]:
                     assert validate_instance(value, unit["outputSchema"]) == []
                 rep = unit["report"]
-                out, calls = send(run_id=rid, unit_id=rep["unitId"], attempt_id=rep["attemptId"],
-                                  expect_step=rep["expectStep"], result=value, has_result=True), calls + 1
+                out, calls = (
+                    send(
+                        run_id=rid,
+                        unit_id=rep["unitId"],
+                        attempt_id=rep["attemptId"],
+                        expect_step=rep["expectStep"],
+                        result=value,
+                        has_result=True,
+                    ),
+                    calls + 1,
+                )
         brief = out.get("brief") if out else None
         if brief is None:  # the step is done: the run goes on, and its answer carries the next brief
             res, calls = api.run_workflow(rid, cwd=str(project)), calls + 1

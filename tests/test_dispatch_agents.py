@@ -25,17 +25,40 @@ def bin_dir(tmp_path):
 
 
 def parent_env(bin_dir, **extra) -> dict:
-    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": os.environ.get("HOME", "/tmp"),
-            "LANG": "C.UTF-8", **extra}
+    return {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "LANG": "C.UTF-8",
+        **extra,
+    }
 
 
-def req(bin_dir, platform: str, prompt: str = "Do the task.", *, engine: dict | None = None, env=None,
-        timeout_ms=30_000, cwd=None, **kw) -> UnitRequest:
+def req(
+    bin_dir,
+    platform: str,
+    prompt: str = "Do the task.",
+    *,
+    engine: dict | None = None,
+    env=None,
+    timeout_ms=30_000,
+    cwd=None,
+    **kw,
+) -> UnitRequest:
     snap = {"name": f"{platform}-eng", "kind": "agent", "platform": platform, **(engine or {})}
-    return UnitRequest(run_id="run-1", step_id="s", unit_id="s:solo", attempt_id="s:solo", kind="agent",
-                       cwd=str(cwd or bin_dir.parent), prompt=prompt, timeout_ms=timeout_ms,
-                       engine_name=snap["name"], engine=snap, parent_env=env if env is not None else parent_env(bin_dir),
-                       **kw)
+    return UnitRequest(
+        run_id="run-1",
+        step_id="s",
+        unit_id="s:solo",
+        attempt_id="s:solo",
+        kind="agent",
+        cwd=str(cwd or bin_dir.parent),
+        prompt=prompt,
+        timeout_ms=timeout_ms,
+        engine_name=snap["name"],
+        engine=snap,
+        parent_env=env if env is not None else parent_env(bin_dir),
+        **kw,
+    )
 
 
 def run(request, cancel=None, feedback=None):
@@ -88,8 +111,7 @@ def test_claude_in_verbose_mode_prints_an_array_whose_last_result_is_read(bin_di
 def test_codex_0_4x_item_type_events_are_read(bin_dir):
     res = run(req(bin_dir, "codex", "FAKE:legacy\nFAKE:answer=legacy answer"))
     assert res.ok, res.error
-    assert (res.text, res.session_id, res.tokens) == ("legacy answer", "0199a213-81c0-7800-8aa1-bbab2a035a53",
-                                                      24885)
+    assert (res.text, res.session_id, res.tokens) == ("legacy answer", "0199a213-81c0-7800-8aa1-bbab2a035a53", 24885)
 
 
 def test_opencode_gets_the_system_prompt_in_its_message(bin_dir):
@@ -112,41 +134,77 @@ def test_plain_text_from_a_structured_harness_is_still_an_answer(bin_dir):
 
 
 def test_claude_argv():
-    built = hz.build("claude", hz.Call(bin="claude", args=[], prompt="P", system_prompt="S",
-                                       model="claude-opus-4-7"))
-    assert built.argv == ["claude", "--system-prompt", "S", "--model", "claude-opus-4-7", "--output-format", "json",
-                          "--print", "--", "P"]
+    built = hz.build("claude", hz.Call(bin="claude", args=[], prompt="P", system_prompt="S", model="claude-opus-4-7"))
+    assert built.argv == [
+        "claude",
+        "--system-prompt",
+        "S",
+        "--model",
+        "claude-opus-4-7",
+        "--output-format",
+        "json",
+        "--print",
+        "--",
+        "P",
+    ]
     long = hz.build("claude", hz.Call(bin="claude", args=[], prompt="x" * 200_000))
     assert long.argv[-1] == "--print" and long.stdin == "x" * 200_000
 
 
 def test_codex_argv_and_schema_file(tmp_path):
     built = hz.build("codex", hz.Call(bin="codex", args=[], prompt="P"))
-    assert built.argv == ["codex", "exec", "--sandbox", "workspace-write", "--skip-git-repo-check", "--json", "--",
-                          "P"]
+    assert built.argv == ["codex", "exec", "--sandbox", "workspace-write", "--skip-git-repo-check", "--json", "--", "P"]
     schema = {"type": "object", "properties": {}, "additionalProperties": False}
-    built = hz.build("codex", hz.Call(bin="codex", args=["exec", "-s", "read-only"], prompt="P", system_prompt="S",
-                                      schema=schema, schema_path=str(tmp_path / "s.json")))
+    built = hz.build(
+        "codex",
+        hz.Call(
+            bin="codex",
+            args=["exec", "-s", "read-only"],
+            prompt="P",
+            system_prompt="S",
+            schema=schema,
+            schema_path=str(tmp_path / "s.json"),
+        ),
+    )
     assert built.argv[:4] == ["codex", "exec", "-s", "read-only"] and "--sandbox" not in built.argv
     assert built.argv[-4:] == ["--output-schema", str(tmp_path / "s.json"), "--", "S\n\nP"]
     assert json.loads(built.schema_file[1]) == schema
 
 
 def test_opencode_model_replaces_the_configured_one_keeping_its_provider():
-    built = hz.build("opencode", hz.Call(bin="opencode", args=["run", "--model", "openai/gpt-5"], prompt="do work",
-                                         model="gpt-6"))
+    built = hz.build(
+        "opencode", hz.Call(bin="opencode", args=["run", "--model", "openai/gpt-5"], prompt="do work", model="gpt-6")
+    )
     assert built.argv == ["opencode", "run", "--model", "openai/gpt-6", "--format", "json", "--", "do work"]
 
 
 def test_text_harness_argv():
     assert hz.build("aider", hz.Call(bin="aider", args=["--no-auto-commits"], prompt="P", model="m")).argv == [
-        "aider", "--no-auto-commits", "--model", "m", "--yes-always", "--no-pretty", "--message=P"]
-    assert hz.build("amazonq", hz.Call(bin="q", args=["chat", "--trust-tools=fs_read,fs_write"], prompt="P")).argv \
-        == ["q", "chat", "--trust-tools=fs_read,fs_write", "--no-interactive", "--", "P"]
+        "aider",
+        "--no-auto-commits",
+        "--model",
+        "m",
+        "--yes-always",
+        "--no-pretty",
+        "--message=P",
+    ]
+    assert hz.build("amazonq", hz.Call(bin="q", args=["chat", "--trust-tools=fs_read,fs_write"], prompt="P")).argv == [
+        "q",
+        "chat",
+        "--trust-tools=fs_read,fs_write",
+        "--no-interactive",
+        "--",
+        "P",
+    ]
     oh = hz.build("openhands", hz.Call(bin="openhands", args=[], prompt="P", model="gpt-x"))
     assert oh.argv == ["openhands", "--headless", "--json", "--task=P"] and oh.env == {"LLM_MODEL": "gpt-x"}
     assert hz.build("gemini", hz.Call(bin="gemini", args=[], prompt="P", system_prompt="S")).argv == [
-        "gemini", "--output-format", "json", "-p", "S\n\nP"]
+        "gemini",
+        "--output-format",
+        "json",
+        "-p",
+        "S\n\nP",
+    ]
 
 
 def test_a_flag_shaped_model_is_refused(bin_dir):
@@ -166,10 +224,19 @@ def test_detect_finds_clis_on_path(bin_dir):
 
 
 def test_environment_is_built_from_nothing(bin_dir):
-    env = parent_env(bin_dir, SECRET_X="top-secret-value-1", ANTHROPIC_API_KEY="anthropic-key-value",
-                     EXTRA_ALLOWED="extra-value-77")
-    res = run(req(bin_dir, "claude", "FAKE:echo-env=SECRET_X", env=env, engine={"envPassthrough": ["EXTRA_ALLOWED"]},
-                  env_bindings={"BOUND": "bound-secret-42"}))
+    env = parent_env(
+        bin_dir, SECRET_X="top-secret-value-1", ANTHROPIC_API_KEY="anthropic-key-value", EXTRA_ALLOWED="extra-value-77"
+    )
+    res = run(
+        req(
+            bin_dir,
+            "claude",
+            "FAKE:echo-env=SECRET_X",
+            env=env,
+            engine={"envPassthrough": ["EXTRA_ALLOWED"]},
+            env_bindings={"BOUND": "bound-secret-42"},
+        )
+    )
     assert res.ok and res.text is None  # SECRET_X is not passed
     [call] = fake_harness.calls(str(bin_dir))
     child = call["env"]
@@ -183,8 +250,15 @@ def test_passthrough_secrets_and_bindings_are_redacted_from_output(bin_dir):
     env = parent_env(bin_dir, ANTHROPIC_API_KEY="anthropic-key-value")
     res = run(req(bin_dir, "claude", "FAKE:echo-env=ANTHROPIC_API_KEY", env=env))
     assert res.ok and res.text == "[REDACTED]"
-    res = run(req(bin_dir, "claude", "FAKE:echo-env=BOUND", env_bindings={"BOUND": "bound-secret-42"},
-                  sensitive_values=["bound-secret-42"]))
+    res = run(
+        req(
+            bin_dir,
+            "claude",
+            "FAKE:echo-env=BOUND",
+            env_bindings={"BOUND": "bound-secret-42"},
+            sensitive_values=["bound-secret-42"],
+        )
+    )
     assert res.text == "[REDACTED]"
 
 
@@ -231,8 +305,12 @@ def test_cwd_comes_from_the_request(bin_dir, tmp_path):
 
 
 def test_codex_gets_the_schema_as_a_file(bin_dir):
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
     res = run(req(bin_dir, "codex", "Answer in JSON.", output_schema=schema))
     assert res.ok and json.loads(res.text) == {"ok": True}
     call = fake_harness.calls(str(bin_dir))[-1]
@@ -243,10 +321,16 @@ def test_codex_gets_the_schema_as_a_file(bin_dir):
 def test_codex_gets_no_schema_file_that_openai_strict_mode_would_refuse(bin_dir):
     """codex forwards --output-schema to OpenAI in strict mode: an open object or an optional property
     is an HTTP 400 and the turn fails. Such a schema stays in the prompt only."""
-    for schema in ({"type": "object", "properties": {"ok": {"type": "boolean"}}},
-                   {"type": "object", "required": ["ok"], "properties": {"ok": {}}, "additionalProperties": False},
-                   {"type": "object", "properties": {"ok": {"type": "boolean"}, "note": {"type": "string"}},
-                    "required": ["ok"], "additionalProperties": False}):
+    for schema in (
+        {"type": "object", "properties": {"ok": {"type": "boolean"}}},
+        {"type": "object", "required": ["ok"], "properties": {"ok": {}}, "additionalProperties": False},
+        {
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}, "note": {"type": "string"}},
+            "required": ["ok"],
+            "additionalProperties": False,
+        },
+    ):
         res = run(req(bin_dir, "codex", "Answer in JSON.", output_schema=schema))
         assert res.ok and json.loads(res.text) == {"ok": True}, res.error
         assert "--output-schema" not in fake_harness.calls(str(bin_dir))[-1]["argv"]
@@ -266,11 +350,18 @@ def test_feedback_is_appended_to_the_prompt(bin_dir):
     assert fake_harness.calls(str(bin_dir))[-1]["prompt"] == "Do it.\n\nThat was not JSON."
 
 
-@pytest.mark.parametrize("platform,where", [("opencode", "OPENCODE_CONFIG_CONTENT"), ("aider", "OPENAI_API_KEY"),
-                                            ("openhands", "LLM_API_KEY")])
+@pytest.mark.parametrize(
+    "platform,where",
+    [("opencode", "OPENCODE_CONFIG_CONTENT"), ("aider", "OPENAI_API_KEY"), ("openhands", "LLM_API_KEY")],
+)
 def test_agent_on_an_llm_engine_gets_its_endpoint_and_key(bin_dir, platform, where):
-    llm = {"name": "local", "kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions", "model": "qwen3",
-           "credential": {"names": ["LOCAL_KEY"], "required": True}}
+    llm = {
+        "name": "local",
+        "kind": "llm",
+        "endpoint": "http://127.0.0.1:9/v1/chat/completions",
+        "model": "qwen3",
+        "credential": {"names": ["LOCAL_KEY"], "required": True},
+    }
     env = parent_env(bin_dir, LOCAL_KEY=KEY)
     marker = "FAKE:echo-env=AKM_LLM_API_KEY" if platform == "opencode" else f"FAKE:echo-env={where}"
     res = run(req(bin_dir, platform, marker, env=env, engine={"llmEngine": "local", "llm": llm}))

@@ -44,10 +44,20 @@ def run_with_schema(r: ExecRequest, schema: dict | None = None):
     from akm.engine.structured import run_structured
     from akm.plan.model import ExecSpec
 
-    request = UnitRequest(run_id="r", step_id="work", unit_id="work:solo", attempt_id="work:solo", kind="exec",
-                          cwd=r.base_dir, output_schema={} if schema is None else schema,
-                          timeout_ms=r.timeout_ms, exec_spec=ExecSpec(command=r.command, cwd=r.cwd),
-                          exec_context=r.context, env_bindings=r.env_bindings, sensitive_values=r.sensitive_values)
+    request = UnitRequest(
+        run_id="r",
+        step_id="work",
+        unit_id="work:solo",
+        attempt_id="work:solo",
+        kind="exec",
+        cwd=r.base_dir,
+        output_schema={} if schema is None else schema,
+        timeout_ms=r.timeout_ms,
+        exec_spec=ExecSpec(command=r.command, cwd=r.cwd),
+        exec_context=r.context,
+        env_bindings=r.env_bindings,
+        sensitive_values=r.sensitive_values,
+    )
     return run_structured(ExecDispatcher(), request, threading.Event())
 
 
@@ -271,9 +281,7 @@ def test_cancel_while_running_is_aborted(tmp_path):
     threading.Timer(0.3, cancel.set).start()
     pidfile = tmp_path / "child.pid"
     t0 = time.monotonic()
-    res = run_exec_unit(
-        req(tmp_path, ["sh", "-c", f"echo $$ > {pidfile}; sleep 30"], timeout_ms=None), cancel=cancel
-    )
+    res = run_exec_unit(req(tmp_path, ["sh", "-c", f"echo $$ > {pidfile}; sleep 30"], timeout_ms=None), cancel=cancel)
     assert res.failure_reason == "aborted" and "cancelled" in res.error
     assert time.monotonic() - t0 < 20  # long before `sleep 30` would end on its own
     assert wait_gone(int(pidfile.read_text()))
@@ -360,9 +368,10 @@ def test_build_exec_context_solo_and_map():
     assert m["AKM_PARAMS"] == '{"a":"é","z":1}'
     assert m["AKM_ITEM"] == '{"a":2,"b":1}' and m["AKM_ITEM_INDEX"] == "0"
     assert m["AKM_INPUTS"] == '{"steps.plan.output":{"x":null,"y":[1]}}'
-    assert build_exec_context(run_id="r", step_id="s", unit_id="u", params={}, item=None, item_index=3)[
-        "AKM_ITEM"
-    ] == "null"
+    assert (
+        build_exec_context(run_id="r", step_id="s", unit_id="u", params={}, item=None, item_index=3)["AKM_ITEM"]
+        == "null"
+    )
 
 
 def test_context_reaches_child(tmp_path):
@@ -591,19 +600,22 @@ def test_strict_json_success(tmp_path, stdout, value):
     assert res.ok and res.has_result and res.result == value
 
 
-@pytest.mark.parametrize("stdout,why", [
-    ('log line {"ok":true}', 'does not start with a JSON value: line 1 column 1 reads "log line'),
-    ("Building...\n{}", "a log line before the value"),
-    ("", "the output is empty"),
-    ("  \n", "the output is empty"),
-    ("NaN", "NaN at line 1 column 1 is not a JSON value"),
-    ('{"a":1} {"b":2}', 'text follows the JSON value at line 1 column 9: "{\\"b\\":2}"'),
-    ("{bad}", "invalid JSON at line 1 column 2"),
-    ("1e999", "the number 1e999 is out of range"),
-    ('{"x": "1e999",\n "a": [1, 2e999]}', "invalid JSON at line 2 column 11: the number 2e999 is out of range"),
-    ('{"NaN": [1, Infinity]}', "invalid JSON at line 1 column 13: Infinity is not a JSON value"),
-    ('{"a": [1,', "the JSON value is cut off"),
-])
+@pytest.mark.parametrize(
+    "stdout,why",
+    [
+        ('log line {"ok":true}', 'does not start with a JSON value: line 1 column 1 reads "log line'),
+        ("Building...\n{}", "a log line before the value"),
+        ("", "the output is empty"),
+        ("  \n", "the output is empty"),
+        ("NaN", "NaN at line 1 column 1 is not a JSON value"),
+        ('{"a":1} {"b":2}', 'text follows the JSON value at line 1 column 9: "{\\"b\\":2}"'),
+        ("{bad}", "invalid JSON at line 1 column 2"),
+        ("1e999", "the number 1e999 is out of range"),
+        ('{"x": "1e999",\n "a": [1, 2e999]}', "invalid JSON at line 2 column 11: the number 2e999 is out of range"),
+        ('{"NaN": [1, Infinity]}', "invalid JSON at line 1 column 13: Infinity is not a JSON value"),
+        ('{"a": [1,', "the JSON value is cut off"),
+    ],
+)
 def test_strict_json_parse_error(tmp_path, stdout, why):
     """Each problem is reported as what it is, with its position (issue 6 item 11)."""
     res = run_with_schema(req(tmp_path, py(f"import sys;sys.stdout.write({stdout!r})")))

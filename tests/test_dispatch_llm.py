@@ -15,15 +15,35 @@ KEY = "s3cr3t-key-value-9431"
 
 
 def snap(server, model: str = "plain", **extra) -> dict:
-    return {"name": "fast", "kind": "llm", "endpoint": server.url, "model": model, "concurrency": 4,
-            "credential": {"names": ["AKM_ENGINE_FAST_API_KEY"], "required": False}, **extra}
+    return {
+        "name": "fast",
+        "kind": "llm",
+        "endpoint": server.url,
+        "model": model,
+        "concurrency": 4,
+        "credential": {"names": ["AKM_ENGINE_FAST_API_KEY"], "required": False},
+        **extra,
+    }
 
 
-def req(engine: dict, *, prompt: str = "Do it.", schema=None, timeout_ms=10_000, env=None, attempt="s:solo",
-        **kw) -> UnitRequest:
-    return UnitRequest(run_id="r1", step_id="s", unit_id="s:solo", attempt_id=attempt, kind="llm", cwd="/tmp",
-                       prompt=prompt, output_schema=schema, timeout_ms=timeout_ms, engine_name=engine["name"],
-                       engine=engine, parent_env=env if env is not None else {}, **kw)
+def req(
+    engine: dict, *, prompt: str = "Do it.", schema=None, timeout_ms=10_000, env=None, attempt="s:solo", **kw
+) -> UnitRequest:
+    return UnitRequest(
+        run_id="r1",
+        step_id="s",
+        unit_id="s:solo",
+        attempt_id=attempt,
+        kind="llm",
+        cwd="/tmp",
+        prompt=prompt,
+        output_schema=schema,
+        timeout_ms=timeout_ms,
+        engine_name=engine["name"],
+        engine=engine,
+        parent_env=env if env is not None else {},
+        **kw,
+    )
 
 
 def run(request: UnitRequest, cancel: threading.Event | None = None, feedback=None, dispatcher=None):
@@ -43,7 +63,9 @@ def test_structured_request_uses_json_schema_only_when_supported(fake_openai):
     res = run(req(snap(fake_openai, "json", supportsJsonSchema=True), schema=schema))
     assert res.ok and json.loads(res.text) == {"ok": True} and res.tokens == 7
     assert fake_openai.requests[-1]["body"]["response_format"] == {
-        "type": "json_schema", "json_schema": {"name": "akm_response", "schema": schema, "strict": False}}
+        "type": "json_schema",
+        "json_schema": {"name": "akm_response", "schema": schema, "strict": False},
+    }
     closed = {**schema, "required": ["ok"], "additionalProperties": False}
     run(req(snap(fake_openai, "json", supportsJsonSchema=True), schema=closed))
     assert fake_openai.requests[-1]["body"]["response_format"]["json_schema"]["strict"] is True
@@ -52,8 +74,15 @@ def test_structured_request_uses_json_schema_only_when_supported(fake_openai):
 
 
 def test_engine_and_unit_options_shape_the_body(fake_openai):
-    engine = snap(fake_openai, "plain", temperature=0.1, maxTokens=50, extraParams={"top_k": 5},
-                  provider="vllm", enableThinking=False)
+    engine = snap(
+        fake_openai,
+        "plain",
+        temperature=0.1,
+        maxTokens=50,
+        extraParams={"top_k": 5},
+        provider="vllm",
+        enableThinking=False,
+    )
     run(req(engine, llm_options={"temperature": 0.7}, system_prompt="Be brief."))
     body = fake_openai.requests[-1]["body"]
     assert body["temperature"] == 0.7 and body["max_tokens"] == 50 and body["top_k"] == 5
@@ -98,15 +127,18 @@ def test_one_transport_retry_for_a_500(fake_openai):
     assert len(fake_openai.bodies("flaky-500-words")) == 2
 
 
-@pytest.mark.parametrize("model,reason,words", [
-    ("malformed", "llm_bad_response", "not JSON"),
-    ("html-200", "llm_bad_response", "HTML page"),
-    ("no-choices", "llm_bad_response", "no choices"),
-    ("stream", "llm_bad_response", "event stream"),
-    ("html-502", "llm_http_error", "HTTP 502"),
-    ("filtered", "llm_content_filter", "content_filter"),
-    ("nope", "llm_http_error", "HTTP 404"),
-])
+@pytest.mark.parametrize(
+    "model,reason,words",
+    [
+        ("malformed", "llm_bad_response", "not JSON"),
+        ("html-200", "llm_bad_response", "HTML page"),
+        ("no-choices", "llm_bad_response", "no choices"),
+        ("stream", "llm_bad_response", "event stream"),
+        ("html-502", "llm_http_error", "HTTP 502"),
+        ("filtered", "llm_content_filter", "content_filter"),
+        ("nope", "llm_http_error", "HTTP 404"),
+    ],
+)
 def test_bad_answers_map_to_failure_reasons(fake_openai, model, reason, words):
     res = run(req(snap(fake_openai, model)))
     assert not res.ok and res.failure_reason == reason and words in res.error, res.error
@@ -126,8 +158,13 @@ def test_connection_refused_is_a_network_error_not_retried():
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    engine = {"name": "gone", "kind": "llm", "endpoint": f"http://127.0.0.1:{port}/v1/chat/completions",
-              "model": "m", "credential": {"names": [], "required": False}}
+    engine = {
+        "name": "gone",
+        "kind": "llm",
+        "endpoint": f"http://127.0.0.1:{port}/v1/chat/completions",
+        "model": "m",
+        "credential": {"names": [], "required": False},
+    }
     start = time.monotonic()
     res = run(req(engine))
     assert res.failure_reason == "llm_network_error" and time.monotonic() - start < 5
@@ -169,9 +206,10 @@ def test_engine_concurrency_caps_requests_in_flight(fake_openai):
     engine = snap(fake_openai, "hold-0.3", concurrency=2)
     dispatcher = LlmDispatcher()
     results = []
-    threads = [threading.Thread(target=lambda i=i: results.append(run(req(engine, attempt=f"u{i}"),
-                                                                         dispatcher=dispatcher)))
-               for i in range(6)]
+    threads = [
+        threading.Thread(target=lambda i=i: results.append(run(req(engine, attempt=f"u{i}"), dispatcher=dispatcher)))
+        for i in range(6)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -191,8 +229,11 @@ def test_key_from_env_reference_is_sent_and_scrubbed_everywhere(fake_openai):
 
 
 def test_conventional_key_names_and_the_default_fallback(fake_openai):
-    engine = snap(fake_openai, "echo-auth", credential={"names": ["AKM_ENGINE_FAST_API_KEY", "AKM_LLM_API_KEY"],
-                                                       "required": False})
+    engine = snap(
+        fake_openai,
+        "echo-auth",
+        credential={"names": ["AKM_ENGINE_FAST_API_KEY", "AKM_LLM_API_KEY"], "required": False},
+    )
     run(req(engine, env={"AKM_ENGINE_FAST_API_KEY": "aaaa1", "AKM_LLM_API_KEY": "bbbb2"}))
     assert fake_openai.requests[-1]["headers"]["Authorization"] == "Bearer aaaa1"
     run(req(engine, env={"AKM_LLM_API_KEY": "bbbb2"}))
@@ -231,8 +272,7 @@ def test_feedback_continues_the_conversation(fake_openai):
 def test_chat_and_post_chat_for_judges_and_setup(fake_openai):
     resp = chat(snap(fake_openai, "plain"), [{"role": "user", "content": "hi"}], environ={})
     assert resp.text == "hello" and resp.tokens == 17 and resp.finish_reason == "stop"
-    body = {"model": "plain", "messages": [{"role": "user", "content": "Reply OK"}], "max_tokens": 1,
-            "stream": False}
+    body = {"model": "plain", "messages": [{"role": "user", "content": "Reply OK"}], "max_tokens": 1, "stream": False}
     post_chat(fake_openai.url, body)
     assert fake_openai.requests[-1]["body"] == body
     with pytest.raises(LlmCallError) as info:
@@ -245,8 +285,10 @@ def test_probe_json_schema(fake_openai):
     ok = probe_json_schema({"endpoint": fake_openai.url, "model": "probe-ok"})
     assert ok.reachable and ok.structured_output
     assert fake_openai.requests[-1]["body"]["response_format"]["json_schema"] == {
-        "name": "akm_response", "schema": fake_openai.requests[-1]["body"]["response_format"]["json_schema"]["schema"],
-        "strict": True}
+        "name": "akm_response",
+        "schema": fake_openai.requests[-1]["body"]["response_format"]["json_schema"]["schema"],
+        "strict": True,
+    }
     assert fake_openai.requests[-1]["body"]["max_tokens"] == 64 and fake_openai.requests[-1]["body"]["temperature"] == 0
     bad = probe_json_schema({"endpoint": fake_openai.url, "model": "plain"})
     assert bad.reachable and not bad.structured_output

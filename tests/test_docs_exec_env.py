@@ -43,7 +43,11 @@ def _run(tmp_path: Path, extra_env: dict[str, str]) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT), **extra_env)
     proc = subprocess.run(
         [sys.executable, "-m", "akm", "workflow", "run", str(wf), "--format", "json"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)

@@ -12,21 +12,24 @@ import pytest
 
 from akm import api, paths
 from akm.errors import UsageError
-
 from tests.helpers import PY, db_rows, py, run, steps_of, write_wf
-
 
 # ------------------------------------------------------------------ basics
 
 
 def test_linear_run_completes_and_rerun_dispatches_nothing(project):
-    wf = write_wf(project, "lin.md", f"""
+    wf = write_wf(
+        project,
+        "lin.md",
+        f"""
         steps:
           - id: a
             unit: {{ exec: {{ command: {py('print("one")')} }} }}
           - id: b
             unit: {{ exec: {{ command: {py('print("two")')} }} }}
-        """, "## a\n\nfirst\n\n## b\n\nsecond")
+        """,
+        "## a\n\nfirst\n\n## b\n\nsecond",
+    )
     res = run(wf, project)
     assert res.run.status == "completed" and res.done and res.started
     assert steps_of(res)["a"]["output"] == "one"
@@ -44,7 +47,10 @@ def test_linear_run_completes_and_rerun_dispatches_nothing(project):
 
 
 def test_map_of_30_items_then_route(project):
-    wf = write_wf(project, "fan.md", f"""
+    wf = write_wf(
+        project,
+        "fan.md",
+        f"""
         params:
           n: {{ type: integer }}
         steps:
@@ -73,7 +79,9 @@ def test_map_of_30_items_then_route(project):
             unit: {{ exec: {{ command: {py('print("B")')} }} }}
           - id: small
             unit: {{ exec: {{ command: {py('print("S")')} }} }}
-        """, "## items\n\nx\n\n## square\n\nx\n\n## verdict\n\nx\n\n## go\n\nroute\n\n## big\n\nx\n\n## small\n\nx")
+        """,
+        "## items\n\nx\n\n## square\n\nx\n\n## verdict\n\nx\n\n## go\n\nroute\n\n## big\n\nx\n\n## small\n\nx",
+    )
     res = run(wf, project, param_pairs=[("n", "30")])
     st = steps_of(res)
     assert res.run.status == "completed"
@@ -86,34 +94,49 @@ def test_map_of_30_items_then_route(project):
 
 def test_retry_succeeds_on_third_attempt(project):
     counter = project / "count.txt"
-    wf = write_wf(project, "retry.md", f"""
+    wf = write_wf(
+        project,
+        "retry.md",
+        f"""
         steps:
           - id: flaky
             unit:
-              exec: {{ command: {py(f'''
+              exec: {{ command: {
+            py(f'''
                   import pathlib, sys
                   p = pathlib.Path({str(counter)!r}); n = int(p.read_text()) + 1 if p.exists() else 1
-                  p.write_text(str(n)); print("attempt", n); sys.exit(0 if n >= 3 else 1)''')} }}
+                  p.write_text(str(n)); print("attempt", n); sys.exit(0 if n >= 3 else 1)''')
+        } }}
               retry: {{ max: 3, on: [non_zero_exit] }}
-        """, "## flaky\n\nflaky thing")
+        """,
+        "## flaky\n\nflaky thing",
+    )
     res = run(wf, project)
     assert res.run.status == "completed"
     assert counter.read_text() == "3"
     rows = db_rows("SELECT unit_id, status, failure_reason FROM units ORDER BY started_at")
-    assert rows == [("flaky:solo", "failed", "non_zero_exit"), ("flaky:solo~r1", "failed", "non_zero_exit"),
-                    ("flaky:solo~r2", "completed", None)]
+    assert rows == [
+        ("flaky:solo", "failed", "non_zero_exit"),
+        ("flaky:solo~r1", "failed", "non_zero_exit"),
+        ("flaky:solo~r2", "completed", None),
+    ]
     ev = json.loads(db_rows("SELECT evidence_json FROM steps")[0][0])
     assert ev["units"][0]["unitId"] == "flaky:solo" and ev["output"] == "attempt 3"
 
 
 def test_reason_not_in_retry_on_is_not_retried(project):
-    wf = write_wf(project, "noretry.md", f"""
+    wf = write_wf(
+        project,
+        "noretry.md",
+        f"""
         steps:
           - id: x
             unit:
-              exec: {{ command: {py('import sys; sys.exit(3)')} }}
+              exec: {{ command: {py("import sys; sys.exit(3)")} }}
               retry: {{ max: 2, on: [timeout] }}
-        """, "## x\n\nx")
+        """,
+        "## x\n\nx",
+    )
     res = run(wf, project)
     assert res.run.status == "failed"
     assert db_rows("SELECT count(*) FROM units") == [(1,)]
@@ -121,7 +144,10 @@ def test_reason_not_in_retry_on_is_not_retried(project):
 
 
 def test_on_error_continue_gives_null_slots(project):
-    wf = write_wf(project, "cont.md", f"""
+    wf = write_wf(
+        project,
+        "cont.md",
+        f"""
         params:
           xs: {{ type: array }}
         steps:
@@ -132,7 +158,9 @@ def test_on_error_continue_gives_null_slots(project):
                 exec: {{ command: {py('import json,os,sys; i=json.loads(os.environ["AKM_ITEM"]); sys.exit(1) if i % 2 else print(i)')} }}
                 on_error: continue
             output: {{ type: array }}
-        """, "## each\n\nx")
+        """,
+        "## each\n\nx",
+    )
     res = run(wf, project, params={"xs": [0, 1, 2, 3]})
     st = steps_of(res)["each"]
     assert res.run.status == "completed"
@@ -160,18 +188,22 @@ def test_on_error_continue_with_a_schema_keeps_the_parse_error_as_the_reason(pro
               unit:
                 {unit}
             output: {{ type: array, items: {{ type: object }} }}"""
-    wf = write_wf(project, f"cont-{shape}.md", "params:\n  xs: { type: array, default: [1] }\nsteps:" + body,
-                  "## each\n\nx")
+    wf = write_wf(
+        project, f"cont-{shape}.md", "params:\n  xs: { type: array, default: [1] }\nsteps:" + body, "## each\n\nx"
+    )
     res = run(wf, project)
     assert res.run.status == "failed"
     notes = steps_of(res)["each"]["notes"]
     assert "(parse_error) (recorded, on_error: continue)" in notes
-    assert "the output does not start with a JSON value: line 1 column 1 reads \"log line\"" in notes
+    assert 'the output does not start with a JSON value: line 1 column 1 reads "log line"' in notes
     assert notes.index("parse_error") < notes.index("expected type object, got null")
 
 
 def test_budget_ceiling_fails_the_step(project):
-    wf = write_wf(project, "budget.md", f"""
+    wf = write_wf(
+        project,
+        "budget.md",
+        f"""
         budget: {{ max_units: 2 }}
         steps:
           - id: each
@@ -181,7 +213,9 @@ def test_budget_ceiling_fails_the_step(project):
               unit: {{ exec: {{ command: {py('print("ok")')} }} }}
         params:
           xs: {{ type: array }}
-        """, "## each\n\nx")
+        """,
+        "## each\n\nx",
+    )
     res = run(wf, project, params={"xs": ["a", "b", "c"]})
     assert res.run.status == "failed"
     assert "budget exceeded (max_units ceiling)" in steps_of(res)["each"]["notes"]
@@ -190,7 +224,10 @@ def test_budget_ceiling_fails_the_step(project):
 
 def test_failed_item_is_the_only_one_redispatched_after_resume(project):
     flag = project / "fixed"
-    wf = write_wf(project, "resume.md", f"""
+    wf = write_wf(
+        project,
+        "resume.md",
+        f"""
         params:
           xs: {{ type: array }}
         steps:
@@ -200,7 +237,9 @@ def test_failed_item_is_the_only_one_redispatched_after_resume(project):
               concurrency: 1  # fail fast would otherwise race the siblings of the failing item
               unit:
                 exec: {{ command: {py(f'import json,os,sys,pathlib; i=json.loads(os.environ["AKM_ITEM"]); sys.exit(1) if i == "c" and not pathlib.Path({str(flag)!r}).exists() else print(i)')} }}
-        """, "## each\n\nx")
+        """,
+        "## each\n\nx",
+    )
     res = run(wf, project, params={"xs": ["a", "b", "c"]})
     assert res.run.status == "failed"
     # b fails; on_error: fail stops dispatching, so whether c was dispatched before that depends
@@ -227,13 +266,18 @@ def test_failed_item_is_the_only_one_redispatched_after_resume(project):
 
 
 def test_replay_divergence_is_detected(project):
-    wf = write_wf(project, "div.md", f"""
+    wf = write_wf(
+        project,
+        "div.md",
+        f"""
         steps:
           - id: a
-            unit: {{ exec: {{ command: {py('print(1)')} }} }}
+            unit: {{ exec: {{ command: {py("print(1)")} }} }}
           - id: b
-            unit: {{ exec: {{ command: {py('import sys; sys.exit(1)')} }} }}
-        """, "## a\n\nx\n\n## b\n\nx")
+            unit: {{ exec: {{ command: {py("import sys; sys.exit(1)")} }} }}
+        """,
+        "## a\n\nx\n\n## b\n\nx",
+    )
     res = run(wf, project)
     assert res.run.status == "failed"
     # Tamper the completed row's hash and reopen step a: the journal no longer matches the plan.
@@ -251,12 +295,17 @@ def test_replay_divergence_is_detected(project):
 
 
 def test_step_output_schema_mismatch_fails_the_step(project):
-    wf = write_wf(project, "typed.md", f"""
+    wf = write_wf(
+        project,
+        "typed.md",
+        f"""
         steps:
           - id: a
-            unit: {{ exec: {{ command: {py('print(5)')} }} }}
+            unit: {{ exec: {{ command: {py("print(5)")} }} }}
             output: {{ type: string }}
-        """, "## a\n\nx")
+        """,
+        "## a\n\nx",
+    )
     res = run(wf, project)
     assert res.run.status == "failed"
     assert "validation" in steps_of(res)["a"]["notes"] or "expected" in steps_of(res)["a"]["notes"]
@@ -264,16 +313,21 @@ def test_step_output_schema_mismatch_fails_the_step(project):
 
 
 def test_empty_and_duplicate_fan_out(project):
-    wf = write_wf(project, "fan2.md", f"""
+    wf = write_wf(
+        project,
+        "fan2.md",
+        f"""
         params:
           xs: {{ type: array }}
         steps:
           - id: each
             map:
               over: params.xs
-              unit: {{ exec: {{ command: {py('print(1)')} }} }}
+              unit: {{ exec: {{ command: {py("print(1)")} }} }}
             output: {{ type: array }}
-        """, "## each\n\nx")
+        """,
+        "## each\n\nx",
+    )
     res = run(wf, project, params={"xs": []})
     assert res.run.status == "completed" and steps_of(res)["each"]["output"] == []
     (project / ".akm").mkdir()  # a new scope, so a second run of the same file starts fresh
@@ -283,7 +337,10 @@ def test_empty_and_duplicate_fan_out(project):
 
 
 def test_route_without_match_and_default_fails(project):
-    wf = write_wf(project, "route.md", f"""
+    wf = write_wf(
+        project,
+        "route.md",
+        f"""
         params:
           mode: {{ type: string }}
         steps:
@@ -292,20 +349,27 @@ def test_route_without_match_and_default_fails(project):
               input: params.mode
               when: [{{ match: a, step: x }}]
           - id: x
-            unit: {{ exec: {{ command: {py('print(1)')} }} }}
-        """, "## r\n\nroute\n\n## x\n\nx")
+            unit: {{ exec: {{ command: {py("print(1)")} }} }}
+        """,
+        "## r\n\nroute\n\n## x\n\nx",
+    )
     res = run(wf, project, params={"mode": "zzz"})
     assert res.run.status == "failed"
     assert "route failed" in steps_of(res)["r"]["notes"]
 
 
 def test_session_unit_parks_the_run(project):
-    wf = write_wf(project, "sess.md", f"""
+    wf = write_wf(
+        project,
+        "sess.md",
+        f"""
         steps:
           - id: prep
             unit: {{ exec: {{ command: {py('print("ready")')} }} }}
           - id: think
-        """, "## prep\n\nx\n\n## think\n\nWrite a haiku about the prep output.")
+        """,
+        "## prep\n\nx\n\n## think\n\nWrite a haiku about the prep output.",
+    )
     res = run(wf, project)
     assert res.run.status == "awaiting_session"
     assert api.exit_status_for(res) == 3
@@ -326,13 +390,18 @@ def test_secret_from_env_binding_never_stored_or_printed(project, capfd):
     env_dir = project / ".akm" / "env"
     env_dir.mkdir(parents=True)
     (env_dir / "ci.env").write_text(f"API_TOKEN={secret}\n")
-    wf = write_wf(project, "secret.md", f"""
+    wf = write_wf(
+        project,
+        "secret.md",
+        f"""
         steps:
           - id: leak
             unit:
               env: [env/ci]
               exec: {{ command: {py('import os,sys; t=os.environ["API_TOKEN"]; print("token", t); print("err", t, file=sys.stderr); sys.exit(1)')} }}
-          """, "## leak\n\ntry to leak it")
+          """,
+        "## leak\n\ntry to leak it",
+    )
     res = run(wf, project)
     assert res.run.status == "failed"
     out = json.dumps(res.to_json())
@@ -345,18 +414,25 @@ def test_secret_from_env_binding_never_stored_or_printed(project, capfd):
 
 
 def test_journal_write_failure_is_surfaced(project):
-    wf = write_wf(project, "jw.md", f"""
+    wf = write_wf(
+        project,
+        "jw.md",
+        f"""
         steps:
           - id: a
             unit:
-              exec: {{ command: {py('print(1)')} }}
+              exec: {{ command: {py("print(1)")} }}
               on_error: continue
-        """, "## a\n\nx")
+        """,
+        "## a\n\nx",
+    )
     from akm.store.db import open_db
 
     db = open_db(paths.journal_path())
-    db.execute("CREATE TRIGGER fail_finish BEFORE UPDATE OF finished_at ON units "
-               "WHEN NEW.finished_at IS NOT NULL BEGIN SELECT RAISE(ABORT, 'disk on fire'); END")
+    db.execute(
+        "CREATE TRIGGER fail_finish BEFORE UPDATE OF finished_at ON units "
+        "WHEN NEW.finished_at IS NOT NULL BEGIN SELECT RAISE(ABORT, 'disk on fire'); END"
+    )
     db.close()
     res = run(wf, project)
     assert res.run.status == "failed"
@@ -365,11 +441,16 @@ def test_journal_write_failure_is_surfaced(project):
 
 
 def test_tampered_plan_is_refused(project):
-    wf = write_wf(project, "t.md", f"""
+    wf = write_wf(
+        project,
+        "t.md",
+        f"""
         steps:
           - id: a
-            unit: {{ exec: {{ command: {py('import time; print(1)')} }} }}
-        """, "## a\n\nx")
+            unit: {{ exec: {{ command: {py("import time; print(1)")} }} }}
+        """,
+        "## a\n\nx",
+    )
     res = run(wf, project, max_steps=None)
     con = sqlite3.connect(paths.journal_path())
     con.execute("UPDATE runs SET status='active', plan_json = replace(plan_json, 'print(1)', 'print(2)')")
@@ -381,11 +462,16 @@ def test_tampered_plan_is_refused(project):
 
 
 def test_timeout_aborts_and_rerun_continues(project):
-    wf = write_wf(project, "slow.md", f"""
+    wf = write_wf(
+        project,
+        "slow.md",
+        f"""
         steps:
           - id: slow
-            unit: {{ exec: {{ command: {py('import time; time.sleep(30)')} }} }}
-        """, "## slow\n\nx")
+            unit: {{ exec: {{ command: {py("import time; time.sleep(30)")} }} }}
+        """,
+        "## slow\n\nx",
+    )
     res = run(wf, project, timeout_ms=300)
     assert res.aborted and res.timed_out and res.run.status == "active"
     assert api.exit_status_for(res) == 1
@@ -394,13 +480,18 @@ def test_timeout_aborts_and_rerun_continues(project):
 
 
 def test_max_steps_stops_with_run_active(project):
-    wf = write_wf(project, "ms.md", f"""
+    wf = write_wf(
+        project,
+        "ms.md",
+        f"""
         steps:
           - id: a
-            unit: {{ exec: {{ command: {py('print(1)')} }} }}
+            unit: {{ exec: {{ command: {py("print(1)")} }} }}
           - id: b
-            unit: {{ exec: {{ command: {py('print(2)')} }} }}
-        """, "## a\n\nx\n\n## b\n\nx")
+            unit: {{ exec: {{ command: {py("print(2)")} }} }}
+        """,
+        "## a\n\nx\n\n## b\n\nx",
+    )
     res = run(wf, project, max_steps=1)
     assert res.run.status == "active" and res.steps_processed == 1
     assert api.exit_status_for(res) == 4
@@ -410,9 +501,27 @@ def test_max_steps_stops_with_run_active(project):
 
 def test_worktree_isolation_clean_removed_dirty_retained(project):
     subprocess.run(["git", "init", "-q", str(project)], check=True)
-    subprocess.run(["git", "-C", str(project), "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
-                    "--allow-empty", "-m", "init"], check=True)
-    wf = write_wf(project, "wt.md", f"""
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(project),
+            "-c",
+            "user.email=a@b",
+            "-c",
+            "user.name=a",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "init",
+        ],
+        check=True,
+    )
+    wf = write_wf(
+        project,
+        "wt.md",
+        f"""
         params:
           xs: {{ type: array }}
         steps:
@@ -423,7 +532,9 @@ def test_worktree_isolation_clean_removed_dirty_retained(project):
                 isolation: worktree
                 exec: {{ command: {py('import json,os,pathlib; i=json.loads(os.environ["AKM_ITEM"]); print(os.getcwd()); (pathlib.Path("dirt.txt").write_text("x") if i == "dirty" else None)')} }}
             output: {{ type: array }}
-        """, "## each\n\nx")
+        """,
+        "## each\n\nx",
+    )
     res = run(wf, project, params={"xs": ["clean", "dirty"]})
     assert res.run.status == "completed"
     clean_dir, dirty_dir = steps_of(res)["each"]["output"]
@@ -435,13 +546,18 @@ def test_worktree_isolation_clean_removed_dirty_retained(project):
 
 
 def test_worktree_isolation_outside_git_fails_before_dispatch(project):
-    wf = write_wf(project, "wt2.md", f"""
+    wf = write_wf(
+        project,
+        "wt2.md",
+        f"""
         steps:
           - id: a
             unit:
               isolation: worktree
-              exec: {{ command: {py('print(1)')} }}
-        """, "## a\n\nx")
+              exec: {{ command: {py("print(1)")} }}
+        """,
+        "## a\n\nx",
+    )
     res = run(wf, project)
     assert res.run.status == "failed"
     assert "isolation: worktree" in steps_of(res)["a"]["notes"]
@@ -458,21 +574,28 @@ def test_heartbeat_marks_running_units(project, tmp_path):
         f"while time.time() < end:\n"
         f"    con = sqlite3.connect({str(paths.journal_path())!r}, timeout=30)\n"
         f"    seen = con.execute(\"SELECT 1 FROM units WHERE status='running' AND last_checkin_at IS NOT NULL "
-        f"AND last_checkin_at > started_at\").fetchone()\n"
+        f'AND last_checkin_at > started_at").fetchone()\n'
         f"    con.close()\n"
         f"    if seen: break\n"
         f"    time.sleep(0.05)\n"
-        f"print(1)")
-    wf = write_wf(project, "hb.md", f"""
+        f"print(1)"
+    )
+    wf = write_wf(
+        project,
+        "hb.md",
+        f"""
         steps:
           - id: a
             unit: {{ exec: {{ command: {json.dumps([PY, "-c", wait_for_heartbeat])} }} }}
-        """, "## a\n\nx")
+        """,
+        "## a\n\nx",
+    )
     first = run(wf, project, max_steps=None, timeout_ms=50)  # creates the run, aborts at once
     db = open_db(paths.journal_path())
     try:
-        res = drive_run(db, first.run.run_id, DriveOptions(work_dir=project, project_root=project,
-                                                          heartbeat_interval=0.2))
+        res = drive_run(
+            db, first.run.run_id, DriveOptions(work_dir=project, project_root=project, heartbeat_interval=0.2)
+        )
     finally:
         db.close()
     assert res.done
@@ -487,19 +610,25 @@ def test_lost_lease_stops_the_driver(project):
     from akm.engine.drive import DriveOptions, drive_run
     from akm.store.db import open_db
 
-    wf = write_wf(project, "steal.md", f"""
+    wf = write_wf(
+        project,
+        "steal.md",
+        f"""
         steps:
           - id: a
-            unit: {{ exec: {{ command: {py('import time; time.sleep(20)')} }} }}
-        """, "## a\n\nx")
+            unit: {{ exec: {{ command: {py("import time; time.sleep(20)")} }} }}
+        """,
+        "## a\n\nx",
+    )
     first = run(wf, project, timeout_ms=50)  # creates the run; aborts at once
     db = open_db(paths.journal_path())
     errors: list[BaseException] = []
 
     def drive() -> None:
         try:
-            drive_run(db, first.run.run_id, DriveOptions(work_dir=project, project_root=project,
-                                                         heartbeat_interval=0.2))
+            drive_run(
+                db, first.run.run_id, DriveOptions(work_dir=project, project_root=project, heartbeat_interval=0.2)
+            )
         except BaseException as exc:  # noqa: BLE001 - collected for the assertion
             errors.append(exc)
 
@@ -509,8 +638,10 @@ def test_lost_lease_stops_the_driver(project):
     while time.time() < deadline and not db_rows("SELECT 1 FROM units WHERE status='running' AND attempts=2"):
         time.sleep(0.05)
     con = sqlite3.connect(paths.journal_path())
-    con.execute("UPDATE runs SET lease_holder='thief', lease_host='elsewhere', lease_pid=1, "
-                "lease_until='2999-01-01T00:00:00.000Z'")
+    con.execute(
+        "UPDATE runs SET lease_holder='thief', lease_host='elsewhere', lease_pid=1, "
+        "lease_until='2999-01-01T00:00:00.000Z'"
+    )
     con.commit()
     con.close()
     t.join(timeout=60)

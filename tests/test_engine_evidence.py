@@ -12,7 +12,10 @@ KIND = py('import json,os; print(json.loads(os.environ["AKM_INPUTS"])["steps.a.o
 
 
 def _wf(project):
-    return write_wf(project, "big.md", f"""
+    return write_wf(
+        project,
+        "big.md",
+        f"""
         steps:
           - id: a
             unit: {{ exec: {{ command: {BIG} }} }}
@@ -20,7 +23,9 @@ def _wf(project):
           - id: b
             inputs: [steps.a.output.kind]
             unit: {{ exec: {{ command: {KIND} }} }}
-        """, "## a\n\nbig\n\n## b\n\nuse kind")
+        """,
+        "## a\n\nbig\n\n## b\n\nuse kind",
+    )
 
 
 def test_large_output_reference_live(project):

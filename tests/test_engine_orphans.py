@@ -28,8 +28,12 @@ def test_unit_process_does_not_outlive_a_killed_engine(akm, project):
     pids = project / "pids.txt"
     (project / "o.md").write_text(
         "---\nsteps:\n  - id: slow\n    unit:\n      timeout: 2s\n      exec:\n        command: "
-        + json.dumps([PY, "-c", f"import os,time; open({str(pids)!r},'a').write(str(os.getpid())+'\\n'); time.sleep(600)"])
-        + "\n---\n\n## slow\n\nx\n", encoding="utf-8")
+        + json.dumps(
+            [PY, "-c", f"import os,time; open({str(pids)!r},'a').write(str(os.getpid())+'\\n'); time.sleep(600)"]
+        )
+        + "\n---\n\n## slow\n\nx\n",
+        encoding="utf-8",
+    )
     proc = akm.popen("workflow", "run", "o.md")
     deadline = time.time() + 60
     while time.time() < deadline and not (pids.exists() and pids.read_text().strip()):
@@ -55,12 +59,17 @@ def test_unit_process_does_not_outlive_a_killed_engine(akm, project):
 def test_clean_exit_leaves_a_deliberately_detached_process_alone(akm, project):
     """The guardian only acts when the engine dies without saying goodbye."""
     pidfile = project / "daemon.pid"
-    daemon = (f"import os,subprocess,time; p=subprocess.Popen([{PY!r},'-c','import time; time.sleep(30)'],"
-              f"stdout=subprocess.DEVNULL,stderr=subprocess.DEVNULL,start_new_session=True);"
-              f"open({str(pidfile)!r},'w').write(str(p.pid))")
+    daemon = (
+        f"import os,subprocess,time; p=subprocess.Popen([{PY!r},'-c','import time; time.sleep(30)'],"
+        f"stdout=subprocess.DEVNULL,stderr=subprocess.DEVNULL,start_new_session=True);"
+        f"open({str(pidfile)!r},'w').write(str(p.pid))"
+    )
     (project / "d.md").write_text(
         "---\nsteps:\n  - id: start\n    unit:\n      exec:\n        command: "
-        + json.dumps([PY, "-c", daemon]) + "\n---\n\n## start\n\nx\n", encoding="utf-8")
+        + json.dumps([PY, "-c", daemon])
+        + "\n---\n\n## start\n\nx\n",
+        encoding="utf-8",
+    )
     akm("workflow", "run", "d.md", check=0)
     pid = int(pidfile.read_text())
     try:

@@ -10,13 +10,18 @@ from tests.helpers import py, run, write_wf
 
 
 def test_api_params_dict_is_validated_before_the_run_is_created(project):
-    wf = write_wf(project, "typed.md", f"""
+    wf = write_wf(
+        project,
+        "typed.md",
+        f"""
         params:
           n: {{ type: integer }}
         steps:
           - id: a
-            unit: {{ exec: {{ command: {py('print(1)')} }} }}
-        """, "## a\n\nx")
+            unit: {{ exec: {{ command: {py("print(1)")} }} }}
+        """,
+        "## a\n\nx",
+    )
     with pytest.raises(AkmError) as exc:
         run(wf, project, params={"n": "not-a-number"})
     # A bad param is the caller's usage error, not a "corrupt run" ...
@@ -27,13 +32,18 @@ def test_api_params_dict_is_validated_before_the_run_is_created(project):
 
 
 def test_api_params_dict_rejects_undeclared_names(project):
-    wf = write_wf(project, "typed2.md", f"""
+    wf = write_wf(
+        project,
+        "typed2.md",
+        f"""
         params:
           n: {{ type: integer }}
         steps:
           - id: a
-            unit: {{ exec: {{ command: {py('print(1)')} }} }}
-        """, "## a\n\nx")
+            unit: {{ exec: {{ command: {py("print(1)")} }} }}
+        """,
+        "## a\n\nx",
+    )
     with pytest.raises(AkmError) as exc:
         run(wf, project, params={"typo_n": 3})
     assert (exc.value.code, exc.value.exit_status) == ("INVALID_PARAMS", 2)

@@ -20,13 +20,18 @@ def test_password_inside_a_bound_url_is_redacted(project):
     env_dir = project / ".akm" / "env"
     env_dir.mkdir(parents=True)
     (env_dir / "db.env").write_text(f"DATABASE_URL=postgres://app:{password}@db.internal:5432/app\n")
-    wf = write_wf(project, "url.md", f"""
+    wf = write_wf(
+        project,
+        "url.md",
+        f"""
         steps:
           - id: connect
             unit:
               env: [env/db]
               exec: {{ command: {py('import os,sys,urllib.parse as u; p=u.urlsplit(os.environ["DATABASE_URL"]).password; print("auth failed for app using", p); sys.exit(1)')} }}
-        """, "## connect\n\nconnect")
+        """,
+        "## connect\n\nconnect",
+    )
     res = run(wf, project)
     assert res.run.status == "failed"
     assert password not in json.dumps(res.to_json())
@@ -39,14 +44,19 @@ def test_secret_escaped_in_raw_json_stdout_is_redacted(project):
     env_dir = project / ".akm" / "env"
     env_dir.mkdir(parents=True)
     (env_dir / "ci.env").write_text(f"TOKEN={secret}\n", encoding="utf-8")
-    wf = write_wf(project, "esc.md", f"""
+    wf = write_wf(
+        project,
+        "esc.md",
+        f"""
         steps:
           - id: leak
             unit:
               env: [env/ci]
               exec: {{ command: {py('import os,json; print(json.dumps({"token": os.environ["TOKEN"]}))')} }}
               output: {{ type: object, required: [missing] }}
-        """, "## leak\n\nx")
+        """,
+        "## leak\n\nx",
+    )
     res = run(wf, project)
     assert res.run.status == "failed"
     escaped = json.dumps(secret)[1:-1]  # p\u00e4ssw\u00f6rd-...

@@ -11,13 +11,18 @@ from tests.helpers import py, run, write_wf
 
 
 def test_lost_start_race_does_not_adopt_a_run_with_other_params(project, monkeypatch):
-    wf = write_wf(project, "race.md", f"""
+    wf = write_wf(
+        project,
+        "race.md",
+        f"""
         params:
           who: {{ type: string }}
         steps:
           - id: hello
             unit: {{ exec: {{ command: {py('import json,os; print("hi", json.loads(os.environ["AKM_PARAMS"])["who"])')} }} }}
-        """, "## hello\n\nx")
+        """,
+        "## hello\n\nx",
+    )
     # Invocation A's run exists but is not yet visible to B's `find_active_run` ...
     a = run(wf, project, param_pairs=[("who", "alice")], max_steps=0)
     con = sqlite3.connect(paths.journal_path(), isolation_level=None, timeout=30)
@@ -59,6 +64,8 @@ def test_lost_start_race_does_not_adopt_a_run_with_other_params(project, monkeyp
     con = sqlite3.connect(paths.journal_path())
     try:
         assert con.execute("SELECT params_json, status FROM runs WHERE id = ?", (a.run.run_id,)).fetchone() == (
-            '{"who":"alice"}', "active")
+            '{"who":"alice"}',
+            "active",
+        )
     finally:
         con.close()

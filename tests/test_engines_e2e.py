@@ -33,11 +33,16 @@ def test_llm_unit_with_schema_and_gate_completes(project, fake_openai, capsys, m
     set_engine(capsys, "judge", {"kind": "llm", "endpoint": fake_openai.url, "model": "verdict-pass"})
     assert akm_config(capsys, "set", "defaults.llmEngine", "fast")[0] == 0
     assert akm_config(capsys, "set", "workflow.judgeEngine", "judge")[0] == 0
-    wf = write_wf(project, "ask.md", """
+    wf = write_wf(
+        project,
+        "ask.md",
+        """
         steps:
           - id: ask
             output: { type: object, required: [ok], properties: { ok: { type: boolean } } }
-        """, "## ask\n\nSay ok.\n\n### gate\n\nThe answer says ok.")
+        """,
+        "## ask\n\nSay ok.\n\n### gate\n\nThe answer says ok.",
+    )
     res = run(wf, project)
     assert res.run.status == "completed", steps_of(res)
     assert steps_of(res)["ask"]["output"] == {"ok": True}
@@ -71,11 +76,16 @@ def test_unit_retry_on_rate_limit_waits_for_retry_after(project, fake_openai, ca
     `retry: { on: [llm_rate_limit] }` then waits what the server asked before asking again."""
     set_engine(capsys, "fast", {"kind": "llm", "endpoint": fake_openai.url, "model": "rate-limit-1.5"})
     akm_config(capsys, "set", "defaults.llmEngine", "fast")
-    wf = write_wf(project, "rl.md", """
+    wf = write_wf(
+        project,
+        "rl.md",
+        """
         steps:
           - id: ask
             unit: { timeout: 1s, retry: { max: 1, on: [llm_rate_limit] } }
-        """, "## ask\n\nSay ok.")
+        """,
+        "## ask\n\nSay ok.",
+    )
     res = run(wf, project)
     assert res.run.status == "completed", steps_of(res)
     first, second = fake_openai.requests
@@ -93,11 +103,16 @@ def test_rejecting_judge_loops_then_blocks(project, fake_openai, capsys):
     set_engine(capsys, "judge", {"kind": "llm", "endpoint": fake_openai.url, "model": "verdict-reject"})
     akm_config(capsys, "set", "defaults.llmEngine", "fast")
     akm_config(capsys, "set", "workflow.judgeEngine", "judge")
-    wf = write_wf(project, "loop.md", """
+    wf = write_wf(
+        project,
+        "loop.md",
+        """
         steps:
           - id: write
             gate: { max_loops: 2 }
-        """, "## write\n\nWrite it.\n\n### gate\n\nIt is detailed.")
+        """,
+        "## write\n\nWrite it.\n\n### gate\n\nIt is detailed.",
+    )
     res = run(wf, project)
     assert res.run.status == "blocked"
     assert len(fake_openai.bodies("plain")) == 2 and len(fake_openai.bodies("verdict-reject")) == 2
@@ -107,11 +122,16 @@ def test_rejecting_judge_loops_then_blocks(project, fake_openai, capsys):
 
 def test_unknown_engines_refuse_the_run_up_front(project, fake_openai, capsys):
     set_engine(capsys, "fast", {"kind": "llm", "endpoint": fake_openai.url, "model": "plain"})
-    wf = write_wf(project, "bad.md", """
+    wf = write_wf(
+        project,
+        "bad.md",
+        """
         steps:
           - id: a
             unit: { engine: missing }
-        """, "## a\n\nDo it.")
+        """,
+        "## a\n\nDo it.",
+    )
     with pytest.raises(ConfigError) as info:
         run(wf, project)
     assert info.value.code == "UNKNOWN_ENGINE" and "missing" in info.value.message and info.value.exit_status == 78
@@ -131,22 +151,32 @@ def test_llm_fan_out_respects_engine_concurrency_and_the_token_budget(project, f
     set_engine(capsys, "fast", {"kind": "llm", "endpoint": fake_openai.url, "model": "hold-0.3", "concurrency": 3})
     akm_config(capsys, "set", "defaults.llmEngine", "fast")
     akm_config(capsys, "set", "workflow.maxConcurrency", "8")  # the host limit must not be what binds
-    wf = write_wf(project, "fan.md", """
+    wf = write_wf(
+        project,
+        "fan.md",
+        """
         params: { items: { type: array } }
         steps:
           - id: each
             map: { over: params.items, concurrency: 8 }
-        """, "## each\n\nHandle the item.")
+        """,
+        "## each\n\nHandle the item.",
+    )
     res = api.run_workflow(str(wf), cwd=str(project), params={"items": [f"item-{i}" for i in range(20)]})
     assert res.run.status == "completed", steps_of(res)
     assert len(fake_openai.bodies("hold-0.3")) == 20 and fake_openai.max_inflight == 3
-    budget = write_wf(project, "budget.md", """
+    budget = write_wf(
+        project,
+        "budget.md",
+        """
         params: { items: { type: array } }
         budget: { max_tokens: 10 }
         steps:
           - id: each
             map: { over: params.items, concurrency: 1, unit: { model: slow-0 } }
-        """, "## each\n\nHandle the item.")
+        """,
+        "## each\n\nHandle the item.",
+    )
     before = len(fake_openai.requests)
     res = api.run_workflow(str(budget), cwd=str(project), params={"items": [f"x{i}" for i in range(20)]})
     assert res.run.status == "failed" and "max_tokens" in json.dumps(steps_of(res))
@@ -159,11 +189,16 @@ def test_agent_engine_unit_runs_the_harness(project, tmp_path, capsys, monkeypat
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     set_engine(capsys, "coder", {"kind": "agent", "platform": "claude", "model": "sonnet"})
     akm_config(capsys, "set", "defaults.agentEngine", "coder")
-    wf = write_wf(project, "agent.md", """
+    wf = write_wf(
+        project,
+        "agent.md",
+        """
         steps:
           - id: code
             output: { type: object }
-        """, "## code\n\nWrite the code and answer in JSON.")
+        """,
+        "## code\n\nWrite the code and answer in JSON.",
+    )
     res = run(wf, project)
     assert res.run.status == "completed", steps_of(res)
     assert steps_of(res)["code"]["output"] == {"ok": True}
@@ -173,17 +208,23 @@ def test_agent_engine_unit_runs_the_harness(project, tmp_path, capsys, monkeypat
     con = sqlite3.connect(paths.journal_path())
     try:
         [(runner, engine, session, tokens)] = con.execute(
-            "SELECT runner, engine, session_id, tokens FROM units").fetchall()
+            "SELECT runner, engine, session_id, tokens FROM units"
+        ).fetchall()
     finally:
         con.close()
     assert (runner, engine, session, tokens) == ("agent", "coder", "0b6e2f4e-claude-session", 18)
 
 
 def test_no_engine_configured_keeps_units_for_the_session(project, capsys):
-    wf = write_wf(project, "s.md", """
+    wf = write_wf(
+        project,
+        "s.md",
+        """
         steps:
           - id: a
             unit: { engine: fast }
-        """, "## a\n\nDo it.")
+        """,
+        "## a\n\nDo it.",
+    )
     res = run(wf, project)
     assert res.run.status == "awaiting_session"

@@ -46,11 +46,14 @@ def test_a_bare_name_binds_nothing_and_a_bom_is_ignored():
     assert parse_dotenv("\ufeffA=1\nJUST_A_NAME\n", "x.env") == {"A": "1"}
 
 
-@pytest.mark.parametrize(("text", "fragment"), [
-    ("A=1\nthis is not a binding\n", "x.env:2: cannot read this line; expected NAME=value"),
-    ("A=1\nB='unterminated\n", "x.env:2: cannot read this line"),
-    ("my-key=1\n", "x.env:1: 'my-key' is not an environment variable name"),
-])
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("A=1\nthis is not a binding\n", "x.env:2: cannot read this line; expected NAME=value"),
+        ("A=1\nB='unterminated\n", "x.env:2: cannot read this line"),
+        ("my-key=1\n", "x.env:1: 'my-key' is not an environment variable name"),
+    ],
+)
 def test_unreadable_lines_are_errors_naming_file_and_line(text, fragment):
     with pytest.raises(EnvBindingError) as info:
         parse_dotenv(text, "x.env")
@@ -62,12 +65,17 @@ def test_a_unit_sees_the_values_and_its_output_is_redacted(tmp_path):
     (project / ".akm" / "env").mkdir(parents=True)
     (project / ".akm" / "env" / "ci.env").write_text(RICH_ENV + "SHORT=abc\n", encoding="utf-8")
     seen = project / "seen.json"
-    code = (f"import json,os; names={sorted(EXPECTED) + ['SHORT']!r}; "
-            f"open({str(seen)!r},'w').write(json.dumps({{n: os.environ.get(n) for n in names}})); "
-            "print(os.environ['MULTI'], os.environ['PLAIN'], os.environ['SHORT'])")
+    code = (
+        f"import json,os; names={sorted(EXPECTED) + ['SHORT']!r}; "
+        f"open({str(seen)!r},'w').write(json.dumps({{n: os.environ.get(n) for n in names}})); "
+        "print(os.environ['MULTI'], os.environ['PLAIN'], os.environ['SHORT'])"
+    )
     (project / "w.md").write_text(
         "---\nsteps:\n  - id: a\n    unit:\n      env: [env/ci]\n      exec:\n        command: "
-        + json.dumps([sys.executable, "-c", code]) + "\n---\n\n## a\n\nx\n", encoding="utf-8")
+        + json.dumps([sys.executable, "-c", code])
+        + "\n---\n\n## a\n\nx\n",
+        encoding="utf-8",
+    )
     res = api.run_workflow("w.md", cwd=str(project))
     assert res.run.status == "completed"
     assert json.loads(seen.read_text()) == {**EXPECTED, "SHORT": "abc"}

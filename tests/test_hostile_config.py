@@ -24,13 +24,19 @@ def config_set(capsys, key: str, value: dict) -> tuple[int, str]:
     return code, err
 
 
-@pytest.mark.parametrize("key,value,why", [
-    ("engines.ci\n", LLM, "engine names are lower-case words"),
-    ("engines.x", {**LLM, "apiKey": "${KEY}\n"}, "give the name of an environment variable"),
-    ("engines.x", {**LLM, "apiKey": "$KEY\n"}, "give the name of an environment variable"),
-    ("engines.y", {"kind": "agent", "platform": "claude", "envPassthrough": ["FOO\n"]},
-     "'FOO\\n' is not an environment variable name"),
-])
+@pytest.mark.parametrize(
+    "key,value,why",
+    [
+        ("engines.ci\n", LLM, "engine names are lower-case words"),
+        ("engines.x", {**LLM, "apiKey": "${KEY}\n"}, "give the name of an environment variable"),
+        ("engines.x", {**LLM, "apiKey": "$KEY\n"}, "give the name of an environment variable"),
+        (
+            "engines.y",
+            {"kind": "agent", "platform": "claude", "envPassthrough": ["FOO\n"]},
+            "'FOO\\n' is not an environment variable name",
+        ),
+    ],
+)
 def test_names_and_refs_ending_in_a_newline_are_refused(capsys, key, value, why):
     code, err = config_set(capsys, key, value)
     assert code in (2, 78) and why in err, err
@@ -51,7 +57,10 @@ def test_every_name_pattern_ends_at_the_end_of_the_text():
 def _env_unit(project, ref: str) -> str:
     (project / "e.md").write_text(
         f"---\nsteps:\n  - id: a\n    unit:\n      env: [{ref}]\n      exec:\n        command: "
-        + json.dumps([sys.executable, "-c", "print(1)"]) + "\n---\n\n## a\n\nx\n", encoding="utf-8")
+        + json.dumps([sys.executable, "-c", "print(1)"])
+        + "\n---\n\n## a\n\nx\n",
+        encoding="utf-8",
+    )
     res = api.run_workflow("e.md", cwd=str(project))
     assert res.run.status == "failed"
     return res.run.steps[0].notes or ""

@@ -111,9 +111,11 @@ def test_api_params_with_lone_surrogates_are_refused(in_project):
 # ------------------------------------------------------------------ long paths and refs
 
 
-@pytest.mark.parametrize("target", ["a" * 300 + ".md", "workflows/" + "b" * 300, "workflows/" + "c" * 5000,
-                                    "d/" * 3000 + "x.md"],
-                         ids=["file-name-300", "ref-300", "ref-5000", "path-6000"])
+@pytest.mark.parametrize(
+    "target",
+    ["a" * 300 + ".md", "workflows/" + "b" * 300, "workflows/" + "c" * 5000, "d/" * 3000 + "x.md"],
+    ids=["file-name-300", "ref-300", "ref-5000", "path-6000"],
+)
 def test_over_long_paths_and_refs_are_invalid_path(in_project, capsys, target):
     (in_project / ".akm" / "workflows").mkdir(parents=True)  # so a ref's lookup reaches the OS
     code, _, err = cli(capsys, "workflow", "run", target)
@@ -173,7 +175,8 @@ def _wf_with_unit(unit_yaml: str) -> str:
 @pytest.mark.parametrize("ref", ["ci", "env/", "env/../secrets", "env/.hidden", "env/a/b", "secrets/ci"])
 def test_env_refs_not_of_the_form_env_name_are_lint_errors(in_project, capsys, ref):
     (in_project / "e.md").write_text(
-        _wf_with_unit(f"      env: [{json.dumps(ref)}]\n      exec: {{ command: [\"true\"] }}\n"), encoding="utf-8")
+        _wf_with_unit(f'      env: [{json.dumps(ref)}]\n      exec: {{ command: ["true"] }}\n'), encoding="utf-8"
+    )
     code, out, err = cli(capsys, "workflow", "lint", "e.md", "--format", "json")
     assert code == 1, err
     (diag,) = json.loads(out)["files"][0]["errors"]
@@ -185,8 +188,11 @@ def test_env_refs_not_of_the_form_env_name_are_lint_errors(in_project, capsys, r
 
 def test_env_ref_names_that_are_fine(in_project, capsys):
     (in_project / "e.md").write_text(
-        _wf_with_unit('      env: [env/ci, env/npm-readonly, env/integration.tests_2]\n'
-                      '      exec: { command: ["true"] }\n'), encoding="utf-8")
+        _wf_with_unit(
+            '      env: [env/ci, env/npm-readonly, env/integration.tests_2]\n      exec: { command: ["true"] }\n'
+        ),
+        encoding="utf-8",
+    )
     code, out, err = cli(capsys, "workflow", "lint", "e.md")
     assert code == 0, out + err
 
@@ -197,24 +203,93 @@ def test_nul_in_exec_command_is_a_lint_error(in_project, capsys):
     assert code == 1, err
     (diag,) = json.loads(out)["files"][0]["errors"]
     assert diag["code"] == "exec_invalid_command"
-    assert diag["message"] == 'Step "a": unit.exec.command[1] contains a NUL character, which no program argument can hold'
+    assert (
+        diag["message"] == 'Step "a": unit.exec.command[1] contains a NUL character, which no program argument can hold'
+    )
 
 
 # ------------------------------------------------------------------ the class: odd argv never crashes
 
-_TOKENS = st.sampled_from([
-    "workflow", "run", "lint", "list", "status", "resume", "abandon", "upgrade", "log", "--format", "json",
-    "text", "mermaid", "--since", "--run", "--ref", "--all", "--active", "--units", "--write", "--max-steps",
-    "--timeout", "--who", "--n", "--quiet", "-h", "-q", "--", "-", "wf.md", "workflows/x", "workflows/..",
-    "workflows/", "@offset:3", "@offset:99999999999999999999999", "2026-01-01", "1e999", "-1", "0", "0x10",
-    "\udcff", "a\udcffb", "\ud800", "x" * 300, "y" * 5000, "/", ".", "..", "/dev/null", "--who=", "--n=1.5",
-    "--n=9007199254740993", "--=x", "---", "\n", "\t", " ", "é", "\u202e", "NaN", "[]", "{}", '{"a":', "null",
-    "true", "wf.md/", "00000000-0000-4000-8000-000000000000", "--format=json", "--format=yaml",
-])
+_TOKENS = st.sampled_from(
+    [
+        "workflow",
+        "run",
+        "lint",
+        "list",
+        "status",
+        "resume",
+        "abandon",
+        "upgrade",
+        "log",
+        "--format",
+        "json",
+        "text",
+        "mermaid",
+        "--since",
+        "--run",
+        "--ref",
+        "--all",
+        "--active",
+        "--units",
+        "--write",
+        "--max-steps",
+        "--timeout",
+        "--who",
+        "--n",
+        "--quiet",
+        "-h",
+        "-q",
+        "--",
+        "-",
+        "wf.md",
+        "workflows/x",
+        "workflows/..",
+        "workflows/",
+        "@offset:3",
+        "@offset:99999999999999999999999",
+        "2026-01-01",
+        "1e999",
+        "-1",
+        "0",
+        "0x10",
+        "\udcff",
+        "a\udcffb",
+        "\ud800",
+        "x" * 300,
+        "y" * 5000,
+        "/",
+        ".",
+        "..",
+        "/dev/null",
+        "--who=",
+        "--n=1.5",
+        "--n=9007199254740993",
+        "--=x",
+        "---",
+        "\n",
+        "\t",
+        " ",
+        "é",
+        "\u202e",
+        "NaN",
+        "[]",
+        "{}",
+        '{"a":',
+        "null",
+        "true",
+        "wf.md/",
+        "00000000-0000-4000-8000-000000000000",
+        "--format=json",
+        "--format=yaml",
+    ]
+)
 
 
-@settings(max_examples=int(os.environ.get("AKM_FUZZ_EXAMPLES", "150")), deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=int(os.environ.get("AKM_FUZZ_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(argv=st.lists(_TOKENS, max_size=6), prefix=st.booleans())
 def test_odd_argv_never_reaches_internal_error(in_project, capsys, argv, prefix):
     full = (["workflow"] if prefix else []) + argv
@@ -230,25 +305,56 @@ def test_odd_argv_never_reaches_internal_error(in_project, capsys, argv, prefix)
 
 
 def test_a_huge_reported_token_count_is_a_coded_error_and_records_nothing(in_project, capsys):
-    (in_project / "s.md").write_text("---\nsteps:\n  - id: s\n    output: { type: object }\n---\n\n## s\n\nDo s.\n",
-                                     encoding="utf-8")
+    (in_project / "s.md").write_text(
+        "---\nsteps:\n  - id: s\n    output: { type: object }\n---\n\n## s\n\nDo s.\n", encoding="utf-8"
+    )
     code, out, err = cli(capsys, "workflow", "run", "s.md", "--format", "json")
     assert code == 3, err
     run_id = json.loads(out)["run"]["runId"]
     for tokens in ("99999999999999999999999", str(10**12 + 1)):
-        code, _, err = cli(capsys, "workflow", "report", run_id, "s:solo", "--status", "completed",
-                           "--result", "{}", "--tokens", tokens)
+        code, _, err = cli(
+            capsys,
+            "workflow",
+            "report",
+            run_id,
+            "s:solo",
+            "--status",
+            "completed",
+            "--result",
+            "{}",
+            "--tokens",
+            tokens,
+        )
         assert code == 2 and "whole number from 0 to 1000000000000" in err and "INTERNAL" not in err, err
     assert api.run_status(run_id).status == "awaiting_session"  # nothing recorded
-    code, _, err = cli(capsys, "workflow", "report", run_id, "s:solo", "--status", "completed",
-                       "--result", "{}", "--tokens", str(10**12))
+    code, _, err = cli(
+        capsys,
+        "workflow",
+        "report",
+        run_id,
+        "s:solo",
+        "--status",
+        "completed",
+        "--result",
+        "{}",
+        "--tokens",
+        str(10**12),
+    )
     assert code == 0, err
 
 
-@pytest.mark.parametrize("usage,expected", [
-    ("1e999", 10**12), ("100000000000000000000000000000", 10**12), ("-1", None), ("NaN", None),
-    ('"12"', None), ("true", None), ("17", 17),
-])
+@pytest.mark.parametrize(
+    "usage,expected",
+    [
+        ("1e999", 10**12),
+        ("100000000000000000000000000000", 10**12),
+        ("-1", None),
+        ("NaN", None),
+        ('"12"', None),
+        ("true", None),
+        ("17", 17),
+    ],
+)
 def test_server_usage_figures_are_bounded_not_a_crash(usage, expected):
     """A server's usage (infinity from `1e999`, a 30-digit integer) must not crash the dispatcher
     (int(inf) raised OverflowError) nor overflow the journal's 64-bit integers."""
@@ -285,11 +391,14 @@ x
 """
 
 
-@pytest.mark.parametrize("value,why", [
-    ("[" * 900 + "]" * 900, "params.m cannot be recorded as JSON: value nests deeper than 64 levels"),
-    ("[" * 65 + "]" * 65, "params.m cannot be recorded as JSON: value nests deeper than 64 levels"),
-    ("[1e999]", "--m must contain valid JSON: the number 1e999 is out of range"),
-])
+@pytest.mark.parametrize(
+    "value,why",
+    [
+        ("[" * 900 + "]" * 900, "params.m cannot be recorded as JSON: value nests deeper than 64 levels"),
+        ("[" * 65 + "]" * 65, "params.m cannot be recorded as JSON: value nests deeper than 64 levels"),
+        ("[1e999]", "--m must contain valid JSON: the number 1e999 is out of range"),
+    ],
+)
 def test_param_json_that_cannot_be_recorded_is_invalid_flag_value(in_project, capsys, value, why):
     (in_project / "deep.md").write_text(DEEP_WF, encoding="utf-8")
     code, _, err = cli(capsys, "workflow", "run", "deep.md", "--m", value)
@@ -311,8 +420,10 @@ def test_a_unit_answer_nesting_deeper_than_the_journal_holds_is_a_parse_error(in
     deep = "[" * 900 + "]" * 900
     (in_project / "out.md").write_text(
         "---\nsteps:\n  - id: a\n    unit:\n      exec:\n        command: "
-        + json.dumps(["python3", "-c", f"print({deep!r})"]) + "\n    output: { type: array }\n---\n\n## a\n\nx\n",
-        encoding="utf-8")
+        + json.dumps(["python3", "-c", f"print({deep!r})"])
+        + "\n    output: { type: array }\n---\n\n## a\n\nx\n",
+        encoding="utf-8",
+    )
     code, out, err = cli(capsys, "workflow", "run", "out.md")
     assert code == 1 and "error[" not in err, err
     assert "(parse_error)" in out and "nests deeper than 200 levels" in out
@@ -341,15 +452,29 @@ def test_a_structured_session_result_that_cannot_be_recorded_is_result_invalid(i
 BIG = "9" * 5000  # int() refuses > 4300 digits with a ValueError (advice for programmers, not users)
 
 
-@pytest.mark.parametrize("argv,why", [
-    (("config", "set", "workflow.maxConcurrency", BIG), "workflow.maxConcurrency: expected a whole number"),
-    (("config", "set", "engines.x", "[" * 60000 + "]" * 60000), "engines.x: expected an object as JSON"),
-    (("log", "--since", "@offset:" + BIG), "the offset must be a whole number"),
-    (("workflow", "run", "wf.md", "--max-steps", BIG), "max_steps \"99"),
-    (("workflow", "run", "wf.md", "--timeout", BIG + "s"), "is too long"),
-    (("workflow", "report", "00000000-0000-4000-8000-000000000000", "u", "--status", "completed",
-      "--tokens", BIG), "--tokens"),
-])
+@pytest.mark.parametrize(
+    "argv,why",
+    [
+        (("config", "set", "workflow.maxConcurrency", BIG), "workflow.maxConcurrency: expected a whole number"),
+        (("config", "set", "engines.x", "[" * 60000 + "]" * 60000), "engines.x: expected an object as JSON"),
+        (("log", "--since", "@offset:" + BIG), "the offset must be a whole number"),
+        (("workflow", "run", "wf.md", "--max-steps", BIG), 'max_steps "99'),
+        (("workflow", "run", "wf.md", "--timeout", BIG + "s"), "is too long"),
+        (
+            (
+                "workflow",
+                "report",
+                "00000000-0000-4000-8000-000000000000",
+                "u",
+                "--status",
+                "completed",
+                "--tokens",
+                BIG,
+            ),
+            "--tokens",
+        ),
+    ],
+)
 def test_numbers_of_thousands_of_digits_are_coded_errors(in_project, capsys, argv, why):
     code, _, err = cli(capsys, *argv)
     assert code == 2 and why in err and "INTERNAL" not in err and "set_int_max_str_digits" not in err, err
@@ -364,7 +489,9 @@ def test_a_json_number_of_thousands_of_digits_is_named_not_a_python_limit(in_pro
     assert code == 2 and "--m must contain valid JSON: a number of 5000 digits is out of range" in err, err
     with pytest.raises(AnswerError) as info:
         parse_command_json(f"[1, {BIG}]")
-    assert str(info.value) == "invalid JSON at line 1 column 5: the number 999999999999… has 5000 digits, too many to read"
+    assert (
+        str(info.value) == "invalid JSON at line 1 column 5: the number 999999999999… has 5000 digits, too many to read"
+    )
 
 
 def test_offset_zero_and_small_offsets_still_read(in_project, capsys):
@@ -378,8 +505,11 @@ def test_an_impossible_temperature_is_a_lint_error_not_a_crash(temperature):
     """A YAML integer too large for a float used to escape as `internal_error` (OverflowError)."""
     from akm.format.parse import parse_workflow
 
-    source = ("---\nsteps:\n  - id: a\n    unit:\n      engine: x\n      llm: { temperature: " + temperature
-              + " }\n    output: { type: string }\n---\n\n## a\n\nx\n")
+    source = (
+        "---\nsteps:\n  - id: a\n    unit:\n      engine: x\n      llm: { temperature: "
+        + temperature
+        + " }\n    output: { type: string }\n---\n\n## a\n\nx\n"
+    )
     errors = parse_workflow(source, "wf.md").errors
     assert [(e.code, e.line) for e in errors] == [("invalid_type", 6)], errors
     assert "temperature must be a finite number" in errors[0].message
@@ -388,8 +518,10 @@ def test_an_impossible_temperature_is_a_lint_error_not_a_crash(temperature):
 def test_a_whole_temperature_is_a_float_in_the_document():
     from akm.format.parse import parse_workflow
 
-    source = ("---\nsteps:\n  - id: a\n    unit:\n      engine: x\n      llm: { temperature: 1 }\n"
-              "    output: { type: string }\n---\n\n## a\n\nx\n")
+    source = (
+        "---\nsteps:\n  - id: a\n    unit:\n      engine: x\n      llm: { temperature: 1 }\n"
+        "    output: { type: string }\n---\n\n## a\n\nx\n"
+    )
     llm = parse_workflow(source, "wf.md").document.steps[0].unit.llm
     assert llm.temperature == 1.0 and isinstance(llm.temperature, float)
 

@@ -28,8 +28,17 @@ def _limit_memory() -> None:
 
 def test_result_from_dev_zero_is_refused_reading_at_most_16_mib(akm):
     run_id = _awaiting(akm)
-    proc = akm("workflow", "report", run_id, "s:solo", "--status", "completed", "--result", "@/dev/zero",
-               preexec_fn=_limit_memory)
+    proc = akm(
+        "workflow",
+        "report",
+        run_id,
+        "s:solo",
+        "--status",
+        "completed",
+        "--result",
+        "@/dev/zero",
+        preexec_fn=_limit_memory,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "error[RESULT_TOO_LARGE]: --result '@/dev/zero': /dev/zero holds more than 16777216 bytes" in proc.stderr
     assert akm.json("workflow", "status", run_id)["status"] == "awaiting_session"  # nothing recorded
@@ -37,9 +46,14 @@ def test_result_from_dev_zero_is_refused_reading_at_most_16_mib(akm):
 
 def test_result_from_endless_stdin_reads_at_most_16_mib_and_is_refused(akm):
     run_id = _awaiting(akm)
-    proc = subprocess.Popen([*akm.argv0, "workflow", "report", run_id, "s:solo", "--status", "completed",
-                             "--result", "-"], cwd=akm.cwd, env=akm.env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*akm.argv0, "workflow", "report", run_id, "s:solo", "--status", "completed", "--result", "-"],
+        cwd=akm.cwd,
+        env=akm.env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     written = 0
     chunk = b"x" * (256 * 1024)
 
@@ -66,8 +80,9 @@ def test_a_result_of_exactly_16_mib_is_read_and_judged_by_the_journal_bound(akm)
     """At the read bound the text is read whole; then the journal's 1 MiB per unit row refuses it, coded."""
     run_id = _awaiting(akm)
     (akm.cwd / "big.txt").write_bytes(b"y" * (16 * MiB))
-    proc = akm("workflow", "report", run_id, "s:solo", "--status", "completed", "--result", "@big.txt",
-               "--format", "json")
+    proc = akm(
+        "workflow", "report", run_id, "s:solo", "--status", "completed", "--result", "@big.txt", "--format", "json"
+    )
     assert proc.returncode == 2, proc.stderr
     body = json.loads(proc.stderr)
     assert body["code"] == "RESULT_TOO_LARGE" and body["details"]["maxBytes"] == MiB

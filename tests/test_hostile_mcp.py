@@ -17,24 +17,37 @@ import pytest
 
 from tests.helpers import ROOT
 
-
-
-INIT = {"jsonrpc": "2.0", "id": "init", "method": "initialize",
-        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+INIT = {
+    "jsonrpc": "2.0",
+    "id": "init",
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+}
 INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "PYTHONPATH": str(ROOT),
-            "AKM_DATA_DIR": str(tmp_path / "akm-data"), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    return {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(ROOT),
+        "AKM_DATA_DIR": str(tmp_path / "akm-data"),
+        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
+    }
 
 
 class Server:
     """`akm mcp` with a reader thread collecting every stdout frame."""
 
     def __init__(self, tmp_path: Path, cwd: Path) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "akm", "mcp"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(tmp_path), cwd=cwd)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "akm", "mcp"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_env(tmp_path),
+            cwd=cwd,
+        )
         self.frames: list[dict] = []
         self.lock = threading.Condition()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -97,17 +110,23 @@ def server(tmp_path, project):
     srv.close()
 
 
-@pytest.mark.parametrize("line,why", [
-    ("{}", "jsonrpc: Field required; id: Field required; method: Field required"),
-    ('[{"jsonrpc": "2.0", "id": 4, "method": "ping"}]', "a batch (a JSON array) is not supported"),
-    ("[]", "a batch (a JSON array) is not supported"),
-    ('{"jsonrpc": "2.0", "id": {"a": 1}, "method": "ping"}', "the id must be a string or an integer, not an object"),
-    ('{"jsonrpc": "2.0", "id": 1.5, "method": "ping"}', "not a number with a fraction or an exponent"),
-    ('{"jsonrpc": "2.0", "id": 1.0, "method": "ping"}', "not a number with a fraction or an exponent"),
-    ('{"jsonrpc": "2.0", "id": true, "method": "ping"}', "the id must be a string or an integer, not a boolean"),
-    ('{"jsonrpc": "2.0", "id": null, "method": "ping"}', "the id must be a string or an integer, not null"),
-    ("5", "a JSON-RPC message is an object, not an integer"),
-])
+@pytest.mark.parametrize(
+    "line,why",
+    [
+        ("{}", "jsonrpc: Field required; id: Field required; method: Field required"),
+        ('[{"jsonrpc": "2.0", "id": 4, "method": "ping"}]', "a batch (a JSON array) is not supported"),
+        ("[]", "a batch (a JSON array) is not supported"),
+        (
+            '{"jsonrpc": "2.0", "id": {"a": 1}, "method": "ping"}',
+            "the id must be a string or an integer, not an object",
+        ),
+        ('{"jsonrpc": "2.0", "id": 1.5, "method": "ping"}', "not a number with a fraction or an exponent"),
+        ('{"jsonrpc": "2.0", "id": 1.0, "method": "ping"}', "not a number with a fraction or an exponent"),
+        ('{"jsonrpc": "2.0", "id": true, "method": "ping"}', "the id must be a string or an integer, not a boolean"),
+        ('{"jsonrpc": "2.0", "id": null, "method": "ping"}', "the id must be a string or an integer, not null"),
+        ("5", "a JSON-RPC message is an object, not an integer"),
+    ],
+)
 def test_an_invalid_request_is_answered_minus_32600_with_id_null(server, line, why):
     server.send(line)
     (err,) = server.nulls(1)
@@ -122,8 +141,11 @@ def test_a_request_without_a_method_is_answered_with_its_id(server):
 
 
 def test_malformed_notifications_and_responses_get_no_answer(server):
-    server.send({"jsonrpc": "2.0", "method": "notifications/x", "params": 5},
-                {"jsonrpc": "2.0", "id": 99, "result": 5}, {"jsonrpc": "2.0", "id": "p", "method": "ping"})
+    server.send(
+        {"jsonrpc": "2.0", "method": "notifications/x", "params": 5},
+        {"jsonrpc": "2.0", "id": 99, "result": 5},
+        {"jsonrpc": "2.0", "id": "p", "method": "ping"},
+    )
     server.answer("p")
     assert [f for f in server.frames if f.get("id") in (99, None)] == []
 
@@ -145,8 +167,10 @@ def test_pipelined_requests_then_end_of_input_are_each_answered(tmp_path, projec
 
 def test_a_line_over_16_mib_is_refused_unread_with_its_id(server):
     big = "x" * (16 * 1024 * 1024)
-    server.write(b'{"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "workflow_list", '
-                 b'"arguments": {"ref": "' + big.encode() + b'"}}}\n')
+    server.write(
+        b'{"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "workflow_list", '
+        b'"arguments": {"ref": "' + big.encode() + b'"}}}\n'
+    )
     err = server.answer(5)["error"]
     assert err["code"] == -32600 and "more than the 16777216 bytes (16 MiB) a line may hold" in err["message"]
     assert err["data"]["maxBytes"] == 16 * 1024 * 1024 and err["data"]["bytes"] > 16 * 1024 * 1024
@@ -158,9 +182,17 @@ ARRAY_WF = "---\nsteps:\n  - id: s\n    output: { type: array }\n---\n\n## s\n\n
 
 
 def _report(server, rid, run_id, result) -> dict:
-    server.send({"jsonrpc": "2.0", "id": rid, "method": "tools/call",
-                 "params": {"name": "unit_report", "arguments": {"run_id": run_id, "unit_id": "s:solo",
-                                                                 "status": "completed", "result": result}}})
+    server.send(
+        {
+            "jsonrpc": "2.0",
+            "id": rid,
+            "method": "tools/call",
+            "params": {
+                "name": "unit_report",
+                "arguments": {"run_id": run_id, "unit_id": "s:solo", "status": "completed", "result": result},
+            },
+        }
+    )
     return server.answer(rid)
 
 
@@ -178,8 +210,14 @@ def test_one_nesting_limit_for_a_result_over_mcp_and_at_the_cli(server, project,
     assert deep.returncode == 2 and "error[RESULT_INVALID]" in deep.stderr and "200 levels" in deep.stderr
     akm("workflow", "report", cli_run, "s:solo", "--status", "completed", "--result", _nested(200), check=0)
 
-    server.send({"jsonrpc": "2.0", "id": "run", "method": "tools/call",
-                 "params": {"name": "workflow_run", "arguments": {"target": "a.md", "new": True}}})
+    server.send(
+        {
+            "jsonrpc": "2.0",
+            "id": "run",
+            "method": "tools/call",
+            "params": {"name": "workflow_run", "arguments": {"target": "a.md", "new": True}},
+        }
+    )
     run_id = server.answer("run")["result"]["structuredContent"]["run"]["runId"]
     too_deep = _report(server, "deep", run_id, json.loads(_nested(201)))["result"]
     assert too_deep["isError"] and "error[RESULT_INVALID]" in too_deep["content"][0]["text"]
@@ -190,8 +228,10 @@ def test_one_nesting_limit_for_a_result_over_mcp_and_at_the_cli(server, project,
 
 
 def test_a_message_too_deep_for_any_reader_is_a_parse_error_with_its_id(server):
-    server.send('{"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "unit_report", '
-                '"arguments": {"result": ' + _nested(100000) + "}}}")
+    server.send(
+        '{"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "unit_report", '
+        '"arguments": {"result": ' + _nested(100000) + "}}}"
+    )
     err = server.answer(8)["error"]
     assert err["code"] == -32700 and "nests too deeply" in err["message"] and "200 levels" in err["message"]
 
@@ -239,14 +279,27 @@ def test_a_client_gone_at_end_of_input_still_cancels_the_call_at_once(tmp_path, 
     marker = tmp_path / "started"
     unit = f"import pathlib, time; pathlib.Path({str(marker)!r}).write_text('x'); time.sleep(300)"
     (project / "slow.md").write_text(
-        "---\nsteps:\n  - id: a\n    unit:\n      exec:\n        command: " + json.dumps([sys.executable, "-c", unit])
-        + "\n---\n\n## a\n\nx\n", encoding="utf-8")
+        "---\nsteps:\n  - id: a\n    unit:\n      exec:\n        command: "
+        + json.dumps([sys.executable, "-c", unit])
+        + "\n---\n\n## a\n\nx\n",
+        encoding="utf-8",
+    )
     env = {**_env(tmp_path), "AKM_MCP_CALL_BOUND": "600"}
-    proc = subprocess.Popen([sys.executable, "-m", "akm", "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, env=env, cwd=project)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "akm", "mcp"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=project,
+    )
     try:
-        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                "params": {"name": "workflow_run", "arguments": {"target": "slow.md"}}}
+        call = {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "workflow_run", "arguments": {"target": "slow.md"}},
+        }
         proc.stdin.write(b"".join(json.dumps(m).encode() + b"\n" for m in (INIT, INITIALIZED, call)))
         proc.stdin.flush()
         deadline = time.monotonic() + 120

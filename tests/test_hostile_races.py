@@ -51,15 +51,17 @@ def test_a_report_written_before_an_abandon_is_answered_as_written(project):
 
     def report() -> None:
         try:
-            answer["ok"] = api.report_unit(run_id, "s:solo", status="completed", result="done", has_result=True,
-                                           cwd=str(project)).to_json()
+            answer["ok"] = api.report_unit(
+                run_id, "s:solo", status="completed", result="done", has_result=True, cwd=str(project)
+            ).to_json()
         except Exception as exc:  # noqa: BLE001 — the assertion below names it
             answer["error"] = exc
 
     worker = threading.Thread(target=report)
     worker.start()
-    _wait_for(lambda: _rows("SELECT status FROM units WHERE unit_id = 's:solo'") == [("completed",)],
-              "the report's write")
+    _wait_for(
+        lambda: _rows("SELECT status FROM units WHERE unit_id = 's:solo'") == [("completed",)], "the report's write"
+    )
     api.abandon(run_id)
     worker.join(timeout=120)
     db.close()
@@ -71,13 +73,18 @@ def test_a_report_written_before_an_abandon_is_answered_as_written(project):
 
 def test_abandon_keeps_another_drivers_in_flight_result_out_of_the_journal(akm, project, tmp_path):
     marker = tmp_path / "started"
-    unit = ("import pathlib, signal, sys, time\n"
-            "signal.signal(signal.SIGTERM, lambda *a: (print('a result after the abandon'), sys.exit(0)))\n"
-            f"pathlib.Path({str(marker)!r}).write_text('x')\n"
-            "time.sleep(120)\n")
+    unit = (
+        "import pathlib, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('a result after the abandon'), sys.exit(0)))\n"
+        f"pathlib.Path({str(marker)!r}).write_text('x')\n"
+        "time.sleep(120)\n"
+    )
     (project / "w.md").write_text(
-        "---\nsteps:\n  - id: a\n    unit:\n      exec:\n        command: " + json.dumps([sys.executable, "-c", unit])
-        + "\n---\n\n## a\n\nx\n", encoding="utf-8")
+        "---\nsteps:\n  - id: a\n    unit:\n      exec:\n        command: "
+        + json.dumps([sys.executable, "-c", unit])
+        + "\n---\n\n## a\n\nx\n",
+        encoding="utf-8",
+    )
     driver = akm.popen("workflow", "run", "w.md")
     try:
         _wait_for(marker.exists, "the unit to start")
@@ -91,8 +98,12 @@ def test_abandon_keeps_another_drivers_in_flight_result_out_of_the_journal(akm, 
     assert "error[RUN_ABANDONED]" in err or driver.returncode != 0, err
     rows = _rows("SELECT status, failure_reason, result_json FROM units WHERE run_id = ?", run.run_id)
     assert rows == [("failed", "abandoned", None)], rows
-    finished = [json.loads(m) for (m,) in _rows("SELECT metadata_json FROM events WHERE event_type = "
-                                                "'workflow_unit_finished' AND run_id = ?", run.run_id)]
+    finished = [
+        json.loads(m)
+        for (m,) in _rows(
+            "SELECT metadata_json FROM events WHERE event_type = 'workflow_unit_finished' AND run_id = ?", run.run_id
+        )
+    ]
     assert [e.get("failureReason") for e in finished] == ["abandoned"]
 
 
@@ -113,8 +124,13 @@ def _read_only(akm, data_dir, *args: str) -> subprocess.CompletedProcess:
     if probe.returncode != 0:
         pytest.skip(f"user namespaces are not available here: {probe.stderr.decode(errors='replace')}")
     return subprocess.run(
-        [unshare, "-rm", "sh", "-c", script, str(data_dir), *akm.argv0, *args], cwd=akm.cwd, env=akm.env,
-        capture_output=True, text=True, timeout=120)
+        [unshare, "-rm", "sh", "-c", script, str(data_dir), *akm.argv0, *args],
+        cwd=akm.cwd,
+        env=akm.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_read_only_journal_directory_still_answers_the_reads(akm, project):
@@ -131,7 +147,6 @@ def test_a_read_only_journal_directory_still_answers_the_reads(akm, project):
     brief = _read_only(akm, data_dir, "workflow", "next", run_id, "--format", "json")
     assert brief.returncode == 0 and json.loads(brief.stdout)["kind"] == "units", brief.stderr
     # A write still fails, coded, and writes nothing.
-    report = _read_only(akm, data_dir, "workflow", "report", run_id, "s:solo", "--status", "completed",
-                        "--result", "x")
+    report = _read_only(akm, data_dir, "workflow", "report", run_id, "s:solo", "--status", "completed", "--result", "x")
     assert report.returncode == 78 and "error[JOURNAL_ERROR]" in report.stderr, report.stderr
     assert akm.json("workflow", "status", run_id)["status"] == "awaiting_session"

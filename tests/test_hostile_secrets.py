@@ -19,12 +19,15 @@ from akm.dispatch.redact import redact_text, sensitive_values_from
 from akm.engine.env_bindings import visible_secret_values
 
 PEM = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj"
-CI_ENV = ('DEPLOY_TOKEN=tok-ci-5f3a9b2c7d\n'
-          'KEY="' + PEM + '"\n'
-          'QUOTED="pa\\"ss\\\\word-77"\n')
+CI_ENV = 'DEPLOY_TOKEN=tok-ci-5f3a9b2c7d\nKEY="' + PEM + '"\nQUOTED="pa\\"ss\\\\word-77"\n'
 USER_ENV = "USER_SECRET=user-level-secret-42\n"
-SECRETS = ["tok-ci-5f3a9b2c7d", "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC", "BKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj",
-           'pa"ss\\word-77', "user-level-secret-42"]
+SECRETS = [
+    "tok-ci-5f3a9b2c7d",
+    "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC",
+    "BKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj",
+    'pa"ss\\word-77',
+    "user-level-secret-42",
+]
 
 
 @pytest.fixture
@@ -41,8 +44,9 @@ def project(tmp_path, monkeypatch) -> Path:
 def _journal_text() -> str:
     con = sqlite3.connect(paths.journal_path())
     try:
-        return "\n".join(str(row) for table in ("units", "steps", "events", "runs")
-                         for row in con.execute(f"SELECT * FROM {table}"))
+        return "\n".join(
+            str(row) for table in ("units", "steps", "events", "runs") for row in con.execute(f"SELECT * FROM {table}")
+        )
     finally:
         con.close()
 
@@ -69,7 +73,10 @@ def test_a_unit_without_env_printing_the_env_file_leaks_nothing(project):
     (project / "printer.py").write_text(PRINTER, encoding="utf-8")
     (project / "w.md").write_text(
         "---\nsteps:\n  - id: a\n    unit:\n      exec:\n        command: "
-        + json.dumps([sys.executable, "printer.py"]) + "\n---\n\n## a\n\nx\n", encoding="utf-8")
+        + json.dumps([sys.executable, "printer.py"])
+        + "\n---\n\n## a\n\nx\n",
+        encoding="utf-8",
+    )
     res = api.run_workflow("w.md", cwd=str(project))
     assert res.run.status == "completed", res.run
     output = res.run.steps[0].output
@@ -100,21 +107,25 @@ def test_an_llm_answer_is_redacted_against_every_visible_env_file(project, fake_
     engine = {"kind": "llm", "endpoint": fake_openai.url, "model": "echo"}
     assert cli.main(["config", "set", "engines.talk", json.dumps(engine)]) == 0, capsys.readouterr()
     assert cli.main(["config", "set", "defaults.llmEngine", "talk"]) == 0, capsys.readouterr()
-    (project / "l.md").write_text("---\nsteps:\n  - id: a\n---\n\n## a\n\nRepeat: tok-ci-5f3a9b2c7d and "
-                                  "user-level-secret-42\n", encoding="utf-8")
+    (project / "l.md").write_text(
+        "---\nsteps:\n  - id: a\n---\n\n## a\n\nRepeat: tok-ci-5f3a9b2c7d and user-level-secret-42\n", encoding="utf-8"
+    )
     res = api.run_workflow("l.md", cwd=str(project))
     assert res.run.status == "completed", res.run
     assert "Repeat: [REDACTED] and [REDACTED]" in res.run.steps[0].output
     assert _leaks(res.run.steps[0].output) == []
 
 
-@pytest.mark.parametrize("text", [
-    "a " + PEM.replace("\n", "\r\n") + " b",  # CRLF spelling of an LF secret
-    "a " + PEM + " b",
-    json.dumps({"s": json.dumps({"pem": PEM})}),  # a JSON string inside JSON: escaped twice
-    json.dumps({"s": json.dumps({"q": 'pa"ss\\word-77'})}),
-    "only the second line: BKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a " + PEM.replace("\n", "\r\n") + " b",  # CRLF spelling of an LF secret
+        "a " + PEM + " b",
+        json.dumps({"s": json.dumps({"pem": PEM})}),  # a JSON string inside JSON: escaped twice
+        json.dumps({"s": json.dumps({"q": 'pa"ss\\word-77'})}),
+        "only the second line: BKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj",
+    ],
+)
 def test_spellings_of_a_multi_line_or_quoted_secret_are_redacted(text):
     values = sensitive_values_from({"KEY": PEM, "Q": 'pa"ss\\word-77'})
     redacted = redact_text(text, values)

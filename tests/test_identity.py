@@ -156,7 +156,9 @@ def test_exec_unit_input_hash_golden(exec_extra, expected):
 
 
 def test_exec_unit_hash_env_and_isolation_golden():
-    base = UnitNode(id="work", instructions="Do it.", exec=ExecSpec(command=["bun", "run", "test:unit"], timeout_ms=600000))
+    base = UnitNode(
+        id="work", instructions="Do it.", exec=ExecSpec(command=["bun", "run", "test:unit"], timeout_ms=600000)
+    )
     assert (
         unit_input_hash(template=base.model_copy(update={"env": ["env/ci"]}), params={})
         == "caa60dd66834784737406723a79c3be78ae60a0457e83f8797bcc419cba2bdcc"
@@ -179,8 +181,8 @@ def test_retry_and_on_error_do_not_move_the_hash():
     assert unit_input_hash(template=base.model_copy(update={"instructions": "y"}), params={"a": 1}) != h
 
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings  # noqa: E402  (the property tests below need it; the rest do not)
+from hypothesis import strategies as st  # noqa: E402
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=8),
@@ -190,16 +192,24 @@ _json = st.recursive(
 
 
 @settings(max_examples=200, deadline=None)
-@given(params=st.dictionaries(st.text(max_size=6), _json, max_size=4), item=_json,
-       exec_unit=st.booleans(), feedback=st.booleans())
+@given(
+    params=st.dictionaries(st.text(max_size=6), _json, max_size=4),
+    item=_json,
+    exec_unit=st.booleans(),
+    feedback=st.booleans(),
+)
 def test_unit_hasher_matches_reference_preimage(params, item, exec_unit, feedback):
     from akm.plan.identity import UnitHasher
 
     if exec_unit:
         unit = UnitNode(id="s.unit", instructions="Do ü.", exec=ExecSpec(command=["x"], timeout_ms=5), env=["env/a"])
     else:
-        unit = UnitNode(id="s.unit", instructions="Do ü.", invocation=Invocation(engine="e", model="m"),
-                        output_schema={"type": "object"})
+        unit = UnitNode(
+            id="s.unit",
+            instructions="Do ü.",
+            invocation=Invocation(engine="e", model="m"),
+            output_schema={"type": "object"},
+        )
     fb = {"feedback": "again", "missing": ["a"]} if feedback else None
     inputs = [("steps.a.output", item)]
     ref = unit_input_hash(template=unit, params=params, item=item, inputs=inputs, dispatch={"k": 1}, gate_feedback=fb)

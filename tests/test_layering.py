@@ -13,8 +13,19 @@ import pytest
 
 AKM = Path(__file__).resolve().parent.parent / "akm"
 LOWER = ("store", "dispatch", "format", "plan")
-UPPER = ("akm.engine", "akm.api", "akm.api_models", "akm.cli", "akm.cli_render", "akm.mcp", "akm.mcp_stdio",
-         "akm.drives", "akm.detach", "akm.setup", "akm.report")
+UPPER = (
+    "akm.engine",
+    "akm.api",
+    "akm.api_models",
+    "akm.cli",
+    "akm.cli_render",
+    "akm.mcp",
+    "akm.mcp_stdio",
+    "akm.drives",
+    "akm.detach",
+    "akm.setup",
+    "akm.report",
+)
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:

@@ -31,9 +31,19 @@ DEADLINE_S = 120.0
 
 
 def _make_run(db, run_id="r1"):
-    return runs.create_run(db, run_id=run_id, workflow_ref=f"workflows/{run_id}", workflow_path=None, title="t",
-                           scope_key="s", params={}, plan_json="{}", plan_hash="0" * 64, hash_version=1,
-                           step_ids=["a"])
+    return runs.create_run(
+        db,
+        run_id=run_id,
+        workflow_ref=f"workflows/{run_id}",
+        workflow_path=None,
+        title="t",
+        scope_key="s",
+        params={},
+        plan_json="{}",
+        plan_hash="0" * 64,
+        hash_version=1,
+        step_ids=["a"],
+    )
 
 
 def _rows(sql: str, args: tuple = ()) -> list[tuple]:
@@ -75,20 +85,26 @@ def _overlaps(log: Path) -> list[str]:
 
 def _unit_script(log: Path, hold: str) -> str:
     """An exec unit that logs its start and end (with its parent pid, the driver) around `hold`."""
-    code = (f"import os,json,time; log={str(log)!r}; u=os.environ['AKM_UNIT_ID']\n"
-            "def w(s):\n"
-            "    fd=os.open(log, os.O_WRONLY|os.O_APPEND|os.O_CREAT, 0o644); os.write(fd, s.encode()); os.close(fd)\n"
-            "w(f'start {u} {os.getppid()}\\n')\n"
-            f"{hold}\n"
-            "w(f'end {u} {os.getppid()}\\n')\n"
-            "print(json.dumps(1))")
+    code = (
+        f"import os,json,time; log={str(log)!r}; u=os.environ['AKM_UNIT_ID']\n"
+        "def w(s):\n"
+        "    fd=os.open(log, os.O_WRONLY|os.O_APPEND|os.O_CREAT, 0o644); os.write(fd, s.encode()); os.close(fd)\n"
+        "w(f'start {u} {os.getppid()}\\n')\n"
+        f"{hold}\n"
+        "w(f'end {u} {os.getppid()}\\n')\n"
+        "print(json.dumps(1))"
+    )
     return json.dumps([sys.executable, "-c", code])
 
 
 def _akm_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AKM_")}
-    env.update(AKM_DATA_DIR=str(tmp_path / "akm-data"), XDG_CONFIG_HOME=str(tmp_path / "xdg-config"),
-               PYTHONPATH=str(Path(__file__).resolve().parents[1]), **extra)
+    env.update(
+        AKM_DATA_DIR=str(tmp_path / "akm-data"),
+        XDG_CONFIG_HOME=str(tmp_path / "xdg-config"),
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+        **extra,
+    )
     return env
 
 
@@ -117,10 +133,18 @@ def test_every_acquisition_bumps_the_epoch_and_a_lost_fence_writes_nothing(tmp_p
     before = _dump(db)
     for write in (
         lambda: units.insert_unit(db, run_id="r1", unit_id="a:1", step_id="a", node_id="a", fence=old),
-        lambda: units.finish_unit(db, run_id="r1", unit_id="a:0", started_at=started, status="completed",
-                                  result_json="1", fence=old),
-        lambda: units.finish_and_insert(db, units.UnitFinish("r1", "a:0", started, "completed", "1"), run_id="r1",
-                                        unit_id="a:1", step_id="a", node_id="a", fence=old),
+        lambda: units.finish_unit(
+            db, run_id="r1", unit_id="a:0", started_at=started, status="completed", result_json="1", fence=old
+        ),
+        lambda: units.finish_and_insert(
+            db,
+            units.UnitFinish("r1", "a:0", started, "completed", "1"),
+            run_id="r1",
+            unit_id="a:1",
+            step_id="a",
+            node_id="a",
+            fence=old,
+        ),
         lambda: runs.complete_step(db, "r1", "a", "completed", lease_holder="old", fence=old),
         lambda: runs.set_run_status(db, "r1", "awaiting_session", {"kind": "units"}, fence=old),
     ):
@@ -166,7 +190,7 @@ def test_lease_ttl_comes_from_the_environment(tmp_path, monkeypatch):
 def test_host_id_names_the_boot_and_the_pid_namespace():
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")[:12]
     ns = os.readlink("/proc/self/ns/pid")
-    assert runs.host_id() == f"{runs.hostname()}/{boot}/{ns[ns.index('[') + 1:-1]}"
+    assert runs.host_id() == f"{runs.hostname()}/{boot}/{ns[ns.index('[') + 1 : -1]}"
 
 
 def _dump(db) -> dict[str, list[tuple]]:
@@ -231,8 +255,10 @@ def test_a_driver_stopped_past_its_lease_starts_nothing_once_it_continues(tmp_pa
         _wait("its lease to lapse", lambda: _rows("SELECT lease_until < ? FROM runs", (now_iso(),))[0][0])
         gate.unlink()
         second = _popen(_akm("workflow", "run", run_id), project, env)
-        _wait("the second driver to start a unit",
-              lambda: any(p[0] == "start" and p[2] == str(second.pid) for p in _lines(log)))
+        _wait(
+            "the second driver to start a unit",
+            lambda: any(p[0] == "start" and p[2] == str(second.pid) for p in _lines(log)),
+        )
         mark = len(_lines(log))
         os.kill(first.pid, signal.SIGCONT)
         out, err = first.communicate(timeout=DEADLINE_S)
@@ -252,7 +278,8 @@ def test_a_driver_stopped_past_its_lease_starts_nothing_once_it_continues(tmp_pa
     assert _overlaps(log) == [], _lines(log)
     assert _rows("SELECT status, lease_epoch FROM runs") == [("completed", 2)]  # two acquisitions
     assert _rows("SELECT count(*), min(status), max(status) FROM units WHERE step_id = 'each'") == [
-        (12, "completed", "completed")]
+        (12, "completed", "completed")
+    ]
     assert len({p[1] for p in _lines(log) if p[0] == "end"}) == 12
 
 
@@ -263,8 +290,12 @@ def _unshare_works() -> bool:
     if shutil.which("unshare") is None:
         return False
     try:
-        return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True,
-                              timeout=30).returncode == 0
+        return (
+            subprocess.run(
+                ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=30
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -276,19 +307,30 @@ def test_a_driver_in_another_pid_namespace_does_not_take_over_a_live_run(tmp_pat
     log = tmp_path / "units.log"
     gate = tmp_path / "go"
     hold = f"import pathlib\nwhile not pathlib.Path({str(gate)!r}).exists(): time.sleep(0.01)"
-    write_wf(project, "one.md", f"""
+    write_wf(
+        project,
+        "one.md",
+        f"""
         steps:
           - id: a
             unit: {{ exec: {{ command: {_unit_script(log, hold)} }} }}
             output: {{ type: integer }}
-        """, "## a\n\nx")
+        """,
+        "## a\n\nx",
+    )
     env = _akm_env(tmp_path)
     first = _popen(_akm("workflow", "run", "one.md"), project, env)
     try:
         _wait("the unit to start", lambda: any(p[0] == "start" for p in _lines(log)))
         run_id, holder = _rows("SELECT id, lease_holder FROM runs")[0]
-        inside = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", *_akm("workflow", "run", run_id)],
-                                cwd=project, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
+        inside = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", *_akm("workflow", "run", run_id)],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_S,
+        )
         assert inside.returncode == 2 and "LEASE_HELD" in inside.stderr, (inside.returncode, inside.stderr)
         assert _rows("SELECT lease_holder FROM runs") == [(holder,)]
         gate.touch()
@@ -328,9 +370,10 @@ def _in_frame(thread: threading.Thread, name: str) -> bool:
 def _set_judge(capsys, fake_openai, model: str) -> None:
     from akm import cli
 
-    for args in (["config", "set", "engines.judge", json.dumps({"kind": "llm", "endpoint": fake_openai.url,
-                                                                 "model": model})],
-                 ["config", "set", "workflow.judgeEngine", "judge"]):
+    for args in (
+        ["config", "set", "engines.judge", json.dumps({"kind": "llm", "endpoint": fake_openai.url, "model": model})],
+        ["config", "set", "workflow.judgeEngine", "judge"],
+    ):
         assert cli.main(args) == 0, capsys.readouterr().err
     capsys.readouterr()
 
@@ -351,16 +394,25 @@ def test_workflow_run_waits_for_the_report_that_is_finishing_the_step(project, f
         except BaseException as exc:  # noqa: BLE001 - asserted below
             outcome[key] = exc
 
-    reporter = threading.Thread(target=call, args=("report", lambda: api.report_unit(
-        rid, unit, cwd=str(project), status="completed", result="ok", has_result=True).to_json()))
+    reporter = threading.Thread(
+        target=call,
+        args=(
+            "report",
+            lambda: api.report_unit(
+                rid, unit, cwd=str(project), status="completed", result="ok", has_result=True
+            ).to_json(),
+        ),
+    )
     reporter.start()
     try:
         assert fake_openai.held.acquire(timeout=DEADLINE_S), "the report's judge was never asked"
         assert _rows("SELECT lease_holder LIKE 'report:%' FROM runs WHERE id = ?", (rid,)) == [(1,)]
         driver = threading.Thread(target=call, args=("run", lambda: api.run_workflow(rid, cwd=str(project))))
         driver.start()
-        _wait("the driver to wait for the report's lock (or to give up)",
-              lambda: not driver.is_alive() or _in_frame(driver, "wait_lease_change"))
+        _wait(
+            "the driver to wait for the report's lock (or to give up)",
+            lambda: not driver.is_alive() or _in_frame(driver, "wait_lease_change"),
+        )
     finally:
         fake_openai.release.set()
         reporter.join(DEADLINE_S)
@@ -370,7 +422,9 @@ def test_workflow_run_waits_for_the_report_that_is_finishing_the_step(project, f
     assert outcome["report"]["stepOutcome"]["kind"] == "completed"
     assert outcome["run"].run.status == "completed"
     assert _rows("SELECT step_id, status FROM steps WHERE run_id = ? ORDER BY sequence_index", (rid,)) == [
-        ("ask", "completed"), ("after", "completed")]
+        ("ask", "completed"),
+        ("after", "completed"),
+    ]
 
 
 def test_workflow_run_racing_the_finishing_report_never_answers_lease_held(project, fake_openai, capsys):
@@ -391,8 +445,7 @@ def test_workflow_run_racing_the_finishing_report_never_answers_lease_held(proje
             try:
                 while True:
                     try:
-                        api.report_unit(rid, unit, cwd=str(project), status="completed", result="ok",
-                                        has_result=True)
+                        api.report_unit(rid, unit, cwd=str(project), status="completed", result="ok", has_result=True)
                         return
                     except AkmError as exc:
                         if exc.code != "LEASE_HELD":
@@ -423,8 +476,9 @@ def test_workflow_run_racing_the_finishing_report_never_answers_lease_held(proje
 
 
 def test_a_bad_lease_ttl_is_refused_before_a_run_is_created(akm, project):
-    (project / "one.md").write_text("---\nsteps:\n  - id: a\n    unit: { exec: { command: [python3, -c, 'print(1)'] } }\n"
-                                    "---\n## a\nx\n")
+    (project / "one.md").write_text(
+        "---\nsteps:\n  - id: a\n    unit: { exec: { command: [python3, -c, 'print(1)'] } }\n---\n## a\nx\n"
+    )
     akm.env["AKM_LEASE_TTL_S"] = "soon"
     res = akm("workflow", "run", "one.md", check=2)
     assert "error[INVALID_ENV]" in res.stderr and "AKM_LEASE_TTL_S" in res.stderr and "Traceback" not in res.stderr

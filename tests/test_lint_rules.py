@@ -52,14 +52,28 @@ CASES: list[tuple[str, str, int]] = [
     ("invalid_value", wf(OK_STEPS + "type: skill\n"), 4),
     ("out_of_range", wf("steps:\n  - id: a\n    gate:\n      max_loops: 101\n"), 5),  # §8.40 [R+]
     ("out_of_range", wf(OK_STEPS + "budget: { max_units: 10001 }\n"), 4),  # §8.23
-    ("too_many_entries",
-     wf("steps:\n  - id: a\n    unit:\n      exec:\n        command: [x]\n        pass_env: ["
-        + ", ".join(f"V{i}" for i in range(33)) + "]\n"), 7),  # §8.59
-    ("too_large", wf("steps:\n  - id: a\n    unit:\n      exec:\n        command:\n          - "
-                     + "x" * 5000 + "\n"), 7),
-    ("duplicate_entry",
-     wf("steps:\n  - id: b\n  - id: a\n    inputs:\n      - steps.b.output\n      - steps.b.output\n",
-        "\n## b\n\nB.\n\n## a\n\nA.\n"), 7),  # §8.41
+    (
+        "too_many_entries",
+        wf(
+            "steps:\n  - id: a\n    unit:\n      exec:\n        command: [x]\n        pass_env: ["
+            + ", ".join(f"V{i}" for i in range(33))
+            + "]\n"
+        ),
+        7,
+    ),  # §8.59
+    (
+        "too_large",
+        wf("steps:\n  - id: a\n    unit:\n      exec:\n        command:\n          - " + "x" * 5000 + "\n"),
+        7,
+    ),
+    (
+        "duplicate_entry",
+        wf(
+            "steps:\n  - id: b\n  - id: a\n    inputs:\n      - steps.b.output\n      - steps.b.output\n",
+            "\n## b\n\nB.\n\n## a\n\nA.\n",
+        ),
+        7,
+    ),  # §8.41
     ("duplicate_entry", wf("steps:\n  - id: a\n    unit:\n      env: [env/ci, env/ci]\n"), 5),
     ("duplicate_entry", wf("steps:\n  - id: a\n    unit:\n      retry: { max: 1, on: [timeout, timeout] }\n"), 5),
     # envelope / params
@@ -71,63 +85,150 @@ CASES: list[tuple[str, str, int]] = [
     ("steps_required", wf("steps: []\n"), 2),
     ("invalid_step_id", wf("steps:\n  - id: valid.ate\n"), 3),  # §8.7
     ("duplicate_step_id", wf("steps:\n  - id: a\n  - id: a\n"), 4),  # §8.8
-    ("conflicting_step_kind",
-     wf("params:\n  xs: { type: array }\nsteps:\n  - id: a\n    map: { over: params.xs }\n"
-        "    route: { input: params.xs, when: [{ match: x, step: b }] }\n  - id: b\n",
-        "\n## a\n\nA.\n\n## b\n\nB.\n"), 7),  # §8.25
-    ("conflicting_step_kind",
-     wf("params:\n  xs: { type: array }\nsteps:\n  - id: a\n    map: { over: params.xs }\n    unit: {}\n"), 7),
-    ("conflicting_step_kind",
-     wf("params:\n  m: { type: string }\nsteps:\n  - id: r\n    route: { input: params.m, when: [{ match: x, step: a }] }\n"
-        "    inputs: [params.m]\n  - id: a\n"), 7),
+    (
+        "conflicting_step_kind",
+        wf(
+            "params:\n  xs: { type: array }\nsteps:\n  - id: a\n    map: { over: params.xs }\n"
+            "    route: { input: params.xs, when: [{ match: x, step: b }] }\n  - id: b\n",
+            "\n## a\n\nA.\n\n## b\n\nB.\n",
+        ),
+        7,
+    ),  # §8.25
+    (
+        "conflicting_step_kind",
+        wf("params:\n  xs: { type: array }\nsteps:\n  - id: a\n    map: { over: params.xs }\n    unit: {}\n"),
+        7,
+    ),
+    (
+        "conflicting_step_kind",
+        wf(
+            "params:\n  m: { type: string }\nsteps:\n  - id: r\n    route: { input: params.m, when: [{ match: x, step: a }] }\n"
+            "    inputs: [params.m]\n  - id: a\n"
+        ),
+        7,
+    ),
     # unit bag
     ("invalid_duration", wf("steps:\n  - id: a\n    unit: { timeout: 1h }\n"), 4),  # §8.19
     ("invalid_duration", wf("defaults:\n  timeout: 0\n" + OK_STEPS), 3),
-    ("invalid_retry_reason", wf("steps:\n  - id: a\n    unit:\n      retry:\n        max: 1\n        on: [flaky]\n"), 7),
-    ("credential_in_llm",
-     wf("steps:\n  - id: a\n    unit:\n      llm:\n        extra_params:\n          nested: { api_key: x }\n"), 7),  # §8.28
-    ("protected_llm_param",
-     wf("steps:\n  - id: a\n    unit:\n      llm:\n        extra_params:\n          model: x\n"), 7),  # §8.28
-    ("exec_invalid_command", wf("steps:\n  - id: a\n    unit:\n      exec:\n        command: \"bun test\"\n"), 6),  # §8.58
-    ("exec_cwd_not_relative", wf("steps:\n  - id: a\n    unit:\n      exec:\n        command: [x]\n        cwd: ../x\n"), 7),
-    ("exec_invalid_env_name", wf("steps:\n  - id: a\n    unit:\n      exec:\n        command: [x]\n        pass_env: [1BAD]\n"), 7),
+    (
+        "invalid_retry_reason",
+        wf("steps:\n  - id: a\n    unit:\n      retry:\n        max: 1\n        on: [flaky]\n"),
+        7,
+    ),
+    (
+        "credential_in_llm",
+        wf("steps:\n  - id: a\n    unit:\n      llm:\n        extra_params:\n          nested: { api_key: x }\n"),
+        7,
+    ),  # §8.28
+    (
+        "protected_llm_param",
+        wf("steps:\n  - id: a\n    unit:\n      llm:\n        extra_params:\n          model: x\n"),
+        7,
+    ),  # §8.28
+    (
+        "exec_invalid_command",
+        wf('steps:\n  - id: a\n    unit:\n      exec:\n        command: "bun test"\n'),
+        6,
+    ),  # §8.58
+    (
+        "exec_cwd_not_relative",
+        wf("steps:\n  - id: a\n    unit:\n      exec:\n        command: [x]\n        cwd: ../x\n"),
+        7,
+    ),
+    (
+        "exec_invalid_env_name",
+        wf("steps:\n  - id: a\n    unit:\n      exec:\n        command: [x]\n        pass_env: [1BAD]\n"),
+        7,
+    ),
     ("invalid_env_ref", wf("steps:\n  - id: a\n    unit:\n      env: [ci]\n"), 5),
-    ("exec_engine_conflict", wf("steps:\n  - id: a\n    unit:\n      exec: { command: [x] }\n      engine: fast\n"), 6),  # §8.58
+    (
+        "exec_engine_conflict",
+        wf("steps:\n  - id: a\n    unit:\n      exec: { command: [x] }\n      engine: fast\n"),
+        6,
+    ),  # §8.58
     # schemas
-    ("schema_unsupported_keyword",
-     wf("steps:\n  - id: a\n    output:\n      type: object\n      properties:\n        v:\n          type: string\n"
-        "          pattern: \"^v\"\n"), 9),
+    (
+        "schema_unsupported_keyword",
+        wf(
+            "steps:\n  - id: a\n    output:\n      type: object\n      properties:\n        v:\n          type: string\n"
+            '          pattern: "^v"\n'
+        ),
+        9,
+    ),
     ("schema_malformed", wf("params:\n  p:\n    type: strin\n" + OK_STEPS), 4),
     # references
     ("invalid_reference", wf("steps:\n  - id: a\n    map: { over: changed_files }\n"), 4),  # §8.24
-    ("unknown_step_reference",
-     wf("steps:\n  - id: a\n    inputs:\n      - steps.ghost.output\n"), 5),  # §8.29
-    ("forward_reference",
-     wf("steps:\n  - id: a\n    inputs: [steps.b.output.x]\n  - id: b\n", "\n## a\n\nA.\n\n## b\n\nB.\n"), 4),  # §8.29
+    ("unknown_step_reference", wf("steps:\n  - id: a\n    inputs:\n      - steps.ghost.output\n"), 5),  # §8.29
+    (
+        "forward_reference",
+        wf("steps:\n  - id: a\n    inputs: [steps.b.output.x]\n  - id: b\n", "\n## a\n\nA.\n\n## b\n\nB.\n"),
+        4,
+    ),  # §8.29
     ("forward_reference", wf("steps:\n  - id: a\n    inputs: [steps.a.output]\n"), 4),  # self
-    ("param_as_input", wf("params:\n  payload: { type: string }\nsteps:\n  - id: a\n    inputs: [params.payload]\n"), 6),  # §8.30
-    ("unknown_param_reference",
-     wf("params:\n  other: { type: string }\nsteps:\n  - id: r\n    route:\n      input: params.mode\n"
-        "      when: [{ match: x, step: a }]\n  - id: a\n"), 7),  # §8.31 (an error for us, D10)
+    (
+        "param_as_input",
+        wf("params:\n  payload: { type: string }\nsteps:\n  - id: a\n    inputs: [params.payload]\n"),
+        6,
+    ),  # §8.30
+    (
+        "unknown_param_reference",
+        wf(
+            "params:\n  other: { type: string }\nsteps:\n  - id: r\n    route:\n      input: params.mode\n"
+            "      when: [{ match: x, step: a }]\n  - id: a\n"
+        ),
+        7,
+    ),  # §8.31 (an error for us, D10)
     ("unknown_param_reference", wf("steps:\n  - id: a\n    map:\n      over: params.files\n"), 5),
-    ("over_not_array", wf("params:\n  files: { type: string }\nsteps:\n  - id: a\n    map:\n      over: params.files\n"), 7),
+    (
+        "over_not_array",
+        wf("params:\n  files: { type: string }\nsteps:\n  - id: a\n    map:\n      over: params.files\n"),
+        7,
+    ),
     # route
-    ("route_target_unknown",
-     wf("params:\n  m: { type: string }\nsteps:\n  - id: r\n    route:\n      input: params.m\n      when:\n"
-        "        - { match: x, step: nowhere }\n"), 9),  # §8.26
-    ("route_target_self",
-     wf("params:\n  m: { type: string }\nsteps:\n  - id: r\n    route:\n      input: params.m\n      when: [{ match: x, step: b }]\n"
-        "      default: r\n  - id: b\n", "\n## b\n\nB.\n"), 9),
-    ("route_backward",
-     wf("params:\n  m: { type: string }\nsteps:\n  - id: b\n  - id: r\n    route:\n      input: params.m\n"
-        "      when: [{ match: x, step: b }]\n", "\n## b\n\nB.\n"), 9),
-    ("duplicate_route_match",
-     wf("params:\n  m: { type: string }\nsteps:\n  - id: r\n    route:\n      input: params.m\n      when:\n"
-        "        - { match: 1, step: b }\n        - { match: \"1\", step: c }\n  - id: b\n  - id: c\n",
-        "\n## b\n\nB.\n\n## c\n\nC.\n"), 10),  # §8.27
-    ("empty_route_match",
-     wf("params:\n  m: { type: string }\nsteps:\n  - id: r\n    route:\n      input: params.m\n      when:\n"
-        "        - { match: \"\", step: b }\n  - id: b\n", "\n## b\n\nB.\n"), 9),
+    (
+        "route_target_unknown",
+        wf(
+            "params:\n  m: { type: string }\nsteps:\n  - id: r\n    route:\n      input: params.m\n      when:\n"
+            "        - { match: x, step: nowhere }\n"
+        ),
+        9,
+    ),  # §8.26
+    (
+        "route_target_self",
+        wf(
+            "params:\n  m: { type: string }\nsteps:\n  - id: r\n    route:\n      input: params.m\n      when: [{ match: x, step: b }]\n"
+            "      default: r\n  - id: b\n",
+            "\n## b\n\nB.\n",
+        ),
+        9,
+    ),
+    (
+        "route_backward",
+        wf(
+            "params:\n  m: { type: string }\nsteps:\n  - id: b\n  - id: r\n    route:\n      input: params.m\n"
+            "      when: [{ match: x, step: b }]\n",
+            "\n## b\n\nB.\n",
+        ),
+        9,
+    ),
+    (
+        "duplicate_route_match",
+        wf(
+            "params:\n  m: { type: string }\nsteps:\n  - id: r\n    route:\n      input: params.m\n      when:\n"
+            '        - { match: 1, step: b }\n        - { match: "1", step: c }\n  - id: b\n  - id: c\n',
+            "\n## b\n\nB.\n\n## c\n\nC.\n",
+        ),
+        10,
+    ),  # §8.27
+    (
+        "empty_route_match",
+        wf(
+            "params:\n  m: { type: string }\nsteps:\n  - id: r\n    route:\n      input: params.m\n      when:\n"
+            '        - { match: "", step: b }\n  - id: b\n',
+            "\n## b\n\nB.\n",
+        ),
+        9,
+    ),
     # body
     ("unexpected_heading", wf("steps:\n  - id: deploy\n", "\n## deployment\n\nShip.\n"), 6),  # §8.9
     ("missing_section", wf("steps:\n  - id: deploy\n", "\n## deployment\n\nShip.\n"), 3),  # §8.9

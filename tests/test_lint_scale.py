@@ -29,8 +29,9 @@ def test_thousands_of_identical_warnings_are_folded(tmp_path, capsys):
     assert len(out) <= 8, out
     warnings = [line for line in out if "warning[missing_output_schema]" in line]
     assert len(warnings) == 4
-    assert warnings[-1].endswith("197 more missing_output_schema warnings like the ones above "
-                                 "(lines 15, 19, 23, 27, 31, … 799)")
+    assert warnings[-1].endswith(
+        "197 more missing_output_schema warnings like the ones above (lines 15, 19, 23, 27, 31, … 799)"
+    )
     assert sum("hint:" in line for line in out) == 1  # the shared hint once
     assert out[-1] == "1 file checked: no errors, 200 warning(s)"
 
@@ -58,19 +59,25 @@ def test_gate_sections_are_bound_in_a_big_body():
     assert body.sections[1].extra_gate_lines == []
 
 
-FRONTMATTERS = [p.read_text(encoding="utf-8").split("\n---\n")[0][4:]
-                for p in corpus_files("current") + [ROOT / "examples" / "hello.md"]]
+FRONTMATTERS = [
+    p.read_text(encoding="utf-8").split("\n---\n")[0][4:]
+    for p in corpus_files("current") + [ROOT / "examples" / "hello.md"]
+]
 
 
-@pytest.mark.parametrize("text", FRONTMATTERS + [
-    "a: 1\nb: [x, 'y', \"z\"]\nc: {d: null, e: true, f: 0x1f, g: 1.5e3, h: .inf}\n",
-    "k: &a [1, 2]\nl: *a\nm: |\n  block\n  text\n",
-    "dup: 1\ndup: 2\n",
-    "bad: [unclosed\n",
-    "bad: key: here\n",
-    "tag: !!timestamp 2026-01-01\n",
-    "ctrl: \x07\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    FRONTMATTERS
+    + [
+        "a: 1\nb: [x, 'y', \"z\"]\nc: {d: null, e: true, f: 0x1f, g: 1.5e3, h: .inf}\n",
+        "k: &a [1, 2]\nl: *a\nm: |\n  block\n  text\n",
+        "dup: 1\ndup: 2\n",
+        "bad: [unclosed\n",
+        "bad: key: here\n",
+        "tag: !!timestamp 2026-01-01\n",
+        "ctrl: \x07\n",
+    ],
+)
 def test_libyaml_and_pure_python_paths_agree(monkeypatch, text):
     fast = yaml12.load_yaml(text)
     monkeypatch.setattr(yaml12, "_CComposer", None)

@@ -8,21 +8,33 @@ import time
 from pathlib import Path
 
 import anyio
-
-from akm import paths
-from tests.helpers import py, write_wf
-
 import mcp  # noqa: E402,F401  (a hard dependency: never skipped)
 from mcp import Client  # noqa: E402
 
+from akm import paths
 from akm.mcp import build_server  # noqa: E402
+from tests.helpers import py, write_wf
 
-TOOLS = {"setup", "workflow_lint", "workflow_run", "workflow_list", "workflow_status", "workflow_next",
-         "unit_report", "workflow_resume", "workflow_abandon", "workflow_events", "workflow_catalog"}
+TOOLS = {
+    "setup",
+    "workflow_lint",
+    "workflow_run",
+    "workflow_list",
+    "workflow_status",
+    "workflow_next",
+    "unit_report",
+    "workflow_resume",
+    "workflow_abandon",
+    "workflow_events",
+    "workflow_catalog",
+}
 
 
 def session_wf(project: Path) -> Path:
-    return write_wf(project, "flow.md", f"""
+    return write_wf(
+        project,
+        "flow.md",
+        f"""
         params:
           topics: {{ type: array, items: {{ type: string }} }}
         steps:
@@ -37,8 +49,10 @@ def session_wf(project: Path) -> Path:
           - id: show
             unit: {{ exec: {{ command: {py('import os; print(os.environ["AKM_INPUTS"])')} }} }}
             inputs: [steps.think.output]
-        """, "## prep\n\nPrepare.\n\n## think\n\nWrite a line about the topic.\n\n### gate\n\n- Each line names "
-             "its topic.\n\n## show\n\nShow.")
+        """,
+        "## prep\n\nPrepare.\n\n## think\n\nWrite a line about the topic.\n\n### gate\n\n- Each line names "
+        "its topic.\n\n## show\n\nShow.",
+    )
 
 
 def err(result) -> dict:
@@ -54,6 +68,7 @@ def call(project: Path, script, **server_kw):
     async def main():
         async with Client(server) as client:
             return await script(client)
+
     try:
         return anyio.run(main)
     finally:
@@ -83,7 +98,10 @@ def test_tools_are_listed_with_schemas_and_annotations(project):
 
 
 def test_exec_workflow_completes_with_progress(project):
-    wf = write_wf(project, "fan.md", f"""
+    wf = write_wf(
+        project,
+        "fan.md",
+        f"""
         params:
           xs: {{ type: array }}
         steps:
@@ -91,14 +109,16 @@ def test_exec_workflow_completes_with_progress(project):
             map:
               over: params.xs
               unit: {{ exec: {{ command: {py('import os; print(os.environ["AKM_ITEM"])')} }} }}
-        """, "## each\n\nEcho.")
+        """,
+        "## each\n\nEcho.",
+    )
     progress = []
 
     async def script(c):
         async def cb(p, total, msg):
             progress.append((p, total, msg))
-        return await c.call_tool("workflow_run", {"target": wf.name, "params": {"xs": [1, 2, 3]}},
-                                 progress_callback=cb)
+
+        return await c.call_tool("workflow_run", {"target": wf.name, "params": {"xs": [1, 2, 3]}}, progress_callback=cb)
 
     r = call(project, script)
     assert not r.is_error
@@ -128,16 +148,31 @@ def test_session_loop_with_gate_reject_then_accept(project):
             for u in b["units"]:
                 topic = u["context"]["item"]
                 line = f"about {topic}" if loop == 2 else "about nothing"
-                rep = await c.call_tool("unit_report", {"run_id": rid, "unit_id": u["unitId"], "status": "completed",
-                                                        "result": {"line": line}, "expect_step": "think"})
+                rep = await c.call_tool(
+                    "unit_report",
+                    {
+                        "run_id": rid,
+                        "unit_id": u["unitId"],
+                        "status": "completed",
+                        "result": {"line": line},
+                        "expect_step": "think",
+                    },
+                )
                 assert not rep.is_error, rep.content[0].text
             b = (await c.call_tool("workflow_next", {"run_id": rid})).structured_content
             assert b["kind"] == "judge"
             seen.append(b["judge"]["artifact"])
-            verdict = ({"complete": True} if loop == 2 else
-                       {"complete": False, "missing": ["topic names"], "feedback": "Name the topic."})
-            rep = (await c.call_tool("unit_report", {"run_id": rid, "unit_id": b["judge"]["unitId"],
-                                                     "status": "completed", "verdict": verdict})).structured_content
+            verdict = (
+                {"complete": True}
+                if loop == 2
+                else {"complete": False, "missing": ["topic names"], "feedback": "Name the topic."}
+            )
+            rep = (
+                await c.call_tool(
+                    "unit_report",
+                    {"run_id": rid, "unit_id": b["judge"]["unitId"], "status": "completed", "verdict": verdict},
+                )
+            ).structured_content
             assert rep["stepOutcome"]["kind"] == ("completed" if loop == 2 else "next_loop")
         r = await c.call_tool("workflow_run", {"target": rid})
         return r.structured_content, seen
@@ -158,11 +193,20 @@ def test_errors_are_tool_errors_with_code_and_exit_status(project):
         rid = r.structured_content["run"]["runId"]
         con = sqlite3.connect(paths.journal_path())
         before = con.execute("SELECT * FROM units ORDER BY rowid").fetchall()
-        bad = await c.call_tool("unit_report", {"run_id": rid, "unit_id": "think.unit:nope", "status": "completed",
-                                                "result": {"line": "x"}})
-        schema_miss = await c.call_tool("unit_report", {"run_id": rid, "unit_id": (await c.call_tool(
-            "workflow_next", {"run_id": rid})).structured_content["units"][0]["unitId"], "status": "completed",
-            "result": {"wrong": 1}})
+        bad = await c.call_tool(
+            "unit_report", {"run_id": rid, "unit_id": "think.unit:nope", "status": "completed", "result": {"line": "x"}}
+        )
+        schema_miss = await c.call_tool(
+            "unit_report",
+            {
+                "run_id": rid,
+                "unit_id": (await c.call_tool("workflow_next", {"run_id": rid})).structured_content["units"][0][
+                    "unitId"
+                ],
+                "status": "completed",
+                "result": {"wrong": 1},
+            },
+        )
         after = con.execute("SELECT * FROM units ORDER BY rowid").fetchall()
         con.close()
         missing = await c.call_tool("workflow_status", {"run_id": "00000000-0000-4000-8000-000000000000"})
@@ -186,17 +230,24 @@ def test_a_call_returns_at_its_bound_and_the_run_goes_on_in_the_background(proje
     monkeypatch.setenv("AKM_MCP_CALL_BOUND", "1")
     release = tmp_path / "release"  # unit a runs until two calls have returned at their bound
     starts = tmp_path / "starts"
-    wait = (f"import pathlib, time; end = time.time() + 120\n"
-            f"open({str(starts)!r}, 'a').write('a\\n')\n"
-            f"while not pathlib.Path({str(release)!r}).exists() and time.time() < end: time.sleep(0.05)\n"
-            f"print('a')")
-    wf = write_wf(project, "slow.md", f"""
+    wait = (
+        f"import pathlib, time; end = time.time() + 120\n"
+        f"open({str(starts)!r}, 'a').write('a\\n')\n"
+        f"while not pathlib.Path({str(release)!r}).exists() and time.time() < end: time.sleep(0.05)\n"
+        f"print('a')"
+    )
+    wf = write_wf(
+        project,
+        "slow.md",
+        f"""
         steps:
           - id: a
             unit: {{ exec: {{ command: {py(wait)} }} }}
           - id: b
             unit: {{ exec: {{ command: {py('print("b")')} }} }}
-        """, "## a\n\nA.\n\n## b\n\nB.")
+        """,
+        "## a\n\nA.\n\n## b\n\nB.",
+    )
 
     async def script(c):
         first = await c.call_tool("workflow_run", {"target": wf.name})
@@ -227,27 +278,38 @@ def test_a_call_returns_at_its_bound_and_the_run_goes_on_in_the_background(proje
 def test_a_cancelled_call_stops_waiting_not_the_run_and_stop_stops_it(project, tmp_path):
     started = tmp_path / "started"
     release = tmp_path / "release"
-    body = (f"import pathlib, time; pathlib.Path({str(started)!r}).write_text('x'); end = time.time() + 120\n"
-            f"while not pathlib.Path({str(release)!r}).exists() and time.time() < end: time.sleep(0.05)\n"
-            f"print('done')")
-    wf = write_wf(project, "long.md", f"""
+    body = (
+        f"import pathlib, time; pathlib.Path({str(started)!r}).write_text('x'); end = time.time() + 120\n"
+        f"while not pathlib.Path({str(release)!r}).exists() and time.time() < end: time.sleep(0.05)\n"
+        f"print('done')"
+    )
+    wf = write_wf(
+        project,
+        "long.md",
+        f"""
         steps:
           - id: a
             unit: {{ exec: {{ command: {py(body)} }} }}
-        """, "## a\n\nA.")
+        """,
+        "## a\n\nA.",
+    )
 
     def journal():
         con = sqlite3.connect(paths.journal_path())
         try:
-            return (con.execute("SELECT id, status, lease_holder FROM runs").fetchone(),
-                    con.execute("SELECT status, failure_reason FROM units").fetchall())
+            return (
+                con.execute("SELECT id, status, lease_holder FROM runs").fetchone(),
+                con.execute("SELECT status, failure_reason FROM units").fetchall(),
+            )
         finally:
             con.close()
 
     async def script(c):
         async with anyio.create_task_group() as tg:
+
             async def runner():
                 await c.call_tool("workflow_run", {"target": wf.name, "timeout": "120s"})
+
             tg.start_soon(runner)
             deadline = time.monotonic() + 60
             while not started.exists() and time.monotonic() < deadline:
@@ -265,7 +327,9 @@ def test_a_cancelled_call_stops_waiting_not_the_run_and_stop_stops_it(project, t
     stopped, after, nothing, again = call(project, script)
     assert stopped.structured_content["aborted"] is True and stopped.structured_content["abortReason"] == "stopped"
     assert after[0][1:] == ("active", None) and after[1] == [("failed", "aborted")]  # lease released, resumable
-    assert nothing.structured_content["aborted"] is False and "nothing was stopped" in nothing.structured_content["next"]
+    assert (
+        nothing.structured_content["aborted"] is False and "nothing was stopped" in nothing.structured_content["next"]
+    )
     assert again.structured_content["run"]["status"] == "completed"
 
 
@@ -334,8 +398,9 @@ def test_a_report_to_a_finished_run_is_not_told_to_resume_it(project):
         rid = r.structured_content["run"]["runId"]
         unit = (await c.call_tool("workflow_next", {"run_id": rid})).structured_content["units"][0]["unitId"]
         await c.call_tool("workflow_abandon", {"run_id": rid})
-        return await c.call_tool("unit_report", {"run_id": rid, "unit_id": unit, "status": "completed",
-                                                 "result": {"line": "a"}})
+        return await c.call_tool(
+            "unit_report", {"run_id": rid, "unit_id": unit, "status": "completed", "result": {"line": "a"}}
+        )
 
     body = err(call(project, script))
     assert body["code"] == "RUN_NOT_ACTIVE" and "abandoned" in body["error"]

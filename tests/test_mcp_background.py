@@ -19,12 +19,10 @@ from pathlib import Path
 
 import anyio
 import pytest
+from mcp import Client, StdioServerParameters  # noqa: E402
 
 from tests.helpers import py, write_wf
 from tests.test_mcp_stdio import RawServer, server_env
-
-
-from mcp import Client, StdioServerParameters  # noqa: E402
 
 BOUND_S = float(os.environ.get("AKM_TEST_CALL_BOUND_S", "2"))
 LONG_S = float(os.environ.get("AKM_TEST_LONG_UNIT_S", "7"))
@@ -47,8 +45,9 @@ def stdio(akm_bin: Path, shiv_root: Path, tmp_path: Path, project: Path, **extra
 
 
 def timed_unit(starts: Path, seconds: float, label: str = "x") -> str:
-    return py(f"import time; open({str(starts)!r}, 'a').write({label!r} + '\\n'); time.sleep({seconds}); "
-              f"print({label!r})")
+    return py(
+        f"import time; open({str(starts)!r}, 'a').write({label!r} + '\\n'); time.sleep({seconds}); print({label!r})"
+    )
 
 
 async def run_until_done(client, target: str, limit: int = 80) -> tuple[list[dict], list[float]]:
@@ -67,17 +66,21 @@ async def run_until_done(client, target: str, limit: int = 80) -> tuple[list[dic
     raise AssertionError("the run did not finish")
 
 
-def test_a_unit_longer_than_the_bound_finishes_once_and_the_next_step_sees_it(akm_bin, shiv_root, tmp_path,
-                                                                             project):
+def test_a_unit_longer_than_the_bound_finishes_once_and_the_next_step_sees_it(akm_bin, shiv_root, tmp_path, project):
     starts = tmp_path / "starts"
-    write_wf(project, "long.md", f"""
+    write_wf(
+        project,
+        "long.md",
+        f"""
         steps:
           - id: long
             unit: {{ exec: {{ command: {timed_unit(starts, LONG_S, "long")} }} }}
           - id: after
             unit: {{ exec: {{ command: {py('import os; print(os.environ["AKM_INPUTS"])')} }} }}
             inputs: [steps.long.output]
-        """, "## long\n\nL.\n\n## after\n\nA.")
+        """,
+        "## long\n\nL.\n\n## after\n\nA.",
+    )
 
     async def main():
         async with Client(stdio(akm_bin, shiv_root, tmp_path, project)) as c:
@@ -96,9 +99,14 @@ def test_a_unit_longer_than_the_bound_finishes_once_and_the_next_step_sees_it(ak
 
 def test_a_fan_out_across_bounded_calls_redoes_nothing_and_reports_progress(akm_bin, shiv_root, tmp_path, project):
     starts = tmp_path / "starts"
-    unit = py(f"import json, os, time; item = json.loads(os.environ['AKM_ITEM']); "
-              f"open({str(starts)!r}, 'a').write(item + '\\n'); time.sleep({LONG_S / 2}); print(item)")
-    write_wf(project, "fan.md", f"""
+    unit = py(
+        f"import json, os, time; item = json.loads(os.environ['AKM_ITEM']); "
+        f"open({str(starts)!r}, 'a').write(item + '\\n'); time.sleep({LONG_S / 2}); print(item)"
+    )
+    write_wf(
+        project,
+        "fan.md",
+        f"""
         params:
           xs: {{ type: array }}
         steps:
@@ -107,7 +115,9 @@ def test_a_fan_out_across_bounded_calls_redoes_nothing_and_reports_progress(akm_
               over: params.xs
               concurrency: 4
               unit: {{ exec: {{ command: {unit} }} }}
-        """, "## each\n\nE.")
+        """,
+        "## each\n\nE.",
+    )
     items = [f"i{n}" for n in range(12)]
 
     async def main():
@@ -116,8 +126,10 @@ def test_a_fan_out_across_bounded_calls_redoes_nothing_and_reports_progress(akm_
 
             async def cb(p, total, msg):
                 seen.append((p, total, msg))
-            first = await c.call_tool("workflow_run", {"target": "fan.md", "params": {"xs": items}},
-                                      progress_callback=cb)
+
+            first = await c.call_tool(
+                "workflow_run", {"target": "fan.md", "params": {"xs": items}}, progress_callback=cb
+            )
             body = first.structured_content
             results = [body]
             while body["run"]["status"] == "active":
@@ -138,24 +150,34 @@ def test_a_fan_out_across_bounded_calls_redoes_nothing_and_reports_progress(akm_
     units = [m for _, _, m in seen if m and ": unit " in m]
     # one per unit finished while a call waited (a unit finishing between two calls has nobody to tell)
     assert 1 <= len(units) <= 12 and len(set(units)) == len(units) and not any("failed" in m for m in units)
-    assert results[-1]["progress"] == [{"stepId": "each", "done": 12, "total": 12, "failed": 0,
-                                        "status": "completed"}]
+    assert results[-1]["progress"] == [{"stepId": "each", "done": 12, "total": 12, "failed": 0, "status": "completed"}]
 
 
-def test_an_llm_unit_longer_than_the_bound_finishes_with_one_request(akm_bin, shiv_root, tmp_path, project,
-                                                                     fake_openai):
+def test_an_llm_unit_longer_than_the_bound_finishes_with_one_request(
+    akm_bin, shiv_root, tmp_path, project, fake_openai
+):
     config = tmp_path / "xdg" / "akm"
     config.mkdir(parents=True)
-    (config / "config.json").write_text(json.dumps({
-        "engines": {"slow": {"kind": "llm", "endpoint": fake_openai.url, "model": f"slow-{LONG_S}"}},
-        "defaults": {"llmEngine": "slow"}}))
-    write_wf(project, "ask.md", """
+    (config / "config.json").write_text(
+        json.dumps(
+            {
+                "engines": {"slow": {"kind": "llm", "endpoint": fake_openai.url, "model": f"slow-{LONG_S}"}},
+                "defaults": {"llmEngine": "slow"},
+            }
+        )
+    )
+    write_wf(
+        project,
+        "ask.md",
+        """
         steps:
           - id: ask
           - id: show
             unit: { exec: { command: ["python3", "-c", "import os; print(os.environ['AKM_INPUTS'])"] } }
             inputs: [steps.ask.output]
-        """, "## ask\n\nSay ok.\n\n## show\n\nShow.")
+        """,
+        "## ask\n\nSay ok.\n\n## show\n\nShow.",
+    )
 
     async def main():
         async with Client(stdio(akm_bin, shiv_root, tmp_path, project)) as c:
@@ -195,24 +217,36 @@ def _pid_alive(pid: int) -> bool:
 def test_the_session_ending_stops_units_cleanly_and_the_run_resumes(akm_bin, shiv_root, tmp_path, project, how):
     pid_file = tmp_path / "unit.pid"
     marker = tmp_path / "resumed"
-    body = (f"import os, pathlib, sys, time\n"
-            f"if pathlib.Path({str(marker)!r}).exists(): print('second'); sys.exit(0)\n"
-            f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(600)")
-    write_wf(project, "hang.md", f"""
+    body = (
+        f"import os, pathlib, sys, time\n"
+        f"if pathlib.Path({str(marker)!r}).exists(): print('second'); sys.exit(0)\n"
+        f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(600)"
+    )
+    write_wf(
+        project,
+        "hang.md",
+        f"""
         steps:
           - id: first
             unit: {{ exec: {{ command: {py('print("one")')} }} }}
           - id: hang
             unit: {{ exec: {{ command: {py(body)} }} }}
-        """, "## first\n\nF.\n\n## hang\n\nH.")
+        """,
+        "## first\n\nF.\n\n## hang\n\nH.",
+    )
     env = {**server_env(tmp_path, shiv_root), "AKM_MCP_CALL_BOUND": "600"}
     srv = RawServer(akm_bin, env, project)
     data = tmp_path / "akm-data"
     try:
         srv.initialize()
-        srv.send({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
-                  "params": {"name": "workflow_run", "arguments": {"target": "hang.md"},
-                             "_meta": {"progressToken": "p"}}})
+        srv.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 9,
+                "method": "tools/call",
+                "params": {"name": "workflow_run", "arguments": {"target": "hang.md"}, "_meta": {"progressToken": "p"}},
+            }
+        )
         unit_pid = int(_wait(lambda: pid_file.exists() and pid_file.read_text(), what="the unit to start"))
         if how == "sigterm":
             srv.proc.send_signal(signal.SIGTERM)
@@ -230,16 +264,24 @@ def test_the_session_ending_stops_units_cleanly_and_the_run_resumes(akm_bin, shi
     assert not any("aborted" in (f["params"].get("message") or "") for f in progress)
     marker.write_text("go")
     rid = journal(data, "SELECT id FROM runs")[0][0]
-    proc = subprocess.run([sys.executable, str(akm_bin), "workflow", "run", rid, "--format", "json"], cwd=project,
-                          env={**os.environ, **server_env(tmp_path, shiv_root)}, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(akm_bin), "workflow", "run", rid, "--format", "json"],
+        cwd=project,
+        env={**os.environ, **server_env(tmp_path, shiv_root)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert journal(data, "SELECT COUNT(*) FROM units WHERE step_id = 'first'") == [(1,)]  # not redone
 
 
 def test_a_client_that_never_reads_cannot_wedge_the_run(akm_bin, shiv_root, tmp_path, project):
     count = int(os.environ.get("AKM_TEST_STALL_UNITS", "600"))
-    write_wf(project, "many.md", """
+    write_wf(
+        project,
+        "many.md",
+        """
         params:
           xs: { type: array }
         steps:
@@ -248,24 +290,42 @@ def test_a_client_that_never_reads_cannot_wedge_the_run(akm_bin, shiv_root, tmp_
               over: params.xs
               concurrency: 8
               unit: { exec: { command: ["true"] } }
-        """, "## each\n\nE.")
+        """,
+        "## each\n\nE.",
+    )
     env = {**server_env(tmp_path, shiv_root), "AKM_MCP_CALL_BOUND": "600"}
     srv = RawServer(akm_bin, env, project)
     data = tmp_path / "akm-data"
     try:
         srv.initialize()
-        srv.send({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
-                  "params": {"name": "workflow_run", "arguments": {"target": "many.md", "params": {"xs":
-                             list(range(count))}}, "_meta": {"progressToken": "t"}}})
+        srv.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 5,
+                "method": "tools/call",
+                "params": {
+                    "name": "workflow_run",
+                    "arguments": {"target": "many.md", "params": {"xs": list(range(count))}},
+                    "_meta": {"progressToken": "t"},
+                },
+            }
+        )
         # stdout is never read from here on: the pipe fills after a few hundred notifications
-        _wait(lambda: journal(data, "SELECT status FROM runs") == [("completed",)], timeout=600,
-              what=f"the {count}-unit run to complete while its client reads nothing")
+        _wait(
+            lambda: journal(data, "SELECT status FROM runs") == [("completed",)],
+            timeout=600,
+            what=f"the {count}-unit run to complete while its client reads nothing",
+        )
         assert journal(data, "SELECT COUNT(*) FROM units WHERE status = 'completed'") == [(count,)]
         # from a shell, the finished run is simply reported
-        proc = subprocess.run([sys.executable, str(akm_bin), "workflow", "run",
-                               journal(data, "SELECT id FROM runs")[0][0]], cwd=project,
-                              env={**os.environ, **server_env(tmp_path, shiv_root)}, capture_output=True, text=True,
-                              timeout=300)
+        proc = subprocess.run(
+            [sys.executable, str(akm_bin), "workflow", "run", journal(data, "SELECT id FROM runs")[0][0]],
+            cwd=project,
+            env={**os.environ, **server_env(tmp_path, shiv_root)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr
     finally:
         srv.close()

@@ -11,17 +11,18 @@ import sqlite3
 from pathlib import Path
 
 import anyio
+from mcp import Client, StdioServerParameters  # noqa: E402
 
 from akm import paths
 from tests.helpers import py, write_wf
 from tests.test_mcp_stdio import server_env
 
 
-from mcp import Client, StdioServerParameters  # noqa: E402
-
-
 def gated(project: Path) -> Path:
-    return write_wf(project, "flow.md", f"""
+    return write_wf(
+        project,
+        "flow.md",
+        f"""
         params:
           topic: {{ type: string, default: cats }}
         steps:
@@ -30,14 +31,19 @@ def gated(project: Path) -> Path:
             output: {{ type: object, required: [text], properties: {{ text: {{ type: string }} }} }}
           - id: show
             unit: {{ exec: {{ command: {py('print("shown")')} }} }}
-        """, "## write\n\nWrite a sentence.\n\n### gate\n\n- Names the topic.\n\n## show\n\nShow.")
+        """,
+        "## write\n\nWrite a sentence.\n\n### gate\n\n- Names the topic.\n\n## show\n\nShow.",
+    )
 
 
 def journal(data_dir: Path) -> list[tuple]:
     con = sqlite3.connect(data_dir / paths.JOURNAL_FILE_NAME)
     try:
-        return [*con.execute("SELECT * FROM units ORDER BY rowid"), *con.execute("SELECT * FROM steps ORDER BY rowid"),
-                *con.execute("SELECT id, status, current_step_id, params_json FROM runs")]
+        return [
+            *con.execute("SELECT * FROM units ORDER BY rowid"),
+            *con.execute("SELECT * FROM steps ORDER BY rowid"),
+            *con.execute("SELECT id, status, current_step_id, params_json FROM runs"),
+        ]
     finally:
         con.close()
 
@@ -48,17 +54,18 @@ def err(result) -> dict:
 
 
 def serve(akm_bin, shiv_root, tmp_path, project, script):
-    params = StdioServerParameters(command=str(akm_bin), args=["mcp"], env=server_env(tmp_path, shiv_root),
-                                   cwd=str(project))
+    params = StdioServerParameters(
+        command=str(akm_bin), args=["mcp"], env=server_env(tmp_path, shiv_root), cwd=str(project)
+    )
 
     async def main():
         async with Client(params) as c:
             return await script(c)
+
     return anyio.run(main)
 
 
-def test_unknown_misspelt_and_lax_arguments_are_refused_and_camel_case_is_taken(akm_bin, shiv_root, tmp_path,
-                                                                                 project):
+def test_unknown_misspelt_and_lax_arguments_are_refused_and_camel_case_is_taken(akm_bin, shiv_root, tmp_path, project):
     gated(project)
     data = tmp_path / "akm-data"
 
@@ -69,16 +76,20 @@ def test_unknown_misspelt_and_lax_arguments_are_refused_and_camel_case_is_taken(
         rid = r.structured_content["run"]["runId"]
         before = journal(data)
         bad = {
-            "misspelt result": await c.call_tool("unit_report", {"run_id": rid, "unit_id": "write:solo",
-                                                                 "reslt": {"text": "x"}}),
-            "parameters": await c.call_tool("workflow_run", {"target": "flow.md", "parameters": {"topic": "x"},
-                                                             "new": True}),
-            "lax boolean": await c.call_tool("unit_report", {"run_id": rid, "unit_id": "write:solo",
-                                                             "result": {"text": "x"}, "rerun": "yes"}),
+            "misspelt result": await c.call_tool(
+                "unit_report", {"run_id": rid, "unit_id": "write:solo", "reslt": {"text": "x"}}
+            ),
+            "parameters": await c.call_tool(
+                "workflow_run", {"target": "flow.md", "parameters": {"topic": "x"}, "new": True}
+            ),
+            "lax boolean": await c.call_tool(
+                "unit_report", {"run_id": rid, "unit_id": "write:solo", "result": {"text": "x"}, "rerun": "yes"}
+            ),
             "twice": await c.call_tool("unit_report", {"run_id": rid, "runId": rid, "unit_id": "write:solo"}),
             # camelCase is read, so the step guard holds (before, `expectStep` was dropped and the guard skipped)
-            "guarded": await c.call_tool("unit_report", {"runId": rid, "unitId": "write:solo", "expectStep": "show",
-                                                         "result": {"text": "x"}}),
+            "guarded": await c.call_tool(
+                "unit_report", {"runId": rid, "unitId": "write:solo", "expectStep": "show", "result": {"text": "x"}}
+            ),
         }
         after_refusals = journal(data)
         run = await c.call_tool("workflow_run", {"target": rid})
@@ -123,18 +134,19 @@ def test_resends_are_idempotent_and_a_stale_loop_is_refused_over_stdio(akm_bin, 
         stale = await c.call_tool("unit_report", {**first, "result": {"text": "about dogs, again"}})
         unchanged = journal(data) == before
         loop2 = rejected["brief"]["units"][0]
-        judge2 = (await c.call_tool("unit_report", {**loop2["report"], "result": {"text": "about cats"}})
-                  ).structured_content["brief"]["judge"]
+        judge2 = (
+            await c.call_tool("unit_report", {**loop2["report"], "result": {"text": "about cats"}})
+        ).structured_content["brief"]["judge"]
         accept = {**judge2["report"], "verdict": {"complete": True}}
         accepted = (await c.call_tool("unit_report", accept)).structured_content
         accepted_again = (await c.call_tool("unit_report", accept)).structured_content
         done = (await c.call_tool("workflow_run", {"target": rid})).structured_content
         after_end = (await c.call_tool("unit_report", accept)).structured_content
-        return (rejected, resent, resent_verdict, stale, unchanged, judge2, accepted, accepted_again, done,
-                after_end)
+        return (rejected, resent, resent_verdict, stale, unchanged, judge2, accepted, accepted_again, done, after_end)
 
-    (rejected, resent, resent_verdict, stale, unchanged, judge2, accepted, accepted_again, done,
-     after_end) = serve(akm_bin, shiv_root, tmp_path, project, script)
+    (rejected, resent, resent_verdict, stale, unchanged, judge2, accepted, accepted_again, done, after_end) = serve(
+        akm_bin, shiv_root, tmp_path, project, script
+    )
     assert rejected["stepOutcome"]["kind"] == "next_loop" and rejected["brief"]["gateLoop"] == 2
     assert "brief.units" in rejected["next"]
     assert unchanged, "a resend or a stale report changed the journal"
@@ -150,14 +162,19 @@ def test_resends_are_idempotent_and_a_stale_loop_is_refused_over_stdio(akm_bin, 
 
 def test_answers_stay_compact_whatever_the_artifacts(akm_bin, shiv_root, tmp_path, project):
     big = "import json; print(json.dumps({'rows': ['x' * 1000 for _ in range(400)]}))"  # a 400 KB artifact
-    write_wf(project, "big.md", f"""
+    write_wf(
+        project,
+        "big.md",
+        f"""
         steps:
           - id: big
             unit: {{ exec: {{ command: {py(big)} }} }}
           - id: read
             inputs: [steps.big.output]
             gate: {{ max_loops: 1 }}
-        """, "## big\n\nBig.\n\n## read\n\nSummarise the rows.\n\n### gate\n\n- Short.")
+        """,
+        "## big\n\nBig.\n\n## read\n\nSummarise the rows.\n\n### gate\n\n- Short.",
+    )
 
     async def script(c):
         run = await c.call_tool("workflow_run", {"target": "big.md"})
@@ -177,7 +194,9 @@ def test_answers_stay_compact_whatever_the_artifacts(akm_bin, shiv_root, tmp_pat
         assert len(answer.content[0].text.encode()) <= limit, len(answer.content[0].text)
     step = run.structured_content["run"]["steps"][0]
     assert step["outputClipped"]["bytes"] > 400_000
-    assert step["outputClipped"]["fetch"].startswith("workflow_status(") and 'step="big"' in step["outputClipped"]["fetch"]
+    assert (
+        step["outputClipped"]["fetch"].startswith("workflow_status(") and 'step="big"' in step["outputClipped"]["fetch"]
+    )
     assert len(whole_step.structured_content["steps"]) == 1
     output = whole_step.structured_content["steps"][0]["output"]  # fetched whole (a command's stdout text)
     assert "outputClipped" not in whole_step.structured_content["steps"][0]

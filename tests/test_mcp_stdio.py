@@ -11,22 +11,28 @@ import time
 from pathlib import Path
 
 import anyio
+from mcp import Client, StdioServerParameters  # noqa: E402
 
 from akm import paths
 from tests.helpers import py, write_wf
 
 
-from mcp import Client, StdioServerParameters  # noqa: E402
-
-
 def server_env(tmp_path: Path, shiv_root: Path) -> dict[str, str]:
     """The stdio client passes a minimal environment: give the zipapp what it needs explicitly."""
-    return {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "SHIV_ROOT": str(shiv_root),
-            "AKM_DATA_DIR": str(tmp_path / "akm-data"), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    return {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(tmp_path),
+        "SHIV_ROOT": str(shiv_root),
+        "AKM_DATA_DIR": str(tmp_path / "akm-data"),
+        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
+    }
 
 
 def flow(project: Path) -> Path:
-    return write_wf(project, "flow.md", f"""
+    return write_wf(
+        project,
+        "flow.md",
+        f"""
         steps:
           - id: prep
             unit: {{ exec: {{ command: {py('print("to stdout, never to the protocol")')} }} }}
@@ -35,13 +41,16 @@ def flow(project: Path) -> Path:
           - id: show
             unit: {{ exec: {{ command: {py('import os; print(os.environ["AKM_INPUTS"])')} }} }}
             inputs: [steps.write.output]
-        """, "## prep\n\nPrep.\n\n## write\n\nWrite a sentence.\n\n## show\n\nShow.")
+        """,
+        "## prep\n\nPrep.\n\n## write\n\nWrite a sentence.\n\n## show\n\nShow.",
+    )
 
 
 def test_official_client_drives_a_session_run_over_stdio(akm_bin, shiv_root, tmp_path, project):
     flow(project)
-    params = StdioServerParameters(command=str(akm_bin), args=["mcp"], env=server_env(tmp_path, shiv_root),
-                                   cwd=str(project))
+    params = StdioServerParameters(
+        command=str(akm_bin), args=["mcp"], env=server_env(tmp_path, shiv_root), cwd=str(project)
+    )
 
     async def main():
         async with Client(params) as c:
@@ -53,8 +62,10 @@ def test_official_client_drives_a_session_run_over_stdio(akm_bin, shiv_root, tmp
             b = (await c.call_tool("workflow_next", {"run_id": rid})).structured_content
             unit = b["units"][0]
             assert unit["unitId"] == "write:solo" and unit["outputSchema"]["required"] == ["text"]
-            rep = await c.call_tool("unit_report", {"run_id": rid, "unit_id": "write:solo", "status": "completed",
-                                                    "result": {"text": "hello"}})
+            rep = await c.call_tool(
+                "unit_report",
+                {"run_id": rid, "unit_id": "write:solo", "status": "completed", "result": {"text": "hello"}},
+            )
             assert rep.structured_content["stepOutcome"]["kind"] == "completed"
             done = await c.call_tool("workflow_run", {"target": rid})
             return done.structured_content
@@ -69,8 +80,16 @@ class RawServer:
     """`dist/akm mcp` spoken to with hand-written JSON-RPC lines; every stdout line must be a protocol frame."""
 
     def __init__(self, akm_bin: Path | None, env: dict[str, str], cwd: Path, argv: list[str] | None = None) -> None:
-        self.proc = subprocess.Popen(argv or [str(akm_bin), "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=env, cwd=cwd, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            argv or [str(akm_bin), "mcp"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            text=True,
+            bufsize=1,
+        )
         self.frames: list[dict] = []
         self.next_id = 0
 
@@ -91,7 +110,9 @@ class RawServer:
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
-                raise AssertionError(f"server closed stdout; stderr:\n{self.proc.stderr.read() if self.proc.stderr else ''}")
+                raise AssertionError(
+                    f"server closed stdout; stderr:\n{self.proc.stderr.read() if self.proc.stderr else ''}"
+                )
             frame = json.loads(line)  # anything that is not a JSON-RPC frame fails here
             assert frame.get("jsonrpc") == "2.0", line
             self.frames.append(frame)
@@ -100,8 +121,10 @@ class RawServer:
         raise AssertionError("no answer in time")
 
     def initialize(self) -> dict:
-        init = self.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
-                                           "clientInfo": {"name": "raw-test", "version": "0"}})
+        init = self.request(
+            "initialize",
+            {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw-test", "version": "0"}},
+        )
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         return init
 
@@ -119,8 +142,14 @@ def test_only_protocol_on_stdout_and_malformed_requests_survive(akm_bin, shiv_ro
         assert init["result"]["serverInfo"]["name"] == "akm" and "workflow_next" in init["result"]["instructions"]
         srv.send("this is not json")
         srv.send({"jsonrpc": "2.0", "id": "x", "method": "tools/call", "params": {"name": "no_such_tool"}})
-        srv.send({"jsonrpc": "2.0", "id": "y", "method": "tools/call",
-                  "params": {"name": "workflow_run", "arguments": {"max_steps": "many"}}})
+        srv.send(
+            {
+                "jsonrpc": "2.0",
+                "id": "y",
+                "method": "tools/call",
+                "params": {"name": "workflow_run", "arguments": {"max_steps": "many"}},
+            }
+        )
         run = srv.request("tools/call", {"name": "workflow_run", "arguments": {"target": "flow.md"}})
         content = run["result"]["structuredContent"]
         assert content["run"]["status"] == "awaiting_session"
@@ -143,8 +172,10 @@ def test_requests_the_sdk_cannot_read_are_answered_not_dropped(akm_bin, shiv_roo
     srv = RawServer(akm_bin, server_env(tmp_path, shiv_root), project)
     try:
         srv.initialize()
-        srv.send('{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "unit_report", '
-                 '"arguments": {"run_id": "r", "unit_id": "u", "status": "completed", "result": "bad \\ud800"}}}')
+        srv.send(
+            '{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "unit_report", '
+            '"arguments": {"run_id": "r", "unit_id": "u", "status": "completed", "result": "bad \\ud800"}}}'
+        )
         lone = srv.wait_for(lambda f: f.get("id") == 7)
         assert lone["error"]["code"] == -32700 and "UTF-8" in lone["error"]["message"]
         srv.send({"jsonrpc": "2.0", "id": "m", "method": 5})
@@ -165,11 +196,18 @@ def test_an_sdk_without_the_internals_we_use_still_serves(tmp_path, project):
 
     from tests.helpers import ROOT
 
-    code = ("import sys, mcp.server.mcpserver, mcp.shared._context_streams as internals\n"
-            "del internals.create_context_streams  # the SDK's own modules hold their references already\n"
-            "from akm.cli import main\nsys.exit(main(['mcp']))")
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "PYTHONPATH": str(ROOT),
-           "AKM_DATA_DIR": str(tmp_path / "akm-data"), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    code = (
+        "import sys, mcp.server.mcpserver, mcp.shared._context_streams as internals\n"
+        "del internals.create_context_streams  # the SDK's own modules hold their references already\n"
+        "from akm.cli import main\nsys.exit(main(['mcp']))"
+    )
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(ROOT),
+        "AKM_DATA_DIR": str(tmp_path / "akm-data"),
+        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
+    }
     srv = RawServer(None, env, project, argv=[sys.executable, "-c", code])
     try:
         assert srv.initialize()["result"]["serverInfo"]["name"] == "akm"
@@ -180,22 +218,35 @@ def test_an_sdk_without_the_internals_we_use_still_serves(tmp_path, project):
 
 def test_kill_9_of_the_server_mid_run_loses_nothing(akm_bin, shiv_root, tmp_path, project):
     marker = tmp_path / "started"
-    slow = (f"import pathlib,sys,time; m=pathlib.Path({str(marker)!r})\n"
-            "if m.exists(): print('resumed'); sys.exit(0)\n"
-            "m.write_text('x'); time.sleep(600)")
-    write_wf(project, "long.md", f"""
+    slow = (
+        f"import pathlib,sys,time; m=pathlib.Path({str(marker)!r})\n"
+        "if m.exists(): print('resumed'); sys.exit(0)\n"
+        "m.write_text('x'); time.sleep(600)"
+    )
+    write_wf(
+        project,
+        "long.md",
+        f"""
         steps:
           - id: quick
             unit: {{ exec: {{ command: {py('print("quick")')} }} }}
           - id: slow
             unit: {{ exec: {{ command: {py(slow)} }} }}
-        """, "## quick\n\nQ.\n\n## slow\n\nS.")
+        """,
+        "## quick\n\nQ.\n\n## slow\n\nS.",
+    )
     env = server_env(tmp_path, shiv_root)
     srv = RawServer(akm_bin, env, project)
     try:
         srv.initialize()
-        srv.send({"jsonrpc": "2.0", "id": 99, "method": "tools/call",
-                  "params": {"name": "workflow_run", "arguments": {"target": "long.md", "timeout": "10m"}}})
+        srv.send(
+            {
+                "jsonrpc": "2.0",
+                "id": 99,
+                "method": "tools/call",
+                "params": {"name": "workflow_run", "arguments": {"target": "long.md", "timeout": "10m"}},
+            }
+        )
         deadline = time.monotonic() + 120
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -212,14 +263,22 @@ def test_kill_9_of_the_server_mid_run_loses_nothing(akm_bin, shiv_root, tmp_path
         db.close()
     assert status == "active"
     # the run is picked up at once (its dead holder is on this host); only the in-flight unit runs again
-    proc = subprocess.run([str(akm_bin), "workflow", "run", run_id, "--format", "json"], env=env, cwd=project,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [str(akm_bin), "workflow", "run", run_id, "--format", "json"],
+        env=env,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     view = json.loads(proc.stdout)["run"]
     assert [s["output"] for s in view["steps"]] == ["quick", "resumed"]
     db = sqlite3.connect(paths.journal_path())
     try:
-        assert db.execute("SELECT attempts, started_at FROM units WHERE unit_id = 'quick:solo'").fetchone() == quick_before
+        assert (
+            db.execute("SELECT attempts, started_at FROM units WHERE unit_id = 'quick:solo'").fetchone() == quick_before
+        )
         assert db.execute("SELECT attempts FROM units WHERE unit_id = 'slow:solo'").fetchone() == (2,)
     finally:
         db.close()

@@ -31,9 +31,19 @@ def _ready() -> str | None:
 def test_typescript_sdk_client_drives_a_session_run(akm_bin, shiv_root, tmp_path, project):
     assert _ready() is None, _ready()
     session_wf(project)
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SHIV_ROOT": str(shiv_root),
-           "AKM_DATA_DIR": str(tmp_path / "akm-data"), "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
-    proc = subprocess.run(["node", str(HERE / "client.mjs"), str(project), str(akm_bin)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "SHIV_ROOT": str(shiv_root),
+        "AKM_DATA_DIR": str(tmp_path / "akm-data"),
+        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
+    }
+    proc = subprocess.run(
+        ["node", str(HERE / "client.mjs"), str(project), str(akm_bin)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().endswith("ok")

@@ -5,14 +5,16 @@ from __future__ import annotations
 import shutil
 
 from akm import api
-from tests.helpers import ROOT
-from tests.helpers import py, run, steps_of, write_wf
+from tests.helpers import ROOT, py, run, steps_of, write_wf
 
 ECHO_PARAMS = py('import os; print(os.environ["AKM_PARAMS"])')
 
 
 def test_defaults_are_applied_recorded_and_reach_units(project):
-    wf = write_wf(project, "d.md", f"""
+    wf = write_wf(
+        project,
+        "d.md",
+        f"""
         params:
           count: {{ type: integer, minimum: 1, default: 3 }}
           mode: {{ type: string, enum: [fast, slow], default: fast }}
@@ -21,7 +23,9 @@ def test_defaults_are_applied_recorded_and_reach_units(project):
           - id: show
             unit: {{ exec: {{ command: {ECHO_PARAMS} }} }}
             output: {{ type: object }}
-        """, "## show\n\nx")
+        """,
+        "## show\n\nx",
+    )
     res = run(wf, project, param_pairs=[("mode", "slow")])
     assert res.run.status == "completed"
     assert res.run.params == {"mode": "slow", "count": 3}  # the snapshot holds the default
@@ -47,7 +51,10 @@ def test_hello_example_runs_with_its_default(cli, project):
 
 
 def test_route_default_branch_over_an_unset_optional_param(project):
-    wf = write_wf(project, "r.md", f"""
+    wf = write_wf(
+        project,
+        "r.md",
+        f"""
         params:
           mode: {{ type: string }}
         steps:
@@ -61,7 +68,9 @@ def test_route_default_branch_over_an_unset_optional_param(project):
             unit: {{ exec: {{ command: {py('print("quick")')} }} }}
           - id: careful
             unit: {{ exec: {{ command: {py('print("careful")')} }} }}
-        """, "## quick\n\nq\n\n## careful\n\nc")
+        """,
+        "## quick\n\nq\n\n## careful\n\nc",
+    )
     res = run(wf, project)
     assert res.run.status == "completed", [s.model_dump() for s in res.run.steps]
     st = {s.id: s.status for s in res.run.steps}
@@ -71,7 +80,10 @@ def test_route_default_branch_over_an_unset_optional_param(project):
 
 
 def test_route_over_an_unset_param_without_default_branch_fails_clearly(project):
-    wf = write_wf(project, "r2.md", f"""
+    wf = write_wf(
+        project,
+        "r2.md",
+        f"""
         params:
           mode: {{ type: string }}
         steps:
@@ -82,7 +94,9 @@ def test_route_over_an_unset_param_without_default_branch_fails_clearly(project)
                 - {{ match: fast, step: quick }}
           - id: quick
             unit: {{ exec: {{ command: {py('print("quick")')} }} }}
-        """, "## quick\n\nq")
+        """,
+        "## quick\n\nq",
+    )
     res = run(wf, project)
     assert res.run.status == "failed"
     assert "params.mode" in (res.run.steps[0].notes or "")
@@ -91,7 +105,8 @@ def test_route_over_an_unset_param_without_default_branch_fails_clearly(project)
 def test_a_default_that_does_not_fit_its_schema_is_a_lint_error(cli, project):
     (project / "bad.md").write_text(
         "---\nparams:\n  n: { type: integer, minimum: 1, default: 0 }\nsteps:\n  - id: a\n"
-        "    unit: { exec: { command: [python3, -c, 'print(1)'] } }\n    output: { type: integer }\n---\n## a\nx\n")
+        "    unit: { exec: { command: [python3, -c, 'print(1)'] } }\n    output: { type: integer }\n---\n## a\nx\n"
+    )
     report = cli.json("workflow", "lint", "bad.md", check=1)
     assert [e["code"] for e in report["files"][0]["errors"]] == ["param_default_invalid"]
     proc = cli("workflow", "run", "bad.md", check=2)

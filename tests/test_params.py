@@ -40,8 +40,20 @@ def _usage(fn, *args) -> UsageError:
 def test_acceptance_51():
     tokens = [
         "workflows/x",
-        "--include_processes=true", "--count", "3", "--name=001", "--tags", "api", "--tags=worker",
-        '--metadata={"owner":"ops"}', "--mode", "quick", "--max-steps", "1", "--timeout", "5m",
+        "--include_processes=true",
+        "--count",
+        "3",
+        "--name=001",
+        "--tags",
+        "api",
+        "--tags=worker",
+        '--metadata={"owner":"ops"}',
+        "--mode",
+        "quick",
+        "--max-steps",
+        "1",
+        "--timeout",
+        "5m",
         "--format=json",
     ]
     args = split_run_args(tokens)
@@ -49,8 +61,12 @@ def test_acceptance_51():
     assert args.controls == {"max-steps": "1", "timeout": "5m", "format": "json"}
     params = coerce_params(args.params, SCHEMAS)
     assert params == {
-        "include_processes": True, "count": 3, "name": "001", "tags": ["api", "worker"],
-        "metadata": {"owner": "ops"}, "mode": "quick",
+        "include_processes": True,
+        "count": 3,
+        "name": "001",
+        "tags": ["api", "worker"],
+        "metadata": {"owner": "ops"},
+        "mode": "quick",
     }
     assert type(params["count"]) is int
 
@@ -125,12 +141,36 @@ def test_array_items_are_coerced():
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("3", 3), (" 7 ", 7), ("1.0", 1), ("1e3", 1000), ("0x10", 16), ("0X1f", 31), ("0o17", 15),
-        ("0b101", 5), ("017", 17), ("-3", -3), ("+4", 4), ("1.", 1), (".5", 0.5), ("-2.5e-1", -0.25),
+        ("3", 3),
+        (" 7 ", 7),
+        ("1.0", 1),
+        ("1e3", 1000),
+        ("0x10", 16),
+        ("0X1f", 31),
+        ("0o17", 15),
+        ("0b101", 5),
+        ("017", 17),
+        ("-3", -3),
+        ("+4", 4),
+        ("1.", 1),
+        (".5", 0.5),
+        ("-2.5e-1", -0.25),
         ("\u00a08\ufeff", 8),
-        ("", None), ("   ", None), ("abc", None), ("1_000", None), ("nan", None), ("NaN", None),
-        ("Infinity", None), ("-Infinity", None), ("inf", None), ("1e400", None), ("-0x10", None),
-        ("0x", None), ("1e", None), ("12px", None), ("0x" + "f" * 300, None),
+        ("", None),
+        ("   ", None),
+        ("abc", None),
+        ("1_000", None),
+        ("nan", None),
+        ("NaN", None),
+        ("Infinity", None),
+        ("-Infinity", None),
+        ("inf", None),
+        ("1e400", None),
+        ("-0x10", None),
+        ("0x", None),
+        ("1e", None),
+        ("12px", None),
+        ("0x" + "f" * 300, None),
     ],
 )
 def test_js_number(text, expected):
@@ -195,7 +235,8 @@ def test_missing_params_are_fine_and_order_is_first_appearance():
 def test_split_basic_forms():
     args = split_run_args(["./release.md", "--a", "x", "--b=", "--c", "--d", "-5", "--e", "--f=-x"])
     assert args == RunArgs(
-        target="./release.md", controls={},
+        target="./release.md",
+        controls={},
         params=[("a", "x"), ("b", ""), ("c", True), ("d", "-5"), ("e", True), ("f", "-x")],
     )
 

@@ -107,21 +107,30 @@ def _start(project: Path, sc: Scenario) -> str:
     if sc.engine_judge:
         from akm.plan.model import Invocation
 
-        steps = [s.model_copy(update={"gate": s.gate.model_copy(update={"judge": Invocation(engine=JUDGE)})})
-                 for s in plan.steps]
+        steps = [
+            s.model_copy(update={"gate": s.gate.model_copy(update={"judge": Invocation(engine=JUDGE)})})
+            for s in plan.steps
+        ]
         execution = plan.execution.model_copy(update={"engines": {JUDGE: {"kind": JUDGE}}})
-        plan = type(plan).model_validate(plan.model_copy(update={"steps": steps, "execution": execution})
-                                         .to_json_obj())
+        plan = type(plan).model_validate(plan.model_copy(update={"steps": steps, "execution": execution}).to_json_obj())
     from akm.format.params import check_params
     from akm.plan.model import UNIT_HASH_VERSION
 
     rid = str(uuid.uuid4())
     with open_db(paths.journal_path()) as db:
-        runs_store.create_run(db, run_id=rid, workflow_ref=str(wf), workflow_path=str(wf), title=plan.title,
-                              scope_key=paths.scope_key(project), params=check_params(dict(sc.params),
-                                                                                      plan.param_schemas or {}),
-                              plan_json=plan.canonical(), plan_hash=plan.plan_hash(),
-                              hash_version=UNIT_HASH_VERSION, step_ids=[s.step_id for s in plan.steps])
+        runs_store.create_run(
+            db,
+            run_id=rid,
+            workflow_ref=str(wf),
+            workflow_path=str(wf),
+            title=plan.title,
+            scope_key=paths.scope_key(project),
+            params=check_params(dict(sc.params), plan.param_schemas or {}),
+            plan_json=plan.canonical(),
+            plan_hash=plan.plan_hash(),
+            hash_version=UNIT_HASH_VERSION,
+            step_ids=[s.step_id for s in plan.steps],
+        )
     return rid
 
 
@@ -158,20 +167,47 @@ def drive_by_reports(project: Path, sc: Scenario) -> str:
             if b["kind"] == "judge":
                 answer = o.verdict()
                 verdict = json.loads(answer) if isinstance(answer, str) else answer
-                session.report(db, rid, b["judge"]["unitId"], status="completed", verdict=verdict, holder="agent",
-                               project_root=project, registry=reg)
+                session.report(
+                    db,
+                    rid,
+                    b["judge"]["unitId"],
+                    status="completed",
+                    verdict=verdict,
+                    holder="agent",
+                    project_root=project,
+                    registry=reg,
+                )
                 continue
             for u in b["units"]:
                 out = o.next(u["unitId"])
                 rerun = u["action"] == "rerun"
                 if out["ok"]:
-                    session.report(db, rid, u["unitId"], status="completed", result=out["value"],
-                                   tokens=out["tokens"], holder="agent", rerun=rerun, project_root=project,
-                                   registry=reg)
+                    session.report(
+                        db,
+                        rid,
+                        u["unitId"],
+                        status="completed",
+                        result=out["value"],
+                        tokens=out["tokens"],
+                        holder="agent",
+                        rerun=rerun,
+                        project_root=project,
+                        registry=reg,
+                    )
                 else:
-                    session.report(db, rid, u["unitId"], status="failed", result=out["text"],
-                                   failure_reason=out["reason"], tokens=out["tokens"], holder="agent", rerun=rerun,
-                                   project_root=project, registry=reg)
+                    session.report(
+                        db,
+                        rid,
+                        u["unitId"],
+                        status="failed",
+                        result=out["text"],
+                        failure_reason=out["reason"],
+                        tokens=out["tokens"],
+                        holder="agent",
+                        rerun=rerun,
+                        project_root=project,
+                        registry=reg,
+                    )
                 run = runs_store.require_run(db, rid)
                 if run.status not in ("active", "awaiting_session"):
                     break
@@ -182,8 +218,9 @@ def graph(run_id: str) -> list[str]:
     """The canonical unit graph of §4.2 (attempts, claims, timestamps and runner columns excluded)."""
     lines: list[str] = []
     with open_db(paths.journal_path()) as db:
-        rows = [dict(r) for r in db.query("SELECT * FROM units WHERE run_id = ? ORDER BY started_at, unit_id",
-                                          (run_id,))]
+        rows = [
+            dict(r) for r in db.query("SELECT * FROM units WHERE run_id = ? ORDER BY started_at, unit_id", (run_id,))
+        ]
         groups: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
             if r["phase"] is None:
@@ -192,18 +229,33 @@ def graph(run_id: str) -> list[str]:
             fam = groups[base]
             rep = next((r for r in fam if r["status"] == "completed"), fam[-1])
             spent = sum(r["tokens"] or 0 for r in fam)  # what the unit cost, however its attempts were rowed
-            lines.append("unit " + " | ".join(str(x) for x in (base, rep["node_id"], rep["parent_unit_id"],
-                                                               rep["input_hash"], rep["status"], rep["result_json"],
-                                                               rep["failure_reason"], spent)))
+            lines.append(
+                "unit "
+                + " | ".join(
+                    str(x)
+                    for x in (
+                        base,
+                        rep["node_id"],
+                        rep["parent_unit_id"],
+                        rep["input_hash"],
+                        rep["status"],
+                        rep["result_json"],
+                        rep["failure_reason"],
+                        spent,
+                    )
+                )
+            )
         for r in sorted((r for r in rows if r["phase"] == "gate"), key=lambda r: r["unit_id"]):
             lines.append(f"gate {r['unit_id']} | {r['node_id']} | {r['status']} | {r['result_json']}")
         for s in runs_store.get_steps(db, run_id):
             ev = json.loads(s.evidence_json) if s.evidence_json else None
             route = (ev or {}).get("route", {}) if isinstance(ev, dict) else {}
-            lines.append(f"step {s.step_id} | {s.status} | "
-                         f"{canonical_json(ev.get('output')) if isinstance(ev, dict) and 'output' in ev else '(none)'}"
-                         f" | {canonical_json(ev.get('units')) if isinstance(ev, dict) and 'units' in ev else '-'}"
-                         f" | {route.get('selected') if isinstance(route, dict) else None}")
+            lines.append(
+                f"step {s.step_id} | {s.status} | "
+                f"{canonical_json(ev.get('output')) if isinstance(ev, dict) and 'output' in ev else '(none)'}"
+                f" | {canonical_json(ev.get('units')) if isinstance(ev, dict) and 'units' in ev else '-'}"
+                f" | {route.get('selected') if isinstance(route, dict) else None}"
+            )
         lines.append(f"run {runs_store.require_run(db, run_id).status}")
     return lines
 
@@ -220,10 +272,14 @@ def both(tmp_path: Path, monkeypatch, sc: Scenario) -> tuple[list[str], list[str
 
 def assert_same(a: list[str], b: list[str]) -> None:
     if a != b:
-        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        raise AssertionError(f"graphs differ at line {first}:\nnative:   {a[first] if first < len(a) else '-'}\n"
-                             f"reported: {b[first] if first < len(b) else '-'}\n\nnative:\n" + "\n".join(a)
-                             + "\n\nreported:\n" + "\n".join(b))
+        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        raise AssertionError(
+            f"graphs differ at line {first}:\nnative:   {a[first] if first < len(a) else '-'}\n"
+            f"reported: {b[first] if first < len(b) else '-'}\n\nnative:\n"
+            + "\n".join(a)
+            + "\n\nreported:\n"
+            + "\n".join(b)
+        )
 
 
 MAP3 = """
@@ -235,11 +291,13 @@ MAP3 = """
     """
 
 SCENARIOS = [
-    Scenario("solo-tokens", "steps:\n  - id: build", "## build\n\nBuild.",
-             outcomes={"build:solo": [ok("built", tokens=42)]}),
-    Scenario("fan-out-collect", MAP3, "## review\n\nReview.", params={"files": ["a", "b", "c"]},
-             outcomes={}),
-    Scenario("vote", """
+    Scenario(
+        "solo-tokens", "steps:\n  - id: build", "## build\n\nBuild.", outcomes={"build:solo": [ok("built", tokens=42)]}
+    ),
+    Scenario("fan-out-collect", MAP3, "## review\n\nReview.", params={"files": ["a", "b", "c"]}, outcomes={}),
+    Scenario(
+        "vote",
+        """
         steps:
           - id: pick
             map:
@@ -249,8 +307,14 @@ SCENARIOS = [
                 output: { type: object, required: [v], properties: { v: { type: string } } }
         params:
           options: { type: array }
-        """, "## pick\n\nPick.", params={"options": [1, 2, 3]}, outcomes={}),
-    Scenario("route", """
+        """,
+        "## pick\n\nPick.",
+        params={"options": [1, 2, 3]},
+        outcomes={},
+    ),
+    Scenario(
+        "route",
+        """
         steps:
           - id: classify
             output: { type: object, required: [kind], properties: { kind: { type: string } } }
@@ -260,35 +324,74 @@ SCENARIOS = [
               when: [{ match: bug, step: ship }, { match: feature, step: rework }]
           - id: ship
           - id: rework
-        """, "## classify\n\nC.\n\n## triage\n\nT.\n\n## ship\n\nS.\n\n## rework\n\nR.",
-             outcomes={"classify:solo": [ok({"kind": "bug"})], "ship:solo": [ok("shipped")]}),
-    Scenario("gate-reject-then-accept", "steps:\n  - id: work\n    gate: { max_loops: 3 }",
-             "## work\n\nWork.\n\n### gate\n\n- Good work.",
-             outcomes={"work:solo": [ok("v1"), ok("v2")]},
-             verdicts=[{"complete": False, "missing": ["quality"], "feedback": "again"}, {"complete": True}],
-             engine_judge=True),
-    Scenario("gate-exhausted", "steps:\n  - id: work", "## work\n\nWork.\n\n### gate\n\n- Perfect.",
-             outcomes={"work:solo": [ok("meh")]},
-             verdicts=[{"complete": False, "missing": ["all"], "feedback": "no"}], engine_judge=True),
-    Scenario("judge-malformed", "steps:\n  - id: work", "## work\n\nWork.\n\n### gate\n\n- Good.",
-             outcomes={"work:solo": [ok("x")]}, verdicts=["this is not a verdict"], engine_judge=True),
-    Scenario("judge-throws", "steps:\n  - id: work", "## work\n\nWork.\n\n### gate\n\n- Good.",
-             outcomes={"work:solo": [ok("x")]}, verdicts=[RuntimeError("judge down")], engine_judge=True),
-    Scenario("on-error-continue", """
+        """,
+        "## classify\n\nC.\n\n## triage\n\nT.\n\n## ship\n\nS.\n\n## rework\n\nR.",
+        outcomes={"classify:solo": [ok({"kind": "bug"})], "ship:solo": [ok("shipped")]},
+    ),
+    Scenario(
+        "gate-reject-then-accept",
+        "steps:\n  - id: work\n    gate: { max_loops: 3 }",
+        "## work\n\nWork.\n\n### gate\n\n- Good work.",
+        outcomes={"work:solo": [ok("v1"), ok("v2")]},
+        verdicts=[{"complete": False, "missing": ["quality"], "feedback": "again"}, {"complete": True}],
+        engine_judge=True,
+    ),
+    Scenario(
+        "gate-exhausted",
+        "steps:\n  - id: work",
+        "## work\n\nWork.\n\n### gate\n\n- Perfect.",
+        outcomes={"work:solo": [ok("meh")]},
+        verdicts=[{"complete": False, "missing": ["all"], "feedback": "no"}],
+        engine_judge=True,
+    ),
+    Scenario(
+        "judge-malformed",
+        "steps:\n  - id: work",
+        "## work\n\nWork.\n\n### gate\n\n- Good.",
+        outcomes={"work:solo": [ok("x")]},
+        verdicts=["this is not a verdict"],
+        engine_judge=True,
+    ),
+    Scenario(
+        "judge-throws",
+        "steps:\n  - id: work",
+        "## work\n\nWork.\n\n### gate\n\n- Good.",
+        outcomes={"work:solo": [ok("x")]},
+        verdicts=[RuntimeError("judge down")],
+        engine_judge=True,
+    ),
+    Scenario(
+        "on-error-continue",
+        """
         params:
           files: { type: array }
         steps:
           - id: review
             map: { over: params.files, unit: { on_error: continue } }
-        """, "## review\n\nReview.", params={"files": ["a", "b"]}, outcomes={}),
-    Scenario("retry-then-succeed", """
+        """,
+        "## review\n\nReview.",
+        params={"files": ["a", "b"]},
+        outcomes={},
+    ),
+    Scenario(
+        "retry-then-succeed",
+        """
         steps:
           - id: fetch
             unit: { retry: { max: 2, on: [timeout] } }
-        """, "## fetch\n\nFetch.", outcomes={"fetch:solo": [fail("timeout", tokens=5), ok("data", tokens=7)]}),
-    Scenario("empty-text", "steps:\n  - id: say\n  - id: after", "## say\n\nSay.\n\n## after\n\nA.",
-             outcomes={"say:solo": [ok("")], "after:solo": [ok("fine")]}),
-    Scenario("artifact-schema-loop", """
+        """,
+        "## fetch\n\nFetch.",
+        outcomes={"fetch:solo": [fail("timeout", tokens=5), ok("data", tokens=7)]},
+    ),
+    Scenario(
+        "empty-text",
+        "steps:\n  - id: say\n  - id: after",
+        "## say\n\nSay.\n\n## after\n\nA.",
+        outcomes={"say:solo": [ok("")], "after:solo": [ok("fine")]},
+    ),
+    Scenario(
+        "artifact-schema-loop",
+        """
         params:
           files: { type: array }
         steps:
@@ -296,8 +399,14 @@ SCENARIOS = [
             map: { over: params.files }
             output: { type: array, items: { type: string, minLength: 3 } }
             gate: { max_loops: 2 }
-        """, "## list\n\nList.", params={"files": ["a"]}, outcomes={}),
-    Scenario("params-routed-first", """
+        """,
+        "## list\n\nList.",
+        params={"files": ["a"]},
+        outcomes={},
+    ),
+    Scenario(
+        "params-routed-first",
+        """
         params:
           mode: { type: string }
         steps:
@@ -305,10 +414,18 @@ SCENARIOS = [
             route: { input: params.mode, when: [{ match: ship, step: ship }, { match: rework, step: rework }] }
           - id: ship
           - id: rework
-        """, "## triage\n\nT.\n\n## ship\n\nS.\n\n## rework\n\nR.", params={"mode": "rework"},
-             outcomes={"rework:solo": [ok("reworked")]}),
-    Scenario("fail-fast", MAP3.replace("map: { over: params.files }", "map: { over: params.files, concurrency: 1 }"),
-             "## review\n\nReview.", params={"files": ["a", "b"]}, outcomes={}),
+        """,
+        "## triage\n\nT.\n\n## ship\n\nS.\n\n## rework\n\nR.",
+        params={"mode": "rework"},
+        outcomes={"rework:solo": [ok("reworked")]},
+    ),
+    Scenario(
+        "fail-fast",
+        MAP3.replace("map: { over: params.files }", "map: { over: params.files, concurrency: 1 }"),
+        "## review\n\nReview.",
+        params={"files": ["a", "b"]},
+        outcomes={},
+    ),
 ]
 
 
@@ -323,7 +440,7 @@ def _fill(sc: Scenario) -> Scenario:
         for i, uid in enumerate(ids("review", ["a", "b", "c"])):
             sc.outcomes[uid] = [ok(f"r{i}", tokens=i)]
     if sc.name == "vote":
-        for uid, v in zip(ids("pick", [1, 2, 3]), ["x", "y", "x"]):
+        for uid, v in zip(ids("pick", [1, 2, 3]), ["x", "y", "x"], strict=False):
             sc.outcomes[uid] = [ok({"v": v})]
     if sc.name == "on-error-continue":
         a, b = ids("review", ["a", "b"])
@@ -342,8 +459,12 @@ def test_native_and_reported_runs_have_the_same_graph(tmp_path, monkeypatch, sc)
     native, reported = both(tmp_path, monkeypatch, _fill(sc))
     assert_same(native, reported)
     final = native[-1]
-    expected = {"gate-exhausted": "run blocked", "judge-malformed": "run blocked", "judge-throws": "run blocked",
-                "fail-fast": "run failed"}.get(sc.name, "run completed")
+    expected = {
+        "gate-exhausted": "run blocked",
+        "judge-malformed": "run blocked",
+        "judge-throws": "run blocked",
+        "fail-fast": "run failed",
+    }.get(sc.name, "run completed")
     assert final == expected, "\n".join(native)
 
 

@@ -63,11 +63,13 @@ def test_7_two_invalid_ids_in_one_pass() -> None:
 
 
 def test_12_route_step_without_section() -> None:
-    doc = ok(wf(
-        "params:\n  mode: { type: string }\nsteps:\n  - id: r\n    route:\n      input: params.mode\n"
-        "      when: [{ match: fast, step: go }]\n      default: go\n  - id: go\n",
-        "## go\n\nGo.\n",
-    ))
+    doc = ok(
+        wf(
+            "params:\n  mode: { type: string }\nsteps:\n  - id: r\n    route:\n      input: params.mode\n"
+            "      when: [{ match: fast, step: go }]\n      default: go\n  - id: go\n",
+            "## go\n\nGo.\n",
+        )
+    )
     r = doc.steps[0]
     assert r.kind == "route" and r.instructions is None and r.section_line is None
     assert r.route.input == "params.mode"
@@ -149,8 +151,17 @@ def test_merge_key_is_unknown_key() -> None:
 
 @pytest.mark.parametrize(
     ("value", "ms"),
-    [("10m", 600000), ('"10S"', 10000), ("250", 250), ('"250"', 250), ("250ms", 250), ("2.0", 2),
-     ("none", None), ("NONE", None), ("2147483647", 2147483647)],
+    [
+        ("10m", 600000),
+        ('"10S"', 10000),
+        ("250", 250),
+        ('"250"', 250),
+        ("250ms", 250),
+        ("2.0", 2),
+        ("none", None),
+        ("NONE", None),
+        ("2147483647", 2147483647),
+    ],
 )
 def test_19_valid_durations(value: str, ms) -> None:
     unit = ok(wf(f"steps:\n  - id: a\n    unit: {{ timeout: {value} }}\n", "## a\n\nA.\n")).steps[0].unit
@@ -177,18 +188,29 @@ def test_20_21_retry_requires_max_and_reasons() -> None:
 
 def test_retry_bounds() -> None:
     assert codes(wf("steps:\n  - id: a\n    unit: { retry: { max: 101, on: [timeout] } }\n", "## a\n\nA.\n")) == [
-        ("out_of_range", 4)]
-    unit = ok(wf("steps:\n  - id: a\n    unit: { retry: { max: 0, on: [aborted, no_change] } }\n", "## a\n\nA.\n")).steps[0].unit
+        ("out_of_range", 4)
+    ]
+    unit = (
+        ok(wf("steps:\n  - id: a\n    unit: { retry: { max: 0, on: [aborted, no_change] } }\n", "## a\n\nA.\n"))
+        .steps[0]
+        .unit
+    )
     assert unit.retry == RetrySpec(max=0, on=["aborted", "no_change"])
 
 
 def test_22_param_names_and_schemas_kept_in_order() -> None:
-    doc = ok(wf(
-        "params:\n  zeta: { type: string, description: Last }\n  alpha: { type: integer, minimum: 1 }\n"
-        "steps: [{id: a}]\n", "## a\n\nA.\n"))
+    doc = ok(
+        wf(
+            "params:\n  zeta: { type: string, description: Last }\n  alpha: { type: integer, minimum: 1 }\n"
+            "steps: [{id: a}]\n",
+            "## a\n\nA.\n",
+        )
+    )
     assert list(doc.params) == ["zeta", "alpha"] and doc.params_declared is True
     assert doc.params["zeta"] == {"type": "string", "description": "Last"}
-    assert 'Param name "my-param" is invalid' in messages(wf("params:\n  my-param: {type: string}\nsteps: [{id: a}]\n", ""))
+    assert 'Param name "my-param" is invalid' in messages(
+        wf("params:\n  my-param: {type: string}\nsteps: [{id: a}]\n", "")
+    )
 
 
 def test_23_budget_bounds() -> None:
@@ -199,15 +221,29 @@ def test_23_budget_bounds() -> None:
 
 
 def test_24_reference_syntax_messages() -> None:
-    assert 'Unknown root "changed_files"' in messages(wf("steps:\n  - id: a\n    map: { over: changed_files }\n", "## a\n\nA.\n"))
-    assert 'Unknown root "the"' in messages(wf("steps:\n  - id: a\n    map: { over: \"the params.files list\" }\n", "## a\n\nA.\n"))
+    assert 'Unknown root "changed_files"' in messages(
+        wf("steps:\n  - id: a\n    map: { over: changed_files }\n", "## a\n\nA.\n")
+    )
+    assert 'Unknown root "the"' in messages(
+        wf('steps:\n  - id: a\n    map: { over: "the params.files list" }\n', "## a\n\nA.\n")
+    )
 
 
 def test_25_kind_conflict_messages() -> None:
-    m = messages(wf("params: {xs: {type: array}}\nsteps:\n  - id: a\n    map: { over: params.xs }\n"
-                    "    route: { input: params.xs, when: [{match: x, step: b}] }\n  - id: b\n", "## a\n\nA.\n## b\n\nB.\n"))
+    m = messages(
+        wf(
+            "params: {xs: {type: array}}\nsteps:\n  - id: a\n    map: { over: params.xs }\n"
+            "    route: { input: params.xs, when: [{match: x, step: b}] }\n  - id: b\n",
+            "## a\n\nA.\n## b\n\nB.\n",
+        )
+    )
     assert 'at most one of "map" or "route"' in m
-    assert 'belongs at "map.unit"' in messages(wf("params: {xs: {type: array}}\nsteps:\n  - id: a\n    map: { over: params.xs }\n    unit: {}\n", "## a\n\nA.\n"))
+    assert 'belongs at "map.unit"' in messages(
+        wf(
+            "params: {xs: {type: array}}\nsteps:\n  - id: a\n    map: { over: params.xs }\n    unit: {}\n",
+            "## a\n\nA.\n",
+        )
+    )
 
 
 def test_26_route_target_messages() -> None:
@@ -218,24 +254,42 @@ def test_26_route_target_messages() -> None:
 
 
 def test_27_match_values_are_js_strings() -> None:
-    doc = ok(wf(
-        "params: {m: {type: string}}\nsteps:\n  - id: r\n    route:\n      input: params.m\n      when:\n"
-        "        - { match: true, step: b }\n        - { match: 1.0, step: b }\n        - { match: 1e3, step: b }\n"
-        "        - { match: \"false\", step: b }\n  - id: b\n", "## b\n\nB.\n"))
+    doc = ok(
+        wf(
+            "params: {m: {type: string}}\nsteps:\n  - id: r\n    route:\n      input: params.m\n      when:\n"
+            "        - { match: true, step: b }\n        - { match: 1.0, step: b }\n        - { match: 1e3, step: b }\n"
+            '        - { match: "false", step: b }\n  - id: b\n',
+            "## b\n\nB.\n",
+        )
+    )
     assert [w.match for w in doc.steps[0].route.when] == ["true", "1", "1000", "false"]
-    dup = wf("params: {m: {type: string}}\nsteps:\n  - id: r\n    route:\n      input: params.m\n      when:\n"
-             "        - { match: 1, step: b }\n        - { match: \"1\", step: c }\n  - id: b\n  - id: c\n", "## b\n\nB.\n## c\n\nC.\n")
+    dup = wf(
+        "params: {m: {type: string}}\nsteps:\n  - id: r\n    route:\n      input: params.m\n      when:\n"
+        '        - { match: 1, step: b }\n        - { match: "1", step: c }\n  - id: b\n  - id: c\n',
+        "## b\n\nB.\n## c\n\nC.\n",
+    )
     assert 'duplicate "when" match "1"' in messages(dup)
 
 
 def test_28_llm_options() -> None:
-    doc = ok(wf(
-        "defaults:\n  llm: { temperature: 0.2, max_tokens: 100 }\nsteps:\n  - id: a\n    unit:\n      llm:\n"
-        "        enable_thinking: false\n        extra_params: { top_k: 5, nested: { x: [1] } }\n", "## a\n\nA.\n"))
+    doc = ok(
+        wf(
+            "defaults:\n  llm: { temperature: 0.2, max_tokens: 100 }\nsteps:\n  - id: a\n    unit:\n      llm:\n"
+            "        enable_thinking: false\n        extra_params: { top_k: 5, nested: { x: [1] } }\n",
+            "## a\n\nA.\n",
+        )
+    )
     assert doc.defaults.llm.authored() == {"temperature": 0.2, "max_tokens": 100}
-    assert doc.steps[0].unit.llm.authored() == {"enable_thinking": False, "extra_params": {"top_k": 5, "nested": {"x": [1]}}}
-    assert "cannot carry credentials" in messages(wf("steps:\n  - id: a\n    unit: { llm: { extra_params: { api_key: x } } }\n", "## a\n\nA.\n"))
-    assert "protected by AKM" in messages(wf("steps:\n  - id: a\n    unit: { llm: { extra_params: { Response-Format: x } } }\n", "## a\n\nA.\n"))
+    assert doc.steps[0].unit.llm.authored() == {
+        "enable_thinking": False,
+        "extra_params": {"top_k": 5, "nested": {"x": [1]}},
+    }
+    assert "cannot carry credentials" in messages(
+        wf("steps:\n  - id: a\n    unit: { llm: { extra_params: { api_key: x } } }\n", "## a\n\nA.\n")
+    )
+    assert "protected by AKM" in messages(
+        wf("steps:\n  - id: a\n    unit: { llm: { extra_params: { Response-Format: x } } }\n", "## a\n\nA.\n")
+    )
 
 
 # ---- §8 compile-stage rules, reported by the parser (D10) ------------------------------------
@@ -244,75 +298,125 @@ def test_28_llm_options() -> None:
 def test_29_30_reference_semantics() -> None:
     m = messages(wf("steps:\n  - id: a\n    inputs: [steps.b.output.x]\n  - id: b\n", "## a\n\nA.\n## b\n\nB.\n"))
     assert "does not come before this step" in m
-    assert '"ghost" is not a step in this workflow' in messages(wf("steps:\n  - id: a\n    inputs: [steps.ghost.output]\n", "## a\n\nA.\n"))
-    assert "names a param, not a step output" in messages(wf("params: {p: {type: string}}\nsteps:\n  - id: a\n    inputs: [params.p]\n", "## a\n\nA.\n"))
+    assert '"ghost" is not a step in this workflow' in messages(
+        wf("steps:\n  - id: a\n    inputs: [steps.ghost.output]\n", "## a\n\nA.\n")
+    )
+    assert "names a param, not a step output" in messages(
+        wf("params: {p: {type: string}}\nsteps:\n  - id: a\n    inputs: [params.p]\n", "## a\n\nA.\n")
+    )
 
 
 def test_31_undeclared_params_are_errors_for_us() -> None:
-    with_block = wf("params: {other: {type: string}}\nsteps:\n  - id: r\n    route: { input: params.mode, when: [{match: x, step: b}] }\n  - id: b\n", "## b\n\nB.\n")
-    without = wf("steps:\n  - id: r\n    route: { input: params.mode, when: [{match: x, step: b}] }\n  - id: b\n", "## b\n\nB.\n")
+    with_block = wf(
+        "params: {other: {type: string}}\nsteps:\n  - id: r\n    route: { input: params.mode, when: [{match: x, step: b}] }\n  - id: b\n",
+        "## b\n\nB.\n",
+    )
+    without = wf(
+        "steps:\n  - id: r\n    route: { input: params.mode, when: [{match: x, step: b}] }\n  - id: b\n", "## b\n\nB.\n"
+    )
     assert codes(with_block) == [("unknown_param_reference", 5)]
     assert codes(without) == [("unknown_param_reference", 4)]
     assert "declares no params" in messages(without)
 
 
 def test_32_w1_unit_output_alone_does_not_silence() -> None:
-    result = parse_workflow(wf("steps:\n  - id: a\n    unit: { output: { type: object } }\n  - id: b\n    output: { type: string }\n",
-                               "## a\n\nA.\n## b\n\nB.\n"), "t.md")
+    result = parse_workflow(
+        wf(
+            "steps:\n  - id: a\n    unit: { output: { type: object } }\n  - id: b\n    output: { type: string }\n",
+            "## a\n\nA.\n## b\n\nB.\n",
+        ),
+        "t.md",
+    )
     assert [(w.code, w.line) for w in result.warnings] == [("missing_output_schema", 3)]
 
 
 def test_34_on_error_layers_are_kept_separately() -> None:
-    doc = ok(wf("defaults: { on_error: continue, engine: fast-1, model: m }\nsteps:\n  - id: a\n    unit: { on_error: fail }\n  - id: b\n",
-                "## a\n\nA.\n## b\n\nB.\n"))
+    doc = ok(
+        wf(
+            "defaults: { on_error: continue, engine: fast-1, model: m }\nsteps:\n  - id: a\n    unit: { on_error: fail }\n  - id: b\n",
+            "## a\n\nA.\n## b\n\nB.\n",
+        )
+    )
     assert doc.defaults.on_error == "continue" and doc.defaults.engine == "fast-1"
     assert doc.steps[0].unit.on_error == "fail" and doc.steps[1].unit is None
 
 
 def test_references_are_stored_canonically_and_earlier_steps_resolve() -> None:
-    doc = ok(wf(
-        "params: {files: {type: array}}\nsteps:\n  - id: plan\n    output: { type: object, properties: { items: { type: array } } }\n"
-        "  - id: fan\n    inputs: [' steps.plan.output.items[007] ']\n    map: { over: steps.plan.output.items, concurrency: 3, reducer: vote }\n"
-        "  - id: each\n    map:\n      over: params.files\n      unit: { exec: { command: [wc, -l] } }\n",
-        "## plan\n\nP.\n## fan\n\nF.\n## each\n\nE.\n"))
+    doc = ok(
+        wf(
+            "params: {files: {type: array}}\nsteps:\n  - id: plan\n    output: { type: object, properties: { items: { type: array } } }\n"
+            "  - id: fan\n    inputs: [' steps.plan.output.items[007] ']\n    map: { over: steps.plan.output.items, concurrency: 3, reducer: vote }\n"
+            "  - id: each\n    map:\n      over: params.files\n      unit: { exec: { command: [wc, -l] } }\n",
+            "## plan\n\nP.\n## fan\n\nF.\n## each\n\nE.\n",
+        )
+    )
     fan, each = doc.steps[1], doc.steps[2]
     assert fan.inputs == ["steps.plan.output.items[7]"]
     assert (fan.kind, fan.map.over, fan.map.concurrency, fan.map.reducer, fan.map.unit) == (
-        "map", "steps.plan.output.items", 3, "vote", None)
+        "map",
+        "steps.plan.output.items",
+        3,
+        "vote",
+        None,
+    )
     assert (each.map.concurrency, each.map.reducer) == (None, "collect")
     assert each.map.unit.exec == ExecSpec(command=["wc", "-l"])
 
 
 def test_over_not_array_follows_the_step_schema() -> None:
-    src = wf("steps:\n  - id: plan\n    output: { type: object, properties: { n: { type: integer } } }\n"
-             "  - id: fan\n    map: { over: steps.plan.output.n }\n", "## plan\n\nP.\n## fan\n\nF.\n")
+    src = wf(
+        "steps:\n  - id: plan\n    output: { type: object, properties: { n: { type: integer } } }\n"
+        "  - id: fan\n    map: { over: steps.plan.output.n }\n",
+        "## plan\n\nP.\n## fan\n\nF.\n",
+    )
     assert codes(src) == [("over_not_array", 6)]
 
 
 def test_bounds_on_concurrency_and_loops() -> None:
-    assert codes(wf("params: {xs: {type: array}}\nsteps:\n  - id: a\n    map: { over: params.xs, concurrency: 65 }\n", "## a\n\nA.\n")) == [("out_of_range", 5)]
-    assert codes(wf("params: {xs: {type: array}}\nsteps:\n  - id: a\n    map: { over: params.xs, concurrency: 0 }\n", "## a\n\nA.\n")) == [("out_of_range", 5)]
+    assert codes(
+        wf(
+            "params: {xs: {type: array}}\nsteps:\n  - id: a\n    map: { over: params.xs, concurrency: 65 }\n",
+            "## a\n\nA.\n",
+        )
+    ) == [("out_of_range", 5)]
+    assert codes(
+        wf(
+            "params: {xs: {type: array}}\nsteps:\n  - id: a\n    map: { over: params.xs, concurrency: 0 }\n",
+            "## a\n\nA.\n",
+        )
+    ) == [("out_of_range", 5)]
     assert codes(wf("steps:\n  - id: a\n    gate: { max_loops: 0 }\n", "## a\n\nA.\n")) == [("out_of_range", 4)]
 
 
 def test_schema_keyword_line_anchors() -> None:
-    src = wf("params:\n  p:\n    type: object\n    properties:\n      x: { type: string, const: a }\n"
-             "steps:\n  - id: a\n    unit:\n      output:\n        type: string\n        format: date\n", "## a\n\nA.\n")
+    src = wf(
+        "params:\n  p:\n    type: object\n    properties:\n      x: { type: string, const: a }\n"
+        "steps:\n  - id: a\n    unit:\n      output:\n        type: string\n        format: date\n",
+        "## a\n\nA.\n",
+    )
     result = parse_workflow(src, "t.md")
     assert [(d.code, d.line) for d in result.errors] == [
-        ("schema_unsupported_keyword", 6), ("schema_unsupported_keyword", 12)]
+        ("schema_unsupported_keyword", 6),
+        ("schema_unsupported_keyword", 12),
+    ]
     assert "one-value enum" in result.errors[0].hint
 
 
 def test_non_finite_numbers_in_schemas_are_refused() -> None:
-    assert codes(wf("params:\n  p: { type: number, default: .nan }\nsteps: [{id: a}]\n", "## a\n\nA.\n")) == [("invalid_value", 3)]
+    assert codes(wf("params:\n  p: { type: number, default: .nan }\nsteps: [{id: a}]\n", "## a\n\nA.\n")) == [
+        ("invalid_value", 3)
+    ]
 
 
 # ---- §8 exec units (57-60) -------------------------------------------------------------------
 
 
 def test_57_exec_unit() -> None:
-    unit = ok(wf("steps:\n  - id: t\n    unit: { exec: { command: [\"bun\", \"run\", \"t\"] } }\n", "## t\n\nRun.\n")).steps[0].unit
+    unit = (
+        ok(wf('steps:\n  - id: t\n    unit: { exec: { command: ["bun", "run", "t"] } }\n', "## t\n\nRun.\n"))
+        .steps[0]
+        .unit
+    )
     assert unit.exec == ExecSpec(command=["bun", "run", "t"], cwd=None, pass_env=[], inherit_env=False)
     assert unit.engine is None and unit.model is None
 
@@ -323,26 +427,55 @@ def test_58_exec_errors() -> None:
         assert codes(wf(base.format(cwd=cwd), "## t\n\nT.\n")) == [("exec_cwd_not_relative", 7)], cwd
     unit = ok(wf(base.format(cwd="./packages/core"), "## t\n\nT.\n")).steps[0].unit
     assert unit.exec.cwd == "./packages/core"
-    assert "non-empty argv list" in messages(wf("steps:\n  - id: t\n    unit: { exec: { command: \"bun test\" } }\n", "## t\n\nT.\n"))
-    m = messages(wf("steps:\n  - id: t\n    unit: { exec: { command: [x] }, engine: fast, model: m, llm: { temperature: 1 } }\n", "## t\n\nT.\n"))
-    assert m.count("declares both \"exec\" and") == 3
-    assert codes(wf("steps:\n  - id: t\n    unit: { exec: { command: [x, 1] } }\n", "## t\n\nT.\n")) == [("exec_invalid_command", 4)]
-    assert codes(wf("steps:\n  - id: t\n    unit: { exec: { command: [] } }\n", "## t\n\nT.\n")) == [("exec_invalid_command", 4)]
+    assert "non-empty argv list" in messages(
+        wf('steps:\n  - id: t\n    unit: { exec: { command: "bun test" } }\n', "## t\n\nT.\n")
+    )
+    m = messages(
+        wf(
+            "steps:\n  - id: t\n    unit: { exec: { command: [x] }, engine: fast, model: m, llm: { temperature: 1 } }\n",
+            "## t\n\nT.\n",
+        )
+    )
+    assert m.count('declares both "exec" and') == 3
+    assert codes(wf("steps:\n  - id: t\n    unit: { exec: { command: [x, 1] } }\n", "## t\n\nT.\n")) == [
+        ("exec_invalid_command", 4)
+    ]
+    assert codes(wf("steps:\n  - id: t\n    unit: { exec: { command: [] } }\n", "## t\n\nT.\n")) == [
+        ("exec_invalid_command", 4)
+    ]
     assert codes(wf("steps:\n  - id: t\n    unit: { exec: [x] }\n", "## t\n\nT.\n")) == [("invalid_type", 4)]
-    assert codes(wf("steps:\n  - id: t\n    unit: { exec: { command: [x], shell: true } }\n", "## t\n\nT.\n")) == [("unknown_key", 4)]
+    assert codes(wf("steps:\n  - id: t\n    unit: { exec: { command: [x], shell: true } }\n", "## t\n\nT.\n")) == [
+        ("unknown_key", 4)
+    ]
 
 
 def test_59_pass_env_and_inherit_env() -> None:
-    unit = ok(wf("steps:\n  - id: t\n    unit:\n      exec: { command: [x], inherit_env: false, pass_env: [A, B_2] }\n"
-                 "      env: [env/ci]\n      isolation: worktree\n", "## t\n\nT.\n")).steps[0].unit
+    unit = (
+        ok(
+            wf(
+                "steps:\n  - id: t\n    unit:\n      exec: { command: [x], inherit_env: false, pass_env: [A, B_2] }\n"
+                "      env: [env/ci]\n      isolation: worktree\n",
+                "## t\n\nT.\n",
+            )
+        )
+        .steps[0]
+        .unit
+    )
     assert unit.exec == ExecSpec(command=["x"], pass_env=["A", "B_2"], inherit_env=False)
     assert unit.env == ["env/ci"] and unit.isolation == "worktree"
-    assert "more than once" in messages(wf("steps:\n  - id: t\n    unit: { exec: { command: [x], pass_env: [A, A] } }\n", "## t\n\nT.\n"))
+    assert "more than once" in messages(
+        wf("steps:\n  - id: t\n    unit: { exec: { command: [x], pass_env: [A, A] } }\n", "## t\n\nT.\n")
+    )
 
 
 def test_60_exec_timeouts_are_recorded_per_layer() -> None:
-    doc = ok(wf("defaults: { timeout: 45s }\nsteps:\n  - id: t\n    unit: { exec: { command: [x] }, timeout: 5s }\n"
-                "  - id: u\n    unit: { exec: { command: [x] }, timeout: none }\n", "## t\n\nT.\n## u\n\nU.\n"))
+    doc = ok(
+        wf(
+            "defaults: { timeout: 45s }\nsteps:\n  - id: t\n    unit: { exec: { command: [x] }, timeout: 5s }\n"
+            "  - id: u\n    unit: { exec: { command: [x] }, timeout: none }\n",
+            "## t\n\nT.\n## u\n\nU.\n",
+        )
+    )
     assert (doc.defaults.timeout_set, doc.defaults.timeout_ms) == (True, 45000)
     assert doc.steps[0].unit.timeout_ms == 5000
     assert (doc.steps[1].unit.timeout_set, doc.steps[1].unit.timeout_ms) == (True, None)
@@ -386,10 +519,14 @@ def test_h1_after_steps_without_text_is_fine_with_text_is_an_error() -> None:
 
 
 def test_envelope_keys() -> None:
-    doc = ok(wf(
-        "type: workflow\ndescription: D\ntags: [x, ' y ']\nwhen_to_use: W\nstatus: stable\nstale_after: 30d\n"
-        "xrefs: [skills/review, 'core//knowledge/a#part']\ngenerated: { by: me, at: '2026' }\nverified: []\n"
-        "provenance: { source: x }\nsteps: [{id: a}]\n", "## a\n\nA.\n"))
+    doc = ok(
+        wf(
+            "type: workflow\ndescription: D\ntags: [x, ' y ']\nwhen_to_use: W\nstatus: stable\nstale_after: 30d\n"
+            "xrefs: [skills/review, 'core//knowledge/a#part']\ngenerated: { by: me, at: '2026' }\nverified: []\n"
+            "provenance: { source: x }\nsteps: [{id: a}]\n",
+            "## a\n\nA.\n",
+        )
+    )
     assert (doc.description, doc.tags, doc.when_to_use, doc.status) == ("D", ["x", "y"], "W", "stable")
     assert doc.envelope["xrefs"] == ["skills/review", "core//knowledge/a#part"]
     assert doc.envelope["generated"] == {"by": "me", "at": "2026"}
@@ -399,7 +536,9 @@ def test_envelope_keys() -> None:
 
 def test_engine_name_grammar() -> None:
     assert codes(wf("defaults: { engine: Fast_1 }\nsteps: [{id: a}]\n", "## a\n\nA.\n")) == [("invalid_value", 2)]
-    assert ok(wf("defaults: { engine: local-llm2 }\nsteps: [{id: a}]\n", "## a\n\nA.\n")).defaults.engine == "local-llm2"
+    assert (
+        ok(wf("defaults: { engine: local-llm2 }\nsteps: [{id: a}]\n", "## a\n\nA.\n")).defaults.engine == "local-llm2"
+    )
 
 
 def test_document_is_plain_data_for_the_compiler() -> None:
@@ -419,8 +558,11 @@ def test_document_records_refuse_unknown_and_missing_fields() -> None:
 
 
 def test_step_frontmatter_spans() -> None:
-    doc = ok(wf(
-        "steps:\n  - id: a\n    unit:\n      timeout: 5s\n    # comment\n  - id: b\n  - id: c\n"
-        "    inputs: [steps.a.output,\n      steps.b.output]\n",
-        "## a\n\nA.\n## b\n\nB.\n## c\n\nC.\n"))
+    doc = ok(
+        wf(
+            "steps:\n  - id: a\n    unit:\n      timeout: 5s\n    # comment\n  - id: b\n  - id: c\n"
+            "    inputs: [steps.a.output,\n      steps.b.output]\n",
+            "## a\n\nA.\n## b\n\nB.\n## c\n\nC.\n",
+        )
+    )
     assert [(s.id, s.line, s.end_line) for s in doc.steps] == [("a", 3, 5), ("b", 7, 7), ("c", 8, 10)]

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from akm.format.diagnostics import CODES
-from akm.format.lint import lint_text
 from akm.format.grammar import STEP_KEYS, UNIT_KEYS
+from akm.format.lint import lint_text
 from akm.format.parse import parse_workflow
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -34,8 +34,35 @@ def check(text: str) -> None:
 # ---- arbitrary text -----------------------------------------------------------------------
 
 MARKDOWNISH = st.sampled_from(
-    ["---", "---\n", "\n", "\r\n", "## ", "### gate", "# ", "```", "~~~", "steps:", "  - id: a", "- ", ": ",
-     "{", "}", "[", "]", "&a", "*a", "!!", "\t", "\ufeff", "Step ID: x", "# Workflow: y", "a", "\x00", "\ud800"]
+    [
+        "---",
+        "---\n",
+        "\n",
+        "\r\n",
+        "## ",
+        "### gate",
+        "# ",
+        "```",
+        "~~~",
+        "steps:",
+        "  - id: a",
+        "- ",
+        ": ",
+        "{",
+        "}",
+        "[",
+        "]",
+        "&a",
+        "*a",
+        "!!",
+        "\t",
+        "\ufeff",
+        "Step ID: x",
+        "# Workflow: y",
+        "a",
+        "\x00",
+        "\ud800",
+    ]
 )
 
 
@@ -55,13 +82,41 @@ def test_markdown_shaped_text(text: str) -> None:
 # ---- arbitrary YAML frontmatter -----------------------------------------------------------
 
 SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=12),
-    st.sampled_from(["on", "yes", "no", "none", "10m", "1h", "0", "params.x", "steps.a.output", "steps.b.output.k[0]",
-                     "timeout", "worktree", "continue", "vote", "", "a", "b", "../x", "fast"]),
+    st.sampled_from(
+        [
+            "on",
+            "yes",
+            "no",
+            "none",
+            "10m",
+            "1h",
+            "0",
+            "params.x",
+            "steps.a.output",
+            "steps.b.output.k[0]",
+            "timeout",
+            "worktree",
+            "continue",
+            "vote",
+            "",
+            "a",
+            "b",
+            "../x",
+            "fast",
+        ]
+    ),
 )
-KEYS = st.one_of(st.text(max_size=10), st.sampled_from(STEP_KEYS + UNIT_KEYS + ("steps", "params", "over", "when",
-                                                                                 "match", "step", "command", "max", "on")))
+KEYS = st.one_of(
+    st.text(max_size=10),
+    st.sampled_from(
+        STEP_KEYS + UNIT_KEYS + ("steps", "params", "over", "when", "match", "step", "command", "max", "on")
+    ),
+)
 JSONISH = st.recursive(
     SCALARS,
     lambda children: st.one_of(st.lists(children, max_size=5), st.dictionaries(KEYS, children, max_size=5)),
@@ -80,20 +135,43 @@ def test_arbitrary_yaml_frontmatter(frontmatter: object, body: str) -> None:
 
 
 STEP_IDS = st.sampled_from(["a", "b", "c", "d", "x.y", "", "1a"])
-REFS = st.sampled_from(["steps.a.output", "steps.b.output.x", "steps.c.output[2]", "params.p", "params.q", "junk",
-                        "steps.d.output", "steps.a.outputs"])
+REFS = st.sampled_from(
+    [
+        "steps.a.output",
+        "steps.b.output.x",
+        "steps.c.output[2]",
+        "params.p",
+        "params.q",
+        "junk",
+        "steps.d.output",
+        "steps.a.outputs",
+    ]
+)
 UNIT = st.fixed_dictionaries(
     {},
     optional={
         "engine": st.sampled_from(["fast", "Bad_Name", ""]),
         "timeout": st.sampled_from(["10m", "none", 0, 5, "1h", True]),
-        "retry": st.one_of(JSONISH, st.fixed_dictionaries({"max": st.integers(-1, 102), "on": st.lists(
-            st.sampled_from(["timeout", "aborted", "flaky", "timeout"]), max_size=3)})),
-        "exec": st.one_of(JSONISH, st.fixed_dictionaries({"command": st.one_of(
-            st.lists(st.text(max_size=5), max_size=3), st.text(max_size=5))}, optional={
-            "cwd": st.sampled_from(["a", "../b", "/c", "~", "C:d", ""]),
-            "pass_env": st.lists(st.sampled_from(["A", "A", "1B", ""]), max_size=3),
-            "inherit_env": JSONISH})),
+        "retry": st.one_of(
+            JSONISH,
+            st.fixed_dictionaries(
+                {
+                    "max": st.integers(-1, 102),
+                    "on": st.lists(st.sampled_from(["timeout", "aborted", "flaky", "timeout"]), max_size=3),
+                }
+            ),
+        ),
+        "exec": st.one_of(
+            JSONISH,
+            st.fixed_dictionaries(
+                {"command": st.one_of(st.lists(st.text(max_size=5), max_size=3), st.text(max_size=5))},
+                optional={
+                    "cwd": st.sampled_from(["a", "../b", "/c", "~", "C:d", ""]),
+                    "pass_env": st.lists(st.sampled_from(["A", "A", "1B", ""]), max_size=3),
+                    "inherit_env": JSONISH,
+                },
+            ),
+        ),
         "output": JSONISH,
         "env": st.lists(st.sampled_from(["env/a", "env/a", ""]), max_size=3),
         "llm": st.one_of(JSONISH, st.fixed_dictionaries({"extra_params": JSONISH})),
@@ -103,18 +181,37 @@ STEP = st.fixed_dictionaries(
     {"id": STEP_IDS},
     optional={
         "unit": st.one_of(UNIT, JSONISH),
-        "map": st.one_of(JSONISH, st.fixed_dictionaries({"over": REFS}, optional={
-            "concurrency": st.integers(-1, 70), "reducer": st.sampled_from(["collect", "vote", "x"]), "unit": UNIT})),
-        "route": st.one_of(JSONISH, st.fixed_dictionaries({"input": REFS, "when": st.lists(
-            st.fixed_dictionaries({"match": SCALARS, "step": STEP_IDS}), max_size=3)}, optional={"default": STEP_IDS})),
+        "map": st.one_of(
+            JSONISH,
+            st.fixed_dictionaries(
+                {"over": REFS},
+                optional={
+                    "concurrency": st.integers(-1, 70),
+                    "reducer": st.sampled_from(["collect", "vote", "x"]),
+                    "unit": UNIT,
+                },
+            ),
+        ),
+        "route": st.one_of(
+            JSONISH,
+            st.fixed_dictionaries(
+                {
+                    "input": REFS,
+                    "when": st.lists(st.fixed_dictionaries({"match": SCALARS, "step": STEP_IDS}), max_size=3),
+                },
+                optional={"default": STEP_IDS},
+            ),
+        ),
         "inputs": st.one_of(st.lists(REFS, max_size=3), JSONISH),
         "output": JSONISH,
         "gate": st.one_of(JSONISH, st.fixed_dictionaries({"max_loops": st.integers(-1, 102)})),
     },
 )
 BODY = st.lists(
-    st.tuples(st.sampled_from(["## a", "## b", "## c", "## d", "## x.y", "# h1", "### gate", "```", "text", ""]),
-              st.text(max_size=10)),
+    st.tuples(
+        st.sampled_from(["## a", "## b", "## c", "## d", "## x.y", "# h1", "### gate", "```", "text", ""]),
+        st.text(max_size=10),
+    ),
     max_size=12,
 ).map(lambda parts: "\n".join(f"{h}\n{t}" for h, t in parts))
 
@@ -146,10 +243,12 @@ def valid_workflows(draw):
         step: dict = {"id": sid}
         kind = draw(st.sampled_from(["unit", "map", "route"] if i < n - 1 else ["unit", "map"]))
         if kind == "route":
-            later = ids[i + 1:]
+            later = ids[i + 1 :]
             targets = draw(st.lists(st.sampled_from(later), min_size=1, max_size=3))
-            step["route"] = {"input": "params.mode",
-                             "when": [{"match": f"m{j}", "step": t} for j, t in enumerate(targets)]}
+            step["route"] = {
+                "input": "params.mode",
+                "when": [{"match": f"m{j}", "step": t} for j, t in enumerate(targets)],
+            }
             if draw(st.booleans()):
                 step["route"]["default"] = draw(st.sampled_from(later))
         else:
@@ -167,7 +266,9 @@ def valid_workflows(draw):
                 step["unit"] = unit
             earlier = [s for s in ids[:i]]
             if earlier and draw(st.booleans()):
-                step["inputs"] = sorted(set(f"steps.{s}.output" for s in draw(st.lists(st.sampled_from(earlier), min_size=1))))
+                step["inputs"] = sorted(
+                    set(f"steps.{s}.output" for s in draw(st.lists(st.sampled_from(earlier), min_size=1)))
+                )
             step["output"] = {"type": "object"}
         if kind != "route" or draw(st.booleans()):
             text = draw(PROSE)

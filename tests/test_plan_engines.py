@@ -14,8 +14,13 @@ from akm.plan.compile import compile_plan
 from akm.plan.engines import is_loopback_endpoint, resolve_model
 
 FAST = {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions", "model": "qwen3"}
-REMOTE = {"kind": "llm", "endpoint": "https://api.example.test/v1/chat/completions", "model": "gpt-x",
-          "apiKey": "${REMOTE_KEY}", "temperature": 0.1}
+REMOTE = {
+    "kind": "llm",
+    "endpoint": "https://api.example.test/v1/chat/completions",
+    "model": "gpt-x",
+    "apiKey": "${REMOTE_KEY}",
+    "temperature": 0.1,
+}
 CLAUDE = {"kind": "agent", "platform": "claude"}
 
 
@@ -36,7 +41,8 @@ def freeze(project, frontmatter: str, body: str):
     return compile_plan(doc(frontmatter, body), title="wf", config=config.load_config_if_any(project))
 
 
-EXEC_ONLY = ("""
+EXEC_ONLY = (
+    """
     steps:
       - id: a
         unit: { exec: { command: [echo, hi] } }
@@ -44,13 +50,14 @@ EXEC_ONLY = ("""
         map: { over: params.xs, unit: { exec: { command: [echo] } } }
         gate: { max_loops: 2 }
     params: { xs: { type: array } }
-    """, "## a\n\nRun.\n\n## b\n\nEach.\n\n### gate\n\nAll printed.")
+    """,
+    "## a\n\nRun.\n\n## b\n\nEach.\n\n### gate\n\nAll printed.",
+)
 
 
 def test_exec_only_plans_are_byte_identical_with_or_without_engines(project):
     bare = freeze(project, *EXEC_ONLY)
-    write_config({"engines": {"fast": FAST, "cc": CLAUDE},
-                  "defaults": {"llmEngine": "fast", "agentEngine": "cc"}})
+    write_config({"engines": {"fast": FAST, "cc": CLAUDE}, "defaults": {"llmEngine": "fast", "agentEngine": "cc"}})
     with_engines = freeze(project, *EXEC_ONLY)
     assert with_engines.canonical() == bare.canonical()
     assert bare.execution.engines == {}
@@ -71,7 +78,8 @@ def test_workflow_settings_apply(project):
     assert plan.execution.max_concurrency == 6 and plan.step("b").root.concurrency == 2
 
 
-UNITS = ("""
+UNITS = (
+    """
     steps:
       - id: plain
       - id: named
@@ -82,13 +90,19 @@ UNITS = ("""
         unit: { isolation: worktree }
       - id: timed
         unit: { engine: fast, timeout: 90s }
-    """, "## plain\n\nA.\n\n## named\n\nB.\n\n## tuned\n\nC.\n\n## isolated\n\nD.\n\n## timed\n\nE.")
+    """,
+    "## plain\n\nA.\n\n## named\n\nB.\n\n## tuned\n\nC.\n\n## isolated\n\nD.\n\n## timed\n\nE.",
+)
 
 
 def test_selection_snapshots_models_and_timeouts(project):
-    write_config({"engines": {"fast": FAST, "remote": REMOTE, "cc": {**CLAUDE, "model": "sonnet"}},
-                  "defaults": {"llmEngine": "fast", "agentEngine": "cc"},
-                  "modelAliases": {"big": {"remote": "gpt-x-large", "*": "generic-big"}}})
+    write_config(
+        {
+            "engines": {"fast": FAST, "remote": REMOTE, "cc": {**CLAUDE, "model": "sonnet"}},
+            "defaults": {"llmEngine": "fast", "agentEngine": "cc"},
+            "modelAliases": {"big": {"remote": "gpt-x-large", "*": "generic-big"}},
+        }
+    )
     plan = freeze(project, *UNITS)
     inv = {s.step_id: s.root.invocation.model_dump(mode="json", by_alias=True) for s in plan.steps}
     assert inv["plain"] == {"engine": "cc", "model": "claude-sonnet-4-6", "timeoutMs": None}  # agents: no timeout
@@ -97,9 +111,14 @@ def test_selection_snapshots_models_and_timeouts(project):
     assert inv["isolated"]["engine"] == "cc"
     assert inv["timed"] == {"engine": "fast", "model": "qwen3", "timeoutMs": 90000}
     engines = plan.execution.engines
-    assert engines["fast"] == {"name": "fast", "kind": "llm", "endpoint": FAST["endpoint"], "model": "qwen3",
-                               "concurrency": 1, "credential": {"names": ["AKM_ENGINE_FAST_API_KEY",
-                                                                          "AKM_LLM_API_KEY"], "required": False}}
+    assert engines["fast"] == {
+        "name": "fast",
+        "kind": "llm",
+        "endpoint": FAST["endpoint"],
+        "model": "qwen3",
+        "concurrency": 1,
+        "credential": {"names": ["AKM_ENGINE_FAST_API_KEY", "AKM_LLM_API_KEY"], "required": False},
+    }
     assert engines["remote"]["concurrency"] == 4 and engines["remote"]["temperature"] == 0.1
     assert engines["remote"]["credential"] == {"names": ["REMOTE_KEY"], "required": True}
     assert "apiKey" not in json.dumps(engines)
@@ -131,11 +150,14 @@ def test_unknown_engine_fails_at_freeze(project):
     assert "wf.md:" in info.value.message and "fast" in info.value.message
 
 
-@pytest.mark.parametrize("unit,words", [
-    ("{ engine: fast, isolation: worktree }", "working directory"),
-    ("{ engine: fast, env: [env/ci] }", "env bindings"),
-    ("{ engine: cc, llm: { temperature: 0.5 } }", "llm options"),
-])
+@pytest.mark.parametrize(
+    "unit,words",
+    [
+        ("{ engine: fast, isolation: worktree }", "working directory"),
+        ("{ engine: fast, env: [env/ci] }", "env bindings"),
+        ("{ engine: cc, llm: { temperature: 0.5 } }", "llm options"),
+    ],
+)
 def test_an_engine_that_cannot_run_the_unit_fails_at_freeze(project, unit, words):
     write_config({"engines": {"fast": FAST, "cc": CLAUDE}})
     with pytest.raises(ConfigError) as info:
@@ -151,26 +173,51 @@ def test_document_llm_defaults_do_not_bind_agent_units(project):
 
 def test_judges_are_frozen_per_gated_step(project):
     gated = ("steps:\n  - id: a\n  - id: b\n", "## a\n\nDo.\n\n### gate\n\nDone.\n\n## b\n\nDo.")
-    write_config({"engines": {"fast": FAST, "cc": {**CLAUDE, "timeoutMs": 120000}},
-                  "defaults": {"llmEngine": "fast"}, "workflow": {"judgeEngine": "cc"}})
+    write_config(
+        {
+            "engines": {"fast": FAST, "cc": {**CLAUDE, "timeoutMs": 120000}},
+            "defaults": {"llmEngine": "fast"},
+            "workflow": {"judgeEngine": "cc"},
+        }
+    )
     plan = freeze(project, *gated)
     assert plan.step("a").gate.judge.model_dump(mode="json", by_alias=True) == {
-        "engine": "cc", "model": None, "timeoutMs": 120000}
+        "engine": "cc",
+        "model": None,
+        "timeoutMs": 120000,
+    }
     assert plan.step("b").gate.judge is None and "cc" in plan.execution.engines
     write_config({"engines": {"fast": FAST}, "defaults": {"llmEngine": "fast"}, "workflow": {"judgeEngine": "session"}})
     assert freeze(project, *gated).step("a").gate.judge is None
 
 
 def test_agent_on_an_llm_engine_snapshots_the_connection(project):
-    write_config({"engines": {"fast": FAST, "oc": {"kind": "agent", "platform": "opencode", "llmEngine": "fast",
-                                                   "bin": "/opt/oc", "args": ["run"], "envPassthrough": ["X_TOKEN"],
-                                                   "concurrency": 2}},
-                  "defaults": {"agentEngine": "oc"}})
+    write_config(
+        {
+            "engines": {
+                "fast": FAST,
+                "oc": {
+                    "kind": "agent",
+                    "platform": "opencode",
+                    "llmEngine": "fast",
+                    "bin": "/opt/oc",
+                    "args": ["run"],
+                    "envPassthrough": ["X_TOKEN"],
+                    "concurrency": 2,
+                },
+            },
+            "defaults": {"agentEngine": "oc"},
+        }
+    )
     plan = freeze(project, "steps:\n  - id: a\n", "## a\n\nDo.")
     snap = plan.execution.engines["oc"]
     assert snap["llm"]["endpoint"] == FAST["endpoint"] and snap["llmEngine"] == "fast"
-    assert (snap["bin"], snap["args"], snap["envPassthrough"], snap["concurrency"]) == ("/opt/oc", ["run"],
-                                                                                        ["X_TOKEN"], 2)
+    assert (snap["bin"], snap["args"], snap["envPassthrough"], snap["concurrency"]) == (
+        "/opt/oc",
+        ["run"],
+        ["X_TOKEN"],
+        2,
+    )
 
 
 def test_engine_config_is_part_of_the_plan_hash(project):
@@ -185,20 +232,26 @@ def test_model_alias_resolution_order():
     assert resolve_model("BIG", columns=["claude"], engine_aliases=None, root_aliases=root) == "claude-big"
     assert resolve_model("big", columns=["codex"], engine_aliases=None, root_aliases=root) == "any-big"
     assert resolve_model("big", columns=["claude"], engine_aliases={"Big": "mine"}, root_aliases=root) == "mine"
-    assert resolve_model("opus", columns=["claude"], engine_aliases=None, root_aliases={},
-                         builtin_column="claude") == "claude-opus-4-7"
-    assert resolve_model("opus", columns=["codex"], engine_aliases=None, root_aliases={},
-                         builtin_column="codex") == "opus"
+    assert (
+        resolve_model("opus", columns=["claude"], engine_aliases=None, root_aliases={}, builtin_column="claude")
+        == "claude-opus-4-7"
+    )
+    assert (
+        resolve_model("opus", columns=["codex"], engine_aliases=None, root_aliases={}, builtin_column="codex") == "opus"
+    )
 
 
-@pytest.mark.parametrize("endpoint,loopback", [
-    ("http://localhost:11434/v1/chat/completions", True),
-    ("http://127.0.0.2:1/v1/chat/completions", True),
-    ("http://[::1]:8080/v1/chat/completions", True),
-    ("http://[::ffff:127.0.0.1]/v1/chat/completions", True),
-    ("http://0.0.0.0/v1/chat/completions", True),
-    ("https://api.openai.com/v1/chat/completions", False),
-    ("http://10.0.0.5/v1/chat/completions", False),
-])
+@pytest.mark.parametrize(
+    "endpoint,loopback",
+    [
+        ("http://localhost:11434/v1/chat/completions", True),
+        ("http://127.0.0.2:1/v1/chat/completions", True),
+        ("http://[::1]:8080/v1/chat/completions", True),
+        ("http://[::ffff:127.0.0.1]/v1/chat/completions", True),
+        ("http://0.0.0.0/v1/chat/completions", True),
+        ("https://api.openai.com/v1/chat/completions", False),
+        ("http://10.0.0.5/v1/chat/completions", False),
+    ],
+)
 def test_loopback_detection(endpoint, loopback):
     assert is_loopback_endpoint(endpoint) is loopback

@@ -74,14 +74,21 @@ def test_a_program_that_does_not_exist_is_a_spawn_error(tmp_path):
 def test_stdin_text_is_delivered_while_big_output_flows(tmp_path):
     """2 MiB in while 2 MiB comes out: the writer goes through the selector, so neither side blocks."""
     data = "".join(f"line {i} é\n" for i in range(200_000))
-    res = run_process(py("import sys; sys.stdout.write(sys.stdin.read())"), cwd=str(tmp_path), env=env(),
-                      stdin_text=data, capture_limit=8 * 1024 * 1024, timeout_ms=120_000)
+    res = run_process(
+        py("import sys; sys.stdout.write(sys.stdin.read())"),
+        cwd=str(tmp_path),
+        env=env(),
+        stdin_text=data,
+        capture_limit=8 * 1024 * 1024,
+        timeout_ms=120_000,
+    )
     assert res.exit_code == 0 and res.stdout == data and not res.stdout_truncated
 
 
 def test_a_child_that_never_reads_its_stdin_does_not_hang(tmp_path):
-    res = run_process(py("print('ignored stdin')"), cwd=str(tmp_path), env=env(), stdin_text="x" * 5_000_000,
-                      timeout_ms=120_000)
+    res = run_process(
+        py("print('ignored stdin')"), cwd=str(tmp_path), env=env(), stdin_text="x" * 5_000_000, timeout_ms=120_000
+    )
     assert res.exit_code == 0 and res.stdout == "ignored stdin\n" and not res.timed_out
 
 
@@ -125,8 +132,12 @@ def test_cancel_before_start_runs_nothing(tmp_path):
 
 def test_a_leftover_holding_the_pipes_is_a_capture_error(tmp_path):
     pidfile = tmp_path / "bg"
-    res = run_process(["sh", "-c", f"echo partial; sleep 300 & echo $! > {pidfile}; exit 0"], cwd=str(tmp_path),
-                      env=env(), timeout_ms=120_000)
+    res = run_process(
+        ["sh", "-c", f"echo partial; sleep 300 & echo $! > {pidfile}; exit 0"],
+        cwd=str(tmp_path),
+        env=env(),
+        timeout_ms=120_000,
+    )
     assert res.exit_code == 0 and res.capture_error and "stdout drain timed out" in res.capture_error
     assert gone(int(pidfile.read_text()))
 
@@ -135,8 +146,7 @@ def test_a_leftover_holding_the_pipes_is_a_capture_error(tmp_path):
 
 
 def test_stdout_keeps_its_beginning_and_stderr_its_end(tmp_path):
-    code = ("import sys\nsys.stdout.write('A' * 1000 + 'B' * 1000)\n"
-            "sys.stderr.write('C' * 1000 + 'D' * 1000)\n")
+    code = "import sys\nsys.stdout.write('A' * 1000 + 'B' * 1000)\nsys.stderr.write('C' * 1000 + 'D' * 1000)\n"
     res = run_process(py(code), cwd=str(tmp_path), env=env(), capture_limit=1000, stderr_limit=1000)
     assert res.stdout == "A" * 1000 and res.stdout_truncated and res.stdout_bytes == 2000
     assert res.stderr == "D" * 1000 and res.stderr_truncated and res.stderr_bytes == 2000
@@ -146,7 +156,7 @@ def test_stdout_beyond_the_memory_buffer_spills_to_a_file():
     head = HeadCapture(-1, "stdout", cap=300_000, mem=4096)
     payload = bytes(range(256)) * 2000  # 512,000 bytes
     for i in range(0, len(payload), 7000):
-        head.feed(payload[i:i + 7000])
+        head.feed(payload[i : i + 7000])
     try:
         assert len(head.buf) == 4096 and head.spill is not None
         assert head.data() == payload[:300_000] and head.total == len(payload) and head.overflowed
@@ -191,13 +201,17 @@ def _leaked(text: str) -> str:
 
 def _feed(capture, data: bytes, chunk: int) -> None:
     for i in range(0, len(data), chunk):
-        capture.feed(data[i:i + chunk])
+        capture.feed(data[i : i + chunk])
 
 
 @settings(max_examples=400, deadline=None)
-@given(secrets=st.lists(SECRETS, min_size=1, max_size=2), fillers=st.lists(FILLER, min_size=3, max_size=3),
-       cap=st.integers(min_value=0, max_value=200), mem=st.integers(min_value=0, max_value=64),
-       chunk=st.integers(min_value=1, max_value=50))
+@given(
+    secrets=st.lists(SECRETS, min_size=1, max_size=2),
+    fillers=st.lists(FILLER, min_size=3, max_size=3),
+    cap=st.integers(min_value=0, max_value=200),
+    mem=st.integers(min_value=0, max_value=64),
+    chunk=st.integers(min_value=1, max_value=50),
+)
 def test_no_secret_character_survives_any_stdout_cut(secrets, fillers, cap, mem, chunk):
     stream = (fillers[0] + secrets[0] + fillers[1] + secrets[-1] + fillers[2]).encode()
     head = HeadCapture(-1, "stdout", cap=cap, mem=mem)
@@ -210,8 +224,12 @@ def test_no_secret_character_survives_any_stdout_cut(secrets, fillers, cap, mem,
 
 
 @settings(max_examples=400, deadline=None)
-@given(secrets=st.lists(SECRETS, min_size=1, max_size=2), fillers=st.lists(FILLER, min_size=3, max_size=3),
-       cap=st.integers(min_value=0, max_value=200), chunk=st.integers(min_value=1, max_value=50))
+@given(
+    secrets=st.lists(SECRETS, min_size=1, max_size=2),
+    fillers=st.lists(FILLER, min_size=3, max_size=3),
+    cap=st.integers(min_value=0, max_value=200),
+    chunk=st.integers(min_value=1, max_value=50),
+)
 def test_no_secret_character_survives_any_stderr_cut(secrets, fillers, cap, chunk):
     stream = (fillers[0] + secrets[0] + fillers[1] + secrets[-1] + fillers[2]).encode()
     tail = TailCapture(-1, "stderr", cap=cap)
@@ -224,8 +242,13 @@ def test_a_secret_straddling_the_stdout_cap_of_a_real_process(tmp_path):
     secret = "0123456789abcdef0123"
     for kept_part in (1, 3, 10, 19):
         code = f"import sys; sys.stdout.write('x' * {1000 - kept_part} + {secret!r} + 'y' * 50)"
-        res = run_process(py(code), cwd=str(tmp_path), env=env(), capture_limit=1000,
-                          sensitive_values=sensitive_values_from({"TOKEN": secret}))
+        res = run_process(
+            py(code),
+            cwd=str(tmp_path),
+            env=env(),
+            capture_limit=1000,
+            sensitive_values=sensitive_values_from({"TOKEN": secret}),
+        )
         assert res.stdout_truncated
         assert res.stdout == "x" * (1000 - kept_part) + REDACTED, kept_part
 
@@ -233,7 +256,12 @@ def test_a_secret_straddling_the_stdout_cap_of_a_real_process(tmp_path):
 def test_a_secret_straddling_the_start_of_the_stderr_tail_of_a_real_process(tmp_path):
     secret = "0123456789abcdef0123"
     code = f"import sys; sys.stderr.write('x' * 50 + {secret!r} + 'y' * 30)"
-    res = run_process(py(code), cwd=str(tmp_path), env=env(), stderr_limit=35,
-                      sensitive_values=sensitive_values_from({"TOKEN": secret}))
+    res = run_process(
+        py(code),
+        cwd=str(tmp_path),
+        env=env(),
+        stderr_limit=35,
+        sensitive_values=sensitive_values_from({"TOKEN": secret}),
+    )
     assert res.stderr_truncated and res.stderr == REDACTED + "y" * 30
     assert not re.search("[0-9a-f]", res.stderr.replace(REDACTED, ""))

@@ -90,7 +90,9 @@ def test_other_options_are_the_real_dataclasses():
 
 
 def test_importing_records_imports_no_dataclasses():
-    code = ("import sys; from akm.record import dataclass, field\n"
-            "@dataclass(frozen=True)\nclass A:\n    x: int = field(default_factory=int)\n"
-            "assert A().x == 0 and 'dataclasses' not in sys.modules and 'inspect' not in sys.modules")
+    code = (
+        "import sys; from akm.record import dataclass, field\n"
+        "@dataclass(frozen=True)\nclass A:\n    x: int = field(default_factory=int)\n"
+        "assert A().x == 0 and 'dataclasses' not in sys.modules and 'inspect' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

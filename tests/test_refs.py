@@ -118,9 +118,7 @@ def test_grammar_like_noise_never_raises_anything_else(text):
 @settings(max_examples=200, deadline=None)
 @given(_ident, st.lists(st.one_of(_ident, st.integers(0, 10**6)), max_size=6))
 def test_generated_step_refs_round_trip(step_id, path):
-    text = "steps." + step_id + ".output" + "".join(
-        f"[{p}]" if isinstance(p, int) else f".{p}" for p in path
-    )
+    text = "steps." + step_id + ".output" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
     ref = parse_reference(text)
     assert ref.root == "steps" and ref.name == step_id and ref.path == tuple(path)
     assert ref.text == text

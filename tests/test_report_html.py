@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, running_in_ci
-from tests.helpers import py, write_wf
+from tests.helpers import ROOT, py, running_in_ci, write_wf
 
 HOSTILE = '<script>alert(1)</script>"><img src=x onerror=alert(2)><a href="https://evil.example/x">x</a>'
 MAX_BYTES = 2_000_000
@@ -37,10 +36,24 @@ def dump_dom(page: Path) -> str:
     """The DOM chromium built from `page`, serialised (no network: every fetch-capable feature is off)."""
     with tempfile.TemporaryDirectory(prefix="akm-chromium-") as profile:
         proc = subprocess.run(
-            [chromium_bin(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--dump-dom", page.resolve().as_uri()],
-            capture_output=True, text=True, timeout=180)
+            [
+                chromium_bin(),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                "--dump-dom",
+                page.resolve().as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
     assert proc.returncode == 0 and "<html" in proc.stdout, proc.stderr[-2000:]
     return proc.stdout
 
@@ -120,8 +133,13 @@ def test_a_failed_run_shows_reasons_and_diagnostics_and_unit_output_cannot_injec
         "import os, sys\n"
         f"print({HOSTILE!r})\n"
         f"sys.stderr.write('diagnostic for ' + os.environ['AKM_ITEM'] + ' ' + {HOSTILE!r} + '\\n')\n"
-        "sys.exit(3 if 'b' in os.environ['AKM_ITEM'] else 0)\n", encoding="utf-8")
-    write_wf(project, "fail.md", """
+        "sys.exit(3 if 'b' in os.environ['AKM_ITEM'] else 0)\n",
+        encoding="utf-8",
+    )
+    write_wf(
+        project,
+        "fail.md",
+        """
         budget: { max_units: 50, max_tokens: 1000 }
         steps:
           - id: items
@@ -134,8 +152,10 @@ def test_a_failed_run_shows_reasons_and_diagnostics_and_unit_output_cannot_injec
                 exec: { command: %s }
                 retry: { max: 1, on: [non_zero_exit] }
             output: { type: array }
-        """ % (py('import json; print(json.dumps(["a", "b", "c"]))'), json.dumps([sys.executable, "hostile.py"])),
-             "## items\n\nList.\n\n## each\n\nEach.")
+        """
+        % (py('import json; print(json.dumps(["a", "b", "c"]))'), json.dumps([sys.executable, "hostile.py"])),
+        "## items\n\nList.\n\n## each\n\nEach.",
+    )
     res = cli.json("workflow", "run", "fail.md", check=1)
     rid = res["run"]["runId"]
     page, raw, dom = report(cli, rid, tmp_path, "failed")
@@ -152,22 +172,44 @@ def test_a_failed_run_shows_reasons_and_diagnostics_and_unit_output_cannot_injec
 
 
 def test_a_gated_run_shows_each_loop_with_its_verdict_and_feedback(cli, project, tmp_path):
-    write_wf(project, "gate.md", """
+    write_wf(
+        project,
+        "gate.md",
+        """
         steps:
           - id: write
             gate: { max_loops: 3 }
             unit: { exec: { command: %s } }
             output: { type: object }
-        """ % py('import json; print(json.dumps({"text": "hi"}))'),
-             "## write\n\nWrite a sentence.\n\n### gate\n\n- It says hello")
+        """
+        % py('import json; print(json.dumps({"text": "hi"}))'),
+        "## write\n\nWrite a sentence.\n\n### gate\n\n- It says hello",
+    )
     cli("workflow", "run", "gate.md", check=3)
     rid = cli.json("workflow", "list")["runs"][0]["runId"]
-    cli("workflow", "report", rid, "write.gate:l1", "--status", "completed", "--verdict",
+    cli(
+        "workflow",
+        "report",
+        rid,
+        "write.gate:l1",
+        "--status",
+        "completed",
+        "--verdict",
         json.dumps({"complete": False, "missing": ["a greeting <b>bold</b>"], "feedback": "Say hello, please"}),
-        check=0)
+        check=0,
+    )
     cli("workflow", "run", rid, check=3)
-    cli("workflow", "report", rid, "write.gate:l2", "--status", "completed", "--verdict",
-        '{"complete": true, "missing": [], "feedback": "Good now"}', check=0)
+    cli(
+        "workflow",
+        "report",
+        rid,
+        "write.gate:l2",
+        "--status",
+        "completed",
+        "--verdict",
+        '{"complete": true, "missing": [], "feedback": "Good now"}',
+        check=0,
+    )
     assert cli.json("workflow", "run", rid)["run"]["status"] == "completed"
     page, raw, dom = report(cli, rid, tmp_path, "gated")
     check_self_contained(dom, raw)
@@ -181,7 +223,10 @@ def test_a_gated_run_shows_each_loop_with_its_verdict_and_feedback(cli, project,
 
 def test_a_thousand_unit_run_stays_under_two_megabytes_even_with_large_hostile_outputs(cli, project, tmp_path):
     # Each unit prints 3000 '<' (4 bytes each once escaped): unclipped that would be 12 MB of page.
-    write_wf(project, "big.md", """
+    write_wf(
+        project,
+        "big.md",
+        """
         params:
           n: { type: integer, default: 1000 }
         steps:
@@ -194,8 +239,10 @@ def test_a_thousand_unit_run_stays_under_two_megabytes_even_with_large_hostile_o
               concurrency: 8
               unit: { exec: { command: [sh, -c, "printf '%%3000s' '' | tr ' ' '<'"] } }
             output: { type: array }
-        """ % py('import json, os; print(json.dumps(list(range(json.loads(os.environ["AKM_PARAMS"])["n"]))))'),
-             "## items\n\nList.\n\n## each\n\nEach.")
+        """
+        % py('import json, os; print(json.dumps(list(range(json.loads(os.environ["AKM_PARAMS"])["n"]))))'),
+        "## items\n\nList.\n\n## each\n\nEach.",
+    )
     res = cli.json("workflow", "run", "big.md", check=0)
     rid = res["run"]["runId"]
     page, raw, dom = report(cli, rid, tmp_path, "big")
@@ -237,21 +284,58 @@ def test_the_size_guard_holds_for_ten_thousand_units_of_hostile_output():
     from akm.report.html import render_report
 
     n = 10_000
-    units = [{"unitId": f"each.unit:{i:012x}", "stepId": "each", "status": "failed" if i % 3 else "completed",
-              "attempts": 1, "failureReason": "non_zero_exit" if i % 3 else None, "result": '<"&' * 1700,
-              "tokens": 5, "startedAt": "2026-01-01T00:00:00.000Z", "finishedAt": "2026-01-01T00:00:01.000Z",
-              "truncated": False} for i in range(n)]
+    units = [
+        {
+            "unitId": f"each.unit:{i:012x}",
+            "stepId": "each",
+            "status": "failed" if i % 3 else "completed",
+            "attempts": 1,
+            "failureReason": "non_zero_exit" if i % 3 else None,
+            "result": '<"&' * 1700,
+            "tokens": 5,
+            "startedAt": "2026-01-01T00:00:00.000Z",
+            "finishedAt": "2026-01-01T00:00:01.000Z",
+            "truncated": False,
+        }
+        for i in range(n)
+    ]
     events = []
     for i, u in enumerate(units):
         meta = {"stepId": "each", "unitId": u["unitId"]}
-        events.append({"eventType": "workflow_unit_started", "ts": f"2026-01-01T00:{i // 600:02d}:{i % 60:02d}.000Z",
-                       "metadata": meta})
-        events.append({"eventType": "workflow_unit_finished", "ts": f"2026-01-01T00:{i // 600:02d}:{i % 60:02d}.500Z",
-                       "metadata": {**meta, "status": u["status"], "failureReason": u["failureReason"]}})
-    view = {"runId": "r", "status": "failed", "workflow": "w", "title": "t", "planHash": "0" * 64,
-            "createdAt": "2026-01-01T00:00:00.000Z", "updatedAt": "2026-01-01T01:00:00.000Z",
-            "steps": [{"id": "each", "status": "failed", "output": ['<"&' * 1700] * 50, "notes": "<b>" * 5000,
-                       "unitCount": n, "attempts": n}], "units": units}
+        events.append(
+            {
+                "eventType": "workflow_unit_started",
+                "ts": f"2026-01-01T00:{i // 600:02d}:{i % 60:02d}.000Z",
+                "metadata": meta,
+            }
+        )
+        events.append(
+            {
+                "eventType": "workflow_unit_finished",
+                "ts": f"2026-01-01T00:{i // 600:02d}:{i % 60:02d}.500Z",
+                "metadata": {**meta, "status": u["status"], "failureReason": u["failureReason"]},
+            }
+        )
+    view = {
+        "runId": "r",
+        "status": "failed",
+        "workflow": "w",
+        "title": "t",
+        "planHash": "0" * 64,
+        "createdAt": "2026-01-01T00:00:00.000Z",
+        "updatedAt": "2026-01-01T01:00:00.000Z",
+        "steps": [
+            {
+                "id": "each",
+                "status": "failed",
+                "output": ['<"&' * 1700] * 50,
+                "notes": "<b>" * 5000,
+                "unitCount": n,
+                "attempts": n,
+            }
+        ],
+        "units": units,
+    }
     graph = {"nodes": [{"id": "each", "kind": "map", "status": "failed"}], "edges": []}
     page = render_report(view, graph, events, {"maxUnits": 10_000, "maxTokens": None})
     assert len(page.encode("utf-8")) <= MAX_BYTES

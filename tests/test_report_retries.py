@@ -13,9 +13,10 @@ from akm import api
 from tests.helpers import py, run
 from tests.test_session import journal, refused, report, start
 
-GATED = ("steps:\n  - id: draft\n    gate: { max_loops: 3 }\n    output: { type: object, required: [text], "
-         "properties: { text: { type: string } } }\n  - id: after\n    unit: { exec: { command: %s } }"
-         % py("print('ok')"))
+GATED = (
+    "steps:\n  - id: draft\n    gate: { max_loops: 3 }\n    output: { type: object, required: [text], "
+    "properties: { text: { type: string } } }\n  - id: after\n    unit: { exec: { command: %s } }" % py("print('ok')")
+)
 BODY = "## draft\n\nDraft it.\n\n### gate\n\n- Mentions cats.\n\n## after\n\nAfter."
 
 
@@ -52,8 +53,9 @@ def test_a_loop_one_report_resent_after_the_gate_rejected_it_is_never_the_loop_t
     loop1 = brief["units"][0]
     assert loop1["attemptId"] == "draft:solo" and loop1["report"]["attemptId"] == "draft:solo"
     report(rid, "draft:solo", project, result={"text": "dogs"}, attempt_id=loop1["attemptId"])
-    rejected = report(rid, "draft.gate:l1", project, verdict={"complete": False, "missing": ["cats"],
-                                                              "feedback": "Add cats."})
+    rejected = report(
+        rid, "draft.gate:l1", project, verdict={"complete": False, "missing": ["cats"], "feedback": "Add cats."}
+    )
     assert rejected["stepOutcome"]["kind"] == "next_loop"
     before = journal()
     # the lost answer's retry, as it was: the same content for loop 1 -> idempotent, not loop 2's result
@@ -63,13 +65,16 @@ def test_a_loop_one_report_resent_after_the_gate_rejected_it_is_never_the_loop_t
     assert plain["recorded"] == "idempotent" and plain["attemptId"] == "draft:solo"
     assert journal() == before
     # other content named as loop 1's answer is stale: refused, nothing written
-    err = refused("STALE_REPORT", report, rid, "draft:solo", project, result={"text": "dogs!"},
-                  attempt_id="draft:solo")
+    err = refused("STALE_REPORT", report, rid, "draft:solo", project, result={"text": "dogs!"}, attempt_id="draft:solo")
     assert err.details["currentAttemptId"] == "draft:solo~l2"
     refused("STALE_REPORT", report, rid, "draft:solo", project, result={"text": "cats"}, gate_loop=1)
     # a verdict resent for the rejected loop: the same is idempotent, a different one stale
-    assert report(rid, "draft.gate:l1", project, verdict={"complete": False, "missing": ["cats"],
-                                                          "feedback": "Add cats."})["recorded"] == "idempotent"
+    assert (
+        report(
+            rid, "draft.gate:l1", project, verdict={"complete": False, "missing": ["cats"], "feedback": "Add cats."}
+        )["recorded"]
+        == "idempotent"
+    )
     refused("STALE_REPORT", report, rid, "draft.gate:l1", project, verdict={"complete": True})
     # the loop-2 judge sees loop 2's answer
     brief = api.next_brief(rid).to_json()
@@ -86,8 +91,11 @@ def test_a_report_naming_a_later_attempt_than_the_current_is_stale(project):
 
 
 def test_a_session_unit_reported_failed_is_offered_again_after_resume(project):
-    rid = start(project, "steps:\n  - id: w\n  - id: after\n    unit: { exec: { command: %s } }" % py("print(1)"),
-                "## w\n\nW.\n\n## after\n\nA.")
+    rid = start(
+        project,
+        "steps:\n  - id: w\n  - id: after\n    unit: { exec: { command: %s } }" % py("print(1)"),
+        "## w\n\nW.\n\n## after\n\nA.",
+    )
     out = report(rid, "w:solo", project, status="failed", failure_reason="no idea")
     assert out["runStatus"] == "failed"
     assert "workflow_resume" not in out["message"]  # the core names no front's tools; the MCP `next` does
@@ -106,8 +114,12 @@ def test_a_replay_divergence_is_refused_and_writes_nothing(project):
 
     from akm import paths
 
-    rid = start(project, "params:\n  xs: { type: array }\nsteps:\n  - id: m\n    map: { over: params.xs }",
-                "## m\n\nM.", xs=["a", "b"])
+    rid = start(
+        project,
+        "params:\n  xs: { type: array }\nsteps:\n  - id: m\n    map: { over: params.xs }",
+        "## m\n\nM.",
+        xs=["a", "b"],
+    )
     units = [u["unitId"] for u in api.next_brief(rid).to_json()["units"]]
     report(rid, units[0], project, result="1")
     con = sqlite3.connect(paths.journal_path())
@@ -135,7 +147,9 @@ def test_the_catalog_lists_project_and_user_workflows_with_their_params(project,
     (lib / "greet.md").write_text(
         "---\ndescription: Greets someone.\nparams:\n  who: { type: string, description: whom to greet }\n"
         "  times: { type: integer, default: 1 }\nsteps:\n  - id: hello\n    gate: { max_loops: 2 }\n---\n\n"
-        "## hello\n\nSay hello to {{params.who}}.\n\n### gate\n\n- Polite.\n", encoding="utf-8")
+        "## hello\n\nSay hello to {{params.who}}.\n\n### gate\n\n- Polite.\n",
+        encoding="utf-8",
+    )
     (lib / "broken.md").write_text("---\nsteps: 7\n---\n", encoding="utf-8")
     user = tmp_path / "user-data"
     monkeypatch.setattr(platformdirs, "user_data_dir", lambda *a, **k: str(user))
@@ -150,7 +164,8 @@ def test_the_catalog_lists_project_and_user_workflows_with_their_params(project,
     assert greet["steps"] == [{"id": "hello", "kind": "unit", "gated": True}]
     assert greet["params"] == [
         {"name": "who", "type": "string", "description": "whom to greet", "required": True, "default": None},
-        {"name": "times", "type": "integer", "description": None, "required": False, "default": 1}]
+        {"name": "times", "type": "integer", "description": None, "required": False, "default": 1},
+    ]
     assert by_ref["workflows/mine"]["source"] == "user"
     assert by_ref["workflows/broken"]["problems"]
     # what it lists runs by its ref
@@ -163,8 +178,10 @@ def test_akm_workflow_catalog_at_the_cli(akm, project):
 
     lib = project / ".akm" / "workflows"
     lib.mkdir(parents=True)
-    (lib / "greet.md").write_text("---\nparams:\n  who: { type: string }\nsteps:\n  - id: hello\n---\n\n"
-                                  "## hello\n\nHi {{params.who}}.\n", encoding="utf-8")
+    (lib / "greet.md").write_text(
+        "---\nparams:\n  who: { type: string }\nsteps:\n  - id: hello\n---\n\n## hello\n\nHi {{params.who}}.\n",
+        encoding="utf-8",
+    )
     out = akm("workflow", "catalog", check=0)
     assert "workflows/greet  (project)" in out.stdout and "--who string" in out.stdout
     data = json.loads(akm("workflow", "catalog", "--format", "json", check=0).stdout)
@@ -182,8 +199,12 @@ def test_the_brief_says_what_upstream_drivers_expect(project):
 
     (project / ".akm" / "env").mkdir(parents=True)
     (project / ".akm" / "env" / "gh.env").write_text("GH_TOKEN=s3cret\nGH_HOST=github.com\n", encoding="utf-8")
-    rid = start(project, "params:\n  apiToken: { type: string }\nsteps:\n  - id: w\n    unit: { env: [env/gh] }",
-                "## w\n\nW.", apiToken="abc")
+    rid = start(
+        project,
+        "params:\n  apiToken: { type: string }\nsteps:\n  - id: w\n    unit: { env: [env/gh] }",
+        "## w\n\nW.",
+        apiToken="abc",
+    )
     brief = api.next_brief(rid).to_json()
     unit = brief["units"][0]
     assert unit["envBindings"] == ["GH_HOST", "GH_TOKEN"] and unit["action"] == "do"
@@ -203,19 +224,32 @@ def test_the_brief_says_what_upstream_drivers_expect(project):
 
 
 def test_cli_verdict_implies_completed_and_a_report_prints_the_next_brief(akm, project):
-    (project / "g.md").write_text("---\nsteps:\n  - id: d\n    gate: { max_loops: 2 }\n---\n\n## d\n\nDraft.\n\n"
-                                  "### gate\n\n- Cats.\n", encoding="utf-8")
+    (project / "g.md").write_text(
+        "---\nsteps:\n  - id: d\n    gate: { max_loops: 2 }\n---\n\n## d\n\nDraft.\n\n### gate\n\n- Cats.\n",
+        encoding="utf-8",
+    )
     started = akm("workflow", "run", "g.md", "--format", "json")
     assert started.returncode == 3, started.stderr
     rid = json.loads(started.stdout)["run"]["runId"]
-    rep = akm("workflow", "report", rid, "d:solo", "--status", "completed", "--result", "dogs", "--attempt",
-              "d:solo", check=0)
+    rep = akm(
+        "workflow", "report", rid, "d:solo", "--status", "completed", "--result", "dogs", "--attempt", "d:solo", check=0
+    )
     assert "== verdict d.gate:l1" in rep.stdout  # the judge brief, without `workflow next`
     no = akm("workflow", "report", rid, "d:solo", "--result", "dogs")
     assert no.returncode == 2 and "error[INVALID_ARGUMENT]" in no.stderr and "--status" in no.stderr
-    ok = akm("workflow", "report", rid, "d.gate:l1", "--verdict", '{"complete": false, "feedback": "cats"}',
-             "--format", "json", check=0)
+    ok = akm(
+        "workflow",
+        "report",
+        rid,
+        "d.gate:l1",
+        "--verdict",
+        '{"complete": false, "feedback": "cats"}',
+        "--format",
+        "json",
+        check=0,
+    )
     assert json.loads(ok.stdout)["stepOutcome"]["kind"] == "next_loop"
-    stale = akm("workflow", "report", rid, "d:solo", "--status", "completed", "--result", "cats!", "--attempt",
-                "d:solo")
+    stale = akm(
+        "workflow", "report", rid, "d:solo", "--status", "completed", "--result", "cats!", "--attempt", "d:solo"
+    )
     assert stale.returncode == 2 and "error[STALE_REPORT]" in stale.stderr

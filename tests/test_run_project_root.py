@@ -15,13 +15,18 @@ def _project_with_subdir(project):
 
 def test_units_run_at_the_project_root_from_a_subdirectory(project):
     sub = _project_with_subdir(project)
-    wf = write_wf(project, "where.md", f"""
+    wf = write_wf(
+        project,
+        "where.md",
+        f"""
         steps:
           - id: here
-            unit: {{ exec: {{ command: {py('import os; print(os.getcwd())')} }} }}
+            unit: {{ exec: {{ command: {py("import os; print(os.getcwd())")} }} }}
           - id: inner
-            unit: {{ exec: {{ command: {py('import os; print(os.getcwd())')}, cwd: pkg/inner }} }}
-        """, "## here\n\nx\n\n## inner\n\ny")
+            unit: {{ exec: {{ command: {py("import os; print(os.getcwd())")}, cwd: pkg/inner }} }}
+        """,
+        "## here\n\nx\n\n## inner\n\ny",
+    )
     res = run(os.path.relpath(wf, sub), sub)
     assert res.run.status == "completed"
     outs = steps_of(res)
@@ -32,13 +37,18 @@ def test_units_run_at_the_project_root_from_a_subdirectory(project):
 def test_one_run_uses_one_directory_across_invocations(project):
     """Started in a subdirectory, continued from the root: both steps ran in the same place."""
     sub = _project_with_subdir(project)
-    wf = write_wf(project, "two.md", f"""
+    wf = write_wf(
+        project,
+        "two.md",
+        f"""
         steps:
           - id: a
-            unit: {{ exec: {{ command: {py('import os; print(os.getcwd())')} }} }}
+            unit: {{ exec: {{ command: {py("import os; print(os.getcwd())")} }} }}
           - id: b
-            unit: {{ exec: {{ command: {py('import os; print(os.getcwd())')} }} }}
-        """, "## a\n\nx\n\n## b\n\ny")
+            unit: {{ exec: {{ command: {py("import os; print(os.getcwd())")} }} }}
+        """,
+        "## a\n\nx\n\n## b\n\ny",
+    )
     first = run(os.path.relpath(wf, sub), sub, max_steps=1)
     assert [s.status for s in first.run.steps] == ["completed", "pending"]
     second = run(first.run.run_id, project)

@@ -68,8 +68,9 @@ def test_edited_file_warning_is_on_stderr_in_text_mode_and_names_new(cli, projec
 
 
 def test_lint_warnings_of_the_workflow_are_printed_on_stderr_in_text_mode(cli, project):
-    (project / "w.md").write_text("---\nsteps:\n  - id: a\n    unit:\n      exec: { command: [python3, -c, 'print(1)'] }\n"
-                                  "---\n## a\nx\n")
+    (project / "w.md").write_text(
+        "---\nsteps:\n  - id: a\n    unit:\n      exec: { command: [python3, -c, 'print(1)'] }\n---\n## a\nx\n"
+    )
     proc = cli("workflow", "run", "w.md", check=0)
     assert "warning:" in proc.stderr and "missing_output_schema" in proc.stderr, proc.stderr
 
@@ -119,13 +120,18 @@ def test_new_with_a_run_id_is_a_usage_error(cli, project):
 
 
 def test_two_identical_starts_racing_end_with_one_run(project):
-    wf = write_wf(project, "race.md", f"""
+    wf = write_wf(
+        project,
+        "race.md",
+        f"""
         params:
           who: {{ type: string }}
         steps:
           - id: hello
             unit: {{ exec: {{ command: {py('print("hi")')} }} }}
-        """, "## hello\n\nx")
+        """,
+        "## hello\n\nx",
+    )
     run(wf, project, param_pairs=[("who", "zed")], max_steps=0)  # creates the journal
     lock = sqlite3.connect(paths.journal_path(), isolation_level=None, timeout=30)
     lock.execute("BEGIN IMMEDIATE")  # both starts queue on the write lock, whatever order they reach it
@@ -146,8 +152,9 @@ def test_two_identical_starts_racing_end_with_one_run(project):
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads)
     con = sqlite3.connect(paths.journal_path())
-    alice = con.execute("SELECT id, status FROM runs WHERE params_json = ?", (json.dumps({"who": "alice"},
-                                                                                       separators=(",", ":")),)).fetchall()
+    alice = con.execute(
+        "SELECT id, status FROM runs WHERE params_json = ?", (json.dumps({"who": "alice"}, separators=(",", ":")),)
+    ).fetchall()
     con.close()
     assert len(alice) == 1 and alice[0][1] == "completed", alice
     for o in outcomes:  # each either drove it, found it done, or was told another driver holds it

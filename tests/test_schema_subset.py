@@ -30,8 +30,22 @@ def _nested(depth: int, leaf: dict | None = None) -> dict:
 
 def test_supported_keyword_set():
     assert SUPPORTED_KEYWORDS == {
-        "type", "enum", "properties", "required", "items", "additionalProperties", "minItems",
-        "maxItems", "minLength", "maxLength", "minimum", "maximum", "allOf", "anyOf", "oneOf", "not",
+        "type",
+        "enum",
+        "properties",
+        "required",
+        "items",
+        "additionalProperties",
+        "minItems",
+        "maxItems",
+        "minLength",
+        "maxLength",
+        "minimum",
+        "maximum",
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "not",
     }
     assert not SUPPORTED_KEYWORDS & UNSUPPORTED_KEYWORDS
 
@@ -39,8 +53,14 @@ def test_supported_keyword_set():
 def test_realistic_schema_is_clean():
     schema = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": "x", "$comment": "c", "title": "T", "description": "D", "default": {}, "examples": [{}],
-        "x-owner": "ops", "deprecated": False,
+        "$id": "x",
+        "$comment": "c",
+        "title": "T",
+        "description": "D",
+        "default": {},
+        "examples": [{}],
+        "x-owner": "ops",
+        "deprecated": False,
         "type": ["object", "null"],
         "required": ["files"],
         "additionalProperties": False,
@@ -67,7 +87,8 @@ def test_each_unsupported_keyword_is_reported(keyword):
 def test_tuple_items_and_schema_additional_properties_are_unsupported():
     problems = check_schema_definition({"items": [{"type": "string"}], "additionalProperties": {"type": "string"}})
     assert [(p.keyword, p.kind) for p in problems] == [
-        ("items", "unsupported"), ("additionalProperties", "unsupported")
+        ("items", "unsupported"),
+        ("additionalProperties", "unsupported"),
     ]
 
 
@@ -145,7 +166,9 @@ def test_huge_shared_subtree_is_bounded():
 _keys = st.sampled_from(sorted(SUPPORTED_KEYWORDS | UNSUPPORTED_KEYWORDS | {"title", "x-a", "foo"}))
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=5),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(_keys | st.text(max_size=3), children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(_keys | st.text(max_size=3), children, max_size=5)
+    ),
     max_leaves=30,
 )
 
@@ -296,8 +319,9 @@ def test_pathologically_deep_instance_is_an_error_not_a_crash():
 # ------------------------------------------------------------------ the quick check agrees with the library
 
 _scalar = st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from([0.0, 1.0, 1.5, -2.0]) | st.text(max_size=3)
-_values = st.recursive(_scalar, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from("abc"), c,
-                                                                                          max_size=3), max_leaves=8)
+_values = st.recursive(
+    _scalar, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from("abc"), c, max_size=3), max_leaves=8
+)
 _types = st.sampled_from(sorted(["string", "number", "integer", "boolean", "object", "array", "null"]))
 
 
@@ -306,13 +330,19 @@ def _schemas(children):
     return st.one_of(
         st.fixed_dictionaries({"type": _types | st.lists(_types, min_size=1, max_size=2, unique=True)}),
         st.fixed_dictionaries({"enum": st.lists(_values, min_size=1, max_size=3)}),
-        st.fixed_dictionaries({"properties": st.dictionaries(st.sampled_from("abc"), children, max_size=2)},
-                              optional={"required": st.lists(st.sampled_from("abc"), max_size=2, unique=True),
-                                        "additionalProperties": st.booleans()}),
+        st.fixed_dictionaries(
+            {"properties": st.dictionaries(st.sampled_from("abc"), children, max_size=2)},
+            optional={
+                "required": st.lists(st.sampled_from("abc"), max_size=2, unique=True),
+                "additionalProperties": st.booleans(),
+            },
+        ),
         st.fixed_dictionaries({"items": children}, optional={"minItems": small, "maxItems": small}),
         st.fixed_dictionaries({"minLength": small}, optional={"maxLength": small, "description": st.text(max_size=3)}),
         st.fixed_dictionaries({"minimum": st.integers(-2, 2)}, optional={"maximum": st.sampled_from([0, 1.5, 2])}),
-        st.fixed_dictionaries({st.sampled_from(["allOf", "anyOf", "oneOf"]): st.lists(children, min_size=1, max_size=3)}),
+        st.fixed_dictionaries(
+            {st.sampled_from(["allOf", "anyOf", "oneOf"]): st.lists(children, min_size=1, max_size=3)}
+        ),
         st.fixed_dictionaries({"not": children}),
     )
 
@@ -335,9 +365,11 @@ def test_a_valid_value_needs_no_jsonschema_import():
     import subprocess
     import sys
 
-    code = ("import sys; from akm.format.schema import validate_instance as v; "
-            "assert v({'xs': [1, 2.0], 'n': 'a'}, {'type': 'object', 'properties': {'xs': {'type': 'array', "
-            "'items': {'type': 'integer'}}, 'n': {'enum': ['a', 'b']}}, 'required': ['xs']}) == []; "
-            "assert 'jsonschema' not in sys.modules; "
-            "assert v(3, {'type': 'string'}) == ['$: expected type string, got integer']")
+    code = (
+        "import sys; from akm.format.schema import validate_instance as v; "
+        "assert v({'xs': [1, 2.0], 'n': 'a'}, {'type': 'object', 'properties': {'xs': {'type': 'array', "
+        "'items': {'type': 'integer'}}, 'n': {'enum': ['a', 'b']}}, 'required': ['xs']}) == []; "
+        "assert 'jsonschema' not in sys.modules; "
+        "assert v(3, {'type': 'string'}) == ['$: expected type string, got integer']"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -30,7 +30,9 @@ def journal() -> dict[str, list[tuple]]:
     """Everything a refused report must leave untouched."""
     con = sqlite3.connect(paths.journal_path())
     try:
-        return {t: con.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in ("runs", "steps", "units", "events")}
+        return {
+            t: con.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in ("runs", "steps", "units", "events")
+        }
     finally:
         con.close()
 
@@ -70,8 +72,15 @@ def test_fan_out_session_step_reported_then_the_next_exec_step_sees_it(project):
     u0 = brief["units"][0]
     assert u0["context"]["item"] == "a.py" and u0["context"]["itemIndex"] == 0
     assert u0["outputSchema"]["required"] == ["verdict"] and "Review the file." in u0["prompt"]
-    assert u0["report"] == {"runId": rid, "unitId": u0["unitId"], "attemptId": u0["attemptId"], "gateLoop": 1,
-                            "expectStep": "review", "status": "completed", "rerun": False}
+    assert u0["report"] == {
+        "runId": rid,
+        "unitId": u0["unitId"],
+        "attemptId": u0["attemptId"],
+        "gateLoop": 1,
+        "expectStep": "review",
+        "status": "completed",
+        "rerun": False,
+    }
     assert u0["resultKind"] == "json"
     assert brief["instructions"].strip() == "Review the file."
     first = report(rid, u0["unitId"], project, result={"verdict": "ok"}, expect_step="review")
@@ -96,14 +105,18 @@ def test_text_session_unit_and_empty_text_is_null(project):
 
 
 def test_gate_judged_by_a_reported_verdict_reject_loop_accept(project):
-    rid = start(project, "steps:\n  - id: draft\n    gate: { max_loops: 2 }",
-                "## draft\n\nDraft it.\n\n### gate\n\n- Mentions cats.")
+    rid = start(
+        project,
+        "steps:\n  - id: draft\n    gate: { max_loops: 2 }",
+        "## draft\n\nDraft it.\n\n### gate\n\n- Mentions cats.",
+    )
     report(rid, "draft:solo", project, result="about dogs")
     brief = api.next_brief(rid).to_json()
     assert brief["kind"] == "judge" and brief["judge"]["unitId"] == "draft.gate:l1"
     assert brief["judge"]["artifact"] == "about dogs" and "- Mentions cats." in brief["judge"]["prompt"]
-    out = report(rid, "draft.gate:l1", project, verdict={"complete": False, "missing": ["cats"],
-                                                         "feedback": "Add cats."})
+    out = report(
+        rid, "draft.gate:l1", project, verdict={"complete": False, "missing": ["cats"], "feedback": "Add cats."}
+    )
     assert out["stepOutcome"]["kind"] == "next_loop" and out["stepOutcome"]["feedback"] == "Add cats."
     brief = api.next_brief(rid).to_json()
     assert brief["gateLoop"] == 2 and brief["units"][0]["attemptId"] == "draft:solo~l2"
@@ -119,8 +132,9 @@ def test_gate_judged_by_a_reported_verdict_reject_loop_accept(project):
 def test_exhausted_gate_blocks_and_resume_gives_a_fresh_budget(project):
     rid = start(project, "steps:\n  - id: draft", "## draft\n\nDraft.\n\n### gate\n\n- Perfect.")
     report(rid, "draft:solo", project, result="meh")
-    out = report(rid, "draft.gate:l1", project, verdict={"complete": False, "missing": ["perfection"],
-                                                         "feedback": "Try harder."})
+    out = report(
+        rid, "draft.gate:l1", project, verdict={"complete": False, "missing": ["perfection"], "feedback": "Try harder."}
+    )
     assert out["stepOutcome"]["kind"] == "blocked" and out["runStatus"] == "blocked"
     assert out["stepOutcome"]["missing"] == ["perfection"] and out["stepOutcome"]["feedback"] == "Try harder."
     view = api.run_status(rid)
@@ -159,8 +173,9 @@ def test_wrong_step_is_refused(project):
     assert "is now on step review" in err.message
 
 
-@pytest.mark.parametrize("result,code", [({"wrong": "shape"}, "RESULT_INVALID"), ("not json", "RESULT_INVALID"),
-                                         (None, "RESULT_REQUIRED")])
+@pytest.mark.parametrize(
+    "result,code", [({"wrong": "shape"}, "RESULT_INVALID"), ("not json", "RESULT_INVALID"), (None, "RESULT_REQUIRED")]
+)
 def test_result_missing_its_schema_is_refused_with_the_errors(project, result, code):
     rid = start(project, REVIEW, "## review\n\nR.\n\n## tally\n\nT.", files=["a"])
     unit = api.next_brief(rid).to_json()["units"][0]["unitId"]
@@ -191,9 +206,12 @@ def test_a_result_too_large_for_the_journal_is_refused_before_it_is_parsed(proje
 
 def test_a_string_schema_takes_the_text_itself(project):
     """Over MCP `result: "Ada"` is already a JSON string: it must not need quoting twice (nor "42" become 42)."""
-    rid = start(project, "steps:\n  - id: name\n    output: { type: string }\n  - id: age\n"
-                         "    output: { type: object, required: [n], properties: { n: { type: integer } } }",
-                "## name\n\nA name.\n\n## age\n\nAn age.")
+    rid = start(
+        project,
+        "steps:\n  - id: name\n    output: { type: string }\n  - id: age\n"
+        "    output: { type: object, required: [n], properties: { n: { type: integer } } }",
+        "## name\n\nA name.\n\n## age\n\nAn age.",
+    )
     assert report(rid, "name:solo", project, result="42", status="running")["recorded"] == "heartbeat"
     assert report(rid, "name:solo", project, result="42")["stepOutcome"]["kind"] == "completed"
     assert db_rows("SELECT result_json FROM units WHERE unit_id = 'name:solo'") == [('"42"',)]
@@ -256,11 +274,16 @@ def test_live_engine_lease_refuses_reports(project):
 
 
 def test_command_units_and_finished_runs_are_not_reportable(project):
-    wf = write_wf(project, "x.md", f"""
+    wf = write_wf(
+        project,
+        "x.md",
+        f"""
         steps:
           - id: cmd
-            unit: {{ exec: {{ command: {py('import sys; sys.exit(3)')} }} }}
-        """, "## cmd\n\nx")
+            unit: {{ exec: {{ command: {py("import sys; sys.exit(3)")} }} }}
+        """,
+        "## cmd\n\nx",
+    )
     res = run(wf, project)
     assert res.run.status == "failed"
     refused("RUN_NOT_ACTIVE", report, res.run.run_id, "cmd:solo", project, result="faked")
@@ -276,14 +299,19 @@ def test_verdicts_only_when_a_verdict_is_awaited(project):
 
 
 def test_budget_ceiling_refuses_the_report_and_fails_the_step_and_run(project):
-    rid = start(project, """
+    rid = start(
+        project,
+        """
         params:
           xs: { type: array }
         budget: { max_units: 2 }
         steps:
           - id: m
             map: { over: params.xs }
-        """, "## m\n\nM.", xs=["a", "b", "c"])
+        """,
+        "## m\n\nM.",
+        xs=["a", "b", "c"],
+    )
     units = [u["unitId"] for u in api.next_brief(rid).to_json()["units"]]
     report(rid, units[0], project, result="1")
     report(rid, units[1], project, result="2")
@@ -299,13 +327,18 @@ def test_budget_ceiling_refuses_the_report_and_fails_the_step_and_run(project):
 
 
 def test_failed_reports_fail_fast_and_normalize_their_reason(project):
-    rid = start(project, """
+    rid = start(
+        project,
+        """
         params:
           xs: { type: array }
         steps:
           - id: m
             map: { over: params.xs }
-        """, "## m\n\nM.", xs=["a", "b"])
+        """,
+        "## m\n\nM.",
+        xs=["a", "b"],
+    )
     units = [u["unitId"] for u in api.next_brief(rid).to_json()["units"]]
     out = report(rid, units[0], project, status="failed", failure_reason="Copilot: PR Closed!!", result="it broke")
     assert out["stepOutcome"]["kind"] == "failed" and out["runStatus"] == "failed"
@@ -313,11 +346,15 @@ def test_failed_reports_fail_fast_and_normalize_their_reason(project):
 
 
 def test_retry_eligible_failure_keeps_the_unit_open(project):
-    rid = start(project, """
+    rid = start(
+        project,
+        """
         steps:
           - id: w
             unit: { retry: { max: 1, on: [timeout] } }
-        """, "## w\n\nW.")
+        """,
+        "## w\n\nW.",
+    )
     out = report(rid, "w:solo", project, status="failed", failure_reason="timeout")
     assert out["stepOutcome"] is None and out["remainingUnits"] == 1
     unit = api.next_brief(rid).to_json()["units"][0]
@@ -342,18 +379,22 @@ def test_native_engine_never_dispatches_a_claimed_unit(project):
             calls.append(request.unit_id)
             return DispatchResult(ok=True, text=f"native {request.unit_id}")
 
-    rid = start(project, """
+    rid = start(
+        project,
+        """
         params:
           xs: { type: array }
         steps:
           - id: m
             map: { over: params.xs }
-        """, "## m\n\nM.", xs=["a", "b"])
+        """,
+        "## m\n\nM.",
+        xs=["a", "b"],
+    )
     units = [u["unitId"] for u in api.next_brief(rid).to_json()["units"]]
     report(rid, units[0], project, status="running", holder="agent")
     with open_db(paths.journal_path()) as db:
-        opts = DriveOptions(work_dir=project, project_root=project,
-                            registry=DispatcherRegistry({"session": Fake()}))
+        opts = DriveOptions(work_dir=project, project_root=project, registry=DispatcherRegistry({"session": Fake()}))
         res = drive_run(db, rid, opts)
     assert calls == [units[1]]
     assert res.awaiting is not None  # still waiting for the claimed unit
@@ -363,11 +404,15 @@ def test_native_engine_never_dispatches_a_claimed_unit(project):
 
 def test_workflow_run_keeps_a_retryable_session_failure_open(project):
     """The engine treats a session unit's retryable failure as the report path does: outstanding, not final."""
-    rid = start(project, """
+    rid = start(
+        project,
+        """
         steps:
           - id: w
             unit: { retry: { max: 2, on: [timeout] } }
-        """, "## w\n\nW.")
+        """,
+        "## w\n\nW.",
+    )
     report(rid, "w:solo", project, status="failed", failure_reason="timeout")
     res = run(rid, project)
     assert res.run.status == "awaiting_session"
@@ -381,19 +426,31 @@ def test_a_reported_secret_is_redacted_wherever_the_report_comes_from(project, t
     secret = "s3cr3t-Tok-8812"
     (project / ".akm" / "env").mkdir(parents=True)
     (project / ".akm" / "env" / "ci.env").write_text(f"TOKEN={secret}\n", encoding="utf-8")
-    rid = start(project, """
+    rid = start(
+        project,
+        """
         steps:
           - id: w
             unit: { env: [env/ci] }
           - id: v
             unit: { env: [env/ci], output: { type: object, properties: { note: { type: string } } } }
-        """, "## w\n\nW.\n\n## v\n\nV.")
+        """,
+        "## w\n\nW.\n\n## v\n\nV.",
+    )
     where = project if reporter_dir == "project" else tmp_path / "elsewhere"
     where.mkdir(exist_ok=True)
-    api.report_unit(rid, "w:solo", status="completed", result=f"the token is {secret}", has_result=True,
-                    holder=f"agent {secret}", cwd=str(where))
-    api.report_unit(rid, "v:solo", status="completed", result={"note": f"again {secret}"}, has_result=True,
-                    cwd=str(where))
+    api.report_unit(
+        rid,
+        "w:solo",
+        status="completed",
+        result=f"the token is {secret}",
+        has_result=True,
+        holder=f"agent {secret}",
+        cwd=str(where),
+    )
+    api.report_unit(
+        rid, "v:solo", status="completed", result={"note": f"again {secret}"}, has_result=True, cwd=str(where)
+    )
     dump = json.dumps(journal(), default=str)
     assert secret not in dump, "a reported secret reached the journal"
     assert db_rows("SELECT result_json FROM units WHERE unit_id = 'w:solo'") == [('"the token is [REDACTED]"',)]

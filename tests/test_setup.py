@@ -107,8 +107,11 @@ def ollama(servers, model: str = "qwen2.5:7b", behaviour: str = "smart", **kw) -
 def test_yes_writes_llm_and_agent_engines_then_a_second_run_is_byte_identical(env, servers, silent, capsys):
     locked = servers(shape="openai", models=["m"], require_key=KEY)
     oll = ollama(servers)
-    lms = servers(shape="lmstudio", models=["llama-3.2-3b-instruct", "text-embedding-nomic"],
-                  behaviour={"llama-3.2-3b-instruct": "smart"})
+    lms = servers(
+        shape="lmstudio",
+        models=["llama-3.2-3b-instruct", "text-embedding-nomic"],
+        behaviour={"llama-3.2-3b-instruct": "smart"},
+    )
     env.probe(silent.base, locked.base, oll.base, lms.base)
     env.clis("claude", "codex", "opencode")
 
@@ -116,8 +119,12 @@ def test_yes_writes_llm_and_agent_engines_then_a_second_run_is_byte_identical(en
     assert code == 0, err
     assert config() == {
         "engines": {
-            "ollama": {"kind": "llm", "provider": "ollama", "endpoint": f"{oll.base}/v1/chat/completions",
-                       "model": "qwen2.5:7b"},
+            "ollama": {
+                "kind": "llm",
+                "provider": "ollama",
+                "endpoint": f"{oll.base}/v1/chat/completions",
+                "model": "qwen2.5:7b",
+            },
             "opencode": {"kind": "agent", "platform": "opencode"},
         },
         "defaults": {"llmEngine": "ollama", "agentEngine": "opencode"},
@@ -126,8 +133,12 @@ def test_yes_writes_llm_and_agent_engines_then_a_second_run_is_byte_identical(en
     # the verification request: exactly this body, no credential
     (req,) = oll.requests
     assert req["path"] == "/v1/chat/completions"
-    assert req["body"] == {"model": "qwen2.5:7b", "messages": [{"role": "user", "content": "Reply OK"}],
-                           "max_tokens": 1, "stream": False}
+    assert req["body"] == {
+        "model": "qwen2.5:7b",
+        "messages": [{"role": "user", "content": "Reply OK"}],
+        "max_tokens": 1,
+        "stream": False,
+    }
     assert "Authorization" not in req["headers"]
     assert not lms.requests and not locked.requests  # the first server that verifies wins; nothing else is asked
     servers_seen = {s["base"]: s for s in doc["detected"]["servers"]}
@@ -172,25 +183,40 @@ def test_probe_records_false_when_the_answer_ignores_the_schema(env, servers, ca
     env.probe(plain.base)
     code, _, _, err = setup_cli(capsys, "--yes", "--probe")
     assert code == 0, err
-    assert config()["engines"]["local"] == {"kind": "llm", "provider": "local",
-                                            "endpoint": f"{plain.base}/v1/chat/completions", "model": "chatty",
-                                            "supportsJsonSchema": False}
+    assert config()["engines"]["local"] == {
+        "kind": "llm",
+        "provider": "local",
+        "endpoint": f"{plain.base}/v1/chat/completions",
+        "model": "chatty",
+        "supportsJsonSchema": False,
+    }
 
 
 def test_servers_that_fail_verification_are_skipped_with_the_reason(env, servers, capsys):
     broken = servers(shape="openai", models=["m"], behaviour={"m": "fail-500"})
     empty = servers(shape="openai", models=["m"], behaviour={"m": "no-content"})
-    good = servers(shape="lmstudio", models=["qwen-7b-instruct", "qwen-14b-instruct", "llama3"],
-                   behaviour={"qwen-14b-instruct": "smart"})
+    good = servers(
+        shape="lmstudio",
+        models=["qwen-7b-instruct", "qwen-14b-instruct", "llama3"],
+        behaviour={"qwen-14b-instruct": "smart"},
+    )
     env.probe(broken.base, empty.base, good.base)
     code, doc, _, err = setup_cli(capsys, "--yes")
     assert code == 0, err
     assert "HTTP 500" in err and "response did not contain choices[0].message.content" in err
     assert [(v["ok"], v["reason"]) for v in doc["verifications"]] == [
-        (False, "HTTP 500"), (False, "response did not contain choices[0].message.content"), (True, None)]
-    assert config()["engines"] == {"lmstudio": {"kind": "llm", "provider": "lmstudio",
-                                                "endpoint": f"{good.base}/v1/chat/completions",
-                                                "model": "qwen-14b-instruct"}}
+        (False, "HTTP 500"),
+        (False, "response did not contain choices[0].message.content"),
+        (True, None),
+    ]
+    assert config()["engines"] == {
+        "lmstudio": {
+            "kind": "llm",
+            "provider": "lmstudio",
+            "endpoint": f"{good.base}/v1/chat/completions",
+            "model": "qwen-14b-instruct",
+        }
+    }
     assert len(broken.requests) == 1  # verification never retries
 
 
@@ -250,14 +276,19 @@ def test_set_defaults_are_left_alone_and_nothing_is_verified(env, servers, capsy
     env.probe(oll.base)
     env.clis("codex")
     config_file().parent.mkdir(parents=True, exist_ok=True)
-    existing = {"engines": {"fast": {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions",
-                                     "model": "m"}},
-                "defaults": {"llmEngine": "fast"}, "workflow": {"judgeEngine": "session"}}
+    existing = {
+        "engines": {"fast": {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions", "model": "m"}},
+        "defaults": {"llmEngine": "fast"},
+        "workflow": {"judgeEngine": "session"},
+    }
     config_file().write_text(json.dumps(existing))
     assert setup_cli(capsys, "--yes")[0] == 0
     assert not oll.requests
-    assert config() == {**existing, "engines": {**existing["engines"], "codex": {"kind": "agent", "platform": "codex"}},
-                        "defaults": {"llmEngine": "fast", "agentEngine": "codex"}}
+    assert config() == {
+        **existing,
+        "engines": {**existing["engines"], "codex": {"kind": "agent", "platform": "codex"}},
+        "defaults": {"llmEngine": "fast", "agentEngine": "codex"},
+    }
 
 
 def test_project_flag_writes_the_project_file(env, servers, capsys):
@@ -277,11 +308,20 @@ def test_a_harness_key_variable_is_used_by_name_and_its_value_never_written(env,
     lab = servers(shape="openai", models=["coder", "other"], behaviour={"coder": "smart"}, require_key=KEY)
     oc = env.home / ".config" / "opencode"
     oc.mkdir(parents=True)
-    (oc / "opencode.json").write_text(json.dumps({
-        "$schema": "https://opencode.ai/config.json", "model": "lab/coder",
-        "provider": {"lab": {"npm": "@ai-sdk/openai-compatible",
-                             "options": {"baseURL": f"{lab.base}/v1", "apiKey": "{env:LAB_KEY}"}}},
-    }))
+    (oc / "opencode.json").write_text(
+        json.dumps(
+            {
+                "$schema": "https://opencode.ai/config.json",
+                "model": "lab/coder",
+                "provider": {
+                    "lab": {
+                        "npm": "@ai-sdk/openai-compatible",
+                        "options": {"baseURL": f"{lab.base}/v1", "apiKey": "{env:LAB_KEY}"},
+                    }
+                },
+            }
+        )
+    )
     # without the variable the server refuses and nothing is written
     code, doc, out, err = setup_cli(capsys, "--yes")
     assert code == 0 and not config_file().exists()
@@ -290,8 +330,14 @@ def test_a_harness_key_variable_is_used_by_name_and_its_value_never_written(env,
     env.mp.setenv("LAB_KEY", KEY)
     code, doc, out, err = setup_cli(capsys, "--yes", "--probe")
     assert code == 0, err
-    assert config()["engines"]["lab"] == {"kind": "llm", "provider": "lab", "model": "coder", "apiKey": "${LAB_KEY}",
-                                          "endpoint": f"{lab.base}/v1/chat/completions", "supportsJsonSchema": True}
+    assert config()["engines"]["lab"] == {
+        "kind": "llm",
+        "provider": "lab",
+        "model": "coder",
+        "apiKey": "${LAB_KEY}",
+        "endpoint": f"{lab.base}/v1/chat/completions",
+        "supportsJsonSchema": True,
+    }
     assert lab.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}"
     assert doc["detected"]["harnessConfigs"][0]["apiKeyEnv"] == "LAB_KEY"
     _assert_nowhere(KEY, out + err)
@@ -303,8 +349,11 @@ def test_a_harness_config_naming_a_probed_address_lends_it_its_key_variable(env,
     env.probe(lab.base)
     env.mp.setenv("LAB_KEY", KEY)
     (env.home / ".opencode").mkdir()
-    (env.home / ".opencode" / "config.json").write_text(json.dumps(
-        {"model": "coder", "providers": [{"id": "lab", "baseUrl": f"{lab.base}/v1/", "apiKey": "${LAB_KEY}"}]}))
+    (env.home / ".opencode" / "config.json").write_text(
+        json.dumps(
+            {"model": "coder", "providers": [{"id": "lab", "baseUrl": f"{lab.base}/v1/", "apiKey": "${LAB_KEY}"}]}
+        )
+    )
     code, doc, out, err = setup_cli(capsys, "--yes")
     assert code == 0, err
     (server,) = doc["detected"]["servers"]
@@ -319,8 +368,9 @@ def test_a_literal_key_in_a_harness_config_is_not_imported(env, servers, capsys)
     literal = "sk-literal-" + KEY
     oc = env.home / ".opencode"
     oc.mkdir()
-    (oc / "config.json").write_text(json.dumps({"providers": [{"id": "x", "baseUrl": "http://127.0.0.1:9/v1",
-                                                               "apiKey": literal}], "model": "m"}))
+    (oc / "config.json").write_text(
+        json.dumps({"providers": [{"id": "x", "baseUrl": "http://127.0.0.1:9/v1", "apiKey": literal}], "model": "m"})
+    )
     code, doc, out, err = setup_cli(capsys, "--yes")
     assert code == 0, err
     (h,) = [h for h in doc["detected"]["harnessConfigs"] if h["harness"] == "opencode"]
@@ -332,8 +382,11 @@ def test_a_literal_key_in_config_is_refused_before_any_probe_or_write(env, serve
     oll = ollama(servers)
     env.probe(oll.base)
     literal = "sk-abcdef" + KEY
-    blob = {"engines": {"fast": {"kind": "llm", "endpoint": f"{oll.base}/v1/chat/completions", "model": "m",
-                                 "apiKey": literal}}}
+    blob = {
+        "engines": {
+            "fast": {"kind": "llm", "endpoint": f"{oll.base}/v1/chat/completions", "model": "m", "apiKey": literal}
+        }
+    }
     code, _, out, err = setup_cli(capsys, "--yes", "--config", json.dumps(blob))
     assert code == 78 and "apiKey" in err
     assert not config_file().parent.exists() and not oll.requests and not oll.gets
@@ -360,33 +413,59 @@ def _assert_nowhere(secret: str, output: str) -> None:
 def test_config_blob_is_deep_merged_and_unknown_keys_are_dropped(env, capsys, monkeypatch):
     monkeypatch.setenv("FAST_KEY", KEY)
     config_file().parent.mkdir(parents=True, exist_ok=True)
-    config_file().write_text(json.dumps({"engines": {"fast": {"kind": "llm", "endpoint":
-                                                              "http://127.0.0.1:9/v1/chat/completions",
-                                                              "model": "m", "temperature": 0.2}}}))
-    blob = {"profiles": {"llm": {}}, "engines": {"fast": {"model": "m2", "apiKey": "${FAST_KEY}"}},
-            "defaults": {"llmEngine": "fast"}}
+    config_file().write_text(
+        json.dumps(
+            {
+                "engines": {
+                    "fast": {
+                        "kind": "llm",
+                        "endpoint": "http://127.0.0.1:9/v1/chat/completions",
+                        "model": "m",
+                        "temperature": 0.2,
+                    }
+                }
+            }
+        )
+    )
+    blob = {
+        "profiles": {"llm": {}},
+        "engines": {"fast": {"model": "m2", "apiKey": "${FAST_KEY}"}},
+        "defaults": {"llmEngine": "fast"},
+    }
     code, doc, out, err = setup_cli(capsys, "--config", json.dumps(blob))
     assert code == 0, err
     assert "profiles" in err and doc["fields"] == ["engines", "defaults"]
-    assert config() == {"engines": {"fast": {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions",
-                                             "model": "m2", "temperature": 0.2, "apiKey": "${FAST_KEY}"}},
-                        "defaults": {"llmEngine": "fast"}}
+    assert config() == {
+        "engines": {
+            "fast": {
+                "kind": "llm",
+                "endpoint": "http://127.0.0.1:9/v1/chat/completions",
+                "model": "m2",
+                "temperature": 0.2,
+                "apiKey": "${FAST_KEY}",
+            }
+        },
+        "defaults": {"llmEngine": "fast"},
+    }
     assert doc["detected"] is None  # no --yes: nothing is probed
     _assert_nowhere(KEY, out + err)
 
 
 def test_from_reads_json_and_yaml_and_refuses_bad_input(env, capsys, tmp_path):
     y = tmp_path / "engines.yaml"
-    y.write_text("engines:\n  fast:\n    kind: llm\n    endpoint: http://127.0.0.1:9/v1/chat/completions\n"
-                 "    model: m\ndefaults:\n  llmEngine: fast\n")
+    y.write_text(
+        "engines:\n  fast:\n    kind: llm\n    endpoint: http://127.0.0.1:9/v1/chat/completions\n"
+        "    model: m\ndefaults:\n  llmEngine: fast\n"
+    )
     assert setup_cli(capsys, "--from", str(y))[0] == 0
     assert config()["defaults"] == {"llmEngine": "fast"}
     assert setup_cli(capsys, "--from", str(tmp_path / "missing.json"))[0] == 78
     assert setup_cli(capsys, "--config", "not json")[0] == 2
     code, _, _, err = setup_cli(capsys, "--config", "{}", "--from", str(y))
     assert code == 2 and "INVALID_ARGUMENT" in err
-    bad_endpoint = {"engines": {"x": {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completionz",
-                                      "model": "m"}}}
+    bad_endpoint = {
+        "engines": {"x": {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completionz", "model": "m"}}
+    }
     before = config_file().read_bytes()
     assert setup_cli(capsys, "--config", json.dumps(bad_endpoint))[0] == 78
     assert config_file().read_bytes() == before
@@ -397,8 +476,10 @@ def test_config_with_yes_fills_what_the_blob_leaves_unset(env, servers, capsys):
     env.clis("claude")
     oll = ollama(servers)
     env.probe(oll.base)
-    blob = {"engines": {"fast": {"kind": "llm", "endpoint": f"{oll.base}/v1/chat/completions", "model": "x"}},
-            "defaults": {"llmEngine": "fast"}}
+    blob = {
+        "engines": {"fast": {"kind": "llm", "endpoint": f"{oll.base}/v1/chat/completions", "model": "x"}},
+        "defaults": {"llmEngine": "fast"},
+    }
     assert setup_cli(capsys, "--yes", "--config", json.dumps(blob))[0] == 0
     c = config()
     assert c["defaults"] == {"llmEngine": "fast", "agentEngine": "claude"}
@@ -409,11 +490,14 @@ def test_config_with_yes_fills_what_the_blob_leaves_unset(env, servers, capsys):
 # ------------------------------------------------------------------ preflight and the terminal guard
 
 
-@pytest.mark.parametrize("content", [
-    '{"engines": {"x": {"kind": "bogus"}}}',
-    '{"profiles": {"llm": {}}}',
-    '{"engines": ',
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"engines": {"x": {"kind": "bogus"}}}',
+        '{"profiles": {"llm": {}}}',
+        '{"engines": ',
+    ],
+)
 def test_an_invalid_existing_config_aborts_setup_untouched(env, servers, capsys, content):
     oll = ollama(servers)
     env.probe(oll.base)
@@ -444,12 +528,17 @@ def test_a_workflow_with_an_llm_unit_and_a_gate_completes_right_after_setup_yes(
     env.probe(oll.base)
     env.clis("claude")
     assert setup_cli(capsys, "--yes")[0] == 0
-    wf = write_wf(env.project, "ask.md", """
+    wf = write_wf(
+        env.project,
+        "ask.md",
+        """
         steps:
           - id: ask
             unit: { llm: { temperature: 0 } }
           - id: review
-        """, "## ask\n\nSay hello.\n\n### gate\n\nThe answer greets.\n\n## review\n\nReview it.")
+        """,
+        "## ask\n\nSay hello.\n\n### gate\n\nThe answer greets.\n\n## review\n\nReview it.",
+    )
     res = run(wf, env.project)
     assert res.run.status == "completed", steps_of(res)
     bodies = [r["body"] for r in oll.requests]
@@ -473,8 +562,10 @@ def test_mcp_setup_previews_without_arguments_and_writes_with_yes(env, servers, 
         seen["preview"] = await c.call_tool("setup", {})
         seen["exists_after_preview"] = config_file().exists()
         seen["yes"] = await c.call_tool("setup", {"yes": True, "probe": True})
-        seen["literal"] = await c.call_tool("setup", {"config": {"engines": {"k": {
-            "kind": "llm", "model": "m", "endpoint": oll.url, "apiKey": "sk-x1234567"}}}})
+        seen["literal"] = await c.call_tool(
+            "setup",
+            {"config": {"engines": {"k": {"kind": "llm", "model": "m", "endpoint": oll.url, "apiKey": "sk-x1234567"}}}},
+        )
 
     call(project, script)
     res = seen["preview"]
@@ -490,21 +581,26 @@ def test_mcp_setup_previews_without_arguments_and_writes_with_yes(env, servers, 
 # ------------------------------------------------------------------ units: verification, detection
 
 
-@pytest.mark.parametrize("given, normalized", [
-    ("http://localhost:11434", "http://localhost:11434/v1/chat/completions"),
-    ("http://localhost:11434/", "http://localhost:11434/v1/chat/completions"),
-    ("http://127.0.0.1:1234/v1", "http://127.0.0.1:1234/v1/chat/completions"),
-    ("http://127.0.0.1:1234/v1/chat/completions/", "http://127.0.0.1:1234/v1/chat/completions"),
-    ("https://api.groq.com/openai/v1", "https://api.groq.com/openai/v1/chat/completions"),
-    ("https://generativelanguage.googleapis.com/v1beta/openai",
-     "https://generativelanguage.googleapis.com/v1beta/openai/chat/completions"),
-    ("HTTP://Example.COM:8080/v1", "http://example.com:8080/v1/chat/completions"),
-    # a WHATWG URL (the reference's parser) serializes without a default or empty port
-    ("http://localhost:80/v1", "http://localhost/v1/chat/completions"),
-    ("https://[::1]:443", "https://[::1]/v1/chat/completions"),
-    ("http://h:/openai", "http://h/openai/chat/completions"),
-    ("https://h:80/v1", "https://h:80/v1/chat/completions"),
-])
+@pytest.mark.parametrize(
+    "given, normalized",
+    [
+        ("http://localhost:11434", "http://localhost:11434/v1/chat/completions"),
+        ("http://localhost:11434/", "http://localhost:11434/v1/chat/completions"),
+        ("http://127.0.0.1:1234/v1", "http://127.0.0.1:1234/v1/chat/completions"),
+        ("http://127.0.0.1:1234/v1/chat/completions/", "http://127.0.0.1:1234/v1/chat/completions"),
+        ("https://api.groq.com/openai/v1", "https://api.groq.com/openai/v1/chat/completions"),
+        (
+            "https://generativelanguage.googleapis.com/v1beta/openai",
+            "https://generativelanguage.googleapis.com/v1beta/openai/chat/completions",
+        ),
+        ("HTTP://Example.COM:8080/v1", "http://example.com:8080/v1/chat/completions"),
+        # a WHATWG URL (the reference's parser) serializes without a default or empty port
+        ("http://localhost:80/v1", "http://localhost/v1/chat/completions"),
+        ("https://[::1]:443", "https://[::1]/v1/chat/completions"),
+        ("http://h:/openai", "http://h/openai/chat/completions"),
+        ("https://h:80/v1", "https://h:80/v1/chat/completions"),
+    ],
+)
 def test_endpoint_normalization(given, normalized):
     from akm.config import normalize_chat_endpoint
 
@@ -551,15 +647,21 @@ def test_harness_importers(tmp_path):
     home = tmp_path / "h"
     (home / ".claude").mkdir(parents=True)
     c = det.import_claude_code(home)
-    assert (c.model, c.api_key_env, c.base_url, c.provider) == ("claude-sonnet-4-5", "ANTHROPIC_API_KEY", None,
-                                                                "anthropic")
-    (home / ".claude" / "settings.json").write_text(json.dumps({"env": {"ANTHROPIC_MODEL": "opus",
-                                                                        "ANTHROPIC_API_KEY": KEY}}))
+    assert (c.model, c.api_key_env, c.base_url, c.provider) == (
+        "claude-sonnet-4-5",
+        "ANTHROPIC_API_KEY",
+        None,
+        "anthropic",
+    )
+    (home / ".claude" / "settings.json").write_text(
+        json.dumps({"env": {"ANTHROPIC_MODEL": "opus", "ANTHROPIC_API_KEY": KEY}})
+    )
     c = det.import_claude_code(home)
     assert c.model == "opus" and KEY not in json.dumps(c.__dict__)
     (home / ".opencode").mkdir()
-    (home / ".opencode" / "config.json").write_text(json.dumps(
-        {"model": "m", "providers": [{"id": "x", "base_url": "http://h:1/v1", "apiKey": "$OPENAI_API_KEY"}]}))
+    (home / ".opencode" / "config.json").write_text(
+        json.dumps({"model": "m", "providers": [{"id": "x", "base_url": "http://h:1/v1", "apiKey": "$OPENAI_API_KEY"}]})
+    )
     o = det.import_opencode(home, tmp_path, {})
     assert (o.provider, o.base_url, o.api_key_env, o.model) == ("x", "http://h:1/v1", "OPENAI_API_KEY", "m")
     assert det.import_opencode(tmp_path / "nobody", tmp_path, {}) is None
@@ -567,15 +669,20 @@ def test_harness_importers(tmp_path):
 
 def test_env_scan_records_names_only(monkeypatch):
     found = det.scan_env({"OPENAI_API_KEY": KEY, "GROQ_API_KEY": "  ", "OLLAMA_HOST": "0.0.0.0:11434"})
-    assert [(e.name, e.provider, e.kind) for e in found] == [("OPENAI_API_KEY", "openai", "apiKey"),
-                                                             ("OLLAMA_HOST", "ollama", "endpoint")]
+    assert [(e.name, e.provider, e.kind) for e in found] == [
+        ("OPENAI_API_KEY", "openai", "apiKey"),
+        ("OLLAMA_HOST", "ollama", "endpoint"),
+    ]
     assert KEY not in repr(found)
     servers_ = det.probe_list({"OLLAMA_HOST": "0.0.0.0", det.PROBE_URLS_ENV: "http://127.0.0.1:5/v1/"}, [])
     assert [s.base for s in servers_] == ["http://127.0.0.1:5", "http://127.0.0.1:11434"]
     # as Ollama reads OLLAMA_HOST: a scheme brings its own default port
-    for value, base in [("ollama.lan", "http://ollama.lan:11434"), ("http://box", "http://box"),
-                        ("https://ollama.example.com", "https://ollama.example.com"),
-                        ("http://box:9000/", "http://box:9000")]:
+    for value, base in [
+        ("ollama.lan", "http://ollama.lan:11434"),
+        ("http://box", "http://box"),
+        ("https://ollama.example.com", "https://ollama.example.com"),
+        ("http://box:9000/", "http://box:9000"),
+    ]:
         found = det.probe_list({"OLLAMA_HOST": value, det.PROBE_URLS_ENV: "http://127.0.0.1:5"}, [])
         assert [s.base for s in found][1:] == [base], value
 
@@ -583,8 +690,14 @@ def test_env_scan_records_names_only(monkeypatch):
 def test_probe_alone_records_support_on_the_existing_default(env, servers, capsys):
     srv = servers(shape="openai", models=["smart"])
     config_file().parent.mkdir(parents=True, exist_ok=True)
-    config_file().write_text(json.dumps({"engines": {"fast": {"kind": "llm", "endpoint": srv.url, "model": "smart"}},
-                                         "defaults": {"llmEngine": "fast"}}))
+    config_file().write_text(
+        json.dumps(
+            {
+                "engines": {"fast": {"kind": "llm", "endpoint": srv.url, "model": "smart"}},
+                "defaults": {"llmEngine": "fast"},
+            }
+        )
+    )
     code, doc, _, err = setup_cli(capsys, "--probe")
     assert code == 0, err
     assert config()["engines"]["fast"]["supportsJsonSchema"] is True and doc["detected"] is None
@@ -596,15 +709,20 @@ def test_a_configured_platform_is_preferred_over_the_default_order(env, capsys):
     config_file().parent.mkdir(parents=True, exist_ok=True)
     config_file().write_text(json.dumps({"engines": {"fixer": {"kind": "agent", "platform": "codex"}}}))
     assert setup_cli(capsys, "--yes")[0] == 0
-    assert config() == {"engines": {"fixer": {"kind": "agent", "platform": "codex"}},
-                        "defaults": {"agentEngine": "fixer"}, "workflow": {"judgeEngine": "fixer"}}
+    assert config() == {
+        "engines": {"fixer": {"kind": "agent", "platform": "codex"}},
+        "defaults": {"agentEngine": "fixer"},
+        "workflow": {"judgeEngine": "fixer"},
+    }
 
 
 def test_ollama_list_names_installed_models_when_its_server_is_silent(env, capsys):
     exe = env.bin / "ollama"
-    exe.write_text("#!/bin/sh\necho 'NAME             ID              SIZE      MODIFIED'\n"
-                   "echo 'qwen2.5:7b       845dbda0ea48    4.7 GB    2 days ago'\n"
-                   "echo 'llama3:latest    365c0bd3c000    4.7 GB    3 weeks ago'\n")
+    exe.write_text(
+        "#!/bin/sh\necho 'NAME             ID              SIZE      MODIFIED'\n"
+        "echo 'qwen2.5:7b       845dbda0ea48    4.7 GB    2 days ago'\n"
+        "echo 'llama3:latest    365c0bd3c000    4.7 GB    3 weeks ago'\n"
+    )
     exe.chmod(0o755)
     code, doc, _, err = setup_cli(capsys, "--yes")
     assert code == 0, err
@@ -615,9 +733,13 @@ def test_ollama_list_names_installed_models_when_its_server_is_silent(env, capsy
 def test_a_configured_engine_of_the_preferred_platform_is_reused_even_on_an_llm_engine(env, servers, capsys):
     """`--yes` prefers a platform the user configured, and then uses THAT engine (no second opencode engine)."""
     env.clis("claude", "opencode")
-    mine = {"engines": {"fast": {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions", "model": "m"},
-                        "oc": {"kind": "agent", "platform": "opencode", "llmEngine": "fast", "model": "big"}},
-            "defaults": {"llmEngine": "fast"}}
+    mine = {
+        "engines": {
+            "fast": {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions", "model": "m"},
+            "oc": {"kind": "agent", "platform": "opencode", "llmEngine": "fast", "model": "big"},
+        },
+        "defaults": {"llmEngine": "fast"},
+    }
     config_file().parent.mkdir(parents=True, exist_ok=True)
     config_file().write_text(json.dumps(mine))
     code, doc, _, err = setup_cli(capsys, "--yes")
@@ -635,22 +757,53 @@ def test_the_yes_summary_keeps_its_documented_shape(env, servers, capsys):
     env.mp.setenv("OPENAI_API_KEY", KEY)
     (env.home / ".claude").mkdir()
     (env.home / ".opencode").mkdir()
-    (env.home / ".opencode" / "config.json").write_text(json.dumps(
-        {"model": "m", "providers": [{"id": "x", "baseUrl": closed_port_url(), "apiKey": "$OPENAI_API_KEY"}]}))
+    (env.home / ".opencode" / "config.json").write_text(
+        json.dumps(
+            {"model": "m", "providers": [{"id": "x", "baseUrl": closed_port_url(), "apiKey": "$OPENAI_API_KEY"}]}
+        )
+    )
     code, doc, out, err = setup_cli(capsys, "--yes", "--probe")
     assert code == 0, err
-    assert list(doc) == ["shape", "schemaVersion", "configPath", "written", "dryRun", "fields", "engines", "defaults",
-                         "judgeEngine", "detected", "verifications", "jsonSchema", "warnings", "canRun", "message"]
+    assert list(doc) == [
+        "shape",
+        "schemaVersion",
+        "configPath",
+        "written",
+        "dryRun",
+        "fields",
+        "engines",
+        "defaults",
+        "judgeEngine",
+        "detected",
+        "verifications",
+        "jsonSchema",
+        "warnings",
+        "canRun",
+        "message",
+    ]
     assert (doc["shape"], doc["schemaVersion"], doc["written"], doc["dryRun"]) == ("setup", 1, True, False)
     assert list(doc["detected"]) == ["servers", "agentClis", "harnessConfigs", "envVars", "ollamaCliModels", "seconds"]
     assert {tuple(e) for e in doc["engines"]} == {("engine", "kind", "action", "detail")}
-    assert {tuple(s) for s in doc["detected"]["servers"]} == {(
-        "base", "endpoint", "label", "source", "provider", "answered", "models", "chatModels", "defaultModel",
-        "apiKeyEnv", "error")}
+    assert {tuple(s) for s in doc["detected"]["servers"]} == {
+        (
+            "base",
+            "endpoint",
+            "label",
+            "source",
+            "provider",
+            "answered",
+            "models",
+            "chatModels",
+            "defaultModel",
+            "apiKeyEnv",
+            "error",
+        )
+    }
     assert [tuple(a) for a in doc["detected"]["agentClis"]] == [("platform", "path")]
     assert [h["harness"] for h in doc["detected"]["harnessConfigs"]] == ["claude-code", "opencode"]
-    assert {tuple(h) for h in doc["detected"]["harnessConfigs"]} == {(
-        "harness", "file", "provider", "model", "baseUrl", "apiKeyEnv", "note")}
+    assert {tuple(h) for h in doc["detected"]["harnessConfigs"]} == {
+        ("harness", "file", "provider", "model", "baseUrl", "apiKeyEnv", "note")
+    }
     assert [tuple(e) for e in doc["detected"]["envVars"]] == [("name", "provider", "kind")]
     assert {tuple(v) for v in doc["verifications"]} == {("ok", "endpoint", "model", "reason", "apiKeyEnv")}
     assert list(doc["jsonSchema"]) == ["engine", "reachable", "supported", "reason"]
@@ -666,8 +819,16 @@ def test_agent_clis_are_found_in_the_documented_order(env, capsys):
     code, doc, _, err = setup_cli(capsys, "--yes")
     assert code == 0, err
     assert [(c["platform"], Path(c["path"]).name) for c in doc["detected"]["agentClis"]] == [
-        ("opencode", "opencode"), ("claude", "claude"), ("codex", "codex"), ("copilot", "copilot"), ("pi", "pi"),
-        ("gemini", "gemini"), ("aider", "aider"), ("amazonq", "q"), ("openhands", "openhands")]
+        ("opencode", "opencode"),
+        ("claude", "claude"),
+        ("codex", "codex"),
+        ("copilot", "copilot"),
+        ("pi", "pi"),
+        ("gemini", "gemini"),
+        ("aider", "aider"),
+        ("amazonq", "q"),
+        ("openhands", "openhands"),
+    ]
     assert config()["engines"] == {"opencode": {"kind": "agent", "platform": "opencode"}}
 
 
@@ -676,8 +837,13 @@ def test_verification_accepts_an_empty_answer_and_names_every_other_failure(serv
     srv = servers(shape="openai", models=["m"])
     assert verify_endpoint(srv.base, "filtered").ok  # "" is a string
     assert verify_endpoint(srv.base, "no-content").reason == "response did not contain choices[0].message.content"
-    for model, words in [("html-200", "HTML"), ("stream", "event stream"), ("fail-500", None),
-                         ("rate-limit", None), ("html-502", None)]:
+    for model, words in [
+        ("html-200", "HTML"),
+        ("stream", "event stream"),
+        ("fail-500", None),
+        ("rate-limit", None),
+        ("html-502", None),
+    ]:
         v = verify_endpoint(srv.base, model)
         assert not v.ok and v.reason, model
         if words is None:
@@ -687,14 +853,22 @@ def test_verification_accepts_an_empty_answer_and_names_every_other_failure(serv
     assert len([r for r in srv.requests if r["body"]["model"] == "rate-limit"]) == 1  # one request, no retry
 
 
-@pytest.mark.parametrize("url", ["http://me:{K}@127.0.0.1:9/v1", "http://127.0.0.1:9/v1?key={K}",
-                                 "http://127.0.0.1:9/v1#{K}", "http://127.0.0.1:x{K}/v1"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://me:{K}@127.0.0.1:9/v1",
+        "http://127.0.0.1:9/v1?key={K}",
+        "http://127.0.0.1:9/v1#{K}",
+        "http://127.0.0.1:x{K}/v1",
+    ],
+)
 def test_a_harness_base_url_carrying_a_secret_is_neither_imported_nor_shown(env, capsys, url):
     secret = "sk-in-url-" + KEY
     oc = env.home / ".config" / "opencode"
     oc.mkdir(parents=True)
-    (oc / "opencode.json").write_text(json.dumps(
-        {"model": "lab/m", "provider": {"lab": {"options": {"baseURL": url.format(K=secret)}}}}))
+    (oc / "opencode.json").write_text(
+        json.dumps({"model": "lab/m", "provider": {"lab": {"options": {"baseURL": url.format(K=secret)}}}})
+    )
     code, doc, out, err = setup_cli(capsys, "--yes")
     assert code == 0, err
     (h,) = doc["detected"]["harnessConfigs"]
@@ -729,12 +903,18 @@ def test_the_json_schema_probe_reads_the_answer_leniently(servers):
 def test_a_localhost_engine_is_the_same_server_as_the_probed_loopback_address(env, servers, capsys):
     oll = ollama(servers)
     env.probe(oll.base)  # http://127.0.0.1:<port>
-    mine = {"kind": "llm", "endpoint": oll.base.replace("127.0.0.1", "localhost") + "/v1/chat/completions",
-            "model": "qwen2.5:7b"}
+    mine = {
+        "kind": "llm",
+        "endpoint": oll.base.replace("127.0.0.1", "localhost") + "/v1/chat/completions",
+        "model": "qwen2.5:7b",
+    }
     config_file().parent.mkdir(parents=True, exist_ok=True)
     config_file().write_text(json.dumps({"engines": {"mine": mine}}))
     code, doc, _, err = setup_cli(capsys, "--yes")
     assert code == 0, err
-    assert config() == {"engines": {"mine": mine}, "defaults": {"llmEngine": "mine"},
-                        "workflow": {"judgeEngine": "mine"}}
+    assert config() == {
+        "engines": {"mine": mine},
+        "defaults": {"llmEngine": "mine"},
+        "workflow": {"judgeEngine": "mine"},
+    }
     assert [(a["engine"], a["action"]) for a in doc["engines"]] == [("mine", "kept")]

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from tests import fake_harness
-from tests.helpers import ROOT, running_in_ci
 from tests.fake_openai import FakeOpenAI
+from tests.helpers import ROOT, running_in_ci
 from tests.test_setup import KEY, SIGNAL_VARS, closed_port_url
 
 if running_in_ci():  # the test extra installs it: CI must never pass the wizard by skipping it
@@ -31,17 +31,33 @@ def machine(tmp_path, project):
     home.mkdir()
     bin_dir.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in SIGNAL_VARS and not k.startswith("AKM_")}
-    env.update({"HOME": str(home), "PATH": str(bin_dir), "PYTHONPATH": str(ROOT), "TERM": "xterm",
-                "LANG": "C.UTF-8", "XDG_CONFIG_HOME": str(tmp_path / "xdg-config"),
-                "AKM_DATA_DIR": str(tmp_path / "akm-data"), "AKM_SETUP_PROBE_URLS": closed_port_url()})
+    env.update(
+        {
+            "HOME": str(home),
+            "PATH": str(bin_dir),
+            "PYTHONPATH": str(ROOT),
+            "TERM": "xterm",
+            "LANG": "C.UTF-8",
+            "XDG_CONFIG_HOME": str(tmp_path / "xdg-config"),
+            "AKM_DATA_DIR": str(tmp_path / "akm-data"),
+            "AKM_SETUP_PROBE_URLS": closed_port_url(),
+        }
+    )
     env.pop("NO_COLOR", None)
 
     class Machine:
         config = tmp_path / "xdg-config" / "akm" / "config.json"
 
         def spawn(self) -> "pexpect.spawn":
-            child = pexpect.spawn(sys.executable, ["-m", "akm", "setup"], env=env, cwd=str(project),
-                                  encoding="utf-8", timeout=60, dimensions=(50, 140))
+            child = pexpect.spawn(
+                sys.executable,
+                ["-m", "akm", "setup"],
+                env=env,
+                cwd=str(project),
+                encoding="utf-8",
+                timeout=60,
+                dimensions=(50, 140),
+            )
             child.logfile_read = self.transcript = _Transcript()
             return child
 
@@ -85,9 +101,16 @@ def test_accept_the_recommended_config(machine):
         child.expect("Saved ")
         finish(child, 0)
         assert json.loads(machine.config.read_text()) == {
-            "engines": {"ollama": {"kind": "llm", "provider": "ollama", "endpoint": srv.url, "model": "qwen2.5:7b",
-                                   "supportsJsonSchema": True},
-                        "claude": {"kind": "agent", "platform": "claude"}},
+            "engines": {
+                "ollama": {
+                    "kind": "llm",
+                    "provider": "ollama",
+                    "endpoint": srv.url,
+                    "model": "qwen2.5:7b",
+                    "supportsJsonSchema": True,
+                },
+                "claude": {"kind": "agent", "platform": "claude"},
+            },
             "defaults": {"llmEngine": "ollama", "agentEngine": "claude"},
             "workflow": {"judgeEngine": "ollama"},
         }
@@ -125,8 +148,16 @@ def test_custom_endpoint_with_a_key_variable(machine):
         child.expect("Saved ")
         finish(child, 0)
         assert json.loads(machine.config.read_text()) == {
-            "engines": {"custom": {"kind": "llm", "provider": "custom", "endpoint": srv.url, "model": "coder",
-                                   "apiKey": "${LAB_KEY}", "supportsJsonSchema": True}},
+            "engines": {
+                "custom": {
+                    "kind": "llm",
+                    "provider": "custom",
+                    "endpoint": srv.url,
+                    "model": "coder",
+                    "apiKey": "${LAB_KEY}",
+                    "supportsJsonSchema": True,
+                }
+            },
             "defaults": {"llmEngine": "custom"},
             "workflow": {"judgeEngine": "custom"},
         }

@@ -11,22 +11,67 @@ import pytest
 from akm.errors import JournalError
 from akm.store import events
 from akm.store.db import now_iso, open_db
-from akm.store.migrations import MIGRATIONS, apply_migrations, applied_ids, split_statements
+from akm.store.migrations import MIGRATIONS, applied_ids, apply_migrations, split_statements
 
 EXPECTED_COLUMNS = {
     "runs": [
-        "id", "workflow_ref", "workflow_path", "title", "status", "params_json", "current_step_id", "created_at",
-        "updated_at", "completed_at", "scope_key", "plan_json", "plan_hash", "hash_version", "lease_holder",
-        "lease_host", "lease_pid", "lease_until", "status_detail_json", "lease_epoch",
+        "id",
+        "workflow_ref",
+        "workflow_path",
+        "title",
+        "status",
+        "params_json",
+        "current_step_id",
+        "created_at",
+        "updated_at",
+        "completed_at",
+        "scope_key",
+        "plan_json",
+        "plan_hash",
+        "hash_version",
+        "lease_holder",
+        "lease_host",
+        "lease_pid",
+        "lease_until",
+        "status_detail_json",
+        "lease_epoch",
     ],
     "steps": [
-        "run_id", "step_id", "sequence_index", "status", "notes", "evidence_json", "summary", "completed_at",
+        "run_id",
+        "step_id",
+        "sequence_index",
+        "status",
+        "notes",
+        "evidence_json",
+        "summary",
+        "completed_at",
         "gate_loop_base",
     ],
     "units": [
-        "run_id", "unit_id", "step_id", "node_id", "parent_unit_id", "phase", "runner", "engine", "model", "status",
-        "input_hash", "result_json", "tokens", "failure_reason", "worktree_path", "started_at", "finished_at",
-        "session_id", "last_checkin_at", "attempts", "claim_holder", "claim_host", "claim_pid", "claim_expires_at",
+        "run_id",
+        "unit_id",
+        "step_id",
+        "node_id",
+        "parent_unit_id",
+        "phase",
+        "runner",
+        "engine",
+        "model",
+        "status",
+        "input_hash",
+        "result_json",
+        "tokens",
+        "failure_reason",
+        "worktree_path",
+        "started_at",
+        "finished_at",
+        "session_id",
+        "last_checkin_at",
+        "attempts",
+        "claim_holder",
+        "claim_host",
+        "claim_pid",
+        "claim_expires_at",
         "truncated",
         "reopened",
     ],
@@ -121,7 +166,12 @@ def test_open_creates_parent_dir_sets_pragmas_and_schema(tmp_path):
             assert _columns(conn, table) == cols, table
         assert applied_ids(db) == [mid for mid, _ in MIGRATIONS]
         indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
-        assert {"idx_runs_scope_ref_status", "idx_steps_run_sequence", "idx_units_run_step", "idx_events_run"} <= indexes
+        assert {
+            "idx_runs_scope_ref_status",
+            "idx_steps_run_sequence",
+            "idx_units_run_step",
+            "idx_events_run",
+        } <= indexes
         # CHECK constraints are real
         with pytest.raises(sqlite3.IntegrityError):
             conn.execute(
@@ -382,7 +432,9 @@ def test_the_journal_has_a_name_of_its_own_beside_upstreams_state_db(tmp_path, m
     before = _upstream_like_state_db(data / "state.db")
     project = tmp_path / "p"
     project.mkdir()
-    (project / "w.md").write_text("---\nsteps:\n  - id: a\n    unit: { exec: { command: [\"true\"] } }\n---\n\n## a\n\nx\n")
+    (project / "w.md").write_text(
+        '---\nsteps:\n  - id: a\n    unit: { exec: { command: ["true"] } }\n---\n\n## a\n\nx\n'
+    )
     res = api.run_workflow("w.md", cwd=str(project))
     assert res.run.status == "completed"
     assert paths.journal_path() == data / "akm-journal.sqlite3" and paths.journal_path().exists()
@@ -396,12 +448,18 @@ def test_migration_0005_keeps_every_run_and_its_foreign_keys(tmp_path):
     apply_migrations(old, MIGRATIONS[:1])
     now = now_iso()
     with old.tx() as conn:
-        conn.execute("INSERT INTO runs (id, workflow_ref, title, status, params_json, created_at, updated_at, "
-                     "scope_key, plan_json, plan_hash, hash_version, lease_holder) "
-                     "VALUES ('r1', 'w', 't', 'active', '{\"a\":1}', ?, ?, 's', '{}', 'h', 4, 'eng')", (now, now))
+        conn.execute(
+            "INSERT INTO runs (id, workflow_ref, title, status, params_json, created_at, updated_at, "
+            "scope_key, plan_json, plan_hash, hash_version, lease_holder) "
+            "VALUES ('r1', 'w', 't', 'active', '{\"a\":1}', ?, ?, 's', '{}', 'h', 4, 'eng')",
+            (now, now),
+        )
         conn.execute("INSERT INTO steps (run_id, step_id, sequence_index, status) VALUES ('r1', 'a', 0, 'pending')")
-        conn.execute("INSERT INTO units (run_id, unit_id, node_id, status, started_at) "
-                     "VALUES ('r1', 'a:solo', 'n', 'running', ?)", (now,))
+        conn.execute(
+            "INSERT INTO units (run_id, unit_id, node_id, status, started_at) "
+            "VALUES ('r1', 'a:solo', 'n', 'running', ?)",
+            (now,),
+        )
     old.close()
     db = open_db(path)
     try:
@@ -413,8 +471,9 @@ def test_migration_0005_keeps_every_run_and_its_foreign_keys(tmp_path):
             conn.execute("UPDATE runs SET status = 'abandoned' WHERE id = 'r1'")
         with pytest.raises(JournalError):  # foreign keys are enforced again after the rebuild
             with db.tx() as conn:
-                conn.execute("INSERT INTO steps (run_id, step_id, sequence_index, status) "
-                             "VALUES ('ghost', 'a', 0, 'pending')")
+                conn.execute(
+                    "INSERT INTO steps (run_id, step_id, sequence_index, status) VALUES ('ghost', 'a', 0, 'pending')"
+                )
         with db.tx() as conn:
             conn.execute("DELETE FROM runs WHERE id = 'r1'")
         assert db.query_one("SELECT count(*) AS n FROM steps")["n"] == 0  # the cascade still holds

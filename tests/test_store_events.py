@@ -78,28 +78,52 @@ def test_bad_limit_is_usage_error(db):
 
 def test_record_invocation_writes_v2_and_reads_back(db):
     hid = events.record_invocation(
-        db, run_id="r1", started_at="2026-01-01T00:00:00.000Z", finished_at="2026-01-01T00:00:01.500Z",
-        outcome="failed", duration_ms=1500, detail={"runId": "r1", "reason": "step_failed", "error": None,
-                                                     "exitCode": 1}, engine="local",
+        db,
+        run_id="r1",
+        started_at="2026-01-01T00:00:00.000Z",
+        finished_at="2026-01-01T00:00:01.500Z",
+        outcome="failed",
+        duration_ms=1500,
+        detail={"runId": "r1", "reason": "step_failed", "error": None, "exitCode": 1},
+        engine="local",
     )
     raw = db.query_one("SELECT metadata_json FROM task_history WHERE id = ?", (hid,))["metadata_json"]
-    assert raw == '{"metadataVersion":2,"durationMs":1500,"detail":{"runId":"r1","reason":"step_failed",' \
-                  '"exitCode":1},"engine":"local"}'
+    assert (
+        raw == '{"metadataVersion":2,"durationMs":1500,"detail":{"runId":"r1","reason":"step_failed",'
+        '"exitCode":1},"engine":"local"}'
+    )
     [entry] = events.list_task_history(db, "r1")
     assert entry.outcome == "failed" and entry.finished_at.endswith("01.500Z")
-    assert entry.metadata == {"metadataVersion": 2, "durationMs": 1500,
-                              "detail": {"runId": "r1", "reason": "step_failed", "exitCode": 1}, "engine": "local"}
-    events.record_invocation(db, run_id=None, started_at="t", finished_at=None, outcome="error", duration_ms=3,
-                             detail=None, engine=None)
+    assert entry.metadata == {
+        "metadataVersion": 2,
+        "durationMs": 1500,
+        "detail": {"runId": "r1", "reason": "step_failed", "exitCode": 1},
+        "engine": "local",
+    }
+    events.record_invocation(
+        db, run_id=None, started_at="t", finished_at=None, outcome="error", duration_ms=3, detail=None, engine=None
+    )
     assert len(events.list_task_history(db)) == 2
-    assert events.list_task_history(db)[1].metadata == {"metadataVersion": 2, "durationMs": 3, "detail": None,
-                                                        "engine": None}
+    assert events.list_task_history(db)[1].metadata == {
+        "metadataVersion": 2,
+        "durationMs": 3,
+        "detail": None,
+        "engine": None,
+    }
 
 
 def test_record_invocation_refuses_undecodable_detail(db):
     with pytest.raises(UsageError, match="unknown detail fields: bogus"):
-        events.record_invocation(db, run_id="r", started_at="t", finished_at="t", outcome="ok", duration_ms=1,
-                                 detail={"bogus": 1}, engine=None)
+        events.record_invocation(
+            db,
+            run_id="r",
+            started_at="t",
+            finished_at="t",
+            outcome="ok",
+            duration_ms=1,
+            detail={"bogus": 1},
+            engine=None,
+        )
     assert events.list_task_history(db) == []
 
 
@@ -107,13 +131,22 @@ def test_record_invocation_refuses_undecodable_detail(db):
     "raw, expected",
     [
         ("{}", {"metadataVersion": 1}),
-        ('{"metadataVersion":1,"durationMs":12.5,"profile":"fast","detail":{"runId":"r","exitCode":null}}',
-         {"metadataVersion": 1, "durationMs": 12.5, "legacyProfile": "fast", "detail": {"runId": "r", "exitCode": None}}),
+        (
+            '{"metadataVersion":1,"durationMs":12.5,"profile":"fast","detail":{"runId":"r","exitCode":null}}',
+            {
+                "metadataVersion": 1,
+                "durationMs": 12.5,
+                "legacyProfile": "fast",
+                "detail": {"runId": "r", "exitCode": None},
+            },
+        ),
         ('{"durationMs":3,"detail":null}', {"metadataVersion": 1, "durationMs": 3}),
         ('{"metadataVersion":1.0}', {"metadataVersion": 1}),
         ('{"metadataVersion":2,"durationMs":0,"detail":null}', {"metadataVersion": 2, "durationMs": 0, "detail": None}),
-        ('{"metadataVersion":2,"durationMs":5,"detail":{"error":"x"},"engine":null}',
-         {"metadataVersion": 2, "durationMs": 5, "detail": {"error": "x"}, "engine": None}),
+        (
+            '{"metadataVersion":2,"durationMs":5,"detail":{"error":"x"},"engine":null}',
+            {"metadataVersion": 2, "durationMs": 5, "detail": {"error": "x"}, "engine": None},
+        ),
     ],
 )
 def test_decode_v1_and_v2(raw, expected):
@@ -153,7 +186,10 @@ def test_decode_rejects_everything_else(raw, message):
 
 def test_decode_accepts_an_object_too():
     assert events.decode_task_metadata({"metadataVersion": 2, "durationMs": 1, "detail": None}) == {
-        "metadataVersion": 2, "durationMs": 1, "detail": None}
+        "metadataVersion": 2,
+        "durationMs": 1,
+        "detail": None,
+    }
 
 
 def test_every_events_query_uses_the_id_range_or_the_run_index(db):

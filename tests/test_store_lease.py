@@ -28,8 +28,17 @@ def _env() -> dict[str, str]:
 
 def make_run(db, run_id="r1"):
     return runs.create_run(
-        db, run_id=run_id, workflow_ref=f"workflows/{run_id}", workflow_path=None, title="t", scope_key="s",
-        params={}, plan_json="{}", plan_hash="0" * 64, hash_version=1, step_ids=["a", "b"],
+        db,
+        run_id=run_id,
+        workflow_ref=f"workflows/{run_id}",
+        workflow_path=None,
+        title="t",
+        scope_key="s",
+        params={},
+        plan_json="{}",
+        plan_hash="0" * 64,
+        hash_version=1,
+        step_ids=["a", "b"],
     )
 
 
@@ -114,7 +123,10 @@ def _acquire_in_child(db_path: Path, holder: str, host_expr: str = "None", wait_
         """
     )
     return subprocess.Popen(
-        [sys.executable, "-c", script, str(db_path)], env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        [sys.executable, "-c", script, str(db_path)],
+        env=_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
     )
 
@@ -209,8 +221,13 @@ def test_ten_processes_race_exactly_one_wins(db, db_path, tmp_path):
         """
     )
     procs = [
-        subprocess.Popen([sys.executable, "-c", script, str(db_path), str(go_file), f"p{i}"], env=_env(),
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(db_path), str(go_file), f"p{i}"],
+            env=_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for i in range(10)
     ]
     try:

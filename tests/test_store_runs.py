@@ -44,8 +44,11 @@ def test_create_inserts_active_run_and_pending_spine(db):
     assert run.params == {"zeta": 1, "alpha": "x"}
     assert run.lease_holder is None and run.completed_at is None
     steps = runs.get_steps(db, "r1")
-    assert [(s.step_id, s.sequence_index, s.status) for s in steps] == [("a", 0, "pending"), ("b", 1, "pending"),
-                                                                        ("c", 2, "pending")]
+    assert [(s.step_id, s.sequence_index, s.status) for s in steps] == [
+        ("a", 0, "pending"),
+        ("b", 1, "pending"),
+        ("c", 2, "pending"),
+    ]
     assert event_types(db, "r1") == ["workflow_started"]
 
 
@@ -102,8 +105,7 @@ def test_list_and_find(db):
 
 def test_derive_state_through_three_steps(db):
     make_run(db)
-    run = runs.complete_step(db, "r1", "a", "completed", summary="built", evidence_json='{"units":[]}',
-                             notes="  ")
+    run = runs.complete_step(db, "r1", "a", "completed", summary="built", evidence_json='{"units":[]}', notes="  ")
     assert (run.status, run.current_step_id, run.completed_at) == ("active", "b", None)
     a = runs.get_step(db, "r1", "a")
     assert a.status == "completed" and a.summary == "built" and a.notes is None and a.evidence == {"units": []}
@@ -114,8 +116,13 @@ def test_derive_state_through_three_steps(db):
     steps = runs.get_steps(db, "r1")
     assert run.status == "completed" and run.current_step_id is None
     assert run.completed_at == max(s.completed_at for s in steps)
-    assert event_types(db, "r1") == ["workflow_started", "workflow_step_completed", "workflow_step_updated",
-                                     "workflow_step_completed", "workflow_finished"]
+    assert event_types(db, "r1") == [
+        "workflow_started",
+        "workflow_step_completed",
+        "workflow_step_updated",
+        "workflow_step_completed",
+        "workflow_finished",
+    ]
     evs = events.list_events(db, "r1")[0]
     assert evs[2].metadata == {"runId": "r1", "stepId": "b", "status": "skipped"}
 
@@ -136,7 +143,10 @@ def test_derive_run_state_is_pure_and_ordered():
 
     assert runs.derive_run_state([step(1, "b", "pending"), step(0, "a", "completed", "t1")]) == ("active", "b", None)
     assert runs.derive_run_state([step(0, "a", "skipped", "t2"), step(1, "b", "completed", "t1")]) == (
-        "completed", None, "t2")
+        "completed",
+        None,
+        "t2",
+    )
     assert runs.derive_run_state([step(0, "a", "blocked"), step(1, "b", "failed")]) == ("blocked", "a", None)
 
 
@@ -203,8 +213,16 @@ def test_set_run_status_between_drivable_states(db):
 def _blocked_run(db, run_id="r1", ref="workflows/ship"):
     make_run(db, run_id=run_id, ref=ref)
     runs.complete_step(db, run_id, "a", "completed", summary="a done")
-    runs.complete_step(db, run_id, "b", "blocked", notes="judge missing", evidence_json='{"x":1}', summary="kept",
-                       status_detail={"missing": ["c1"]})
+    runs.complete_step(
+        db,
+        run_id,
+        "b",
+        "blocked",
+        notes="judge missing",
+        evidence_json='{"x":1}',
+        summary="kept",
+        status_detail={"missing": ["c1"]},
+    )
     return runs.require_run(db, run_id)
 
 
@@ -250,7 +268,10 @@ def test_abandon_active_is_final_and_leaves_nothing_to_do(db):
     assert run.status == "abandoned" and run.completed_at is not None and run.current_step_id == "b"
     assert run.lease_holder == "eng"  # forensic
     assert [(s.step_id, s.status, s.notes) for s in runs.get_steps(db, "r1")] == [
-        ("a", "completed", None), ("b", "failed", runs.ABANDONED_STEP_NOTE), ("c", "skipped", runs.SKIPPED_STEP_NOTE)]
+        ("a", "completed", None),
+        ("b", "failed", runs.ABANDONED_STEP_NOTE),
+        ("c", "skipped", runs.SKIPPED_STEP_NOTE),
+    ]
     assert runs.renew_lease(db, "r1", "eng") is False  # a driving engine notices
     with pytest.raises(UsageError) as info:
         runs.abandon_run(db, "r1")
@@ -275,8 +296,10 @@ def test_abandon_a_failed_run_makes_it_final(db):
     make_run(db, steps=("a", "b"))
     runs.complete_step(db, "r1", "a", "failed", notes="boom")
     assert runs.abandon_run(db, "r1").status == "abandoned"
-    assert [(s.status, s.notes) for s in runs.get_steps(db, "r1")] == [("failed", "boom"),
-                                                                        ("skipped", runs.SKIPPED_STEP_NOTE)]
+    assert [(s.status, s.notes) for s in runs.get_steps(db, "r1")] == [
+        ("failed", "boom"),
+        ("skipped", runs.SKIPPED_STEP_NOTE),
+    ]
 
 
 def test_abandon_awaiting_session_and_refusals(db):

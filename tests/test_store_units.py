@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from akm.errors import JournalError
@@ -14,16 +13,31 @@ from akm.store.db import open_db
 def db(tmp_path):
     database = open_db(tmp_path / "akm-journal.sqlite3")
     runs.create_run(
-        database, run_id="r1", workflow_ref="workflows/w", workflow_path=None, title="t", scope_key="s",
-        params={}, plan_json="{}", plan_hash="0" * 64, hash_version=1, step_ids=["build", "review"],
+        database,
+        run_id="r1",
+        workflow_ref="workflows/w",
+        workflow_path=None,
+        title="t",
+        scope_key="s",
+        params={},
+        plan_json="{}",
+        plan_hash="0" * 64,
+        hash_version=1,
+        step_ids=["build", "review"],
     )
     yield database
     database.close()
 
 
 def insert(db, unit_id="build:solo", step_id="build", **kw):
-    args = dict(run_id="r1", unit_id=unit_id, step_id=step_id, node_id=kw.pop("node_id", step_id), runner="exec",
-                input_hash="h1")
+    args = dict(
+        run_id="r1",
+        unit_id=unit_id,
+        step_id=step_id,
+        node_id=kw.pop("node_id", step_id),
+        runner="exec",
+        input_hash="h1",
+    )
     args.update(kw)
     return units.insert_unit(db, **args)
 
@@ -36,22 +50,47 @@ def test_insert_then_finish(db):
     started = insert(db, engine=None, model=None, worktree_path="/wt/1")
     u = units.get_unit(db, "r1", "build:solo")
     assert (u.status, u.attempts, u.started_at, u.worktree_path, u.input_hash) == ("running", 1, started, "/wt/1", "h1")
-    assert unit_events(db, "workflow_unit_started")[0].metadata == {"runId": "r1", "stepId": "build",
-                                                                    "unitId": "build:solo"}
-    out = units.finish_unit(db, run_id="r1", unit_id="build:solo", started_at=started, status="failed",
-                            result_json='"boom"', tokens=None, failure_reason="non_zero_exit", session_id="s-1")
+    assert unit_events(db, "workflow_unit_started")[0].metadata == {
+        "runId": "r1",
+        "stepId": "build",
+        "unitId": "build:solo",
+    }
+    out = units.finish_unit(
+        db,
+        run_id="r1",
+        unit_id="build:solo",
+        started_at=started,
+        status="failed",
+        result_json='"boom"',
+        tokens=None,
+        failure_reason="non_zero_exit",
+        session_id="s-1",
+    )
     assert out == "finished"
     u = units.get_unit(db, "r1", "build:solo")
     assert (u.status, u.result_json, u.failure_reason, u.session_id) == ("failed", '"boom"', "non_zero_exit", "s-1")
     assert u.finished_at is not None and u.finished_at >= u.started_at
     assert unit_events(db, "workflow_unit_finished")[0].metadata == {
-        "runId": "r1", "stepId": "build", "unitId": "build:solo", "status": "failed", "failureReason": "non_zero_exit"}
+        "runId": "r1",
+        "stepId": "build",
+        "unitId": "build:solo",
+        "status": "failed",
+        "failureReason": "non_zero_exit",
+    }
 
 
 def test_reinsert_bumps_attempts_clears_values_and_never_reuses_a_stamp(db):
     first = insert(db)
-    units.finish_unit(db, run_id="r1", unit_id="build:solo", started_at=first, status="completed",
-                      result_json='{"ok":true}', tokens=12, session_id="s")
+    units.finish_unit(
+        db,
+        run_id="r1",
+        unit_id="build:solo",
+        started_at=first,
+        status="completed",
+        result_json='{"ok":true}',
+        tokens=12,
+        session_id="s",
+    )
     units.heartbeat_units(db, "r1", ["build:solo"])  # terminal: untouched
     stamps = [first]
     for _ in range(3):  # back-to-back, likely within one millisecond
@@ -65,13 +104,21 @@ def test_reinsert_bumps_attempts_clears_values_and_never_reuses_a_stamp(db):
 def test_finish_guard_superseded_does_not_overwrite(db):
     stale = insert(db)
     fresh = insert(db)  # another driver re-dispatched the same attempt id
-    assert units.finish_unit(db, run_id="r1", unit_id="build:solo", started_at=stale, status="completed",
-                             result_json='"old"') == "superseded"
+    assert (
+        units.finish_unit(
+            db, run_id="r1", unit_id="build:solo", started_at=stale, status="completed", result_json='"old"'
+        )
+        == "superseded"
+    )
     u = units.get_unit(db, "r1", "build:solo")
     assert u.status == "running" and u.result_json is None and u.started_at == fresh
     assert unit_events(db, "workflow_unit_finished") == []
-    assert units.finish_unit(db, run_id="r1", unit_id="build:solo", started_at=fresh, status="completed",
-                             result_json='"new"', tokens=3) == "finished"
+    assert (
+        units.finish_unit(
+            db, run_id="r1", unit_id="build:solo", started_at=fresh, status="completed", result_json='"new"', tokens=3
+        )
+        == "finished"
+    )
     # a second finish of the same dispatch is also refused (row no longer running)
     assert units.finish_unit(db, run_id="r1", unit_id="build:solo", started_at=fresh, status="failed") == "superseded"
     assert units.get_unit(db, "r1", "build:solo").result_json == '"new"'
@@ -88,37 +135,77 @@ def test_finish_of_a_vanished_row_is_a_journal_error(db):
 
 def test_finish_and_insert_is_one_transaction_with_the_same_rows_and_events(db):
     first = insert(db, unit_id="review.unit:aaa", step_id="review", node_id="review.unit")
-    done = units.UnitFinish(run_id="r1", unit_id="review.unit:aaa", started_at=first, status="failed",
-                            result_json='"boom"', tokens=7, failure_reason="non_zero_exit", truncated=True,
-                            step_id="review")
-    finished, second = units.finish_and_insert(db, done, run_id="r1", unit_id="review.unit:bbb", step_id="review",
-                                               node_id="review.unit", parent_unit_id="review.map", runner="exec",
-                                               input_hash="h2")
+    done = units.UnitFinish(
+        run_id="r1",
+        unit_id="review.unit:aaa",
+        started_at=first,
+        status="failed",
+        result_json='"boom"',
+        tokens=7,
+        failure_reason="non_zero_exit",
+        truncated=True,
+        step_id="review",
+    )
+    finished, second = units.finish_and_insert(
+        db,
+        done,
+        run_id="r1",
+        unit_id="review.unit:bbb",
+        step_id="review",
+        node_id="review.unit",
+        parent_unit_id="review.map",
+        runner="exec",
+        input_hash="h2",
+    )
     assert finished == "finished"
     a, b = units.get_unit(db, "r1", "review.unit:aaa"), units.get_unit(db, "r1", "review.unit:bbb")
-    assert (a.status, a.result_json, a.tokens, a.failure_reason, a.truncated) == ("failed", '"boom"', 7,
-                                                                                 "non_zero_exit", 1)
-    assert (b.status, b.started_at, b.parent_unit_id, b.input_hash, b.attempts) == ("running", second, "review.map",
-                                                                                    "h2", 1)
+    assert (a.status, a.result_json, a.tokens, a.failure_reason, a.truncated) == (
+        "failed",
+        '"boom"',
+        7,
+        "non_zero_exit",
+        1,
+    )
+    assert (b.status, b.started_at, b.parent_unit_id, b.input_hash, b.attempts) == (
+        "running",
+        second,
+        "review.map",
+        "h2",
+        1,
+    )
     kinds = [(e.event_type, e.metadata) for e in events.list_events(db, "r1")[0] if "unit" in e.event_type]
     assert kinds[1:] == [
-        ("workflow_unit_finished", {"runId": "r1", "stepId": "review", "unitId": "review.unit:aaa",
-                                    "status": "failed", "failureReason": "non_zero_exit", "tokens": 7,
-                                    "truncated": True}),
+        (
+            "workflow_unit_finished",
+            {
+                "runId": "r1",
+                "stepId": "review",
+                "unitId": "review.unit:aaa",
+                "status": "failed",
+                "failureReason": "non_zero_exit",
+                "tokens": 7,
+                "truncated": True,
+            },
+        ),
         ("workflow_unit_started", {"runId": "r1", "stepId": "review", "unitId": "review.unit:bbb"}),
     ]
     # A superseded finish still inserts (and writes no finished event) ...
     stale = units.UnitFinish(run_id="r1", unit_id="review.unit:aaa", started_at=first, status="completed")
-    assert units.finish_and_insert(db, stale, run_id="r1", unit_id="review.unit:ccc", step_id="review",
-                                   node_id="review.unit")[0] == "superseded"
+    assert (
+        units.finish_and_insert(
+            db, stale, run_id="r1", unit_id="review.unit:ccc", step_id="review", node_id="review.unit"
+        )[0]
+        == "superseded"
+    )
     assert units.get_unit(db, "r1", "review.unit:ccc").status == "running"
     assert len(unit_events(db, "workflow_unit_finished")) == 1
     # ... while a finish whose row is gone fails the whole write: the next unit is not inserted.
     db.execute("DELETE FROM units WHERE unit_id = 'review.unit:bbb'")
     gone = units.UnitFinish(run_id="r1", unit_id="review.unit:bbb", started_at=second, status="completed")
     with pytest.raises(JournalError, match="row is gone"):
-        units.finish_and_insert(db, gone, run_id="r1", unit_id="review.unit:ddd", step_id="review",
-                                node_id="review.unit")
+        units.finish_and_insert(
+            db, gone, run_id="r1", unit_id="review.unit:ddd", step_id="review", node_id="review.unit"
+        )
     assert units.get_unit(db, "r1", "review.unit:ddd") is None
     assert [e for e in unit_events(db, "workflow_unit_started") if e.metadata["unitId"] == "review.unit:ddd"] == []
 
@@ -129,10 +216,14 @@ def test_unit_event_metadata_is_the_compact_json_of_its_fields(db):
     odd = 'u"\\\u2028é\x01'  # quotes, backslash, a JS line separator, non-ASCII, a control character
     started = insert(db, unit_id=odd, step_id=None, node_id="n")
     units.finish_unit(db, run_id="r1", unit_id=odd, started_at=started, status="completed", tokens=0, step_id=None)
-    raw = [r["metadata_json"] for r in db.query("SELECT metadata_json FROM events WHERE event_type LIKE "
-                                                 "'workflow_unit_%' ORDER BY id")]
-    assert raw == [compact_json({"runId": "r1", "stepId": None, "unitId": odd}),
-                   compact_json({"runId": "r1", "stepId": None, "unitId": odd, "status": "completed", "tokens": 0})]
+    raw = [
+        r["metadata_json"]
+        for r in db.query("SELECT metadata_json FROM events WHERE event_type LIKE 'workflow_unit_%' ORDER BY id")
+    ]
+    assert raw == [
+        compact_json({"runId": "r1", "stepId": None, "unitId": odd}),
+        compact_json({"runId": "r1", "stepId": None, "unitId": odd, "status": "completed", "tokens": 0}),
+    ]
 
 
 def test_get_units_order_and_totals(db):
@@ -166,12 +257,20 @@ def test_heartbeat_touches_running_rows_only(db):
 
 
 def test_step_tallies_count_units_attempts_and_gate_loops(db):
-    for uid in ("build.unit:aaaaaaaaaaaa", "build.unit:aaaaaaaaaaaa~r1", "build.unit:bbbbbbbbbbbb",
-                "build.unit:aaaaaaaaaaaa~l2", "build.unit:aaaaaaaaaaaa~l2~r1", "build.unit:bbbbbbbbbbbb~l2"):
+    for uid in (
+        "build.unit:aaaaaaaaaaaa",
+        "build.unit:aaaaaaaaaaaa~r1",
+        "build.unit:bbbbbbbbbbbb",
+        "build.unit:aaaaaaaaaaaa~l2",
+        "build.unit:aaaaaaaaaaaa~l2~r1",
+        "build.unit:bbbbbbbbbbbb~l2",
+    ):
         insert(db, unit_id=uid)
     insert(db, unit_id="build.unit:bbbbbbbbbbbb~l2")  # re-dispatched after a crash: attempts 2
     insert(db, unit_id="review:solo", step_id="review")
     insert(db, unit_id="review:gate", step_id="review", phase="gate")  # gate rows are not dispatches
     tallies = units.step_tallies(db, "r1")
-    assert tallies == {"build": units.StepTally(units=2, attempts=7, gate_loops=2),
-                       "review": units.StepTally(units=1, attempts=1, gate_loops=1)}
+    assert tallies == {
+        "build": units.StepTally(units=2, attempts=7, gate_loops=2),
+        "review": units.StepTally(units=1, attempts=1, gate_loops=1),
+    }

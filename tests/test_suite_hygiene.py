@@ -26,9 +26,24 @@ def _pytest(repo, ci: str | None) -> subprocess.CompletedProcess:
         env["CI"] = ci
     env["PYTHONPATH"] = str(repo)
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_corpus_plan.py",
-         "-k", "present"],
-        cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_corpus_plan.py",
+            "-k",
+            "present",
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_missing_shared_skips_with_the_reason_outside_ci_and_fails_in_ci(tmp_path):

@@ -30,8 +30,7 @@ def test_status_text_summarises_a_10000_item_param_and_a_long_output(tmp_path, m
     project.mkdir()
     (project / "wf.md").write_text(WF, encoding="utf-8")
     monkeypatch.chdir(project)
-    run_id = api.run_workflow("wf.md", params={"items": list(range(10_000)), "who": "ann"},
-                              cwd=str(project)).run.run_id
+    run_id = api.run_workflow("wf.md", params={"items": list(range(10_000)), "who": "ann"}, cwd=str(project)).run.run_id
     assert main(["workflow", "status", run_id]) == 0
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 4100  # the run's result keeps its 4000 characters

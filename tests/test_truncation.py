@@ -20,17 +20,24 @@ PY = sys.executable
 
 
 def writer(n_bytes: int, prefix: str = "") -> str:
-    code = (f"import sys\nsys.stdout.write({prefix!r})\nb = sys.stdout.buffer\nsys.stdout.flush()\n"
-            f"for _ in range({n_bytes // 65536}): b.write(b'a' * 65536)\n")
+    code = (
+        f"import sys\nsys.stdout.write({prefix!r})\nb = sys.stdout.buffer\nsys.stdout.flush()\n"
+        f"for _ in range({n_bytes // 65536}): b.write(b'a' * 65536)\n"
+    )
     return json.dumps([PY, "-c", code])
 
 
 def test_truncated_stdout_completes_marked_as_truncated_everywhere(project, capsys):
-    wf = write_wf(project, "big.md", f"""
+    wf = write_wf(
+        project,
+        "big.md",
+        f"""
         steps:
           - id: dump
             unit: {{ exec: {{ command: {writer(3 * 1024 * 1024)} }} }}
-        """, "## dump\n\nx")
+        """,
+        "## dump\n\nx",
+    )
     warnings: list[str] = []
     res = run(wf, project, on_warning=lambda w: warnings.append(w.message))  # api.RunWarning
     assert res.run.status == "completed"
@@ -56,11 +63,16 @@ def test_truncated_stdout_completes_marked_as_truncated_everywhere(project, caps
 
 def test_plain_status_text_says_a_step_output_was_cut(project, capsys):
     """Without --units the step line and the result header say the output is only a beginning."""
-    wf = write_wf(project, "big.md", f"""
+    wf = write_wf(
+        project,
+        "big.md",
+        f"""
         steps:
           - id: dump
             unit: {{ exec: {{ command: {writer(2 * 1024 * 1024)} }} }}
-        """, "## dump\n\nx")
+        """,
+        "## dump\n\nx",
+    )
     res = run(wf, project)
     assert [s["truncatedUnits"] for s in res.run.to_json()["steps"]] == [1]
     assert main(["workflow", "status", res.run.run_id]) == 0
@@ -70,11 +82,16 @@ def test_plain_status_text_says_a_step_output_was_cut(project, capsys):
 
 
 def test_output_under_the_cap_is_not_marked(project):
-    wf = write_wf(project, "small.md", f"""
+    wf = write_wf(
+        project,
+        "small.md",
+        f"""
         steps:
           - id: say
             unit: {{ exec: {{ command: {writer(65536)} }} }}
-        """, "## say\n\nx")
+        """,
+        "## say\n\nx",
+    )
     res = run(wf, project)
     assert res.run.status == "completed" and "truncated" not in steps_of(res)["say"]["summary"]
     assert db_rows("SELECT truncated FROM units") == [(0,)]
@@ -82,12 +99,17 @@ def test_output_under_the_cap_is_not_marked(project):
 
 
 def test_truncated_stdout_with_a_schema_fails_exec_output_limit(project):
-    wf = write_wf(project, "schema.md", f"""
+    wf = write_wf(
+        project,
+        "schema.md",
+        f"""
         steps:
           - id: data
-            unit: {{ exec: {{ command: {writer(2 * 1024 * 1024, '[')} }} }}
+            unit: {{ exec: {{ command: {writer(2 * 1024 * 1024, "[")} }} }}
             output: {{ type: array }}
-        """, "## data\n\nx")
+        """,
+        "## data\n\nx",
+    )
     res = run(wf, project)
     assert res.run.status == "failed"
     assert db_rows("SELECT status, failure_reason FROM units") == [("failed", "exec_output_limit")]
@@ -96,7 +118,10 @@ def test_truncated_stdout_with_a_schema_fails_exec_output_limit(project):
 
 def test_each_units_journal_row_is_bounded_in_a_fan_out(project):
     """A 6-wide fan-out of 3 MiB outputs journals at most the 1 MiB cap per unit (it was 8 MiB)."""
-    wf = write_wf(project, "fan.md", f"""
+    wf = write_wf(
+        project,
+        "fan.md",
+        f"""
         params:
           xs: {{ type: array }}
         steps:
@@ -105,7 +130,9 @@ def test_each_units_journal_row_is_bounded_in_a_fan_out(project):
               over: params.xs
               concurrency: 6
               unit: {{ exec: {{ command: {writer(3 * 1024 * 1024)} }} }}
-        """, "## fan\n\nx")
+        """,
+        "## fan\n\nx",
+    )
     res = run(wf, project, params={"xs": list(range(6))})
     assert res.run.status == "completed"
     sizes = db_rows("SELECT length(result_json), truncated FROM units")
@@ -120,20 +147,30 @@ def test_a_secret_cut_by_the_cap_does_not_leak_into_the_artifact_or_the_journal(
     (project / ".akm" / "env").mkdir(parents=True)
     (project / ".akm" / "env" / "api.env").write_text(f"TOKEN={secret}\n", encoding="utf-8")
     for kept in (1, 5, len(secret) - 1):
-        code = ("import os, sys\nsys.stdout.write('x' * " + str(STDOUT_CAPTURE_BYTES - kept)
-                + " + os.environ['TOKEN'] + 'tail')\n")
-        wf = write_wf(project, f"leak{kept}.md", f"""
+        code = (
+            "import os, sys\nsys.stdout.write('x' * "
+            + str(STDOUT_CAPTURE_BYTES - kept)
+            + " + os.environ['TOKEN'] + 'tail')\n"
+        )
+        wf = write_wf(
+            project,
+            f"leak{kept}.md",
+            f"""
             steps:
               - id: echo
                 unit:
                   env: [env/api]
                   exec: {{ command: {json.dumps([PY, "-c", code])} }}
-            """, "## echo\n\nx")
+            """,
+            "## echo\n\nx",
+        )
         res = run(wf, project)
         output = steps_of(res)["echo"]["output"]
         assert output == "x" * (STDOUT_CAPTURE_BYTES - kept) + "[REDACTED]", kept
-        assert not any(secret[:kept] in (row[0] or "")[-64:]
-                       for row in db_rows("SELECT result_json FROM units WHERE unit_id = 'echo:solo'"))
+        assert not any(
+            secret[:kept] in (row[0] or "")[-64:]
+            for row in db_rows("SELECT result_json FROM units WHERE unit_id = 'echo:solo'")
+        )
 
 
 def test_a_secret_in_a_huge_stderr_does_not_leak_into_the_failure_diagnostic(project):
@@ -141,15 +178,21 @@ def test_a_secret_in_a_huge_stderr_does_not_leak_into_the_failure_diagnostic(pro
     secret = "sk-live-0123456789abcdefghij"
     (project / ".akm" / "env").mkdir(parents=True)
     (project / ".akm" / "env" / "api.env").write_text(f"TOKEN={secret}\n", encoding="utf-8")
-    code = ("import os, sys\nsys.stderr.write('y' * (8 * 1024 * 1024 - 7) + os.environ['TOKEN'] + 'z' * 10)\n"
-            "sys.exit(1)\n")
-    wf = write_wf(project, "err.md", f"""
+    code = (
+        "import os, sys\nsys.stderr.write('y' * (8 * 1024 * 1024 - 7) + os.environ['TOKEN'] + 'z' * 10)\nsys.exit(1)\n"
+    )
+    wf = write_wf(
+        project,
+        "err.md",
+        f"""
         steps:
           - id: fail
             unit:
               env: [env/api]
               exec: {{ command: {json.dumps([PY, "-c", code])} }}
-        """, "## fail\n\nx")
+        """,
+        "## fail\n\nx",
+    )
     res = run(wf, project)
     notes = steps_of(res)["fail"]["notes"]
     assert "exited 1" in notes and "[REDACTED]" in notes

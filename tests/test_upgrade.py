@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from akm.errors import UsageError
 from akm.format.upgrade import LegacyMarker, detect_legacy, upgrade_legacy
 from akm.format.yaml12 import Yaml12Loader
-
 from tests.helpers import CORPUS, corpus_files, needs_shared
 
 LEGACY = corpus_files("legacy")
@@ -233,9 +232,7 @@ def test_synthetic_upgrade():
         "count": {"type": "integer", "description": "How many"},
         "plain": {"type": "string"},
     }
-    assert fm["provenance"] == {
-        "legacy_frontmatter": {"version": 3, "name": "Ignored Name", "status": "experimental"}
-    }
+    assert fm["provenance"] == {"legacy_frontmatter": {"version": 3, "name": "Ignored Name", "status": "experimental"}}
     assert "updated: 2026-01-01\n" in out  # stays a plain YAML 1.2 string
 
     sections = _sections(body)
@@ -258,7 +255,13 @@ def test_synthetic_upgrade():
 
     preamble = body.split("\n## ", 1)[0]
     assert preamble.startswith("\n# Synthetic\n") or preamble.startswith("# Synthetic\n")
-    for fragment in ("Intro before the title.", "Overview text.", "### Overview heading", "### Appendix", "Closing remarks."):
+    for fragment in (
+        "Intro before the title.",
+        "Overview text.",
+        "### Overview heading",
+        "### Appendix",
+        "Closing remarks.",
+    ):
         assert fragment in preamble
     assert detect_legacy(out) is None
 
@@ -310,12 +313,40 @@ def test_upgrade_failures(text, fragment):
     assert fragment in info.value.message
 
 
-_legacy_bits = st.sampled_from([
-    "---", "description: d", "params:", "  a: b", "  - x", "tags: [a", "on: yes", "x: &a [*a]",
-    "# Workflow: W", "## Step: S", "Step ID: s", "Step ID:", "**Step ID:** t", "### Instructions",
-    "### Completion Criteria", "- done", "```", "~~~", "### gate", "# H1", "text", "", "  ", "\r",
-    "## H2", "#### deep", "# Step: top", "Step ID: 9.x y", "  b-c: 3", "---",
-])
+_legacy_bits = st.sampled_from(
+    [
+        "---",
+        "description: d",
+        "params:",
+        "  a: b",
+        "  - x",
+        "tags: [a",
+        "on: yes",
+        "x: &a [*a]",
+        "# Workflow: W",
+        "## Step: S",
+        "Step ID: s",
+        "Step ID:",
+        "**Step ID:** t",
+        "### Instructions",
+        "### Completion Criteria",
+        "- done",
+        "```",
+        "~~~",
+        "### gate",
+        "# H1",
+        "text",
+        "",
+        "  ",
+        "\r",
+        "## H2",
+        "#### deep",
+        "# Step: top",
+        "Step ID: 9.x y",
+        "  b-c: 3",
+        "---",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)

@@ -26,8 +26,9 @@ def _codes_in(paths: list[Path], pattern: re.Pattern[str]) -> dict[str, str]:
 
 
 def test_spec_errors_md_is_generated_from_the_enum():
-    assert (ROOT / "spec" / "errors.md").read_text(encoding="utf-8") == errors.render_errors_md(), \
+    assert (ROOT / "spec" / "errors.md").read_text(encoding="utf-8") == errors.render_errors_md(), (
         "spec/errors.md is stale: python -m akm.errors > spec/errors.md"
+    )
     assert set(errors.CODE_MEANINGS) == set(Code)
 
 

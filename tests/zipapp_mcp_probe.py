@@ -9,8 +9,17 @@ import json
 import os
 import sys
 
-PROBED = ("mcp", "mcp.client", "mcp_types", "pydantic_core._pydantic_core", "cryptography.hazmat.bindings._rust",
-          "starlette", "uvicorn", "anyio", "httpx2")
+PROBED = (
+    "mcp",
+    "mcp.client",
+    "mcp_types",
+    "pydantic_core._pydantic_core",
+    "cryptography.hazmat.bindings._rust",
+    "starlette",
+    "uvicorn",
+    "anyio",
+    "httpx2",
+)
 
 
 async def main(workflow: str) -> None:
@@ -20,19 +29,29 @@ async def main(workflow: str) -> None:
     from mcp.client.stdio import StdioServerParameters
 
     keep = ("AKM_CACHE_DIR", "SHIV_ROOT", "PATH", "HOME", "AKM_DATA_DIR", "XDG_CONFIG_HOME", "TMPDIR")
-    params = StdioServerParameters(command=sys.executable, args=[os.environ["AKM_PROBE_ZIPAPP"], "mcp"],
-                                   env={k: os.environ[k] for k in keep if k in os.environ}, cwd=os.getcwd())
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=[os.environ["AKM_PROBE_ZIPAPP"], "mcp"],
+        env={k: os.environ[k] for k in keep if k in os.environ},
+        cwd=os.getcwd(),
+    )
     async with Client(params) as client:
         info = client.server_info
         tools = sorted(t.name for t in (await client.list_tools()).tools)
         lint = await client.call_tool("workflow_lint", {"paths": [workflow]})
         run = await client.call_tool("workflow_run", {"target": workflow, "params": {"count": 2}})
-    print(json.dumps({
-        "server_name": info.name if info else None, "tools": tools, "python": list(sys.version_info[:2]),
-        "lint": {"is_error": bool(lint.is_error), "result": lint.structured_content},
-        "run": {"is_error": bool(run.is_error), "result": run.structured_content},
-        "origins": {name: getattr(sys.modules.get(name), "__file__", None) or "" for name in PROBED},
-    }))
+    print(
+        json.dumps(
+            {
+                "server_name": info.name if info else None,
+                "tools": tools,
+                "python": list(sys.version_info[:2]),
+                "lint": {"is_error": bool(lint.is_error), "result": lint.structured_content},
+                "run": {"is_error": bool(run.is_error), "result": run.structured_content},
+                "origins": {name: getattr(sys.modules.get(name), "__file__", None) or "" for name in PROBED},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

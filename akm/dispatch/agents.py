@@ -50,11 +50,16 @@ STDERR_TAIL = 1500
 # --------------------------------------------------------------------------- environment
 
 
-def agent_env(profile: hz.Profile, engine: Mapping[str, Any], request: UnitRequest,
-              parent: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+def agent_env(
+    profile: hz.Profile, engine: Mapping[str, Any], request: UnitRequest, parent: Mapping[str, str]
+) -> tuple[dict[str, str], list[str]]:
     """(child environment, the passthrough names that came from akm's environment)."""
-    names = [*EXEC_ENV_ALLOWLIST, *hz.COMMON_PASSTHROUGH, *profile.env_passthrough,
-             *(engine.get("envPassthrough") or [])]
+    names = [
+        *EXEC_ENV_ALLOWLIST,
+        *hz.COMMON_PASSTHROUGH,
+        *profile.env_passthrough,
+        *(engine.get("envPassthrough") or []),
+    ]
     env: dict[str, str] = {}
     passed: list[str] = []
     for name in dict.fromkeys(names):
@@ -105,20 +110,25 @@ class AgentDispatcher:
         with self._gates_lock:
             return self._gates.setdefault((name, width), threading.BoundedSemaphore(width))
 
-    def dispatch(self, request: UnitRequest, cancel: threading.Event,
-                 feedback: str | None = None) -> DispatchResult:
+    def dispatch(self, request: UnitRequest, cancel: threading.Event, feedback: str | None = None) -> DispatchResult:
         engine = request.engine or {}
         platform = str(engine.get("platform") or "")
         label = f"agent unit {request.attempt_id} on engine {request.engine_name or engine.get('name', '?')!r}"
         secrets = list(request.sensitive_values)
         profile = hz.PROFILES.get(platform)
         if engine.get("kind") != "agent" or profile is None:
-            return _failure("dispatch_error", f"{label}: the plan has no agent engine snapshot with a known platform "
-                            f"(got {platform or 'none'!r})", secrets)
+            return _failure(
+                "dispatch_error",
+                f"{label}: the plan has no agent engine snapshot with a known platform (got {platform or 'none'!r})",
+                secrets,
+            )
         if cancel.is_set():
             return _failure("aborted", f"{label} was not started: the run was interrupted", secrets)
-        parent = request.parent_env if request.parent_env is not None else (
-            self._environ if self._environ is not None else os.environ)
+        parent = (
+            request.parent_env
+            if request.parent_env is not None
+            else (self._environ if self._environ is not None else os.environ)
+        )
         llm = engine.get("llm") if isinstance(engine.get("llm"), dict) else None
         llm_key = None
         if llm is not None:
@@ -131,13 +141,17 @@ class AgentDispatcher:
         prompt = f"{request.prompt}\n\n{feedback}" if feedback else request.prompt
         tmpdir = tempfile.mkdtemp(prefix="akm-agent-") if request.output_schema is not None else None
         try:
-            call = hz.Call(bin=str(engine.get("bin") or profile.bin),
-                           args=list(engine["args"]) if isinstance(engine.get("args"), list) else list(
-                               profile.base_args),
-                           prompt=prompt, system_prompt=request.system_prompt, model=request.model,
-                           schema=request.output_schema,
-                           schema_path=os.path.join(tmpdir, "output-schema.json") if tmpdir else None,
-                           llm=llm, llm_api_key=llm_key)
+            call = hz.Call(
+                bin=str(engine.get("bin") or profile.bin),
+                args=list(engine["args"]) if isinstance(engine.get("args"), list) else list(profile.base_args),
+                prompt=prompt,
+                system_prompt=request.system_prompt,
+                model=request.model,
+                schema=request.output_schema,
+                schema_path=os.path.join(tmpdir, "output-schema.json") if tmpdir else None,
+                llm=llm,
+                llm_api_key=llm_key,
+            )
             try:
                 built = hz.build(platform, call)
             except hz.HarnessError as exc:
@@ -148,13 +162,17 @@ class AgentDispatcher:
             env, passed = agent_env(profile, engine, request, parent)
             env.update(built.env)
             secrets += unsafe_values(env, passed) + sensitive_values_from(
-                {k: v for k, v in built.env.items() if k not in hz.SAFE_ENV_NAMES and k != "OPENCODE_CONFIG_CONTENT"})
+                {k: v for k, v in built.env.items() if k not in hz.SAFE_ENV_NAMES and k != "OPENCODE_CONFIG_CONTENT"}
+            )
             exe = built.argv[0]
             if os.sep not in exe and not (os.altsep and os.altsep in exe):
                 found = shutil.which(exe, path=env.get("PATH", os.defpath))
                 if found is None:
-                    return _failure("spawn_failed", f"{label}: {exe!r} ({platform}) is not on PATH "
-                                    f"({env.get('PATH', '')}); nothing was started", secrets)
+                    return _failure(
+                        "spawn_failed",
+                        f"{label}: {exe!r} ({platform}) is not on PATH ({env.get('PATH', '')}); nothing was started",
+                        secrets,
+                    )
                 built.argv[0] = found
             gate = self._gate(str(engine.get("name") or platform), engine.get("concurrency"))
             if gate is not None:
@@ -162,9 +180,18 @@ class AgentDispatcher:
                     if cancel.is_set():
                         return _failure("aborted", f"{label} was not started: the run was interrupted", secrets)
             try:
-                proc = run_process(built.argv, cwd=request.cwd, env=env, stdin_text=built.stdin,
-                                   timeout_ms=request.timeout_ms, cancel=cancel, capture_limit=MAX_STDOUT_BYTES,
-                                   stderr_limit=MAX_STDERR_BYTES, stdout_keep="tail", sensitive_values=secrets)
+                proc = run_process(
+                    built.argv,
+                    cwd=request.cwd,
+                    env=env,
+                    stdin_text=built.stdin,
+                    timeout_ms=request.timeout_ms,
+                    cancel=cancel,
+                    capture_limit=MAX_STDOUT_BYTES,
+                    stderr_limit=MAX_STDERR_BYTES,
+                    stdout_keep="tail",
+                    sensitive_values=secrets,
+                )
             finally:
                 if gate is not None:
                     gate.release()
@@ -175,45 +202,100 @@ class AgentDispatcher:
             if tmpdir is not None:
                 shutil.rmtree(tmpdir, ignore_errors=True)
 
-    def _result(self, label: str, platform: str, request: UnitRequest, proc: ProcessResult,
-                secrets: list[str]) -> DispatchResult:
+    def _result(
+        self, label: str, platform: str, request: UnitRequest, proc: ProcessResult, secrets: list[str]
+    ) -> DispatchResult:
         if proc.spawn_error is not None:
             return _failure("spawn_failed", f"{label} could not start {platform}: {proc.spawn_error}", secrets)
         stderr = redact_text(proc.stderr, secrets).strip()
-        tail = f". stderr (last {STDERR_TAIL} chars):\n…{stderr[-STDERR_TAIL:]}" if len(stderr) > STDERR_TAIL else (
-            f". stderr:\n{stderr}" if stderr else "")
+        tail = (
+            f". stderr (last {STDERR_TAIL} chars):\n…{stderr[-STDERR_TAIL:]}"
+            if len(stderr) > STDERR_TAIL
+            else (f". stderr:\n{stderr}" if stderr else "")
+        )
         got = hz.extract(platform, proc.stdout)
         session = redact_text(got.session_id, secrets) if got.session_id else None
         text = redact_text(got.text, secrets) or None
         if proc.cancelled:
-            return _failure("aborted", f"{label} was cancelled while running; its process group was terminated{tail}",
-                            secrets, text=text, session_id=session, tokens=got.tokens)
+            return _failure(
+                "aborted",
+                f"{label} was cancelled while running; its process group was terminated{tail}",
+                secrets,
+                text=text,
+                session_id=session,
+                tokens=got.tokens,
+            )
         if proc.timed_out:
-            return _failure("timeout", f"{label} timed out after {request.timeout_ms} ms; its process group was "
-                            f"terminated{tail}", secrets, text=text, session_id=session, tokens=got.tokens)
+            return _failure(
+                "timeout",
+                f"{label} timed out after {request.timeout_ms} ms; its process group was terminated{tail}",
+                secrets,
+                text=text,
+                session_id=session,
+                tokens=got.tokens,
+            )
         if proc.signal is not None or proc.exit_code != 0:
             what = f"was killed by signal {proc.signal}" if proc.signal is not None else f"exited {proc.exit_code}"
             detail = f": {got.error}" if got.error else ""
-            return _failure("non_zero_exit", f"{label}: {platform} {what}{detail}{tail}", secrets, text=text,
-                            session_id=session, tokens=got.tokens)
+            return _failure(
+                "non_zero_exit",
+                f"{label}: {platform} {what}{detail}{tail}",
+                secrets,
+                text=text,
+                session_id=session,
+                tokens=got.tokens,
+            )
         if proc.capture_error is not None:
-            return _failure("spawn_failed", f"{label}: output capture did not complete ({proc.capture_error}): a "
-                            "background process kept stdout/stderr open after the harness exited; its process group "
-                            f"was killed{tail}", secrets, session_id=session, tokens=got.tokens)
+            return _failure(
+                "spawn_failed",
+                f"{label}: output capture did not complete ({proc.capture_error}): a "
+                "background process kept stdout/stderr open after the harness exited; its process group "
+                f"was killed{tail}",
+                secrets,
+                session_id=session,
+                tokens=got.tokens,
+            )
         if got.error is not None:
-            return _failure("agent_error", f"{label}: {platform} exited 0 but reported a failure: "
-                            f"{redact_text(got.error, secrets)}{tail}", secrets, text=text, session_id=session,
-                            tokens=got.tokens)
+            return _failure(
+                "agent_error",
+                f"{label}: {platform} exited 0 but reported a failure: {redact_text(got.error, secrets)}{tail}",
+                secrets,
+                text=text,
+                session_id=session,
+                tokens=got.tokens,
+            )
         if proc.stdout_truncated and not got.parsed:
-            return DispatchResult(ok=False, failure_reason="agent_output_limit", truncated=True, session_id=session,
-                                  tokens=got.tokens, text=text,
-                                  error=clip(f"{label}: {platform} printed more than {MAX_STDOUT_BYTES} bytes and its "
-                                             "output is not in the harness's structured format, so the answer is "
-                                             "incomplete; nothing was promoted", DIAGNOSTIC_CLIP))
+            return DispatchResult(
+                ok=False,
+                failure_reason="agent_output_limit",
+                truncated=True,
+                session_id=session,
+                tokens=got.tokens,
+                text=text,
+                error=clip(
+                    f"{label}: {platform} printed more than {MAX_STDOUT_BYTES} bytes and its "
+                    "output is not in the harness's structured format, so the answer is "
+                    "incomplete; nothing was promoted",
+                    DIAGNOSTIC_CLIP,
+                ),
+            )
         return DispatchResult(ok=True, text=text, tokens=got.tokens, session_id=session)
 
 
-def _failure(reason: str, error: str, secrets: list[str], *, text: str | None = None, session_id: str | None = None,
-             tokens: int | None = None) -> DispatchResult:
-    return DispatchResult(ok=False, failure_reason=reason, error=clip(redact_text(error, secrets), DIAGNOSTIC_CLIP),
-                          text=text, session_id=session_id, tokens=tokens)
+def _failure(
+    reason: str,
+    error: str,
+    secrets: list[str],
+    *,
+    text: str | None = None,
+    session_id: str | None = None,
+    tokens: int | None = None,
+) -> DispatchResult:
+    return DispatchResult(
+        ok=False,
+        failure_reason=reason,
+        error=clip(redact_text(error, secrets), DIAGNOSTIC_CLIP),
+        text=text,
+        session_id=session_id,
+        tokens=tokens,
+    )

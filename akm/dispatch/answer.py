@@ -37,7 +37,7 @@ class AnswerError(ValueError):
 
 
 def _excerpt(text: str, pos: int) -> str:
-    piece = text[pos:pos + EXCERPT]
+    piece = text[pos : pos + EXCERPT]
     suffix = "…" if len(text) > pos + EXCERPT else ""
     return json.dumps(piece + suffix, ensure_ascii=False)
 
@@ -85,8 +85,11 @@ def _token_position(text: str, start: int, exc: ValueError) -> int:
     message = str(exc)
     for m in _TOKEN.finditer(text, start):
         token = m.group()
-        if not token.startswith('"') and (f"the number {token} " in message or message.startswith(f"{token} ")
-                                          or f"the number {token[:12]}… has {len(token)} digits" in message):
+        if not token.startswith('"') and (
+            f"the number {token} " in message
+            or message.startswith(f"{token} ")
+            or f"the number {token[:12]}… has {len(token)} digits" in message
+        ):
             return m.start()
     return start
 
@@ -133,8 +136,9 @@ def _decode_at(text: str, start: int) -> tuple[Any, int]:
         value, stop = _DECODER.raw_decode(text, start)
     except json.JSONDecodeError as exc:
         if exc.pos >= len(text.rstrip(_JS_WHITESPACE)):
-            raise AnswerError(f"the JSON value is cut off: the text ends at {_where(text, exc.pos)} "
-                              "before the value is complete") from None
+            raise AnswerError(
+                f"the JSON value is cut off: the text ends at {_where(text, exc.pos)} before the value is complete"
+            ) from None
         what = exc.msg[:1].lower() + exc.msg[1:]
         raise AnswerError(f"invalid JSON at {_where(text, exc.pos)}: {what} (near {_excerpt(text, exc.pos)})") from None
     except ValueError as exc:  # our constant/float hooks: they are not told where they are
@@ -142,8 +146,10 @@ def _decode_at(text: str, start: int) -> tuple[Any, int]:
     except RecursionError:
         raise AnswerError("the JSON value is nested too deeply to read") from None
     if _nesting_over(value, MAX_ANSWER_DEPTH):
-        raise AnswerError(f"the JSON value starting at {_where(text, start)} nests deeper than {MAX_ANSWER_DEPTH} "
-                          f"levels; akm records at most {MAX_ANSWER_DEPTH}")
+        raise AnswerError(
+            f"the JSON value starting at {_where(text, start)} nests deeper than {MAX_ANSWER_DEPTH} "
+            f"levels; akm records at most {MAX_ANSWER_DEPTH}"
+        )
     return value, stop
 
 
@@ -180,7 +186,7 @@ def _strip_wrapping(text: str) -> str:
     text = _THINK.sub("", text).strip(_JS_WHITESPACE)
     opened = _FENCE_OPEN.match(text)
     if opened:
-        text = text[opened.end():]
+        text = text[opened.end() :]
         text = _FENCE_CLOSE.sub("", text)
     return text.strip(_JS_WHITESPACE)
 
@@ -219,6 +225,8 @@ def extract_model_json(answer: str) -> Any:
             f"{_where(text, found[1][0])}); answer with exactly one"
         )
     if _nesting_over(found[0][1], MAX_ANSWER_DEPTH):
-        raise AnswerError(f"the JSON value at {_where(text, found[0][0])} nests deeper than {MAX_ANSWER_DEPTH} "
-                          f"levels; akm records at most {MAX_ANSWER_DEPTH}")
+        raise AnswerError(
+            f"the JSON value at {_where(text, found[0][0])} nests deeper than {MAX_ANSWER_DEPTH} "
+            f"levels; akm records at most {MAX_ANSWER_DEPTH}"
+        )
     return found[0][1]

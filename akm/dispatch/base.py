@@ -25,10 +25,10 @@ it returns against `request.sensitive_values`.
 from __future__ import annotations
 
 import threading
-from akm.record import dataclass, field
 from typing import Any, Mapping, Protocol
 
 from akm.dispatch.types import DispatchResult
+from akm.record import dataclass, field
 
 __all__ = ["DispatchResult", "Dispatcher", "DispatcherRegistry", "UnitRequest", "UNIT_KINDS"]
 
@@ -73,9 +73,9 @@ class Dispatcher(Protocol):
 
     kind: str
 
-    def dispatch(self, request: UnitRequest, cancel: threading.Event,
-                 feedback: str | None = None) -> DispatchResult:
-        ...
+    def dispatch(
+        self, request: UnitRequest, cancel: threading.Event, feedback: str | None = None
+    ) -> DispatchResult: ...
 
 
 class DispatcherRegistry:

@@ -31,13 +31,13 @@ import re
 import signal
 import sys
 import threading
-from akm.record import dataclass, field
 from typing import Any, Mapping
 
 from akm.canonical import canonical_json
 from akm.dispatch.process import ProcessResult, run_process
 from akm.dispatch.redact import clip, redact_text, redact_value
 from akm.dispatch.types import DispatchResult
+from akm.record import dataclass, field
 
 DEFAULT_EXEC_TIMEOUT_MS = 600_000
 # The stdout a unit may produce as its artifact (and what its journal row may hold): the
@@ -83,7 +83,14 @@ EXEC_ENV_ALLOWLIST: tuple[str, ...] = (
 
 # Well-known user bin dirs prepended to an allowlisted PATH that looks like a
 # scheduler's minimal PATH (no entry under $HOME).
-_POSIX_USER_BIN_DIRS = ("~/.bun/bin", "~/.cargo/bin", "~/.local/bin", "/opt/homebrew/bin", "/opt/homebrew/sbin", "/usr/local/bin")
+_POSIX_USER_BIN_DIRS = (
+    "~/.bun/bin",
+    "~/.cargo/bin",
+    "~/.local/bin",
+    "/opt/homebrew/bin",
+    "/opt/homebrew/sbin",
+    "/usr/local/bin",
+)
 
 # (per-variable bytes, total bytes, where the number comes from)
 _CONTEXT_LIMITS_POSIX = (98_304, 131_072, "POSIX/Linux: one execve string is capped at 128 KiB (MAX_ARG_STRLEN)")
@@ -169,7 +176,9 @@ def check_exec_context(context: Mapping[str, str], platform: str | None = None) 
     platform's; there is no spill-to-file fallback — bulk data belongs in a
     file whose path a step passes along.
     """
-    per_var, total_limit, source = _CONTEXT_LIMITS_WIN32 if (platform or sys.platform) == "win32" else _CONTEXT_LIMITS_POSIX
+    per_var, total_limit, source = (
+        _CONTEXT_LIMITS_WIN32 if (platform or sys.platform) == "win32" else _CONTEXT_LIMITS_POSIX
+    )
     # A character is at most 4 UTF-8 bytes: a context this short is within every limit
     # without encoding it (the common case, checked once per unit).
     if 4 * sum(len(name) + len(value) + 1 for name, value in context.items()) <= min(per_var, total_limit):
@@ -218,8 +227,9 @@ def _supplement_path(path: str, home: str | None) -> str:
     return os.pathsep.join(extra + ([path] if path else []))
 
 
-CONTEXT_NAMES = frozenset({"AKM_RUN_ID", "AKM_STEP_ID", "AKM_UNIT_ID", "AKM_PARAMS", "AKM_ITEM",
-                           "AKM_ITEM_INDEX", "AKM_INPUTS", "AKM_GUARD"})
+CONTEXT_NAMES = frozenset(
+    {"AKM_RUN_ID", "AKM_STEP_ID", "AKM_UNIT_ID", "AKM_PARAMS", "AKM_ITEM", "AKM_ITEM_INDEX", "AKM_INPUTS", "AKM_GUARD"}
+)
 
 
 def build_exec_env(req: ExecRequest, parent: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -337,7 +347,9 @@ def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
     try:
         _, target, real_base, real_target, contained = _resolve_dirs(req.base_dir, req.cwd)
     except (ValueError, OSError) as exc:  # e.g. an embedded NUL byte
-        return _fail("spawn_failed", f"{_label(req)} could not start {_describe(argv)}: invalid working directory ({exc})")
+        return _fail(
+            "spawn_failed", f"{_label(req)} could not start {_describe(argv)}: invalid working directory ({exc})"
+        )
     if not contained:
         return _fail(
             "exec_cwd_escape",
@@ -348,18 +360,24 @@ def _run(req: ExecRequest, cancel: threading.Event | None) -> DispatchResult:
     # 2. context size
     too_large = check_exec_context(req.context)
     if too_large:
-        return _missing_dir(req, argv, target, real_target) or _fail("exec_context_too_large",
-                                                                      f"{_label(req)}: {too_large}")
+        return _missing_dir(req, argv, target, real_target) or _fail(
+            "exec_context_too_large", f"{_label(req)}: {too_large}"
+        )
 
     # 3. spawn and supervise (akm.dispatch.process)
     if cancel is not None and cancel.is_set():
         return _missing_dir(req, argv, target, real_target) or _fail(
-            "aborted", f"{_label(req)} {_describe(argv)} was not dispatched because the workflow invocation was "
-                       "interrupted"
+            "aborted",
+            f"{_label(req)} {_describe(argv)} was not dispatched because the workflow invocation was interrupted",
         )
     proc = run_process(
-        argv, cwd=real_target, env=build_exec_env(req, req.parent_env), timeout_ms=req.timeout_ms, cancel=cancel,
-        capture_limit=STDOUT_CAPTURE_BYTES, stderr_limit=STDERR_CAPTURE_BYTES,
+        argv,
+        cwd=real_target,
+        env=build_exec_env(req, req.parent_env),
+        timeout_ms=req.timeout_ms,
+        cancel=cancel,
+        capture_limit=STDOUT_CAPTURE_BYTES,
+        stderr_limit=STDERR_CAPTURE_BYTES,
         sensitive_values=req.sensitive_values,
     )
     if proc.spawn_error is not None:
@@ -385,10 +403,17 @@ def _missing_dir(req: ExecRequest, argv: list[str], target: str, real_target: st
 
 def _outcome(proc: ProcessResult, req: ExecRequest, argv: list[str]) -> DispatchResult:
     """Map a supervised process onto the unit outcome, first match wins."""
-    if (proc.exit_code == 0 and not proc.capture_error and not proc.cancelled and not proc.timed_out
-            and proc.signal is None and proc.spawn_error is None):
-        return DispatchResult(ok=True, text=_strip_trailing_newlines(proc.stdout) or None,
-                              truncated=proc.stdout_truncated)
+    if (
+        proc.exit_code == 0
+        and not proc.capture_error
+        and not proc.cancelled
+        and not proc.timed_out
+        and proc.signal is None
+        and proc.spawn_error is None
+    ):
+        return DispatchResult(
+            ok=True, text=_strip_trailing_newlines(proc.stdout) or None, truncated=proc.stdout_truncated
+        )
     label, desc = _label(req), _describe(argv)
     if proc.spawn_error is not None:
         return _fail("spawn_failed", f"{label} could not start {desc}: {proc.spawn_error}")
@@ -396,17 +421,26 @@ def _outcome(proc: ProcessResult, req: ExecRequest, argv: list[str]) -> Dispatch
     stdout_text = _strip_trailing_newlines(proc.stdout)
     truncated = proc.stdout_truncated
     if proc.cancelled:
-        return _fail("aborted", f"{label} {desc} was cancelled while running; the process group was terminated{tail}",
-                     stdout_text, truncated)
+        return _fail(
+            "aborted",
+            f"{label} {desc} was cancelled while running; the process group was terminated{tail}",
+            stdout_text,
+            truncated,
+        )
     if proc.timed_out:
         return _fail(
             "timeout",
             f"{label} {desc} timed out after {req.timeout_ms} ms; the process group was terminated{tail}",
-            stdout_text, truncated,
+            stdout_text,
+            truncated,
         )
     if proc.signal is not None:
-        return _fail("non_zero_exit", f"{label} {desc} was killed by signal {_signal_name(proc.signal)} "
-                                      f"({proc.signal}){tail}", stdout_text, truncated)
+        return _fail(
+            "non_zero_exit",
+            f"{label} {desc} was killed by signal {_signal_name(proc.signal)} ({proc.signal}){tail}",
+            stdout_text,
+            truncated,
+        )
     if proc.exit_code != 0:
         return _fail("non_zero_exit", f"{label} {desc} exited {proc.exit_code}{tail}", stdout_text, truncated)
     if proc.capture_error:
@@ -432,9 +466,15 @@ class ExecDispatcher:
     def dispatch(self, request: Any, cancel: threading.Event, feedback: str | None = None) -> DispatchResult:
         spec = request.exec_spec
         req = ExecRequest(
-            command=list(spec.command), base_dir=request.cwd, cwd=spec.cwd, pass_env=spec.pass_env,
-            inherit_env=bool(spec.inherit_env), env_bindings=request.env_bindings, context=request.exec_context,
-            timeout_ms=request.timeout_ms, sensitive_values=request.sensitive_values,
+            command=list(spec.command),
+            base_dir=request.cwd,
+            cwd=spec.cwd,
+            pass_env=spec.pass_env,
+            inherit_env=bool(spec.inherit_env),
+            env_bindings=request.env_bindings,
+            context=request.exec_context,
+            timeout_ms=request.timeout_ms,
+            sensitive_values=request.sensitive_values,
             parent_env=request.parent_env,
         )
         return run_exec_unit(req, cancel)

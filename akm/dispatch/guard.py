@@ -97,8 +97,11 @@ def token() -> str | None:
             try:
                 _proc = subprocess.Popen(
                     [sys.executable, "-I", "-S", "-c", _GUARDIAN, candidate],
-                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    start_new_session=True, close_fds=True,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                    close_fds=True,
                 )
                 _token = candidate
                 atexit.register(_goodbye)

@@ -28,29 +28,84 @@ from __future__ import annotations
 
 import json
 import re
-from akm.record import dataclass, field
 from typing import Any, Callable, Mapping
 
 from akm.dispatch.llm import strict_compatible
 from akm.dispatch.types import token_count
+from akm.record import dataclass, field
 
 # Environment every harness needs (beyond the exec allowlist): where its config and
 # caches live, and how the network is reached.
 COMMON_PASSTHROUGH: tuple[str, ...] = (
-    "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR",
-    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
-    "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "XDG_CACHE_HOME",
+    "XDG_STATE_HOME",
+    "XDG_RUNTIME_DIR",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
+    "REQUESTS_CA_BUNDLE",
 )
 
 # Passthrough names whose values are paths or identifiers, not secrets (spec-engine §9.1).
-SAFE_ENV_NAMES = frozenset({
-    "HOME", "PATH", "TMPDIR", "TEMP", "TMP", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ",
-    "SystemRoot", "SystemDrive", "WINDIR", "COMSPEC", "PATHEXT", "USERPROFILE", "HOMEDRIVE", "HOMEPATH", "APPDATA",
-    "LOCALAPPDATA", "ProgramData", "ProgramFiles", "AKM_EVENT_SOURCE", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
-    "XDG_CACHE_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS",
-    "REQUESTS_CA_BUNDLE", "OPENCODE_CONFIG", "CLAUDE_CONFIG", "CLAUDE_CONFIG_DIR", "CODEX_CONFIG", "CODEX_HOME",
-    "AWS_PROFILE", "AWS_REGION", "LLM_MODEL", "LLM_BASE_URL", "GOOGLE_CLOUD_PROJECT",
-})
+SAFE_ENV_NAMES = frozenset(
+    {
+        "HOME",
+        "PATH",
+        "TMPDIR",
+        "TEMP",
+        "TMP",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LC_ALL",
+        "LC_CTYPE",
+        "TERM",
+        "TZ",
+        "SystemRoot",
+        "SystemDrive",
+        "WINDIR",
+        "COMSPEC",
+        "PATHEXT",
+        "USERPROFILE",
+        "HOMEDRIVE",
+        "HOMEPATH",
+        "APPDATA",
+        "LOCALAPPDATA",
+        "ProgramData",
+        "ProgramFiles",
+        "AKM_EVENT_SOURCE",
+        "XDG_CONFIG_HOME",
+        "XDG_DATA_HOME",
+        "XDG_CACHE_HOME",
+        "XDG_STATE_HOME",
+        "XDG_RUNTIME_DIR",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "NODE_EXTRA_CA_CERTS",
+        "REQUESTS_CA_BUNDLE",
+        "OPENCODE_CONFIG",
+        "CLAUDE_CONFIG",
+        "CLAUDE_CONFIG_DIR",
+        "CODEX_CONFIG",
+        "CODEX_HOME",
+        "AWS_PROFILE",
+        "AWS_REGION",
+        "LLM_MODEL",
+        "LLM_BASE_URL",
+        "GOOGLE_CLOUD_PROJECT",
+    }
+)
 
 ARGV_PROMPT_LIMIT = 120_000  # bytes: one argv string is capped at 128 KiB on Linux
 LLM_KEY_ENV = "AKM_LLM_API_KEY"  # how an agent on an `llmEngine` receives that engine's key
@@ -122,9 +177,11 @@ def _fits_argv(text: str) -> bool:
 
 
 def _too_long(platform: str, text: str) -> HarnessError:
-    return HarnessError(f"the prompt is {len(text.encode('utf-8'))} bytes; {platform} takes it on its command "
-                        f"line, where one argument is limited to {ARGV_PROMPT_LIMIT} bytes — pass bulk data "
-                        "through files")
+    return HarnessError(
+        f"the prompt is {len(text.encode('utf-8'))} bytes; {platform} takes it on its command "
+        f"line, where one argument is limited to {ARGV_PROMPT_LIMIT} bytes — pass bulk data "
+        "through files"
+    )
 
 
 def _llm_base(llm: Mapping[str, Any]) -> str:
@@ -153,7 +210,7 @@ def _json_doc(stdout: str) -> dict[str, Any] | None:
         start = text.rfind("\n{")
         if start == -1:
             return None
-        text = text[start + 1:]
+        text = text[start + 1 :]
     try:
         obj = json.loads(text)
     except ValueError:
@@ -170,8 +227,11 @@ def _text_parts(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content
-                       if isinstance(p, dict) and p.get("type") in (None, "text") and isinstance(p.get("text"), str))
+        return "".join(
+            p.get("text", "")
+            for p in content
+            if isinstance(p, dict) and p.get("type") in (None, "text") and isinstance(p.get("text"), str)
+        )
     return ""
 
 
@@ -225,8 +285,12 @@ def _extract_claude(stdout: str) -> Extracted:
     error = None
     if doc.get("is_error") is True or str(doc.get("subtype", "")).startswith("error"):
         error = f"claude reported {doc.get('subtype') or 'an error'}: {text}".rstrip(": ")
-    return Extracted(text.strip(), session_id=doc.get("session_id") or None,
-                     tokens=_sum(token_count(usage.get("input_tokens")), token_count(usage.get("output_tokens"))), error=error)
+    return Extracted(
+        text.strip(),
+        session_id=doc.get("session_id") or None,
+        tokens=_sum(token_count(usage.get("input_tokens")), token_count(usage.get("output_tokens"))),
+        error=error,
+    )
 
 
 # --------------------------------------------------------------------------- codex
@@ -302,9 +366,18 @@ def _build_opencode(call: Call) -> Built:
             # the key travels in the child's environment; the config only names it (opencode's {env:…})
             env[LLM_KEY_ENV] = call.llm_api_key
             options["apiKey"] = "{env:" + LLM_KEY_ENV + "}"
-        config = {"$schema": "https://opencode.ai/config.json", "model": model,
-                  "provider": {"akm": {"npm": "@ai-sdk/openai-compatible", "name": "akm", "options": options,
-                                       "models": {model.split("/", 1)[1]: {}}}}}
+        config = {
+            "$schema": "https://opencode.ai/config.json",
+            "model": model,
+            "provider": {
+                "akm": {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": "akm",
+                    "options": options,
+                    "models": {model.split("/", 1)[1]: {}},
+                }
+            },
+        }
         env["OPENCODE_CONFIG_CONTENT"] = json.dumps(config, separators=(",", ":"))
     if model:
         kept: list[str] = []
@@ -356,7 +429,9 @@ def _extract_opencode(stdout: str) -> Extracted:
             by_message[mid].append(part["text"])
         elif ev.get("type") == "step_finish" and isinstance(part.get("tokens"), dict):
             t = part["tokens"]
-            tokens = _sum(tokens, token_count(t.get("input")), token_count(t.get("output")), token_count(t.get("reasoning")))
+            tokens = _sum(
+                tokens, token_count(t.get("input")), token_count(t.get("output")), token_count(t.get("reasoning"))
+            )
         elif ev.get("type") == "error":
             err = ev.get("error")
             error = (err.get("data", {}).get("message") or err.get("name")) if isinstance(err, dict) else str(err)
@@ -385,16 +460,21 @@ def _extract_gemini(stdout: str) -> Extracted:
     doc = _json_doc(stdout)
     if doc is None:
         return Extracted(stdout.strip(), parsed=False)
-    text = next((doc[k] for k in ("response", "result", "text", "output", "content") if isinstance(doc.get(k), str)),
-                None)
+    text = next(
+        (doc[k] for k in ("response", "result", "text", "output", "content") if isinstance(doc.get(k), str)), None
+    )
     session = next((str(doc[k]) for k in _SESSION_KEYS if doc.get(k)), None)
     tokens = None
     stats = doc.get("stats") if isinstance(doc.get("stats"), dict) else {}
     for model_stats in (stats.get("models") or {}).values() if isinstance(stats.get("models"), dict) else []:
         t = model_stats.get("tokens") if isinstance(model_stats, dict) else None
         if isinstance(t, dict):
-            tokens = _sum(tokens, token_count(t.get("total")) if t.get("total") is not None
-                          else _sum(token_count(t.get("prompt")), token_count(t.get("candidates"))))
+            tokens = _sum(
+                tokens,
+                token_count(t.get("total"))
+                if t.get("total") is not None
+                else _sum(token_count(t.get("prompt")), token_count(t.get("candidates"))),
+            )
     err = doc.get("error")
     error = (str(err.get("message") or err) if isinstance(err, dict) else str(err)) if err else None
     if text is None and error is None:
@@ -511,7 +591,8 @@ def _build_aider(call: Call) -> Built:
 _AIDER_NOISE = re.compile(
     r"^(Aider v\d|Main model:|Weak model:|Editor model:|Git repo:|Repo-map:|Model:|Added .* to the chat|"
     r"Tokens: |Cost: |Applied edit to|Commit [0-9a-f]{7}|Use /help|Warning: |Can't initialize prompt toolkit|"
-    r"Detected dumb terminal|https://aider\.chat/|─+$|-{5,}$)")
+    r"Detected dumb terminal|https://aider\.chat/|─+$|-{5,}$)"
+)
 _AIDER_TOKENS = re.compile(r"Tokens:\s*([\d.]+)([kKmM]?)\s+sent,\s*([\d.]+)([kKmM]?)\s+received")
 
 
@@ -581,8 +662,9 @@ def _extract_openhands(stdout: str) -> Extracted:
         return Extracted(stdout.strip(), parsed=False)
     text = session = None
     for ev in events:
-        session = session or next((str(ev[k]) for k in ("session_id", "sessionId", "sid", "conversation_id")
-                                   if ev.get(k)), None)
+        session = session or next(
+            (str(ev[k]) for k in ("session_id", "sessionId", "sid", "conversation_id") if ev.get(k)), None
+        )
         if ev.get("source") not in (None, "agent"):
             continue
         args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
@@ -610,21 +692,33 @@ _BASE_ENV = {
 PROFILES: dict[str, Profile] = {
     "claude": Profile("claude", "claude", (), _BASE_ENV["claude"], _build_claude, _extract_claude),
     "codex": Profile("codex", "codex", (), _BASE_ENV["codex"], _build_codex, _extract_codex),
-    "opencode": Profile("opencode", "opencode", ("run",), _BASE_ENV["opencode"], _build_opencode, _extract_opencode,
-                        llm_engine=True),
+    "opencode": Profile(
+        "opencode", "opencode", ("run",), _BASE_ENV["opencode"], _build_opencode, _extract_opencode, llm_engine=True
+    ),
     "gemini": Profile("gemini", "gemini", (), _BASE_ENV["gemini"], _build_gemini, _extract_gemini),
     "copilot": Profile("copilot", "copilot", (), _BASE_ENV["copilot"], _build_copilot, _extract_copilot),
     "pi": Profile("pi", "pi", (), _BASE_ENV["pi"], _build_pi, _extract_pi),
-    "aider": Profile("aider", "aider", ("--no-auto-commits",), _BASE_ENV["aider"], _build_aider, _extract_aider,
-                     llm_engine=True),
+    "aider": Profile(
+        "aider", "aider", ("--no-auto-commits",), _BASE_ENV["aider"], _build_aider, _extract_aider, llm_engine=True
+    ),
     "amazonq": Profile("amazonq", "q", (), _BASE_ENV["amazonq"], _build_amazonq, _extract_amazonq),
-    "openhands": Profile("openhands", "openhands", (), _BASE_ENV["openhands"], _build_openhands, _extract_openhands,
-                         llm_engine=True),
+    "openhands": Profile(
+        "openhands", "openhands", (), _BASE_ENV["openhands"], _build_openhands, _extract_openhands, llm_engine=True
+    ),
 }
 
 # Detection order: which CLI `akm setup --yes` prefers when several are on PATH (spec-setup §4.6).
-DETECTION_ORDER: tuple[str, ...] = ("opencode", "claude", "codex", "copilot", "pi", "gemini", "aider", "amazonq",
-                                    "openhands")
+DETECTION_ORDER: tuple[str, ...] = (
+    "opencode",
+    "claude",
+    "codex",
+    "copilot",
+    "pi",
+    "gemini",
+    "aider",
+    "amazonq",
+    "openhands",
+)
 
 
 def build(platform: str, call: Call) -> Built:

@@ -40,13 +40,12 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from akm.record import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from akm.dispatch.base import UnitRequest
 from akm.dispatch.redact import REDACTED, clip, redact_text
-from akm.dispatch.types import token_count
-from akm.dispatch.types import DispatchResult
+from akm.dispatch.types import DispatchResult, token_count
+from akm.record import dataclass, field
 
 DEFAULT_TIMEOUT_MS = 600_000
 DEFAULT_TEMPERATURE = 0.3
@@ -60,8 +59,17 @@ WATCHDOG_TICK_S = 0.02
 RESPONSE_SCHEMA_NAME = "akm_response"
 
 # Failure reasons this module reports (unit `retry.on` may name them).
-REASONS = ("aborted", "timeout", "llm_rate_limit", "llm_http_error", "llm_bad_response", "llm_network_error",
-           "llm_content_filter", "dispatch_error", "env_unsupported")
+REASONS = (
+    "aborted",
+    "timeout",
+    "llm_rate_limit",
+    "llm_http_error",
+    "llm_bad_response",
+    "llm_network_error",
+    "llm_content_filter",
+    "dispatch_error",
+    "env_unsupported",
+)
 
 
 class LlmCallError(Exception):
@@ -72,8 +80,16 @@ class LlmCallError(Exception):
     `status` is the HTTP status when there was one; `retry_after_s` what a 429 asked for.
     """
 
-    def __init__(self, code: str, message: str, *, status: int | None = None, retry_after_s: float | None = None,
-                 tokens: int | None = None, html: bool = False) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+        tokens: int | None = None,
+        html: bool = False,
+    ) -> None:
         super().__init__(message)
         self.html = html  # the body was an HTML page (a proxy or a wrong URL, not the model server): never retried
         self.code = code
@@ -141,25 +157,38 @@ def resolve_api_key(engine: Mapping[str, Any], environ: Mapping[str, str] | None
         if value:
             return value
     if cred.get("required") and names:
-        raise LlmCallError("credential_missing",
-                           f"LLM engine {engine.get('name', '?')!r} needs its API key in ${names[0]}, which is not "
-                           "set in akm's environment; nothing was sent.")
+        raise LlmCallError(
+            "credential_missing",
+            f"LLM engine {engine.get('name', '?')!r} needs its API key in ${names[0]}, which is not "
+            "set in akm's environment; nothing was sent.",
+        )
     return None
 
 
 # --------------------------------------------------------------------------- request body
 
 
-def build_body(engine: Mapping[str, Any], messages: Sequence[Mapping[str, str]], *,
-               schema: Mapping[str, Any] | None = None, model: str | None = None,
-               options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def build_body(
+    engine: Mapping[str, Any],
+    messages: Sequence[Mapping[str, str]],
+    *,
+    schema: Mapping[str, Any] | None = None,
+    model: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The chat-completions body (§5.1): model, messages, temperature, then what is configured.
 
     `options` are the unit's `llm:` overrides (camelCase keys, as frozen in the
     plan); they win over the engine's. No `stream` key is ever sent.
     """
-    opt = {**{k: engine[k] for k in ("temperature", "maxTokens", "supportsJsonSchema", "extraParams",
-                                     "enableThinking") if k in engine}, **dict(options or {})}
+    opt = {
+        **{
+            k: engine[k]
+            for k in ("temperature", "maxTokens", "supportsJsonSchema", "extraParams", "enableThinking")
+            if k in engine
+        },
+        **dict(options or {}),
+    }
     body: dict[str, Any] = {
         "model": model or engine.get("model"),
         "messages": [dict(m) for m in messages],
@@ -168,9 +197,10 @@ def build_body(engine: Mapping[str, Any], messages: Sequence[Mapping[str, str]],
     if opt.get("maxTokens") is not None:
         body["max_tokens"] = opt["maxTokens"]
     if schema is not None and opt.get("supportsJsonSchema") is True:
-        body["response_format"] = {"type": "json_schema",
-                                   "json_schema": {"name": RESPONSE_SCHEMA_NAME, "schema": dict(schema),
-                                                   "strict": strict_compatible(schema)}}
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": RESPONSE_SCHEMA_NAME, "schema": dict(schema), "strict": strict_compatible(schema)},
+        }
     thinking = opt.get("enableThinking")
     if thinking is not None:
         if str(engine.get("provider") or "").lower() == "vllm":
@@ -394,9 +424,15 @@ def _checkout(key: tuple[Any, ...], scheme: str, proxy: str | None) -> _Conn:
     import httpx
 
     # plain http needs no TLS context (building one loads the CA bundle: ~0.3 s in a one-shot process)
-    return _Conn(httpx.Client(trust_env=False, verify=_ssl_context() if scheme == "https" else False,
-                              proxy=proxy, follow_redirects=False,
-                              limits=httpx.Limits(max_connections=1, max_keepalive_connections=1)))
+    return _Conn(
+        httpx.Client(
+            trust_env=False,
+            verify=_ssl_context() if scheme == "https" else False,
+            proxy=proxy,
+            follow_redirects=False,
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+        )
+    )
 
 
 def _checkin(key: tuple[Any, ...], conn: _Conn) -> None:
@@ -423,9 +459,16 @@ def close_idle_connections() -> None:
 atexit.register(close_idle_connections)
 
 
-def post_chat(endpoint: str, body: Mapping[str, Any], *, api_key: str | None = None,
-              timeout_ms: int | None = DEFAULT_TIMEOUT_MS, cancel: threading.Event | None = None,
-              secrets: Sequence[str] = (), deadline: float | None = None) -> ChatResponse:
+def post_chat(
+    endpoint: str,
+    body: Mapping[str, Any],
+    *,
+    api_key: str | None = None,
+    timeout_ms: int | None = DEFAULT_TIMEOUT_MS,
+    cancel: threading.Event | None = None,
+    secrets: Sequence[str] = (),
+    deadline: float | None = None,
+) -> ChatResponse:
     """ONE request with exactly `body`; no retry. Raises `LlmCallError`.
 
     For callers that must control the body byte for byte (setup's endpoint
@@ -477,22 +520,31 @@ def post_chat(endpoint: str, body: Mapping[str, Any], *, api_key: str | None = N
     try:
         conn = _checkout(key, url.scheme, proxy)
         inflight.add(conn.sock)  # a kept-alive connection: cut it if this request is cancelled or overdue
-        with conn.client.stream("POST", url, content=content, headers=headers, timeout=timeout,
-                                extensions={"trace": trace}) as resp:
+        with conn.client.stream(
+            "POST", url, content=content, headers=headers, timeout=timeout, extensions={"trace": trace}
+        ) as resp:
             status = resp.status_code
             ctype = resp.headers.get("content-type", "").lower()
             retry_after = _retry_after(resp.headers.get("retry-after"))
             if "text/event-stream" in ctype:
-                raise LlmCallError("bad_response", f"{where} answered with an event stream (HTTP {status}, "
-                                   "text/event-stream); akm needs one JSON completion — turn streaming off "
-                                   "for this endpoint", status=status)
+                raise LlmCallError(
+                    "bad_response",
+                    f"{where} answered with an event stream (HTTP {status}, "
+                    "text/event-stream); akm needs one JSON completion — turn streaming off "
+                    "for this endpoint",
+                    status=status,
+                )
             chunks: list[bytes] = []
             size = 0
             for chunk in resp.iter_bytes():
                 size += len(chunk)
                 if size > MAX_BODY_BYTES:
-                    raise LlmCallError("bad_response", f"{where} answered with more than {MAX_BODY_BYTES} "
-                                       f"bytes (HTTP {status}); refusing to read further", status=status)
+                    raise LlmCallError(
+                        "bad_response",
+                        f"{where} answered with more than {MAX_BODY_BYTES} "
+                        f"bytes (HTTP {status}); refusing to read further",
+                        status=status,
+                    )
                 chunks.append(chunk)
             data = b"".join(chunks)
         reusable = True
@@ -501,13 +553,17 @@ def post_chat(endpoint: str, body: Mapping[str, Any], *, api_key: str | None = N
     except httpx.HTTPError as exc:
         if inflight.fired == "aborted":
             raise LlmCallError("aborted", f"request to {where} was cancelled while in flight") from None
-        if inflight.fired == "timeout" or isinstance(exc, httpx.TimeoutException) or (
-                deadline is not None and time.monotonic() >= deadline):
+        if (
+            inflight.fired == "timeout"
+            or isinstance(exc, httpx.TimeoutException)
+            or (deadline is not None and time.monotonic() >= deadline)
+        ):
             ms = timeout_ms if timeout_ms is not None else int((time.monotonic() - started) * 1000)
             raise LlmCallError("timeout", f"request to {where} timed out after {ms} ms") from None
         detail = _scrub(str(exc) or type(exc).__name__, secrets)
-        raise LlmCallError("network_error", f"network error talking to {where}: {type(exc).__name__}: "
-                           f"{clip(detail, ERROR_EXCERPT)}") from None
+        raise LlmCallError(
+            "network_error", f"network error talking to {where}: {type(exc).__name__}: {clip(detail, ERROR_EXCERPT)}"
+        ) from None
     finally:
         _WATCHDOG.unregister(inflight)
         if conn is not None:
@@ -520,30 +576,49 @@ def post_chat(endpoint: str, body: Mapping[str, Any], *, api_key: str | None = N
     return _parse_response(where, status, data, retry_after, secrets)
 
 
-def _parse_response(where: str, status: int, data: bytes, retry_after: float | None,
-                    secrets: Sequence[str]) -> ChatResponse:
+def _parse_response(
+    where: str, status: int, data: bytes, retry_after: float | None, secrets: Sequence[str]
+) -> ChatResponse:
     text = data.decode("utf-8", errors="replace")
     if status == 429:
         wait = f"; the server asks to retry after {retry_after:g} s" if retry_after is not None else ""
-        raise LlmCallError("rate_limited", f"{where} rate-limited the request (HTTP 429){wait}: "
-                           f"{_excerpt(data, secrets)}", status=status, retry_after_s=retry_after)
+        raise LlmCallError(
+            "rate_limited",
+            f"{where} rate-limited the request (HTTP 429){wait}: {_excerpt(data, secrets)}",
+            status=status,
+            retry_after_s=retry_after,
+        )
     if not 200 <= status < 300:
         html = _looks_html(text)
         kind = "an HTML error page" if html else "an error"
-        raise LlmCallError("http_error", f"{where} answered HTTP {status} with {kind}: {_excerpt(data, secrets)}",
-                           status=status, html=html)
+        raise LlmCallError(
+            "http_error",
+            f"{where} answered HTTP {status} with {kind}: {_excerpt(data, secrets)}",
+            status=status,
+            html=html,
+        )
     if _looks_html(text):
-        raise LlmCallError("bad_response", f"{where} answered HTTP {status} with an HTML page, not a chat "
-                           f"completion (is the endpoint URL right?): {_excerpt(data, secrets)}", status=status)
+        raise LlmCallError(
+            "bad_response",
+            f"{where} answered HTTP {status} with an HTML page, not a chat "
+            f"completion (is the endpoint URL right?): {_excerpt(data, secrets)}",
+            status=status,
+        )
     try:
         doc = json.loads(text)
     except ValueError:
-        raise LlmCallError("bad_response", f"{where} answered HTTP {status} with something that is not JSON: "
-                           f"{_excerpt(data, secrets)}", status=status) from None
+        raise LlmCallError(
+            "bad_response",
+            f"{where} answered HTTP {status} with something that is not JSON: {_excerpt(data, secrets)}",
+            status=status,
+        ) from None
     choices = doc.get("choices") if isinstance(doc, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise LlmCallError("bad_response", f"{where} answered HTTP {status} with JSON that has no choices: "
-                           f"{_excerpt(data, secrets)}", status=status)
+        raise LlmCallError(
+            "bad_response",
+            f"{where} answered HTTP {status} with JSON that has no choices: {_excerpt(data, secrets)}",
+            status=status,
+        )
     first = choices[0]
     message = first.get("message") if isinstance(first.get("message"), dict) else {}
     content = message.get("content")
@@ -558,16 +633,21 @@ def _parse_response(where: str, status: int, data: bytes, retry_after: float | N
         return token_count(usage.get(key))
 
     return ChatResponse(
-        text=redact_text(answer, secrets), status=status,
+        text=redact_text(answer, secrets),
+        status=status,
         model=doc.get("model") if isinstance(doc.get("model"), str) else None,
         finish_reason=first.get("finish_reason") if isinstance(first.get("finish_reason"), str) else None,
-        prompt_tokens=count("prompt_tokens"), completion_tokens=count("completion_tokens"),
-        total_tokens=count("total_tokens"), raw=doc,
+        prompt_tokens=count("prompt_tokens"),
+        completion_tokens=count("completion_tokens"),
+        total_tokens=count("total_tokens"),
+        raw=doc,
     )
 
 
-_CONTEXT_OVERFLOW = re.compile(r"(?i)(context (size|length|window)|prompt (is )?too long|maximum context|"
-                               r"exceeds? .{0,40}context|too many tokens)")
+_CONTEXT_OVERFLOW = re.compile(
+    r"(?i)(context (size|length|window)|prompt (is )?too long|maximum context|"
+    r"exceeds? .{0,40}context|too many tokens)"
+)
 
 
 def _retryable(err: LlmCallError) -> bool:
@@ -580,11 +660,20 @@ def _retryable(err: LlmCallError) -> bool:
     return False
 
 
-def chat(engine: Mapping[str, Any], messages: Sequence[Mapping[str, str]], *,
-         schema: Mapping[str, Any] | None = None, model: str | None = None,
-         options: Mapping[str, Any] | None = None, timeout_ms: int | None = DEFAULT_TIMEOUT_MS,
-         cancel: threading.Event | None = None, api_key: str | None = None, resolve_key: bool = True,
-         environ: Mapping[str, str] | None = None, secrets: Sequence[str] = ()) -> ChatResponse:
+def chat(
+    engine: Mapping[str, Any],
+    messages: Sequence[Mapping[str, str]],
+    *,
+    schema: Mapping[str, Any] | None = None,
+    model: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    timeout_ms: int | None = DEFAULT_TIMEOUT_MS,
+    cancel: threading.Event | None = None,
+    api_key: str | None = None,
+    resolve_key: bool = True,
+    environ: Mapping[str, str] | None = None,
+    secrets: Sequence[str] = (),
+) -> ChatResponse:
     """A chat completion against a frozen LLM snapshot, with the transport retries of §5.5.
 
     Used by LLM units, the gate judge and setup. The key is resolved from the
@@ -601,24 +690,43 @@ def chat(engine: Mapping[str, Any], messages: Sequence[Mapping[str, str]], *,
     rate_retries = 0
     while True:
         try:
-            resp = post_chat(endpoint, body, api_key=api_key, timeout_ms=timeout_ms, cancel=cancel, secrets=secrets,
-                             deadline=deadline)
+            resp = post_chat(
+                endpoint,
+                body,
+                api_key=api_key,
+                timeout_ms=timeout_ms,
+                cancel=cancel,
+                secrets=secrets,
+                deadline=deadline,
+            )
         except LlmCallError as err:
             remaining = None if deadline is None else deadline - time.monotonic()
-            if err.code == "rate_limited" and err.retry_after_s is not None and rate_retries < MAX_RATE_LIMIT_RETRIES \
-                    and err.retry_after_s <= MAX_RETRY_AFTER_S and (remaining is None or err.retry_after_s < remaining):
+            if (
+                err.code == "rate_limited"
+                and err.retry_after_s is not None
+                and rate_retries < MAX_RATE_LIMIT_RETRIES
+                and err.retry_after_s <= MAX_RETRY_AFTER_S
+                and (remaining is None or err.retry_after_s < remaining)
+            ):
                 rate_retries += 1
                 _pause(err.retry_after_s, cancel, endpoint)
                 continue
-            if not transport_retried and _retryable(err) and (
-                    deadline is None or timeout_ms is None or remaining > 0.1 * timeout_ms / 1000.0):
+            if (
+                not transport_retried
+                and _retryable(err)
+                and (deadline is None or timeout_ms is None or remaining > 0.1 * timeout_ms / 1000.0)
+            ):
                 transport_retried = True
                 _pause(random.uniform(0.2, 0.8), cancel, endpoint)
                 continue
             raise
         if resp.finish_reason == "content_filter" and not resp.text:
-            raise LlmCallError("content_filter", f"{endpoint} withheld the answer (finish_reason content_filter)",
-                               status=resp.status, tokens=resp.tokens)
+            raise LlmCallError(
+                "content_filter",
+                f"{endpoint} withheld the answer (finish_reason content_filter)",
+                status=resp.status,
+                tokens=resp.tokens,
+            )
         return resp
 
 
@@ -639,19 +747,38 @@ class ProbeResult:
     error: str | None = None
 
 
-_PROBE_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["ok", "ingest", "lint"],
-                 "properties": {k: {"type": "boolean", "const": True} for k in ("ok", "ingest", "lint")}}
+_PROBE_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["ok", "ingest", "lint"],
+    "properties": {k: {"type": "boolean", "const": True} for k in ("ok", "ingest", "lint")},
+}
 
 
-def probe_json_schema(engine: Mapping[str, Any], *, api_key: str | None = None, timeout_ms: int = 30_000,
-                      cancel: threading.Event | None = None) -> ProbeResult:
+def probe_json_schema(
+    engine: Mapping[str, Any],
+    *,
+    api_key: str | None = None,
+    timeout_ms: int = 30_000,
+    cancel: threading.Event | None = None,
+) -> ProbeResult:
     """Does this endpoint honour `response_format: json_schema`? (§5.6; for `akm setup --probe`.)"""
     probe_engine = {**engine, "supportsJsonSchema": True}
-    messages = [{"role": "system", "content": "Reply with JSON only, no prose."},
-                {"role": "user", "content": 'Return exactly {"ok": true, "ingest": true, "lint": true}'}]
+    messages = [
+        {"role": "system", "content": "Reply with JSON only, no prose."},
+        {"role": "user", "content": 'Return exactly {"ok": true, "ingest": true, "lint": true}'},
+    ]
     try:
-        resp = chat(probe_engine, messages, schema=_PROBE_SCHEMA, options={"maxTokens": 64, "temperature": 0},
-                    timeout_ms=timeout_ms, cancel=cancel, api_key=api_key, resolve_key=api_key is None)
+        resp = chat(
+            probe_engine,
+            messages,
+            schema=_PROBE_SCHEMA,
+            options={"maxTokens": 64, "temperature": 0},
+            timeout_ms=timeout_ms,
+            cancel=cancel,
+            api_key=api_key,
+            resolve_key=api_key is None,
+        )
     except LlmCallError as err:
         return ProbeResult(False, False, err.message)
     if not resp.text:
@@ -720,20 +847,25 @@ class LlmDispatcher:
         if previous is None:  # another process asked first: the upstream form, feedback after a blank line
             msgs.append({"role": "user", "content": f"{request.prompt}\n\n{feedback}"})
         else:
-            msgs += [{"role": "user", "content": request.prompt}, {"role": "assistant", "content": previous},
-                     {"role": "user", "content": feedback}]
+            msgs += [
+                {"role": "user", "content": request.prompt},
+                {"role": "assistant", "content": previous},
+                {"role": "user", "content": feedback},
+            ]
         return msgs
 
-    def dispatch(self, request: UnitRequest, cancel: threading.Event,
-                 feedback: str | None = None) -> DispatchResult:
+    def dispatch(self, request: UnitRequest, cancel: threading.Event, feedback: str | None = None) -> DispatchResult:
         engine = request.engine or {}
         label = f"LLM unit {request.attempt_id} on engine {request.engine_name or engine.get('name', '?')!r}"
         secrets = list(request.sensitive_values)
         if engine.get("kind") != "llm" or not engine.get("endpoint"):
             return _failure("dispatch_error", f"{label}: the plan has no LLM engine snapshot for it", secrets)
         if request.env_bindings:
-            return _failure("env_unsupported", f"{label}: env bindings need an agent or exec unit; an LLM engine "
-                            "runs no process to pass them to", secrets)
+            return _failure(
+                "env_unsupported",
+                f"{label}: env bindings need an agent or exec unit; an LLM engine runs no process to pass them to",
+                secrets,
+            )
         if cancel.is_set():
             return _failure("aborted", f"{label} was not sent: the run was interrupted", secrets)
         env = request.parent_env if request.parent_env is not None else self._environ
@@ -743,16 +875,25 @@ class LlmDispatcher:
             return _failure(failure_reason_for(err.code), f"{label}: {err.message}", secrets)
         if api_key:
             secrets.append(api_key)
-        gate = self._gate(str(engine.get("name") or request.engine_name or engine["endpoint"]),
-                          int(engine.get("concurrency") or 1))
+        gate = self._gate(
+            str(engine.get("name") or request.engine_name or engine["endpoint"]), int(engine.get("concurrency") or 1)
+        )
         while not gate.acquire(timeout=0.05):
             if cancel.is_set():
                 return _failure("aborted", f"{label} was not sent: the run was interrupted", secrets)
         try:
-            resp = chat(engine, self.messages_for(request, feedback), schema=request.output_schema,
-                        model=request.model, options=getattr(request, "llm_options", None),
-                        timeout_ms=request.timeout_ms, cancel=cancel, api_key=api_key, resolve_key=False,
-                        secrets=secrets)
+            resp = chat(
+                engine,
+                self.messages_for(request, feedback),
+                schema=request.output_schema,
+                model=request.model,
+                options=getattr(request, "llm_options", None),
+                timeout_ms=request.timeout_ms,
+                cancel=cancel,
+                api_key=api_key,
+                resolve_key=False,
+                secrets=secrets,
+            )
         except LlmCallError as err:
             failed = _failure(failure_reason_for(err.code), f"{label}: {err.message}", secrets, tokens=err.tokens)
             failed.retry_after_s = err.retry_after_s
@@ -767,5 +908,6 @@ class LlmDispatcher:
 
 
 def _failure(reason: str, error: str, secrets: Sequence[str], tokens: int | None = None) -> DispatchResult:
-    return DispatchResult(ok=False, failure_reason=reason, error=clip(redact_text(error, secrets), DIAGNOSTIC_CLIP),
-                          tokens=tokens)
+    return DispatchResult(
+        ok=False, failure_reason=reason, error=clip(redact_text(error, secrets), DIAGNOSTIC_CLIP), tokens=tokens
+    )

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-from akm.record import dataclass
 from typing import Any, Sequence
 from urllib.parse import urlsplit
+
+from akm.record import dataclass
 
 MAX_DOC_BYTES = 2 * 1024 * 1024
 
@@ -96,8 +97,13 @@ def _get_httpx(url: str, headers: dict[str, str], timeout_s: float) -> tuple[int
     from akm.dispatch.llm import _proxy_for, _ssl_context
 
     u = httpx.URL(url)
-    with httpx.Client(trust_env=False, verify=_ssl_context(), timeout=timeout_s, proxy=_proxy_for(u.scheme, u.host),
-                      follow_redirects=False) as client:
+    with httpx.Client(
+        trust_env=False,
+        verify=_ssl_context(),
+        timeout=timeout_s,
+        proxy=_proxy_for(u.scheme, u.host),
+        follow_redirects=False,
+    ) as client:
         with client.stream("GET", u, headers=headers) as resp:
             chunks: list[bytes] = []
             size = 0
@@ -118,8 +124,9 @@ def run_listing(argv: Sequence[str], *, timeout_s: float = 5.0) -> str | None:
     """
     from akm.dispatch.process import run_process
 
-    result = run_process(list(argv), cwd=os.getcwd(), env=dict(os.environ), timeout_ms=int(timeout_s * 1000),
-                         capture_limit=MAX_DOC_BYTES)
+    result = run_process(
+        list(argv), cwd=os.getcwd(), env=dict(os.environ), timeout_ms=int(timeout_s * 1000), capture_limit=MAX_DOC_BYTES
+    )
     if result.exit_code != 0 or result.capture_error:
         return None
     return result.stdout

@@ -43,11 +43,11 @@ import subprocess
 import threading
 import time
 from collections import deque
-from akm.record import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
 from akm.dispatch import guard
 from akm.dispatch.redact import redact_text
+from akm.record import dataclass
 
 # Grace between SIGTERM and SIGKILL of the process group on timeout / cancel.
 KILL_GRACE_S = 5.0
@@ -240,7 +240,7 @@ class TailCapture:
         if not self.cap:
             return b""
         data = b"".join(self.chunks)
-        return data[-self.cap:] if len(data) > self.cap else data
+        return data[-self.cap :] if len(data) > self.cap else data
 
     def close(self) -> None:
         self.chunks.clear()
@@ -256,7 +256,7 @@ class _StdinWriter:
     def write_some(self) -> bool:
         """Write what the pipe takes now; True when done (all written, or the child closed its end)."""
         try:
-            self.pos += os.write(self.fd, self.data[self.pos:self.pos + _READ_CHUNK])
+            self.pos += os.write(self.fd, self.data[self.pos : self.pos + _READ_CHUNK])
         except BlockingIOError:
             return False
         except OSError:  # EPIPE: the child does not read its stdin; that is its business
@@ -548,7 +548,9 @@ def run_process(
 
     out: HeadCapture | TailCapture = (
         HeadCapture(child.stdout, "stdout", max(0, capture_limit), MEMORY_BUFFER_BYTES)
-        if stdout_keep == "head" else TailCapture(child.stdout, "stdout", max(0, capture_limit)))
+        if stdout_keep == "head"
+        else TailCapture(child.stdout, "stdout", max(0, capture_limit))
+    )
     err = TailCapture(child.stderr, "stderr", max(0, stderr_limit))
     readers: tuple[HeadCapture | TailCapture, ...] = (out, err)
     streams = _Streams()
@@ -652,9 +654,13 @@ def run_process(
     return ProcessResult(
         exit_code=rc if rc is not None and rc >= 0 else None,
         signal=-rc if rc is not None and rc < 0 else None,
-        stdout=stdout, stderr=stderr,
-        stdout_truncated=out.overflowed, stderr_truncated=err.overflowed,
-        stdout_bytes=out.total, stderr_bytes=err.total,
-        timed_out=timed_out, cancelled=cancelled,
+        stdout=stdout,
+        stderr=stderr,
+        stdout_truncated=out.overflowed,
+        stderr_truncated=err.overflowed,
+        stdout_bytes=out.total,
+        stderr_bytes=err.total,
+        timed_out=timed_out,
+        cancelled=cancelled,
         capture_error="; ".join(causes) or None,
     )

@@ -81,8 +81,9 @@ def _effective_values(sensitive_values: Iterable[str]) -> list[str]:
     return out
 
 
-def redact_text(text: str, sensitive_values: Iterable[str], *, cut_before: bool = False,
-                cut_after: bool = False) -> str:
+def redact_text(
+    text: str, sensitive_values: Iterable[str], *, cut_before: bool = False, cut_after: bool = False
+) -> str:
     """Replace every occurrence of every sensitive value with `[REDACTED]`.
 
     All occurrences of all values are located on the ORIGINAL text first
@@ -142,7 +143,7 @@ def _longest_partial(text: str, values: list[str], *, at_end: bool) -> int:
     best = 0
     for v in values:
         for k in range(min(len(v) - 1, len(text)), best, -1):
-            if (text.endswith(v[:k]) if at_end else text.startswith(v[len(v) - k:])):
+            if text.endswith(v[:k]) if at_end else text.startswith(v[len(v) - k :]):
                 best = k
                 break
     return best
@@ -236,8 +237,10 @@ def sensitive_values_from(bindings: Mapping[str, str] | Iterable[str]) -> list[s
             # line by itself (a PEM key printed line by line); each also JSON-escaped twice (a JSON string
             # inside a JSON string: `\\n`, `\\\"`).
             candidates.append(c)
-            for twice_escaped in (json.dumps(json.dumps(c)[1:-1])[1:-1],
-                                  json.dumps(json.dumps(c, ensure_ascii=False)[1:-1], ensure_ascii=False)[1:-1]):
+            for twice_escaped in (
+                json.dumps(json.dumps(c)[1:-1])[1:-1],
+                json.dumps(json.dumps(c, ensure_ascii=False)[1:-1], ensure_ascii=False)[1:-1],
+            ):
                 add(twice_escaped)
         for c in candidates:
             for variant in _encoded_variants(c):

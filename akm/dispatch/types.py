@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from akm.record import dataclass
 from typing import Any
+
+from akm.record import dataclass
 
 # The most tokens one unit attempt can count (session reports too: akm.engine.budget.MAX_UNIT_TOKENS).
 # Far above any real call, and low enough that a run's hard cap of 10 000 dispatches cannot push the journal's SUM(tokens) past SQLite's 64-bit integers

@@ -49,7 +49,9 @@ class DispatchBudget:
             if self.exceeded is not None:
                 return "budget_exceeded"
             if self.max_units is not None and self.used >= self.max_units:
-                self._exceed(f"budget exceeded (max_units ceiling): {self.used} of {self.max_units} units already dispatched")
+                self._exceed(
+                    f"budget exceeded (max_units ceiling): {self.used} of {self.max_units} units already dispatched"
+                )
                 return "budget_exceeded"
             if self.max_tokens is not None and self.tokens >= self.max_tokens:
                 self._exceed(f"budget exceeded (max_tokens ceiling): {self.tokens} of {self.max_tokens} tokens used")

@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from akm.record import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,9 +43,9 @@ from akm.engine.finalize import (
     decide_step,
 )
 from akm.engine.heartbeat import Heartbeat
-from akm.engine.results import DriveResult
 from akm.engine.progress import PassStarted, StepProgress
 from akm.engine.reduce import UnitOutcome, journaled_result_json
+from akm.engine.results import DriveResult
 from akm.engine.state import LoadedRun, load_run
 from akm.engine.stepctx import (
     Spine,
@@ -61,15 +60,15 @@ from akm.engine.stepctx import (
 from akm.engine.structured import run_structured
 from akm.engine.worklist import WorkUnit
 from akm.errors import AkmError, JournalError, UsageError
-from akm.plan.identity import NO_ITEM, attempt_id
 from akm.ids import uuid4
+from akm.plan.identity import NO_ITEM, attempt_id
 from akm.plan.model import Plan, StepPlan
+from akm.record import dataclass, field
 from akm.store import runs as runs_store
 from akm.store import units as units_store
 from akm.store.db import Database, now_iso
 from akm.store.runs import holder_is_live
 from akm.store.status import DRIVABLE_STATUSES
-
 
 # Longest wait a unit-level retry honours from a server's Retry-After (the LLM client's own cap).
 MAX_RETRY_AFTER_WAIT_S = 120.0
@@ -160,18 +159,31 @@ class _Pass:
             try:
                 tree = worktrees.create(base_dir, d.run_id, attempt)
             except (worktrees.WorktreeError, OSError) as exc:
-                return UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="worktree_failed",
-                                   error=f"could not create the isolation worktree: {exc}")
+                return UnitOutcome(
+                    unit_id=unit.unit_id,
+                    ok=False,
+                    failure_reason="worktree_failed",
+                    error=f"could not create the isolation worktree: {exc}",
+                )
             if tree.preserved_leftover:
                 d.warn(f"a previous attempt of {attempt} left uncollected work; preserved at {tree.preserved_leftover}")
             base_dir = tree.path
         # This worker's previous attempt is finished in the same transaction as this
         # insert: one commit per unit instead of two (see _PendingFinish).
         pending, self._local.pending = getattr(self._local, "pending", None), None
-        insert = dict(run_id=d.run_id, unit_id=attempt, step_id=self.step.step_id, node_id=unit.node_id,
-                      parent_unit_id=unit.parent_unit_id, runner=unit.runner, engine=unit.engine,
-                      model=unit.model, input_hash=unit.input_hash, worktree_path=tree.path if tree else None,
-                      fence=d.fence)
+        insert = dict(
+            run_id=d.run_id,
+            unit_id=attempt,
+            step_id=self.step.step_id,
+            node_id=unit.node_id,
+            parent_unit_id=unit.parent_unit_id,
+            runner=unit.runner,
+            engine=unit.engine,
+            model=unit.model,
+            input_hash=unit.input_hash,
+            worktree_path=tree.path if tree else None,
+            fence=d.fence,
+        )
         inserting = time.monotonic()
         try:
             if pending is None:
@@ -195,8 +207,12 @@ class _Pass:
                 return self._not_started(unit, attempt, tree)
             if tree is not None:
                 worktrees.cleanup(tree)
-            return UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="dispatch_error",
-                               error=f"unit {attempt} could not journal its dispatch row (nothing was dispatched): {exc}")
+            return UnitOutcome(
+                unit_id=unit.unit_id,
+                ok=False,
+                failure_reason="dispatch_error",
+                error=f"unit {attempt} could not journal its dispatch row (nothing was dispatched): {exc}",
+            )
         # The insert proved the lease ours and good for half a TTL more. Past a quarter TTL since
         # (this process was stopped, or starved), prove it again before starting the unit: a
         # driver that lost the lease in between must not start what the new holder now owns.
@@ -206,16 +222,24 @@ class _Pass:
         try:
             outcome = self._run(unit, attempt, base_dir)
         except Exception as exc:  # the row is in the journal: it must be finished, whatever happened
-            outcome = UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="dispatch_error",
-                                  error=f"unit {attempt} failed inside akm before it produced a result: {exc}")
+            outcome = UnitOutcome(
+                unit_id=unit.unit_id,
+                ok=False,
+                failure_reason="dispatch_error",
+                error=f"unit {attempt} failed inside akm before it produced a result: {exc}",
+            )
         finally:
             d.heartbeat.untrack(attempt)
         outcome.dispatched = True
         try:
             result_json = journaled_result_json(outcome)
         except (ValueError, TypeError) as exc:
-            outcome = UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="dispatch_error",
-                                  error=f"unit {attempt} produced a result that cannot be stored as JSON: {exc}")
+            outcome = UnitOutcome(
+                unit_id=unit.unit_id,
+                ok=False,
+                failure_reason="dispatch_error",
+                error=f"unit {attempt} produced a result that cannot be stored as JSON: {exc}",
+            )
             result_json = journaled_result_json(outcome)
         self._local.pending = _PendingFinish(attempt, started_at, outcome, result_json)
         if tree is not None:
@@ -228,8 +252,12 @@ class _Pass:
         """The outcome of a unit this driver did not start because it lost the lease (nothing journaled)."""
         if tree is not None:
             worktrees.cleanup(tree)
-        return UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="aborted",
-                           error=f"unit {attempt} was not started: this invocation lost the run lease")
+        return UnitOutcome(
+            unit_id=unit.unit_id,
+            ok=False,
+            failure_reason="aborted",
+            error=f"unit {attempt} was not started: this invocation lost the run lease",
+        )
 
     def _not_journaled(self, p: _PendingFinish) -> None:
         """Drop a finished attempt whose driver lost the lease: the new holder owns (and redoes) its row."""
@@ -240,9 +268,15 @@ class _Pass:
     def _finish_of(self, p: _PendingFinish) -> units_store.UnitFinish:
         o = p.outcome
         return units_store.UnitFinish(
-            run_id=self.d.run_id, unit_id=p.attempt, started_at=p.started_at,
-            status="completed" if o.ok else "failed", result_json=p.result_json, tokens=o.tokens,
-            failure_reason=None if o.ok else o.failure_reason, session_id=o.session_id, truncated=o.truncated,
+            run_id=self.d.run_id,
+            unit_id=p.attempt,
+            started_at=p.started_at,
+            status="completed" if o.ok else "failed",
+            result_json=p.result_json,
+            tokens=o.tokens,
+            failure_reason=None if o.ok else o.failure_reason,
+            session_id=o.session_id,
+            truncated=o.truncated,
             step_id=self.step.step_id,
         )
 
@@ -255,8 +289,10 @@ class _Pass:
         # every unit's output alive in memory until the pass ends (a wide fan-out of big outputs).
         p.outcome.text, p.outcome.result = None, None
         if finished == "superseded":
-            self.d.warn(f"unit {p.attempt} was re-dispatched by another driver while it ran; this result was not "
-                        "journaled (the newer dispatch owns the row)")
+            self.d.warn(
+                f"unit {p.attempt} was re-dispatched by another driver while it ran; this result was not "
+                "journaled (the newer dispatch owns the row)"
+            )
 
     def _flush(self, p: _PendingFinish | None = None) -> None:
         """Finish a deferred attempt now (its own transaction); a failure fails the unit hard."""
@@ -282,34 +318,65 @@ class _Pass:
             if self._ctx_base is None:
                 # Params and inputs are the same for every unit of the step: serialise them once.
                 self._ctx_base = build_exec_context(
-                    run_id=d.run_id, step_id=self.step.step_id, unit_id="", params=d.loaded.params,
+                    run_id=d.run_id,
+                    step_id=self.step.step_id,
+                    unit_id="",
+                    params=d.loaded.params,
                     inputs=dict(unit.inputs) if tmpl.inputs else None,
                 )
             ctx = dict(self._ctx_base, AKM_UNIT_ID=unit.unit_id)
             if unit.item is not NO_ITEM:  # what item_context(unit.item, unit.index) gives, serialised once already
                 ctx["AKM_ITEM"], ctx["AKM_ITEM_INDEX"] = unit.item_json, str(unit.index)
-            return UnitRequest(run_id=d.run_id, step_id=self.step.step_id, unit_id=unit.unit_id, attempt_id=attempt,
-                               kind="exec", cwd=base_dir, output_schema=tmpl.output_schema,
-                               timeout_ms=tmpl.exec.timeout_ms, exec_spec=tmpl.exec, exec_context=ctx,
-                               env_bindings=self.env_values, sensitive_values=self.sensitive,
-                               parent_env=self._parent_env)
+            return UnitRequest(
+                run_id=d.run_id,
+                step_id=self.step.step_id,
+                unit_id=unit.unit_id,
+                attempt_id=attempt,
+                kind="exec",
+                cwd=base_dir,
+                output_schema=tmpl.output_schema,
+                timeout_ms=tmpl.exec.timeout_ms,
+                exec_spec=tmpl.exec,
+                exec_context=ctx,
+                env_bindings=self.env_values,
+                sensitive_values=self.sensitive,
+                parent_env=self._parent_env,
+            )
         engine = d.plan.execution.engines.get(unit.engine) if unit.engine else None
-        return UnitRequest(run_id=d.run_id, step_id=self.step.step_id, unit_id=unit.unit_id, attempt_id=attempt,
-                           kind=unit.runner, cwd=base_dir, prompt=unit.prompt, output_schema=tmpl.output_schema,
-                           timeout_ms=unit.timeout_ms, engine_name=unit.engine, engine=engine, model=unit.model,
-                           llm_options=tmpl.invocation.llm if tmpl.invocation else None,
-                           env_bindings=self.env_values, sensitive_values=self.sensitive,
-                           parent_env=self._parent_env)
+        return UnitRequest(
+            run_id=d.run_id,
+            step_id=self.step.step_id,
+            unit_id=unit.unit_id,
+            attempt_id=attempt,
+            kind=unit.runner,
+            cwd=base_dir,
+            prompt=unit.prompt,
+            output_schema=tmpl.output_schema,
+            timeout_ms=unit.timeout_ms,
+            engine_name=unit.engine,
+            engine=engine,
+            model=unit.model,
+            llm_options=tmpl.invocation.llm if tmpl.invocation else None,
+            env_bindings=self.env_values,
+            sensitive_values=self.sensitive,
+            parent_env=self._parent_env,
+        )
 
     def _run(self, unit: WorkUnit, attempt: str, base_dir: str) -> UnitOutcome:
         dispatcher = self.d.registry.get(unit.runner)
         if dispatcher is None:
-            return UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="dispatch_error",
-                               error=f"no dispatcher for {unit.runner} units in this akm")
+            return UnitOutcome(
+                unit_id=unit.unit_id,
+                ok=False,
+                failure_reason="dispatch_error",
+                error=f"no dispatcher for {unit.runner} units in this akm",
+            )
         res = run_structured(dispatcher, self._request(unit, attempt, base_dir), self.event)
         if res.truncated and res.ok:
-            self.d.warn(f"unit {attempt}: its output was cut at the capture limit; the step gets only its "
-                        "beginning (marked truncated in the journal and the step evidence)")
+            self.d.warn(
+                f"unit {attempt}: its output was cut at the capture limit; the step gets only its "
+                "beginning (marked truncated in the journal and the step evidence)"
+            )
         return UnitOutcome(unit_id=unit.unit_id, **vars(res))
 
     # ------------------------------------------------------------ one unit
@@ -326,12 +393,20 @@ class _Pass:
         last: UnitOutcome | None = None
         for k in range(max_attempts):
             if self.event.is_set():
-                return last or UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason="aborted",
-                                           error="unit was not dispatched because the run was interrupted")
+                return last or UnitOutcome(
+                    unit_id=unit.unit_id,
+                    ok=False,
+                    failure_reason="aborted",
+                    error="unit was not dispatched because the run was interrupted",
+                )
             refusal = d.budget.try_consume()
             if refusal:
-                return last or UnitOutcome(unit_id=unit.unit_id, ok=False, failure_reason=refusal,
-                                           error=d.budget.exceeded or d.budget.cap_message)
+                return last or UnitOutcome(
+                    unit_id=unit.unit_id,
+                    ok=False,
+                    failure_reason=refusal,
+                    error=d.budget.exceeded or d.budget.cap_message,
+                )
             att = attempt_id(unit.base_id, k)
             outcome = self._dispatch_attempt(unit, att)
             if outcome.tokens:
@@ -341,8 +416,18 @@ class _Pass:
                     self.done_count += 1
                 done = self.done_count
             if d.opts.on_progress is not None:
-                d.opts.on_progress(UnitProgress(d.run_id, self.step.step_id, unit.unit_id, att, outcome.ok,
-                                                outcome.failure_reason, done, self.total))
+                d.opts.on_progress(
+                    UnitProgress(
+                        d.run_id,
+                        self.step.step_id,
+                        unit.unit_id,
+                        att,
+                        outcome.ok,
+                        outcome.failure_reason,
+                        done,
+                        self.total,
+                    )
+                )
             last = outcome
             if outcome.ok or self.event.is_set():
                 return outcome
@@ -372,7 +457,8 @@ class _Pass:
             return _PassFailure(
                 f'Step "{step.step_id}" has {len(self.units)} units to dispatch, but the run has already dispatched '
                 f"{d.budget.used} of its lifetime cap of {LIFETIME_UNIT_CAP} units: it can never finish. Nothing "
-                "of it was dispatched; split the list over several runs or steps that run fewer units.")
+                "of it was dispatched; split the list over several runs or steps that run fewer units."
+            )
         if d.opts.on_progress is not None:
             d.opts.on_progress(PassStarted(d.run_id, step.step_id, self.total))
         if tmpl.env:
@@ -387,8 +473,15 @@ class _Pass:
             problem = worktrees.preflight(str(d.opts.project_root))
             if problem:
                 return _PassFailure(f'Step "{step.step_id}" cannot use isolation: worktree: {problem}')
-        width = max(1, min(concurrency, d.plan.execution.max_concurrency or host_concurrency_limit(),
-                           self._engine_width(), max(1, len(self.units))))
+        width = max(
+            1,
+            min(
+                concurrency,
+                d.plan.execution.max_concurrency or host_concurrency_limit(),
+                self._engine_width(),
+                max(1, len(self.units)),
+            ),
+        )
         d.opts.cancel.link(self.event)
         d.lease_lost.link(self.event)
         d.budget.set_exceed_hook(self.event.set)
@@ -447,13 +540,23 @@ class _Pass:
                     except AkmError:
                         raise
                     except Exception as exc:  # a runner bug must not lose the slot silently
-                        results[i] = UnitOutcome(unit_id=units[i].unit_id, ok=False, failure_reason="dispatch_error",
-                                                 error=f"internal error while running the unit: {exc}")
+                        results[i] = UnitOutcome(
+                            unit_id=units[i].unit_id,
+                            ok=False,
+                            failure_reason="dispatch_error",
+                            error=f"internal error while running the unit: {exc}",
+                        )
 
             _run_workers(worker, width)
         return [
-            r if r is not None else UnitOutcome(unit_id=units[i].unit_id, ok=False, failure_reason="aborted",
-                                                error="unit was not dispatched (interrupted)")
+            r
+            if r is not None
+            else UnitOutcome(
+                unit_id=units[i].unit_id,
+                ok=False,
+                failure_reason="aborted",
+                error="unit was not dispatched (interrupted)",
+            )
             for i, r in enumerate(results)
         ]
 
@@ -504,14 +607,19 @@ def _old_objects_frozen() -> Iterator[None]:
 def _claimed_by_other(state: UnitState, now: str) -> bool:
     """D13: a running row with a live claim belongs to its claimant; the engine must not dispatch it."""
     row = state.row
-    return (state.status == RUNNING and row is not None
-            and holder_is_live(row.get("claim_holder"), row.get("claim_host"), row.get("claim_pid"),
-                               row.get("claim_expires_at"), now))
+    return (
+        state.status == RUNNING
+        and row is not None
+        and holder_is_live(
+            row.get("claim_holder"), row.get("claim_host"), row.get("claim_pid"), row.get("claim_expires_at"), now
+        )
+    )
 
 
 class _Driver:
-    def __init__(self, db: Database, loaded: LoadedRun, fence: runs_store.Fence, opts: DriveOptions,
-                 result: DriveResult) -> None:
+    def __init__(
+        self, db: Database, loaded: LoadedRun, fence: runs_store.Fence, opts: DriveOptions, result: DriveResult
+    ) -> None:
         self.db = db
         self.loaded = loaded
         self.plan: Plan = loaded.plan
@@ -524,12 +632,17 @@ class _Driver:
         self.registry = opts.registry or _default_registry()
         self.native_kinds = frozenset(self.registry.kinds())
         self.lease_lost = Cancellation()
-        self.heartbeat = Heartbeat(db, self.run_id, fence.holder, self.lease_lost,
-                                   interval=opts.heartbeat_interval or None, epoch=fence.epoch)
+        self.heartbeat = Heartbeat(
+            db, self.run_id, fence.holder, self.lease_lost, interval=opts.heartbeat_interval or None, epoch=fence.epoch
+        )
         used, tokens = units_store.journal_totals(db, self.run_id)
         budget = self.plan.budget
-        self.budget = DispatchBudget(used=used, tokens=tokens, max_units=budget.max_units if budget else None,
-                                     max_tokens=budget.max_tokens if budget else None)
+        self.budget = DispatchBudget(
+            used=used,
+            tokens=tokens,
+            max_units=budget.max_units if budget else None,
+            max_tokens=budget.max_tokens if budget else None,
+        )
         self._warn_lock = threading.Lock()
         self.spine: Spine | None = None
 
@@ -553,9 +666,10 @@ class _Driver:
         return UsageError(
             f"This invocation lost its lease on run {self.run_id} (now held by {who}); stopping to avoid racing it. "
             "Units it had in flight were stopped; their results are not journaled over the new holder's.",
-            code="LEASE_LOST", details={"runId": self.run_id},
+            code="LEASE_LOST",
+            details={"runId": self.run_id},
             hint="Another invocation drives the run now (it redoes what this one left unfinished); "
-                 "`workflow status` shows it.",
+            "`workflow status` shows it.",
         )
 
     def fenced_out(self, exc: BaseException) -> bool:
@@ -589,12 +703,29 @@ class _Driver:
         return False
 
     # -------------------------------------------------------- spine writes
-    def finish(self, step_id: str, status: str, *, summary: str | None, notes: str | None,
-               evidence: dict[str, Any] | None, detail: dict[str, Any] | None = None) -> str:
+    def finish(
+        self,
+        step_id: str,
+        status: str,
+        *,
+        summary: str | None,
+        notes: str | None,
+        evidence: dict[str, Any] | None,
+        detail: dict[str, Any] | None = None,
+    ) -> str:
         try:
-            status, notes, warnings = finish_step(self.db, self.run_id, step_id, status, summary=summary, notes=notes,
-                                                  evidence=evidence, lease_holder=self.holder, status_detail=detail,
-                                                  fence=self.fence)
+            status, notes, warnings = finish_step(
+                self.db,
+                self.run_id,
+                step_id,
+                status,
+                summary=summary,
+                notes=notes,
+                evidence=evidence,
+                lease_holder=self.holder,
+                status_detail=detail,
+                fence=self.fence,
+            )
         except UsageError as exc:
             if exc.code in ("RUN_NOT_ACTIVE", "RUN_ABANDONED", "LEASE_HELD", "LEASE_LOST"):
                 raise self.lost_lease_error() from None  # abandoned or taken over meanwhile: say so
@@ -613,12 +744,17 @@ class _Driver:
     def record(self, step_id: str, decision: StepDecision, *, ok: bool, summary: str | None = None) -> None:
         """One `executed` entry per finished loop of a step."""
         r = decision.result
-        self.result.executed.append({
-            "stepId": step_id, "ok": ok, "skipped": False,
-            "unitCount": r.unit_count if r else 0, "failedUnits": r.failed_units if r else 0,
-            "summary": summary if summary is not None else (r.summary if r else decision.notes),
-            **({"gateLoop": decision.loop} if decision.loop > 1 else {}),
-        })
+        self.result.executed.append(
+            {
+                "stepId": step_id,
+                "ok": ok,
+                "skipped": False,
+                "unitCount": r.unit_count if r else 0,
+                "failedUnits": r.failed_units if r else 0,
+                "summary": summary if summary is not None else (r.summary if r else decision.notes),
+                **({"gateLoop": decision.loop} if decision.loop > 1 else {}),
+            }
+        )
 
     # -------------------------------------------------------- main loop
     def run(self) -> None:
@@ -637,14 +773,24 @@ class _Driver:
                 raise self.lost_lease_error()
             step = self.plan.step(run.current_step_id)
             if step is None:
-                raise UsageError(f"Run {self.run_id}: current step {run.current_step_id} is not present in its "
-                                 "frozen plan.", code="CORRUPT_RUN")
+                raise UsageError(
+                    f"Run {self.run_id}: current step {run.current_step_id} is not present in its frozen plan.",
+                    code="CORRUPT_RUN",
+                )
             why = self.spine.routes.skip_reason(step)
             if why is not None:
                 self.spine.routes.skip(step)
                 self.finish(step.step_id, "skipped", summary=None, notes=f"Skipped: {why}.", evidence=None)
-                res.executed.append({"stepId": step.step_id, "ok": True, "skipped": True, "unitCount": 0,
-                                     "failedUnits": 0, "summary": f"skipped ({why})"})
+                res.executed.append(
+                    {
+                        "stepId": step.step_id,
+                        "ok": True,
+                        "skipped": True,
+                        "unitCount": 0,
+                        "failedUnits": 0,
+                        "summary": f"skipped ({why})",
+                    }
+                )
                 continue
             if not self.run_step(step):
                 return
@@ -664,10 +810,19 @@ class _Driver:
             rows, gate_rows = step_rows(self.db, self.run_id, step.step_id)
             gate = load_gate(self.db, self.run_id, step, self.spine, gate_rows)
             reuse = work_list is not None and work_list_gate == (gate.loop, gate.feedback)
-            decision = decide_step(run_id=self.run_id, step=step, params=self.loaded.params,
-                                   outputs=self.spine.outputs, engines=self.plan.execution.engines, gate=gate,
-                                   rows=rows, native_kinds=self.native_kinds, settled=settled_loop == gate.loop,
-                                   fail_fast=settled_loop == gate.loop, work_list=work_list if reuse else None)
+            decision = decide_step(
+                run_id=self.run_id,
+                step=step,
+                params=self.loaded.params,
+                outputs=self.spine.outputs,
+                engines=self.plan.execution.engines,
+                gate=gate,
+                rows=rows,
+                native_kinds=self.native_kinds,
+                settled=settled_loop == gate.loop,
+                fail_fast=settled_loop == gate.loop,
+                work_list=work_list if reuse else None,
+            )
             if decision.work_list is not None:
                 work_list, work_list_gate = decision.work_list, (gate.loop, gate.feedback)
             if decision.kind == "work":
@@ -681,8 +836,16 @@ class _Driver:
             if decision.kind == "retry":
                 assert decision.verdict is not None
                 self.record(step.step_id, decision, ok=False)
-                self._fenced_write(journal_verdict, self.db, self.run_id, step, decision.loop, decision.verdict,
-                                   runner="schema", fence=self.fence)
+                self._fenced_write(
+                    journal_verdict,
+                    self.db,
+                    self.run_id,
+                    step,
+                    decision.loop,
+                    decision.verdict,
+                    runner="schema",
+                    fence=self.fence,
+                )
                 continue
             if decision.kind == "judge":
                 if not self.judge(step, decision, gate):
@@ -710,8 +873,7 @@ class _Driver:
             return False
         if failure is not None:
             self.record(step.step_id, decision, ok=False, summary=failure.reason)
-            self.finish(step.step_id, "failed", summary=None, notes=failure.reason,
-                        evidence={"error": failure.reason})
+            self.finish(step.step_id, "failed", summary=None, notes=failure.reason, evidence={"error": failure.reason})
             self.result.steps_processed += 1
             return False
         return None
@@ -730,9 +892,19 @@ class _Driver:
         self.lease_lost.link(event)
         try:
             verdict, error = self._fenced_write(
-                judge_with_engine, self.db, self.run_id, self.plan, step, decision.loop, result=decision.result,
-                artifact=decision.artifact, dispatcher=dispatcher, cwd=str(self.opts.project_root), cancel=event,
-                fence=self.fence)
+                judge_with_engine,
+                self.db,
+                self.run_id,
+                self.plan,
+                step,
+                decision.loop,
+                result=decision.result,
+                artifact=decision.artifact,
+                dispatcher=dispatcher,
+                cwd=str(self.opts.project_root),
+                cancel=event,
+                fence=self.fence,
+            )
         finally:
             self.opts.cancel.unlink(event)
             self.lease_lost.unlink(event)
@@ -753,16 +925,22 @@ class _Driver:
         """Apply a terminal decision: complete, fail or block the step."""
         if decision.kind == "complete":
             self.record(step.step_id, decision, ok=True, summary=decision.summary)
-            status = self.finish(step.step_id, "completed", summary=decision.summary, notes=None,
-                                 evidence=decision.evidence)
+            status = self.finish(
+                step.step_id, "completed", summary=decision.summary, notes=None, evidence=decision.evidence
+            )
         elif decision.kind == "fail":
             self.record(step.step_id, decision, ok=False, summary=decision.notes)
-            status = self.finish(step.step_id, "failed", summary=None, notes=decision.notes,
-                                 evidence=decision.evidence)
+            status = self.finish(step.step_id, "failed", summary=None, notes=decision.notes, evidence=decision.evidence)
         else:  # block
             self.record(step.step_id, decision, ok=False, summary=decision.notes)
-            status = self.finish(step.step_id, "blocked", summary=None, notes=decision.notes,
-                                 evidence=decision.evidence, detail=decision.detail)
+            status = self.finish(
+                step.step_id,
+                "blocked",
+                summary=None,
+                notes=decision.notes,
+                evidence=decision.evidence,
+                detail=decision.detail,
+            )
         self.result.steps_processed += 1
         return status == "completed"
 
@@ -772,8 +950,7 @@ class _Driver:
 
     def park(self, brief: dict[str, Any]) -> None:
         """Stop with `awaiting_session`: the remaining work needs a model, an agent or a judge."""
-        self._fenced_write(runs_store.set_run_status, self.db, self.run_id, "awaiting_session", brief,
-                           fence=self.fence)
+        self._fenced_write(runs_store.set_run_status, self.db, self.run_id, "awaiting_session", brief, fence=self.fence)
         self.result.awaiting = brief
 
     def _fenced_write(self, write: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -837,19 +1014,27 @@ def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
     if live is not None:
         reporting = live.holder.startswith(units_store.REPORT_LOCK_PREFIX)
         raise UsageError(
-            (f"Workflow run {run_id} is held by a report that has been finishing its step for over "
-             f"{REPORT_LOCK_WAIT_S:g} s (lease holder {live.holder} until {live.until})." if reporting else
-             f"Workflow run {run_id} is being driven by another invocation: lease holder {live.holder} "
-             f"(host {live.host}, pid {live.pid}) until {live.until}.") + " A second driver would race it.",
-            code="LEASE_HELD", details={"runId": run_id, "holder": live.holder, "until": live.until},
+            (
+                f"Workflow run {run_id} is held by a report that has been finishing its step for over "
+                f"{REPORT_LOCK_WAIT_S:g} s (lease holder {live.holder} until {live.until})."
+                if reporting
+                else f"Workflow run {run_id} is being driven by another invocation: lease holder {live.holder} "
+                f"(host {live.host}, pid {live.pid}) until {live.until}."
+            )
+            + " A second driver would race it.",
+            code="LEASE_HELD",
+            details={"runId": run_id, "holder": live.holder, "until": live.until},
             hint="Wait for that invocation to finish, or for its lease to expire.",
         )
     driver: _Driver | None = None
     try:
         fence = runs_store.lease_fence(db, run_id, holder)
         if fence is None:  # taken from us between the acquisition and this read: a takeover
-            raise UsageError(f"This invocation lost its lease on run {run_id} as soon as it took it; "
-                             "stopping to avoid racing the new holder.", code="LEASE_LOST")
+            raise UsageError(
+                f"This invocation lost its lease on run {run_id} as soon as it took it; "
+                "stopping to avoid racing the new holder.",
+                code="LEASE_LOST",
+            )
         driver = _Driver(db, loaded, fence, opts, result)
         driver.heartbeat.start()
         if runs_store.run_status(db, run_id) == "awaiting_session":

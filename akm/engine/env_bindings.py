@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import stat
 import threading
 from pathlib import Path
@@ -37,7 +36,7 @@ class EnvBindingError(ValueError):
 def _candidates(ref: str, project_root: Path) -> list[Path]:
     if not ENV_REF_RE.match(ref):
         raise EnvBindingError(f'env ref "{ref}" is not of the form env/<name>')
-    name = ref[len("env/"):]
+    name = ref[len("env/") :]
     return [d / f"{name}.env" for d in env_dirs(project_root)]
 
 
@@ -70,8 +69,10 @@ def parse_dotenv(text: str, origin: str) -> dict[str, str]:
         if binding.key is None:  # blank line or comment
             continue
         if not _NAME.match(binding.key):
-            raise EnvBindingError(f"{origin}:{line}: {binding.key!r} is not an environment variable name "
-                                  "(letters, digits and _, not starting with a digit)")
+            raise EnvBindingError(
+                f"{origin}:{line}: {binding.key!r} is not an environment variable name "
+                "(letters, digits and _, not starting with a digit)"
+            )
         if binding.value is None:
             continue
         values[binding.key] = binding.value
@@ -90,9 +91,19 @@ def _not_regular(path: Path) -> str | None:
         return None
     if stat.S_ISREG(mode):
         return None
-    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
-            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    return (
+        "a directory"
+        if stat.S_ISDIR(mode)
+        else "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "a character device"
+        if stat.S_ISCHR(mode)
+        else "a block device"
+        if stat.S_ISBLK(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "not a regular file"
+    )
 
 
 def _read_env_file(path: Path) -> str:
@@ -202,7 +213,10 @@ def _lenient_values(path: Path) -> list[str]:
     from dotenv.parser import parse_stream
 
     try:
-        return [b.value for b in parse_stream(io.StringIO(text.lstrip("\ufeff")))
-                if not b.error and b.key is not None and b.value]
+        return [
+            b.value
+            for b in parse_stream(io.StringIO(text.lstrip("\ufeff")))
+            if not b.error and b.key is not None and b.value
+        ]
     except Exception:  # a parser bug must never stop a run from redacting what else it can
         return []

@@ -20,7 +20,6 @@ the step's loop base so the budget starts afresh.
 from __future__ import annotations
 
 import json
-from akm.record import dataclass, field
 from typing import Any
 
 from akm.engine.reduce import (
@@ -36,6 +35,7 @@ from akm.engine.worklist import StepFailure, WorkList, WorkUnit, build_work_list
 from akm.errors import UsageError
 from akm.plan.identity import base_of_attempt, gate_row_id
 from akm.plan.model import Plan, StepPlan
+from akm.record import dataclass, field
 
 # ---------------------------------------------------------------- verdicts and gate loops
 
@@ -79,8 +79,12 @@ def verdict_from_value(value: Any, *, reason: str = "judge") -> Verdict | None:
     feedback = feedback.strip() if isinstance(feedback, str) else ""
     if value["complete"]:
         return Verdict(True, missing=[], feedback="", reason=reason)
-    return Verdict(False, missing=missing, feedback=feedback or DEFAULT_REJECTION_FEEDBACK,
-                   reason=str(value.get("reason") or reason))
+    return Verdict(
+        False,
+        missing=missing,
+        feedback=feedback or DEFAULT_REJECTION_FEEDBACK,
+        reason=str(value.get("reason") or reason),
+    )
 
 
 class CorruptGateRow(UsageError):
@@ -95,7 +99,7 @@ def _loop_of(step_id: str, unit_id: str) -> int | None:
     prefix = f"{step_id}.gate:l"
     if not unit_id.startswith(prefix):
         return None
-    tail = unit_id[len(prefix):]
+    tail = unit_id[len(prefix) :]
     return int(tail) if tail.isdigit() and tail.isascii() and int(tail) >= 1 else None
 
 
@@ -144,9 +148,14 @@ def gate_state(run_id: str, step: StepPlan, gate_rows: list[dict[str, Any]], bas
             rejected[loop] = verdict
     loop = max([base, *rejected]) + 1 if rejected else max(1, base + 1)
     last = rejected.get(loop - 1)
-    return GateState(loop=loop, base=base, max_loops=max(1, step.gate.max_loops),
-                     feedback=last.feedback_block() if last else None, passed=loop in passed,
-                     last_rejection=rejected[max(rejected)] if rejected else None)
+    return GateState(
+        loop=loop,
+        base=base,
+        max_loops=max(1, step.gate.max_loops),
+        feedback=last.feedback_block() if last else None,
+        passed=loop in passed,
+        last_rejection=rejected[max(rejected)] if rejected else None,
+    )
 
 
 def gate_row_for(step_id: str, loop: int) -> str:
@@ -275,8 +284,12 @@ def unit_states(wl: WorkList, rows: list[dict[str, Any]], gate_loop: int) -> lis
 def outcome_of(state: UnitState) -> UnitOutcome:
     """The reduction input for a terminal (or, natively, settled) unit."""
     if state.row is None:
-        return UnitOutcome(unit_id=state.unit.unit_id, ok=False, failure_reason="aborted",
-                           error="unit was not dispatched (interrupted)")
+        return UnitOutcome(
+            unit_id=state.unit.unit_id,
+            ok=False,
+            failure_reason="aborted",
+            error="unit was not dispatched (interrupted)",
+        )
     return outcome_from_row(state.unit.unit_id, state.row, state.unit.template.output_schema is not None)
 
 
@@ -311,23 +324,44 @@ class StepDecision:
     artifact: Any = None
 
 
-def work_list_for(run_id: str, step: StepPlan, params: dict[str, Any], outputs: dict[str, Any],
-                  engines: dict[str, dict[str, Any]], gate: GateState) -> WorkList | StepFailure:
-    return build_work_list(step, run_id=run_id, params=params, step_outputs=outputs, engines=engines,
-                           gate_loop=gate.loop, gate_feedback=gate.feedback)
+def work_list_for(
+    run_id: str,
+    step: StepPlan,
+    params: dict[str, Any],
+    outputs: dict[str, Any],
+    engines: dict[str, dict[str, Any]],
+    gate: GateState,
+) -> WorkList | StepFailure:
+    return build_work_list(
+        step,
+        run_id=run_id,
+        params=params,
+        step_outputs=outputs,
+        engines=engines,
+        gate_loop=gate.loop,
+        gate_feedback=gate.feedback,
+    )
 
 
 def exhausted_decision(step: StepPlan, gate: GateState) -> StepDecision:
     """D7: the last allowed loop was rejected — block the run with the judge's words."""
     last = gate.last_rejection or Verdict(False, feedback=DEFAULT_REJECTION_FEEDBACK)
     loops = gate.max_loops
-    notes = (f'Step "{step.step_id}" was rejected in its last allowed gate loop ({loops} of {loops}): '
-             f"{last.feedback}")
+    notes = f'Step "{step.step_id}" was rejected in its last allowed gate loop ({loops} of {loops}): {last.feedback}'
     if last.missing:
         notes += " Missing: " + "; ".join(last.missing) + "."
-    return StepDecision("block", loop=gate.loop, notes=notes,
-                        detail={"kind": "gate_exhausted", "stepId": step.step_id, "maxLoops": loops,
-                                "missing": list(last.missing), "feedback": last.feedback})
+    return StepDecision(
+        "block",
+        loop=gate.loop,
+        notes=notes,
+        detail={
+            "kind": "gate_exhausted",
+            "stepId": step.step_id,
+            "maxLoops": loops,
+            "missing": list(last.missing),
+            "feedback": last.feedback,
+        },
+    )
 
 
 def decide_step(
@@ -362,7 +396,9 @@ def decide_step(
     if gate.exhausted:
         return exhausted_decision(step, gate)
     if step.root is None:
-        result = StepResult(ok=True, evidence={}, summary=f'Step "{step.step_id}" is a route step — no units dispatched.')
+        result = StepResult(
+            ok=True, evidence={}, summary=f'Step "{step.step_id}" is a route step — no units dispatched.'
+        )
         return _after_result(run_id, step, params, outputs, gate, result, [])
     wl = work_list if work_list is not None else work_list_for(run_id, step, params, outputs, engines, gate)
     if isinstance(wl, StepFailure):
@@ -372,9 +408,13 @@ def decide_step(
     if diverged:
         reason = " ".join(
             f"replay divergence: unit {s.diverged_from} is journaled as completed with a different input hash; "
-            "refusing to re-dispatch it." for s in diverged)
-        return StepDecision("fail", loop=gate.loop, notes=reason, evidence={"error": reason}, states=states,
-                            work_list=wl)
+            "refusing to re-dispatch it."
+            for s in diverged
+        )
+        return StepDecision(
+            "fail", loop=gate.loop, notes=reason, evidence={"error": reason}, states=states, work_list=wl
+        )
+
     def is_outstanding(s: UnitState) -> bool:
         if s.unit.runner in native_kinds:
             return s.status in (PENDING, RUNNING) if settled else s.status != DONE
@@ -390,19 +430,30 @@ def decide_step(
     assert tmpl is not None
     # Fail fast: once a unit that is not tolerated failed for good, the step's verdict is fixed; units
     # still outstanding are reduced as `not_run` (both surfaces stop giving out work at that point).
-    outcomes = [UnitOutcome(unit_id=s.unit.unit_id, ok=False, failure_reason="not_run") if is_outstanding(s)
-                else outcome_of(s) for s in states]
+    outcomes = [
+        UnitOutcome(unit_id=s.unit.unit_id, ok=False, failure_reason="not_run") if is_outstanding(s) else outcome_of(s)
+        for s in states
+    ]
     result = reduce_step(step, outcomes, is_map=wl.is_map, reducer=wl.reducer, on_error=tmpl.on_error)
     return _after_result(run_id, step, params, outputs, gate, result, states, wl)
 
 
-def _after_result(run_id: str, step: StepPlan, params: dict[str, Any], outputs: dict[str, Any], gate: GateState,
-                  result: StepResult, states: list[UnitState], wl: WorkList | None = None) -> StepDecision:
-    common = dict(loop=gate.loop, states=states, work_list=wl, result=result)
+def _after_result(
+    run_id: str,
+    step: StepPlan,
+    params: dict[str, Any],
+    outputs: dict[str, Any],
+    gate: GateState,
+    result: StepResult,
+    states: list[UnitState],
+    wl: WorkList | None = None,
+) -> StepDecision:
+    common: dict[str, Any] = dict(loop=gate.loop, states=states, work_list=wl, result=result)
     if not result.ok:
         if result.artifact_schema_failure and gate.loops_left_after > 0:
-            return StepDecision("retry", verdict=Verdict(False, feedback=result.summary, reason="output_schema"),
-                                **common)
+            return StepDecision(
+                "retry", verdict=Verdict(False, feedback=result.summary, reason="output_schema"), **common
+            )
         return StepDecision("fail", notes=result.summary, evidence=result.evidence, **common)
     evidence = dict(result.evidence)
     summary = result.summary
@@ -418,11 +469,13 @@ def _after_result(run_id: str, step: StepPlan, params: dict[str, Any], outputs: 
             return StepDecision("fail", notes=note, evidence=evidence, **common)
         evidence["route"] = route
         if step.root is None:
-            summary = (f"routed on {route['input']}: value {json.dumps(route['value'])} "
-                       f"selected step {route['selected']}")
+            summary = (
+                f"routed on {route['input']}: value {json.dumps(route['value'])} selected step {route['selected']}"
+            )
     if step.root is not None and has_criteria(step) and not gate.passed:
-        return StepDecision("judge", evidence=evidence, summary=summary, route=route,
-                            artifact=evidence.get("output"), **common)
+        return StepDecision(
+            "judge", evidence=evidence, summary=summary, route=route, artifact=evidence.get("output"), **common
+        )
     return StepDecision("complete", evidence=evidence, summary=summary, route=route, **common)
 
 

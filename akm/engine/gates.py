@@ -47,8 +47,11 @@ def artifact_summary(result_units: int, failed_units: int, artifact: Any) -> str
     lines = [
         f"Units: {result_units} total, {result_units - failed_units} succeeded, {failed_units} failed.",
         "The step's artifact, as canonical JSON"
-        + (f" (clipped to its first {ARTIFACT_CLIP} of {len(text)} characters; the rest is not shown):" if clipped
-           else ":"),
+        + (
+            f" (clipped to its first {ARTIFACT_CLIP} of {len(text)} characters; the rest is not shown):"
+            if clipped
+            else ":"
+        ),
         text[:ARTIFACT_CLIP] + ("…" if clipped else ""),
     ]
     return "\n".join(lines)
@@ -86,14 +89,19 @@ def judge_engine(plan: Plan, step: StepPlan) -> tuple[str | None, dict[str, Any]
     return name, plan.execution.engines.get(name)
 
 
-def run_engine_judge(dispatcher: Any, request: Any, cancel: threading.Event) -> tuple[Verdict | None, str | None,
-                                                                                       int | None]:
+def run_engine_judge(
+    dispatcher: Any, request: Any, cancel: threading.Event
+) -> tuple[Verdict | None, str | None, int | None]:
     """Ask an engine for a verdict: (verdict, error, tokens). Errors and malformed answers are fail-closed."""
     try:
         raw = dispatcher.dispatch(request, cancel, None)
     except Exception as exc:  # the judge is infrastructure: its bug blocks the step, it never passes it
         return None, f"the judge failed: {type(exc).__name__}: {exc}", None
     if not raw.ok:
-        return None, f"the judge failed ({raw.failure_reason or 'dispatch_error'}): {raw.error or 'no answer'}", raw.tokens
+        return (
+            None,
+            f"the judge failed ({raw.failure_reason or 'dispatch_error'}): {raw.error or 'no answer'}",
+            raw.tokens,
+        )
     verdict, why = parse_verdict(raw.text or "")
     return verdict, why, raw.tokens

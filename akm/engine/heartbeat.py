@@ -34,8 +34,15 @@ def default_interval() -> float:
 
 
 class Heartbeat:
-    def __init__(self, db: Database, run_id: str, holder: str, lost: Cancellation,
-                 interval: float | None = None, epoch: int | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        run_id: str,
+        holder: str,
+        lost: Cancellation,
+        interval: float | None = None,
+        epoch: int | None = None,
+    ) -> None:
         self.db, self.run_id, self.holder, self.lost = db, run_id, holder, lost
         self.epoch = epoch
         self.interval = default_interval() if interval is None else interval
@@ -87,8 +94,7 @@ class Heartbeat:
         this driver's lease until it releases it, so the lease check agrees).
         """
         try:
-            row = self.db.query_one("SELECT status, lease_holder, lease_epoch FROM runs WHERE id = ?",
-                                    (self.run_id,))
+            row = self.db.query_one("SELECT status, lease_holder, lease_epoch FROM runs WHERE id = ?", (self.run_id,))
         except Exception:
             return True  # a failed read proves nothing; the next renewal decides
         if row is None:

@@ -52,8 +52,12 @@ def build_unit_prompt(
 ) -> str:
     """`params_json` may carry the params already serialised (a fan-out serialises them once)."""
     parts = [
-        PREAMBLE.format(run_id=run_id, step_id=step_id, unit_id=unit_id,
-                        params=params_json if params_json is not None else json_or_null(params)),
+        PREAMBLE.format(
+            run_id=run_id,
+            step_id=step_id,
+            unit_id=unit_id,
+            params=params_json if params_json is not None else json_or_null(params),
+        ),
         "\n",
         instructions,
     ]

@@ -8,7 +8,6 @@ resumed run rebuilds exactly the evidence a live run would have written.
 from __future__ import annotations
 
 import json
-from akm.record import dataclass
 from typing import Any
 
 from akm.canonical import CanonicalError, canonical_json, compact_json
@@ -18,6 +17,7 @@ from akm.format.refs import ReferenceResolutionError, ReferenceSyntaxError, pars
 from akm.format.schema import validate_instance
 from akm.plan.identity import base_of_attempt
 from akm.plan.model import RoutePlan, StepPlan
+from akm.record import dataclass
 
 TEXT_CLIP = 2000
 EVIDENCE_LIMIT_BYTES = 1024 * 1024
@@ -48,6 +48,7 @@ class UnitOutcome(DispatchResult):
 
 # ---------------------------------------------------------------- reuse
 
+
 @dataclass
 class ReuseDecision:
     kind: str  # "reuse" | "diverge" | "dispatch"
@@ -68,8 +69,9 @@ def index_completed_rows(rows: list[dict[str, Any]]) -> dict[str, list[dict[str,
     return index
 
 
-def classify_reuse(base_id: str, input_hash: str, completed: dict[str, list[dict[str, Any]]],
-                   gate_loop: int) -> ReuseDecision:
+def classify_reuse(
+    base_id: str, input_hash: str, completed: dict[str, list[dict[str, Any]]], gate_loop: int
+) -> ReuseDecision:
     """Reuse a completed row with the same hash; a loop-1 completed row with another hash is divergence.
 
     `completed` comes from `index_completed_rows`. Running and failed rows never
@@ -95,8 +97,14 @@ def outcome_from_row(unit_id: str, row: dict[str, Any], has_schema: bool) -> Uni
             present = True
         except ValueError:
             present = False
-    out = UnitOutcome(unit_id=unit_id, ok=row.get("status") == "completed", tokens=row.get("tokens"),
-                      session_id=row.get("session_id"), truncated=bool(row.get("truncated")), reused=True)
+    out = UnitOutcome(
+        unit_id=unit_id,
+        ok=row.get("status") == "completed",
+        tokens=row.get("tokens"),
+        session_id=row.get("session_id"),
+        truncated=bool(row.get("truncated")),
+        reused=True,
+    )
     if not out.ok:
         out.failure_reason = row.get("failure_reason") or "reported_failure"
         if isinstance(parsed, str):
@@ -165,8 +173,9 @@ def _validate_output(step: StepPlan, output: Any) -> list[str]:
     return validate_instance(output, step.output_schema)
 
 
-def reduce_step(step: StepPlan, outcomes: list[UnitOutcome], *, is_map: bool, reducer: str,
-                on_error: str) -> StepResult:
+def reduce_step(
+    step: StepPlan, outcomes: list[UnitOutcome], *, is_map: bool, reducer: str, on_error: str
+) -> StepResult:
     """Combine unit outcomes (in item order) into the step's evidence and verdict."""
     n = len(outcomes)
     failures = [o for o in outcomes if not o.ok]
@@ -216,14 +225,22 @@ def reduce_step(step: StepPlan, outcomes: list[UnitOutcome], *, is_map: bool, re
         # Visible as data, never silent: the evidence lists the units whose artifact is only the
         # beginning of their output, and the summary says so.
         evidence["truncatedUnits"] = cut
-        summary += (f" Output truncated at the capture cap (the artifact is only its beginning): "
-                    f"{', '.join(cut[:10])}{', …' if len(cut) > 10 else ''}.")
+        summary += (
+            f" Output truncated at the capture cap (the artifact is only its beginning): "
+            f"{', '.join(cut[:10])}{', …' if len(cut) > 10 else ''}."
+        )
     ok = (on_error == "continue" or not failures) and vote_error is None
     result = StepResult(ok=ok, evidence=evidence, summary=summary, unit_count=n, failed_units=len(failures))
     template = step.unit_template
-    if (not ok and not is_map and failures and step.output_schema is not None and template is not None
-            and template.output_schema == step.output_schema
-            and all(o.failure_reason in ("validation_error", "parse_error") for o in failures)):
+    if (
+        not ok
+        and not is_map
+        and failures
+        and step.output_schema is not None
+        and template is not None
+        and template.output_schema == step.output_schema
+        and all(o.failure_reason in ("validation_error", "parse_error") for o in failures)
+    ):
         # D5: a solo step's `output` schema is checked on its unit, so a miss surfaces as a unit
         # failure; it is still the step artifact missing its schema, which gate loops may retry.
         result.artifact_schema_failure = True
@@ -242,7 +259,8 @@ def reduce_step(step: StepPlan, outcomes: list[UnitOutcome], *, is_map: bool, re
             else:
                 result.summary = (
                     f'Step "{step.step_id}" artifact failed validation against the step\'s declared output schema: '
-                    + "; ".join(errors) + "."
+                    + "; ".join(errors)
+                    + "."
                 )
     return result
 
@@ -273,7 +291,9 @@ def evaluate_route(step_id: str, route: RoutePlan, params: dict[str, Any], outpu
             return {"input": route.input, "value": None, "selected": route.default_step_id}
         raise RouteError(f'route input "{route.input}" failed to resolve: {exc}') from exc
     if isinstance(value, (dict, list)):
-        raise RouteError(f'route input "{route.input}" resolved to an object or array; routes need a string, number or boolean')
+        raise RouteError(
+            f'route input "{route.input}" resolved to an object or array; routes need a string, number or boolean'
+        )
     key = route_value_string(value)
     selected = route.when.get(key, route.default_step_id)
     if selected is None:
@@ -327,12 +347,15 @@ def bounded_evidence_json(evidence: dict[str, Any]) -> tuple[str, bool]:
         )
     work = dict(evidence)
     keep = {"output", "route", "truncatedUnits"}
-    sizes = sorted(((len(compact_json(v).encode("utf-8")), k) for k, v in work.items() if k not in keep),
-                   reverse=True)
+    sizes = sorted(((len(compact_json(v).encode("utf-8")), k) for k, v in work.items() if k not in keep), reverse=True)
     for entry_size, key in sizes:
-        work[key] = {"__akm_evidence_truncated__": True, "reason": "evidence exceeded the 1 MiB journal bound",
-                     "originalBytes": entry_size, "limitBytes": EVIDENCE_LIMIT_BYTES,
-                     "preview": compact_json(work[key])[:EVIDENCE_PREVIEW]}
+        work[key] = {
+            "__akm_evidence_truncated__": True,
+            "reason": "evidence exceeded the 1 MiB journal bound",
+            "originalBytes": entry_size,
+            "limitBytes": EVIDENCE_LIMIT_BYTES,
+            "preview": compact_json(work[key])[:EVIDENCE_PREVIEW],
+        }
         text = compact_json(work)
         if len(text.encode("utf-8")) <= EVIDENCE_LIMIT_BYTES:
             break

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from akm.record import dataclass, field
 from typing import Any
+
+from akm.record import dataclass, field
 
 
 @dataclass

@@ -25,18 +25,17 @@ import re
 import threading
 import time
 import uuid
-from akm.record import dataclass
 from pathlib import Path
 from typing import Any
 
+from akm.dispatch.answer import AnswerError, parse_command_json
 from akm.dispatch.redact import redact_text, redact_value, sensitive_values_from
 from akm.engine import gates
 from akm.engine.budget import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
-from akm.dispatch.answer import AnswerError, parse_command_json
 from akm.engine.finalize import (
+    DIVERGED,
     DONE,
     FAILED,
-    DIVERGED,
     RETRYABLE,
     GateState,
     StepDecision,
@@ -61,6 +60,7 @@ from akm.errors import AkmError, UsageError
 from akm.format.schema import validate_instance
 from akm.plan.identity import NO_ITEM, base_of_attempt, journal_base_id
 from akm.plan.model import StepPlan
+from akm.record import dataclass
 from akm.store import runs as runs_store
 from akm.store import units as units_store
 from akm.store.db import Database, now_iso
@@ -69,10 +69,22 @@ from akm.store.runs import DRIVABLE_STATUSES, holder_is_live
 MISSING: Any = object()
 REPORT_STATUSES = ("completed", "failed", "running")
 # Failure reasons a report may use verbatim (they take part in `retry.on`); anything else is `external:<slug>`.
-FAILURE_TAXONOMY = frozenset({
-    "timeout", "spawn_failed", "non_zero_exit", "parse_error", "cooldown", "llm_rate_limit", "llm_content_filter",
-    "llm_invalid_json", "content_policy_reject", "unsupported_type", "no_change", "aborted",
-})
+FAILURE_TAXONOMY = frozenset(
+    {
+        "timeout",
+        "spawn_failed",
+        "non_zero_exit",
+        "parse_error",
+        "cooldown",
+        "llm_rate_limit",
+        "llm_content_filter",
+        "llm_invalid_json",
+        "content_policy_reject",
+        "unsupported_type",
+        "no_change",
+        "aborted",
+    }
+)
 FINALIZE_WAIT_S = 30.0
 # The largest result a report may record: what an agent engine's unit can return (its harness's kept stdout,
 # `akm.dispatch.agents.MAX_STDOUT_BYTES`). Beyond it a report is refused with a code, before anything is
@@ -113,14 +125,22 @@ def _work_list(cur: _Current) -> Any:
     from akm.engine.finalize import work_list_for
 
     assert cur.step is not None and cur.gate is not None
-    key = (cur.run_id, cur.loaded.run.plan_hash, cur.step.step_id, cur.gate.loop, cur.gate.base,
-           canonical_json(cur.gate.feedback), tuple((s.step_id, s.status, s.completed_at) for s in cur.spine.steps))
+    key = (
+        cur.run_id,
+        cur.loaded.run.plan_hash,
+        cur.step.step_id,
+        cur.gate.loop,
+        cur.gate.base,
+        canonical_json(cur.gate.feedback),
+        tuple((s.step_id, s.status, s.completed_at) for s in cur.spine.steps),
+    )
     with _WORK_LISTS_LOCK:
         hit = _WORK_LISTS.get(key)
     if hit is not None:
         return hit
-    wl = work_list_for(cur.run_id, cur.step, cur.loaded.params, cur.spine.outputs,
-                       cur.loaded.plan.execution.engines, cur.gate)
+    wl = work_list_for(
+        cur.run_id, cur.step, cur.loaded.params, cur.spine.outputs, cur.loaded.plan.execution.engines, cur.gate
+    )
     with _WORK_LISTS_LOCK:
         if len(_WORK_LISTS) >= _WORK_LISTS_MAX:
             _WORK_LISTS.pop(next(iter(_WORK_LISTS)))
@@ -138,9 +158,17 @@ def _current(db: Database, run_id: str) -> _Current:
         return cur
     cur.rows, cur.gate_rows = step_rows(db, run_id, step.step_id)
     cur.gate = load_gate(db, run_id, step, spine, cur.gate_rows)
-    cur.decision = decide_step(run_id=run_id, step=step, params=loaded.params, outputs=spine.outputs,
-                               engines=loaded.plan.execution.engines, gate=cur.gate, rows=cur.rows,
-                               fail_fast=True, work_list=_work_list(cur) if step.root is not None else None)
+    cur.decision = decide_step(
+        run_id=run_id,
+        step=step,
+        params=loaded.params,
+        outputs=spine.outputs,
+        engines=loaded.plan.execution.engines,
+        gate=cur.gate,
+        rows=cur.rows,
+        fail_fast=True,
+        work_list=_work_list(cur) if step.root is not None else None,
+    )
     return cur
 
 
@@ -152,8 +180,9 @@ def _is_session_judged(cur: _Current) -> bool:
 def _live_claim(row: dict[str, Any] | None, now: str) -> dict[str, Any] | None:
     if row is None or row.get("status") != "running":
         return None
-    if not holder_is_live(row.get("claim_holder"), row.get("claim_host"), row.get("claim_pid"),
-                          row.get("claim_expires_at"), now):
+    if not holder_is_live(
+        row.get("claim_holder"), row.get("claim_host"), row.get("claim_pid"), row.get("claim_expires_at"), now
+    ):
         return None
     return {"holder": row["claim_holder"], "expiresAt": row["claim_expires_at"]}
 
@@ -168,8 +197,11 @@ def _unit_brief(cur: _Current, state: UnitState, now: str, driven: bool = False)
     action = {RETRYABLE: "rerun", FAILED: "rerun"}.get(state.status, "claimed" if claim else "do")
     if driven:
         action = "do_not_run"  # another holder's live lease: akm itself is working on this step right now
-    context: dict[str, Any] = {"params": cur.loaded.params, "inputs": {ref: v for ref, v in u.inputs},
-                               "gateFeedback": cur.gate.feedback if cur.gate else None}
+    context: dict[str, Any] = {
+        "params": cur.loaded.params,
+        "inputs": {ref: v for ref, v in u.inputs},
+        "gateFeedback": cur.gate.feedback if cur.gate else None,
+    }
     if u.item is not NO_ITEM:
         context["item"] = u.item
         context["itemIndex"] = u.index
@@ -186,10 +218,15 @@ def _unit_brief(cur: _Current, state: UnitState, now: str, driven: bool = False)
         "context": context,
         "claim": claim,
         "lastFailure": state.row.get("failure_reason") if state.status in (RETRYABLE, FAILED) and state.row else None,
-        "report": {"runId": cur.run_id, "unitId": u.unit_id, "attemptId": u.base_id,
-                   "gateLoop": cur.gate.loop if cur.gate else None,
-                   "expectStep": cur.step.step_id if cur.step else None, "status": "completed",
-                   "rerun": action == "rerun"},
+        "report": {
+            "runId": cur.run_id,
+            "unitId": u.unit_id,
+            "attemptId": u.base_id,
+            "gateLoop": cur.gate.loop if cur.gate else None,
+            "expectStep": cur.step.step_id if cur.step else None,
+            "status": "completed",
+            "rerun": action == "rerun",
+        },
     }
 
 
@@ -206,8 +243,15 @@ def _judge_brief(cur: _Current) -> dict[str, Any]:
         "summary": summary,
         "prompt": gates.judge_prompt(step, summary),
         "verdictSchema": gates.VERDICT_SCHEMA,
-        "report": {"runId": cur.run_id, "unitId": unit_id, "attemptId": None, "gateLoop": d.loop,
-                   "expectStep": step.step_id, "status": "completed", "rerun": False},
+        "report": {
+            "runId": cur.run_id,
+            "unitId": unit_id,
+            "attemptId": None,
+            "gateLoop": d.loop,
+            "expectStep": step.step_id,
+            "status": "completed",
+            "rerun": False,
+        },
     }
 
 
@@ -217,10 +261,22 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
     run = cur.loaded.run
     step = cur.step
     out: dict[str, Any] = {
-        "runId": run_id, "status": run.status, "done": run.status == "completed",
-        "active": run.status in DRIVABLE_STATUSES, "kind": "none", "stepId": step.step_id if step else None,
-        "stepTitle": step.title if step else None, "instructions": None, "gateLoop": None, "maxLoops": None,
-        "gateFeedback": None, "units": [], "unitCount": 0, "doneCount": 0, "judge": None, "message": "",
+        "runId": run_id,
+        "status": run.status,
+        "done": run.status == "completed",
+        "active": run.status in DRIVABLE_STATUSES,
+        "kind": "none",
+        "stepId": step.step_id if step else None,
+        "stepTitle": step.title if step else None,
+        "instructions": None,
+        "gateLoop": None,
+        "maxLoops": None,
+        "gateFeedback": None,
+        "units": [],
+        "unitCount": 0,
+        "doneCount": 0,
+        "judge": None,
+        "message": "",
         "warnings": [],
     }
     if run.status == "completed":
@@ -228,22 +284,31 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
         return out
     if run.status not in DRIVABLE_STATUSES:
         final = run.status == "abandoned"  # abandoning is final: there is no resuming to wait for
-        out.update(kind="inactive", message=f"Run {run_id} is {run.status}; it takes no reports"
-                                            + ("; abandoning is final." if final else " until resumed."))
+        out.update(
+            kind="inactive",
+            message=f"Run {run_id} is {run.status}; it takes no reports"
+            + ("; abandoning is final." if final else " until resumed."),
+        )
         return out
     lease = runs_store.read_lease(db, run_id)
     driven = lease is not None and not lease.holder.startswith(units_store.REPORT_LOCK_PREFIX)
     if driven:
-        out["warnings"].append(f"akm is driving this run right now (lease holder {lease.holder} until "
-                               f"{lease.until}); reports are refused until it stops: do not run its units.")
+        out["warnings"].append(
+            f"akm is driving this run right now (lease holder {lease.holder} until "
+            f"{lease.until}); reports are refused until it stops: do not run its units."
+        )
     out["warnings"].extend(_secret_param_warnings(cur.loaded.params))
     d = cur.decision
     if step is None or d is None or cur.gate is None:
         out.update(kind="engine", message="akm settles the next step itself: continue the run.")
         return out
     tmpl = step.unit_template
-    out.update(instructions=tmpl.instructions if tmpl is not None else None, gateLoop=d.loop,
-               maxLoops=cur.gate.base + cur.gate.max_loops, gateFeedback=cur.gate.feedback)
+    out.update(
+        instructions=tmpl.instructions if tmpl is not None else None,
+        gateLoop=d.loop,
+        maxLoops=cur.gate.base + cur.gate.max_loops,
+        gateFeedback=cur.gate.feedback,
+    )
     if d.states:
         out["unitCount"] = len(d.states)
         out["doneCount"] = sum(1 for s in d.states if s.status == DONE)
@@ -257,17 +322,23 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
         out["kind"] = "units"
         out["warnings"].extend(_silent_claim_warnings(session_units, now))
         todo = sum(1 for u in out["units"] if u["action"] != "claimed")
-        out["message"] = (f"Step {step.step_id} (gate loop {d.loop}) needs {len(out['units'])} unit(s) done by "
-                          f"you ({todo} unclaimed): do each unit's prompt, then report its result.")
+        out["message"] = (
+            f"Step {step.step_id} (gate loop {d.loop}) needs {len(out['units'])} unit(s) done by "
+            f"you ({todo} unclaimed): do each unit's prompt, then report its result."
+        )
         if any(s.unit.template.isolation == "worktree" for s in session_units):
-            out["warnings"].append("this step declares isolation: worktree; akm cannot isolate work done in your "
-                                   "session — work on a branch or a scratch copy yourself.")
+            out["warnings"].append(
+                "this step declares isolation: worktree; akm cannot isolate work done in your "
+                "session — work on a branch or a scratch copy yourself."
+            )
         return out
     if d.kind == "judge" and _is_session_judged(cur):
         out["judge"] = _judge_brief(cur)
         out["kind"] = "judge"
-        out["message"] = (f"Step {step.step_id} produced its artifact (gate loop {d.loop}): judge it against the "
-                          "criteria and report a verdict {complete, missing, feedback}.")
+        out["message"] = (
+            f"Step {step.step_id} produced its artifact (gate loop {d.loop}): judge it against the "
+            "criteria and report a verdict {complete, missing, feedback}."
+        )
         return out
     out.update(kind="engine", message="akm can take the run further itself: continue the run.")
     return out
@@ -297,8 +368,10 @@ def _secret_param_warnings(params: dict[str, Any]) -> list[str]:
     names = [n for n in params if _SECRET_NAME.search(n)]
     if not names:
         return []
-    return [f"param(s) {', '.join(names)} look like credentials: params are not secret (they are journaled and "
-            "sent in every prompt); pass secrets through a unit's env: bindings instead."]
+    return [
+        f"param(s) {', '.join(names)} look like credentials: params are not secret (they are journaled and "
+        "sent in every prompt); pass secrets through a unit's env: bindings instead."
+    ]
 
 
 def _silent_claim_warnings(states: list[UnitState], now: str) -> list[str]:
@@ -309,8 +382,10 @@ def _silent_claim_warnings(states: list[UnitState], now: str) -> list[str]:
         if row is None or row.get("status") != "running" or not row.get("claim_holder"):
             continue
         if _live_claim(row, now) is None:
-            out.append(f"unit {s.unit.unit_id} was claimed by {row['claim_holder']}, which has gone silent (its "
-                       f"claim expired at {row.get('claim_expires_at')} with no result): take the unit over.")
+            out.append(
+                f"unit {s.unit.unit_id} was claimed by {row['claim_holder']}, which has gone silent (its "
+                f"claim expired at {row.get('claim_expires_at')} with no result): take the unit over."
+            )
     return out
 
 
@@ -348,8 +423,11 @@ def _prepare_result(state: UnitState, status: str, result: Any, sensitive: list[
         return json.dumps(text[:2000], ensure_ascii=False) if text.strip() else None
     if schema is not None:
         if result is MISSING or result is None or (isinstance(result, str) and not result.strip()):
-            raise UsageError(f"Unit {uid} declares an output schema: a completed report needs a JSON result.",
-                             code="RESULT_REQUIRED", details={"outputSchema": schema})
+            raise UsageError(
+                f"Unit {uid} declares an output schema: a completed report needs a JSON result.",
+                code="RESULT_REQUIRED",
+                details={"outputSchema": schema},
+            )
         value = result
         if isinstance(result, str):
             try:
@@ -358,8 +436,10 @@ def _prepare_result(state: UnitState, status: str, result: Any, sensitive: list[
                 # A schema that takes a string takes the text itself: over MCP `result: "Ada"` is already a JSON
                 # string, and nobody should have to quote it twice. Anything else must be JSON.
                 if validate_instance(result, schema):
-                    raise UsageError(f"The result for unit {uid} is not JSON: {redact_text(str(exc), sensitive)}.",
-                                     code="RESULT_INVALID") from None
+                    raise UsageError(
+                        f"The result for unit {uid} is not JSON: {redact_text(str(exc), sensitive)}.",
+                        code="RESULT_INVALID",
+                    ) from None
                 value = result
         _require_recordable(value, uid)
         errors = validate_instance(value, schema)
@@ -368,9 +448,11 @@ def _prepare_result(state: UnitState, status: str, result: Any, sensitive: list[
         if errors:
             raise UsageError(
                 f"The result for unit {uid} failed validation against its declared output schema: "
-                + redact_text("; ".join(errors), sensitive) + ". Nothing was recorded; correct it and report again.",
-                code="RESULT_INVALID", details={"errors": [redact_text(e, sensitive) for e in errors],
-                                                "outputSchema": schema})
+                + redact_text("; ".join(errors), sensitive)
+                + ". Nothing was recorded; correct it and report again.",
+                code="RESULT_INVALID",
+                details={"errors": [redact_text(e, sensitive) for e in errors], "outputSchema": schema},
+            )
         return json.dumps(redact_value(value, sensitive), ensure_ascii=False, separators=(",", ":"))
     if result is MISSING or result is None:
         return None
@@ -388,9 +470,12 @@ def _too_large(uid: str, size: int, *, recorded: bool = False) -> UsageError:
         bound, limit = MAX_RECORDED_RESULT_BYTES, "the journal holds at most 1048576 bytes (1 MiB) of a unit's result"
     else:
         bound, limit = MAX_RESULT_BYTES, "a report's text may be at most 16777216 bytes (16 MiB)"
-    return UsageError(f"The result for unit {uid} is too large: {size} bytes, and {limit}. Nothing was recorded; "
-                      "write a large output to a file and report its path instead.",
-                      code="RESULT_TOO_LARGE", details={"bytes": size, "maxBytes": bound})
+    return UsageError(
+        f"The result for unit {uid} is too large: {size} bytes, and {limit}. Nothing was recorded; "
+        "write a large output to a file and report its path instead.",
+        code="RESULT_TOO_LARGE",
+        details={"bytes": size, "maxBytes": bound},
+    )
 
 
 def _require_recordable(value: Any, uid: str) -> None:
@@ -400,8 +485,10 @@ def _require_recordable(value: Any, uid: str) -> None:
 
     problem = recordable_problem(value)
     if problem is not None:
-        raise UsageError(f"The result for unit {uid} cannot be recorded as JSON: {problem}. Nothing was recorded.",
-                         code="RESULT_INVALID")
+        raise UsageError(
+            f"The result for unit {uid} cannot be recorded as JSON: {problem}. Nothing was recorded.",
+            code="RESULT_INVALID",
+        )
 
 
 def _refuse_unit(cur: _Current, unit_id: str) -> UsageError:
@@ -411,21 +498,27 @@ def _refuse_unit(cur: _Current, unit_id: str) -> UsageError:
     return UsageError(
         f"Unit {unit_id} does not belong to the current work of run {cur.run_id} (step {step_id}, gate loop "
         f"{d.loop if d else '-'}). Units of this step: {', '.join(valid) or '(none)'}.",
-        code="UNKNOWN_UNIT", details={"stepId": step_id, "units": valid},
+        code="UNKNOWN_UNIT",
+        details={"stepId": step_id, "units": valid},
     )
 
 
 def _check_reportable(cur: _Current, expect_step: str | None) -> None:
     run = cur.loaded.run
     if run.status not in DRIVABLE_STATUSES:
-        raise UsageError(f"Run {cur.run_id} is {run.status}; it no longer takes reports.", code="RUN_NOT_ACTIVE",
-                         details={"runId": cur.run_id, "status": run.status})
+        raise UsageError(
+            f"Run {cur.run_id} is {run.status}; it no longer takes reports.",
+            code="RUN_NOT_ACTIVE",
+            details={"runId": cur.run_id, "status": run.status},
+        )
     if cur.step is None:
         raise UsageError(f"Run {cur.run_id} has no current step.", code="RUN_NOT_ACTIVE")
     if expect_step is not None and expect_step != cur.step.step_id:
         raise UsageError(
             f"Run {cur.run_id} is now on step {cur.step.step_id}, not {expect_step}; fetch the current brief and "
-            "report against it.", code="STEP_MISMATCH", details={"currentStep": cur.step.step_id},
+            "report against it.",
+            code="STEP_MISMATCH",
+            details={"currentStep": cur.step.step_id},
         )
 
 
@@ -456,12 +549,17 @@ def report(
     later attempt.
     """
     if status not in REPORT_STATUSES:
-        raise UsageError(f"Report status {status!r} is not one of {', '.join(REPORT_STATUSES)}.",
-                         code="INVALID_ARGUMENT")
-    if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool)
-                               or not 0 <= tokens <= MAX_REPORT_TOKENS):
-        raise UsageError(f"tokens must be a whole number from 0 to {MAX_REPORT_TOKENS}.", code="INVALID_ARGUMENT",
-                         details={"argument": "tokens"})
+        raise UsageError(
+            f"Report status {status!r} is not one of {', '.join(REPORT_STATUSES)}.", code="INVALID_ARGUMENT"
+        )
+    if tokens is not None and (
+        not isinstance(tokens, int) or isinstance(tokens, bool) or not 0 <= tokens <= MAX_REPORT_TOKENS
+    ):
+        raise UsageError(
+            f"tokens must be a whole number from 0 to {MAX_REPORT_TOKENS}.",
+            code="INVALID_ARGUMENT",
+            details={"argument": "tokens"},
+        )
     cur = _current(db, run_id)
     is_verdict = ".gate:l" in unit_id or unit_id.endswith(".gate") or verdict is not MISSING
     if rerun or status == "running":
@@ -469,8 +567,7 @@ def report(
     elif is_verdict:
         answered = _resent_verdict(db, cur, unit_id, verdict, gate_loop)
     else:
-        answered = _resent_report(db, cur, unit_id, status, result, failure_reason, attempt_id, gate_loop,
-                                  project_root)
+        answered = _resent_report(db, cur, unit_id, status, result, failure_reason, attempt_id, gate_loop, project_root)
     if answered is not None:
         return answered
     _check_reportable(cur, expect_step)
@@ -488,13 +585,17 @@ def report(
         raise UsageError(
             f"Replay divergence: unit {state.diverged_from} of run {run_id} is journaled as completed with a "
             "different input hash than the plan gives it now; nothing was recorded. Start a new run.",
-            code="REPLAY_DIVERGED", details={"unitId": state.diverged_from, "inputHash": state.unit.input_hash})
+            code="REPLAY_DIVERGED",
+            details={"unitId": state.diverged_from, "inputHash": state.unit.input_hash},
+        )
     asked = _asked_attempt(state.unit.unit_id, attempt_id, gate_loop)
     if asked is not None and asked != state.unit.base_id:
         raise _stale(cur, state.unit.unit_id, asked, state.unit.base_id)
     if state.unit.runner == "exec":
-        raise UsageError(f"Unit {unit_id} is a command unit: akm runs it itself (continue the run); it cannot "
-                         "be reported.", code="UNIT_NOT_REPORTABLE")
+        raise UsageError(
+            f"Unit {unit_id} is a command unit: akm runs it itself (continue the run); it cannot be reported.",
+            code="UNIT_NOT_REPORTABLE",
+        )
     sensitive = _sensitive_for(cur, state, project_root)
     result_json = None if status == "running" else _prepare_result(state, status, result, sensitive)
     if result_json is not None and len(result_json) > MAX_RECORDED_RESULT_BYTES // 4:  # cheap: only big ones
@@ -506,45 +607,76 @@ def report(
     budget = cur.loaded.plan.budget
     try:
         write = units_store.write_report(
-            db, run_id=run_id, unit_id=u.base_id, step_id=cur.step.step_id, node_id=u.node_id,
-            parent_unit_id=u.parent_unit_id, runner="session" if u.runner == "session" else u.runner,
-            engine=u.engine, model=u.model, input_hash=u.input_hash, status=status, result_json=result_json,
-            tokens=tokens, failure_reason=reason, holder=redact_text(holder, sensitive), rerun=rerun,
-            max_units=budget.max_units if budget else None, max_tokens=budget.max_tokens if budget else None,
+            db,
+            run_id=run_id,
+            unit_id=u.base_id,
+            step_id=cur.step.step_id,
+            node_id=u.node_id,
+            parent_unit_id=u.parent_unit_id,
+            runner="session" if u.runner == "session" else u.runner,
+            engine=u.engine,
+            model=u.model,
+            input_hash=u.input_hash,
+            status=status,
+            result_json=result_json,
+            tokens=tokens,
+            failure_reason=reason,
+            holder=redact_text(holder, sensitive),
+            rerun=rerun,
+            max_units=budget.max_units if budget else None,
+            max_tokens=budget.max_tokens if budget else None,
         )
     except UsageError as exc:
         if exc.code != "BUDGET_EXCEEDED":
             raise
         raise _budget_fails_the_step(db, run_id, cur.step.step_id, exc, project_root, registry) from None
     out: dict[str, Any] = {
-        "runId": run_id, "stepId": cur.step.step_id, "unitId": u.unit_id, "attemptId": u.base_id,
-        "status": status, "recorded": write.recorded, "gateLoop": d.loop,
+        "runId": run_id,
+        "stepId": cur.step.step_id,
+        "unitId": u.unit_id,
+        "attemptId": u.base_id,
+        "status": status,
+        "recorded": write.recorded,
+        "gateLoop": d.loop,
         "claim": ({"holder": write.claim.holder, "expiresAt": write.claim.until} if write.claim else None),
-        "remainingUnits": None, "stepOutcome": None, "runStatus": cur.loaded.run.status, "message": "",
+        "remainingUnits": None,
+        "stepOutcome": None,
+        "runStatus": cur.loaded.run.status,
+        "message": "",
     }
     if status == "running":
         out["remainingUnits"] = sum(1 for s in d.states if not s.terminal)
-        out["message"] = (f"Unit {u.unit_id} is claimed by {write.claim.holder if write.claim else holder} until "
-                          f"{out['claim']['expiresAt'] if out['claim'] else '?'}; report running again to keep it, "
-                          "then report its result.")
+        out["message"] = (
+            f"Unit {u.unit_id} is claimed by {write.claim.holder if write.claim else holder} until "
+            f"{out['claim']['expiresAt'] if out['claim'] else '?'}; report running again to keep it, "
+            "then report its result."
+        )
         return out
     outcome = _finalize_written(db, run_id, project_root, registry, budget_message=write.tokens_crossed)
     fresh = runs_store.require_run(db, run_id)
-    out.update(stepOutcome=outcome.get("stepOutcome"), remainingUnits=outcome.get("remainingUnits", 0),
-               runStatus=fresh.status, message=_run_message(outcome.get("message", ""), fresh))
+    out.update(
+        stepOutcome=outcome.get("stepOutcome"),
+        remainingUnits=outcome.get("remainingUnits", 0),
+        runStatus=fresh.status,
+        message=_run_message(outcome.get("message", ""), fresh),
+    )
     out["brief"] = _brief_after(db, run_id, out["stepOutcome"])
     return out
 
 
-def _budget_fails_the_step(db: Database, run_id: str, step_id: str, exc: UsageError, project_root: Path,
-                           registry: Any) -> UsageError:
+def _budget_fails_the_step(
+    db: Database, run_id: str, step_id: str, exc: UsageError, project_root: Path, registry: Any
+) -> UsageError:
     """A budget ceiling ends the run as it does natively: the report is not recorded, the step and the run
     fail (a run left awaiting the agent would offer the unit forever). Returns the error to raise."""
     reason = exc.message.rstrip(".")
     _finalize(db, run_id, project_root, registry, budget_message=reason)
     fresh = runs_store.require_run(db, run_id)
-    return UsageError(f"{exc.message} The report was not recorded; step {step_id} and the run are now {fresh.status}.",
-                      code="BUDGET_EXCEEDED", details={"runId": run_id, "stepId": step_id, "runStatus": fresh.status})
+    return UsageError(
+        f"{exc.message} The report was not recorded; step {step_id} and the run are now {fresh.status}.",
+        code="BUDGET_EXCEEDED",
+        details={"runId": run_id, "stepId": step_id, "runStatus": fresh.status},
+    )
 
 
 def _brief_after(db: Database, run_id: str, step_outcome: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -558,8 +690,11 @@ def _brief_after(db: Database, run_id: str, step_outcome: dict[str, Any] | None)
 def _run_message(message: str, run: Any) -> str:
     """A report's message, saying so when the report finished the whole run."""
     if run.status == "completed":
-        return f"{message.split(':')[0]}; run {run.id} is completed." if message.startswith("Step ") else \
-            f"Run {run.id} is completed."
+        return (
+            f"{message.split(':')[0]}; run {run.id} is completed."
+            if message.startswith("Step ")
+            else f"Run {run.id} is completed."
+        )
     return message
 
 
@@ -593,20 +728,34 @@ def _stale(cur: _Current, unit_id: str, asked: str, current: str) -> UsageError:
         f"This report answers attempt {asked} of unit {unit_id}, which is closed (gate loop {_loop_of(asked)}); the "
         f"current attempt is {current} (gate loop {_loop_of(current)}). Nothing was recorded: do the unit again "
         "from the current brief (its context carries the gate's feedback) and report that.",
-        code="STALE_REPORT", details={"attemptId": asked, "currentAttemptId": current,
-                                      "stepId": cur.step.step_id if cur.step else None})
+        code="STALE_REPORT",
+        details={"attemptId": asked, "currentAttemptId": current, "stepId": cur.step.step_id if cur.step else None},
+    )
 
 
 def _family_rows(db: Database, run_id: str, content_id: str) -> list[dict[str, Any]]:
     """Every journaled attempt of one unit (all gate loops and retries), oldest first."""
-    return [dict(r) for r in db.query(
-        "SELECT unit_id, step_id, status, result_json, failure_reason, input_hash FROM units WHERE run_id = ? "
-        "AND phase IS NULL AND (unit_id = ? OR (unit_id > ? AND unit_id < ?)) ORDER BY rowid",
-        (run_id, content_id, content_id + "~", content_id + "\x7f"))]  # `X~…`: a key range of the primary key
+    return [
+        dict(r)
+        for r in db.query(
+            "SELECT unit_id, step_id, status, result_json, failure_reason, input_hash FROM units WHERE run_id = ? "
+            "AND phase IS NULL AND (unit_id = ? OR (unit_id > ? AND unit_id < ?)) ORDER BY rowid",
+            (run_id, content_id, content_id + "~", content_id + "\x7f"),
+        )
+    ]  # `X~…`: a key range of the primary key
 
 
-def _resent_report(db: Database, cur: _Current, unit_id: str, status: str, result: Any, failure_reason: str | None,
-                   attempt_id: str | None, gate_loop: int | None, project_root: Path) -> dict[str, Any] | None:
+def _resent_report(
+    db: Database,
+    cur: _Current,
+    unit_id: str,
+    status: str,
+    result: Any,
+    failure_reason: str | None,
+    attempt_id: str | None,
+    gate_loop: int | None,
+    project_root: Path,
+) -> dict[str, Any] | None:
     """The answer to a report of an attempt that is already closed and holds exactly this content, else None.
 
     Closed: the run no longer takes reports, the unit is not in the current step's work, or the report names
@@ -628,8 +777,12 @@ def _resent_report(db: Database, cur: _Current, unit_id: str, status: str, resul
             return None  # the current attempt: the normal path (and write_report's own idempotence)
         if asked is not None and asked == state.unit.base_id:
             return None
-        closed = [r for r in rows if base_of_attempt(r["unit_id"]) != state.unit.base_id
-                  and (asked is None or base_of_attempt(r["unit_id"]) == asked)]
+        closed = [
+            r
+            for r in rows
+            if base_of_attempt(r["unit_id"]) != state.unit.base_id
+            and (asked is None or base_of_attempt(r["unit_id"]) == asked)
+        ]
     else:
         closed = [r for r in rows if asked is None or base_of_attempt(r["unit_id"]) == asked]
     if not closed:
@@ -643,8 +796,16 @@ def _resent_report(db: Database, cur: _Current, unit_id: str, status: str, resul
         reason = normalize_failure_reason(failure_reason, sensitive) if status == "failed" else None
     except UsageError:
         return None  # not what was recorded, and not even recordable: the normal path refuses it
-    same = next((r for r in reversed(closed) if r["status"] == status and r["result_json"] == result_json
-                 and (r["failure_reason"] or None) == (reason or None)), None)
+    same = next(
+        (
+            r
+            for r in reversed(closed)
+            if r["status"] == status
+            and r["result_json"] == result_json
+            and (r["failure_reason"] or None) == (reason or None)
+        ),
+        None,
+    )
     if same is None:
         if state is not None and asked is not None:
             raise _stale(cur, content_id, asked, state.unit.base_id)
@@ -656,10 +817,19 @@ def _resent_report(db: Database, cur: _Current, unit_id: str, status: str, resul
                 f"Unit {content_id} belongs to step {step_id}, which is finished: its output is fixed (later steps "
                 f"were built on it) and this different report was not recorded. The run is on step "
                 f"{cur.step.step_id}; to change {step_id}'s output, start a new run of the workflow.",
-                code="STEP_CLOSED", details={"stepId": step_id, "currentStep": cur.step.step_id})
+                code="STEP_CLOSED",
+                details={"stepId": step_id, "currentStep": cur.step.step_id},
+            )
         return None  # an ended run: the guards below say why it is refused
-    return _resend_answer(db, cur, same["step_id"], content_id, base_of_attempt(same["unit_id"]), status,
-                          _loop_of(base_of_attempt(same["unit_id"])))
+    return _resend_answer(
+        db,
+        cur,
+        same["step_id"],
+        content_id,
+        base_of_attempt(same["unit_id"]),
+        status,
+        _loop_of(base_of_attempt(same["unit_id"])),
+    )
 
 
 @dataclass
@@ -693,8 +863,9 @@ def _sensitive_of(template: Any, project_root: Path) -> list[str]:
         return visible
 
 
-def _resent_verdict(db: Database, cur: _Current, unit_id: str, verdict: Any, gate_loop: int | None
-                    ) -> dict[str, Any] | None:
+def _resent_verdict(
+    db: Database, cur: _Current, unit_id: str, verdict: Any, gate_loop: int | None
+) -> dict[str, Any] | None:
     """The answer to a verdict resent for a gate loop that already has exactly this verdict, else None
     (a different verdict for a closed loop is STALE_REPORT)."""
     step_id, _, loop_text = unit_id.partition(".gate:l")
@@ -705,8 +876,10 @@ def _resent_verdict(db: Database, cur: _Current, unit_id: str, verdict: Any, gat
     if not loop_text.isdigit():
         return None
     row_id = gate_row_for(step_id, int(loop_text))
-    row = db.query_one("SELECT status, result_json FROM units WHERE run_id = ? AND unit_id = ? AND phase = 'gate'",
-                       (cur.run_id, row_id))
+    row = db.query_one(
+        "SELECT status, result_json FROM units WHERE run_id = ? AND unit_id = ? AND phase = 'gate'",
+        (cur.run_id, row_id),
+    )
     if row is None or row["status"] != "completed":
         return None
     value = verdict
@@ -723,29 +896,47 @@ def _resent_verdict(db: Database, cur: _Current, unit_id: str, verdict: Any, gat
         raise UsageError(
             f"Gate loop {loop_text} of step {step_id} already has a verdict ({row['result_json']}); a different one "
             "for it is never counted for a later loop. Nothing was recorded: fetch the current brief.",
-            code="STALE_REPORT", details={"unitId": row_id, "recorded": recorded})
+            code="STALE_REPORT",
+            details={"unitId": row_id, "recorded": recorded},
+        )
     return _resend_answer(db, cur, step_id, row_id, row_id, "completed", int(loop_text))
 
 
-def _resend_answer(db: Database, cur: _Current, step_id: str, unit_id: str, attempt: str, status: str,
-                   loop: int) -> dict[str, Any]:
+def _resend_answer(
+    db: Database, cur: _Current, step_id: str, unit_id: str, attempt: str, status: str, loop: int
+) -> dict[str, Any]:
     run = runs_store.require_run(db, cur.run_id)
-    where = (f"the run is {run.status}" if run.status not in DRIVABLE_STATUSES
-             else f"the run is {run.status} on step {run.current_step_id}")
-    return {"runId": cur.run_id, "stepId": step_id, "unitId": unit_id, "attemptId": attempt, "status": status,
-            "recorded": "idempotent", "gateLoop": loop, "claim": None, "remainingUnits": None, "stepOutcome": None,
-            "runStatus": run.status,
-            "message": f"Already recorded: {unit_id} (gate loop {loop}) holds exactly this; nothing changed — "
-                       f"{where}."}
+    where = (
+        f"the run is {run.status}"
+        if run.status not in DRIVABLE_STATUSES
+        else f"the run is {run.status} on step {run.current_step_id}"
+    )
+    return {
+        "runId": cur.run_id,
+        "stepId": step_id,
+        "unitId": unit_id,
+        "attemptId": attempt,
+        "status": status,
+        "recorded": "idempotent",
+        "gateLoop": loop,
+        "claim": None,
+        "remainingUnits": None,
+        "stepOutcome": None,
+        "runStatus": run.status,
+        "message": f"Already recorded: {unit_id} (gate loop {loop}) holds exactly this; nothing changed — {where}.",
+    }
 
 
-def _report_verdict(db: Database, cur: _Current, unit_id: str, status: str, verdict: Any, holder: str,
-                    project_root: Path, registry: Any) -> dict[str, Any]:
+def _report_verdict(
+    db: Database, cur: _Current, unit_id: str, status: str, verdict: Any, holder: str, project_root: Path, registry: Any
+) -> dict[str, Any]:
     step, d = cur.step, cur.decision
     assert step is not None
     if verdict is MISSING:
-        raise UsageError(f"{unit_id} is a gate verdict: report it with a verdict {{complete, missing, feedback}}.",
-                         code="VERDICT_REQUIRED")
+        raise UsageError(
+            f"{unit_id} is a gate verdict: report it with a verdict {{complete, missing, feedback}}.",
+            code="VERDICT_REQUIRED",
+        )
     if isinstance(verdict, str):
         try:
             verdict = parse_command_json(verdict)
@@ -755,27 +946,44 @@ def _report_verdict(db: Database, cur: _Current, unit_id: str, status: str, verd
 
     parsed = verdict_from_value(redact_value(verdict, project_sensitive_values(project_root)))
     if parsed is None:
-        raise UsageError('A verdict is an object {"complete": boolean, "missing": [string], "feedback": string}.',
-                         code="VERDICT_INVALID")
+        raise UsageError(
+            'A verdict is an object {"complete": boolean, "missing": [string], "feedback": string}.',
+            code="VERDICT_INVALID",
+        )
     if status != "completed":
         raise UsageError("A verdict is reported with status completed.", code="INVALID_ARGUMENT")
     if d is None or d.kind != "judge" or not _is_session_judged(cur):
-        raise UsageError(f"Step {step.step_id} of run {cur.run_id} is not waiting for a verdict from you.",
-                         code="NOT_AWAITING_VERDICT")
+        raise UsageError(
+            f"Step {step.step_id} of run {cur.run_id} is not waiting for a verdict from you.",
+            code="NOT_AWAITING_VERDICT",
+        )
     expected = gate_row_for(step.step_id, d.loop)
     if unit_id not in (expected, f"{step.step_id}.gate"):
-        raise UsageError(f"The current gate verdict of step {step.step_id} is {expected}, not {unit_id}.",
-                         code="UNKNOWN_UNIT", details={"expected": expected})
+        raise UsageError(
+            f"The current gate verdict of step {step.step_id} is {expected}, not {unit_id}.",
+            code="UNKNOWN_UNIT",
+            details={"expected": expected},
+        )
     with db.tx():
         units_store.guard_session_write(db, cur.run_id)
         journal_verdict(db, cur.run_id, step, d.loop, parsed, runner="session")
     outcome = _finalize_written(db, cur.run_id, project_root, registry)
     fresh = runs_store.require_run(db, cur.run_id)
-    return {"runId": cur.run_id, "stepId": step.step_id, "unitId": expected, "attemptId": expected,
-            "status": "completed", "recorded": "written", "gateLoop": d.loop, "claim": None,
-            "remainingUnits": outcome.get("remainingUnits", 0), "stepOutcome": outcome.get("stepOutcome"),
-            "runStatus": fresh.status, "message": _run_message(outcome.get("message", ""), fresh),
-            "brief": _brief_after(db, cur.run_id, outcome.get("stepOutcome"))}
+    return {
+        "runId": cur.run_id,
+        "stepId": step.step_id,
+        "unitId": expected,
+        "attemptId": expected,
+        "status": "completed",
+        "recorded": "written",
+        "gateLoop": d.loop,
+        "claim": None,
+        "remainingUnits": outcome.get("remainingUnits", 0),
+        "stepOutcome": outcome.get("stepOutcome"),
+        "runStatus": fresh.status,
+        "message": _run_message(outcome.get("message", ""), fresh),
+        "brief": _brief_after(db, cur.run_id, outcome.get("stepOutcome")),
+    }
 
 
 # ---------------------------------------------------------------- finishing the step
@@ -796,8 +1004,9 @@ def _acquire_finalize_lock(db: Database, run_id: str) -> str | None:
         delay = min(delay * 2, 0.2)
 
 
-def _finalize_written(db: Database, run_id: str, project_root: Path, registry: Any,
-                      budget_message: str | None = None) -> dict[str, Any]:
+def _finalize_written(
+    db: Database, run_id: str, project_root: Path, registry: Any, budget_message: str | None = None
+) -> dict[str, Any]:
     """`_finalize` after the report's write committed. The write stands whatever happens next: a run
     abandoned (or otherwise stopped) between the write and the step's finish is answered as written —
     the step is simply not finished — never as a refusal (issue 23 item 1: 8 reports raced an abandon,
@@ -809,12 +1018,15 @@ def _finalize_written(db: Database, run_id: str, project_root: Path, registry: A
             raise
         run = runs_store.get_run(db, run_id)
         now = run.status if run is not None else "gone"
-        return {"message": f"Recorded. The run is {now} now (it stopped after this report was written), so its "
-                           "step was not finished."}
+        return {
+            "message": f"Recorded. The run is {now} now (it stopped after this report was written), so its "
+            "step was not finished."
+        }
 
 
-def _finalize(db: Database, run_id: str, project_root: Path, registry: Any,
-              budget_message: str | None = None) -> dict[str, Any]:
+def _finalize(
+    db: Database, run_id: str, project_root: Path, registry: Any, budget_message: str | None = None
+) -> dict[str, Any]:
     """Apply `decide_step` to the current step until it needs more work or finishes."""
     lock = _acquire_finalize_lock(db, run_id)
     if lock is None:
@@ -826,23 +1038,41 @@ def _finalize(db: Database, run_id: str, project_root: Path, registry: Any,
             if step is None or d is None:
                 return {"message": "Recorded.", "remainingUnits": 0}
             if budget_message is not None:
-                finish_step(db, run_id, step.step_id, "failed", summary=None, notes=budget_message,
-                            evidence={"error": budget_message}, lease_holder=lock)
-                return {"stepOutcome": {"kind": "failed", "summary": budget_message}, "remainingUnits": 0,
-                        "message": f"Step {step.step_id} failed: {budget_message}."}
+                finish_step(
+                    db,
+                    run_id,
+                    step.step_id,
+                    "failed",
+                    summary=None,
+                    notes=budget_message,
+                    evidence={"error": budget_message},
+                    lease_holder=lock,
+                )
+                return {
+                    "stepOutcome": {"kind": "failed", "summary": budget_message},
+                    "remainingUnits": 0,
+                    "message": f"Step {step.step_id} failed: {budget_message}.",
+                }
             if d.kind == "work":
                 left = len(d.units)
                 _park(db, run_id, {"kind": "units", "stepId": step.step_id, "gateLoop": d.loop})
                 prior_loop = cur.gate.loop > 1 and d.loop == cur.gate.loop and cur.gate.feedback is not None
                 if prior_loop and all(s.row is None for s in d.states):
-                    return {"stepOutcome": {"kind": "next_loop", "gateLoop": d.loop,
-                                            "feedback": cur.gate.feedback["feedback"],
-                                            "missing": cur.gate.feedback["missing"]},
-                            "remainingUnits": left,
-                            "message": f"Step {step.step_id} goes to gate loop {d.loop}: redo its units with the "
-                                       "feedback (the brief is in this answer)."}
-                return {"remainingUnits": left,
-                        "message": f"Recorded. {left} unit(s) of step {step.step_id} still need a report."}
+                    return {
+                        "stepOutcome": {
+                            "kind": "next_loop",
+                            "gateLoop": d.loop,
+                            "feedback": cur.gate.feedback["feedback"],
+                            "missing": cur.gate.feedback["missing"],
+                        },
+                        "remainingUnits": left,
+                        "message": f"Step {step.step_id} goes to gate loop {d.loop}: redo its units with the "
+                        "feedback (the brief is in this answer).",
+                    }
+                return {
+                    "remainingUnits": left,
+                    "message": f"Recorded. {left} unit(s) of step {step.step_id} still need a report.",
+                }
             if d.kind == "retry":
                 assert d.verdict is not None
                 journal_verdict(db, run_id, step, d.loop, d.verdict, runner="schema")
@@ -850,27 +1080,42 @@ def _finalize(db: Database, run_id: str, project_root: Path, registry: Any,
             if d.kind == "judge":
                 if _is_session_judged(cur):
                     _park(db, run_id, {"kind": "judge", "stepId": step.step_id, "gateLoop": d.loop})
-                    return {"stepOutcome": {"kind": "awaiting_verdict", "gateLoop": d.loop}, "remainingUnits": 0,
-                            "message": f"Step {step.step_id}'s units are done; its gate needs your verdict "
-                                       "(the judge brief is in this answer)."}
+                    return {
+                        "stepOutcome": {"kind": "awaiting_verdict", "gateLoop": d.loop},
+                        "remainingUnits": 0,
+                        "message": f"Step {step.step_id}'s units are done; its gate needs your verdict "
+                        "(the judge brief is in this answer).",
+                    }
                 if not _engine_judge(db, cur, d, project_root, registry):
                     fresh = runs_store.get_step(db, run_id, step.step_id)
-                    return {"stepOutcome": {"kind": "blocked", "summary": fresh.notes if fresh else None},
-                            "remainingUnits": 0, "message": f"Step {step.step_id} is blocked: its judge failed."}
+                    return {
+                        "stepOutcome": {"kind": "blocked", "summary": fresh.notes if fresh else None},
+                        "remainingUnits": 0,
+                        "message": f"Step {step.step_id} is blocked: its judge failed.",
+                    }
                 continue
             status = {"complete": "completed", "fail": "failed", "block": "blocked"}[d.kind]
             notes = d.notes if status != "completed" else None
-            status, notes, _ = finish_step(db, run_id, step.step_id, status,
-                                           summary=d.summary if status == "completed" else None, notes=notes,
-                                           evidence=d.evidence, lease_holder=lock,
-                                           status_detail=d.detail if status == "blocked" else None)
+            status, notes, _ = finish_step(
+                db,
+                run_id,
+                step.step_id,
+                status,
+                summary=d.summary if status == "completed" else None,
+                notes=notes,
+                evidence=d.evidence,
+                lease_holder=lock,
+                status_detail=d.detail if status == "blocked" else None,
+            )
             kind = {"completed": "completed", "failed": "failed", "blocked": "blocked"}[status]
             outcome: dict[str, Any] = {"kind": kind, "summary": d.summary if status == "completed" else notes}
             if d.detail:
                 outcome.update(missing=d.detail.get("missing"), feedback=d.detail.get("feedback"))
-            message = {"completed": f"Step {step.step_id} completed: continue the run to go on.",
-                       "failed": f"Step {step.step_id} failed: {notes}",
-                       "blocked": f"Step {step.step_id} is blocked: {notes}"}[status]
+            message = {
+                "completed": f"Step {step.step_id} completed: continue the run to go on.",
+                "failed": f"Step {step.step_id} failed: {notes}",
+                "blocked": f"Step {step.step_id} is blocked: {notes}",
+            }[status]
             return {"stepOutcome": outcome, "remainingUnits": 0, "message": message}
         raise UsageError(f"Run {run_id}: finishing step did not converge.", code="INTERNAL_LOOP")
     finally:
@@ -896,15 +1141,33 @@ def _engine_judge(db: Database, cur: _Current, d: StepDecision, project_root: Pa
 
         registry = default_registry()
     kind = (gates.judge_engine(cur.loaded.plan, step)[1] or {}).get("kind")
-    verdict, error = judge_with_engine(db, cur.run_id, cur.loaded.plan, step, d.loop, result=d.result,
-                                       artifact=d.artifact, dispatcher=registry.get(kind) if kind else None,
-                                       cwd=str(project_root), cancel=threading.Event())
+    verdict, error = judge_with_engine(
+        db,
+        cur.run_id,
+        cur.loaded.plan,
+        step,
+        d.loop,
+        result=d.result,
+        artifact=d.artifact,
+        dispatcher=registry.get(kind) if kind else None,
+        cwd=str(project_root),
+        cancel=threading.Event(),
+    )
     if verdict is not None:
         return True
     lock = runs_store.read_lease(db, cur.run_id)
     notes, detail = judge_failure(step, error)
-    finish_step(db, cur.run_id, step.step_id, "blocked", summary=None, notes=notes, evidence=d.evidence,
-                lease_holder=lock.holder if lock else None, status_detail=detail)
+    finish_step(
+        db,
+        cur.run_id,
+        step.step_id,
+        "blocked",
+        summary=None,
+        notes=notes,
+        evidence=d.evidence,
+        lease_holder=lock.holder if lock else None,
+        status_detail=detail,
+    )
     return False
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import re
-from akm.record import dataclass
 from typing import Any
 
 from akm.canonical import sha256_hex
 from akm.errors import UsageError
 from akm.format.schema import validate_instance
 from akm.plan.model import Plan, PlanError
+from akm.record import dataclass
 from akm.store import runs as runs_store
 from akm.store.db import Database
 from akm.store.runs import Run
@@ -42,7 +42,8 @@ class LoadedRun:
 def _corrupt(run_id: str, what: str) -> UsageError:
     return UsageError(
         f"Run {run_id} has a corrupt {what}; it cannot be executed (it can still be inspected or abandoned).",
-        code="CORRUPT_RUN", details={"runId": run_id},
+        code="CORRUPT_RUN",
+        details={"runId": run_id},
     )
 
 

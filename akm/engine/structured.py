@@ -19,19 +19,24 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from akm.dispatch.base import Dispatcher, DispatchResult, UnitRequest
 from akm.dispatch.answer import AnswerError, extract_model_json, parse_command_json
+from akm.dispatch.base import Dispatcher, DispatchResult, UnitRequest
 
 MODEL_ATTEMPTS = 2
 
 
 def _feedback_for(errors: list[str], parse_failed: bool) -> str:
     if parse_failed:
-        return ("Your previous answer could not be read as JSON: " + "; ".join(errors)
-                + ". Respond again with only one JSON value that matches the schema — no prose, no code fences.")
-    return ("Your previous answer did not match the required JSON Schema:\n"
-            + "\n".join(f"- {e}" for e in errors)
-            + "\nRespond again with only a corrected JSON value.")
+        return (
+            "Your previous answer could not be read as JSON: "
+            + "; ".join(errors)
+            + ". Respond again with only one JSON value that matches the schema — no prose, no code fences."
+        )
+    return (
+        "Your previous answer did not match the required JSON Schema:\n"
+        + "\n".join(f"- {e}" for e in errors)
+        + "\nRespond again with only a corrected JSON value."
+    )
 
 
 def run_structured(dispatcher: Dispatcher, request: UnitRequest, cancel: threading.Event) -> DispatchResult:
@@ -46,8 +51,11 @@ def run_structured(dispatcher: Dispatcher, request: UnitRequest, cancel: threadi
         try:
             raw = dispatcher.dispatch(request, cancel, feedback)
         except Exception as exc:  # a dispatcher bug must still end as a journaled failure
-            raw = DispatchResult(ok=False, failure_reason="dispatch_error",
-                                 error=f"the {request.kind} dispatcher failed: {type(exc).__name__}: {exc}")
+            raw = DispatchResult(
+                ok=False,
+                failure_reason="dispatch_error",
+                error=f"the {request.kind} dispatcher failed: {type(exc).__name__}: {exc}",
+            )
         if raw.tokens is not None:
             tokens = (tokens or 0) + raw.tokens
         if raw.session_id:
@@ -61,11 +69,13 @@ def run_structured(dispatcher: Dispatcher, request: UnitRequest, cancel: threadi
         text = raw.text or ""
         if raw.truncated:
             final = DispatchResult(
-                ok=False, failure_reason="exec_output_limit" if request.kind == "exec" else "output_truncated",
+                ok=False,
+                failure_reason="exec_output_limit" if request.kind == "exec" else "output_truncated",
                 truncated=True,
                 error="the output was cut at the capture limit, so it cannot be the one JSON value the output "
-                      "schema needs; nothing was promoted. Write bulk output to a file and print a small JSON "
-                      "summary instead.")
+                "schema needs; nothing was promoted. Write bulk output to a file and print a small JSON "
+                "summary instead.",
+            )
             break
         try:
             value: Any = parse_command_json(text) if request.kind == "exec" else extract_model_json(text)
@@ -79,8 +89,9 @@ def run_structured(dispatcher: Dispatcher, request: UnitRequest, cancel: threadi
             if not errors:
                 final = DispatchResult(ok=True, result=value, has_result=True, text=text.strip() or None)
                 break
-            final = DispatchResult(ok=False, failure_reason="validation_error", error="; ".join(errors),
-                                   text=text or None)
+            final = DispatchResult(
+                ok=False, failure_reason="validation_error", error="; ".join(errors), text=text or None
+            )
             feedback = _feedback_for(errors, parse_failed=False)
         if cancel.is_set() or n + 1 >= attempts:
             break

@@ -10,16 +10,16 @@ duplicate fan-out item, an input that does not resolve) is returned as a
 
 from __future__ import annotations
 
-from akm.record import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from akm.canonical import CanonicalError, canonical_json
-from akm.engine.prompt import json_or_null, build_unit_prompt
+from akm.engine.prompt import build_unit_prompt, json_or_null
 from akm.engine.scope import resolve
 from akm.format.refs import ReferenceResolutionError, ReferenceSyntaxError
 from akm.plan.identity import NO_ITEM, UnitHasher, item_unit_id, journal_base_id, solo_unit_id
 from akm.plan.model import MapNode, StepPlan, UnitNode
+from akm.record import dataclass, field
 
 MAX_FAN_OUT = 10_000
 
@@ -125,9 +125,7 @@ def build_work_list(
                 f'Step "{step.step_id}" fan-out "over" ({root.over}) resolved to {_describe_type(items)}, not an array.'
             )
         if len(items) > MAX_FAN_OUT:
-            return StepFailure(
-                f'Step "{step.step_id}" fan-out has {len(items)} items; the limit is {MAX_FAN_OUT}.'
-            )
+            return StepFailure(f'Step "{step.step_id}" fan-out has {len(items)} items; the limit is {MAX_FAN_OUT}.')
         seen: dict[str, int] = {}
         for i, it in enumerate(items):
             if it is None:
@@ -143,32 +141,55 @@ def build_work_list(
                     f"{preview}. Unit ids are derived from item content, so items must be distinct."
                 )
             seen[key] = i
-        entries = [(i, it, key) for it, (key, i) in zip(items, seen.items())]
+        entries = [(i, it, key) for it, (key, i) in zip(items, seen.items(), strict=False)]
         concurrency, reducer, is_map = root.concurrency, root.reducer, True
     else:
         entries = [(0, NO_ITEM, "null")]
         concurrency, reducer, is_map = 1, "collect", False
 
     try:
-        return _units(step, template, entries, run_id=run_id, params=params, inputs=inputs, engines=engines,
-                      gate_loop=gate_loop, gate_feedback=gate_feedback, concurrency=concurrency,
-                      reducer=reducer, is_map=is_map)
+        return _units(
+            step,
+            template,
+            entries,
+            run_id=run_id,
+            params=params,
+            inputs=inputs,
+            engines=engines,
+            gate_loop=gate_loop,
+            gate_feedback=gate_feedback,
+            concurrency=concurrency,
+            reducer=reducer,
+            is_map=is_map,
+        )
     except CanonicalError as exc:
         return StepFailure(f'Step "{step.step_id}" cannot identify its units: {exc}.')
 
 
-def _units(step: StepPlan, template: UnitNode, entries: list[tuple[int, Any, str]], *, run_id: str,
-           params: dict[str, Any], inputs: list[tuple[str, Any]], engines: dict[str, dict[str, Any]],
-           gate_loop: int, gate_feedback: dict[str, Any] | None, concurrency: int, reducer: str,
-           is_map: bool) -> WorkList:
+def _units(
+    step: StepPlan,
+    template: UnitNode,
+    entries: list[tuple[int, Any, str]],
+    *,
+    run_id: str,
+    params: dict[str, Any],
+    inputs: list[tuple[str, Any]],
+    engines: dict[str, dict[str, Any]],
+    gate_loop: int,
+    gate_feedback: dict[str, Any] | None,
+    concurrency: int,
+    reducer: str,
+    is_map: bool,
+) -> WorkList:
     runner = runner_for(template, engines)
     invocation = template.invocation
     engine_name = invocation.engine if invocation else None
     dispatch_snapshot = engines.get(engine_name) if engine_name else None
     timeout_ms = template.exec.timeout_ms if template.exec else (invocation.timeout_ms if invocation else None)
 
-    hasher = UnitHasher(template=template, params=params, inputs=inputs, dispatch=dispatch_snapshot,
-                        gate_feedback=gate_feedback)
+    hasher = UnitHasher(
+        template=template, params=params, inputs=inputs, dispatch=dispatch_snapshot, gate_feedback=gate_feedback
+    )
     params_json = json_or_null(params)
     units: list[WorkUnit] = []
     for index, item, item_json in entries:  # item_json: the item's canonical JSON, computed once

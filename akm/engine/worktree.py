@@ -14,8 +14,9 @@ import re
 import subprocess
 import threading
 import time
-from akm.record import dataclass
 from pathlib import Path
+
+from akm.record import dataclass
 
 GIT_TIMEOUT_S = 30
 _repo_locks: dict[str, threading.Lock] = {}
@@ -33,8 +34,9 @@ def _lock_for(repo: str) -> threading.Lock:
 
 def _git(args: list[str], cwd: str) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(["git", "-C", cwd, *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            ["git", "-C", cwd, *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise WorktreeError(f"git {' '.join(args)} failed: {exc}") from exc
 
@@ -56,7 +58,7 @@ def preflight(base: str) -> str | None:
     except WorktreeError as exc:
         return str(exc)
     if proc.returncode != 0 or proc.stdout.strip() != "true":
-        return (proc.stderr.strip() or proc.stdout.strip() or "not a git work tree")
+        return proc.stderr.strip() or proc.stdout.strip() or "not a git work tree"
     return None
 
 

@@ -39,38 +39,62 @@ def bind_sections(ctx: FieldReader, drafts: list[StepDraft], body: Body, invalid
                 hint = f'"{head.text}" is not a valid step id (see the error at its step); fix the id and this heading together'
             else:
                 hint = f"{suggest(head.text, list(by_id))}use ### or deeper for sub-headings inside a step"
-            ctx.error("unexpected_heading",
-                      f'Unexpected level-2 heading "## {head.text}": a ## heading must exactly match a declared step id',
-                      line=head.line, hint=hint)
+            ctx.error(
+                "unexpected_heading",
+                f'Unexpected level-2 heading "## {head.text}": a ## heading must exactly match a declared step id',
+                line=head.line,
+                hint=hint,
+            )
             continue
         if head.text in bound:
-            ctx.error("duplicate_section",
-                      f'Step "{head.text}" has more than one "## {head.text}" section (the first is on line {bound[head.text].heading.line})',
-                      line=head.line, hint="merge the two sections")
+            ctx.error(
+                "duplicate_section",
+                f'Step "{head.text}" has more than one "## {head.text}" section (the first is on line {bound[head.text].heading.line})',
+                line=head.line,
+                hint="merge the two sections",
+            )
             continue
         bound[head.text] = section
         for extra in section.extra_gate_lines:
-            ctx.error("duplicate_gate", f'Step "{head.text}" has more than one "### gate" rubric; only one is allowed per step',
-                      line=extra, hint="merge the criteria under the first ### gate heading")
+            ctx.error(
+                "duplicate_gate",
+                f'Step "{head.text}" has more than one "### gate" rubric; only one is allowed per step',
+                line=extra,
+                hint="merge the criteria under the first ### gate heading",
+            )
         d = by_id[head.text]
         instr = text_block(section.instructions)
         rubric = text_block(section.rubric)
         for block, name in ((instr, "instructions"), (rubric, "gate rubric")):
             if block is not None and utf8_len(block.text) > MAX_TEXT_BYTES:
-                ctx.error("too_large", f'Step "{d.id}" {name} are {utf8_len(block.text)} bytes; at most {MAX_TEXT_BYTES} are allowed',
-                          line=block.start_line, hint="move reference material into files the step reads")
+                ctx.error(
+                    "too_large",
+                    f'Step "{d.id}" {name} are {utf8_len(block.text)} bytes; at most {MAX_TEXT_BYTES} are allowed',
+                    line=block.start_line,
+                    hint="move reference material into files the step reads",
+                )
         result[d.index] = (instr, rubric, head.line)
         if d.kind != "route" and instr is None:
             only_gate = " (it holds only a ### gate rubric)" if section.gate_line is not None else ""
-            ctx.error("empty_section", f'Step "{d.id}" section "## {d.id}" is empty{only_gate}; a {d.kind} step needs instruction text',
-                      line=head.line, hint="write what the step should do under the heading, before any ### gate")
+            ctx.error(
+                "empty_section",
+                f'Step "{d.id}" section "## {d.id}" is empty{only_gate}; a {d.kind} step needs instruction text',
+                line=head.line,
+                hint="write what the step should do under the heading, before any ### gate",
+            )
     for d in drafts:
         if d.id is not None and d.kind != "route" and d.id not in bound:
-            ctx.error("missing_section", f'Step "{d.id}" must have a "## {d.id}" body section with its instructions',
-                      line=d.line, hint=f"add a `## {d.id}` heading to the body followed by what the step should do")
+            ctx.error(
+                "missing_section",
+                f'Step "{d.id}" must have a "## {d.id}" body section with its instructions',
+                line=d.line,
+                hint=f"add a `## {d.id}` heading to the body followed by what the step should do",
+            )
     for stray in body.stray_h1:
-        ctx.error("text_after_h1",
-                  f'Text after the level-1 heading "# {stray.text}" belongs to no step and would be ignored',
-                  line=stray.line,
-                  hint="make it a ## <step-id> section, demote the heading to ###, or move the text into the preamble")
+        ctx.error(
+            "text_after_h1",
+            f'Text after the level-1 heading "# {stray.text}" belongs to no step and would be ignored',
+            line=stray.line,
+            hint="make it a ## <step-id> section, demote the heading to ###, or move the text into the preamble",
+        )
     return result

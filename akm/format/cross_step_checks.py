@@ -31,14 +31,26 @@ def check_routes(ctx: FieldReader, drafts: list[StepDraft]) -> None:
     for d in drafts:
         for target, yp in d.route_lines:
             if target not in index:
-                ctx.error("route_target_unknown", f'{d.label} routes to unknown step "{target}"', yp,
-                          hint=f"{suggest(target, list(index))}route targets must be step ids declared after this step")
+                ctx.error(
+                    "route_target_unknown",
+                    f'{d.label} routes to unknown step "{target}"',
+                    yp,
+                    hint=f"{suggest(target, list(index))}route targets must be step ids declared after this step",
+                )
             elif target == d.id:
-                ctx.error("route_target_self", f'{d.label} must not route to itself', yp,
-                          hint="use a gate with max_loops to repeat a step")
+                ctx.error(
+                    "route_target_self",
+                    f"{d.label} must not route to itself",
+                    yp,
+                    hint="use a gate with max_loops to repeat a step",
+                )
             elif index[target] < d.index:
-                ctx.error("route_backward", f'{d.label} routes backward to "{target}", which is declared before it',
-                          yp, hint="routes only go forward; repeat work with a gate (max_loops) instead of a loop")
+                ctx.error(
+                    "route_backward",
+                    f'{d.label} routes backward to "{target}", which is declared before it',
+                    yp,
+                    hint="routes only go forward; repeat work with a gate (max_loops) instead of a loop",
+                )
 
 
 def check_references(
@@ -63,30 +75,45 @@ def check_references(
         where = f"{d.label}: {use.position} ({ref.text})"
         if ref.root == "params":
             if use.position.startswith("inputs"):
-                ctx.error("param_as_input",
-                          f"{where} names a param, not a step output; params are attached to every unit already",
-                          use.ypath, hint="remove it from inputs")
+                ctx.error(
+                    "param_as_input",
+                    f"{where} names a param, not a step output; params are attached to every unit already",
+                    use.ypath,
+                    hint="remove it from inputs",
+                )
                 continue
             if not params_declared:
-                ctx.error("unknown_param_reference",
-                          f'{where} references param "{ref.name}", but the workflow declares no params',
-                          use.ypath, hint=f"declare it: `params: {{ {ref.name}: {{ type: ... }} }}`")
+                ctx.error(
+                    "unknown_param_reference",
+                    f'{where} references param "{ref.name}", but the workflow declares no params',
+                    use.ypath,
+                    hint=f"declare it: `params: {{ {ref.name}: {{ type: ... }} }}`",
+                )
             elif ref.name not in params and ref.name not in raw_params:
-                ctx.error("unknown_param_reference",
-                          f'{where} references a param not declared in "params:"',
-                          use.ypath,
-                          hint=f"{suggest(ref.name, list(raw_params))}declare it under params: or fix the name")
+                ctx.error(
+                    "unknown_param_reference",
+                    f'{where} references a param not declared in "params:"',
+                    use.ypath,
+                    hint=f"{suggest(ref.name, list(raw_params))}declare it under params: or fix the name",
+                )
             elif use.position == "map.over":
                 _check_over_array(ctx, where, use, params.get(ref.name), [])
             continue
         if ref.name not in position_of:
-            ctx.error("unknown_step_reference", f'{where} cannot be resolved: "{ref.name}" is not a step in this workflow',
-                      use.ypath, hint=f"{suggest(ref.name, list(position_of))}reference an earlier step's id")
+            ctx.error(
+                "unknown_step_reference",
+                f'{where} cannot be resolved: "{ref.name}" is not a step in this workflow',
+                use.ypath,
+                hint=f"{suggest(ref.name, list(position_of))}reference an earlier step's id",
+            )
         elif position_of[ref.name] >= d.index:
             what = "is this step itself" if ref.name == d.id else "comes after this step"
-            ctx.error("forward_reference",
-                      f'{where} cannot be resolved: step "{ref.name}" does not come before this step (it {what})',
-                      use.ypath, hint="steps can only use outputs of steps declared earlier; reorder the steps")
+            ctx.error(
+                "forward_reference",
+                f'{where} cannot be resolved: step "{ref.name}" does not come before this step (it {what})',
+                use.ypath,
+                hint="steps can only use outputs of steps declared earlier; reorder the steps",
+            )
         elif use.position == "map.over":
             target = by_index[position_of[ref.name]]
             _check_over_array(ctx, where, use, target.output, list(ref.path))
@@ -96,9 +123,12 @@ def warn_untyped(ctx: FieldReader, drafts: list[StepDraft]) -> None:
     """A unit or map step without an `output:` schema is allowed, but later steps cannot rely on its shape."""
     for d in drafts:
         if d.id is not None and d.kind in ("unit", "map") and not d.has_output:
-            ctx.warn("missing_output_schema",
-                     f'Step "{d.id}" declares no "output:" schema, so its artifact is untyped',
-                     d.line, hint="add `output: { type: ... }` so later steps and gates can rely on its shape")
+            ctx.warn(
+                "missing_output_schema",
+                f'Step "{d.id}" declares no "output:" schema, so its artifact is untyped',
+                d.line,
+                hint="add `output: { type: ... }` so later steps and gates can rely on its shape",
+            )
 
 
 def _check_over_array(ctx: FieldReader, where: str, use: RefUse, schema: Any, path: list) -> None:
@@ -117,9 +147,12 @@ def _check_over_array(ctx: FieldReader, where: str, use: RefUse, schema: Any, pa
     types = [declared] if isinstance(declared, str) else declared if isinstance(declared, list) else None
     if types is None or "array" in types:
         return
-    ctx.error("over_not_array",
-              f"{where} must resolve to an array, but its schema declares type {json.dumps(declared)}",
-              use.ypath, hint="fan out over a list (type: array), e.g. a param declared `{ type: array }`")
+    ctx.error(
+        "over_not_array",
+        f"{where} must resolve to an array, but its schema declares type {json.dumps(declared)}",
+        use.ypath,
+        hint="fan out over a list (type: array), e.g. a param declared `{ type: array }`",
+    )
 
 
 def _raw_params(root: dict) -> dict:

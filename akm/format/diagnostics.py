@@ -151,8 +151,12 @@ def fold_repeats(warnings: list[Diagnostic], keep: int = MAX_REPEATED_WARNINGS) 
         rest = group[keep:]
         lines = [d.line for d in rest]
         shown = ", ".join(str(n) for n in lines[:5]) + (f", … {lines[-1]}" if len(lines) > 5 else "")
-        out.append(Diagnostic(
-            code=code, line=lines[0], count=len(rest),
-            message=f"{len(rest)} more {code} warnings like the ones above (lines {shown})",
-        ))
+        out.append(
+            Diagnostic(
+                code=code,
+                line=lines[0],
+                count=len(rest),
+                message=f"{len(rest)} more {code} warnings like the ones above (lines {shown})",
+            )
+        )
     return sorted(out, key=lambda d: (d.line, d.column or 0))

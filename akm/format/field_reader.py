@@ -253,9 +253,7 @@ class FieldReader:
             self.error("too_many_entries", f"{what} has {len(value)} entries; at most {limit} are allowed", ypath)
         return value
 
-    def string_list(
-        self, value: Any, ypath: tuple, what: str, *, limit: int, unique: bool
-    ) -> list[str] | None:
+    def string_list(self, value: Any, ypath: tuple, what: str, *, limit: int, unique: bool) -> list[str] | None:
         """A non-empty list of non-empty (trimmed) strings."""
         items = self.entries(value, ypath, what, "strings", limit=limit)
         if items is None:

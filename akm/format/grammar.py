@@ -33,9 +33,22 @@ MAX_EXEC_PASS_ENV = 32
 
 # ---- the keys each mapping allows (unknown keys are errors, with a did-you-mean) ----
 TOP_LEVEL_KEYS = (
-    "type", "description", "tags", "when_to_use", "xrefs", "updated", "timestamp",
-    "generated", "verified", "provenance", "status", "stale_after",
-    "params", "defaults", "budget", "steps",
+    "type",
+    "description",
+    "tags",
+    "when_to_use",
+    "xrefs",
+    "updated",
+    "timestamp",
+    "generated",
+    "verified",
+    "provenance",
+    "status",
+    "stale_after",
+    "params",
+    "defaults",
+    "budget",
+    "steps",
 )
 DEFAULTS_KEYS = ("engine", "model", "timeout", "on_error", "llm")
 BUDGET_KEYS = ("max_tokens", "max_units")

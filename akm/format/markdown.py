@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+
 from akm.record import dataclass, field
 
 _LINE_SPLIT = re.compile(r"\r?\n")
@@ -159,14 +160,12 @@ def scan_body(lines: list[str], body_start_line: int) -> Body:
         end = bounds[pos + 1].line - 1 if pos + 1 < len(bounds) else last_line
         if head.level == 1:
             if first_h2 is not None and head.line > first_h2.line:
-                text_line = next(
-                    (n for n in range(head.line + 1, end + 1) if lines[n - 1].strip()), None
-                )
+                text_line = next((n for n in range(head.line + 1, end + 1) if lines[n - 1].strip()), None)
                 if text_line is not None:
                     stray.append(StrayH1(line=head.line, text=head.text, first_text_line=text_line))
             continue
         section = Section(heading=head, end_line=end)
-        inside = gate_lines[bisect_right(gate_lines, head.line):bisect_right(gate_lines, end)]
+        inside = gate_lines[bisect_right(gate_lines, head.line) : bisect_right(gate_lines, end)]
         if inside:
             section.gate_line = inside[0]
             section.extra_gate_lines.extend(inside[1:])
@@ -182,6 +181,4 @@ def scan_body(lines: list[str], body_start_line: int) -> Body:
         text = "\n".join(lines[body_start_line - 1 : pre_end]).strip()
         if text:
             preamble = Block(text=text, start_line=body_start_line, end_line=pre_end)
-    return Body(
-        sections=sections, preamble=preamble, headings=headings, stray_h1=stray, line_count=last_line
-    )
+    return Body(sections=sections, preamble=preamble, headings=headings, stray_h1=stray, line_count=last_line)

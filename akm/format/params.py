@@ -25,11 +25,11 @@ import copy
 import json
 import math
 import re
-from akm.record import dataclass, field
 from typing import Any
 
 from akm.errors import UsageError
 from akm.format.schema import preview, validate_instance
+from akm.record import dataclass, field
 
 RUN_CONTROL_VALUE_FLAGS: tuple[str, ...] = ("max-steps", "timeout", "format")
 RUN_CONTROL_BOOL_FLAGS: tuple[str, ...] = ("help", "quiet", "verbose", "new", "detach")
@@ -198,9 +198,7 @@ def _parse_json(flag: str, text: str) -> Any:
     try:
         return _loads(text)
     except (ValueError, RecursionError) as exc:
-        raise UsageError(
-            f"--{flag} must contain valid JSON: {exc}", code=INVALID_FLAG_VALUE
-        ) from None
+        raise UsageError(f"--{flag} must contain valid JSON: {exc}", code=INVALID_FLAG_VALUE) from None
 
 
 def _coerce_one(flag: str, raw: str | bool, schema: Any) -> Any:
@@ -226,7 +224,9 @@ def _coerce_one(flag: str, raw: str | bool, schema: Any) -> Any:
         # becoming a different count is worse than asking for the decimal spelling.
         raise UsageError(
             f"--{flag} {text.strip()!r} is a hexadecimal, octal or binary literal; write the number in decimal "
-            f"({js_number(text)!r})", code=INVALID_FLAG_VALUE)
+            f"({js_number(text)!r})",
+            code=INVALID_FLAG_VALUE,
+        )
     for t in types:
         if t == "boolean" and text in ("true", "false"):
             return text == "true"
@@ -263,9 +263,7 @@ def _coerce_one(flag: str, raw: str | bool, schema: Any) -> Any:
     )
 
 
-def coerce_params(
-    pairs: list[tuple[str, str | bool]], param_schemas: dict[str, dict]
-) -> dict[str, Any]:
+def coerce_params(pairs: list[tuple[str, str | bool]], param_schemas: dict[str, dict]) -> dict[str, Any]:
     """Turn raw `(name, value)` flag pairs into a validated params object.
 
     Names must exactly match a declared param (no `-`/`_` aliasing): `--include-processes` does not
@@ -359,9 +357,7 @@ def check_params(params: Any, param_schemas: dict[str, dict], *, code: str = "IN
         # a run without params needs no validator — and so does not import jsonschema (a cold first
         # start of a zipapp pays a quarter of a second for it).
         return params
-    errors = validate_instance(
-        params, {"type": "object", "properties": dict(param_schemas)}, root_label="params"
-    )
+    errors = validate_instance(params, {"type": "object", "properties": dict(param_schemas)}, root_label="params")
     if errors:
         raise UsageError("Invalid param value: " + "; ".join(errors), code=code, details={"errors": errors})
     return params

@@ -148,9 +148,12 @@ def _parse(text: str, path: str) -> ParseResult:
 
     root = ydoc.value if ydoc.value is not None else {}
     if not isinstance(root, dict):
-        ctx.error("frontmatter_not_mapping",
-                  f"the frontmatter must be a YAML mapping of keys, not {describe(root)}", line=2,
-                  hint="write `key: value` lines, including a `steps:` list")
+        ctx.error(
+            "frontmatter_not_mapping",
+            f"the frontmatter must be a YAML mapping of keys, not {describe(root)}",
+            line=2,
+            hint="write `key: value` lines, including a `steps:` list",
+        )
         return _stop(ctx)
 
     return _check_workflow(ctx, root, lines, fm.body_start_line, path)
@@ -162,7 +165,8 @@ def _yaml_diagnostic(p: YamlProblem, close_line: int) -> Diagnostic:
     line = min(p.line + 1, close_line)
     if p.code == "duplicate_key":
         message = p.message.split(" (first")[0] + (
-            f" (first defined on line {p.first_line + 1})" if p.first_line else "")
+            f" (first defined on line {p.first_line + 1})" if p.first_line else ""
+        )
         hint = "each key may appear once per mapping; merge the entries or rename one"
     elif p.code == "yaml_unsupported_tag":
         message = p.message
@@ -172,8 +176,10 @@ def _yaml_diagnostic(p: YamlProblem, close_line: int) -> Diagnostic:
         hint = "write the values out instead of using anchors and aliases"
     else:
         message = f"invalid YAML: {p.message}"
-        hint = ("check indentation (spaces, not tabs) and quoting near this line; quote values "
-                "that contain ': ' or start with a special character")
+        hint = (
+            "check indentation (spaces, not tabs) and quoting near this line; quote values "
+            "that contain ': ' or start with a special character"
+        )
     return Diagnostic(code=p.code, message=message, line=line, column=p.column, hint=hint)
 
 
@@ -217,10 +223,19 @@ def _step(d: StepDraft, sections: BoundSections) -> Step:
     # A `### gate` rubric alone makes a gate (with the default loop bound).
     gate = d.gate if d.has_gate else (GateSpec() if rubric is not None else None)
     return Step(
-        id=d.id or "", sequence_index=d.index, line=d.line, end_line=d.end_line,
+        id=d.id or "",
+        sequence_index=d.index,
+        line=d.line,
+        end_line=d.end_line,
         kind=d.kind,  # type: ignore[arg-type]
-        unit=d.unit, map=d.map, route=d.route, inputs=d.inputs,
-        output=d.output, gate=gate, instructions=instr, gate_rubric=rubric,
+        unit=d.unit,
+        map=d.map,
+        route=d.route,
+        inputs=d.inputs,
+        output=d.output,
+        gate=gate,
+        instructions=instr,
+        gate_rubric=rubric,
         section_line=section_line,
     )
 

@@ -26,8 +26,12 @@ def read_envelope(ctx: FieldReader, root: dict) -> tuple[dict[str, Any], dict[st
     envelope: dict[str, Any] = {}
     doc_fields: dict[str, Any] = {}
     if "type" in root and root["type"] != "workflow":
-        ctx.error("invalid_value", f'"type" must be "workflow" when present; got {describe(root["type"])}',
-                  ("type",), hint="remove the key or write `type: workflow`")
+        ctx.error(
+            "invalid_value",
+            f'"type" must be "workflow" when present; got {describe(root["type"])}',
+            ("type",),
+            hint="remove the key or write `type: workflow`",
+        )
     for key in _TEXT_KEYS:
         if key in root:
             value = root[key]
@@ -88,9 +92,9 @@ def _read_stamp(ctx: FieldReader, value: Any, ypath: tuple, what: str) -> bool:
     if "by" not in node:
         ctx.error("missing_key", f'{what} needs a "by" entry naming who or what made it', ypath)
     else:
-        ctx.text(node["by"], ypath + ("by",), f'{what}.by')
+        ctx.text(node["by"], ypath + ("by",), f"{what}.by")
     if "at" in node and not isinstance(node["at"], str):
-        ctx.error("invalid_type", f'{what}.at must be a string, not {describe(node["at"])}', ypath + ("at",))
+        ctx.error("invalid_type", f"{what}.at must be a string, not {describe(node['at'])}", ypath + ("at",))
     return len(ctx.errors) == before
 
 
@@ -107,8 +111,12 @@ def _read_xrefs(ctx: FieldReader, value: Any) -> bool:
             continue
         problem = _xref_problem(ref)
         if problem:
-            ctx.error("invalid_xref", f'"xrefs[{i}]" ("{ref}") is invalid or non-canonical: {problem}',
-                      ("xrefs", i), hint="write [<bundle>//]<asset-id>[#<fragment>], e.g. skills/review")
+            ctx.error(
+                "invalid_xref",
+                f'"xrefs[{i}]" ("{ref}") is invalid or non-canonical: {problem}',
+                ("xrefs", i),
+                hint="write [<bundle>//]<asset-id>[#<fragment>], e.g. skills/review",
+            )
             ok = False
     return ok
 

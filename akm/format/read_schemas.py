@@ -22,19 +22,31 @@ def read_params(ctx: FieldReader, root: dict) -> dict[str, dict]:
     if node is None:
         return params
     if len(node) > MAX_PARAMS:
-        ctx.error("too_many_entries", f'"params" declares {len(node)} params; at most {MAX_PARAMS} are allowed',
-                  ("params",), key=True)
+        ctx.error(
+            "too_many_entries",
+            f'"params" declares {len(node)} params; at most {MAX_PARAMS} are allowed',
+            ("params",),
+            key=True,
+        )
     for name, schema in node.items():
         yp = ("params", name)
         if not PARAM_NAME_RE.match(name):
             fixed = corrected_name(name, PARAM_NAME_RE, r"[^A-Za-z0-9_]", "_", "_")
-            ctx.error("invalid_param_name",
-                      f'Param name "{name}" is invalid: use letters, digits and _ (not starting with a digit)',
-                      yp, key=True, hint=f'rename it, e.g. "{fixed}"' if fixed else None)
+            ctx.error(
+                "invalid_param_name",
+                f'Param name "{name}" is invalid: use letters, digits and _ (not starting with a digit)',
+                yp,
+                key=True,
+                hint=f'rename it, e.g. "{fixed}"' if fixed else None,
+            )
             continue
         if not isinstance(schema, dict):
-            ctx.error("invalid_type", f'Param "{name}" must be a JSON-Schema mapping, not {describe(schema)}',
-                      yp, hint="e.g. `{ type: string, description: ... }`")
+            ctx.error(
+                "invalid_type",
+                f'Param "{name}" must be a JSON-Schema mapping, not {describe(schema)}',
+                yp,
+                hint="e.g. `{ type: string, description: ... }`",
+            )
             continue
         if check_schema(ctx, schema, yp, f'Param "{name}" schema') and _default_fits(ctx, name, schema, yp):
             params[name] = schema
@@ -49,9 +61,12 @@ def _default_fits(ctx: FieldReader, name: str, schema: dict, yp: tuple) -> bool:
 
     problems = validate_instance(schema["default"], schema, root_label=f"params.{name}")
     if problems:
-        ctx.error("param_default_invalid", f'Param "{name}" default does not fit its own schema: '
-                  + "; ".join(problems), yp + ("default",),
-                  hint="change the default, or the schema, so that a run without this param is valid")
+        ctx.error(
+            "param_default_invalid",
+            f'Param "{name}" default does not fit its own schema: ' + "; ".join(problems),
+            yp + ("default",),
+            hint="change the default, or the schema, so that a run without this param is valid",
+        )
         return False
     return True
 
@@ -78,8 +93,9 @@ def check_schema(ctx: FieldReader, schema: dict, yp: tuple, what: str) -> bool:
         keyword = p.keyword
         kpath = yp + sub + ((keyword,) if isinstance(node, dict) and keyword in node else ())
         if p.kind == "unsupported":
-            ctx.error("schema_unsupported_keyword", f"{what}: {p.message}", kpath, key=True,
-                      hint=_SCHEMA_HINTS.get(keyword))
+            ctx.error(
+                "schema_unsupported_keyword", f"{what}: {p.message}", kpath, key=True, hint=_SCHEMA_HINTS.get(keyword)
+            )
         else:
             ctx.error("schema_malformed", f"{what} is not a valid JSON Schema: {p.message}", kpath, key=True)
         ok = False

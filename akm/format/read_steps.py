@@ -10,7 +10,6 @@ because whether `steps.x.output` is valid depends on where `x` is declared.
 
 from __future__ import annotations
 
-from akm.record import dataclass, field
 from typing import Any
 
 from akm.format.field_reader import FieldReader, corrected_name, describe
@@ -31,6 +30,7 @@ from akm.format.model import GateSpec, MapSpec, RouteBranch, RouteSpec, UnitBag
 from akm.format.read_schemas import read_output_schema
 from akm.format.read_unit import read_unit_bag
 from akm.format.yaml12 import js_string
+from akm.record import dataclass, field
 
 
 @dataclass
@@ -101,8 +101,13 @@ class _StepReader:
             )
             return []
         if len(steps) > MAX_STEPS:
-            ctx.error("too_many_entries", f'"steps" has {len(steps)} entries; at most {MAX_STEPS} are allowed',
-                      ("steps",), key=True, hint="split the workflow into several files")
+            ctx.error(
+                "too_many_entries",
+                f'"steps" has {len(steps)} entries; at most {MAX_STEPS} are allowed',
+                ("steps",),
+                key=True,
+                hint="split the workflow into several files",
+            )
         drafts: list[StepDraft] = []
         first_index: dict[str, int] = {}
         for i, raw in enumerate(steps):
@@ -113,9 +118,12 @@ class _StepReader:
             if draft.id is not None:
                 if draft.id in first_index:
                     first = drafts[first_index[draft.id]]
-                    ctx.error("duplicate_step_id",
-                              f'Duplicate step id "{draft.id}" (first declared on line {first.line})',
-                              yp + ("id",), hint="step ids must be unique; rename one of them")
+                    ctx.error(
+                        "duplicate_step_id",
+                        f'Duplicate step id "{draft.id}" (first declared on line {first.line})',
+                        yp + ("id",),
+                        hint="step ids must be unique; rename one of them",
+                    )
                     draft.id = None
                 else:
                     first_index[draft.id] = len(drafts)
@@ -125,8 +133,12 @@ class _StepReader:
     def read_step(self, i: int, raw: Any, yp: tuple) -> StepDraft | None:
         ctx = self.ctx
         if not isinstance(raw, dict):
-            ctx.error("invalid_type", f"Step #{i + 1} must be a mapping with an `id`, not {describe(raw)}", yp,
-                      hint="write `- id: <step-id>`")
+            ctx.error(
+                "invalid_type",
+                f"Step #{i + 1} must be a mapping with an `id`, not {describe(raw)}",
+                yp,
+                hint="write `- id: <step-id>`",
+            )
             return None
         line = ctx.line(yp)
         step_id = self.read_id(i, raw, yp)
@@ -136,24 +148,36 @@ class _StepReader:
 
         has_map, has_route = "map" in raw, "route" in raw
         if has_map and has_route:
-            ctx.error("conflicting_step_kind", f'{label} declares both "map" and "route"; a step has at most one of "map" or "route"',
-                      yp + ("route",), key=True, hint="split it into a map step followed by a route step")
+            ctx.error(
+                "conflicting_step_kind",
+                f'{label} declares both "map" and "route"; a step has at most one of "map" or "route"',
+                yp + ("route",),
+                key=True,
+                hint="split it into a map step followed by a route step",
+            )
         if has_route and not has_map:
             draft.kind = "route"
             for k in ("unit", "inputs"):
                 if k in raw:
-                    ctx.error("conflicting_step_kind",
-                              f'{label} is a route step and cannot declare "{k}"' +
-                              (" (a route dispatches no unit)" if k == "unit" else
-                               " (a route reads only its route.input)"),
-                              yp + (k,), key=True, hint=f'remove "{k}" or move the work into a separate step')
+                    ctx.error(
+                        "conflicting_step_kind",
+                        f'{label} is a route step and cannot declare "{k}"'
+                        + (" (a route dispatches no unit)" if k == "unit" else " (a route reads only its route.input)"),
+                        yp + (k,),
+                        key=True,
+                        hint=f'remove "{k}" or move the work into a separate step',
+                    )
             draft.route = self.read_route(raw["route"], yp + ("route",), draft)
         elif has_map:
             draft.kind = "map"
             if "unit" in raw:
-                ctx.error("conflicting_step_kind",
-                          f'{label} is a map step; its per-item unit belongs at "map.unit", not at the step level',
-                          yp + ("unit",), key=True, hint="move the `unit:` block under `map:`")
+                ctx.error(
+                    "conflicting_step_kind",
+                    f'{label} is a map step; its per-item unit belongs at "map.unit", not at the step level',
+                    yp + ("unit",),
+                    key=True,
+                    hint="move the `unit:` block under `map:`",
+                )
             draft.map = self.read_map(raw["map"], yp + ("map",), draft)
         else:
             draft.kind = "unit"
@@ -164,8 +188,9 @@ class _StepReader:
             self.read_inputs(raw["inputs"], yp + ("inputs",), draft)
         if "output" in raw:
             draft.has_output = True
-            draft.output = read_output_schema(ctx, raw["output"], yp + ("output",), f"{label}: output",
-                                              "{ type: object, required: [x] }")
+            draft.output = read_output_schema(
+                ctx, raw["output"], yp + ("output",), f"{label}: output", "{ type: object, required: [x] }"
+            )
         if "gate" in raw:
             draft.has_gate = True
             draft.gate = self.read_gate(raw["gate"], yp + ("gate",), label)
@@ -175,29 +200,41 @@ class _StepReader:
         """The step's id, or None (reported) when it is missing or not a valid id."""
         ctx = self.ctx
         if "id" not in raw:
-            ctx.error("invalid_step_id", f"Step #{i + 1} has no `id`", yp,
-                      hint="add `id: <name>` (letters, digits, _ and -, not starting with a digit)")
+            ctx.error(
+                "invalid_step_id",
+                f"Step #{i + 1} has no `id`",
+                yp,
+                hint="add `id: <name>` (letters, digits, _ and -, not starting with a digit)",
+            )
             return None
         value = raw["id"]
         if not isinstance(value, str) or not value.strip():
-            ctx.error("invalid_step_id", f"Step #{i + 1} has an invalid id: it must be a non-empty string, "
-                      f"not {describe(value)}", yp + ("id",))
+            ctx.error(
+                "invalid_step_id",
+                f"Step #{i + 1} has an invalid id: it must be a non-empty string, not {describe(value)}",
+                yp + ("id",),
+            )
             return None
         if not STEP_ID_RE.match(value.strip()):
             self.invalid_ids.add(value.strip())
             fixed = corrected_name(value.strip(), STEP_ID_RE, r"[^A-Za-z0-9_-]", "-", "s")
-            ctx.error("invalid_step_id",
-                      f'Step #{i + 1} has an invalid id "{value}": use letters, digits, _ and - only, '
-                      "starting with a letter or _",
-                      yp + ("id",),
-                      hint=f'e.g. "{fixed}"' if fixed else None)
+            ctx.error(
+                "invalid_step_id",
+                f'Step #{i + 1} has an invalid id "{value}": use letters, digits, _ and - only, '
+                "starting with a letter or _",
+                yp + ("id",),
+                hint=f'e.g. "{fixed}"' if fixed else None,
+            )
             return None
         return value.strip()
 
     def read_gate(self, value: Any, yp: tuple, label: str) -> GateSpec | None:
         ctx = self.ctx
         node = ctx.strict_mapping(
-            value, yp, f"{label}: gate", GATE_KEYS,
+            value,
+            yp,
+            f"{label}: gate",
+            GATE_KEYS,
             hint="write `gate: { max_loops: 3 }`; the rubric goes under `### gate` in the body",
             unknown_hint='"gate" takes only max_loops; write the criteria under a `### gate` heading in the step\'s body section',
         )
@@ -210,8 +247,9 @@ class _StepReader:
 
     def read_inputs(self, value: Any, yp: tuple, draft: StepDraft) -> None:
         what = f"{draft.label}: inputs"
-        items = self.ctx.entries(value, yp, what, "references", limit=MAX_INPUTS,
-                                 hint="e.g. `inputs: [steps.build.output]`")
+        items = self.ctx.entries(
+            value, yp, what, "references", limit=MAX_INPUTS, hint="e.g. `inputs: [steps.build.output]`"
+        )
         if items is None:
             return
         seen: set[str] = set()
@@ -232,14 +270,22 @@ class _StepReader:
 
         ctx = self.ctx
         if not isinstance(value, str):
-            ctx.error("invalid_type", f"{what} must be a reference string, not {describe(value)}", yp,
-                      hint="write params.<name> or steps.<id>.output")
+            ctx.error(
+                "invalid_type",
+                f"{what} must be a reference string, not {describe(value)}",
+                yp,
+                hint="write params.<name> or steps.<id>.output",
+            )
             return None
         try:
             return parse_reference(value)
         except ReferenceSyntaxError as exc:
-            ctx.error("invalid_reference", f"{what}: {exc.message}", yp,
-                      hint="a reference is params.<name> or steps.<id>.output followed by .key or [index] parts")
+            ctx.error(
+                "invalid_reference",
+                f"{what}: {exc.message}",
+                yp,
+                hint="a reference is params.<name> or steps.<id>.output followed by .key or [index] parts",
+            )
             return None
 
     def required_reference(
@@ -260,17 +306,28 @@ class _StepReader:
     def read_map(self, value: Any, yp: tuple, draft: StepDraft) -> MapSpec | None:
         ctx = self.ctx
         label = draft.label
-        node = ctx.strict_mapping(value, yp, f"{label}: map", MAP_KEYS,
-                                  hint="write `map: { over: params.items, unit: {...} }`")
+        node = ctx.strict_mapping(
+            value, yp, f"{label}: map", MAP_KEYS, hint="write `map: { over: params.items, unit: {...} }`"
+        )
         if node is None:
             return None
-        over = self.required_reference(node, yp, draft, "map.over", "the array to fan out over",
-                                       "e.g. `over: params.files` or `over: steps.plan.output.items`")
+        over = self.required_reference(
+            node,
+            yp,
+            draft,
+            "map.over",
+            "the array to fan out over",
+            "e.g. `over: params.files` or `over: steps.plan.output.items`",
+        )
         out: dict[str, Any] = {}
         if "concurrency" in node:
-            out["concurrency"] = ctx.integer(node["concurrency"], yp + ("concurrency",), f"{label}: map.concurrency", 1, MAX_CONCURRENCY)
+            out["concurrency"] = ctx.integer(
+                node["concurrency"], yp + ("concurrency",), f"{label}: map.concurrency", 1, MAX_CONCURRENCY
+            )
         if "reducer" in node:
-            out["reducer"] = ctx.choice(node["reducer"], yp + ("reducer",), f"{label}: map.reducer", ("collect", "vote"))
+            out["reducer"] = ctx.choice(
+                node["reducer"], yp + ("reducer",), f"{label}: map.reducer", ("collect", "vote")
+            )
         if "unit" in node:
             out["unit"] = read_unit_bag(ctx, node["unit"], yp + ("unit",), label, "map.unit")
         if over is None:
@@ -280,25 +337,37 @@ class _StepReader:
     def read_route(self, value: Any, yp: tuple, draft: StepDraft) -> RouteSpec | None:
         ctx = self.ctx
         label = draft.label
-        node = ctx.strict_mapping(value, yp, f"{label}: route", ROUTE_KEYS,
-                                  hint="write `route: { input: <ref>, when: [{ match: x, step: y }], default: z }`")
+        node = ctx.strict_mapping(
+            value,
+            yp,
+            f"{label}: route",
+            ROUTE_KEYS,
+            hint="write `route: { input: <ref>, when: [{ match: x, step: y }], default: z }`",
+        )
         if node is None:
             return None
-        input_text = self.required_reference(node, yp, draft, "route.input", "the value to route on",
-                                             "e.g. `input: steps.classify.output.kind`")
+        input_text = self.required_reference(
+            node, yp, draft, "route.input", "the value to route on", "e.g. `input: steps.classify.output.kind`"
+        )
         branches: list[RouteBranch] = []
         if "when" not in node:
             ctx.error("missing_key", f'{label}: route needs "when": a list of {{ match, step }} branches', yp)
         elif not isinstance(node["when"], list):
-            ctx.error("invalid_type", f'{label}: route.when must be a list of {{ match, step }} branches, not {describe(node["when"])}',
-                      yp + ("when",))
+            ctx.error(
+                "invalid_type",
+                f"{label}: route.when must be a list of {{ match, step }} branches, not {describe(node['when'])}",
+                yp + ("when",),
+            )
         elif not node["when"]:
-            ctx.error("invalid_value", f'{label}: route.when must list at least one branch', yp + ("when",))
+            ctx.error("invalid_value", f"{label}: route.when must list at least one branch", yp + ("when",))
         else:
             when = node["when"]
             if len(when) > MAX_ROUTE_BRANCHES:
-                ctx.error("too_many_entries", f'{label}: route.when has {len(when)} branches; at most {MAX_ROUTE_BRANCHES} are allowed',
-                          yp + ("when",))
+                ctx.error(
+                    "too_many_entries",
+                    f"{label}: route.when has {len(when)} branches; at most {MAX_ROUTE_BRANCHES} are allowed",
+                    yp + ("when",),
+                )
             seen: dict[str, int] = {}
             for i, raw in enumerate(when):
                 byp = yp + ("when", i)
@@ -306,9 +375,12 @@ class _StepReader:
                 if branch is None:
                     continue
                 if branch.match in seen:
-                    ctx.error("duplicate_route_match",
-                              f'{label} has a duplicate "when" match "{branch.match}" (also branch {seen[branch.match] + 1}); this branch can never be chosen',
-                              byp + ("match",), hint="each match value may appear once; remove or change one branch")
+                    ctx.error(
+                        "duplicate_route_match",
+                        f'{label} has a duplicate "when" match "{branch.match}" (also branch {seen[branch.match] + 1}); this branch can never be chosen',
+                        byp + ("match",),
+                        hint="each match value may appear once; remove or change one branch",
+                    )
                     continue
                 seen[branch.match] = i
                 branches.append(branch)
@@ -337,12 +409,19 @@ class _StepReader:
                 # Matched against the route input as JavaScript's String(v) writes it (`1.0` -> "1").
                 match = js_string(value)
                 if match == "":
-                    ctx.error("empty_route_match", f'{what} matches the empty string, which a route input can never usefully be',
-                              yp + ("match",), hint="use a non-empty match value, or `default:` for the fallback")
+                    ctx.error(
+                        "empty_route_match",
+                        f"{what} matches the empty string, which a route input can never usefully be",
+                        yp + ("match",),
+                        hint="use a non-empty match value, or `default:` for the fallback",
+                    )
                     match = None
             else:
-                ctx.error("invalid_type", f'{what}.match must be a string, number or boolean, not {describe(value)}',
-                          yp + ("match",))
+                ctx.error(
+                    "invalid_type",
+                    f"{what}.match must be a string, number or boolean, not {describe(value)}",
+                    yp + ("match",),
+                )
         step = None
         if "step" not in node:
             ctx.error("missing_key", f'{what} needs "step": the step to run when it matches', yp)

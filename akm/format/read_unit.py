@@ -55,8 +55,9 @@ def read_defaults(ctx: FieldReader, root: dict) -> Defaults | None:
 def read_unit_bag(ctx: FieldReader, value: Any, yp: tuple, label: str, prefix: str) -> UnitBag | None:
     """Read a `unit:` / `map.unit:` bag. Messages name fields as `<label>: <prefix>.<key>`."""
     what = f"{label}: {prefix}"
-    node = ctx.strict_mapping(value, yp, what, UNIT_KEYS,
-                              hint="e.g. `unit: { timeout: 10m, retry: { max: 1, on: [timeout] } }`")
+    node = ctx.strict_mapping(
+        value, yp, what, UNIT_KEYS, hint="e.g. `unit: { timeout: 10m, retry: { max: 1, on: [timeout] } }`"
+    )
     if node is None:
         return None
     out: dict[str, Any] = {}
@@ -64,9 +65,13 @@ def read_unit_bag(ctx: FieldReader, value: Any, yp: tuple, label: str, prefix: s
         out["exec"] = read_exec(ctx, node["exec"], yp + ("exec",), f"{what}.exec")
         for k in ("engine", "model", "llm"):
             if k in node:
-                ctx.error("exec_engine_conflict",
-                          f'{label}: {prefix} declares both "exec" and "{k}"; an exec unit runs a command and names no engine',
-                          yp + (k,), key=True, hint=f'remove "{k}" (or remove "exec" to dispatch to an engine)')
+                ctx.error(
+                    "exec_engine_conflict",
+                    f'{label}: {prefix} declares both "exec" and "{k}"; an exec unit runs a command and names no engine',
+                    yp + (k,),
+                    key=True,
+                    hint=f'remove "{k}" (or remove "exec" to dispatch to an engine)',
+                )
     for key in ("engine", "model", "llm", "timeout"):
         if key in node:
             _read_dispatch_field(ctx, node, key, yp, what, out)
@@ -94,10 +99,13 @@ def _read_env_refs(ctx: FieldReader, value: Any, yp: tuple, what: str) -> list[s
     ok = True
     for i, ref in enumerate(refs):
         if not ENV_REF_RE.match(ref):
-            ctx.error("invalid_env_ref",
-                      f'{what}[{i}] is {describe(ref)}, not an env ref of the form env/<name>', yp + (i,),
-                      hint="<name> is letters, digits, _, . and - (not starting with a dot), e.g. env/ci; "
-                           "it names the file .akm/env/<name>.env")
+            ctx.error(
+                "invalid_env_ref",
+                f"{what}[{i}] is {describe(ref)}, not an env ref of the form env/<name>",
+                yp + (i,),
+                hint="<name> is letters, digits, _, . and - (not starting with a dot), e.g. env/ci; "
+                "it names the file .akm/env/<name>.env",
+            )
             ok = False
     return refs if ok else None
 
@@ -126,9 +134,12 @@ def _read_engine_name(ctx: FieldReader, value: Any, yp: tuple, what: str) -> str
     if name is None:
         return None
     if len(name) > 63 or not ENGINE_NAME_RE.match(name):
-        ctx.error("invalid_value",
-                  f'{what} "{name}" is not a valid engine name: lower-case letters and digits in '
-                  "dash-separated words, at most 63 characters", yp)
+        ctx.error(
+            "invalid_value",
+            f'{what} "{name}" is not a valid engine name: lower-case letters and digits in '
+            "dash-separated words, at most 63 characters",
+            yp,
+        )
         return None
     return name
 
@@ -151,16 +162,24 @@ def read_duration(ctx: FieldReader, value: Any, yp: tuple, what: str) -> tuple[b
     else:
         n = as_int(value)
         if n is None or n <= 0:
-            ctx.error("invalid_duration", f"{what} must be a positive whole number of milliseconds; got {js_string(value)}",
-                      yp, hint=DURATION_HINT)
+            ctx.error(
+                "invalid_duration",
+                f"{what} must be a positive whole number of milliseconds; got {js_string(value)}",
+                yp,
+                hint=DURATION_HINT,
+            )
             return (False, None)
         ms = n
     if ms <= 0:
         ctx.error("invalid_duration", f'{what} must be longer than zero; got "{value}"', yp, hint=DURATION_HINT)
         return (False, None)
     if ms > MAX_TIMEOUT_MS:
-        ctx.error("out_of_range", f"{what} is {ms} ms; the longest allowed is {MAX_TIMEOUT_MS} ms (about 24.8 days)",
-                  yp, hint='use "none" for no limit')
+        ctx.error(
+            "out_of_range",
+            f"{what} is {ms} ms; the longest allowed is {MAX_TIMEOUT_MS} ms (about 24.8 days)",
+            yp,
+            hint='use "none" for no limit',
+        )
         return (False, None)
     return (True, ms)
 
@@ -173,28 +192,39 @@ def _read_retry(ctx: FieldReader, value: Any, yp: tuple, what: str) -> RetrySpec
         return None
     max_n = None
     if "max" not in node:
-        ctx.error("missing_key", f'{what}.max is required: how many extra attempts to allow', yp,
-                  hint="e.g. `retry: { max: 2, on: [timeout] }`")
+        ctx.error(
+            "missing_key",
+            f"{what}.max is required: how many extra attempts to allow",
+            yp,
+            hint="e.g. `retry: { max: 2, on: [timeout] }`",
+        )
     else:
         max_n = ctx.integer(node["max"], yp + ("max",), f"{what}.max", 0, MAX_RETRY)
     reasons: list[str] = []
     if "on" not in node:
-        ctx.error("missing_key", f'{what}.on is required: the failure reasons that trigger a retry', yp,
-                  hint=_REASONS_HINT)
+        ctx.error(
+            "missing_key", f"{what}.on is required: the failure reasons that trigger a retry", yp, hint=_REASONS_HINT
+        )
     elif not isinstance(node["on"], list):
-        ctx.error("invalid_type", f'{what}.on must be a list of failure reasons, not {describe(node["on"])}',
-                  yp + ("on",), hint=_REASONS_HINT)
+        ctx.error(
+            "invalid_type",
+            f"{what}.on must be a list of failure reasons, not {describe(node['on'])}",
+            yp + ("on",),
+            hint=_REASONS_HINT,
+        )
     elif not node["on"]:
-        ctx.error("invalid_value", f'{what}.on must list at least one failure reason', yp + ("on",),
-                  hint=_REASONS_HINT)
+        ctx.error("invalid_value", f"{what}.on must list at least one failure reason", yp + ("on",), hint=_REASONS_HINT)
     else:
         for i, reason in enumerate(node["on"]):
             if not isinstance(reason, str) or reason not in RETRYABLE_REASONS:
                 shown = f'"{reason}"' if isinstance(reason, str) else describe(reason)
-                ctx.error("invalid_retry_reason", f'{what}.on[{i}] {shown} is not a retryable failure reason',
-                          yp + ("on", i),
-                          hint=f"{suggest(reason, RETRYABLE_REASONS) if isinstance(reason, str) else ''}"
-                               f"valid reasons: {', '.join(RETRYABLE_REASONS)}")
+                ctx.error(
+                    "invalid_retry_reason",
+                    f"{what}.on[{i}] {shown} is not a retryable failure reason",
+                    yp + ("on", i),
+                    hint=f"{suggest(reason, RETRYABLE_REASONS) if isinstance(reason, str) else ''}"
+                    f"valid reasons: {', '.join(RETRYABLE_REASONS)}",
+                )
             elif reason in reasons:
                 ctx.duplicate(f"{what}.on", reason, yp + ("on", i))
             else:
@@ -225,7 +255,9 @@ def _read_llm(ctx: FieldReader, value: Any, yp: tuple, what: str) -> LlmOptions 
         t = node["temperature"]
         number = _as_float(t)
         if number is None:
-            ctx.error("invalid_type", f'{what}.temperature must be a finite number, not {describe(t)}', yp + ("temperature",))
+            ctx.error(
+                "invalid_type", f"{what}.temperature must be a finite number, not {describe(t)}", yp + ("temperature",)
+            )
         else:
             out["temperature"] = number  # `temperature: 1` is 1.0 in the plan (as when this was a pydantic float)
     for k in ("max_tokens", "context_length"):
@@ -235,7 +267,9 @@ def _read_llm(ctx: FieldReader, value: Any, yp: tuple, what: str) -> LlmOptions 
         if k in node:
             out[k] = ctx.boolean(node[k], yp + (k,), f"{what}.{k}")
     if "extra_params" in node:
-        out["extra_params"] = _read_extra_params(ctx, node["extra_params"], yp + ("extra_params",), f"{what}.extra_params")
+        out["extra_params"] = _read_extra_params(
+            ctx, node["extra_params"], yp + ("extra_params",), f"{what}.extra_params"
+        )
     out = {k: v for k, v in out.items() if v is not None}
     return LlmOptions(**out) if out else None
 
@@ -251,19 +285,25 @@ def _read_extra_params(ctx: FieldReader, value: Any, yp: tuple, what: str) -> di
     ctx.json_size(node, yp, what, MAX_EXTRA_PARAMS_BYTES)  # reported, but keep checking the keys
     for k in node:
         if _norm_key(k) in PROTECTED_LLM_KEYS:
-            ctx.error("protected_llm_param",
-                      f'{what}.{k} is protected by AKM: akm sets it for every request',
-                      yp + (k,), key=True,
-                      hint="use the dedicated llm keys (temperature, max_tokens, enable_thinking) or the unit's model")
+            ctx.error(
+                "protected_llm_param",
+                f"{what}.{k} is protected by AKM: akm sets it for every request",
+                yp + (k,),
+                key=True,
+                hint="use the dedicated llm keys (temperature, max_tokens, enable_thinking) or the unit's model",
+            )
 
     def walk(v: Any, p: tuple) -> None:
         if isinstance(v, dict):
             for k, sub in v.items():
                 if _norm_key(k) in CREDENTIAL_KEYS:
-                    ctx.error("credential_in_llm",
-                              f'{what} key "{k}" cannot carry credentials in a workflow file',
-                              p + (k,), key=True,
-                              hint="configure the engine's API key in akm config as ${ENV_NAME}; workflow files are not secret")
+                    ctx.error(
+                        "credential_in_llm",
+                        f'{what} key "{k}" cannot carry credentials in a workflow file',
+                        p + (k,),
+                        key=True,
+                        hint="configure the engine's API key in akm config as ${ENV_NAME}; workflow files are not secret",
+                    )
                 walk(sub, p + (k,))
         elif isinstance(v, list):
             for i, sub in enumerate(v):

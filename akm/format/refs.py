@@ -16,8 +16,9 @@ plain JSON values at run time and fails loudly (never yields a silent `None`): a
 
 from __future__ import annotations
 
-from akm.record import dataclass
 from typing import Any, Literal
+
+from akm.record import dataclass
 
 # Largest index we accept: JavaScript's safe-integer limit. Bigger can never address a real array and
 # Python's int() refuses very long digit strings, which would leak a non-syntax exception.
@@ -95,9 +96,7 @@ def parse_reference(text: str) -> Reference:
         return _parse_param(src, root_end)
     if root == "steps":
         return _parse_step(src, root_end)
-    raise ReferenceSyntaxError(
-        f'Unknown root "{root}"; a reference is params.<name> or steps.<id>.output[...]', 0
-    )
+    raise ReferenceSyntaxError(f'Unknown root "{root}"; a reference is params.<name> or steps.<id>.output[...]', 0)
 
 
 def _parse_param(src: str, pos: int) -> Reference:
@@ -130,9 +129,7 @@ def _parse_step(src: str, pos: int) -> Reference:
         )
     step_id = src[id_start:id_end]
     if id_end >= len(src):
-        raise ReferenceSyntaxError(
-            f'"steps.{step_id}" must be followed by ".output"', id_end
-        )
+        raise ReferenceSyntaxError(f'"steps.{step_id}" must be followed by ".output"', id_end)
     out_end = _scan_ident(src, id_end + 1) if src[id_end] == "." else id_end
     if src[id_end] != "." or src[id_end + 1 : out_end] != "output":
         raise ReferenceSyntaxError(f'Expected ".output" after "steps.{step_id}"', id_end)
@@ -153,9 +150,7 @@ def _parse_step(src: str, pos: int) -> Reference:
             while digits_end < len(src) and src[digits_end] in _DIGITS:
                 digits_end += 1
             if digits_end == pos + 1 or digits_end >= len(src) or src[digits_end] != "]":
-                raise ReferenceSyntaxError(
-                    f"Invalid indexer at offset {pos}: expected [<non-negative integer>]", pos
-                )
+                raise ReferenceSyntaxError(f"Invalid indexer at offset {pos}: expected [<non-negative integer>]", pos)
             digits = src[pos + 1 : digits_end].lstrip("0") or "0"
             if len(digits) > 16 or int(digits) > MAX_INDEX:
                 raise ReferenceSyntaxError(f"Invalid indexer at offset {pos}: index too large", pos)
@@ -193,9 +188,7 @@ def resolve_reference(ref: Reference, params: dict[str, Any], step_outputs: dict
             if not isinstance(value, (list, tuple)):
                 raise ReferenceResolutionError(f"{here} is not an array (cannot take [{seg}])")
             if seg >= len(value):
-                raise ReferenceResolutionError(
-                    f"{here}[{seg}] is out of bounds (array length {len(value)})"
-                )
+                raise ReferenceResolutionError(f"{here}[{seg}] is out of bounds (array length {len(value)})")
             value = value[seg]
         else:
             if not isinstance(value, dict):

@@ -19,10 +19,9 @@ import json
 import math
 import re
 from collections.abc import Iterator
-from akm.record import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from typing import TYPE_CHECKING
+from akm.record import dataclass
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
@@ -36,9 +35,22 @@ TYPE_NAMES = frozenset({"string", "number", "integer", "boolean", "object", "arr
 
 SUPPORTED_KEYWORDS: frozenset[str] = frozenset(
     {
-        "type", "enum", "properties", "required", "items", "additionalProperties",
-        "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum",
-        "allOf", "anyOf", "oneOf", "not",
+        "type",
+        "enum",
+        "properties",
+        "required",
+        "items",
+        "additionalProperties",
+        "minItems",
+        "maxItems",
+        "minLength",
+        "maxLength",
+        "minimum",
+        "maximum",
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "not",
     }
 )
 
@@ -46,12 +58,39 @@ SUPPORTED_KEYWORDS: frozenset[str] = frozenset(
 # because silently ignoring it would let invalid data through.
 UNSUPPORTED_KEYWORDS: frozenset[str] = frozenset(
     {
-        "$ref", "$defs", "definitions", "$anchor", "$dynamicRef", "$dynamicAnchor", "if", "then",
-        "else", "const", "pattern", "format", "patternProperties", "propertyNames",
-        "additionalItems", "prefixItems", "contains", "minContains", "maxContains", "uniqueItems",
-        "multipleOf", "exclusiveMinimum", "exclusiveMaximum", "minProperties", "maxProperties",
-        "dependencies", "dependentRequired", "dependentSchemas", "unevaluatedItems",
-        "unevaluatedProperties", "contentEncoding", "contentMediaType", "contentSchema",
+        "$ref",
+        "$defs",
+        "definitions",
+        "$anchor",
+        "$dynamicRef",
+        "$dynamicAnchor",
+        "if",
+        "then",
+        "else",
+        "const",
+        "pattern",
+        "format",
+        "patternProperties",
+        "propertyNames",
+        "additionalItems",
+        "prefixItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "uniqueItems",
+        "multipleOf",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "minProperties",
+        "maxProperties",
+        "dependencies",
+        "dependentRequired",
+        "dependentSchemas",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "contentEncoding",
+        "contentMediaType",
+        "contentSchema",
     }
 )
 
@@ -388,9 +427,7 @@ def _messages(error: ValidationError, root_label: str) -> list[str]:
     if kw == "additionalProperties":
         props = error.schema.get("properties", {}) if isinstance(error.schema, dict) else {}
         extras = [k for k in inst if k not in props] if isinstance(inst, dict) else []
-        return [f'unexpected property "{k}" (additionalProperties: false)' for k in extras] or [
-            error.message
-        ]
+        return [f'unexpected property "{k}" (additionalProperties: false)' for k in extras] or [error.message]
     if kw == "minimum":
         return [f"{_num(inst)} is below minimum {_num(want)}"]
     if kw == "maximum":
@@ -457,7 +494,7 @@ def _same(one: Any, two: Any) -> bool:
     if isinstance(one, str) or isinstance(two, str):
         return one == two
     if isinstance(one, list) and isinstance(two, list):
-        return len(one) == len(two) and all(_same(a, b) for a, b in zip(one, two))
+        return len(one) == len(two) and all(_same(a, b) for a, b in zip(one, two, strict=False))
     if isinstance(one, dict) and isinstance(two, dict):
         return one.keys() == two.keys() and all(_same(one[k], two[k]) for k in one)
     if isinstance(one, (list, dict)) or isinstance(two, (list, dict)):
@@ -569,9 +606,7 @@ def validate_instance(value: Any, schema: dict, root_label: str = "$") -> list[s
 
     # Per node, a type mismatch is the whole story: drop enum/combinator noise from that node.
     typed_nodes = {
-        (tuple(e.absolute_path), tuple(e.absolute_schema_path)[:-1])
-        for e in errors
-        if e.validator == "type"
+        (tuple(e.absolute_path), tuple(e.absolute_schema_path)[:-1]) for e in errors if e.validator == "type"
     }
     out: list[str] = []
     seen: set[str] = set()

@@ -28,7 +28,6 @@ The conversion is pure text-to-text; it never touches the filesystem.
 from __future__ import annotations
 
 import re
-from akm.record import dataclass, field
 from typing import Any
 
 import yaml
@@ -36,6 +35,7 @@ import yaml
 from akm.errors import UsageError
 from akm.format.schema import check_schema_definition
 from akm.format.yaml12 import Yaml12Resolver, load_yaml
+from akm.record import dataclass, field
 
 UPGRADE_FAILED = "UPGRADE_FAILED"
 
@@ -56,18 +56,35 @@ _PARAM_NAME_OK = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 _INSTRUCTION_PARTS = {"instructions", "instruction"}
 _CRITERIA_PARTS = {
-    "completion criteria", "completion criterion", "acceptance criteria", "success criteria",
-    "exit criteria", "done when", "definition of done",
+    "completion criteria",
+    "completion criterion",
+    "acceptance criteria",
+    "success criteria",
+    "exit criteria",
+    "done when",
+    "definition of done",
 }
 
 ENVELOPE_KEYS = (
-    "type", "description", "tags", "when_to_use", "xrefs", "updated", "timestamp", "generated",
-    "verified", "provenance", "status", "stale_after",
+    "type",
+    "description",
+    "tags",
+    "when_to_use",
+    "xrefs",
+    "updated",
+    "timestamp",
+    "generated",
+    "verified",
+    "provenance",
+    "status",
+    "stale_after",
 )
 _STRING_KEYS = ("description", "when_to_use", "updated", "timestamp", "stale_after")
 _KEY_ALIASES = {
-    "when-to-use": "when_to_use", "whenToUse": "when_to_use",
-    "stale-after": "stale_after", "staleAfter": "stale_after",
+    "when-to-use": "when_to_use",
+    "whenToUse": "when_to_use",
+    "stale-after": "stale_after",
+    "staleAfter": "stale_after",
 }
 _STATUSES = ("draft", "stable", "deprecated")
 
@@ -180,9 +197,7 @@ def detect_legacy(text: str) -> LegacyMarker | None:
         if first_step_heading is None and line.level and _STEP_TITLE.match(line.heading):
             first_step_heading = line.idx + 1
     if first_id is not None:
-        return LegacyMarker(
-            first_id, f'"Step ID:" line at line {first_id} and no steps: list in the frontmatter'
-        )
+        return LegacyMarker(first_id, f'"Step ID:" line at line {first_id} and no steps: list in the frontmatter')
     if first_step_heading is not None:
         return LegacyMarker(
             first_step_heading,
@@ -367,8 +382,9 @@ def _convert_params(value: Any) -> dict[str, Any]:
         for item in value:
             if isinstance(item, dict) and "name" in item:
                 rest = {k: v for k, v in item.items() if k != "name"}
-                entries.append((item["name"], rest if len(rest) != 1 or "description" not in rest
-                                else rest["description"]))
+                entries.append(
+                    (item["name"], rest if len(rest) != 1 or "description" not in rest else rest["description"])
+                )
             elif isinstance(item, dict) and len(item) == 1:
                 entries.extend(item.items())
             elif _as_text(item):
@@ -431,18 +447,17 @@ def _convert_frontmatter(fm: dict[str, Any]) -> tuple[dict[str, Any], str | None
     return out, title
 
 
-class _Dumper(yaml.emitter.Emitter, yaml.serializer.Serializer, yaml.representer.SafeRepresenter,
-              Yaml12Resolver):
+class _Dumper(yaml.emitter.Emitter, yaml.serializer.Serializer, yaml.representer.SafeRepresenter, Yaml12Resolver):
     """Block YAML whose plain scalars read back identically under YAML 1.2 (`yes`, dates stay plain)."""
 
     def __init__(self, stream: Any, **kwargs: Any) -> None:
         yaml.emitter.Emitter.__init__(
             self, stream, canonical=None, indent=2, width=4096, allow_unicode=True, line_break=None
         )
-        yaml.serializer.Serializer.__init__(self, encoding=None, explicit_start=None,
-                                            explicit_end=None, version=None, tags=None)
-        yaml.representer.SafeRepresenter.__init__(self, default_style=None,
-                                                  default_flow_style=False, sort_keys=False)
+        yaml.serializer.Serializer.__init__(
+            self, encoding=None, explicit_start=None, explicit_end=None, version=None, tags=None
+        )
+        yaml.representer.SafeRepresenter.__init__(self, default_style=None, default_flow_style=False, sort_keys=False)
         Yaml12Resolver.__init__(self)
 
     def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
@@ -489,9 +504,7 @@ def upgrade_legacy(text: str) -> str:
         if fm is None:
             fm = {}
         if not isinstance(fm, dict):
-            raise UsageError(
-                "Cannot upgrade: the frontmatter must be a YAML mapping", code=UPGRADE_FAILED
-            )
+            raise UsageError("Cannot upgrade: the frontmatter must be a YAML mapping", code=UPGRADE_FAILED)
 
     body = _scan(lines, body_start)
     steps = _find_steps(body)
@@ -536,9 +549,7 @@ def upgrade_legacy(text: str) -> str:
         elif criteria:
             instructions = "Do the work this step's completion criteria describe."
         else:
-            raise UsageError(
-                f'Cannot upgrade: step "{step.step_id}" has no instructions', code=UPGRADE_FAILED
-            )
+            raise UsageError(f'Cannot upgrade: step "{step.step_id}" has no instructions', code=UPGRADE_FAILED)
         section = f"## {step.step_id}\n\n{instructions}\n"
         if criteria:
             section += f"\n### gate\n\n{criteria}\n"

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 import re
-from akm.record import dataclass, field
 from typing import Any
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from akm.record import dataclass, field
 
 Path = tuple[Any, ...]
 
@@ -76,7 +77,7 @@ class YamlValueError(ValueError):
 def short_tag(tag: str) -> str:
     """`tag:yaml.org,2002:timestamp` -> `!!timestamp` (how authors write it)."""
     prefix = "tag:yaml.org,2002:"
-    return "!!" + tag[len(prefix):] if tag.startswith(prefix) else tag
+    return "!!" + tag[len(prefix) :] if tag.startswith(prefix) else tag
 
 
 def scalar_value(node: ScalarNode) -> Any:
@@ -186,8 +187,10 @@ class Yaml12Loader(yaml.SafeLoader, Yaml12Resolver):
                 raise yaml.constructor.ConstructorError(None, None, exc.message, key_node.start_mark) from None
             if key in out:
                 raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark,
-                    f"found duplicate key {key!r}", key_node.start_mark,
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r}",
+                    key_node.start_mark,
                 )
             out[key] = self.construct_object(value_node, deep=deep)
         return out
@@ -217,9 +220,7 @@ def _construct_map(loader: Yaml12Loader, node: Node):
 
 
 def _construct_unknown(loader: Yaml12Loader, node: Node) -> Any:
-    raise yaml.constructor.ConstructorError(
-        None, None, f"unsupported YAML tag {short_tag(node.tag)}", node.start_mark
-    )
+    raise yaml.constructor.ConstructorError(None, None, f"unsupported YAML tag {short_tag(node.tag)}", node.start_mark)
 
 
 for _tag in (TAG_NULL, TAG_BOOL, TAG_INT, TAG_FLOAT, TAG_STR):
@@ -312,9 +313,7 @@ class _Builder:
         if nid in self.seen:
             self.expanded += _count_nodes(node, MAX_ALIAS_EXPANSION + 1)
             if self.expanded > MAX_ALIAS_EXPANSION:
-                raise _AliasProblem(
-                    f"aliases expand to more than {MAX_ALIAS_EXPANSION} nodes", node
-                )
+                raise _AliasProblem(f"aliases expand to more than {MAX_ALIAS_EXPANSION} nodes", node)
         self.seen.add(nid)
         if path not in self.doc.value_marks:
             self.doc.value_marks[path] = _mark(node)
@@ -333,9 +332,7 @@ class _Builder:
                 out: dict[str, Any] = {}
                 for key_node, value_node in node.value:
                     if not isinstance(key_node, ScalarNode):
-                        raise YamlValueError(
-                            "mapping keys must be plain scalars, not lists or mappings", key_node
-                        )
+                        raise YamlValueError("mapping keys must be plain scalars, not lists or mappings", key_node)
                     key = _key_text(scalar_value(key_node), key_node)
                     if key in out:
                         raise _DuplicateKey(key, key_node, self.doc.key_marks.get(path + (key,)))
@@ -399,8 +396,13 @@ def _syntax_problem(exc: yaml.YAMLError, text: str) -> YamlProblem:
     """PyYAML's exception -> one problem at the position of the actual fault."""
     if isinstance(exc, yaml.reader.ReaderError):
         line = text.count("\n", 0, max(0, exc.position)) + 1
-        return YamlProblem("yaml_syntax", f"character U+{exc.character:04X} is not allowed in YAML"
-            if isinstance(exc.character, int) else "the text is not valid for YAML", line)
+        return YamlProblem(
+            "yaml_syntax",
+            f"character U+{exc.character:04X} is not allowed in YAML"
+            if isinstance(exc.character, int)
+            else "the text is not valid for YAML",
+            line,
+        )
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     if isinstance(exc, yaml.MarkedYAMLError):
         parts = [_first_line(p) for p in (exc.context, exc.problem) if p]
@@ -494,9 +496,7 @@ def load_yaml(text: str) -> YamlDoc:
         doc.value = None
     except _AliasProblem as exc:
         line, col = _mark(exc.node) if exc.node is not None else (1, None)
-        doc.problems.append(
-            YamlProblem("yaml_alias_expansion", f"alias expansion failed: {exc.message}", line, col)
-        )
+        doc.problems.append(YamlProblem("yaml_alias_expansion", f"alias expansion failed: {exc.message}", line, col))
         doc.value = None
     except YamlValueError as exc:
         line, col = _mark(exc.node) if exc.node is not None else (1, None)

@@ -58,14 +58,19 @@ def _merge_llm(defaults: Defaults | None, bag: UnitBag | None) -> dict[str, Any]
                 merged[key] = value
     if not merged:
         return None
-    renames = {"max_tokens": "maxTokens", "supports_json_schema": "supportsJsonSchema",
-               "extra_params": "extraParams", "context_length": "contextLength",
-               "enable_thinking": "enableThinking"}
+    renames = {
+        "max_tokens": "maxTokens",
+        "supports_json_schema": "supportsJsonSchema",
+        "extra_params": "extraParams",
+        "context_length": "contextLength",
+        "enable_thinking": "enableThinking",
+    }
     return {renames.get(k, k): v for k, v in merged.items()}
 
 
-def _unit_node(doc: WorkflowDocument, step: Step, bag: UnitBag | None, node_id: str,
-               freezer: EngineFreezer) -> UnitNode:
+def _unit_node(
+    doc: WorkflowDocument, step: Step, bag: UnitBag | None, node_id: str, freezer: EngineFreezer
+) -> UnitNode:
     defaults = doc.defaults
     instructions = step.instructions.text if step.instructions else ""
     source = (
@@ -91,9 +96,12 @@ def _unit_node(doc: WorkflowDocument, step: Step, bag: UnitBag | None, node_id: 
             named=(bag.engine if bag and bag.engine else None) or (defaults.engine if defaults else None),
             model=(bag.model if bag and bag.model else None) or (defaults.model if defaults else None),
             # absent unless the file states one: "engine default" and "none" must stay distinct
-            declared_timeout=declared, timeout_ms=_timeout(bag, defaults, None),
-            llm=_merge_llm(defaults, bag), unit_llm=bool(bag is not None and bag.llm is not None),
-            needs_env=bool(bag is not None and bag.env), needs_cwd=bool(bag is not None and bag.isolation == "worktree"),
+            declared_timeout=declared,
+            timeout_ms=_timeout(bag, defaults, None),
+            llm=_merge_llm(defaults, bag),
+            unit_llm=bool(bag is not None and bag.llm is not None),
+            needs_env=bool(bag is not None and bag.env),
+            needs_cwd=bool(bag is not None and bag.isolation == "worktree"),
         )
     on_error = (bag.on_error if bag else None) or (defaults.on_error if defaults else None) or "fail"
     return UnitNode(
@@ -120,8 +128,12 @@ def _unit_schema(step: Step, bag: UnitBag | None) -> dict[str, Any] | None:
     return None
 
 
-def compile_step(doc: WorkflowDocument, step: Step, freezer: EngineFreezer | None = None,
-                 default_map_concurrency: int = DEFAULT_MAP_CONCURRENCY) -> StepPlan:
+def compile_step(
+    doc: WorkflowDocument,
+    step: Step,
+    freezer: EngineFreezer | None = None,
+    default_map_concurrency: int = DEFAULT_MAP_CONCURRENCY,
+) -> StepPlan:
     freezer = freezer or EngineFreezer(None)
     rubric = step.gate_rubric.text if step.gate_rubric and step.gate_rubric.text.strip() else None
     gate = GatePlan(
@@ -164,8 +176,7 @@ def compile_step(doc: WorkflowDocument, step: Step, freezer: EngineFreezer | Non
     )
 
 
-def compile_plan(doc: WorkflowDocument, *, title: str, max_concurrency: int | None = None,
-                 config: Any = None) -> Plan:
+def compile_plan(doc: WorkflowDocument, *, title: str, max_concurrency: int | None = None, config: Any = None) -> Plan:
     """Freeze `doc` against `config` (an `akm.config.LoadedConfig`, or None: no config file).
 
     `max_concurrency` overrides config `workflow.maxConcurrency` (D6). Raises

@@ -44,8 +44,14 @@ BUILTIN_MODEL_ALIASES: dict[str, dict[str, str]] = {
 }
 
 
-def resolve_model(model: str, *, columns: list[str], engine_aliases: dict[str, str] | None,
-                  root_aliases: dict[str, dict[str, str]] | None, builtin_column: str | None = None) -> str:
+def resolve_model(
+    model: str,
+    *,
+    columns: list[str],
+    engine_aliases: dict[str, str] | None,
+    root_aliases: dict[str, dict[str, str]] | None,
+    builtin_column: str | None = None,
+) -> str:
     """An alias to the exact model id, else `model` unchanged.
 
     Looked up case-insensitively: the engine's own `modelAliases`, then the root
@@ -109,14 +115,19 @@ def llm_snapshot(name: str, engine: Any, cfg: Any) -> dict[str, Any]:
         "kind": "llm",
         "endpoint": engine.endpoint,
         "model": model,
-        "concurrency": engine.concurrency or (LOOPBACK_LLM_CONCURRENCY if is_loopback_endpoint(engine.endpoint)
-                                              else REMOTE_LLM_CONCURRENCY),
+        "concurrency": engine.concurrency
+        or (LOOPBACK_LLM_CONCURRENCY if is_loopback_endpoint(engine.endpoint) else REMOTE_LLM_CONCURRENCY),
         "credential": credential_descriptor(name, engine, cfg.defaults.llm_engine),
     }
-    for key, value in (("provider", engine.provider), ("temperature", engine.temperature),
-                       ("maxTokens", engine.max_tokens), ("supportsJsonSchema", engine.supports_json_schema),
-                       ("extraParams", engine.extra_params), ("contextLength", engine.context_length),
-                       ("enableThinking", engine.enable_thinking)):
+    for key, value in (
+        ("provider", engine.provider),
+        ("temperature", engine.temperature),
+        ("maxTokens", engine.max_tokens),
+        ("supportsJsonSchema", engine.supports_json_schema),
+        ("extraParams", engine.extra_params),
+        ("contextLength", engine.context_length),
+        ("enableThinking", engine.enable_thinking),
+    ):
         if value is not None:
             snap[key] = value
     return snap
@@ -166,13 +177,17 @@ class EngineFreezer:
         if engine.kind == "llm":
             if model is None:
                 return self.snapshot(name)["model"]
-            return resolve_model(model, columns=[name, "llm"], engine_aliases=None,
-                                 root_aliases=self.cfg.model_aliases)
+            return resolve_model(model, columns=[name, "llm"], engine_aliases=None, root_aliases=self.cfg.model_aliases)
         chosen = model if model is not None else engine.model
         if chosen is None:
             return None
-        return resolve_model(chosen, columns=[engine.platform, name], engine_aliases=engine.model_aliases,
-                             root_aliases=self.cfg.model_aliases, builtin_column=engine.platform)
+        return resolve_model(
+            chosen,
+            columns=[engine.platform, name],
+            engine_aliases=engine.model_aliases,
+            root_aliases=self.cfg.model_aliases,
+            builtin_column=engine.platform,
+        )
 
     def _timeout_for(self, name: str) -> int | None:
         engine = self.cfg.engines[name]
@@ -192,8 +207,12 @@ class EngineFreezer:
         )
 
     def _mismatch(self, where: str, message: str, name: str) -> ConfigError:
-        return ConfigError(f"{where}: {message}", code="ENGINE_MISMATCH", details={"engine": name},
-                           hint="Name an engine of the right kind for this step, or change the step.")
+        return ConfigError(
+            f"{where}: {message}",
+            code="ENGINE_MISMATCH",
+            details={"engine": name},
+            hint="Name an engine of the right kind for this step, or change the step.",
+        )
 
     def select(self, *, named: str | None, needs_agent: bool, wants_llm: bool) -> str | None:
         """The engine a unit runs on (see the module docstring), or None for a session unit."""
@@ -208,9 +227,19 @@ class EngineFreezer:
             return d.llm_engine or d.agent_engine
         return d.agent_engine or d.llm_engine
 
-    def unit_invocation(self, *, where: str, named: str | None, model: str | None, declared_timeout: bool,
-                        timeout_ms: int | None, llm: dict[str, Any] | None, unit_llm: bool, needs_env: bool,
-                        needs_cwd: bool) -> Invocation:
+    def unit_invocation(
+        self,
+        *,
+        where: str,
+        named: str | None,
+        model: str | None,
+        declared_timeout: bool,
+        timeout_ms: int | None,
+        llm: dict[str, Any] | None,
+        unit_llm: bool,
+        needs_env: bool,
+        needs_cwd: bool,
+    ) -> Invocation:
         """The frozen invocation of one (template) unit. `where` names it in errors (`file:line: step "x"`)."""
         name = self.select(named=named, needs_agent=needs_env or needs_cwd, wants_llm=unit_llm)
         if name is None:
@@ -221,18 +250,30 @@ class EngineFreezer:
             raise self._unknown(where, name)
         if engine.kind == "llm":
             if needs_cwd:
-                raise self._mismatch(where, f"isolation: worktree needs an agent engine; {name!r} is an LLM engine "
-                                     "and has no working directory", name)
+                raise self._mismatch(
+                    where,
+                    f"isolation: worktree needs an agent engine; {name!r} is an LLM engine "
+                    "and has no working directory",
+                    name,
+                )
             if needs_env:
-                raise self._mismatch(where, f"env bindings need an agent or exec unit; {name!r} is an LLM engine "
-                                     "and runs no process to pass them to", name)
+                raise self._mismatch(
+                    where,
+                    f"env bindings need an agent or exec unit; {name!r} is an LLM engine "
+                    "and runs no process to pass them to",
+                    name,
+                )
         elif unit_llm:
             raise self._mismatch(where, f"llm options apply to LLM engines; {name!r} is an agent engine", name)
         else:
             llm = None  # document-wide llm defaults do not apply to agents
         self.snapshot(name)
-        return Invocation(engine=name, model=self._model_for(name, model),
-                          timeout_ms=timeout_ms if declared_timeout else self._timeout_for(name), llm=llm)
+        return Invocation(
+            engine=name,
+            model=self._model_for(name, model),
+            timeout_ms=timeout_ms if declared_timeout else self._timeout_for(name),
+            llm=llm,
+        )
 
     def judge_invocation(self) -> Invocation | None:
         """The frozen judge of `### gate` rubrics, or None when the calling agent judges (D12)."""

@@ -10,9 +10,8 @@ step, up to the first one that always runs.
 
 from __future__ import annotations
 
-from akm.record import dataclass
-
 from akm.plan.model import Plan
+from akm.record import dataclass
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ def flow_edges(plan: Plan) -> list[FlowEdge]:
         for ts in targets_of.values():
             if step_id in ts:
                 exclusive.update(t for t in ts if t != step_id)
-        for later in order[i + 1:]:
+        for later in order[i + 1 :]:
             if later in exclusive:
                 continue
             edges.append(FlowEdge(step_id, later, None, later not in conditional))

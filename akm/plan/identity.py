@@ -69,9 +69,7 @@ def unit_input_hash(
         "params": params,
         "dispatch": None if template.exec is not None else dispatch,
         "invocation": (
-            None
-            if template.invocation is None
-            else template.invocation.model_dump(mode="json", by_alias=True)
+            None if template.invocation is None else template.invocation.model_dump(mode="json", by_alias=True)
         ),
         "schema": template.output_schema,
         "env": template.env,
@@ -93,8 +91,15 @@ class UnitHasher:
     JSON of the full preimage (tests check both agree).
     """
 
-    def __init__(self, *, template: UnitNode, params: dict[str, Any], inputs: list[tuple[str, Any]] | None = None,
-                 dispatch: Any = None, gate_feedback: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        template: UnitNode,
+        params: dict[str, Any],
+        inputs: list[tuple[str, Any]] | None = None,
+        dispatch: Any = None,
+        gate_feedback: dict[str, Any] | None = None,
+    ) -> None:
         cj = canonical_json
         invocation = None if template.invocation is None else template.invocation.model_dump(mode="json", by_alias=True)
         head = [
@@ -113,8 +118,15 @@ class UnitHasher:
         # The digest state after the head is kept, and the tail (which holds the params, often the
         # bulk of the preimage) is encoded once: per unit only the item is new text.
         self._head = _sha256("".join(head).encode("utf-8"))
-        self._tail = (',"params":' + cj(params) + ',"schema":' + cj(template.output_schema)
-                      + ',"template":' + cj(template.instructions) + "}").encode("utf-8")
+        self._tail = (
+            ',"params":'
+            + cj(params)
+            + ',"schema":'
+            + cj(template.output_schema)
+            + ',"template":'
+            + cj(template.instructions)
+            + "}"
+        ).encode("utf-8")
 
     def hash(self, item: Any = _NO_ITEM, item_json: str | None = None) -> str:
         """`item_json` may carry the item's canonical JSON when the caller already has it."""

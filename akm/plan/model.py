@@ -51,8 +51,9 @@ class _Field:
         self.check, self.default, self.factory, self.alias = check, default, factory, alias
 
 
-def field(check: Check, default: Any = _REQUIRED, *, factory: Callable[[], Any] | None = None,
-          alias: str | None = None) -> Any:
+def field(
+    check: Check, default: Any = _REQUIRED, *, factory: Callable[[], Any] | None = None, alias: str | None = None
+) -> Any:
     return _Field(check, default, factory, alias)
 
 
@@ -80,9 +81,11 @@ def INT(ge: int | None = None, le: int | None = None) -> Check:
         if type(value) is not int:
             raise _fail(where, "must be an integer", value)
         if (ge is not None and value < ge) or (le is not None and value > le):
-            raise _fail(where, f"must be in {ge if ge is not None else '-inf'}..{le if le is not None else 'inf'}",
-                        value)
+            raise _fail(
+                where, f"must be in {ge if ge is not None else '-inf'}..{le if le is not None else 'inf'}", value
+            )
         return value
+
     return check
 
 
@@ -91,12 +94,14 @@ def LIT(*allowed: Any) -> Check:
         if not any(value == a and type(value) is type(a) for a in allowed):
             raise _fail(where, "must be one of " + ", ".join(repr(a) for a in allowed), value)
         return value
+
     return check
 
 
 def OPT(inner: Check) -> Check:
     def check(value: Any, where: str) -> Any:
         return None if value is None else inner(value, where)
+
     return check
 
 
@@ -107,22 +112,26 @@ def LIST(item: Check, min_len: int = 0, max_len: int | None = None) -> Check:
         if len(value) < min_len or (max_len is not None and len(value) > max_len):
             raise _fail(where, f"must have {min_len}..{max_len if max_len is not None else 'any'} items", value)
         return [item(v, f"{where}.{i}") for i, v in enumerate(value)]
+
     return check
 
 
 def DICT(value_check: Check | None = None) -> Check:
     """A JSON object with string keys; `value_check` for its values (None: any JSON value)."""
+
     def check(value: Any, where: str) -> Any:
         if not isinstance(value, dict) or any(type(k) is not str for k in value):
             raise _fail(where, "must be an object with string keys", value)
         if value_check is None:
             return value
         return {k: value_check(v, f"{where}.{k}") for k, v in value.items()}
+
     return check
 
 
 def REC(cls: type[PlanRecord] | Callable[[], type[PlanRecord]]) -> Check:
     """A nested record: an instance, or its JSON object (decoded). `cls` may be a thunk (forward reference)."""
+
     def check(value: Any, where: str) -> Any:
         klass = cls if isinstance(cls, type) else cls()
         if isinstance(value, klass):
@@ -130,6 +139,7 @@ def REC(cls: type[PlanRecord] | Callable[[], type[PlanRecord]]) -> Check:
         if isinstance(value, dict):
             return klass._build(value.items(), where)
         raise _fail(where, f"must be a {klass.__name__} object", value)
+
     return check
 
 

@@ -20,8 +20,15 @@ NODE_W, NODE_H = 190, 46
 GAP_X, GAP_Y = 28, 54
 MARGIN = 16
 
-FILL = {"completed": "#c8e6c9", "running": "#bbdefb", "failed": "#ffcdd2", "blocked": "#ffe0b2",
-        "skipped": "#eeeeee", "pending": "#ffffff", "awaiting_session": "#fff9c4"}
+FILL = {
+    "completed": "#c8e6c9",
+    "running": "#bbdefb",
+    "failed": "#ffcdd2",
+    "blocked": "#ffe0b2",
+    "skipped": "#eeeeee",
+    "pending": "#ffffff",
+    "awaiting_session": "#fff9c4",
+}
 
 
 def _rows(graph: dict[str, Any]) -> list[list[str]]:
@@ -59,15 +66,20 @@ def graph_svg(graph: dict[str, Any], anchors: dict[str, str] | None = None) -> s
         left = MARGIN + (content_w - row_w) / 2
         for c, node_id in enumerate(row):
             pos[node_id] = (left + c * (NODE_W + GAP_X), MARGIN + r * (NODE_H + GAP_Y), r)
-    long_edges = [e for e in graph["edges"] if e["source"] in pos and e["target"] in pos
-                  and pos[e["target"]][2] - pos[e["source"]][2] > 1]
+    long_edges = [
+        e
+        for e in graph["edges"]
+        if e["source"] in pos and e["target"] in pos and pos[e["target"]][2] - pos[e["source"]][2] > 1
+    ]
     side = MARGIN + content_w + 24
     width = side + 14 * len(long_edges) + 40
     height = MARGIN * 2 + len(rows) * NODE_H + max(0, len(rows) - 1) * GAP_Y
-    out = [f'<svg class="graph" width="{width:.0f}" height="{height:.0f}" '
-           f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="step graph">',
-           '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
-           'orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="#555"/></marker></defs>']
+    out = [
+        f'<svg class="graph" width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="step graph">',
+        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
+        'orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="#555"/></marker></defs>',
+    ]
     labels: list[str] = []
     k = 0
     for e in graph["edges"]:
@@ -81,8 +93,10 @@ def graph_svg(graph: dict[str, Any], anchors: dict[str, str] | None = None) -> s
             k += 1
             ay, by, r = sy + NODE_H / 2, ty + NODE_H / 2, 10
             # Out to the right of every row, down, and back in: straight runs with rounded corners.
-            d = (f"M{sx + NODE_W:.0f},{ay:.0f} H{x - r:.0f} Q{x:.0f},{ay:.0f} {x:.0f},{ay + r:.0f} "
-                 f"V{by - r:.0f} Q{x:.0f},{by:.0f} {x - r:.0f},{by:.0f} H{tx + NODE_W + 2:.0f}")
+            d = (
+                f"M{sx + NODE_W:.0f},{ay:.0f} H{x - r:.0f} Q{x:.0f},{ay:.0f} {x:.0f},{ay + r:.0f} "
+                f"V{by - r:.0f} Q{x:.0f},{by:.0f} {x - r:.0f},{by:.0f} H{tx + NODE_W + 2:.0f}"
+            )
             lx, ly = x, (ay + by) / 2
         else:
             ax, ay = sx + NODE_W / 2, sy + NODE_H
@@ -90,30 +104,38 @@ def graph_svg(graph: dict[str, Any], anchors: dict[str, str] | None = None) -> s
             mid = (ay + by) / 2
             d = f"M{ax:.0f},{ay:.0f} C{ax:.0f},{mid:.0f} {bx:.0f},{mid:.0f} {bx:.0f},{by:.0f}"
             lx, ly = (ax + bx) / 2, mid
-        out.append(f'<path class="edge" d="{d}" fill="none" stroke="#555" stroke-width="1.4"{dash} '
-                   'marker-end="url(#arrow)"/>')
+        out.append(
+            f'<path class="edge" d="{d}" fill="none" stroke="#555" stroke-width="1.4"{dash} marker-end="url(#arrow)"/>'
+        )
         if e.get("label") is not None:
             text = esc(short(e["label"], 18))
             w = 8 + 6.6 * min(len(short(e["label"], 18)), 18)
-            labels.append(f'<g class="edge-label"><rect x="{lx - w / 2:.0f}" y="{ly - 9:.0f}" width="{w:.0f}" '
-                          f'height="16" rx="3" fill="#fff" stroke="#bbb"/><text x="{lx:.0f}" y="{ly + 3:.0f}" '
-                          f'text-anchor="middle" font-size="11">{text}</text></g>')
+            labels.append(
+                f'<g class="edge-label"><rect x="{lx - w / 2:.0f}" y="{ly - 9:.0f}" width="{w:.0f}" '
+                f'height="16" rx="3" fill="#fff" stroke="#bbb"/><text x="{lx:.0f}" y="{ly + 3:.0f}" '
+                f'text-anchor="middle" font-size="11">{text}</text></g>'
+            )
     for node_id, (x, y, _r) in pos.items():
         n = nodes[node_id]
         status = str(n.get("status"))
         skipped = status == "skipped"
         fill = FILL.get(status, "#ffffff")
-        shape = (f'<polygon points="{x + 12:.0f},{y:.0f} {x + NODE_W - 12:.0f},{y:.0f} {x + NODE_W:.0f},'
-                 f'{y + NODE_H / 2:.0f} {x + NODE_W - 12:.0f},{y + NODE_H:.0f} {x + 12:.0f},{y + NODE_H:.0f} '
-                 f'{x:.0f},{y + NODE_H / 2:.0f}"' if n.get("kind") == "route" else
-                 f'<rect x="{x:.0f}" y="{y:.0f}" width="{NODE_W}" height="{NODE_H}" rx="6"')
+        shape = (
+            f'<polygon points="{x + 12:.0f},{y:.0f} {x + NODE_W - 12:.0f},{y:.0f} {x + NODE_W:.0f},'
+            f"{y + NODE_H / 2:.0f} {x + NODE_W - 12:.0f},{y + NODE_H:.0f} {x + 12:.0f},{y + NODE_H:.0f} "
+            f'{x:.0f},{y + NODE_H / 2:.0f}"'
+            if n.get("kind") == "route"
+            else f'<rect x="{x:.0f}" y="{y:.0f}" width="{NODE_W}" height="{NODE_H}" rx="6"'
+        )
         stroke = ' stroke="#999" stroke-dasharray="4,3"' if skipped else ' stroke="#555"'
         color = "#888" if skipped else "#111"
-        body = (f'{shape} fill="{fill}"{stroke}/>'
-                f'<text x="{x + NODE_W / 2:.0f}" y="{y + 19:.0f}" text-anchor="middle" font-size="13" '
-                f'font-weight="600" fill="{color}">{esc(short(node_id, 24))}</text>'
-                f'<text x="{x + NODE_W / 2:.0f}" y="{y + 36:.0f}" text-anchor="middle" font-size="11" '
-                f'fill="{color}">{esc(n.get("kind"))} · {esc(status)}</text>')
+        body = (
+            f'{shape} fill="{fill}"{stroke}/>'
+            f'<text x="{x + NODE_W / 2:.0f}" y="{y + 19:.0f}" text-anchor="middle" font-size="13" '
+            f'font-weight="600" fill="{color}">{esc(short(node_id, 24))}</text>'
+            f'<text x="{x + NODE_W / 2:.0f}" y="{y + 36:.0f}" text-anchor="middle" font-size="11" '
+            f'fill="{color}">{esc(n.get("kind"))} · {esc(status)}</text>'
+        )
         title = f"<title>{esc(node_id)}: {esc(n.get('kind'))}, {esc(status)}</title>"
         group = f'<g class="node status-{esc(status)}" data-step="{esc(node_id)}">{title}{body}</g>'
         anchor = anchors.get(node_id)

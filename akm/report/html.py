@@ -83,11 +83,17 @@ def _output_block(value: Any, limit: int, *, open_: bool = False, what: str = "o
     """A clipped, expandable output: a one-line preview that opens to the (clipped) text."""
     text = _text(value)
     shown, cut = clip(text, limit)
-    note = (f'<div class="muted">clipped: the first {limit} of {len(text)} characters; '
-            f'see "How to see everything" below</div>' if cut else "")
+    note = (
+        f'<div class="muted">clipped: the first {limit} of {len(text)} characters; '
+        f'see "How to see everything" below</div>'
+        if cut
+        else ""
+    )
     preview = esc(short(text, 72)) or "(empty)"
-    return (f'<details{" open" if open_ else ""}><summary>{esc(what)}: <span class="mono">{preview}</span></summary>'
-            f"<pre>{esc(shown)}{'…' if cut else ''}</pre>{note}</details>")
+    return (
+        f'<details{" open" if open_ else ""}><summary>{esc(what)}: <span class="mono">{preview}</span></summary>'
+        f"<pre>{esc(shown)}{'…' if cut else ''}</pre>{note}</details>"
+    )
 
 
 def _plural(n: int, word: str) -> str:
@@ -101,8 +107,15 @@ def _fmt_tokens(n: int | None) -> str:
 class _Report:
     """One rendering of a run at a given clip size (see `render_report`)."""
 
-    def __init__(self, view: dict[str, Any], graph: dict[str, Any], events: list[dict[str, Any]],
-                 budget: dict[str, Any] | None, now: float, level: int) -> None:
+    def __init__(
+        self,
+        view: dict[str, Any],
+        graph: dict[str, Any],
+        events: list[dict[str, Any]],
+        budget: dict[str, Any] | None,
+        now: float,
+        level: int,
+    ) -> None:
         """`level` 0 is the full page; each level halves the clip sizes; from level 3 on each also halves
         the unit rows and the timeline's bars carry no tooltips (for runs of many thousand units)."""
         self.view, self.graph, self.budget, self.now = view, graph, budget or {}, now
@@ -135,14 +148,20 @@ class _Report:
         failed = sum(1 for u in work if u.get("status") == "failed")
         known = [u["tokens"] for u in self.units if isinstance(u.get("tokens"), int)]
         tokens = sum(known) if known else None
-        rows = [("status", _badge(v.get("status"))), ("workflow", esc(v.get("workflow"))),
-                ("run id", f'<span class="mono">{esc(v.get("runId"))}</span>'),
-                ("started", esc(v.get("createdAt"))), ("finished" if v.get("completedAt") else "last change",
-                 esc(v.get("completedAt") or v.get("updatedAt") or "—")),
-                ("duration", esc(duration_text(end - start if start is not None and end is not None else None))),
-                ("current step", esc(v.get("currentStepId") or "—")),
-                ("units", f"{_plural(logical, 'unit')}, {_plural(attempts, 'attempt')} ({failed} failed)"),
-                ("tokens", esc(_fmt_tokens(tokens)))]
+        rows = [
+            ("status", _badge(v.get("status"))),
+            ("workflow", esc(v.get("workflow"))),
+            ("run id", f'<span class="mono">{esc(v.get("runId"))}</span>'),
+            ("started", esc(v.get("createdAt"))),
+            (
+                "finished" if v.get("completedAt") else "last change",
+                esc(v.get("completedAt") or v.get("updatedAt") or "—"),
+            ),
+            ("duration", esc(duration_text(end - start if start is not None and end is not None else None))),
+            ("current step", esc(v.get("currentStepId") or "—")),
+            ("units", f"{_plural(logical, 'unit')}, {_plural(attempts, 'attempt')} ({failed} failed)"),
+            ("tokens", esc(_fmt_tokens(tokens))),
+        ]
         if self.budget.get("maxUnits"):
             rows.append(("unit budget", self._meter(attempts, self.budget["maxUnits"], "attempts")))
         if self.budget.get("maxTokens"):
@@ -151,20 +170,31 @@ class _Report:
             rows.append(("budget", '<span class="muted">none declared</span>'))
         lease = v.get("engineLease")
         if lease:
-            rows.append(("driven by", esc(f"{lease.get('holder')} (host {lease.get('host')}, pid {lease.get('pid')}) "
-                                          f"until {lease.get('until')}")))
+            rows.append(
+                (
+                    "driven by",
+                    esc(
+                        f"{lease.get('holder')} (host {lease.get('host')}, pid {lease.get('pid')}) "
+                        f"until {lease.get('until')}"
+                    ),
+                )
+            )
         params = v.get("params")
         rows.append(("params", f"<pre>{esc(clip(_text(params), 4000)[0])}</pre>" if params else "—"))
         body = "".join(f"<tr><th>{k}</th><td>{val}</td></tr>" for k, val in rows)
         parts = [f'<section id="summary"><h2>Summary</h2><table>{body}</table>']
         aw = v.get("awaiting")
         if isinstance(aw, dict):
-            parts.append(f'<p><b>Awaiting the calling agent</b>: {esc(aw.get("kind"))} of step '
-                         f'{esc(aw.get("stepId"))} — <span class="mono">akm workflow next {esc(v.get("runId"))}</span>'
-                         "</p>")
+            parts.append(
+                f"<p><b>Awaiting the calling agent</b>: {esc(aw.get('kind'))} of step "
+                f'{esc(aw.get("stepId"))} — <span class="mono">akm workflow next {esc(v.get("runId"))}</span>'
+                "</p>"
+            )
         if v.get("output") is not None:
-            parts.append(f"<h3>Result (output of step {esc(v.get('outputStepId'))})</h3>"
-                         + _output_block(v["output"], self.step_clip, open_=len(_text(v["output"])) < 400, what="result"))
+            parts.append(
+                f"<h3>Result (output of step {esc(v.get('outputStepId'))})</h3>"
+                + _output_block(v["output"], self.step_clip, open_=len(_text(v["output"])) < 400, what="result")
+            )
         parts.append("</section>")
         return "".join(parts)
 
@@ -172,25 +202,37 @@ class _Report:
     def _meter(used: int, cap: int, what: str) -> str:
         share = min(1.0, used / cap) if cap else 0.0
         color = "#e53935" if used >= cap else ("#fb8c00" if share > 0.8 else "#1e88e5")
-        return (f'<span class="meter"><span style="width:{share * 100:.1f}%;background:{color}"></span></span> '
-                f"{used:,} of {cap:,} {esc(what)}")
+        return (
+            f'<span class="meter"><span style="width:{share * 100:.1f}%;background:{color}"></span></span> '
+            f"{used:,} of {cap:,} {esc(what)}"
+        )
 
     def graph_section(self) -> str:
-        return ('<section id="graph"><h2>Step graph</h2><p class="muted">Top to bottom in plan order; a route\'s '
-                "targets side by side; dashed: runs only if a route picks it; grey: skipped.</p>"
-                f'<div class="scroll">{graph_svg(self.graph, self.anchors)}</div></section>')
+        return (
+            '<section id="graph"><h2>Step graph</h2><p class="muted">Top to bottom in plan order; a route\'s '
+            "targets side by side; dashed: runs only if a route picks it; grey: skipped.</p>"
+            f'<div class="scroll">{graph_svg(self.graph, self.anchors)}</div></section>'
+        )
 
     def timeline_section(self) -> str:
         v = self.view
         end = seconds(v.get("completedAt") or v.get("updatedAt")) or self.now
         if v.get("status") in DRIVABLE_STATUSES:
             end = max(end, self.now)
-        svg = timeline_svg(self.attempts, [s["id"] for s in self.steps], seconds(v.get("createdAt")), end,
-                           self.anchors, tooltips=self.tooltips)
-        return ('<section id="timeline"><h2>Timeline of unit attempts</h2><p class="muted">One lane per step; '
-                "overlapping attempts stacked. Green completed, red failed, blue running or cut off, purple gate "
-                f"verdicts, dark outline a retry. Hover a bar for its unit.</p><div class=\"scroll\">{svg}</div>"
-                "</section>")
+        svg = timeline_svg(
+            self.attempts,
+            [s["id"] for s in self.steps],
+            seconds(v.get("createdAt")),
+            end,
+            self.anchors,
+            tooltips=self.tooltips,
+        )
+        return (
+            '<section id="timeline"><h2>Timeline of unit attempts</h2><p class="muted">One lane per step; '
+            "overlapping attempts stacked. Green completed, red failed, blue running or cut off, purple gate "
+            f'verdicts, dark outline a retry. Hover a bar for its unit.</p><div class="scroll">{svg}</div>'
+            "</section>"
+        )
 
     def failures_section(self) -> str:
         failed_steps = [s for s in self.steps if s.get("status") in ("failed", "blocked")]
@@ -201,8 +243,10 @@ class _Report:
         for s in failed_steps:
             notes = (s.get("notes") or s.get("summary") or "").strip()
             shown, cut = clip(notes, NOTES_CLIP)
-            parts.append(f'<h3>step <a href="#{self.anchors[s["id"]]}">{esc(s["id"])}</a> {_badge(s.get("status"))}'
-                         f"</h3><pre>{esc(shown)}{'…' if cut else ''}</pre>")
+            parts.append(
+                f'<h3>step <a href="#{self.anchors[s["id"]]}">{esc(s["id"])}</a> {_badge(s.get("status"))}'
+                f"</h3><pre>{esc(shown)}{'…' if cut else ''}</pre>"
+            )
         if failed_units:
             reasons: dict[str, int] = {}
             for u in failed_units:
@@ -228,16 +272,23 @@ class _Report:
                 extra += ' <span class="muted">(output cut at the capture cap)</span>'
             if u.get("stale"):
                 extra += ' <span class="reason">stale: no heartbeat for 90 s</span>'
-            out = ("" if u.get("result") is None else
-                   _output_block(u["result"], self.unit_clip, what="diagnostic" if diagnostic else "output"))
-            rows.append(f'<tr class="unit" data-unit="{esc(u["unitId"])}"><td class="mono">{esc(u["unitId"])}</td>'
-                        f"<td>{_badge(u.get('status'))}{extra}</td><td>{esc(u.get('attempts'))}</td>"
-                        f"<td>{esc(took)}</td><td>{esc(_fmt_tokens(u.get('tokens')))}</td>"
-                        f'<td class="reason">{esc(reason or "")}</td><td>{out}</td></tr>')
+            out = (
+                ""
+                if u.get("result") is None
+                else _output_block(u["result"], self.unit_clip, what="diagnostic" if diagnostic else "output")
+            )
+            rows.append(
+                f'<tr class="unit" data-unit="{esc(u["unitId"])}"><td class="mono">{esc(u["unitId"])}</td>'
+                f"<td>{_badge(u.get('status'))}{extra}</td><td>{esc(u.get('attempts'))}</td>"
+                f"<td>{esc(took)}</td><td>{esc(_fmt_tokens(u.get('tokens')))}</td>"
+                f'<td class="reason">{esc(reason or "")}</td><td>{out}</td></tr>'
+            )
         if not rows:
             return ""
-        return ('<div class="scroll"><table><tr><th>unit</th><th>status</th><th>dispatches</th><th>took</th>'
-                "<th>tokens</th><th>reason</th><th>output</th></tr>" + "".join(rows) + "</table></div>")
+        return (
+            '<div class="scroll"><table><tr><th>unit</th><th>status</th><th>dispatches</th><th>took</th>'
+            "<th>tokens</th><th>reason</th><th>output</th></tr>" + "".join(rows) + "</table></div>"
+        )
 
     def _gate_loops(self, step_id: str) -> str:
         loops = []
@@ -263,11 +314,16 @@ class _Report:
             feedback = verdict.get("feedback")
             fb = esc(clip(str(feedback), 4000)[0]) if feedback else '<span class="muted">—</span>'
             reason = esc(verdict.get("reason")) if verdict.get("reason") else ""
-            rows.append(f'<tr class="gate-loop"><td>loop {loop}</td><td>{outcome}{" — " + reason if reason else ""}'
-                        f"</td><td>{'<ul>' + miss + '</ul>' if miss else '—'}</td><td class=\"feedback\">{fb}</td>"
-                        "</tr>")
-        return ("<h3>Gate loops</h3><table><tr><th>loop</th><th>verdict</th><th>missing</th><th>feedback</th></tr>"
-                + "".join(rows) + "</table>")
+            rows.append(
+                f'<tr class="gate-loop"><td>loop {loop}</td><td>{outcome}{" — " + reason if reason else ""}'
+                f'</td><td>{"<ul>" + miss + "</ul>" if miss else "—"}</td><td class="feedback">{fb}</td>'
+                "</tr>"
+            )
+        return (
+            "<h3>Gate loops</h3><table><tr><th>loop</th><th>verdict</th><th>missing</th><th>feedback</th></tr>"
+            + "".join(rows)
+            + "</table>"
+        )
 
     def step_sections(self) -> str:
         parts = ['<section id="steps"><h2>Steps</h2>']
@@ -290,9 +346,11 @@ class _Report:
                 ends = [a.end for a in spans if a.end is not None]
                 if ends:
                     tally += f"; {duration_text(max(ends) - min(a.start for a in spans))} wall"
-            parts.append(f'<div class="step {esc(status)}" id="{self.anchors[sid]}" data-step="{esc(sid)}">'
-                         f'<h3><span class="mono">{esc(sid)}</span> {_badge(status)} '
-                         f'<span class="muted">{esc(tally)}</span></h3>')
+            parts.append(
+                f'<div class="step {esc(status)}" id="{self.anchors[sid]}" data-step="{esc(sid)}">'
+                f'<h3><span class="mono">{esc(sid)}</span> {_badge(status)} '
+                f'<span class="muted">{esc(tally)}</span></h3>'
+            )
             summary = (s.get("summary") or "").strip()
             notes = (s.get("notes") or "").strip()
             if summary:
@@ -300,46 +358,69 @@ class _Report:
             if notes and status not in ("failed", "blocked"):
                 parts.append(f'<div class="muted">{esc(short(notes, 600))}</div>')
             elif notes:
-                parts.append(f'<div class="reason">{esc(short(notes, 300))} '
-                             f'<a href="#failures">(in full under Failures)</a></div>')
+                parts.append(
+                    f'<div class="reason">{esc(short(notes, 300))} '
+                    f'<a href="#failures">(in full under Failures)</a></div>'
+                )
             if s.get("output") is not None:
                 parts.append(_output_block(s["output"], self.step_clip, open_=len(_text(s["output"])) < 400))
             parts.append(self._gate_loops(sid))
             if units:
                 table = self._units_table(units)
                 if table:
-                    parts.append(f"<details{' open' if len(units) <= 12 else ''}><summary>{len(units)} unit(s)"
-                                 f"</summary>{table}</details>")
+                    parts.append(
+                        f"<details{' open' if len(units) <= 12 else ''}><summary>{len(units)} unit(s)"
+                        f"</summary>{table}</details>"
+                    )
             parts.append("</div>")
         parts.append("</section>")
         return "".join(parts)
 
     def footer(self) -> str:
         rid = esc(self.view.get("runId"))
-        omitted = (f"<p>{self.rows_omitted} unit row(s) were left out of the tables (at most {self.max_rows}, "
-                   "failures first).</p>" if self.rows_omitted else "")
-        return (f'<section id="whole"><h2>How to see everything</h2>{omitted}<p>This page clips each unit\'s '
-                f"output to {self.unit_clip} characters and each step's to {self.step_clip}. Every output in full: "
-                f'<span class="mono">akm workflow status {rid} --units --format json</span>; every journal event: '
-                f'<span class="mono">akm log --run {rid}</span>.</p></section>')
+        omitted = (
+            f"<p>{self.rows_omitted} unit row(s) were left out of the tables (at most {self.max_rows}, "
+            "failures first).</p>"
+            if self.rows_omitted
+            else ""
+        )
+        return (
+            f'<section id="whole"><h2>How to see everything</h2>{omitted}<p>This page clips each unit\'s '
+            f"output to {self.unit_clip} characters and each step's to {self.step_clip}. Every output in full: "
+            f'<span class="mono">akm workflow status {rid} --units --format json</span>; every journal event: '
+            f'<span class="mono">akm log --run {rid}</span>.</p></section>'
+        )
 
     def page(self) -> str:
         v = self.view
         title = f"akm run {v.get('title') or ''} — {v.get('status')}"
-        return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-                f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-                '<meta name="viewport" content="width=device-width, initial-scale=1">'
-                f"<title>{esc(title)}</title><style>{CSS}</style></head><body>"
-                f"<header><h1>{esc(v.get('title'))} {_badge(v.get('status'))}</h1>"
-                f'<div class="sub">run {esc(v.get("runId"))} · {esc(v.get("workflow"))} · plan '
-                f"{esc(str(v.get('planHash'))[:12])} · report made {esc(time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self.now)))}"
-                "</div></header><main>"
-                + self.summary() + self.graph_section() + self.timeline_section() + self.failures_section()
-                + self.step_sections() + self.footer() + "</main></body></html>\n")
+        return (
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>"
+            f"<header><h1>{esc(v.get('title'))} {_badge(v.get('status'))}</h1>"
+            f'<div class="sub">run {esc(v.get("runId"))} · {esc(v.get("workflow"))} · plan '
+            f"{esc(str(v.get('planHash'))[:12])} · report made {esc(time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self.now)))}"
+            "</div></header><main>"
+            + self.summary()
+            + self.graph_section()
+            + self.timeline_section()
+            + self.failures_section()
+            + self.step_sections()
+            + self.footer()
+            + "</main></body></html>\n"
+        )
 
 
-def render_report(view: dict[str, Any], graph: dict[str, Any], events: list[dict[str, Any]],
-                  budget: dict[str, Any] | None = None, *, now: float | None = None) -> str:
+def render_report(
+    view: dict[str, Any],
+    graph: dict[str, Any],
+    events: list[dict[str, Any]],
+    budget: dict[str, Any] | None = None,
+    *,
+    now: float | None = None,
+) -> str:
     """The HTML page of a run. `view`: `RunView.to_json()` with units; `graph`: `RunGraph.to_json()`;
     `events`: the run's `EventView.to_json()`s in journal order; `budget`: `{maxUnits, maxTokens}` or None.
 

@@ -22,8 +22,11 @@ from typing import Any, Callable, TextIO
 from akm.report.timeline_svg import duration_text, seconds
 
 # Characters a terminal acts on (escapes, C1 controls, bidi overrides) are shown as visible escapes.
-_UNSAFE = [c for c in range(0x20)] + list(range(0x7F, 0xA0)) + [
-    0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_UNSAFE = (
+    [c for c in range(0x20)]
+    + list(range(0x7F, 0xA0))
+    + [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+)
 _ESCAPES = {c: (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _UNSAFE}
 
 
@@ -121,14 +124,16 @@ class Board:
             finished = sum(1 for s in steps if s.finished is not None)
             units = sum(s.done for s in steps)
             failed = sum(s.failed for s in steps)
-            head = (f"akm run {self.run_id or ''}".rstrip() + f"  {duration_text(now - self.started)}"
-                    f"  {finished} step(s) finished, {units} unit(s) done" + (f", {failed} failed" if failed else ""))
+            head = (
+                f"akm run {self.run_id or ''}".rstrip() + f"  {duration_text(now - self.started)}"
+                f"  {finished} step(s) finished, {units} unit(s) done" + (f", {failed} failed" if failed else "")
+            )
             out = [head] + ([f"  {self.note}"] if self.note else [])
             room = max(1, height - len(out) - 1)
             if len(steps) > room:
                 hidden = steps[: len(steps) - room + 1]
                 out.append(f"  … {len(hidden)} earlier step(s)")
-                steps = steps[len(hidden):]
+                steps = steps[len(hidden) :]
             wid = min(28, max((len(s.step_id) for s in steps), default=4))
             for s in steps:
                 elapsed = (s.finished if s.finished is not None else now) - s.started
@@ -198,7 +203,7 @@ class LiveProgress:
             self.refresh()
 
     def _clear(self) -> str:
-        return ("\r" + (f"\x1b[{self._drawn}A" if self._drawn else "") + "\x1b[J")
+        return "\r" + (f"\x1b[{self._drawn}A" if self._drawn else "") + "\x1b[J"
 
     def refresh(self) -> None:
         with self._lock:

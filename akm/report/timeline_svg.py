@@ -62,8 +62,17 @@ def attempts_from_events(events: list[dict[str, Any]]) -> list[Attempt]:
         elif kind == "workflow_unit_finished" and unit_id in open_:
             step, start = open_.pop(unit_id)
             tokens = meta.get("tokens")
-            out.append(Attempt(unit_id, step, start, at, str(meta.get("status") or "completed"),
-                               meta.get("failureReason"), tokens if isinstance(tokens, int) else None))
+            out.append(
+                Attempt(
+                    unit_id,
+                    step,
+                    start,
+                    at,
+                    str(meta.get("status") or "completed"),
+                    meta.get("failureReason"),
+                    tokens if isinstance(tokens, int) else None,
+                )
+            )
     out.extend(Attempt(unit_id, step, start, None, "running", None, None) for unit_id, (step, start) in open_.items())
     out.sort(key=lambda a: a.start)
     return out
@@ -98,8 +107,15 @@ def _pack(attempts: list[Attempt], end_of: dict[int, float]) -> list[int]:
     return rows
 
 
-def timeline_svg(attempts: list[Attempt], step_order: list[str], run_start: float | None, run_end: float,
-                 anchors: dict[str, str] | None = None, *, tooltips: bool = True) -> str:
+def timeline_svg(
+    attempts: list[Attempt],
+    step_order: list[str],
+    run_start: float | None,
+    run_end: float,
+    anchors: dict[str, str] | None = None,
+    *,
+    tooltips: bool = True,
+) -> str:
     """The SVG element for `attempts`, lanes in `step_order`; open attempts end at `run_end`;
     `tooltips=False` leaves out each bar's title (a page for very many attempts must stay small)."""
     anchors = anchors or {}
@@ -134,15 +150,23 @@ def timeline_svg(attempts: list[Attempt], step_order: list[str], run_start: floa
             took = duration_text(end_of[i] - a.start) + ("" if a.end is not None else ", not finished")
             tip = f"{a.unit_id}: {a.status}, {took}" + (f" ({a.reason})" if a.reason else "")
             title = f"<title>{esc(tip)}</title>" if tooltips else ""
-            parts.append(f'<rect class="bar bar-{esc(a.status)}" x="{x:.1f}" y="{y + rows[i] * (ROW_H + ROW_GAP)}" '
-                         f'width="{w:.1f}" height="{ROW_H}" fill="{color}"{outline}>{title}</rect>')
+            parts.append(
+                f'<rect class="bar bar-{esc(a.status)}" x="{x:.1f}" y="{y + rows[i] * (ROW_H + ROW_GAP)}" '
+                f'width="{w:.1f}" height="{ROW_H}" fill="{color}"{outline}>{title}</rect>'
+            )
         y += lane_h + LANE_GAP
     ticks = []
     for k in range(6):
         x = LABEL_W + PLOT_W * k / 5
-        ticks.append(f'<line x1="{x:.0f}" y1="14" x2="{x:.0f}" y2="{y}" stroke="#ddd"/>'
-                     f'<text x="{x:.0f}" y="11" font-size="10" text-anchor="middle">{duration_text(span * k / 5)}</text>')
+        ticks.append(
+            f'<line x1="{x:.0f}" y1="14" x2="{x:.0f}" y2="{y}" stroke="#ddd"/>'
+            f'<text x="{x:.0f}" y="11" font-size="10" text-anchor="middle">{duration_text(span * k / 5)}</text>'
+        )
     width, height = LABEL_W + PLOT_W + 30, y + 4
-    return (f'<svg class="timeline" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" role="img" aria-label="timeline of unit attempts">'
-            + "".join(ticks) + "".join(parts) + "</svg>")
+    return (
+        f'<svg class="timeline" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="timeline of unit attempts">'
+        + "".join(ticks)
+        + "".join(parts)
+        + "</svg>"
+    )

@@ -92,8 +92,9 @@ def _get(d: Mapping[str, Any], *keys: str) -> Any:
     return node
 
 
-def _upsert(data: dict[str, Any], effective: dict[str, Any], engine: dict[str, Any], hint: str,
-            match_model: bool = False) -> tuple[str, bool]:
+def _upsert(
+    data: dict[str, Any], effective: dict[str, Any], engine: dict[str, Any], hint: str, match_model: bool = False
+) -> tuple[str, bool]:
     """Reuse an engine with the same fingerprint (looked up in both layers), else add one with a free name.
 
     `match_model`: the wizard asked for a particular model, so an engine on the
@@ -101,8 +102,11 @@ def _upsert(data: dict[str, Any], effective: dict[str, Any], engine: dict[str, A
     new engine is added beside it).
     """
     engines = effective.get("engines") if isinstance(effective.get("engines"), dict) else {}
-    pool = {n: e for n, e in engines.items()
-            if not match_model or (isinstance(e, dict) and e.get("model") == engine.get("model"))}
+    pool = {
+        n: e
+        for n, e in engines.items()
+        if not match_model or (isinstance(e, dict) and e.get("model") == engine.get("model"))
+    }
     existing = cfg.find_engine(pool, engine)
     if existing is not None:
         return existing, False
@@ -117,13 +121,15 @@ def _set_default(data: dict[str, Any], effective: dict[str, Any], key: str, name
             data.setdefault("defaults", {})[key] = name
 
 
-def apply_intent(data: dict[str, Any], other: dict[str, Any] | None, intent: SetupIntent,
-                 *, project: bool = False) -> Applied:
+def apply_intent(
+    data: dict[str, Any], other: dict[str, Any] | None, intent: SetupIntent, *, project: bool = False
+) -> Applied:
     """Apply `intent` to `data` (the target file's object; mutated). `other` is the other layer, read-only.
 
     Lookups (fingerprints, what is already set) use the two layers merged the
     way akm reads them (the project file wins).
     """
+
     def effective() -> dict[str, Any]:
         layers = (other or {}, data) if project else (data, other or {})
         return cfg.deep_merge(layers[0], layers[1])
@@ -182,8 +188,12 @@ def apply_intent(data: dict[str, Any], other: dict[str, Any] | None, intent: Set
 
 
 def llm_engine_for(server: ModelServer, verification: Verification) -> dict[str, Any]:
-    engine: dict[str, Any] = {"kind": "llm", "provider": server.provider, "endpoint": verification.endpoint,
-                              "model": verification.model}
+    engine: dict[str, Any] = {
+        "kind": "llm",
+        "provider": server.provider,
+        "endpoint": verification.endpoint,
+        "model": verification.model,
+    }
     if server.api_key_env:
         engine["apiKey"] = "${" + server.api_key_env + "}"
     return engine
@@ -196,8 +206,13 @@ class Recommendation:
     llm_server: ModelServer | None = None
 
 
-def recommend(detection: Detection, effective: Mapping[str, Any], *, environ: Mapping[str, str] | None = None,
-              warn: Warn | None = None) -> Recommendation:
+def recommend(
+    detection: Detection,
+    effective: Mapping[str, Any],
+    *,
+    environ: Mapping[str, str] | None = None,
+    warn: Warn | None = None,
+) -> Recommendation:
     """What `--yes` writes: the first answering server that passes verification, the preferred CLI on PATH.
 
     Only for kinds whose default is unset in `effective` (the merged config).
@@ -208,8 +223,10 @@ def recommend(detection: Detection, effective: Mapping[str, Any], *, environ: Ma
         env = os.environ if environ is None else environ
         for server in detection.servers:
             if not server.answered and server.api_key_env and not (env.get(server.api_key_env) or "").strip():
-                warn(f"Skipping {server.label} at {server.base}: required credential {server.api_key_env} is "
-                     f"unavailable (set it and run setup again).")
+                warn(
+                    f"Skipping {server.label} at {server.base}: required credential {server.api_key_env} is "
+                    f"unavailable (set it and run setup again)."
+                )
         for server in detection.answering:
             if not server.default_model:
                 warn(f"Skipping {server.label} at {server.base}: it lists no chat model.")
@@ -217,8 +234,9 @@ def recommend(detection: Detection, effective: Mapping[str, Any], *, environ: Ma
             v = verify_endpoint(server.endpoint, server.default_model, server.api_key_env, environ=environ)
             rec.verifications.append(v)
             if v.ok:
-                rec.intent.llm = EngineChoice(llm_engine_for(server, v), server.provider,
-                                              label=f"{server.label}: {v.model} at {v.endpoint}")
+                rec.intent.llm = EngineChoice(
+                    llm_engine_for(server, v), server.provider, label=f"{server.label}: {v.model} at {v.endpoint}"
+                )
                 rec.llm_server = server
                 break
             warn(f"Skipping detected LLM {server.label} at {server.base} (model {server.default_model}): {v.reason}")
@@ -246,8 +264,9 @@ def recommend(detection: Detection, effective: Mapping[str, Any], *, environ: Ma
 def clean_blob(blob: Any, warn: Warn) -> dict[str, Any]:
     """A setup blob: a JSON object whose top-level keys are config sections; others are dropped with a warning."""
     if not isinstance(blob, dict):
-        raise ConfigError(f"The setup config must be a JSON object, not {type(blob).__name__}.",
-                          code="INVALID_CONFIG_FILE")
+        raise ConfigError(
+            f"The setup config must be a JSON object, not {type(blob).__name__}.", code="INVALID_CONFIG_FILE"
+        )
     out = {}
     for key, value in blob.items():
         if key in BLOB_KEYS:
@@ -265,27 +284,35 @@ def read_blob_file(path: str, cwd: Path) -> Any:
     try:
         text = p.read_text(encoding="utf-8-sig")
     except OSError as exc:
-        raise ConfigError(f"Cannot read setup config {p}: {exc.strerror or exc}.", code="INVALID_CONFIG_FILE",
-                          details={"file": str(p)}) from None
+        raise ConfigError(
+            f"Cannot read setup config {p}: {exc.strerror or exc}.",
+            code="INVALID_CONFIG_FILE",
+            details={"file": str(p)},
+        ) from None
     except UnicodeDecodeError:
-        raise ConfigError(f"Setup config {p} is not UTF-8 text.", code="INVALID_CONFIG_FILE",
-                          details={"file": str(p)}) from None
+        raise ConfigError(
+            f"Setup config {p} is not UTF-8 text.", code="INVALID_CONFIG_FILE", details={"file": str(p)}
+        ) from None
     if p.suffix.lower() in (".yml", ".yaml"):
         from akm.format.yaml12 import load_yaml
 
         doc = load_yaml(text)
         if doc.problems:
             first = doc.problems[0]
-            raise ConfigError(f"Setup config {p} line {first.line} is not valid YAML: {first.message}.",
-                              code="INVALID_CONFIG_FILE", details={"file": str(p), "line": first.line})
+            raise ConfigError(
+                f"Setup config {p} line {first.line} is not valid YAML: {first.message}.",
+                code="INVALID_CONFIG_FILE",
+                details={"file": str(p), "line": first.line},
+            )
         return doc.value
     import json
 
     try:
         return json.loads(cfg.strip_jsonc(text))
     except ValueError as exc:
-        raise ConfigError(f"Setup config {p} is not valid JSON: {exc}.", code="INVALID_CONFIG_FILE",
-                          details={"file": str(p)}) from None
+        raise ConfigError(
+            f"Setup config {p} is not valid JSON: {exc}.", code="INVALID_CONFIG_FILE", details={"file": str(p)}
+        ) from None
 
 
 # --------------------------------------------------------------------------- preflight and the whole run
@@ -298,7 +325,8 @@ def preflight(cwd: str | None) -> cfg.LoadedConfig | None:
     except ConfigError as exc:
         raise ConfigError(
             f"Setup cannot run: the existing config is not valid, and it was left untouched.\n{exc.message}",
-            code=exc.code, hint="Fix the keys named above (or move the file aside), then run setup again.",
+            code=exc.code,
+            hint="Fix the keys named above (or move the file aside), then run setup again.",
             details=exc.details,
         ) from None
 
@@ -371,8 +399,15 @@ def can_run(merged: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-_PROVIDER_NAMES = {"ollama": "Ollama", "lmstudio": "LM Studio", "local": "a local OpenAI-compatible server",
-                   "openai": "OpenAI", "gemini": "Google Gemini", "groq": "Groq", "custom": "a custom endpoint"}
+_PROVIDER_NAMES = {
+    "ollama": "Ollama",
+    "lmstudio": "LM Studio",
+    "local": "a local OpenAI-compatible server",
+    "openai": "OpenAI",
+    "gemini": "Google Gemini",
+    "groq": "Groq",
+    "custom": "a custom endpoint",
+}
 
 
 # --------------------------------------------------------------------------- non-interactive setup
@@ -406,9 +441,18 @@ def validate_intent(intent: SetupIntent, cwd: str | None, project: bool) -> None
     cfg.check_layers(user, proj, cwd=cwd, action="Refusing to save invalid config")
 
 
-def run(*, yes: bool = False, blob: Any = None, probe: bool = False, project: bool = False, cwd: str | None = None,
-        dry_run: bool = False, environ: Mapping[str, str] | None = None, on_warning: Warn | None = None,
-        detection: Detection | None = None) -> Outcome:
+def run(
+    *,
+    yes: bool = False,
+    blob: Any = None,
+    probe: bool = False,
+    project: bool = False,
+    cwd: str | None = None,
+    dry_run: bool = False,
+    environ: Mapping[str, str] | None = None,
+    on_warning: Warn | None = None,
+    detection: Detection | None = None,
+) -> Outcome:
     """`setup --yes`, `--config`/`--from` (blob), `--probe`, and the MCP tool. Never asks anything.
 
     Order matters for safety: preflight (an invalid existing config aborts,
@@ -463,8 +507,10 @@ def run(*, yes: bool = False, blob: Any = None, probe: bool = False, project: bo
     lines = can_run(merged)
     configured = bool(_get(merged, "defaults", "llmEngine") or _get(merged, "defaults", "agentEngine"))
     if (yes or dry_run) and not configured and not (merged.get("engines") or {}):
-        message = ("Nothing to set up was found: no model server answered and no agent CLI is on PATH. "
-                   "You can still run exec units, and session units (done by the calling agent).")
+        message = (
+            "Nothing to set up was found: no model server answered and no agent CLI is on PATH. "
+            "You can still run exec units, and session units (done by the calling agent)."
+        )
     elif dry_run:
         message = "Nothing was written (preview)."
     elif written:
@@ -474,8 +520,17 @@ def run(*, yes: bool = False, blob: Any = None, probe: bool = False, project: bo
     else:
         message = f"{target} already says this; nothing was written."
     return Outcome(
-        config_path=str(target), written=written, dry_run=dry_run, fields=fields, actions=applied.actions,
-        defaults=dict(_get(merged, "defaults") or {}), judge_engine=_get(merged, "workflow", "judgeEngine"),
-        detection=detection, verifications=rec.verifications if rec else [], json_schema=probe_result,
-        warnings=warnings, can_run=lines, message=message,
+        config_path=str(target),
+        written=written,
+        dry_run=dry_run,
+        fields=fields,
+        actions=applied.actions,
+        defaults=dict(_get(merged, "defaults") or {}),
+        judge_engine=_get(merged, "workflow", "judgeEngine"),
+        detection=detection,
+        verifications=rec.verifications if rec else [],
+        json_schema=probe_result,
+        warnings=warnings,
+        can_run=lines,
+        message=message,
     )

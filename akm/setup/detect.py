@@ -252,8 +252,9 @@ def import_claude_code(home: Path) -> HarnessConfig | None:
         if isinstance(candidate, str) and candidate.strip():
             model, source = candidate.strip(), str(path)
             break
-    return HarnessConfig("claude-code", source, provider="anthropic", model=model or "claude-sonnet-4-5",
-                         api_key_env="ANTHROPIC_API_KEY")
+    return HarnessConfig(
+        "claude-code", source, provider="anthropic", model=model or "claude-sonnet-4-5", api_key_env="ANTHROPIC_API_KEY"
+    )
 
 
 def _opencode_dirs(home: Path, environ: Mapping[str, str]) -> list[Path]:
@@ -292,9 +293,19 @@ def _opencode_from(data: dict[str, Any], file: str) -> HarnessConfig:
     providers = data.get("provider")
     if isinstance(providers, dict) and providers:
         ids = [k for k, v in providers.items() if isinstance(v, dict)]
-        chosen = prefix if prefix in ids else next(
-            (k for k in ids if isinstance(providers[k].get("options"), dict)
-             and (providers[k]["options"].get("baseURL") or providers[k]["options"].get("baseUrl"))), None)
+        chosen = (
+            prefix
+            if prefix in ids
+            else next(
+                (
+                    k
+                    for k in ids
+                    if isinstance(providers[k].get("options"), dict)
+                    and (providers[k]["options"].get("baseURL") or providers[k]["options"].get("baseUrl"))
+                ),
+                None,
+            )
+        )
         if chosen:
             opts = providers[chosen].get("options") if isinstance(providers[chosen].get("options"), dict) else {}
             provider_id = chosen
@@ -316,8 +327,15 @@ def _opencode_from(data: dict[str, Any], file: str) -> HarnessConfig:
     if base_url is not None and _carries_secrets(base_url):
         base_url = None  # never kept, never shown: it may hold a password or a key
         notes.append("its base URL carries a user name, password, query or fragment; akm did not import it")
-    return HarnessConfig("opencode", file, provider=provider_id, model=model, base_url=base_url,
-                         api_key_env=api_key_env, note="; ".join(notes) or None)
+    return HarnessConfig(
+        "opencode",
+        file,
+        provider=provider_id,
+        model=model,
+        base_url=base_url,
+        api_key_env=api_key_env,
+        note="; ".join(notes) or None,
+    )
 
 
 def _carries_secrets(url: str) -> bool:
@@ -339,8 +357,15 @@ def probe_list(environ: Mapping[str, str], harnesses: list[HarnessConfig]) -> li
     """The servers to ask, in order, deduplicated by base URL."""
     out: dict[str, ModelServer] = {}
 
-    def add(url: str, label: str, source: str, *, provider: str = "local", api_key_env: str | None = None,
-            original: str | None = None) -> None:
+    def add(
+        url: str,
+        label: str,
+        source: str,
+        *,
+        provider: str = "local",
+        api_key_env: str | None = None,
+        original: str | None = None,
+    ) -> None:
         base = probe_base(url)
         if not base:
             return
@@ -354,8 +379,9 @@ def probe_list(environ: Mapping[str, str], harnesses: list[HarnessConfig]) -> li
             endpoint = normalize_chat_endpoint(original or base)
         except ValueError:
             return
-        out[base] = ModelServer(base=base, endpoint=endpoint, label=label, source=source, provider=provider,
-                                api_key_env=api_key_env)
+        out[base] = ModelServer(
+            base=base, endpoint=endpoint, label=label, source=source, provider=provider, api_key_env=api_key_env
+        )
 
     override = (environ.get(PROBE_URLS_ENV) or "").strip()
     if override:
@@ -372,9 +398,14 @@ def probe_list(environ: Mapping[str, str], harnesses: list[HarnessConfig]) -> li
                 add(url, f"${name}", f"env:{name}")
     for h in harnesses:
         if h.base_url:
-            add(h.base_url, f"{_HARNESS_LABEL.get(h.harness, h.harness)} provider {h.provider or ''}".strip(),
-                f"harness:{h.harness}", provider=h.provider or "local", api_key_env=h.api_key_env,
-                original=h.base_url)
+            add(
+                h.base_url,
+                f"{_HARNESS_LABEL.get(h.harness, h.harness)} provider {h.provider or ''}".strip(),
+                f"harness:{h.harness}",
+                provider=h.provider or "local",
+                api_key_env=h.api_key_env,
+                original=h.base_url,
+            )
     return list(out.values())
 
 
@@ -439,8 +470,9 @@ def _interpret(server: ModelServer, tags: Any, openai: Any, lmstudio: Any, prefe
         server.default_model = pick_default_model(chat)
 
 
-def _probe_servers(servers: list[ModelServer], environ: Mapping[str, str], harnesses: list[HarnessConfig],
-                   pool: ThreadPoolExecutor) -> None:
+def _probe_servers(
+    servers: list[ModelServer], environ: Mapping[str, str], harnesses: list[HarnessConfig], pool: ThreadPoolExecutor
+) -> None:
     from akm.dispatch.probe import get_json
 
     preferred = {probe_base(h.base_url): h.model for h in harnesses if h.base_url}
@@ -452,11 +484,16 @@ def _probe_servers(servers: list[ModelServer], environ: Mapping[str, str], harne
         jobs.append((s, [pool.submit(get_json, u, timeout_s=PROBE_TIMEOUT_S, api_key=key or None) for u in urls]))
     for s, futures in jobs:
         tags, openai, lms = (f.result() for f in futures)
-        _interpret(s, tags.doc if tags.ok else None, openai.doc if openai.ok else None, lms.doc if lms.ok else None,
-                   preferred.get(s.base))
+        _interpret(
+            s,
+            tags.doc if tags.ok else None,
+            openai.doc if openai.ok else None,
+            lms.doc if lms.ok else None,
+            preferred.get(s.base),
+        )
         if not s.answered:
             statuses = [a.status for a in (tags, openai, lms) if a.status is not None]
-            s.error = (f"HTTP {statuses[0]}" if statuses else (openai.error or tags.error or "no answer"))
+            s.error = f"HTTP {statuses[0]}" if statuses else (openai.error or tags.error or "no answer")
 
 
 def _ollama_list(path: str | None) -> list[str] | None:
@@ -486,8 +523,13 @@ def agent_clis(path: str | None = None) -> list[AgentCli]:
     return [AgentCli(platform, exe) for platform, exe in on_path(path).items()]
 
 
-def detect(*, environ: Mapping[str, str] | None = None, home: Path | None = None, cwd: Path | None = None,
-           path: str | None = None) -> Detection:
+def detect(
+    *,
+    environ: Mapping[str, str] | None = None,
+    home: Path | None = None,
+    cwd: Path | None = None,
+    path: str | None = None,
+) -> Detection:
     """Look around. Never raises for what it finds (or does not find)."""
     started = time.monotonic()
     env = os.environ if environ is None else environ
@@ -502,8 +544,9 @@ def detect(*, environ: Mapping[str, str] | None = None, home: Path | None = None
         if found is not None:
             det.harness_configs.append(found)
     det.servers = probe_list(env, det.harness_configs)
-    with ThreadPoolExecutor(max_workers=max(4, min(24, 3 * len(det.servers) + 1)),
-                            thread_name_prefix="akm-setup-probe") as pool:
+    with ThreadPoolExecutor(
+        max_workers=max(4, min(24, 3 * len(det.servers) + 1)), thread_name_prefix="akm-setup-probe"
+    ) as pool:
         clis = pool.submit(agent_clis, path if path is not None else env.get("PATH"))
         _probe_servers(det.servers, env, det.harness_configs, pool)
         det.agent_clis = clis.result()

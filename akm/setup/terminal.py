@@ -203,9 +203,16 @@ class Terminal:
             raise Cancelled()
         return line.rstrip("\r\n")
 
-    def text(self, message: str, *, default: str | None = None, placeholder: str | None = None,
-             validate: Callable[[str], str | None] | None = None, required: bool = False,
-             conceal_rejected: bool = False) -> str:
+    def text(
+        self,
+        message: str,
+        *,
+        default: str | None = None,
+        placeholder: str | None = None,
+        validate: Callable[[str], str | None] | None = None,
+        required: bool = False,
+        conceal_rejected: bool = False,
+    ) -> str:
         """A line of text. Empty input takes `default` (or "" when there is none and it is optional).
 
         `conceal_rejected`: a rejected answer is wiped from the screen (someone

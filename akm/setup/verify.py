@@ -41,12 +41,23 @@ class Verification:
     api_key_env: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "endpoint": self.endpoint, "model": self.model, "reason": self.reason,
-                "apiKeyEnv": self.api_key_env}
+        return {
+            "ok": self.ok,
+            "endpoint": self.endpoint,
+            "model": self.model,
+            "reason": self.reason,
+            "apiKeyEnv": self.api_key_env,
+        }
 
 
-def verify_endpoint(endpoint: str, model: str, api_key_env: str | None = None, *,
-                    environ: Mapping[str, str] | None = None, timeout_s: float = VERIFY_TIMEOUT_S) -> Verification:
+def verify_endpoint(
+    endpoint: str,
+    model: str,
+    api_key_env: str | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    timeout_s: float = VERIFY_TIMEOUT_S,
+) -> Verification:
     """One 1-token chat request; see the module docstring for the reasons."""
     from akm.dispatch.llm import LlmCallError, post_chat
 
@@ -63,16 +74,14 @@ def verify_endpoint(endpoint: str, model: str, api_key_env: str | None = None, *
         key = (env.get(api_key_env) or "").strip()
         if not key:
             return Verification(False, url, model, f"required credential {api_key_env} is unavailable", api_key_env)
-    body = {"model": model, "messages": [{"role": "user", "content": VERIFY_PROMPT}], "max_tokens": 1,
-            "stream": False}
+    body = {"model": model, "messages": [{"role": "user", "content": VERIFY_PROMPT}], "max_tokens": 1, "stream": False}
     try:
         resp = post_chat(url, body, api_key=key or None, timeout_ms=int(timeout_s * 1000))
     except LlmCallError as err:
         if err.status is not None and not 200 <= err.status < 300:
             return Verification(False, url, model, f"HTTP {err.status}", api_key_env)
         if err.code == "bad_response" and "no choices" in err.message:
-            return Verification(False, url, model, "response did not contain choices[0].message.content",
-                                api_key_env)
+            return Verification(False, url, model, "response did not contain choices[0].message.content", api_key_env)
         return Verification(False, url, model, _short(err.message, url), api_key_env)
     choices = resp.raw.get("choices") if isinstance(resp.raw, dict) else None
     message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
@@ -85,12 +94,13 @@ def _short(message: str, url: str) -> str:
     """The transport error without the URL repeated (the caller shows it next to the reason)."""
     for prefix in (f"network error talking to {url}: ", f"request to {url} ", f"{url} "):
         if message.startswith(prefix):
-            return message[len(prefix):]
+            return message[len(prefix) :]
     return message
 
 
-def engine_api_key(name: str, engine: Mapping[str, Any], *, default_llm: str | None,
-                   environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
+def engine_api_key(
+    name: str, engine: Mapping[str, Any], *, default_llm: str | None, environ: Mapping[str, str] | None = None
+) -> tuple[str | None, str | None]:
     """(key value, missing variable name) for a configured LLM engine, by the dispatch rules (spec/config.md §3).
 
     An explicit `apiKey: ${NAME}` must be set (else the name comes back as missing);
@@ -116,12 +126,12 @@ class JsonSchemaProbe:
     reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"engine": self.engine, "reachable": self.reachable, "supported": self.supported,
-                "reason": self.reason}
+        return {"engine": self.engine, "reachable": self.reachable, "supported": self.supported, "reason": self.reason}
 
 
-def probe_json_schema(name: str, engine: Mapping[str, Any], *, default_llm: str | None,
-                      environ: Mapping[str, str] | None = None) -> JsonSchemaProbe:
+def probe_json_schema(
+    name: str, engine: Mapping[str, Any], *, default_llm: str | None, environ: Mapping[str, str] | None = None
+) -> JsonSchemaProbe:
     """Ask the engine for a fixed JSON object under `response_format: json_schema` (§5.6)."""
     from akm.dispatch.llm import probe_json_schema as probe
 

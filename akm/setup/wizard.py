@@ -29,8 +29,13 @@ from akm.setup.terminal import Cancelled, Option, Terminal
 # (hint/name, label, base URL, suggested model, key variables in order of preference)
 PRESETS: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
     ("openai", "OpenAI", "https://api.openai.com/v1", "gpt-4o-mini", ("OPENAI_API_KEY",)),
-    ("gemini", "Google Gemini", "https://generativelanguage.googleapis.com/v1beta/openai", "gemini-2.5-flash",
-     ("GEMINI_API_KEY", "GOOGLE_API_KEY")),
+    (
+        "gemini",
+        "Google Gemini",
+        "https://generativelanguage.googleapis.com/v1beta/openai",
+        "gemini-2.5-flash",
+        ("GEMINI_API_KEY", "GOOGLE_API_KEY"),
+    ),
     ("groq", "Groq", "https://api.groq.com/openai/v1", "llama-3.3-70b-versatile", ("GROQ_API_KEY",)),
 )
 
@@ -92,11 +97,14 @@ class _Wizard:
         for note in notes:
             t.warn(note)
         self.show_recommended()
-        choice = t.select("What now?", [
-            Option("accept", "Accept the recommended config"),
-            Option("adjust", "Adjust it step by step"),
-            Option("cancel", "Cancel (write nothing)"),
-        ])
+        choice = t.select(
+            "What now?",
+            [
+                Option("accept", "Accept the recommended config"),
+                Option("adjust", "Adjust it step by step"),
+                Option("cancel", "Cancel (write nothing)"),
+            ],
+        )
         if choice == "cancel":
             raise Cancelled()
         intent = self.rec.intent if choice == "accept" else self.adjust()
@@ -118,8 +126,10 @@ class _Wizard:
             detail = f" — {a['detail']}" if a["detail"] else ""
             t.write(f"  {a['action']} {a['kind']} engine {t.bold(a['engine'])}{detail}")
         if res.json_schema and res.json_schema.get("supported") is not None:
-            t.write(f"  json_schema output: {'supported' if res.json_schema['supported'] else 'not supported'}"
-                    f" by {res.json_schema['engine']}")
+            t.write(
+                f"  json_schema output: {'supported' if res.json_schema['supported'] else 'not supported'}"
+                f" by {res.json_schema['engine']}"
+            )
         t.ok(f"Saved {res.config_path}" if res.written else f"{res.config_path} already says this; nothing to write")
         t.write(t.dim("Change it later with `akm config set …`, or run `akm setup` again."))
         return 0
@@ -144,21 +154,30 @@ class _Wizard:
         if silent:
             t.write(t.dim(f"  no answer at   {', '.join(s.base for s in silent)}"))
         if det.ollama_cli_models:
-            t.write(f"  ollama CLI     installed models: {', '.join(det.ollama_cli_models[:6])} "
-                    f"(its server is not answering)")
+            t.write(
+                f"  ollama CLI     installed models: {', '.join(det.ollama_cli_models[:6])} "
+                f"(its server is not answering)"
+            )
         if det.agent_clis:
             t.write(f"  agent CLIs     {', '.join(c.platform for c in det.agent_clis)}")
         else:
             t.write(t.dim("  agent CLIs     none on PATH"))
         for h in det.harness_configs:
-            bits = [f"model {h.model}" if h.model else "", f"base URL {h.base_url}" if h.base_url else "",
-                    f"key in ${h.api_key_env}" if h.api_key_env else "", h.note or ""]
+            bits = [
+                f"model {h.model}" if h.model else "",
+                f"base URL {h.base_url}" if h.base_url else "",
+                f"key in ${h.api_key_env}" if h.api_key_env else "",
+                h.note or "",
+            ]
             name = {"claude-code": "Claude Code", "opencode": "OpenCode"}.get(h.harness, h.harness)
-            t.write(f"  harness config {name}" + (f" ({h.file})" if h.file else "") + ": "
-                    + "; ".join(b for b in bits if b))
+            t.write(
+                f"  harness config {name}" + (f" ({h.file})" if h.file else "") + ": " + "; ".join(b for b in bits if b)
+            )
         if det.env_vars:
-            t.write(f"  variables set  {', '.join(e.name for e in det.env_vars)} "
-                    + t.dim("(names only; values are never read)"))
+            t.write(
+                f"  variables set  {', '.join(e.name for e in det.env_vars)} "
+                + t.dim("(names only; values are never read)")
+            )
 
     def show_recommended(self) -> None:
         t, intent = self.t, self.rec.intent
@@ -217,9 +236,14 @@ class _Wizard:
             if s.answered and s.chat_models:
                 if s is self.rec.llm_server:
                     default = len(options)
-                options.append(Option(("server", s), f"{s.label} at {s.base}",
-                                      f"{len(s.chat_models)} model{'s' if len(s.chat_models) != 1 else ''}"
-                                      + (" — recommended" if s is self.rec.llm_server else "")))
+                options.append(
+                    Option(
+                        ("server", s),
+                        f"{s.label} at {s.base}",
+                        f"{len(s.chat_models)} model{'s' if len(s.chat_models) != 1 else ''}"
+                        + (" — recommended" if s is self.rec.llm_server else ""),
+                    )
+                )
             elif s.source.startswith("harness:"):
                 options.append(Option(("server", s), f"{s.label} at {s.base}", f"not answering: {s.error}"))
         for preset in PRESETS:
@@ -266,27 +290,38 @@ class _Wizard:
         elif kind == "preset":
             hint, name, base, model_default, key_names = payload
             env_names = {e.name for e in self.det.env_vars}
-            key_env = t.text("Environment variable holding the API key",
-                             default=next((n for n in key_names if n in env_names), key_names[0]),
-                             validate=validate_env_name, required=True, conceal_rejected=True)
+            key_env = t.text(
+                "Environment variable holding the API key",
+                default=next((n for n in key_names if n in env_names), key_names[0]),
+                validate=validate_env_name,
+                required=True,
+                conceal_rejected=True,
+            )
             model = t.text("Model", default=model_default, required=True)
             endpoint = normalize_chat_endpoint(base)
             label = short = f"{name}: {model}"
         else:
             hint = "custom"
-            raw = t.text("Endpoint URL", placeholder="http://127.0.0.1:8000/v1", validate=validate_endpoint,
-                         required=True)
+            raw = t.text(
+                "Endpoint URL", placeholder="http://127.0.0.1:8000/v1", validate=validate_endpoint, required=True
+            )
             endpoint = normalize_chat_endpoint(raw)
             model = t.text("Model", required=True)
-            key_env = t.text("Environment variable holding the API key (optional)", placeholder="MY_LLM_API_KEY",
-                             validate=validate_env_name, conceal_rejected=True) or None
+            key_env = (
+                t.text(
+                    "Environment variable holding the API key (optional)",
+                    placeholder="MY_LLM_API_KEY",
+                    validate=validate_env_name,
+                    conceal_rejected=True,
+                )
+                or None
+            )
             label = f"custom endpoint: {model} at {endpoint}"
             short = f"{model} at {raw}"
         t.status(f"Checking {endpoint} with model {model}…")
         v = api.setup_verify(endpoint, model, key_env)
         t.clear_line()
-        engine: dict[str, Any] = {"kind": "llm", "provider": hint, "endpoint": v.endpoint or endpoint,
-                                  "model": model}
+        engine: dict[str, Any] = {"kind": "llm", "provider": hint, "endpoint": v.endpoint or endpoint, "model": model}
         if key_env:
             engine["apiKey"] = "${" + key_env + "}"
         choice = EngineChoice(engine, hint, force_default=True, match_model=True, label=label, short=short)
@@ -294,8 +329,13 @@ class _Wizard:
             t.ok(f"{endpoint} answered")
             return choice
         t.warn(f"{endpoint} did not answer as expected: {v.reason}")
-        what = t.select("What now?", [Option("back", "Choose another connection (or enter it again)"),
-                                      Option("anyway", "Use it anyway (fix the server or key later)")])
+        what = t.select(
+            "What now?",
+            [
+                Option("back", "Choose another connection (or enter it again)"),
+                Option("anyway", "Use it anyway (fix the server or key later)"),
+            ],
+        )
         return choice if what == "anyway" else None
 
     def step_agent(self, llm_choice: EngineChoice | None) -> tuple[EngineChoice | None, bool]:
@@ -305,23 +345,34 @@ class _Wizard:
         options: list[Option] = []
         for i, cli in enumerate(self.det.agent_clis):
             options.append(Option(("cli", cli), cli.platform, cli.path + (" — recommended" if i == 0 else "")))
-        llm_label = (llm_choice.short or llm_choice.label) if llm_choice else (
-            f"engine {self._default('llmEngine')}" if self._default("llmEngine") else None)
+        llm_label = (
+            (llm_choice.short or llm_choice.label)
+            if llm_choice
+            else (f"engine {self._default('llmEngine')}" if self._default("llmEngine") else None)
+        )
         if llm_label:
             for cli in self.det.agent_clis:
                 if cli.platform in PLATFORMS_WITH_LLM_ENGINE:
-                    options.append(Option(("on-llm", cli), f"{cli.platform} on the LLM connection",
-                                          f"runs {cli.platform} on {llm_label}"))
+                    options.append(
+                        Option(
+                            ("on-llm", cli),
+                            f"{cli.platform} on the LLM connection",
+                            f"runs {cli.platform} on {llm_label}",
+                        )
+                    )
         current = self._default("agentEngine")
         default = 0
         if current:
             if not self.det.agent_clis:
                 default = len(options)
-            options.append(Option(("keep", None), f"Keep current: {current}",
-                                  self._engine(current).get("platform", "")))
+            options.append(
+                Option(("keep", None), f"Keep current: {current}", self._engine(current).get("platform", ""))
+            )
         if not options:
-            t.write("  No agent CLI found on PATH (opencode, claude, codex, copilot, pi, gemini, aider, q, "
-                    "openhands): agent units will be done by the calling agent.")
+            t.write(
+                "  No agent CLI found on PATH (opencode, claude, codex, copilot, pi, gemini, aider, q, "
+                "openhands): agent units will be done by the calling agent."
+            )
             return None, False
         options.append(Option(("none", None), "None", "agent units will be done by the calling agent"))
         kind, cli = t.select("Which agent engine?", options, default)
@@ -331,13 +382,23 @@ class _Wizard:
             return None, True
         if kind == "on-llm":
             if llm_choice is not None:
-                return EngineChoice({"kind": "agent", "platform": cli.platform}, f"{cli.platform}-llm",
-                                    force_default=True, on_llm=True, label=f"{cli.platform} on {llm_label}"), False
+                return EngineChoice(
+                    {"kind": "agent", "platform": cli.platform},
+                    f"{cli.platform}-llm",
+                    force_default=True,
+                    on_llm=True,
+                    label=f"{cli.platform} on {llm_label}",
+                ), False
             engine = {"kind": "agent", "platform": cli.platform, "llmEngine": self._default("llmEngine")}
-            return EngineChoice(engine, f"{cli.platform}-llm", force_default=True,
-                                label=f"{cli.platform} on {llm_label}"), False
-        return EngineChoice({"kind": "agent", "platform": cli.platform}, cli.platform, force_default=True,
-                            label=f"{cli.platform} ({cli.path})"), False
+            return EngineChoice(
+                engine, f"{cli.platform}-llm", force_default=True, label=f"{cli.platform} on {llm_label}"
+            ), False
+        return EngineChoice(
+            {"kind": "agent", "platform": cli.platform},
+            cli.platform,
+            force_default=True,
+            label=f"{cli.platform} ({cli.path})",
+        ), False
 
     def step_judge(self, intent: SetupIntent, llm_none: bool, agent_none: bool) -> str:
         t = self.t

@@ -87,8 +87,10 @@ def journal_error(exc: sqlite3.Error, what: str, path: str | os.PathLike[str] | 
     elif path is not None and os.path.isdir(path):
         hint = "That path is a directory, not a file: move it away, or set AKM_DATA_DIR to another directory."
     elif path is not None and "unable to open" in str(exc).lower():
-        hint = ("akm could not open or create the journal there (a missing or read-only directory, or no "
-                "permission); set AKM_DATA_DIR to a writable directory.")
+        hint = (
+            "akm could not open or create the journal there (a missing or read-only directory, or no "
+            "permission); set AKM_DATA_DIR to a writable directory."
+        )
     return JournalError(f"journal {what} failed{where}: {exc}", hint=hint)
 
 
@@ -440,23 +442,28 @@ def open_db_read_only(path: str | os.PathLike[str]) -> Database:
 
     db_path = Path(path)
     if not db_path.is_file():
-        raise JournalError(f"journal open failed ({db_path}): there is no journal to read and the directory "
-                           "cannot be written")
+        raise JournalError(
+            f"journal open failed ({db_path}): there is no journal to read and the directory cannot be written"
+        )
     base = f"file:{quote(str(db_path))}?mode=ro"
     conn: sqlite3.Connection | None = None
     try:
-        conn = sqlite3.connect(base, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
-                               check_same_thread=False)
+        conn = sqlite3.connect(
+            base, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+        )
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.Error:
         if conn is not None:
             conn.close()
         wal = db_path.with_name(db_path.name + "-wal")
         if wal.exists() and wal.stat().st_size > 0:
-            raise JournalError(f"journal open failed ({db_path}): the directory is read-only and the journal has "
-                               f"writes not yet merged into it ({wal.name}), which only a writable directory "
-                               "can apply", hint="Make the directory writable once (any akm command), or copy "
-                               "the journal and its -wal file elsewhere and set AKM_DATA_DIR there.") from None
+            raise JournalError(
+                f"journal open failed ({db_path}): the directory is read-only and the journal has "
+                f"writes not yet merged into it ({wal.name}), which only a writable directory "
+                "can apply",
+                hint="Make the directory writable once (any akm command), or copy "
+                "the journal and its -wal file elsewhere and set AKM_DATA_DIR there.",
+            ) from None
         try:
             conn = sqlite3.connect(base + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False)
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
@@ -469,9 +476,12 @@ def open_db_read_only(path: str | os.PathLike[str]) -> Database:
     try:
         refuse_foreign(conn, db_path)
         if check_ledger(applied_ids(db), MIGRATIONS, db_path) != "current":
-            raise JournalError(f"the journal {db_path} was written by an older akm and needs an upgrade, which a "
-                               "read-only directory does not allow", hint="Run any akm command once where the "
-                               "directory is writable, or set AKM_DATA_DIR to a writable copy.")
+            raise JournalError(
+                f"the journal {db_path} was written by an older akm and needs an upgrade, which a "
+                "read-only directory does not allow",
+                hint="Run any akm command once where the "
+                "directory is writable, or set AKM_DATA_DIR to a writable copy.",
+            )
     except BaseException:
         db.close()
         raise

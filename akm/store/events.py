@@ -124,7 +124,10 @@ def list_events(
 
 def has_event(db: Database, event_type: str, run_id: str) -> bool:
     """True when an event of this type was already recorded for the run (idempotent emits)."""
-    return db.query_one("SELECT 1 FROM events WHERE event_type = ? AND run_id = ? LIMIT 1", (event_type, run_id)) is not None
+    return (
+        db.query_one("SELECT 1 FROM events WHERE event_type = ? AND run_id = ? LIMIT 1", (event_type, run_id))
+        is not None
+    )
 
 
 # -- task_history -------------------------------------------------------------------------------
@@ -183,7 +186,9 @@ def decode_task_metadata(raw: str | dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(k for k in parsed if k not in ("metadataVersion", "durationMs", "detail", "profile"))
         if unknown:
             raise _metadata_error(f"unknown v1 fields: {', '.join(unknown)}")
-        if "metadataVersion" in parsed and not (_is_number(parsed["metadataVersion"]) and parsed["metadataVersion"] == 1):
+        if "metadataVersion" in parsed and not (
+            _is_number(parsed["metadataVersion"]) and parsed["metadataVersion"] == 1
+        ):
             raise _metadata_error("invalid v1 metadataVersion")
         if "durationMs" in parsed and not _is_number(parsed["durationMs"]):
             raise _metadata_error("durationMs must be a number")

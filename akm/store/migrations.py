@@ -207,9 +207,7 @@ MIGRATIONS: list[tuple[str, str]] = [
 # only takes effect outside a transaction), then verified with `PRAGMA foreign_key_check`.
 REBUILDS_REFERENCED_TABLE = frozenset({"0005-run-status-abandoned"})
 
-LEDGER_DDL = (
-    "CREATE TABLE IF NOT EXISTS schema_migrations (id TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
-)
+LEDGER_DDL = "CREATE TABLE IF NOT EXISTS schema_migrations (id TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
 
 
 def split_statements(sql: str) -> list[str]:
@@ -242,8 +240,9 @@ def applied_ids(db: Database) -> list[str]:
 _UPSTREAM_ID = re.compile(r"^\d{3}-")
 
 
-def refuse_foreign(conn: sqlite3.Connection, path: object = None,
-                   registry: Sequence[tuple[str, str]] | None = None) -> None:
+def refuse_foreign(
+    conn: sqlite3.Connection, path: object = None, registry: Sequence[tuple[str, str]] | None = None
+) -> None:
     """Raise `JOURNAL_FOREIGN` unless the file is empty or an akm (Python) journal.
 
     Ours means: a `schema_migrations` ledger whose first applied id is one of our
@@ -255,8 +254,9 @@ def refuse_foreign(conn: sqlite3.Connection, path: object = None,
     check runs before akm sets any pragma that would change the file.
     """
     registry = MIGRATIONS if registry is None else registry
-    tables = sorted(r[0] for r in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'"))
+    tables = sorted(
+        r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%'")
+    )
     if not tables:
         return
     applied: list[str] = []
@@ -279,8 +279,8 @@ def refuse_foreign(conn: sqlite3.Connection, path: object = None,
         f"so akm will neither read nor change it.{looks_like}",
         code="JOURNAL_FOREIGN",
         hint=f"akm keeps its journal in its own file, {JOURNAL_FILE_NAME}, in its data directory "
-             "(AKM_DATA_DIR, else the per-user data directory); move this file away or point AKM_DATA_DIR "
-             "at another directory.",
+        "(AKM_DATA_DIR, else the per-user data directory); move this file away or point AKM_DATA_DIR "
+        "at another directory.",
     )
 
 
@@ -328,7 +328,9 @@ def apply_migrations(db: Database, registry: Sequence[tuple[str, str]] | None = 
                 for statement in split_statements(sql):
                     conn.execute(statement)
                 if rebuild and conn.execute("PRAGMA foreign_key_check").fetchone() is not None:
-                    raise JournalError(f"schema migration {mid} of {db.path} would break foreign keys; nothing was changed")
+                    raise JournalError(
+                        f"schema migration {mid} of {db.path} would break foreign keys; nothing was changed"
+                    )
                 conn.execute("INSERT INTO schema_migrations (id, applied_at) VALUES (?, ?)", (mid, now_iso()))
             done.append(mid)
         finally:

@@ -40,8 +40,8 @@ from akm.canonical import CanonicalError, canonical_json, compact_json
 from akm.errors import NotFoundError, UsageError
 from akm.store.db import Database, now_iso
 from akm.store.events import append_event, has_event
-
 from akm.store.status import DRIVABLE_STATUSES, RUN_STATUSES, STEP_TERMINAL_STATUSES  # noqa: E402,F401
+
 LEASE_TTL_S = 90.0
 LEASE_TTL_ENV = "AKM_LEASE_TTL_S"  # overrides the TTL (seconds); for tests and slow shared hosts
 
@@ -101,7 +101,9 @@ class Run(NamedTuple):
         if not isinstance(value, dict):
             raise UsageError(
                 f"Run {self.id} has a corrupt params record (not a JSON object); it can still be inspected "
-                "or abandoned.", code="CORRUPT_RUN", details={"runId": self.id},
+                "or abandoned.",
+                code="CORRUPT_RUN",
+                details={"runId": self.id},
             )
         return value
 
@@ -190,7 +192,7 @@ def host_id() -> str:
             ns = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
         except OSError:
             ns = ""
-        ns = ns[ns.find("[") + 1:ns.rfind("]")] if "[" in ns else ns
+        ns = ns[ns.find("[") + 1 : ns.rfind("]")] if "[" in ns else ns
         _HOST_ID = "/".join(part for part in (hostname(), boot, ns) if part) if boot or ns else hostname()
     return _HOST_ID
 
@@ -205,9 +207,12 @@ def lease_ttl_s() -> float:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        raise UsageError(f"{LEASE_TTL_ENV} must be a number of seconds greater than 0, not {raw!r}.",
-                         code="INVALID_ENV", details={"name": LEASE_TTL_ENV, "value": raw},
-                         hint=f"Unset {LEASE_TTL_ENV} for the default of {LEASE_TTL_S:g} s.")
+        raise UsageError(
+            f"{LEASE_TTL_ENV} must be a number of seconds greater than 0, not {raw!r}.",
+            code="INVALID_ENV",
+            details={"name": LEASE_TTL_ENV, "value": raw},
+            hint=f"Unset {LEASE_TTL_ENV} for the default of {LEASE_TTL_S:g} s.",
+        )
     return value
 
 
@@ -262,10 +267,16 @@ def run_status(db: Database, run_id: str) -> str | None:
 def not_drivable_error(run_id: str, status: str, verb: str) -> UsageError:
     """The one refusal for acting on a run that cannot be driven: abandoned runs say so (they are final)."""
     if status == "abandoned":
-        return UsageError(f"workflow run {run_id} was abandoned and cannot be {verb}; abandoning is final",
-                          code="RUN_ABANDONED", details={"runId": run_id, "status": status})
-    return UsageError(f"workflow run {run_id} is {status} and cannot be {verb}", code="RUN_NOT_ACTIVE",
-                      details={"runId": run_id, "status": status})
+        return UsageError(
+            f"workflow run {run_id} was abandoned and cannot be {verb}; abandoning is final",
+            code="RUN_ABANDONED",
+            details={"runId": run_id, "status": status},
+        )
+    return UsageError(
+        f"workflow run {run_id} is {status} and cannot be {verb}",
+        code="RUN_NOT_ACTIVE",
+        details={"runId": run_id, "status": status},
+    )
 
 
 def require_run(db: Database, run_id: str) -> Run:
@@ -274,8 +285,9 @@ def require_run(db: Database, run_id: str) -> Run:
     if run is None:
         from akm.text import shown
 
-        raise NotFoundError(f"No workflow run with id {shown(run_id)}.", code="RUN_NOT_FOUND",
-                            details={"runId": run_id})
+        raise NotFoundError(
+            f"No workflow run with id {shown(run_id)}.", code="RUN_NOT_FOUND", details={"runId": run_id}
+        )
     return run
 
 
@@ -383,8 +395,20 @@ def create_run(
             "INSERT INTO runs (id, workflow_ref, workflow_path, title, status, params_json, current_step_id, "
             "created_at, updated_at, scope_key, plan_json, plan_hash, hash_version) "
             "VALUES (?, ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, workflow_ref, workflow_path, title, compact_json(params), steps[0], now, now, scope_key,
-             plan_json, plan_hash, hash_version),
+            (
+                run_id,
+                workflow_ref,
+                workflow_path,
+                title,
+                compact_json(params),
+                steps[0],
+                now,
+                now,
+                scope_key,
+                plan_json,
+                plan_hash,
+                hash_version,
+            ),
         )
         conn.executemany(
             "INSERT INTO steps (run_id, step_id, sequence_index, status) VALUES (?, ?, ?, 'pending')",
@@ -431,10 +455,11 @@ def lease_lost_error(run_id: str, fence: Fence, holder: str | None, epoch: int |
     who = f"held by {holder} (epoch {epoch})" if holder else f"released (epoch {epoch})"
     return UsageError(
         f"This invocation lost its lease on run {run_id} (it held epoch {fence.epoch}; the lease is now {who}); "
-        "nothing was written.", code="LEASE_LOST",
+        "nothing was written.",
+        code="LEASE_LOST",
         details={"runId": run_id, "epoch": fence.epoch, "currentEpoch": epoch, "holder": holder},
         hint="Another invocation drives the run now (it redoes what this one left unfinished); "
-             "`workflow status` shows it.",
+        "`workflow status` shows it.",
     )
 
 
@@ -530,8 +555,9 @@ def complete_step(
 # -- status changes ---------------------------------------------------------------------------
 
 
-def set_run_status(db: Database, run_id: str, status: str, detail: dict[str, Any] | None = None,
-                   *, fence: Fence | None = None) -> Run:
+def set_run_status(
+    db: Database, run_id: str, status: str, detail: dict[str, Any] | None = None, *, fence: Fence | None = None
+) -> Run:
     """Switch a drivable run between `active` and `awaiting_session` (D11), storing `detail`.
 
     Only drivable runs move, and only to a drivable status; anything else is a
@@ -575,8 +601,9 @@ def resume_run(db: Database, run_id: str) -> Run:
     No event (spec §8.1).
     """
     with db.tx() as conn:
-        row = conn.execute("SELECT status, current_step_id, status_detail_json FROM runs WHERE id = ?",
-                           (run_id,)).fetchone()
+        row = conn.execute(
+            "SELECT status, current_step_id, status_detail_json FROM runs WHERE id = ?", (run_id,)
+        ).fetchone()
         if row is None:
             raise NotFoundError(f"workflow run {run_id!r} not found")
         if row["status"] == "completed":
@@ -593,12 +620,17 @@ def resume_run(db: Database, run_id: str) -> Run:
                 )
                 # A session unit failed for good is offered to the agent again (the native engine
                 # re-dispatches its own failed units on the next invocation anyway).
-                conn.execute("UPDATE units SET reopened = 1 WHERE run_id = ? AND step_id = ? AND phase IS NULL "
-                             "AND status = 'failed' AND runner = 'session'", (run_id, step_id))
+                conn.execute(
+                    "UPDATE units SET reopened = 1 WHERE run_id = ? AND step_id = ? AND phase IS NULL "
+                    "AND status = 'failed' AND runner = 'session'",
+                    (run_id, step_id),
+                )
                 if _gate_exhausted(row["status_detail_json"]):
                     # D7: a fresh loop budget, counted from the last journaled gate loop
-                    conn.execute("UPDATE steps SET gate_loop_base = ? WHERE run_id = ? AND step_id = ?",
-                                 (_highest_gate_loop(conn, run_id, step_id), run_id, step_id))
+                    conn.execute(
+                        "UPDATE steps SET gate_loop_base = ? WHERE run_id = ? AND step_id = ?",
+                        (_highest_gate_loop(conn, run_id, step_id), run_id, step_id),
+                    )
             conn.execute(
                 "UPDATE runs SET status = 'active', updated_at = ?, completed_at = NULL, status_detail_json = NULL, "
                 "lease_holder = NULL, lease_host = NULL, lease_pid = NULL, lease_until = NULL WHERE id = ?",
@@ -618,9 +650,10 @@ def _gate_exhausted(detail_json: str | None) -> bool:
 def _highest_gate_loop(conn: Any, run_id: str, step_id: str) -> int:
     prefix = f"{step_id}.gate:l"
     loops = [0]
-    for r in conn.execute("SELECT unit_id FROM units WHERE run_id = ? AND step_id = ? AND phase = 'gate'",
-                          (run_id, step_id)):
-        tail = r["unit_id"][len(prefix):] if r["unit_id"].startswith(prefix) else ""
+    for r in conn.execute(
+        "SELECT unit_id FROM units WHERE run_id = ? AND step_id = ? AND phase = 'gate'", (run_id, step_id)
+    ):
+        tail = r["unit_id"][len(prefix) :] if r["unit_id"].startswith(prefix) else ""
         if tail.isdigit() and tail.isascii():
             loops.append(int(tail))
     return max(loops)
@@ -653,8 +686,11 @@ def abandon_run(db: Database, run_id: str) -> Run:
         if row is None:
             raise NotFoundError(f"workflow run {run_id!r} not found")
         if row["status"] in ("completed", "abandoned"):
-            raise UsageError(f"workflow run {run_id} is already {row['status']}", code="RUN_ALREADY_FINISHED",
-                             details={"runId": run_id, "status": row["status"]})
+            raise UsageError(
+                f"workflow run {run_id} is already {row['status']}",
+                code="RUN_ALREADY_FINISHED",
+                details={"runId": run_id, "status": row["status"]},
+            )
         changed: list[tuple[str, str]] = []
         for step in conn.execute(
             "SELECT step_id, status, notes FROM steps WHERE run_id = ? AND (status IN ('pending','running','blocked') "
@@ -748,8 +784,9 @@ def lease_fence(db: Database, run_id: str, holder: str) -> Fence | None:
     return Fence(holder, int(row["lease_epoch"])) if row else None
 
 
-def renew_lease(db: Database, run_id: str, holder: str, ttl_s: float | None = None,
-                *, epoch: int | None = None) -> bool:
+def renew_lease(
+    db: Database, run_id: str, holder: str, ttl_s: float | None = None, *, epoch: int | None = None
+) -> bool:
     """Extend our lease; False when `holder` (at `epoch`, when given) no longer owns it or the run
     stopped being drivable. `ttl_s` defaults to `lease_ttl_s()`."""
     ttl = lease_ttl_s() if ttl_s is None else ttl_s
@@ -789,8 +826,13 @@ def wait_lease_change(db: Database, run_id: str, seen: LeaseInfo, deadline: floa
     delay = 0.002
     while True:
         row = db.query_one("SELECT status, lease_holder, lease_until FROM runs WHERE id = ?", (run_id,))
-        if (row is None or row["status"] not in DRIVABLE_STATUSES or row["lease_holder"] != seen.holder
-                or row["lease_until"] is None or row["lease_until"] < now_iso()):
+        if (
+            row is None
+            or row["status"] not in DRIVABLE_STATUSES
+            or row["lease_holder"] != seen.holder
+            or row["lease_until"] is None
+            or row["lease_until"] < now_iso()
+        ):
             return True
         left = deadline - time.monotonic()
         if left <= 0:

@@ -95,20 +95,24 @@ def _next_stamp(previous: str | None) -> str:
     return now
 
 
-_UNIT_ROW_COLUMNS = ("INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, "
-                     "status, input_hash, worktree_path, started_at) VALUES (?,?,?,?,?,?,?,?,?,'running',?,?,?) ")
+_UNIT_ROW_COLUMNS = (
+    "INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, "
+    "status, input_hash, worktree_path, started_at) VALUES (?,?,?,?,?,?,?,?,?,'running',?,?,?) "
+)
 # The common case, a unit's first dispatch of a drivable run: one statement, no read. It writes
 # nothing when the row exists or the run cannot be driven (then `_insert_row` finds out which).
 _INSERT_FRESH = (
     "INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, "
     "status, input_hash, worktree_path, started_at) SELECT ?,?,?,?,?,?,?,?,?,'running',?,?,? "
     "WHERE EXISTS (SELECT 1 FROM runs WHERE id = ? AND status IN ("
-    + ",".join(f"'{status}'" for status in DRIVABLE_STATUSES) + ")) "
+    + ",".join(f"'{status}'" for status in DRIVABLE_STATUSES)
+    + ")) "
     "ON CONFLICT (run_id, unit_id) DO NOTHING"
 )
 # The same for a driver holding the lease: the run must still carry its fence, and for a while yet.
 _INSERT_FRESH_FENCED = _INSERT_FRESH.replace(
-    ")) ON CONFLICT", ") AND lease_holder = ? AND lease_epoch = ? AND lease_until >= ?) ON CONFLICT")
+    ")) ON CONFLICT", ") AND lease_holder = ? AND lease_epoch = ? AND lease_until >= ?) ON CONFLICT"
+)
 assert _INSERT_FRESH_FENCED != _INSERT_FRESH
 _REINSERT = _UNIT_ROW_COLUMNS + (
     "ON CONFLICT (run_id, unit_id) DO UPDATE SET step_id = excluded.step_id, node_id = excluded.node_id, "
@@ -157,8 +161,10 @@ class UnitFinish(NamedTuple):
 
     def meta(self, step_id: str | None) -> str:
         """The `workflow_unit_finished` metadata (compact JSON; ids, status, reason, tokens only)."""
-        text = (f'{{"runId":{_json_str(self.run_id)},"stepId":{_json_opt(step_id)},'
-                f'"unitId":{_json_str(self.unit_id)},"status":{_json_str(self.status)}')
+        text = (
+            f'{{"runId":{_json_str(self.run_id)},"stepId":{_json_opt(step_id)},'
+            f'"unitId":{_json_str(self.unit_id)},"status":{_json_str(self.status)}'
+        )
         if self.failure_reason is not None:
             text += f',"failureReason":{_json_str(self.failure_reason)}'
         if self.tokens is not None:
@@ -215,8 +221,18 @@ def _finish_row(conn: sqlite3.Connection, now: str, f: UnitFinish, fence: Fence 
         check_fence(conn, f.run_id, fence)
     cur = conn.execute(
         _FINISH,
-        (f.status, f.result_json, f.tokens, f.failure_reason, f.session_id, int(bool(f.truncated)), now, f.run_id,
-         f.unit_id, f.started_at),
+        (
+            f.status,
+            f.result_json,
+            f.tokens,
+            f.failure_reason,
+            f.session_id,
+            int(bool(f.truncated)),
+            now,
+            f.run_id,
+            f.unit_id,
+            f.started_at,
+        ),
     )
     if cur.rowcount == 1:
         step_id = f.step_id
@@ -261,8 +277,25 @@ def insert_unit(
     """
     with db.tx() as conn:
         now = now_iso()
-        started_at = _insert_row(conn, now, [run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner,
-                                             engine, model, input_hash, worktree_path, now], fence)
+        started_at = _insert_row(
+            conn,
+            now,
+            [
+                run_id,
+                unit_id,
+                step_id,
+                node_id,
+                parent_unit_id,
+                phase,
+                runner,
+                engine,
+                model,
+                input_hash,
+                worktree_path,
+                now,
+            ],
+            fence,
+        )
         conn.execute(_INSERT_EVENTS, ("workflow_unit_started", now, run_id, _started_meta(run_id, step_id, unit_id)))
     return started_at
 
@@ -292,9 +325,18 @@ def finish_unit(
     `fence`: the driver's lease; LEASE_LOST (nothing written) once another holder took the run —
     the row then belongs to the new holder, which dispatches it again.
     """
-    f = UnitFinish(run_id=run_id, unit_id=unit_id, started_at=started_at, status=status, result_json=result_json,
-                   tokens=tokens, failure_reason=failure_reason, session_id=session_id, truncated=truncated,
-                   step_id=step_id)
+    f = UnitFinish(
+        run_id=run_id,
+        unit_id=unit_id,
+        started_at=started_at,
+        status=status,
+        result_json=result_json,
+        tokens=tokens,
+        failure_reason=failure_reason,
+        session_id=session_id,
+        truncated=truncated,
+        step_id=step_id,
+    )
     with db.tx() as conn:
         now = now_iso()
         meta = _finish_row(conn, now, f, fence)
@@ -329,8 +371,25 @@ def finish_and_insert(
     with db.tx() as conn:
         now = now_iso()
         finished = _finish_row(conn, now, finish)  # fenced by the insert below: a refusal rolls back both
-        started_at = _insert_row(conn, now, [run_id, unit_id, step_id, node_id, parent_unit_id, None, runner,
-                                             engine, model, input_hash, worktree_path, now], fence)
+        started_at = _insert_row(
+            conn,
+            now,
+            [
+                run_id,
+                unit_id,
+                step_id,
+                node_id,
+                parent_unit_id,
+                None,
+                runner,
+                engine,
+                model,
+                input_hash,
+                worktree_path,
+                now,
+            ],
+            fence,
+        )
         started = ("workflow_unit_started", now, run_id, _started_meta(run_id, step_id, unit_id))
         if finished is None:
             conn.execute(_INSERT_EVENTS, started)
@@ -373,7 +432,7 @@ def unit_rows(db: Database, run_id: str, step_id: str) -> list[dict[str, Any]]:
     from many rows at once: a frozen dataclass per row costs more than the query itself."""
     sql = f"SELECT {_UNIT_COLUMNS} FROM units WHERE run_id = ? AND step_id = ? ORDER BY started_at, unit_id"
     names = _UNIT_FIELDS
-    return [dict(zip(names, row)) for row in db.query(sql, (run_id, step_id))]
+    return [dict(zip(names, row, strict=False)) for row in db.query(sql, (run_id, step_id))]
 
 
 class StepTally(NamedTuple):
@@ -416,8 +475,9 @@ def journal_totals(db: Database, run_id: str) -> tuple[int, int]:
 
 
 def _claim_of(row: Any) -> ClaimInfo:
-    return ClaimInfo(holder=row["claim_holder"], host=row["claim_host"], pid=row["claim_pid"],
-                     until=row["claim_expires_at"])
+    return ClaimInfo(
+        holder=row["claim_holder"], host=row["claim_host"], pid=row["claim_pid"], until=row["claim_expires_at"]
+    )
 
 
 class ReportWrite(NamedTuple):
@@ -481,29 +541,38 @@ def write_report(
             raise NotFoundError(f"No workflow run with id {run_id}.", code="RUN_NOT_FOUND")
         if run["status"] not in DRIVABLE_STATUSES:
             raise UsageError(f"Run {run_id} is {run['status']}; it no longer takes reports.", code="RUN_NOT_ACTIVE")
-        if (holder_is_live(run["lease_holder"], run["lease_host"], run["lease_pid"], run["lease_until"], now)
-                and not _is_report_lock(run["lease_holder"])):
+        if holder_is_live(
+            run["lease_holder"], run["lease_host"], run["lease_pid"], run["lease_until"], now
+        ) and not _is_report_lock(run["lease_holder"]):
             raise UsageError(
                 f"Run {run_id} is being driven by akm right now (lease holder {run['lease_holder']} until "
                 f"{run['lease_until']}); reports are refused while the engine owns the run.",
-                code="LEASE_HELD", details={"holder": run["lease_holder"], "until": run["lease_until"]},
+                code="LEASE_HELD",
+                details={"holder": run["lease_holder"], "until": run["lease_until"]},
             )
         row = conn.execute(
             "SELECT status, result_json, failure_reason, tokens, attempts, input_hash, claim_holder, claim_host, "
-            "claim_pid, claim_expires_at FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id),
+            "claim_pid, claim_expires_at FROM units WHERE run_id = ? AND unit_id = ?",
+            (run_id, unit_id),
         ).fetchone()
         finishing_claim = False
         prior_tokens = 0
         if row is not None:
             if row["status"] in ("completed", "failed"):
-                same = (row["status"] == status and row["result_json"] == result_json
-                        and (row["failure_reason"] or None) == (failure_reason or None))
+                same = (
+                    row["status"] == status
+                    and row["result_json"] == result_json
+                    and (row["failure_reason"] or None) == (failure_reason or None)
+                )
                 if same and not rerun:
                     return ReportWrite("idempotent")
                 if not rerun:
                     if status == "running":
-                        raise UsageError(f"Unit {unit_id} is already {row['status']}; it cannot be claimed again "
-                                         "unless it is re-run.", code="UNIT_TERMINAL")
+                        raise UsageError(
+                            f"Unit {unit_id} is already {row['status']}; it cannot be claimed again "
+                            "unless it is re-run.",
+                            code="UNIT_TERMINAL",
+                        )
                     raise UsageError(
                         f"Unit {unit_id} is already recorded as {row['status']} with a different result; the "
                         "journal keeps the first report unless this one is explicitly a re-run.",
@@ -511,70 +580,110 @@ def write_report(
                     )
                 prior_tokens = int(row["tokens"] or 0)
             else:  # running
-                live = holder_is_live(row["claim_holder"], row["claim_host"], row["claim_pid"],
-                                      row["claim_expires_at"], now)
+                live = holder_is_live(
+                    row["claim_holder"], row["claim_host"], row["claim_pid"], row["claim_expires_at"], now
+                )
                 if live and row["claim_holder"] != holder:
                     raise UsageError(
                         f"Unit {unit_id} is claimed by {row['claim_holder']} until {row['claim_expires_at']}; only "
-                        "that holder can report it.", code="CLAIM_HELD",
+                        "that holder can report it.",
+                        code="CLAIM_HELD",
                         details={"holder": row["claim_holder"], "until": row["claim_expires_at"]},
                     )
                 if row["claim_holder"] == holder and not live and status != "running":
                     raise UsageError(
                         f"Your claim on unit {unit_id} expired at {row['claim_expires_at']}; claim it again (status "
-                        "running) before reporting its result.", code="CLAIM_EXPIRED",
+                        "running) before reporting its result.",
+                        code="CLAIM_EXPIRED",
                     )
                 finishing_claim = row["claim_holder"] == holder and live
         if status == "running" and finishing_claim:
             conn.execute(
                 "UPDATE units SET claim_expires_at = ?, claim_host = ?, claim_pid = ?, last_checkin_at = ? "
-                "WHERE run_id = ? AND unit_id = ?", (now_iso(CLAIM_TTL_S), host, pid, now, run_id, unit_id))
+                "WHERE run_id = ? AND unit_id = ?",
+                (now_iso(CLAIM_TTL_S), host, pid, now, run_id, unit_id),
+            )
             return ReportWrite("heartbeat", ClaimInfo(holder, host, pid, now_iso(CLAIM_TTL_S)))
         totals = conn.execute(
             "SELECT COALESCE(SUM(attempts), 0) AS a, COALESCE(SUM(tokens), 0) AS t FROM units "
-            "WHERE run_id = ? AND phase IS NULL AND unit_id != ?", (run_id, unit_id)).fetchone()
+            "WHERE run_id = ? AND phase IS NULL AND unit_id != ?",
+            (run_id, unit_id),
+        ).fetchone()
         own_attempts = int(row["attempts"]) if row is not None else 0
         if not finishing_claim and max_units is not None and totals["a"] + own_attempts + 1 > max_units:
             raise UsageError(
                 f"budget exceeded (max_units ceiling): {totals['a'] + own_attempts} of {max_units} units already "
-                "dispatched in this run.", code="BUDGET_EXCEEDED")
+                "dispatched in this run.",
+                code="BUDGET_EXCEEDED",
+            )
         spent = int(totals["t"]) + (int(row["tokens"] or 0) if row is not None else 0)
         if max_tokens is not None and spent >= max_tokens:
-            raise UsageError(f"budget exceeded (max_tokens ceiling): {spent} of {max_tokens} tokens used.",
-                             code="BUDGET_EXCEEDED")
+            raise UsageError(
+                f"budget exceeded (max_tokens ceiling): {spent} of {max_tokens} tokens used.", code="BUDGET_EXCEEDED"
+            )
         if not finishing_claim:
-            started = insert_unit(db, run_id=run_id, unit_id=unit_id, step_id=step_id, node_id=node_id,
-                                  parent_unit_id=parent_unit_id, runner=runner, engine=engine, model=model,
-                                  input_hash=input_hash)
+            started = insert_unit(
+                db,
+                run_id=run_id,
+                unit_id=unit_id,
+                step_id=step_id,
+                node_id=node_id,
+                parent_unit_id=parent_unit_id,
+                runner=runner,
+                engine=engine,
+                model=model,
+                input_hash=input_hash,
+            )
         else:
-            started = conn.execute("SELECT started_at FROM units WHERE run_id = ? AND unit_id = ?",
-                                   (run_id, unit_id)).fetchone()["started_at"]
+            started = conn.execute(
+                "SELECT started_at FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)
+            ).fetchone()["started_at"]
         if status == "running":
             until = now_iso(CLAIM_TTL_S)
             conn.execute(
                 "UPDATE units SET claim_holder = ?, claim_host = ?, claim_pid = ?, claim_expires_at = ?, "
-                "last_checkin_at = ? WHERE run_id = ? AND unit_id = ?", (holder, host, pid, until, now, run_id, unit_id))
+                "last_checkin_at = ? WHERE run_id = ? AND unit_id = ?",
+                (holder, host, pid, until, now, run_id, unit_id),
+            )
             return ReportWrite("heartbeat", ClaimInfo(holder, host, pid, until))  # a claim is a sign of life
         carried = (prior_tokens + (tokens or 0)) if prior_tokens else tokens
-        finish_unit(db, run_id=run_id, unit_id=unit_id, started_at=started, status=status, result_json=result_json,
-                    tokens=carried, failure_reason=failure_reason, session_id=None)
+        finish_unit(
+            db,
+            run_id=run_id,
+            unit_id=unit_id,
+            started_at=started,
+            status=status,
+            result_json=result_json,
+            tokens=carried,
+            failure_reason=failure_reason,
+            session_id=None,
+        )
         crossed = None
-        if max_tokens is not None and spent - (int(row["tokens"] or 0) if row is not None else 0) + (carried or 0) >= max_tokens:
-            crossed = (f"budget exceeded (max_tokens ceiling): "
-                       f"{spent - (int(row['tokens'] or 0) if row is not None else 0) + (carried or 0)} of "
-                       f"{max_tokens} tokens used")
+        if (
+            max_tokens is not None
+            and spent - (int(row["tokens"] or 0) if row is not None else 0) + (carried or 0) >= max_tokens
+        ):
+            crossed = (
+                f"budget exceeded (max_tokens ceiling): "
+                f"{spent - (int(row['tokens'] or 0) if row is not None else 0) + (carried or 0)} of "
+                f"{max_tokens} tokens used"
+            )
         return ReportWrite("written", tokens_crossed=crossed)
 
 
 def guard_session_write(db: Database, run_id: str) -> None:
     """Refuse a session write (a verdict) when the run cannot take it: not drivable, or driven by the engine."""
-    run = db.query_one("SELECT status, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?",
-                       (run_id,))
+    run = db.query_one(
+        "SELECT status, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,)
+    )
     if run is None:
         raise NotFoundError(f"No workflow run with id {run_id}.", code="RUN_NOT_FOUND")
     if run["status"] not in DRIVABLE_STATUSES:
         raise UsageError(f"Run {run_id} is {run['status']}; it no longer takes reports.", code="RUN_NOT_ACTIVE")
-    if (holder_is_live(run["lease_holder"], run["lease_host"], run["lease_pid"], run["lease_until"], now_iso())
-            and not _is_report_lock(run["lease_holder"])):
-        raise UsageError(f"Run {run_id} is being driven by akm right now; reports are refused while the engine "
-                         "owns the run.", code="LEASE_HELD")
+    if holder_is_live(
+        run["lease_holder"], run["lease_host"], run["lease_pid"], run["lease_until"], now_iso()
+    ) and not _is_report_lock(run["lease_holder"]):
+        raise UsageError(
+            f"Run {run_id} is being driven by akm right now; reports are refused while the engine owns the run.",
+            code="LEASE_HELD",
+        )
