@@ -160,7 +160,6 @@ INVALID_ARGUMENT = "INVALID_ARGUMENT"  # the stable code of a bad argument value
 
 MAX_TIMEOUT_MS = 2_147_483_647  # about 24 days: what a timer can hold everywhere
 _DURATION_UNITS = (("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000))
-OUTPUT_FORMATS = ("text", "json", "mermaid")
 
 
 def parse_duration_ms(value: str | int) -> int:

@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 from akm.errors import ConfigError
 from akm.format.grammar import CONFIG_ENGINE_NAME_RE, ENV_VAR_RE, ENV_VAR_REF_RE
-from akm.record import dataclass, field
+from akm.record import dataclass
 
 CONFIG_FILE_NAME = "config.json"
 PROJECT_CONFIG_RELPATH = Path(".akm") / CONFIG_FILE_NAME
@@ -999,27 +999,3 @@ def set_default_if_unset(data: dict[str, Any], key: Literal["llmEngine", "agentE
         return False
     defaults[key] = name
     return True
-
-
-@dataclass
-class ConfigSummary:
-    """What a loaded config offers, in words a capability summary can use."""
-
-    llm_engines: list[str] = field(default_factory=list)
-    agent_engines: list[str] = field(default_factory=list)
-    default_llm: str | None = None
-    default_agent: str | None = None
-    judge: str | None = None
-
-
-def summarize(loaded: LoadedConfig | None) -> ConfigSummary:
-    if loaded is None:
-        return ConfigSummary()
-    cfg = loaded.config
-    return ConfigSummary(
-        llm_engines=sorted(n for n, e in cfg.engines.items() if e.kind == "llm"),
-        agent_engines=sorted(n for n, e in cfg.engines.items() if e.kind == "agent"),
-        default_llm=cfg.defaults.llm_engine,
-        default_agent=cfg.defaults.agent_engine,
-        judge=cfg.workflow.judge_engine,
-    )

@@ -335,20 +335,3 @@ class EventPage(View):
 
 
 ProgressEvent = Union[UnitFinished, StepFinished, StepStarted]
-
-VIEW_TYPES = [
-    StepView,
-    UnitView,
-    LeaseView,
-    RunView,
-    RunResult,
-    RunWarning,
-    UnitFinished,
-    StepFinished,
-    GraphNode,
-    GraphEdge,
-    RunGraph,
-    RunList,
-    EventView,
-    EventPage,
-]

@@ -58,19 +58,6 @@ CONNECT_TIMEOUT_S = 30.0
 WATCHDOG_TICK_S = 0.02
 RESPONSE_SCHEMA_NAME = "akm_response"
 
-# Failure reasons this module reports (unit `retry.on` may name them).
-REASONS = (
-    "aborted",
-    "timeout",
-    "llm_rate_limit",
-    "llm_http_error",
-    "llm_bad_response",
-    "llm_network_error",
-    "llm_content_filter",
-    "dispatch_error",
-    "env_unsupported",
-)
-
 
 class LlmCallError(Exception):
     """A chat completion that did not produce an answer.

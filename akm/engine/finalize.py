@@ -477,10 +477,3 @@ def _after_result(
             "judge", evidence=evidence, summary=summary, route=route, artifact=evidence.get("output"), **common
         )
     return StepDecision("complete", evidence=evidence, summary=summary, route=route, **common)
-
-
-def after_verdict(step: StepPlan, gate: GateState, verdict: Verdict) -> str:
-    """What a freshly journaled verdict means: `complete`, `retry` (next loop) or `block` (D7)."""
-    if verdict.complete:
-        return "complete"
-    return "retry" if gate.loops_left_after > 0 else "block"

@@ -69,24 +69,6 @@ def index_completed_rows(rows: list[dict[str, Any]]) -> dict[str, list[dict[str,
     return index
 
 
-def classify_reuse(
-    base_id: str, input_hash: str, completed: dict[str, list[dict[str, Any]]], gate_loop: int
-) -> ReuseDecision:
-    """Reuse a completed row with the same hash; a loop-1 completed row with another hash is divergence.
-
-    `completed` comes from `index_completed_rows`. Running and failed rows never
-    block: the next dispatch of the same attempt id overwrites them. Rows beyond
-    the current `retry.max` still count (the plan's retry policy is not in the hash).
-    """
-    family = completed.get(base_id, [])
-    for row in family:
-        if row.get("input_hash") and row["input_hash"] == input_hash:
-            return ReuseDecision("reuse", row=row)
-    if family and gate_loop <= 1:
-        return ReuseDecision("diverge", attempt_id=family[0]["unit_id"])
-    return ReuseDecision("dispatch")
-
-
 def outcome_from_row(unit_id: str, row: dict[str, Any], has_schema: bool) -> UnitOutcome:
     raw = row.get("result_json")
     parsed: Any = None
@@ -145,10 +127,6 @@ class StepResult:
     artifact_schema_failure: bool = False
     unit_count: int = 0
     failed_units: int = 0
-
-
-def failed_step(reason: str) -> StepResult:
-    return StepResult(ok=False, evidence={"error": reason}, summary=reason)
 
 
 def unit_evidence(outcome: UnitOutcome) -> dict[str, Any]:

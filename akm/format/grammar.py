@@ -32,7 +32,8 @@ MAX_EXEC_CWD_CHARS = 1024
 MAX_EXEC_PASS_ENV = 32
 
 # ---- the keys each mapping allows (unknown keys are errors, with a did-you-mean) ----
-TOP_LEVEL_KEYS = (
+# The asset envelope: keys a workflow shares with other knowledge files (also kept by `upgrade`).
+ENVELOPE_KEYS = (
     "type",
     "description",
     "tags",
@@ -45,6 +46,9 @@ TOP_LEVEL_KEYS = (
     "provenance",
     "status",
     "stale_after",
+)
+TOP_LEVEL_KEYS = (
+    *ENVELOPE_KEYS,
     "params",
     "defaults",
     "budget",

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from akm.errors import UsageError
+from akm.format.grammar import ENVELOPE_KEYS
 from akm.format.schema import check_schema_definition
 from akm.format.yaml12 import Yaml12Resolver, load_yaml
 from akm.record import dataclass, field
@@ -65,20 +66,6 @@ _CRITERIA_PARTS = {
     "definition of done",
 }
 
-ENVELOPE_KEYS = (
-    "type",
-    "description",
-    "tags",
-    "when_to_use",
-    "xrefs",
-    "updated",
-    "timestamp",
-    "generated",
-    "verified",
-    "provenance",
-    "status",
-    "stale_after",
-)
 _STRING_KEYS = ("description", "when_to_use", "updated", "timestamp", "stale_after")
 _KEY_ALIASES = {
     "when-to-use": "when_to_use",

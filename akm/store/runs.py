@@ -580,17 +580,6 @@ def set_run_status(
     return require_run(db, run_id)
 
 
-def set_status_detail(db: Database, run_id: str, detail: dict[str, Any] | None) -> None:
-    """Replace the run's status detail (any status); None clears it."""
-    with db.tx() as conn:
-        cur = conn.execute(
-            "UPDATE runs SET status_detail_json = ? WHERE id = ?",
-            (compact_json(detail) if detail else None, run_id),
-        )
-        if cur.rowcount == 0:
-            raise NotFoundError(f"workflow run {run_id!r} not found")
-
-
 def resume_run(db: Database, run_id: str) -> Run:
     """Reopen a blocked/failed run (spec §3.7). Returns the run after the call.
 
