@@ -73,3 +73,14 @@ def sha256_hex(text: str) -> str:
 
 def canonical_hash(value: Any) -> str:
     return sha256_hex(canonical_json(value))
+
+
+def json_object(value: Any) -> dict[str, Any]:
+    """`value` if it is a JSON object, else {}: for reading JSON whose shape is not ours to trust (a harness's
+    output, a stored record), so a missing or odd field reads as empty instead of raising."""
+    return value if isinstance(value, dict) else {}
+
+
+def json_array(value: Any) -> list[Any]:
+    """`value` if it is a JSON array, else [] (see `json_object`)."""
+    return value if isinstance(value, list) else []

@@ -30,6 +30,7 @@ import json
 import re
 from typing import Any, Callable, Mapping
 
+from akm.canonical import json_object
 from akm.dispatch.llm import strict_compatible
 from akm.dispatch.types import token_count
 from akm.record import dataclass, field
@@ -280,8 +281,9 @@ def _extract_claude(stdout: str) -> Extracted:
     doc = _claude_result(stdout)
     if doc is None or not (doc.get("type") == "result" or ("result" in doc and doc.get("session_id"))):
         return Extracted(stdout.strip(), parsed=False)
-    usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
-    text = doc.get("result") if isinstance(doc.get("result"), str) else ""
+    usage = json_object(doc.get("usage"))
+    result = doc.get("result")
+    text = result if isinstance(result, str) else ""
     error = None
     if doc.get("is_error") is True or str(doc.get("subtype", "")).startswith("error"):
         error = f"claude reported {doc.get('subtype') or 'an error'}: {text}".rstrip(": ")
@@ -334,10 +336,10 @@ def _extract_codex(stdout: str) -> Extracted:
                 text = item["text"]
         elif kind == "turn.completed":
             error = None  # a later completed turn supersedes an earlier stream error
-            u = ev.get("usage") if isinstance(ev.get("usage"), dict) else {}
+            u = json_object(ev.get("usage"))
             tokens = _sum(tokens, token_count(u.get("input_tokens")), token_count(u.get("output_tokens")))
         elif kind in ("turn.failed", "error"):
-            err = ev.get("error") if isinstance(ev.get("error"), dict) else ev
+            err = json_object(ev.get("error")) or ev
             error = str(err.get("message") or "codex reported a failure")
         msg = ev.get("msg") if isinstance(ev.get("msg"), dict) else None  # the older exec --json shape
         if msg:
@@ -420,7 +422,7 @@ def _extract_opencode(stdout: str) -> Extracted:
     order: list[str] = []
     for ev in events:
         session = session or ev.get("sessionID") or None
-        part = ev.get("part") if isinstance(ev.get("part"), dict) else {}
+        part = json_object(ev.get("part"))
         if ev.get("type") == "text" and isinstance(part.get("text"), str):
             mid = str(part.get("messageID") or "")
             if mid not in by_message:
@@ -465,7 +467,7 @@ def _extract_gemini(stdout: str) -> Extracted:
     )
     session = next((str(doc[k]) for k in _SESSION_KEYS if doc.get(k)), None)
     tokens = None
-    stats = doc.get("stats") if isinstance(doc.get("stats"), dict) else {}
+    stats = json_object(doc.get("stats"))
     for model_stats in (stats.get("models") or {}).values() if isinstance(stats.get("models"), dict) else []:
         t = model_stats.get("tokens") if isinstance(model_stats, dict) else None
         if isinstance(t, dict):
@@ -505,7 +507,7 @@ def _extract_copilot(stdout: str) -> Extracted:
     text = session = error = None
     tokens: int | None = None
     for ev in events:
-        data = ev.get("data") if isinstance(ev.get("data"), dict) else {}
+        data = json_object(ev.get("data"))
         kind = ev["type"]
         if kind == "session.start":
             session = session or data.get("sessionId")
@@ -555,7 +557,7 @@ def _extract_pi(stdout: str) -> Extracted:
                 t = _text_parts(msg.get("content"))
                 if t.strip():
                     text = t
-                u = msg.get("usage") if isinstance(msg.get("usage"), dict) else {}
+                u = json_object(msg.get("usage"))
                 tokens = _sum(tokens, token_count(u.get("input")), token_count(u.get("output")))
                 if msg.get("stopReason") == "error":
                     error = str(msg.get("errorMessage") or "pi reported an error")
@@ -667,7 +669,7 @@ def _extract_openhands(stdout: str) -> Extracted:
         )
         if ev.get("source") not in (None, "agent"):
             continue
-        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+        args = json_object(ev.get("args"))
         if ev.get("action") == "message":
             text = args.get("content") or ev.get("message") or text
         elif ev.get("action") == "finish":

@@ -158,7 +158,7 @@ class EngineFreezer:
     def __init__(self, loaded: Any = None) -> None:
         """`loaded` is an `akm.config.LoadedConfig`, or None when there is no config file at all."""
         self.loaded = loaded
-        self.cfg = loaded.config if loaded is not None else None
+        self.cfg: Any = loaded.config if loaded is not None else None  # a pydantic or plain-record config
         self.snapshots: dict[str, dict[str, Any]] = {}
 
     @property

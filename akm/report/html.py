@@ -26,6 +26,7 @@ import re
 import time
 from typing import Any
 
+from akm.canonical import json_array, json_object
 from akm.report.escape import clip, esc, short
 from akm.report.graph_svg import graph_svg
 from akm.report.timeline_svg import Attempt, attempts_from_events, duration_text, seconds, timeline_svg
@@ -300,7 +301,7 @@ class _Report:
             return ""
         rows = []
         for loop, u in sorted(loops, key=lambda p: p[0]):
-            verdict = u.get("result") if isinstance(u.get("result"), dict) else {}
+            verdict = json_object(u.get("result"))
             if u.get("status") == "failed":
                 outcome = f'<span class="verdict-fail">judge failed</span> ({esc(u.get("failureReason") or "")})'
             elif verdict.get("complete") is True:
@@ -309,7 +310,7 @@ class _Report:
                 outcome = '<span class="verdict-fail">rejected</span>'
             else:
                 outcome = esc(u.get("status"))
-            missing = verdict.get("missing") if isinstance(verdict.get("missing"), list) else []
+            missing = json_array(verdict.get("missing"))
             miss = "".join(f"<li>{esc(short(str(m_), 400))}</li>" for m_ in missing[:50])
             feedback = verdict.get("feedback")
             fb = esc(clip(str(feedback), 4000)[0]) if feedback else '<span class="muted">—</span>'

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from akm import config as cfg
+from akm.canonical import json_object
 from akm.errors import ConfigError
 from akm.setup.detect import Detection, ModelServer
 from akm.setup.verify import JsonSchemaProbe, Verification, probe_json_schema, verify_endpoint
@@ -101,7 +102,7 @@ def _upsert(
     same server with another model is not "the same" (it is left alone, and a
     new engine is added beside it).
     """
-    engines = effective.get("engines") if isinstance(effective.get("engines"), dict) else {}
+    engines = json_object(effective.get("engines"))
     pool = {
         n: e
         for n, e in engines.items()
@@ -242,7 +243,7 @@ def recommend(
             warn(f"Skipping detected LLM {server.label} at {server.base} (model {server.default_model}): {v.reason}")
     if not _get(effective, "defaults", "agentEngine") and detection.agent_clis:
         # a platform the user already configured an engine for wins (that engine is then reused as is)
-        engines = effective.get("engines") if isinstance(effective.get("engines"), dict) else {}
+        engines = json_object(effective.get("engines"))
         configured: dict[str, dict[str, Any]] = {}
         for name in sorted(engines):  # the alphabetically first engine of a platform, like find_engine
             e = engines[name]

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from akm.canonical import json_object
 from akm.config import ENV_NAME_RE, normalize_chat_endpoint, strip_jsonc
 
 PROBE_URLS_ENV = "AKM_SETUP_PROBE_URLS"
@@ -247,7 +248,7 @@ def import_claude_code(home: Path) -> HarnessConfig | None:
         data = _read_json_file(path)
         if data is None:
             continue
-        env = data.get("env") if isinstance(data.get("env"), dict) else {}
+        env = json_object(data.get("env"))
         candidate = data.get("model") or env.get("ANTHROPIC_MODEL")
         if isinstance(candidate, str) and candidate.strip():
             model, source = candidate.strip(), str(path)
@@ -307,7 +308,7 @@ def _opencode_from(data: dict[str, Any], file: str) -> HarnessConfig:
             )
         )
         if chosen:
-            opts = providers[chosen].get("options") if isinstance(providers[chosen].get("options"), dict) else {}
+            opts = json_object(providers[chosen].get("options"))
             provider_id = chosen
             base_url = opts.get("baseURL") or opts.get("baseUrl") or opts.get("base_url")
             key_value = opts.get("apiKey")
@@ -423,7 +424,7 @@ def _chat_models_ollama(doc: Any) -> tuple[list[str], list[str]] | None:
             continue
         name = str(m.get("name") or m.get("model")).removesuffix(":latest")
         names.append(name)
-        details = m.get("details") if isinstance(m.get("details"), dict) else {}
+        details = json_object(m.get("details"))
         families = [str(details.get("family") or "")] + [str(f) for f in details.get("families") or []]
         if not _EMBEDDING.search(name) and not any("bert" in f.lower() for f in families):
             chat.append(name)
