@@ -838,7 +838,6 @@ def wait_run(
     cancel = cancel or Cancellation()
     db = _open_db()
     try:
-        run = _require_run(db, run_id)
         delay, undriven_since = 0.1, None
         import threading
 

@@ -38,21 +38,15 @@ class Listener:
     def __init__(self, size: int = 256) -> None:
         self._items: collections.deque[dict[str, Any]] = collections.deque(maxlen=size)
         self._lock = threading.Lock()
-        self.dropped = 0
-        self.wake = threading.Event()
 
     def put(self, item: dict[str, Any]) -> None:
         with self._lock:
-            if len(self._items) == self._items.maxlen:
-                self.dropped += 1
-            self._items.append(item)
-        self.wake.set()
+            self._items.append(item)  # a full mailbox drops its oldest message
 
     def take(self) -> list[dict[str, Any]]:
         with self._lock:
             items = list(self._items)
             self._items.clear()
-            self.wake.clear()
         return items
 
 
@@ -67,15 +61,12 @@ class Drive:
         self.result: RunResult | None = None
         self.error: AkmError | None = None
         self.delivered = False  # a call has reported the final result
-        self.started_mono = time.monotonic()
         self._lock = threading.Lock()
         self._steps: dict[str, StepCount] = {}
-        self._executed: list[dict[str, Any]] = []
         self._listeners: set[Listener] = set()
         self.carried: list[dict[str, Any]] = []  # what an earlier, unreported driver of the run executed
         self.carried_progress: list[StepCount] = []  # and how far it got
         self.warnings: list[str] = []
-        self.thread: threading.Thread | None = None
 
     # -- what the driver reports (worker threads) ------------------------------------------------------
     def on_progress(self, p: Any) -> None:
@@ -165,10 +156,9 @@ class Drives:
                 fresh.carried = list(unreported.carried) + list(unreported.result.executed)
                 fresh.carried_progress = unreported.progress()
             self._drives[opened.run_id] = fresh
-            fresh.thread = threading.Thread(
+            threading.Thread(
                 target=self._drive, args=(fresh, cwd or self.cwd), name=f"akm-drive-{opened.run_id[:8]}", daemon=True
-            )
-            fresh.thread.start()
+            ).start()
             return fresh, opened
 
     def get(self, run_id: str) -> Drive | None:
@@ -219,10 +209,6 @@ class Drives:
         deadline = time.monotonic() + wait_s
         for d in drives:
             d.finished.wait(max(0.0, deadline - time.monotonic()))
-
-    def live_count(self) -> int:
-        with self._lock:
-            return sum(1 for d in self._drives.values() if d.alive)
 
 
 def snapshot(drive: Drive, opened: api.OpenedRun) -> RunResult:

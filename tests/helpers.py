@@ -10,6 +10,7 @@ import os
 import sqlite3
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,24 @@ def run(path_or_id, project: Path, **kw) -> api.RunResult:
 def steps_of(result: api.RunResult) -> dict[str, dict]:
     """A run result's steps by id, as plain dicts."""
     return {s.id: s.model_dump() for s in result.run.steps}
+
+
+def wait_until(predicate, *, what: str = "condition", timeout: float = 120.0, every: float = 0.02):
+    """Poll `predicate` until it returns something truthy (returned); fail naming `what` after a generous
+    deadline. Tests wait for the event, never for a time window."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def process_gone(pid: int) -> bool:
+    """The process exited: no such pid, or a zombie nobody reaped yet (a zombie is dead for our purpose)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from akm import api, cli
-from tests.helpers import py, write_wf
+from tests.helpers import process_gone, py, wait_until, write_wf
 
 
 def fan(project: Path, starts: Path, release: Path | None = None, count: int = 4) -> Path:
@@ -40,23 +40,6 @@ def fan(project: Path, starts: Path, release: Path | None = None, count: int = 4
     )
 
 
-def _wait(pred, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
-
-
-def _dead(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 def test_detach_prints_the_run_id_at_once_and_wait_returns_its_exit_status(akm, project, tmp_path):
     fan(project, tmp_path / "starts")
     t0 = time.monotonic()
@@ -81,11 +64,11 @@ def test_wait_times_out_with_124_and_a_kill_9_of_the_detached_driver_redoes_only
     fan(project, starts, release, count=4)
     detached = akm.json("workflow", "run", "fan.md", "--detach")
     rid = detached["runId"]
-    _wait(lambda: starts.exists() and len(starts.read_text().split()) == 2)  # concurrency 2: two in flight
+    wait_until(lambda: starts.exists() and len(starts.read_text().split()) == 2)  # concurrency 2: two in flight
     timed_out = akm("workflow", "wait", rid, "--timeout", "300ms")
     assert timed_out.returncode == 124 and "--timeout expired" in timed_out.stdout
     os.kill(detached["pid"], signal.SIGKILL)
-    _wait(lambda: _dead(detached["pid"]))
+    wait_until(lambda: process_gone(detached["pid"]), what="the killed driver to exit")
     in_flight = set(starts.read_text().split())
     release.write_text("go")
     resumed = akm("workflow", "run", rid, "--format", "json", timeout=180)

@@ -22,7 +22,7 @@ from akm import api, paths
 from akm.errors import AkmError, UsageError
 from akm.store import runs, units
 from akm.store.db import now_iso, open_db
-from tests.helpers import write_wf
+from tests.helpers import wait_until, write_wf
 
 DEADLINE_S = 120.0
 
@@ -52,17 +52,6 @@ def _rows(sql: str, args: tuple = ()) -> list[tuple]:
         return con.execute(sql, args).fetchall()
     finally:
         con.close()
-
-
-def _wait(what: str, predicate, deadline_s: float = DEADLINE_S):
-    """Poll `predicate` until it returns something truthy; fail naming `what` after a generous deadline."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _lines(log: Path) -> list[list[str]]:
@@ -247,17 +236,22 @@ def test_a_driver_stopped_past_its_lease_starts_nothing_once_it_continues(tmp_pa
     first = _popen(_akm("workflow", "run", "fan.md"), project, env)
     second = None
     try:
-        _wait("two units of the first driver", lambda: len([p for p in _lines(log) if p[0] == "start"]) >= 2)
+        wait_until(
+            what="two units of the first driver",
+            predicate=lambda: len([p for p in _lines(log) if p[0] == "start"]) >= 2,
+        )
         run_id = _rows("SELECT id FROM runs")[0][0]
         _stop_outside_a_write(first)
         gate.touch()  # the units it started finish while it is stopped (they are not its to stop)
-        _wait("its units to end", lambda: sum(p[0] == "end" for p in _lines(log)) == 2)
-        _wait("its lease to lapse", lambda: _rows("SELECT lease_until < ? FROM runs", (now_iso(),))[0][0])
+        wait_until(what="its units to end", predicate=lambda: sum(p[0] == "end" for p in _lines(log)) == 2)
+        wait_until(
+            what="its lease to lapse", predicate=lambda: _rows("SELECT lease_until < ? FROM runs", (now_iso(),))[0][0]
+        )
         gate.unlink()
         second = _popen(_akm("workflow", "run", run_id), project, env)
-        _wait(
-            "the second driver to start a unit",
+        wait_until(
             lambda: any(p[0] == "start" and p[2] == str(second.pid) for p in _lines(log)),
+            what="the second driver to start a unit",
         )
         mark = len(_lines(log))
         os.kill(first.pid, signal.SIGCONT)
@@ -321,7 +315,7 @@ def test_a_driver_in_another_pid_namespace_does_not_take_over_a_live_run(tmp_pat
     env = _akm_env(tmp_path)
     first = _popen(_akm("workflow", "run", "one.md"), project, env)
     try:
-        _wait("the unit to start", lambda: any(p[0] == "start" for p in _lines(log)))
+        wait_until(what="the unit to start", predicate=lambda: any(p[0] == "start" for p in _lines(log)))
         run_id, holder = _rows("SELECT id, lease_holder FROM runs")[0]
         inside = subprocess.run(
             ["unshare", "--pid", "--fork", "--mount-proc", *_akm("workflow", "run", run_id)],
@@ -409,9 +403,9 @@ def test_workflow_run_waits_for_the_report_that_is_finishing_the_step(project, f
         assert _rows("SELECT lease_holder LIKE 'report:%' FROM runs WHERE id = ?", (rid,)) == [(1,)]
         driver = threading.Thread(target=call, args=("run", lambda: api.run_workflow(rid, cwd=str(project))))
         driver.start()
-        _wait(
-            "the driver to wait for the report's lock (or to give up)",
+        wait_until(
             lambda: not driver.is_alive() or _in_frame(driver, "wait_lease_change"),
+            what="the driver to wait for the report's lock (or to give up)",
         )
     finally:
         fake_openai.release.set()

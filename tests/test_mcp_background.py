@@ -21,7 +21,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters  # noqa: E402
 
-from tests.helpers import py, write_wf
+from tests.helpers import process_gone, py, wait_until, write_wf
 from tests.test_mcp_stdio import RawServer, server_env
 
 BOUND_S = float(os.environ.get("AKM_TEST_CALL_BOUND_S", "2"))
@@ -191,28 +191,6 @@ def test_an_llm_unit_longer_than_the_bound_finishes_with_one_request(
     assert len(fake_openai.bodies(f"slow-{LONG_S}")) == 1  # one request: nothing aborted and asked again
 
 
-def _wait(pred, timeout: float = 120.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purpose
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return True
-
-
 @pytest.mark.parametrize("how", ["stdin-closed", "sigterm"])
 def test_the_session_ending_stops_units_cleanly_and_the_run_resumes(akm_bin, shiv_root, tmp_path, project, how):
     pid_file = tmp_path / "unit.pid"
@@ -247,7 +225,7 @@ def test_the_session_ending_stops_units_cleanly_and_the_run_resumes(akm_bin, shi
                 "params": {"name": "workflow_run", "arguments": {"target": "hang.md"}, "_meta": {"progressToken": "p"}},
             }
         )
-        unit_pid = int(_wait(lambda: pid_file.exists() and pid_file.read_text(), what="the unit to start"))
+        unit_pid = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), what="the unit to start"))
         if how == "sigterm":
             srv.proc.send_signal(signal.SIGTERM)
         else:
@@ -256,7 +234,7 @@ def test_the_session_ending_stops_units_cleanly_and_the_run_resumes(akm_bin, shi
         frames = [json.loads(line) for line in srv.proc.stdout.read().splitlines() if line.strip()]
     finally:
         srv.close()
-    assert not _pid_alive(unit_pid)  # nothing orphaned
+    assert process_gone(unit_pid)  # nothing orphaned
     assert srv.proc.returncode == (143 if how == "sigterm" else 0)
     assert journal(data, "SELECT status, lease_holder FROM runs") == [("active", None)]
     assert journal(data, "SELECT status, failure_reason FROM units WHERE step_id = 'hang'") == [("failed", "aborted")]
@@ -311,7 +289,7 @@ def test_a_client_that_never_reads_cannot_wedge_the_run(akm_bin, shiv_root, tmp_
             }
         )
         # stdout is never read from here on: the pipe fills after a few hundred notifications
-        _wait(
+        wait_until(
             lambda: journal(data, "SELECT status FROM runs") == [("completed",)],
             timeout=600,
             what=f"the {count}-unit run to complete while its client reads nothing",
