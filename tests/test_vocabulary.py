@@ -1,4 +1,4 @@
-"""One vocabulary: every error code akm raises is an `akm.errors.Code`, spec/errors.md is generated from it,
+"""One vocabulary: every error code akm raises is an `akm.codes.Code`, spec/errors.md is generated from it,
 and the fronts' hint tables key on real codes (a typo there would be silent)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from akm import cli, errors
-from akm.errors import Code
+from akm import cli, codes, errors
+from akm.codes import Code
 
 ROOT = Path(__file__).resolve().parent.parent
 # `code="X"` in a call or `code = "X"` on an error class; the runtime's `fail("X", ...)`.
@@ -26,17 +26,17 @@ def _codes_in(paths: list[Path], pattern: re.Pattern[str]) -> dict[str, str]:
 
 
 def test_spec_errors_md_is_generated_from_the_enum():
-    assert (ROOT / "spec" / "errors.md").read_text(encoding="utf-8") == errors.render_errors_md(), (
-        "spec/errors.md is stale: python -m akm.errors > spec/errors.md"
+    assert (ROOT / "spec" / "errors.md").read_text(encoding="utf-8") == codes.render_errors_md(), (
+        "spec/errors.md is stale: python -m akm.codes > spec/errors.md"
     )
-    assert set(errors.CODE_MEANINGS) == set(Code)
+    assert set(codes.CODE_MEANINGS) == set(Code)
 
 
 def test_every_code_the_source_raises_is_in_the_enum():
     raised = _codes_in(sorted((ROOT / "akm").rglob("*.py")), _LITERAL)
     raised.update(_codes_in(sorted((ROOT / "bundle").glob("*.py")), _BUNDLE))
     unknown = {c: where for c, where in raised.items() if c not in Code.__members__ and c not in _NOT_ERRORS}
-    assert not unknown, f"codes missing from akm.errors.Code (add them with a meaning): {unknown}"
+    assert not unknown, f"codes missing from akm.codes.Code (add them with a meaning): {unknown}"
     unused = {c.value for c in Code} - set(raised) - {"ERROR", "INVALID_ARGUMENT", "UNKNOWN_FLAG", "UPGRADE_FAILED"}
     assert not unused, f"codes nothing raises (remove them, or raise them): {unused}"
 
