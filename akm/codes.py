@@ -77,6 +77,10 @@ class Code(StrEnum):
     JOURNAL_TOO_NEW = "JOURNAL_TOO_NEW"
     JOURNAL_FOREIGN = "JOURNAL_FOREIGN"
     JOURNAL_INCONSISTENT = "JOURNAL_INCONSISTENT"
+    JOURNAL_URL_INVALID = "JOURNAL_URL_INVALID"
+    JOURNAL_UNREACHABLE = "JOURNAL_UNREACHABLE"
+    JOURNAL_AUTH_FAILED = "JOURNAL_AUTH_FAILED"
+    JOURNAL_TLS_FAILED = "JOURNAL_TLS_FAILED"
     INVALID_TASK_METADATA = "INVALID_TASK_METADATA"
     # -- the single-file runtime (bundle/)
     UNSUPPORTED_PYTHON = "UNSUPPORTED_PYTHON"
@@ -151,6 +155,10 @@ CODE_MEANINGS: dict[Code, str] = {
     Code.JOURNAL_TOO_NEW: "the journal was migrated by a newer akm (exit 78)",
     Code.JOURNAL_FOREIGN: "the journal file is not akm's (exit 78)",
     Code.JOURNAL_INCONSISTENT: "the journal's migration ledger and schema disagree (exit 78)",
+    Code.JOURNAL_URL_INVALID: "a PostgreSQL journal URL cannot be used (scheme, port, sslmode, unset `${ENV}`; exit 78)",
+    Code.JOURNAL_UNREACHABLE: "the PostgreSQL journal server does not answer at the URL's host and port (exit 78)",
+    Code.JOURNAL_AUTH_FAILED: "the PostgreSQL journal server refused the URL's user or password (exit 78)",
+    Code.JOURNAL_TLS_FAILED: "TLS to the PostgreSQL journal server failed (sslmode / certificate; exit 78)",
     Code.INVALID_TASK_METADATA: "an invocation-history row has metadata akm cannot read",
     Code.UNSUPPORTED_PYTHON: "`dist/akm` needs CPython 3.11+ (exit 78)",
     Code.UNSUPPORTED_PLATFORM: "`dist/akm` carries no native code for this OS, machine or interpreter (exit 78)",

@@ -131,3 +131,21 @@ def cli(project, monkeypatch, capsys):
 
     call.json = call_json  # type: ignore[attr-defined]
     return call
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """A throwaway PostgreSQL server for the whole session (tests/pgcluster.py).
+
+    Skipped locally when no PostgreSQL binaries are installed; in CI (CI=1) their absence is a failure,
+    because .ci/run installs them.
+    """
+    from tests import pgcluster
+
+    bindir = pgcluster.find_bindir()
+    if bindir is None:
+        if running_in_ci():
+            pytest.fail("PostgreSQL binaries (initdb, pg_ctl) not found; .ci/run installs the postgresql package")
+        pytest.skip("no PostgreSQL binaries found (set AKM_TEST_PG_BINDIR)")
+    with pgcluster.cluster(bindir) as c:
+        yield c

@@ -737,7 +737,9 @@ def test_pkgutil_and_metadata_see_the_bundle(akm_bin, tmp_path):
         assert out["mcp"] == [f"mcp.{m}" for m in modules("mcp")] and "mcp.server" in out["mcp"], version
         assert out["mcp.server"] == [f"mcp.server.{m}" for m in modules("mcp/server")], version
         assert "mcp.server.stdio" in out["mcp.server"]
-        assert {"akm", "yaml", "pydantic", "mcp", "certifi", "_cffi_backend"} <= set(out["top"]), version
+        assert {"akm", "yaml", "pydantic", "mcp", "certifi", "_cffi_backend", "pg8000", "scramp", "asn1crypto"} <= set(
+            out["top"]
+        ), version
         assert not any(n.startswith("_akm") for n in out["top"]), version
         assert out["data"] > 100_000
         assert out["akm"] == out["akm_version"] and any(r.startswith("mcp") for r in out["akm_requires"])

@@ -52,7 +52,8 @@ def test_zipapp_quick_start(akm_zipapp, project):
 
 
 def test_cli_imports_nothing_heavy():
-    code = "import sys, akm.cli; bad=[m for m in ('mcp','httpx','pydantic','yaml','jsonschema','sqlite3') if m in sys.modules]; print(bad)"
+    heavy = ("mcp", "httpx", "pydantic", "yaml", "jsonschema", "sqlite3", "pg8000", "scramp", "asn1crypto")
+    code = f"import sys, akm.cli; bad=[m for m in {heavy!r} if m in sys.modules]; print(bad)"
     out = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
 
@@ -159,7 +160,8 @@ def test_a_run_without_params_imports_no_jsonschema_nor_platformdirs(tmp_path):
         "from akm.cli import main\n"
         "code = main(['workflow', 'run', 't.md', '--format', 'json'])\n"
         "print(json.dumps({'code': code, 'loaded': sorted({m.split('.')[0] for m in sys.modules} &\n"
-        "                  {'jsonschema', 'referencing', 'rpds', 'platformdirs'})}))\n"
+        "                  {'jsonschema', 'referencing', 'rpds', 'platformdirs',\n"
+        "                   'pg8000', 'scramp', 'asn1crypto', 'dateutil'})}))\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("XDG_CONFIG_HOME", "AKM_CONFIG_DIR")}
     env.update(PYTHONPATH=str(ROOT), AKM_DATA_DIR=str(tmp_path / "data"), HOME=str(tmp_path / "home"))
@@ -186,7 +188,7 @@ def test_a_run_with_params_and_schemas_imports_no_pydantic_jsonschema_nor_datacl
         "code = main(['workflow', 'run', 't.md', '--format', 'json'])\n"
         "print(json.dumps({'code': code, 'loaded': sorted({m.split('.')[0] for m in sys.modules} &\n"
         "                  {'pydantic', 'pydantic_core', 'jsonschema', 'dataclasses', 'inspect', 'concurrent',\n"
-        "                   'logging', 'uuid'})}))\n"
+        "                   'logging', 'uuid', 'pg8000', 'scramp', 'asn1crypto'})}))\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("XDG_CONFIG_HOME", "AKM_CONFIG_DIR")}
     env.update(PYTHONPATH=str(ROOT), AKM_DATA_DIR=str(tmp_path / "data"), HOME=str(tmp_path / "home"))
