@@ -16,16 +16,14 @@ LOWER = ("store", "dispatch", "format", "plan")
 UPPER = (
     "akm.engine",
     "akm.api",
-    "akm.api_models",
     "akm.cli",
-    "akm.cli_render",
     "akm.mcp",
-    "akm.mcp_stdio",
-    "akm.drives",
-    "akm.detach",
     "akm.setup",
     "akm.report",
 )
+# The fronts (`akm.cli`, `akm.mcp`) sit above everything; `setup/` is service code the api calls, so it
+# never reaches back up to the api or a front (the interactive wizard lives in `akm.cli`).
+FRONTS = ("akm.api", "akm.cli", "akm.mcp")
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -54,6 +52,33 @@ def test_lower_layers_import_nothing_above_them(layer):
             if any(name == up or name.startswith(up + ".") for up in UPPER):
                 bad.append(f"{path.relative_to(AKM.parent)}:{line} imports {name}")
     assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def _upward(layer: str, upper: tuple[str, ...]) -> list[str]:
+    bad = []
+    for path in sorted((AKM / layer).rglob("*.py")):
+        for line, name in _imports(path):
+            if any(name == up or name.startswith(up + ".") for up in upper):
+                bad.append(f"{path.relative_to(AKM.parent)}:{line} imports {name}")
+    return bad
+
+
+def test_setup_imports_neither_the_api_nor_a_front():
+    bad = _upward("setup", FRONTS)
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_nothing_below_the_fronts_imports_them():
+    """Only the fronts import the fronts: the api, engine and the rest never reach into `akm.cli`/`akm.mcp`."""
+    bad = []
+    for path in sorted(AKM.rglob("*.py")):
+        rel = path.relative_to(AKM)
+        if rel.parts[0] in ("cli", "mcp") or rel.name == "__main__.py":
+            continue
+        for line, name in _imports(path):
+            if any(name == up or name.startswith(up + ".") for up in ("akm.cli", "akm.mcp")):
+                bad.append(f"akm/{rel}:{line} imports {name}")
+    assert not bad, "imports of a front:\n" + "\n".join(bad)
 
 
 def test_the_check_sees_lazy_imports(tmp_path):

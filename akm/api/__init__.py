@@ -56,7 +56,7 @@ from akm.views import (  # noqa: F401  (the read paths' typed results, re-export
 )
 
 if TYPE_CHECKING:
-    from akm.api_models import (  # noqa: F401
+    from akm.api._models import (  # noqa: F401
         Brief,
         ConfigChange,
         ConfigPaths,
@@ -109,7 +109,7 @@ _MODELS = frozenset(
 
 def __getattr__(name: str) -> Any:
     if name in _MODELS:
-        from akm import api_models
+        from akm.api import _models as api_models
 
         return getattr(api_models, name)
     raise AttributeError(f"module 'akm.api' has no attribute {name!r}")
@@ -117,7 +117,7 @@ def __getattr__(name: str) -> Any:
 
 def _validated(model: str, given: Any, fields: dict[str, Any]) -> Any:
     """The request model `model` validated from `fields` (or `given` when it already is one)."""
-    from akm import api_models
+    from akm.api import _models as api_models
 
     return api_models._validated(getattr(api_models, model), given, fields)
 
@@ -267,7 +267,7 @@ def upgrade(path: str | UpgradeRequest, *, write: bool = False) -> UpgradeResult
                 details={"errors": errors},
             )
         Path(path).write_text(new_text, encoding="utf-8")
-    from akm.api_models import UpgradeResult
+    from akm.api._models import UpgradeResult
 
     return UpgradeResult(path=path, written=write, text=new_text, ok=not errors, errors=errors)
 
@@ -789,7 +789,7 @@ def detach_run(
 
     A run that is not drivable (completed, failed, blocked, abandoned) gets no driver (`pid` null).
     """
-    from akm import detach
+    from akm.api import _detach as detach
 
     steps = None if max_steps is None else _whole_number(max_steps, "max_steps", 0)
     timeout_ms = None if timeout is None else parse_duration_ms(timeout)
@@ -1283,7 +1283,7 @@ def next_brief(run_id: str, *, unit_id: str | None = None) -> Brief:
     req = _validated("NextRequest", None, {"run_id": run_id, "unit_id": unit_id})
     with _open_db(read_only=True) as db:
         _require_run(db, req.run_id)
-        from akm.api_models import Brief
+        from akm.api._models import Brief
 
         out = session.brief(db, req.run_id)
     if req.unit_id is not None:
@@ -1359,7 +1359,7 @@ def report_unit(
     with _open_db() as db:
         run = _require_run(db, req.run_id)
         root = _run_project_root(run, _work_dir(req.cwd))
-        from akm.api_models import ReportResult
+        from akm.api._models import ReportResult
 
         return ReportResult.model_validate(
             session.report(
@@ -1390,7 +1390,7 @@ def report_unit(
 
 
 def _setup_result(outcome: Any) -> SetupResult:
-    from akm.api_models import SetupResult
+    from akm.api._models import SetupResult
 
     return SetupResult(
         config_path=outcome.config_path,
@@ -1518,7 +1518,7 @@ def setup_save(
             warn(f"Could not probe engine {probe_result.engine} for json_schema support: {probe_result.reason}")
     target, file_obj, written, applied = core.save(intent, cwd=cwd, project=project)
     merged, _ = core.effective_after(core.SetupIntent(judge="keep"), cwd, project)
-    from akm.api_models import SetupResult
+    from akm.api._models import SetupResult
 
     return SetupResult(
         config_path=str(target),
@@ -1541,7 +1541,7 @@ def setup_save(
 def config_paths(*, cwd: str | None = None) -> ConfigPaths:
     """The user and project config paths (works even when a file is broken)."""
     from akm import config as cfg
-    from akm.api_models import ConfigPaths
+    from akm.api._models import ConfigPaths
 
     user, project = cfg.user_config_path(), cfg.project_config_path(cwd)
     return ConfigPaths(
@@ -1570,7 +1570,7 @@ def config_list(*, cwd: str | None = None) -> dict[str, Any]:
 def config_get(key: str, *, cwd: str | None = None) -> Any:
     """The effective value at a dotted key, or None when unset."""
     from akm import config as cfg
-    from akm import config_keys
+    from akm.config import keys as config_keys
 
     config_keys.leaf_kind(key)  # an unknown key is a usage error even when the config is broken
     return _public_config(config_keys.get_value(cfg.load_config(cwd).merged, key))
@@ -1583,7 +1583,7 @@ def config_set(key: str, raw_value: str, *, project: bool = False, cwd: str | No
     whole config must stay valid or nothing is written (ConfigError, exit 78).
     """
     from akm import config as cfg
-    from akm import config_keys
+    from akm.config import keys as config_keys
 
     value, unset = config_keys.coerce(key, raw_value)
     if unset:
@@ -1592,7 +1592,7 @@ def config_set(key: str, raw_value: str, *, project: bool = False, cwd: str | No
         lambda data: config_keys.set_value(data, key, value), project=project, cwd=cwd
     )
     target = cfg.project_config_path(cwd) if project else cfg.user_config_path()
-    from akm.api_models import ConfigChange
+    from akm.api._models import ConfigChange
 
     return ConfigChange(
         key=key, value=_public_config(config_keys.get_value(new, key)), file=str(target), written=written
@@ -1602,8 +1602,8 @@ def config_set(key: str, raw_value: str, *, project: bool = False, cwd: str | No
 def config_unset(key: str, *, project: bool = False, cwd: str | None = None) -> ConfigChange:
     """Remove a key from the user (or project) file; emptied parents are pruned. No file: nothing happens."""
     from akm import config as cfg
-    from akm import config_keys
-    from akm.api_models import ConfigChange
+    from akm.api._models import ConfigChange
+    from akm.config import keys as config_keys
 
     config_keys.leaf_kind(key)
     target = cfg.project_config_path(cwd) if project else cfg.user_config_path()
