@@ -304,7 +304,7 @@ def _open_db(*, read_only: bool = False):
     """The journal. `read_only` (the read commands): when it cannot be opened for writing — a read-only
     directory or mount — it is read as it is instead (`akm.store.db.open_db_read_only`)."""
     from akm.errors import JournalError
-    from akm.store.db import open_db, open_db_read_only
+    from akm.store import open_db, open_db_read_only
 
     path = paths.journal_path()
     try:
