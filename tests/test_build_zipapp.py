@@ -201,7 +201,9 @@ def test_carries_native_code_for_every_supported_python(akm_bin):
     # never imported, so never shipped: libyaml bindings (pure-Python PyYAML serves), cffi's and
     # pycparser's binding generators, package test suites
     assert not [k for k in index if re.match(r"(yaml/_yaml|_yaml/|cffi/|pycparser/|[^/]+/tests/)", k)]
-    assert "yaml/__init__.py" in index and "akm/cli.py" in index and "mcp/server/mcpserver/__init__.py" in index
+    assert (
+        "yaml/__init__.py" in index and "akm/cli/__init__.py" in index and "mcp/server/mcpserver/__init__.py" in index
+    )
 
 
 MACHINE_CODE = {  # what each target's extension modules must be: ELF e_machine, or Mach-O CPU type
@@ -383,7 +385,7 @@ def test_warm_start_reads_cached_bytecode_only(akm_bin, tmp_path):
     assert not (build_dir / "native").exists()  # --version needs no native code: nothing unpacked
     tag = sys.implementation.cache_tag
     assert (build_dir / "pyc" / tag / "_akm_boot.pyc").is_file() and (
-        build_dir / "pyc" / tag / "akm" / "cli.pyc"
+        build_dir / "pyc" / tag / "akm" / "cli" / "__init__.pyc"
     ).is_file()
     second = run(
         [sys.executable, "-S", "-X", "importtime", str(akm_bin), "--version"], env, tmp_path
@@ -394,7 +396,7 @@ def test_warm_start_reads_cached_bytecode_only(akm_bin, tmp_path):
     assert not imported & {"_akm_unpack", "zlib", "lzma", "zipfile", "importlib.metadata"}, imported
 
 
-# A command that loads pydantic (native code) and akm/api.py: a run no longer does (plain-record plan and
+# A command that loads pydantic (native code) and akm/api/__init__.py: a run no longer does (plain-record plan and
 # config), so the native-code paths are exercised through it.
 NATIVE_CMD = ("config", "path")
 
@@ -492,24 +494,28 @@ def test_a_damaged_file_says_so(akm_bin, tmp_path):
     _boot, unpack, index = bundle_facts(akm_bin)
     with zipfile.ZipFile(akm_bin) as zf:
         natives = {i.filename: i for i in zf.infolist() if i.filename.startswith("_akm_natives/")}
-    offset, stored = index["akm/api.py"][:2]
+    offset, stored = index["akm/api/__init__.py"][:2]
     stream, _off, _size, _sha = unpack["MEMBERS"][
         f"pydantic_core/_pydantic_core{__import__('_imp').extension_suffixes()[0]}"
     ]
     info = natives["_akm_natives/" + stream]
     stream_data = info.header_offset + 30 + len(info.filename) + 100 + info.compress_size // 2
     for name, at, what in (
-        ("source", offset + stored // 2, "akm/api.py "),  # then: does not match its checksum, or cannot be decompressed
+        (
+            "source",
+            offset + stored // 2,
+            "akm/api/__init__.py ",
+        ),  # then: does not match its checksum, or cannot be decompressed
         ("native", stream_data, "native code for pydantic_core/_pydantic_core"),
     ):
         cache = tmp_path / f"cache-{name}"
         damaged = _damaged(akm_bin, tmp_path, name, at)
-        # it loads akm/api.py and pydantic-core (lint would not: it imports no native code)
+        # it loads akm/api/__init__.py and pydantic-core (lint would not: it imports no native code)
         proc = run([sys.executable, str(damaged), *NATIVE_CMD], clean_env(tmp_path, SHIV_ROOT=str(cache)), tmp_path)
         assert proc.returncode == 78, proc.stderr
         assert proc.stderr.startswith(f"error[CORRUPT_BUNDLE]: {damaged} is damaged: {what}"), proc.stderr
         assert proc.stderr.rstrip().endswith("download or build it again")
-        assert not list(cache.rglob("api.pyc" if name == "source" else "*.so"))  # nothing damaged is cached
+        assert not list(cache.rglob("api/__init__.pyc" if name == "source" else "*.so"))  # nothing damaged is cached
     cut = tmp_path / "cut"
     cut.write_bytes(akm_bin.read_bytes()[: akm_bin.stat().st_size // 2])
     proc = run([sys.executable, str(cut), "--version"], clean_env(tmp_path), tmp_path)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from akm import api
+from akm.api import _inspect
 from akm.errors import UsageError
 from tests.helpers import run, write_wf
 
@@ -45,7 +46,7 @@ def test_since_a_past_time_returns_events_and_a_cursor_past_them(project):
 
 
 def test_log_has_a_default_limit_and_says_when_more_are_waiting(project, monkeypatch):
-    monkeypatch.setattr(api, "DEFAULT_EVENT_LIMIT", 5)
+    monkeypatch.setattr(_inspect, "DEFAULT_EVENT_LIMIT", 5)  # where events() reads it
     run_id = _completed_run(project, units=6)
     first = api.events(run_id=run_id)
     assert len(first.events) == 5 and first.has_more and first.next_offset == first.events[-1].id

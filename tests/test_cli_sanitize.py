@@ -108,6 +108,6 @@ def test_hello_branches_do_not_chain(cli, project):
 
 
 def test_mermaid_labels_stay_on_one_line():
-    from akm.cli_render import _mermaid_text
+    from akm.cli.render import _mermaid_text
 
     assert _mermaid_text('two\nlines\r"q"') == "two lines #quot;q#quot;"

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from akm.config import _models
-from akm.config_plain import _AGENT, _DEFAULTS, _LLM, _WORKFLOW, _camel, plain_config
+from akm.config.plain import _AGENT, _DEFAULTS, _LLM, _WORKFLOW, _camel, plain_config
 
 EP = "http://127.0.0.1:11434/v1/chat/completions"
 VALID = [

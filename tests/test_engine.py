@@ -426,7 +426,7 @@ def test_journal_write_failure_is_surfaced(project):
         """,
         "## a\n\nx",
     )
-    from akm.store.db import open_db
+    from akm.store import open_db
 
     db = open_db(paths.journal_path())
     db.execute(
@@ -566,7 +566,7 @@ def test_worktree_isolation_outside_git_fails_before_dispatch(project):
 
 def test_heartbeat_marks_running_units(project, tmp_path):
     from akm.engine.drive import DriveOptions, drive_run
-    from akm.store.db import open_db
+    from akm.store import open_db
 
     # The unit runs until the journal shows a heartbeat on its row (or 60 s pass): no time window.
     wait_for_heartbeat = (
@@ -608,7 +608,7 @@ def test_lost_lease_stops_the_driver(project):
     import threading
 
     from akm.engine.drive import DriveOptions, drive_run
-    from akm.store.db import open_db
+    from akm.store import open_db
 
     wf = write_wf(
         project,

@@ -19,9 +19,9 @@ import time
 import pytest
 
 from akm import api, paths
+from akm.store import open_db
 from akm.store import runs as runs_store
 from akm.store import units as units_store
-from akm.store.db import open_db
 
 SESSION_WF = "---\nsteps:\n  - id: s\n---\n\n## s\n\nDo s.\n"
 

@@ -30,8 +30,8 @@ from akm.dispatch.types import DispatchResult
 from akm.engine import session
 from akm.engine.drive import DriveOptions, drive_run
 from akm.plan.identity import base_of_attempt
+from akm.store import open_db
 from akm.store import runs as runs_store
-from akm.store.db import open_db
 from tests.helpers import write_wf
 
 JUDGE = "fakejudge"

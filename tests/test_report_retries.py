@@ -194,8 +194,8 @@ def test_the_brief_says_what_upstream_drivers_expect(project):
     import sqlite3
 
     from akm import paths
+    from akm.store import open_db
     from akm.store import runs as runs_store
-    from akm.store.db import open_db
 
     (project / ".akm" / "env").mkdir(parents=True)
     (project / ".akm" / "env" / "gh.env").write_text("GH_TOKEN=s3cret\nGH_HOST=github.com\n", encoding="utf-8")

@@ -263,8 +263,8 @@ def test_foreign_and_expired_claims(project):
 def test_live_engine_lease_refuses_reports(project):
     rid = start(project, REVIEW, "## review\n\nR.\n\n## tally\n\nT.", files=["a"])
     unit = api.next_brief(rid).to_json()["units"][0]["unitId"]
+    from akm.store import open_db
     from akm.store import runs as runs_store
-    from akm.store.db import open_db
 
     with open_db(paths.journal_path()) as db:
         assert runs_store.acquire_lease(db, rid, "engine-x", host="elsewhere", pid=1) is None
@@ -368,7 +368,7 @@ def test_native_engine_never_dispatches_a_claimed_unit(project):
     from akm.dispatch.base import DispatcherRegistry
     from akm.dispatch.types import DispatchResult
     from akm.engine.drive import DriveOptions, drive_run
-    from akm.store.db import open_db
+    from akm.store import open_db
 
     calls = []
 

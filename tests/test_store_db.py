@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from akm.errors import JournalError
-from akm.store import events
-from akm.store.db import now_iso, open_db
+from akm.store import events, open_db
+from akm.store.db import now_iso
 from akm.store.migrations import MIGRATIONS, applied_ids, apply_migrations, split_statements
 
 EXPECTED_COLUMNS = {

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from akm.errors import UsageError
-from akm.store import events
-from akm.store.db import open_db
+from akm.store import events, open_db
 
 
 @pytest.fixture()

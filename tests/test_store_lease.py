@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from akm.errors import NotFoundError, UsageError
-from akm.store import runs
-from akm.store.db import now_iso, open_db
+from akm.store import open_db, runs
+from akm.store.db import now_iso
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -113,7 +113,7 @@ def _acquire_in_child(db_path: Path, holder: str, host_expr: str = "None", wait_
     script = textwrap.dedent(
         f"""
         import sys
-        from akm.store.db import open_db
+        from akm.store import open_db
         from akm.store import runs
         db = open_db(sys.argv[1])
         res = runs.acquire_lease(db, "r1", {holder!r}, host={host_expr})
@@ -209,7 +209,7 @@ def test_ten_processes_race_exactly_one_wins(db, db_path, tmp_path):
     script = textwrap.dedent(
         """
         import os, sys, time
-        from akm.store.db import open_db
+        from akm.store import open_db
         from akm.store import runs
         db = open_db(sys.argv[1])
         print("ready", flush=True)

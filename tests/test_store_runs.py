@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from akm.errors import JournalError, NotFoundError, UsageError
-from akm.store import events, runs
-from akm.store.db import open_db
+from akm.store import events, open_db, runs
 
 
 @pytest.fixture()

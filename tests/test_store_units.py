@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from akm.errors import JournalError
-from akm.store import events, runs, units
-from akm.store.db import open_db
+from akm.store import events, open_db, runs, units
 
 
 @pytest.fixture()

@@ -40,9 +40,9 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.alias_generators import to_camel
 
 from akm import __version__, api, views
-from akm import drives as drives_mod
 from akm.engine.budget import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
 from akm.errors import EXIT_INTERNAL, AkmError
+from akm.mcp import drives as drives_mod
 
 DEFAULT_CALL_BOUND_S = 45.0
 
@@ -407,7 +407,7 @@ _TOOL_ARGS: dict[str, tuple[str, tuple[str, ...] | None, dict[str, str] | None]]
 
 def _checked_arguments(name: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
     """The call's arguments checked by the tool's request model, keyed as the tool function names them."""
-    from akm import api_models
+    from akm.api import _models as api_models
 
     spec = _TOOL_ARGS.get(name)
     if spec is None:
@@ -876,7 +876,7 @@ def _finish_tools(server: MCPServer) -> None:
     description without the docstring's indentation, and a title."""
     import inspect
 
-    from akm import api_models
+    from akm.api import _models as api_models
 
     for name, tool in server._tool_manager._tools.items():
         spec = _TOOL_ARGS.get(name)
@@ -899,7 +899,7 @@ def _lint_model() -> Any:
 
 async def _serve_stdio(server: MCPServer) -> None:
     """`server.run_stdio_async`, but with bounded lines and every request answered (`akm.mcp_stdio`)."""
-    from akm import mcp_stdio
+    from akm.mcp import stdio as mcp_stdio
 
     low = getattr(server, "_lowlevel_server", None)
     drives = getattr(server, "drives", None)

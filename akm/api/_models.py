@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from akm.api import INVALID_ARGUMENT, MAX_EVENT_LIMIT, _duration_ms, _whole_number
+from akm.api._args import INVALID_ARGUMENT, MAX_EVENT_LIMIT, _duration_ms, _whole_number
 from akm.engine.budget import MAX_UNIT_TOKENS
 from akm.errors import UsageError
 

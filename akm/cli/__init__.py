@@ -391,7 +391,7 @@ def _cmd_setup(args: "argparse.Namespace") -> int:
                 hint="Use `akm setup --yes` to detect and write engines without questions, or give "
                 "the config with `--config JSON` or `--from FILE`.",
             )
-        from akm.setup.wizard import run_wizard
+        from akm.cli.wizard import run_wizard
 
         return run_wizard(project=args.project)
 
@@ -514,7 +514,7 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
 
 def _cmd_run(tokens: list[str]) -> int:
     from akm import api
-    from akm import cli_render as render
+    from akm.cli import render
     from akm.format.params import split_run_args
 
     if any(t in ("-h", "--help") for t in tokens):
@@ -670,7 +670,7 @@ def _cmd_catalog(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     from akm import api
-    from akm import cli_render as render
+    from akm.cli import render
 
     code = 0
     if args.watch:  # follow a run driven elsewhere; then print its status as usual
@@ -703,7 +703,7 @@ def _cmd_wait(args: argparse.Namespace) -> int:
     import signal
 
     from akm import api
-    from akm import cli_render as render
+    from akm.cli import render
 
     cancel = api.Cancellation()
     signal.signal(signal.SIGINT, lambda *_: cancel.trip("sigint"))
@@ -723,7 +723,7 @@ def _cmd_wait(args: argparse.Namespace) -> int:
 
 def _cmd_control(args: argparse.Namespace) -> int:
     from akm import api
-    from akm import cli_render as render
+    from akm.cli import render
 
     view = (api.resume if args.action == "resume" else api.abandon)(args.run_id).to_json()
     if args.format == "json":

@@ -490,7 +490,7 @@ def _structural(data: dict[str, Any], file: str) -> tuple[Any, list[Issue]]:
                 )
             )
     if not issues:
-        from akm.config_plain import plain_config
+        from akm.config.plain import plain_config
 
         plain = plain_config(data)  # a valid config needs no pydantic (see akm.config_plain)
         if plain is not None:

@@ -1,0 +1,295 @@
+"""The one service surface. The CLI and the MCP server are thin fronts over it.
+
+Every call takes its arguments as keywords or as one request model
+(`RunRequest`, `ListRunsRequest`, `StatusRequest`, `RunIdRequest`,
+`EventsRequest`, `LintRequest`, `UpgradeRequest`), validates them here — never
+in a front — and returns a typed result: a pydantic model, or on the read and
+lint paths a plain record (`akm.views`, `akm.format.lint`) that imports no
+pydantic (camelCase JSON via `to_json()`). A
+front can publish a request model's JSON schema as a tool's input schema.
+Anything a user can cause raises an `AkmError` subclass whose message says what
+is wrong without naming a front's flags or commands; each front adds its own
+hint by error code (`code`, `details`).
+
+No printing here: progress (`UnitFinished`, `StepFinished`) and warnings
+(`RunWarning`) go through callbacks, and a `Cancellation` stops a run. The
+progress and warning callbacks are called from the engine's worker threads as
+well as the calling thread: keep them quick and thread-safe.
+
+This `__init__` is the whole surface: `__all__` lists every public name, and the private modules
+behind it each hold one part (`_args` the plain argument rules, a leaf; `_request` a call's arguments from
+keywords or a request model; `_views` the journal as run views; `_targets` workflow files and refs;
+`_lint`; `_runs` starting, driving and waiting; `_inspect` list, status, control, events; `_session` the
+session protocol; `_config`; `_setup`; `_models` the pydantic models, loaded on first use; `_detach` the
+detached driver process). Import names from `akm.api`, never from a private module.
+
+Importing this package stays cheap (no pydantic): the engine, the store, the format and the plan are
+imported inside the calls.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from akm.api._args import (
+    INVALID_ARGUMENT,
+    MAX_EVENT_LIMIT,
+    MAX_TARGET_CHARS,
+    MAX_TIMEOUT_MS,
+    check_output_format,
+    parse_duration_ms,
+)
+from akm.api._config import (
+    config_get,
+    config_list,
+    config_paths,
+    config_set,
+    config_unset,
+)
+from akm.api._inspect import (
+    DEFAULT_EVENT_LIMIT,
+    abandon,
+    events,
+    list_runs,
+    resume,
+    run_graph,
+    run_report_html,
+    run_status,
+    workflow_catalog,
+)
+from akm.api._lint import (
+    lint,
+    upgrade,
+)
+from akm.api._runs import (
+    EXIT_AWAITING_SESSION,
+    EXIT_MAX_STEPS,
+    EXIT_UNDRIVEN,
+    EXIT_WAIT_TIMEOUT,
+    UNDRIVEN_GRACE_S,
+    detach_run,
+    exit_status_for,
+    open_run,
+    run_workflow,
+    signal_exit_status,
+    wait_exit_status,
+    wait_run,
+)
+from akm.api._session import (
+    default_holder,
+    next_brief,
+    report_unit,
+)
+from akm.api._setup import (
+    setup,
+    setup_current,
+    setup_detect,
+    setup_preflight,
+    setup_preview,
+    setup_recommend,
+    setup_save,
+    setup_verify,
+)
+from akm.api._targets import (
+    compile_workflow_file,
+    normalized_ref,
+    resolve_workflow_file,
+)
+from akm.api._views import (
+    STALE_AFTER_S,
+)
+from akm.engine.cancel import Cancellation
+from akm.views import (
+    DetachedRun,
+    EventPage,
+    EventView,
+    GraphEdge,
+    GraphNode,
+    LeaseView,
+    OpenedRun,
+    ProgressEvent,
+    RunGraph,
+    RunList,
+    RunResult,
+    RunView,
+    RunWarning,
+    StepFinished,
+    StepStarted,
+    StepView,
+    UnitFinished,
+    UnitView,
+    WaitResult,
+)
+
+if TYPE_CHECKING:
+    from akm.api._models import (
+        ApiModel,
+        Brief,
+        BriefUnit,
+        CatalogRequest,
+        ClaimView,
+        ConfigChange,
+        ConfigPaths,
+        EventsRequest,
+        JudgeBrief,
+        LintRequest,
+        ListRunsRequest,
+        NextRequest,
+        ReportHint,
+        ReportRequest,
+        ReportResult,
+        Request,
+        RunIdRequest,
+        RunRequest,
+        RunToolRequest,
+        SetupRequest,
+        SetupResult,
+        StatusRequest,
+        StatusToolRequest,
+        StepOutcome,
+        UnitContext,
+        UpgradeRequest,
+        UpgradeResult,
+    )
+
+# The pydantic models (requests; session, setup and config results) load on first use, so that
+# `import akm.api` — and with it `workflow list`, `status` — never imports pydantic.
+_MODELS = frozenset(
+    {
+        "ApiModel",
+        "LintRequest",
+        "UpgradeRequest",
+        "RunRequest",
+        "RunToolRequest",
+        "ListRunsRequest",
+        "RunIdRequest",
+        "StatusRequest",
+        "StatusToolRequest",
+        "Request",
+        "ReportRequest",
+        "NextRequest",
+        "SetupRequest",
+        "CatalogRequest",
+        "EventsRequest",
+        "UpgradeResult",
+        "ReportHint",
+        "ClaimView",
+        "UnitContext",
+        "BriefUnit",
+        "JudgeBrief",
+        "Brief",
+        "StepOutcome",
+        "ReportResult",
+        "SetupResult",
+        "ConfigPaths",
+        "ConfigChange",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODELS:
+        from akm.api import _models as api_models
+
+        return getattr(api_models, name)
+    raise AttributeError(f"module 'akm.api' has no attribute {name!r}")
+
+
+__all__ = [
+    "ApiModel",
+    "Brief",
+    "BriefUnit",
+    "Cancellation",
+    "CatalogRequest",
+    "ClaimView",
+    "ConfigChange",
+    "ConfigPaths",
+    "DEFAULT_EVENT_LIMIT",
+    "DetachedRun",
+    "EXIT_AWAITING_SESSION",
+    "EXIT_MAX_STEPS",
+    "EXIT_UNDRIVEN",
+    "EXIT_WAIT_TIMEOUT",
+    "EventPage",
+    "EventView",
+    "EventsRequest",
+    "GraphEdge",
+    "GraphNode",
+    "INVALID_ARGUMENT",
+    "JudgeBrief",
+    "LeaseView",
+    "LintRequest",
+    "ListRunsRequest",
+    "MAX_EVENT_LIMIT",
+    "MAX_TARGET_CHARS",
+    "MAX_TIMEOUT_MS",
+    "NextRequest",
+    "OpenedRun",
+    "ProgressEvent",
+    "ReportHint",
+    "ReportRequest",
+    "ReportResult",
+    "Request",
+    "RunGraph",
+    "RunIdRequest",
+    "RunList",
+    "RunRequest",
+    "RunResult",
+    "RunToolRequest",
+    "RunView",
+    "RunWarning",
+    "STALE_AFTER_S",
+    "SetupRequest",
+    "SetupResult",
+    "StatusRequest",
+    "StatusToolRequest",
+    "StepFinished",
+    "StepOutcome",
+    "StepStarted",
+    "StepView",
+    "UNDRIVEN_GRACE_S",
+    "UnitContext",
+    "UnitFinished",
+    "UnitView",
+    "UpgradeRequest",
+    "UpgradeResult",
+    "WaitResult",
+    "abandon",
+    "check_output_format",
+    "compile_workflow_file",
+    "config_get",
+    "config_list",
+    "config_paths",
+    "config_set",
+    "config_unset",
+    "default_holder",
+    "detach_run",
+    "events",
+    "exit_status_for",
+    "lint",
+    "list_runs",
+    "next_brief",
+    "normalized_ref",
+    "open_run",
+    "parse_duration_ms",
+    "report_unit",
+    "resolve_workflow_file",
+    "resume",
+    "run_graph",
+    "run_report_html",
+    "run_status",
+    "run_workflow",
+    "setup",
+    "setup_current",
+    "setup_detect",
+    "setup_preflight",
+    "setup_preview",
+    "setup_recommend",
+    "setup_save",
+    "setup_verify",
+    "signal_exit_status",
+    "upgrade",
+    "wait_exit_status",
+    "wait_run",
+    "workflow_catalog",
+]

@@ -1,0 +1,67 @@
+"""`lint` and `upgrade`: the calls that read workflow files and never touch the journal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from akm.errors import UsageError
+
+if TYPE_CHECKING:
+    from akm.api._models import (
+        LintRequest,
+        UpgradeRequest,
+        UpgradeResult,
+    )
+from akm.api._request import _arguments, _validated
+from akm.api._targets import _read_workflow_text
+
+
+def lint(paths_: list[str] | LintRequest):
+    """Lint files or directories; returns a `LintReport` (see akm.format.lint)."""
+    from akm.format.lint import lint_paths
+
+    req = _arguments("LintRequest", paths_, {"paths": paths_}, {"paths": _path_list})
+    report = lint_paths(req.paths)
+    if not report.files:
+        raise UsageError(
+            f"No workflow files found in {', '.join(req.paths)}.",
+            code="NO_WORKFLOW_FILES",
+            hint="Workflows are *.md files (README.md is skipped); pass a file or a directory holding them.",
+        )
+    return report
+
+
+def _path_list(value: Any) -> list[str]:
+    """LintRequest's rule for `paths` (a non-empty list of strings), without pydantic."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
+        raise TypeError(f"paths {value!r}: expected a list of workflow files or directories")
+    if not value:
+        raise ValueError("paths: expected at least one workflow file or directory")
+    return list(value)
+
+
+def upgrade(path: str | UpgradeRequest, *, write: bool = False) -> UpgradeResult:
+    """Convert a legacy workflow file to the current format (optionally in place)."""
+    from akm.format.lint import lint_text
+    from akm.format.upgrade import detect_legacy, upgrade_legacy
+
+    req = _validated("UpgradeRequest", path, {"path": path, "write": write})
+    path, write = req.path, req.write
+    text = _read_workflow_text(Path(path))
+    if detect_legacy(text) is None:
+        raise UsageError(f"{path} is not in the legacy workflow format; nothing to upgrade.", code="NOT_LEGACY")
+    new_text = upgrade_legacy(text)
+    report = lint_text(new_text, path)
+    errors = [e.model_dump() for e in report.errors]  # a Diagnostic's dump omits its empty fields
+    if write:
+        if errors:
+            raise UsageError(
+                f"The upgraded {path} would still have {len(errors)} lint error(s); not written.",
+                code="UPGRADE_FAILED",
+                details={"errors": errors},
+            )
+        Path(path).write_text(new_text, encoding="utf-8")
+    from akm.api._models import UpgradeResult
+
+    return UpgradeResult(path=path, written=write, text=new_text, ok=not errors, errors=errors)

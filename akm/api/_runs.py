@@ -1,0 +1,465 @@
+"""Starting and driving runs: `run_workflow`, `open_run` + a driver, `detach_run`, `wait_run`, and the exit
+statuses a front maps a run's outcome to.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from akm import paths
+from akm.engine.cancel import Cancellation
+from akm.errors import AkmError, UsageError
+from akm.views import (
+    DetachedRun,
+    OpenedRun,
+    ProgressEvent,
+    RunResult,
+    RunWarning,
+    StepFinished,
+    StepStarted,
+    UnitFinished,
+    WaitResult,
+)
+
+if TYPE_CHECKING:
+    from akm.api._models import (
+        RunRequest,
+    )
+from akm.api._args import _RUN_ID, _duration_ms, _of, _whole_number, _work_dir, parse_duration_ms
+from akm.api._request import _arguments
+from akm.api._targets import compile_workflow_file, resolve_workflow_file
+from akm.api._views import _open_db, _require_run, _run_view
+
+
+def run_workflow(
+    target: str | RunRequest,
+    *,
+    param_pairs: list[tuple[str, str | bool]] | None = None,
+    params: dict[str, Any] | None = None,
+    max_steps: int | str | None = None,
+    timeout: int | str | None = None,
+    timeout_ms: int | None = None,
+    new: bool = False,
+    cancel: Cancellation | None = None,
+    on_progress: Callable[[ProgressEvent], None] | None = None,
+    on_warning: Callable[[RunWarning], None] | None = None,
+    cwd: str | None = None,
+) -> RunResult:
+    """Start or continue a run and drive it as far as it can go in this invocation.
+
+    A workflow target continues the drivable run of the same workflow (ref and
+    project) with the same params — after defaults — if there is one, even when
+    the file changed since (its frozen plan runs; a `WORKFLOW_CHANGED` warning
+    says so); otherwise, or with `new=True`, a new run starts. `param_pairs`
+    are raw command-line flags, `params` typed values; `timeout` takes ms or
+    text (`30s`), `timeout_ms` ms. `on_progress` gets a `UnitFinished` per
+    finished unit attempt and a `StepFinished` per finished step, from worker
+    threads too; `cancel.trip(reason)` stops the drive (the run stays active).
+    """
+    from akm.store import events as events_store
+    from akm.store import runs as runs_store
+    from akm.store.db import now_iso
+
+    req = _arguments(
+        "RunRequest",
+        target,
+        dict(
+            target=target,
+            params=params,
+            param_flags=param_pairs,
+            max_steps=max_steps,
+            timeout=timeout if timeout is not None else timeout_ms,
+            new=new,
+            cwd=cwd,
+        ),
+        {
+            "target": _of(str, "target"),
+            "params": _of(dict, "params", True),
+            "param_flags": _of(list, "param_flags", True),
+            "max_steps": lambda v: None if v is None else _whole_number(v, "max_steps", 0),
+            "timeout": lambda v: None if v is None else _duration_ms(v),
+            "new": _of(bool, "new"),
+            "cwd": _of(str, "cwd", True),
+        },
+    )
+    target, params, param_pairs, max_steps, new = req.target, req.params, req.param_flags, req.max_steps, req.new
+    timeout_ms = req.timeout
+    runs_store.lease_ttl_s()  # a bad AKM_LEASE_TTL_S is refused before anything is written (INVALID_ENV)
+    work_dir = _work_dir(req.cwd).resolve()
+    cancel = cancel or Cancellation()
+    started_wall = time.monotonic()
+    started_at = now_iso()
+    db = _open_db()
+    run_id: str | None = None
+    outcome, reason, error_text, exit_code = "error", None, None, None
+    warnings: list[RunWarning] = []
+
+    def warn(w: RunWarning) -> None:  # called from worker threads too; list.append is atomic
+        warnings.append(w)
+        if on_warning is not None:
+            on_warning(w)
+
+    try:
+        run_id, started, existing = _open(db, target, params, param_pairs, new, work_dir, warn)
+        timer = None
+        if timeout_ms is not None:
+            import threading
+
+            timer = threading.Timer(timeout_ms / 1000.0, cancel.trip, args=("timeout",))
+            timer.daemon = True
+            timer.start()
+        try:
+            # Units run at the project root whatever directory the command was typed in, so
+            # every invocation of one run executes its steps in the same place.
+            root = paths.project_root(work_dir)
+            if existing is not None and existing.status == "completed":
+                # Re-running a finished run: nothing to drive, and no reason to load the engine or its plan.
+                from akm.engine.results import DriveResult
+
+                driven = DriveResult(run_id=run_id, done=True)
+            else:
+                from akm.engine.drive import DriveOptions, drive_run
+
+                opts = DriveOptions(
+                    work_dir=root,
+                    project_root=root,
+                    max_steps=max_steps,
+                    cancel=cancel,
+                    on_progress=_progress_relay(on_progress),
+                    on_warning=lambda message: warn(RunWarning(code="ENGINE", message=message)),
+                )
+                driven = drive_run(db, run_id, opts)
+        finally:
+            if timer is not None:
+                timer.cancel()
+        run = runs_store.get_run(db, run_id)
+        result = RunResult(
+            run=_run_view(db, run),
+            executed=driven.executed,
+            steps_processed=driven.steps_processed,
+            done=driven.done,
+            aborted=driven.aborted,
+            timed_out=driven.abort_reason == "timeout",
+            abort_reason=driven.abort_reason,
+            started=started,
+            warnings=[w.message for w in warnings],
+        )
+        outcome = run.status
+        reason = driven.abort_reason
+        exit_code = exit_status_for(result)
+        return result
+    except AkmError as exc:
+        outcome, error_text, exit_code = "error", exc.message, exc.exit_status
+        reason = exc.code
+        raise
+    finally:
+        try:
+            events_store.record_invocation(
+                db,
+                run_id=run_id,
+                started_at=started_at,
+                finished_at=now_iso(),
+                outcome=outcome,
+                duration_ms=int((time.monotonic() - started_wall) * 1000),
+                detail={"runId": run_id, "reason": reason, "error": error_text, "exitCode": exit_code},
+                engine=None,
+            )
+        except Exception:
+            pass  # history is advisory; never mask the real outcome
+        db.close()
+
+
+def open_run(
+    target: str,
+    *,
+    param_pairs: list[tuple[str, str | bool]] | None = None,
+    params: dict[str, Any] | None = None,
+    new: bool = False,
+    cwd: str | None = None,
+) -> OpenedRun:
+    """Find or start the run `target` names, as `run_workflow` would, and drive nothing.
+
+    A front whose driver outlives its call (the MCP server, `workflow run --detach`) opens the run first, so
+    it knows the run id before any unit runs and bad input is refused at once, then drives it by id.
+    """
+    req = _arguments(
+        "RunRequest",
+        target,
+        dict(target=target, params=params, param_flags=param_pairs, new=new, cwd=cwd),
+        {
+            "target": _of(str, "target"),
+            "params": _of(dict, "params", True),
+            "param_flags": _of(list, "param_flags", True),
+            "new": _of(bool, "new"),
+            "cwd": _of(str, "cwd", True),
+        },
+    )
+    work_dir = _work_dir(req.cwd).resolve()
+    warnings: list[RunWarning] = []
+    db = _open_db()
+    try:
+        run_id, started, _existing = _open(
+            db, req.target, req.params, req.param_flags, req.new, work_dir, warnings.append
+        )
+        run = _require_run(db, run_id)
+        return OpenedRun(run_id=run_id, status=run.status, started=started, warnings=[w.message for w in warnings])
+    finally:
+        db.close()
+
+
+def detach_run(
+    target: str,
+    *,
+    param_pairs: list[tuple[str, str | bool]] | None = None,
+    params: dict[str, Any] | None = None,
+    max_steps: int | str | None = None,
+    timeout: int | str | None = None,
+    new: bool = False,
+    cwd: str | None = None,
+) -> DetachedRun:
+    """Open the run `target` names (errors are raised here, before anything runs) and start its driver as a
+    background process that logs under the data directory; returns at once with the run id.
+
+    A run that is not drivable (completed, failed, blocked, abandoned) gets no driver (`pid` null).
+    """
+    from akm.api import _detach as detach
+
+    steps = None if max_steps is None else _whole_number(max_steps, "max_steps", 0)
+    timeout_ms = None if timeout is None else parse_duration_ms(timeout)
+    opened = open_run(target, param_pairs=param_pairs, params=params, new=new, cwd=cwd)
+    from akm.store.status import DRIVABLE_STATUSES
+
+    if opened.status not in DRIVABLE_STATUSES:
+        return DetachedRun(run_id=opened.run_id, status=opened.status, started=opened.started, warnings=opened.warnings)
+    extra = ([f"--max-steps={steps}"] if steps is not None else []) + (
+        [f"--timeout={timeout_ms}ms"] if timeout_ms is not None else []
+    )
+    pid, log = detach.spawn_driver(opened.run_id, cwd=_work_dir(cwd).resolve(), extra=extra)
+    return DetachedRun(
+        run_id=opened.run_id,
+        status=opened.status,
+        started=opened.started,
+        pid=pid,
+        log=str(log),
+        warnings=opened.warnings,
+    )
+
+
+# How long `wait_run` lets a run stay active with no live driver before it says so (a driver that was just
+# started needs a moment to take the lease; one that died leaves the run active for good).
+UNDRIVEN_GRACE_S = 10.0
+
+
+def wait_run(
+    run_id: str,
+    *,
+    timeout: int | str | None = None,
+    cancel: Cancellation | None = None,
+    undriven_after_s: float = UNDRIVEN_GRACE_S,
+) -> WaitResult:
+    """Block until the run is no longer `active` (completed, failed, blocked, awaiting the session, abandoned).
+
+    Polls the journal (every 0.1 s at first, then up to every second): it works whoever drives the run — a
+    detached driver, another shell, an MCP server. Gives up when `timeout` (ms or text like `30s`) expires
+    (`timed_out`), when `cancel` trips, or when no live driver has held the run's lease for `undriven_after_s`
+    seconds (`undriven`: a driver that died leaves the run active until something drives it again).
+    """
+    from akm.store import runs as runs_store
+
+    timeout_ms = None if timeout is None else parse_duration_ms(timeout)
+    deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000.0
+    cancel = cancel or Cancellation()
+    db = _open_db()
+    try:
+        delay, undriven_since = 0.1, None
+        import threading
+
+        nap = threading.Event()
+        cancel.link(nap)
+        try:
+            while True:
+                run = _require_run(db, run_id)
+                if run.status != "active":
+                    return WaitResult(run=_run_view(db, run))
+                now = time.monotonic()
+                if runs_store.read_lease(db, run_id) is None:
+                    undriven_since = now if undriven_since is None else undriven_since
+                    if now - undriven_since >= undriven_after_s:
+                        return WaitResult(run=_run_view(db, run), undriven=True)
+                else:
+                    undriven_since = None
+                if deadline is not None and now >= deadline:
+                    return WaitResult(run=_run_view(db, run), timed_out=True)
+                if cancel.tripped:
+                    return WaitResult(run=_run_view(db, run), timed_out=True)
+                step = delay if deadline is None else max(0.0, min(delay, deadline - now))
+                nap.wait(step)
+                delay = min(1.0, delay * 1.5)
+        finally:
+            cancel.unlink(nap)
+    finally:
+        db.close()
+
+
+# Exit status of `workflow wait` when its --timeout expires with the run still active (GNU timeout's).
+EXIT_WAIT_TIMEOUT = 124
+
+# Exit status of `workflow wait` when the run is active but nothing drives it.
+EXIT_UNDRIVEN = 5
+
+
+def wait_exit_status(result: WaitResult) -> int:
+    """`workflow run`'s exit status for the state the run reached; 124 on timeout, 5 when nothing drives it."""
+    if result.timed_out:
+        return EXIT_WAIT_TIMEOUT
+    if result.undriven:
+        return EXIT_UNDRIVEN
+    if result.run.status == "abandoned":
+        from akm.errors import EXIT_FAILED
+
+        return EXIT_FAILED
+    return exit_status_for(RunResult(run=result.run))
+
+
+def _open(
+    db,
+    target: str,
+    params: dict[str, Any] | None,
+    param_pairs: list[Any] | None,
+    new: bool,
+    work_dir: Path,
+    warn: Callable[[RunWarning], None],
+) -> tuple[str, bool, Any]:
+    """Which run `target` names: an existing run id, the drivable run of the same workflow and params, or a
+    new run (created here). Returns (run id, whether it was started now, the existing run for a run id)."""
+    from akm.store import runs as runs_store
+
+    started = False
+    existing = runs_store.get_run(db, target) if _RUN_ID.match(target) else None
+    if existing is not None:
+        if param_pairs or params:
+            raise UsageError(
+                "Params can only be given when starting a run from a workflow, not with a run id.",
+                code="PARAMS_ON_EXISTING_RUN",
+            )
+        if new:
+            raise UsageError(
+                f"{target} is a run id; a new run starts from a workflow file or ref.", code="NEW_RUN_NEEDS_WORKFLOW"
+            )
+        run_id = existing.id
+    else:
+        wf_path, ref = resolve_workflow_file(target, work_dir)
+        plan, lint_warnings = compile_workflow_file(wf_path, cwd=work_dir)
+        for w in lint_warnings:
+            warn(w)
+        from akm.format.params import check_params, coerce_params
+
+        schemas = plan.param_schemas or {}
+        values = coerce_params(param_pairs, schemas) if param_pairs else check_params(dict(params or {}), schemas)
+        scope = paths.scope_key(work_dir)
+        active = None if new else runs_store.find_active_run(db, ref, scope, values)
+        if active is not None:
+            run_id = _continue_active(active, plan, wf_path, warn)
+        else:
+            from akm.ids import uuid4
+            from akm.plan.model import UNIT_HASH_VERSION
+
+            run_id = uuid4()
+            try:
+                runs_store.create_run(
+                    db,
+                    run_id=run_id,
+                    workflow_ref=ref,
+                    workflow_path=str(wf_path),
+                    title=plan.title,
+                    scope_key=scope,
+                    params=values,
+                    plan_json=plan.canonical(),
+                    plan_hash=plan.plan_hash(),
+                    hash_version=UNIT_HASH_VERSION,
+                    step_ids=[s.step_id for s in plan.steps],
+                    join_identical=not new,
+                )
+                started = True
+            except UsageError as exc:
+                # Lost a start race to an identical invocation (same workflow, same params):
+                # continue its run rather than start a twin.
+                winner = (
+                    runs_store.get_run(db, exc.details.get("runId", "")) if exc.code == "RUN_ALREADY_ACTIVE" else None
+                )
+                if winner is None:
+                    raise
+                run_id = _continue_active(winner, plan, wf_path, warn)
+    return run_id, started, existing
+
+
+def _progress_relay(on_progress: Callable[[ProgressEvent], None] | None) -> Callable[[Any], None] | None:
+    """The engine reports plain dataclasses; fronts get the api's typed events."""
+    if on_progress is None:
+        return None
+    from akm.engine.progress import PassStarted, StepProgress
+
+    def relay(p: Any) -> None:
+        if isinstance(p, StepProgress):
+            on_progress(StepFinished(run_id=p.run_id, step_id=p.step_id, status=p.status, summary=p.summary))
+        elif isinstance(p, PassStarted):
+            on_progress(StepStarted(run_id=p.run_id, step_id=p.step_id, total=p.total))
+        else:
+            on_progress(
+                UnitFinished(
+                    run_id=p.run_id,
+                    step_id=p.step_id,
+                    unit_id=p.unit_id,
+                    attempt_id=p.attempt_id,
+                    ok=p.ok,
+                    failure_reason=p.failure_reason,
+                    done=p.done,
+                    total=p.total,
+                )
+            )
+
+    return relay
+
+
+def _continue_active(active, plan, wf_path: Path, warn: Callable[[RunWarning], None]) -> str:
+    """Continue a drivable run of this workflow with these params — with the plan it froze."""
+    if active.plan_hash != plan.plan_hash():
+        warn(
+            RunWarning(
+                code="WORKFLOW_CHANGED",
+                message=f"{wf_path} (or the engine config) changed since run {active.id} started; continuing that "
+                "run with the plan it froze (a new run would use the edited file).",
+                details={"runId": active.id, "path": str(wf_path)},
+            )
+        )
+    return active.id
+
+
+# Exit statuses of `workflow run` (documented in spec/engine.md).
+EXIT_AWAITING_SESSION = 3
+
+EXIT_MAX_STEPS = 4
+
+
+def exit_status_for(result: RunResult) -> int:
+    """0 completed; 1 failed, blocked or aborted; 3 awaiting the session; 4 stopped at --max-steps."""
+    from akm.errors import EXIT_FAILED, EXIT_OK
+
+    status = result.run.status
+    if status == "completed":
+        return EXIT_OK
+    if status in ("failed", "blocked"):
+        return EXIT_FAILED
+    if status == "awaiting_session":
+        return EXIT_AWAITING_SESSION
+    if result.aborted:
+        return signal_exit_status(result.abort_reason, EXIT_FAILED)
+    return EXIT_MAX_STEPS
+
+
+def signal_exit_status(reason: str | None, default: int) -> int:
+    from akm.errors import EXIT_SIGHUP, EXIT_SIGINT, EXIT_SIGTERM
+
+    return {"sigint": EXIT_SIGINT, "sigterm": EXIT_SIGTERM, "sighup": EXIT_SIGHUP}.get(reason or "", default)

@@ -1,0 +1,177 @@
+"""The journal as the api shows it: opening it (read-only where the directory cannot be written) and
+turning its rows into the plain `RunView` records every read and run call returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from akm import paths
+from akm.errors import AkmError
+from akm.views import (
+    LeaseView,
+    RunView,
+    StepView,
+    UnitView,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+STALE_AFTER_S = 90.0
+
+
+def _open_db(*, read_only: bool = False):
+    """The journal. `read_only` (the read commands): when it cannot be opened for writing — a read-only
+    directory or mount — it is read as it is instead (`akm.store.db.open_db_read_only`)."""
+    from akm.errors import JournalError
+    from akm.store import open_db, open_db_read_only
+
+    path = paths.journal_path()
+    try:
+        return open_db(path)
+    except JournalError as exc:
+        if not read_only or exc.code != "JOURNAL_ERROR" or not path.is_file() or _writable(path):
+            raise
+        try:
+            return open_db_read_only(path)
+        except JournalError:
+            raise exc from None
+
+
+def _writable(path: Path) -> bool:
+    """Whether the journal and its directory take writes (a read-only mount answers EROFS even to root)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    os.close(fd)
+    probe = path.with_name(f".{path.name}.probe-{os.getpid()}")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:
+        return False
+    os.unlink(probe)
+    return True
+
+
+def _json_or_none(text: str | None) -> Any:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _object_or_none(text: str | None) -> dict[str, Any] | None:
+    value = _json_or_none(text)
+    return value if isinstance(value, dict) else None
+
+
+def _params_view(run) -> dict[str, Any] | None:
+    """The run's params for display; null when the stored record is not a JSON object.
+
+    A damaged row must stay listable (one bad row must not break `workflow list`
+    for every run); driving it is refused by `load_run` as CORRUPT_RUN.
+    """
+    value = _json_or_none(run.params_json) if run.params_json else {}
+    return value if isinstance(value, dict) else None
+
+
+def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> RunView:
+    from akm.store import runs as runs_store
+    from akm.store import units as units_store
+
+    # Only a drivable run has a driver worth naming; an abandoned run's lease columns are forensic.
+    lease = runs_store.read_lease(db, run.id) if run.drivable else None
+    view = RunView(
+        run_id=run.id,
+        status=run.status,
+        workflow=run.workflow_ref,
+        title=run.title,
+        plan_hash=run.plan_hash,
+        current_step_id=run.current_step_id,
+        created_at=run.created_at,
+        updated_at=run.updated_at,
+        completed_at=run.completed_at,
+        params=_params_view(run),
+        engine_lease=LeaseView(**lease._asdict()) if lease else None,
+        awaiting=_awaiting(db, run) if run.status == "awaiting_session" and with_steps else None,
+    )
+    if with_steps:
+        view.steps = []
+        tallies = units_store.step_tallies(db, run.id)
+        for s in runs_store.get_steps(db, run.id):
+            ev = _json_or_none(s.evidence_json)
+            output = ev.get("output") if isinstance(ev, dict) else None
+            cut = ev.get("truncatedUnits") if isinstance(ev, dict) else None
+            status = s.status
+            if status == "pending" and lease is not None and s.step_id == run.current_step_id:
+                status = "running"  # a live driver holds the run and works on this step right now
+            tally = tallies.get(s.step_id)
+            view.steps.append(
+                StepView(
+                    id=s.step_id,
+                    status=status,
+                    output=output,
+                    summary=s.summary,
+                    notes=s.notes,
+                    unit_count=tally.units if tally else 0,
+                    attempts=tally.attempts if tally else 0,
+                    gate_loops=tally.gate_loops if tally else 0,
+                    truncated_units=len(cut) if isinstance(cut, list) else 0,
+                )
+            )
+            if run.status == "completed" and s.status == "completed" and output is not None:
+                view.output, view.output_step_id = output, s.step_id
+    if with_units:
+        from akm.store.db import now_iso
+
+        # D8: a running unit whose last sign of life (heartbeat, else start) is older than
+        # STALE_AFTER_S is stale — its driver is probably gone. The engine heartbeats
+        # running units, so a long healthy unit is never reported stale.
+        cutoff = now_iso(-STALE_AFTER_S)
+        view.units = [
+            UnitView(
+                unit_id=u.unit_id,
+                step_id=u.step_id,
+                status=u.status,
+                attempts=u.attempts,
+                phase="gate" if u.phase == "gate" else "unit",
+                failure_reason=u.failure_reason,
+                result=_json_or_none(u.result_json),
+                tokens=u.tokens,
+                runner=u.runner,
+                started_at=u.started_at,
+                finished_at=u.finished_at,
+                last_checkin_at=u.last_checkin_at,
+                worktree_path=u.worktree_path,
+                truncated=bool(u.truncated),
+                stale=((u.last_checkin_at or u.started_at) < cutoff)
+                if u.status == "running" and u.phase != "gate"
+                else None,
+            )
+            for u in units_store.get_units(db, run.id)
+        ]
+    return view
+
+
+def _awaiting(db, run) -> dict[str, Any] | None:
+    """The live brief of a run parked for the calling agent (computed from the journal, never stale)."""
+    from akm.engine import session
+
+    try:
+        return session.brief(db, run.id)
+    except AkmError:
+        return _object_or_none(run.status_detail_json)
+
+
+def _require_run(db, run_id: str):
+    from akm.store import runs as runs_store
+
+    return runs_store.require_run(db, run_id)
