@@ -1,4 +1,4 @@
-"""The config's fast path (`akm.config_plain`) agrees with the pydantic models: it accepts only what they
+"""The config's fast path (`akm.config.plain`) agrees with the pydantic models: it accepts only what they
 accept, with the same values, and accepts the usual valid configs (so a run with a config imports no pydantic)."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 # ================================================================== config (`akm config …`)
-# Engines issue: thin wrappers over akm.config / akm.config_keys. Kept in one section.
+# Engines issue: thin wrappers over akm.config / akm.config.keys. Kept in one section.
 
 
 def config_paths(*, cwd: str | None = None) -> ConfigPaths:

@@ -1,7 +1,7 @@
 """Text renderings for the command-line front: run views and mermaid graphs.
 
 Pure functions from the api's JSON views to strings; the CLI prints them. Kept
-out of `akm/cli.py` so that module stays a thin adapter, and imported only by
+out of `akm/cli/__init__.py` so that module stays a thin adapter, and imported only by
 the commands that render (start-up pays nothing for it).
 """
 

@@ -492,7 +492,7 @@ def _structural(data: dict[str, Any], file: str) -> tuple[Any, list[Issue]]:
     if not issues:
         from akm.config.plain import plain_config
 
-        plain = plain_config(data)  # a valid config needs no pydantic (see akm.config_plain)
+        plain = plain_config(data)  # a valid config needs no pydantic (see akm.config.plain)
         if plain is not None:
             return plain, issues
     from pydantic import ValidationError

@@ -78,7 +78,7 @@ ENV_VAR_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 ENV_REF_RE = re.compile(r"env/[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 ENGINE_NAME_RE = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*\Z")
 DURATION_RE = re.compile(r"([0-9]+)(ms|s|m)?\Z")
-# Config names (akm/config.py, setup): an engine name in the config may not start with `akm-` (reserved);
+# Config names (akm/config/, setup): an engine name in the config may not start with `akm-` (reserved);
 # `${NAME}` / `$NAME` is an environment variable reference (an apiKey). Every pattern ends in `\Z`, never
 # `$`, which also matches before a final newline (`"ci\n"` would pass as a name).
 CONFIG_ENGINE_NAME_RE = re.compile(r"(?!akm-)[a-z][a-z0-9]*(?:-[a-z0-9]+)*\Z")

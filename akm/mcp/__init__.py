@@ -7,7 +7,7 @@ its own hints — an agent is told which tool to call next, never a shell
 command. `mcp` is imported only here: the CLI never pays for it.
 
 Long runs: the server drives a run in a background thread of its own
-(`akm.drives`), so a unit longer than a call finishes, once. A `workflow_run`
+(`akm.mcp.drives`), so a unit longer than a call finishes, once. A `workflow_run`
 call waits at most its bound (default 45 s, `AKM_MCP_CALL_BOUND` or the
 `timeout` argument) and returns with the run finished, awaiting the agent, or
 still going (`driving: true`, per-step `progress`); the next call attaches to
@@ -370,7 +370,7 @@ def _bound_s() -> float:
         return DEFAULT_CALL_BOUND_S
 
 
-# Each tool's arguments are one api request model's fields (`akm.api_models`): the tool's input schema is
+# Each tool's arguments are one api request model's fields (`akm.api._models`): the tool's input schema is
 # generated from it and every call is checked by it before the SDK sees the arguments, so an unknown or
 # misspelt argument is INVALID_ARGUMENT naming it, never dropped. (model, the fields taken, renames)
 _TOOL_ARGS: dict[str, tuple[str, tuple[str, ...] | None, dict[str, str] | None]] = {
@@ -898,7 +898,7 @@ def _lint_model() -> Any:
 
 
 async def _serve_stdio(server: MCPServer) -> None:
-    """`server.run_stdio_async`, but with bounded lines and every request answered (`akm.mcp_stdio`)."""
+    """`server.run_stdio_async`, but with bounded lines and every request answered (`akm.mcp.stdio`)."""
     from akm.mcp import stdio as mcp_stdio
 
     low = getattr(server, "_lowlevel_server", None)
