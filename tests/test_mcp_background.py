@@ -35,6 +35,10 @@ def journal(data: Path, sql: str, *args) -> list[tuple]:
     con = sqlite3.connect(data / "akm-journal.sqlite3")
     try:
         return con.execute(sql, args).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return []  # the file exists but its migrations have not committed yet
+        raise
     finally:
         con.close()
 
