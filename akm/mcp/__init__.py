@@ -1,10 +1,15 @@
 """The MCP front (`akm mcp`): each tool is one `akm.api` call over stdio.
 
-Like the CLI this module holds no workflow logic. It translates arguments,
+Like the CLI this package holds no workflow logic. It translates arguments,
 runs the (blocking) api call in a worker thread, turns `AkmError` into an
 `isError` result carrying the same code and message the CLI prints, and adds
 its own hints — an agent is told which tool to call next, never a shell
 command. `mcp` is imported only here: the CLI never pays for it.
+
+This module builds and serves the server; the tools are in `tools`, their
+output models in `schemas`, errors, hints and the argument-checking server
+class in `errors`, the background drivers in `drives`, and `stdio` is the
+transport and the one module touching SDK internals.
 
 Long runs: the server drives a run in a background thread of its own
 (`akm.mcp.drives`), so a unit longer than a call finishes, once. A `workflow_run`
