@@ -15,6 +15,12 @@ written at once and then EOF answered only the first. This module keeps the SDK'
   notifications and responses never get one, as JSON-RPC wants;
 * at end of input the requests in flight are answered before the server stops — unless the client
   is gone (its end of stdout closed), which still cancels them at once.
+
+This is also the one module of akm that touches the SDK's internals (private modules and attributes of
+the `mcp` package): the stdio helpers above, and the server's tool table and request handlers
+(`tool_table`, `drop_request_handlers`). They are declared in `SDK_MODULE_INTERNALS` and
+`SDK_SERVER_INTERNALS`, written against the SDK versions in `SDK_TESTED`; tests/test_mcp_sdk_pin.py
+fails when the installed SDK leaves that range or loses one of them.
 """
 
 from __future__ import annotations
@@ -22,11 +28,25 @@ from __future__ import annotations
 import json
 import re
 import select
-from typing import Any, BinaryIO, Callable
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 import anyio
 import mcp_types as types
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
+
+# The `mcp` versions this module's use of SDK internals was written and tested against (PEP 440 specifiers).
+SDK_TESTED = (">=2.3.0", "<2.4")
+# Private names imported from SDK modules (module -> names).
+SDK_MODULE_INTERNALS: dict[str, tuple[str, ...]] = {
+    "mcp.server.stdio": ("_claim_fd", "_open_stdin_diversion", "_open_stdout_diversion"),
+    "mcp.shared._context_streams": ("create_context_streams",),
+    "mcp.shared.message": ("SessionMessage",),
+}
+# Private attribute paths read on an `MCPServer` instance.
+SDK_SERVER_INTERNALS = ("_tool_manager._tools", "_lowlevel_server._request_handlers", "_lowlevel_server.run")
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # the most one protocol line may hold (a report's bound, spec/session.md)
 _DRAIN_CHUNK = 1024 * 1024
@@ -324,3 +344,35 @@ async def _serve(
             reading.cancel()
     except* (BrokenPipeError, ConnectionResetError):
         pass  # the client went away: nothing left to answer
+
+
+def tool_table(server: MCPServer) -> dict[str, Any]:
+    """The server's registered tools by name (the SDK's tool manager table: each tool's schema is set there)."""
+    tools: dict[str, Any] = server._tool_manager._tools  # type: ignore[attr-defined]
+    return tools
+
+
+def tool_table_if_present(server: MCPServer) -> dict[str, Any] | None:
+    """`tool_table`, or None for an SDK that moved it (argument type checks are then skipped)."""
+    tools = getattr(getattr(server, "_tool_manager", None), "_tools", None)
+    return tools if isinstance(tools, dict) else None
+
+
+def drop_request_handlers(server: MCPServer, methods: tuple[str, ...]) -> None:
+    """Unregister the low-level handlers of `methods`, so the server neither answers them nor advertises their
+    capability; an SDK that moved the table keeps them (harmless: the lists stay empty)."""
+    try:
+        handlers = server._lowlevel_server._request_handlers  # type: ignore[attr-defined]
+    except AttributeError:
+        return
+    for method in methods:
+        handlers.pop(method, None)
+
+
+async def serve_server(server: MCPServer) -> None:
+    """`server.run_stdio_async`, but with bounded lines and every request answered (`serve` above)."""
+    low = getattr(server, "_lowlevel_server", None)
+    drives = getattr(server, "drives", None)
+    on_eof = (lambda: drives.shutdown(wait_s=0)) if drives is not None else None  # the session ended: stop runs
+    if low is None or not await serve(low, low.create_initialization_options(), on_eof):
+        await server.run_stdio_async()  # an SDK that moved its internals: its own loop (unreadable lines dropped)
