@@ -331,14 +331,14 @@ def test_setup_helpers_upsert_without_duplicates(project):
 
 def test_exec_only_runs_do_not_build_config_models(project, monkeypatch):
     """No config file: freezing a plan reads nothing and builds no pydantic config model."""
-    import akm.config as cfg
+    from akm.config import _schema  # where the built models are kept
 
-    monkeypatch.setattr(cfg, "_MODELS", None)
+    monkeypatch.setattr(_schema, "_MODELS", None)
     from tests.helpers import py, run, write_wf
 
     wf = write_wf(
         project, "e.md", f"steps:\n  - id: a\n    unit: {{ exec: {{ command: {py('print(1)')} }} }}\n", "## a\n\nrun"
     )
     assert run(wf, project).run.status == "completed"
-    assert cfg._MODELS is None
+    assert _schema._MODELS is None
     assert os.environ.get("AKM_CONFIG_DIR") is None

@@ -122,9 +122,6 @@ def _module_graph() -> dict[str, set[str]]:
     return graph
 
 
-_CYCLES_BEING_BROKEN = [["akm.config", "akm.config.plain"]]  # the config package split removes it
-
-
 def test_no_import_cycles():
     """No module imports one that imports it back, directly or around a loop (lazy imports count: a cycle
     hidden in a function is still two modules that cannot be read, or changed, one without the other).
@@ -151,7 +148,7 @@ def test_no_import_cycles():
                 component.append(w)
                 if w == v:
                     break
-            if len(component) > 1 and sorted(component) not in _CYCLES_BEING_BROKEN:
+            if len(component) > 1:
                 cycles.append(sorted(component))
 
     for v in sorted(graph):

@@ -17,87 +17,105 @@ Why the shape is strict where it is:
   older akm's `config set`); known keys are type-checked strictly.
 * Reading is cheap when there is nothing to read: with no file at all, no model
   is built (exec-only runs on a fresh machine pay for a `stat` or two).
-
 Writing goes through `update_config_file`: an exclusive lock, re-read and
 re-validate inside the lock, apply the mutation, validate the result merged with
 the other layer, back the old file up, then an atomic replace with mode 0600.
 
 Helpers for `akm setup` (engine fingerprints, unique names, upserts) live here
 too, so every writer follows the same rules.
+
+The package: this module loads, merges and caches; `_rules` states what a config
+may say (shared with the pydantic-free `plain` fast path); `_schema` holds the
+pydantic models and the validation that words each problem; `_files` reads,
+locks, backs up and writes the files. Every name other modules use is
+re-exported here: import from `akm.config`, not from its private modules.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import os
 import re
-import time
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 from urllib.parse import urlsplit
 
-from akm.errors import ConfigError
-from akm.format.grammar import CONFIG_ENGINE_NAME_RE, ENV_VAR_RE, ENV_VAR_REF_RE
+from akm.config._files import (
+    BACKUPS_KEPT,
+    CONFIG_FILE_NAME,
+    LOCK_TIMEOUT_S,
+    MAX_CONFIG_BYTES,
+    read_config_file,
+    render_config,
+    strip_jsonc,
+    write_locked,
+)
+from akm.config._rules import (
+    AGENT_PLATFORMS,
+    ENGINE_NAME_MAX,
+    ENGINE_NAME_RE,
+    ENV_NAME_RE,
+    MAX_CONCURRENCY,
+    MAX_TIMEOUT_MS,
+    PLATFORMS_WITH_LLM_ENGINE,
+    RESERVED_ENGINE_NAMES,
+    SESSION_JUDGE,
+    endpoint_problem,
+    env_ref_name,
+)
+from akm.config._schema import (
+    Issue,
+    _cross_field,
+    _structural,
+    raise_issues,
+)
+from akm.config._schema import (
+    _models as _models,  # the pydantic models, for tests that compare them with the fast path
+)
 from akm.record import dataclass
 
-CONFIG_FILE_NAME = "config.json"
 PROJECT_CONFIG_RELPATH = Path(".akm") / CONFIG_FILE_NAME
-MAX_CONFIG_BYTES = 1024 * 1024
-BACKUPS_KEPT = 5
-LOCK_TIMEOUT_S = 5.0
-MAX_TIMEOUT_MS = 2_147_483_647
-MAX_CONCURRENCY = 64
 
-ENGINE_NAME_RE = CONFIG_ENGINE_NAME_RE  # the name rules live in akm/format/grammar.py
-ENGINE_NAME_MAX = 63
-ENV_NAME_RE = ENV_VAR_RE
-_ENV_REF_RE = ENV_VAR_REF_RE
-
-# `workflow.judgeEngine: session` = the calling agent judges (D12). Not an engine name.
-SESSION_JUDGE = "session"
-RESERVED_ENGINE_NAMES = frozenset({SESSION_JUDGE})
-
-# Agent harnesses akm knows how to drive (akm.dispatch.agents has one profile each).
-AGENT_PLATFORMS: tuple[str, ...] = (
-    "claude",
-    "codex",
-    "opencode",
-    "gemini",
-    "aider",
-    "copilot",
-    "amazonq",
-    "pi",
-    "openhands",
-)
-# Harnesses that can be pointed at an OpenAI-compatible endpoint (an agent engine's `llmEngine`).
-PLATFORMS_WITH_LLM_ENGINE: tuple[str, ...] = ("opencode", "aider", "openhands")
-
-# Keys that belong to the other kind: named in the error instead of a generic "extra key".
-_LLM_ONLY_KEYS = (
-    "provider",
-    "endpoint",
-    "apiKey",
-    "temperature",
-    "maxTokens",
-    "supportsJsonSchema",
-    "extraParams",
-    "contextLength",
-    "enableThinking",
-)
-_AGENT_ONLY_KEYS = ("platform", "bin", "args", "llmEngine", "envPassthrough", "modelAliases")
-
-# Top-level keys of the upstream tool's older formats: refused with a pointer instead of silently ignored.
-_RETIRED_TOP_LEVEL = {
-    "profiles": "engine profiles are now `engines.<name>` with a `kind` (llm or agent)",
-    "llm": "the LLM connection is now an engine: `engines.<name>` with kind llm, and `defaults.llmEngine`",
-    "agent": "agent CLIs are now engines: `engines.<name>` with kind agent, and `defaults.agentEngine`",
-}
-_RETIRED_DEFAULTS = {
-    "engine": "use defaults.llmEngine or defaults.agentEngine",
-    "llm": "use defaults.llmEngine",
-    "agent": "use defaults.agentEngine",
-}
+__all__ = [
+    "AGENT_PLATFORMS",
+    "BACKUPS_KEPT",
+    "CONFIG_FILE_NAME",
+    "ENGINE_NAME_MAX",
+    "ENGINE_NAME_RE",
+    "ENV_NAME_RE",
+    "Issue",
+    "LOCK_TIMEOUT_S",
+    "LoadedConfig",
+    "MAX_CONCURRENCY",
+    "MAX_CONFIG_BYTES",
+    "MAX_TIMEOUT_MS",
+    "PLATFORMS_WITH_LLM_ENGINE",
+    "PROJECT_CONFIG_RELPATH",
+    "RESERVED_ENGINE_NAMES",
+    "SESSION_JUDGE",
+    "check_layers",
+    "config_files_exist",
+    "deep_merge",
+    "endpoint_problem",
+    "engine_env_key_name",
+    "engine_fingerprint",
+    "env_ref_name",
+    "find_engine",
+    "load_config",
+    "load_config_if_any",
+    "normalize_chat_endpoint",
+    "project_config_path",
+    "raise_issues",
+    "read_config_file",
+    "render_config",
+    "set_default_if_unset",
+    "slug_engine_name",
+    "strip_jsonc",
+    "unique_engine_name",
+    "update_config_file",
+    "upsert_engine",
+    "user_config_path",
+]
 
 
 # --------------------------------------------------------------------------- plain-dict helpers
@@ -118,440 +136,9 @@ def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str
     return out
 
 
-def env_ref_name(value: Any) -> str | None:
-    """`NAME` for a `${NAME}` / `$NAME` reference, else None."""
-    if not isinstance(value, str):
-        return None
-    m = _ENV_REF_RE.match(value)
-    return (m.group(1) or m.group(2)) if m else None
-
-
 def engine_env_key_name(engine_name: str) -> str:
     """`AKM_ENGINE_<NAME>_API_KEY` (upper-cased, `-` → `_`): an engine's conventional key variable."""
     return f"AKM_ENGINE_{engine_name.upper().replace('-', '_')}_API_KEY"
-
-
-def strip_jsonc(text: str) -> str:
-    """Remove `//` and `/* */` comments outside string literals (escape-aware).
-
-    Newlines inside comments are kept so JSON error positions still point at the
-    right line. Trailing commas stay an error (the JSON parser reports them).
-    """
-    out: list[str] = []
-    i, n = 0, len(text)
-    in_string = False
-    while i < n:
-        ch = text[i]
-        if in_string:
-            out.append(ch)
-            if ch == "\\" and i + 1 < n:
-                out.append(text[i + 1])
-                i += 2
-                continue
-            if ch == '"':
-                in_string = False
-            i += 1
-            continue
-        if ch == '"':
-            in_string = True
-            out.append(ch)
-            i += 1
-        elif text.startswith("//", i):
-            end = text.find("\n", i)
-            i = n if end == -1 else end
-        elif text.startswith("/*", i):
-            end = text.find("*/", i + 2)
-            chunk = text[i:] if end == -1 else text[i : end + 2]
-            out.append("\n" * chunk.count("\n"))
-            i = n if end == -1 else end + 2
-        else:
-            out.append(ch)
-            i += 1
-    return "".join(out)
-
-
-def _norm_key(key: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", key.lower())
-
-
-# --------------------------------------------------------------------------- models
-
-
-def _models():
-    """The pydantic models, built on first use (pydantic costs start-up time the CLI rarely needs)."""
-    global _MODELS
-    if _MODELS is None:
-        _MODELS = _build_models()
-    return _MODELS
-
-
-_MODELS: Any = None
-
-
-def _build_models():  # noqa: C901 - one place that states the whole schema
-    from typing import Annotated, Union
-
-    from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-    from pydantic.alias_generators import to_camel
-
-    from akm.format.grammar import CREDENTIAL_KEYS, PROTECTED_LLM_KEYS
-
-    class ConfigModel(BaseModel):
-        """camelCase keys; unknown keys kept (round-trip), known keys strict."""
-
-        model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow", strict=True)
-
-        def declared(self, name: str) -> bool:
-            """Was this key present in the file? (`null` and absent differ for timeouts.)"""
-            return name in self.model_fields_set
-
-    PositiveInt = Annotated[int, Field(ge=1)]
-    Width = Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]
-    TimeoutMs = Annotated[int, Field(ge=1, le=MAX_TIMEOUT_MS)]
-    NonEmpty = Annotated[str, Field(min_length=1)]
-
-    def _forbid(data: Any, keys: tuple[str, ...], kind: str) -> Any:
-        if isinstance(data, dict):
-            for k in keys:
-                if k in data:
-                    raise ValueError(f"{k} is not valid on an {kind} engine")
-        return data
-
-    def _check_env_names(values: list[str] | None) -> list[str] | None:
-        for v in values or []:
-            if not ENV_NAME_RE.match(v):
-                raise ValueError(f"{v!r} is not an environment variable name")
-        return values
-
-    def _check_aliases(value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is None:
-            return None
-        seen: dict[str, str] = {}
-        for k in value:
-            low = k.lower()
-            if low in seen:
-                raise ValueError(f"aliases {seen[low]!r} and {k!r} differ only in case")
-            seen[low] = k
-        return value
-
-    class LlmEngine(ConfigModel):
-        kind: Literal["llm"]
-        provider: NonEmpty | None = None
-        endpoint: str
-        model: str
-        api_key: str | None = None
-        temperature: float | None = None
-        max_tokens: PositiveInt | None = None
-        context_length: PositiveInt | None = None
-        supports_json_schema: bool | None = None
-        concurrency: Width | None = None
-        extra_params: dict[str, Any] | None = None
-        timeout_ms: TimeoutMs | None = None
-        enable_thinking: bool | None = None
-
-        @model_validator(mode="before")
-        @classmethod
-        def _no_agent_keys(cls, data: Any) -> Any:
-            return _forbid(data, _AGENT_ONLY_KEYS, "LLM")
-
-        @field_validator("temperature", mode="before")
-        @classmethod
-        def _number(cls, v: Any) -> Any:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
-                raise ValueError("must be a finite number")
-            return float(v)
-
-        @field_validator("endpoint")
-        @classmethod
-        def _endpoint(cls, v: str) -> str:
-            problem = endpoint_problem(v)
-            if problem:
-                raise ValueError(problem)
-            return v
-
-        @field_validator("model")
-        @classmethod
-        def _model(cls, v: str) -> str:
-            if not v.strip():
-                raise ValueError("must be a model name, not blank")
-            return v
-
-        @field_validator("api_key")
-        @classmethod
-        def _api_key(cls, v: str | None) -> str | None:
-            if v is not None and env_ref_name(v) is None:
-                raise ValueError(
-                    "must be a reference to an environment variable, ${NAME}; a key value never goes in a config file"
-                )
-            return v
-
-        @field_validator("extra_params")
-        @classmethod
-        def _extra_params(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-            if v is None:
-                return v
-            for k in v:
-                if _norm_key(k) in PROTECTED_LLM_KEYS:
-                    raise ValueError(f"{k} is protected by AKM: akm sets it for every request")
-
-            def walk(node: Any, where: str) -> None:
-                if isinstance(node, dict):
-                    for k, sub in node.items():
-                        if isinstance(k, str) and _norm_key(k) in CREDENTIAL_KEYS:
-                            raise ValueError(f"{where}{k} cannot carry credentials; use apiKey: ${{NAME}}")
-                        walk(sub, f"{where}{k}.")
-                elif isinstance(node, list):
-                    for i, sub in enumerate(node):
-                        walk(sub, f"{where}{i}.")
-
-            walk(v, "")
-            return v
-
-    class AgentEngine(ConfigModel):
-        kind: Literal["agent"]
-        platform: Literal[AGENT_PLATFORMS]  # type: ignore[valid-type]
-        bin: NonEmpty | None = None
-        args: list[str] | None = None
-        model: NonEmpty | None = None
-        llm_engine: str | None = None
-        timeout_ms: TimeoutMs | None = None
-        env_passthrough: list[str] | None = None
-        model_aliases: dict[str, NonEmpty] | None = None
-        concurrency: Width | None = None
-
-        @model_validator(mode="before")
-        @classmethod
-        def _no_llm_keys(cls, data: Any) -> Any:
-            if isinstance(data, dict) and data.get("platform") == "opencode-sdk":
-                raise ValueError(
-                    "platform opencode-sdk is not supported; use platform opencode "
-                    "(with llmEngine to run it on an LLM engine's endpoint)"
-                )
-            return _forbid(data, _LLM_ONLY_KEYS, "agent")
-
-        @field_validator("env_passthrough")
-        @classmethod
-        def _env(cls, v: list[str] | None) -> list[str] | None:
-            return _check_env_names(v)
-
-        @field_validator("model_aliases")
-        @classmethod
-        def _aliases(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-            return _check_aliases(v)
-
-        @model_validator(mode="after")
-        def _llm_engine_platform(self) -> "AgentEngine":
-            if self.llm_engine is not None and self.platform not in PLATFORMS_WITH_LLM_ENGINE:
-                raise ValueError(
-                    f"llmEngine is not supported on platform {self.platform} "
-                    f"(only {', '.join(PLATFORMS_WITH_LLM_ENGINE)})"
-                )
-            return self
-
-    Engine = Annotated[Union[LlmEngine, AgentEngine], Field(discriminator="kind")]
-
-    class Defaults(ConfigModel):
-        llm_engine: str | None = None
-        agent_engine: str | None = None
-
-        @model_validator(mode="before")
-        @classmethod
-        def _retired(cls, data: Any) -> Any:
-            if isinstance(data, dict):
-                for k, hint in _RETIRED_DEFAULTS.items():
-                    if k in data:
-                        raise ValueError(f"defaults.{k} is not a key of this akm ({hint})")
-            return data
-
-    class WorkflowSettings(ConfigModel):
-        judge_engine: str | None = None
-        max_concurrency: Width | None = None
-        default_map_concurrency: Width | None = None
-
-    class Config(ConfigModel):
-        engines: dict[str, Engine] = Field(default_factory=dict)
-        defaults: Defaults = Field(default_factory=Defaults)
-        workflow: WorkflowSettings = Field(default_factory=WorkflowSettings)
-        model_aliases: dict[str, dict[str, NonEmpty]] = Field(default_factory=dict)
-
-        @model_validator(mode="before")
-        @classmethod
-        def _retired(cls, data: Any) -> Any:
-            if isinstance(data, dict):
-                for k, hint in _RETIRED_TOP_LEVEL.items():
-                    if k in data:
-                        raise ValueError(f"top-level key {k!r} is not supported: {hint}")
-            return data
-
-        @field_validator("model_aliases")
-        @classmethod
-        def _aliases(cls, v: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-            return _check_aliases(v) or {}
-
-        def engine(self, name: str | None):
-            return self.engines.get(name) if name else None
-
-    return {
-        "Config": Config,
-        "LlmEngine": LlmEngine,
-        "AgentEngine": AgentEngine,
-        "Defaults": Defaults,
-        "WorkflowSettings": WorkflowSettings,
-    }
-
-
-def endpoint_problem(endpoint: Any) -> str | None:
-    """Why `endpoint` is not a usable chat-completions URL, or None."""
-    if not isinstance(endpoint, str) or not endpoint.strip():
-        return "must be a URL ending in /chat/completions"
-    try:
-        parts = urlsplit(endpoint)
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0..65535
-    except ValueError:
-        return "is not a valid URL"
-    if any(ch.isspace() for ch in endpoint):
-        return "is not a valid URL (it contains whitespace)"
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        return "must be an http:// or https:// URL ending in /chat/completions"
-    if parts.username is not None or parts.password is not None:
-        return "must not carry a user name or password (use apiKey: ${NAME})"
-    if parts.query or parts.fragment or "?" in endpoint or "#" in endpoint:
-        return "must not have a query or fragment"
-    if not parts.path.rstrip("/").endswith("/chat/completions") or parts.path.endswith("/"):
-        return "must end with /chat/completions (for example http://127.0.0.1:11434/v1/chat/completions)"
-    return None
-
-
-# --------------------------------------------------------------------------- validation
-
-
-@dataclass
-class Issue:
-    """One problem: the file it is in, the dotted key path, what is wrong."""
-
-    file: str
-    path: str
-    message: str
-
-
-def _loc_path(loc: tuple[Any, ...], data: Any) -> str:
-    """A pydantic error location as a dotted key path (union tags dropped)."""
-    parts: list[str] = []
-    node = data
-    for item in loc:
-        if isinstance(node, dict) and item in node:
-            parts.append(str(item))
-            node = node[item]
-        elif isinstance(node, list) and isinstance(item, int) and 0 <= item < len(node):
-            parts.append(str(item))
-            node = node[item]
-        elif item in ("llm", "agent") or (isinstance(item, str) and item.startswith("function-")):
-            continue  # a discriminated-union tag, not a key of the file
-        else:
-            parts.append(str(item))
-            node = None
-    return ".".join(parts) or "(root)"
-
-
-def _issues_from(exc: Any, data: Any, file: str) -> list[Issue]:
-    out: list[Issue] = []
-    for err in exc.errors(include_url=False):
-        msg = err.get("msg", "invalid")
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-        if err.get("type") == "missing":
-            msg = "is required"
-        elif err.get("type") == "union_tag_invalid":
-            msg = "kind must be llm or agent"
-        elif err.get("type") == "union_tag_not_found":
-            msg = "needs a kind: llm or agent"
-        out.append(Issue(file, _loc_path(tuple(err.get("loc", ())), data), msg))
-    return out
-
-
-def _structural(data: dict[str, Any], file: str) -> tuple[Any, list[Issue]]:
-    issues: list[Issue] = []
-    for name in (data.get("engines") or {}) if isinstance(data.get("engines"), dict) else {}:
-        if not isinstance(name, str) or len(name) > ENGINE_NAME_MAX or not ENGINE_NAME_RE.match(name):
-            issues.append(
-                Issue(
-                    file,
-                    f"engines.{name}",
-                    "engine names are lower-case words of letters and digits "
-                    f"joined by '-', at most {ENGINE_NAME_MAX} characters, not starting with akm-",
-                )
-            )
-        elif name in RESERVED_ENGINE_NAMES:
-            issues.append(
-                Issue(
-                    file,
-                    f"engines.{name}",
-                    f"{name!r} is reserved (workflow.judgeEngine: session means the calling agent judges)",
-                )
-            )
-    if not issues:
-        from akm.config.plain import plain_config
-
-        plain = plain_config(data)  # a valid config needs no pydantic (see akm.config.plain)
-        if plain is not None:
-            return plain, issues
-    from pydantic import ValidationError
-
-    Config = _models()["Config"]
-    try:
-        model = Config.model_validate(data)
-    except ValidationError as exc:
-        return None, issues + _issues_from(exc, data, file)
-    return model, issues
-
-
-def _cross_field(cfg: Any, where: Callable[[str], str]) -> list[Issue]:
-    """Rules that need the whole (merged) config: names must point at the right kind of engine."""
-    issues: list[Issue] = []
-
-    def check(path: str, name: str | None, kinds: tuple[str, ...], extra_ok: tuple[str, ...] = ()) -> None:
-        if name is None or name in extra_ok:
-            return
-        engine = cfg.engines.get(name)
-        if engine is None:
-            known = ", ".join(sorted(cfg.engines)) or "none configured"
-            issues.append(
-                Issue(where(path), path, f"names engine {name!r}, which is not configured (engines: {known})")
-            )
-        elif engine.kind not in kinds:
-            issues.append(
-                Issue(
-                    where(path),
-                    path,
-                    f"names engine {name!r}, which is a {engine.kind} engine; it must be {' or '.join(kinds)}",
-                )
-            )
-
-    check("defaults.llmEngine", cfg.defaults.llm_engine, ("llm",))
-    check("defaults.agentEngine", cfg.defaults.agent_engine, ("agent",))
-    check("workflow.judgeEngine", cfg.workflow.judge_engine, ("llm", "agent"), (SESSION_JUDGE,))
-    for name, engine in cfg.engines.items():
-        if engine.kind == "agent" and engine.llm_engine is not None:
-            check(f"engines.{name}.llmEngine", engine.llm_engine, ("llm",))
-    return issues
-
-
-def raise_issues(issues: list[Issue], *, action: str = "Invalid config") -> None:
-    if not issues:
-        return
-    files = list(dict.fromkeys(i.file for i in issues))
-    lines = [f"  {i.path}: {i.message}" + (f"  ({i.file})" if len(files) > 1 else "") for i in issues]
-    first = issues[0]
-    raise ConfigError(
-        f"{action} in {' and '.join(files)}:\n" + "\n".join(lines),
-        code="INVALID_CONFIG_FILE",
-        hint="Fix the keys named above; comments (// and /* */) are allowed, trailing commas are not.",
-        details={
-            "file": first.file,
-            "path": first.path,
-            "issues": [{"file": i.file, "path": i.path, "message": i.message} for i in issues],
-        },
-    )
 
 
 # --------------------------------------------------------------------------- files
@@ -567,56 +154,6 @@ def project_config_path(cwd: str | os.PathLike[str] | None = None) -> Path:
     from akm import paths
 
     return paths.project_root(cwd) / PROJECT_CONFIG_RELPATH
-
-
-def read_config_file(path: Path) -> dict[str, Any] | None:
-    """The file's JSON object (comments stripped), or None when there is no file."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    except IsADirectoryError:
-        raise ConfigError(
-            f"Config file {path} is a directory.", code="INVALID_CONFIG_FILE", details={"file": str(path)}
-        ) from None
-    except OSError as exc:
-        raise ConfigError(
-            f"Cannot read config file {path}: {exc.strerror}.", code="INVALID_CONFIG_FILE", details={"file": str(path)}
-        ) from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(
-            f"Config file {path} is larger than {MAX_CONFIG_BYTES} bytes.",
-            code="INVALID_CONFIG_FILE",
-            details={"file": str(path)},
-        )
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"Config file {path} is not UTF-8 text (byte {exc.start}).",
-            code="INVALID_CONFIG_FILE",
-            details={"file": str(path)},
-        ) from None
-    if not text.strip():
-        return {}
-    try:
-        data = json.loads(strip_jsonc(text))
-    except ValueError as exc:
-        line = getattr(exc, "lineno", None)
-        raise ConfigError(
-            f"Config file {path}{f' line {line}' if line else ''} is not valid JSON: {getattr(exc, 'msg', str(exc))}.",
-            code="INVALID_CONFIG_FILE",
-            hint="Comments (// and /* */) are allowed; trailing commas are not.",
-            details={"file": str(path), "line": line},
-        ) from None
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"Config file {path} must hold a JSON object at the top, not {type(data).__name__}.",
-            code="INVALID_CONFIG_FILE",
-            details={"file": str(path)},
-        )
-    return data
 
 
 @dataclass
@@ -739,108 +276,6 @@ def load_config_if_any(cwd: str | os.PathLike[str] | None = None) -> LoadedConfi
 # --------------------------------------------------------------------------- writing
 
 
-class _FileLock:
-    """An exclusive advisory lock on `<file>.lock` (released by the OS if we die)."""
-
-    def __init__(self, path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> None:
-        self.path = path
-        self.timeout_s = timeout_s
-        self.fd: int | None = None
-
-    def __enter__(self) -> "_FileLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                _lock_fd(self.fd)
-                return self
-            except OSError:
-                if time.monotonic() >= deadline:
-                    os.close(self.fd)
-                    self.fd = None
-                    raise ConfigError(
-                        f"Could not lock {self.path} within {self.timeout_s:.0f} s: another process may be "
-                        "updating the config.",
-                        code="CONFIG_LOCKED",
-                        details={"file": str(self.path)},
-                    ) from None
-                time.sleep(0.05)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.fd is not None:
-            try:
-                _unlock_fd(self.fd)
-            finally:
-                os.close(self.fd)
-                self.fd = None
-
-
-def _lock_fd(fd: int) -> None:
-    try:
-        import fcntl
-    except ImportError:  # Windows
-        import msvcrt
-
-        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-        return
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-
-
-def _unlock_fd(fd: int) -> None:
-    try:
-        import fcntl
-    except ImportError:
-        import msvcrt
-
-        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
-        return
-    fcntl.flock(fd, fcntl.LOCK_UN)
-
-
-def _backup(path: Path) -> None:
-    """Copy the current file into `<dir>/config-backups/` (0700/0600), keeping the newest few."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return
-    folder = path.parent / "config-backups"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    stamp = time.strftime("%Y-%m-%dT%H-%M-%S", time.gmtime()) + f"-{time.time_ns() % 1_000_000_000:09d}"
-    stem = path.stem if path.name == CONFIG_FILE_NAME else path.name.replace(".", "-")
-    target = folder / f"{stem}-{stamp}.json"
-    _write_private(target, data)
-    backups = sorted(folder.glob(f"{stem}-*.json"))
-    for old in backups[:-BACKUPS_KEPT]:
-        try:
-            old.unlink()
-        except OSError:
-            pass
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Atomic write with mode 0600: temp file in the same dir, fsync, rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
-
-
-def render_config(data: Mapping[str, Any]) -> str:
-    """The on-disk form: 2-space JSON, non-ASCII kept, trailing newline."""
-    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-
-
 def update_config_file(
     mutate: Callable[[dict[str, Any]], dict[str, Any] | None],
     *,
@@ -856,27 +291,16 @@ def update_config_file(
     nothing (no backup, no new mtime), so re-running the same command is idempotent.
     """
     user_path, project_path = user_config_path(), project_config_path(cwd)
-    target = project_path if project else user_path
-    with _FileLock(target.with_name(target.name + ".lock")):
-        current = read_config_file(target)
-        other = read_config_file(user_path if project else project_path)
-        base = copy.deepcopy(current) if current is not None else {}
-        new = mutate(copy.deepcopy(base))
-        if new is None:
-            new = base
-        if current is not None and new == current:
-            return new, False
-        if current is None and not new:
-            return new, False
-        layers = (other, new) if project else (new, other)
+    target, other = (project_path, user_path) if project else (user_path, project_path)
+
+    def check(new: dict[str, Any], other_data: dict[str, Any] | None) -> None:
+        layers = (other_data, new) if project else (new, other_data)
         _validate_layers(user_path, layers[0], project_path, layers[1], action="Refusing to save invalid config")
-        if current is not None:
-            _backup(target)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _write_private(target, render_config(new).encode("utf-8"))
-    _CACHE.clear()
-    return new, True
+
+    new, written = write_locked(target, other, mutate, check)
+    if written:
+        _CACHE.clear()
+    return new, written
 
 
 # --------------------------------------------------------------------------- helpers for setup and writers

@@ -3,7 +3,7 @@
 Why: building the config's pydantic models costs a run more than everything else it does
 at start (~100 ms). Most config files are valid, and saying so needs no error messages.
 `plain_config(data)` checks the merged config object against the same rules as the models
-in `akm.config._build_models` (strict types, camelCase keys, unknown keys kept and ignored)
+in `akm.config._schema` (strict types, camelCase keys, unknown keys kept and ignored)
 and returns records with the same attributes — or None at the first thing it does not
 accept, and the caller then validates with the models, which word every problem. So it may
 only ever be stricter than the models, never looser (tests compare both on many configs).
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from akm import config as C
+from akm.config import _rules as R
 
 _DOUBT = object()  # "not certainly valid": the pydantic models decide
 
@@ -99,13 +99,13 @@ def _temperature(v: Any) -> Any:
 def _extra_params(v: Any) -> Any:
     from akm.format.grammar import CREDENTIAL_KEYS, PROTECTED_LLM_KEYS
 
-    if type(v) is not dict or any(C._norm_key(k) in PROTECTED_LLM_KEYS for k in v):
+    if type(v) is not dict or any(R._norm_key(k) in PROTECTED_LLM_KEYS for k in v):
         return _DOUBT
 
     def clean(node: Any) -> bool:
         if isinstance(node, dict):
             return all(
-                not (isinstance(k, str) and C._norm_key(k) in CREDENTIAL_KEYS) and clean(s) for k, s in node.items()
+                not (isinstance(k, str) and R._norm_key(k) in CREDENTIAL_KEYS) and clean(s) for k, s in node.items()
             )
         if isinstance(node, list):
             return all(clean(s) for s in node)
@@ -114,16 +114,16 @@ def _extra_params(v: Any) -> Any:
     return dict(v) if clean(v) else _DOUBT
 
 
-_WIDTH = _integer(1, C.MAX_CONCURRENCY)
-_TIMEOUT = _integer(1, C.MAX_TIMEOUT_MS)
+_WIDTH = _integer(1, R.MAX_CONCURRENCY)
+_TIMEOUT = _integer(1, R.MAX_TIMEOUT_MS)
 
 # field -> (check, required); `None` values are accepted for optional fields (as `X | None` is)
 _LLM: dict[str, tuple[Any, bool]] = {
     "kind": (lambda v: v if v == "llm" else _DOUBT, True),
     "provider": (lambda v: _string(v, 1), False),
-    "endpoint": (lambda v: v if type(v) is str and C.endpoint_problem(v) is None else _DOUBT, True),
+    "endpoint": (lambda v: v if type(v) is str and R.endpoint_problem(v) is None else _DOUBT, True),
     "model": (lambda v: v if type(v) is str and v.strip() else _DOUBT, True),
-    "api_key": (lambda v: v if type(v) is str and C.env_ref_name(v) is not None else _DOUBT, False),
+    "api_key": (lambda v: v if type(v) is str and R.env_ref_name(v) is not None else _DOUBT, False),
     "temperature": (_temperature, False),
     "max_tokens": (_integer(1), False),
     "context_length": (_integer(1), False),
@@ -135,14 +135,14 @@ _LLM: dict[str, tuple[Any, bool]] = {
 }
 _AGENT: dict[str, tuple[Any, bool]] = {
     "kind": (lambda v: v if v == "agent" else _DOUBT, True),
-    "platform": (lambda v: v if type(v) is str and v in C.AGENT_PLATFORMS else _DOUBT, True),
+    "platform": (lambda v: v if type(v) is str and v in R.AGENT_PLATFORMS else _DOUBT, True),
     "bin": (lambda v: _string(v, 1), False),
     "args": (_strings, False),
     "model": (lambda v: _string(v, 1), False),
     "llm_engine": (_string, False),
     "timeout_ms": (_TIMEOUT, False),
     "env_passthrough": (
-        lambda v: v if _strings(v) is not _DOUBT and all(C.ENV_NAME_RE.match(x) for x in v) else _DOUBT,
+        lambda v: v if _strings(v) is not _DOUBT and all(R.ENV_NAME_RE.match(x) for x in v) else _DOUBT,
         False,
     ),
     "model_aliases": (_aliases, False),
@@ -181,7 +181,7 @@ def _fields(data: Any, spec: dict[str, tuple[Any, bool]], cls: type[_Record], fo
 
 def plain_config(data: Any) -> PlainConfig | None:
     """Records for `data` (the merged config object) when it is certainly valid, else None."""
-    if type(data) is not dict or any(k in data for k in C._RETIRED_TOP_LEVEL):
+    if type(data) is not dict or any(k in data for k in R._RETIRED_TOP_LEVEL):
         return None
     if any(name in data for name in ("model_aliases",)):
         return None
@@ -192,15 +192,15 @@ def plain_config(data: Any) -> PlainConfig | None:
     for name, raw in raw_engines.items():
         kind = raw.get("kind") if type(raw) is dict else None
         if kind == "llm":
-            engine = _fields(raw, _LLM, PlainLlmEngine, C._AGENT_ONLY_KEYS)
+            engine = _fields(raw, _LLM, PlainLlmEngine, R._AGENT_ONLY_KEYS)
         elif kind == "agent":
             if raw.get("platform") == "opencode-sdk":
                 return None
-            engine = _fields(raw, _AGENT, PlainAgentEngine, C._LLM_ONLY_KEYS)
+            engine = _fields(raw, _AGENT, PlainAgentEngine, R._LLM_ONLY_KEYS)
             if (
                 engine is not _DOUBT
                 and engine.llm_engine is not None
-                and engine.platform not in C.PLATFORMS_WITH_LLM_ENGINE
+                and engine.platform not in R.PLATFORMS_WITH_LLM_ENGINE
             ):
                 return None
         else:
@@ -209,7 +209,7 @@ def plain_config(data: Any) -> PlainConfig | None:
             return None
         engines[name] = engine
     raw_defaults = data.get("defaults", {})
-    if type(raw_defaults) is dict and any(k in raw_defaults for k in C._RETIRED_DEFAULTS):
+    if type(raw_defaults) is dict and any(k in raw_defaults for k in R._RETIRED_DEFAULTS):
         return None
     defaults = _fields(raw_defaults, _DEFAULTS, PlainDefaults)
     workflow = _fields(data.get("workflow", {}), _WORKFLOW, PlainWorkflow)
