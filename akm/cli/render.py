@@ -1,13 +1,14 @@
-"""Text renderings for the command-line front: run views and mermaid graphs.
+"""Renderings and output for the command-line front: run views, mermaid graphs, briefs, and the writers
+every command prints with (terminal-active characters made visible).
 
-Pure functions from the api's JSON views to strings; the CLI prints them. Kept
-out of `akm/cli/__init__.py` so that module stays a thin adapter, and imported only by
-the commands that render (start-up pays nothing for it).
+Pure functions from the api's JSON views to strings, and the few functions that write them. Only `json`
+and `sys` at top level: every command loads this module, `akm --version` included.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 # How much of a step's output the text views show; `--format json` always has all of it.
@@ -202,3 +203,99 @@ def mermaid(graph: dict[str, Any]) -> str:
     for n in graph["nodes"]:
         lines.append(f"  class {ids[n['id']]} {n['status'] if n['status'] in colors else 'pending'}")
     return "\n".join(lines)
+
+
+def _render_setup_text(res: dict[str, Any]) -> str:
+    lines = [res["message"]]
+    for a in res["engines"]:
+        lines.append(f"  {a['action']} {a['kind']} engine {a['engine']}" + (f": {a['detail']}" if a["detail"] else ""))
+    d = res.get("defaults") or {}
+    if d:
+        lines.append("defaults: " + ", ".join(f"{k} = {v}" for k, v in d.items()))
+    lines.append("you can now run:")
+    lines.extend(f"  - {line}" for line in res["canRun"])
+    return "\n".join(lines)
+
+
+def _render_brief_text(b: dict[str, Any]) -> str:
+    lines = [
+        f"run {b['runId']}  {b['status']}  step {b.get('stepId') or '-'}"
+        + (f" (gate loop {b['gateLoop']} of {b['maxLoops']})" if (b.get("maxLoops") or 0) > 1 else "")
+    ]
+    lines.append(b.get("message") or "")
+    for w in b.get("warnings") or []:
+        lines.append(f"warning: {w}")
+    if b.get("gateFeedback"):
+        lines.append(f"feedback from the last loop: {b['gateFeedback'].get('feedback')}")
+    for u in b.get("units") or []:
+        claim = f", claimed by {u['claim']['holder']} until {u['claim']['expiresAt']}" if u.get("claim") else ""
+        lines.append(f"\n== unit {u['unitId']} ({u['action']}{claim})")
+        if u["context"].get("itemIndex") is not None:  # a fan-out unit (a solo unit has no item)
+            lines.append(f"item {u['context']['itemIndex']}: {json.dumps(u['context']['item'], ensure_ascii=False)}")
+        lines.append(u["prompt"])
+        rep = u["report"]
+        arg = "--result @result.json" if u.get("resultKind") == "json" else "--result @result.txt"
+        lines.append(
+            f"-> akm workflow report {rep['runId']} {rep['unitId']} --expect-step {rep['expectStep']} "
+            f"--attempt {rep['attemptId']} --status completed {arg}" + (" --rerun" if rep.get("rerun") else "")
+        )
+    j = b.get("judge")
+    if j:
+        lines.append(f"\n== verdict {j['unitId']}")
+        lines.append(j["prompt"])
+        lines.append(
+            f"-> akm workflow report {b['runId']} {j['unitId']} --expect-step {b['stepId']} "
+            '--verdict \'{"complete": true, "missing": [], "feedback": ""}\''
+        )
+    if b.get("kind") == "engine":
+        lines.append(f"-> akm workflow run {b['runId']}")
+    return "\n".join(lines)
+
+
+# Characters a terminal may act on rather than show: C0 controls (ESC starts escape sequences, CR
+# overwrites a line, BS erases), DEL, C1 controls (0x9b is a one-byte CSI) and the bidi overrides that
+# reorder what is displayed. Unit output, file contents and messages quoting them are printed with these
+# made visible; newline and tab stay as they are.
+_TERMINAL_UNSAFE = (
+    [c for c in range(0x20) if c not in (0x09, 0x0A)]
+    + list(range(0x7F, 0xA0))
+    + [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+)
+_TEXT_ESCAPES: dict[int, str] | None = None
+_JSON_ESCAPES: dict[int, str] | None = None
+
+
+def _printable(text: str) -> str:
+    """Text with every terminal-active character written as a visible escape (`\\x1b`, `\\u202e`)."""
+    global _TEXT_ESCAPES
+    if _TEXT_ESCAPES is None:
+        _TEXT_ESCAPES = {c: (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _TERMINAL_UNSAFE}
+    return text.translate(_TEXT_ESCAPES)
+
+
+def _json_text(data: Any) -> str:
+    """JSON whose strings carry terminal-active characters as `\\u` escapes (the same JSON values)."""
+    global _JSON_ESCAPES
+    if _JSON_ESCAPES is None:
+        _JSON_ESCAPES = {c: f"\\u{c:04x}" for c in _TERMINAL_UNSAFE if c >= 0x7F}  # json.dumps escapes C0
+    return json.dumps(data, indent=2, ensure_ascii=False).translate(_JSON_ESCAPES)
+
+
+def _emit_json(data: Any) -> None:
+    sys.stdout.write(_json_text(data) + "\n")
+
+
+def _out(text: str) -> None:
+    text = _printable(text)
+    sys.stdout.write(text + ("" if text.endswith("\n") else "\n"))
+
+
+def _err(text: str) -> None:
+    text = _printable(text)
+    sys.stderr.write(text + ("" if text.endswith("\n") else "\n"))
+    sys.stderr.flush()
+
+
+def _err_json(data: Any) -> None:
+    sys.stderr.write(_json_text(data) + "\n")
+    sys.stderr.flush()

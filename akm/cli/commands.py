@@ -1,0 +1,498 @@
+"""The commands: each `_cmd_*` turns parsed arguments into one `akm.api` call and prints its result.
+
+No workflow logic lives here (the api validates; a command only adds what the command line needs: reading
+`@FILE` payloads, signals, progress lines). Each command imports the api and whatever else it needs inside
+itself, so loading this module costs nothing but its own code (never `mcp`, `httpx` or pydantic).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
+
+from akm.cli.render import _emit_json, _err, _out, _render_brief_text, _render_setup_text
+from akm.errors import EXIT_USAGE, AkmError, UsageError
+
+
+def _cmd_config(args: "argparse.Namespace") -> int:
+    from akm import api
+
+    action = args.config_action
+    if action is None:
+        args.config_parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    if action == "path":
+        paths_ = api.config_paths()
+        if args.format == "json":
+            _emit_json(paths_.to_json())
+        else:
+            _out(paths_.project if args.project else paths_.user)
+        return 0
+    if action == "list":
+        _emit_json(api.config_list())
+        return 0
+    if action == "get":
+        _emit_json(api.config_get(args.key))
+        return 0
+    try:
+        if action == "set":
+            change = api.config_set(args.key, args.value, project=args.project)
+        else:
+            change = api.config_unset(args.key, project=args.project)
+    except AkmError as exc:
+        if exc.code == "INVALID_ARGUMENT" and exc.hint is None:
+            exc.hint = "See `akm config --help`; `akm config get KEY` shows a key's current value."
+        raise
+    if args.silent:
+        return 0
+    if args.format == "json":
+        _emit_json(change.to_json())
+    elif not change.written:
+        _out(f"{change.key}: unchanged ({change.file})")
+    elif action == "set":
+        _out(f"{change.key} = {json.dumps(change.value, ensure_ascii=False)}  ({change.file})")
+    else:
+        _out(f"{change.key} removed  ({change.file})")
+    return 0
+
+
+def _cmd_setup(args: "argparse.Namespace") -> int:
+    from akm import api
+    from akm.errors import ConfigError
+
+    if args.config is not None and args.from_file is not None:
+        raise UsageError("--config and --from cannot be combined: give the config one way.", code="INVALID_ARGUMENT")
+    blob = None
+    if args.config is not None:
+        try:
+            blob = json.loads(args.config)
+        except ValueError as exc:
+            raise UsageError(
+                f"Invalid JSON in --config: {getattr(exc, 'msg', exc)} "
+                f"(line {getattr(exc, 'lineno', '?')}, column {getattr(exc, 'colno', '?')}).",
+                code="INVALID_ARGUMENT",
+                hint='Pass one JSON object, e.g. --config \'{"defaults": {"llmEngine": "fast"}}\'.',
+            ) from None
+        if not isinstance(blob, dict):
+            raise ConfigError(
+                f"--config must be one JSON object, not {type(blob).__name__}.", code="INVALID_CONFIG_FILE"
+            )
+    if not (args.yes or args.probe or args.config is not None or args.from_file is not None):
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            raise UsageError(
+                "akm setup asks questions, and there is no terminal to ask them on.",
+                code="NON_INTERACTIVE_REQUIRES_YES",
+                hint="Use `akm setup --yes` to detect and write engines without questions, or give "
+                "the config with `--config JSON` or `--from FILE`.",
+            )
+        from akm.cli.wizard import run_wizard
+
+        return run_wizard(project=args.project)
+
+    def warning(message: str) -> None:
+        _err(f"warning: {message}")
+
+    try:
+        res = api.setup(
+            yes=args.yes,
+            config=blob,
+            from_file=args.from_file,
+            probe=args.probe,
+            project=args.project,
+            on_warning=warning,
+        ).to_json()
+    except AkmError as exc:
+        if exc.code == "INVALID_CONFIG_FILE" and exc.hint and "akm config" not in exc.hint:
+            exc.hint += " `akm config path` shows where the files are."
+        raise
+    if (args.format or "json") == "json":
+        _emit_json(res)
+        if sys.stderr.isatty():  # a person is watching: say it in words too
+            _err(res["message"])
+    else:
+        _out(_render_setup_text(res))
+    return 0
+
+
+def _cmd_lint(args: argparse.Namespace) -> int:
+    from akm import api
+    from akm.format.lint import render_text
+
+    report = api.lint(args.paths)
+    if args.format == "json":
+        _emit_json(report.model_dump())
+    else:
+        _out(render_text(report))
+    return 0 if report.ok else 1
+
+
+def _cmd_upgrade(args: argparse.Namespace) -> int:
+    from akm import api
+
+    res = api.upgrade(args.path, write=args.write)
+    if args.format == "json":
+        _emit_json(res.to_json())
+    elif args.write:
+        _out(f"upgraded {res.path}")
+    else:
+        _out(res.text)
+    return 0 if res.ok else 1
+
+
+def _cmd_run(tokens: list[str]) -> int:
+    from akm import api
+    from akm.cli import render
+    from akm.cli.parser import _RUN_HELP, split_run
+
+    if any(t in ("-h", "--help") for t in tokens):
+        _out(_RUN_HELP)
+        return 0
+    target, ra = split_run(tokens)
+    fmt = api.check_output_format(str(ra.controls.get("format", "text")), ("text", "json"))
+
+    if ra.controls.get("detach"):
+        detached = api.detach_run(
+            target,
+            param_pairs=ra.params,
+            max_steps=ra.controls.get("max-steps"),
+            timeout=ra.controls.get("timeout"),
+            new=bool(ra.controls.get("new")),
+        )
+        for message in detached.warnings:
+            _err(f"warning: {message}")
+        if fmt == "json":
+            _emit_json(detached.to_json())
+        elif detached.pid is None:
+            _out(f"{detached.run_id} {detached.status}: nothing to drive")
+        else:
+            _out(detached.run_id)
+            if not ra.controls.get("quiet"):
+                _err(
+                    f"driving in the background (pid {detached.pid}), log: {detached.log}; "
+                    f"wait with: akm workflow wait {detached.run_id}"
+                )
+        return 0
+
+    import signal
+
+    cancel = api.Cancellation()
+    if ra.controls.get("quiet") and ra.controls.get("verbose"):
+        raise UsageError("--quiet and --verbose contradict each other; pass one.", code="INVALID_ARGUMENT")
+    # Progress lines go to a terminal by default; --verbose sends them anywhere (an agent's pipe, a log).
+    show_progress = bool(ra.controls.get("verbose")) or sys.stderr.isatty() or os.environ.get("AKM_PROGRESS") == "1"
+    if ra.controls.get("quiet"):
+        show_progress = False
+
+    reasons = {signal.SIGINT: "sigint", signal.SIGTERM: "sigterm", signal.SIGHUP: "sighup"}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        cancel.trip(reasons[signum])
+        signal.signal(signum, signal.SIG_DFL)  # a second signal kills at once
+
+    for signum in reasons:
+        signal.signal(signum, on_signal)
+
+    # On a terminal (and without --verbose) the progress is a board of steps redrawn in place.
+    live = None
+    if (
+        show_progress
+        and sys.stderr.isatty()
+        and not ra.controls.get("verbose")
+        and os.environ.get("AKM_PROGRESS") != "1"
+        and os.environ.get("TERM") != "dumb"
+    ):
+        from akm.report.live import LiveProgress
+
+        live = LiveProgress(sys.stderr)
+
+    def progress(p: Any) -> None:  # from worker threads too: one write per line
+        if live is not None:
+            live.progress(p)
+            return
+        if not show_progress or p.kind == "step_started":
+            return
+        if p.kind == "step":
+            _err(f"[{p.step_id}] step {p.status}")
+        else:
+            mark = "ok" if p.ok else f"FAILED ({p.failure_reason})"
+            _err(f"[{p.step_id} {p.done}/{p.total}] {p.attempt_id} {mark}")
+
+    def warning(w: Any) -> None:
+        say = live.message if live is not None else _err
+        say(f"warning: {w.message}")
+        if w.code == "WORKFLOW_CHANGED":
+            say(
+                f"  hint: to run the edited file, start a new run: akm workflow run {target} --new "
+                f"(and `akm workflow abandon {w.details['runId']}` to drop the old one)"
+            )
+
+    try:
+        result = api.run_workflow(
+            target,
+            param_pairs=ra.params,
+            max_steps=ra.controls.get("max-steps"),
+            timeout=ra.controls.get("timeout"),
+            new=bool(ra.controls.get("new")),
+            cancel=cancel,
+            on_progress=progress,
+            on_warning=warning,
+        )
+    finally:
+        if live is not None:
+            live.stop()
+    data = result.to_json()
+    if fmt == "json":
+        _emit_json(data)
+    else:
+        _out(render.run_text(data["run"]))
+        if result.timed_out:
+            _out("stopped: --timeout expired (the run is still active; run it again to continue)")
+        elif result.aborted:
+            _out("stopped: interrupted (the run is still active; run it again to continue)")
+    return api.exit_status_for(result)
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from akm import api
+
+    res = api.list_runs(active_only=args.active, ref=args.ref, all_scopes=args.all)
+    if args.format == "json":
+        _emit_json(res.to_json())
+    else:
+        if not res.runs:
+            _out("no runs")
+        for r in res.runs:
+            _out(f"{r.run_id}  {r.status:<17} {r.title:<24} {r.updated_at}")
+    return 0
+
+
+def _cmd_catalog(args: argparse.Namespace) -> int:
+    from akm import api
+
+    res = api.workflow_catalog().to_json()
+    if args.format == "json":
+        _emit_json(res)
+        return 0
+    if not res["workflows"]:
+        _out("no workflows in " + " or ".join(res["roots"]))
+    for w in res["workflows"]:
+        about = w["description"] or w["title"] or ""
+        _out(f"{w['ref']}  ({w['source']})" + (f"  {about}" if about else ""))
+        _out("  steps: " + ", ".join(s["id"] + (" [gate]" if s["gated"] else "") for s in w["steps"]))
+        for p in w["params"]:
+            default = "" if p["required"] else f" = {json.dumps(p['default'], ensure_ascii=False)}"
+            _out(
+                f"  --{p['name']} {p['type'] or 'any'}{default}" + (f"  {p['description']}" if p["description"] else "")
+            )
+        for problem in w["problems"]:
+            _out(f"  problem: {problem}")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from akm import api
+    from akm.cli import render
+
+    code = 0
+    if args.watch:  # follow a run driven elsewhere; then print its status as usual
+        from akm.report.watch import follow
+
+        try:
+            code = follow(args.run_id, sys.stderr)
+        except KeyboardInterrupt:
+            return 130  # Ctrl-C ends a watch quietly; the run itself is not touched
+    if args.format == "html":  # one self-contained page: `> run.html`, then open it in a browser
+        page = api.run_report_html(args.run_id)
+        raw = getattr(sys.stdout, "buffer", None)
+        if raw is None:
+            sys.stdout.write(page)
+        else:  # bytes: the page says charset=utf-8, whatever the locale's encoding
+            sys.stdout.flush()
+            raw.write(page.encode("utf-8"))
+        return code
+    view = api.run_status(args.run_id, units=args.units, step=args.step).to_json()
+    if args.format == "json":
+        _emit_json(view)
+    elif args.format == "mermaid":
+        _out(render.mermaid(api.run_graph(args.run_id).to_json()))
+    else:
+        _out(render.run_text(view))
+    return code
+
+
+def _cmd_wait(args: argparse.Namespace) -> int:
+    import signal
+
+    from akm import api
+    from akm.cli import render
+
+    cancel = api.Cancellation()
+    signal.signal(signal.SIGINT, lambda *_: cancel.trip("sigint"))
+    result = api.wait_run(args.run_id, timeout=args.timeout, cancel=cancel)
+    if cancel.tripped:
+        return 130
+    if args.format == "json":
+        _emit_json(result.to_json())
+    else:
+        _out(render.run_text(result.run.to_json()))
+        if result.timed_out:
+            _out("waiting stopped: --timeout expired (the run is still active)")
+        elif result.undriven:
+            _out(f"the run is active but nothing drives it: continue it with akm workflow run {args.run_id}")
+    return api.wait_exit_status(result)
+
+
+def _cmd_control(args: argparse.Namespace) -> int:
+    from akm import api
+    from akm.cli import render
+
+    view = (api.resume if args.action == "resume" else api.abandon)(args.run_id).to_json()
+    if args.format == "json":
+        _emit_json(view)
+    else:
+        _out(render.run_text(view))
+    return 0
+
+
+def _cmd_log(args: argparse.Namespace) -> int:
+    from akm import api
+
+    page = api.events(run_id=args.run_id, since=args.since, limit=args.limit).to_json()
+    if args.format == "json":
+        _emit_json(page)
+    else:
+        for e in page["events"]:
+            _out(f"{e['id']:>6} {e['ts']} {e['eventType']} {json.dumps(e.get('metadata', {}), ensure_ascii=False)}")
+        more = "more events are waiting; " if page["hasMore"] else ""
+        _out(f"{more}next: --since @offset:{page['nextOffset']}")
+    return 0
+
+
+def _cmd_next(args: argparse.Namespace) -> int:
+    from akm import api
+
+    b = api.next_brief(args.run_id).to_json()
+    if args.format == "json":
+        _emit_json(b)
+    else:
+        _out(_render_brief_text(b))
+    return 0
+
+
+# The most `--result`/`--verdict` text read from a file or standard input (akm.engine.session.MAX_RESULT_BYTES,
+# which the CLI does not import for this): one byte more is read, so `@/dev/zero` is refused at once.
+MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
+
+
+def _read_payload(value: str, what: str) -> str:
+    """`--result`/`--verdict` text: literal, @FILE or - (standard input), reading at most 16 MiB + 1 byte."""
+    if value != "-" and not value.startswith("@"):
+        return value
+    source = "standard input" if value == "-" else value[1:]
+    try:
+        if value == "-":
+            stdin = getattr(sys.stdin, "buffer", None)  # a text-only stdin (embedding, tests) is read as text
+            data = (
+                stdin.read(MAX_PAYLOAD_BYTES + 1)
+                if stdin is not None
+                else sys.stdin.read(MAX_PAYLOAD_BYTES + 1).encode("utf-8", "surrogateescape")
+            )
+        else:
+            with open(value[1:], "rb") as f:
+                data = f.read(MAX_PAYLOAD_BYTES + 1)
+        if len(data) > MAX_PAYLOAD_BYTES:
+            raise UsageError(
+                f"{what} {_clip(value)}: {source} holds more than {MAX_PAYLOAD_BYTES} bytes (16 MiB), "
+                "the most a report may carry; nothing was recorded. Report the path of a large output "
+                "instead.",
+                code="RESULT_TOO_LARGE",
+                details={"maxBytes": MAX_PAYLOAD_BYTES},
+            )
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(
+            f"{what} {_clip(value)}: cannot read {_clip(source)}: {getattr(exc, 'strerror', None) or exc}.",
+            code="UNREADABLE_FILE",
+        ) from None
+
+
+def _clip(text: str) -> str:
+    from akm.text import quoted
+
+    return quoted(text)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from akm import api
+    from akm.engine.budget import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
+
+    tokens = None
+    if args.tokens is not None:
+        digits = args.tokens
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= 13 and int(digits) <= MAX_REPORT_TOKENS):
+            from akm.text import quoted
+
+            raise UsageError(
+                f"--tokens {quoted(args.tokens)}: expected a whole number from 0 to {MAX_REPORT_TOKENS}.",
+                code="INVALID_ARGUMENT",
+            )
+        tokens = int(args.tokens)
+    status = args.status
+    if status is None:
+        if args.verdict is None:
+            raise UsageError(
+                "--status is required (completed, failed or running); only --verdict implies completed.",
+                code="INVALID_ARGUMENT",
+                details={"argument": "status"},
+            )
+        status = "completed"
+    res = api.report_unit(
+        args.run_id,
+        args.unit_id,
+        status=status,
+        attempt_id=args.attempt,
+        result=_read_payload(args.result, "--result") if args.result is not None else None,
+        has_result=args.result is not None,
+        verdict=_read_payload(args.verdict, "--verdict") if args.verdict is not None else None,
+        has_verdict=args.verdict is not None,
+        tokens=tokens,
+        failure_reason=args.failure_reason,
+        expect_step=args.expect_step,
+        rerun=args.rerun,
+        holder=args.holder,
+    ).to_json()
+    if args.format == "json":
+        _emit_json(res)
+    else:
+        _out(f"{res['recorded']}: {res['unitId']} ({res['status']}) — {res['message']}")
+        if res.get("brief"):  # the step's work changed: what to do now, without another `next`
+            _out("")
+            _out(_render_brief_text(res["brief"]))
+        elif (
+            res.get("stepOutcome")
+            and res["stepOutcome"].get("kind") == "completed"
+            and res.get("runStatus") != "completed"
+        ):
+            _out(f"-> akm workflow run {res['runId']}")
+    return 0
+
+
+def _cmd_mcp(rest: list[str]) -> int:
+    """`akm mcp`: the MCP stdio server. Only this path imports `mcp` (it costs about a second)."""
+    if rest in (["-h"], ["--help"]):
+        _out(
+            "usage: akm mcp\n\nServe akm's tools over the Model Context Protocol on stdin/stdout, e.g.\n"
+            "  claude mcp add akm -- /path/to/akm mcp"
+        )
+        return 0
+    if rest:
+        _err(f"error[USAGE]: akm mcp takes no arguments (got {' '.join(rest)})")
+        return EXIT_USAGE
+    from akm.mcp import serve
+
+    return serve()
