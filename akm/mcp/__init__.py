@@ -81,7 +81,7 @@ Results that miss their output schema are refused with the errors: fix and repor
 whose answer you lost is safe: the same report again answers recorded "idempotent"."""
 
 
-def build_server(*, holder: str | None = None, cwd: str | None = None) -> MCPServer:
+def build_server(*, holder: str | None = None, cwd: str | None = None) -> _AkmServer:
     """The akm MCP server (also used in-process by tests)."""
     holder = holder or f"mcp:{uuid.uuid4()}"
     base_cwd = cwd or os.getcwd()
