@@ -62,10 +62,10 @@ def _run_project_root(run, cwd: Path) -> Path:
     checked against the run's scope, so secrets are still redacted with the run's own env files.
     """
     root = paths.project_root(cwd)
-    if paths.scope_key(root) == run.scope_key or not run.workflow_path:
+    if run.scope_key in paths.scope_keys(root) or not run.workflow_path:
         return root
     candidate = paths.project_root(Path(run.workflow_path).parent)
-    return candidate if paths.scope_key(candidate) == run.scope_key else root
+    return candidate if run.scope_key in paths.scope_keys(candidate) else root
 
 
 def report_unit(
