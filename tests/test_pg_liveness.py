@@ -124,11 +124,17 @@ def test_a_colliding_live_key_only_makes_a_holder_look_alive(pg_cluster):
     try:
         twin = liveness.HolderLock(_target(pg_cluster), "holder-two", wait_s=0.2)
         twin.key = first.key  # force a collision
-        twin._take()
+        twin._connect_and_take(0.2)
         assert twin.marker is None  # no lock of its own: it records NULL, peers wait for its expiry
+        assert twin.refresh() is None
         peer = connect(_target(pg_cluster))
         assert not liveness.holder_is_dead(peer, twin.key, liveness.server_marker(peer))
+        first.release()  # the key is free now: the twin's next refresh takes it on its live session
+        marker = twin.refresh()
+        assert marker == liveness.server_marker(peer)
+        assert not liveness.holder_is_dead(peer, twin.key, marker)
         twin.release()
+        assert liveness.holder_is_dead(peer, twin.key, marker)
         peer.close()
     finally:
         first.release()

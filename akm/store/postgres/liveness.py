@@ -115,21 +115,30 @@ class HolderLock:
     def acquire(cls, target: Target, holder: str, *, wait_s: float = 2.0) -> HolderLock:
         """Open the liveness connection and take the lock (raises a coded JournalError when unreachable)."""
         lock = cls(target, holder, wait_s)
-        lock._take()
+        lock._connect_and_take(wait_s)
         return lock
 
-    def _take(self) -> None:
+    def _connect_and_take(self, wait_s: float) -> None:
         self._close()
+        self.marker = None
         self._con = connect(self.target)
-        deadline = time.monotonic() + self.wait_s
+        try:
+            self._take(wait_s)
+        except Exception:  # the new session failed at once: no lock, no fast path (never a driver traceback)
+            self._close()
+
+    def _take(self, wait_s: float) -> None:
+        """Take the lock on the open connection, retrying for `wait_s` (a peer's probe holds it one statement)."""
+        deadline = time.monotonic() + wait_s
         while True:
-            # A peer's probe holds the key for one statement; only a live holder with a colliding key for long.
             rows = self._con.run(
                 f"SELECT pg_try_advisory_lock(:ns, :k), {MARKER_SQL}, {_LOCK_HELD_SQL}", ns=NAMESPACE, k=self.key
             )
             if rows[0][0] and rows[0][2]:
                 self.marker = str(rows[0][1])
                 return
+            if rows[0][0]:  # granted yet not visible on this backend (a pooler): do not leave it behind
+                self._con.run("SELECT pg_advisory_unlock(:ns, :k)", ns=NAMESPACE, k=self.key)
             if time.monotonic() >= deadline:
                 self.marker = None
                 return
@@ -138,19 +147,23 @@ class HolderLock:
     def refresh(self) -> str | None:
         """The marker to record with the next renewal, after proving the lock is still held.
 
-        When the liveness connection is gone (the server restarted, the network dropped it) a new one takes
-        the lock again first, so a renewal never records an incarnation this holder holds no lock on. None
-        when the lock cannot be had: record NULL (no fast path); liveness never stops a driver.
+        When the liveness connection is gone (the server restarted or crashed, the network dropped it) a new
+        one takes the lock again first, so a renewal never records an incarnation this holder holds no lock
+        on. None when the lock cannot be had: record NULL (no fast path); liveness never stops a driver.
+        One statement when all is well; never a wait when the session lives but the key is taken.
         """
-        if self._con is not None and self.marker is not None:
+        if self._con is not None:
             try:
                 rows = self._con.run(f"SELECT {MARKER_SQL}, {_LOCK_HELD_SQL}", ns=NAMESPACE, k=self.key)
-                if rows[0][1] and rows[0][0] == self.marker:
-                    return self.marker
+                if rows[0][1]:
+                    self.marker = str(rows[0][0])
+                else:
+                    self._take(0.0)  # the session lives, the lock was never had (a colliding key): one try
+                return self.marker
             except Exception:  # any driver failure means the session (and the lock) is gone
                 pass
         try:
-            self._take()
+            self._connect_and_take(self.wait_s)
         except Exception:  # unreachable now: no fast path until the next refresh
             self._close()
             self.marker = None
