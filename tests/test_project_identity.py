@@ -159,6 +159,19 @@ def test_a_worktree_reads_the_remote_of_its_repository(tmp_path, git):
     assert paths.scope_key(tmp_path / "cloned") == paths.scope_key(main)
 
 
+def test_a_submodule_has_its_own_remote(tmp_path, git):
+    lib = _repo(git, tmp_path / "lib-src")
+    git(lib, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "--allow-empty", "-m", "one")
+    app = _repo(git, tmp_path / "app", ("origin", "https://github.com/team/app"))
+    git(app, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "vendor/lib")
+    sub = app / "vendor" / "lib"
+    assert (sub / ".git").is_file()  # gitdir: ../../.git/modules/vendor/lib, no commondir
+    assert paths.scope_keys(sub) == (_path_key(sub),)  # cloned from a local path: not portable
+    git(sub, "remote", "set-url", "origin", "git@github.com:team/lib.git")
+    assert paths.project_identity(sub) == ("github.com/team/lib", "")
+    assert paths.scope_key(sub) != paths.scope_key(app)
+
+
 def test_config_syntax_forms(tmp_path, git):
     repo = _repo(git, tmp_path / "r")
     config = repo / ".git" / "config"
