@@ -270,10 +270,15 @@ def test_a_report_from_another_clone_finds_the_runs_project(tmp_path, git):
 
     a = _repo(git, tmp_path / "a", ("origin", "https://github.com/team/proj"))
     b = _repo(git, tmp_path / "b", ("origin", "git@github.com:team/proj"))
+    real = lambda p: Path(os.path.realpath(p))  # noqa: E731
     run = SimpleNamespace(scope_key=paths.scope_key(a), workflow_path=str(a / "w.md"))
-    assert _run_project_root(run, b) == Path(os.path.realpath(b))
+    assert _run_project_root(run, a) == real(a)
+    assert _run_project_root(run, b) == real(a)  # the run's own checkout is here: it wins over a twin clone
+    elsewhere = SimpleNamespace(scope_key=paths.scope_key(a), workflow_path="/nonexistent/machine-1/w.md")
+    assert _run_project_root(elsewhere, b) == real(b)  # started on another machine: this clone is its project
     legacy = SimpleNamespace(scope_key=_path_key(a), workflow_path=str(a / "w.md"))
-    assert _run_project_root(legacy, a) == Path(os.path.realpath(a))
+    assert _run_project_root(legacy, a) == real(a)
+    assert _run_project_root(legacy, b) == real(a)
 
 
 def test_the_scope_is_read_without_spawning_git(tmp_path, git, monkeypatch):
