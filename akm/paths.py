@@ -7,12 +7,16 @@ Two questions every command asks before touching the journal:
   `AKM_DATA_DIR` wins (tests, CI, users who want state beside a project);
   otherwise platformdirs' per-user data dir. platformdirs is imported inside
   the function because the CLI imports this module on every start.
-* `project_root()` / `scope_key()` — the *run scope*. Runs are found by
-  (workflow ref, scope), so the same workflow started in two checkouts gives
-  two independent runs. The anchor is the nearest ancestor holding a `.akm/`
+* `project_root()` / `scope_keys()` — the *run scope*. Runs are found by
+  (workflow ref, scope). The anchor is the nearest ancestor holding a `.akm/`
   directory (an explicit akm project) or a `.git` (file or directory:
-  worktrees and submodules use a `.git` file), else the working directory. Paths are realpath'd so a symlinked checkout and
-  its target share one scope.
+  worktrees and submodules use a `.git` file), else the working directory.
+  Paths are realpath'd so a symlinked checkout and its target share one scope.
+  In a git checkout with a network remote the scope is the remote plus the
+  root's path inside the checkout, so clones of one repository on two machines
+  (or two clones, or worktrees, on one) share their runs on a shared journal;
+  otherwise it is the root's absolute path. The path key stays a second key of
+  a git project, so runs started before are still found.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 from pathlib import Path
 
 SCOPE_PREFIX = "dir:v1:"
+GIT_SCOPE_PREFIX = "git:v1:"
 
 
 # Our own file name: upstream akm keeps a different database, `state.db`, in the same
@@ -97,11 +102,65 @@ def _normalize(path: Path) -> str:
     return text
 
 
-def scope_key(cwd: str | os.PathLike[str] | None = None) -> str:
-    """`"dir:v1:" + sha256_hex(project root path)` — the run scope of `cwd`."""
-    root = _normalize(project_root(cwd))
+def _path_key(root: Path) -> str:
     # surrogateescape: a directory name that is not UTF-8 hashes as its bytes on disk
     # (for every UTF-8 name this is exactly its UTF-8 encoding).
     from akm.canonical import _sha256
 
-    return SCOPE_PREFIX + _sha256(root.encode("utf-8", "surrogateescape")).hexdigest()
+    return SCOPE_PREFIX + _sha256(_normalize(root).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _git_top(root: Path) -> Path | None:
+    """The checkout holding `root`: the nearest ancestor (inclusive) with a `.git`."""
+    for candidate in _ancestors(root):
+        if os.path.lexists(candidate / ".git"):
+            return candidate
+    return None
+
+
+def project_identity(cwd: str | os.PathLike[str] | None = None) -> tuple[str, str] | None:
+    """(normalized git remote, project root's path inside the checkout) of `cwd`'s project, or None.
+
+    The remote is `host/owner/repo` without credentials (akm.gitremote), so it may be shown; the path is
+    POSIX-style, `""` for the checkout's top.
+    """
+    return _identity(project_root(cwd))
+
+
+def _identity(root: Path) -> tuple[str, str] | None:
+    from akm import gitremote
+
+    top = _git_top(root)
+    if top is None:
+        return None
+    url = gitremote.remote_url(top)
+    remote = gitremote.normalize_remote(url) if url is not None else None
+    if remote is None:
+        return None
+    inside = root.relative_to(top).as_posix()
+    if os.sep == "\\":
+        inside = inside.lower()
+    return remote, "" if inside == "." else inside
+
+
+def scope_keys(cwd: str | os.PathLike[str] | None = None) -> tuple[str, ...]:
+    """Every key `cwd`'s runs may be stored under, the one new runs get first.
+
+    A project in a git checkout with a network remote is `"git:v1:" + sha256(remote "\\n" path-in-repo)`,
+    the same on every machine; otherwise, and as the second key of a git project (runs started before
+    akm knew the remote, or before the remote was added), `"dir:v1:" + sha256(absolute root)`.
+    """
+    root = project_root(cwd)
+    legacy = _path_key(root)
+    ident = _identity(root)
+    if ident is None:
+        return (legacy,)
+    from akm.canonical import _sha256
+
+    remote, inside = ident
+    return (GIT_SCOPE_PREFIX + _sha256(f"{remote}\n{inside}".encode("utf-8", "surrogateescape")).hexdigest(), legacy)
+
+
+def scope_key(cwd: str | os.PathLike[str] | None = None) -> str:
+    """The run scope new runs of `cwd` get: the first of `scope_keys(cwd)`."""
+    return scope_keys(cwd)[0]

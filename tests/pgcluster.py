@@ -34,6 +34,10 @@ class Cluster:
     user: str
     password: str
     database: str
+    # where the server lives, for `restart` (empty on a Cluster built by hand)
+    bindir: str = ""
+    data: str = ""
+    log: str = ""
 
     def url(self, **query: str) -> str:
         """A `postgresql://` URL for this server (query options such as sslmode appended)."""
@@ -118,9 +122,27 @@ def cluster(bindir: Path) -> Iterator[Cluster]:
         )
         _run([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "120", "-o", opts, "start"])
         started = True
-        yield Cluster(host="127.0.0.1", port=port, user=USER, password=password, database="postgres")
+        yield Cluster(
+            host="127.0.0.1",
+            port=port,
+            user=USER,
+            password=password,
+            database="postgres",
+            bindir=str(bindir),
+            data=str(data),
+            log=str(log),
+        )
     finally:
         if started:
             with contextlib.suppress(Exception):
                 _run([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"], timeout=120)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def restart(c: Cluster, mode: str = "fast") -> None:
+    """Stop and start the server again on the same port (`immediate` is a crash); every session ends.
+
+    Tests that restart should use a cluster of their own (`cluster()`), not the session's shared one.
+    """
+    pg_ctl = str(Path(c.bindir) / "pg_ctl")
+    _run([pg_ctl, "-D", c.data, "-l", c.log, "-m", mode, "-w", "-t", "120", "restart"], timeout=300)

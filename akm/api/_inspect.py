@@ -73,8 +73,15 @@ def list_runs(
         elif ref.startswith("workflows/"):
             ref = normalized_ref(ref) or ref
     with _open_db(read_only=True) as db:
-        scope = None if req.all_scopes else paths.scope_key(work_dir)
-        rows = runs_store.list_runs(db, scope_key=scope, active_only=req.active_only, ref=ref)
+        if req.all_scopes:
+            rows = runs_store.list_runs(db, active_only=req.active_only, ref=ref)
+        else:  # this project's runs under its portable key and under its path key (runs from before)
+            rows = [
+                r
+                for key in paths.scope_keys(work_dir)
+                for r in runs_store.list_runs(db, scope_key=key, active_only=req.active_only, ref=ref)
+            ]
+            rows.sort(key=lambda r: r.created_at, reverse=True)  # stable: each key's own tie order stays
         return RunList(runs=[_run_view(db, r, with_steps=False) for r in rows])
 
 

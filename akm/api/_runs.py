@@ -358,8 +358,9 @@ def _open(
 
         schemas = plan.param_schemas or {}
         values = coerce_params(param_pairs, schemas) if param_pairs else check_params(dict(params or {}), schemas)
-        scope = paths.scope_key(work_dir)
-        active = None if new else runs_store.find_active_run(db, ref, scope, values)
+        scopes = paths.scope_keys(work_dir)
+        scope = scopes[0]
+        active = None if new else _find_active(db, ref, scopes, values)
         if active is not None:
             run_id = _continue_active(active, plan, wf_path, warn)
         else:
@@ -393,6 +394,17 @@ def _open(
                     raise
                 run_id = _continue_active(winner, plan, wf_path, warn)
     return run_id, started, existing
+
+
+def _find_active(db: Any, ref: str, scopes: tuple[str, ...], values: dict[str, Any]) -> Any:
+    """The drivable run to continue: under the project's portable key first, then its path key (runs from before)."""
+    from akm.store import runs as runs_store
+
+    for key in scopes:
+        active = runs_store.find_active_run(db, ref, key, values)
+        if active is not None:
+            return active
+    return None
 
 
 def _progress_relay(on_progress: Callable[[ProgressEvent], None] | None) -> Callable[[Any], None] | None:

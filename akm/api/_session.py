@@ -59,13 +59,17 @@ def _run_project_root(run, cwd: Path) -> Path:
 
     Normally the reporter's own project. A report made from elsewhere — an MCP server whose client passed
     `cwd` to `workflow_run`, a shell in another checkout — finds the run's project from its workflow file,
-    checked against the run's scope, so secrets are still redacted with the run's own env files.
+    checked against the run's scope, so secrets are still redacted with the run's own env files. A
+    portable scope (a git remote) matches every clone: the checkout the run was started in, when it is on
+    this machine, still wins over another clone of the same repository.
     """
     root = paths.project_root(cwd)
-    if paths.scope_key(root) == run.scope_key or not run.workflow_path:
+    if not run.workflow_path or run.scope_key == paths.scope_keys(root)[-1]:  # the last key is the path key
         return root
     candidate = paths.project_root(Path(run.workflow_path).parent)
-    return candidate if paths.scope_key(candidate) == run.scope_key else root
+    if candidate != root and candidate.is_dir() and run.scope_key in paths.scope_keys(candidate):
+        return candidate
+    return root
 
 
 def report_unit(
