@@ -193,13 +193,13 @@ def _judge(fx: Effects, step: StepPlan, decision: StepDecision) -> Applied:
         return Applied(STOPPED)
     if verdict is None:
         # Fail-closed: no verdict, no loop consumed; the step is blocked until the run is resumed.
-        notes, detail = judge_failure(step, error)
-        fx.record(step.step_id, decision, ok=False, summary=notes)
+        why, detail = judge_failure(step, error)
+        fx.record(step.step_id, decision, ok=False, summary=why)
         status, notes = fx.finish(
             step.step_id,
             "blocked",
             summary=None,
-            notes=notes,
+            notes=why,
             evidence=decision.evidence,
             detail=detail,
             judge_failed=True,

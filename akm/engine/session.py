@@ -1116,7 +1116,7 @@ class _ReportEffects:
     bookkeeping, a judge nobody cancels."""
 
     park_without_judge_dispatcher = False  # the plan names a judge engine: without its dispatcher it fails
-    fence = None
+    fence: runs_store.Fence | None = None  # a report holds the finalize lock, not a driver's fence
 
     def __init__(self, db: Database, cur: _Current, lock: str, project_root: Path, registry: Any) -> None:
         self.db = db

@@ -13,8 +13,7 @@ probe for a holder on this host that recorded a pid (a reporter's claim records 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from akm.errors import NotFoundError, UsageError
 from akm.store.runs import holder_is_live
@@ -24,7 +23,11 @@ from akm.store.status import DRIVABLE_STATUSES
 # does not make other reports wait (nor refuse them).
 REPORT_LOCK_PREFIX = "report:"
 
-Row = Mapping[str, Any]
+
+class Row(Protocol):
+    """A row as read inside the transaction: column values by name (an `sqlite3.Row`, or a dict in tests)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
 
 
 def is_report_lock(holder: str | None) -> bool:
