@@ -13,8 +13,9 @@ import sys
 
 from tests.helpers import ROOT
 
-# mypy's error count on akm/ when the check was introduced (148 at the review; 82 after the first fixes).
-MYPY_BASELINE = 80
+# mypy's error count on akm/ when the check was introduced (148 at the review; 82 after the first fixes;
+# 73 after engine/apply.py and store/report_guards.py).
+MYPY_BASELINE = 73
 SOURCES = ["akm", "tests", "bench"]
 
 

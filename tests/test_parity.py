@@ -4,12 +4,22 @@ Each scenario runs twice, in separate journals, from the same workflow and param
 
 (a) native — the drive loop dispatches every unit through a fake dispatcher that
     returns the scenario's outcome for the unit (and a fake judge engine for gates);
+    what it parks for the agent (a gate with no judge engine, units it has no
+    dispatcher for) the scripted agent of (b) reports, and the drive goes on;
 (b) reported — a scripted agent reads `next`, reports each unit's outcome (and each
     verdict), and calls `workflow run` whenever the brief says akm goes on.
 
 Both must produce identical canonical graphs (dispatch units collapsed over `~r`
-retries with the tokens of all their attempts summed, gate rows, step outputs/evidence/route decisions, final run status). A
-self-check proves the comparison can fail.
+retries with the tokens of all their attempts summed, gate rows, step statuses/outputs/evidence/route
+decisions/summaries/notes, the event log by type, the final run status and detail). A self-check proves the
+comparison can fail.
+
+Both drivers apply `finalize.decide_step`'s decisions through `engine/apply.py`; the scenarios cover every
+kind: advance (complete), retry (an artifact missing its schema), gate pass / reject / loop / exhausted
+(engine-judged and agent-judged), fail (a unit, fail-fast, an exhausted schema loop), block (a judge that
+fails, an exhausted gate), map fan-out reduced (collect, vote, on_error continue), route, and the
+awaiting-session parks (a verdict the agent gives, units no dispatcher of the native driver runs: there the
+native driver parks and the agent reports, as for (b)).
 """
 
 from __future__ import annotations
@@ -46,7 +56,8 @@ class Scenario:
     # unit content id -> outcomes, consumed in order across attempts and loops
     outcomes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     verdicts: list[Any] = field(default_factory=list)  # judge answers in order (text or raise)
-    engine_judge: bool = False
+    engine_judge: bool = False  # False: a gate's verdict comes from the agent (the run awaits the session)
+    native_session_units: bool = False  # True: the native driver has no dispatcher for session units either
 
 
 def ok(value: Any = None, tokens: int | None = None) -> dict[str, Any]:
@@ -145,17 +156,27 @@ def _registry(o: Outcomes, *, units: bool) -> DispatcherRegistry:
 
 
 def drive_native(project: Path, sc: Scenario) -> str:
+    """The drive loop runs everything it has a dispatcher for; what it parks for the agent (a verdict of a
+    gate with no judge engine, units of a runner it cannot dispatch) the agent reports, then it drives on."""
     rid = _start(project, sc)
     o = Outcomes(sc)
+    reg = _registry(o, units=not sc.native_session_units)
     with open_db(paths.journal_path()) as db:
-        drive_run(db, rid, DriveOptions(work_dir=project, project_root=project, registry=_registry(o, units=True)))
+        drive_run(db, rid, DriveOptions(work_dir=project, project_root=project, registry=reg))
+    _agent_loop(project, rid, o, reg)
     return rid
 
 
 def drive_by_reports(project: Path, sc: Scenario) -> str:
     rid = _start(project, sc)
     o = Outcomes(sc)
-    reg = _registry(o, units=False)
+    _agent_loop(project, rid, o, _registry(o, units=False))
+    return rid
+
+
+def _agent_loop(project: Path, rid: str, o: Outcomes, reg: DispatcherRegistry) -> None:
+    """A scripted agent: read `next`, report each unit's outcome (and each verdict), and call `workflow run`
+    whenever the brief says akm goes on; until the run ends."""
     for _ in range(200):
         with open_db(paths.journal_path()) as db:
             b = session.brief(db, rid)
@@ -211,7 +232,6 @@ def drive_by_reports(project: Path, sc: Scenario) -> str:
                 run = runs_store.require_run(db, rid)
                 if run.status not in ("active", "awaiting_session"):
                     break
-    return rid
 
 
 def graph(run_id: str) -> list[str]:
@@ -255,8 +275,41 @@ def graph(run_id: str) -> list[str]:
                 f"{canonical_json(ev.get('output')) if isinstance(ev, dict) and 'output' in ev else '(none)'}"
                 f" | {canonical_json(ev.get('units')) if isinstance(ev, dict) and 'units' in ev else '-'}"
                 f" | {route.get('selected') if isinstance(route, dict) else None}"
+                f" | {s.summary} | {s.notes}"
             )
-        lines.append(f"run {runs_store.require_run(db, run_id).status}")
+        lines.extend(event_lines(db, run_id))
+        run = runs_store.require_run(db, run_id)
+        lines.append(f"run detail {canonical_json(run.status_detail)}")
+        lines.append(f"run {run.status}")
+    return lines
+
+
+UNIT_EVENTS = ("workflow_unit_started", "workflow_unit_finished")
+
+
+def event_lines(db: Any, run_id: str) -> list[str]:
+    """The run's event log by type, in order. Dispatch-unit events between two other events (run, step, gate
+    row) are compared as a multiset per unit: a native fan-out interleaves its units' events, reports come
+    one unit at a time."""
+    lines: list[str] = []
+    segment: dict[tuple[str, str], int] = {}
+
+    def flush() -> None:
+        if segment:
+            lines.append("units " + " ".join(f"{t}:{u}x{n}" for (t, u), n in sorted(segment.items())))
+            segment.clear()
+
+    for r in db.query("SELECT event_type, metadata_json FROM events WHERE run_id = ? ORDER BY id", (run_id,)):
+        meta = json.loads(r["metadata_json"] or "{}")
+        if r["event_type"] in UNIT_EVENTS and ".gate:l" not in str(meta.get("unitId")):
+            key = (r["event_type"].rpartition("_")[2], base_of_attempt(str(meta.get("unitId"))))
+            segment[key] = segment.get(key, 0) + 1
+            continue
+        flush()
+        lines.append(
+            f"event {r['event_type']} {meta.get('stepId', '-')} {meta.get('unitId', '-')} {meta.get('status', '-')}"
+        )
+    flush()
     return lines
 
 
@@ -426,6 +479,68 @@ SCENARIOS = [
         params={"files": ["a", "b"]},
         outcomes={},
     ),
+    # Every decision kind of `finalize.decide_step`, applied by both drivers (engine/apply.py):
+    Scenario(
+        "gate-pass-first",
+        "steps:\n  - id: work\n    gate: { max_loops: 2 }\n  - id: after",
+        "## work\n\nWork.\n\n### gate\n\n- Good work.\n\n## after\n\nA.",
+        outcomes={"work:solo": [ok("good")], "after:solo": [ok("next")]},
+        verdicts=[{"complete": True}],
+        engine_judge=True,
+    ),
+    Scenario(
+        "session-judge-loop",
+        "steps:\n  - id: work\n    gate: { max_loops: 2 }",
+        "## work\n\nWork.\n\n### gate\n\n- Good work.",
+        outcomes={"work:solo": [ok("v1"), ok("v2")]},
+        verdicts=[{"complete": False, "missing": ["tests"], "feedback": "add tests"}, {"complete": True}],
+    ),
+    Scenario(
+        "session-judge-exhausted",
+        "steps:\n  - id: work",
+        "## work\n\nWork.\n\n### gate\n\n- Perfect.",
+        outcomes={"work:solo": [ok("meh")]},
+        verdicts=[{"complete": False, "missing": ["all"], "feedback": "no"}],
+    ),
+    Scenario(
+        "session-units",
+        MAP3 + "  - id: after\n",
+        "## review\n\nReview.\n\n## after\n\nA.",
+        params={"files": ["a", "b"]},
+        outcomes={"after:solo": [ok("done")]},
+        native_session_units=True,
+    ),
+    Scenario(
+        "session-units-retry",
+        """
+        steps:
+          - id: fetch
+            unit: { retry: { max: 1, on: [timeout] } }
+        """,
+        "## fetch\n\nFetch.",
+        outcomes={"fetch:solo": [fail("timeout", tokens=2), ok("data", tokens=3)]},
+        native_session_units=True,
+    ),
+    Scenario(
+        "solo-fail",
+        "steps:\n  - id: build\n  - id: never",
+        "## build\n\nBuild.\n\n## never\n\nN.",
+        outcomes={"build:solo": [fail("non_zero_exit", text="exit 2")], "never:solo": [ok("x")]},
+    ),
+    Scenario(
+        "artifact-schema-exhausted",
+        """
+        params:
+          files: { type: array }
+        steps:
+          - id: list
+            map: { over: params.files }
+            output: { type: array, items: { type: string, minLength: 3 } }
+        """,
+        "## list\n\nList.",
+        params={"files": ["a"]},
+        outcomes={},
+    ),
 ]
 
 
@@ -448,6 +563,12 @@ def _fill(sc: Scenario) -> Scenario:
     if sc.name == "artifact-schema-loop":
         (a,) = ids("list", ["a"])
         sc.outcomes[a] = [ok("ab"), ok("abc")]
+    if sc.name == "session-units":
+        for i, uid in enumerate(ids("review", ["a", "b"])):
+            sc.outcomes[uid] = [ok(f"s{i}", tokens=1)]
+    if sc.name == "artifact-schema-exhausted":
+        (a,) = ids("list", ["a"])
+        sc.outcomes[a] = [ok("ab")]
     if sc.name == "fail-fast":
         a, b = ids("review", ["a", "b"])
         sc.outcomes[a], sc.outcomes[b] = [fail("non_zero_exit")], [fail("non_zero_exit")]
@@ -464,6 +585,9 @@ def test_native_and_reported_runs_have_the_same_graph(tmp_path, monkeypatch, sc)
         "judge-malformed": "run blocked",
         "judge-throws": "run blocked",
         "fail-fast": "run failed",
+        "session-judge-exhausted": "run blocked",
+        "solo-fail": "run failed",
+        "artifact-schema-exhausted": "run failed",
     }.get(sc.name, "run completed")
     assert final == expected, "\n".join(native)
 
@@ -474,6 +598,29 @@ def test_parity_graph_shapes(tmp_path, monkeypatch):
     gates = [line for line in native if line.startswith("gate ")]
     assert len(gates) == 1 and "list.gate:l1" in gates[0] and '"reason":"output_schema"' in gates[0]
     assert any(line.startswith("unit list.unit:") and "~l2" in line for line in native)
+
+
+@pytest.mark.parametrize(
+    "name, detail",
+    [
+        ("session-judge-loop", {"kind": "judge", "stepId": "work", "gateLoop": 1}),
+        ("session-units", {"kind": "units", "stepId": "review", "gateLoop": 1}),
+    ],
+)
+def test_the_native_driver_parks_what_the_agent_does(tmp_path, monkeypatch, name, detail):
+    """The awaiting-session decisions of the scenarios above are the drive loop's own: it parks the run with
+    the brief stub a report would write, before the agent reports anything."""
+    sc = _fill(next(s for s in SCENARIOS if s.name == name))
+    monkeypatch.setenv("AKM_DATA_DIR", str(tmp_path / "data"))
+    project = tmp_path / "project"
+    project.mkdir()
+    rid = _start(project, sc)
+    reg = _registry(Outcomes(sc), units=not sc.native_session_units)
+    with open_db(paths.journal_path()) as db:
+        result = drive_run(db, rid, DriveOptions(work_dir=project, project_root=project, registry=reg))
+        run = runs_store.require_run(db, rid)
+    assert result.awaiting == detail
+    assert (run.status, run.status_detail) == ("awaiting_session", detail)
 
 
 def test_comparison_can_fail():

@@ -9,8 +9,9 @@ bumped).
 This module keeps only scheduling, the lease and dispatch. What a step does
 next — dispatch more units, loop with gate feedback, await a verdict,
 complete, fail, block — is decided by `akm.engine.finalize.decide_step` from
-the journal alone, the same function the session protocol uses when a calling
-agent reports results. Units that need a model or an agent with no engine are
+the journal alone and done by `akm.engine.apply.apply_decision`, the same two
+functions the session protocol uses when a calling agent reports results; what
+only this loop does is dispatch a pass of the units it can run. Units that need a model or an agent with no engine are
 session units (D11): the loop drives everything it can, then parks the run as
 `awaiting_session`.
 """
@@ -29,15 +30,14 @@ from typing import Any, Callable
 from akm.dispatch.base import DispatcherRegistry, UnitRequest
 from akm.dispatch.exec import build_exec_context
 from akm.dispatch.redact import sensitive_values_from
-from akm.engine import gates
 from akm.engine import worktree as worktrees
+from akm.engine.apply import AGAIN, FINISHED, apply_decision, pass_failed
 from akm.engine.budget import LIFETIME_UNIT_CAP, DispatchBudget
 from akm.engine.cancel import Cancellation
 from akm.engine.env_bindings import EnvBindingError, project_sensitive_values, resolve_env_refs
 from akm.engine.finalize import (
     DONE,
     RUNNING,
-    GateState,
     StepDecision,
     UnitState,
     decide_step,
@@ -50,9 +50,6 @@ from akm.engine.state import LoadedRun, load_run
 from akm.engine.stepctx import (
     Spine,
     finish_step,
-    journal_verdict,
-    judge_failure,
-    judge_with_engine,
     load_gate,
     load_spine,
     step_rows,
@@ -645,6 +642,7 @@ class _Driver:
         )
         self._warn_lock = threading.Lock()
         self.spine: Spine | None = None
+        self.effects = _DriverEffects(self)
 
     def warn(self, message: str) -> None:
         with self._warn_lock:
@@ -825,33 +823,17 @@ class _Driver:
             )
             if decision.work_list is not None:
                 work_list, work_list_gate = decision.work_list, (gate.loop, gate.feedback)
-            if decision.kind == "work":
-                if settled_loop == gate.loop:
-                    return self.park_units(step, decision)  # claimed elsewhere, or session work
-                outcome = self.dispatch_pass(step, decision)
-                if outcome is False:
+            if decision.kind == "work" and settled_loop != gate.loop:
+                # Only this driver dispatches: one pass over the units it can run, then decide again with
+                # the pass settled (what is still outstanding then is claimed elsewhere, or session work).
+                if self.dispatch_pass(step, decision) is False:
                     return False
                 settled_loop = gate.loop
                 continue
-            if decision.kind == "retry":
-                assert decision.verdict is not None
-                self.record(step.step_id, decision, ok=False)
-                self._fenced_write(
-                    journal_verdict,
-                    self.db,
-                    self.run_id,
-                    step,
-                    decision.loop,
-                    decision.verdict,
-                    runner="schema",
-                    fence=self.fence,
-                )
+            applied = apply_decision(self.effects, step, decision)
+            if applied.next == AGAIN:
                 continue
-            if decision.kind == "judge":
-                if not self.judge(step, decision, gate):
-                    return False
-                continue
-            return self.conclude(step, decision)
+            return applied.next == FINISHED and applied.status == "completed"
 
     def dispatch_pass(self, step: StepPlan, decision: StepDecision) -> bool | None:
         """Dispatch the decision's units that this engine can run. False = stop driving."""
@@ -872,81 +854,9 @@ class _Driver:
         if self._stopped():
             return False
         if failure is not None:
-            self.record(step.step_id, decision, ok=False, summary=failure.reason)
-            self.finish(step.step_id, "failed", summary=None, notes=failure.reason, evidence={"error": failure.reason})
-            self.result.steps_processed += 1
+            apply_decision(self.effects, step, pass_failed(decision, failure.reason))
             return False
         return None
-
-    def judge(self, step: StepPlan, decision: StepDecision, gate: GateState) -> bool:
-        """Get a verdict for the current loop: an engine judge now, or park for the calling agent."""
-        name, snapshot = gates.judge_engine(self.plan, step)
-        kind = (snapshot or {}).get("kind")
-        dispatcher = self.registry.get(kind) if kind else None
-        if name is None or dispatcher is None:
-            self.record(step.step_id, decision, ok=True)
-            self.park(judge_brief_stub(step, decision))
-            return False
-        event = threading.Event()
-        self.opts.cancel.link(event)
-        self.lease_lost.link(event)
-        try:
-            verdict, error = self._fenced_write(
-                judge_with_engine,
-                self.db,
-                self.run_id,
-                self.plan,
-                step,
-                decision.loop,
-                result=decision.result,
-                artifact=decision.artifact,
-                dispatcher=dispatcher,
-                cwd=str(self.opts.project_root),
-                cancel=event,
-                fence=self.fence,
-            )
-        finally:
-            self.opts.cancel.unlink(event)
-            self.lease_lost.unlink(event)
-        self._check_alive()
-        if self._stopped():
-            return False
-        if verdict is None:
-            notes, detail = judge_failure(step, error)
-            self.record(step.step_id, decision, ok=False, summary=notes)
-            self.finish(step.step_id, "blocked", summary=None, notes=notes, evidence=decision.evidence, detail=detail)
-            self.result.steps_processed += 1
-            return False
-        if not verdict.complete:
-            self.record(step.step_id, decision, ok=False, summary=f"gate rejected: {verdict.feedback}")
-        return True
-
-    def conclude(self, step: StepPlan, decision: StepDecision) -> bool:
-        """Apply a terminal decision: complete, fail or block the step."""
-        if decision.kind == "complete":
-            self.record(step.step_id, decision, ok=True, summary=decision.summary)
-            status = self.finish(
-                step.step_id, "completed", summary=decision.summary, notes=None, evidence=decision.evidence
-            )
-        elif decision.kind == "fail":
-            self.record(step.step_id, decision, ok=False, summary=decision.notes)
-            status = self.finish(step.step_id, "failed", summary=None, notes=decision.notes, evidence=decision.evidence)
-        else:  # block
-            self.record(step.step_id, decision, ok=False, summary=decision.notes)
-            status = self.finish(
-                step.step_id,
-                "blocked",
-                summary=None,
-                notes=decision.notes,
-                evidence=decision.evidence,
-                detail=decision.detail,
-            )
-        self.result.steps_processed += 1
-        return status == "completed"
-
-    def park_units(self, step: StepPlan, decision: StepDecision) -> bool:
-        self.park({"kind": "units", "stepId": step.step_id, "gateLoop": decision.loop})
-        return False
 
     def park(self, brief: dict[str, Any]) -> None:
         """Stop with `awaiting_session`: the remaining work needs a model, an agent or a judge."""
@@ -963,8 +873,60 @@ class _Driver:
             raise
 
 
-def judge_brief_stub(step: StepPlan, decision: StepDecision) -> dict[str, Any]:
-    return {"kind": "judge", "stepId": step.step_id, "gateLoop": decision.loop}
+class _DriverEffects:
+    """`apply.Effects` for the drive loop: fenced writes, the `executed` bookkeeping, cancellable judges."""
+
+    park_without_judge_dispatcher = True  # the agent may judge what this akm has no dispatcher for
+
+    def __init__(self, driver: _Driver) -> None:
+        self.d = driver
+        self.db = driver.db
+        self.run_id = driver.run_id
+        self.plan = driver.plan
+        self.fence: runs_store.Fence | None = driver.fence
+        self.cwd = str(driver.opts.project_root)
+
+    def write(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return self.d._fenced_write(fn, *args, **kwargs)
+
+    def dispatcher_for(self, kind: str) -> Any:
+        return self.d.registry.get(kind)
+
+    @contextmanager
+    def judging(self) -> Iterator[threading.Event]:
+        event = threading.Event()
+        self.d.opts.cancel.link(event)
+        self.d.lease_lost.link(event)
+        try:
+            yield event
+        finally:
+            self.d.opts.cancel.unlink(event)
+            self.d.lease_lost.unlink(event)
+
+    def interrupted(self) -> bool:
+        self.d._check_alive()
+        return self.d._stopped()
+
+    def record(self, step_id: str, decision: StepDecision, *, ok: bool, summary: str | None = None) -> None:
+        self.d.record(step_id, decision, ok=ok, summary=summary)
+
+    def park(self, brief: dict[str, Any]) -> None:
+        self.d.park(brief)
+
+    def finish(
+        self,
+        step_id: str,
+        status: str,
+        *,
+        summary: str | None,
+        notes: str | None,
+        evidence: dict[str, Any] | None,
+        detail: dict[str, Any] | None,
+        judge_failed: bool,
+    ) -> tuple[str, str | None]:
+        status = self.d.finish(step_id, status, summary=summary, notes=notes, evidence=evidence, detail=detail)
+        self.d.result.steps_processed += 1
+        return status, notes
 
 
 def _default_registry() -> DispatcherRegistry:

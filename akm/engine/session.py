@@ -10,8 +10,8 @@ Two halves:
 * `report(db, run_id, unit_id, ...)` — records one unit result (or a verdict)
   behind guards that each refuse with a coded error and write nothing, then,
   when that completes the step's work, finishes the step through
-  `finalize.decide_step` — the one way a step finishes, shared with the drive
-  loop. A report never drives further steps: `workflow run` does that.
+  `finalize.decide_step` and `apply.apply_decision` — the one way a step
+  finishes, shared with the drive loop. A report never drives further steps: `workflow run` does that.
 
 Claims (D13): `status: running` claims a unit for its reporter (90 s,
 renewed by reporting running again); a live claim of another holder refuses
@@ -25,12 +25,15 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from akm.dispatch.answer import AnswerError, parse_command_json
 from akm.dispatch.redact import redact_text, redact_value, sensitive_values_from
 from akm.engine import gates
+from akm.engine.apply import AGAIN, PARKED, apply_decision, is_session_judged, pass_failed
 from akm.engine.budget import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
 from akm.engine.finalize import (
     DIVERGED,
@@ -50,8 +53,6 @@ from akm.engine.stepctx import (
     Spine,
     finish_step,
     journal_verdict,
-    judge_failure,
-    judge_with_engine,
     load_gate,
     load_spine,
     step_rows,
@@ -174,7 +175,7 @@ def _current(db: Database, run_id: str) -> _Current:
 
 def _is_session_judged(cur: _Current) -> bool:
     assert cur.step is not None
-    return gates.judge_engine(cur.loaded.plan, cur.step)[0] is None
+    return is_session_judged(cur.loaded.plan, cur.step)
 
 
 def _live_claim(row: dict[str, Any] | None, now: str) -> dict[str, Any] | None:
@@ -1037,27 +1038,23 @@ def _finalize(
             step, d = cur.step, cur.decision
             if step is None or d is None:
                 return {"message": "Recorded.", "remainingUnits": 0}
+            fx = _ReportEffects(db, cur, lock, project_root, registry)
             if budget_message is not None:
-                finish_step(
-                    db,
-                    run_id,
-                    step.step_id,
-                    "failed",
-                    summary=None,
-                    notes=budget_message,
-                    evidence={"error": budget_message},
-                    lease_holder=lock,
-                )
+                apply_decision(fx, step, pass_failed(d, budget_message))
                 return {
                     "stepOutcome": {"kind": "failed", "summary": budget_message},
                     "remainingUnits": 0,
                     "message": f"Step {step.step_id} failed: {budget_message}.",
                 }
+            applied = apply_decision(fx, step, d)
+            if applied.next == AGAIN:
+                continue
             if d.kind == "work":
                 left = len(d.units)
-                _park(db, run_id, {"kind": "units", "stepId": step.step_id, "gateLoop": d.loop})
+                assert cur.gate is not None
                 prior_loop = cur.gate.loop > 1 and d.loop == cur.gate.loop and cur.gate.feedback is not None
                 if prior_loop and all(s.row is None for s in d.states):
+                    assert cur.gate.feedback is not None
                     return {
                         "stepOutcome": {
                             "kind": "next_loop",
@@ -1073,40 +1070,22 @@ def _finalize(
                     "remainingUnits": left,
                     "message": f"Recorded. {left} unit(s) of step {step.step_id} still need a report.",
                 }
-            if d.kind == "retry":
-                assert d.verdict is not None
-                journal_verdict(db, run_id, step, d.loop, d.verdict, runner="schema")
-                continue
-            if d.kind == "judge":
-                if _is_session_judged(cur):
-                    _park(db, run_id, {"kind": "judge", "stepId": step.step_id, "gateLoop": d.loop})
-                    return {
-                        "stepOutcome": {"kind": "awaiting_verdict", "gateLoop": d.loop},
-                        "remainingUnits": 0,
-                        "message": f"Step {step.step_id}'s units are done; its gate needs your verdict "
-                        "(the judge brief is in this answer).",
-                    }
-                if not _engine_judge(db, cur, d, project_root, registry):
-                    fresh = runs_store.get_step(db, run_id, step.step_id)
-                    return {
-                        "stepOutcome": {"kind": "blocked", "summary": fresh.notes if fresh else None},
-                        "remainingUnits": 0,
-                        "message": f"Step {step.step_id} is blocked: its judge failed.",
-                    }
-                continue
-            status = {"complete": "completed", "fail": "failed", "block": "blocked"}[d.kind]
-            notes = d.notes if status != "completed" else None
-            status, notes, _ = finish_step(
-                db,
-                run_id,
-                step.step_id,
-                status,
-                summary=d.summary if status == "completed" else None,
-                notes=notes,
-                evidence=d.evidence,
-                lease_holder=lock,
-                status_detail=d.detail if status == "blocked" else None,
-            )
+            if applied.next == PARKED:  # the gate awaits the agent's verdict
+                return {
+                    "stepOutcome": {"kind": "awaiting_verdict", "gateLoop": d.loop},
+                    "remainingUnits": 0,
+                    "message": f"Step {step.step_id}'s units are done; its gate needs your verdict "
+                    "(the judge brief is in this answer).",
+                }
+            if applied.judge_failed:
+                fresh = runs_store.get_step(db, run_id, step.step_id)
+                return {
+                    "stepOutcome": {"kind": "blocked", "summary": fresh.notes if fresh else None},
+                    "remainingUnits": 0,
+                    "message": f"Step {step.step_id} is blocked: its judge failed.",
+                }
+            status, notes = applied.status, applied.notes
+            assert status is not None
             kind = {"completed": "completed", "failed": "failed", "blocked": "blocked"}[status]
             outcome: dict[str, Any] = {"kind": kind, "summary": d.summary if status == "completed" else notes}
             if d.detail:
@@ -1132,43 +1111,73 @@ def _park(db: Database, run_id: str, stub: dict[str, Any]) -> None:
     runs_store.set_run_status(db, run_id, "awaiting_session", stub)
 
 
-def _engine_judge(db: Database, cur: _Current, d: StepDecision, project_root: Path, registry: Any) -> bool:
-    """Run the step's engine judge from a report (the same call the drive loop makes). False = blocked."""
-    step = cur.step
-    assert step is not None
-    if registry is None:
-        from akm.dispatch.registry import default_registry
+class _ReportEffects:
+    """`apply.Effects` for a report finishing its step under the finalize lock: unfenced writes, no
+    bookkeeping, a judge nobody cancels."""
 
-        registry = default_registry()
-    kind = (gates.judge_engine(cur.loaded.plan, step)[1] or {}).get("kind")
-    verdict, error = judge_with_engine(
-        db,
-        cur.run_id,
-        cur.loaded.plan,
-        step,
-        d.loop,
-        result=d.result,
-        artifact=d.artifact,
-        dispatcher=registry.get(kind) if kind else None,
-        cwd=str(project_root),
-        cancel=threading.Event(),
-    )
-    if verdict is not None:
-        return True
-    lock = runs_store.read_lease(db, cur.run_id)
-    notes, detail = judge_failure(step, error)
-    finish_step(
-        db,
-        cur.run_id,
-        step.step_id,
-        "blocked",
-        summary=None,
-        notes=notes,
-        evidence=d.evidence,
-        lease_holder=lock.holder if lock else None,
-        status_detail=detail,
-    )
-    return False
+    park_without_judge_dispatcher = False  # the plan names a judge engine: without its dispatcher it fails
+    fence: runs_store.Fence | None = None  # a report holds the finalize lock, not a driver's fence
+
+    def __init__(self, db: Database, cur: _Current, lock: str, project_root: Path, registry: Any) -> None:
+        self.db = db
+        self.run_id = cur.run_id
+        self.plan = cur.loaded.plan
+        self.cwd = str(project_root)
+        self.lock = lock
+        self.registry = registry
+
+    def write(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    def dispatcher_for(self, kind: str) -> Any:
+        if self.registry is None:
+            from akm.dispatch.registry import default_registry
+
+            self.registry = default_registry()
+        return self.registry.get(kind)
+
+    @contextmanager
+    def judging(self) -> Iterator[threading.Event]:
+        yield threading.Event()
+
+    def interrupted(self) -> bool:
+        return False
+
+    def record(self, step_id: str, decision: StepDecision, *, ok: bool, summary: str | None = None) -> None:
+        return None  # a report answers with the step's outcome instead
+
+    def park(self, brief: dict[str, Any]) -> None:
+        _park(self.db, self.run_id, brief)
+
+    def finish(
+        self,
+        step_id: str,
+        status: str,
+        *,
+        summary: str | None,
+        notes: str | None,
+        evidence: dict[str, Any] | None,
+        detail: dict[str, Any] | None,
+        judge_failed: bool,
+    ) -> tuple[str, str | None]:
+        holder: str | None = self.lock
+        if judge_failed:
+            # A failed judge finishes the step as whoever holds the lease when it returns (a judge call may
+            # outlast the finalize lock); kept as it was, see spec/engine.md §4.
+            lease = runs_store.read_lease(self.db, self.run_id)
+            holder = lease.holder if lease else None
+        status, notes, _ = finish_step(
+            self.db,
+            self.run_id,
+            step_id,
+            status,
+            summary=summary,
+            notes=notes,
+            evidence=evidence,
+            lease_holder=holder,
+            status_detail=detail,
+        )
+        return status, notes
 
 
 __all__ = ["brief", "report", "normalize_failure_reason", "MISSING", "Verdict"]

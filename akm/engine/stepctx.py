@@ -1,7 +1,8 @@
-"""Loading what a step decision needs from the journal, and applying the decision.
+"""Loading what a step decision needs from the journal, and the writes that apply it.
 
 `finalize.decide_step` is pure; this module is its IO on both sides, shared by
-the native drive loop and the session protocol:
+the native drive loop and the session protocol (`apply.apply_decision` chooses
+which of these writes a decision calls for):
 
 * `load_spine` / `step_rows` read the step spine, outputs of earlier steps,
   route decisions and the step's unit and gate rows;

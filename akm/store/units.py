@@ -32,14 +32,22 @@ from datetime import timedelta
 from typing import Any, NamedTuple
 
 from akm.canonical import compact_json
-from akm.errors import JournalError, NotFoundError, UsageError
+from akm.errors import JournalError, NotFoundError
 from akm.store.db import Database, format_iso, now_iso, parse_iso
+from akm.store.report_guards import (
+    REPORT_LOCK_PREFIX,  # noqa: F401 - re-exported: drivers and reports name it as units.REPORT_LOCK_PREFIX
+    Report,
+    carried_tokens,
+    check_budget,
+    check_report,
+    check_run_takes_reports,
+    tokens_crossed,
+)
 from akm.store.runs import (
     DRIVABLE_STATUSES,
     Fence,
     LeaseInfo,
     check_fence,
-    holder_is_live,
     host_id,
     lease_ttl_s,
     not_drivable_error,
@@ -488,14 +496,6 @@ class ReportWrite(NamedTuple):
     tokens_crossed: str | None = None  # the max_tokens message when this report reached the ceiling
 
 
-def _is_report_lock(holder: str | None) -> bool:
-    """A report finalizing a step holds the run lease briefly; it does not block other reports."""
-    return bool(holder) and holder.startswith(REPORT_LOCK_PREFIX)
-
-
-REPORT_LOCK_PREFIX = "report:"
-
-
 def write_report(
     db: Database,
     *,
@@ -521,6 +521,9 @@ def write_report(
 ) -> ReportWrite:
     """Record one report of the calling agent in ONE transaction, with every guard inside it.
 
+    The guards are pure decisions (`report_guards.check_report`, `check_budget`) over the rows read here,
+    in this transaction: nothing can change between a guard and the write it allows.
+
     Guards (UsageError, nothing written): the run is drivable (RUN_NOT_ACTIVE), no live engine
     lease (LEASE_HELD), a live claim of another holder (CLAIM_HELD), the reporter's own claim
     expired (CLAIM_EXPIRED), a finished row reported again with other content and no `rerun`
@@ -537,67 +540,15 @@ def write_report(
         run = conn.execute(
             "SELECT status, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,)
         ).fetchone()
-        if run is None:
-            raise NotFoundError(f"No workflow run with id {run_id}.", code="RUN_NOT_FOUND")
-        if run["status"] not in DRIVABLE_STATUSES:
-            raise UsageError(f"Run {run_id} is {run['status']}; it no longer takes reports.", code="RUN_NOT_ACTIVE")
-        if holder_is_live(
-            run["lease_holder"], run["lease_host"], run["lease_pid"], run["lease_until"], now
-        ) and not _is_report_lock(run["lease_holder"]):
-            raise UsageError(
-                f"Run {run_id} is being driven by akm right now (lease holder {run['lease_holder']} until "
-                f"{run['lease_until']}); reports are refused while the engine owns the run.",
-                code="LEASE_HELD",
-                details={"holder": run["lease_holder"], "until": run["lease_until"]},
-            )
         row = conn.execute(
             "SELECT status, result_json, failure_reason, tokens, attempts, input_hash, claim_holder, claim_host, "
             "claim_pid, claim_expires_at FROM units WHERE run_id = ? AND unit_id = ?",
             (run_id, unit_id),
         ).fetchone()
-        finishing_claim = False
-        prior_tokens = 0
-        if row is not None:
-            if row["status"] in ("completed", "failed"):
-                same = (
-                    row["status"] == status
-                    and row["result_json"] == result_json
-                    and (row["failure_reason"] or None) == (failure_reason or None)
-                )
-                if same and not rerun:
-                    return ReportWrite("idempotent")
-                if not rerun:
-                    if status == "running":
-                        raise UsageError(
-                            f"Unit {unit_id} is already {row['status']}; it cannot be claimed again "
-                            "unless it is re-run.",
-                            code="UNIT_TERMINAL",
-                        )
-                    raise UsageError(
-                        f"Unit {unit_id} is already recorded as {row['status']} with a different result; the "
-                        "journal keeps the first report unless this one is explicitly a re-run.",
-                        code="REPORT_CONFLICT",
-                    )
-                prior_tokens = int(row["tokens"] or 0)
-            else:  # running
-                live = holder_is_live(
-                    row["claim_holder"], row["claim_host"], row["claim_pid"], row["claim_expires_at"], now
-                )
-                if live and row["claim_holder"] != holder:
-                    raise UsageError(
-                        f"Unit {unit_id} is claimed by {row['claim_holder']} until {row['claim_expires_at']}; only "
-                        "that holder can report it.",
-                        code="CLAIM_HELD",
-                        details={"holder": row["claim_holder"], "until": row["claim_expires_at"]},
-                    )
-                if row["claim_holder"] == holder and not live and status != "running":
-                    raise UsageError(
-                        f"Your claim on unit {unit_id} expired at {row['claim_expires_at']}; claim it again (status "
-                        "running) before reporting its result.",
-                        code="CLAIM_EXPIRED",
-                    )
-                finishing_claim = row["claim_holder"] == holder and live
-        if status == "running" and finishing_claim:
+        plan = check_report(run_id, run, row, Report(unit_id, status, result_json, failure_reason, holder, rerun), now)
+        if plan.kind == "idempotent":
+            return ReportWrite("idempotent")
+        if plan.kind == "renew":
             conn.execute(
                 "UPDATE units SET claim_expires_at = ?, claim_host = ?, claim_pid = ?, last_checkin_at = ? "
                 "WHERE run_id = ? AND unit_id = ?",
@@ -609,19 +560,15 @@ def write_report(
             "WHERE run_id = ? AND phase IS NULL AND unit_id != ?",
             (run_id, unit_id),
         ).fetchone()
-        own_attempts = int(row["attempts"]) if row is not None else 0
-        if not finishing_claim and max_units is not None and totals["a"] + own_attempts + 1 > max_units:
-            raise UsageError(
-                f"budget exceeded (max_units ceiling): {totals['a'] + own_attempts} of {max_units} units already "
-                "dispatched in this run.",
-                code="BUDGET_EXCEEDED",
-            )
-        spent = int(totals["t"]) + (int(row["tokens"] or 0) if row is not None else 0)
-        if max_tokens is not None and spent >= max_tokens:
-            raise UsageError(
-                f"budget exceeded (max_tokens ceiling): {spent} of {max_tokens} tokens used.", code="BUDGET_EXCEEDED"
-            )
-        if not finishing_claim:
+        spent = check_budget(
+            plan,
+            row,
+            other_attempts=int(totals["a"]),
+            other_tokens=int(totals["t"]),
+            max_units=max_units,
+            max_tokens=max_tokens,
+        )
+        if not plan.finishing_claim:
             started = insert_unit(
                 db,
                 run_id=run_id,
@@ -646,7 +593,7 @@ def write_report(
                 (holder, host, pid, until, now, run_id, unit_id),
             )
             return ReportWrite("heartbeat", ClaimInfo(holder, host, pid, until))  # a claim is a sign of life
-        carried = (prior_tokens + (tokens or 0)) if prior_tokens else tokens
+        carried = carried_tokens(plan, tokens)
         finish_unit(
             db,
             run_id=run_id,
@@ -658,32 +605,15 @@ def write_report(
             failure_reason=failure_reason,
             session_id=None,
         )
-        crossed = None
-        if (
-            max_tokens is not None
-            and spent - (int(row["tokens"] or 0) if row is not None else 0) + (carried or 0) >= max_tokens
-        ):
-            crossed = (
-                f"budget exceeded (max_tokens ceiling): "
-                f"{spent - (int(row['tokens'] or 0) if row is not None else 0) + (carried or 0)} of "
-                f"{max_tokens} tokens used"
-            )
-        return ReportWrite("written", tokens_crossed=crossed)
+        return ReportWrite("written", tokens_crossed=tokens_crossed(spent, row, carried, max_tokens))
 
 
 def guard_session_write(db: Database, run_id: str) -> None:
-    """Refuse a session write (a verdict) when the run cannot take it: not drivable, or driven by the engine."""
+    """Refuse a session write (a verdict) when the run cannot take it: not drivable, or driven by the engine.
+
+    The run half of the report guards (`report_guards.check_run_takes_reports`), for a caller that holds
+    the transaction its write joins."""
     run = db.query_one(
         "SELECT status, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,)
     )
-    if run is None:
-        raise NotFoundError(f"No workflow run with id {run_id}.", code="RUN_NOT_FOUND")
-    if run["status"] not in DRIVABLE_STATUSES:
-        raise UsageError(f"Run {run_id} is {run['status']}; it no longer takes reports.", code="RUN_NOT_ACTIVE")
-    if holder_is_live(
-        run["lease_holder"], run["lease_host"], run["lease_pid"], run["lease_until"], now_iso()
-    ) and not _is_report_lock(run["lease_holder"]):
-        raise UsageError(
-            f"Run {run_id} is being driven by akm right now; reports are refused while the engine owns the run.",
-            code="LEASE_HELD",
-        )
+    check_run_takes_reports(run_id, run, now_iso(), lease_details=False)
