@@ -486,7 +486,7 @@ class _Pass:
         d.lease_lost.link(self.event)
         d.budget.set_exceed_hook(self.event.set)
         try:
-            with d.db.checkpoints_in_background(), _old_objects_frozen():
+            with d.db.bulk_writes(), _old_objects_frozen():
                 outcomes = self._schedule(width)
         finally:
             d.opts.cancel.unlink(self.event)

@@ -21,7 +21,8 @@ from typing import Any, NamedTuple
 
 from akm.canonical import compact_json
 from akm.errors import UsageError
-from akm.store.db import Database, now_iso
+from akm.store.clock import now_iso
+from akm.store.journal import Journal as Database
 
 
 class Event(NamedTuple):

@@ -38,8 +38,9 @@ from typing import Any, NamedTuple
 
 from akm.canonical import CanonicalError, canonical_json, compact_json
 from akm.errors import NotFoundError, UsageError
-from akm.store.db import Database, now_iso
+from akm.store.clock import now_iso
 from akm.store.events import append_event, has_event
+from akm.store.journal import Journal as Database
 from akm.store.status import DRIVABLE_STATUSES, RUN_STATUSES, STEP_TERMINAL_STATUSES  # noqa: E402,F401
 
 LEASE_TTL_S = 90.0

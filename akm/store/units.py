@@ -33,7 +33,8 @@ from typing import Any, NamedTuple
 
 from akm.canonical import compact_json
 from akm.errors import JournalError, NotFoundError, UsageError
-from akm.store.db import Database, format_iso, now_iso, parse_iso
+from akm.store.clock import format_iso, now_iso, parse_iso
+from akm.store.journal import Journal as Database
 from akm.store.runs import (
     DRIVABLE_STATUSES,
     Fence,
