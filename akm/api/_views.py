@@ -29,8 +29,11 @@ def _open_db(*, read_only: bool = False):
     """The journal. `read_only` (the read commands): when it cannot be opened for writing — a read-only
     directory or mount — it is read as it is instead (`akm.store.db.open_db_read_only`)."""
     from akm.errors import JournalError
-    from akm.store import open_db, open_db_read_only
+    from akm.store import journal_url, open_db, open_db_read_only, open_journal
 
+    url = journal_url()
+    if url is not None:  # a journal server (AKM_JOURNAL_URL)
+        return open_journal(url)
     path = paths.journal_path()
     try:
         return open_db(path)

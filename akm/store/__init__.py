@@ -37,9 +37,25 @@ def open_db_read_only(path: str | os.PathLike[str]) -> SqliteJournal:
     return _open(path)
 
 
-def open_journal(data_dir_journal: str | os.PathLike[str], *, read_only: bool = False) -> Journal:
-    """The configured journal: PostgreSQL when `AKM_JOURNAL_URL` names a `postgresql://` server, else the
-    SQLite file `data_dir_journal` (read-only when asked and it cannot be written: `open_db_read_only`)."""
-    if read_only:
-        return open_db_read_only(data_dir_journal)
-    return open_db(data_dir_journal)
+JOURNAL_URL_ENV = "AKM_JOURNAL_URL"
+
+
+def journal_url() -> str | None:
+    """The configured journal server (`AKM_JOURNAL_URL`, trimmed), or None for the SQLite file.
+
+    A `sqlite:` URL or an empty value means the default SQLite journal.
+    """
+    raw = os.environ.get(JOURNAL_URL_ENV, "").strip()
+    if not raw or raw.startswith("sqlite:"):
+        return None
+    return raw
+
+
+def open_journal(url: str, *, migrate: bool = True) -> Journal:
+    """The journal at `url`: a `postgresql://` server (`akm.store.postgres.db.open_pg`; the password may be
+    `${ENV_VAR}`), or a `sqlite:///path` file. Anything else is JOURNAL_URL_INVALID."""
+    if url.startswith("sqlite:///"):
+        return open_db(url[len("sqlite://") :], migrate=migrate)
+    from akm.store.postgres.db import open_pg
+
+    return open_pg(url, migrate=migrate)

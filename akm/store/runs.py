@@ -38,8 +38,8 @@ from typing import Any, NamedTuple
 
 from akm.canonical import CanonicalError, canonical_json, compact_json
 from akm.errors import NotFoundError, UsageError
-from akm.store.clock import now_iso
 from akm.store.events import append_event, has_event
+from akm.store.journal import RUN_UPDATE, RUN_WRITE
 from akm.store.journal import Journal as Database
 from akm.store.status import DRIVABLE_STATUSES, RUN_STATUSES, STEP_TERMINAL_STATUSES  # noqa: E402,F401
 
@@ -307,7 +307,9 @@ def list_runs(
     if active_only:
         where.append(f"status IN {_DRIVABLE_SQL}")
     clause = f" WHERE {' AND '.join(where)}" if where else ""
-    rows = db.query(f"SELECT {_RUN_COLUMNS} FROM runs{clause} ORDER BY created_at DESC, rowid DESC", params)
+    rows = db.query(
+        f"SELECT {_RUN_COLUMNS} FROM runs{clause} ORDER BY created_at DESC, {db.dialect.rowid} DESC", params
+    )
     return [_run(r) for r in rows]
 
 
@@ -325,7 +327,7 @@ def find_active_run(db: Database, ref: str, scope_key: str, params: dict[str, An
     given — or None; the most recently updated wins."""
     rows = db.query(
         f"SELECT {_RUN_COLUMNS} FROM runs WHERE workflow_ref = ? AND scope_key = ? AND status IN {_DRIVABLE_SQL} "
-        "ORDER BY updated_at DESC, created_at DESC, rowid DESC",
+        f"ORDER BY updated_at DESC, created_at DESC, {db.dialect.rowid} DESC",
         (ref, scope_key),
     )
     for row in rows:
@@ -377,9 +379,10 @@ def create_run(
         raise UsageError(f"workflow {workflow_ref!r} has no steps; nothing to run")
     if len(set(steps)) != len(steps):
         raise UsageError(f"workflow {workflow_ref!r} declares a step id twice")
-    now = now_iso()
+    now = db.now()
     with db.tx() as conn:
         if join_identical:
+            db.dialect.identity_lock(conn, f"{workflow_ref}\x1f{scope_key}")  # identical starts, one at a time
             for existing in conn.execute(
                 f"SELECT id, status, params_json FROM runs WHERE workflow_ref = ? AND scope_key = ? "
                 f"AND status IN {_DRIVABLE_SQL} ORDER BY updated_at DESC",
@@ -518,8 +521,9 @@ def complete_step(
     """
     if status not in STEP_TERMINAL_STATUSES:
         raise UsageError(f"cannot complete a step as {status!r}; use one of {', '.join(STEP_TERMINAL_STATUSES)}")
-    now = now_iso()
+    now = db.now()
     with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_WRITE)
         run = _drivable_run_row(conn, run_id, "updated")
         check_fence(conn, run_id, fence)
         _check_lease_allows(run, lease_holder, now)
@@ -568,6 +572,7 @@ def set_run_status(
     if status not in DRIVABLE_STATUSES:
         raise UsageError(f"set_run_status only moves between active and awaiting_session, not {status!r}")
     with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_WRITE)
         row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise NotFoundError(f"workflow run {run_id!r} not found")
@@ -576,7 +581,7 @@ def set_run_status(
         check_fence(conn, run_id, fence)
         conn.execute(
             "UPDATE runs SET status = ?, status_detail_json = ?, updated_at = ? WHERE id = ?",
-            (status, compact_json(detail) if detail else None, now_iso(), run_id),
+            (status, compact_json(detail) if detail else None, db.now(), run_id),
         )
     return require_run(db, run_id)
 
@@ -591,6 +596,7 @@ def resume_run(db: Database, run_id: str) -> Run:
     No event (spec §8.1).
     """
     with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_WRITE)
         row = conn.execute(
             "SELECT status, current_step_id, status_detail_json FROM runs WHERE id = ?", (run_id,)
         ).fetchone()
@@ -624,7 +630,7 @@ def resume_run(db: Database, run_id: str) -> Run:
             conn.execute(
                 "UPDATE runs SET status = 'active', updated_at = ?, completed_at = NULL, status_detail_json = NULL, "
                 "lease_holder = NULL, lease_host = NULL, lease_pid = NULL, lease_until = NULL WHERE id = ?",
-                (now_iso(), run_id),
+                (db.now(), run_id),
             )
     return require_run(db, run_id)
 
@@ -667,8 +673,9 @@ def abandon_run(db: Database, run_id: str) -> Run:
     columns stay as forensic state. `workflow_abandoned` is appended once.
     completed/abandoned -> UsageError RUN_ALREADY_FINISHED.
     """
-    now = now_iso()
+    now = db.now()
     with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_UPDATE)  # no unit write (KEY SHARE) can start past this commit
         row = conn.execute(
             "SELECT status, current_step_id, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?",
             (run_id,),
@@ -746,15 +753,17 @@ def acquire_lease(
     pid = os.getpid() if pid is None else pid
     ttl = lease_ttl_s() if ttl_s is None else ttl_s
     with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_WRITE)
         row = _drivable_run_row(conn, run_id, "executed")
-        now = now_iso()
+        now = db.now()
         if holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now):
             return _lease_of(row)
         cur = conn.execute(
             "UPDATE runs SET lease_holder = ?, lease_host = ?, lease_pid = ?, lease_until = ?, "
             "lease_epoch = lease_epoch + 1 "
-            f"WHERE id = ? AND status IN {_DRIVABLE_SQL} AND lease_holder IS ? AND lease_until IS ?",
-            (holder, host, pid, now_iso(ttl), run_id, row["lease_holder"], row["lease_until"]),
+            f"WHERE id = ? AND status IN {_DRIVABLE_SQL} AND lease_holder {db.dialect.null_eq} ? "
+            f"AND lease_until {db.dialect.null_eq} ?",
+            (holder, host, pid, db.now(ttl), run_id, row["lease_holder"], row["lease_until"]),
         )
         if cur.rowcount == 1:
             return None
@@ -784,7 +793,7 @@ def renew_lease(
         cur = conn.execute(
             f"UPDATE runs SET lease_until = ? WHERE id = ? AND lease_holder = ? AND status IN {_DRIVABLE_SQL}"
             + (" AND lease_epoch = ?" if epoch is not None else ""),
-            (now_iso(ttl), run_id, holder, *((epoch,) if epoch is not None else ())),
+            (db.now(ttl), run_id, holder, *((epoch,) if epoch is not None else ())),
         )
         return cur.rowcount == 1
 
@@ -821,7 +830,7 @@ def wait_lease_change(db: Database, run_id: str, seen: LeaseInfo, deadline: floa
             or row["status"] not in DRIVABLE_STATUSES
             or row["lease_holder"] != seen.holder
             or row["lease_until"] is None
-            or row["lease_until"] < now_iso()
+            or row["lease_until"] < db.now()
         ):
             return True
         left = deadline - time.monotonic()
@@ -836,6 +845,6 @@ def read_lease(db: Database, run_id: str) -> LeaseInfo | None:
     row = db.query_one("SELECT lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,))
     if row is None:
         raise NotFoundError(f"workflow run {run_id!r} not found")
-    if not holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now_iso()):
+    if not holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], db.now()):
         return None
     return _lease_of(row)

@@ -65,6 +65,7 @@ CREATE UNIQUE INDEX idx_steps_run_sequence ON {s}.steps (run_id, sequence_index)
 CREATE TABLE {s}.units (
     run_id            text COLLATE "C" NOT NULL REFERENCES {s}.runs (id) ON DELETE CASCADE,
     unit_id           text COLLATE "C" NOT NULL,
+    seq               bigint GENERATED ALWAYS AS IDENTITY,
     step_id           text COLLATE "C",
     node_id           text NOT NULL,
     parent_unit_id    text,
