@@ -65,8 +65,38 @@ def py(code: str) -> str:
     return json.dumps([PY, "-c", textwrap.dedent(code).strip()])
 
 
+def journal_backend() -> str:
+    """The journal the engine tests run on: `AKM_TEST_JOURNAL=postgres` points them at the throwaway
+    PostgreSQL cluster (conftest: a fresh schema per test, through AKM_JOURNAL_URL); default SQLite."""
+    return os.environ.get("AKM_TEST_JOURNAL", "sqlite").strip().lower() or "sqlite"
+
+
+def open_at(where):
+    """Open the journal at `where`: a `postgresql://` URL, else an SQLite file path."""
+    from akm.store import open_db, open_journal
+
+    where = str(where)
+    return open_journal(where) if where.startswith("postgresql://") else open_db(where)
+
+
+def sqlite_only(db, why: str) -> None:
+    """Skip this case of a conformance test on the PostgreSQL journal: it reads SQLite's own machinery or
+    stores values only SQLite's untyped columns take (`why`); the SQLite case keeps its assertions."""
+    if getattr(db, "backend", "sqlite") != "sqlite":
+        pytest.skip(f"SQLite journal only: {why}")
+
+
 def db_rows(sql: str, *args) -> list[tuple]:
-    """Rows of a query on this test's journal (a real SQLite file)."""
+    """Rows of a query on this test's journal (a real SQLite file, or the test's PostgreSQL schema)."""
+    url = os.environ.get("AKM_JOURNAL_URL")
+    if url:
+        from akm.store import open_journal
+
+        db = open_journal(url)
+        try:
+            return [tuple(r) for r in db.query(sql, args)]
+        finally:
+            db.close()
     con = sqlite3.connect(paths.journal_path())
     try:
         return con.execute(sql, args).fetchall()

@@ -107,7 +107,7 @@ def list_events(
         params.append(event_type)
     newest = None
     if since_ts is not None:
-        where.append("ts >= ?")
+        where.append(f"{db.dialect.stamp_text('ts')} >= ?")  # as text: a partial stamp compares as on SQLite
         params.append(since_ts)
         row = db.query_one("SELECT COALESCE(MAX(id), 0) AS m FROM events")
         newest = int(row["m"]) if row else 0

@@ -37,7 +37,8 @@ class Dialect:
       `BEGIN IMMEDIATE` already holds the one write lock of the file;
     * `identity_lock`: serialize identical starts (same ref, scope, params) — no-op here, likewise;
     * `event_lock`: make event ids follow commit order (SQLite's serialized writers already do);
-    * `insert_id`: the id of the row an INSERT just added (`lastrowid` / `RETURNING id`).
+    * `insert_id`: the id of the row an INSERT just added (`lastrowid` / `RETURNING id`);
+    * `stamp_text`: a timestamp column as text, to compare with a (possibly partial) stamp a user typed.
     """
 
     name = "sqlite"
@@ -56,6 +57,11 @@ class Dialect:
     def insert_id(self, conn: Any, sql: str, params: Sequence[Any]) -> int:
         """Run an INSERT of one row and return the id it got."""
         return int(conn.execute(sql, params).lastrowid or 0)
+
+    def stamp_text(self, column: str) -> str:
+        """A timestamp column as the journal's text (`akm.store.clock`), for comparing with text a user gave
+        (`log --since 2026-01`): SQLite stores that text already."""
+        return column
 
 
 class Journal:

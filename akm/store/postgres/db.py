@@ -60,6 +60,9 @@ class PgDialect(Dialect):
     def insert_id(self, conn: Any, sql: str, params: Sequence[Any]) -> int:
         return int(conn.execute(sql + " RETURNING id", params).fetchone()[0])
 
+    def stamp_text(self, column: str) -> str:
+        return f"to_char({column} AT TIME ZONE 'UTC', '{_ISO}')"
+
 
 _statements: dict[str, str] = {}
 
