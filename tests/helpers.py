@@ -79,6 +79,58 @@ def open_at(where):
     return open_journal(where) if where.startswith("postgresql://") else open_db(where)
 
 
+def open_test_journal():
+    """This test's journal as the engine opens it: the SQLite file, or the PostgreSQL schema that
+    AKM_TEST_JOURNAL=postgres gave the test (AKM_JOURNAL_URL)."""
+    from akm.store import open_db, open_journal
+
+    url = os.environ.get("AKM_JOURNAL_URL")
+    return open_journal(url) if url else open_db(paths.journal_path())
+
+
+class _SqlOnJournal:
+    """`sqlite3.connect(journal)`'s surface (execute, commit, close; rows as tuples) over the test's
+    PostgreSQL journal, for tests that read or tamper with rows directly (autocommit)."""
+
+    def __init__(self, db) -> None:
+        self.db = db
+
+    def execute(self, sql: str, args=()):
+        cur = self.db.execute(sql, tuple(args))
+        cur.rows = [tuple(r) for r in cur.rows]
+        return cur
+
+    def commit(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def journal_sql():
+    """A raw connection to this test's journal: sqlite3 on the SQLite file, else the PostgreSQL schema."""
+    if os.environ.get("AKM_JOURNAL_URL"):
+        return _SqlOnJournal(open_test_journal())
+    return sqlite3.connect(paths.journal_path())
+
+
+def journal_bytes() -> bytes:
+    """Everything this test's journal stores, as bytes (to prove a secret is in none of it): the SQLite
+    data dir's files, or every row of every table of the test's PostgreSQL schema."""
+    if not os.environ.get("AKM_JOURNAL_URL"):
+        data = Path(paths.journal_path()).parent
+        return b"".join(f.read_bytes() for f in data.iterdir() if f.is_file())
+    db = open_test_journal()
+    try:
+        tables = [
+            r[0]
+            for r in db.query("SELECT table_name FROM information_schema.tables WHERE table_schema = ?", (db.schema,))
+        ]
+        return b"".join(repr([tuple(r) for r in db.query(f"SELECT * FROM {t}")]).encode() for t in tables)
+    finally:
+        db.close()
+
+
 def sqlite_only(db, why: str) -> None:
     """Skip this case of a conformance test on the PostgreSQL journal: it reads SQLite's own machinery or
     stores values only SQLite's untyped columns take (`why`); the SQLite case keeps its assertions."""

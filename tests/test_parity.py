@@ -30,9 +30,8 @@ from akm.dispatch.types import DispatchResult
 from akm.engine import session
 from akm.engine.drive import DriveOptions, drive_run
 from akm.plan.identity import base_of_attempt
-from akm.store import open_db
 from akm.store import runs as runs_store
-from tests.helpers import write_wf
+from tests.helpers import open_test_journal, write_wf
 
 JUDGE = "fakejudge"
 
@@ -117,7 +116,7 @@ def _start(project: Path, sc: Scenario) -> str:
     from akm.plan.model import UNIT_HASH_VERSION
 
     rid = str(uuid.uuid4())
-    with open_db(paths.journal_path()) as db:
+    with open_test_journal() as db:
         runs_store.create_run(
             db,
             run_id=rid,
@@ -147,7 +146,7 @@ def _registry(o: Outcomes, *, units: bool) -> DispatcherRegistry:
 def drive_native(project: Path, sc: Scenario) -> str:
     rid = _start(project, sc)
     o = Outcomes(sc)
-    with open_db(paths.journal_path()) as db:
+    with open_test_journal() as db:
         drive_run(db, rid, DriveOptions(work_dir=project, project_root=project, registry=_registry(o, units=True)))
     return rid
 
@@ -157,7 +156,7 @@ def drive_by_reports(project: Path, sc: Scenario) -> str:
     o = Outcomes(sc)
     reg = _registry(o, units=False)
     for _ in range(200):
-        with open_db(paths.journal_path()) as db:
+        with open_test_journal() as db:
             b = session.brief(db, rid)
             if b["kind"] in ("done", "inactive"):
                 break
@@ -217,7 +216,7 @@ def drive_by_reports(project: Path, sc: Scenario) -> str:
 def graph(run_id: str) -> list[str]:
     """The canonical unit graph of §4.2 (attempts, claims, timestamps and runner columns excluded)."""
     lines: list[str] = []
-    with open_db(paths.journal_path()) as db:
+    with open_test_journal() as db:
         rows = [
             dict(r) for r in db.query("SELECT * FROM units WHERE run_id = ? ORDER BY started_at, unit_id", (run_id,))
         ]
