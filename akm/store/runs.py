@@ -152,6 +152,7 @@ def _step(row: Any) -> Step:
 
 _HOST: str | None = None
 _HOST_ID: str | None = None
+HOST_ID_ENV = "AKM_HOST_ID"
 
 
 def hostname() -> str:
@@ -185,8 +186,13 @@ def host_id() -> str:
     (Linux: /proc/sys/kernel/random/boot_id, first 12 hex digits) and the PID namespace inode
     (readlink /proc/self/ns/pid). Without /proc (macOS) it is the hostname alone: no PID
     namespaces there, and a pid recycled after a reboot only keeps a dead lease until it expires.
+    `AKM_HOST_ID` overrides it (two "hosts" on one machine in tests; a container whose /proc says too
+    little). It must be unique per pid space: two hosts sharing one would judge each other's holders by
+    pids of the wrong machine.
     """
     global _HOST_ID
+    if _HOST_ID is None and os.environ.get(HOST_ID_ENV, "").strip():
+        _HOST_ID = os.environ[HOST_ID_ENV].strip()
     if _HOST_ID is None:
         boot = _read_first_line("/proc/sys/kernel/random/boot_id").replace("-", "")[:12]
         try:
