@@ -16,8 +16,8 @@ Why it looks like this (postgres.md §2.3–§2.9, §3):
   SQLite: the engine's writes are short, and a second connection per thread would let two threads of one
   driver wait on each other's row locks. A long-lived process opens its own journal per use.
 * Values: `timestamptz` columns come back in the journal's text format (`akm.store.clock`), integral
-  numerics (SUM over bigint) as int; text bound to a statement cannot hold NUL on PostgreSQL, so NUL is
-  stored as the visible escape `\\u0000`; a lone surrogate is refused as NOT_UTF8 as on SQLite.
+  numerics (SUM over bigint) as int; PostgreSQL text cannot hold NUL, so text holding one is stored
+  escaped and read back unchanged (`clean_param`); a lone surrogate is refused as NOT_UTF8 as on SQLite.
 * Driver and server errors become coded JournalErrors; users never see a pg8000 traceback.
 """
 
@@ -92,19 +92,42 @@ def pg_statement(sql: str) -> str:
     return text
 
 
+# PostgreSQL text cannot hold NUL, and akm stores what units print (a NUL in stderr reaches a step's notes).
+# Text holding NUL (or the escape mark itself, a Unicode noncharacter) is stored escaped and read back as
+# it was, so both journals answer the same text; any other text is stored as it is.
+_MARK = "\uffff"
+
+
+def _escape(text: str) -> str:
+    return text.replace(_MARK, _MARK + "1").replace("\x00", _MARK + "0")
+
+
+def _unescape(text: str) -> str:
+    out: list[str] = []
+    i = 0
+    while (j := text.find(_MARK, i)) >= 0:
+        out.append(text[i:j])
+        out.append("\x00" if text[j + 1 : j + 2] == "0" else _MARK)
+        i = j + 2
+    out.append(text[i:])
+    return "".join(out)
+
+
 def clean_param(value: Any) -> Any:
-    """A value PostgreSQL can bind: text checked as UTF-8 (UnicodeEncodeError → NOT_UTF8 upstream) and
-    NUL shown as `\\u0000` (PostgreSQL text cannot hold it)."""
+    """A value PostgreSQL can bind: text checked as UTF-8 first (UnicodeEncodeError → NOT_UTF8, before
+    anything is sent) and NUL escaped (`_escape`)."""
     if isinstance(value, str):
         value.encode("utf-8")
-        if "\x00" in value:
-            return value.replace("\x00", "\\u0000")
+        if "\x00" in value or _MARK in value:
+            return _escape(value)
     elif isinstance(value, bool):
         return int(value)
     return value
 
 
 def _out(value: Any) -> Any:
+    if isinstance(value, str):
+        return _unescape(value) if _MARK in value else value
     if isinstance(value, datetime):
         return format_iso(value)
     if isinstance(value, Decimal) and value == value.to_integral_value():
