@@ -271,6 +271,12 @@ def run_status(db: Database, run_id: str) -> str | None:
     return row["status"] if row else None
 
 
+def run_status_and_lease(db: Database, run_id: str) -> tuple[str, str | None, int] | None:
+    """(status, lease holder, lease epoch) of the run, or None for no such run: the heartbeat's poll."""
+    row = db.query_one("SELECT status, lease_holder, lease_epoch FROM runs WHERE id = ?", (run_id,))
+    return (row["status"], row["lease_holder"], int(row["lease_epoch"])) if row else None
+
+
 def not_drivable_error(run_id: str, status: str, verb: str) -> UsageError:
     """The one refusal for acting on a run that cannot be driven: abandoned runs say so (they are final)."""
     if status == "abandoned":
