@@ -195,13 +195,27 @@ class Cursor:
 class Connection:
     """What `PgJournal.tx()` yields: `execute`, `executemany`, `in_transaction` over the pg8000 connection."""
 
+    PREPARED_MAX = 256  # statements kept prepared on the server per connection (the shared layer has ~60)
+
     def __init__(self, raw: Any) -> None:
         self.raw = raw
         self.in_transaction = False
+        self.prepared: dict[str, tuple[bytes, Any, Any]] = {}
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         vals = [clean_param(v) for v in params]
-        ctx = self.raw.execute_unnamed(pg_statement(sql), vals=vals)
+        statement = pg_statement(sql)
+        ps = self.prepared.get(statement)
+        if ps is None and len(self.prepared) < self.PREPARED_MAX:
+            # parsed once per connection: each later run is one round trip (bind + execute) instead of three
+            ps = self.raw.prepare_statement(statement, ())
+            self.prepared[statement] = ps
+        if ps is None:
+            ctx = self.raw.execute_unnamed(statement, vals=vals)
+        else:
+            from pg8000.converters import make_params
+
+            ctx = self.raw.execute_named(ps[0], make_params(self.raw.py_types, vals), ps[1], ps[2], statement)
         rows: list[Row] = []
         if ctx.columns:
             index = {c["name"]: i for i, c in enumerate(ctx.columns)}
