@@ -12,14 +12,46 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.helpers import CORPUS, ROOT, SHARED, corpus_files, needs_shared, running_in_ci  # noqa: F401
+from tests.helpers import CORPUS, ROOT, SHARED, corpus_files, journal_backend, needs_shared, running_in_ci  # noqa: F401
 
 
 @pytest.fixture(autouse=True)
-def _isolated_state(tmp_path, monkeypatch):
+def _isolated_state(tmp_path, monkeypatch, request):
     """Every test gets its own journal and never touches the user's real data dir."""
     monkeypatch.setenv("AKM_DATA_DIR", str(tmp_path / "akm-data"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    monkeypatch.delenv("AKM_JOURNAL_URL", raising=False)
+    if journal_backend() != "postgres":
+        yield
+        return
+    from tests import pgcluster
+
+    with pgcluster.fresh_schema(request.getfixturevalue("pg_cluster")) as url:
+        monkeypatch.setenv("AKM_JOURNAL_URL", url)
+        yield
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def journal_at(request, tmp_path):
+    """Where the conformance tests' journal lives: an SQLite file, or a fresh schema's URL on the
+    throwaway PostgreSQL cluster. Open it with `tests.helpers.open_at` (a child process too)."""
+    if request.param == "sqlite":
+        yield tmp_path / "akm-journal.sqlite3"
+        return
+    from tests import pgcluster
+
+    with pgcluster.fresh_schema(request.getfixturevalue("pg_cluster")) as url:
+        yield url
+
+
+@pytest.fixture
+def journal(journal_at):
+    """The conformance fixture: the same store test on an SQLite file and on a PostgreSQL schema."""
+    from tests.helpers import open_at
+
+    db = open_at(journal_at)
+    yield db
+    db.close()
 
 
 @pytest.fixture(scope="session")

@@ -65,8 +65,90 @@ def py(code: str) -> str:
     return json.dumps([PY, "-c", textwrap.dedent(code).strip()])
 
 
+def journal_backend() -> str:
+    """The journal the engine tests run on: `AKM_TEST_JOURNAL=postgres` points them at the throwaway
+    PostgreSQL cluster (conftest: a fresh schema per test, through AKM_JOURNAL_URL); default SQLite."""
+    return os.environ.get("AKM_TEST_JOURNAL", "sqlite").strip().lower() or "sqlite"
+
+
+def open_at(where):
+    """Open the journal at `where`: a `postgresql://` URL, else an SQLite file path."""
+    from akm.store import open_db, open_journal
+
+    where = str(where)
+    return open_journal(where) if where.startswith("postgresql://") else open_db(where)
+
+
+def open_test_journal():
+    """This test's journal as the engine opens it: the SQLite file, or the PostgreSQL schema that
+    AKM_TEST_JOURNAL=postgres gave the test (AKM_JOURNAL_URL)."""
+    from akm.store import open_db, open_journal
+
+    url = os.environ.get("AKM_JOURNAL_URL")
+    return open_journal(url) if url else open_db(paths.journal_path())
+
+
+class _SqlOnJournal:
+    """`sqlite3.connect(journal)`'s surface (execute, commit, close; rows as tuples) over the test's
+    PostgreSQL journal, for tests that read or tamper with rows directly (autocommit)."""
+
+    def __init__(self, db) -> None:
+        self.db = db
+
+    def execute(self, sql: str, args=()):
+        cur = self.db.execute(sql, tuple(args))
+        cur.rows = [tuple(r) for r in cur.rows]
+        return cur
+
+    def commit(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def journal_sql():
+    """A raw connection to this test's journal: sqlite3 on the SQLite file, else the PostgreSQL schema."""
+    if os.environ.get("AKM_JOURNAL_URL"):
+        return _SqlOnJournal(open_test_journal())
+    return sqlite3.connect(paths.journal_path())
+
+
+def journal_bytes() -> bytes:
+    """Everything this test's journal stores, as bytes (to prove a secret is in none of it): the SQLite
+    data dir's files, or every row of every table of the test's PostgreSQL schema."""
+    if not os.environ.get("AKM_JOURNAL_URL"):
+        data = Path(paths.journal_path()).parent
+        return b"".join(f.read_bytes() for f in data.iterdir() if f.is_file())
+    db = open_test_journal()
+    try:
+        tables = [
+            r[0]
+            for r in db.query("SELECT table_name FROM information_schema.tables WHERE table_schema = ?", (db.schema,))
+        ]
+        return b"".join(repr([tuple(r) for r in db.query(f"SELECT * FROM {t}")]).encode() for t in tables)
+    finally:
+        db.close()
+
+
+def sqlite_only(db, why: str) -> None:
+    """Skip this case of a conformance test on the PostgreSQL journal: it reads SQLite's own machinery or
+    stores values only SQLite's untyped columns take (`why`); the SQLite case keeps its assertions."""
+    if getattr(db, "backend", "sqlite") != "sqlite":
+        pytest.skip(f"SQLite journal only: {why}")
+
+
 def db_rows(sql: str, *args) -> list[tuple]:
-    """Rows of a query on this test's journal (a real SQLite file)."""
+    """Rows of a query on this test's journal (a real SQLite file, or the test's PostgreSQL schema)."""
+    url = os.environ.get("AKM_JOURNAL_URL")
+    if url:
+        from akm.store import open_journal
+
+        db = open_journal(url)
+        try:
+            return [tuple(r) for r in db.query(sql, args)]
+        finally:
+            db.close()
     con = sqlite3.connect(paths.journal_path())
     try:
         return con.execute(sql, args).fetchall()

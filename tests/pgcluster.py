@@ -146,3 +146,24 @@ def restart(c: Cluster, mode: str = "fast") -> None:
     """
     pg_ctl = str(Path(c.bindir) / "pg_ctl")
     _run([pg_ctl, "-D", c.data, "-l", c.log, "-m", mode, "-w", "-t", "120", "restart"], timeout=300)
+
+
+@contextlib.contextmanager
+def fresh_schema(c: Cluster) -> Iterator[str]:
+    """A journal URL naming a schema of its own on `c` (created by akm on first open), dropped afterwards.
+
+    One schema per test keeps tests apart on one server, as one data dir per test does for SQLite.
+    """
+    name = "t_" + secrets.token_hex(6)
+    try:
+        yield c.url(schema=name)
+    finally:
+        from akm.store.postgres.connect import connect, parse_url
+
+        with contextlib.suppress(Exception):
+            con = connect(parse_url(c.url()))
+            try:
+                con.run("SET lock_timeout = '10s'")
+                con.run(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+            finally:
+                con.close()

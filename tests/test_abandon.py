@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import sqlite3
+import os
 import time
 
 import pytest
 
-from akm import api, paths
+from akm import api
 from akm.errors import UsageError
-from tests.helpers import PY, ROOT, run, write_wf
+from tests.helpers import PY, ROOT, journal_sql, run, write_wf
 
 # A unit that abandons its own run the way another command would. Item 2 (when there is one) sleeps;
 # item 1 first waits until item 2's unit row is journaled, so the abandon lands while 2 is in flight.
@@ -18,7 +18,10 @@ UNIT = """\
 import json, os, sqlite3, sys, time
 sys.path.insert(0, {root!r})
 os.environ["AKM_DATA_DIR"] = {data!r}
+if {url!r}:
+    os.environ["AKM_JOURNAL_URL"] = {url!r}
 from akm import api, paths
+from tests.helpers import journal_sql
 
 item = json.loads(os.environ["AKM_ITEM"])
 if item == 2:
@@ -27,7 +30,7 @@ elif item == 1:
     if {wait_for_two!r}:
         deadline = time.time() + 60
         while time.time() < deadline:
-            con = sqlite3.connect(paths.journal_path())
+            con = journal_sql()
             started = con.execute("SELECT count(*) FROM units").fetchone()[0]
             con.close()
             if started >= 2:
@@ -40,12 +43,19 @@ print(item)
 
 def _unit_script(project, tmp_path, *, wait_for_two: bool):
     script = project / "unit.py"
-    script.write_text(UNIT.format(root=str(ROOT), data=str(tmp_path / "akm-data"), wait_for_two=wait_for_two))
+    script.write_text(
+        UNIT.format(
+            root=str(ROOT),
+            data=str(tmp_path / "akm-data"),
+            url=os.environ.get("AKM_JOURNAL_URL", ""),
+            wait_for_two=wait_for_two,
+        )
+    )
     return json.dumps([PY, str(script)])
 
 
 def _journal(sql: str, *args):
-    con = sqlite3.connect(paths.journal_path())
+    con = journal_sql()
     try:
         return con.execute(sql, args).fetchall()
     finally:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -12,7 +11,19 @@ import pytest
 
 from akm import api, paths
 from akm.errors import UsageError
-from tests.helpers import PY, db_rows, py, run, steps_of, write_wf
+from tests.helpers import (
+    PY,
+    db_rows,
+    journal_backend,
+    journal_bytes,
+    journal_sql,
+    open_test_journal,
+    py,
+    run,
+    sqlite_only,
+    steps_of,
+    write_wf,
+)
 
 # ------------------------------------------------------------------ basics
 
@@ -281,7 +292,7 @@ def test_replay_divergence_is_detected(project):
     res = run(wf, project)
     assert res.run.status == "failed"
     # Tamper the completed row's hash and reopen step a: the journal no longer matches the plan.
-    con = sqlite3.connect(paths.journal_path())
+    con = journal_sql()
     con.execute("UPDATE units SET input_hash = ? WHERE unit_id = 'a:solo'", ("0" * 64,))
     con.execute("UPDATE steps SET status='pending', evidence_json=NULL, completed_at=NULL WHERE step_id='a'")
     con.execute("UPDATE steps SET status='pending' WHERE step_id='b'")
@@ -407,8 +418,9 @@ def test_secret_from_env_binding_never_stored_or_printed(project, capfd):
     out = json.dumps(res.to_json())
     assert secret not in out and "[REDACTED]" in out
     data = Path(paths.journal_path()).parent
-    for f in data.iterdir():
+    for f in data.iterdir() if journal_backend() == "sqlite" else ():
         assert secret.encode() not in f.read_bytes(), f"secret leaked into {f.name}"
+    assert secret.encode() not in journal_bytes()  # the same on either journal
     captured = capfd.readouterr()
     assert secret not in captured.out and secret not in captured.err
 
@@ -426,9 +438,9 @@ def test_journal_write_failure_is_surfaced(project):
         """,
         "## a\n\nx",
     )
-    from akm.store import open_db
 
-    db = open_db(paths.journal_path())
+    db = open_test_journal()
+    sqlite_only(db, "the failure is staged with an SQLite trigger")
     db.execute(
         "CREATE TRIGGER fail_finish BEFORE UPDATE OF finished_at ON units "
         "WHEN NEW.finished_at IS NOT NULL BEGIN SELECT RAISE(ABORT, 'disk on fire'); END"
@@ -452,7 +464,7 @@ def test_tampered_plan_is_refused(project):
         "## a\n\nx",
     )
     res = run(wf, project, max_steps=None)
-    con = sqlite3.connect(paths.journal_path())
+    con = journal_sql()
     con.execute("UPDATE runs SET status='active', plan_json = replace(plan_json, 'print(1)', 'print(2)')")
     con.commit()
     con.close()
@@ -566,7 +578,9 @@ def test_worktree_isolation_outside_git_fails_before_dispatch(project):
 
 def test_heartbeat_marks_running_units(project, tmp_path):
     from akm.engine.drive import DriveOptions, drive_run
-    from akm.store import open_db
+
+    if journal_backend() != "sqlite":
+        pytest.skip("the unit watches the SQLite file for its heartbeat")
 
     # The unit runs until the journal shows a heartbeat on its row (or 60 s pass): no time window.
     wait_for_heartbeat = (
@@ -591,7 +605,7 @@ def test_heartbeat_marks_running_units(project, tmp_path):
         "## a\n\nx",
     )
     first = run(wf, project, max_steps=None, timeout_ms=50)  # creates the run, aborts at once
-    db = open_db(paths.journal_path())
+    db = open_test_journal()
     try:
         res = drive_run(
             db, first.run.run_id, DriveOptions(work_dir=project, project_root=project, heartbeat_interval=0.2)
@@ -608,7 +622,6 @@ def test_lost_lease_stops_the_driver(project):
     import threading
 
     from akm.engine.drive import DriveOptions, drive_run
-    from akm.store import open_db
 
     wf = write_wf(
         project,
@@ -621,7 +634,7 @@ def test_lost_lease_stops_the_driver(project):
         "## a\n\nx",
     )
     first = run(wf, project, timeout_ms=50)  # creates the run; aborts at once
-    db = open_db(paths.journal_path())
+    db = open_test_journal()
     errors: list[BaseException] = []
 
     def drive() -> None:
@@ -637,7 +650,7 @@ def test_lost_lease_stops_the_driver(project):
     deadline = time.time() + 60
     while time.time() < deadline and not db_rows("SELECT 1 FROM units WHERE status='running' AND attempts=2"):
         time.sleep(0.05)
-    con = sqlite3.connect(paths.journal_path())
+    con = journal_sql()
     con.execute(
         "UPDATE runs SET lease_holder='thief', lease_host='elsewhere', lease_pid=1, "
         "lease_until='2999-01-01T00:00:00.000Z'"

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from akm import paths
-from tests.helpers import db_rows, py, run, write_wf
+from tests.helpers import db_rows, journal_bytes, py, run, write_wf
 
 
 def _state_bytes() -> bytes:
-    data = Path(paths.journal_path()).parent
-    return b"".join(f.read_bytes() for f in data.iterdir() if f.is_file())
+    return journal_bytes()  # the SQLite files, or the PostgreSQL schema's rows
 
 
 def test_password_inside_a_bound_url_is_redacted(project):

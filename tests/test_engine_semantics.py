@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from akm import api
-from tests.helpers import db_rows, py, run, steps_of, write_wf
+from tests.helpers import db_rows, journal_sql, py, run, steps_of, write_wf
 
 
 def test_vote_majority_and_tie(project):
@@ -192,9 +192,6 @@ def test_list_filters(akm, project):
 
 def test_status_flags_stale_running_units(project):
     """D8: a running row with no recent heartbeat is reported stale; finished rows never are."""
-    import sqlite3
-
-    from akm import paths
 
     wf = write_wf(
         project,
@@ -207,7 +204,7 @@ def test_status_flags_stale_running_units(project):
         "## a\n\nx",
     )
     res = run(wf, project)
-    con = sqlite3.connect(paths.journal_path())
+    con = journal_sql()
     con.execute(
         "INSERT INTO units (run_id, unit_id, step_id, node_id, status, started_at, last_checkin_at) "
         "VALUES (?, 'ghost:solo', 'a', 'a', 'running', '2020-01-01T00:00:00.000Z', NULL)",

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 
 import pytest
 
 from akm import api, cli, paths
 from akm.errors import ConfigError
 from tests import fake_harness
-from tests.helpers import run, steps_of, write_wf
+from tests.helpers import journal_sql, run, steps_of, write_wf
 
 KEY = "zz-loopback-key-7f3a91"
 
@@ -49,7 +48,7 @@ def test_llm_unit_with_schema_and_gate_completes(project, fake_openai, capsys, m
     asks = fake_openai.bodies("json")
     assert len(asks) == 1 and fake_openai.requests[0]["headers"]["Authorization"] == f"Bearer {KEY}"
     assert len(fake_openai.bodies("verdict-pass")) == 1
-    con = sqlite3.connect(paths.journal_path())
+    con = journal_sql()
     try:
         rows = con.execute("SELECT unit_id, runner, engine, tokens FROM units ORDER BY unit_id").fetchall()
     finally:
@@ -90,7 +89,7 @@ def test_unit_retry_on_rate_limit_waits_for_retry_after(project, fake_openai, ca
     assert res.run.status == "completed", steps_of(res)
     first, second = fake_openai.requests
     assert second["at"] - first["at"] >= 1.4  # not re-asked before the server's Retry-After
-    con = sqlite3.connect(paths.journal_path())
+    con = journal_sql()
     try:
         rows = con.execute("SELECT unit_id, status, failure_reason FROM units ORDER BY unit_id").fetchall()
     finally:
@@ -205,7 +204,7 @@ def test_agent_engine_unit_runs_the_harness(project, tmp_path, capsys, monkeypat
     [call] = fake_harness.calls(str(bin_dir))
     assert call["argv"][call["argv"].index("--model") + 1] == "claude-sonnet-4-6"
     assert call["cwd"] == str(project)
-    con = sqlite3.connect(paths.journal_path())
+    con = journal_sql()
     try:
         [(runner, engine, session, tokens)] = con.execute(
             "SELECT runner, engine, session_id, tokens FROM units"

@@ -40,9 +40,8 @@ from akm.dispatch.types import DispatchResult
 from akm.engine import session
 from akm.engine.drive import DriveOptions, drive_run
 from akm.plan.identity import base_of_attempt
-from akm.store import open_db
 from akm.store import runs as runs_store
-from tests.helpers import write_wf
+from tests.helpers import open_test_journal, write_wf
 
 JUDGE = "fakejudge"
 
@@ -128,7 +127,7 @@ def _start(project: Path, sc: Scenario) -> str:
     from akm.plan.model import UNIT_HASH_VERSION
 
     rid = str(uuid.uuid4())
-    with open_db(paths.journal_path()) as db:
+    with open_test_journal() as db:
         runs_store.create_run(
             db,
             run_id=rid,
@@ -161,7 +160,7 @@ def drive_native(project: Path, sc: Scenario) -> str:
     rid = _start(project, sc)
     o = Outcomes(sc)
     reg = _registry(o, units=not sc.native_session_units)
-    with open_db(paths.journal_path()) as db:
+    with open_test_journal() as db:
         drive_run(db, rid, DriveOptions(work_dir=project, project_root=project, registry=reg))
     _agent_loop(project, rid, o, reg)
     return rid
@@ -178,7 +177,7 @@ def _agent_loop(project: Path, rid: str, o: Outcomes, reg: DispatcherRegistry) -
     """A scripted agent: read `next`, report each unit's outcome (and each verdict), and call `workflow run`
     whenever the brief says akm goes on; until the run ends."""
     for _ in range(200):
-        with open_db(paths.journal_path()) as db:
+        with open_test_journal() as db:
             b = session.brief(db, rid)
             if b["kind"] in ("done", "inactive"):
                 break
@@ -237,7 +236,7 @@ def _agent_loop(project: Path, rid: str, o: Outcomes, reg: DispatcherRegistry) -
 def graph(run_id: str) -> list[str]:
     """The canonical unit graph of §4.2 (attempts, claims, timestamps and runner columns excluded)."""
     lines: list[str] = []
-    with open_db(paths.journal_path()) as db:
+    with open_test_journal() as db:
         rows = [
             dict(r) for r in db.query("SELECT * FROM units WHERE run_id = ? ORDER BY started_at, unit_id", (run_id,))
         ]
@@ -616,7 +615,7 @@ def test_the_native_driver_parks_what_the_agent_does(tmp_path, monkeypatch, name
     project.mkdir()
     rid = _start(project, sc)
     reg = _registry(Outcomes(sc), units=not sc.native_session_units)
-    with open_db(paths.journal_path()) as db:
+    with open_test_journal() as db:
         result = drive_run(db, rid, DriveOptions(work_dir=project, project_root=project, registry=reg))
         run = runs_store.require_run(db, rid)
     assert result.awaiting == detail

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 
 import pytest
 
-from akm import api, paths
+from akm import api
 from akm.errors import AkmError
-from tests.helpers import db_rows, py, run, write_wf
+from tests.helpers import db_rows, journal_backend, journal_sql, open_test_journal, py, run, write_wf
 
 REVIEW = """
     params:
@@ -26,12 +25,20 @@ REVIEW = """
     """ % py("import os,json; v=json.loads(os.environ['AKM_INPUTS'])['steps.review.output']; print(len(v))")
 
 
+def _insertion_order(table: str) -> str:
+    """SQLite's rowid; on PostgreSQL the identity column (steps have none: their key orders them)."""
+    if journal_backend() != "postgres":
+        return "rowid"
+    return {"events": "id", "steps": "run_id, sequence_index"}.get(table, "seq")
+
+
 def journal() -> dict[str, list[tuple]]:
     """Everything a refused report must leave untouched."""
-    con = sqlite3.connect(paths.journal_path())
+    con = journal_sql()
     try:
         return {
-            t: con.execute(f"SELECT * FROM {t} ORDER BY rowid").fetchall() for t in ("runs", "steps", "units", "events")
+            t: con.execute(f"SELECT * FROM {t} ORDER BY {_insertion_order(t)}").fetchall()
+            for t in ("runs", "steps", "units", "events")
         }
     finally:
         con.close()
@@ -250,7 +257,7 @@ def test_foreign_and_expired_claims(project):
     err = refused("CLAIM_HELD", report, rid, unit, project, result={"verdict": "x"}, holder="agent-2")
     assert "agent-1" in err.message
     # the claim expires: its own holder must claim again before reporting
-    con = sqlite3.connect(paths.journal_path())
+    con = journal_sql()
     con.execute("UPDATE units SET claim_expires_at = '2000-01-01T00:00:00.000Z' WHERE unit_id = ?", (unit,))
     con.commit()
     con.close()
@@ -263,10 +270,9 @@ def test_foreign_and_expired_claims(project):
 def test_live_engine_lease_refuses_reports(project):
     rid = start(project, REVIEW, "## review\n\nR.\n\n## tally\n\nT.", files=["a"])
     unit = api.next_brief(rid).to_json()["units"][0]["unitId"]
-    from akm.store import open_db
     from akm.store import runs as runs_store
 
-    with open_db(paths.journal_path()) as db:
+    with open_test_journal() as db:
         assert runs_store.acquire_lease(db, rid, "engine-x", host="elsewhere", pid=1) is None
     err = refused("LEASE_HELD", report, rid, unit, project, result={"verdict": "x"})
     assert "engine-x" in err.message
@@ -368,7 +374,6 @@ def test_native_engine_never_dispatches_a_claimed_unit(project):
     from akm.dispatch.base import DispatcherRegistry
     from akm.dispatch.types import DispatchResult
     from akm.engine.drive import DriveOptions, drive_run
-    from akm.store import open_db
 
     calls = []
 
@@ -393,7 +398,7 @@ def test_native_engine_never_dispatches_a_claimed_unit(project):
     )
     units = [u["unitId"] for u in api.next_brief(rid).to_json()["units"]]
     report(rid, units[0], project, status="running", holder="agent")
-    with open_db(paths.journal_path()) as db:
+    with open_test_journal() as db:
         opts = DriveOptions(work_dir=project, project_root=project, registry=DispatcherRegistry({"session": Fake()}))
         res = drive_run(db, rid, opts)
     assert calls == [units[1]]

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from akm.errors import NotFoundError, UsageError
-from akm.store import open_db, runs
+from akm.store import runs
 from akm.store.db import now_iso
+from tests.helpers import open_at
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,13 +44,13 @@ def make_run(db, run_id="r1"):
 
 
 @pytest.fixture()
-def db_path(tmp_path):
-    return tmp_path / "akm-journal.sqlite3"
+def db_path(journal_at):
+    return journal_at  # both journals (conftest): an SQLite file or a PostgreSQL URL
 
 
 @pytest.fixture()
 def db(db_path):
-    database = open_db(db_path)
+    database = open_at(db_path)
     make_run(database)
     yield database
     database.close()
@@ -113,9 +114,10 @@ def _acquire_in_child(db_path: Path, holder: str, host_expr: str = "None", wait_
     script = textwrap.dedent(
         f"""
         import sys
-        from akm.store import open_db
+        from akm.store import open_db, open_journal
         from akm.store import runs
-        db = open_db(sys.argv[1])
+        at = sys.argv[1]
+        db = open_journal(at) if at.startswith('postgresql://') else open_db(at)
         res = runs.acquire_lease(db, "r1", {holder!r}, host={host_expr})
         print("won" if res is None else "lost", flush=True)
         if {wait_stdin!r}:
@@ -167,7 +169,7 @@ def test_two_threads_with_separate_connections_exactly_one_wins(db_path, db):
     for round_no in range(8):
         run_id = f"race{round_no}"
         make_run(db, run_id)
-        conns = [open_db(db_path) for _ in range(4)]
+        conns = [open_at(db_path) for _ in range(4)]
         barrier = threading.Barrier(len(conns))
         results: dict[int, object] = {}
 
@@ -209,9 +211,10 @@ def test_ten_processes_race_exactly_one_wins(db, db_path, tmp_path):
     script = textwrap.dedent(
         """
         import os, sys, time
-        from akm.store import open_db
+        from akm.store import open_db, open_journal
         from akm.store import runs
-        db = open_db(sys.argv[1])
+        at = sys.argv[1]
+        db = open_journal(at) if at.startswith('postgresql://') else open_db(at)
         print("ready", flush=True)
         while not os.path.exists(sys.argv[2]):
             time.sleep(0.001)

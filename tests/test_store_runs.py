@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from akm.errors import JournalError, NotFoundError, UsageError
-from akm.store import events, open_db, runs
+from akm.store import events, runs
+from tests.helpers import sqlite_only
 
 
 @pytest.fixture()
-def db(tmp_path):
-    database = open_db(tmp_path / "akm-journal.sqlite3")
+def db(journal):
+    database = journal  # both journals (conftest: sqlite, postgres)
     yield database
-    database.close()
 
 
 def make_run(db, run_id="r1", ref="workflows/ship", scope="scope-a", steps=("a", "b", "c"), **extra):
@@ -77,6 +77,7 @@ def test_runs_with_other_params_live_side_by_side_and_a_forced_start_always_inse
 
 
 def test_create_is_atomic_on_duplicate_id(db):
+    sqlite_only(db, "matches SQLite's own error text")
     make_run(db)
     with pytest.raises(JournalError, match="UNIQUE constraint failed: runs.id"):
         make_run(db, run_id="r1", ref="workflows/else", steps=("x",))
@@ -226,6 +227,7 @@ def _blocked_run(db, run_id="r1", ref="workflows/ship"):
 
 
 def test_resume_blocked_reopens_step_and_clears_lease(db):
+    sqlite_only(db, "stores a non-timestamp '9999' in lease_until")
     _blocked_run(db)
     # lease columns may linger on a parked run; resume must clear them
     db.execute("UPDATE runs SET lease_holder='ghost', lease_host='h', lease_pid=1, lease_until='9999' WHERE id='r1'")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from akm.errors import JournalError
-from akm.store import events, open_db, runs, units
+from akm.store import events, runs, units
 
 
 @pytest.fixture()
-def db(tmp_path):
-    database = open_db(tmp_path / "akm-journal.sqlite3")
+def db(journal):
+    database = journal  # both journals (conftest: sqlite, postgres)
     runs.create_run(
         database,
         run_id="r1",
@@ -25,7 +25,6 @@ def db(tmp_path):
         step_ids=["build", "review"],
     )
     yield database
-    database.close()
 
 
 def insert(db, unit_id="build:solo", step_id="build", **kw):

@@ -29,8 +29,11 @@ def _open_db(*, read_only: bool = False):
     """The journal. `read_only` (the read commands): when it cannot be opened for writing — a read-only
     directory or mount — it is read as it is instead (`akm.store.db.open_db_read_only`)."""
     from akm.errors import JournalError
-    from akm.store import open_db, open_db_read_only
+    from akm.store import journal_url, open_db, open_db_read_only, open_journal
 
+    url = journal_url() or _configured_journal_url()
+    if url is not None:  # a journal server (AKM_JOURNAL_URL, else config journal.url)
+        return open_journal(url)
     path = paths.journal_path()
     try:
         return open_db(path)
@@ -41,6 +44,31 @@ def _open_db(*, read_only: bool = False):
             return open_db_read_only(path)
         except JournalError:
             raise exc from None
+
+
+def _configured_journal_url() -> str | None:
+    """Config `journal.url` (the project file over the user file), read raw: opening the journal must not
+    cost a validation of the whole config. Absent or empty: None (the SQLite journal)."""
+    from akm.config import config_files_exist, project_config_path, user_config_path
+    from akm.config._files import read_config_file
+
+    if not config_files_exist():
+        return None
+    url: object = None
+    for path in (user_config_path(), project_config_path()):
+        data = read_config_file(path) or {}
+        section = data.get("journal") if isinstance(data, dict) else None
+        if isinstance(section, dict) and "url" in section:
+            url = section["url"]
+    if url is None or url == "":
+        return None
+    if not isinstance(url, str) or url.startswith("sqlite:"):
+        if isinstance(url, str):
+            return None
+        from akm.errors import JournalError
+
+        raise JournalError("config journal.url must be a postgresql:// URL (a string)", code="JOURNAL_URL_INVALID")
+    return url.strip()
 
 
 def _writable(path: Path) -> bool:

@@ -52,6 +52,7 @@ SCHEMA: dict[str, Any] = {
     "defaults": {"llmEngine": "string", "agentEngine": "string"},
     "workflow": {"judgeEngine": "string", "maxConcurrency": "integer", "defaultMapConcurrency": "integer"},
     "modelAliases": ("record", ("record", "string")),
+    "journal": {"url": "string"},  # a postgresql:// journal server (akm.store.open_journal); password as ${NAME}
 }
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h)?\Z")
@@ -133,6 +134,27 @@ def _check_endpoint(key: str, value: Any) -> None:
         raise UsageError(f"{key}: the endpoint {problem}.", code="INVALID_ARGUMENT")
 
 
+def _check_journal_url(key: str, raw: str) -> None:
+    """A journal server URL is stored only with its password as a `${NAME}` reference (or none at all),
+    so the config file never holds the secret; the value is not echoed."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(raw)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("postgresql", "postgres"):
+        raise UsageError(f"{key}: expected a postgresql:// URL.", code="INVALID_ARGUMENT")
+    if parts.password is not None and env_ref_name(parts.password) is None:
+        raise UsageError(
+            f"{key}: akm does not store passwords in config; write the password as ${{NAME}} of an environment "
+            "variable.",
+            code="INVALID_ARGUMENT",
+            hint=f"export AKM_JOURNAL_PASSWORD=… and run `akm config set {key} "
+            "'postgresql://USER:${AKM_JOURNAL_PASSWORD}@HOST/DATABASE'`.",
+        )
+
+
 def _literal_secret(key: str, engine_name: str | None) -> None:
     var = engine_env_key_name(engine_name) if engine_name else "MY_API_KEY"
     raise UsageError(
@@ -175,6 +197,8 @@ def coerce(key: str, raw: str) -> tuple[Any, bool]:
     if kind == "string":
         if parts[0] == "engines" and parts[-1] == "endpoint":
             _check_endpoint(key, raw)
+        if parts == ["journal", "url"]:
+            _check_journal_url(key, raw)
         return raw, False
     if kind == "boolean":
         if raw not in ("true", "false"):

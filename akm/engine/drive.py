@@ -63,7 +63,7 @@ from akm.plan.model import Plan, StepPlan
 from akm.record import dataclass, field
 from akm.store import runs as runs_store
 from akm.store import units as units_store
-from akm.store.db import Database, now_iso
+from akm.store.db import Database
 from akm.store.runs import holder_is_live
 from akm.store.status import DRIVABLE_STATUSES
 
@@ -483,7 +483,7 @@ class _Pass:
         d.lease_lost.link(self.event)
         d.budget.set_exceed_hook(self.event.set)
         try:
-            with d.db.checkpoints_in_background(), _old_objects_frozen():
+            with d.db.bulk_writes(), _old_objects_frozen():
                 outcomes = self._schedule(width)
         finally:
             d.opts.cancel.unlink(self.event)
@@ -837,7 +837,7 @@ class _Driver:
 
     def dispatch_pass(self, step: StepPlan, decision: StepDecision) -> bool | None:
         """Dispatch the decision's units that this engine can run. False = stop driving."""
-        now = now_iso()
+        now = self.db.now()
         runnable: list[WorkUnit] = []
         for s in decision.states:
             if s.status == DONE or _claimed_by_other(s, now):

@@ -94,15 +94,16 @@ class Heartbeat:
         this driver's lease until it releases it, so the lease check agrees).
         """
         try:
-            row = self.db.query_one("SELECT status, lease_holder, lease_epoch FROM runs WHERE id = ?", (self.run_id,))
+            row = runs_store.run_status_and_lease(self.db, self.run_id)
         except Exception:
             return True  # a failed read proves nothing; the next renewal decides
         if row is None:
             return True
-        if row["status"] == "abandoned":
+        status, holder, epoch = row
+        if status == "abandoned":
             self.lost.trip("abandoned")
             return False
-        if row["lease_holder"] != self.holder or (self.epoch is not None and row["lease_epoch"] != self.epoch):
+        if holder != self.holder or (self.epoch is not None and epoch != self.epoch):
             self.lost.trip("lease_lost")
             return False
         return True

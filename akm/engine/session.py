@@ -64,7 +64,7 @@ from akm.plan.model import StepPlan
 from akm.record import dataclass
 from akm.store import runs as runs_store
 from akm.store import units as units_store
-from akm.store.db import Database, now_iso
+from akm.store.db import Database
 from akm.store.runs import DRIVABLE_STATUSES, holder_is_live
 
 MISSING: Any = object()
@@ -313,7 +313,7 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
     if d.states:
         out["unitCount"] = len(d.states)
         out["doneCount"] = sum(1 for s in d.states if s.status == DONE)
-    now = now_iso()
+    now = db.now()
     if d.kind == "work":
         session_units = [s for s in d.units if s.unit.runner == "session"]
         if not session_units:
@@ -736,14 +736,7 @@ def _stale(cur: _Current, unit_id: str, asked: str, current: str) -> UsageError:
 
 def _family_rows(db: Database, run_id: str, content_id: str) -> list[dict[str, Any]]:
     """Every journaled attempt of one unit (all gate loops and retries), oldest first."""
-    return [
-        dict(r)
-        for r in db.query(
-            "SELECT unit_id, step_id, status, result_json, failure_reason, input_hash FROM units WHERE run_id = ? "
-            "AND phase IS NULL AND (unit_id = ? OR (unit_id > ? AND unit_id < ?)) ORDER BY rowid",
-            (run_id, content_id, content_id + "~", content_id + "\x7f"),
-        )
-    ]  # `X~…`: a key range of the primary key
+    return units_store.family_rows(db, run_id, content_id)
 
 
 def _resent_report(

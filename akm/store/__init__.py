@@ -1,13 +1,14 @@
-"""The SQLite journal: the only package in akm that writes SQL.
+"""The journal: the only package in akm that writes SQL.
 
-Modules: `db` (connection, pragmas, `BEGIN IMMEDIATE` helper, timestamps),
-`migrations` (numbered schema + ledger), `runs` (runs, step spine, lease),
-`units` (unit journal, claims), `events` (event bus, task_history).
+Modules: `journal` (the interface every backend implements: transactions, the journal clock, a `Dialect`),
+`clock` (the timestamp format), the shared domain layer — `runs` (runs, step spine, lease), `units` (unit
+journal, claims), `events` (event bus, task_history) — and the backends: `sqlite/` (the embedded default:
+`db` connection and `BEGIN IMMEDIATE`, `open`) with `migrations` (its numbered schema and the ledger rule
+both backends share), and `postgres/` (a server shared by many hosts: `connect`, `schema`, `db`).
 
-`open_db` and `open_db_read_only` live here, above both `db` and `migrations`: opening a journal means
-connecting (`db`) and then checking and applying its ledger (`migrations`), and `migrations` itself builds
-on `db`, so neither of the two needs the other's name at import time. Import the submodules directly;
-this package stays import-light (its own imports wait for the first open).
+`open_journal` picks the backend (`AKM_JOURNAL_URL` or config `journal.url`; SQLite by default); `open_db`
+and `open_db_read_only` open a SQLite file. Import the submodules directly; this package stays
+import-light (its own imports wait for the first open).
 """
 
 from __future__ import annotations
@@ -16,120 +17,45 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from akm.store.db import Database
+    from akm.store.journal import Journal
+    from akm.store.sqlite.db import SqliteJournal
 
-__all__ = ["open_db", "open_db_read_only"]
-
-
-def open_db(path: str | os.PathLike[str], *, migrate: bool = True) -> Database:
-    """Open (creating parent dirs) the journal at `path`, set pragmas, apply pending migrations."""
-    import sqlite3
-    from pathlib import Path
-
-    from akm.errors import JournalError
-    from akm.store.db import (
-        BUSY_TIMEOUT_MS,
-        Database,
-        journal_error,
-        journal_mode_from_env,
-        set_journal_mode,
-    )
-    from akm.store.migrations import apply_migrations, refuse_foreign
-
-    db_path = Path(path)
-    try:
-        db_path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise JournalError(f"cannot create the journal directory {db_path.parent}: {exc}") from exc
-    try:
-        conn = sqlite3.connect(
-            str(db_path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
-        )
-    except sqlite3.Error as exc:
-        raise journal_error(exc, "open", db_path) from exc
-    conn.row_factory = sqlite3.Row
-    try:
-        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        if migrate:
-            try:
-                refuse_foreign(conn, db_path)  # before any pragma that would change someone else's file
-            except JournalError:
-                conn.close()
-                raise
-        mode = set_journal_mode(conn, journal_mode_from_env())
-        conn.execute("PRAGMA foreign_keys=ON")
-        conn.execute("PRAGMA synchronous=NORMAL" if mode == "WAL" else "PRAGMA synchronous=FULL")
-    except sqlite3.Error as exc:
-        conn.close()
-        raise journal_error(exc, "open", db_path) from exc
-    db = Database(conn, db_path, mode)
-    if migrate:
-        try:
-            apply_migrations(db)
-        except BaseException:
-            db.close()
-            raise
-    return db
+__all__ = ["open_db", "open_db_read_only", "open_journal"]
 
 
-def open_db_read_only(path: str | os.PathLike[str]) -> Database:
-    """The journal opened for reading only, for a directory akm cannot write (a read-only mount, a
-    locked-down data dir): `list`, `status`, `log` and `next` still answer there (issue 23 item 1).
+def open_db(path: str | os.PathLike[str], *, migrate: bool = True) -> SqliteJournal:
+    """Open (creating parent dirs) the SQLite journal at `path`, set pragmas, apply pending migrations."""
+    from akm.store.sqlite.open import open_db as _open
 
-    SQLite cannot read a WAL journal read-only without creating its `-shm` file beside it; when that
-    fails and no unfinished `-wal` file exists, the file is opened `immutable` (nothing can change it
-    while the directory is read-only). Writes fail as JournalError. A journal that still needs
-    migrations (an older akm's) cannot be migrated here and is refused, coded.
+    return _open(path, migrate=migrate)
+
+
+def open_db_read_only(path: str | os.PathLike[str]) -> SqliteJournal:
+    """The SQLite journal opened for reading only (see `akm.store.sqlite.open.open_db_read_only`)."""
+    from akm.store.sqlite.open import open_db_read_only as _open
+
+    return _open(path)
+
+
+JOURNAL_URL_ENV = "AKM_JOURNAL_URL"
+
+
+def journal_url() -> str | None:
+    """The configured journal server (`AKM_JOURNAL_URL`, trimmed), or None for the SQLite file.
+
+    A `sqlite:` URL or an empty value means the default SQLite journal.
     """
-    import sqlite3
-    from pathlib import Path
-    from urllib.parse import quote
+    raw = os.environ.get(JOURNAL_URL_ENV, "").strip()
+    if not raw or raw.startswith("sqlite:"):
+        return None
+    return raw
 
-    from akm.errors import JournalError
-    from akm.store.db import BUSY_TIMEOUT_MS, Database, journal_error
-    from akm.store.migrations import MIGRATIONS, applied_ids, check_ledger, refuse_foreign
 
-    db_path = Path(path)
-    if not db_path.is_file():
-        raise JournalError(
-            f"journal open failed ({db_path}): there is no journal to read and the directory cannot be written"
-        )
-    base = f"file:{quote(str(db_path))}?mode=ro"
-    conn: sqlite3.Connection | None = None
-    try:
-        conn = sqlite3.connect(
-            base, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
-        )
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    except sqlite3.Error:
-        if conn is not None:
-            conn.close()
-        wal = db_path.with_name(db_path.name + "-wal")
-        if wal.exists() and wal.stat().st_size > 0:
-            raise JournalError(
-                f"journal open failed ({db_path}): the directory is read-only and the journal has "
-                f"writes not yet merged into it ({wal.name}), which only a writable directory "
-                "can apply",
-                hint="Make the directory writable once (any akm command), or copy "
-                "the journal and its -wal file elsewhere and set AKM_DATA_DIR there.",
-            ) from None
-        try:
-            conn = sqlite3.connect(base + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False)
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        except sqlite3.Error as exc:
-            raise journal_error(exc, "open", db_path) from exc
-    conn.row_factory = sqlite3.Row
-    db = Database(conn, db_path, "READONLY")
-    try:
-        refuse_foreign(conn, db_path)
-        if check_ledger(applied_ids(db), MIGRATIONS, db_path) != "current":
-            raise JournalError(
-                f"the journal {db_path} was written by an older akm and needs an upgrade, which a "
-                "read-only directory does not allow",
-                hint="Run any akm command once where the "
-                "directory is writable, or set AKM_DATA_DIR to a writable copy.",
-            )
-    except BaseException:
-        db.close()
-        raise
-    return db
+def open_journal(url: str, *, migrate: bool = True) -> Journal:
+    """The journal at `url`: a `postgresql://` server (`akm.store.postgres.db.open_pg`; the password may be
+    `${ENV_VAR}`), or a `sqlite:///path` file. Anything else is JOURNAL_URL_INVALID."""
+    if url.startswith("sqlite:///"):
+        return open_db(url[len("sqlite://") :], migrate=migrate)
+    from akm.store.postgres.db import open_pg
+
+    return open_pg(url, migrate=migrate)

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from akm.canonical import compact_json
 from akm.errors import UsageError
-from akm.store.db import Database, now_iso
+from akm.store.journal import Journal as Database
 
 
 class Event(NamedTuple):
@@ -45,11 +45,12 @@ class Event(NamedTuple):
 def append_event(db: Database, event_type: str, run_id: str | None, metadata: dict[str, Any] | None = None) -> int:
     """Insert one event; joins the caller's open transaction (so it commits or rolls back with it)."""
     with db.tx() as conn:
-        cur = conn.execute(
+        db.dialect.event_lock(conn)  # ids follow commit order (the cursor never skips an event)
+        return db.dialect.insert_id(
+            conn,
             "INSERT INTO events (event_type, ts, run_id, metadata_json) VALUES (?, ?, ?, ?)",
-            (event_type, now_iso(), run_id, compact_json(metadata or {})),
+            (event_type, db.now(), run_id, compact_json(metadata or {})),
         )
-        return int(cur.lastrowid or 0)
 
 
 def _decode_metadata(text: str | None) -> dict[str, Any]:
@@ -106,7 +107,7 @@ def list_events(
         params.append(event_type)
     newest = None
     if since_ts is not None:
-        where.append("ts >= ?")
+        where.append(f"{db.dialect.stamp_text('ts')} >= ?")  # as text: a partial stamp compares as on SQLite
         params.append(since_ts)
         row = db.query_one("SELECT COALESCE(MAX(id), 0) AS m FROM events")
         newest = int(row["m"]) if row else 0
@@ -267,11 +268,11 @@ def record_invocation(
     metadata = {"metadataVersion": 2, "durationMs": duration_ms, "detail": clean, "engine": engine}
     decode_task_metadata(metadata)
     with db.tx() as conn:
-        cur = conn.execute(
+        return db.dialect.insert_id(
+            conn,
             "INSERT INTO task_history (run_id, started_at, finished_at, outcome, metadata_json) VALUES (?, ?, ?, ?, ?)",
             (run_id, started_at, finished_at, outcome, compact_json(metadata)),
         )
-        return int(cur.lastrowid or 0)
 
 
 def list_task_history(db: Database, run_id: str | None = None) -> list[TaskHistoryEntry]:

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 
 from akm.errors import JournalError
 from akm.paths import JOURNAL_FILE_NAME
-from akm.store.db import Database, now_iso
+from akm.store.clock import now_iso
+from akm.store.sqlite.db import SqliteJournal as Database
 
 MIGRATION_0001 = """
 CREATE TABLE IF NOT EXISTS runs (

@@ -38,8 +38,9 @@ from typing import Any, NamedTuple
 
 from akm.canonical import CanonicalError, canonical_json, compact_json
 from akm.errors import NotFoundError, UsageError
-from akm.store.db import Database, now_iso
 from akm.store.events import append_event, has_event
+from akm.store.journal import RUN_UPDATE, RUN_WRITE
+from akm.store.journal import Journal as Database
 from akm.store.status import DRIVABLE_STATUSES, RUN_STATUSES, STEP_TERMINAL_STATUSES  # noqa: E402,F401
 
 LEASE_TTL_S = 90.0
@@ -151,6 +152,7 @@ def _step(row: Any) -> Step:
 
 _HOST: str | None = None
 _HOST_ID: str | None = None
+HOST_ID_ENV = "AKM_HOST_ID"
 
 
 def hostname() -> str:
@@ -184,8 +186,13 @@ def host_id() -> str:
     (Linux: /proc/sys/kernel/random/boot_id, first 12 hex digits) and the PID namespace inode
     (readlink /proc/self/ns/pid). Without /proc (macOS) it is the hostname alone: no PID
     namespaces there, and a pid recycled after a reboot only keeps a dead lease until it expires.
+    `AKM_HOST_ID` overrides it (two "hosts" on one machine in tests; a container whose /proc says too
+    little). It must be unique per pid space: two hosts sharing one would judge each other's holders by
+    pids of the wrong machine.
     """
     global _HOST_ID
+    if _HOST_ID is None and os.environ.get(HOST_ID_ENV, "").strip():
+        _HOST_ID = os.environ[HOST_ID_ENV].strip()
     if _HOST_ID is None:
         boot = _read_first_line("/proc/sys/kernel/random/boot_id").replace("-", "")[:12]
         try:
@@ -264,6 +271,12 @@ def run_status(db: Database, run_id: str) -> str | None:
     return row["status"] if row else None
 
 
+def run_status_and_lease(db: Database, run_id: str) -> tuple[str, str | None, int] | None:
+    """(status, lease holder, lease epoch) of the run, or None for no such run: the heartbeat's poll."""
+    row = db.query_one("SELECT status, lease_holder, lease_epoch FROM runs WHERE id = ?", (run_id,))
+    return (row["status"], row["lease_holder"], int(row["lease_epoch"])) if row else None
+
+
 def not_drivable_error(run_id: str, status: str, verb: str) -> UsageError:
     """The one refusal for acting on a run that cannot be driven: abandoned runs say so (they are final)."""
     if status == "abandoned":
@@ -306,7 +319,9 @@ def list_runs(
     if active_only:
         where.append(f"status IN {_DRIVABLE_SQL}")
     clause = f" WHERE {' AND '.join(where)}" if where else ""
-    rows = db.query(f"SELECT {_RUN_COLUMNS} FROM runs{clause} ORDER BY created_at DESC, rowid DESC", params)
+    rows = db.query(
+        f"SELECT {_RUN_COLUMNS} FROM runs{clause} ORDER BY created_at DESC, {db.dialect.rowid} DESC", params
+    )
     return [_run(r) for r in rows]
 
 
@@ -324,7 +339,7 @@ def find_active_run(db: Database, ref: str, scope_key: str, params: dict[str, An
     given — or None; the most recently updated wins."""
     rows = db.query(
         f"SELECT {_RUN_COLUMNS} FROM runs WHERE workflow_ref = ? AND scope_key = ? AND status IN {_DRIVABLE_SQL} "
-        "ORDER BY updated_at DESC, created_at DESC, rowid DESC",
+        f"ORDER BY updated_at DESC, created_at DESC, {db.dialect.rowid} DESC",
         (ref, scope_key),
     )
     for row in rows:
@@ -376,9 +391,10 @@ def create_run(
         raise UsageError(f"workflow {workflow_ref!r} has no steps; nothing to run")
     if len(set(steps)) != len(steps):
         raise UsageError(f"workflow {workflow_ref!r} declares a step id twice")
-    now = now_iso()
+    now = db.now()
     with db.tx() as conn:
         if join_identical:
+            db.dialect.identity_lock(conn, f"{workflow_ref}\x1f{scope_key}")  # identical starts, one at a time
             for existing in conn.execute(
                 f"SELECT id, status, params_json FROM runs WHERE workflow_ref = ? AND scope_key = ? "
                 f"AND status IN {_DRIVABLE_SQL} ORDER BY updated_at DESC",
@@ -517,8 +533,9 @@ def complete_step(
     """
     if status not in STEP_TERMINAL_STATUSES:
         raise UsageError(f"cannot complete a step as {status!r}; use one of {', '.join(STEP_TERMINAL_STATUSES)}")
-    now = now_iso()
+    now = db.now()
     with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_WRITE)
         run = _drivable_run_row(conn, run_id, "updated")
         check_fence(conn, run_id, fence)
         _check_lease_allows(run, lease_holder, now)
@@ -567,6 +584,7 @@ def set_run_status(
     if status not in DRIVABLE_STATUSES:
         raise UsageError(f"set_run_status only moves between active and awaiting_session, not {status!r}")
     with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_WRITE)
         row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
             raise NotFoundError(f"workflow run {run_id!r} not found")
@@ -575,7 +593,7 @@ def set_run_status(
         check_fence(conn, run_id, fence)
         conn.execute(
             "UPDATE runs SET status = ?, status_detail_json = ?, updated_at = ? WHERE id = ?",
-            (status, compact_json(detail) if detail else None, now_iso(), run_id),
+            (status, compact_json(detail) if detail else None, db.now(), run_id),
         )
     return require_run(db, run_id)
 
@@ -590,6 +608,7 @@ def resume_run(db: Database, run_id: str) -> Run:
     No event (spec §8.1).
     """
     with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_WRITE)
         row = conn.execute(
             "SELECT status, current_step_id, status_detail_json FROM runs WHERE id = ?", (run_id,)
         ).fetchone()
@@ -623,7 +642,7 @@ def resume_run(db: Database, run_id: str) -> Run:
             conn.execute(
                 "UPDATE runs SET status = 'active', updated_at = ?, completed_at = NULL, status_detail_json = NULL, "
                 "lease_holder = NULL, lease_host = NULL, lease_pid = NULL, lease_until = NULL WHERE id = ?",
-                (now_iso(), run_id),
+                (db.now(), run_id),
             )
     return require_run(db, run_id)
 
@@ -666,8 +685,9 @@ def abandon_run(db: Database, run_id: str) -> Run:
     columns stay as forensic state. `workflow_abandoned` is appended once.
     completed/abandoned -> UsageError RUN_ALREADY_FINISHED.
     """
-    now = now_iso()
+    now = db.now()
     with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_UPDATE)  # no unit write (KEY SHARE) can start past this commit
         row = conn.execute(
             "SELECT status, current_step_id, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?",
             (run_id,),
@@ -745,15 +765,17 @@ def acquire_lease(
     pid = os.getpid() if pid is None else pid
     ttl = lease_ttl_s() if ttl_s is None else ttl_s
     with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_WRITE)
         row = _drivable_run_row(conn, run_id, "executed")
-        now = now_iso()
+        now = db.now()
         if holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now):
             return _lease_of(row)
         cur = conn.execute(
             "UPDATE runs SET lease_holder = ?, lease_host = ?, lease_pid = ?, lease_until = ?, "
             "lease_epoch = lease_epoch + 1 "
-            f"WHERE id = ? AND status IN {_DRIVABLE_SQL} AND lease_holder IS ? AND lease_until IS ?",
-            (holder, host, pid, now_iso(ttl), run_id, row["lease_holder"], row["lease_until"]),
+            f"WHERE id = ? AND status IN {_DRIVABLE_SQL} AND lease_holder {db.dialect.null_eq} ? "
+            f"AND lease_until {db.dialect.null_eq} ?",
+            (holder, host, pid, db.now(ttl), run_id, row["lease_holder"], row["lease_until"]),
         )
         if cur.rowcount == 1:
             return None
@@ -783,7 +805,7 @@ def renew_lease(
         cur = conn.execute(
             f"UPDATE runs SET lease_until = ? WHERE id = ? AND lease_holder = ? AND status IN {_DRIVABLE_SQL}"
             + (" AND lease_epoch = ?" if epoch is not None else ""),
-            (now_iso(ttl), run_id, holder, *((epoch,) if epoch is not None else ())),
+            (db.now(ttl), run_id, holder, *((epoch,) if epoch is not None else ())),
         )
         return cur.rowcount == 1
 
@@ -820,7 +842,7 @@ def wait_lease_change(db: Database, run_id: str, seen: LeaseInfo, deadline: floa
             or row["status"] not in DRIVABLE_STATUSES
             or row["lease_holder"] != seen.holder
             or row["lease_until"] is None
-            or row["lease_until"] < now_iso()
+            or row["lease_until"] < db.now()
         ):
             return True
         left = deadline - time.monotonic()
@@ -835,6 +857,6 @@ def read_lease(db: Database, run_id: str) -> LeaseInfo | None:
     row = db.query_one("SELECT lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,))
     if row is None:
         raise NotFoundError(f"workflow run {run_id!r} not found")
-    if not holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now_iso()):
+    if not holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], db.now()):
         return None
     return _lease_of(row)

@@ -26,14 +26,15 @@ lease's `LeaseInfo` shape).
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, NamedTuple
 
 from akm.canonical import compact_json
 from akm.errors import JournalError, NotFoundError
-from akm.store.db import Database, format_iso, now_iso, parse_iso
+from akm.store.clock import format_iso, parse_iso
+from akm.store.journal import RUN_UNIT_WRITE
+from akm.store.journal import Journal as Database
 from akm.store.report_guards import (
     REPORT_LOCK_PREFIX,  # noqa: F401 - re-exported: drivers and reports name it as units.REPORT_LOCK_PREFIX
     Report,
@@ -96,8 +97,7 @@ def _unit(row: Any) -> Unit:
     return Unit(*row)  # rows are selected as _UNIT_COLUMNS: the dataclass's own field order
 
 
-def _next_stamp(previous: str | None) -> str:
-    now = now_iso()
+def _next_stamp(now: str, previous: str | None) -> str:
     if previous is not None and now <= previous:
         return format_iso(parse_iso(previous) + timedelta(milliseconds=1))
     return now
@@ -182,7 +182,7 @@ class UnitFinish(NamedTuple):
         return text + "}"
 
 
-def _insert_row(conn: sqlite3.Connection, now: str, row: list[Any], fence: Fence | None = None) -> str:
+def _insert_row(db: Database, conn: Any, now: str, row: list[Any], fence: Fence | None = None) -> str:
     """Write the `running` row (`row` ends with the stamp to use); returns the stamp it got.
 
     Refuses (RUN_NOT_FOUND / RUN_ABANDONED / RUN_NOT_ACTIVE, nothing written) when the run
@@ -195,7 +195,7 @@ def _insert_row(conn: sqlite3.Connection, now: str, row: list[Any], fence: Fence
             return now
     else:
         ttl = lease_ttl_s()
-        min_until = now_iso(ttl / 2)
+        min_until = db.now(ttl / 2)
         if conn.execute(_INSERT_FRESH_FENCED, [*row, run_id, fence.holder, fence.epoch, min_until]).rowcount == 1:
             return now
     run = conn.execute("SELECT status, lease_until FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -206,14 +206,14 @@ def _insert_row(conn: sqlite3.Connection, now: str, row: list[Any], fence: Fence
     if fence is not None:
         check_fence(conn, run_id, fence)
         if run["lease_until"] is None or run["lease_until"] < min_until:
-            conn.execute("UPDATE runs SET lease_until = ? WHERE id = ?", (now_iso(ttl), run_id))
+            conn.execute("UPDATE runs SET lease_until = ? WHERE id = ?", (db.now(ttl), run_id))
     prev = conn.execute("SELECT started_at FROM units WHERE run_id = ? AND unit_id = ?", (run_id, row[1])).fetchone()
-    row[-1] = _next_stamp(prev["started_at"] if prev else None)
+    row[-1] = _next_stamp(db.now(), prev["started_at"] if prev else None)
     conn.execute(_REINSERT, row)
     return str(row[-1])
 
 
-def _finish_row(conn: sqlite3.Connection, now: str, f: UnitFinish, fence: Fence | None = None) -> str | None:
+def _finish_row(conn: Any, now: str, f: UnitFinish, fence: Fence | None = None) -> str | None:
     """Finish this dispatch's row; its event metadata, or None when the row was superseded.
 
     A missing row raises JournalError, a lost `fence` LEASE_LOST (the caller's transaction rolls back).
@@ -284,8 +284,10 @@ def insert_unit(
     `fence`: the driver's lease; LEASE_LOST (nothing written) once another holder took the run.
     """
     with db.tx() as conn:
-        now = now_iso()
+        db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
+        now = db.now()
         started_at = _insert_row(
+            db,
             conn,
             now,
             [
@@ -304,6 +306,7 @@ def insert_unit(
             ],
             fence,
         )
+        db.dialect.event_lock(conn)
         conn.execute(_INSERT_EVENTS, ("workflow_unit_started", now, run_id, _started_meta(run_id, step_id, unit_id)))
     return started_at
 
@@ -346,10 +349,12 @@ def finish_unit(
         step_id=step_id,
     )
     with db.tx() as conn:
-        now = now_iso()
+        db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
+        now = db.now()
         meta = _finish_row(conn, now, f, fence)
         if meta is None:
             return "superseded"
+        db.dialect.event_lock(conn)
         conn.execute(_INSERT_EVENTS, ("workflow_unit_finished", now, run_id, meta))
     return "finished"
 
@@ -377,9 +382,13 @@ def finish_and_insert(
     and raises; the caller may then write each alone to learn which one failed.
     """
     with db.tx() as conn:
-        now = now_iso()
+        db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
+        if finish.run_id != run_id:
+            db.dialect.lock_run(conn, finish.run_id, RUN_UNIT_WRITE)
+        now = db.now()
         finished = _finish_row(conn, now, finish)  # fenced by the insert below: a refusal rolls back both
         started_at = _insert_row(
+            db,
             conn,
             now,
             [
@@ -399,6 +408,7 @@ def finish_and_insert(
             fence,
         )
         started = ("workflow_unit_started", now, run_id, _started_meta(run_id, step_id, unit_id))
+        db.dialect.event_lock(conn)
         if finished is None:
             conn.execute(_INSERT_EVENTS, started)
         else:
@@ -413,9 +423,10 @@ def heartbeat_units(db: Database, run_id: str, unit_ids: Sequence[str]) -> int:
         return 0
     marks = ",".join("?" * len(ids))
     with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
         cur = conn.execute(
             f"UPDATE units SET last_checkin_at = ? WHERE run_id = ? AND status = 'running' AND unit_id IN ({marks})",
-            (now_iso(), run_id, *ids),
+            (db.now(), run_id, *ids),
         )
         return cur.rowcount
 
@@ -443,6 +454,18 @@ def unit_rows(db: Database, run_id: str, step_id: str) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=False)) for row in db.query(sql, (run_id, step_id))]
 
 
+def family_rows(db: Database, run_id: str, content_id: str) -> list[dict[str, Any]]:
+    """Every journaled attempt of one unit (`X` and every `X~…`: all gate loops and retries), oldest first."""
+    return [
+        dict(r)
+        for r in db.query(
+            "SELECT unit_id, step_id, status, result_json, failure_reason, input_hash FROM units WHERE run_id = ? "
+            f"AND phase IS NULL AND (unit_id = ? OR (unit_id > ? AND unit_id < ?)) ORDER BY {db.dialect.rowid}",
+            (run_id, content_id, content_id + "~", content_id + "\x7f"),
+        )
+    ]  # `X~…`: a key range of the primary key
+
+
 class StepTally(NamedTuple):
     """How much work a step took: logical units, dispatches (retries and re-runs included), gate loops."""
 
@@ -457,15 +480,32 @@ def step_tallies(db: Database, run_id: str) -> dict[str, StepTally]:
     A unit id is `<base>[~l<n>][~r<k>]` (gate loop n, retry k; step ids and
     unit bases never hold `~`), so the logical unit is the text before the
     first `~`; a row's `attempts` counts its re-dispatches after a crash.
+    Counted in Python, not SQL: the text functions differ between the journals (PostgreSQL has no
+    `instr`, and its integer cast refuses `2~r1` where SQLite reads the leading digits).
     """
-    rows = db.query(
-        "SELECT step_id, COUNT(DISTINCT substr(unit_id, 1, instr(unit_id || '~', '~') - 1)) AS units, "
-        "SUM(attempts) AS attempts, MAX(CASE WHEN instr(unit_id, '~l') > 0 "
-        "THEN CAST(substr(unit_id, instr(unit_id, '~l') + 2) AS INTEGER) ELSE 1 END) AS loops "
-        "FROM units WHERE run_id = ? AND phase IS NULL GROUP BY step_id",
-        (run_id,),
-    )
-    return {r["step_id"] or "": StepTally(int(r["units"]), int(r["attempts"]), int(r["loops"])) for r in rows}
+    rows = db.query("SELECT step_id, unit_id, attempts FROM units WHERE run_id = ? AND phase IS NULL", (run_id,))
+    seen: dict[str, tuple[set[str], int, int | None]] = {}
+    for r in rows:
+        unit_id = r["unit_id"]
+        units, attempts, loops = seen.get(r["step_id"] or "", (set(), 0, None))
+        units.add(unit_id.partition("~")[0])
+        loop = _gate_loop_of(unit_id)
+        seen[r["step_id"] or ""] = (units, attempts + int(r["attempts"]), loop if loops is None else max(loops, loop))
+    return {step: StepTally(len(units), attempts, loops or 0) for step, (units, attempts, loops) in seen.items()}
+
+
+def _gate_loop_of(unit_id: str) -> int:
+    """The gate loop a unit id names (`…~l<n>…`: the digits after the first `~l`, 0 when none follow), 1 when
+    it names none — what SQLite's `CAST(substr(unit_id, instr(unit_id, '~l') + 2) AS INTEGER)` read."""
+    at = unit_id.find("~l")
+    if at < 0:
+        return 1
+    digits = ""
+    for ch in unit_id[at + 2 :]:
+        if not ("0" <= ch <= "9"):
+            break
+        digits += ch
+    return int(digits) if digits else 0
 
 
 def journal_totals(db: Database, run_id: str) -> tuple[int, int]:
@@ -536,7 +576,8 @@ def write_report(
     """
     host = host_id() if host is None else host
     with db.tx() as conn:
-        now = now_iso()
+        db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
+        now = db.now()
         run = conn.execute(
             "SELECT status, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,)
         ).fetchone()
@@ -552,9 +593,9 @@ def write_report(
             conn.execute(
                 "UPDATE units SET claim_expires_at = ?, claim_host = ?, claim_pid = ?, last_checkin_at = ? "
                 "WHERE run_id = ? AND unit_id = ?",
-                (now_iso(CLAIM_TTL_S), host, pid, now, run_id, unit_id),
+                (db.now(CLAIM_TTL_S), host, pid, now, run_id, unit_id),
             )
-            return ReportWrite("heartbeat", ClaimInfo(holder, host, pid, now_iso(CLAIM_TTL_S)))
+            return ReportWrite("heartbeat", ClaimInfo(holder, host, pid, db.now(CLAIM_TTL_S)))
         totals = conn.execute(
             "SELECT COALESCE(SUM(attempts), 0) AS a, COALESCE(SUM(tokens), 0) AS t FROM units "
             "WHERE run_id = ? AND phase IS NULL AND unit_id != ?",
@@ -586,7 +627,7 @@ def write_report(
                 "SELECT started_at FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)
             ).fetchone()["started_at"]
         if status == "running":
-            until = now_iso(CLAIM_TTL_S)
+            until = db.now(CLAIM_TTL_S)
             conn.execute(
                 "UPDATE units SET claim_holder = ?, claim_host = ?, claim_pid = ?, claim_expires_at = ?, "
                 "last_checkin_at = ? WHERE run_id = ? AND unit_id = ?",
@@ -616,4 +657,4 @@ def guard_session_write(db: Database, run_id: str) -> None:
     run = db.query_one(
         "SELECT status, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,)
     )
-    check_run_takes_reports(run_id, run, now_iso(), lease_details=False)
+    check_run_takes_reports(run_id, run, db.now(), lease_details=False)

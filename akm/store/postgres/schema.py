@@ -2,7 +2,8 @@
 
 Why the same ids: the ledger is how akm refuses a journal written by a newer akm (`JOURNAL_TOO_NEW`) or by
 another program (`JOURNAL_FOREIGN`); sharing the ids lets `check_ledger` judge both backends by one rule. The
-statements differ (postgres.md §2.2, §2.13): `timestamptz` compared with the server's `now()`, identity
+statements differ (postgres.md §2.2, §2.13): `timestamptz(3)` (milliseconds, the precision of akm's stamps,
+so a stamp read back as text compares equal to the stored value) compared with the server's `now()`, identity
 columns for `rowid`/AUTOINCREMENT, `COLLATE "C"` where ordering must stay byte-wise as on SQLite, JSON kept
 as text (jsonb rejects \\u0000), and 0005 as a constraint swap instead of a table rebuild. PostgreSQL DDL
 is transactional, so each migration and its ledger row commit together; concurrent first opens by several
@@ -29,9 +30,9 @@ CREATE TABLE {s}.runs (
     params_json        text NOT NULL DEFAULT '{{}}',
     params_hash        text NOT NULL DEFAULT '',
     current_step_id    text COLLATE "C",
-    created_at         timestamptz NOT NULL DEFAULT now(),
-    updated_at         timestamptz NOT NULL DEFAULT now(),
-    completed_at       timestamptz,
+    created_at         timestamptz(3) NOT NULL DEFAULT now(),
+    updated_at         timestamptz(3) NOT NULL DEFAULT now(),
+    completed_at       timestamptz(3),
     scope_key          text COLLATE "C" NOT NULL,
     plan_json          text NOT NULL,
     plan_hash          text NOT NULL,
@@ -39,9 +40,9 @@ CREATE TABLE {s}.runs (
     lease_holder       text,
     lease_host         text,
     lease_pid          integer,
-    lease_until        timestamptz,
+    lease_until        timestamptz(3),
     lease_session      integer,
-    lease_renewed_at   timestamptz,
+    lease_renewed_at   timestamptz(3),
     status_detail_json text,
     CONSTRAINT runs_status_check
         CHECK (status IN ('active','completed','failed','blocked','awaiting_session'))
@@ -58,13 +59,14 @@ CREATE TABLE {s}.steps (
     notes           text,
     evidence_json   text,
     summary         text,
-    completed_at    timestamptz,
+    completed_at    timestamptz(3),
     PRIMARY KEY (run_id, step_id)
 );
 CREATE UNIQUE INDEX idx_steps_run_sequence ON {s}.steps (run_id, sequence_index);
 CREATE TABLE {s}.units (
     run_id            text COLLATE "C" NOT NULL REFERENCES {s}.runs (id) ON DELETE CASCADE,
     unit_id           text COLLATE "C" NOT NULL,
+    seq               bigint GENERATED ALWAYS AS IDENTITY,
     step_id           text COLLATE "C",
     node_id           text NOT NULL,
     parent_unit_id    text,
@@ -78,15 +80,15 @@ CREATE TABLE {s}.units (
     tokens            bigint,
     failure_reason    text,
     worktree_path     text,
-    started_at        timestamptz NOT NULL DEFAULT now(),
-    finished_at       timestamptz,
+    started_at        timestamptz(3) NOT NULL DEFAULT now(),
+    finished_at       timestamptz(3),
     session_id        text,
-    last_checkin_at   timestamptz,
+    last_checkin_at   timestamptz(3),
     attempts          integer NOT NULL DEFAULT 1,
     claim_holder      text,
     claim_host        text,
     claim_pid         integer,
-    claim_expires_at  timestamptz,
+    claim_expires_at  timestamptz(3),
     claim_session     integer,
     PRIMARY KEY (run_id, unit_id)
 ) WITH (fillfactor = 85);
@@ -94,7 +96,7 @@ CREATE INDEX idx_units_run_step ON {s}.units (run_id, step_id);
 CREATE TABLE {s}.events (
     id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     event_type     text NOT NULL,
-    ts             timestamptz NOT NULL DEFAULT now(),
+    ts             timestamptz(3) NOT NULL DEFAULT now(),
     run_id         text COLLATE "C",
     metadata_json  text NOT NULL DEFAULT '{{}}'
 );
@@ -104,8 +106,8 @@ CREATE INDEX idx_events_ts ON {s}.events (ts);
 CREATE TABLE {s}.task_history (
     id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     run_id         text,
-    started_at     timestamptz NOT NULL DEFAULT now(),
-    finished_at    timestamptz,
+    started_at     timestamptz(3) NOT NULL DEFAULT now(),
+    finished_at    timestamptz(3),
     outcome        text NOT NULL,
     metadata_json  text NOT NULL DEFAULT '{{}}'
 );
@@ -172,6 +174,9 @@ def apply_migrations(
 ) -> list[str]:
     """Apply the pending migrations (each with its ledger row in one transaction). Returns the ids applied now."""
     registry = PG_MIGRATIONS if registry is None else registry
+    applied = applied_ids(con, schema)
+    if applied and applied[0] in {mid for mid, _ in registry} and check_ledger(applied, registry, shown) == "current":
+        return []  # the common open: an up-to-date journal of ours needs neither the lock nor a foreign check
     con.run("SELECT pg_advisory_lock(:a, :b)", a=MIGRATION_LOCK[0], b=MIGRATION_LOCK[1])
     try:
         refuse_foreign(con, schema, shown, registry)

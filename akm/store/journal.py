@@ -1,0 +1,109 @@
+"""The journal interface: what the shared domain layer (runs, units, events) needs from a backend.
+
+Why a seam here and not at the SQL level (postgres.md §3.1): the two journals differ in locks, clocks and
+cursor semantics, not only in syntax. So the business rules stay in ONE Python layer (`store/runs.py`,
+`store/units.py`, `store/events.py`), written once against this interface, and each backend supplies:
+
+* a connection with the transaction rule (`tx()`: re-entrant, one unit of work; `execute`/`query`);
+* `now()`: the journal's clock, the one every stored expiry is compared on (the host's on SQLite, whose
+  journal lives on one host; the server's `now()` on PostgreSQL, shared by every host);
+* `bulk_writes()`: a stretch of many small commits (a fan-out) — SQLite moves WAL checkpoints to a
+  background thread, PostgreSQL does nothing;
+* a `Dialect`: the few statements and locks that differ (below).
+
+The SQL text itself is shared: `?` placeholders, tables named without a schema (PostgreSQL sets the
+search path), and the dialect's words where the syntax differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+# Row-lock modes of `Dialect.lock_run` (PostgreSQL's names; postgres.md §2.5). `UPDATE` conflicts with
+# both others, so once an abandon (UPDATE) commits, no unit write (KEY_SHARE) can slip in before it.
+RUN_UPDATE = "UPDATE"
+RUN_WRITE = "NO KEY UPDATE"
+RUN_UNIT_WRITE = "KEY SHARE"
+
+
+class Dialect:
+    """The SQLite dialect; `akm.store.postgres.db.PgDialect` overrides what differs.
+
+    * `rowid`: the column giving insertion order (SQLite's rowid; an identity column on PostgreSQL);
+    * `null_eq`: the null-safe equality operator (`IS` / `IS NOT DISTINCT FROM`);
+    * `lock_run`: lock the run's row in a mode before reading it — a no-op here, because
+      `BEGIN IMMEDIATE` already holds the one write lock of the file;
+    * `identity_lock`: serialize identical starts (same ref, scope, params) — no-op here, likewise;
+    * `event_lock`: make event ids follow commit order (SQLite's serialized writers already do);
+    * `insert_id`: the id of the row an INSERT just added (`lastrowid` / `RETURNING id`);
+    * `stamp_text`: a timestamp column as text, to compare with a (possibly partial) stamp a user typed.
+    """
+
+    name = "sqlite"
+    rowid = "rowid"
+    null_eq = "IS"
+
+    def lock_run(self, conn: Any, run_id: str, mode: str) -> None:
+        """Lock the run's row for the rest of the transaction (no-op on SQLite)."""
+
+    def identity_lock(self, conn: Any, key: str) -> None:
+        """Serialize transactions that start a run with this identity (no-op on SQLite)."""
+
+    def event_lock(self, conn: Any) -> None:
+        """Called right before an event INSERT: ids then follow commit order (no-op on SQLite)."""
+
+    def insert_id(self, conn: Any, sql: str, params: Sequence[Any]) -> int:
+        """Run an INSERT of one row and return the id it got."""
+        return int(conn.execute(sql, params).lastrowid or 0)
+
+    def stamp_text(self, column: str) -> str:
+        """A timestamp column as the journal's text (`akm.store.clock`), for comparing with text a user gave
+        (`log --since 2026-01`): SQLite stores that text already."""
+        return column
+
+
+class Journal:
+    """A journal connection: the interface `store/` modules and the engine use (see the module doc).
+
+    Implementations: `akm.store.sqlite.db.SqliteJournal` and `akm.store.postgres.db.PgJournal`. Open
+    one with `akm.store.open_journal` (the configured backend) or `akm.store.open_db` (a SQLite file).
+    """
+
+    dialect: Dialect = Dialect()
+    backend = "sqlite"
+
+    def tx(self) -> AbstractContextManager[Any]:
+        """A write transaction (joins one this thread already has open); yields a connection whose
+        `execute(sql, params)` returns a cursor (`fetchone`, `fetchall`, `rowcount`, iteration)."""
+        raise NotImplementedError
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
+        """One statement (inside this thread's transaction, else on its own)."""
+        raise NotImplementedError
+
+    def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
+        """All rows of a SELECT; a row reads by column name and by position."""
+        raise NotImplementedError
+
+    def query_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
+        rows = self.query(sql, params)
+        return rows[0] if rows else None
+
+    def now(self, offset_s: float = 0.0) -> str:
+        """The journal's clock (+ offset seconds) in the journal's timestamp format (`akm.store.clock`)."""
+        raise NotImplementedError
+
+    def bulk_writes(self) -> AbstractContextManager[None]:
+        """Wrap a stretch of many small commits (a fan-out); nests."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

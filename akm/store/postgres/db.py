@@ -1,0 +1,390 @@
+"""The PostgreSQL journal: the `Journal` interface over one pg8000 connection, and the PostgreSQL `Dialect`.
+
+Why it looks like this (postgres.md §2.3–§2.9, §3):
+
+* The shared domain layer (`store/runs.py`, `units.py`, `events.py`) writes `?` placeholders and names tables
+  without a schema; here `?` becomes `$n` (once per statement text) and the connection's `search_path` is
+  the journal's schema (`?schema=` of the URL, `akm` by default).
+* `tx()` is `BEGIN` … `COMMIT` under READ COMMITTED, re-entrant like SQLite's. What SQLite's
+  `BEGIN IMMEDIATE` gave for free — every "read, check, write" atomic — the shared layer asks for here
+  through the dialect: each write transaction first locks the run's row in the mode its operation needs
+  (`lock_run`), an identical start takes an advisory lock on its identity, and every event INSERT is
+  preceded by a transaction-scoped advisory lock, so event ids follow commit order and a cursor
+  `id > N` never skips an event committed later with a smaller id.
+* `now()` is the server's clock (`clock_timestamp()`): with many hosts writing expiries, one clock decides.
+* One connection shared by the process's threads under an RLock held for a whole transaction, as on
+  SQLite: the engine's writes are short, and a second connection per thread would let two threads of one
+  driver wait on each other's row locks. A long-lived process opens its own journal per use.
+* Values: `timestamptz` columns come back in the journal's text format (`akm.store.clock`), integral
+  numerics (SUM over bigint) as int; PostgreSQL text cannot hold NUL, so text holding one is stored
+  escaped and read back unchanged (`clean_param`); a lone surrogate is refused as NOT_UTF8 as on SQLite.
+* Driver and server errors become coded JournalErrors; users never see a pg8000 traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from akm.errors import JournalError, UsageError
+from akm.store.clock import format_iso
+from akm.store.journal import Dialect, Journal
+from akm.store.postgres.connect import Target, connect, sqlstate
+
+IDENTITY_LOCK = 4243
+EVENT_LOCK = (4242, 0)
+_ISO = 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'
+_RETRY_STATES = ("40001", "40P01")  # serialization failure, deadlock detected
+
+
+class PgDialect(Dialect):
+    """What PostgreSQL needs where SQLite's single write lock and rowid did the work (postgres.md §2.5)."""
+
+    name = "postgres"
+    rowid = "seq"
+    null_eq = "IS NOT DISTINCT FROM"
+
+    def lock_run(self, conn: Any, run_id: str, mode: str) -> None:
+        conn.execute(f"SELECT 1 FROM runs WHERE id = ? FOR {mode}", (run_id,))
+
+    def identity_lock(self, conn: Any, key: str) -> None:
+        conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (IDENTITY_LOCK, key))
+
+    def event_lock(self, conn: Any) -> None:
+        conn.execute("SELECT pg_advisory_xact_lock(?, ?)", EVENT_LOCK)
+
+    def insert_id(self, conn: Any, sql: str, params: Sequence[Any]) -> int:
+        return int(conn.execute(sql + " RETURNING id", params).fetchone()[0])
+
+    def stamp_text(self, column: str) -> str:
+        return f"to_char({column} AT TIME ZONE 'UTC', '{_ISO}')"
+
+
+_statements: dict[str, str] = {}
+
+
+def pg_statement(sql: str) -> str:
+    """`?` placeholders (outside quotes) as `$1`, `$2`, …; cached per statement text."""
+    cached = _statements.get(sql)
+    if cached is not None:
+        return cached
+    out: list[str] = []
+    n = 0
+    quote: str | None = None
+    for ch in sql:
+        if quote is not None:
+            if ch == quote:
+                quote = None
+        elif ch in ("'", '"'):
+            quote = ch
+        elif ch == "?":
+            n += 1
+            out.append(f"${n}")
+            continue
+        out.append(ch)
+    text = "".join(out)
+    if len(_statements) < 4096:
+        _statements[sql] = text
+    return text
+
+
+# PostgreSQL text cannot hold NUL, and akm stores what units print (a NUL in stderr reaches a step's notes).
+# Text holding NUL (or the escape mark itself, a Unicode noncharacter) is stored escaped and read back as
+# it was, so both journals answer the same text; any other text is stored as it is.
+_MARK = "\uffff"
+
+
+def _escape(text: str) -> str:
+    return text.replace(_MARK, _MARK + "1").replace("\x00", _MARK + "0")
+
+
+def _unescape(text: str) -> str:
+    out: list[str] = []
+    i = 0
+    while (j := text.find(_MARK, i)) >= 0:
+        out.append(text[i:j])
+        out.append("\x00" if text[j + 1 : j + 2] == "0" else _MARK)
+        i = j + 2
+    out.append(text[i:])
+    return "".join(out)
+
+
+def clean_param(value: Any) -> Any:
+    """A value PostgreSQL can bind: text checked as UTF-8 first (UnicodeEncodeError → NOT_UTF8, before
+    anything is sent) and NUL escaped (`_escape`)."""
+    if isinstance(value, str):
+        value.encode("utf-8")
+        if "\x00" in value or _MARK in value:
+            return _escape(value)
+    elif isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def _out(value: Any) -> Any:
+    if isinstance(value, str):
+        return _unescape(value) if _MARK in value else value
+    if isinstance(value, datetime):
+        return format_iso(value)
+    if isinstance(value, Decimal) and value == value.to_integral_value():
+        return int(value)
+    return value
+
+
+class Row:
+    """A result row read by column name (`row["status"]`), by position, as a mapping (`dict(row)`), or
+    unpacked (`Unit(*row)`): what the shared layer does with sqlite3.Row."""
+
+    __slots__ = ("_index", "_values")
+
+    def __init__(self, index: dict[str, int], values: list[Any]) -> None:
+        self._index = index
+        self._values = values
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            return self._values[self._index[key]]
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+    def __repr__(self) -> str:
+        return f"Row({dict(zip(self._index, self._values, strict=False))!r})"
+
+
+class Cursor:
+    """The result of one statement: rows (if any), `rowcount`, iteration."""
+
+    __slots__ = ("_pos", "rowcount", "rows")
+
+    def __init__(self, rows: list[Row], rowcount: int) -> None:
+        self.rows = rows
+        self.rowcount = rowcount
+        self._pos = 0
+
+    def fetchone(self) -> Row | None:
+        if self._pos >= len(self.rows):
+            return None
+        self._pos += 1
+        return self.rows[self._pos - 1]
+
+    def fetchall(self) -> list[Row]:
+        rest = self.rows[self._pos :]
+        self._pos = len(self.rows)
+        return rest
+
+    def __iter__(self) -> Iterator[Row]:
+        return iter(self.fetchall())
+
+    @property
+    def lastrowid(self) -> None:  # PostgreSQL has none: `Dialect.insert_id` uses RETURNING
+        return None
+
+
+class Connection:
+    """What `PgJournal.tx()` yields: `execute`, `executemany`, `in_transaction` over the pg8000 connection."""
+
+    PREPARED_MAX = 256  # statements kept prepared on the server per connection (the shared layer has ~60)
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.in_transaction = False
+        self.prepared: dict[str, tuple[bytes, Any, Any]] = {}
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        vals = [clean_param(v) for v in params]
+        statement = pg_statement(sql)
+        ps = self.prepared.get(statement)
+        if ps is None and len(self.prepared) < self.PREPARED_MAX:
+            # parsed once per connection: each later run is one round trip (bind + execute) instead of three
+            ps = self.raw.prepare_statement(statement, ())
+            self.prepared[statement] = ps
+        if ps is None:
+            ctx = self.raw.execute_unnamed(statement, vals=vals)
+        else:
+            from pg8000.converters import make_params
+
+            ctx = self.raw.execute_named(ps[0], make_params(self.raw.py_types, vals), ps[1], ps[2], statement)
+        rows: list[Row] = []
+        if ctx.columns:
+            index = {c["name"]: i for i, c in enumerate(ctx.columns)}
+            rows = [Row(index, [_out(v) for v in r]) for r in (ctx.rows or ())]
+        return Cursor(rows, ctx.row_count if ctx.row_count is not None else -1)
+
+    def executemany(self, sql: str, seq: Sequence[Sequence[Any]]) -> None:
+        for params in seq:
+            self.execute(sql, params)
+
+    def simple(self, sql: str) -> None:
+        self.raw.execute_simple(sql)
+
+
+def pg_error(exc: Exception, what: str, shown: str) -> JournalError:
+    """A pg8000 error as a JournalError with a readable message (SQLSTATE kept in the text)."""
+    arg = exc.args[0] if exc.args else None
+    if isinstance(arg, dict):
+        message = f"{arg.get('M', '')} (SQLSTATE {arg.get('C', '?')})"
+    else:
+        message = str(exc)
+    hint = None
+    state = sqlstate(exc)
+    if state in _RETRY_STATES:
+        hint = "Another akm process wrote the same run at the same moment; retry the command."
+    elif state is None:
+        hint = "The connection to the journal server failed; check that it is up and reachable."
+    return JournalError(f"journal {what} failed ({shown}): {message}", hint=hint)
+
+
+def _not_text(exc: UnicodeEncodeError) -> UsageError:
+    return UsageError(
+        f"a value is not valid UTF-8 text ({exc.reason} at character {exc.start + 1}) and cannot be stored in "
+        "or looked up in the journal",
+        code="NOT_UTF8",
+    )
+
+
+def _is_driver_error(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith("pg8000")
+
+
+class _Transaction:
+    __slots__ = ("db", "owner")
+
+    def __init__(self, db: PgJournal) -> None:
+        self.db = db
+        self.owner = False
+
+    def __enter__(self) -> Connection:
+        db = self.db
+        db.lock.acquire()
+        try:
+            if not db.conn.in_transaction:
+                try:
+                    db.conn.simple("BEGIN")
+                except Exception as exc:
+                    if _is_driver_error(exc):
+                        raise pg_error(exc, "begin", db.shown) from None
+                    raise
+                db.conn.in_transaction = True
+                self.owner = True
+        except BaseException:
+            db.lock.release()
+            raise
+        return db.conn
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        db = self.db
+        try:
+            if not self.owner:
+                return False
+            if exc is not None:
+                db.rollback_quietly()
+                if _is_driver_error(exc):
+                    raise pg_error(exc, "write", db.shown) from None  # type: ignore[arg-type]
+                if isinstance(exc, UnicodeEncodeError):
+                    raise _not_text(exc) from None
+                return False
+            try:
+                db.conn.simple("COMMIT")
+            except Exception as err:
+                db.rollback_quietly()
+                if _is_driver_error(err):
+                    raise pg_error(err, "commit", db.shown) from None
+                raise
+            finally:
+                db.conn.in_transaction = False
+            return False
+        finally:
+            db.lock.release()
+
+
+class PgJournal(Journal):
+    """The journal on a PostgreSQL server. Open it with `akm.store.postgres.db.open_pg` (or `open_journal`)."""
+
+    dialect = PgDialect()
+    backend = "postgres"
+
+    def __init__(self, raw: Any, target: Target) -> None:
+        self.conn = Connection(raw)
+        self.target = target
+        self.shown = target.shown
+        self.schema = target.schema
+        self.path = target.shown  # what messages name where SQLite names its file
+        self.lock = threading.RLock()
+
+    def tx(self) -> _Transaction:
+        return _Transaction(self)
+
+    def rollback_quietly(self) -> None:
+        if self.conn.in_transaction:
+            self.conn.in_transaction = False
+            with contextlib.suppress(Exception):
+                self.conn.simple("ROLLBACK")
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Cursor:
+        assert not isinstance(params, dict), "the shared layer binds by position"
+        with self.lock:
+            try:
+                return self.conn.execute(sql, params)
+            except UnicodeEncodeError as exc:
+                raise _not_text(exc) from None
+            except Exception as exc:
+                if not _is_driver_error(exc) or self.conn.in_transaction:
+                    raise  # the owning tx() maps it after rolling back
+                raise pg_error(exc, "statement", self.shown) from None
+
+    def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Row]:
+        return self.execute(sql, params).fetchall()
+
+    def now(self, offset_s: float = 0.0) -> str:
+        """The server's clock (+ offset): every host stamps and compares expiries on this one clock."""
+        row = self.query_one(
+            f"SELECT to_char((clock_timestamp() + make_interval(secs => ?)) AT TIME ZONE 'UTC', '{_ISO}')",
+            (float(offset_s),),
+        )
+        return str(row[0])
+
+    @contextlib.contextmanager
+    def bulk_writes(self) -> Iterator[None]:
+        """Nothing to do: the server checkpoints on its own."""
+        yield
+
+    def close(self) -> None:
+        with self.lock, contextlib.suppress(Exception):
+            self.conn.raw.close()
+
+
+def open_pg(url: str, *, migrate: bool = True) -> PgJournal:
+    """Connect to the journal server named by `url`, refuse a foreign or newer schema, apply migrations."""
+    from akm.store.migrations import check_ledger
+    from akm.store.postgres import schema
+    from akm.store.postgres.connect import parse_url
+
+    target = parse_url(url)
+    raw = connect(target)
+    try:
+        raw.run("SET TIME ZONE 'UTC'")
+        if migrate:
+            schema.apply_migrations(raw, target.schema, target.shown)
+        else:
+            schema.refuse_foreign(raw, target.schema, target.shown, schema.PG_MIGRATIONS)
+            check_ledger(schema.applied_ids(raw, target.schema), schema.PG_MIGRATIONS, target.shown)
+        raw.run(f"SET search_path TO {target.schema}")
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            raw.close()
+        if _is_driver_error(exc):
+            raise pg_error(exc, "open", target.shown) from None
+        raise
+    return PgJournal(raw, target)
