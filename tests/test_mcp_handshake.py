@@ -107,3 +107,17 @@ def test_the_rest_of_what_was_read_early_is_served_in_order():
     assert stream.readline(1 << 20) == b"rest\n"
     assert stream.readline(1 << 20) == b""
     assert Prefixed(b"ab", io.BytesIO(b"")).readline(2) == b"ab"
+
+
+def test_the_package_and_the_handshake_import_nothing_of_the_sdk():
+    """What runs before the `initialize` answer: no `mcp`, `mcp_types`, pydantic or anyio (they load after it)."""
+    code = (
+        "import sys, akm.cli, akm.mcp, akm.mcp.handshake as h\n"
+        "assert h.early_answer(" + repr(_init(1)) + ") is not None\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'mcp', 'mcp_types', 'pydantic', 'anyio'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
