@@ -14,7 +14,7 @@ import sys
 from tests.helpers import ROOT
 
 # mypy's error count on akm/ when the check was introduced (148 at the review; 82 after the first fixes).
-MYPY_BASELINE = 80
+MYPY_BASELINE = 76
 SOURCES = ["akm", "tests", "bench"]
 
 
