@@ -10,7 +10,7 @@ import json
 import pytest
 
 from akm.cli import main
-from akm.format import yaml12
+from akm.format import yaml12, yaml_stock
 from akm.format.lint import lint_text
 from akm.format.markdown import scan_body, split_lines
 from tests.helpers import ROOT, corpus_files
@@ -93,10 +93,12 @@ def test_libyaml_and_pure_python_paths_agree(monkeypatch, text, fast_path):
     """libyaml (large text) and the light composer (akm.format.yaml_light) give what the stock loader gives."""
     with monkeypatch.context() as m:
         if fast_path == "libyaml":
-            m.setattr(yaml12, "LIBYAML_FROM_CHARS", 0)
+            m.setattr(yaml12, "_LIGHT", False)
+        else:
+            m.setattr(yaml_stock, "_CComposer", None)
         fast = yaml12.load_yaml(text)
     monkeypatch.setattr(yaml12, "_LIGHT", False)
-    monkeypatch.setattr(yaml12, "LIBYAML_FROM_CHARS", 1 << 62)
+    monkeypatch.setattr(yaml_stock, "_CComposer", None)
     slow = yaml12.load_yaml(text)
     assert repr(fast.value) == repr(slow.value)
     assert fast.value_marks == slow.value_marks and fast.key_marks == slow.key_marks

@@ -214,22 +214,20 @@ def _compose_fast(text: str) -> Any:
     """The node tree of valid text without PyYAML's error wording, else `_SLOW_PATH`.
 
     Why several parsers: the stock pure-Python loader's error messages and positions are the ones users and
-    tests know, so it composes whatever another refuses; valid text is composed by libyaml when it is large
+    tests know, so it composes whatever the others refuse. Valid text is composed by libyaml when it is large
     (akm.format.yaml_stock), else by the same pure-Python scanner, parser and composer without the rest of
-    PyYAML's import (akm.format.yaml_light). Text with characters the stock reader refuses goes to it directly.
+    PyYAML's import (akm.format.yaml_light); text that one refuses is offered to libyaml too, which accepts a
+    little more (spec/workflow-format.md), before the stock loader words the error.
     """
-    if len(text) >= LIBYAML_FROM_CHARS:
-        from akm.format import yaml_stock
+    if _LIGHT and len(text) < LIBYAML_FROM_CHARS:
+        try:
+            return _compose_light(text, _IMPLICIT)
+        except (YAMLError, Unprintable, RecursionError, UnicodeError, ValueError, IndexError):
+            pass
+    from akm.format import yaml_stock
 
-        node = yaml_stock.compose_libyaml(text)
-        if node is not yaml_stock.NO_LIBYAML:
-            return _SLOW_PATH if node is yaml_stock.REFUSED else node
-    if not _LIGHT:
-        return _SLOW_PATH
-    try:
-        return _compose_light(text, _IMPLICIT)
-    except (YAMLError, Unprintable, RecursionError, UnicodeError, ValueError, IndexError):
-        return _SLOW_PATH
+    node = yaml_stock.compose_libyaml(text)
+    return _SLOW_PATH if node is yaml_stock.NO_LIBYAML or node is yaml_stock.REFUSED else node
 
 
 def load_yaml(text: str) -> YamlDoc:
