@@ -108,15 +108,17 @@ def main() -> None:
         bare = [sys.executable, "bare.py", str(args.units)]
         run = [*akm, "workflow", "run", "fan.md"]
         other = [sys.executable, args.compare, "workflow", "run", "fan.md"] if args.compare else None
+        # Its own cache root: a start of one build prunes another build's idle cache under the same root.
+        other_env = dict(env, SHIV_ROOT=str(work / "cache-compare"))
         timed(bare, env, work), timed(run, env, work)  # warm: bytecode caches, the journal's schema
         if other:
-            timed(other, env, work)
+            timed(other, other_env, work)
         ratios, walls, other_ratios = [], [], []
         for r in range(args.rounds):
             order = [("bare", bare), ("akm", run)] + ([("other", other)] if other else [])
             if r % 2:
                 order.reverse()
-            got = {name: timed(argv, env, work) for name, argv in order}
+            got = {name: timed(argv, other_env if name == "other" else env, work) for name, argv in order}
             ratios.append(got["akm"] / got["bare"])
             walls.append((got["akm"], got["bare"]))
             if other:
