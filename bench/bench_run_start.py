@@ -6,7 +6,8 @@ time: the baseline is a script with a `ThreadPoolExecutor(2)` and `subprocess.ru
 Rounds are interleaved (which goes first alternates); each figure is a median with its range.
 Goal (issue 21): ratio <= 2.
 
-Usage: python bench/bench_run_start.py [--rounds 9] [--units 20] [--zipapp] [--config]  (--zipapp: dist/akm, build first)
+Usage: python bench/bench_run_start.py [--rounds 9] [--units 20] [--zipapp | --akm FILE] [--config]
+(--zipapp: dist/akm, build first; --akm: another built file, e.g. a build of main to compare with)
 """
 
 from __future__ import annotations
@@ -65,9 +66,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--units", type=int, default=20)
     ap.add_argument("--zipapp", action="store_true", help="run dist/akm instead of the source tree")
+    ap.add_argument("--akm", help="run this built file instead of the source tree")
+    ap.add_argument("--compare", help="also run this built file in the same rounds (e.g. a build of main)")
     ap.add_argument("--config", action="store_true", help="with a project config file (an LLM engine, defaults)")
     args = ap.parse_args()
-    akm = [sys.executable, str(ROOT / "dist" / "akm")] if args.zipapp else [sys.executable, "-m", "akm"]
+    built = args.akm or (str(ROOT / "dist" / "akm") if args.zipapp else None)
+    akm = [sys.executable, built] if built else [sys.executable, "-m", "akm"]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / ".akm").mkdir()
@@ -103,28 +107,38 @@ def main() -> None:
         )
         bare = [sys.executable, "bare.py", str(args.units)]
         run = [*akm, "workflow", "run", "fan.md"]
+        other = [sys.executable, args.compare, "workflow", "run", "fan.md"] if args.compare else None
+        # Its own cache root: a start of one build prunes another build's idle cache under the same root.
+        other_env = dict(env, SHIV_ROOT=str(work / "cache-compare"))
         timed(bare, env, work), timed(run, env, work)  # warm: bytecode caches, the journal's schema
-        ratios, walls = [], []
+        if other:
+            timed(other, other_env, work)
+        ratios, walls, other_ratios = [], [], []
         for r in range(args.rounds):
-            if r % 2 == 0:
-                b = timed(bare, env, work)
-                a = timed(run, env, work)
-            else:
-                a = timed(run, env, work)
-                b = timed(bare, env, work)
-            ratios.append(a / b)
-            walls.append((a, b))
+            order = [("bare", bare), ("akm", run)] + ([("other", other)] if other else [])
+            if r % 2:
+                order.reverse()
+            got = {name: timed(argv, other_env if name == "other" else env, work) for name, argv in order}
+            ratios.append(got["akm"] / got["bare"])
+            walls.append((got["akm"], got["bare"]))
+            if other:
+                other_ratios.append(got["other"] / got["bare"])
     med = statistics.median(ratios)
     a_med = statistics.median(w[0] for w in walls)
     b_med = statistics.median(w[1] for w in walls)
     print(
-        f"`workflow run` of {args.units} x `true` at width 2 ({'dist/akm' if args.zipapp else 'source'}), "
+        f"`workflow run` of {args.units} x `true` at width 2 ({built or 'source'}), "
         f"{args.rounds} interleaved rounds{', with a config file' if args.config else ''}:"
     )
     print(
         f"  wall: akm / bare 2-thread pool process, median {med:.2f} (range {min(ratios):.2f}-{max(ratios):.2f}; "
         f"goal <= 2; medians {a_med * 1000:.0f} ms / {b_med * 1000:.0f} ms)"
     )
+    if other_ratios:
+        print(
+            f"  {args.compare} in the same rounds: median {statistics.median(other_ratios):.2f} "
+            f"(range {min(other_ratios):.2f}-{max(other_ratios):.2f})"
+        )
     print(
         json.dumps({"runStartRatio": round(med, 3), "akmMs": round(a_med * 1000, 1), "bareMs": round(b_med * 1000, 1)})
     )

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from akm.cli import main
-from akm.format import yaml12
+from akm.format import yaml12, yaml_stock
 from akm.format.lint import lint_text
 from akm.format.markdown import scan_body, split_lines
 from tests.helpers import ROOT, corpus_files
@@ -76,11 +76,29 @@ FRONTMATTERS = [
         "bad: key: here\n",
         "tag: !!timestamp 2026-01-01\n",
         "ctrl: \x07\n",
+        'caf\u00e9: \u00fc\r\nk: \U0001f600\r\nl: "\\u00e9"\r\n',
+        "a: \x80\n",
+        "a: \ufffe\n",
+        "\ufeffa: b\n",
+        "x: 1\u2028y: 2\n",
+        "a: b\nc: 'multi\n  line'\nd: >\n  folded\n  text\n",
+        "a: b\rc: d\r",
+        "",
+        "# only a comment\n",
+        "- 1\n- [2, {x: y}]\n",
     ],
 )
-def test_libyaml_and_pure_python_paths_agree(monkeypatch, text):
-    fast = yaml12.load_yaml(text)
-    monkeypatch.setattr(yaml12, "_CComposer", None)
+@pytest.mark.parametrize("fast_path", ["libyaml", "light"])
+def test_libyaml_and_pure_python_paths_agree(monkeypatch, text, fast_path):
+    """libyaml (large text) and the light composer (akm.format.yaml_light) give what the stock loader gives."""
+    with monkeypatch.context() as m:
+        if fast_path == "libyaml":
+            m.setattr(yaml12, "_LIGHT", False)
+        else:
+            m.setattr(yaml_stock, "_CComposer", None)
+        fast = yaml12.load_yaml(text)
+    monkeypatch.setattr(yaml12, "_LIGHT", False)
+    monkeypatch.setattr(yaml_stock, "_CComposer", None)
     slow = yaml12.load_yaml(text)
     assert repr(fast.value) == repr(slow.value)
     assert fast.value_marks == slow.value_marks and fast.key_marks == slow.key_marks

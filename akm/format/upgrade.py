@@ -35,7 +35,8 @@ import yaml
 from akm.errors import UsageError
 from akm.format.grammar import ENVELOPE_KEYS
 from akm.format.schema import check_schema_definition
-from akm.format.yaml12 import Yaml12Resolver, load_yaml
+from akm.format.yaml12 import load_yaml
+from akm.format.yaml_stock import Yaml12Resolver
 from akm.record import dataclass, field
 
 UPGRADE_FAILED = "UPGRADE_FAILED"

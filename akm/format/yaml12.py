@@ -17,14 +17,50 @@ are needed (e.g. coercing a JSON/YAML value given on the command line).
 
 from __future__ import annotations
 
-import math
-import re
 from typing import Any
 
-import yaml
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
-
+from akm.format.yaml_core import (
+    _IMPLICIT,
+    IMPLICIT_RESOLVERS,
+    TAG_BOOL,
+    TAG_FLOAT,
+    TAG_INT,
+    TAG_MAP,
+    TAG_NULL,
+    TAG_SEQ,
+    TAG_STR,
+    YamlProblem,
+    YamlValueError,
+    _key_text,
+    js_number,
+    js_string,
+    scalar_value,
+    short_tag,
+)
+from akm.format.yaml_light import MappingNode, Node, ScalarNode, SequenceNode, Unprintable, YAMLError
+from akm.format.yaml_light import compose as _compose_light
 from akm.record import dataclass, field
+
+__all__ = [
+    "IMPLICIT_RESOLVERS",
+    "MAX_ALIAS_EXPANSION",
+    "MAX_DEPTH",
+    "TAG_BOOL",
+    "TAG_FLOAT",
+    "TAG_INT",
+    "TAG_MAP",
+    "TAG_NULL",
+    "TAG_SEQ",
+    "TAG_STR",
+    "YamlDoc",
+    "YamlProblem",
+    "YamlValueError",
+    "js_number",
+    "js_string",
+    "load_yaml",
+    "scalar_value",
+    "short_tag",
+]
 
 Path = tuple[Any, ...]
 
@@ -32,227 +68,6 @@ Path = tuple[Any, ...]
 MAX_ALIAS_EXPANSION = 10_000
 # Deepest nesting we build. Real frontmatter is shallow; JSON schemas nest a bit.
 MAX_DEPTH = 200
-
-TAG_NULL = "tag:yaml.org,2002:null"
-TAG_BOOL = "tag:yaml.org,2002:bool"
-TAG_INT = "tag:yaml.org,2002:int"
-TAG_FLOAT = "tag:yaml.org,2002:float"
-TAG_STR = "tag:yaml.org,2002:str"
-TAG_SEQ = "tag:yaml.org,2002:seq"
-TAG_MAP = "tag:yaml.org,2002:map"
-
-_NULL_RE = re.compile(r"(?:~|null|Null|NULL|)\Z")
-_BOOL_RE = re.compile(r"(?:true|True|TRUE|false|False|FALSE)\Z")
-_INT_DEC_RE = re.compile(r"[-+]?[0-9]+\Z")
-_INT_OCT_RE = re.compile(r"0o[0-7]+\Z")
-_INT_HEX_RE = re.compile(r"0x[0-9a-fA-F]+\Z")
-_INT_RE = re.compile(r"(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)\Z")
-_FLOAT_RE = re.compile(
-    r"(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
-    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))\Z"
-)
-
-
-class Yaml12Resolver(yaml.resolver.Resolver):
-    """Core-schema implicit typing only: null, bool, int, float; all else is a string."""
-
-    yaml_implicit_resolvers: dict = {}
-
-
-Yaml12Resolver.add_implicit_resolver(TAG_NULL, _NULL_RE, ["~", "n", "N", ""])
-Yaml12Resolver.add_implicit_resolver(TAG_BOOL, _BOOL_RE, list("tTfF"))
-Yaml12Resolver.add_implicit_resolver(TAG_INT, _INT_RE, list("-+0123456789"))
-Yaml12Resolver.add_implicit_resolver(TAG_FLOAT, _FLOAT_RE, list("-+0123456789."))
-
-
-class YamlValueError(ValueError):
-    """A node whose content does not fit its tag, an unsupported tag, a bad key."""
-
-    def __init__(self, message: str, node: Node | None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.node = node
-
-
-def short_tag(tag: str) -> str:
-    """`tag:yaml.org,2002:timestamp` -> `!!timestamp` (how authors write it)."""
-    prefix = "tag:yaml.org,2002:"
-    return "!!" + tag[len(prefix) :] if tag.startswith(prefix) else tag
-
-
-def scalar_value(node: ScalarNode) -> Any:
-    """Convert one resolved scalar node to a Python value with 1.2 core meaning."""
-    tag, text = node.tag, node.value
-    if tag == TAG_STR:
-        return text
-    if tag == TAG_NULL:
-        if _NULL_RE.match(text):
-            return None
-        raise YamlValueError(f"cannot read {text!r} as !!null", node)
-    if tag == TAG_BOOL:
-        if _BOOL_RE.match(text):
-            return text.lower() == "true"
-        raise YamlValueError(f"cannot read {text!r} as !!bool (YAML 1.2 knows only true/false)", node)
-    if tag == TAG_INT:
-        if _INT_DEC_RE.match(text):
-            return int(text, 10)
-        if _INT_OCT_RE.match(text):
-            return int(text[2:], 8)
-        if _INT_HEX_RE.match(text):
-            return int(text[2:], 16)
-        raise YamlValueError(f"cannot read {text!r} as !!int", node)
-    if tag == TAG_FLOAT:
-        lowered = text.lower()
-        if lowered in (".inf", "+.inf"):
-            return math.inf
-        if lowered == "-.inf":
-            return -math.inf
-        if lowered == ".nan":
-            return math.nan
-        if _FLOAT_RE.match(text) or _INT_RE.match(text):
-            return float(int(text, 0)) if text.startswith(("0o", "0x")) else float(text)
-        raise YamlValueError(f"cannot read {text!r} as !!float", node)
-    raise YamlValueError(f"unsupported YAML tag {short_tag(tag)}", node)
-
-
-def js_string(value: Any) -> str:
-    """`String(v)` as JavaScript writes it: how YAML keys and route matches become text.
-
-    Booleans are `true`/`false`, null is `null`, integral floats print without a
-    fraction (`1.0` -> `1`) and other numbers use the ECMAScript Number::toString
-    rules (`1e21` -> `1e+21`, `0.000001` stays decimal).
-    """
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return js_number(value)
-    return str(value)
-
-
-def js_number(v: float) -> str:
-    """ECMAScript Number::toString for a float (shortest round-trip digits)."""
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "Infinity" if v > 0 else "-Infinity"
-    if v == 0:
-        return "0"
-    sign = "-" if v < 0 else ""
-    from decimal import Decimal  # only a float that becomes text needs it (~1 ms of every start otherwise)
-
-    _, digit_tuple, exponent = Decimal(repr(abs(v))).as_tuple()
-    digits = "".join(map(str, digit_tuple)).rstrip("0") or "0"
-    stripped = len("".join(map(str, digit_tuple))) - len(digits)
-    k = len(digits)
-    n = int(exponent) + stripped + k  # value = 0.digits * 10**n
-    if k <= n <= 21:
-        out = digits + "0" * (n - k)
-    elif 0 < n <= 21:
-        out = digits[:n] + "." + digits[n:]
-    elif -6 < n <= 0:
-        out = "0." + "0" * (-n) + digits
-    else:
-        e = n - 1
-        mant = digits if k == 1 else digits[0] + "." + digits[1:]
-        out = f"{mant}e{'+' if e >= 0 else '-'}{abs(e)}"
-    return sign + out
-
-
-# --- the stock-API loader ----------------------------------------------------------------
-
-
-class Yaml12Loader(yaml.SafeLoader, Yaml12Resolver):
-    """`yaml.load(text, Loader=Yaml12Loader)`: 1.2 core values, duplicate keys rejected.
-
-    No line anchors; use `load_yaml` for those.
-    """
-
-    yaml_implicit_resolvers = Yaml12Resolver.yaml_implicit_resolvers
-    yaml_constructors: dict = {}
-
-    def construct_mapping(self, node, deep=False):  # type: ignore[override]
-        if not isinstance(node, MappingNode):
-            raise yaml.constructor.ConstructorError(
-                None, None, f"expected a mapping node, but found {node.id}", node.start_mark
-            )
-        out: dict[str, Any] = {}
-        for key_node, value_node in node.value:
-            try:
-                key = _key_text(self.construct_object(key_node, deep=True), key_node)
-            except YamlValueError as exc:
-                raise yaml.constructor.ConstructorError(None, None, exc.message, key_node.start_mark) from None
-            if key in out:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping",
-                    node.start_mark,
-                    f"found duplicate key {key!r}",
-                    key_node.start_mark,
-                )
-            out[key] = self.construct_object(value_node, deep=deep)
-        return out
-
-
-def _construct_scalar(loader: Yaml12Loader, node: Node) -> Any:
-    if not isinstance(node, ScalarNode):
-        raise yaml.constructor.ConstructorError(
-            None, None, f"expected a scalar node, but found {node.id}", node.start_mark
-        )
-    try:
-        return scalar_value(node)
-    except YamlValueError as exc:
-        raise yaml.constructor.ConstructorError(None, None, exc.message, node.start_mark) from None
-
-
-def _construct_seq(loader: Yaml12Loader, node: Node):
-    data: list[Any] = []
-    yield data
-    data.extend(loader.construct_sequence(node))
-
-
-def _construct_map(loader: Yaml12Loader, node: Node):
-    data: dict[str, Any] = {}
-    yield data
-    data.update(loader.construct_mapping(node))
-
-
-def _construct_unknown(loader: Yaml12Loader, node: Node) -> Any:
-    raise yaml.constructor.ConstructorError(None, None, f"unsupported YAML tag {short_tag(node.tag)}", node.start_mark)
-
-
-for _tag in (TAG_NULL, TAG_BOOL, TAG_INT, TAG_FLOAT, TAG_STR):
-    Yaml12Loader.add_constructor(_tag, _construct_scalar)
-Yaml12Loader.add_constructor(TAG_SEQ, _construct_seq)
-Yaml12Loader.add_constructor(TAG_MAP, _construct_map)
-Yaml12Loader.add_constructor(None, _construct_unknown)
-
-
-def _key_text(key: Any, node: Node) -> str:
-    """Mapping keys are strings in a workflow (as in the JS original): scalars are stringified."""
-    if isinstance(key, str):
-        return key
-    if key is None:
-        return ""
-    if isinstance(key, (bool, int, float)):
-        return js_string(key)
-    raise YamlValueError("mapping keys must be plain scalars, not lists or mappings", node)
-
-
-# --- anchored loading ---------------------------------------------------------------------
-
-
-@dataclass
-class YamlProblem:
-    """One YAML-level failure. `line`/`column` are 1-based within the YAML text."""
-
-    code: str  # yaml_syntax | duplicate_key | yaml_alias_expansion | yaml_unsupported_tag
-    message: str
-    line: int
-    column: int | None = None
-    first_line: int | None = None  # duplicate_key: where the key was first written
 
 
 @dataclass
@@ -388,76 +203,31 @@ def _count_nodes(node: Node, limit: int) -> int:
     return count
 
 
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else text
-
-
-def _syntax_problem(exc: yaml.YAMLError, text: str) -> YamlProblem:
-    """PyYAML's exception -> one problem at the position of the actual fault."""
-    if isinstance(exc, yaml.reader.ReaderError):
-        line = text.count("\n", 0, max(0, exc.position)) + 1
-        return YamlProblem(
-            "yaml_syntax",
-            f"character U+{exc.character:04X} is not allowed in YAML"
-            if isinstance(exc.character, int)
-            else "the text is not valid for YAML",
-            line,
-        )
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    if isinstance(exc, yaml.MarkedYAMLError):
-        parts = [_first_line(p) for p in (exc.context, exc.problem) if p]
-        message = "; ".join(parts) or "invalid YAML"
-    else:
-        message = _first_line(str(exc)) or "invalid YAML"
-    message = re.sub(r"\s*at line \d+,? column \d+\s*$", "", message)
-    if mark is not None:
-        return YamlProblem("yaml_syntax", message, mark.line + 1, mark.column + 1)
-    return YamlProblem("yaml_syntax", message, 1)
-
-
 _SLOW_PATH: Any = object()
-
-try:
-    from yaml.cyaml import CParser as _CParser
-except ImportError:  # pragma: no cover - PyYAML built without libyaml
-    _CParser = None
-
-if _CParser is not None:
-
-    class _CComposer(_CParser, Yaml12Resolver):  # type: ignore[misc, valid-type]
-        """libyaml's parser with our 1.2 resolver: composes the same node tree ~5x faster."""
-
-        def __init__(self, stream: str) -> None:
-            _CParser.__init__(self, stream)
-            Yaml12Resolver.__init__(self)
-
-else:  # pragma: no cover - PyYAML built without libyaml
-    _CComposer = None
+# From this size on libyaml (when PyYAML has it) composes valid text: importing it costs more than the pure-Python
+# composer spends on a smaller text, and much less on a larger one (~10 s for a 1 MiB frontmatter).
+LIBYAML_FROM_CHARS = 16 * 1024
+_LIGHT = True  # tests turn the light composer off to compare it with the stock one
 
 
 def _compose_fast(text: str) -> Any:
-    """The node tree from libyaml when it accepts the text, else `_SLOW_PATH`.
+    """The node tree of valid text without PyYAML's error wording, else `_SLOW_PATH`.
 
-    Why two parsers: the pure-Python composer costs ~10 s on a 1 MiB frontmatter
-    (lint must stay fast on big files), but its error messages and positions are
-    the ones users and tests know. So libyaml composes valid documents, and
-    anything it refuses (or text with characters the Python reader refuses,
-    which libyaml would reject differently) goes through the pure-Python path,
-    which reports exactly as before.
+    Why several parsers: the stock pure-Python loader's error messages and positions are the ones users and
+    tests know, so it composes whatever the others refuse. Valid text is composed by libyaml when it is large
+    (akm.format.yaml_stock), else by the same pure-Python scanner, parser and composer without the rest of
+    PyYAML's import (akm.format.yaml_light); text that one refuses is offered to libyaml too, which accepts a
+    little more (spec/workflow-format.md), before the stock loader words the error.
     """
-    if _CComposer is None:
-        return _SLOW_PATH
-    if yaml.reader.Reader.NON_PRINTABLE.search(text):
-        return _SLOW_PATH
-    composer = None
-    try:
-        composer = _CComposer(text)
-        return composer.get_single_node()
-    except (yaml.YAMLError, RecursionError, UnicodeError, ValueError):
-        return _SLOW_PATH
-    finally:
-        if composer is not None:
-            composer.dispose()
+    if _LIGHT and len(text) < LIBYAML_FROM_CHARS:
+        try:
+            return _compose_light(text, _IMPLICIT)
+        except (YAMLError, Unprintable, RecursionError, UnicodeError, ValueError, IndexError):
+            pass
+    from akm.format import yaml_stock
+
+    node = yaml_stock.compose_libyaml(text)
+    return _SLOW_PATH if node is yaml_stock.NO_LIBYAML or node is yaml_stock.REFUSED else node
 
 
 def load_yaml(text: str) -> YamlDoc:
@@ -469,12 +239,14 @@ def load_yaml(text: str) -> YamlDoc:
     doc = YamlDoc()
     node = _compose_fast(text)
     if node is _SLOW_PATH:
+        from akm.format import yaml_stock
+
         loader = None
         try:
-            loader = Yaml12Loader(text)
+            loader = yaml_stock.Yaml12Loader(text)
             node = loader.get_single_node()
-        except yaml.YAMLError as exc:
-            doc.problems.append(_syntax_problem(exc, text))
+        except YAMLError as exc:
+            doc.problems.append(yaml_stock.syntax_problem(exc, text))
             return doc
         except RecursionError:
             doc.problems.append(YamlProblem("yaml_syntax", "YAML nesting is too deep to read", 1, None))
@@ -484,6 +256,7 @@ def load_yaml(text: str) -> YamlDoc:
                 loader.dispose()
     if node is None:
         return doc
+    col: int | None
     try:
         doc.value = _Builder(doc).build(node, (), 0)
     except _DuplicateKey as exc:
@@ -507,3 +280,12 @@ def load_yaml(text: str) -> YamlDoc:
         doc.problems.append(YamlProblem("yaml_syntax", "YAML nesting is too deep to read", 1, None))
         doc.value = None
     return doc
+
+
+def __getattr__(name: str) -> Any:
+    """`Yaml12Loader` and `Yaml12Resolver` (the stock-API classes) load with the whole of PyYAML, on first use."""
+    if name in ("Yaml12Loader", "Yaml12Resolver"):
+        from akm.format import yaml_stock
+
+        return getattr(yaml_stock, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

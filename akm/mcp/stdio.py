@@ -28,17 +28,21 @@ from __future__ import annotations
 import json
 import re
 import select
+import sys
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 import anyio
 import mcp_types as types
 from pydantic import ValidationError
 
+from akm.mcp import handshake
+
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
 
-# The `mcp` versions this module's use of SDK internals was written and tested against (PEP 440 specifiers).
-SDK_TESTED = (">=2.3.0", "<2.4")
+# The `mcp` versions this module's use of SDK internals was written and tested against (PEP 440 specifiers);
+# kept in `akm.mcp.handshake`, which checks it before the SDK is imported.
+SDK_TESTED = handshake.SDK_TESTED
 # Private names imported from SDK modules (module -> names).
 SDK_MODULE_INTERNALS: dict[str, tuple[str, ...]] = {
     "mcp.server.stdio": ("_claim_fd", "_open_stdin_diversion", "_open_stdout_diversion"),
@@ -79,6 +83,25 @@ def read_line(stream: BinaryIO) -> bytes | Oversized | None:
             size -= 1
             break
     return Oversized(size, head)
+
+
+class Prefixed:
+    """A binary stream that serves `prefix` (bytes read from it before) ahead of the stream itself."""
+
+    def __init__(self, prefix: bytes, stream: BinaryIO) -> None:
+        self._prefix, self._stream = prefix, stream
+
+    def readline(self, limit: int = -1) -> bytes:
+        if not self._prefix:
+            return self._stream.readline(limit)
+        stop = len(self._prefix) if limit < 0 else min(limit, len(self._prefix))
+        end = self._prefix.find(b"\n", 0, stop)
+        if end >= 0 or stop < len(self._prefix) or stop == limit:
+            cut = end + 1 if end >= 0 else stop
+            line, self._prefix = self._prefix[:cut], self._prefix[cut:]
+            return line
+        line, self._prefix = self._prefix, b""
+        return line + self._stream.readline(-1 if limit < 0 else limit - len(line))
 
 
 def _error(rid: Any, code: int, message: str, data: Any = None) -> types.JSONRPCError:
@@ -240,18 +263,25 @@ def _request_key(rid: Any) -> tuple[str, Any]:
     return (type(rid).__name__, rid)
 
 
-async def serve(low: Any, init_options: Any, on_eof: Callable[[], None] | None = None) -> bool:
+async def serve(
+    low: Any,
+    init_options: Any,
+    on_eof: Callable[[], None] | None = None,
+    early: handshake.EarlyStart | None = None,
+) -> bool:
     """Serve the low-level server `low` on stdin/stdout; False when the SDK internals it needs are missing
     (the caller then uses the SDK's own loop). `on_eof` runs when input ends, before the answers still owed
-    are awaited (the MCP server stops its background drivers there, so a waiting `workflow_run` answers)."""
+    are awaited (the MCP server stops its background drivers there, so a waiting `workflow_run` answers).
+    `early`: what was read of stdin before the SDK was loaded (read first), and the `initialize` answered then
+    (the SDK's own answer to it is compared, not written)."""
     try:  # SDK internals (mcp 2.x); an SDK that moved them is served by its own stdio loop instead
         from mcp.server.stdio import _claim_fd, _open_stdin_diversion, _open_stdout_diversion
         from mcp.shared._context_streams import create_context_streams
         from mcp.shared.message import SessionMessage
     except ImportError:
         return False
-    import sys
-
+    if early is not None:
+        early.result()  # the first line is read (and answered) before the descriptors change hands
     stdin, release_in = _claim_fd(0, sys.stdin, "rb", _open_stdin_diversion)
     try:
         stdout, release_out = _claim_fd(1, sys.stdout, "wb", _open_stdout_diversion)
@@ -260,7 +290,9 @@ async def serve(low: Any, init_options: Any, on_eof: Callable[[], None] | None =
             release_in()
         raise
     try:
-        await _serve(low, init_options, stdin, stdout, create_context_streams, SessionMessage, on_eof)
+        if early is not None and early.pushback:
+            stdin = Prefixed(early.pushback, stdin)  # type: ignore[assignment]
+        await _serve(low, init_options, stdin, stdout, create_context_streams, SessionMessage, on_eof, early)
     finally:
         for release in (release_out, release_in):
             if release is not None:
@@ -276,8 +308,10 @@ async def _serve(
     create_context_streams: Callable[..., Any],
     SessionMessage: Any,
     on_eof: Callable[[], None] | None = None,
+    early: handshake.EarlyStart | None = None,
 ) -> None:
     read_send, read_receive = create_context_streams(0)
+    answered = _request_key(early.answered_id) if early is not None and early.answered_id is not None else None
     write_send, write_receive = create_context_streams(0)
     in_flight: set[tuple[str, Any]] = set()
     settled = anyio.Event()
@@ -323,9 +357,20 @@ async def _serve(
         async with write_receive:
             async for session_message in write_receive:
                 message = session_message.message
+                nonlocal answered
                 data = message.model_dump_json(by_alias=True, exclude_unset=True).encode("utf-8") + b"\n"
-                await anyio.to_thread.run_sync(write, data)
-                if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)) and message.id is not None:
+                done = isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)) and message.id is not None
+                if done and answered is not None and _request_key(message.id) == answered and early is not None:
+                    answered = None  # the `initialize` answered before the SDK was loaded: written once only
+                    if data != early.sent:
+                        sys.stderr.write(
+                            "akm mcp: the early initialize answer differs from the SDK's:\n"
+                            f"  sent: {early.sent.decode('utf-8', 'replace')}  SDK:  {data.decode('utf-8', 'replace')}"
+                        )
+                        sys.stderr.flush()
+                else:
+                    await anyio.to_thread.run_sync(write, data)
+                if done:
                     in_flight.discard(_request_key(message.id))
                     if not in_flight:
                         settled.set()
@@ -369,10 +414,10 @@ def drop_request_handlers(server: MCPServer, methods: tuple[str, ...]) -> None:
         handlers.pop(method, None)
 
 
-async def serve_server(server: MCPServer) -> None:
+async def serve_server(server: MCPServer, early: handshake.EarlyStart | None = None) -> None:
     """`server.run_stdio_async`, but with bounded lines and every request answered (`serve` above)."""
     low = getattr(server, "_lowlevel_server", None)
     drives = getattr(server, "drives", None)
     on_eof = (lambda: drives.shutdown(wait_s=0)) if drives is not None else None  # the session ended: stop runs
-    if low is None or not await serve(low, low.create_initialization_options(), on_eof):
+    if low is None or not await serve(low, low.create_initialization_options(), on_eof, early):
         await server.run_stdio_async()  # an SDK that moved its internals: its own loop (unreadable lines dropped)

@@ -1,0 +1,206 @@
+"""The `initialize` answer before the SDK is loaded: `akm mcp`'s first answer costs a start, not an import.
+
+Why: importing the `mcp` SDK (its protocol types are pydantic models for every protocol version, its server
+pulls in starlette, uvicorn, httpx and cryptography) takes about half a second warm and more with an empty cache,
+and a client waits for the `initialize` answer before anything else. So while the main thread imports the SDK
+and builds the server, a thread reads the first line of stdin and, when it is a plain `initialize` request,
+writes the answer the SDK would write (same bytes). Everything read is handed to the serving loop anyway
+(`pushback`), so the SDK still receives that `initialize` (its session state must be the same) and its answer
+to it is not written again but compared: a difference is reported on stderr (tests/test_mcp_handshake.py keeps
+them equal).
+
+"Plain" is deliberately narrow: only what the SDK is certain to accept (JSON-RPC 2.0, an integer or string id,
+params of `protocolVersion`, `capabilities` and `clientInfo` in the shapes mainstream clients send). Anything
+else — a malformed request, another method first, an SDK already imported, an SDK outside the tested versions —
+is left to the SDK, as before. Nothing here imports the SDK or touches its internals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from typing import Any
+
+from akm import __version__
+
+# The `mcp` versions akm/mcp/stdio.py's use of SDK internals (and the answer below) were written and tested
+# against (PEP 440 specifiers, lower bound inclusive, upper exclusive).
+SDK_TESTED = (">=2.3.0", "<2.4")
+
+INSTRUCTIONS = """akm runs durable markdown workflows. workflow_catalog lists the workflows and their params. The loop:
+1. workflow_run(target=<file, workflows/<name> or run id>, params={...}) — akm runs every command unit itself, in
+   the background: a call waits up to its bound; if the run is still going (driving: true), call workflow_run
+   with the run id again to keep waiting (nothing is redone).
+2. If the result's run.status is "awaiting_session", run.awaiting is the brief: the units you must do (prompt,
+   context, output schema) or the gate verdict you must give (workflow_next(run_id) fetches it again).
+3. Do each unit in your own session, then unit_report(**unit.report, result=...). The report that finishes the
+   step's units answers with the judge brief when a gate needs your verdict:
+   unit_report(**judge.report, verdict={"complete": bool, "missing": [...], "feedback": "..."}).
+4. When a report's stepOutcome is completed, call workflow_run(target=<run id>) again; repeat until
+   run.status is "completed". Every answer's `next` says what to do.
+Results that miss their output schema are refused with the errors: fix and report again. Resending a report
+whose answer you lost is safe: the same report again answers recorded "idempotent"."""
+
+# What the SDK negotiates through the handshake (mcp_types.version.HANDSHAKE_PROTOCOL_VERSIONS and
+# LATEST_HANDSHAKE_VERSION; tests/test_mcp_handshake.py checks they still are).
+HANDSHAKE_PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+LATEST_HANDSHAKE_VERSION = HANDSHAKE_PROTOCOL_VERSIONS[-1]
+# What akm's server advertises (tools; the SDK's MCPServer always registers resource handlers; prompts are dropped).
+CAPABILITIES = {"resources": {"listChanged": False, "subscribe": False}, "tools": {"listChanged": False}}
+
+_MAX_FIRST_LINE = 1024 * 1024  # a longer first line is left to the serving loop's bounded reader
+_CLIENT_INFO_KEYS = ("name", "version", "title", "description", "websiteUrl")
+
+
+def initialize_result(protocol_version: str) -> dict[str, Any]:
+    """The `initialize` result akm's server gives a client asking for `protocol_version` (key order as the SDK's)."""
+    negotiated = protocol_version if protocol_version in HANDSHAKE_PROTOCOL_VERSIONS else LATEST_HANDSHAKE_VERSION
+    return {
+        "capabilities": CAPABILITIES,
+        "instructions": INSTRUCTIONS,
+        "protocolVersion": negotiated,
+        "serverInfo": {"name": "akm", "version": __version__},
+    }
+
+
+def _nested_objects(value: Any, depth: int = 0) -> bool:
+    """Objects of objects (the shape of every standard client capability but `roots`)."""
+    return isinstance(value, dict) and depth < 8 and all(_nested_objects(v, depth + 1) for v in value.values())
+
+
+def _plain_capabilities(caps: Any) -> bool:
+    if not isinstance(caps, dict):
+        return False
+    for name, value in caps.items():
+        if name == "roots":
+            if not (isinstance(value, dict) and set(value) <= {"listChanged"}):
+                return False
+            if value.get("listChanged") not in (None, True, False):
+                return False
+        elif name in ("experimental", "extensions"):
+            if not (isinstance(value, dict) and all(isinstance(v, dict) for v in value.values())):
+                return False
+        elif not _nested_objects(value):
+            return False
+    return True
+
+
+def _plain_client_info(info: Any) -> bool:
+    if not isinstance(info, dict) or not set(info) <= set(_CLIENT_INFO_KEYS):
+        return False
+    if not (isinstance(info.get("name"), str) and isinstance(info.get("version"), str)):
+        return False
+    return all(isinstance(info[k], str) or info[k] is None for k in ("title", "description", "websiteUrl") if k in info)
+
+
+def early_answer(line: bytes) -> tuple[Any, bytes] | None:
+    """(request id, answer line) for a plain `initialize` request line, else None (the SDK answers it)."""
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or set(obj) != {"jsonrpc", "id", "method", "params"}:
+        return None
+    rid, params = obj["id"], obj["params"]
+    if obj["jsonrpc"] != "2.0" or obj["method"] != "initialize":
+        return None
+    if not ((isinstance(rid, int) and not isinstance(rid, bool)) or isinstance(rid, str)):
+        return None
+    if not isinstance(params, dict) or set(params) != {"protocolVersion", "capabilities", "clientInfo"}:
+        return None
+    if not isinstance(params["protocolVersion"], str):
+        return None
+    if not (_plain_capabilities(params["capabilities"]) and _plain_client_info(params["clientInfo"])):
+        return None
+    answer = {"jsonrpc": "2.0", "id": rid, "result": initialize_result(params["protocolVersion"])}
+    return rid, json.dumps(answer, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+def _version_tuple(text: str) -> tuple[int, ...] | None:
+    parts = []
+    for piece in text.split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
+        if not digits:
+            break
+        parts.append(int(digits))
+        if len(digits) != len(piece):
+            break
+    return tuple(parts) if parts else None
+
+
+def sdk_in_tested_range() -> bool:
+    """Whether the installed `mcp` is one this module's answer was checked against (without importing it)."""
+    from importlib import metadata
+
+    try:
+        installed = _version_tuple(metadata.version("mcp"))
+    except (metadata.PackageNotFoundError, ValueError):
+        return False
+    if installed is None:
+        return False
+    for spec in SDK_TESTED:
+        bound = _version_tuple(spec.lstrip("<>="))
+        if bound is None:
+            return False
+        if spec.startswith(">=") and installed < bound:
+            return False
+        if spec.startswith("<") and not installed < bound:
+            return False
+    return True
+
+
+class EarlyStart:
+    """The first line of stdin, read (and answered when it is a plain `initialize`) while the SDK loads."""
+
+    def __init__(self) -> None:
+        self.pushback = b""  # every byte read from fd 0: the serving loop reads these first
+        self.answered_id: Any = None  # the id answered early (None: nothing was)
+        self.sent = b""  # the answer line written
+        self._thread = threading.Thread(target=self._run, name="akm-mcp-initialize", daemon=True)
+
+    def _run(self) -> None:
+        buf = bytearray()
+        try:
+            while b"\n" not in buf and len(buf) <= _MAX_FIRST_LINE:
+                chunk = os.read(0, 65536)
+                if not chunk:
+                    break
+                buf += chunk
+        except OSError:
+            pass
+        self.pushback = bytes(buf)
+        end = buf.find(b"\n")
+        if end < 0:
+            return
+        got = early_answer(bytes(buf[:end]))
+        if got is None:
+            return
+        rid, data = got
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(1, view) :]
+        except OSError:
+            return  # the client is gone (or stdout is unusable): let the serving loop find out as before
+        self.answered_id, self.sent = rid, data
+
+    def result(self) -> EarlyStart:
+        """Wait for the first line (or end of input) to be read; self."""
+        self._thread.join()
+        return self
+
+
+def start() -> EarlyStart | None:
+    """Begin reading (and answering) the first line, when that can win anything and is safe; else None."""
+    if "mcp" in sys.modules or not sdk_in_tested_range():
+        return None  # the SDK is loaded already (nothing to win), or it is one the answer was not checked against
+    try:
+        os.fstat(0)
+        os.fstat(1)
+    except OSError:
+        return None
+    early = EarlyStart()
+    early._thread.start()
+    return early

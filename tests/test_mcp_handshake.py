@@ -1,0 +1,123 @@
+"""Issue 21 item 3: `akm mcp` answers a plain `initialize` before the SDK is imported, with the SDK's own bytes.
+
+The server is a real process (`python -m akm mcp`); each case writes its lines and closes stdin (the server answers
+what was asked, then stops). The SDK still receives the `initialize` and its answer is compared with the one sent
+early: a difference is printed on stderr, which these cases require to be silent.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from akm.mcp import handshake
+from akm.mcp.stdio import Prefixed
+from tests.helpers import ROOT
+
+
+def _serve(tmp_path: Path, *lines: bytes) -> tuple[list[bytes], str]:
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(ROOT),
+        "AKM_DATA_DIR": str(tmp_path / "akm-data"),
+        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "akm", "mcp"],
+        input=b"".join(line + b"\n" for line in lines),
+        capture_output=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    return proc.stdout.splitlines(keepends=True), proc.stderr.decode("utf-8", "replace")
+
+
+def _init(rid, version="2025-06-18", capabilities=None, client=None) -> bytes:
+    params = {
+        "protocolVersion": version,
+        "capabilities": {} if capabilities is None else capabilities,
+        "clientInfo": client or {"name": "t", "version": "0"},
+    }
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "method": "initialize", "params": params}).encode()
+
+
+INITIALIZED = b'{"jsonrpc": "2.0", "method": "notifications/initialized"}'
+TOOLS = b'{"jsonrpc": "2.0", "id": "tools", "method": "tools/list"}'
+
+
+def test_the_handshake_constants_are_the_sdks():
+    from mcp_types import version
+
+    assert handshake.HANDSHAKE_PROTOCOL_VERSIONS == version.HANDSHAKE_PROTOCOL_VERSIONS
+    assert handshake.LATEST_HANDSHAKE_VERSION == version.LATEST_HANDSHAKE_VERSION
+    assert handshake.sdk_in_tested_range()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        _init(1),
+        _init("a", "2024-11-05"),
+        _init(7, "2025-11-25", {"roots": {"listChanged": True}, "sampling": {}, "elicitation": {"form": {}}}),
+        _init(8, "1999-01-01", {"experimental": {"x": {"y": 1}}}, {"name": "c", "version": "1", "title": "C"}),
+        _init(9, "2026-07-28"),
+    ],
+)
+def test_a_plain_initialize_is_answered_early_with_the_sdks_bytes(tmp_path, line):
+    early = handshake.early_answer(line)
+    assert early is not None
+    frames, stderr = _serve(tmp_path, line, INITIALIZED, TOOLS)
+    assert frames[0] == early[1]  # the early answer, exactly
+    assert "differs" not in stderr, stderr  # and the SDK's own answer to the same request was the same bytes
+    assert [json.loads(f).get("id") for f in frames] == [json.loads(line)["id"], "tools"]  # written once
+    assert len(json.loads(frames[1])["result"]["tools"]) == 11
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        _init(1, capabilities={"roots": {"listChanged": "yes"}}),  # the SDK refuses it: no early answer
+        _init(True),
+        _init(2, client={"name": "t"}),
+        b'{"jsonrpc": "2.0", "id": 3, "method": "ping"}',
+        b'{"jsonrpc": "2.0", "id": 4, "method": "initialize", "params": {"protocolVersion": 5}}',
+        b"not json",
+    ],
+)
+def test_anything_else_first_is_left_to_the_sdk(tmp_path, line):
+    assert handshake.early_answer(line) is None
+    frames, stderr = _serve(tmp_path, line, _init("second"), TOOLS)
+    assert "differs" not in stderr, stderr
+    assert json.loads(frames[-1])["id"] == "tools"
+
+
+def test_the_rest_of_what_was_read_early_is_served_in_order():
+    stream = Prefixed(b'{"a": 1}\n{"b"', io.BytesIO(b": 2}\nrest\n"))
+    assert stream.readline(1 << 20) == b'{"a": 1}\n'
+    assert stream.readline(3) == b'{"b'
+    assert stream.readline(1 << 20) == b'": 2}\n'
+    assert stream.readline(1 << 20) == b"rest\n"
+    assert stream.readline(1 << 20) == b""
+    assert Prefixed(b"ab", io.BytesIO(b"")).readline(2) == b"ab"
+
+
+def test_the_package_and_the_handshake_import_nothing_of_the_sdk():
+    """What runs before the `initialize` answer: no `mcp`, `mcp_types`, pydantic or anyio (they load after it)."""
+    code = (
+        "import sys, akm.cli, akm.mcp, akm.mcp.handshake as h\n"
+        "assert h.early_answer(" + repr(_init(1)) + ") is not None\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'mcp', 'mcp_types', 'pydantic', 'anyio'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
