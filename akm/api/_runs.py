@@ -358,7 +358,7 @@ def _open(
 
         schemas = plan.param_schemas or {}
         values = coerce_params(param_pairs, schemas) if param_pairs else check_params(dict(params or {}), schemas)
-        scopes = paths.scope_keys(work_dir)
+        scopes = paths.scope_keys(work_dir, portable=db.shared)
         scope = scopes[0]
         active = None if new else _find_active(db, ref, scopes, values)
         if active is not None:
@@ -397,7 +397,7 @@ def _open(
 
 
 def _find_active(db: Any, ref: str, scopes: tuple[str, ...], values: dict[str, Any]) -> Any:
-    """The drivable run to continue: under the project's portable key first, then its path key (runs from before)."""
+    """The drivable run to continue: under the project's first key, then its path key (shared journal: runs from before)."""
     from akm.store import runs as runs_store
 
     for key in scopes:
