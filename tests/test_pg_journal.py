@@ -196,3 +196,47 @@ def test_nul_in_captured_text_is_stored_escaped_on_the_server(pg):
         assert raw and "\x00" not in raw[0][0] and "before" in raw[0][0] and "after" in raw[0][0]
     finally:
         con.close()
+
+
+# ------------------------------------------------------------------ stamps the api writes
+
+
+def test_invocation_history_is_stamped_on_the_server_clock(pg, tmp_path, monkeypatch):
+    """`workflow run`'s task-history start and finish come from the journal clock: a host whose clock runs
+    an hour ahead still records the server's time (the stored stamps are not in the server's future)."""
+    import time
+    from types import SimpleNamespace
+
+    from akm import api
+    from akm.store import clock, events
+    from tests.helpers import write_wf
+
+    url, _ = pg
+    monkeypatch.setenv("AKM_JOURNAL_URL", url)
+    project = tmp_path / "proj"
+    project.mkdir()
+    wf = write_wf(
+        project,
+        "one.md",
+        """
+        steps:
+          - id: a
+            unit: { exec: { command: [python3, -c, "print(1)"] } }
+            output: { type: integer }
+        """,
+        "## a\na",
+    )
+    real = time.time
+    monkeypatch.setattr(
+        clock, "time", SimpleNamespace(time=lambda: real() + 3600, strftime=time.strftime, gmtime=time.gmtime)
+    )
+    result = api.run_workflow(str(wf), cwd=str(project))
+    assert result.run.status == "completed"
+    db = open_journal(url)
+    try:
+        (entry,) = events.list_task_history(db, result.run.run_id)
+        server_now = db.now()
+    finally:
+        db.close()
+    assert entry.started_at <= entry.finished_at <= server_now, (entry, server_now)
+    assert clock.now_iso() > server_now  # the host clock really is ahead
