@@ -12,11 +12,14 @@ Two questions every command asks before touching the journal:
   directory (an explicit akm project) or a `.git` (file or directory:
   worktrees and submodules use a `.git` file), else the working directory.
   Paths are realpath'd so a symlinked checkout and its target share one scope.
-  In a git checkout with a network remote the scope is the remote plus the
-  root's path inside the checkout, so clones of one repository on two machines
-  (or two clones, or worktrees, on one) share their runs on a shared journal;
-  otherwise it is the root's absolute path. The path key stays a second key of
-  a git project, so runs started before are still found.
+  The scope is the root's absolute path (`dir:v1:`), except on a shared journal
+  (PostgreSQL, `portable=True`): there a git checkout with a network remote is
+  the remote plus the root's path inside the checkout (`git:v1:`), so clones of
+  one repository on two machines share their runs, and the path key stays a
+  second key, so runs started before are still found. On the embedded SQLite
+  journal the portable key would only merge sibling clones and worktrees on
+  one machine into one scope (two agents in two worktrees joining each other's
+  run), so it is not used there (spec/decisions.md).
 """
 
 from __future__ import annotations
@@ -143,16 +146,18 @@ def _identity(root: Path) -> tuple[str, str] | None:
     return remote, "" if inside == "." else inside
 
 
-def scope_keys(cwd: str | os.PathLike[str] | None = None) -> tuple[str, ...]:
+def scope_keys(cwd: str | os.PathLike[str] | None = None, *, portable: bool) -> tuple[str, ...]:
     """Every key `cwd`'s runs may be stored under, the one new runs get first.
 
-    A project in a git checkout with a network remote is `"git:v1:" + sha256(remote "\\n" path-in-repo)`,
-    the same on every machine; otherwise, and as the second key of a git project (runs started before
-    akm knew the remote, or before the remote was added), `"dir:v1:" + sha256(absolute root)`.
+    `portable` is whether the journal is shared by many machines (`Journal.shared`). Not portable (the
+    SQLite journal): only `"dir:v1:" + sha256(absolute root)`. Portable: a project in a git checkout with a
+    network remote is `"git:v1:" + sha256(remote "\\n" path-in-repo)`, the same on every machine, with the
+    path key second (runs started before akm knew the remote, or before the remote was added); any other
+    project has the path key only. The caller says which: a hidden default would pick the scope of runs.
     """
     root = project_root(cwd)
     legacy = _path_key(root)
-    ident = _identity(root)
+    ident = _identity(root) if portable else None
     if ident is None:
         return (legacy,)
     from akm.canonical import _sha256
@@ -161,6 +166,6 @@ def scope_keys(cwd: str | os.PathLike[str] | None = None) -> tuple[str, ...]:
     return (GIT_SCOPE_PREFIX + _sha256(f"{remote}\n{inside}".encode("utf-8", "surrogateescape")).hexdigest(), legacy)
 
 
-def scope_key(cwd: str | os.PathLike[str] | None = None) -> str:
-    """The run scope new runs of `cwd` get: the first of `scope_keys(cwd)`."""
-    return scope_keys(cwd)[0]
+def scope_key(cwd: str | os.PathLike[str] | None = None, *, portable: bool) -> str:
+    """The run scope new runs of `cwd` get: the first of `scope_keys(cwd, portable=...)`."""
+    return scope_keys(cwd, portable=portable)[0]

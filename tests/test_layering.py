@@ -155,3 +155,33 @@ def test_no_import_cycles():
         if v not in index:
             visit(v)
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+_SQL_START = ("SELECT", "INSERT", "UPDATE", "DELETE", "WITH", "BEGIN", "PRAGMA", "CREATE", "DROP", "ALTER")
+
+
+def _sql_calls(path: Path) -> list[int]:
+    """Lines calling `x.query/query_one/execute/executemany(...)` with SQL text as the first argument."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args):
+            continue
+        if node.func.attr not in ("query", "query_one", "execute", "executemany", "executescript"):
+            continue
+        first = node.args[0]
+        parts = first.values if isinstance(first, ast.JoinedStr) else [first]
+        head = parts[0] if parts else None
+        if isinstance(head, ast.Constant) and isinstance(head.value, str):
+            if head.value.lstrip().upper().startswith(_SQL_START):
+                found.append(node.lineno)
+    return found
+
+
+def test_no_sql_outside_store():
+    """The journal's SQL lives in `store/` (spec/journal.md): the engine, the api and the rest call store functions."""
+    bad = []
+    for path in sorted(AKM.rglob("*.py")):
+        if path.relative_to(AKM).parts[0] != "store":
+            bad += [f"akm/{path.relative_to(AKM)}:{line}" for line in _sql_calls(path)]
+    assert not bad, "SQL outside store/:\n" + "\n".join(bad)

@@ -134,7 +134,7 @@ def _start(project: Path, sc: Scenario) -> str:
             workflow_ref=str(wf),
             workflow_path=str(wf),
             title=plan.title,
-            scope_key=paths.scope_key(project),
+            scope_key=paths.scope_key(project, portable=db.shared),
             params=check_params(dict(sc.params), plan.param_schemas or {}),
             plan_json=plan.canonical(),
             plan_hash=plan.plan_hash(),

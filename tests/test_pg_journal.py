@@ -1,20 +1,21 @@
-"""The PostgreSQL journal's groundwork (akm/store/postgres/) against a real throwaway server (tests/pgcluster.py).
+"""The PostgreSQL journal's own parts (akm/store/postgres/: connect, schema, PgJournal) against a real
+throwaway server (tests/pgcluster.py): URLs and coded connection errors, migrations and the refusal of a
+foreign or newer schema, the epoch fence of the shared layer on the server, NUL-safe storage.
 
-Includes the four races of postgres.md as tests on the real server: identical starts, insert versus abandon,
-the event cursor, and expiry on the database clock (a skewed host clock cannot steal a live lease).
+The four races of postgres.md run through the shared layer on both journals in tests/test_journal_races.py.
 """
 
 from __future__ import annotations
 
 import multiprocessing
-import threading
 import uuid
 
 import pytest
 
-from akm.errors import AkmError, JournalError
+from akm.errors import JournalError, UsageError
+from akm.store import open_journal, runs, units
 from akm.store.migrations import MIGRATIONS
-from akm.store.postgres import ops, schema
+from akm.store.postgres import schema
 from akm.store.postgres.connect import connect, parse_url
 
 
@@ -34,18 +35,21 @@ def _con(url):
     return connect(parse_url(url))
 
 
-def _run(con, s, **kw):
+def _run(db, **kw) -> str:
     args = dict(
         run_id=str(uuid.uuid4()),
         workflow_ref="/w.md",
+        workflow_path=None,
+        title="",
         scope_key="dir:v1:x",
-        params_json='{"a": 1}',
+        params={"a": 1},
         plan_json="{}",
         plan_hash="h",
         hash_version=1,
+        step_ids=["s"],
     )
     args.update(kw)
-    return ops.create_run(con, s, **args)
+    return runs.create_run(db, **args).id
 
 
 # ------------------------------------------------------------------ connection
@@ -125,184 +129,114 @@ def test_foreign_and_newer_schemas_are_refused(pg):
     with pytest.raises(JournalError) as e:
         schema.apply_migrations(con, name)
     assert e.value.code == "JOURNAL_TOO_NEW"
+    with pytest.raises(JournalError) as e:  # as every command opens it
+        open_journal(url).close()
+    assert e.value.code == "JOURNAL_TOO_NEW" and e.value.exit_status == 78
     con.run("CREATE SCHEMA other_app")
     con.run("CREATE TABLE other_app.things (x int)")
     try:
         with pytest.raises(JournalError) as e:
             schema.apply_migrations(con, "other_app")
         assert e.value.code == "JOURNAL_FOREIGN"
+        with pytest.raises(JournalError) as e:
+            open_journal(url.replace(f"schema={name}", "schema=other_app")).close()
+        assert e.value.code == "JOURNAL_FOREIGN"
         assert con.run("SELECT count(*) FROM information_schema.tables WHERE table_schema='other_app'") == [[1]]
     finally:
         con.run("DROP SCHEMA other_app CASCADE")
 
 
-# ------------------------------------------------------------------ race 1: identical starts
-
-
-def _start(url, name, barrier, out):
-    con = _con(url)
-    barrier.wait(timeout=120)
-    out.append(_run(con, name))
-    con.close()
-
-
-def test_race_identical_starts_make_one_run(pg):
-    url, name = pg
-    for _ in range(5):
-        con = _con(url)
-        con.run(f"UPDATE {name}.runs SET status = 'completed'")
-        con.close()
-        out: list = []
-        barrier = threading.Barrier(6)
-        threads = [threading.Thread(target=_start, args=(url, name, barrier, out)) for _ in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert len(out) == 6 and sum(created for _, created in out) == 1, out
-        assert len({rid for rid, _ in out}) == 1
-
-
-# ------------------------------------------------------------------ race 2: insert versus abandon
-
-
-def test_race_unit_insert_never_lands_in_an_abandoned_run(pg):
-    url, name = pg
-    a, b = _con(url), _con(url)
-    for i in range(20):
-        rid, _ = _run(a, name, params_json=f'{{"i": {i}}}')
-        lease = ops.acquire_lease(a, name, rid, "h1", "host", 1, 90)
-        barrier = threading.Barrier(2)
-        outcome: list = []
-
-        def insert(con=a, rid=rid, lease=lease, barrier=barrier, outcome=outcome) -> None:
-            barrier.wait(timeout=120)
-            try:
-                ops.insert_unit(
-                    con, name, run_id=rid, unit_id="u", step_id="s", node_id="n", holder="h1", epoch=lease.epoch
-                )
-                outcome.append("inserted")
-            except AkmError as exc:
-                outcome.append(exc.code)
-
-        t = threading.Thread(target=insert)
-        t.start()
-        barrier.wait(timeout=120)
-        ops.abandon_run(b, name, rid)
-        t.join(120)
-        units = ops.unit_count(b, name, rid)
-        # Either the insert committed first (the unit exists, then the run was abandoned) or it was refused.
-        assert (outcome, units) in ((["inserted"], 1), (["RUN_ABANDONED"], 0)), (outcome, units)
-        with pytest.raises(AkmError) as e:
-            ops.insert_unit(a, name, run_id=rid, unit_id="v", step_id="s", node_id="n", holder="h1", epoch=lease.epoch)
-        assert e.value.code == "RUN_ABANDONED"
+# ------------------------------------------------------------------ the epoch fence on the server
 
 
 def test_insert_is_fenced_by_the_epoch(pg):
-    url, name = pg
-    con = _con(url)
-    rid, _ = _run(con, name)
-    first = ops.acquire_lease(con, name, rid, "h1", "host", 1, 90)
-    assert first.acquired and first.epoch == 1
-    assert not ops.acquire_lease(con, name, rid, "h2", "host", 2, 90).acquired  # held: LEASE_HELD for the caller
-    con.run(f"UPDATE {name}.runs SET lease_until = now() - interval '1 s' WHERE id = :id", id=rid)
-    second = ops.acquire_lease(con, name, rid, "h2", "host", 2, 90)
-    assert second.acquired and second.epoch == 2
-    assert not ops.renew_lease(con, name, rid, "h1", 1, 90)
-    with pytest.raises(AkmError) as e:
-        ops.insert_unit(con, name, run_id=rid, unit_id="u", step_id="s", node_id="n", holder="h1", epoch=1)
-    assert e.value.code == "LEASE_LOST"
-    ops.insert_unit(con, name, run_id=rid, unit_id="u", step_id="s", node_id="n", holder="h2", epoch=2)
-    assert ops.renew_lease(con, name, rid, "h2", 2, 90)
-    assert ops.release_lease(con, name, rid, "h2", 2)
-
-
-# ------------------------------------------------------------------ race 3: the event cursor
-
-
-def _writer(url, name, n, barrier_evt):
-    con = _con(url)
-    barrier_evt.wait(120)
-    for _ in range(n):
-        with ops.transaction(con):
-            ops._insert_event(con, name, "e", None, "{}")
-            con.run("SELECT pg_sleep(0.001)")  # hold the transaction open a moment after the insert
-    con.close()
-
-
-def test_race_event_cursor_sees_every_event_exactly_once(pg):
-    url, name = pg
-    ctx = multiprocessing.get_context("spawn")
-    go = ctx.Event()
-    writers = [ctx.Process(target=_writer, args=(url, name, 60, go)) for _ in range(4)]
-    for w in writers:
-        w.start()
-    con = _con(url)
-    seen: list[int] = []
-    cursor = 0
-    go.set()
-    while any(w.is_alive() for w in writers) or len(seen) < 240:
-        batch = ops.read_events(con, name, cursor)
-        seen += [e[0] for e in batch]
-        if batch:
-            cursor = batch[-1][0]
-        if not any(w.is_alive() for w in writers) and not batch and len(seen) < 240:
-            break
-    for w in writers:
-        w.join(120)
-    seen += [e[0] for e in ops.read_events(con, name, cursor)]
-    everything = [e[0] for e in ops.read_events(con, name, 0, 10_000)]
-    assert len(everything) == 240
-    assert seen == everything  # nothing skipped, nothing repeated
-
-
-# ------------------------------------------------------------------ race 4: one clock
-
-
-def test_race_expiry_uses_the_database_clock(pg):
-    """A host whose clock runs ahead cannot take a live lease: expiry is compared with the server's now()."""
-    url, name = pg
-    con = _con(url)
-    rid, _ = _run(con, name)
-    assert ops.acquire_lease(con, name, rid, "h1", "host", 1, 3).acquired
-    # Writers stamp and compare only in SQL; the stored expiry is in the server's future whatever this host says.
-    assert con.run(f"SELECT lease_until > now() FROM {name}.runs WHERE id = :id", id=rid) == [[True]]
-    results: list = []
-    barrier = threading.Barrier(8)
-
-    def steal(i: int) -> None:
-        c = _con(url)
-        barrier.wait(timeout=120)
-        results.append(ops.acquire_lease(c, name, rid, f"thief{i}", "other", i, 3).acquired)
-        c.close()
-
-    threads = [threading.Thread(target=steal, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert results == [False] * 8
-    con.run(f"UPDATE {name}.runs SET lease_until = now() - interval '1 ms' WHERE id = :id", id=rid)
-    results.clear()
-    barrier = threading.Barrier(8)
-    threads = [threading.Thread(target=steal, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert sorted(results) == [False] * 7 + [True]  # an expired lease goes to exactly one new holder
-    assert ops.db_now(con).endswith("Z") and len(ops.db_now(con)) == 24
+    """The shared layer's fence on PgJournal: a lapsed holder's insert is LEASE_LOST once another took the run
+    (a new epoch), and renewing at the old epoch fails. Expiry is set on the server's clock (`db.now`)."""
+    url, _ = pg
+    db = open_journal(url)
+    try:
+        rid = _run(db)
+        assert runs.acquire_lease(db, rid, "h1", 90, host="elsewhere", pid=1) is None
+        first = runs.lease_fence(db, rid, "h1")
+        assert first == runs.Fence("h1", 1)
+        assert runs.acquire_lease(db, rid, "h2", 90, host="other", pid=2) is not None  # held: LEASE_HELD
+        db.execute("UPDATE runs SET lease_until = ? WHERE id = ?", (db.now(-1), rid))
+        assert runs.acquire_lease(db, rid, "h2", 90, host="other", pid=2) is None
+        second = runs.lease_fence(db, rid, "h2")
+        assert second == runs.Fence("h2", 2)
+        assert runs.renew_lease(db, rid, "h1", 90, epoch=1) is False
+        with pytest.raises(UsageError) as e:
+            units.insert_unit(db, run_id=rid, unit_id="u", step_id="s", node_id="n", fence=first)
+        assert e.value.code == "LEASE_LOST"
+        assert db.query_one("SELECT count(*) FROM units WHERE run_id = ?", (rid,))[0] == 0
+        units.insert_unit(db, run_id=rid, unit_id="u", step_id="s", node_id="n", fence=second)
+        assert runs.renew_lease(db, rid, "h2", 90, epoch=2) is True
+        assert runs.release_lease(db, rid, "h2") is True
+    finally:
+        db.close()
 
 
 # ------------------------------------------------------------------ NUL-safe text
 
 
-def test_nul_in_captured_text_is_stored_visibly_and_surrogates_refused(pg):
+def test_nul_in_captured_text_is_stored_escaped_on_the_server(pg):
+    """PostgreSQL text cannot hold NUL: the journal stores it escaped (the column on the server has none)
+    and reads it back unchanged (tests/test_journal_races.py checks the read-back on both journals)."""
     url, name = pg
+    db = open_journal(url)
+    try:
+        rid = _run(db)
+        runs.complete_step(db, rid, "s", "completed", notes="stderr:\nbefore\x00after")
+        assert runs.get_step(db, rid, "s").notes == "stderr:\nbefore\x00after"
+    finally:
+        db.close()
     con = _con(url)
-    rid, _ = _run(con, name)
-    ops.set_step_notes(con, name, rid, "s", 0, "stderr:\nbefore\x00after")
-    assert ops.step_notes(con, name, rid, "s") == "stderr:\nbefore\\u0000after"
-    with pytest.raises(AkmError) as e:
-        ops.set_step_notes(con, name, rid, "s", 0, "bad \udc80")
-    assert e.value.code == "NOT_UTF8"
+    try:
+        raw = con.run(f"SELECT notes FROM {name}.steps WHERE run_id = :id AND step_id = 's'", id=rid)
+        assert raw and "\x00" not in raw[0][0] and "before" in raw[0][0] and "after" in raw[0][0]
+    finally:
+        con.close()
+
+
+# ------------------------------------------------------------------ stamps the api writes
+
+
+def test_invocation_history_is_stamped_on_the_server_clock(pg, tmp_path, monkeypatch):
+    """`workflow run`'s task-history start and finish come from the journal clock: a host whose clock runs
+    an hour ahead still records the server's time (the stored stamps are not in the server's future)."""
+    import time
+    from types import SimpleNamespace
+
+    from akm import api
+    from akm.store import clock, events
+    from tests.helpers import write_wf
+
+    url, _ = pg
+    monkeypatch.setenv("AKM_JOURNAL_URL", url)
+    project = tmp_path / "proj"
+    project.mkdir()
+    wf = write_wf(
+        project,
+        "one.md",
+        """
+        steps:
+          - id: a
+            unit: { exec: { command: [python3, -c, "print(1)"] } }
+            output: { type: integer }
+        """,
+        "## a\na",
+    )
+    real = time.time
+    monkeypatch.setattr(
+        clock, "time", SimpleNamespace(time=lambda: real() + 3600, strftime=time.strftime, gmtime=time.gmtime)
+    )
+    result = api.run_workflow(str(wf), cwd=str(project))
+    assert result.run.status == "completed"
+    db = open_journal(url)
+    try:
+        (entry,) = events.list_task_history(db, result.run.run_id)
+        server_now = db.now()
+    finally:
+        db.close()
+    assert entry.started_at <= entry.finished_at <= server_now, (entry, server_now)
+    assert clock.now_iso() > server_now  # the host clock really is ahead

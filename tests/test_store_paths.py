@@ -67,13 +67,13 @@ def test_scope_key_shape_and_symlink_stability(tmp_path):
     (project / "a").mkdir()
     link = tmp_path / "link"
     link.symlink_to(project, target_is_directory=True)
-    key = paths.scope_key(project / "a")
+    key = paths.scope_key(project / "a", portable=False)
     root = os.path.realpath(project)
     assert key == "dir:v1:" + hashlib.sha256(root.encode()).hexdigest()
-    assert paths.scope_key(link / "a") == key
+    assert paths.scope_key(link / "a", portable=False) == key
     other = tmp_path / "other"
     (other / ".akm").mkdir(parents=True)
-    assert paths.scope_key(other) != key
+    assert paths.scope_key(other, portable=False) != key
 
 
 def test_paths_module_does_not_import_platformdirs_eagerly():

@@ -75,10 +75,10 @@ def list_runs(
     with _open_db(read_only=True) as db:
         if req.all_scopes:
             rows = runs_store.list_runs(db, active_only=req.active_only, ref=ref)
-        else:  # this project's runs under its portable key and under its path key (runs from before)
+        else:  # this project's runs (on a shared journal: under its portable key, then its path key)
             rows = [
                 r
-                for key in paths.scope_keys(work_dir)
+                for key in paths.scope_keys(work_dir, portable=db.shared)
                 for r in runs_store.list_runs(db, scope_key=key, active_only=req.active_only, ref=ref)
             ]
             rows.sort(key=lambda r: r.created_at, reverse=True)  # stable: each key's own tie order stays

@@ -60,7 +60,6 @@ def run_workflow(
     """
     from akm.store import events as events_store
     from akm.store import runs as runs_store
-    from akm.store.db import now_iso
 
     req = _arguments(
         "RunRequest",
@@ -90,8 +89,12 @@ def run_workflow(
     work_dir = _work_dir(req.cwd).resolve()
     cancel = cancel or Cancellation()
     started_wall = time.monotonic()
-    started_at = now_iso()
     db = _open_db()
+    try:
+        started_at = db.now()  # task-history stamps are the journal's clock (one clock for every host)
+    except BaseException:
+        db.close()
+        raise
     run_id: str | None = None
     outcome, reason, error_text, exit_code = "error", None, None, None
     warnings: list[RunWarning] = []
@@ -160,7 +163,7 @@ def run_workflow(
                 db,
                 run_id=run_id,
                 started_at=started_at,
-                finished_at=now_iso(),
+                finished_at=db.now(),
                 outcome=outcome,
                 duration_ms=int((time.monotonic() - started_wall) * 1000),
                 detail={"runId": run_id, "reason": reason, "error": error_text, "exitCode": exit_code},
@@ -358,7 +361,7 @@ def _open(
 
         schemas = plan.param_schemas or {}
         values = coerce_params(param_pairs, schemas) if param_pairs else check_params(dict(params or {}), schemas)
-        scopes = paths.scope_keys(work_dir)
+        scopes = paths.scope_keys(work_dir, portable=db.shared)
         scope = scopes[0]
         active = None if new else _find_active(db, ref, scopes, values)
         if active is not None:
@@ -397,7 +400,7 @@ def _open(
 
 
 def _find_active(db: Any, ref: str, scopes: tuple[str, ...], values: dict[str, Any]) -> Any:
-    """The drivable run to continue: under the project's portable key first, then its path key (runs from before)."""
+    """The drivable run to continue: under the project's first key, then its path key (shared journal: runs from before)."""
     from akm.store import runs as runs_store
 
     for key in scopes:

@@ -54,20 +54,20 @@ def next_brief(run_id: str, *, unit_id: str | None = None) -> Brief:
     return Brief.model_validate(out)
 
 
-def _run_project_root(run, cwd: Path) -> Path:
+def _run_project_root(run, cwd: Path, *, portable: bool) -> Path:
     """The project a run belongs to, for a report: where its `env:` files (redaction) and its judge live.
 
     Normally the reporter's own project. A report made from elsewhere — an MCP server whose client passed
     `cwd` to `workflow_run`, a shell in another checkout — finds the run's project from its workflow file,
-    checked against the run's scope, so secrets are still redacted with the run's own env files. A
-    portable scope (a git remote) matches every clone: the checkout the run was started in, when it is on
-    this machine, still wins over another clone of the same repository.
+    checked against the run's scope, so secrets are still redacted with the run's own env files. On a
+    shared journal (`portable`) a portable scope (a git remote) matches every clone: the checkout the run
+    was started in, when it is on this machine, still wins over another clone of the same repository.
     """
     root = paths.project_root(cwd)
-    if not run.workflow_path or run.scope_key == paths.scope_keys(root)[-1]:  # the last key is the path key
+    if not run.workflow_path or run.scope_key == paths.scope_keys(root, portable=portable)[-1]:  # the path key
         return root
     candidate = paths.project_root(Path(run.workflow_path).parent)
-    if candidate != root and candidate.is_dir() and run.scope_key in paths.scope_keys(candidate):
+    if candidate != root and candidate.is_dir() and run.scope_key in paths.scope_keys(candidate, portable=portable):
         return candidate
     return root
 
@@ -117,7 +117,7 @@ def report_unit(
     )
     with _open_db() as db:
         run = _require_run(db, req.run_id)
-        root = _run_project_root(run, _work_dir(req.cwd))
+        root = _run_project_root(run, _work_dir(req.cwd), portable=db.shared)
         from akm.api._models import ReportResult
 
         return ReportResult.model_validate(

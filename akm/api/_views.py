@@ -158,12 +158,11 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
             if run.status == "completed" and s.status == "completed" and output is not None:
                 view.output, view.output_step_id = output, s.step_id
     if with_units:
-        from akm.store.db import now_iso
-
         # D8: a running unit whose last sign of life (heartbeat, else start) is older than
         # STALE_AFTER_S is stale — its driver is probably gone. The engine heartbeats
-        # running units, so a long healthy unit is never reported stale.
-        cutoff = now_iso(-STALE_AFTER_S)
+        # running units, so a long healthy unit is never reported stale. Compared on the
+        # journal's clock, the one those stamps were written on.
+        cutoff = db.now(-STALE_AFTER_S)
         view.units = [
             UnitView(
                 unit_id=u.unit_id,

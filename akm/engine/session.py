@@ -870,11 +870,8 @@ def _resent_verdict(
     if not loop_text.isdigit():
         return None
     row_id = gate_row_for(step_id, int(loop_text))
-    row = db.query_one(
-        "SELECT status, result_json FROM units WHERE run_id = ? AND unit_id = ? AND phase = 'gate'",
-        (cur.run_id, row_id),
-    )
-    if row is None or row["status"] != "completed":
+    row = units_store.get_unit(db, cur.run_id, row_id)
+    if row is None or row.phase != "gate" or row.status != "completed":
         return None
     value = verdict
     if isinstance(value, str):
@@ -885,10 +882,10 @@ def _resent_verdict(
     parsed = verdict_from_value(value)
     if parsed is None:
         return None
-    recorded = json.loads(row["result_json"]) if row["result_json"] else None
+    recorded = json.loads(row.result_json) if row.result_json else None
     if recorded != parsed.to_json():
         raise UsageError(
-            f"Gate loop {loop_text} of step {step_id} already has a verdict ({row['result_json']}); a different one "
+            f"Gate loop {loop_text} of step {step_id} already has a verdict ({row.result_json}); a different one "
             "for it is never counted for a later loop. Nothing was recorded: fetch the current brief.",
             code="STALE_REPORT",
             details={"unitId": row_id, "recorded": recorded},

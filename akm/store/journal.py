@@ -73,6 +73,7 @@ class Journal:
 
     dialect: Dialect = Dialect()
     backend = "sqlite"
+    shared = False  # one journal for many machines (PostgreSQL): the run scope is portable (akm.paths.scope_keys)
 
     def tx(self) -> AbstractContextManager[Any]:
         """A write transaction (joins one this thread already has open); yields a connection whose

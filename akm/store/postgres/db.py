@@ -314,6 +314,7 @@ class PgJournal(Journal):
 
     dialect = PgDialect()
     backend = "postgres"
+    shared = True
 
     def __init__(self, raw: Any, target: Target) -> None:
         self.conn = Connection(raw)
