@@ -22,7 +22,8 @@ Otherwise the check answers "not dead" and the lease expires as it would without
 `pg_stat_reset_shared('bgwriter')` also changes the marker, which only switches the fast path off until the
 holders' next renewal records the new one.
 
-Use from the journal (not wired yet; spec/journal.md "Liveness of a lease holder"):
+Use from the journal (wired through `PgJournal.holder_liveness` and `PgDialect.lease_dead`; spec/journal.md
+"Liveness of a lease holder"):
 
 * holder: `lock = HolderLock.acquire(target, holder)` before acquiring the lease; store `lock.key` and
   `lock.marker` in the lease row in the same UPDATE; before each renewal `marker = lock.refresh()` and store
