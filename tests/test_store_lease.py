@@ -245,3 +245,58 @@ def test_ten_processes_race_exactly_one_wins(db, db_path, tmp_path):
     assert len(winners) == 1, outcomes
     assert all(o == f"lost:{winners[0]}" for o in outcomes if o != "won")
     assert runs.require_run(db, "r1").lease_holder == winners[0]
+
+
+def _pg_only(db):
+    if db.backend != "postgres":
+        assert db.holder_liveness("h") is None and not db.dialect.liveness  # SQLite: pids tell, nothing recorded
+        pytest.skip("holder liveness by a session lock is PostgreSQL's")
+
+
+def _liveness_columns(db):
+    row = db.query_one("SELECT lease_session, lease_liveness FROM runs WHERE id = 'r1'")
+    return row[0], row[1]
+
+
+def test_a_holder_whose_liveness_session_ended_is_taken_over_at_once(db):
+    _pg_only(db)
+    lock = db.holder_liveness("remote-engine")
+    assert lock is not None and lock.marker
+    try:
+        assert runs.acquire_lease(db, "r1", "remote-engine", host="some-other-host", pid=1, liveness=lock) is None
+        assert _liveness_columns(db) == (lock.key, lock.marker)
+        # alive: its session holds the lock, so a peer is refused and sees it driving
+        assert runs.acquire_lease(db, "r1", "me").holder == "remote-engine"
+        assert runs.read_lease(db, "r1").holder == "remote-engine"
+    finally:
+        lock.release()  # the session's lock is gone, as when its process dies; the lease row stays
+    raw = runs.require_run(db, "r1")
+    assert raw.lease_holder == "remote-engine" and raw.lease_until > db.now(runs.lease_ttl_s() / 2)
+    assert runs.read_lease(db, "r1") is None
+    assert runs.acquire_lease(db, "r1", "me", host="third-host", pid=1) is None
+    # a holder without liveness records none: the previous key never speaks for it, it waits for expiry
+    assert _liveness_columns(db) == (None, None)
+    assert runs.acquire_lease(db, "r1", "peer").holder == "me"
+
+
+def test_renewal_records_the_refreshed_marker_and_release_clears_it(db):
+    _pg_only(db)
+    lock = db.holder_liveness("engine")
+    try:
+        assert runs.acquire_lease(db, "r1", "engine", liveness=lock) is None
+        db.execute("UPDATE runs SET lease_liveness = 'an-old-incarnation' WHERE id = 'r1'")
+        assert runs.renew_lease(db, "r1", "engine", liveness=lock)
+        assert _liveness_columns(db) == (lock.key, lock.marker)
+        assert runs.release_lease(db, "r1", "engine")
+        assert _liveness_columns(db) == (None, None)
+    finally:
+        lock.release()
+
+
+def test_a_free_lock_under_another_server_incarnation_is_not_trusted(db):
+    _pg_only(db)
+    lock = db.holder_liveness("engine")
+    assert runs.acquire_lease(db, "r1", "engine", host="some-other-host", pid=1, liveness=lock) is None
+    db.execute("UPDATE runs SET lease_liveness = 'an-old-incarnation' WHERE id = 'r1'")
+    lock.release()
+    assert runs.acquire_lease(db, "r1", "me").holder == "engine"  # wait for expiry, as after a restart
