@@ -300,3 +300,17 @@ def test_a_free_lock_under_another_server_incarnation_is_not_trusted(db):
     db.execute("UPDATE runs SET lease_liveness = 'an-old-incarnation' WHERE id = 'r1'")
     lock.release()
     assert runs.acquire_lease(db, "r1", "me").holder == "engine"  # wait for expiry, as after a restart
+
+
+def test_abandon_finishes_the_running_units_of_a_holder_whose_session_ended(db):
+    from akm.store import units
+
+    _pg_only(db)
+    lock = db.holder_liveness("engine")
+    assert runs.acquire_lease(db, "r1", "engine", host="some-other-host", pid=1, liveness=lock) is None
+    fence = runs.lease_fence(db, "r1", "engine")
+    units.insert_unit(db, run_id="r1", unit_id="a#0", step_id="a", node_id="a", fence=fence)
+    lock.release()  # the driver died with its unit in flight
+    runs.abandon_run(db, "r1")
+    row = db.query_one("SELECT status, failure_reason FROM units WHERE run_id = 'r1'")
+    assert (row[0], row[1]) == ("failed", "abandoned")

@@ -716,7 +716,9 @@ def abandon_run(db: Database, run_id: str) -> Run:
                 (status, notes, now, run_id, step["step_id"]),
             )
             changed.append((step["step_id"], status))
-        if not holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now):
+        if not holder_is_live(
+            row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now
+        ) or db.dialect.lease_dead(conn, run_id):
             conn.execute(
                 "UPDATE units SET status = 'failed', failure_reason = 'abandoned', finished_at = ? "
                 "WHERE run_id = ? AND status = 'running'",
