@@ -212,6 +212,8 @@ def test_a_killed_driver_is_taken_over_at_once_and_only_its_in_flight_units_are_
             return (done, running) if len(done) == 2 and len(running) == 2 else None
 
         done_before, in_flight = _wait_for("two units finished and two in flight on host A", two_done_two_in_flight)
+        # A's liveness connection opens beside its lease; its heartbeat records the marker once the lock is held
+        _wait_for("host A's liveness marker", lambda: db.query_one("SELECT lease_liveness FROM runs")[0])
         run_id, holder, host = db.query_one("SELECT id, lease_holder, lease_host FROM runs")
         assert host == "test-a"
         assert db.query_one("SELECT lease_session, lease_liveness FROM runs")[0] == session_key(holder)

@@ -261,7 +261,7 @@ def _liveness_columns(db):
 def test_a_holder_whose_liveness_session_ended_is_taken_over_at_once(db):
     _pg_only(db)
     lock = db.holder_liveness("remote-engine")
-    assert lock is not None and lock.marker
+    assert lock is not None and lock.refresh()  # the lock is held once refresh returns a marker
     try:
         assert runs.acquire_lease(db, "r1", "remote-engine", host="some-other-host", pid=1, liveness=lock) is None
         assert _liveness_columns(db) == (lock.key, lock.marker)
@@ -296,6 +296,7 @@ def test_renewal_records_the_refreshed_marker_and_release_clears_it(db):
 def test_a_free_lock_under_another_server_incarnation_is_not_trusted(db):
     _pg_only(db)
     lock = db.holder_liveness("engine")
+    assert lock.refresh()
     assert runs.acquire_lease(db, "r1", "engine", host="some-other-host", pid=1, liveness=lock) is None
     db.execute("UPDATE runs SET lease_liveness = 'an-old-incarnation' WHERE id = 'r1'")
     lock.release()
@@ -307,6 +308,7 @@ def test_abandon_finishes_the_running_units_of_a_holder_whose_session_ended(db):
 
     _pg_only(db)
     lock = db.holder_liveness("engine")
+    assert lock.refresh()
     assert runs.acquire_lease(db, "r1", "engine", host="some-other-host", pid=1, liveness=lock) is None
     fence = runs.lease_fence(db, "r1", "engine")
     units.insert_unit(db, run_id="r1", unit_id="a#0", step_id="a", node_id="a", fence=fence)
@@ -314,3 +316,19 @@ def test_abandon_finishes_the_running_units_of_a_holder_whose_session_ended(db):
     runs.abandon_run(db, "r1")
     row = db.query_one("SELECT status, failure_reason FROM units WHERE run_id = 'r1'")
     assert (row[0], row[1]) == ("failed", "abandoned")
+
+
+def test_a_lease_taken_before_the_liveness_lock_is_held_records_no_marker(db):
+    _pg_only(db)
+    from akm.store.postgres.liveness import HolderLock, session_key
+
+    lock = HolderLock(db.target, "engine", 2.0)  # as `start` returns it before its connection holds the lock
+    assert runs.acquire_lease(db, "r1", "engine", host="some-other-host", pid=1, liveness=lock) is None
+    assert _liveness_columns(db) == (session_key("engine"), None)
+    assert runs.acquire_lease(db, "r1", "me").holder == "engine"  # no marker: no fast path, wait for expiry
+    assert runs.renew_lease(db, "r1", "engine", liveness=lock)  # refresh opens the connection, takes the lock
+    try:
+        assert lock.marker and _liveness_columns(db) == (lock.key, lock.marker)
+    finally:
+        lock.release()
+    assert runs.acquire_lease(db, "r1", "me") is None

@@ -981,8 +981,9 @@ def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
     if loaded.status not in DRIVABLE_STATUSES:
         raise runs_store.not_drivable_error(run_id, loaded.status, "executed")
     holder = uuid4()
-    # PostgreSQL: the holder's liveness session is taken before the lease, so the row never names a holder
-    # whose lock does not exist yet; a peer that finds it gone takes the run over at once (liveness.py).
+    # PostgreSQL: the holder's liveness session (opening in the background) proves it alive to other hosts;
+    # the lease row records its marker only once the lock is held, and a peer that finds the lock gone takes
+    # the run over at once (store/postgres/liveness.py). Released after the lease, on every exit.
     liveness = db.holder_liveness(holder)
     try:
         return _drive_held(db, run_id, holder, liveness, loaded, opts, result)

@@ -13,7 +13,9 @@ that is no longer drivable or no longer carries this driver's fence.
 Intervals are measured on the monotonic clock, so after a stop the first poll
 renews (or finds the lease lost) at once. On a journal that records holder
 liveness (PostgreSQL) each renewal first refreshes the driver's liveness
-session and records the server marker it holds its lock on.
+session and records the server marker it holds its lock on; the first renewal
+comes at once, as soon as that session holds its lock (it opens in the
+background while the driver takes the lease).
 """
 
 from __future__ import annotations
@@ -115,6 +117,8 @@ class Heartbeat:
 
     def _loop(self) -> None:
         poll = min(self.interval, STATUS_POLL_S)
+        if self.liveness is not None and not self.beat():  # records the liveness marker as soon as it is held
+            return
         last_beat = time.monotonic()
         while not self._stop.wait(poll):
             if not self.still_drivable():

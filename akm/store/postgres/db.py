@@ -369,14 +369,13 @@ class PgJournal(Journal):
         return str(row[0])
 
     def holder_liveness(self, holder: str) -> HolderLiveness | None:
-        """A liveness connection holding `holder`'s session lock (liveness.HolderLock); None when the server
-        cannot be reached for it: liveness never stops a driver, its peers then wait for the lease to expire."""
+        """A liveness connection holding `holder`'s session lock (liveness.HolderLock), opened on a background
+        thread so the driver does not wait for a second handshake: until it holds the lock the lease row
+        records no marker, and the holder's next renewal records it. Liveness never stops a driver: when the
+        server cannot be reached for it, peers wait for the lease to expire."""
         from akm.store.postgres.liveness import HolderLock
 
-        try:
-            return HolderLock.acquire(self.target, holder)
-        except Exception:  # unreachable right now: no fast path for this holder
-            return None
+        return HolderLock.start(self.target, holder)
 
     @contextlib.contextmanager
     def bulk_writes(self) -> Iterator[None]:

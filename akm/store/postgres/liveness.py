@@ -38,6 +38,7 @@ This module imports nothing above `store/`; pg8000 comes in through `connect`.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from typing import Any
 
@@ -111,6 +112,7 @@ class HolderLock:
         self.wait_s = wait_s
         self.marker: str | None = None
         self._con: Any = None
+        self._opening: threading.Thread | None = None
 
     @classmethod
     def acquire(cls, target: Target, holder: str, *, wait_s: float = 2.0) -> HolderLock:
@@ -118,6 +120,33 @@ class HolderLock:
         lock = cls(target, holder, wait_s)
         lock._connect_and_take(wait_s)
         return lock
+
+    @classmethod
+    def start(cls, target: Target, holder: str, *, wait_s: float = 2.0) -> HolderLock:
+        """`acquire` without the wait: the connection opens and takes the lock on a background thread.
+
+        Why: a new connection (TCP, SCRAM) costs tens of ms, and a driver need not wait for it before it
+        takes the lease. `marker` is set only once the lock is held, so a lease taken meanwhile records
+        NULL (no fast path yet) and the holder's next renewal, whose `refresh` waits for the thread,
+        records the marker. Never raises: an unreachable server just means no fast path.
+        """
+        lock = cls(target, holder, wait_s)
+
+        def open_and_take() -> None:
+            try:
+                lock._connect_and_take(wait_s)
+            except Exception:  # unreachable now: refresh tries again
+                lock._close()
+
+        lock._opening = threading.Thread(target=open_and_take, name="akm-liveness", daemon=True)
+        lock._opening.start()
+        return lock
+
+    def _settle(self) -> None:
+        """Wait for a background open (`start`) to finish."""
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            opening.join()
 
     def _connect_and_take(self, wait_s: float) -> None:
         self._close()
@@ -153,6 +182,7 @@ class HolderLock:
         on. None when the lock cannot be had: record NULL (no fast path); liveness never stops a driver.
         One statement when all is well; never a wait when the session lives but the key is taken.
         """
+        self._settle()
         if self._con is not None:
             try:
                 rows = self._con.run(f"SELECT {MARKER_SQL}, {_LOCK_HELD_SQL}", ns=NAMESPACE, k=self.key)
@@ -172,6 +202,7 @@ class HolderLock:
 
     def release(self) -> None:
         """Give the lock up and close the liveness connection (idempotent)."""
+        self._settle()
         if self._con is not None:
             try:
                 self._con.run("SELECT pg_advisory_unlock(:ns, :k)", ns=NAMESPACE, k=self.key)
