@@ -25,10 +25,11 @@ holders' next renewal records the new one.
 Use from the journal (wired through `PgJournal.holder_liveness` and `PgDialect.lease_dead`; spec/journal.md
 "Liveness of a lease holder"):
 
-* holder: `lock = HolderLock.acquire(target, holder)` before acquiring the lease; store `lock.key` and
-  `lock.marker` in the lease row in the same UPDATE; before each renewal `marker = lock.refresh()` and store
-  it with the renewal (a new connection re-takes the lock *before* the renewal writes the new marker);
-  `lock.release()` after releasing the lease. A `None` marker means "no fast path for me" (store NULL).
+* holder: `lock = HolderLock.acquire(target, holder)` (or `HolderLock.start`, which opens the connection on a
+  background thread; its `marker` stays None until the lock is held) before acquiring the lease; store
+  `lock.key` and `lock.marker` in the lease row in the same UPDATE; before each renewal
+  `marker = lock.refresh()` and store it with the renewal (a new connection re-takes the lock *before* the
+  renewal writes the new marker); `lock.release()` after releasing the lease. A `None` marker means "no fast path for me" (store NULL).
 * peer: `holder_is_dead(con, key, marker)` (or `dead_sql(...)` inside the statement that takes the lease)
   on a work connection, never on a liveness connection (advisory locks are re-entrant within a session).
 
