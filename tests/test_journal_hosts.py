@@ -2,13 +2,15 @@
 
 Two "hosts" are two sets of processes with their own HOME, config and data dirs and their own host id
 (`AKM_HOST_ID`), pointed at one throwaway server (tests/pgcluster.py). They see one history, and a live
-driver on one keeps the other out of its run (LEASE_HELD) until it finishes.
+driver on one keeps the other out of its run (LEASE_HELD) until it finishes; a driver killed with SIGKILL is
+taken over by the other at once (its liveness session is gone), with only its in-flight units redone.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import PY, ROOT, write_wf
+from tests.helpers import PY, ROOT, open_at, write_wf
 
 
 def _host(tmp_path: Path, name: str, url: str) -> dict[str, str]:
@@ -138,3 +140,119 @@ def test_config_journal_url_selects_the_server_and_refuses_a_stored_password(tmp
     assert res["run"]["status"] == "completed"
     assert [r["runId"] for r in _json(env, project, "workflow", "list")["runs"]] == [res["run"]["runId"]]
     assert not (tmp_path / "c" / "data" / "akm-journal.sqlite3").exists()
+
+
+# A unit of the fan-out: items 1 and 2 finish at once; every other item sleeps until the test has killed
+# host A (the `killed` file), so when A dies exactly the units it had in flight are unfinished.
+SLEEPER = """\
+import json, os, pathlib, time
+item = json.loads(os.environ["AKM_ITEM"])
+end = time.time() + 300
+while item > 2 and time.time() < end and not pathlib.Path({killed!r}).exists():
+    time.sleep(0.05)
+print(item)
+"""
+
+
+def _wait_for(what: str, probe, deadline_s: float = 120.0):
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_killed_driver_is_taken_over_at_once_and_only_its_in_flight_units_are_redone(tmp_path, server_url):
+    from akm.store.postgres.liveness import NAMESPACE, session_key
+
+    project = tmp_path / "project"
+    project.mkdir()
+    killed = tmp_path / "killed"
+    script = project / "unit.py"
+    script.write_text(SLEEPER.format(killed=str(killed)))
+    write_wf(
+        project,
+        "fan.md",
+        f"""
+        params:
+          items: {{ type: array, items: {{ type: integer }}, default: [1, 2, 3, 4, 5, 6] }}
+        steps:
+          - id: fan
+            map:
+              over: params.items
+              concurrency: 2
+              unit:
+                exec:
+                  command: {json.dumps([PY, str(script)])}
+        """,
+        "## fan\n\nsix units, two at a time",
+    )
+    a, b = _host(tmp_path, "a", server_url), _host(tmp_path, "b", server_url)
+    # A lease TTL far beyond the test's deadlines: a takeover that waited for expiry could not pass.
+    a["AKM_LEASE_TTL_S"] = b["AKM_LEASE_TTL_S"] = "600"
+    db = open_at(server_url)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "akm", "workflow", "run", "fan.md", "--format", "json"],
+        cwd=project,
+        env=a,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def two_done_two_in_flight():
+            if driver.poll() is not None:
+                raise AssertionError(driver.communicate())
+            rows = db.query("SELECT unit_id, status FROM units ORDER BY unit_id")
+            done = [r[0] for r in rows if r[1] == "completed"]
+            running = [r[0] for r in rows if r[1] == "running"]
+            return (done, running) if len(done) == 2 and len(running) == 2 else None
+
+        done_before, in_flight = _wait_for("two units finished and two in flight on host A", two_done_two_in_flight)
+        # A's liveness connection opens beside its lease; its heartbeat records the marker once the lock is held
+        _wait_for("host A's liveness marker", lambda: db.query_one("SELECT lease_liveness FROM runs")[0])
+        run_id, holder, host = db.query_one("SELECT id, lease_holder, lease_host FROM runs")
+        assert host == "test-a"
+        assert db.query_one("SELECT lease_session, lease_liveness FROM runs")[0] == session_key(holder)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=60)
+        # The server notices the closed socket and ends A's session; its liveness lock goes with it.
+        _wait_for(
+            "host A's liveness session to end",
+            lambda: (
+                not db.query(
+                    "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = ? AND objid::bigint = ?",
+                    (NAMESPACE, session_key(holder)),
+                )
+            ),
+        )
+        killed.write_text("x")
+        # The lease row still names A, unexpired for ~10 minutes; B takes the run over at once all the same.
+        assert db.query_one("SELECT lease_until > now() + interval '300 s' FROM runs")[0]
+        began = time.monotonic()
+        took = _akm(b, project, "workflow", "run", run_id, "--format", "json", timeout=300)
+        assert took.returncode == 0, took.stdout + took.stderr
+        assert "LEASE_HELD" not in took.stdout + took.stderr
+        assert time.monotonic() - began < 300, "host B waited for the lease to expire"
+        assert json.loads(took.stdout)["run"]["status"] == "completed"
+    finally:
+        killed.write_text("x")
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate(timeout=60)
+    attempts = {r[0]: (r[1], int(r[2])) for r in db.query("SELECT unit_id, status, attempts FROM units")}
+    assert len(attempts) == 6 and {s for s, _ in attempts.values()} == {"completed"}
+    # what A finished is never redone; what it had in flight is redone once; the rest ran once, on B
+    assert {u for u, (_, n) in attempts.items() if n > 1} == set(in_flight)
+    assert all(attempts[u][1] == 2 for u in in_flight)
+    started = [
+        json.loads(r[0])["unitId"]
+        for r in db.query("SELECT metadata_json FROM events WHERE event_type = 'workflow_unit_started'")
+    ]
+    assert sorted(started) == sorted([*attempts, *in_flight]) and not set(done_before) & set(in_flight)
+    status = _json(a, project, "workflow", "status", run_id)
+    assert status["status"] == "completed" and status["engineLease"] is None
+    db.close()

@@ -245,3 +245,90 @@ def test_ten_processes_race_exactly_one_wins(db, db_path, tmp_path):
     assert len(winners) == 1, outcomes
     assert all(o == f"lost:{winners[0]}" for o in outcomes if o != "won")
     assert runs.require_run(db, "r1").lease_holder == winners[0]
+
+
+def _pg_only(db):
+    if db.backend != "postgres":
+        assert db.holder_liveness("h") is None and not db.dialect.liveness  # SQLite: pids tell, nothing recorded
+        pytest.skip("holder liveness by a session lock is PostgreSQL's")
+
+
+def _liveness_columns(db):
+    row = db.query_one("SELECT lease_session, lease_liveness FROM runs WHERE id = 'r1'")
+    return row[0], row[1]
+
+
+def test_a_holder_whose_liveness_session_ended_is_taken_over_at_once(db):
+    _pg_only(db)
+    lock = db.holder_liveness("remote-engine")
+    assert lock is not None and lock.refresh()  # the lock is held once refresh returns a marker
+    try:
+        assert runs.acquire_lease(db, "r1", "remote-engine", host="some-other-host", pid=1, liveness=lock) is None
+        assert _liveness_columns(db) == (lock.key, lock.marker)
+        # alive: its session holds the lock, so a peer is refused and sees it driving
+        assert runs.acquire_lease(db, "r1", "me").holder == "remote-engine"
+        assert runs.read_lease(db, "r1").holder == "remote-engine"
+    finally:
+        lock.release()  # the session's lock is gone, as when its process dies; the lease row stays
+    raw = runs.require_run(db, "r1")
+    assert raw.lease_holder == "remote-engine" and raw.lease_until > db.now(runs.lease_ttl_s() / 2)
+    assert runs.read_lease(db, "r1") is None
+    assert runs.acquire_lease(db, "r1", "me", host="third-host", pid=1) is None
+    # a holder without liveness records none: the previous key never speaks for it, it waits for expiry
+    assert _liveness_columns(db) == (None, None)
+    assert runs.acquire_lease(db, "r1", "peer").holder == "me"
+
+
+def test_renewal_records_the_refreshed_marker_and_release_clears_it(db):
+    _pg_only(db)
+    lock = db.holder_liveness("engine")
+    try:
+        assert runs.acquire_lease(db, "r1", "engine", liveness=lock) is None
+        db.execute("UPDATE runs SET lease_liveness = 'an-old-incarnation' WHERE id = 'r1'")
+        assert runs.renew_lease(db, "r1", "engine", liveness=lock)
+        assert _liveness_columns(db) == (lock.key, lock.marker)
+        assert runs.release_lease(db, "r1", "engine")
+        assert _liveness_columns(db) == (None, None)
+    finally:
+        lock.release()
+
+
+def test_a_free_lock_under_another_server_incarnation_is_not_trusted(db):
+    _pg_only(db)
+    lock = db.holder_liveness("engine")
+    assert lock.refresh()
+    assert runs.acquire_lease(db, "r1", "engine", host="some-other-host", pid=1, liveness=lock) is None
+    db.execute("UPDATE runs SET lease_liveness = 'an-old-incarnation' WHERE id = 'r1'")
+    lock.release()
+    assert runs.acquire_lease(db, "r1", "me").holder == "engine"  # wait for expiry, as after a restart
+
+
+def test_abandon_finishes_the_running_units_of_a_holder_whose_session_ended(db):
+    from akm.store import units
+
+    _pg_only(db)
+    lock = db.holder_liveness("engine")
+    assert lock.refresh()
+    assert runs.acquire_lease(db, "r1", "engine", host="some-other-host", pid=1, liveness=lock) is None
+    fence = runs.lease_fence(db, "r1", "engine")
+    units.insert_unit(db, run_id="r1", unit_id="a#0", step_id="a", node_id="a", fence=fence)
+    lock.release()  # the driver died with its unit in flight
+    runs.abandon_run(db, "r1")
+    row = db.query_one("SELECT status, failure_reason FROM units WHERE run_id = 'r1'")
+    assert (row[0], row[1]) == ("failed", "abandoned")
+
+
+def test_a_lease_taken_before_the_liveness_lock_is_held_records_no_marker(db):
+    _pg_only(db)
+    from akm.store.postgres.liveness import HolderLock, session_key
+
+    lock = HolderLock(db.target, "engine", 2.0)  # as `start` returns it before its connection holds the lock
+    assert runs.acquire_lease(db, "r1", "engine", host="some-other-host", pid=1, liveness=lock) is None
+    assert _liveness_columns(db) == (session_key("engine"), None)
+    assert runs.acquire_lease(db, "r1", "me").holder == "engine"  # no marker: no fast path, wait for expiry
+    assert runs.renew_lease(db, "r1", "engine", liveness=lock)  # refresh opens the connection, takes the lock
+    try:
+        assert lock.marker and _liveness_columns(db) == (lock.key, lock.marker)
+    finally:
+        lock.release()
+    assert runs.acquire_lease(db, "r1", "me") is None

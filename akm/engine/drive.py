@@ -64,6 +64,7 @@ from akm.record import dataclass, field
 from akm.store import runs as runs_store
 from akm.store import units as units_store
 from akm.store.db import Database
+from akm.store.journal import HolderLiveness
 from akm.store.runs import holder_is_live
 from akm.store.status import DRIVABLE_STATUSES
 
@@ -615,7 +616,13 @@ def _claimed_by_other(state: UnitState, now: str) -> bool:
 
 class _Driver:
     def __init__(
-        self, db: Database, loaded: LoadedRun, fence: runs_store.Fence, opts: DriveOptions, result: DriveResult
+        self,
+        db: Database,
+        loaded: LoadedRun,
+        fence: runs_store.Fence,
+        opts: DriveOptions,
+        result: DriveResult,
+        liveness: HolderLiveness | None = None,
     ) -> None:
         self.db = db
         self.loaded = loaded
@@ -630,7 +637,13 @@ class _Driver:
         self.native_kinds = frozenset(self.registry.kinds())
         self.lease_lost = Cancellation()
         self.heartbeat = Heartbeat(
-            db, self.run_id, fence.holder, self.lease_lost, interval=opts.heartbeat_interval or None, epoch=fence.epoch
+            db,
+            self.run_id,
+            fence.holder,
+            self.lease_lost,
+            interval=opts.heartbeat_interval or None,
+            epoch=fence.epoch,
+            liveness=liveness,
         )
         used, tokens = units_store.journal_totals(db, self.run_id)
         budget = self.plan.budget
@@ -940,7 +953,9 @@ def _default_registry() -> DispatcherRegistry:
 REPORT_LOCK_WAIT_S = 10.0
 
 
-def _acquire(db: Database, run_id: str, holder: str) -> runs_store.LeaseInfo | None:
+def _acquire(
+    db: Database, run_id: str, holder: str, liveness: HolderLiveness | None = None
+) -> runs_store.LeaseInfo | None:
     """`acquire_lease`, waiting (up to REPORT_LOCK_WAIT_S) while a report's finalize lock holds the run.
 
     A report finishing a step takes the run lease for a moment; a driver started at that moment
@@ -949,7 +964,7 @@ def _acquire(db: Database, run_id: str, holder: str) -> runs_store.LeaseInfo | N
     """
     deadline = time.monotonic() + REPORT_LOCK_WAIT_S
     while True:
-        live = runs_store.acquire_lease(db, run_id, holder)
+        live = runs_store.acquire_lease(db, run_id, holder, liveness=liveness)
         if live is None or not live.holder.startswith(units_store.REPORT_LOCK_PREFIX):
             return live
         if not runs_store.wait_lease_change(db, run_id, live, deadline):
@@ -966,8 +981,29 @@ def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
     if loaded.status not in DRIVABLE_STATUSES:
         raise runs_store.not_drivable_error(run_id, loaded.status, "executed")
     holder = uuid4()
+    # PostgreSQL: the holder's liveness session (opening in the background) proves it alive to other hosts;
+    # the lease row records its marker only once the lock is held, and a peer that finds the lock gone takes
+    # the run over at once (store/postgres/liveness.py). Released after the lease, on every exit.
+    liveness = db.holder_liveness(holder)
     try:
-        live = _acquire(db, run_id, holder)
+        return _drive_held(db, run_id, holder, liveness, loaded, opts, result)
+    finally:
+        if liveness is not None:
+            liveness.release()
+
+
+def _drive_held(
+    db: Database,
+    run_id: str,
+    holder: str,
+    liveness: HolderLiveness | None,
+    loaded: LoadedRun,
+    opts: DriveOptions,
+    result: DriveResult,
+) -> DriveResult:
+    """`drive_run` once this holder's liveness (if the journal keeps one) is held: take the lease, drive."""
+    try:
+        live = _acquire(db, run_id, holder, liveness)
     except UsageError as exc:  # a report we waited for finished the run meanwhile
         if exc.code == "RUN_NOT_ACTIVE" and (exc.details or {}).get("status") == "completed":
             result.done = True
@@ -997,7 +1033,7 @@ def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
                 "stopping to avoid racing the new holder.",
                 code="LEASE_LOST",
             )
-        driver = _Driver(db, loaded, fence, opts, result)
+        driver = _Driver(db, loaded, fence, opts, result, liveness)
         driver.heartbeat.start()
         if runs_store.run_status(db, run_id) == "awaiting_session":
             runs_store.set_run_status(db, run_id, "active", None, fence=fence)

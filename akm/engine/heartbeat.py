@@ -11,7 +11,11 @@ heartbeat — e.g. a driver that was SIGSTOPped past its TTL and continued. No
 new unit can start meanwhile anyway: the unit insert itself refuses a run
 that is no longer drivable or no longer carries this driver's fence.
 Intervals are measured on the monotonic clock, so after a stop the first poll
-renews (or finds the lease lost) at once.
+renews (or finds the lease lost) at once. On a journal that records holder
+liveness (PostgreSQL) each renewal first refreshes the driver's liveness
+session and records the server marker it holds its lock on; the first renewal
+comes at once, as soon as that session holds its lock (it opens in the
+background while the driver takes the lease).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from akm.engine.cancel import Cancellation
 from akm.store import runs as runs_store
 from akm.store import units as units_store
 from akm.store.db import Database
+from akm.store.journal import HolderLiveness
 
 HEARTBEAT_S = 10.0  # well inside the lease TTL (runs_store.LEASE_TTL_S)
 STATUS_POLL_S = 1.0  # how soon an abandon or a takeover stops the units a driver has in flight
@@ -42,9 +47,11 @@ class Heartbeat:
         lost: Cancellation,
         interval: float | None = None,
         epoch: int | None = None,
+        liveness: HolderLiveness | None = None,
     ) -> None:
         self.db, self.run_id, self.holder, self.lost = db, run_id, holder, lost
         self.epoch = epoch
+        self.liveness = liveness  # refreshed with each renewal (PostgreSQL: the holder's session lock)
         self.interval = default_interval() if interval is None else interval
         self._stop = threading.Event()
         self._running: set[str] = set()
@@ -70,7 +77,7 @@ class Heartbeat:
     def beat(self) -> bool:
         """One renewal; False (and the lease cancellation tripped) when the lease is gone."""
         try:
-            ok = runs_store.renew_lease(self.db, self.run_id, self.holder, epoch=self.epoch)
+            ok = runs_store.renew_lease(self.db, self.run_id, self.holder, epoch=self.epoch, liveness=self.liveness)
         except Exception:  # a failing renewal is treated as a lost lease
             ok = False
         if not ok:
@@ -110,6 +117,8 @@ class Heartbeat:
 
     def _loop(self) -> None:
         poll = min(self.interval, STATUS_POLL_S)
+        if self.liveness is not None and not self.beat():  # records the liveness marker as soon as it is held
+            return
         last_beat = time.monotonic()
         while not self._stop.wait(poll):
             if not self.still_drivable():

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Protocol
 
 # Row-lock modes of `Dialect.lock_run` (PostgreSQL's names; postgres.md §2.5). `UPDATE` conflicts with
 # both others, so once an abandon (UPDATE) commits, no unit write (KEY_SHARE) can slip in before it.
@@ -38,12 +38,16 @@ class Dialect:
     * `identity_lock`: serialize identical starts (same ref, scope, params) — no-op here, likewise;
     * `event_lock`: make event ids follow commit order (SQLite's serialized writers already do);
     * `insert_id`: the id of the row an INSERT just added (`lastrowid` / `RETURNING id`);
-    * `stamp_text`: a timestamp column as text, to compare with a (possibly partial) stamp a user typed.
+    * `stamp_text`: a timestamp column as text, to compare with a (possibly partial) stamp a user typed;
+    * `liveness` / `lease_dead`: whether lease rows record the holder's liveness session, and whether the
+      run's current holder provably died (PostgreSQL; SQLite's same-host dead-pid rule in
+      `runs.holder_is_live` is all one host needs, so it records and asks nothing).
     """
 
     name = "sqlite"
     rowid = "rowid"
     null_eq = "IS"
+    liveness = False
 
     def lock_run(self, conn: Any, run_id: str, mode: str) -> None:
         """Lock the run's row for the rest of the transaction (no-op on SQLite)."""
@@ -62,6 +66,26 @@ class Dialect:
         """A timestamp column as the journal's text (`akm.store.clock`), for comparing with text a user gave
         (`log --since 2026-01`): SQLite stores that text already."""
         return column
+
+    def lease_dead(self, conn: Any, run_id: str) -> bool:
+        """Has the run's lease holder provably died (its liveness session is gone)? Never on SQLite."""
+        return False
+
+
+class HolderLiveness(Protocol):
+    """What a lease holder keeps while it drives, so peers on other hosts can tell it died
+    (`akm.store.postgres.liveness.HolderLock`): `key`/`marker` go into the lease row."""
+
+    key: int
+    marker: str | None
+
+    def refresh(self) -> str | None:
+        """The marker to record with the next renewal (None: no fast path for this holder)."""
+        ...
+
+    def release(self) -> None:
+        """Give the liveness up (after the lease is released)."""
+        ...
 
 
 class Journal:
@@ -95,6 +119,11 @@ class Journal:
     def now(self, offset_s: float = 0.0) -> str:
         """The journal's clock (+ offset seconds) in the journal's timestamp format (`akm.store.clock`)."""
         raise NotImplementedError
+
+    def holder_liveness(self, holder: str) -> HolderLiveness | None:
+        """Start proving `holder` alive to other hosts while it holds a run lease; None when this journal
+        needs no proof (SQLite: one host, pids tell) or cannot give one (then peers wait for expiry)."""
+        return None
 
     def bulk_writes(self) -> AbstractContextManager[None]:
         """Wrap a stretch of many small commits (a fan-out); nests."""

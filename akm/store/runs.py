@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 from akm.canonical import CanonicalError, canonical_json, compact_json
 from akm.errors import NotFoundError, UsageError
 from akm.store.events import append_event, has_event
-from akm.store.journal import RUN_UPDATE, RUN_WRITE
+from akm.store.journal import RUN_UPDATE, RUN_WRITE, HolderLiveness
 from akm.store.journal import Journal as Database
 from akm.store.status import DRIVABLE_STATUSES, RUN_STATUSES, STEP_TERMINAL_STATUSES  # noqa: E402,F401
 
@@ -716,7 +716,9 @@ def abandon_run(db: Database, run_id: str) -> Run:
                 (status, notes, now, run_id, step["step_id"]),
             )
             changed.append((step["step_id"], status))
-        if not holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now):
+        if not holder_is_live(
+            row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now
+        ) or db.dialect.lease_dead(conn, run_id):
             conn.execute(
                 "UPDATE units SET status = 'failed', failure_reason = 'abandoned', finished_at = ? "
                 "WHERE run_id = ? AND status = 'running'",
@@ -749,6 +751,7 @@ def acquire_lease(
     *,
     host: str | None = None,
     pid: int | None = None,
+    liveness: HolderLiveness | None = None,
 ) -> LeaseInfo | None:
     """Take the run lease. None on success, else the live holder's LeaseInfo.
 
@@ -760,6 +763,11 @@ def acquire_lease(
     and expiry, so of two racers only one can change the row.
     Raises NotFoundError / UsageError RUN_NOT_ACTIVE for a missing or
     non-drivable run.
+
+    Where the journal records holder liveness (PostgreSQL, `Dialect.liveness`), a holder whose
+    liveness session is provably gone (`Dialect.lease_dead`, asked under the run's row lock in this
+    transaction) is dead at once, on any host; the row then records `liveness` (this holder's key and
+    server marker, from `Journal.holder_liveness`), or NULLs for none, so a stale key never speaks for it.
     """
     host = host_id() if host is None else host
     pid = os.getpid() if pid is None else pid
@@ -768,14 +776,17 @@ def acquire_lease(
         db.dialect.lock_run(conn, run_id, RUN_WRITE)
         row = _drivable_run_row(conn, run_id, "executed")
         now = db.now()
-        if holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now):
+        if holder_is_live(
+            row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now
+        ) and not db.dialect.lease_dead(conn, run_id):
             return _lease_of(row)
+        sets, extra = _liveness_sets(db, liveness)
         cur = conn.execute(
             "UPDATE runs SET lease_holder = ?, lease_host = ?, lease_pid = ?, lease_until = ?, "
-            "lease_epoch = lease_epoch + 1 "
+            f"lease_epoch = lease_epoch + 1{sets} "
             f"WHERE id = ? AND status IN {_DRIVABLE_SQL} AND lease_holder {db.dialect.null_eq} ? "
             f"AND lease_until {db.dialect.null_eq} ?",
-            (holder, host, pid, db.now(ttl), run_id, row["lease_holder"], row["lease_until"]),
+            (holder, host, pid, db.now(ttl), *extra, run_id, row["lease_holder"], row["lease_until"]),
         )
         if cur.rowcount == 1:
             return None
@@ -783,6 +794,15 @@ def acquire_lease(
             "SELECT lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,)
         ).fetchone()
         return _lease_of(current)
+
+
+def _liveness_sets(db: Database, liveness: HolderLiveness | None) -> tuple[str, tuple[Any, ...]]:
+    """The lease row's liveness columns for an acquisition (nothing where the journal records none)."""
+    if not db.dialect.liveness:
+        return "", ()
+    if liveness is None:
+        return ", lease_session = ?, lease_liveness = ?", (None, None)
+    return ", lease_session = ?, lease_liveness = ?", (liveness.key, liveness.marker)
 
 
 def lease_fence(db: Database, run_id: str, holder: str) -> Fence | None:
@@ -796,16 +816,27 @@ def lease_fence(db: Database, run_id: str, holder: str) -> Fence | None:
 
 
 def renew_lease(
-    db: Database, run_id: str, holder: str, ttl_s: float | None = None, *, epoch: int | None = None
+    db: Database,
+    run_id: str,
+    holder: str,
+    ttl_s: float | None = None,
+    *,
+    epoch: int | None = None,
+    liveness: HolderLiveness | None = None,
 ) -> bool:
     """Extend our lease; False when `holder` (at `epoch`, when given) no longer owns it or the run
-    stopped being drivable. `ttl_s` defaults to `lease_ttl_s()`."""
+    stopped being drivable. `ttl_s` defaults to `lease_ttl_s()`.
+
+    `liveness` (the heartbeat's): refreshed first — a lost liveness session is re-taken *before* this
+    renewal records the server marker it holds the lock on (None when it cannot: no fast path)."""
     ttl = lease_ttl_s() if ttl_s is None else ttl_s
+    marker = liveness.refresh() if liveness is not None and db.dialect.liveness else None
+    sets = ", lease_liveness = ?" if liveness is not None and db.dialect.liveness else ""
     with db.tx() as conn:
         cur = conn.execute(
-            f"UPDATE runs SET lease_until = ? WHERE id = ? AND lease_holder = ? AND status IN {_DRIVABLE_SQL}"
+            f"UPDATE runs SET lease_until = ?{sets} WHERE id = ? AND lease_holder = ? AND status IN {_DRIVABLE_SQL}"
             + (" AND lease_epoch = ?" if epoch is not None else ""),
-            (db.now(ttl), run_id, holder, *((epoch,) if epoch is not None else ())),
+            (db.now(ttl), *((marker,) if sets else ()), run_id, holder, *((epoch,) if epoch is not None else ())),
         )
         return cur.rowcount == 1
 
@@ -816,9 +847,10 @@ def release_lease(db: Database, run_id: str, holder: str) -> bool:
     A finished driver's lease is not kept as a record of who ran the run: that
     is task_history's job, and a stale holder shown on a failed run only misleads.
     """
+    sets = ", lease_session = NULL, lease_liveness = NULL" if db.dialect.liveness else ""
     with db.tx() as conn:
         cur = conn.execute(
-            "UPDATE runs SET lease_holder = NULL, lease_host = NULL, lease_pid = NULL, lease_until = NULL "
+            f"UPDATE runs SET lease_holder = NULL, lease_host = NULL, lease_pid = NULL, lease_until = NULL{sets} "
             "WHERE id = ? AND lease_holder = ?",
             (run_id, holder),
         )
@@ -853,10 +885,13 @@ def wait_lease_change(db: Database, run_id: str, seen: LeaseInfo, deadline: floa
 
 
 def read_lease(db: Database, run_id: str) -> LeaseInfo | None:
-    """The live lease on the run, or None (no lease, half-set, expired, or dead local holder)."""
+    """The live lease on the run, or None (no lease, half-set, expired, dead local holder, or — where the
+    journal records liveness — a holder whose liveness session is gone)."""
     row = db.query_one("SELECT lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,))
     if row is None:
         raise NotFoundError(f"workflow run {run_id!r} not found")
     if not holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], db.now()):
+        return None
+    if db.dialect.liveness and db.dialect.lease_dead(db, run_id):
         return None
     return _lease_of(row)

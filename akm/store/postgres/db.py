@@ -32,8 +32,9 @@ from typing import Any
 
 from akm.errors import JournalError, UsageError
 from akm.store.clock import format_iso
-from akm.store.journal import Dialect, Journal
+from akm.store.journal import Dialect, HolderLiveness, Journal
 from akm.store.postgres.connect import Target, connect, sqlstate
+from akm.store.postgres.liveness import dead_sql
 
 IDENTITY_LOCK = 4243
 EVENT_LOCK = (4242, 0)
@@ -47,6 +48,7 @@ class PgDialect(Dialect):
     name = "postgres"
     rowid = "seq"
     null_eq = "IS NOT DISTINCT FROM"
+    liveness = True
 
     def lock_run(self, conn: Any, run_id: str, mode: str) -> None:
         conn.execute(f"SELECT 1 FROM runs WHERE id = ? FOR {mode}", (run_id,))
@@ -62,6 +64,17 @@ class PgDialect(Dialect):
 
     def stamp_text(self, column: str) -> str:
         return f"to_char({column} AT TIME ZONE 'UTC', '{_ISO}')"
+
+    def lease_dead(self, conn: Any, run_id: str) -> bool:
+        """The holder's session lock is free on the server incarnation it recorded (liveness.dead_sql).
+
+        Called inside the transaction that decides a takeover, after the run row is locked; a probe that
+        finds the holder dead keeps its transaction-level lock until that transaction ends, harmlessly.
+        """
+        row = conn.execute(
+            f"SELECT {dead_sql('lease_session', 'lease_liveness')} AS dead FROM runs WHERE id = ?", (run_id,)
+        ).fetchone()
+        return bool(row and row[0])
 
 
 _statements: dict[str, str] = {}
@@ -355,6 +368,15 @@ class PgJournal(Journal):
             (float(offset_s),),
         )
         return str(row[0])
+
+    def holder_liveness(self, holder: str) -> HolderLiveness | None:
+        """A liveness connection holding `holder`'s session lock (liveness.HolderLock), opened on a background
+        thread so the driver does not wait for a second handshake: until it holds the lock the lease row
+        records no marker, and the holder's next renewal records it. Liveness never stops a driver: when the
+        server cannot be reached for it, peers wait for the lease to expire."""
+        from akm.store.postgres.liveness import HolderLock
+
+        return HolderLock.start(self.target, holder)
 
     @contextlib.contextmanager
     def bulk_writes(self) -> Iterator[None]:

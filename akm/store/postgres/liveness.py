@@ -22,12 +22,14 @@ Otherwise the check answers "not dead" and the lease expires as it would without
 `pg_stat_reset_shared('bgwriter')` also changes the marker, which only switches the fast path off until the
 holders' next renewal records the new one.
 
-Use from the journal (not wired yet; spec/journal.md "Liveness of a lease holder"):
+Use from the journal (wired through `PgJournal.holder_liveness` and `PgDialect.lease_dead`; spec/journal.md
+"Liveness of a lease holder"):
 
-* holder: `lock = HolderLock.acquire(target, holder)` before acquiring the lease; store `lock.key` and
-  `lock.marker` in the lease row in the same UPDATE; before each renewal `marker = lock.refresh()` and store
-  it with the renewal (a new connection re-takes the lock *before* the renewal writes the new marker);
-  `lock.release()` after releasing the lease. A `None` marker means "no fast path for me" (store NULL).
+* holder: `lock = HolderLock.acquire(target, holder)` (or `HolderLock.start`, which opens the connection on a
+  background thread; its `marker` stays None until the lock is held) before acquiring the lease; store
+  `lock.key` and `lock.marker` in the lease row in the same UPDATE; before each renewal
+  `marker = lock.refresh()` and store it with the renewal (a new connection re-takes the lock *before* the
+  renewal writes the new marker); `lock.release()` after releasing the lease. A `None` marker means "no fast path for me" (store NULL).
 * peer: `holder_is_dead(con, key, marker)` (or `dead_sql(...)` inside the statement that takes the lease)
   on a work connection, never on a liveness connection (advisory locks are re-entrant within a session).
 
@@ -37,6 +39,7 @@ This module imports nothing above `store/`; pg8000 comes in through `connect`.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from typing import Any
 
@@ -110,6 +113,7 @@ class HolderLock:
         self.wait_s = wait_s
         self.marker: str | None = None
         self._con: Any = None
+        self._opening: threading.Thread | None = None
 
     @classmethod
     def acquire(cls, target: Target, holder: str, *, wait_s: float = 2.0) -> HolderLock:
@@ -117,6 +121,33 @@ class HolderLock:
         lock = cls(target, holder, wait_s)
         lock._connect_and_take(wait_s)
         return lock
+
+    @classmethod
+    def start(cls, target: Target, holder: str, *, wait_s: float = 2.0) -> HolderLock:
+        """`acquire` without the wait: the connection opens and takes the lock on a background thread.
+
+        Why: a new connection (TCP, SCRAM) costs tens of ms, and a driver need not wait for it before it
+        takes the lease. `marker` is set only once the lock is held, so a lease taken meanwhile records
+        NULL (no fast path yet) and the holder's next renewal, whose `refresh` waits for the thread,
+        records the marker. Never raises: an unreachable server just means no fast path.
+        """
+        lock = cls(target, holder, wait_s)
+
+        def open_and_take() -> None:
+            try:
+                lock._connect_and_take(wait_s)
+            except Exception:  # unreachable now: refresh tries again
+                lock._close()
+
+        lock._opening = threading.Thread(target=open_and_take, name="akm-liveness", daemon=True)
+        lock._opening.start()
+        return lock
+
+    def _settle(self) -> None:
+        """Wait for a background open (`start`) to finish."""
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            opening.join()
 
     def _connect_and_take(self, wait_s: float) -> None:
         self._close()
@@ -152,6 +183,7 @@ class HolderLock:
         on. None when the lock cannot be had: record NULL (no fast path); liveness never stops a driver.
         One statement when all is well; never a wait when the session lives but the key is taken.
         """
+        self._settle()
         if self._con is not None:
             try:
                 rows = self._con.run(f"SELECT {MARKER_SQL}, {_LOCK_HELD_SQL}", ns=NAMESPACE, k=self.key)
@@ -171,6 +203,7 @@ class HolderLock:
 
     def release(self) -> None:
         """Give the lock up and close the liveness connection (idempotent)."""
+        self._settle()
         if self._con is not None:
             try:
                 self._con.run("SELECT pg_advisory_unlock(:ns, :k)", ns=NAMESPACE, k=self.key)

@@ -42,6 +42,7 @@ CREATE TABLE {s}.runs (
     lease_pid          integer,
     lease_until        timestamptz(3),
     lease_session      integer,
+    lease_liveness     text,
     lease_renewed_at   timestamptz(3),
     status_detail_json text,
     CONSTRAINT runs_status_check
