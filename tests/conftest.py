@@ -181,3 +181,13 @@ def pg_cluster():
         pytest.skip("no PostgreSQL binaries found (set AKM_TEST_PG_BINDIR)")
     with pgcluster.cluster(bindir) as c:
         yield c
+
+
+@pytest.fixture
+def pg_journal_url(pg_cluster):
+    """A journal URL naming a fresh schema on the throwaway cluster, for tests that pass it to a child
+    process themselves (the `akm` fixtures' environment carries no AKM_ variable of the test's own)."""
+    from tests import pgcluster
+
+    with pgcluster.fresh_schema(pg_cluster) as url:
+        yield url
