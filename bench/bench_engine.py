@@ -167,7 +167,9 @@ def fan_out(
     print(f"fan-out of {units} x `true` at width {width}, {rounds} interleaved rounds:")
     for name, rs in other.items():
         print(
-            f"  {name} in the same rounds: wall / bare pool, median {med(rs):.2f} (range {min(rs):.2f}-{max(rs):.2f})"
+            f"  {name} in the same rounds: wall / bare pool, median {med(rs):.2f} (range {min(rs):.2f}-{max(rs):.2f}); "
+            f"its own CPU {med(other_over[name]):.3f} ms per unit "
+            f"(range {min(other_over[name]):.3f}-{max(other_over[name]):.3f})"
         )
     eng_wall, bare_wall = walls[ratios.index(sorted(ratios)[len(ratios) // 2])]
     goal = 1.2 if width <= 2 else 1.3
