@@ -94,3 +94,24 @@ def test_a_write_alone_raises_its_own_error(db):
     with pytest.raises(ValueError, match="mine"):
         group.submit(lambda: (_ for _ in ()).throw(ValueError("mine")))
     assert group.submit(lambda: _insert(db, 1))
+
+
+def test_many_writers_each_get_their_own_committed_row(db):
+    group = GroupCommit(db)
+    got: dict[str, str] = {}
+
+    def worker(k):
+        for j in range(50):
+            uid = f"fan.unit:{k}-{j}"
+            got[uid] = group.submit(
+                lambda uid=uid: units.insert_unit(db, run_id="r1", unit_id=uid, step_id="fan", node_id="fan.unit")
+            )
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    rows = {u.unit_id: u.started_at for u in units.get_units(db, "r1")}
+    assert rows == got and len(rows) == 400
+    assert group.transactions <= 400 and not group._busy and not group._queue

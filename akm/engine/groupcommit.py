@@ -32,23 +32,30 @@ class Alone(Exception):
 
 
 class _Write:
-    __slots__ = ("fn", "done", "result", "alone")
+    __slots__ = ("fn", "done", "result", "alone", "wake", "batch")
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
         self.done = False
         self.result: Any = None
         self.alone = False
+        self.wake: Any = None  # a held lock its writer blocks on while queued; released to wake it
+        self.batch: list[_Write] | None = None  # set when its writer is to run the next group
 
 
 class GroupCommit:
-    """One per dispatch pass; shared by its worker threads."""
+    """One per dispatch pass; shared by its worker threads.
+
+    A queued writer sleeps on a lock of its own and is woken exactly once: when its write
+    committed (or rolled back), or to run the next group, which it heads. No broadcast: with
+    eight workers a shared condition would wake seven of them for every commit.
+    """
 
     def __init__(self, db: Journal) -> None:
         self.db = db
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
         self._queue: list[_Write] = []
-        self._busy = False  # a worker is running a transaction for a group
+        self._busy = False  # a group is being written (its writer hands over to the next one)
         self.transactions = 0  # transactions run, groups or single writes (writes / transactions: mean group)
 
     def submit(self, fn: Callable[[], Any]) -> Any:
@@ -57,15 +64,18 @@ class GroupCommit:
         Raises `Alone` when the shared transaction failed: nothing of `fn` was kept.
         """
         w = _Write(fn)
-        with self._cond:
-            self._queue.append(w)
-            while self._busy and not w.done:
-                self._cond.wait()
-            if not w.done:  # nobody is writing: this worker runs the group (its own write is in it)
-                batch, self._queue = self._queue, []
+        with self._lock:
+            if self._busy:
+                w.wake = threading.Lock()
+                w.wake.acquire()
+                self._queue.append(w)
+            else:
                 self._busy = True
-        if not w.done:
-            self._run(batch)
+                w.batch = [w]
+        if w.batch is None:
+            w.wake.acquire()  # until done, or handed the next group
+        if w.batch is not None:
+            self._run(w.batch)
         if w.alone:
             raise Alone()
         return w.result
@@ -85,17 +95,28 @@ class GroupCommit:
             if len(batch) == 1:
                 raise
         finally:
-            with self._cond:
-                self._finish(batch, results, ok)
+            self._finish(batch, results, ok)
 
     def _finish(self, batch: list[_Write], results: list[Any], ok: bool) -> None:
-        """Under the condition: hand every write its outcome, and let the next group start."""
-        self.transactions += 1
+        """Hand every write of `batch` its outcome, and the queued writes to the next group's writer.
+
+        The group's head is the writer running it (its wake lock, if any, is already released);
+        every other write's writer sleeps until woken here.
+        """
         for i, w in enumerate(batch):
             if ok:
                 w.result = results[i]
             elif len(batch) > 1:
                 w.alone = True
             w.done = True
-        self._busy = False
-        self._cond.notify_all()
+        with self._lock:
+            self.transactions += 1
+            nxt, self._queue = self._queue, []
+            if nxt:
+                nxt[0].batch = nxt  # busy stays set: the head of the queue writes the next group
+            else:
+                self._busy = False
+        for w in batch[1:]:
+            w.wake.release()
+        if nxt:
+            nxt[0].wake.release()
