@@ -3,10 +3,11 @@
 Every unit of a fan-out costs one journal transaction (its finish and the next insert, see
 `drive._PendingFinish`), and most of a transaction's cost is its COMMIT (the WAL frames of
 the pages it touched; on PostgreSQL a round trip and a WAL flush), not its statements. When
-a worker wants to write while another worker's transaction is open, it queues its write
-instead of waiting for the lock; the next worker to write takes every queued write and
-runs them all in one transaction (the journal's `tx()` joins: each write keeps its own
-statements, guards and fence checks), so a burst of W finishing workers pays one commit.
+a worker wants to write while another worker's group is being written, it queues its write
+instead of waiting for the journal's lock; when that group is done, the first queued writer
+runs every write queued meanwhile in one transaction on its own thread (each write's `tx()`
+joins it, keeping its own statements, guards and fence checks), so a burst of finishing
+workers pays one commit.
 
 The protocol does not change: `submit` returns only after the transaction holding the
 caller's write committed, so a unit's row is still committed before it is dispatched, and
