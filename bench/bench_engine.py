@@ -13,7 +13,12 @@ Everything is imported and warmed up before the first measured round. The machin
 may be shared: every figure is a median over interleaved rounds, and CPU time is
 less sensitive to a busy machine than wall time.
 
-Usage: python bench/bench_engine.py [--units 1000] [--rounds 7] [--rerun 2000] [--widths 2,4,8]
+`--compare DIR` also measures the engine of another source tree (a checkout of main, say:
+`git archive main | tar -x -C DIR`) in the same interleaved rounds, against the same bare
+pool. Each engine then runs in a child process of its own (its own imports and journal;
+wall and CPU measured in the child), this tree's too, so both are measured alike.
+
+Usage: python bench/bench_engine.py [--units 1000] [--rounds 7] [--rerun 2000] [--widths 2,4,8] [--compare DIR]
 """
 
 from __future__ import annotations
@@ -94,18 +99,65 @@ def engine(n: int, width: int, workdir: Path) -> str:
     return res.run.run_id
 
 
-def fan_out(units: int, rounds: int, work: Path, width: int = 2) -> dict[str, float]:
+class Child:
+    """An engine of some source tree in a process of its own, driven over its stdin/stdout."""
+
+    def __init__(self, root: Path, work: Path, data: Path) -> None:
+        env = dict(os.environ, AKM_DATA_DIR=str(data))
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", str(root), "--work", str(work)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    def measure(self, units: int, width: int) -> Sample:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{units} {width}\n")
+        self.proc.stdin.flush()
+        wall, cpu = json.loads(self.proc.stdout.readline())
+        return Sample(wall, cpu)
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def serve(root: str, work: Path) -> None:
+    """`--serve`: run the engine of `root` for each "UNITS WIDTH" line; answer [wall, cpu] as JSON."""
+    sys.path.insert(0, root)
+    for line in sys.stdin:
+        n, width = map(int, line.split())
+        s = measure(lambda: engine(n, width, work))  # noqa: B023 - called at once
+        print(json.dumps([s.wall, s.cpu]), flush=True)
+
+
+def fan_out(
+    units: int, rounds: int, work: Path, width: int = 2, children: dict[str, Child] | None = None
+) -> dict[str, float]:
     baseline(20, width)  # warm up the spawner and the engine's imports, caches and journal
-    engine(20, width, work)
+    if children:
+        engines: dict[str, Callable[[], Sample]] = {
+            name: (lambda c=c: c.measure(units, width)) for name, c in children.items()
+        }
+        for c in children.values():
+            c.measure(20, width)
+    else:
+        engine(20, width, work)
+        engines = {"engine": lambda: measure(lambda: engine(units, width, work))}
+    other: dict[str, list[float]] = {name: [] for name in engines if name != "engine"}
+    other_over: dict[str, list[float]] = {name: [] for name in other}
     ratios, eng_cpu, bare_cpu, over, walls = [], [], [], [], []
     for r in range(rounds):
-        # Alternate which goes first, so a trend in the machine's load hits both alike.
-        if r % 2 == 0:
-            bare = measure(lambda: baseline(units, width))
-            eng = measure(lambda: engine(units, width, work))
-        else:
-            eng = measure(lambda: engine(units, width, work))
-            bare = measure(lambda: baseline(units, width))
+        # Alternate the order, so a trend in the machine's load hits each alike.
+        order = ["bare", *engines] if r % 2 == 0 else [*reversed(list(engines)), "bare"]
+        got = {name: (measure(lambda: baseline(units, width)) if name == "bare" else engines[name]()) for name in order}
+        bare, eng = got["bare"], got["engine"]
+        for name in other:
+            other[name].append(got[name].wall / bare.wall)
+            other_over[name].append((got[name].cpu - bare.cpu) / units * 1000)
         ratios.append(eng.wall / bare.wall)
         walls.append((eng.wall, bare.wall))
         eng_cpu.append(eng.cpu / units * 1000)
@@ -113,6 +165,12 @@ def fan_out(units: int, rounds: int, work: Path, width: int = 2) -> dict[str, fl
         over.append((eng.cpu - bare.cpu) / units * 1000)
     med = statistics.median
     print(f"fan-out of {units} x `true` at width {width}, {rounds} interleaved rounds:")
+    for name, rs in other.items():
+        print(
+            f"  {name} in the same rounds: wall / bare pool, median {med(rs):.2f} (range {min(rs):.2f}-{max(rs):.2f}); "
+            f"its own CPU {med(other_over[name]):.3f} ms per unit "
+            f"(range {min(other_over[name]):.3f}-{max(other_over[name]):.3f})"
+        )
     eng_wall, bare_wall = walls[ratios.index(sorted(ratios)[len(ratios) // 2])]
     goal = 1.2 if width <= 2 else 1.3
     print(
@@ -176,7 +234,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--rerun", type=int, default=2000)
     ap.add_argument("--widths", default="2", help="comma-separated pool widths, each measured on its own (e.g. 2,4,8)")
+    ap.add_argument("--compare", help="also measure the engine of this source tree (e.g. a checkout of main)")
+    ap.add_argument("--serve", help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve:
+        serve(args.serve, Path(args.work))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["AKM_DATA_DIR"] = str(Path(tmp) / "data")
         work = Path(tmp)
@@ -185,8 +249,17 @@ def main() -> None:
         # while the baseline runs 8 threads: the map's own `concurrency` is then the width.
         (work / ".akm" / "config.json").write_text('{"workflow": {"maxConcurrency": 64}}')
         summary: dict[str, float] = {}
-        for width in (int(w) for w in args.widths.split(",")):
-            summary.update(fan_out(args.units, args.rounds, work, width))
+        children: dict[str, Child] = {}
+        if args.compare:
+            here = Path(__file__).resolve().parent.parent
+            children["engine"] = Child(here, work, Path(tmp) / "data-here")
+            children[args.compare] = Child(Path(args.compare).resolve(), work, Path(tmp) / "data-compare")
+        try:
+            for width in (int(w) for w in args.widths.split(",")):
+                summary.update(fan_out(args.units, args.rounds, work, width, children))
+        finally:
+            for c in children.values():
+                c.close()
         if args.rerun:
             summary.update(reruns(args.rerun, work))
         print(json.dumps(summary))

@@ -217,3 +217,6 @@ def test_unit_hasher_matches_reference_preimage(params, item, exec_unit, feedbac
     assert fast == ref
     solo = unit_input_hash(template=unit, params=params, inputs=inputs, dispatch={"k": 1}, gate_feedback=fb)
     assert UnitHasher(template=unit, params=params, inputs=inputs, dispatch={"k": 1}, gate_feedback=fb).hash() == solo
+    # a wide fan-out hashes with OpenSSL's SHA-256 instead of the builtin module's: the same digests
+    many = UnitHasher(template=unit, params=params, inputs=inputs, dispatch={"k": 1}, gate_feedback=fb, units=10**7)
+    assert many.hash(item) == ref and many.hash() == solo

@@ -42,6 +42,7 @@ from akm.engine.finalize import (
     UnitState,
     decide_step,
 )
+from akm.engine.groupcommit import GroupCommit
 from akm.engine.heartbeat import Heartbeat
 from akm.engine.progress import PassStarted, StepProgress
 from akm.engine.reduce import UnitOutcome, journaled_result_json
@@ -146,6 +147,7 @@ class _Pass:
         self._count_lock = threading.Lock()
         self._local = threading.local()  # per worker: the attempt whose finish is deferred
         self._parent_env = dict(os.environ)  # one snapshot per step for every unit's environment
+        self._group = GroupCommit(driver.db)  # workers finishing together share a transaction
 
     # ------------------------------------------------------------ one attempt
     def _dispatch_attempt(self, unit: WorkUnit, attempt: str) -> UnitOutcome:
@@ -167,7 +169,8 @@ class _Pass:
                 d.warn(f"a previous attempt of {attempt} left uncollected work; preserved at {tree.preserved_leftover}")
             base_dir = tree.path
         # This worker's previous attempt is finished in the same transaction as this
-        # insert: one commit per unit instead of two (see _PendingFinish).
+        # insert: one commit per unit instead of two (see _PendingFinish), and one commit
+        # for several workers that write at once (see groupcommit).
         pending, self._local.pending = getattr(self._local, "pending", None), None
         insert = dict(
             run_id=d.run_id,
@@ -185,11 +188,12 @@ class _Pass:
         inserting = time.monotonic()
         try:
             if pending is None:
-                started_at = units_store.insert_unit(d.db, **insert)
+                started_at = self._group.submit(lambda: units_store.insert_unit(d.db, **insert))
             else:
-                finished, started_at = units_store.finish_and_insert(d.db, self._finish_of(pending), **insert)
+                finish = self._finish_of(pending)
+                finished, started_at = self._group.submit(lambda: units_store.finish_and_insert(d.db, finish, **insert))
                 self._finished(pending, finished)
-        except Exception as exc:
+        except Exception as exc:  # (groupcommit.Alone: the shared transaction rolled back; write alone below)
             started_at = None
             if d.fenced_out(exc):  # another driver owns the run: nothing more is written or started
                 if pending is not None:

@@ -188,7 +188,12 @@ def _units(
     timeout_ms = template.exec.timeout_ms if template.exec else (invocation.timeout_ms if invocation else None)
 
     hasher = UnitHasher(
-        template=template, params=params, inputs=inputs, dispatch=dispatch_snapshot, gate_feedback=gate_feedback
+        template=template,
+        params=params,
+        inputs=inputs,
+        dispatch=dispatch_snapshot,
+        gate_feedback=gate_feedback,
+        units=len(entries),
     )
     params_json = json_or_null(params)
     units: list[WorkUnit] = []

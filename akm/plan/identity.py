@@ -15,6 +15,7 @@ from akm.canonical import _sha256, canonical_hash, canonical_json, sha256_hex
 from akm.plan.model import UNIT_HASH_VERSION, UnitNode
 
 _NO_ITEM = object()
+_OPENSSL_WORTH_BYTES = 1 << 20
 
 
 def solo_unit_id(step_id: str) -> str:
@@ -99,7 +100,9 @@ class UnitHasher:
         inputs: list[tuple[str, Any]] | None = None,
         dispatch: Any = None,
         gate_feedback: dict[str, Any] | None = None,
+        units: int = 1,
     ) -> None:
+        """`units`: how many hashes are coming (it picks the digest implementation, see below)."""
         cj = canonical_json
         invocation = None if template.invocation is None else template.invocation.model_dump(mode="json", by_alias=True)
         head = [
@@ -117,8 +120,7 @@ class UnitHasher:
         head.append(',"item":')
         # The digest state after the head is kept, and the tail (which holds the params, often the
         # bulk of the preimage) is encoded once: per unit only the item is new text.
-        self._head = _sha256("".join(head).encode("utf-8"))
-        self._tail = (
+        tail = (
             ',"params":'
             + cj(params)
             + ',"schema":'
@@ -127,6 +129,15 @@ class UnitHasher:
             + cj(template.instructions)
             + "}"
         ).encode("utf-8")
+        sha256 = _sha256
+        if units * len(tail) > _OPENSSL_WORTH_BYTES:
+            # A fan-out whose params hold its list hashes them once per unit: OpenSSL's SHA-256 is ~5x
+            # the builtin module's, which pays for loading it (~3 ms) past about a megabyte in all.
+            import hashlib
+
+            sha256 = hashlib.sha256
+        self._head = sha256("".join(head).encode("utf-8"))
+        self._tail = tail
 
     def hash(self, item: Any = _NO_ITEM, item_json: str | None = None) -> str:
         """`item_json` may carry the item's canonical JSON when the caller already has it."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 
-_second_cache: tuple[int, str] = (-1, "")
+_second_cache: dict[int, str] = {}
 
 
 def now_iso(offset_s: float = 0.0) -> str:
@@ -19,16 +19,18 @@ def now_iso(offset_s: float = 0.0) -> str:
 
     Every journal write stamps a row, so this is on the per-unit path: the
     `YYYY-MM-DDTHH:MM:SS` part is formatted once per second and cached (the
-    same text `format_iso` gives; a stale cache entry only costs a re-format).
+    same text `format_iso` gives). A few seconds are kept, not one: a unit's
+    insert asks for now and for now + half a lease TTL, which would evict each
+    other from a single entry.
     """
-    global _second_cache
     moment = time.time() + offset_s
     second = int(moment)
-    cached = _second_cache
-    if cached[0] != second:
-        cached = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
-        _second_cache = cached
-    return f"{cached[1]}.{int((moment - second) * 1000):03d}Z"
+    text = _second_cache.get(second)
+    if text is None:
+        if len(_second_cache) >= 8:
+            _second_cache.clear()
+        text = _second_cache[second] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    return f"{text}.{int((moment - second) * 1000):03d}Z"
 
 
 def format_iso(moment: datetime) -> str:

@@ -213,14 +213,19 @@ def _insert_row(db: Database, conn: Any, now: str, row: list[Any], fence: Fence 
     return str(row[-1])
 
 
-def _finish_row(conn: Any, now: str, f: UnitFinish, fence: Fence | None = None) -> str | None:
+def _finish_row(
+    conn: Any, now: str, f: UnitFinish, fence: Fence | None = None, *, insert_follows: bool = False
+) -> str | None:
     """Finish this dispatch's row; its event metadata, or None when the row was superseded.
 
     A missing row raises JournalError, a lost `fence` LEASE_LOST (the caller's transaction rolls back).
+    `insert_follows`: an insert of the same run follows in this transaction (`finish_and_insert`); its
+    guard refuses every run that is not drivable, an abandoned one included, and rolls this finish
+    back with it, so the run's status need not be read here (the caller then finishes alone).
     """
     if f.status not in ("completed", "failed"):
         raise ValueError(f"finish_unit status must be completed or failed, not {f.status!r}")
-    run = conn.execute("SELECT status FROM runs WHERE id = ?", (f.run_id,)).fetchone()
+    run = None if insert_follows else conn.execute("SELECT status FROM runs WHERE id = ?", (f.run_id,)).fetchone()
     if run is not None and run["status"] == "abandoned":
         # A driver's in-flight unit finishing after an abandon (it stops them, but they end after the commit):
         # its result is not journaled; the row ends as abandon ends a dead driver's rows (issue 23 item 1).
@@ -386,7 +391,8 @@ def finish_and_insert(
         if finish.run_id != run_id:
             db.dialect.lock_run(conn, finish.run_id, RUN_UNIT_WRITE)
         now = db.now()
-        finished = _finish_row(conn, now, finish)  # fenced by the insert below: a refusal rolls back both
+        # fenced and guarded by the insert below: a refusal rolls back both
+        finished = _finish_row(conn, now, finish, insert_follows=finish.run_id == run_id)
         started_at = _insert_row(
             db,
             conn,
