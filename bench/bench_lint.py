@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml  # noqa: E402
 
-from akm.format import yaml12  # noqa: E402
+from akm.format import yaml_stock  # noqa: E402
 from akm.format.lint import lint_text  # noqa: E402
 
 
@@ -50,12 +50,12 @@ def main() -> None:
     baseline = cpu(lambda: yaml.compose(frontmatter, Loader=yaml.SafeLoader), args.runs)
     report = lint_text(text, "big.md")
     lint = cpu(lambda: lint_text(text, "big.md"), args.runs)
-    saved = yaml12._CComposer
-    yaml12._CComposer = None  # the pure-Python path (a PyYAML without libyaml)
+    saved = yaml_stock._CComposer
+    yaml_stock._CComposer = None  # the pure-Python path (a PyYAML without libyaml)
     try:
         slow = cpu(lambda: lint_text(text, "big.md"), args.runs)
     finally:
-        yaml12._CComposer = saved
+        yaml_stock._CComposer = saved
 
     print(
         f"workflow: {args.steps} steps, {len(text) / 1024:.0f} KiB; "

@@ -25,6 +25,8 @@ import sys
 import threading
 from typing import Any
 
+from akm.format.yaml_core import TAG_MAP, TAG_SEQ, TAG_STR
+
 
 def _defer_package() -> None:
     """Make `yaml` importable without running its `__init__.py` until a name of it is needed."""
@@ -71,10 +73,6 @@ __all__ = ["MappingNode", "Node", "ScalarNode", "SequenceNode", "Unprintable", "
 # fraction of a millisecond; ASCII text, nearly every frontmatter, is checked against its ASCII part only.
 _ASCII_UNPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _UNPRINTABLE = "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f\ud800-\udfff\ufffe\uffff]"  # compiled when needed
-
-TAG_STR = "tag:yaml.org,2002:str"
-TAG_SEQ = "tag:yaml.org,2002:seq"
-TAG_MAP = "tag:yaml.org,2002:map"
 
 ImplicitTable = dict[str, list[tuple[str, "re.Pattern[str]"]]]
 
