@@ -105,7 +105,8 @@ def _normalize(path: Path) -> str:
     return text
 
 
-def _path_key(root: Path) -> str:
+def path_key(root: Path) -> str:
+    """`"dir:v1:" + sha256(root)` of a project root: the scope on one machine, a legacy key on a shared journal."""
     # surrogateescape: a directory name that is not UTF-8 hashes as its bytes on disk
     # (for every UTF-8 name this is exactly its UTF-8 encoding).
     from akm.canonical import _sha256
@@ -156,7 +157,7 @@ def scope_keys(cwd: str | os.PathLike[str] | None = None, *, portable: bool) -> 
     project has the path key only. The caller says which: a hidden default would pick the scope of runs.
     """
     root = project_root(cwd)
-    legacy = _path_key(root)
+    legacy = path_key(root)
     ident = _identity(root) if portable else None
     if ident is None:
         return (legacy,)

@@ -64,7 +64,7 @@ def _run_project_root(run, cwd: Path, *, portable: bool) -> Path:
     was started in, when it is on this machine, still wins over another clone of the same repository.
     """
     root = paths.project_root(cwd)
-    if not run.workflow_path or run.scope_key == paths.scope_keys(root, portable=portable)[-1]:  # the path key
+    if not run.workflow_path or run.scope_key == paths.path_key(root):
         return root
     candidate = paths.project_root(Path(run.workflow_path).parent)
     if candidate != root and candidate.is_dir() and run.scope_key in paths.scope_keys(candidate, portable=portable):

@@ -52,7 +52,6 @@ class Applied:
     next: str  # AGAIN | PARKED | FINISHED | STOPPED
     status: str | None = None  # FINISHED: the status the step got (a too-large artifact fails a completion)
     notes: str | None = None  # FINISHED: the notes written with it
-    brief: dict[str, Any] | None = None  # PARKED: the run's status detail (what the agent is asked for)
     judge_failed: bool = False  # FINISHED because the engine judge failed (fail-closed), not by the decision
 
 
@@ -124,19 +123,13 @@ def pass_failed(decision: StepDecision, reason: str) -> StepDecision:
     return StepDecision("fail", loop=decision.loop, notes=reason, evidence={"error": reason})
 
 
-def is_session_judged(plan: Plan, step: StepPlan) -> bool:
-    """The step's gate has no judge engine: the calling agent gives the verdict."""
-    return gates.judge_engine(plan, step)[0] is None
-
-
 def apply_decision(fx: Effects, step: StepPlan, decision: StepDecision) -> Applied:
     """Do what `decision` says for `step`: journal a verdict, park the run, judge, or finish the step."""
     kind = decision.kind
     if kind == "work":
         # Units remain that this driver does not run (the drive loop dispatched its pass already).
-        brief = units_brief(step, decision)
-        fx.park(brief)
-        return Applied(PARKED, brief=brief)
+        fx.park(units_brief(step, decision))
+        return Applied(PARKED)
     if kind == "retry":
         # The artifact missed its `output` schema with loops left: journal the rejection; the next loop re-runs.
         assert decision.verdict is not None
@@ -171,9 +164,8 @@ def _judge(fx: Effects, step: StepPlan, decision: StepDecision) -> Applied:
     dispatcher = fx.dispatcher_for(kind) if (name is not None and kind) else None
     if name is None or (dispatcher is None and fx.park_without_judge_dispatcher):
         fx.record(step.step_id, decision, ok=True)
-        brief = judge_brief(step, decision)
-        fx.park(brief)
-        return Applied(PARKED, brief=brief)
+        fx.park(judge_brief(step, decision))
+        return Applied(PARKED)
     with fx.judging() as cancel:
         verdict, error = fx.write(
             judge_with_engine,

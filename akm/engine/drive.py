@@ -727,7 +727,8 @@ class _Driver:
         notes: str | None,
         evidence: dict[str, Any] | None,
         detail: dict[str, Any] | None = None,
-    ) -> str:
+    ) -> tuple[str, str | None]:
+        """End the step (fenced); returns (status written, notes written)."""
         try:
             status, notes, warnings = finish_step(
                 self.db,
@@ -754,7 +755,7 @@ class _Driver:
         self.spine = load_spine(self.db, self.run_id, self.plan)
         if self.opts.on_progress is not None:
             self.opts.on_progress(StepProgress(self.run_id, step_id, status, summary or notes))
-        return status
+        return status, notes
 
     def record(self, step_id: str, decision: StepDecision, *, ok: bool, summary: str | None = None) -> None:
         """One `executed` entry per finished loop of a step."""
@@ -941,9 +942,9 @@ class _DriverEffects:
         detail: dict[str, Any] | None,
         judge_failed: bool,
     ) -> tuple[str, str | None]:
-        status = self.d.finish(step_id, status, summary=summary, notes=notes, evidence=evidence, detail=detail)
+        written = self.d.finish(step_id, status, summary=summary, notes=notes, evidence=evidence, detail=detail)
         self.d.result.steps_processed += 1
-        return status, notes
+        return written
 
 
 def _default_registry() -> DispatcherRegistry:

@@ -33,11 +33,10 @@ class Alone(Exception):
 
 
 class _Write:
-    __slots__ = ("fn", "done", "result", "alone", "wake", "batch")
+    __slots__ = ("fn", "result", "alone", "wake", "batch")
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
-        self.done = False
         self.result: Any = None
         self.alone = False
         self.wake: Any = None  # a held lock its writer blocks on while queued; released to wake it
@@ -109,7 +108,6 @@ class GroupCommit:
                 w.result = results[i]
             elif len(batch) > 1:
                 w.alone = True
-            w.done = True
         with self._lock:
             self.transactions += 1
             nxt, self._queue = self._queue, []

@@ -33,7 +33,7 @@ from typing import Any, Callable
 from akm.dispatch.answer import AnswerError, parse_command_json
 from akm.dispatch.redact import redact_text, redact_value, sensitive_values_from
 from akm.engine import gates
-from akm.engine.apply import AGAIN, PARKED, apply_decision, is_session_judged, pass_failed
+from akm.engine.apply import AGAIN, PARKED, apply_decision, pass_failed
 from akm.engine.budget import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
 from akm.engine.finalize import (
     DIVERGED,
@@ -174,8 +174,9 @@ def _current(db: Database, run_id: str) -> _Current:
 
 
 def _is_session_judged(cur: _Current) -> bool:
+    """The step's gate has no judge engine: the calling agent gives the verdict."""
     assert cur.step is not None
-    return is_session_judged(cur.loaded.plan, cur.step)
+    return gates.judge_engine(cur.loaded.plan, cur.step)[0] is None
 
 
 def _live_claim(row: dict[str, Any] | None, now: str) -> dict[str, Any] | None:
@@ -734,11 +735,6 @@ def _stale(cur: _Current, unit_id: str, asked: str, current: str) -> UsageError:
     )
 
 
-def _family_rows(db: Database, run_id: str, content_id: str) -> list[dict[str, Any]]:
-    """Every journaled attempt of one unit (all gate loops and retries), oldest first."""
-    return units_store.family_rows(db, run_id, content_id)
-
-
 def _resent_report(
     db: Database,
     cur: _Current,
@@ -758,7 +754,7 @@ def _resent_report(
     finished step or run keeps its own refusal, below).
     """
     content_id = _content_id(unit_id)
-    rows = [r for r in _family_rows(db, cur.run_id, content_id) if r["status"] in ("completed", "failed")]
+    rows = [r for r in units_store.family_rows(db, cur.run_id, content_id) if r["status"] in ("completed", "failed")]
     if not rows:
         return None
     d = cur.decision
@@ -1068,9 +1064,8 @@ def _finalize(
                     "(the judge brief is in this answer).",
                 }
             if applied.judge_failed:
-                fresh = runs_store.get_step(db, run_id, step.step_id)
                 return {
-                    "stepOutcome": {"kind": "blocked", "summary": fresh.notes if fresh else None},
+                    "stepOutcome": {"kind": "blocked", "summary": (applied.notes or "").strip() or None},  # as stored
                     "remainingUnits": 0,
                     "message": f"Step {step.step_id} is blocked: its judge failed.",
                 }
