@@ -120,6 +120,15 @@ class Journal:
         """The journal's clock (+ offset seconds) in the journal's timestamp format (`akm.store.clock`)."""
         raise NotImplementedError
 
+    def later(self, now: str, offset_s: float) -> str:
+        """`now` (a stamp this transaction just took from `now()`) + offset seconds, on the journal's clock.
+
+        For an expiry beside a stamp already in hand: where reading the clock is a round trip (PostgreSQL)
+        the backend derives it from `now`; where it is a local call (SQLite) it reads the clock again, which
+        is cheaper than parsing the stamp.
+        """
+        return self.now(offset_s)
+
     def holder_liveness(self, holder: str) -> HolderLiveness | None:
         """Start proving `holder` alive to other hosts while it holds a run lease; None when this journal
         needs no proof (SQLite: one host, pids tell) or cannot give one (then peers wait for expiry)."""

@@ -195,7 +195,7 @@ def _insert_row(db: Database, conn: Any, now: str, row: list[Any], fence: Fence 
             return now
     else:
         ttl = lease_ttl_s()
-        min_until = db.now(ttl / 2)
+        min_until = db.later(now, ttl / 2)
         if conn.execute(_INSERT_FRESH_FENCED, [*row, run_id, fence.holder, fence.epoch, min_until]).rowcount == 1:
             return now
     run = conn.execute("SELECT status, lease_until FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -206,9 +206,9 @@ def _insert_row(db: Database, conn: Any, now: str, row: list[Any], fence: Fence 
     if fence is not None:
         check_fence(conn, run_id, fence)
         if run["lease_until"] is None or run["lease_until"] < min_until:
-            conn.execute("UPDATE runs SET lease_until = ? WHERE id = ?", (db.now(ttl), run_id))
+            conn.execute("UPDATE runs SET lease_until = ? WHERE id = ?", (db.later(now, ttl), run_id))
     prev = conn.execute("SELECT started_at FROM units WHERE run_id = ? AND unit_id = ?", (run_id, row[1])).fetchone()
-    row[-1] = _next_stamp(db.now(), prev["started_at"] if prev else None)
+    row[-1] = _next_stamp(now, prev["started_at"] if prev else None)
     conn.execute(_REINSERT, row)
     return str(row[-1])
 
@@ -596,12 +596,13 @@ def write_report(
         if plan.kind == "idempotent":
             return ReportWrite("idempotent")
         if plan.kind == "renew":
+            until = db.later(now, CLAIM_TTL_S)
             conn.execute(
                 "UPDATE units SET claim_expires_at = ?, claim_host = ?, claim_pid = ?, last_checkin_at = ? "
                 "WHERE run_id = ? AND unit_id = ?",
-                (db.now(CLAIM_TTL_S), host, pid, now, run_id, unit_id),
+                (until, host, pid, now, run_id, unit_id),
             )
-            return ReportWrite("heartbeat", ClaimInfo(holder, host, pid, db.now(CLAIM_TTL_S)))
+            return ReportWrite("heartbeat", ClaimInfo(holder, host, pid, until))
         totals = conn.execute(
             "SELECT COALESCE(SUM(attempts), 0) AS a, COALESCE(SUM(tokens), 0) AS t FROM units "
             "WHERE run_id = ? AND phase IS NULL AND unit_id != ?",
@@ -633,7 +634,7 @@ def write_report(
                 "SELECT started_at FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)
             ).fetchone()["started_at"]
         if status == "running":
-            until = db.now(CLAIM_TTL_S)
+            until = db.later(now, CLAIM_TTL_S)
             conn.execute(
                 "UPDATE units SET claim_holder = ?, claim_host = ?, claim_pid = ?, claim_expires_at = ?, "
                 "last_checkin_at = ? WHERE run_id = ? AND unit_id = ?",

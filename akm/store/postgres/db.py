@@ -26,12 +26,12 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from akm.errors import JournalError, UsageError
-from akm.store.clock import format_iso
+from akm.store.clock import format_iso, parse_iso
 from akm.store.journal import Dialect, HolderLiveness, Journal
 from akm.store.postgres.connect import Target, connect, sqlstate
 from akm.store.postgres.liveness import dead_sql
@@ -368,6 +368,10 @@ class PgJournal(Journal):
             (float(offset_s),),
         )
         return str(row[0])
+
+    def later(self, now: str, offset_s: float) -> str:
+        """Derived from `now`, not read again: each read of the server clock is a round trip."""
+        return format_iso(parse_iso(now) + timedelta(seconds=offset_s))
 
     def holder_liveness(self, holder: str) -> HolderLiveness | None:
         """A liveness connection holding `holder`'s session lock (liveness.HolderLock), opened on a background
