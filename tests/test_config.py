@@ -342,3 +342,12 @@ def test_exec_only_runs_do_not_build_config_models(project, monkeypatch):
     assert run(wf, project).run.status == "completed"
     assert _schema._MODELS is None
     assert os.environ.get("AKM_CONFIG_DIR") is None
+
+
+def test_journal_url_password_must_be_a_braced_reference_the_connection_can_read(project, user_file, capsys):
+    """`$NAME` is an env reference elsewhere in config, but the journal connection reads only `${NAME}`:
+    a URL it would send as the literal text `$NAME` is refused where it is stored."""
+    code, _, err = akm(capsys, "config", "set", "journal.url", "postgresql://akm:$AKM_PW@db.internal/akm")
+    assert code == 2 and "INVALID_ARGUMENT" in err and "${NAME}" in err
+    code, _, err = akm(capsys, "config", "set", "journal.url", "postgresql://akm:${AKM_PW}@db.internal/akm")
+    assert code == 0, err

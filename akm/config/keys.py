@@ -137,7 +137,9 @@ def _check_endpoint(key: str, value: Any) -> None:
 def _check_journal_url(key: str, raw: str) -> None:
     """A journal server URL is stored only with its password as a `${NAME}` reference (or none at all),
     so the config file never holds the secret; the value is not echoed."""
-    from urllib.parse import urlsplit
+    from urllib.parse import unquote, urlsplit
+
+    from akm.store.postgres.connect import password_ref  # a leaf: stdlib and akm.errors only
 
     try:
         parts = urlsplit(raw)
@@ -145,7 +147,7 @@ def _check_journal_url(key: str, raw: str) -> None:
         parts = None
     if parts is None or parts.scheme not in ("postgresql", "postgres"):
         raise UsageError(f"{key}: expected a postgresql:// URL.", code="INVALID_ARGUMENT")
-    if parts.password is not None and env_ref_name(parts.password) is None:
+    if parts.password is not None and password_ref(unquote(parts.password)) is None:
         raise UsageError(
             f"{key}: akm does not store passwords in config; write the password as ${{NAME}} of an environment "
             "variable.",

@@ -21,6 +21,16 @@ _ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 SSLMODES = ("disable", "prefer", "require", "verify-ca", "verify-full")
 
 
+def password_ref(password: str) -> str | None:
+    """The variable a URL's (unquoted) password names as `${NAME}`, or None when it is not such a reference.
+
+    The one rule for both where a URL is stored (config `journal.url`, which refuses anything else) and where
+    it is used (`parse_url`, which reads the variable).
+    """
+    m = _ENV_REF.match(password)
+    return m.group(1) if m else None
+
+
 @dataclass(frozen=True)
 class Target:
     """Where and as whom to connect; the password is resolved (never printed: `shown` masks it)."""
@@ -63,10 +73,10 @@ def parse_url(url: str, env: dict[str, str] | None = None) -> Target:
         raise _bad_url(f"the journal URL has an invalid port: {exc}") from None
     user = unquote(parts.username or "") or env.get("USER", "postgres")
     password = unquote(parts.password) if parts.password is not None else None
-    if password is not None and (m := _ENV_REF.match(password)):
-        if m.group(1) not in env:
-            raise _bad_url(f"the journal URL's password refers to ${{{m.group(1)}}}, which is not set")
-        password = env[m.group(1)]
+    if password is not None and (name := password_ref(password)) is not None:
+        if name not in env:
+            raise _bad_url(f"the journal URL's password refers to ${{{name}}}, which is not set")
+        password = env[name]
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     sslmode = query.get("sslmode", "prefer")
     if sslmode not in SSLMODES:
