@@ -49,26 +49,24 @@ def _open_db(*, read_only: bool = False):
 def _configured_journal_url() -> str | None:
     """Config `journal.url` (the project file over the user file), read raw: opening the journal must not
     cost a validation of the whole config. Absent or empty: None (the SQLite journal)."""
-    from akm.config import config_files_exist, project_config_path, user_config_path
+    from akm.config import project_config_path, user_config_path
     from akm.config._files import read_config_file
+    from akm.store import server_url
 
-    if not config_files_exist():
+    files = (user_config_path(), project_config_path())  # found once: the project root is a directory walk
+    if not any(path.is_file() for path in files):
         return None
     url: object = None
-    for path in (user_config_path(), project_config_path()):
+    for path in files:
         data = read_config_file(path) or {}
         section = data.get("journal") if isinstance(data, dict) else None
         if isinstance(section, dict) and "url" in section:
             url = section["url"]
-    if url is None or url == "":
-        return None
-    if not isinstance(url, str) or url.startswith("sqlite:"):
-        if isinstance(url, str):
-            return None
-        from akm.errors import JournalError
+    if url is None or isinstance(url, str):
+        return server_url(url or "")
+    from akm.errors import JournalError
 
-        raise JournalError("config journal.url must be a postgresql:// URL (a string)", code="JOURNAL_URL_INVALID")
-    return url.strip()
+    raise JournalError("config journal.url must be a postgresql:// URL (a string)", code="JOURNAL_URL_INVALID")
 
 
 def _writable(path: Path) -> bool:

@@ -40,15 +40,18 @@ def open_db_read_only(path: str | os.PathLike[str]) -> SqliteJournal:
 JOURNAL_URL_ENV = "AKM_JOURNAL_URL"
 
 
-def journal_url() -> str | None:
-    """The configured journal server (`AKM_JOURNAL_URL`, trimmed), or None for the SQLite file.
-
-    A `sqlite:` URL or an empty value means the default SQLite journal.
-    """
-    raw = os.environ.get(JOURNAL_URL_ENV, "").strip()
+def server_url(raw: str) -> str | None:
+    """A configured journal URL, trimmed, or None for the SQLite file: a `sqlite:` URL or an empty value
+    means the default SQLite journal (the one rule for `AKM_JOURNAL_URL` and config `journal.url`)."""
+    raw = raw.strip()
     if not raw or raw.startswith("sqlite:"):
         return None
     return raw
+
+
+def journal_url() -> str | None:
+    """The journal server `AKM_JOURNAL_URL` names (`server_url`), or None for the SQLite file."""
+    return server_url(os.environ.get(JOURNAL_URL_ENV, ""))
 
 
 def open_journal(url: str, *, migrate: bool = True) -> Journal:
