@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from akm.errors import UsageError
+
 # Row-lock modes of `Dialect.lock_run` (PostgreSQL's names; postgres.md §2.5). `UPDATE` conflicts with
 # both others, so once an abandon (UPDATE) commits, no unit write (KEY_SHARE) can slip in before it.
 RUN_UPDATE = "UPDATE"
@@ -146,3 +148,17 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def not_text_error(exc: UnicodeEncodeError) -> UsageError:
+    """A value bound to a statement is not valid Unicode text (a lone surrogate).
+
+    The last line of defence: fronts refuse such input where it enters
+    (akm.text); this keeps any that slips through from surfacing as an internal
+    error, and the transaction it was part of rolls back.
+    """
+    return UsageError(
+        f"a value is not valid UTF-8 text ({exc.reason} at character {exc.start + 1}) and cannot be stored in "
+        "or looked up in the journal",
+        code="NOT_UTF8",
+    )

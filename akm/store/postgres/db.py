@@ -30,9 +30,9 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from akm.errors import JournalError, UsageError
+from akm.errors import JournalError
 from akm.store.clock import format_iso, parse_iso
-from akm.store.journal import Dialect, HolderLiveness, Journal
+from akm.store.journal import Dialect, HolderLiveness, Journal, not_text_error
 from akm.store.postgres.connect import Target, connect, sqlstate
 from akm.store.postgres.liveness import dead_sql
 
@@ -259,14 +259,6 @@ def pg_error(exc: Exception, what: str, shown: str) -> JournalError:
     return JournalError(f"journal {what} failed ({shown}): {message}", hint=hint)
 
 
-def _not_text(exc: UnicodeEncodeError) -> UsageError:
-    return UsageError(
-        f"a value is not valid UTF-8 text ({exc.reason} at character {exc.start + 1}) and cannot be stored in "
-        "or looked up in the journal",
-        code="NOT_UTF8",
-    )
-
-
 def _is_driver_error(exc: BaseException) -> bool:
     return type(exc).__module__.startswith("pg8000")
 
@@ -306,7 +298,7 @@ class _Transaction:
                 if _is_driver_error(exc):
                     raise pg_error(exc, "write", db.shown) from None  # type: ignore[arg-type]
                 if isinstance(exc, UnicodeEncodeError):
-                    raise _not_text(exc) from None
+                    raise not_text_error(exc) from None
                 return False
             try:
                 db.conn.simple("COMMIT")
@@ -352,7 +344,7 @@ class PgJournal(Journal):
             try:
                 return self.conn.execute(sql, params)
             except UnicodeEncodeError as exc:
-                raise _not_text(exc) from None
+                raise not_text_error(exc) from None
             except Exception as exc:
                 if not _is_driver_error(exc) or self.conn.in_transaction:
                     raise  # the owning tx() maps it after rolling back

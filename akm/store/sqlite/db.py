@@ -34,9 +34,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from akm.errors import JournalError, UsageError
+from akm.errors import JournalError
 from akm.store.clock import now_iso
-from akm.store.journal import Dialect, Journal
+from akm.store.journal import Dialect, Journal, not_text_error
 
 BUSY_TIMEOUT_MS = 30_000
 BEGIN_ATTEMPTS = 5
@@ -66,20 +66,6 @@ def journal_error(exc: sqlite3.Error, what: str, path: str | os.PathLike[str] | 
             "permission); set AKM_DATA_DIR to a writable directory."
         )
     return JournalError(f"journal {what} failed{where}: {exc}", hint=hint)
-
-
-def _not_text(exc: UnicodeEncodeError) -> UsageError:
-    """A value bound to a statement is not valid Unicode text (a lone surrogate).
-
-    The last line of defence: fronts refuse such input where it enters
-    (akm.text); this keeps any that slips through from surfacing as an internal
-    error, and the transaction it was part of rolls back.
-    """
-    return UsageError(
-        f"a value is not valid UTF-8 text ({exc.reason} at character {exc.start + 1}) and cannot be stored in "
-        "or looked up in the journal",
-        code="NOT_UTF8",
-    )
 
 
 class _Transaction:
@@ -113,7 +99,7 @@ class _Transaction:
                 if isinstance(exc, sqlite3.Error):
                     raise journal_error(exc, "write", db.path) from exc
                 if isinstance(exc, UnicodeEncodeError):
-                    raise _not_text(exc) from None
+                    raise not_text_error(exc) from None
                 return False
             if not db.conn.in_transaction:
                 raise JournalError(
@@ -312,7 +298,7 @@ class SqliteJournal(Journal):
             try:
                 return self.conn.execute(sql, params)
             except UnicodeEncodeError as exc:
-                raise _not_text(exc) from None
+                raise not_text_error(exc) from None
             except sqlite3.Error as exc:
                 if self.conn.in_transaction:
                     raise  # the owning tx() wraps it after rolling back
@@ -324,7 +310,7 @@ class SqliteJournal(Journal):
             try:
                 return self.conn.execute(sql, params).fetchall()
             except UnicodeEncodeError as exc:
-                raise _not_text(exc) from None
+                raise not_text_error(exc) from None
             except sqlite3.Error as exc:
                 if self.conn.in_transaction:
                     raise
