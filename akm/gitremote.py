@@ -215,3 +215,58 @@ def normalize_remote(url: str) -> str | None:
     if not parts or ".." in parts:
         return None
     return "/".join([host, *parts])
+
+
+def _git_dir(top: Path) -> Path | None:
+    """The checkout's own git directory (its HEAD lives there): `.git`, or where a `.git` file points."""
+    dot_git = top / ".git"
+    if dot_git.is_dir():
+        return dot_git
+    try:
+        head = dot_git.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not head.startswith("gitdir:"):
+        return None
+    gitdir = Path(head[len("gitdir:") :].strip())
+    return gitdir if gitdir.is_absolute() else top / gitdir
+
+
+def head_commit(top: Path) -> str | None:
+    """The commit the checkout at `top` has checked out (40 hex digits), read from the files; None if unknown.
+
+    Follows `HEAD` → `ref: refs/heads/…` → the loose ref in the shared directory, else `packed-refs`. Why not
+    `git rev-parse`: a worker checks this before every claim of a new run, and spawning git costs more than
+    reading two files; anything unusual (a symbolic ref chain, reftable) answers None, which a caller
+    treats as "cannot tell".
+    """
+    gitdir = _git_dir(top)
+    common = git_common_dir(top)
+    if gitdir is None or common is None:
+        return None
+    try:
+        head = (gitdir / "HEAD").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not head.startswith("ref:"):
+        return head.lower() if _is_sha(head) else None
+    ref = head[len("ref:") :].strip()
+    for base in (gitdir, common):
+        try:
+            value = (base / ref).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        return value.lower() if _is_sha(value) else None
+    try:
+        packed = (common / "packed-refs").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in packed.splitlines():
+        sha, _, name = line.partition(" ")
+        if name.strip() == ref and _is_sha(sha):
+            return sha.lower()
+    return None
+
+
+def _is_sha(text: str) -> bool:
+    return len(text) in (40, 64) and all(c in "0123456789abcdefABCDEF" for c in text)

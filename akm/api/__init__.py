@@ -19,7 +19,7 @@ well as the calling thread: keep them quick and thread-safe.
 This `__init__` is the whole surface: `__all__` lists every public name, and the private modules
 behind it each hold one part (`_args` the plain argument rules, a leaf; `_request` a call's arguments from
 keywords or a request model; `_views` the journal as run views; `_targets` workflow files and refs;
-`_lint`; `_runs` starting, driving and waiting; `_inspect` list, status, control, events; `_session` the
+`_lint`; `_runs` starting, driving and waiting; `_worker` an `akm worker` process; `_inspect` list, status, control, events; `_session` the
 session protocol; `_config`; `_setup`; `_models` the pydantic models, loaded on first use; `_detach` the
 detached driver process). Import names from `akm.api`, never from a private module.
 
@@ -98,6 +98,10 @@ from akm.api._targets import (
 from akm.api._views import (
     STALE_AFTER_S,
 )
+from akm.api._worker import (
+    WORKER_KINDS,
+    run_worker,
+)
 from akm.engine.cancel import Cancellation
 from akm.views import (
     DetachedRun,
@@ -172,6 +176,7 @@ _MODELS = frozenset(
         "CatalogRequest",
         "EventsRequest",
         "UpgradeResult",
+    "WORKER_KINDS",
         "ReportHint",
         "ClaimView",
         "UnitContext",
@@ -253,6 +258,7 @@ __all__ = [
     "UnitView",
     "UpgradeRequest",
     "UpgradeResult",
+    "WORKER_KINDS",
     "WaitResult",
     "abandon",
     "check_output_format",
@@ -278,6 +284,7 @@ __all__ = [
     "run_graph",
     "run_report_html",
     "run_status",
+    "run_worker",
     "run_workflow",
     "setup",
     "setup_current",

@@ -58,6 +58,11 @@ class RunRequest(Request):
     timeout: Union[int, str, None] = Field(None, description="stop driving after this long: ms, or text like 30s / 5m")
     new: Flag = Field(False, description="always start a new run, even if an identical one is active")
     cwd: str | None = Field(None, description="the directory the request is made from (default: the process's)")
+    workers: Flag = Field(
+        False,
+        description="coordinate only: queue exec, LLM and agent units for `akm worker` processes sharing the "
+        "journal, and wait for their results",
+    )
 
     @field_validator("max_steps", mode="before")
     @classmethod

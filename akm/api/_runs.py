@@ -42,6 +42,7 @@ def run_workflow(
     timeout: int | str | None = None,
     timeout_ms: int | None = None,
     new: bool = False,
+    workers: bool = False,
     cancel: Cancellation | None = None,
     on_progress: Callable[[ProgressEvent], None] | None = None,
     on_warning: Callable[[RunWarning], None] | None = None,
@@ -56,7 +57,8 @@ def run_workflow(
     are raw command-line flags, `params` typed values; `timeout` takes ms or
     text (`30s`), `timeout_ms` ms. `on_progress` gets a `UnitFinished` per
     finished unit attempt and a `StepFinished` per finished step, from worker
-    threads too; `cancel.trip(reason)` stops the drive (the run stays active).
+    threads too; `cancel.trip(reason)` stops the drive (the run stays active). `workers`: queue the units
+    for `akm worker` processes instead of running them here (akm.engine.remote).
     """
     from akm.store import events as events_store
     from akm.store import runs as runs_store
@@ -72,6 +74,7 @@ def run_workflow(
             timeout=timeout if timeout is not None else timeout_ms,
             new=new,
             cwd=cwd,
+            workers=workers,
         ),
         {
             "target": _of(str, "target"),
@@ -81,6 +84,7 @@ def run_workflow(
             "timeout": lambda v: None if v is None else _duration_ms(v),
             "new": _of(bool, "new"),
             "cwd": _of(str, "cwd", True),
+            "workers": _of(bool, "workers"),
         },
     )
     target, params, param_pairs, max_steps, new = req.target, req.params, req.param_flags, req.max_steps, req.new
@@ -132,6 +136,7 @@ def run_workflow(
                     cancel=cancel,
                     on_progress=_progress_relay(on_progress),
                     on_warning=lambda message: warn(RunWarning(code="ENGINE", message=message)),
+                    workers=req.workers,
                 )
                 driven = drive_run(db, run_id, opts)
         finally:
@@ -221,6 +226,7 @@ def detach_run(
     timeout: int | str | None = None,
     new: bool = False,
     cwd: str | None = None,
+    workers: bool = False,
 ) -> DetachedRun:
     """Open the run `target` names (errors are raised here, before anything runs) and start its driver as a
     background process that logs under the data directory; returns at once with the run id.
@@ -238,7 +244,7 @@ def detach_run(
         return DetachedRun(run_id=opened.run_id, status=opened.status, started=opened.started, warnings=opened.warnings)
     extra = ([f"--max-steps={steps}"] if steps is not None else []) + (
         [f"--timeout={timeout_ms}ms"] if timeout_ms is not None else []
-    )
+    ) + (["--workers"] if workers else [])
     pid, log = detach.spawn_driver(opened.run_id, cwd=_work_dir(cwd).resolve(), extra=extra)
     return DetachedRun(
         run_id=opened.run_id,

@@ -92,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return commands._cmd_config(args)
         if args.command == "setup":
             return commands._cmd_setup(args)
+        if args.command == "worker":
+            return commands._cmd_worker(args)
         handler = {
             "lint": commands._cmd_lint,
             "upgrade": commands._cmd_upgrade,

@@ -162,6 +162,7 @@ def _cmd_run(tokens: list[str]) -> int:
             max_steps=ra.controls.get("max-steps"),
             timeout=ra.controls.get("timeout"),
             new=bool(ra.controls.get("new")),
+            workers=bool(ra.controls.get("workers")),
         )
         for message in detached.warnings:
             _err(f"warning: {message}")
@@ -238,6 +239,7 @@ def _cmd_run(tokens: list[str]) -> int:
             max_steps=ra.controls.get("max-steps"),
             timeout=ra.controls.get("timeout"),
             new=bool(ra.controls.get("new")),
+            workers=bool(ra.controls.get("workers")),
             cancel=cancel,
             on_progress=progress,
             on_warning=warning,
@@ -480,6 +482,47 @@ def _cmd_report(args: argparse.Namespace) -> int:
         ):
             _out(f"-> akm workflow run {res['runId']}")
     return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import signal
+
+    from akm import api
+
+    cancel = api.Cancellation()
+    reasons = {signal.SIGINT: "sigint", signal.SIGTERM: "sigterm", signal.SIGHUP: "sighup"}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        cancel.trip(reasons[signum])
+        signal.signal(signum, signal.SIG_DFL)  # a second signal kills at once
+
+    for signum in reasons:
+        signal.signal(signum, on_signal)
+
+    def event(e: Any) -> None:  # from unit threads too: one write per line
+        if args.quiet and e.kind not in ("refused", "error"):
+            return
+        where = " ".join(x for x in (e.run_id, e.unit_id) if x)
+        _err(f"[worker] {e.kind} {where}" + (f": {e.detail}" if e.detail else ""))
+
+    summary = api.run_worker(
+        kinds=args.kinds,
+        concurrency=args.concurrency,
+        project=args.project,
+        idle_exit=args.idle_exit,
+        poll=args.poll,
+        cancel=cancel,
+        on_event=event,
+    )
+    if args.format == "json":
+        _emit_json(summary.to_json())
+    else:
+        _out(
+            f"worker {summary.holder} on {summary.host}: {summary.claimed} claimed, {summary.finished} finished, "
+            f"{summary.rejected} rejected, {summary.released} given back"
+            + (f" (stopped: {summary.stop_reason})" if summary.stop_reason else "")
+        )
+    return api.signal_exit_status(summary.stop_reason, 0) if summary.stop_reason not in (None, "idle") else 0
 
 
 def _cmd_mcp(rest: list[str]) -> int:

@@ -21,7 +21,7 @@ from akm.errors import UsageError
 
 _RUN_HELP = """\
 usage: akm workflow run TARGET [--<param> VALUE ...] [--new] [--max-steps N] [--timeout DUR]
-                        [--detach] [--format text|json] [--quiet] [--verbose]
+                        [--detach] [--workers] [--format text|json] [--quiet] [--verbose]
 
 Start or continue a workflow run and drive it as far as it can go.
 
@@ -42,6 +42,8 @@ Run flags:
   --timeout DUR   stop after DUR (500ms, 30s, 5m); the run stays active
   --detach        drive the run in the background: print the run id at once and
                   log to <data dir>/logs/RUN.log; `akm workflow wait RUN` waits
+  --workers       coordinate only: queue exec, LLM and agent units for `akm worker`
+                  processes (any host sharing the journal) and wait for their results
   --format F      text (default) or json
   --quiet, -q     no progress at all
   --verbose       a progress line per finished unit on stderr, terminal or not
@@ -206,6 +208,21 @@ def _build_parser() -> "argparse.ArgumentParser":
 
     _add_config_parser(sub)
     _add_setup_parser(sub)
+
+    wk = sub.add_parser(
+        "worker",
+        help="run queued units of active runs (`workflow run --workers`), on this or any host",
+        description="Claim queued units of active runs that this host can run, run them and journal their "
+        "results, until stopped (SIGINT/SIGTERM give unfinished units back to the queue). Share the journal "
+        "between hosts with AKM_JOURNAL_URL (PostgreSQL).",
+    )
+    wk.add_argument("--kinds", metavar="K,K", help="unit kinds to take: exec, llm, agent (default: all three)")
+    wk.add_argument("--concurrency", metavar="N", help="units at once (default: max(2, CPUs))")
+    wk.add_argument("--project", metavar="DIR", help="the project checkout units run in (default: this directory)")
+    wk.add_argument("--idle-exit", metavar="DUR", help="exit after DUR (30s, 5m) with nothing to do (default: never)")
+    wk.add_argument("--poll", metavar="DUR", help="how often to look for queued units (default 1s)")
+    wk.add_argument("--quiet", "-q", action="store_true", help="no line per claimed or finished unit on stderr")
+    fmt(wk)
 
     log = sub.add_parser(
         "log",

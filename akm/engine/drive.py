@@ -41,11 +41,13 @@ from akm.engine.finalize import (
     StepDecision,
     UnitState,
     decide_step,
+    retry_index,
 )
+from akm.engine import remote
 from akm.engine.groupcommit import GroupCommit
 from akm.engine.heartbeat import Heartbeat
 from akm.engine.progress import PassStarted, StepProgress
-from akm.engine.reduce import UnitOutcome, journaled_result_json
+from akm.engine.reduce import UnitOutcome, journaled_result_json, outcome_from_row
 from akm.engine.results import DriveResult
 from akm.engine.state import LoadedRun, load_run
 from akm.engine.stepctx import (
@@ -62,6 +64,7 @@ from akm.ids import uuid4
 from akm.plan.identity import NO_ITEM, attempt_id
 from akm.plan.model import Plan, StepPlan
 from akm.record import dataclass, field
+from akm.store import queue as queue_store
 from akm.store import runs as runs_store
 from akm.store import units as units_store
 from akm.store.db import Database
@@ -102,6 +105,8 @@ class DriveOptions:
     on_warning: Callable[[str], None] | None = None
     heartbeat_interval: float | None = None
     registry: DispatcherRegistry | None = None
+    # Phase 2 (akm.engine.remote): queue the units for `akm worker` processes instead of running them here.
+    workers: bool = False
 
 
 @dataclass
@@ -131,10 +136,16 @@ class _PassFailure:
 class _Pass:
     """One dispatch pass over some units of one step (one gate loop). Holds the per-step cancellation."""
 
-    def __init__(self, driver: "_Driver", step: StepPlan, units: list[WorkUnit]) -> None:
+    def __init__(
+        self, driver: "_Driver", step: StepPlan, units: list[WorkUnit], adopt: dict[str, int] | None = None
+    ) -> None:
         self.d = driver
         self.step = step
         self.units = units
+        # Workers (phase 2): units whose attempt is already with the workers, by the retry index it has; the
+        # pass waits for that attempt instead of queueing the unit's first one again (a takeover).
+        self.adopt = adopt or {}
+        self.waiter = remote.Waiter(driver.db, driver.run_id) if driver.opts.workers else None
         self.event = threading.Event()
         self.env_values: dict[str, str] = {}
         self.sensitive: list[str] = []
@@ -151,6 +162,8 @@ class _Pass:
 
     # ------------------------------------------------------------ one attempt
     def _dispatch_attempt(self, unit: WorkUnit, attempt: str) -> UnitOutcome:
+        if self.waiter is not None:
+            return self._dispatch_to_workers(unit, attempt, self.waiter)
         d = self.d
         tmpl = unit.template
         base_dir = str(d.opts.project_root)
@@ -248,6 +261,49 @@ class _Pass:
             warning = worktrees.cleanup(tree)
             if warning:
                 d.warn(warning)
+        return outcome
+
+    def _dispatch_to_workers(self, unit: WorkUnit, attempt: str, waiter: remote.Waiter) -> UnitOutcome:
+        """Queue the attempt for workers (fenced, committed first) and wait for a worker to finish its row."""
+        d = self.d
+        payload = remote.dispatch_payload(
+            self._request(unit, attempt, ""), scope_key=d.scope_key, commit=d.commit, project_rel=d.project_rel
+        )
+        try:
+            queue_store.queue_unit(
+                d.db,
+                run_id=d.run_id,
+                unit_id=attempt,
+                step_id=self.step.step_id,
+                node_id=unit.node_id,
+                parent_unit_id=unit.parent_unit_id,
+                runner=unit.runner,
+                engine=unit.engine,
+                model=unit.model,
+                input_hash=unit.input_hash,
+                dispatch_json=payload,
+                fence=d.fence,
+            )
+        except Exception as exc:
+            if d.fenced_out(exc):
+                return self._not_started(unit, attempt, None)
+            return UnitOutcome(
+                unit_id=unit.unit_id,
+                ok=False,
+                failure_reason="dispatch_error",
+                error=f"unit {attempt} could not be queued for workers (nothing was dispatched): {exc}",
+            )
+        row = waiter.wait(attempt, self.event)
+        if row is None:
+            return UnitOutcome(
+                unit_id=unit.unit_id,
+                ok=False,
+                failure_reason="aborted",
+                error=f"unit {attempt} was left with the workers when this invocation stopped (its row stays "
+                "in the journal: the next driver waits for it)",
+            )
+        outcome = outcome_from_row(unit.unit_id, row, unit.template.output_schema is not None)
+        outcome.reused, outcome.dispatched = False, True
         return outcome
 
     def _not_started(self, unit: WorkUnit, attempt: str, tree: Any) -> UnitOutcome:
@@ -393,7 +449,7 @@ class _Pass:
         retry = unit.template.retry
         max_attempts = 1 + (retry.max if retry else 0)
         last: UnitOutcome | None = None
-        for k in range(max_attempts):
+        for k in range(min(self.adopt.get(unit.unit_id, 0), max_attempts - 1), max_attempts):
             if self.event.is_set():
                 return last or UnitOutcome(
                     unit_id=unit.unit_id,
@@ -475,11 +531,13 @@ class _Pass:
             problem = worktrees.preflight(str(d.opts.project_root))
             if problem:
                 return _PassFailure(f'Step "{step.step_id}" cannot use isolation: worktree: {problem}')
+        # With workers the units run elsewhere: this host's CPUs do not bound the step, its other limits do.
+        host_limit = 1 << 30 if d.opts.workers else host_concurrency_limit()
         width = max(
             1,
             min(
                 concurrency,
-                d.plan.execution.max_concurrency or host_concurrency_limit(),
+                d.plan.execution.max_concurrency or host_limit,
                 self._engine_width(),
                 max(1, len(self.units)),
             ),
@@ -493,6 +551,8 @@ class _Pass:
         finally:
             d.opts.cancel.unlink(self.event)
             d.lease_lost.unlink(self.event)
+            if self.waiter is not None:
+                self.waiter.close()
         if d.budget.exceeded:
             return _PassFailure(d.budget.exceeded)
         if d.budget.cap_message:
@@ -606,6 +666,17 @@ def _old_objects_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+def _project_rel(project_root: Path) -> str:
+    """The project root inside its git checkout (POSIX; "" at the top or outside any checkout)."""
+    from akm.paths import _git_top
+
+    top = _git_top(project_root)
+    if top is None:
+        return ""
+    rel = project_root.resolve().relative_to(top.resolve()).as_posix()
+    return "" if rel == "." else rel
+
+
 def _claimed_by_other(state: UnitState, now: str) -> bool:
     """D13: a running row with a live claim belongs to its claimant; the engine must not dispatch it."""
     row = state.row
@@ -660,6 +731,10 @@ class _Driver:
         self._warn_lock = threading.Lock()
         self.spine: Spine | None = None
         self.effects = _DriverEffects(self)
+        # What workers check before they claim this run's units (akm.engine.remote.dispatch_payload).
+        self.scope_key = loaded.run.scope_key
+        self.commit = remote.project_commit(opts.project_root) if opts.workers else None
+        self.project_rel = _project_rel(opts.project_root) if opts.workers else ""
 
     def warn(self, message: str) -> None:
         with self._warn_lock:
@@ -857,8 +932,15 @@ class _Driver:
         """Dispatch the decision's units that this engine can run. False = stop driving."""
         now = self.db.now()
         runnable: list[WorkUnit] = []
+        adopt: dict[str, int] = {}
         for s in decision.states:
-            if s.status == DONE or _claimed_by_other(s, now):
+            if s.status == DONE:
+                continue
+            with_workers = s.row is not None and s.row.get("queued_at") is not None and s.status == RUNNING
+            if with_workers and self.opts.workers:
+                assert s.row is not None
+                adopt[s.unit.unit_id] = retry_index(s.row["unit_id"])  # wait for it, do not queue it again
+            elif _claimed_by_other(s, now):
                 continue
             if self.registry.get(s.unit.runner) is None:
                 continue  # the calling agent does these (D11)
@@ -867,7 +949,7 @@ class _Driver:
             return None
         wl = decision.work_list
         assert wl is not None
-        failure = _Pass(self, step, runnable).execute(wl.concurrency)
+        failure = _Pass(self, step, runnable, adopt).execute(wl.concurrency)
         self._check_alive()
         if self._stopped():
             return False

@@ -246,7 +246,8 @@ def _family_index(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
     return index
 
 
-def _retry_index(row_id: str) -> int:
+def retry_index(row_id: str) -> int:
+    """k of an attempt id `…~r<k>` (0 for the first attempt)."""
     head, sep, tail = row_id.rpartition("~r")
     return int(tail) if sep and tail.isdigit() and tail.isascii() else 0
 
@@ -269,8 +270,8 @@ def unit_states(wl: WorkList, rows: list[dict[str, Any]], gate_loop: int) -> lis
         if not live:
             states.append(UnitState(u, PENDING))
             continue
-        latest = max(live, key=lambda r: _retry_index(r["unit_id"]))
-        if latest.get("status") == "running":
+        latest = max(live, key=lambda r: retry_index(r["unit_id"]))
+        if latest.get("status") in ("running", "queued"):  # queued: waiting for a worker (phase 2), in flight
             states.append(UnitState(u, RUNNING, latest))
             continue
         retry = u.template.retry

@@ -32,7 +32,7 @@ from akm.format.schema import preview, validate_instance
 from akm.record import dataclass, field
 
 RUN_CONTROL_VALUE_FLAGS: tuple[str, ...] = ("max-steps", "timeout", "format")
-RUN_CONTROL_BOOL_FLAGS: tuple[str, ...] = ("help", "quiet", "verbose", "new", "detach")
+RUN_CONTROL_BOOL_FLAGS: tuple[str, ...] = ("help", "quiet", "verbose", "new", "detach", "workers")
 _SHORT_FLAGS = {"-h": "help", "-q": "quiet"}
 
 INVALID_FLAG_VALUE = "INVALID_ARGUMENT"

@@ -40,6 +40,7 @@ class Dialect:
     * `identity_lock`: serialize identical starts (same ref, scope, params) — no-op here, likewise;
     * `event_lock`: make event ids follow commit order (SQLite's serialized writers already do);
     * `insert_id`: the id of the row an INSERT just added (`lastrowid` / `RETURNING id`);
+    * `skip_locked`: the clause a worker's claim SELECT ends with, so claimers skip each other's rows;
     * `stamp_text`: a timestamp column as text, to compare with a (possibly partial) stamp a user typed;
     * `liveness` / `lease_dead`: whether lease rows record the holder's liveness session, and whether the
       run's current holder provably died (PostgreSQL; SQLite's same-host dead-pid rule in
@@ -50,6 +51,7 @@ class Dialect:
     rowid = "rowid"
     null_eq = "IS"
     liveness = False
+    skip_locked = ""  # after a queue SELECT's LIMIT: skip rows another claimer locked (SQLite: one writer)
 
     def lock_run(self, conn: Any, run_id: str, mode: str) -> None:
         """Lock the run's row for the rest of the transaction (no-op on SQLite)."""

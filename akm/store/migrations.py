@@ -193,6 +193,58 @@ MIGRATION_0008 = """
 ALTER TABLE units ADD COLUMN reopened INTEGER NOT NULL DEFAULT 0;
 """
 
+# 0009: phase 2 of a shared journal (`akm worker`, spec/journal.md "Workers"). A unit the coordinator hands
+# to workers is journaled `queued` (committed before any worker can see it, as a `running` row is before
+# a local dispatch) with what a worker needs to run it (`dispatch_json`: the prompt or the exec context,
+# never a secret) and when it was queued; a worker's claim turns it `running`. `host` records where each
+# attempt ran (the driver's or the worker's host), kept after the claim is released. SQLite cannot alter a
+# CHECK constraint, so the table is rebuilt; no table references `units`, so foreign keys stay on.
+MIGRATION_0009 = """
+CREATE TABLE units_0009 (
+    run_id            TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    unit_id           TEXT NOT NULL,
+    step_id           TEXT,
+    node_id           TEXT NOT NULL,
+    parent_unit_id    TEXT,
+    phase             TEXT CHECK (phase IS NULL OR phase = 'gate'),
+    runner            TEXT,
+    engine            TEXT,
+    model             TEXT,
+    status            TEXT NOT NULL CHECK (status IN ('queued','running','completed','failed')),
+    input_hash        TEXT,
+    result_json       TEXT,
+    tokens            INTEGER,
+    failure_reason    TEXT,
+    worktree_path     TEXT,
+    started_at        TEXT NOT NULL,
+    finished_at       TEXT,
+    session_id        TEXT,
+    last_checkin_at   TEXT,
+    attempts          INTEGER NOT NULL DEFAULT 1,
+    claim_holder      TEXT,
+    claim_host        TEXT,
+    claim_pid         INTEGER,
+    claim_expires_at  TEXT,
+    truncated         INTEGER NOT NULL DEFAULT 0,
+    reopened          INTEGER NOT NULL DEFAULT 0,
+    queued_at         TEXT,
+    host              TEXT,
+    dispatch_json     TEXT,
+    PRIMARY KEY (run_id, unit_id)
+);
+INSERT INTO units_0009 (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, status,
+    input_hash, result_json, tokens, failure_reason, worktree_path, started_at, finished_at, session_id,
+    last_checkin_at, attempts, claim_holder, claim_host, claim_pid, claim_expires_at, truncated, reopened)
+    SELECT run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, status,
+    input_hash, result_json, tokens, failure_reason, worktree_path, started_at, finished_at, session_id,
+    last_checkin_at, attempts, claim_holder, claim_host, claim_pid, claim_expires_at, truncated, reopened
+    FROM units;
+DROP TABLE units;
+ALTER TABLE units_0009 RENAME TO units;
+CREATE INDEX IF NOT EXISTS idx_units_run_step ON units (run_id, step_id);
+CREATE INDEX IF NOT EXISTS idx_units_queue ON units (queued_at) WHERE status = 'queued';
+"""
+
 # (id, sql). Append only; never edit an entry that has shipped.
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001-initial-schema", MIGRATION_0001),
@@ -202,6 +254,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0006-drop-unused-event-indexes", MIGRATION_0006),
     ("0007-lease-epoch", MIGRATION_0007),
     ("0008-unit-reopened", MIGRATION_0008),
+    ("0009-unit-queue", MIGRATION_0009),
 ]
 
 # Migrations that rebuild a table other tables reference: run with foreign keys off (a pragma that

@@ -724,6 +724,13 @@ def abandon_run(db: Database, run_id: str) -> Run:
                 "WHERE run_id = ? AND status = 'running'",
                 (now, run_id),
             )
+        # Units still waiting for a worker (phase 2) will never run now; a worker's running claim ends when
+        # its worker finishes it (`queue.finish_claimed` records it `abandoned`) or stops it.
+        conn.execute(
+            "UPDATE units SET status = 'failed', failure_reason = 'abandoned', finished_at = ? "
+            "WHERE run_id = ? AND status = 'queued'",
+            (now, run_id),
+        )
         conn.execute(
             "UPDATE runs SET status = 'abandoned', updated_at = ?, completed_at = ?, status_detail_json = NULL "
             "WHERE id = ?",

@@ -10,7 +10,7 @@ from typing import Literal, get_args
 
 RunStatus = Literal["active", "completed", "failed", "blocked", "awaiting_session", "abandoned"]
 StepStatus = Literal["pending", "running", "completed", "failed", "skipped", "blocked"]
-UnitStatus = Literal["running", "completed", "failed"]
+UnitStatus = Literal["queued", "running", "completed", "failed"]
 
 RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
 # A run something can still drive: the engine (active) or the calling agent (awaiting_session, D11).

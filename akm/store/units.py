@@ -87,6 +87,8 @@ class Unit(NamedTuple):
     claim_expires_at: str | None
     truncated: int = 0  # 1: the unit's output was cut at the capture cap (result_json holds its beginning)
     reopened: int = 0  # 1: a failed session unit reopened by resuming the run (offered again as a re-run)
+    queued_at: str | None = None  # set: the attempt was handed to workers (phase 2, akm.store.queue)
+    host: str | None = None  # the host id the attempt ran on (driver or worker), kept after it finished
 
 
 _UNIT_FIELDS = Unit._fields
@@ -105,13 +107,13 @@ def _next_stamp(now: str, previous: str | None) -> str:
 
 _UNIT_ROW_COLUMNS = (
     "INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, "
-    "status, input_hash, worktree_path, started_at) VALUES (?,?,?,?,?,?,?,?,?,'running',?,?,?) "
+    "status, input_hash, worktree_path, host, started_at) VALUES (?,?,?,?,?,?,?,?,?,'running',?,?,?,?) "
 )
 # The common case, a unit's first dispatch of a drivable run: one statement, no read. It writes
 # nothing when the row exists or the run cannot be driven (then `_insert_row` finds out which).
 _INSERT_FRESH = (
     "INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, "
-    "status, input_hash, worktree_path, started_at) SELECT ?,?,?,?,?,?,?,?,?,'running',?,?,? "
+    "status, input_hash, worktree_path, host, started_at) SELECT ?,?,?,?,?,?,?,?,?,'running',?,?,?,? "
     "WHERE EXISTS (SELECT 1 FROM runs WHERE id = ? AND status IN ("
     + ",".join(f"'{status}'" for status in DRIVABLE_STATUSES)
     + ")) "
@@ -126,8 +128,8 @@ _REINSERT = _UNIT_ROW_COLUMNS + (
     "ON CONFLICT (run_id, unit_id) DO UPDATE SET step_id = excluded.step_id, node_id = excluded.node_id, "
     "parent_unit_id = excluded.parent_unit_id, phase = excluded.phase, runner = excluded.runner, "
     "engine = excluded.engine, model = excluded.model, status = 'running', "
-    "input_hash = excluded.input_hash, worktree_path = excluded.worktree_path, "
-    "started_at = excluded.started_at, result_json = NULL, tokens = NULL, failure_reason = NULL, "
+    "input_hash = excluded.input_hash, worktree_path = excluded.worktree_path, host = excluded.host, "
+    "queued_at = NULL, dispatch_json = NULL, started_at = excluded.started_at, result_json = NULL, tokens = NULL, failure_reason = NULL, "
     "session_id = NULL, finished_at = NULL, last_checkin_at = NULL, claim_holder = NULL, "
     "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL, truncated = 0, reopened = 0, "
     "attempts = units.attempts + 1"
@@ -307,6 +309,7 @@ def insert_unit(
                 model,
                 input_hash,
                 worktree_path,
+                host_id(),
                 now,
             ],
             fence,
@@ -409,6 +412,7 @@ def finish_and_insert(
                 model,
                 input_hash,
                 worktree_path,
+                host_id(),
                 now,
             ],
             fence,

@@ -49,6 +49,7 @@ class PgDialect(Dialect):
     rowid = "seq"
     null_eq = "IS NOT DISTINCT FROM"
     liveness = True
+    skip_locked = " FOR UPDATE SKIP LOCKED"
 
     def lock_run(self, conn: Any, run_id: str, mode: str) -> None:
         conn.execute(f"SELECT 1 FROM runs WHERE id = ? FOR {mode}", (run_id,))

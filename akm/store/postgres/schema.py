@@ -132,6 +132,13 @@ PG_MIGRATIONS: list[tuple[str, str]] = [
     ),
     ("0007-lease-epoch", "ALTER TABLE {s}.runs ADD COLUMN lease_epoch bigint NOT NULL DEFAULT 0;"),
     ("0008-unit-reopened", "ALTER TABLE {s}.units ADD COLUMN reopened integer NOT NULL DEFAULT 0;"),
+    (
+        "0009-unit-queue",
+        "ALTER TABLE {s}.units DROP CONSTRAINT units_status_check, ADD CONSTRAINT units_status_check"
+        " CHECK (status IN ('queued','running','completed','failed')),"
+        " ADD COLUMN queued_at timestamptz(3), ADD COLUMN host text, ADD COLUMN dispatch_json text;\n"
+        "CREATE INDEX idx_units_queue ON {s}.units (queued_at) WHERE status = 'queued';",
+    ),
 ]
 
 LEDGER_DDL = (

@@ -1,0 +1,135 @@
+"""The coordinator's half of a fan-out spread over workers (phase 2; spec/journal.md "Workers").
+
+A driver started with `--workers` keeps everything it does today — the lease, the work list, retries,
+budgets, per-step and per-engine concurrency, fail fast, the one finalize path — and changes one thing: an
+attempt is not run on one of its threads but journaled `queued` (`akm.store.queue.queue_unit`, fenced by
+its lease) with its dispatch payload, and the thread waits for a worker to finish the row. So every limit
+that bounds the driver's threads bounds the units in flight across all workers, and every decision is still
+taken from the journal by the lease holder alone.
+
+The payload (`dispatch_payload`) holds what the coordinator computed for the attempt and a worker cannot:
+the prompt or the exec context (run id, params, inputs, item), the timeout, the engine and model, and the
+project's identity and commit, which a worker checks before it claims anything. Never a secret: env
+bindings and credentials are resolved by the worker, from its own environment and env files.
+
+One `Waiter` per pass polls the journal for finished rows (one indexed read per interval for all waiting
+threads, however wide the fan-out) and sweeps lapsed worker claims back into the queue, so a fan-out whose
+workers all died goes on as soon as any worker starts again.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from akm.dispatch.base import UnitRequest
+from akm.store import queue as queue_store
+from akm.store.journal import Journal
+
+PAYLOAD_VERSION = 1
+POLL_S = 0.25  # between reads of the finished rows (a hint from NOTIFY could shorten it; polling stays)
+SWEEP_EVERY_S = 2.0
+
+
+def project_commit(project_root: Path) -> str | None:
+    """The commit the coordinator's project has checked out, or None (not a git checkout, or unreadable)."""
+    from akm import gitremote
+    from akm.paths import _git_top
+
+    top = _git_top(project_root)
+    return gitremote.head_commit(top) if top is not None else None
+
+
+def dispatch_payload(request: UnitRequest, *, scope_key: str, commit: str | None, project_rel: str) -> str:
+    """The `dispatch_json` of a queued attempt: the request's computed parts, without cwd or secrets.
+
+    `project_rel`: the project root inside its checkout (POSIX, "" at the top), so a worker whose `--project`
+    is a checkout's top still runs the unit where the coordinator would.
+    """
+    body: dict[str, Any] = {
+        "v": PAYLOAD_VERSION,
+        "unitId": request.unit_id,
+        "kind": request.kind,
+        "scope": scope_key,
+        "commit": commit,
+        "projectRel": project_rel,
+    }
+    if request.kind == "exec":
+        body["execContext"] = request.exec_context
+    else:
+        body["prompt"] = request.prompt
+        if request.system_prompt is not None:
+            body["systemPrompt"] = request.system_prompt
+    if request.timeout_ms is not None:
+        body["timeoutMs"] = request.timeout_ms
+    if request.engine_name is not None:
+        body["engine"] = request.engine_name
+    if request.model is not None:
+        body["model"] = request.model
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+class Waiter:
+    """Wait, on many threads at once, for queued attempts of one run to be finished by workers."""
+
+    def __init__(self, db: Journal, run_id: str, *, poll_s: float = POLL_S) -> None:
+        self.db = db
+        self.run_id = run_id
+        self.poll_s = poll_s
+        self._lock = threading.Lock()
+        self._waiting: dict[str, threading.Event] = {}
+        self._rows: dict[str, dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.swept = 0
+
+    def wait(self, attempt: str, cancel: threading.Event) -> dict[str, Any] | None:
+        """The attempt's finished row, or None once `cancel` is set first (the row stays queued or claimed)."""
+        done = threading.Event()
+        with self._lock:
+            self._waiting[attempt] = done
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="akm-remote-wait", daemon=True)
+                self._thread.start()
+        try:
+            while not done.wait(0.05 if cancel.is_set() else self.poll_s):
+                if cancel.is_set():
+                    return None
+        finally:
+            with self._lock:
+                self._waiting.pop(attempt, None)
+        with self._lock:
+            return self._rows.pop(attempt, None)
+
+    def _loop(self) -> None:
+        import time
+
+        last_sweep = 0.0
+        while not self._stop.is_set():
+            with self._lock:
+                ids = list(self._waiting)
+            if ids:
+                try:
+                    rows = queue_store.finished_rows(self.db, self.run_id, ids)
+                    now = time.monotonic()
+                    if now - last_sweep >= SWEEP_EVERY_S:
+                        last_sweep = now
+                        self.swept += len(queue_store.sweep(self.db))
+                except Exception as exc:  # a journal hiccup: try again next interval; waiting threads keep waiting
+                    self._error = exc
+                    rows = {}
+                with self._lock:
+                    for unit_id, row in rows.items():
+                        event = self._waiting.get(unit_id)
+                        if event is not None and not event.is_set():
+                            self._rows[unit_id] = row
+                            event.set()
+            self._stop.wait(self.poll_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

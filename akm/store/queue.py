@@ -1,0 +1,410 @@
+"""The unit queue of a run spread over workers (phase 2; spec/journal.md "Workers").
+
+The coordinator (the driver holding the run lease, started with `--workers`) journals an attempt `queued`
+instead of `running`, with what a worker needs to run it (`dispatch_json`). An `akm worker` on any host
+claims queued rows, runs them with the same dispatchers and finishes them. The rules, each kept in one
+transaction here:
+
+* **Queueing is fenced** like a local dispatch (`insert_unit`): it commits only while the coordinator still
+  holds the lease, and only into a drivable run. An attempt already in the queue, or running under a live
+  worker claim, is *adopted* (left as it is): a coordinator that took a run over waits for it instead of
+  queueing it twice. A finished row is left alone too: the caller reads it.
+* **A claim** turns a queued row `running` for one worker: `attempts + 1` is the claim's fencing token,
+  `claim_expires_at` is set on the journal's clock and renewed by the worker's heartbeat, `host` records
+  where the attempt runs. On PostgreSQL claimers skip rows another claimer has locked (`SKIP LOCKED`), so
+  two workers never claim one row and never wait for each other; on SQLite the file's one write lock
+  serializes claims.
+* **A finish is fenced** by that token and the claimant: a worker that was frozen past its claim's expiry
+  (the row was re-queued and claimed by another worker since) finds no row to finish, its result is
+  rejected ("superseded") and the newer claim's result stands.
+* **The sweep** puts back in the queue the worker rows whose claim expired on the journal clock (a worker
+  that stopped renewing: killed, frozen, partitioned) or whose claimant is a dead process on this host. A
+  re-queued attempt keeps its id; the next claim bumps `attempts` again. Any worker or coordinator sweeps;
+  it is idempotent.
+
+Nothing here is an engine decision: which units to queue, and what a finished row means for the step, stay
+with the coordinator's drive loop (`akm.engine.remote`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from akm.errors import NotFoundError, UsageError
+from akm.store.journal import RUN_UNIT_WRITE
+from akm.store.journal import Journal as Database
+from akm.store.runs import DRIVABLE_STATUSES, Fence, check_fence, holder_is_live, not_drivable_error
+
+WORKER_CLAIM_TTL_S = 90.0
+WORKER_CLAIM_TTL_ENV = "AKM_WORKER_CLAIM_TTL_S"  # overrides the claim TTL (seconds); tests, slow links
+
+_DRIVABLE_SQL = "(" + ",".join(f"'{s}'" for s in DRIVABLE_STATUSES) + ")"
+_EVENT = "INSERT INTO events (event_type, ts, run_id, metadata_json) VALUES (?, ?, ?, ?)"
+
+
+def claim_ttl_s() -> float:
+    """A worker claim's TTL: AKM_WORKER_CLAIM_TTL_S when set (INVALID_ENV unless a number > 0), else 90 s."""
+    raw = os.environ.get(WORKER_CLAIM_TTL_ENV, "").strip()
+    if not raw:
+        return WORKER_CLAIM_TTL_S
+    try:
+        value = float(raw.removesuffix("s"))
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(
+            f"{WORKER_CLAIM_TTL_ENV} must be a number of seconds greater than 0, not {raw!r}.", code="INVALID_ENV"
+        )
+    return value
+
+
+class Queued(NamedTuple):
+    """What `queue_unit` did: `queued` (written now), `adopted` (already in the queue or running under a live
+    worker claim), or `finished` (the row completed already: read it). A failed row is queued again, as a
+    local driver dispatches a failed unit again."""
+
+    outcome: str
+    status: str
+
+
+class Claim(NamedTuple):
+    """One attempt a worker claimed: `token` (the row's `attempts` after the claim) fences its finish."""
+
+    run_id: str
+    unit_id: str
+    step_id: str | None
+    runner: str | None
+    engine: str | None
+    model: str | None
+    input_hash: str | None
+    dispatch_json: str | None
+    token: int
+    started_at: str
+
+
+class Eligible(NamedTuple):
+    """A (run, step) with queued units, as a worker decides whether it can run them (before claiming)."""
+
+    run_id: str
+    step_id: str | None
+    scope_key: str
+    queued: int
+
+
+def _json_str(text: str | None) -> str:
+    import json
+
+    return "null" if text is None else json.encoder.encode_basestring(text)
+
+
+def queue_unit(
+    db: Database,
+    *,
+    run_id: str,
+    unit_id: str,
+    step_id: str | None,
+    node_id: str,
+    parent_unit_id: str | None,
+    runner: str | None,
+    engine: str | None,
+    model: str | None,
+    input_hash: str | None,
+    dispatch_json: str,
+    fence: Fence,
+) -> Queued:
+    """Put one attempt in the queue for workers, fenced by the coordinator's lease (see the module doc).
+
+    Refuses like `insert_unit` (RUN_NOT_FOUND / RUN_ABANDONED / RUN_NOT_ACTIVE / LEASE_LOST, nothing written).
+    A new row gets `attempts = 0` (no dispatch yet; each claim adds one); a re-queued failed or abandoned-claim
+    row keeps its count.
+    """
+    with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
+        run = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if run is None:
+            raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
+        if run["status"] not in DRIVABLE_STATUSES:
+            raise not_drivable_error(run_id, run["status"], "given new units")
+        check_fence(conn, run_id, fence)
+        now = db.now()
+        row = conn.execute(
+            "SELECT status, queued_at, claim_holder, claim_host, claim_pid, claim_expires_at FROM units "
+            "WHERE run_id = ? AND unit_id = ?",
+            (run_id, unit_id),
+        ).fetchone()
+        if row is not None:
+            status = row["status"]
+            if status == "completed":
+                return Queued("finished", status)
+            if status == "queued":
+                return Queued("adopted", status)
+            if (
+                status == "running"
+                and row["queued_at"] is not None
+                and holder_is_live(
+                    row["claim_holder"], row["claim_host"], row["claim_pid"], row["claim_expires_at"], now
+                )
+            ):
+                return Queued("adopted", status)
+        values = (run_id, unit_id, step_id, node_id, parent_unit_id, runner, engine, model, input_hash, now, now)
+        conn.execute(
+            "INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, runner, engine, model, "
+            "status, input_hash, started_at, queued_at, attempts, dispatch_json) "
+            "VALUES (?,?,?,?,?,?,?,?,'queued',?,?,?,0,?) "
+            "ON CONFLICT (run_id, unit_id) DO UPDATE SET step_id = excluded.step_id, node_id = excluded.node_id, "
+            "parent_unit_id = excluded.parent_unit_id, runner = excluded.runner, engine = excluded.engine, "
+            "model = excluded.model, status = 'queued', input_hash = excluded.input_hash, "
+            "started_at = excluded.started_at, queued_at = excluded.queued_at, "
+            "dispatch_json = excluded.dispatch_json, result_json = NULL, tokens = NULL, failure_reason = NULL, "
+            "session_id = NULL, finished_at = NULL, last_checkin_at = NULL, claim_holder = NULL, "
+            "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL, truncated = 0, reopened = 0, "
+            "worktree_path = NULL, host = NULL",
+            (*values, dispatch_json),
+        )
+    return Queued("queued", "queued")
+
+
+def eligible_work(db: Database, kinds: Sequence[str]) -> list[Eligible]:
+    """The (run, step) pairs of drivable runs with queued units a worker of these `kinds` could claim."""
+    if not kinds:
+        return []
+    marks = ",".join("?" * len(kinds))
+    rows = db.query(
+        "SELECT u.run_id, u.step_id, r.scope_key, COUNT(*) AS n FROM units u JOIN runs r ON r.id = u.run_id "
+        f"WHERE u.status = 'queued' AND u.runner IN ({marks}) AND r.status IN {_DRIVABLE_SQL} "
+        "GROUP BY u.run_id, u.step_id, r.scope_key ORDER BY MIN(u.queued_at), u.run_id",
+        tuple(kinds),
+    )
+    return [Eligible(r["run_id"], r["step_id"], r["scope_key"], int(r["n"])) for r in rows]
+
+
+def sample_dispatch(db: Database, run_id: str, step_id: str | None) -> str | None:
+    """The `dispatch_json` of one queued unit of this step (a worker checks the workspace it names)."""
+    row = db.query_one(
+        f"SELECT dispatch_json FROM units WHERE run_id = ? AND step_id {db.dialect.null_eq} ? AND status = 'queued' "
+        "LIMIT 1",
+        (run_id, step_id),
+    )
+    return row["dispatch_json"] if row else None
+
+
+def claim_units(
+    db: Database,
+    *,
+    run_id: str,
+    step_id: str | None,
+    kinds: Sequence[str],
+    holder: str,
+    host: str,
+    pid: int | None,
+    limit: int,
+) -> list[Claim]:
+    """Claim up to `limit` queued units of one step for `holder` (one transaction; oldest queued first).
+
+    The run row is locked first (as every unit write does), so a claim cannot slip in after an abandon
+    commits; rows another claimer holds are skipped, not waited for. Each claim writes
+    `workflow_unit_started` (with the host) in the same transaction.
+    """
+    if limit <= 0 or not kinds:
+        return []
+    marks = ",".join("?" * len(kinds))
+    ttl = claim_ttl_s()
+    with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
+        run = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if run is None or run["status"] not in DRIVABLE_STATUSES:
+            return []
+        picked = conn.execute(
+            "SELECT unit_id FROM units WHERE run_id = ? AND step_id "
+            f"{db.dialect.null_eq} ? AND status = 'queued' AND runner IN ({marks}) "
+            f"ORDER BY queued_at, unit_id LIMIT ?{db.dialect.skip_locked}",
+            (run_id, step_id, *kinds, limit),
+        ).fetchall()
+        if not picked:
+            return []
+        now = db.now()
+        until = db.later(now, ttl)
+        claims: list[Claim] = []
+        for p in picked:
+            row = conn.execute(
+                "UPDATE units SET status = 'running', attempts = attempts + 1, claim_holder = ?, claim_host = ?, "
+                "claim_pid = ?, claim_expires_at = ?, started_at = ?, last_checkin_at = ?, host = ? "
+                "WHERE run_id = ? AND unit_id = ? AND status = 'queued' "
+                "RETURNING unit_id, step_id, runner, engine, model, input_hash, dispatch_json, attempts",
+                (holder, host, pid, until, now, now, host, run_id, p["unit_id"]),
+            ).fetchone()
+            if row is None:
+                continue
+            claims.append(
+                Claim(
+                    run_id,
+                    row["unit_id"],
+                    row["step_id"],
+                    row["runner"],
+                    row["engine"],
+                    row["model"],
+                    row["input_hash"],
+                    row["dispatch_json"],
+                    int(row["attempts"]),
+                    now,
+                )
+            )
+        if claims:
+            db.dialect.event_lock(conn)
+            for c in claims:
+                meta = (
+                    f'{{"runId":{_json_str(run_id)},"stepId":{_json_str(c.step_id)},'
+                    f'"unitId":{_json_str(c.unit_id)},"host":{_json_str(host)},"worker":{_json_str(holder)}}}'
+                )
+                conn.execute(_EVENT, ("workflow_unit_started", now, run_id, meta))
+    return claims
+
+
+def finish_claimed(
+    db: Database,
+    claim: Claim,
+    holder: str,
+    *,
+    status: str,
+    result_json: str | None,
+    tokens: int | None,
+    failure_reason: str | None,
+    session_id: str | None = None,
+    truncated: bool = False,
+) -> str:
+    """Record a worker's outcome of its claim: "finished", or "superseded" (nothing written) when the row is
+    no longer this claim's (re-queued after the claim expired, re-claimed, or finished by someone else).
+
+    A unit of a run abandoned meanwhile ends `failed` (`abandoned`) without its result, as a driver's does.
+    """
+    if status not in ("completed", "failed"):
+        raise ValueError(f"finish_claimed status must be completed or failed, not {status!r}")
+    with db.tx() as conn:
+        db.dialect.lock_run(conn, claim.run_id, RUN_UNIT_WRITE)
+        run = conn.execute("SELECT status FROM runs WHERE id = ?", (claim.run_id,)).fetchone()
+        if run is not None and run["status"] == "abandoned":
+            status, result_json, failure_reason, truncated = "failed", None, "abandoned", False
+        now = db.now()
+        cur = conn.execute(
+            "UPDATE units SET status = ?, result_json = ?, tokens = ?, failure_reason = ?, session_id = ?, "
+            "truncated = ?, finished_at = ?, claim_holder = NULL, claim_pid = NULL, claim_expires_at = NULL, "
+            "claim_host = NULL WHERE run_id = ? AND unit_id = ? AND status = 'running' AND claim_holder = ? "
+            "AND attempts = ?",
+            (
+                status,
+                result_json,
+                tokens,
+                failure_reason,
+                session_id,
+                int(bool(truncated)),
+                now,
+                claim.run_id,
+                claim.unit_id,
+                holder,
+                claim.token,
+            ),
+        )
+        if cur.rowcount != 1:
+            return "superseded"
+        meta = (
+            f'{{"runId":{_json_str(claim.run_id)},"stepId":{_json_str(claim.step_id)},'
+            f'"unitId":{_json_str(claim.unit_id)},"status":{_json_str(status)}'
+            + (f',"failureReason":{_json_str(failure_reason)}' if failure_reason is not None else "")
+            + (f',"tokens":{int(tokens)}' if tokens is not None else "")
+            + "}"
+        )
+        db.dialect.event_lock(conn)
+        conn.execute(_EVENT, ("workflow_unit_finished", now, claim.run_id, meta))
+    return "finished"
+
+
+def renew_claims(db: Database, holder: str, claims: Iterable[Claim]) -> list[Claim]:
+    """The worker's heartbeat: push the expiry of its running claims one TTL on.
+
+    Returns the keys it could NOT renew: claims that are no longer this worker's (re-queued after they
+    lapsed, re-claimed, finished by another) or whose run was abandoned or finished. The worker stops those
+    units: their results would be rejected anyway, and another worker may be running them now.
+    """
+    keys = list(claims)
+    if not keys:
+        return []
+    ttl = claim_ttl_s()
+    lost: list[Claim] = []
+    with db.tx() as conn:
+        now = db.now()
+        until = db.later(now, ttl)
+        for c in keys:
+            cur = conn.execute(
+                "UPDATE units SET claim_expires_at = ?, last_checkin_at = ? WHERE run_id = ? AND unit_id = ? "
+                "AND status = 'running' AND claim_holder = ? AND attempts = ? AND run_id IN (SELECT id FROM runs "
+                f"WHERE status IN {_DRIVABLE_SQL})",
+                (until, now, c.run_id, c.unit_id, holder, c.token),
+            )
+            if cur.rowcount != 1:
+                lost.append(c)
+    return lost
+
+
+def sweep(db: Database, host: str | None = None) -> list[tuple[str, str]]:
+    """Put back in the queue every worker claim that lapsed (see the module doc); returns the (run, unit) keys.
+
+    A claim lapses when its expiry is past on the journal clock — its worker stopped renewing it — or when
+    its claimant is a process of this host (`host`, the caller's host id) that no longer exists.
+    """
+    from akm.store.runs import host_id, pid_alive
+
+    host = host_id() if host is None else host
+    put_back: list[tuple[str, str]] = []
+    with db.tx() as conn:
+        now = db.now()
+        rows = conn.execute(
+            "SELECT run_id, unit_id, claim_host, claim_pid, claim_expires_at FROM units "
+            "WHERE status = 'running' AND queued_at IS NOT NULL AND (claim_expires_at < ? OR claim_host = ?)",
+            (now, host),
+        ).fetchall()
+        for r in rows:
+            lapsed = r["claim_expires_at"] is None or r["claim_expires_at"] < now
+            if not lapsed and not (r["claim_pid"] is not None and not pid_alive(int(r["claim_pid"]))):
+                continue
+            db.dialect.lock_run(conn, r["run_id"], RUN_UNIT_WRITE)
+            cur = conn.execute(
+                "UPDATE units SET status = 'queued', queued_at = ?, claim_holder = NULL, claim_host = NULL, "
+                "claim_pid = NULL, claim_expires_at = NULL WHERE run_id = ? AND unit_id = ? AND status = 'running' "
+                f"AND claim_expires_at {db.dialect.null_eq} ?",
+                (now, r["run_id"], r["unit_id"], r["claim_expires_at"]),
+            )
+            if cur.rowcount == 1:
+                put_back.append((r["run_id"], r["unit_id"]))
+    return put_back
+
+
+def finished_rows(db: Database, run_id: str, unit_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The rows among `unit_ids` of the run that are finished (completed or failed), by unit id."""
+    ids = list(unit_ids)
+    out: dict[str, dict[str, Any]] = {}
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        marks = ",".join("?" * len(chunk))
+        for r in db.query(
+            "SELECT unit_id, status, result_json, tokens, failure_reason, session_id, truncated FROM units "
+            f"WHERE run_id = ? AND unit_id IN ({marks}) AND status IN ('completed','failed')",
+            (run_id, *chunk),
+        ):
+            out[r["unit_id"]] = dict(zip(r.keys(), tuple(r), strict=False))
+    return out
+
+
+def release_claim(db: Database, claim: Claim, holder: str) -> bool:
+    """Give a claim back to the queue (a worker that stops before its unit finished); False if not ours now."""
+    with db.tx() as conn:
+        db.dialect.lock_run(conn, claim.run_id, RUN_UNIT_WRITE)
+        cur = conn.execute(
+            "UPDATE units SET status = 'queued', queued_at = ?, claim_holder = NULL, claim_host = NULL, "
+            "claim_pid = NULL, claim_expires_at = NULL WHERE run_id = ? AND unit_id = ? AND status = 'running' "
+            "AND claim_holder = ? AND attempts = ?",
+            (db.now(), claim.run_id, claim.unit_id, holder, claim.token),
+        )
+        return cur.rowcount == 1

@@ -1,0 +1,415 @@
+"""`akm worker`: claim queued units of active runs, run them with the engine's dispatchers, finish them fenced.
+
+Any number of workers on any hosts share one journal (PostgreSQL across machines; SQLite for several processes
+on one machine). A worker never decides anything about a step: the run's coordinator (`workflow run
+--workers`, the lease holder) queues the attempts and finalizes the steps; a worker only turns a queued row
+into a finished one (`akm.store.queue`):
+
+* it claims only what it can run here (`akm.worker.workspace`), at most `concurrency` at once;
+* a heartbeat renews its claims every third of their TTL; a claim it cannot renew (re-queued after it
+  lapsed, the run abandoned) is stopped at once — its result would be rejected anyway — and if the journal
+  cannot be reached for most of a TTL it stops every unit, since another worker may take them over soon;
+* a finish carries the claim's fencing token: after a freeze (SIGSTOP, a VM pause) past the claim's expiry
+  the late result is rejected and the newer claim's stands;
+* stopped (SIGINT/SIGTERM), it claims nothing more, stops its units and gives their claims back to the queue;
+* it sweeps lapsed claims of dead workers back into the queue as it polls.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from akm.dispatch.base import DispatcherRegistry, UnitRequest
+from akm.engine.cancel import Cancellation
+from akm.engine.reduce import UnitOutcome, journaled_result_json
+from akm.ids import uuid4
+from akm.plan.model import Plan
+from akm.record import dataclass, field
+from akm.store import queue as queue_store
+from akm.store.journal import Journal
+from akm.worker import workspace
+
+DEFAULT_KINDS = ("exec", "llm", "agent")
+SWEEP_EVERY_S = 2.0
+
+
+@dataclass
+class WorkerEvent:
+    """One thing a worker did, for its log lines: claimed | finished | rejected | released | refused | swept."""
+
+    kind: str
+    run_id: str | None = None
+    unit_id: str | None = None
+    step_id: str | None = None
+    detail: str | None = None
+
+
+@dataclass
+class WorkerOptions:
+    project_root: Path
+    kinds: tuple[str, ...] = DEFAULT_KINDS
+    concurrency: int = 2
+    poll_s: float = 1.0
+    idle_exit_s: float | None = None  # leave after this long with nothing claimed or running (None: never)
+    cancel: Cancellation = field(default_factory=Cancellation)
+    on_event: Callable[[WorkerEvent], None] | None = None  # from unit threads too
+    registry: DispatcherRegistry | None = None
+
+
+@dataclass
+class WorkerSummary:
+    holder: str
+    host: str
+    claimed: int = 0
+    finished: int = 0
+    rejected: int = 0
+    released: int = 0
+    swept: int = 0
+    refused: list[str] = field(default_factory=list)
+    stop_reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "holder": self.holder,
+            "host": self.host,
+            "claimed": self.claimed,
+            "finished": self.finished,
+            "rejected": self.rejected,
+            "released": self.released,
+            "swept": self.swept,
+            "refused": list(self.refused),
+            "stopReason": self.stop_reason,
+        }
+
+
+class _InFlight:
+    def __init__(self, claim: queue_store.Claim) -> None:
+        self.claim = claim
+        self.stop = threading.Event()
+        self.lost = False  # the claim is no longer ours (heartbeat): write nothing
+
+
+class Worker:
+    def __init__(self, db: Journal, opts: WorkerOptions) -> None:
+        from akm import gitremote, paths
+        from akm.store.runs import host_id
+
+        self.db = db
+        self.opts = opts
+        self.root = paths.project_root(opts.project_root)
+        self.holder = "worker-" + uuid4()
+        self.host = host_id()
+        self.pid = os.getpid()
+        self.scopes = paths.scope_keys(self.root, portable=db.shared)
+        top = paths._git_top(self.root)
+        self.commit = gitremote.head_commit(top) if top is not None else None
+        self.registry = opts.registry or _default_registry()
+        self.kinds = tuple(k for k in opts.kinds if self.registry.get(k) is not None)
+        self.summary = WorkerSummary(holder=self.holder, host=self.host)
+        self.ttl = queue_store.claim_ttl_s()
+        self._plans: dict[str, Plan] = {}
+        self._verdicts: dict[tuple[str, str | None], str | None] = {}
+        self._flying: dict[tuple[str, str], _InFlight] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._parent_env = dict(os.environ)
+        self._stopped = False
+
+    # ------------------------------------------------------------ events
+    def _tell(self, event: WorkerEvent) -> None:
+        if self.opts.on_event is not None:
+            self.opts.on_event(event)
+
+    # ------------------------------------------------------------ the loop
+    def run(self) -> WorkerSummary:
+        cancel = self.opts.cancel
+        cancel.link(self._wake)
+        heartbeat = threading.Thread(target=self._heartbeat, name="akm-worker-heartbeat", daemon=True)
+        heartbeat.start()
+        last_busy = time.monotonic()
+        last_sweep = 0.0
+        threads: list[threading.Thread] = []
+        try:
+            while not cancel.tripped:
+                now = time.monotonic()
+                if now - last_sweep >= SWEEP_EVERY_S:
+                    last_sweep = now
+                    self._sweep()
+                got = self._claim_some()
+                for claim in got:
+                    t = threading.Thread(target=self._run_claim, args=(claim,), name=f"akm-work-{claim.unit_id}")
+                    t.daemon = True
+                    threads.append(t)
+                    t.start()
+                threads = [t for t in threads if t.is_alive()]
+                with self._lock:
+                    busy = bool(got) or bool(self._flying)
+                if busy:
+                    last_busy = time.monotonic()
+                elif self.opts.idle_exit_s is not None and time.monotonic() - last_busy >= self.opts.idle_exit_s:
+                    self.summary.stop_reason = "idle"
+                    break
+                if not got:
+                    self._wake.wait(self.opts.poll_s)
+                self._wake.clear()
+        finally:
+            if cancel.tripped:
+                self.summary.stop_reason = cancel.reason
+                with self._lock:
+                    for f in self._flying.values():
+                        f.stop.set()
+            for t in threads:
+                t.join()
+            cancel.unlink(self._wake)
+            self._stopped = True
+        return self.summary
+
+    def _sweep(self) -> None:
+        try:
+            swept = queue_store.sweep(self.db, self.host)
+        except Exception as exc:
+            self._tell(WorkerEvent("error", detail=f"sweep failed: {exc}"))
+            return
+        for run_id, unit_id in swept:
+            self.summary.swept += 1
+            self._tell(WorkerEvent("swept", run_id, unit_id, detail="its claim lapsed; back in the queue"))
+
+    def _claim_some(self) -> list[queue_store.Claim]:
+        with self._lock:
+            free = self.opts.concurrency - len(self._flying)
+        if free <= 0 or not self.kinds:
+            return []
+        got: list[queue_store.Claim] = []
+        try:
+            work = queue_store.eligible_work(self.db, self.kinds)
+        except Exception as exc:
+            self._tell(WorkerEvent("error", detail=f"reading the queue failed: {exc}"))
+            return []
+        for e in work:
+            if free <= 0 or self.opts.cancel.tripped:
+                break
+            if self._refusal(e) is not None:
+                continue
+            try:
+                claims = queue_store.claim_units(
+                    self.db,
+                    run_id=e.run_id,
+                    step_id=e.step_id,
+                    kinds=self.kinds,
+                    holder=self.holder,
+                    host=self.host,
+                    pid=self.pid,
+                    limit=free,
+                )
+            except Exception as exc:
+                self._tell(WorkerEvent("error", e.run_id, step_id=e.step_id, detail=f"claim failed: {exc}"))
+                continue
+            with self._lock:
+                for c in claims:
+                    self._flying[(c.run_id, c.unit_id)] = _InFlight(c)
+            for c in claims:
+                self.summary.claimed += 1
+                self._tell(WorkerEvent("claimed", c.run_id, c.unit_id, c.step_id, detail=f"attempt {c.token}"))
+            got.extend(claims)
+            free -= len(claims)
+        return got
+
+    def _refusal(self, e: queue_store.Eligible) -> str | None:
+        key = (e.run_id, e.step_id)
+        if key in self._verdicts:
+            return self._verdicts[key]
+        try:
+            plan = self._plan(e.run_id)
+            reason = workspace.refusal(
+                plan=plan,
+                step_id=e.step_id,
+                payload=workspace.payload_of(queue_store.sample_dispatch(self.db, e.run_id, e.step_id)),
+                scopes=self.scopes,
+                run_scope=e.scope_key,
+                project_root=self.root,
+                commit=self.commit,
+                kinds_here=frozenset(self.kinds),
+            )
+        except Exception as exc:
+            reason = f"its plan cannot be read here: {exc}"
+        self._verdicts[key] = reason
+        if reason is not None:
+            text = f"run {e.run_id} step {e.step_id}: {reason}"
+            self.summary.refused.append(text)
+            self._tell(WorkerEvent("refused", e.run_id, step_id=e.step_id, detail=reason))
+        return reason
+
+    def _plan(self, run_id: str) -> Plan:
+        plan = self._plans.get(run_id)
+        if plan is None:
+            from akm.engine.state import load_run
+
+            plan = self._plans[run_id] = load_run(self.db, run_id).plan
+        return plan
+
+    # ------------------------------------------------------------ one claim
+    def _run_claim(self, claim: queue_store.Claim) -> None:
+        key = (claim.run_id, claim.unit_id)
+        with self._lock:
+            flying = self._flying[key]
+        try:
+            try:
+                outcome = self._execute(claim, flying.stop)
+            except Exception as exc:  # a failure inside akm: the row is claimed, so it must be finished
+                outcome = UnitOutcome(
+                    unit_id=claim.unit_id,
+                    ok=False,
+                    failure_reason="dispatch_error",
+                    error=f"unit {claim.unit_id} failed inside the worker before it produced a result: {exc}",
+                )
+            if flying.lost:
+                self.summary.rejected += 1
+                self._tell(
+                    WorkerEvent("rejected", claim.run_id, claim.unit_id, claim.step_id, detail="the claim was lost")
+                )
+                return
+            if flying.stop.is_set() and self.opts.cancel.tripped:
+                if queue_store.release_claim(self.db, claim, self.holder):
+                    self.summary.released += 1
+                    self._tell(WorkerEvent("released", claim.run_id, claim.unit_id, claim.step_id))
+                return
+            self._finish(claim, outcome)
+        except Exception as exc:
+            self._tell(WorkerEvent("error", claim.run_id, claim.unit_id, claim.step_id, detail=str(exc)))
+        finally:
+            with self._lock:
+                self._flying.pop(key, None)
+            self._wake.set()
+
+    def _finish(self, claim: queue_store.Claim, outcome: UnitOutcome) -> None:
+        try:
+            result_json = journaled_result_json(outcome)
+        except (ValueError, TypeError) as exc:
+            outcome = UnitOutcome(
+                unit_id=outcome.unit_id,
+                ok=False,
+                failure_reason="dispatch_error",
+                error=f"unit {claim.unit_id} produced a result that cannot be stored as JSON: {exc}",
+            )
+            result_json = journaled_result_json(outcome)
+        written = queue_store.finish_claimed(
+            self.db,
+            claim,
+            self.holder,
+            status="completed" if outcome.ok else "failed",
+            result_json=result_json,
+            tokens=outcome.tokens,
+            failure_reason=None if outcome.ok else outcome.failure_reason,
+            session_id=outcome.session_id,
+            truncated=outcome.truncated,
+        )
+        if written == "finished":
+            self.summary.finished += 1
+            mark = "ok" if outcome.ok else f"failed ({outcome.failure_reason})"
+            self._tell(WorkerEvent("finished", claim.run_id, claim.unit_id, claim.step_id, detail=mark))
+        else:
+            self.summary.rejected += 1
+            self._tell(
+                WorkerEvent(
+                    "rejected",
+                    claim.run_id,
+                    claim.unit_id,
+                    claim.step_id,
+                    detail="its claim lapsed and the unit was claimed again meanwhile; this result was not journaled",
+                )
+            )
+
+    def _execute(self, claim: queue_store.Claim, stop: threading.Event) -> UnitOutcome:
+        from akm.dispatch.redact import sensitive_values_from
+        from akm.engine import worktree as worktrees
+        from akm.engine.env_bindings import project_sensitive_values, resolve_env_refs
+        from akm.engine.structured import run_structured
+
+        payload = workspace.payload_of(claim.dispatch_json) or {}
+        unit_id = str(payload.get("unitId") or claim.unit_id)
+        plan = self._plan(claim.run_id)
+        step = plan.step(claim.step_id) if claim.step_id is not None else None
+        tmpl = step.unit_template if step is not None else None
+        dispatcher = self.registry.get(claim.runner or "")
+        if tmpl is None or dispatcher is None:
+            return UnitOutcome(
+                unit_id=unit_id,
+                ok=False,
+                failure_reason="dispatch_error",
+                error=f"unit {claim.unit_id}: no unit template or dispatcher for it in this worker",
+            )
+        env_values = resolve_env_refs(tmpl.env, self.root) if tmpl.env else {}
+        sensitive = sensitive_values_from(env_values) + project_sensitive_values(self.root)
+        cwd, tree = str(self.root), None
+        if tmpl.isolation == "worktree":
+            tree = worktrees.create(str(self.root), claim.run_id, claim.unit_id)
+            cwd = tree.path
+        try:
+            engine_name = payload.get("engine")
+            request = UnitRequest(
+                run_id=claim.run_id,
+                step_id=claim.step_id or "",
+                unit_id=unit_id,
+                attempt_id=claim.unit_id,
+                kind=claim.runner or "",
+                cwd=cwd,
+                prompt=str(payload.get("prompt") or ""),
+                system_prompt=payload.get("systemPrompt"),
+                output_schema=tmpl.output_schema,
+                timeout_ms=payload.get("timeoutMs"),
+                engine_name=engine_name,
+                engine=plan.execution.engines.get(engine_name) if engine_name else None,
+                model=payload.get("model"),
+                llm_options=tmpl.invocation.llm if tmpl.invocation else None,
+                exec_spec=tmpl.exec,
+                exec_context=dict(payload.get("execContext") or {}),
+                env_bindings=env_values,
+                sensitive_values=sensitive,
+                parent_env=self._parent_env,
+            )
+            res = run_structured(dispatcher, request, stop)
+            return UnitOutcome(unit_id=unit_id, **vars(res))
+        finally:
+            if tree is not None:
+                warning = worktrees.cleanup(tree)
+                if warning:
+                    self._tell(WorkerEvent("warning", claim.run_id, claim.unit_id, claim.step_id, detail=warning))
+
+    # ------------------------------------------------------------ heartbeat
+    def _heartbeat(self) -> None:
+        interval = max(0.05, self.ttl / 3)
+        last_ok = time.monotonic()
+        while not self._stopped:
+            time.sleep(interval)
+            with self._lock:
+                flying = list(self._flying.values())
+            if not flying:
+                last_ok = time.monotonic()
+                continue
+            try:
+                lost = {(c.run_id, c.unit_id, c.token) for c in queue_store.renew_claims(
+                    self.db, self.holder, [f.claim for f in flying]
+                )}
+                last_ok = time.monotonic()
+            except Exception as exc:
+                self._tell(WorkerEvent("error", detail=f"renewing claims failed: {exc}"))
+                if time.monotonic() - last_ok > self.ttl * 0.8:
+                    lost = {(f.claim.run_id, f.claim.unit_id, f.claim.token) for f in flying}  # stop before the TTL
+                else:
+                    continue
+            for f in flying:
+                c = f.claim
+                if (c.run_id, c.unit_id, c.token) in lost:
+                    f.lost = True
+                    f.stop.set()
+
+
+def _default_registry() -> DispatcherRegistry:
+    from akm.dispatch.registry import default_registry
+
+    return default_registry()
