@@ -176,7 +176,7 @@ _MODELS = frozenset(
         "CatalogRequest",
         "EventsRequest",
         "UpgradeResult",
-    "WORKER_KINDS",
+        "WORKER_KINDS",
         "ReportHint",
         "ClaimView",
         "UnitContext",

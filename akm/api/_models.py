@@ -60,7 +60,7 @@ class RunRequest(Request):
     cwd: str | None = Field(None, description="the directory the request is made from (default: the process's)")
     workers: Flag = Field(
         False,
-        description="coordinate only: queue exec, LLM and agent units for `akm worker` processes sharing the "
+        description="coordinate only: queue exec, LLM and agent units for worker processes sharing the "
         "journal, and wait for their results",
     )
 

@@ -242,9 +242,11 @@ def detach_run(
 
     if opened.status not in DRIVABLE_STATUSES:
         return DetachedRun(run_id=opened.run_id, status=opened.status, started=opened.started, warnings=opened.warnings)
-    extra = ([f"--max-steps={steps}"] if steps is not None else []) + (
-        [f"--timeout={timeout_ms}ms"] if timeout_ms is not None else []
-    ) + (["--workers"] if workers else [])
+    extra = (
+        ([f"--max-steps={steps}"] if steps is not None else [])
+        + ([f"--timeout={timeout_ms}ms"] if timeout_ms is not None else [])
+        + (["--workers"] if workers else [])
+    )
     pid, log = detach.spawn_driver(opened.run_id, cwd=_work_dir(cwd).resolve(), extra=extra)
     return DetachedRun(
         run_id=opened.run_id,

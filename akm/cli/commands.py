@@ -490,7 +490,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from akm import api
 
     cancel = api.Cancellation()
-    reasons = {signal.SIGINT: "sigint", signal.SIGTERM: "sigterm", signal.SIGHUP: "sighup"}
+    reasons: dict[int, str] = {signal.SIGINT: "sigint", signal.SIGTERM: "sigterm", signal.SIGHUP: "sighup"}
 
     def on_signal(signum: int, _frame: Any) -> None:
         cancel.trip(reasons[signum])

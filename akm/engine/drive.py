@@ -30,6 +30,7 @@ from typing import Any, Callable
 from akm.dispatch.base import DispatcherRegistry, UnitRequest
 from akm.dispatch.exec import build_exec_context
 from akm.dispatch.redact import sensitive_values_from
+from akm.engine import remote
 from akm.engine import worktree as worktrees
 from akm.engine.apply import AGAIN, FINISHED, apply_decision, pass_failed
 from akm.engine.budget import LIFETIME_UNIT_CAP, DispatchBudget
@@ -43,7 +44,6 @@ from akm.engine.finalize import (
     decide_step,
     retry_index,
 )
-from akm.engine import remote
 from akm.engine.groupcommit import GroupCommit
 from akm.engine.heartbeat import Heartbeat
 from akm.engine.progress import PassStarted, StepProgress

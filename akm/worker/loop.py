@@ -392,9 +392,10 @@ class Worker:
                 last_ok = time.monotonic()
                 continue
             try:
-                lost = {(c.run_id, c.unit_id, c.token) for c in queue_store.renew_claims(
-                    self.db, self.holder, [f.claim for f in flying]
-                )}
+                lost = {
+                    (c.run_id, c.unit_id, c.token)
+                    for c in queue_store.renew_claims(self.db, self.holder, [f.claim for f in flying])
+                }
                 last_ok = time.monotonic()
             except Exception as exc:
                 self._tell(WorkerEvent("error", detail=f"renewing claims failed: {exc}"))
