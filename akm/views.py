@@ -128,6 +128,7 @@ class UnitView(View):
     stale: bool | None = None
     worktree_path: str | None = None
     truncated: bool = False  # the output was cut at the capture cap; `result` is its beginning
+    host: str | None = None  # the host id the attempt ran on: the driver's, or the worker's that claimed it
 
 
 class LeaseView(View):

@@ -177,6 +177,7 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
                 last_checkin_at=u.last_checkin_at,
                 worktree_path=u.worktree_path,
                 truncated=bool(u.truncated),
+                host=u.host,
                 stale=((u.last_checkin_at or u.started_at) < cutoff)
                 if u.status == "running" and u.phase != "gate"
                 else None,

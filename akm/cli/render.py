@@ -131,7 +131,7 @@ def run_text(view: dict[str, Any]) -> str:
             extra += " STALE: no heartbeat for 90 s, its driver is probably gone"
         lines.append(
             f"    {'gate' if u.get('phase') == 'gate' else 'unit'} {u['unitId']}: {u['status']}{extra}, "
-            f"attempts {u['attempts']}"
+            f"attempts {u['attempts']}" + (f", host {u['host']}" if u.get("host") else "")
         )
     aw = view.get("awaiting")
     if aw:
