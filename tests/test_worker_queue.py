@@ -1,0 +1,208 @@
+"""The unit queue of phase 2 (akm.store.queue) on both journals: queue, claim, fence, renew, sweep, release."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from akm.errors import UsageError
+from akm.store import queue, runs, units
+
+
+@pytest.fixture()
+def db(journal):
+    runs.create_run(
+        journal,
+        run_id="r1",
+        workflow_ref="workflows/w",
+        workflow_path=None,
+        title="t",
+        scope_key="s",
+        params={},
+        plan_json="{}",
+        plan_hash="0" * 64,
+        hash_version=1,
+        step_ids=["build"],
+    )
+    yield journal
+
+
+@pytest.fixture()
+def fence(db):
+    assert runs.acquire_lease(db, "r1", "coord") is None
+    return runs.lease_fence(db, "r1", "coord")
+
+
+def put(db, fence, unit_id="build.unit:1", **kw):
+    args = dict(
+        run_id="r1",
+        unit_id=unit_id,
+        step_id="build",
+        node_id="build.unit",
+        parent_unit_id=None,
+        runner="exec",
+        engine=None,
+        model=None,
+        input_hash="h1",
+        dispatch_json='{"v":1}',
+        fence=fence,
+    )
+    args.update(kw)
+    return queue.queue_unit(db, **args)
+
+
+def claim(db, holder="w1", host="host-a", limit=10, pid=None):
+    return queue.claim_units(
+        db, run_id="r1", step_id="build", kinds=("exec",), holder=holder, host=host, pid=pid, limit=limit
+    )
+
+
+def test_a_queued_unit_is_claimed_once_and_finished_by_its_claimant(db, fence):
+    assert put(db, fence).outcome == "queued"
+    row = units.get_unit(db, "r1", "build.unit:1")
+    assert row.status == "queued" and row.attempts == 0 and row.queued_at is not None
+    assert [e.queued for e in queue.eligible_work(db, ["exec"])] == [1]
+    assert queue.eligible_work(db, ["llm"]) == []
+    got = claim(db)
+    assert [(c.unit_id, c.token) for c in got] == [("build.unit:1", 1)]
+    assert claim(db, holder="w2") == []  # nothing left to claim
+    row = units.get_unit(db, "r1", "build.unit:1")
+    assert (row.status, row.claim_holder, row.host, row.attempts) == ("running", "w1", "host-a", 1)
+    # another worker's finish of the same row is no finish at all
+    other = got[0]._replace(token=1)
+    assert (
+        queue.finish_claimed(db, other, "w2", status="completed", result_json='"x"', tokens=None, failure_reason=None)
+        == "superseded"
+    )
+    assert (
+        queue.finish_claimed(db, got[0], "w1", status="completed", result_json='"ok"', tokens=7, failure_reason=None)
+        == "finished"
+    )
+    row = units.get_unit(db, "r1", "build.unit:1")
+    assert (row.status, row.result_json, row.tokens, row.claim_holder, row.host) == (
+        "completed",
+        '"ok"',
+        7,
+        None,
+        "host-a",
+    )
+    assert queue.finished_rows(db, "r1", ["build.unit:1", "nope"])["build.unit:1"]["status"] == "completed"
+
+
+def test_queueing_is_fenced_and_adopts_what_is_in_flight(db, fence):
+    put(db, fence)
+    assert put(db, fence).outcome == "adopted"  # still queued: left as it is
+    (c,) = claim(db)
+    assert put(db, fence).outcome == "adopted"  # running under a live claim
+    queue.finish_claimed(
+        db, c, "w1", status="failed", result_json='"boom"', tokens=None, failure_reason="non_zero_exit"
+    )
+    assert put(db, fence).outcome == "queued"  # a failed row goes back, as a driver re-dispatches it
+    assert units.get_unit(db, "r1", "build.unit:1").attempts == 1  # the next claim counts the next run
+    (c,) = claim(db)
+    queue.finish_claimed(db, c, "w1", status="completed", result_json='"ok"', tokens=None, failure_reason=None)
+    assert put(db, fence).outcome == "finished"  # a completed row is never overwritten
+    runs.release_lease(db, "r1", "coord")
+    assert runs.acquire_lease(db, "r1", "coord2") is None
+    with pytest.raises(UsageError) as info:
+        put(db, fence, unit_id="build.unit:2")
+    assert info.value.code == "LEASE_LOST"
+    assert units.get_unit(db, "r1", "build.unit:2") is None
+
+
+def test_a_lapsed_claim_is_swept_back_and_the_late_finish_is_rejected(db, fence, monkeypatch):
+    put(db, fence)
+    monkeypatch.setenv("AKM_WORKER_CLAIM_TTL_S", "0.001")
+    (frozen,) = claim(db, holder="w1")
+    import time
+
+    time.sleep(0.05)
+    assert queue.sweep(db, host="someone-else") == [("r1", "build.unit:1")]
+    monkeypatch.setenv("AKM_WORKER_CLAIM_TTL_S", "60")
+    (fresh,) = claim(db, holder="w2", host="host-b")
+    assert fresh.token == 2
+    assert queue.renew_claims(db, "w1", [frozen]) == [frozen]  # the frozen worker learns it lost the claim
+    assert queue.renew_claims(db, "w2", [fresh]) == []
+    assert (
+        queue.finish_claimed(
+            db, frozen, "w1", status="completed", result_json='"late"', tokens=None, failure_reason=None
+        )
+        == "superseded"
+    )
+    assert (
+        queue.finish_claimed(db, fresh, "w2", status="completed", result_json='"new"', tokens=None, failure_reason=None)
+        == "finished"
+    )
+    row = units.get_unit(db, "r1", "build.unit:1")
+    assert (row.result_json, row.attempts, row.host) == ('"new"', 2, "host-b")
+
+
+def test_a_claim_of_a_dead_process_on_this_host_is_swept_at_once(db, fence):
+    import subprocess
+    import sys
+
+    put(db, fence)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    claim(db, holder="w1", host="host-a", pid=dead.pid)
+    assert queue.sweep(db, host="host-b") == []  # another host cannot judge that pid
+    assert queue.sweep(db, host="host-a") == [("r1", "build.unit:1")]
+    assert units.get_unit(db, "r1", "build.unit:1").status == "queued"
+
+
+def test_release_gives_a_claim_back_and_abandon_fails_what_is_queued(db, fence):
+    put(db, fence)
+    put(db, fence, unit_id="build.unit:2")
+    c1, c2 = claim(db, limit=2)
+    assert queue.release_claim(db, c1, "w1") is True
+    assert queue.release_claim(db, c1, "w1") is False  # not ours any more
+    assert units.get_unit(db, "r1", c1.unit_id).status == "queued"
+    runs.release_lease(db, "r1", "coord")
+    runs.abandon_run(db, "r1")
+    row = units.get_unit(db, "r1", c1.unit_id)
+    assert (row.status, row.failure_reason) == ("failed", "abandoned")
+    assert claim(db) == []  # an abandoned run gives out nothing
+    # with no live driver, abandon ends the worker's running row too; its worker's finish then writes nothing
+    row = units.get_unit(db, "r1", c2.unit_id)
+    assert (row.status, row.failure_reason) == ("failed", "abandoned")
+    assert (
+        queue.finish_claimed(db, c2, "w1", status="completed", result_json='"x"', tokens=None, failure_reason=None)
+        == "superseded"
+    )
+    assert units.get_unit(db, "r1", c2.unit_id).result_json is None
+
+
+def test_concurrent_claimers_never_claim_one_row_twice(journal_at, db, fence):
+    from tests.helpers import open_at
+
+    for i in range(60):
+        put(db, fence, unit_id=f"build.unit:{i:03d}")
+    got: dict[str, list[str]] = {}
+
+    def claimer(name: str) -> None:
+        mine = got.setdefault(name, [])
+        conn = open_at(journal_at)
+        try:
+            while True:
+                batch = claim(conn, holder=name, limit=3)
+                if not batch:
+                    return
+                mine.extend(c.unit_id for c in batch)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [u for ids in got.values() for u in ids]
+    assert len(every) == 60 and len(set(every)) == 60
+
+
+def test_a_bad_claim_ttl_is_refused(monkeypatch):
+    monkeypatch.setenv("AKM_WORKER_CLAIM_TTL_S", "soon")
+    with pytest.raises(UsageError) as info:
+        queue.claim_ttl_s()
+    assert info.value.code == "INVALID_ENV"
