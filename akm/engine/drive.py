@@ -270,7 +270,7 @@ class _Pass:
             self._request(unit, attempt, ""), scope_key=d.scope_key, commit=d.commit, project_rel=d.project_rel
         )
         try:
-            queue_store.queue_unit(
+            queued = queue_store.queue_unit(
                 d.db,
                 run_id=d.run_id,
                 unit_id=attempt,
@@ -293,6 +293,8 @@ class _Pass:
                 failure_reason="dispatch_error",
                 error=f"unit {attempt} could not be queued for workers (nothing was dispatched): {exc}",
             )
+        if queued.outcome == "queued" and d.work_notifier is not None:
+            d.work_notifier.notify(d.run_id)  # after the commit: wake idle workers now
         row = waiter.wait(attempt, self.event)
         if row is None:
             return UnitOutcome(
@@ -734,6 +736,7 @@ class _Driver:
         # What workers check before they claim this run's units (akm.engine.remote.dispatch_payload).
         self.scope_key = loaded.run.scope_key
         self.commit = remote.project_commit(opts.project_root) if opts.workers else None
+        self.work_notifier = db.notifier(queue_store.WORK_CHANNEL) if opts.workers else None
         self.project_rel = _project_rel(opts.project_root) if opts.workers else ""
 
     def warn(self, message: str) -> None:
@@ -1131,6 +1134,8 @@ def _drive_held(
     finally:
         if driver is not None:
             driver.heartbeat.stop()
+            if driver.work_notifier is not None:
+                driver.work_notifier.close()
         try:
             runs_store.release_lease(db, run_id, holder)
         except JournalError as exc:

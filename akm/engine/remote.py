@@ -29,7 +29,7 @@ from akm.store import queue as queue_store
 from akm.store.journal import Journal
 
 PAYLOAD_VERSION = 1
-POLL_S = 0.25  # between reads of the finished rows (a hint from NOTIFY could shorten it; polling stays)
+POLL_S = 0.25  # between reads of the finished rows; a worker's NOTIFY (PostgreSQL) wakes the read sooner
 SWEEP_EVERY_S = 2.0
 
 
@@ -78,6 +78,8 @@ class Waiter:
         self.db = db
         self.run_id = run_id
         self.poll_s = poll_s
+        self._poke = threading.Event()  # set by a worker's notification: read the rows now
+        self._listener: Any = None
         self._lock = threading.Lock()
         self._waiting: dict[str, threading.Event] = {}
         self._rows: dict[str, dict[str, Any]] = {}
@@ -92,10 +94,11 @@ class Waiter:
         with self._lock:
             self._waiting[attempt] = done
             if self._thread is None:
+                self._listener = self.db.listener(queue_store.RUN_CHANNEL, self._poke, self.run_id)
                 self._thread = threading.Thread(target=self._loop, name="akm-remote-wait", daemon=True)
                 self._thread.start()
         try:
-            while not done.wait(0.05 if cancel.is_set() else self.poll_s):
+            while not done.wait(self.poll_s):
                 if cancel.is_set():
                     return None
         finally:
@@ -127,9 +130,13 @@ class Waiter:
                         if event is not None and not event.is_set():
                             self._rows[unit_id] = row
                             event.set()
-            self._stop.wait(self.poll_s)
+            self._poke.wait(self.poll_s)
+            self._poke.clear()
 
     def close(self) -> None:
         self._stop.set()
+        self._poke.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._listener is not None:
+            self._listener.close()

@@ -142,6 +142,17 @@ class Journal:
         """Wrap a stretch of many small commits (a fan-out); nests."""
         raise NotImplementedError
 
+    def listener(self, channel: str, event: Any, payload: str | None = None) -> Any:
+        """Set `event` (a threading.Event) whenever another process notifies `channel` (with `payload`, if
+        given); an object with `close()`, or None where the journal has no notifications (SQLite: poll).
+        A hint only: callers poll as well (`akm.store.postgres.wakeups`)."""
+        return None
+
+    def notifier(self, channel: str) -> Any:
+        """An object whose `notify(payload)` wakes the listeners of `channel` after a write committed (sent
+        off the write path, coalesced), with `close()`; None where the journal has no notifications."""
+        return None
+
     def close(self) -> None:
         raise NotImplementedError
 

@@ -38,6 +38,10 @@ from akm.store.journal import RUN_UNIT_WRITE
 from akm.store.journal import Journal as Database
 from akm.store.runs import DRIVABLE_STATUSES, Fence, check_fence, holder_is_live, not_drivable_error
 
+# Wake-up channels (`Journal.listener` / `Journal.notifier`; PostgreSQL only, a hint beside polling).
+WORK_CHANNEL = "akm_work"  # coordinator → workers: units were queued (payload: the run id)
+RUN_CHANNEL = "akm_run"  # worker → coordinator: a unit of the run finished (payload: the run id)
+
 WORKER_CLAIM_TTL_S = 90.0
 WORKER_CLAIM_TTL_ENV = "AKM_WORKER_CLAIM_TTL_S"  # overrides the claim TTL (seconds); tests, slow links
 

@@ -119,6 +119,7 @@ class Worker:
         self._wake = threading.Event()
         self._parent_env = dict(os.environ)
         self._stopped = False
+        self._notifier: Any = None
 
     # ------------------------------------------------------------ events
     def _tell(self, event: WorkerEvent) -> None:
@@ -129,6 +130,8 @@ class Worker:
     def run(self) -> WorkerSummary:
         cancel = self.opts.cancel
         cancel.link(self._wake)
+        listener = self.db.listener(queue_store.WORK_CHANNEL, self._wake)  # queued units wake us (PostgreSQL)
+        self._notifier = self.db.notifier(queue_store.RUN_CHANNEL)
         heartbeat = threading.Thread(target=self._heartbeat, name="akm-worker-heartbeat", daemon=True)
         heartbeat.start()
         last_busy = time.monotonic()
@@ -167,6 +170,9 @@ class Worker:
                 t.join()
             cancel.unlink(self._wake)
             self._stopped = True
+            for hint in (listener, self._notifier):
+                if hint is not None:
+                    hint.close()
         return self.summary
 
     def _sweep(self) -> None:
@@ -309,6 +315,8 @@ class Worker:
             truncated=outcome.truncated,
         )
         if written == "finished":
+            if self._notifier is not None:
+                self._notifier.notify(claim.run_id)  # the coordinator reads the row now, not at its next poll
             self.summary.finished += 1
             mark = "ok" if outcome.ok else f"failed ({outcome.failure_reason})"
             self._tell(WorkerEvent("finished", claim.run_id, claim.unit_id, claim.step_id, detail=mark))

@@ -375,6 +375,16 @@ class PgJournal(Journal):
 
         return HolderLock.start(self.target, holder)
 
+    def listener(self, channel: str, event: Any, payload: str | None = None) -> Any:
+        from akm.store.postgres.wakeups import Listener
+
+        return Listener(self.target, channel, event, payload)
+
+    def notifier(self, channel: str) -> Any:
+        from akm.store.postgres.wakeups import Notifier
+
+        return Notifier(self.target, channel)
+
     @contextlib.contextmanager
     def bulk_writes(self) -> Iterator[None]:
         """Nothing to do: the server checkpoints on its own."""

@@ -1,0 +1,107 @@
+"""LISTEN/NOTIFY wake-ups between a run's coordinator and its workers (postgres.md §2.8).
+
+A notification is a hint, never the truth: listeners also poll, because notifications sent while a listener
+reconnects are lost (and pg8000 keeps only the last hundred). So every failure here is swallowed and retried
+later; the journal stays the only source of what to do.
+
+* `Listener`: one dedicated connection LISTENing on a channel; a background thread waits on its socket
+  (`select`, then a `SELECT 1` to make the driver read what arrived) and sets an event per notification
+  whose payload matches. The event is the one the caller already waits on, so a wake-up and a timeout
+  look alike to it.
+* `Notifier`: sends NOTIFYs from its own autocommit connection, *after* the write they announce committed
+  and never inside a unit's transaction (a transaction with a pending NOTIFY takes a global lock at commit,
+  which would serialize every commit). Requests arriving while one is sent are coalesced into the next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import threading
+from typing import Any
+
+from akm.store.postgres.connect import Target, connect
+
+RECONNECT_S = 1.0
+
+
+class Listener:
+    def __init__(self, target: Target, channel: str, event: threading.Event, payload: str | None = None) -> None:
+        self.target = target
+        self.channel = channel
+        self.event = event
+        self.payload = payload
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"akm-listen-{channel}", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            con: Any = None
+            try:
+                con = connect(self.target, timeout=10.0)
+                con.run(f"LISTEN {self.channel}")
+                sock = con._usock
+                while not self._stop.is_set():
+                    ready, _, _ = select.select([sock], [], [], 0.5)
+                    if ready:
+                        con.run("SELECT 1")  # the driver reads the notifications that arrived
+                    while con.notifications:
+                        _pid, _channel, payload = con.notifications.popleft()
+                        if self.payload is None or payload == self.payload:
+                            self.event.set()
+            except Exception:
+                self._stop.wait(RECONNECT_S)  # lost meanwhile: the caller's polling covers it
+            finally:
+                if con is not None:
+                    with contextlib.suppress(Exception):
+                        con.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+class Notifier:
+    def __init__(self, target: Target, channel: str) -> None:
+        self.target = target
+        self.channel = channel
+        self._pending: set[str] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"akm-notify-{channel}", daemon=True)
+        self._thread.start()
+
+    def notify(self, payload: str) -> None:
+        with self._lock:
+            self._pending.add(payload)
+        self._wake.set()
+
+    def _loop(self) -> None:
+        con: Any = None
+        while not self._stop.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            with self._lock:
+                pending, self._pending = self._pending, set()
+            if not pending:
+                continue
+            try:
+                if con is None:
+                    con = connect(self.target, timeout=10.0)
+                for payload in sorted(pending):
+                    con.run("SELECT pg_notify(:c, :p)", c=self.channel, p=payload)
+            except Exception:
+                if con is not None:
+                    with contextlib.suppress(Exception):
+                        con.close()
+                con = None  # dropped: listeners poll anyway
+        if con is not None:
+            with contextlib.suppress(Exception):
+                con.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=2)
