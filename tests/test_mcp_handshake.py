@@ -62,6 +62,35 @@ def test_the_handshake_constants_are_the_sdks():
 
 
 @pytest.mark.parametrize(
+    "version, spec, meets",
+    [
+        ("2.3", ">=2.3.0", True),  # padded: 2.3 is 2.3.0 (it used to turn the early answer off)
+        ("2.3", "<2.4", True),
+        ("2.3.0", "==2.3", True),
+        ("2.3.0rc1", ">=2.3.0", True),  # the release part is compared
+        ("2.3.9.post2", "<2.4", True),
+        ("2.4", "<2.4", False),
+        ("2.4.0rc1", "<2.4", False),
+        ("2.10", "<2.4", False),  # numbers, not text
+        ("2.2.99", ">=2.3.0", False),
+        ("3", "> 2.3", True),
+        ("2.3", "<= 2.3.0.0", True),
+    ],
+)
+def test_one_version_rule_for_the_sdk_range(version, spec, meets):
+    """handshake.version_satisfies is the rule sdk_in_tested_range and tests/test_mcp_sdk_pin.py both use."""
+    assert handshake.version_satisfies(version, spec) is meets
+
+
+def test_the_tested_range_takes_a_short_version_and_refuses_what_it_cannot_read():
+    assert handshake.in_tested_range("2.3") and handshake.in_tested_range("2.3.0")
+    assert not handshake.in_tested_range("2.4") and not handshake.in_tested_range("2.2")
+    for version, spec in (("v2.3", ">=2.3.0"), ("", "<2.4"), ("2.3", "~=2.3"), ("2.3", ">=x")):
+        with pytest.raises(ValueError):
+            handshake.version_satisfies(version, spec)
+
+
+@pytest.mark.parametrize(
     "line",
     [
         _init(1),

@@ -11,38 +11,17 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.metadata
-import re
 from pathlib import Path
 
-from akm.mcp import build_server
+from akm.mcp import build_server, handshake
 from akm.mcp import stdio as sdk
 
 MCP_DIR = Path(__file__).resolve().parent.parent / "akm" / "mcp"
 
 
-def _release(version: str) -> tuple[int, ...]:
-    """The numeric release part of a version (`2.3.0rc1` -> (2, 3, 0)), padded for comparison."""
-    match = re.match(r"\d+(?:\.\d+)*", version)
-    assert match, f"not a version: {version!r}"
-    parts = tuple(int(p) for p in match.group(0).split("."))
-    return parts + (0,) * (4 - len(parts))
-
-
-def _satisfies(version: str, spec: str) -> bool:
-    op, bound = re.fullmatch(r"(>=|<=|<|>|==)\s*(\S+)", spec).groups()  # type: ignore[union-attr]
-    have, want = _release(version), _release(bound)
-    return {
-        ">=": have >= want,
-        "<=": have <= want,
-        "<": have < want,
-        ">": have > want,
-        "==": have == want,
-    }[op]
-
-
 def test_installed_sdk_is_in_the_tested_range():
     installed = importlib.metadata.version("mcp")
-    outside = [spec for spec in sdk.SDK_TESTED if not _satisfies(installed, spec)]
+    outside = [spec for spec in sdk.SDK_TESTED if not handshake.version_satisfies(installed, spec)]
     assert not outside, (
         f"mcp {installed} is outside the range akm/mcp/stdio.py was written against {sdk.SDK_TESTED}: check every "
         "internal in SDK_MODULE_INTERNALS / SDK_SERVER_INTERNALS against the new SDK, then widen SDK_TESTED"

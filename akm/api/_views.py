@@ -27,7 +27,7 @@ STALE_AFTER_S = 90.0
 
 def _open_db(*, read_only: bool = False):
     """The journal. `read_only` (the read commands): when it cannot be opened for writing — a read-only
-    directory or mount — it is read as it is instead (`akm.store.db.open_db_read_only`)."""
+    directory or mount — it is read as it is instead (`akm.store.open_db_read_only`)."""
     from akm.errors import JournalError
     from akm.store import journal_url, open_db, open_db_read_only, open_journal
 

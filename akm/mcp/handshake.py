@@ -18,6 +18,7 @@ is left to the SDK, as before. Nothing here imports the SDK or touches its inter
 from __future__ import annotations
 
 import json
+import operator
 import os
 import sys
 import threading
@@ -118,16 +119,49 @@ def early_answer(line: bytes) -> tuple[Any, bytes] | None:
     return rid, json.dumps(answer, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
 
 
-def _version_tuple(text: str) -> tuple[int, ...] | None:
-    parts = []
-    for piece in text.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
+_DIGITS = frozenset("0123456789")
+_COMPARE = {">=": operator.ge, "<=": operator.le, "<": operator.lt, ">": operator.gt, "==": operator.eq}
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The numeric release part of a version: `2.3.0rc1` -> (2, 3, 0), `2.3` -> (2, 3). ValueError when the
+    text does not start with a number. Pre-release and local tags are not compared (what `SDK_TESTED` needs)."""
+    parts: list[int] = []
+    for piece in version.strip().split("."):
+        digits = ""
+        for ch in piece:
+            if ch not in _DIGITS:
+                break
+            digits += ch
         if not digits:
             break
         parts.append(int(digits))
         if len(digits) != len(piece):
             break
-    return tuple(parts) if parts else None
+    if not parts:
+        raise ValueError(f"not a version: {version!r}")
+    return tuple(parts)
+
+
+def version_satisfies(version: str, spec: str) -> bool:
+    """Does `version` meet one specifier (`>=2.3.0`, `<2.4`; also `<=`, `>`, `==`)?
+
+    The one rule for the SDK range, used here and by tests/test_mcp_sdk_pin.py: release parts compared
+    with the shorter one padded with zeros, so `2.3` is `2.3.0` (an SDK reporting "2.3" is in `>=2.3.0`).
+    ValueError for a specifier or version it cannot read.
+    """
+    text = spec.strip()
+    op = text[:2] if text[:2] in _COMPARE else text[:1]
+    if op not in _COMPARE:
+        raise ValueError(f"not a version specifier: {spec!r}")
+    have, want = release(version), release(text[len(op) :])
+    width = max(len(have), len(want))
+    return bool(_COMPARE[op](have + (0,) * (width - len(have)), want + (0,) * (width - len(want))))
+
+
+def in_tested_range(version: str) -> bool:
+    """Whether `version` of the SDK meets every specifier of `SDK_TESTED`."""
+    return all(version_satisfies(version, spec) for spec in SDK_TESTED)
 
 
 def sdk_in_tested_range() -> bool:
@@ -135,20 +169,9 @@ def sdk_in_tested_range() -> bool:
     from importlib import metadata
 
     try:
-        installed = _version_tuple(metadata.version("mcp"))
+        return in_tested_range(metadata.version("mcp"))
     except (metadata.PackageNotFoundError, ValueError):
         return False
-    if installed is None:
-        return False
-    for spec in SDK_TESTED:
-        bound = _version_tuple(spec.lstrip("<>="))
-        if bound is None:
-            return False
-        if spec.startswith(">=") and installed < bound:
-            return False
-        if spec.startswith("<") and not installed < bound:
-            return False
-    return True
 
 
 class EarlyStart:

@@ -2,37 +2,16 @@
 
 The SQLite connection code moved to `akm.store.sqlite.db` (a backend of `akm.store.journal`), the stamps to
 `akm.store.clock`. `Database` is the journal interface, so a type hint `Database` accepts either backend.
+Only names still imported through here are kept (the engine's `Database`, the tests' stamps and
+`_Checkpointer`); new code imports from where a name lives.
 """
 
 from __future__ import annotations
 
 from akm.store.clock import format_iso, now_iso, parse_iso
 from akm.store.journal import Journal
-from akm.store.sqlite.db import (
-    BEGIN_ATTEMPTS,
-    BUSY_TIMEOUT_MS,
-    WAL_AUTOCHECKPOINT_PAGES,
-    SqliteJournal,
-    _Checkpointer,
-    journal_error,
-    journal_mode_from_env,
-    set_journal_mode,
-)
+from akm.store.sqlite.db import _Checkpointer
 
 Database = Journal
 
-__all__ = [
-    "BEGIN_ATTEMPTS",
-    "BUSY_TIMEOUT_MS",
-    "WAL_AUTOCHECKPOINT_PAGES",
-    "Database",
-    "Journal",
-    "SqliteJournal",
-    "_Checkpointer",
-    "format_iso",
-    "journal_error",
-    "journal_mode_from_env",
-    "now_iso",
-    "parse_iso",
-    "set_journal_mode",
-]
+__all__ = ["Database", "_Checkpointer", "format_iso", "now_iso", "parse_iso"]

@@ -28,6 +28,9 @@ from akm.errors import UsageError
 RUN_UPDATE = "UPDATE"
 RUN_WRITE = "NO KEY UPDATE"
 RUN_UNIT_WRITE = "KEY SHARE"
+# Their strength, PostgreSQL's order: a row lock held in one mode covers every weaker one, so a stronger
+# one still has to be asked for (KEY SHARE held, NO KEY UPDATE wanted: lock again).
+RUN_LOCK_STRENGTH = {RUN_UNIT_WRITE: 1, RUN_WRITE: 2, RUN_UPDATE: 3}
 
 
 class Dialect:
@@ -45,6 +48,12 @@ class Dialect:
     * `liveness` / `lease_dead`: whether lease rows record the holder's liveness session, and whether the
       run's current holder provably died (PostgreSQL; SQLite's same-host dead-pid rule in
       `runs.holder_is_live` is all one host needs, so it records and asks nothing).
+
+    The lock calls come once per store call, and store calls nest in one transaction (`write_report` runs
+    `insert_unit` and `finish_unit` inside its own; a group commit runs the writes of many units in one), so
+    a transaction asks for the same lock many times. A dialect whose locks cost a statement remembers what
+    the current transaction holds and skips a lock already held in the same or a stronger mode
+    (`RUN_LOCK_STRENGTH`); what it remembers ends with the transaction, at commit and at rollback.
     """
 
     name = "sqlite"

@@ -10,7 +10,10 @@ Why it looks like this (postgres.md §2.3–§2.9, §3):
   through the dialect: each write transaction first locks the run's row in the mode its operation needs
   (`lock_run`), an identical start takes an advisory lock on its identity, and every event INSERT is
   preceded by a transaction-scoped advisory lock, so event ids follow commit order and a cursor
-  `id > N` never skips an event committed later with a smaller id.
+  `id > N` never skips an event committed later with a smaller id. Each lock is a round trip, and store
+  calls nest (a report's insert and finish, a group commit's many units): the connection remembers the
+  locks its transaction holds (`Connection.locks`, emptied at commit and rollback) and the dialect skips
+  one already held in that mode or a stronger one.
 * `now()` is the server's clock (`clock_timestamp()`): with many hosts writing expiries, one clock decides.
 * One connection shared by the process's threads under an RLock held for a whole transaction, as on
   SQLite: the engine's writes are short, and a second connection per thread would let two threads of one
@@ -32,7 +35,7 @@ from typing import Any
 
 from akm.errors import JournalError
 from akm.store.clock import format_iso, parse_iso
-from akm.store.journal import Dialect, HolderLiveness, Journal, not_text_error
+from akm.store.journal import RUN_LOCK_STRENGTH, Dialect, HolderLiveness, Journal, not_text_error
 from akm.store.postgres.connect import Target, connect, sqlstate
 from akm.store.postgres.liveness import dead_sql
 
@@ -52,13 +55,20 @@ class PgDialect(Dialect):
     skip_locked = " FOR UPDATE SKIP LOCKED"
 
     def lock_run(self, conn: Any, run_id: str, mode: str) -> None:
-        conn.execute(f"SELECT 1 FROM runs WHERE id = ? FOR {mode}", (run_id,))
+        strength = RUN_LOCK_STRENGTH[mode]
+        if conn.locks.get(("run", run_id), 0) < strength:  # not held, or only in a weaker mode
+            conn.execute(f"SELECT 1 FROM runs WHERE id = ? FOR {mode}", (run_id,))
+            conn.holds(("run", run_id), strength)
 
     def identity_lock(self, conn: Any, key: str) -> None:
-        conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (IDENTITY_LOCK, key))
+        if ("identity", key) not in conn.locks:
+            conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (IDENTITY_LOCK, key))
+            conn.holds(("identity", key))
 
     def event_lock(self, conn: Any) -> None:
-        conn.execute("SELECT pg_advisory_xact_lock(?, ?)", EVENT_LOCK)
+        if ("event",) not in conn.locks:
+            conn.execute("SELECT pg_advisory_xact_lock(?, ?)", EVENT_LOCK)
+            conn.holds(("event",))
 
     def insert_id(self, conn: Any, sql: str, params: Sequence[Any]) -> int:
         return int(conn.execute(sql + " RETURNING id", params).fetchone()[0])
@@ -207,7 +217,12 @@ class Cursor:
 
 
 class Connection:
-    """What `PgJournal.tx()` yields: `execute`, `executemany`, `in_transaction` over the pg8000 connection."""
+    """What `PgJournal.tx()` yields: `execute`, `executemany`, `in_transaction` over the pg8000 connection.
+
+    `locks`: the locks the open transaction holds (`PgDialect`), key → strength; they end with it, so
+    `begin` and `ended` empty it. `trace`: a list to append each statement's text to (a test counting
+    round trips), None otherwise.
+    """
 
     PREPARED_MAX = 256  # statements kept prepared on the server per connection (the shared layer has ~60)
 
@@ -215,8 +230,27 @@ class Connection:
         self.raw = raw
         self.in_transaction = False
         self.prepared: dict[str, tuple[bytes, Any, Any]] = {}
+        self.locks: dict[tuple[str, ...], int] = {}
+        self.trace: list[str] | None = None
+
+    def begin(self) -> None:
+        self.simple("BEGIN")
+        self.locks.clear()
+        self.in_transaction = True
+
+    def ended(self) -> None:
+        """The transaction committed or rolled back: its locks are gone."""
+        self.in_transaction = False
+        self.locks.clear()
+
+    def holds(self, key: tuple[str, ...], strength: int = 1) -> None:
+        """Remember a lock just taken; outside a transaction it ended with its statement."""
+        if self.in_transaction:
+            self.locks[key] = strength
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        if self.trace is not None:
+            self.trace.append(sql)
         vals = [clean_param(v) for v in params]
         statement = pg_statement(sql)
         ps = self.prepared.get(statement)
@@ -241,6 +275,8 @@ class Connection:
             self.execute(sql, params)
 
     def simple(self, sql: str) -> None:
+        if self.trace is not None:
+            self.trace.append(sql)
         self.raw.execute_simple(sql)
 
 
@@ -277,12 +313,11 @@ class _Transaction:
         try:
             if not db.conn.in_transaction:
                 try:
-                    db.conn.simple("BEGIN")
+                    db.conn.begin()
                 except Exception as exc:
                     if _is_driver_error(exc):
                         raise pg_error(exc, "begin", db.shown) from None
                     raise
-                db.conn.in_transaction = True
                 self.owner = True
         except BaseException:
             db.lock.release()
@@ -309,7 +344,7 @@ class _Transaction:
                     raise pg_error(err, "commit", db.shown) from None
                 raise
             finally:
-                db.conn.in_transaction = False
+                db.conn.ended()
             return False
         finally:
             db.lock.release()
@@ -335,7 +370,7 @@ class PgJournal(Journal):
 
     def rollback_quietly(self) -> None:
         if self.conn.in_transaction:
-            self.conn.in_transaction = False
+            self.conn.ended()
             with contextlib.suppress(Exception):
                 self.conn.simple("ROLLBACK")
 
