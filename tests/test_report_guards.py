@@ -196,8 +196,8 @@ def test_tokens_carried_and_crossed():
     assert carried_tokens(ReportPlan("write"), None) is None
     assert carried_tokens(ReportPlan("write", prior_tokens=5), 7) == 12  # a re-run carries its earlier spend
     assert carried_tokens(ReportPlan("write", prior_tokens=5), None) == 5
-    assert tokens_crossed(4, None, 3, None) is None
-    assert tokens_crossed(4, None, 3, 10) is None
-    assert tokens_crossed(4, None, 6, 10) == "budget exceeded (max_tokens ceiling): 10 of 10 tokens used"
-    # the row's own earlier tokens are replaced by what it carries now, not counted twice
-    assert tokens_crossed(9, unit_row(tokens=5), 5, 10) is None
+    assert tokens_crossed(4, 3, None) is None
+    assert tokens_crossed(4, 3, 10) is None
+    assert tokens_crossed(4, 6, 10) == "budget exceeded (max_tokens ceiling): 10 of 10 tokens used"
+    # the row's own earlier tokens are replaced by what it carries now, not counted twice: 4 others + 5 now
+    assert tokens_crossed(4, 5, 10) is None

@@ -178,11 +178,14 @@ def carried_tokens(plan: ReportPlan, tokens: int | None) -> int | None:
     return (plan.prior_tokens + (tokens or 0)) if plan.prior_tokens else tokens
 
 
-def tokens_crossed(spent: int, row: Row | None, carried: int | None, max_tokens: int | None) -> str | None:
-    """The max_tokens message when this report's write reached the ceiling (the step then fails), else None."""
+def tokens_crossed(other_tokens: int, carried: int | None, max_tokens: int | None) -> str | None:
+    """The max_tokens message when this report's write reached the ceiling (the step then fails), else None.
+
+    `other_tokens`: the run's tokens on every other dispatch row; the reported row counts with what it
+    carries now (its earlier tokens are replaced, not added)."""
     if max_tokens is None:
         return None
-    total = spent - _row_tokens(row) + (carried or 0)
+    total = other_tokens + (carried or 0)
     if total < max_tokens:
         return None
     return f"budget exceeded (max_tokens ceiling): {total} of {max_tokens} tokens used"

@@ -612,7 +612,7 @@ def write_report(
             "WHERE run_id = ? AND phase IS NULL AND unit_id != ?",
             (run_id, unit_id),
         ).fetchone()
-        spent = check_budget(
+        check_budget(
             plan,
             row,
             other_attempts=int(totals["a"]),
@@ -657,7 +657,7 @@ def write_report(
             failure_reason=failure_reason,
             session_id=None,
         )
-        return ReportWrite("written", tokens_crossed=tokens_crossed(spent, row, carried, max_tokens))
+        return ReportWrite("written", tokens_crossed=tokens_crossed(int(totals["t"]), carried, max_tokens))
 
 
 def guard_session_write(db: Database, run_id: str) -> None:
