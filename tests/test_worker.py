@@ -1,0 +1,221 @@
+"""`workflow run --workers` + `akm worker` on one machine (the SQLite journal), in process: the coordinator
+keeps the step's limits and decisions, the worker runs the units; a worker that cannot run a step's units
+here (another commit checked out, an env file missing) claims none of them and says why."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from akm import api
+from akm.cli import main as cli_main
+from tests.helpers import open_test_journal, py, write_wf
+
+
+def _fan(project: Path, *, n: int = 6, extra: str = "", unit_extra: str = "", code: str | None = None) -> Path:
+    code = code or "import os; print(os.environ['AKM_ITEM'])"
+    return write_wf(
+        project,
+        "fan.md",
+        f"""
+        description: fan-out for workers
+        {extra}
+        steps:
+          - id: work
+            map:
+              over: params.items
+              concurrency: 8
+              unit:
+                exec:
+                  command: {py(code)}
+                {unit_extra}
+        params:
+          items: {{ type: array, default: {json.dumps(list(range(n)))} }}
+        """,
+        "## work\nDo one item.",
+    )
+
+
+class _Coordinator:
+    def __init__(self, wf: Path, project: Path) -> None:
+        self.cancel = api.Cancellation()
+        self.result = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._go, args=(wf, project), daemon=True)
+        self.thread.start()
+
+    def _go(self, wf: Path, project: Path) -> None:
+        try:
+            self.result = api.run_workflow(str(wf), workers=True, cwd=str(project), cancel=self.cancel)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the test
+            self.error = exc
+
+    def join(self, timeout: float = 120):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the coordinator did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _rows() -> list:
+    db = open_test_journal()
+    try:
+        return db.query("SELECT unit_id, status, attempts, host, queued_at FROM units ORDER BY unit_id")
+    finally:
+        db.close()
+
+
+def _wait_queued(n: int, deadline_s: float = 60) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if sum(1 for r in _rows() if r["status"] == "queued") >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the coordinator queued nothing")
+
+
+def _work(project: Path, **kw) -> object:
+    return api.run_worker(project=str(project), poll="50ms", **kw)
+
+
+def test_the_worker_runs_what_the_coordinator_queues(tmp_path):
+    project = tmp_path / "p"
+    project.mkdir()
+    coord = _Coordinator(_fan(project), project)
+    _wait_queued(6)
+    cancel = api.Cancellation()
+    worker = threading.Thread(target=lambda: _work(project, concurrency=3, cancel=cancel), daemon=True)
+    worker.start()
+    result = coord.join()
+    cancel.trip("sigterm")
+    worker.join(30)
+    assert result.done and result.run.status == "completed"
+    rows = _rows()
+    assert len(rows) == 6 and all(r["status"] == "completed" and r["attempts"] == 1 for r in rows)
+    assert all(r["queued_at"] is not None and r["host"] for r in rows)
+    status = api.run_status(result.run.run_id, units=True).to_json()
+    assert {u["host"] for u in status["units"]} == {rows[0]["host"]}
+
+
+def test_budget_and_fail_fast_hold_across_workers(tmp_path):
+    project = tmp_path / "p"
+    project.mkdir()
+    wf = _fan(project, n=8, extra="budget: { max_units: 3 }")
+    coord = _Coordinator(wf, project)
+    summary = _work(project, concurrency=4, idle_exit="1s")
+    result = coord.join()
+    assert result.run.status == "failed"
+    assert len(_rows()) == 3 and summary.finished == 3  # the coordinator queued no unit past the ceiling
+
+    other = tmp_path / "q"
+    other.mkdir()
+    code = "import os, sys; sys.exit(3 if os.environ['AKM_ITEM'] == '0' else 0)"
+    wf = write_wf(
+        other,
+        "ff.md",
+        f"""
+        description: fail fast
+        steps:
+          - id: work
+            map:
+              over: params.items
+              concurrency: 1
+              unit:
+                exec:
+                  command: {py(code)}
+        params:
+          items: {{ type: array, default: [0, 1, 2, 3] }}
+        """,
+        "## work\nDo one item.",
+    )
+    coord = _Coordinator(wf, other)
+    _work(other, concurrency=4, idle_exit="1s")
+    result = coord.join()
+    assert result.run.status == "failed"
+    run_rows = [r for r in _rows() if r["unit_id"].startswith("work")]
+    assert len(run_rows) == 3 + 1  # the first run's three, and only item 0 here: nothing after the failure
+
+
+def test_a_worker_claims_nothing_it_cannot_run_here(tmp_path):
+    project = tmp_path / "p"
+    project.mkdir()
+    git = ["git", "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    _fan(project, n=2, unit_extra="env: [env/secrets]")
+    (project / ".akm" / "env").mkdir(parents=True)
+    (project / ".akm" / "env" / "secrets.env").write_text("TOKEN=abc\n")
+    subprocess.run([*git, "add", "fan.md"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    coord = _Coordinator(project / "fan.md", project)
+    try:
+        _wait_queued(2)
+        # another project: nothing of this run
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        summary = _work(elsewhere, idle_exit="300ms")
+        assert summary.claimed == 0 and "another project" in summary.refused[0]
+        # the env file the step binds is missing here
+        (project / ".akm" / "env" / "secrets.env").rename(project / "secrets.bak")
+        summary = _work(project, idle_exit="300ms")
+        assert summary.claimed == 0 and "env binding" in summary.refused[0]
+        (project / "secrets.bak").rename(project / ".akm" / "env" / "secrets.env")
+        # another commit checked out than the run's
+        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "two"], check=True)
+        summary = _work(project, idle_exit="300ms")
+        assert summary.claimed == 0 and "needs commit" in summary.refused[0]
+        assert all(r["status"] == "queued" for r in _rows())
+        subprocess.run([*git, "reset", "-q", "--hard", "HEAD~1"], check=True)
+        summary = _work(project, idle_exit="1s")
+        assert summary.finished == 2 and summary.refused == []
+    finally:
+        coord.cancel.trip("sigint")
+    assert coord.join().run.status == "completed"
+
+
+def test_a_stopped_worker_gives_its_units_back(tmp_path):
+    project = tmp_path / "p"
+    project.mkdir()
+    coord = _Coordinator(_fan(project, n=2, code="import time; time.sleep(60)"), project)
+    try:
+        _wait_queued(2)
+        cancel = api.Cancellation()
+        box: dict = {}
+        worker = threading.Thread(target=lambda: box.update(s=_work(project, cancel=cancel)), daemon=True)
+        worker.start()
+        end = time.monotonic() + 60
+        while sum(r["status"] == "running" for r in _rows()) < 2 and time.monotonic() < end:
+            time.sleep(0.05)
+        cancel.trip("sigterm")
+        worker.join(60)
+        assert box["s"].released == 2 and box["s"].stop_reason == "sigterm"
+        assert [r["status"] for r in _rows()] == ["queued", "queued"]
+    finally:
+        coord.cancel.trip("sigint")
+    assert coord.join().aborted
+
+
+@pytest.mark.parametrize(
+    "argv, code",
+    [
+        (["worker", "--kinds", "exec,shell"], "INVALID_ARGUMENT"),
+        (["worker", "--concurrency", "0"], "INVALID_ARGUMENT"),
+        (["worker", "--idle-exit", "soon"], "INVALID_ARGUMENT"),
+        (["worker", "--project", "/nonexistent/dir"], "INVALID_ARGUMENT"),
+    ],
+)
+def test_worker_arguments_are_checked(argv, code, capsys):
+    assert cli_main([*argv, "--format", "json"]) == 2
+    err = json.loads(capsys.readouterr().err)
+    assert err["code"] == code
+
+
+def test_a_worker_with_nothing_to_do_leaves_when_idle(tmp_path, capsys):
+    assert cli_main(["worker", "--idle-exit", "200ms", "--poll", "50ms", "--project", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "0 claimed, 0 finished" in out and "(stopped: idle)" in out
