@@ -30,6 +30,7 @@ SUBSET = [
     "tests/test_session.py",
     "tests/test_abandon.py",
     "tests/test_cli_lease.py",
+    "tests/test_worker.py",
 ]
 
 
