@@ -219,3 +219,47 @@ def test_a_worker_with_nothing_to_do_leaves_when_idle(tmp_path, capsys):
     assert cli_main(["worker", "--idle-exit", "200ms", "--poll", "50ms", "--project", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "0 claimed, 0 finished" in out and "(stopped: idle)" in out
+
+
+def test_a_killed_coordinator_is_taken_over_and_the_workers_units_are_not_run_again(tmp_path):
+    import os
+    import signal
+    import sys
+
+    from tests.helpers import ROOT
+
+    project = tmp_path / "p"
+    project.mkdir()
+    wf = _fan(project, n=4, code="import os, time; time.sleep(1.5); print(os.environ['AKM_ITEM'])")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    coord = subprocess.Popen(
+        [sys.executable, "-m", "akm", "workflow", "run", str(wf), "--workers", "--quiet"],
+        cwd=project,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_queued(4)
+        cancel = api.Cancellation()
+        box: dict = {}
+        worker = threading.Thread(
+            target=lambda: box.update(s=_work(project, concurrency=2, cancel=cancel)), daemon=True
+        )
+        worker.start()
+        end = time.monotonic() + 60
+        while sum(r["status"] == "running" for r in _rows()) < 2 and time.monotonic() < end:
+            time.sleep(0.05)
+        coord.send_signal(signal.SIGKILL)
+        coord.wait(30)
+        run_id = api.list_runs(cwd=str(project)).runs[0].run_id
+        result = api.run_workflow(run_id, cwd=str(project))  # a plain driver: it waits for the workers
+        cancel.trip("sigterm")
+        worker.join(30)
+    finally:
+        if coord.poll() is None:
+            coord.kill()
+    assert result.done and any("queued for or running on workers" in w for w in result.warnings)
+    rows = _rows()
+    assert len(rows) == 4 and all(r["status"] == "completed" and r["attempts"] == 1 for r in rows)
+    assert box["s"].finished == 4

@@ -266,9 +266,7 @@ class _Pass:
     def _dispatch_to_workers(self, unit: WorkUnit, attempt: str, waiter: remote.Waiter) -> UnitOutcome:
         """Queue the attempt for workers (fenced, committed first) and wait for a worker to finish its row."""
         d = self.d
-        payload = remote.dispatch_payload(
-            self._request(unit, attempt, ""), scope_key=d.scope_key, commit=d.commit, project_rel=d.project_rel
-        )
+        payload = remote.dispatch_payload(self._request(unit, attempt, ""), scope_key=d.scope_key, commit=d.commit)
         try:
             queued = queue_store.queue_unit(
                 d.db,
@@ -668,17 +666,6 @@ def _old_objects_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
-def _project_rel(project_root: Path) -> str:
-    """The project root inside its git checkout (POSIX; "" at the top or outside any checkout)."""
-    from akm.paths import _git_top
-
-    top = _git_top(project_root)
-    if top is None:
-        return ""
-    rel = project_root.resolve().relative_to(top.resolve()).as_posix()
-    return "" if rel == "." else rel
-
-
 def _claimed_by_other(state: UnitState, now: str) -> bool:
     """D13: a running row with a live claim belongs to its claimant; the engine must not dispatch it."""
     row = state.row
@@ -735,9 +722,18 @@ class _Driver:
         self.effects = _DriverEffects(self)
         # What workers check before they claim this run's units (akm.engine.remote.dispatch_payload).
         self.scope_key = loaded.run.scope_key
-        self.commit = remote.project_commit(opts.project_root) if opts.workers else None
-        self.work_notifier = db.notifier(queue_store.WORK_CHANNEL) if opts.workers else None
-        self.project_rel = _project_rel(opts.project_root) if opts.workers else ""
+        self.commit: str | None = None
+        self.work_notifier: Any = None
+        if opts.workers:
+            self.coordinate_with_workers()
+
+    def coordinate_with_workers(self) -> None:
+        """From now on queue this run's units for workers (`--workers`, or a takeover of a run whose units
+        are with workers): record the project's commit for them, and wake them on PostgreSQL."""
+        self.opts.workers = True
+        self.commit = remote.project_commit(self.opts.project_root)
+        if self.work_notifier is None:
+            self.work_notifier = self.db.notifier(queue_store.WORK_CHANNEL)
 
     def warn(self, message: str) -> None:
         with self._warn_lock:
@@ -940,7 +936,15 @@ class _Driver:
             if s.status == DONE:
                 continue
             with_workers = s.row is not None and s.row.get("queued_at") is not None and s.status == RUNNING
-            if with_workers and self.opts.workers:
+            if with_workers and not self.opts.workers:
+                # A coordinator died with units in the workers' hands: wait for them, as it would have,
+                # rather than run them a second time here or park the run for the agent.
+                self.warn(
+                    f"run {self.run_id} has units queued for or running on workers; this invocation waits for "
+                    "them and queues the rest of the run for workers too"
+                )
+                self.coordinate_with_workers()
+            if with_workers:
                 assert s.row is not None
                 adopt[s.unit.unit_id] = retry_index(s.row["unit_id"])  # wait for it, do not queue it again
             elif _claimed_by_other(s, now):

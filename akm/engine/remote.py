@@ -42,19 +42,14 @@ def project_commit(project_root: Path) -> str | None:
     return gitremote.head_commit(top) if top is not None else None
 
 
-def dispatch_payload(request: UnitRequest, *, scope_key: str, commit: str | None, project_rel: str) -> str:
-    """The `dispatch_json` of a queued attempt: the request's computed parts, without cwd or secrets.
-
-    `project_rel`: the project root inside its checkout (POSIX, "" at the top), so a worker whose `--project`
-    is a checkout's top still runs the unit where the coordinator would.
-    """
+def dispatch_payload(request: UnitRequest, *, scope_key: str, commit: str | None) -> str:
+    """The `dispatch_json` of a queued attempt: the request's computed parts, without cwd or secrets."""
     body: dict[str, Any] = {
         "v": PAYLOAD_VERSION,
         "unitId": request.unit_id,
         "kind": request.kind,
         "scope": scope_key,
         "commit": commit,
-        "projectRel": project_rel,
     }
     if request.kind == "exec":
         body["execContext"] = request.exec_context
