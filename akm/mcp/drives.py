@@ -53,9 +53,10 @@ class Listener:
 class Drive:
     """One background driver of one run, and what it has done so far."""
 
-    def __init__(self, run_id: str, max_steps: int | None) -> None:
+    def __init__(self, run_id: str, max_steps: int | None, workers: bool = False) -> None:
         self.run_id = run_id
         self.max_steps = max_steps
+        self.workers = workers
         self.cancel = api.Cancellation()
         self.finished = threading.Event()
         self.result: RunResult | None = None
@@ -137,6 +138,7 @@ class Drives:
         new: bool = False,
         max_steps: int | None = None,
         cwd: str | None = None,
+        workers: bool = False,
     ) -> tuple[Drive, api.OpenedRun]:
         """The driver of the run `target` names: the running one, or a new one (the run is opened first, so
         bad input is refused before anything runs). Raises AkmError for what `api.open_run` refuses."""
@@ -150,7 +152,7 @@ class Drives:
             unreported = drive if drive is not None and not drive.delivered and drive.result is not None else None
             if unreported is not None and opened.status != "active":
                 return unreported, opened  # it finished between two calls and nothing changed since: report that
-            fresh = Drive(opened.run_id, max_steps)
+            fresh = Drive(opened.run_id, max_steps, workers)
             fresh.warnings = list(opened.warnings)
             if unreported is not None and unreported.result is not None:
                 fresh.carried = list(unreported.carried) + list(unreported.result.executed)
@@ -170,6 +172,7 @@ class Drives:
             result = api.run_workflow(
                 drive.run_id,
                 max_steps=drive.max_steps,
+                workers=drive.workers,
                 cancel=drive.cancel,
                 on_progress=drive.on_progress,
                 on_warning=lambda w: drive.warnings.append(w.message),

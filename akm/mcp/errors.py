@@ -92,7 +92,11 @@ def _ok(model: Any) -> CallToolResult:
 # generated from it and every call is checked by it before the SDK sees the arguments, so an unknown or
 # misspelt argument is INVALID_ARGUMENT naming it, never dropped. (model, the fields taken, renames)
 _TOOL_ARGS: dict[str, tuple[str, tuple[str, ...] | None, dict[str, str] | None]] = {
-    "workflow_run": ("RunToolRequest", ("target", "params", "max_steps", "timeout", "cwd", "new", "stop"), None),
+    "workflow_run": (
+        "RunToolRequest",
+        ("target", "params", "max_steps", "timeout", "cwd", "new", "workers", "stop"),
+        None,
+    ),
     "workflow_next": ("NextRequest", None, None),
     "unit_report": (
         "ReportRequest",

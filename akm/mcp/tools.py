@@ -265,6 +265,14 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
         ] = None,
         cwd: Annotated[str | None, Field(description="Project directory (default: the server's)")] = None,
         new: Annotated[bool, Field(description="Start a new run even if one with the same params is active")] = False,
+        workers: Annotated[
+            bool,
+            Field(
+                description="Coordinate only: queue exec, LLM and agent units for `akm worker` processes "
+                "sharing the journal (any host) and wait for their results; only when this call starts the "
+                "run's driver"
+            ),
+        ] = False,
         stop: Annotated[
             bool,
             Field(
@@ -286,7 +294,7 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
         try:
             drive, opened = await anyio.to_thread.run_sync(
                 lambda: drives.start_or_attach(
-                    target, params=params or None, new=new, max_steps=max_steps, cwd=cwd or base_cwd
+                    target, params=params or None, new=new, max_steps=max_steps, cwd=cwd or base_cwd, workers=workers
                 )
             )
         except AkmError as exc:
