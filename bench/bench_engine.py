@@ -39,6 +39,8 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._common import interleaved, spread  # noqa: E402 - after the path it is found on
+
 WF = """---
 params:
   xs: {{ type: array }}
@@ -147,40 +149,35 @@ def fan_out(
     else:
         engine(20, width, work)
         engines = {"engine": lambda: measure(lambda: engine(units, width, work))}
-    other: dict[str, list[float]] = {name: [] for name in engines if name != "engine"}
-    other_over: dict[str, list[float]] = {name: [] for name in other}
-    ratios, eng_cpu, bare_cpu, over, walls = [], [], [], [], []
-    for r in range(rounds):
-        # Alternate the order, so a trend in the machine's load hits each alike.
-        order = ["bare", *engines] if r % 2 == 0 else [*reversed(list(engines)), "bare"]
-        got = {name: (measure(lambda: baseline(units, width)) if name == "bare" else engines[name]()) for name in order}
-        bare, eng = got["bare"], got["engine"]
-        for name in other:
-            other[name].append(got[name].wall / bare.wall)
-            other_over[name].append((got[name].cpu - bare.cpu) / units * 1000)
-        ratios.append(eng.wall / bare.wall)
-        walls.append((eng.wall, bare.wall))
-        eng_cpu.append(eng.cpu / units * 1000)
-        bare_cpu.append(bare.cpu / units * 1000)
-        over.append((eng.cpu - bare.cpu) / units * 1000)
+    contenders: dict[str, Callable[[], Sample]] = {"bare": lambda: measure(lambda: baseline(units, width))}
+    contenders.update(engines)
+    got = interleaved(rounds, contenders)
+    bare = got["bare"]
+    ratios = [e.wall / b.wall for e, b in zip(got["engine"], bare, strict=True)]
+    eng_cpu = [e.cpu / units * 1000 for e in got["engine"]]
+    bare_cpu = [b.cpu / units * 1000 for b in bare]
+    over = [(e.cpu - b.cpu) / units * 1000 for e, b in zip(got["engine"], bare, strict=True)]
     med = statistics.median
     print(f"fan-out of {units} x `true` at width {width}, {rounds} interleaved rounds:")
-    for name, rs in other.items():
+    for name in engines:
+        if name == "engine":
+            continue
+        rs = [o.wall / b.wall for o, b in zip(got[name], bare, strict=True)]
+        own = [(o.cpu - b.cpu) / units * 1000 for o, b in zip(got[name], bare, strict=True)]
         print(
-            f"  {name} in the same rounds: wall / bare pool, median {med(rs):.2f} (range {min(rs):.2f}-{max(rs):.2f}); "
-            f"its own CPU {med(other_over[name]):.3f} ms per unit "
-            f"(range {min(other_over[name]):.3f}-{max(other_over[name]):.3f})"
+            f"  {name} in the same rounds: wall / bare pool, {spread(rs)}; "
+            f"its own CPU per unit {spread(own, '.3f', unit=' ms')}"
         )
-    eng_wall, bare_wall = walls[ratios.index(sorted(ratios)[len(ratios) // 2])]
+    mid = ratios.index(sorted(ratios)[len(ratios) // 2])
+    eng_wall, bare_wall = got["engine"][mid].wall, bare[mid].wall
     goal = 1.2 if width <= 2 else 1.3
     print(
-        f"  wall: engine / bare {width}-thread pool, median {med(ratios):.2f} "
-        f"(range {min(ratios):.2f}-{max(ratios):.2f}; goal <= {goal}; median round {eng_wall:.2f} s / {bare_wall:.2f} s)"
+        f"  wall: engine / bare {width}-thread pool, {spread(ratios)}; goal <= {goal}; "
+        f"median round {eng_wall:.2f} s / {bare_wall:.2f} s"
     )
     print(
         f"  CPU per unit (whole process, all threads): engine {med(eng_cpu):.3f} ms, bare pool "
-        f"{med(bare_cpu):.3f} ms; engine's own {med(over):.3f} ms per unit "
-        f"(range {min(over):.3f}-{max(over):.3f}; goal <= 0.3)"
+        f"{med(bare_cpu):.3f} ms; engine's own {spread(over, '.3f', unit=' ms')}; goal <= 0.3"
     )
     return {
         f"fanoutRatioW{width}": round(med(ratios), 3),

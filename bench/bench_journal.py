@@ -1,6 +1,6 @@
 """The PostgreSQL journal against the SQLite journal, measured in the same run (issue 18).
 
-Prints, as medians over interleaved rounds:
+Prints, as medians over interleaved rounds (which journal goes first alternates per round):
   1. a U-unit fan-out of `true` at width 2 (`--units 1000`): wall time on each journal and the ratio
      PostgreSQL / SQLite (units per second on each);
   2. a `workflow list` round trip (`api.list_runs`, opening the journal each time as every CLI call
@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import interleaved, spread  # noqa: E402 - after the path it is found on
 
 WF = """---
 params:
@@ -118,24 +120,28 @@ def main() -> None:
         work = tmp / "project"
         work.mkdir()
         os.environ["XDG_CONFIG_HOME"] = str(tmp / "config")
-        walls: dict[str, list[float]] = {"sqlite": [], "postgres": []}
-        lists: dict[str, list[float]] = {"sqlite": [], "postgres": []}
         for kind in ("sqlite", "postgres"):  # warm-up: imports, first connection
             with journal(kind, url, tmp):
                 fan_out(20, work)
-        for _ in range(args.rounds):
-            for kind in ("sqlite", "postgres"):
-                with journal(kind, url, tmp):
-                    walls[kind].append(fan_out(args.units, work))
-                    lists[kind].append(list_round_trip(args.lists, work))
+
+        def one_round(kind: str) -> tuple[float, float]:
+            with journal(kind, url, tmp):
+                return fan_out(args.units, work), list_round_trip(args.lists, work)
+
+        # Which journal goes first alternates per round (bench._common), so a drift in the load hits both alike.
+        got = interleaved(args.rounds, {kind: (lambda kind=kind: one_round(kind)) for kind in ("sqlite", "postgres")})
+        walls = {kind: [w for w, _ in got[kind]] for kind in got}
+        lists = {kind: [lst for _, lst in got[kind]] for kind in got}
         s, p = statistics.median(walls["sqlite"]), statistics.median(walls["postgres"])
-        print(f"fan-out of {args.units} units, width 2, median of {args.rounds} rounds:")
+        print(f"fan-out of {args.units} units, width 2, {args.rounds} interleaved rounds (medians):")
         print(f"  sqlite   {s:7.2f} s  ({args.units / s:6.0f} units/s)")
         print(f"  postgres {p:7.2f} s  ({args.units / p:6.0f} units/s)")
-        print(f"  ratio postgres/sqlite: {p / s:.2f}")
+        ratio = [pw / sw for pw, sw in zip(walls["postgres"], walls["sqlite"], strict=True)]
+        print(f"  ratio postgres/sqlite: {spread(ratio)}")
         ls, lp = statistics.median(lists["sqlite"]), statistics.median(lists["postgres"])
+        list_ratio = [pl / sl for pl, sl in zip(lists["postgres"], lists["sqlite"], strict=True)]
         print("workflow list round trip (open the journal, list, close):")
-        print(f"  sqlite {ls * 1000:.1f} ms, postgres {lp * 1000:.1f} ms, ratio {lp / ls:.2f}")
+        print(f"  sqlite {ls * 1000:.1f} ms, postgres {lp * 1000:.1f} ms, ratio {spread(list_ratio)}")
 
 
 if __name__ == "__main__":

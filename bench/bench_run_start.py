@@ -6,8 +6,9 @@ time: the baseline is a script with a `ThreadPoolExecutor(2)` and `subprocess.ru
 Rounds are interleaved (which goes first alternates); each figure is a median with its range.
 Goal (issue 21): ratio <= 2.
 
-Usage: python bench/bench_run_start.py [--rounds 9] [--units 20] [--zipapp | --akm FILE] [--config]
-(--zipapp: dist/akm, build first; --akm: another built file, e.g. a build of main to compare with)
+Usage: python bench/bench_run_start.py [--rounds 9] [--units 20] [--zipapp | --akm FILE] [--compare FILE] [--config]
+(--zipapp: dist/akm, build first; --akm: another built file; --compare: a second built file measured in
+the same rounds against the same baseline, e.g. a build of main)
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._common import interleaved, spread  # noqa: E402 - after the path it is found on
 
 WF = """---
 params:
@@ -71,6 +75,8 @@ def main() -> None:
     ap.add_argument("--config", action="store_true", help="with a project config file (an LLM engine, defaults)")
     args = ap.parse_args()
     built = args.akm or (str(ROOT / "dist" / "akm") if args.zipapp else None)
+    built = str(Path(built).resolve()) if built else None  # the runs' cwd is a temporary directory
+    compare = str(Path(args.compare).resolve()) if args.compare else None
     akm = [sys.executable, built] if built else [sys.executable, "-m", "akm"]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -107,38 +113,31 @@ def main() -> None:
         )
         bare = [sys.executable, "bare.py", str(args.units)]
         run = [*akm, "workflow", "run", "fan.md"]
-        other = [sys.executable, args.compare, "workflow", "run", "fan.md"] if args.compare else None
+        other = [sys.executable, compare, "workflow", "run", "fan.md"] if compare else None
         # Its own cache root: a start of one build prunes another build's idle cache under the same root.
         other_env = dict(env, SHIV_ROOT=str(work / "cache-compare"))
         timed(bare, env, work), timed(run, env, work)  # warm: bytecode caches, the journal's schema
         if other:
             timed(other, other_env, work)
-        ratios, walls, other_ratios = [], [], []
-        for r in range(args.rounds):
-            order = [("bare", bare), ("akm", run)] + ([("other", other)] if other else [])
-            if r % 2:
-                order.reverse()
-            got = {name: timed(argv, other_env if name == "other" else env, work) for name, argv in order}
-            ratios.append(got["akm"] / got["bare"])
-            walls.append((got["akm"], got["bare"]))
-            if other:
-                other_ratios.append(got["other"] / got["bare"])
+        contenders = {"bare": lambda: timed(bare, env, work), "akm": lambda: timed(run, env, work)}
+        if other is not None:
+            other_run = other
+            contenders["other"] = lambda: timed(other_run, other_env, work)
+        got = interleaved(args.rounds, contenders)
+    ratios = [a / b for a, b in zip(got["akm"], got["bare"], strict=True)]
     med = statistics.median(ratios)
-    a_med = statistics.median(w[0] for w in walls)
-    b_med = statistics.median(w[1] for w in walls)
+    a_med, b_med = statistics.median(got["akm"]), statistics.median(got["bare"])
     print(
         f"`workflow run` of {args.units} x `true` at width 2 ({built or 'source'}), "
         f"{args.rounds} interleaved rounds{', with a config file' if args.config else ''}:"
     )
     print(
-        f"  wall: akm / bare 2-thread pool process, median {med:.2f} (range {min(ratios):.2f}-{max(ratios):.2f}; "
-        f"goal <= 2; medians {a_med * 1000:.0f} ms / {b_med * 1000:.0f} ms)"
+        f"  wall: akm / bare 2-thread pool process, {spread(ratios)}; goal <= 2; "
+        f"medians {a_med * 1000:.0f} ms / {b_med * 1000:.0f} ms"
     )
-    if other_ratios:
-        print(
-            f"  {args.compare} in the same rounds: median {statistics.median(other_ratios):.2f} "
-            f"(range {min(other_ratios):.2f}-{max(other_ratios):.2f})"
-        )
+    if other:
+        other_ratios = [o / b for o, b in zip(got["other"], got["bare"], strict=True)]
+        print(f"  {args.compare} in the same rounds: {spread(other_ratios)}")
     print(
         json.dumps({"runStartRatio": round(med, 3), "akmMs": round(a_med * 1000, 1), "bareMs": round(b_med * 1000, 1)})
     )

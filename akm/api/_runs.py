@@ -363,6 +363,12 @@ def _open(
     else:
         wf_path, ref = resolve_workflow_file(target, work_dir)
         plan, lint_warnings = compile_workflow_file(wf_path, cwd=work_dir)
+        if any(s.unit_template is not None and s.unit_template.is_exec for s in plan.steps):
+            from akm.dispatch import guard
+
+            # The units' guardian is an interpreter of its own that every unit's spawn needs: started
+            # now, its start-up overlaps the engine's (one core is idle here) instead of the units'.
+            guard.token()
         for w in lint_warnings:
             warn(w)
         from akm.format.params import check_params, coerce_params

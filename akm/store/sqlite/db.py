@@ -127,22 +127,30 @@ class _Checkpointer:
     worker needs. Here the writer's connection stops checkpointing, and every
     `EVERY_COMMITS` commits this thread runs a PASSIVE checkpoint (which never
     blocks the writer) — the same cadence and the same syncs, off the dispatch
-    path.
+    path (a fast fan-out's cadence is slower, see `MIN_CYCLE_S`).
 
     A checkpoint by another connection cannot rewind the WAL while the writer
     keeps appending (the writer restarts it at its next transaction only when
     every frame was copied), so the WAL would grow for the whole fan-out. Once
     a background checkpoint is done, the writer's next commit therefore copies
     the few frames written meanwhile itself (`caught_up`); its following
-    transaction starts the WAL over, and the WAL stays as small as SQLite's own
-    checkpoints keep it.
+    transaction starts the WAL over, and the WAL stays about as small as SQLite's
+    own checkpoints keep it.
     """
 
     EVERY_COMMITS = 100  # ~1000 WAL pages at a unit's ~10 pages per commit: SQLite's default cadence
+    # Each cycle still ends on the dispatch path: the writer's catch-up (two syncs inside a commit, while
+    # every worker waits for the journal lock: ~4-5 ms on a 2-core test machine) and a WAL restart (one
+    # sync more). A fast fan-out (1000 units a second) paid that every 100 units, ~5% of its wall: within
+    # a second of the last cycle it waits for 3 x EVERY_COMMITS commits instead (a WAL of ~10 MB at most).
+    # Slower commits keep SQLite's cadence, and with it how much a power loss can take (see spec/engine.md).
+    MIN_CYCLE_S = 1.0
+    FAST_FACTOR = 3
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.count = 0
+        self.cycle_at = (0, -self.MIN_CYCLE_S)  # (commit count, monotonic time) of the last cycle's start
         self.wake = threading.Event()
         self.caught_up = False  # set by the thread after a checkpoint: the writer finishes the job
         self.stopping = False
@@ -157,7 +165,11 @@ class _Checkpointer:
                 conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             except sqlite3.Error:
                 pass  # advisory, like SQLite's own autocheckpoint
-        if self.count % self.EVERY_COMMITS == 0:
+        since = self.count - self.cycle_at[0]
+        if since >= self.FAST_FACTOR * self.EVERY_COMMITS or (
+            since >= self.EVERY_COMMITS and time.monotonic() - self.cycle_at[1] >= self.MIN_CYCLE_S
+        ):
+            self.cycle_at = (self.count, time.monotonic())
             if self.thread is None:  # started on the first checkpoint due: a small pass never needs one
                 self.thread = threading.Thread(target=self._loop, name="akm-checkpoint", daemon=True)
                 self.thread.start()
