@@ -44,6 +44,7 @@ def _fan(project: Path, *, n: int = 6, extra: str = "", unit_extra: str = "", co
 class _Coordinator:
     def __init__(self, wf: Path, project: Path) -> None:
         self.cancel = api.Cancellation()
+        self.warnings: list[str] = []
         self.result = None
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._go, args=(wf, project), daemon=True)
@@ -51,7 +52,13 @@ class _Coordinator:
 
     def _go(self, wf: Path, project: Path) -> None:
         try:
-            self.result = api.run_workflow(str(wf), workers=True, cwd=str(project), cancel=self.cancel)
+            self.result = api.run_workflow(
+                str(wf),
+                workers=True,
+                cwd=str(project),
+                cancel=self.cancel,
+                on_warning=lambda w: self.warnings.append(w.message),
+            )
         except BaseException as exc:  # noqa: BLE001 - re-raised by the test
             self.error = exc
 
@@ -263,3 +270,22 @@ def test_a_killed_coordinator_is_taken_over_and_the_workers_units_are_not_run_ag
     rows = _rows()
     assert len(rows) == 4 and all(r["status"] == "completed" and r["attempts"] == 1 for r in rows)
     assert box["s"].finished == 4
+
+
+def test_the_coordinator_says_when_no_worker_claims_its_units(tmp_path, monkeypatch):
+    from akm.engine import remote
+
+    monkeypatch.setattr(remote, "UNCLAIMED_WARN_S", 0.2)
+    project = tmp_path / "p"
+    project.mkdir()
+    coord = _Coordinator(_fan(project, n=2), project)
+    try:
+        end = time.monotonic() + 60
+        said = [w for w in coord.warnings if "no worker has claimed any" in w]
+        while not said and time.monotonic() < end:
+            time.sleep(0.05)
+            said = [w for w in coord.warnings if "no worker has claimed any" in w]
+        assert len(said) == 1 and "akm worker" in said[0] and '2 unit(s) of step "work"' in said[0]
+    finally:
+        coord.cancel.trip("sigint")
+    assert coord.join().aborted

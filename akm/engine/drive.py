@@ -145,7 +145,9 @@ class _Pass:
         # Workers (phase 2): units whose attempt is already with the workers, by the retry index it has; the
         # pass waits for that attempt instead of queueing the unit's first one again (a takeover).
         self.adopt = adopt or {}
-        self.waiter = remote.Waiter(driver.db, driver.run_id) if driver.opts.workers else None
+        self.waiter = (
+            remote.Waiter(driver.db, driver.run_id, on_unclaimed=self._unclaimed) if driver.opts.workers else None
+        )
         self.event = threading.Event()
         self.env_values: dict[str, str] = {}
         self.sensitive: list[str] = []
@@ -262,6 +264,13 @@ class _Pass:
             if warning:
                 d.warn(warning)
         return outcome
+
+    def _unclaimed(self, waiting: int) -> None:
+        self.d.warn(
+            f'{waiting} unit(s) of step "{self.step.step_id}" are queued for workers and no worker has claimed any '
+            f"for {self.waiter.unclaimed_warn_s if self.waiter else remote.UNCLAIMED_WARN_S:g} s: start `akm worker` in a checkout of this project at its commit "
+            "(a worker that cannot run them says why on its stderr); this run waits for them"
+        )
 
     def _dispatch_to_workers(self, unit: WorkUnit, attempt: str, waiter: remote.Waiter) -> UnitOutcome:
         """Queue the attempt for workers (fenced, committed first) and wait for a worker to finish its row."""

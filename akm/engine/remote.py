@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from akm.store.journal import Journal
 PAYLOAD_VERSION = 1
 POLL_S = 0.25  # between reads of the finished rows; a worker's NOTIFY (PostgreSQL) wakes the read sooner
 SWEEP_EVERY_S = 2.0
+UNCLAIMED_WARN_S = 30.0  # queued units no worker touched for this long: say so (once, until work moves again)
 
 
 def project_commit(project_root: Path) -> str | None:
@@ -69,10 +71,22 @@ def dispatch_payload(request: UnitRequest, *, scope_key: str, commit: str | None
 class Waiter:
     """Wait, on many threads at once, for queued attempts of one run to be finished by workers."""
 
-    def __init__(self, db: Journal, run_id: str, *, poll_s: float = POLL_S) -> None:
+    def __init__(
+        self,
+        db: Journal,
+        run_id: str,
+        *,
+        poll_s: float = POLL_S,
+        on_unclaimed: Callable[[int], None] | None = None,
+        unclaimed_warn_s: float | None = None,
+    ) -> None:
         self.db = db
         self.run_id = run_id
         self.poll_s = poll_s
+        # Told (with the number of units waiting) when no worker has claimed or finished any of them for
+        # `unclaimed_warn_s`: no worker runs, or every one refuses the step (their stderr says why).
+        self.on_unclaimed = on_unclaimed
+        self.unclaimed_warn_s = UNCLAIMED_WARN_S if unclaimed_warn_s is None else unclaimed_warn_s
         self._poke = threading.Event()  # set by a worker's notification: read the rows now
         self._listener: Any = None
         self._lock = threading.Lock()
@@ -106,16 +120,28 @@ class Waiter:
         import time
 
         last_sweep = 0.0
+        last_progress = time.monotonic()
+        warned = False
         while not self._stop.is_set():
             with self._lock:
                 ids = list(self._waiting)
-            if ids:
+            if not ids:
+                last_progress = time.monotonic()
+            else:
                 try:
                     rows = queue_store.finished_rows(self.db, self.run_id, ids)
                     now = time.monotonic()
+                    if rows:
+                        last_progress, warned = now, False
                     if now - last_sweep >= SWEEP_EVERY_S:
                         last_sweep = now
                         self.swept += len(queue_store.sweep(self.db))
+                        if queue_store.claimed_count(self.db, self.run_id):
+                            last_progress, warned = now, False
+                        elif not warned and now - last_progress >= self.unclaimed_warn_s:
+                            warned = True
+                            if self.on_unclaimed is not None:
+                                self.on_unclaimed(len(ids))
                 except Exception as exc:  # a journal hiccup: try again next interval; waiting threads keep waiting
                     self._error = exc
                     rows = {}

@@ -412,3 +412,11 @@ def release_claim(db: Database, claim: Claim, holder: str) -> bool:
             (db.now(), claim.run_id, claim.unit_id, holder, claim.token),
         )
         return cur.rowcount == 1
+
+
+def claimed_count(db: Database, run_id: str) -> int:
+    """How many of the run's worker rows are claimed (running) now."""
+    row = db.query_one(
+        "SELECT COUNT(*) AS n FROM units WHERE run_id = ? AND status = 'running' AND queued_at IS NOT NULL", (run_id,)
+    )
+    return int(row["n"]) if row else 0
