@@ -265,10 +265,14 @@ class _Pass:
                 d.warn(warning)
         return outcome
 
+    @property
+    def _warn_after_s(self) -> float:
+        return self.waiter.unclaimed_warn_s if self.waiter is not None else remote.UNCLAIMED_WARN_S
+
     def _unclaimed(self, waiting: int) -> None:
         self.d.warn(
             f'{waiting} unit(s) of step "{self.step.step_id}" are queued for workers and no worker has claimed any '
-            f"for {self.waiter.unclaimed_warn_s if self.waiter else remote.UNCLAIMED_WARN_S:g} s: start `akm worker` in a checkout of this project at its commit "
+            f"for {self._warn_after_s:g} s: start `akm worker` in a checkout of this project at its commit "
             "(a worker that cannot run them says why on its stderr); this run waits for them"
         )
 
