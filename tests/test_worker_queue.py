@@ -122,8 +122,8 @@ def test_a_lapsed_claim_is_swept_back_and_the_late_finish_is_rejected(db, fence,
     monkeypatch.setenv("AKM_WORKER_CLAIM_TTL_S", "60")
     (fresh,) = claim(db, holder="w2", host="host-b")
     assert fresh.token == 2
-    assert queue.renew_claims(db, "w1", [frozen]) == [frozen]  # the frozen worker learns it lost the claim
-    assert queue.renew_claims(db, "w2", [fresh]) == []
+    assert queue.renew_claims(db, "w1", [frozen]).gone == [frozen]  # the frozen worker learns it lost the claim
+    assert queue.renew_claims(db, "w2", [fresh]) == queue.Renewal([], [])
     assert (
         queue.finish_claimed(
             db, frozen, "w1", status="completed", result_json='"late"', tokens=None, failure_reason=None
@@ -163,17 +163,53 @@ def test_release_gives_a_claim_back_and_abandon_fails_what_is_queued(db, fence):
     row = units.get_unit(db, "r1", c1.unit_id)
     assert (row.status, row.failure_reason) == ("failed", "abandoned")
     assert claim(db) == []  # an abandoned run gives out nothing
-    # with no live driver, abandon ends the worker's running row too; its worker's finish then writes nothing
-    row = units.get_unit(db, "r1", c2.unit_id)
-    assert (row.status, row.failure_reason) == ("failed", "abandoned")
+    # the worker still running c2 learns the run ended, and its finish records the unit abandoned
+    assert queue.renew_claims(db, "w1", [c2]) == queue.Renewal([], [c2])
+    assert units.get_unit(db, "r1", c2.unit_id).status == "running"
     assert (
         queue.finish_claimed(db, c2, "w1", status="completed", result_json='"x"', tokens=None, failure_reason=None)
-        == "superseded"
+        == "finished"
     )
-    assert units.get_unit(db, "r1", c2.unit_id).result_json is None
+    row = units.get_unit(db, "r1", c2.unit_id)
+    assert (row.status, row.failure_reason, row.result_json) == ("failed", "abandoned", None)
+
+
+def test_a_claim_given_up_in_a_run_that_ended_is_failed_not_queued(db, fence, monkeypatch):
+    put(db, fence)
+    put(db, fence, unit_id="build.unit:2")
+    monkeypatch.setenv("AKM_WORKER_CLAIM_TTL_S", "0.001")
+    lapsing, released = claim(db, limit=2)
+    runs.abandon_run(db, "r1")  # the coordinator still holds the lease: worker rows are left to the workers
+    assert [units.get_unit(db, "r1", c.unit_id).status for c in (lapsing, released)] == ["running", "running"]
+    assert queue.release_claim(db, released, "w1") is True
+    import time
+
+    time.sleep(0.05)
+    assert queue.sweep(db, host="elsewhere") == [("r1", lapsing.unit_id)]
+    for c in (lapsing, released):
+        row = units.get_unit(db, "r1", c.unit_id)
+        assert (row.status, row.failure_reason) == ("failed", "abandoned")
+
+
+def test_queueing_over_a_lapsed_claim_requeues_it_and_a_live_local_claim_is_not_swept(db, fence, monkeypatch):
+    import os
+
+    put(db, fence)
+    monkeypatch.setenv("AKM_WORKER_CLAIM_TTL_S", "0.001")
+    (old,) = claim(db, holder="w1", host="host-a", pid=os.getpid())
+    import time
+
+    time.sleep(0.05)
+    monkeypatch.setenv("AKM_WORKER_CLAIM_TTL_S", "60")
+    assert put(db, fence).outcome == "queued"  # a takeover re-queues a row whose claim lapsed
+    (new,) = claim(db, holder="w2", host="host-a", pid=os.getpid())
+    assert new.token == old.token + 1
+    assert queue.sweep(db, host="host-a") == []  # live pid on this host, claim not expired: left alone
 
 
 def test_concurrent_claimers_never_claim_one_row_twice(journal_at, db, fence):
+    import time
+
     from tests.helpers import open_at
 
     for i in range(60):
@@ -183,15 +219,18 @@ def test_concurrent_claimers_never_claim_one_row_twice(journal_at, db, fence):
     def claimer(name: str) -> None:
         mine = got.setdefault(name, [])
         conn = open_at(journal_at)
+        start.wait()  # every claimer connected: they race from here
         try:
             while True:
                 batch = claim(conn, holder=name, limit=3)
                 if not batch:
                     return
                 mine.extend(c.unit_id for c in batch)
+                time.sleep(0.001)  # as a worker does between claims (it runs what it took)
         finally:
             conn.close()
 
+    start = threading.Barrier(4)
     threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(4)]
     for t in threads:
         t.start()
@@ -199,6 +238,8 @@ def test_concurrent_claimers_never_claim_one_row_twice(journal_at, db, fence):
         t.join()
     every = [u for ids in got.values() for u in ids]
     assert len(every) == 60 and len(set(every)) == 60
+    assert sum(1 for ids in got.values() if ids) >= 2  # the claimers really raced
+    assert {r["attempts"] for r in db.query("SELECT attempts FROM units")} == {1}
 
 
 def test_a_bad_claim_ttl_is_refused(monkeypatch):

@@ -61,6 +61,7 @@ class Dialect:
     null_eq = "IS"
     liveness = False
     skip_locked = ""  # after a queue SELECT's LIMIT: skip rows another claimer locked (SQLite: one writer)
+    row_lock = ""  # after a SELECT whose rows the transaction goes on to decide about and write (PostgreSQL)
 
     def lock_run(self, conn: Any, run_id: str, mode: str) -> None:
         """Lock the run's row for the rest of the transaction (no-op on SQLite)."""

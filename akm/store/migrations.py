@@ -242,7 +242,8 @@ INSERT INTO units_0009 (run_id, unit_id, step_id, node_id, parent_unit_id, phase
 DROP TABLE units;
 ALTER TABLE units_0009 RENAME TO units;
 CREATE INDEX IF NOT EXISTS idx_units_run_step ON units (run_id, step_id);
-CREATE INDEX IF NOT EXISTS idx_units_queue ON units (queued_at) WHERE status = 'queued';
+CREATE INDEX IF NOT EXISTS idx_units_queue ON units (run_id, step_id, queued_at) WHERE status = 'queued';
+CREATE INDEX IF NOT EXISTS idx_units_claimed ON units (claim_expires_at) WHERE status = 'running' AND queued_at IS NOT NULL;
 """
 
 # (id, sql). Append only; never edit an entry that has shipped.

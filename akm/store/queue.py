@@ -136,7 +136,7 @@ def queue_unit(
         now = db.now()
         row = conn.execute(
             "SELECT status, queued_at, claim_holder, claim_host, claim_pid, claim_expires_at FROM units "
-            "WHERE run_id = ? AND unit_id = ?",
+            f"WHERE run_id = ? AND unit_id = ?{db.dialect.row_lock}",
             (run_id, unit_id),
         ).fetchone()
         if row is not None:
@@ -160,7 +160,7 @@ def queue_unit(
             "VALUES (?,?,?,?,?,?,?,?,'queued',?,?,?,0,?) "
             "ON CONFLICT (run_id, unit_id) DO UPDATE SET step_id = excluded.step_id, node_id = excluded.node_id, "
             "parent_unit_id = excluded.parent_unit_id, runner = excluded.runner, engine = excluded.engine, "
-            "model = excluded.model, status = 'queued', input_hash = excluded.input_hash, "
+            "model = excluded.model, phase = NULL, status = 'queued', input_hash = excluded.input_hash, "
             "started_at = excluded.started_at, queued_at = excluded.queued_at, "
             "dispatch_json = excluded.dispatch_json, result_json = NULL, tokens = NULL, failure_reason = NULL, "
             "session_id = NULL, finished_at = NULL, last_checkin_at = NULL, claim_holder = NULL, "
@@ -325,62 +325,107 @@ def finish_claimed(
     return "finished"
 
 
-def renew_claims(db: Database, holder: str, claims: Iterable[Claim]) -> list[Claim]:
-    """The worker's heartbeat: push the expiry of its running claims one TTL on.
+class Renewal(NamedTuple):
+    """What a worker's heartbeat learned: `gone`, claims that are no longer its own (re-queued after they lapsed,
+    re-claimed, finished by another: write nothing); `ended`, its claims whose run can no longer be driven
+    (abandoned, failed, completed: stop the unit and finish the row, which records it)."""
 
-    Returns the keys it could NOT renew: claims that are no longer this worker's (re-queued after they
-    lapsed, re-claimed, finished by another) or whose run was abandoned or finished. The worker stops those
-    units: their results would be rejected anyway, and another worker may be running them now.
-    """
-    keys = list(claims)
+    gone: list[Claim]
+    ended: list[Claim]
+
+
+def renew_claims(db: Database, holder: str, claims: Iterable[Claim]) -> Renewal:
+    """The worker's heartbeat: push the expiry of its running claims one TTL on (in key order, as the sweep
+    locks rows, so the two never deadlock on PostgreSQL)."""
+    keys = sorted(claims, key=lambda c: (c.run_id, c.unit_id))
+    gone: list[Claim] = []
+    ended: list[Claim] = []
     if not keys:
-        return []
+        return Renewal(gone, ended)
     ttl = claim_ttl_s()
-    lost: list[Claim] = []
     with db.tx() as conn:
         now = db.now()
         until = db.later(now, ttl)
+        drivable: dict[str, bool] = {}
         for c in keys:
+            if c.run_id not in drivable:
+                run = conn.execute("SELECT status FROM runs WHERE id = ?", (c.run_id,)).fetchone()
+                drivable[c.run_id] = run is not None and run["status"] in DRIVABLE_STATUSES
             cur = conn.execute(
                 "UPDATE units SET claim_expires_at = ?, last_checkin_at = ? WHERE run_id = ? AND unit_id = ? "
-                "AND status = 'running' AND claim_holder = ? AND attempts = ? AND run_id IN (SELECT id FROM runs "
-                f"WHERE status IN {_DRIVABLE_SQL})",
+                "AND status = 'running' AND claim_holder = ? AND attempts = ?",
                 (until, now, c.run_id, c.unit_id, holder, c.token),
             )
             if cur.rowcount != 1:
-                lost.append(c)
-    return lost
+                gone.append(c)
+            elif not drivable[c.run_id]:
+                ended.append(c)
+    return Renewal(gone, ended)
+
+
+def _put_back(db: Database, conn: Any, run_id: str, unit_id: str, now: str, where: str, args: Sequence[Any]) -> bool:
+    """A claim given up (lapsed, or released by its worker): `queued` again while its run is drivable;
+    in a run that can no longer be driven it ends `failed` (`abandoned` for an abandoned run, else `aborted`),
+    since no coordinator will wait for it and a resume re-dispatches failed units anyway."""
+    db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
+    run = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if run is not None and run["status"] in DRIVABLE_STATUSES:
+        sql = (
+            "UPDATE units SET status = 'queued', queued_at = ?, claim_holder = NULL, claim_host = NULL, "
+            "claim_pid = NULL, claim_expires_at = NULL WHERE run_id = ? AND unit_id = ? AND status = 'running' "
+        )
+        values: tuple[Any, ...] = (now, run_id, unit_id)
+    else:
+        sql = (
+            "UPDATE units SET status = 'failed', failure_reason = ?, finished_at = ?, claim_holder = NULL, "
+            "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL WHERE run_id = ? AND unit_id = ? "
+            "AND status = 'running' "
+        )
+        reason = "abandoned" if run is not None and run["status"] == "abandoned" else "aborted"
+        values = (reason, now, run_id, unit_id)
+    return conn.execute(sql + where, (*values, *args)).rowcount == 1
 
 
 def sweep(db: Database, host: str | None = None) -> list[tuple[str, str]]:
-    """Put back in the queue every worker claim that lapsed (see the module doc); returns the (run, unit) keys.
+    """Give up every worker claim that lapsed (see the module doc); returns the (run, unit) keys.
 
     A claim lapses when its expiry is past on the journal clock — its worker stopped renewing it — or when
-    its claimant is a process of this host (`host`, the caller's host id) that no longer exists.
+    its claimant is a process of this host (`host`, the caller's host id) that no longer exists. Its row goes
+    back in the queue (`_put_back`). The candidates are read first, without the write lock (an index holds
+    only in-flight worker rows), and each is given up in a transaction that re-checks it, in key order.
     """
     from akm.store.runs import host_id, pid_alive
 
     host = host_id() if host is None else host
+    now = db.now()
+    rows = db.query(
+        "SELECT run_id, unit_id, claim_host, claim_pid, claim_expires_at FROM units "
+        "WHERE status = 'running' AND queued_at IS NOT NULL AND (claim_expires_at < ? OR claim_host = ?) "
+        "ORDER BY run_id, unit_id",
+        (now, host),
+    )
+    lapsed = [
+        r
+        for r in rows
+        if r["claim_expires_at"] is None
+        or r["claim_expires_at"] < now
+        or (r["claim_pid"] is not None and not pid_alive(int(r["claim_pid"])))
+    ]
     put_back: list[tuple[str, str]] = []
+    if not lapsed:
+        return put_back
     with db.tx() as conn:
         now = db.now()
-        rows = conn.execute(
-            "SELECT run_id, unit_id, claim_host, claim_pid, claim_expires_at FROM units "
-            "WHERE status = 'running' AND queued_at IS NOT NULL AND (claim_expires_at < ? OR claim_host = ?)",
-            (now, host),
-        ).fetchall()
-        for r in rows:
-            lapsed = r["claim_expires_at"] is None or r["claim_expires_at"] < now
-            if not lapsed and not (r["claim_pid"] is not None and not pid_alive(int(r["claim_pid"]))):
-                continue
-            db.dialect.lock_run(conn, r["run_id"], RUN_UNIT_WRITE)
-            cur = conn.execute(
-                "UPDATE units SET status = 'queued', queued_at = ?, claim_holder = NULL, claim_host = NULL, "
-                "claim_pid = NULL, claim_expires_at = NULL WHERE run_id = ? AND unit_id = ? AND status = 'running' "
+        for r in lapsed:
+            if _put_back(
+                db,
+                conn,
+                r["run_id"],
+                r["unit_id"],
+                now,
                 f"AND claim_expires_at {db.dialect.null_eq} ?",
-                (now, r["run_id"], r["unit_id"], r["claim_expires_at"]),
-            )
-            if cur.rowcount == 1:
+                (r["claim_expires_at"],),
+            ):
                 put_back.append((r["run_id"], r["unit_id"]))
     return put_back
 
@@ -402,16 +447,18 @@ def finished_rows(db: Database, run_id: str, unit_ids: Sequence[str]) -> dict[st
 
 
 def release_claim(db: Database, claim: Claim, holder: str) -> bool:
-    """Give a claim back to the queue (a worker that stops before its unit finished); False if not ours now."""
+    """Give a claim back (a worker that stops before its unit finished): queued again, or failed in a run that
+    can no longer be driven (`_put_back`); False when the claim is not ours any more."""
     with db.tx() as conn:
-        db.dialect.lock_run(conn, claim.run_id, RUN_UNIT_WRITE)
-        cur = conn.execute(
-            "UPDATE units SET status = 'queued', queued_at = ?, claim_holder = NULL, claim_host = NULL, "
-            "claim_pid = NULL, claim_expires_at = NULL WHERE run_id = ? AND unit_id = ? AND status = 'running' "
+        return _put_back(
+            db,
+            conn,
+            claim.run_id,
+            claim.unit_id,
+            db.now(),
             "AND claim_holder = ? AND attempts = ?",
-            (db.now(), claim.run_id, claim.unit_id, holder, claim.token),
+            (holder, claim.token),
         )
-        return cur.rowcount == 1
 
 
 def claimed_count(db: Database, run_id: str) -> int:

@@ -721,11 +721,12 @@ def abandon_run(db: Database, run_id: str) -> Run:
         ) or db.dialect.lease_dead(conn, run_id):
             conn.execute(
                 "UPDATE units SET status = 'failed', failure_reason = 'abandoned', finished_at = ? "
-                "WHERE run_id = ? AND status = 'running'",
+                "WHERE run_id = ? AND status = 'running' AND queued_at IS NULL",
                 (now, run_id),
             )
-        # Units still waiting for a worker (phase 2) will never run now; a worker's running claim ends when
-        # its worker finishes it (`queue.finish_claimed` records it `abandoned`) or stops it.
+        # Units still waiting for a worker (phase 2) will never run now. A worker's running claim ends when its
+        # worker finishes or stops it (`queue.finish_claimed` records it `abandoned`), or, if that worker is
+        # gone, when the sweep finds the claim lapsed (`queue._put_back` fails it in an abandoned run).
         conn.execute(
             "UPDATE units SET status = 'failed', failure_reason = 'abandoned', finished_at = ? "
             "WHERE run_id = ? AND status = 'queued'",

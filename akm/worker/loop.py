@@ -399,23 +399,26 @@ class Worker:
             if not flying:
                 last_ok = time.monotonic()
                 continue
+            keys = {}
             try:
-                lost = {
-                    (c.run_id, c.unit_id, c.token)
-                    for c in queue_store.renew_claims(self.db, self.holder, [f.claim for f in flying])
-                }
+                renewal = queue_store.renew_claims(self.db, self.holder, [f.claim for f in flying])
+                keys = {_key(c): "gone" for c in renewal.gone} | {_key(c): "ended" for c in renewal.ended}
                 last_ok = time.monotonic()
             except Exception as exc:
                 self._tell(WorkerEvent("error", detail=f"renewing claims failed: {exc}"))
-                if time.monotonic() - last_ok > self.ttl * 0.8:
-                    lost = {(f.claim.run_id, f.claim.unit_id, f.claim.token) for f in flying}  # stop before the TTL
-                else:
+                if time.monotonic() - last_ok <= self.ttl * 0.8:
                     continue
+                keys = {_key(f.claim): "gone" for f in flying}  # stop before the TTL: another may take them
             for f in flying:
-                c = f.claim
-                if (c.run_id, c.unit_id, c.token) in lost:
-                    f.lost = True
-                    f.stop.set()
+                why = keys.get(_key(f.claim))
+                if why == "gone":
+                    f.lost = True  # not ours any more: write nothing
+                if why is not None:
+                    f.stop.set()  # "ended": the run cannot be driven; the finish records how the unit ended
+
+
+def _key(c: queue_store.Claim) -> tuple[str, str, int]:
+    return (c.run_id, c.unit_id, c.token)
 
 
 def _default_registry() -> DispatcherRegistry:

@@ -53,6 +53,7 @@ class PgDialect(Dialect):
     null_eq = "IS NOT DISTINCT FROM"
     liveness = True
     skip_locked = " FOR UPDATE SKIP LOCKED"
+    row_lock = " FOR UPDATE"
 
     def lock_run(self, conn: Any, run_id: str, mode: str) -> None:
         strength = RUN_LOCK_STRENGTH[mode]

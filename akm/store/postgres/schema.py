@@ -137,7 +137,9 @@ PG_MIGRATIONS: list[tuple[str, str]] = [
         "ALTER TABLE {s}.units DROP CONSTRAINT units_status_check, ADD CONSTRAINT units_status_check"
         " CHECK (status IN ('queued','running','completed','failed')),"
         " ADD COLUMN queued_at timestamptz(3), ADD COLUMN host text, ADD COLUMN dispatch_json text;\n"
-        "CREATE INDEX idx_units_queue ON {s}.units (queued_at) WHERE status = 'queued';",
+        "CREATE INDEX idx_units_queue ON {s}.units (run_id, step_id, queued_at) WHERE status = 'queued';\n"
+        "CREATE INDEX idx_units_claimed ON {s}.units (claim_expires_at)"
+        " WHERE status = 'running' AND queued_at IS NOT NULL;",
     ),
 ]
 

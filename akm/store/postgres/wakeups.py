@@ -23,6 +23,7 @@ from typing import Any
 from akm.store.postgres.connect import Target, connect
 
 RECONNECT_S = 1.0
+KEEPALIVE_S = 5.0
 
 
 class Listener:
@@ -42,10 +43,15 @@ class Listener:
                 con = connect(self.target, timeout=10.0)
                 con.run(f"LISTEN {self.channel}")
                 sock = con._usock
+                quiet = 0.0
                 while not self._stop.is_set():
                     ready, _, _ = select.select([sock], [], [], 0.5)
-                    if ready:
-                        con.run("SELECT 1")  # the driver reads the notifications that arrived
+                    quiet = 0.0 if ready else quiet + 0.5
+                    if ready or quiet >= KEEPALIVE_S:
+                        # the driver reads what arrived (and what TLS or its buffer already held); on a quiet
+                        # connection this also finds out, within seconds, that the server is gone
+                        con.run("SELECT 1")
+                        quiet = 0.0
                     while con.notifications:
                         _pid, _channel, payload = con.notifications.popleft()
                         if self.payload is None or payload == self.payload:
