@@ -118,7 +118,11 @@ def test_budget_and_fail_fast_hold_across_workers(tmp_path):
     summary = _work(project, concurrency=4, idle_exit="1s")
     result = coord.join()
     assert result.run.status == "failed"
-    assert len(_rows()) == 3 and summary.finished == 3  # the coordinator queued no unit past the ceiling
+    rows = _rows()
+    assert len(rows) == 3  # the coordinator queued no unit past the ceiling
+    # crossing it stops the siblings, as in a local pass: what no worker had claimed is taken back, never run
+    assert all(r["status"] in ("completed", "failed") for r in rows) and summary.finished <= 3
+    assert summary.finished + sum(1 for r in rows if r["status"] == "failed") >= 3
 
     other = tmp_path / "q"
     other.mkdir()
@@ -289,3 +293,20 @@ def test_the_coordinator_says_when_no_worker_claims_its_units(tmp_path, monkeypa
     finally:
         coord.cancel.trip("sigint")
     assert coord.join().aborted
+
+
+def test_fail_fast_takes_back_what_no_worker_claimed(tmp_path):
+    project = tmp_path / "p"
+    project.mkdir()
+    code = "import os, sys, time; sys.exit(3) if os.environ['AKM_ITEM'] == '0' else time.sleep(0.3)"
+    wf = _fan(project, n=6, code=code)
+    coord = _Coordinator(wf, project)
+    _wait_queued(6)
+    summary = _work(project, concurrency=1, idle_exit="1s")
+    result = coord.join()
+    assert result.run.status == "failed"
+    rows = _rows()
+    assert all(r["status"] in ("completed", "failed") for r in rows)
+    never_run = [r for r in rows if r["attempts"] == 0]
+    assert summary.finished + len(never_run) == 6  # each unit either ran once on the worker or never ran
+    assert any(r["attempts"] == 1 and r["status"] == "failed" for r in rows)

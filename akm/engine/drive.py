@@ -146,7 +146,9 @@ class _Pass:
         # pass waits for that attempt instead of queueing the unit's first one again (a takeover).
         self.adopt = adopt or {}
         self.waiter = (
-            remote.Waiter(driver.db, driver.run_id, on_unclaimed=self._unclaimed) if driver.opts.workers else None
+            remote.Waiter(driver.db, driver.run_id, on_unclaimed=self._unclaimed, on_error=self._journal_trouble)
+            if driver.workers
+            else None
         )
         self.event = threading.Event()
         self.env_values: dict[str, str] = {}
@@ -269,6 +271,9 @@ class _Pass:
     def _warn_after_s(self) -> float:
         return self.waiter.unclaimed_warn_s if self.waiter is not None else remote.UNCLAIMED_WARN_S
 
+    def _journal_trouble(self, exc: BaseException) -> None:
+        self.d.warn(f"reading the workers' results from the journal failed (retrying every poll): {exc}")
+
     def _unclaimed(self, waiting: int) -> None:
         self.d.warn(
             f'{waiting} unit(s) of step "{self.step.step_id}" are queued for workers and no worker has claimed any '
@@ -307,6 +312,10 @@ class _Pass:
         if queued.outcome == "queued" and d.work_notifier is not None:
             d.work_notifier.notify(d.run_id)  # after the commit: wake idle workers now
         row = waiter.wait(attempt, self.event)
+        if row is None and not (d.opts.cancel.tripped or d.lease_lost.tripped):
+            # Stopped by the step itself (a budget ceiling): the unit is not to run any more. An interrupted
+            # invocation leaves its rows for the next driver instead, which waits for them.
+            self._withdraw(attempt)
         if row is None:
             return UnitOutcome(
                 unit_id=unit.unit_id,
@@ -455,7 +464,19 @@ class _Pass:
         outcome = self._run_unit(unit)
         if not outcome.ok and unit.template.on_error == "fail":
             self.halted = True
+            if self.waiter is not None:
+                # Fail fast with workers: what they have not claimed yet is never started, as a local pass
+                # starts no further unit; what they run already finishes and is journaled.
+                self._withdraw(None)
         return outcome
+
+    def _withdraw(self, attempt: str | None) -> None:
+        """Take this step's queued attempts (or one) back from the workers: failed `aborted`, never run."""
+        try:
+            queue_store.withdraw(self.d.db, self.d.run_id, self.step.step_id, attempt, fence=self.d.fence)
+        except Exception as exc:
+            if not self.d.fenced_out(exc):
+                self.d.warn(f"could not take queued units of step {self.step.step_id} back from the workers: {exc}")
 
     def _run_unit(self, unit: WorkUnit) -> UnitOutcome:
         d = self.d
@@ -545,7 +566,7 @@ class _Pass:
             if problem:
                 return _PassFailure(f'Step "{step.step_id}" cannot use isolation: worktree: {problem}')
         # With workers the units run elsewhere: this host's CPUs do not bound the step, its other limits do.
-        host_limit = 1 << 30 if d.opts.workers else host_concurrency_limit()
+        host_limit = 1 << 30 if d.workers else host_concurrency_limit()
         width = max(
             1,
             min(
@@ -737,13 +758,14 @@ class _Driver:
         self.scope_key = loaded.run.scope_key
         self.commit: str | None = None
         self.work_notifier: Any = None
+        self.workers = False  # queue units for workers (DriveOptions.workers, or a takeover; see below)
         if opts.workers:
             self.coordinate_with_workers()
 
     def coordinate_with_workers(self) -> None:
         """From now on queue this run's units for workers (`--workers`, or a takeover of a run whose units
         are with workers): record the project's commit for them, and wake them on PostgreSQL."""
-        self.opts.workers = True
+        self.workers = True
         self.commit = remote.project_commit(self.opts.project_root)
         if self.work_notifier is None:
             self.work_notifier = self.db.notifier(queue_store.WORK_CHANNEL)
@@ -949,7 +971,7 @@ class _Driver:
             if s.status == DONE:
                 continue
             with_workers = s.row is not None and s.row.get("queued_at") is not None and s.status == RUNNING
-            if with_workers and not self.opts.workers:
+            if with_workers and not self.workers:
                 # A coordinator died with units in the workers' hands: wait for them, as it would have,
                 # rather than run them a second time here or park the run for the agent.
                 self.warn(

@@ -78,6 +78,7 @@ class Waiter:
         *,
         poll_s: float = POLL_S,
         on_unclaimed: Callable[[int], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
         unclaimed_warn_s: float | None = None,
     ) -> None:
         self.db = db
@@ -87,6 +88,7 @@ class Waiter:
         # `unclaimed_warn_s`: no worker runs, or every one refuses the step (their stderr says why).
         self.on_unclaimed = on_unclaimed
         self.unclaimed_warn_s = UNCLAIMED_WARN_S if unclaimed_warn_s is None else unclaimed_warn_s
+        self.on_error = on_error  # told of the first journal failure of a series (the loop keeps retrying)
         self._poke = threading.Event()  # set by a worker's notification: read the rows now
         self._listener: Any = None
         self._lock = threading.Lock()
@@ -143,8 +145,12 @@ class Waiter:
                             if self.on_unclaimed is not None:
                                 self.on_unclaimed(len(ids))
                 except Exception as exc:  # a journal hiccup: try again next interval; waiting threads keep waiting
+                    if self._error is None and self.on_error is not None:
+                        self.on_error(exc)
                     self._error = exc
                     rows = {}
+                else:
+                    self._error = None
                 with self._lock:
                     for unit_id, row in rows.items():
                         event = self._waiting.get(unit_id)

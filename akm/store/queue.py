@@ -467,3 +467,21 @@ def claimed_count(db: Database, run_id: str) -> int:
         "SELECT COUNT(*) AS n FROM units WHERE run_id = ? AND status = 'running' AND queued_at IS NOT NULL", (run_id,)
     )
     return int(row["n"]) if row else 0
+
+
+def withdraw(db: Database, run_id: str, step_id: str, unit_id: str | None, *, fence: Fence) -> int:
+    """The coordinator takes queued attempts of a step back (one, or all with `unit_id` None) before any
+    worker claimed them: `failed` with reason `aborted`, never run. Fenced by its lease; rows a worker
+    claimed meanwhile are left to it. Returns the rows withdrawn."""
+    with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
+        check_fence(conn, run_id, fence)
+        sql = (
+            "UPDATE units SET status = 'failed', failure_reason = 'aborted', finished_at = ? "
+            "WHERE run_id = ? AND step_id = ? AND status = 'queued'"
+        )
+        args: list[Any] = [db.now(), run_id, step_id]
+        if unit_id is not None:
+            sql += " AND unit_id = ?"
+            args.append(unit_id)
+        return int(conn.execute(sql, args).rowcount)

@@ -36,6 +36,19 @@ from akm.worker import workspace
 
 DEFAULT_KINDS = ("exec", "llm", "agent")
 SWEEP_EVERY_S = 2.0
+VERDICT_TTL_S = 10.0  # how long a decision "can / cannot run this step here" is trusted
+
+
+def gitremote_head(top: Path | None) -> str | None:
+    """The checkout's commit now (two small file reads), or None outside a git checkout."""
+    from akm import gitremote
+
+    return gitremote.head_commit(top) if top is not None else None
+
+
+class HostProblem(Exception):
+    """What this host lacks for a claimed unit (its env file, a worktree): the claim goes back, the step is
+    refused here, and the unit's retries are not spent on it."""
 
 
 @dataclass
@@ -106,14 +119,25 @@ class Worker:
         self.host = host_id()
         self.pid = os.getpid()
         self.scopes = paths.scope_keys(self.root, portable=db.shared)
-        top = paths._git_top(self.root)
-        self.commit = gitremote.head_commit(top) if top is not None else None
+        self._top = paths._git_top(self.root)
+        self.commit = gitremote.head_commit(self._top) if self._top is not None else None
         self.registry = opts.registry or _default_registry()
         self.kinds = tuple(k for k in opts.kinds if self.registry.get(k) is not None)
+        if not self.kinds:
+            from akm.errors import UsageError
+
+            raise UsageError(
+                f"this akm has no dispatcher for any of the unit kinds asked for ({', '.join(opts.kinds)}); "
+                "the worker would claim nothing.",
+                code="INVALID_ARGUMENT",
+                details={"argument": "kinds"},
+            )
         self.summary = WorkerSummary(holder=self.holder, host=self.host)
         self.ttl = queue_store.claim_ttl_s()
         self._plans: dict[str, Plan] = {}
-        self._verdicts: dict[tuple[str, str | None], str | None] = {}
+        # (run, step) -> (refusal or None, when decided): decided again after VERDICT_TTL_S, or at once when
+        # the checkout's commit changed (a `git pull` may cure a refusal, or void an approval).
+        self._verdicts: dict[tuple[str, str | None], tuple[str | None, float]] = {}
         self._flying: dict[tuple[str, str], _InFlight] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -227,8 +251,13 @@ class Worker:
 
     def _refusal(self, e: queue_store.Eligible) -> str | None:
         key = (e.run_id, e.step_id)
-        if key in self._verdicts:
-            return self._verdicts[key]
+        commit = gitremote_head(self._top)
+        if commit != self.commit:
+            self.commit = commit
+            self._verdicts.clear()
+        known = self._verdicts.get(key)
+        if known is not None and time.monotonic() - known[1] < VERDICT_TTL_S:
+            return known[0]
         try:
             plan = self._plan(e.run_id)
             reason = workspace.refusal(
@@ -243,8 +272,9 @@ class Worker:
             )
         except Exception as exc:
             reason = f"its plan cannot be read here: {exc}"
-        self._verdicts[key] = reason
-        if reason is not None:
+        repeated = known is not None and known[0] == reason
+        self._verdicts[key] = (reason, time.monotonic())
+        if reason is not None and not repeated:
             text = f"run {e.run_id} step {e.step_id}: {reason}"
             self.summary.refused.append(text)
             self._tell(WorkerEvent("refused", e.run_id, step_id=e.step_id, detail=reason))
@@ -266,6 +296,13 @@ class Worker:
         try:
             try:
                 outcome = self._execute(claim, flying.stop)
+            except HostProblem as exc:
+                self._verdicts[(claim.run_id, claim.step_id)] = (str(exc), time.monotonic())
+                self.summary.refused.append(f"run {claim.run_id} step {claim.step_id}: {exc}")
+                self._tell(WorkerEvent("refused", claim.run_id, claim.unit_id, claim.step_id, detail=str(exc)))
+                if queue_store.release_claim(self.db, claim, self.holder):
+                    self.summary.released += 1
+                return
             except Exception as exc:  # a failure inside akm: the row is claimed, so it must be finished
                 outcome = UnitOutcome(
                     unit_id=claim.unit_id,
@@ -279,7 +316,7 @@ class Worker:
                     WorkerEvent("rejected", claim.run_id, claim.unit_id, claim.step_id, detail="the claim was lost")
                 )
                 return
-            if flying.stop.is_set() and self.opts.cancel.tripped:
+            if flying.stop.is_set() and self.opts.cancel.tripped and not outcome.ok:  # a result in hand is kept
                 if queue_store.release_claim(self.db, claim, self.holder):
                     self.summary.released += 1
                     self._tell(WorkerEvent("released", claim.run_id, claim.unit_id, claim.step_id))
@@ -351,11 +388,19 @@ class Worker:
                 failure_reason="dispatch_error",
                 error=f"unit {claim.unit_id}: no unit template or dispatcher for it in this worker",
             )
-        env_values = resolve_env_refs(tmpl.env, self.root) if tmpl.env else {}
+        from akm.engine.env_bindings import EnvBindingError
+
+        try:
+            env_values = resolve_env_refs(tmpl.env, self.root) if tmpl.env else {}
+        except EnvBindingError as exc:
+            raise HostProblem(f"the step's env binding cannot be resolved here: {exc}") from None
         sensitive = sensitive_values_from(env_values) + project_sensitive_values(self.root)
         cwd, tree = str(self.root), None
         if tmpl.isolation == "worktree":
-            tree = worktrees.create(str(self.root), claim.run_id, claim.unit_id)
+            try:
+                tree = worktrees.create(str(self.root), claim.run_id, claim.unit_id)
+            except (worktrees.WorktreeError, OSError) as exc:
+                raise HostProblem(f"could not create the isolation worktree here: {exc}") from None
             cwd = tree.path
         try:
             engine_name = payload.get("engine")
