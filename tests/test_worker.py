@@ -289,7 +289,7 @@ def test_the_coordinator_says_when_no_worker_claims_its_units(tmp_path, monkeypa
         while not said and time.monotonic() < end:
             time.sleep(0.05)
             said = [w for w in coord.warnings if "no worker has claimed any" in w]
-        assert len(said) == 1 and "akm worker" in said[0] and '2 unit(s) of step "work"' in said[0]
+        assert len(said) == 1 and "start a worker" in said[0] and '2 unit(s) of step "work"' in said[0]
     finally:
         coord.cancel.trip("sigint")
     assert coord.join().aborted

@@ -277,7 +277,7 @@ class _Pass:
     def _unclaimed(self, waiting: int) -> None:
         self.d.warn(
             f'{waiting} unit(s) of step "{self.step.step_id}" are queued for workers and no worker has claimed any '
-            f"for {self._warn_after_s:g} s: start `akm worker` in a checkout of this project at its commit "
+            f"for {self._warn_after_s:g} s: start a worker in a checkout of this project at its commit "
             "(a worker that cannot run them says why on its stderr); this run waits for them"
         )
 
