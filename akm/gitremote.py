@@ -139,18 +139,9 @@ def git_common_dir(top: Path) -> Path | None:
     `.git` is a directory in a plain clone; a file `gitdir: …` in a worktree or submodule. A worktree's
     gitdir (`<common>/worktrees/<name>`) holds a `commondir` file leading to the shared directory.
     """
-    dot_git = top / ".git"
-    if dot_git.is_dir():
-        return dot_git
-    try:
-        head = dot_git.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    if not head.startswith("gitdir:"):
-        return None
-    gitdir = Path(head[len("gitdir:") :].strip())
-    if not gitdir.is_absolute():
-        gitdir = top / gitdir
+    gitdir = _git_dir(top)
+    if gitdir is None or gitdir == top / ".git":
+        return gitdir
     try:
         common = (gitdir / "commondir").read_text(encoding="utf-8").strip()
     except FileNotFoundError:

@@ -8,8 +8,9 @@ rounds with its range, so one disturbed round shows as a wide range, not as a wr
 
 from __future__ import annotations
 
+import contextlib
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -36,3 +37,18 @@ def spread(values: Sequence[float], fmt: str = ".2f", scale: float = 1.0, unit: 
         f"median {statistics.median(xs):{fmt}}{unit} (range {min(xs):{fmt}}{unit}-{max(xs):{fmt}}{unit}; "
         f"{len(xs)} rounds)"
     )
+
+
+@contextlib.contextmanager
+def server(url: str | None) -> Iterator[str]:
+    """A PostgreSQL server for a bench: `url` when given, else a throwaway local cluster (tests/pgcluster.py)."""
+    if url:
+        yield url
+        return
+    from tests import pgcluster
+
+    bindir = pgcluster.find_bindir()
+    if bindir is None:
+        raise SystemExit("no PostgreSQL binaries found (set AKM_TEST_PG_BINDIR) and no --url given")
+    with pgcluster.cluster(bindir) as c:
+        yield c.url()

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import interleaved, spread  # noqa: E402 - after the path it is found on
+from bench._common import interleaved, server, spread  # noqa: E402 - after the path it is found on
 
 WF = """---
 params:
@@ -46,20 +46,6 @@ steps:
 
 Run `true` once per item.
 """
-
-
-@contextlib.contextmanager
-def server(url: str | None) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    from tests import pgcluster
-
-    bindir = pgcluster.find_bindir()
-    if bindir is None:
-        raise SystemExit("no PostgreSQL binaries found (set AKM_TEST_PG_BINDIR) and no --url given")
-    with pgcluster.cluster(bindir) as c:
-        yield c.url()
 
 
 @contextlib.contextmanager

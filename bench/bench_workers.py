@@ -33,6 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._common import server  # noqa: E402 - after the path it is found on
+
 WF = """---
 params:
   xs: {{ type: array }}
@@ -49,20 +51,6 @@ steps:
 
 Sleep once per item.
 """
-
-
-@contextlib.contextmanager
-def server(url: str | None) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    from tests import pgcluster
-
-    bindir = pgcluster.find_bindir()
-    if bindir is None:
-        raise SystemExit("no PostgreSQL binaries found (set AKM_TEST_PG_BINDIR) and no --url given")
-    with pgcluster.cluster(bindir) as c:
-        yield c.url()
 
 
 @contextlib.contextmanager

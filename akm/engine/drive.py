@@ -47,7 +47,7 @@ from akm.engine.finalize import (
 from akm.engine.groupcommit import GroupCommit
 from akm.engine.heartbeat import Heartbeat
 from akm.engine.progress import PassStarted, StepProgress
-from akm.engine.reduce import UnitOutcome, journaled_result_json, outcome_from_row
+from akm.engine.reduce import UnitOutcome, outcome_from_row, storable
 from akm.engine.results import DriveResult
 from akm.engine.state import LoadedRun, load_run
 from akm.engine.stepctx import (
@@ -250,16 +250,7 @@ class _Pass:
         finally:
             d.heartbeat.untrack(attempt)
         outcome.dispatched = True
-        try:
-            result_json = journaled_result_json(outcome)
-        except (ValueError, TypeError) as exc:
-            outcome = UnitOutcome(
-                unit_id=unit.unit_id,
-                ok=False,
-                failure_reason="dispatch_error",
-                error=f"unit {attempt} produced a result that cannot be stored as JSON: {exc}",
-            )
-            result_json = journaled_result_json(outcome)
+        outcome, result_json = storable(outcome, attempt)
         self._local.pending = _PendingFinish(attempt, started_at, outcome, result_json)
         if tree is not None:
             warning = worktrees.cleanup(tree)

@@ -102,6 +102,20 @@ def outcome_from_row(unit_id: str, row: dict[str, Any], has_schema: bool) -> Uni
     return out
 
 
+def storable(outcome: UnitOutcome, attempt: str) -> tuple[UnitOutcome, str | None]:
+    """The outcome and the text its row stores; a result that cannot be stored as JSON fails the attempt."""
+    try:
+        return outcome, journaled_result_json(outcome)
+    except (ValueError, TypeError) as exc:
+        failed = UnitOutcome(
+            unit_id=outcome.unit_id,
+            ok=False,
+            failure_reason="dispatch_error",
+            error=f"unit {attempt} produced a result that cannot be stored as JSON: {exc}",
+        )
+        return failed, journaled_result_json(failed)
+
+
 def journaled_result_json(outcome: UnitOutcome) -> str | None:
     """What the unit row stores: the artifact on success, a clipped diagnostic on failure."""
     if outcome.ok:

@@ -28,15 +28,20 @@ with the coordinator's drive loop (`akm.engine.remote`).
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from akm.errors import NotFoundError, UsageError
+from akm.errors import NotFoundError
 from akm.store.journal import RUN_UNIT_WRITE
 from akm.store.journal import Journal as Database
-from akm.store.runs import DRIVABLE_STATUSES, Fence, check_fence, holder_is_live, not_drivable_error
+from akm.store.runs import (
+    DRIVABLE_STATUSES,
+    Fence,
+    check_fence,
+    holder_is_live,
+    not_drivable_error,
+    seconds_from_env,
+)
 
 # Wake-up channels (`Journal.listener` / `Journal.notifier`; PostgreSQL only, a hint beside polling).
 WORK_CHANNEL = "akm_work"  # coordinator → workers: units were queued (payload: the run id)
@@ -51,18 +56,7 @@ _EVENT = "INSERT INTO events (event_type, ts, run_id, metadata_json) VALUES (?, 
 
 def claim_ttl_s() -> float:
     """A worker claim's TTL: AKM_WORKER_CLAIM_TTL_S when set (INVALID_ENV unless a number > 0), else 90 s."""
-    raw = os.environ.get(WORKER_CLAIM_TTL_ENV, "").strip()
-    if not raw:
-        return WORKER_CLAIM_TTL_S
-    try:
-        value = float(raw.removesuffix("s"))
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise UsageError(
-            f"{WORKER_CLAIM_TTL_ENV} must be a number of seconds greater than 0, not {raw!r}.", code="INVALID_ENV"
-        )
-    return value
+    return seconds_from_env(WORKER_CLAIM_TTL_ENV, WORKER_CLAIM_TTL_S)
 
 
 class Queued(NamedTuple):

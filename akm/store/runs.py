@@ -206,19 +206,24 @@ def host_id() -> str:
 
 def lease_ttl_s() -> float:
     """The lease TTL in seconds: AKM_LEASE_TTL_S when set (INVALID_ENV unless a number > 0), else 90."""
-    raw = os.environ.get(LEASE_TTL_ENV, "").strip()
+    return seconds_from_env(LEASE_TTL_ENV, LEASE_TTL_S)
+
+
+def seconds_from_env(name: str, default: float) -> float:
+    """A TTL override in seconds (`30` or `30s`) from the environment; INVALID_ENV unless a number > 0."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return LEASE_TTL_S
+        return default
     try:
         value = float(raw.removesuffix("s"))
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         raise UsageError(
-            f"{LEASE_TTL_ENV} must be a number of seconds greater than 0, not {raw!r}.",
+            f"{name} must be a number of seconds greater than 0, not {raw!r}.",
             code="INVALID_ENV",
-            details={"name": LEASE_TTL_ENV, "value": raw},
-            hint=f"Unset {LEASE_TTL_ENV} for the default of {LEASE_TTL_S:g} s.",
+            details={"name": name, "value": raw},
+            hint=f"Unset {name} for the default of {default:g} s.",
         )
     return value
 

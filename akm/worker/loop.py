@@ -26,7 +26,7 @@ from typing import Any
 
 from akm.dispatch.base import DispatcherRegistry, UnitRequest
 from akm.engine.cancel import Cancellation
-from akm.engine.reduce import UnitOutcome, journaled_result_json
+from akm.engine.reduce import UnitOutcome, storable
 from akm.ids import uuid4
 from akm.plan.model import Plan
 from akm.record import dataclass, field
@@ -330,16 +330,7 @@ class Worker:
             self._wake.set()
 
     def _finish(self, claim: queue_store.Claim, outcome: UnitOutcome) -> None:
-        try:
-            result_json = journaled_result_json(outcome)
-        except (ValueError, TypeError) as exc:
-            outcome = UnitOutcome(
-                unit_id=outcome.unit_id,
-                ok=False,
-                failure_reason="dispatch_error",
-                error=f"unit {claim.unit_id} produced a result that cannot be stored as JSON: {exc}",
-            )
-            result_json = journaled_result_json(outcome)
+        outcome, result_json = storable(outcome, claim.unit_id)
         written = queue_store.finish_claimed(
             self.db,
             claim,
