@@ -40,17 +40,18 @@ MAX_TIMEOUT_MS = 2_147_483_647  # about 24 days: what a timer can hold everywher
 _DURATION_UNITS = (("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000))
 
 
-def parse_duration_ms(value: str | int) -> int:
-    """A positive duration in ms from `500ms`, `30s`, `5m`, `1h` or a bare number of ms (UsageError if not)."""
+def parse_duration_ms(value: str | int, name: str = "timeout") -> int:
+    """A positive duration in ms from `500ms`, `30s`, `5m`, `1h` or a bare number of ms (UsageError naming the
+    argument `name` if not)."""
     try:
-        return _duration_ms(value)
+        return _duration_ms(value, name)
     except ValueError as exc:
-        raise UsageError(f"{exc}.", code=INVALID_ARGUMENT, details={"argument": "timeout"}) from None
+        raise UsageError(f"{exc}.", code=INVALID_ARGUMENT, details={"argument": name}) from None
 
 
-def _duration_ms(value: str | int) -> int:
+def _duration_ms(value: str | int, name: str = "timeout") -> int:
     if isinstance(value, bool):
-        raise ValueError(f"timeout {value!r}: expected a duration like 500ms, 30s or 5m")
+        raise ValueError(f"{name} {value!r}: expected a duration like 500ms, 30s or 5m")
     if isinstance(value, int):
         ms = value
     else:
@@ -60,15 +61,15 @@ def _duration_ms(value: str | int) -> int:
                 raw, scale = raw[: -len(suffix)], factor
                 break
         if not raw.isdigit() or not raw.isascii():
-            raise ValueError(f"timeout {value!r}: expected a duration like 500ms, 30s or 5m")
+            raise ValueError(f"{name} {value!r}: expected a duration like 500ms, 30s or 5m")
         number = whole_number(raw)
         if number is None:
-            raise ValueError(f"timeout {quoted(value)} is too long: at most {MAX_TIMEOUT_MS} ms (about 24 days)")
+            raise ValueError(f"{name} {quoted(value)} is too long: at most {MAX_TIMEOUT_MS} ms (about 24 days)")
         ms = number * scale
     if ms <= 0:
-        raise ValueError(f"timeout {value!r}: a duration must be longer than zero")
+        raise ValueError(f"{name} {value!r}: a duration must be longer than zero")
     if ms > MAX_TIMEOUT_MS:
-        raise ValueError(f"timeout {value!r} is too long: at most {MAX_TIMEOUT_MS} ms (about 24 days)")
+        raise ValueError(f"{name} {value!r} is too long: at most {MAX_TIMEOUT_MS} ms (about 24 days)")
     return ms
 
 

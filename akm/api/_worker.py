@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
-from akm.api._args import INVALID_ARGUMENT, _duration_ms, _whole_number, _work_dir
+from akm.api._args import INVALID_ARGUMENT, _whole_number, _work_dir, parse_duration_ms
 from akm.api._views import _open_db
 from akm.engine.cancel import Cancellation
 from akm.errors import UsageError
@@ -62,8 +62,8 @@ def run_worker(
         )
     except ValueError as exc:
         raise UsageError(f"{exc}.", code=INVALID_ARGUMENT, details={"argument": "concurrency"}) from None
-    idle_ms = None if idle_exit is None else _duration(idle_exit, "idle_exit")
-    poll_ms = 1000 if poll is None else max(10, _duration(poll, "poll"))
+    idle_ms = None if idle_exit is None else parse_duration_ms(idle_exit, "idle_exit")
+    poll_ms = 1000 if poll is None else max(10, parse_duration_ms(poll, "poll"))
     queue_store.claim_ttl_s()  # a bad AKM_WORKER_CLAIM_TTL_S is refused before anything is claimed
     root = _work_dir(project).resolve()
     if not root.is_dir():
@@ -86,14 +86,3 @@ def run_worker(
         return Worker(db, opts).run()
     finally:
         db.close()
-
-
-def _duration(value: Any, name: str) -> int:
-    try:
-        return _duration_ms(value)
-    except ValueError:
-        raise UsageError(
-            f"{name} {value!r}: expected a duration like 500ms, 30s or 5m.",
-            code=INVALID_ARGUMENT,
-            details={"argument": name},
-        ) from None
