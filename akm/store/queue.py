@@ -42,6 +42,7 @@ from akm.store.runs import (
     not_drivable_error,
     seconds_from_env,
 )
+from akm.store.units import _INSERT_EVENTS, UnitFinish, _json_opt, _started_meta
 
 # Wake-up channels (`Journal.listener` / `Journal.notifier`; PostgreSQL only, a hint beside polling).
 WORK_CHANNEL = "akm_work"  # coordinator → workers: units were queued (payload: the run id)
@@ -51,7 +52,6 @@ WORKER_CLAIM_TTL_S = 90.0
 WORKER_CLAIM_TTL_ENV = "AKM_WORKER_CLAIM_TTL_S"  # overrides the claim TTL (seconds); tests, slow links
 
 _DRIVABLE_SQL = "(" + ",".join(f"'{s}'" for s in DRIVABLE_STATUSES) + ")"
-_EVENT = "INSERT INTO events (event_type, ts, run_id, metadata_json) VALUES (?, ?, ?, ?)"
 
 
 def claim_ttl_s() -> float:
@@ -90,12 +90,6 @@ class Eligible(NamedTuple):
     step_id: str | None
     scope_key: str
     queued: int
-
-
-def _json_str(text: str | None) -> str:
-    import json
-
-    return "null" if text is None else json.encoder.encode_basestring(text)
 
 
 def queue_unit(
@@ -253,11 +247,11 @@ def claim_units(
         if claims:
             db.dialect.event_lock(conn)
             for c in claims:
-                meta = (
-                    f'{{"runId":{_json_str(run_id)},"stepId":{_json_str(c.step_id)},'
-                    f'"unitId":{_json_str(c.unit_id)},"host":{_json_str(host)},"worker":{_json_str(holder)}}}'
+                # a driver's `workflow_unit_started` metadata, and where and by whom the attempt runs
+                meta = _started_meta(run_id, c.step_id, c.unit_id)[:-1] + (
+                    f',"host":{_json_opt(host)},"worker":{_json_opt(holder)}}}'
                 )
-                conn.execute(_EVENT, ("workflow_unit_started", now, run_id, meta))
+                conn.execute(_INSERT_EVENTS, ("workflow_unit_started", now, run_id, meta))
     return claims
 
 
@@ -307,15 +301,17 @@ def finish_claimed(
         )
         if cur.rowcount != 1:
             return "superseded"
-        meta = (
-            f'{{"runId":{_json_str(claim.run_id)},"stepId":{_json_str(claim.step_id)},'
-            f'"unitId":{_json_str(claim.unit_id)},"status":{_json_str(status)}'
-            + (f',"failureReason":{_json_str(failure_reason)}' if failure_reason is not None else "")
-            + (f',"tokens":{int(tokens)}' if tokens is not None else "")
-            + "}"
-        )
+        meta = UnitFinish(
+            claim.run_id,
+            claim.unit_id,
+            claim.started_at,
+            status,
+            tokens=tokens,
+            failure_reason=failure_reason,
+            truncated=truncated,
+        ).meta(claim.step_id)  # the same `workflow_unit_finished` metadata a driver's finish writes
         db.dialect.event_lock(conn)
-        conn.execute(_EVENT, ("workflow_unit_finished", now, claim.run_id, meta))
+        conn.execute(_INSERT_EVENTS, ("workflow_unit_finished", now, claim.run_id, meta))
     return "finished"
 
 
