@@ -122,6 +122,15 @@ def _git_top(root: Path) -> Path | None:
     return None
 
 
+def project_commit(root: Path) -> str | None:
+    """The commit the checkout holding `root` has checked out (read from `.git`, akm.gitremote.head_commit), or
+    None outside a git checkout or when it cannot be read: what a run's workers must have checked out too."""
+    from akm import gitremote
+
+    top = _git_top(root)
+    return gitremote.head_commit(top) if top is not None else None
+
+
 def project_identity(cwd: str | os.PathLike[str] | None = None) -> tuple[str, str] | None:
     """(normalized git remote, project root's path inside the checkout) of `cwd`'s project, or None.
 

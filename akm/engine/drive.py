@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
+from akm import paths
 from akm.dispatch.base import DispatcherRegistry, UnitRequest
 from akm.dispatch.exec import build_exec_context
 from akm.dispatch.redact import sensitive_values_from
@@ -189,19 +190,7 @@ class _Pass:
         # insert: one commit per unit instead of two (see _PendingFinish), and one commit
         # for several workers that write at once (see groupcommit).
         pending, self._local.pending = getattr(self._local, "pending", None), None
-        insert = dict(
-            run_id=d.run_id,
-            unit_id=attempt,
-            step_id=self.step.step_id,
-            node_id=unit.node_id,
-            parent_unit_id=unit.parent_unit_id,
-            runner=unit.runner,
-            engine=unit.engine,
-            model=unit.model,
-            input_hash=unit.input_hash,
-            worktree_path=tree.path if tree else None,
-            fence=d.fence,
-        )
+        insert = self._row_fields(unit, attempt, worktree_path=tree.path if tree else None)
         inserting = time.monotonic()
         try:
             if pending is None:
@@ -258,17 +247,13 @@ class _Pass:
                 d.warn(warning)
         return outcome
 
-    @property
-    def _warn_after_s(self) -> float:
-        return self.waiter.unclaimed_warn_s if self.waiter is not None else remote.UNCLAIMED_WARN_S
-
     def _journal_trouble(self, exc: BaseException) -> None:
         self.d.warn(f"reading the workers' results from the journal failed (retrying every poll): {exc}")
 
-    def _unclaimed(self, waiting: int) -> None:
+    def _unclaimed(self, waiting: int, quiet_s: float) -> None:
         self.d.warn(
             f'{waiting} unit(s) of step "{self.step.step_id}" are queued for workers and no worker has claimed any '
-            f"for {self._warn_after_s:g} s: start a worker in a checkout of this project at its commit "
+            f"for {quiet_s:g} s: start a worker in a checkout of this project at its commit "
             "(a worker that cannot run them says why on its stderr); this run waits for them"
         )
 
@@ -277,20 +262,7 @@ class _Pass:
         d = self.d
         payload = remote.dispatch_payload(self._request(unit, attempt, ""), scope_key=d.scope_key, commit=d.commit)
         try:
-            queued = queue_store.queue_unit(
-                d.db,
-                run_id=d.run_id,
-                unit_id=attempt,
-                step_id=self.step.step_id,
-                node_id=unit.node_id,
-                parent_unit_id=unit.parent_unit_id,
-                runner=unit.runner,
-                engine=unit.engine,
-                model=unit.model,
-                input_hash=unit.input_hash,
-                dispatch_json=payload,
-                fence=d.fence,
-            )
+            queued = queue_store.queue_unit(d.db, **self._row_fields(unit, attempt, dispatch_json=payload))
         except Exception as exc:
             if d.fenced_out(exc):
                 return self._not_started(unit, attempt, None)
@@ -318,6 +290,23 @@ class _Pass:
         outcome = outcome_from_row(unit.unit_id, row, unit.template.output_schema is not None)
         outcome.reused, outcome.dispatched = False, True
         return outcome
+
+    def _row_fields(self, unit: WorkUnit, attempt: str, **extra: Any) -> dict[str, Any]:
+        """What the attempt's journal row records of it (and `extra`), whether it runs here or is queued for
+        workers; fenced by this driver's lease either way."""
+        return dict(
+            run_id=self.d.run_id,
+            unit_id=attempt,
+            step_id=self.step.step_id,
+            node_id=unit.node_id,
+            parent_unit_id=unit.parent_unit_id,
+            runner=unit.runner,
+            engine=unit.engine,
+            model=unit.model,
+            input_hash=unit.input_hash,
+            fence=self.d.fence,
+            **extra,
+        )
 
     def _not_started(self, unit: WorkUnit, attempt: str, tree: Any) -> UnitOutcome:
         """The outcome of a unit this driver did not start because it lost the lease (nothing journaled)."""
@@ -757,7 +746,7 @@ class _Driver:
         """From now on queue this run's units for workers (`--workers`, or a takeover of a run whose units
         are with workers): record the project's commit for them, and wake them on PostgreSQL."""
         self.workers = True
-        self.commit = remote.project_commit(self.opts.project_root)
+        self.commit = paths.project_commit(self.opts.project_root)
         if self.work_notifier is None:
             self.work_notifier = self.db.notifier(queue_store.WORK_CHANNEL)
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from akm.dispatch.base import UnitRequest
@@ -33,15 +33,6 @@ PAYLOAD_VERSION = 1
 POLL_S = 0.25  # between reads of the finished rows; a worker's NOTIFY (PostgreSQL) wakes the read sooner
 SWEEP_EVERY_S = 2.0
 UNCLAIMED_WARN_S = 30.0  # queued units no worker touched for this long: say so (once, until work moves again)
-
-
-def project_commit(project_root: Path) -> str | None:
-    """The commit the coordinator's project has checked out, or None (not a git checkout, or unreadable)."""
-    from akm import gitremote
-    from akm.paths import _git_top
-
-    top = _git_top(project_root)
-    return gitremote.head_commit(top) if top is not None else None
 
 
 def dispatch_payload(request: UnitRequest, *, scope_key: str, commit: str | None) -> str:
@@ -77,15 +68,15 @@ class Waiter:
         run_id: str,
         *,
         poll_s: float = POLL_S,
-        on_unclaimed: Callable[[int], None] | None = None,
+        on_unclaimed: Callable[[int, float], None] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
         unclaimed_warn_s: float | None = None,
     ) -> None:
         self.db = db
         self.run_id = run_id
         self.poll_s = poll_s
-        # Told (with the number of units waiting) when no worker has claimed or finished any of them for
-        # `unclaimed_warn_s`: no worker runs, or every one refuses the step (their stderr says why).
+        # Told (the number of units waiting, and for how long nothing moved) when no worker has claimed or
+        # finished any of them for `unclaimed_warn_s`: no worker runs, or every one refuses the step.
         self.on_unclaimed = on_unclaimed
         self.unclaimed_warn_s = UNCLAIMED_WARN_S if unclaimed_warn_s is None else unclaimed_warn_s
         self.on_error = on_error  # told of the first journal failure of a series (the loop keeps retrying)
@@ -97,7 +88,6 @@ class Waiter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.swept = 0
 
     def wait(self, attempt: str, cancel: threading.Event) -> dict[str, Any] | None:
         """The attempt's finished row, or None once `cancel` is set first (the row stays queued or claimed)."""
@@ -119,8 +109,6 @@ class Waiter:
             return self._rows.pop(attempt, None)
 
     def _loop(self) -> None:
-        import time
-
         last_sweep = 0.0
         last_progress = time.monotonic()
         warned = False
@@ -137,13 +125,13 @@ class Waiter:
                         last_progress, warned = now, False
                     if now - last_sweep >= SWEEP_EVERY_S:
                         last_sweep = now
-                        self.swept += len(queue_store.sweep(self.db))
+                        queue_store.sweep(self.db)
                         if queue_store.claimed_count(self.db, self.run_id):
                             last_progress, warned = now, False
                         elif not warned and now - last_progress >= self.unclaimed_warn_s:
                             warned = True
                             if self.on_unclaimed is not None:
-                                self.on_unclaimed(len(ids))
+                                self.on_unclaimed(len(ids), self.unclaimed_warn_s)
                 except Exception as exc:  # a journal hiccup: try again next interval; waiting threads keep waiting
                     if self._error is None and self.on_error is not None:
                         self.on_error(exc)

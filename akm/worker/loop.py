@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from akm import paths
 from akm.dispatch.base import DispatcherRegistry, UnitRequest
 from akm.engine.cancel import Cancellation
 from akm.engine.reduce import UnitOutcome, storable
@@ -37,13 +38,6 @@ from akm.worker import workspace
 DEFAULT_KINDS = ("exec", "llm", "agent")
 SWEEP_EVERY_S = 2.0
 VERDICT_TTL_S = 10.0  # how long a decision "can / cannot run this step here" is trusted
-
-
-def gitremote_head(top: Path | None) -> str | None:
-    """The checkout's commit now (two small file reads), or None outside a git checkout."""
-    from akm import gitremote
-
-    return gitremote.head_commit(top) if top is not None else None
 
 
 class HostProblem(Exception):
@@ -109,7 +103,6 @@ class _InFlight:
 
 class Worker:
     def __init__(self, db: Journal, opts: WorkerOptions) -> None:
-        from akm import gitremote, paths
         from akm.store.runs import host_id
 
         self.db = db
@@ -119,8 +112,7 @@ class Worker:
         self.host = host_id()
         self.pid = os.getpid()
         self.scopes = paths.scope_keys(self.root, portable=db.shared)
-        self._top = paths._git_top(self.root)
-        self.commit = gitremote.head_commit(self._top) if self._top is not None else None
+        self.commit = paths.project_commit(self.root)
         self.registry = opts.registry or _default_registry()
         self.kinds = tuple(k for k in opts.kinds if self.registry.get(k) is not None)
         if not self.kinds:
@@ -251,7 +243,7 @@ class Worker:
 
     def _refusal(self, e: queue_store.Eligible) -> str | None:
         key = (e.run_id, e.step_id)
-        commit = gitremote_head(self._top)
+        commit = paths.project_commit(self.root)
         if commit != self.commit:
             self.commit = commit
             self._verdicts.clear()
