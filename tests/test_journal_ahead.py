@@ -39,7 +39,7 @@ def _started_runs(run_id: str) -> int:
     """The longest stretch of consecutive `workflow_unit_started` events written by one statement."""
     rows = db_rows("SELECT event_type, ts FROM events WHERE run_id = ? ORDER BY id", run_id)
     longest = 0
-    for (kind, ts), group in itertools.groupby(rows):
+    for (kind, _ts), group in itertools.groupby(rows):
         if kind == "workflow_unit_started":
             longest = max(longest, len(list(group)))
     return longest
@@ -151,7 +151,9 @@ def test_write_attempts_finishes_and_inserts_in_one_transaction(journal):
     b = units.insert_unit(journal, run_id="r1", unit_id="fan.unit:b", step_id="fan", node_id="fan.unit")
     finishes = [
         units.UnitFinish(run_id="r1", unit_id="fan.unit:a", started_at=a, status="completed", step_id="fan"),
-        units.UnitFinish(run_id="r1", unit_id="fan.unit:b", started_at="1999-01-01T00:00:00.000Z", status="completed", step_id="fan"),
+        units.UnitFinish(
+            run_id="r1", unit_id="fan.unit:b", started_at="1999-01-01T00:00:00.000Z", status="completed", step_id="fan"
+        ),
     ]
     new = [units.NewAttempt("r1", f"fan.unit:{c}", "fan", "fan.unit") for c in "cde"]
     finished, stamps = units.write_attempts(journal, finishes, new)

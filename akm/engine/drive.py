@@ -476,7 +476,9 @@ class _Pass:
         pending, state.pending = state.pending, []
         if len(pending) > 1:
             try:
-                finished, _ = units_store.write_attempts(self.d.db, [self._finish_of(p) for p in pending], [], fence=self.d.fence)
+                finished, _ = units_store.write_attempts(
+                    self.d.db, [self._finish_of(p) for p in pending], [], fence=self.d.fence
+                )
             except Exception:
                 pass  # each alone below, which tells what failed
             else:

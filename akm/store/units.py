@@ -415,7 +415,9 @@ def finish_and_insert(
     (the insert still commits before its unit is dispatched). Any failure rolls back both
     and raises; the caller may then write each alone to learn which one failed.
     """
-    new = NewAttempt(run_id, unit_id, step_id, node_id, parent_unit_id, runner, engine, model, input_hash, worktree_path)
+    new = NewAttempt(
+        run_id, unit_id, step_id, node_id, parent_unit_id, runner, engine, model, input_hash, worktree_path
+    )
     finished, started = write_attempts(db, [finish], [new], fence=fence)
     return finished[0], started[0]
 
