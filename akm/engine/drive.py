@@ -262,6 +262,7 @@ class _Pass:
         # (this process was stopped, or starved), prove it again before starting the unit: a
         # driver that lost the lease in between must not start what the new holder now owns.
         if time.monotonic() - inserting > d.recheck_after_s and not d.reconfirm_lease():
+            d.heartbeat.untrack(attempt)  # (tracked since its commit if it was journaled ahead)
             return self._not_started(unit, attempt, tree)
         d.heartbeat.track(attempt)
         began = time.monotonic()
