@@ -127,6 +127,49 @@ class _PendingFinish:
     result_json: str | None
 
 
+# A fan-out of quick units journals several units' rows per transaction (see `_Ahead`).
+AHEAD_FAST_S = 0.01  # a worker whose last unit ran this quickly journals the next ones ahead
+AHEAD_UNITS = 3  # rows a worker journals ahead of their dispatch, at most
+
+
+@dataclass
+class _Ahead:
+    """A unit a worker claimed with its current one and journaled (`running`) in that unit's transaction.
+
+    Units that run in a few milliseconds (an exec fan-out of small commands) would pay a journal
+    transaction each, which costs about as much as the unit's own process. A worker whose last unit
+    ran under `AHEAD_FAST_S` therefore claims up to `AHEAD_UNITS` more units when it journals its
+    next one, inserts their rows in the same transaction, and runs them one after another without
+    writing in between; each finish waits for the worker's next transaction (see `_PendingFinish`).
+
+    The protocol holds: every row is committed before its unit is dispatched, and every finished
+    result is journaled by the worker's next write. What a reader sees differs: such a row reads
+    `running`, with its `started_at`, from up to `AHEAD_UNITS` quick units before its process starts,
+    and a crash loses the finished results of those few quick units (they are dispatched again, as a
+    unit running at the crash is). A row journaled ahead whose unit does not run (the pass was stopped,
+    fail fast) is finished `failed` / `aborted` by the worker's last write. Not used for a step with
+    retries, worktrees or budget ceilings, nor with workers: there each unit keeps its own transaction.
+    """
+
+    index: int
+    unit: WorkUnit
+    attempt: str
+    started_at: str | None = None  # None: claimed but not journaled (the shared write failed): it runs as usual
+    inserted_at: float = 0.0  # monotonic time of the commit that journaled it
+    prepaid: bool = True  # its dispatch is reserved in the budget already
+
+
+class _WorkerState:
+    """What one worker thread of a pass carries from one unit to the next."""
+
+    __slots__ = ("pending", "ahead", "quick")
+
+    def __init__(self) -> None:
+        self.pending: list[_PendingFinish] = []  # finished attempts whose row update waits for the next write
+        self.ahead: list[_Ahead] = []  # units claimed (and journaled) ahead, in dispatch order
+        self.quick = False  # the last unit ran under AHEAD_FAST_S
+
+
 @dataclass
 class _PassFailure:
     """A dispatch pass that cannot be reduced: the step fails with `reason` whatever `on_error` says."""
@@ -161,72 +204,68 @@ class _Pass:
         self.halted = False
         self._ctx_base: dict[str, str] | None = None
         self._count_lock = threading.Lock()
-        self._local = threading.local()  # per worker: the attempt whose finish is deferred
+        self._local = threading.local()  # per worker: its _WorkerState
+        self._claim: Callable[[], int | None] = lambda: None  # the next unit's index (set by _schedule)
+        tmpl = units[0].template if units else None
+        budget = driver.budget
+        self._ahead_ok = (
+            tmpl is not None
+            and self.waiter is None
+            and tmpl.isolation != "worktree"
+            and not (tmpl.retry and tmpl.retry.max)
+            and budget.max_units is None
+            and budget.max_tokens is None
+        )
         self._parent_env = dict(os.environ)  # one snapshot per step for every unit's environment
         self._group = GroupCommit(driver.db)  # workers finishing together share a transaction
 
     # ------------------------------------------------------------ one attempt
-    def _dispatch_attempt(self, unit: WorkUnit, attempt: str) -> UnitOutcome:
+    def _state(self) -> _WorkerState:
+        state = getattr(self._local, "state", None)
+        if state is None:
+            state = self._local.state = _WorkerState()
+        return state
+
+    def _dispatch_attempt(self, unit: WorkUnit, attempt: str, ahead: _Ahead | None = None) -> UnitOutcome:
         if self.waiter is not None:
             return self._dispatch_to_workers(unit, attempt, self.waiter)
         d = self.d
         tmpl = unit.template
         base_dir = str(d.opts.project_root)
         tree = None
-        if tmpl.isolation == "worktree":
-            try:
-                tree = worktrees.create(base_dir, d.run_id, attempt)
-            except (worktrees.WorktreeError, OSError) as exc:
-                return UnitOutcome(
-                    unit_id=unit.unit_id,
-                    ok=False,
-                    failure_reason="worktree_failed",
-                    error=f"could not create the isolation worktree: {exc}",
-                )
-            if tree.preserved_leftover:
-                d.warn(f"a previous attempt of {attempt} left uncollected work; preserved at {tree.preserved_leftover}")
-            base_dir = tree.path
-        # This worker's previous attempt is finished in the same transaction as this
-        # insert: one commit per unit instead of two (see _PendingFinish), and one commit
-        # for several workers that write at once (see groupcommit).
-        pending, self._local.pending = getattr(self._local, "pending", None), None
-        insert = self._row_fields(unit, attempt, worktree_path=tree.path if tree else None)
-        inserting = time.monotonic()
-        try:
-            if pending is None:
-                started_at = self._group.submit(lambda: units_store.insert_unit(d.db, **insert))
-            else:
-                finish = self._finish_of(pending)
-                finished, started_at = self._group.submit(lambda: units_store.finish_and_insert(d.db, finish, **insert))
-                self._finished(pending, finished)
-        except Exception as exc:  # (groupcommit.Alone: the shared transaction rolled back; write alone below)
-            started_at = None
-            if d.fenced_out(exc):  # another driver owns the run: nothing more is written or started
-                if pending is not None:
-                    self._not_journaled(pending)
-                return self._not_started(unit, attempt, tree)
-            if pending is not None:  # find out which write failed: each alone
-                self._flush(pending)
-        try:
-            if started_at is None:
-                started_at = units_store.insert_unit(d.db, **insert)
-        except Exception as exc:  # nothing was dispatched; the step decides what to do
-            if d.fenced_out(exc):
-                return self._not_started(unit, attempt, tree)
-            if tree is not None:
-                worktrees.cleanup(tree)
-            return UnitOutcome(
-                unit_id=unit.unit_id,
-                ok=False,
-                failure_reason="dispatch_error",
-                error=f"unit {attempt} could not journal its dispatch row (nothing was dispatched): {exc}",
-            )
+        state = self._state()
+        if ahead is not None and ahead.started_at is not None:
+            # Journaled with an earlier unit's row (see _Ahead): nothing to write before it starts.
+            started_at, inserting = ahead.started_at, ahead.inserted_at
+        else:
+            if tmpl.isolation == "worktree":
+                try:
+                    tree = worktrees.create(base_dir, d.run_id, attempt)
+                except (worktrees.WorktreeError, OSError) as exc:
+                    return UnitOutcome(
+                        unit_id=unit.unit_id,
+                        ok=False,
+                        failure_reason="worktree_failed",
+                        error=f"could not create the isolation worktree: {exc}",
+                    )
+                if tree.preserved_leftover:
+                    d.warn(
+                        f"a previous attempt of {attempt} left uncollected work; preserved at {tree.preserved_leftover}"
+                    )
+                base_dir = tree.path
+            inserting = time.monotonic()
+            started = self._journal_start(unit, attempt, tree, state)
+            if isinstance(started, UnitOutcome):
+                return started
+            started_at = started
         # The insert proved the lease ours and good for half a TTL more. Past a quarter TTL since
         # (this process was stopped, or starved), prove it again before starting the unit: a
         # driver that lost the lease in between must not start what the new holder now owns.
         if time.monotonic() - inserting > d.recheck_after_s and not d.reconfirm_lease():
+            d.heartbeat.untrack(attempt)  # (tracked since its commit if it was journaled ahead)
             return self._not_started(unit, attempt, tree)
         d.heartbeat.track(attempt)
+        began = time.monotonic()
         try:
             outcome = self._run(unit, attempt, base_dir)
         except Exception as exc:  # the row is in the journal: it must be finished, whatever happened
@@ -238,14 +277,88 @@ class _Pass:
             )
         finally:
             d.heartbeat.untrack(attempt)
+        state.quick = time.monotonic() - began < AHEAD_FAST_S
         outcome.dispatched = True
         outcome, result_json = storable(outcome, attempt)
-        self._local.pending = _PendingFinish(attempt, started_at, outcome, result_json)
+        state.pending.append(_PendingFinish(attempt, started_at, outcome, result_json))
         if tree is not None:
             warning = worktrees.cleanup(tree)
             if warning:
                 d.warn(warning)
         return outcome
+
+    def _journal_start(self, unit: WorkUnit, attempt: str, tree: Any, state: _WorkerState) -> str | UnitOutcome:
+        """Commit the attempt's `running` row (its started_at), or the outcome of not starting it.
+
+        The worker's deferred finishes go in the same transaction (one commit per unit instead of
+        two, see _PendingFinish), and so do the rows of the units it journals ahead (see _Ahead); the
+        transaction is shared with other workers writing at once (see groupcommit).
+        """
+        d = self.d
+        pending, state.pending = state.pending, []
+        claimed = self._claim_ahead(state)
+        new = self._new_attempt(unit, attempt, worktree_path=tree.path if tree else None)
+        extra = [self._new_attempt(a.unit, a.attempt) for a in claimed]
+        started_at: str | None = None
+        try:
+            if not pending and not claimed:
+                started_at = self._group.submit(lambda: units_store.insert_unit(d.db, **new._asdict(), fence=d.fence))
+            else:
+                finishes = [self._finish_of(p) for p in pending]
+                finished, stamps = self._group.submit(
+                    lambda: units_store.write_attempts(d.db, finishes, [new, *extra], fence=d.fence)
+                )
+                for p, result in zip(pending, finished, strict=True):
+                    self._finished(p, result)
+                started_at, committed = stamps[0], time.monotonic()
+                for a, stamp in zip(claimed, stamps[1:], strict=True):
+                    a.started_at, a.inserted_at = stamp, committed
+                    d.heartbeat.track(a.attempt)  # its row reads running from now on
+        except Exception as exc:  # (groupcommit.Alone: the shared transaction rolled back; write alone below)
+            if d.fenced_out(exc):  # another driver owns the run: nothing more is written or started
+                for p in pending:
+                    self._not_journaled(p)
+                state.ahead += claimed  # not journaled: not started either (the pass stops)
+                return self._not_started(unit, attempt, tree)
+            for p in pending:  # find out which write failed: each alone
+                self._flush_one(p)
+        state.ahead += claimed  # journaled, or (after a failure) to be journaled by their own writes
+        try:
+            if started_at is None:
+                started_at = units_store.insert_unit(d.db, **new._asdict(), fence=d.fence)
+        except Exception as exc:  # nothing was dispatched; the step decides what to do
+            if d.fenced_out(exc):
+                return self._not_started(unit, attempt, tree)
+            if tree is not None:
+                worktrees.cleanup(tree)
+            return UnitOutcome(
+                unit_id=unit.unit_id,
+                ok=False,
+                failure_reason="dispatch_error",
+                error=f"unit {attempt} could not journal its dispatch row (nothing was dispatched): {exc}",
+            )
+        return started_at
+
+    def _claim_ahead(self, state: _WorkerState) -> list[_Ahead]:
+        """The units this worker journals ahead with its current one (see _Ahead); often none.
+
+        Each is a dispatch of the budget, reserved here (so its own dispatch does not reserve it again).
+        """
+        if not (self._ahead_ok and state.quick) or state.ahead or self.event.is_set() or self.halted:
+            return []
+        claimed: list[_Ahead] = []
+        while len(claimed) < AHEAD_UNITS:
+            i = self._claim()
+            if i is None:
+                break
+            unit = self.units[i]
+            ahead = _Ahead(i, unit, attempt_id(unit.base_id, 0))
+            if self.d.budget.try_consume() is not None:  # the lifetime cap (no ceilings here): it runs as usual
+                ahead.prepaid = False
+                state.ahead.append(ahead)
+                break
+            claimed.append(ahead)
+        return claimed
 
     def _journal_trouble(self, exc: BaseException) -> None:
         self.d.warn(f"reading the workers' results from the journal failed (retrying every poll): {exc}")
@@ -291,10 +404,9 @@ class _Pass:
         outcome.reused, outcome.dispatched = False, True
         return outcome
 
-    def _row_fields(self, unit: WorkUnit, attempt: str, **extra: Any) -> dict[str, Any]:
-        """What the attempt's journal row records of it (and `extra`), whether it runs here or is queued for
-        workers; fenced by this driver's lease either way."""
-        return dict(
+    def _new_attempt(self, unit: WorkUnit, attempt: str, worktree_path: str | None = None) -> units_store.NewAttempt:
+        """What the attempt's journal row records of it, whether it runs here or is queued for workers."""
+        return units_store.NewAttempt(
             run_id=self.d.run_id,
             unit_id=attempt,
             step_id=self.step.step_id,
@@ -304,9 +416,14 @@ class _Pass:
             engine=unit.engine,
             model=unit.model,
             input_hash=unit.input_hash,
-            fence=self.d.fence,
-            **extra,
+            worktree_path=worktree_path,
         )
+
+    def _row_fields(self, unit: WorkUnit, attempt: str, **extra: Any) -> dict[str, Any]:
+        """`_new_attempt` (and `extra`) as `queue_unit`'s keyword arguments, fenced by this driver's lease."""
+        fields = self._new_attempt(unit, attempt)._asdict()
+        del fields["worktree_path"]  # a worker makes its own
+        return dict(fields, fence=self.d.fence, **extra)
 
     def _not_started(self, unit: WorkUnit, attempt: str, tree: Any) -> UnitOutcome:
         """The outcome of a unit this driver did not start because it lost the lease (nothing journaled)."""
@@ -354,12 +471,26 @@ class _Pass:
                 "journaled (the newer dispatch owns the row)"
             )
 
-    def _flush(self, p: _PendingFinish | None = None) -> None:
-        """Finish a deferred attempt now (its own transaction); a failure fails the unit hard."""
-        if p is None:
-            p, self._local.pending = getattr(self._local, "pending", None), None
-        if p is None:
-            return
+    def _flush(self) -> None:
+        """Journal this worker's deferred finishes now (before a wait, and at its end)."""
+        state = self._state()
+        pending, state.pending = state.pending, []
+        if len(pending) > 1:
+            try:
+                finished, _ = units_store.write_attempts(
+                    self.d.db, [self._finish_of(p) for p in pending], [], fence=self.d.fence
+                )
+            except Exception:
+                pass  # each alone below, which tells what failed
+            else:
+                for p, result in zip(pending, finished, strict=True):
+                    self._finished(p, result)
+                return
+        for p in pending:
+            self._flush_one(p)
+
+    def _flush_one(self, p: _PendingFinish) -> None:
+        """Finish one deferred attempt in its own transaction; a failure fails the unit hard."""
         try:
             self._write_finish(p)
         except Exception as exc:
@@ -370,6 +501,36 @@ class _Pass:
             state = "completed" if o.ok else f"failed ({o.failure_reason})"
             o.ok, o.failure_reason, o.result, o.has_result, o.text = False, "journal_write_failed", None, False, None
             o.error = f'unit "{p.attempt}" dispatched and {state}, but its result could not be journaled: {exc}'
+
+    def _close_ahead(self) -> None:
+        """At a worker's end: finish the rows it journaled ahead whose units did not run (`failed`, `aborted`)."""
+        state = self._state()
+        left, state.ahead = [a for a in state.ahead if a.started_at is not None], []
+        if not left:
+            return
+        finishes = [
+            units_store.UnitFinish(
+                run_id=self.d.run_id,
+                unit_id=a.attempt,
+                started_at=a.started_at,
+                status="failed",
+                failure_reason="aborted",
+                step_id=self.step.step_id,
+            )
+            for a in left
+            if a.started_at is not None
+        ]
+        try:
+            units_store.write_attempts(self.d.db, finishes, [], fence=self.d.fence)
+        except Exception as exc:
+            if not self.d.fenced_out(exc):  # a new holder owns (and redoes) the rows; else they read running
+                self.d.warn(
+                    f"{len(finishes)} unit row(s) of step {self.step.step_id} journaled ahead of a dispatch that did "
+                    f"not happen could not be closed ({exc}); the next drive dispatches them"
+                )
+        finally:
+            for a in left:
+                self.d.heartbeat.untrack(a.attempt)
 
     def _request(self, unit: WorkUnit, attempt: str, base_dir: str) -> UnitRequest:
         tmpl = unit.template
@@ -440,8 +601,8 @@ class _Pass:
         return UnitOutcome(unit_id=unit.unit_id, **vars(res))
 
     # ------------------------------------------------------------ one unit
-    def run_unit(self, unit: WorkUnit) -> UnitOutcome:
-        outcome = self._run_unit(unit)
+    def run_unit(self, unit: WorkUnit, ahead: _Ahead | None = None) -> UnitOutcome:
+        outcome = self._run_unit(unit, ahead)
         if not outcome.ok and unit.template.on_error == "fail":
             self.halted = True
             if self.waiter is not None:
@@ -458,20 +619,23 @@ class _Pass:
             if not self.d.fenced_out(exc):
                 self.d.warn(f"could not take queued units of step {self.step.step_id} back from the workers: {exc}")
 
-    def _run_unit(self, unit: WorkUnit) -> UnitOutcome:
+    def _run_unit(self, unit: WorkUnit, ahead: _Ahead | None = None) -> UnitOutcome:
         d = self.d
         retry = unit.template.retry
         max_attempts = 1 + (retry.max if retry else 0)
         last: UnitOutcome | None = None
         for k in range(min(self.adopt.get(unit.unit_id, 0), max_attempts - 1), max_attempts):
             if self.event.is_set():
+                if ahead is not None and k == 0:
+                    self._state().ahead.append(ahead)  # its row, if journaled ahead, is closed by the worker
                 return last or UnitOutcome(
                     unit_id=unit.unit_id,
                     ok=False,
                     failure_reason="aborted",
                     error="unit was not dispatched because the run was interrupted",
                 )
-            refusal = d.budget.try_consume()
+            prepaid = ahead is not None and ahead.prepaid and k == 0
+            refusal = None if prepaid else d.budget.try_consume()
             if refusal:
                 return last or UnitOutcome(
                     unit_id=unit.unit_id,
@@ -480,7 +644,7 @@ class _Pass:
                     error=d.budget.exceeded or d.budget.cap_message,
                 )
             att = attempt_id(unit.base_id, k)
-            outcome = self._dispatch_attempt(unit, att)
+            outcome = self._dispatch_attempt(unit, att, ahead if k == 0 else None)
             if outcome.tokens:
                 d.budget.add_tokens(outcome.tokens)
             with self._count_lock:
@@ -587,42 +751,48 @@ class _Pass:
     def _schedule(self, width: int) -> list[UnitOutcome]:
         units = self.units
         results: list[UnitOutcome | None] = [None] * len(units)
-        if width <= 1 or len(units) <= 1:
+        next_index = iter(range(len(units)))
+        claim_lock = threading.Lock()
+
+        def claim() -> int | None:
+            with claim_lock:
+                return next(next_index, None)
+
+        self._claim = claim
+
+        def worker() -> None:
             try:
-                for i, u in enumerate(units):
-                    if self.event.is_set() or self.halted:
-                        break
-                    results[i] = self.run_unit(u)
+                work()
             finally:
-                self._flush()
-        else:
-            next_index = iter(range(len(units)))
-            claim_lock = threading.Lock()
-
-            def worker() -> None:
                 try:
-                    work()
-                finally:
                     self._flush()
+                finally:
+                    self._close_ahead()
 
-            def work() -> None:
-                while True:
-                    with claim_lock:
-                        i = next(next_index, None)
-                    if i is None or self.event.is_set() or self.halted:
-                        return
-                    try:
-                        results[i] = self.run_unit(units[i])
-                    except AkmError:
-                        raise
-                    except Exception as exc:  # a runner bug must not lose the slot silently
-                        results[i] = UnitOutcome(
-                            unit_id=units[i].unit_id,
-                            ok=False,
-                            failure_reason="dispatch_error",
-                            error=f"internal error while running the unit: {exc}",
-                        )
+        def work() -> None:
+            state = self._state()
+            while True:
+                if self.event.is_set() or self.halted:
+                    return
+                ahead = state.ahead.pop(0) if state.ahead else None
+                i = ahead.index if ahead is not None else claim()
+                if i is None:
+                    return
+                try:
+                    results[i] = self.run_unit(units[i], ahead)
+                except AkmError:
+                    raise
+                except Exception as exc:  # a runner bug must not lose the slot silently
+                    results[i] = UnitOutcome(
+                        unit_id=units[i].unit_id,
+                        ok=False,
+                        failure_reason="dispatch_error",
+                        error=f"internal error while running the unit: {exc}",
+                    )
 
+        if width <= 1 or len(units) <= 1:
+            worker()
+        else:
             _run_workers(worker, width)
         return [
             r

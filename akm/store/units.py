@@ -142,7 +142,6 @@ _FINISH = (
 
 
 _INSERT_EVENTS = "INSERT INTO events (event_type, ts, run_id, metadata_json) VALUES (?, ?, ?, ?)"
-_INSERT_TWO_EVENTS = _INSERT_EVENTS + ", (?, ?, ?, ?)"
 _json_str = json.encoder.encode_basestring  # a JSON string literal exactly as compact_json writes it
 
 
@@ -367,6 +366,33 @@ def finish_unit(
     return "finished"
 
 
+class NewAttempt(NamedTuple):
+    """What `insert_unit` records of an attempt it inserts (`write_attempts` takes several)."""
+
+    run_id: str
+    unit_id: str
+    step_id: str | None
+    node_id: str
+    parent_unit_id: str | None = None
+    runner: str | None = None
+    engine: str | None = None
+    model: str | None = None
+    input_hash: str | None = None
+    worktree_path: str | None = None
+
+
+_EVENT_VALUES = ", (?, ?, ?, ?)"
+_MANY_EVENTS: dict[int, str] = {}
+
+
+def _insert_events_sql(n: int) -> str:
+    """One INSERT of `n` event rows (the statement text is cached per count)."""
+    sql = _MANY_EVENTS.get(n)
+    if sql is None:
+        sql = _MANY_EVENTS[n] = _INSERT_EVENTS + _EVENT_VALUES * (n - 1)
+    return sql
+
+
 def finish_and_insert(
     db: Database,
     finish: UnitFinish,
@@ -389,41 +415,53 @@ def finish_and_insert(
     (the insert still commits before its unit is dispatched). Any failure rolls back both
     and raises; the caller may then write each alone to learn which one failed.
     """
+    new = NewAttempt(
+        run_id, unit_id, step_id, node_id, parent_unit_id, runner, engine, model, input_hash, worktree_path
+    )
+    finished, started = write_attempts(db, [finish], [new], fence=fence)
+    return finished[0], started[0]
+
+
+def write_attempts(
+    db: Database, finishes: Sequence[UnitFinish], inserts: Sequence[NewAttempt], *, fence: Fence | None = None
+) -> tuple[list[str], list[str]]:
+    """Finish some attempts and insert others (`running`) in ONE transaction, with their events.
+
+    Returns ("finished" | "superseded" per finish, the `started_at` of each insert). A worker's
+    deferred finishes and the rows of the units it dispatches next share one commit. Every insert
+    is fenced (LEASE_LOST, nothing written) and guarded (a run that cannot be driven refuses); the
+    finishes of the inserts' run are covered by that guard; without inserts each finish is fenced
+    itself. Any failure rolls everything back and raises: the caller may then write each alone.
+    """
+    if not finishes and not inserts:
+        return [], []
+    run_id = inserts[0].run_id if inserts else finishes[0].run_id
     with db.tx() as conn:
-        db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
-        if finish.run_id != run_id:
-            db.dialect.lock_run(conn, finish.run_id, RUN_UNIT_WRITE)
+        for rid in sorted({run_id, *(f.run_id for f in finishes), *(n.run_id for n in inserts)}):
+            db.dialect.lock_run(conn, rid, RUN_UNIT_WRITE)
         now = db.now()
-        # fenced and guarded by the insert below: a refusal rolls back both
-        finished = _finish_row(conn, now, finish, insert_follows=finish.run_id == run_id)
-        started_at = _insert_row(
-            db,
-            conn,
-            now,
-            [
-                run_id,
-                unit_id,
-                step_id,
-                node_id,
-                parent_unit_id,
-                None,
-                runner,
-                engine,
-                model,
-                input_hash,
-                worktree_path,
-                host_id(),
-                now,
-            ],
-            fence,
-        )
-        started = ("workflow_unit_started", now, run_id, _started_meta(run_id, step_id, unit_id))
-        db.dialect.event_lock(conn)
-        if finished is None:
-            conn.execute(_INSERT_EVENTS, started)
-        else:
-            conn.execute(_INSERT_TWO_EVENTS, ("workflow_unit_finished", now, finish.run_id, finished) + started)
-    return ("finished" if finished is not None else "superseded"), started_at
+        guarded = {n.run_id for n in inserts}  # a run an insert guards: its finishes need no check of their own
+        events: list[Any] = []
+        results: list[str] = []
+        for f in finishes:
+            if f.run_id in guarded:
+                meta = _finish_row(conn, now, f, insert_follows=True)
+            else:  # fenced by the driver's lease when nothing is inserted (the lease is the inserts' run's)
+                meta = _finish_row(conn, now, f, None if inserts else fence)
+            results.append("superseded" if meta is None else "finished")
+            if meta is not None:
+                events += ("workflow_unit_finished", now, f.run_id, meta)
+        host = host_id()
+        stamps: list[str] = []
+        for n in inserts:
+            row = [n.run_id, n.unit_id, n.step_id, n.node_id, n.parent_unit_id, None, n.runner, n.engine, n.model]
+            row += [n.input_hash, n.worktree_path, host, now]
+            stamps.append(_insert_row(db, conn, now, row, fence))
+            events += ("workflow_unit_started", now, n.run_id, _started_meta(n.run_id, n.step_id, n.unit_id))
+        if events:
+            db.dialect.event_lock(conn)
+            conn.execute(_insert_events_sql(len(events) // 4), events)
+    return results, stamps
 
 
 def heartbeat_units(db: Database, run_id: str, unit_ids: Sequence[str]) -> int:
