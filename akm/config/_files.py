@@ -182,7 +182,8 @@ def _backup(path: Path) -> None:
         return
     folder = path.parent / "config-backups"
     folder.mkdir(mode=0o700, exist_ok=True)
-    stamp = time.strftime("%Y-%m-%dT%H-%M-%S", time.gmtime()) + f"-{time.time_ns() % 1_000_000_000:09d}"
+    now_ns = time.time_ns()  # one reading: a second and nanoseconds read apart can sort out of order
+    stamp = time.strftime("%Y-%m-%dT%H-%M-%S", time.gmtime(now_ns // 1_000_000_000)) + f"-{now_ns % 1_000_000_000:09d}"
     stem = path.stem if path.name == CONFIG_FILE_NAME else path.name.replace(".", "-")
     target = folder / f"{stem}-{stamp}.json"
     _write_private(target, data)
