@@ -1,0 +1,149 @@
+"""The work list of a fan-out: what a step costs before its first unit is dispatched.
+
+A 1000-unit map over `params.xs` (a 1000-item list) of `exec: ["true"]` — bench_engine.py's workflow —
+builds its work list (`akm.engine.worklist.build_work_list`: every unit's id and input hash) in each
+contender, interleaved over rounds; each figure is the median CPU time of one build (`time.process_time`,
+best of a few builds per round so a preempted one does not count), with its range over the rounds.
+
+Contenders:
+  * `v5`: the work list of a new run (`hash_version` 5: each unit hashes its item and a digest of the rest);
+  * `v4`: the same step for a run created with `hash_version` 4 (each unit hashes the whole preimage,
+    params included: O(units x params) bytes);
+  * `floor`: what any work list must do per item — its canonical JSON and its content id
+    (`item_unit_id`), plus one `WorkUnit` record each — the baseline the others are printed as ratios to.
+
+Goal: `v5` <= 3 ms at 1000 units (it was ~12 ms with v4 hashing and a prompt record per unit).
+Run it against another tree (a checkout of main, whose `build_work_list` has no `hash_version`) with
+`PYTHONPATH=DIR python bench/bench_worklist.py`: contenders the tree cannot build are left out.
+
+Usage: python bench/bench_worklist.py [--units 1000] [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+if not os.environ.get("PYTHONPATH"):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+else:  # bench/_common.py is this tree's, the engine measured is PYTHONPATH's
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
+
+from bench._common import interleaved, spread  # noqa: E402 - after the path it is found on
+
+
+def step_plan(width: int = 4) -> Any:
+    """bench_engine.py's fan-out step, as the plan freezes it."""
+    from akm.plan.model import StepPlan
+
+    return StepPlan.model_validate(
+        {
+            "stepId": "fan",
+            "title": "fan",
+            "sequenceIndex": 0,
+            "root": {
+                "kind": "map",
+                "id": "fan.map",
+                "over": "params.xs",
+                "concurrency": width,
+                "template": {
+                    "kind": "unit",
+                    "id": "fan.unit",
+                    "instructions": "Run `true` once per item.",
+                    "exec": {"command": ["true"], "timeoutMs": 600000},
+                },
+            },
+            "gate": {"kind": "gate", "id": "fan.gate", "stepId": "fan", "criteria": [], "maxLoops": 1},
+        }
+    )
+
+
+def contenders(units: int) -> dict[str, Callable[[], Any]]:
+    from akm.canonical import canonical_json
+    from akm.engine.worklist import NO_ITEM, WorkUnit, build_work_list
+    from akm.plan.identity import item_unit_id
+
+    step = step_plan()
+    params = {"xs": list(range(units))}
+    template = step.unit_template
+
+    def build(**extra: Any) -> Callable[[], Any]:
+        def one() -> Any:
+            wl = build_work_list(step, run_id="r", params=params, step_outputs={}, **extra)
+            assert len(wl.units) == units, wl
+            return wl
+
+        return one
+
+    def floor() -> Any:
+        out = []
+        for i, it in enumerate(params["xs"]):
+            key = canonical_json(it)
+            uid = item_unit_id(template.id, it, key)
+            out.append(
+                WorkUnit(
+                    unit_id=uid,
+                    base_id=uid,
+                    node_id=template.id,
+                    parent_unit_id="fan.map",
+                    index=i,
+                    item=it if it is not None else NO_ITEM,
+                    template=template,
+                    runner="exec",
+                    engine=None,
+                    model=None,
+                    timeout_ms=600000,
+                    inputs=[],
+                    input_hash=key,
+                )
+            )
+        return out
+
+    got: dict[str, Callable[[], Any]] = {}
+    if "hash_version" in inspect.signature(build_work_list).parameters:
+        got["v5"] = build(hash_version=5)
+        got["v4"] = build(hash_version=4)
+    else:
+        got["tree"] = build()
+    got["floor"] = floor
+    return got
+
+
+def cpu_of(fn: Callable[[], Any], repeat: int = 3) -> float:
+    """The least CPU time of `repeat` calls (seconds)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--units", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=15)
+    args = ap.parse_args()
+    import akm
+
+    print(f"akm from {Path(akm.__file__).resolve().parent}; {args.units} units over a {args.units}-item param")
+    fns = contenders(args.units)
+    for fn in fns.values():  # imports, first-call caches
+        fn()
+    got = interleaved(args.rounds, {name: (lambda fn=fn: cpu_of(fn)) for name, fn in fns.items()})
+    floor = got["floor"]
+    for name, xs in got.items():
+        line = f"{name:>5}: work list CPU {spread(xs, '.2f', 1000, ' ms')}"
+        if name != "floor":
+            ratios = [x / f for x, f in zip(xs, floor, strict=True)]
+            line += f"; / floor {spread(ratios)}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
