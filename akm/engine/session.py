@@ -129,6 +129,7 @@ def _work_list(cur: _Current) -> Any:
     key = (
         cur.run_id,
         cur.loaded.run.plan_hash,
+        cur.loaded.run.hash_version,
         cur.step.step_id,
         cur.gate.loop,
         cur.gate.base,
