@@ -65,7 +65,7 @@ def step_plan(width: int = 4) -> Any:
 
 def contenders(units: int) -> dict[str, Callable[[], Any]]:
     from akm.canonical import canonical_json
-    from akm.engine.worklist import NO_ITEM, WorkUnit, build_work_list
+    from akm.engine.worklist import WorkUnit, build_work_list
     from akm.plan.identity import item_unit_id
 
     step = step_plan()
@@ -85,23 +85,8 @@ def contenders(units: int) -> dict[str, Callable[[], Any]]:
         for i, it in enumerate(params["xs"]):
             key = canonical_json(it)
             uid = item_unit_id(template.id, it, key)
-            out.append(
-                WorkUnit(
-                    unit_id=uid,
-                    base_id=uid,
-                    node_id=template.id,
-                    parent_unit_id="fan.map",
-                    index=i,
-                    item=it if it is not None else NO_ITEM,
-                    template=template,
-                    runner="exec",
-                    engine=None,
-                    model=None,
-                    timeout_ms=600000,
-                    inputs=[],
-                    input_hash=key,
-                )
-            )
+            # (positional, as the work list builds them: fields in declaration order)
+            out.append(WorkUnit(uid, uid, template.id, "fan.map", i, it, template, "exec", None, None, 600000, [], key))
         return out
 
     got: dict[str, Callable[[], Any]] = {}
