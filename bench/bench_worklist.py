@@ -13,17 +13,22 @@ Contenders:
     (`item_unit_id`), plus one `WorkUnit` record each — the baseline the others are printed as ratios to.
 
 Goal: `v5` <= 3 ms at 1000 units (it was ~12 ms with v4 hashing and a prompt record per unit).
-Run it against another tree (a checkout of main, whose `build_work_list` has no `hash_version`) with
-`PYTHONPATH=DIR python bench/bench_worklist.py`: contenders the tree cannot build are left out.
+A tree whose `build_work_list` has no `hash_version` (main before v5) is measured as `tree`.
 
-Usage: python bench/bench_worklist.py [--units 1000] [--rounds 15]
+`--compare DIR` measures another source tree (e.g. `git archive main | tar -x -C DIR`) in the same
+interleaved rounds, each tree in a child process of its own per round, and prints this tree's work list
+as a ratio to the other's.
+
+Usage: python bench/bench_worklist.py [--units 1000] [--rounds 15] [--compare DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -109,25 +114,68 @@ def cpu_of(fn: Callable[[], Any], repeat: int = 3) -> float:
     return best
 
 
+def one_round(units: int) -> dict[str, float]:
+    """Every contender of this process's tree, measured once (after a warm-up)."""
+    fns = contenders(units)
+    for fn in fns.values():  # imports, first-call caches
+        fn()
+    return {name: cpu_of(fn, 5) for name, fn in fns.items()}
+
+
+def child_round(tree: str | None, units: int) -> dict[str, float]:
+    """`one_round` in a fresh interpreter importing akm from `tree` (None: this one)."""
+    env = dict(os.environ)
+    if tree:
+        env["PYTHONPATH"] = tree
+    else:
+        env.pop("PYTHONPATH", None)
+    argv = [sys.executable, str(Path(__file__).resolve()), "--child", "--units", str(units)]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    return {k: float(v) for k, v in json.loads(out.stdout).items()}
+
+
+def print_lines(got: dict[str, list[float]], floor: list[float], prefix: str = "") -> None:
+    for name, xs in got.items():
+        line = f"{prefix}{name:>5}: work list CPU {spread(xs, '.2f', 1000, ' ms')}"
+        if name != "floor":
+            line += f"; / floor {spread([x / f for x, f in zip(xs, floor, strict=True)])}"
+        print(line)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--units", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--compare", help="another source tree (an export of main, say) measured in the same rounds")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        print(json.dumps(one_round(args.units)))
+        return
     import akm
 
     print(f"akm from {Path(akm.__file__).resolve().parent}; {args.units} units over a {args.units}-item param")
-    fns = contenders(args.units)
-    for fn in fns.values():  # imports, first-call caches
-        fn()
-    got = interleaved(args.rounds, {name: (lambda fn=fn: cpu_of(fn)) for name, fn in fns.items()})
-    floor = got["floor"]
-    for name, xs in got.items():
-        line = f"{name:>5}: work list CPU {spread(xs, '.2f', 1000, ' ms')}"
-        if name != "floor":
-            ratios = [x / f for x, f in zip(xs, floor, strict=True)]
-            line += f"; / floor {spread(ratios)}"
-        print(line)
+    if not args.compare:
+        fns = contenders(args.units)
+        for fn in fns.values():  # imports, first-call caches
+            fn()
+        got = interleaved(args.rounds, {name: (lambda fn=fn: cpu_of(fn)) for name, fn in fns.items()})
+        print_lines(got, got["floor"])
+        return
+    # Each tree in a child of its own per round (its own imports), the two interleaved.
+    rounds = interleaved(
+        args.rounds,
+        {"this": lambda: child_round(None, args.units), "other": lambda: child_round(args.compare, args.units)},
+    )
+    mine = {k: [r[k] for r in rounds["this"]] for k in rounds["this"][0]}
+    other = {k: [r[k] for r in rounds["other"]] for k in rounds["other"][0]}
+    print_lines(mine, mine["floor"], "this tree ")
+    print_lines(other, other["floor"], f"{args.compare} ")
+    theirs = other.get("tree") or other["v5"]
+    for name in ("v5", "v4", "tree"):
+        if name in mine:
+            ratios = [a / b for a, b in zip(mine[name], theirs, strict=True)]
+            print(f"this tree {name} / the other tree's work list: {spread(ratios)}")
 
 
 if __name__ == "__main__":
