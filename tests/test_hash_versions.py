@@ -167,3 +167,31 @@ def test_a_run_of_a_newer_hash_version_is_refused_untouched(project):
         run(rid, project)
     assert exc.value.code == "CORRUPT_RUN" and "newer akm" in exc.value.message
     assert db_rows("SELECT unit_id, status, attempts, input_hash FROM units ORDER BY unit_id") == before
+
+
+WIDE = """
+import sys
+from akm.engine.worklist import build_work_list
+from akm.plan.model import StepPlan
+
+step = StepPlan.model_validate({
+    "stepId": "fan", "title": "fan", "sequenceIndex": 0,
+    "root": {"kind": "map", "id": "fan.map", "over": "params.xs", "concurrency": 2,
+             "template": {"kind": "unit", "id": "fan.unit", "instructions": "x", "exec": {"command": ["true"]}}},
+    "gate": {"kind": "gate", "id": "fan.gate", "stepId": "fan", "criteria": [], "maxLoops": 1},
+})
+params = {"xs": [f"item-{i:05d}" for i in range(3000)]}  # the v4 preimages: ~100 MB of hashing in all
+wl = build_work_list(step, run_id="r", params=params, step_outputs={}, hash_version=int(sys.argv[1]))
+assert len(wl.units) == 3000
+print("_hashlib" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("version,openssl", [(5, False), (4, True)])
+def test_a_wide_v5_work_list_hashes_without_openssl(version, openssl):
+    """v5 hashes ~100 bytes a unit with the builtin SHA-256; only a wide v4 work list still loads OpenSSL's."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", WIDE, str(version)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(openssl)
