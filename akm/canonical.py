@@ -16,6 +16,7 @@ except ImportError:  # pragma: no cover - an interpreter built without it
     from hashlib import sha256 as _sha256
 import json
 import math
+from json.encoder import encode_basestring as _encode_str
 from typing import Any
 
 MAX_DEPTH = 64
@@ -59,6 +60,13 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan
 
 def canonical_json(value: Any) -> str:
     """Sorted keys, compact separators, raw UTF-8, normalised numbers."""
+    kind = type(value)
+    # A string or an int (a fan-out's usual item) is its encoder's text: skip the copy and the encoder's
+    # set-up, ~1 us of every unit of a large fan-out (tests/test_identity.py checks they agree).
+    if kind is str:
+        return _encode_str(value)
+    if kind is int:
+        return int.__repr__(value)
     return _CANONICAL.encode(normalize(value))
 
 

@@ -125,17 +125,74 @@ def test_unit_ids():
 
 
 def test_llm_unit_input_hash_golden():
+    """hash_version 4: what runs created before v5 keep computing (and, as `runs.hash_version` values
+    below 4 read as 4, what such a run computes too)."""
+    check = UnitNode.model_validate(SHIP_PLAN["steps"][0]["root"])
+    snap = SHIP_PLAN["execution"]["engines"]["fast"]
+    params = {"version": "1.2.3"}
+    assert (
+        unit_input_hash(template=check, params=params, dispatch=snap, hash_version=4)
+        == "3fa9d19efff034a333bacb87927f2c8d47741566a20f3756204dec9f48582edd"
+    )
+    assert (
+        unit_input_hash(template=check, params=params, dispatch=snap, item="a.ts", hash_version=4)
+        == "c41ba89098692eb9c934f5cdc65618e6358a954789d49eceeb95d24027b31643"
+    )
+    assert unit_input_hash(template=check, params=params, dispatch=snap, hash_version=1) == unit_input_hash(
+        template=check, params=params, dispatch=snap, hash_version=4
+    )
+
+
+def test_llm_unit_input_hash_golden_v5():
     check = UnitNode.model_validate(SHIP_PLAN["steps"][0]["root"])
     snap = SHIP_PLAN["execution"]["engines"]["fast"]
     params = {"version": "1.2.3"}
     assert (
         unit_input_hash(template=check, params=params, dispatch=snap)
-        == "3fa9d19efff034a333bacb87927f2c8d47741566a20f3756204dec9f48582edd"
+        == unit_input_hash(template=check, params=params, dispatch=snap, hash_version=5)
+        == "1ed17fd0e7e1cd631a6b3af2635ee53ad7d608b782fd6f81afe68d63c613f51d"
     )
     assert (
         unit_input_hash(template=check, params=params, dispatch=snap, item="a.ts")
-        == "c41ba89098692eb9c934f5cdc65618e6358a954789d49eceeb95d24027b31643"
+        == "5656642abb27907159600c13b2af84a28f74dd91fd8a00a4150887502cd72328"
     )
+
+
+def test_v5_preimage_is_the_item_and_a_digest_of_the_rest():
+    """v5 spelled out with the standard library alone (no akm.canonical): sha256 of the canonical JSON
+    of {hashVersion: 5, item, shared}, `shared` the sha256 hex of the canonical JSON of every other field."""
+    import hashlib
+    import json
+
+    def canonical(v: object) -> bytes:
+        return json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+    rest = {
+        "template": "Do it.",
+        "inputs": [{"reference": "steps.a.output", "value": {"n": 1}}],
+        "params": {"xs": ["a.ts", "b.ts"]},
+        "dispatch": None,
+        "invocation": None,
+        "exec": {"command": ["bun", "run", "test:unit"], "timeoutMs": 600000},
+        "schema": None,
+        "env": None,
+        "isolation": "none",
+    }
+    shared = hashlib.sha256(canonical(rest)).hexdigest()
+    expected = hashlib.sha256(canonical({"hashVersion": 5, "item": "a.ts", "shared": shared})).hexdigest()
+    unit = UnitNode(
+        id="work.unit", instructions="Do it.", exec=ExecSpec(command=["bun", "run", "test:unit"], timeout_ms=600000)
+    )
+    inputs = [("steps.a.output", {"n": 1})]
+    params = {"xs": ["a.ts", "b.ts"]}
+    assert unit_input_hash(template=unit, params=params, item="a.ts", inputs=inputs) == expected
+    assert expected == "b23ac08ddfbc9f1b6acc43f2a990839bae08af67b0cd3139b488e90138d32110"
+
+
+def test_a_hash_version_newer_than_this_akm_is_refused():
+    unit = UnitNode(id="w", instructions="x", exec=ExecSpec(command=["true"], timeout_ms=1000))
+    with pytest.raises(ValueError, match="newer"):
+        unit_input_hash(template=unit, params={}, hash_version=6)
 
 
 EXEC_VECTORS = [
@@ -148,8 +205,25 @@ EXEC_VECTORS = [
 ]
 
 
+EXEC_VECTORS_V5 = [
+    ({}, "adb415346a368428d2a96b1a0a9291e7a53b2719fa3d588ea1db60c753ec22f9"),
+    ({"cwd": "sub"}, "d3d401daa2eba72b4ed3afef4e37d90641a1db05a1b203143273a753cb7376dd"),
+    ({"inherit_env": True}, "4b3247005ce176b436ba5223ab67fb19472a12776474f46e72257fd75d3abebc"),
+    ({"pass_env": ["CARGO_HOME"]}, "41a1edb5d6f3fea852d79ab84788917fbf334d9f35d150c882219166786c2fec"),
+    ({"timeout_ms": 5000}, "da08b1cdcd4a1d21aa5060876284235d932b3d63ce8b1441c69a55151117ad97"),
+    ({"timeout_ms": None}, "4757253a896f0f4f00a3ead2fac78fc87eb097a68f68d7e25cfffbd261d3ce69"),
+]
+
+
 @pytest.mark.parametrize("exec_extra,expected", EXEC_VECTORS)
 def test_exec_unit_input_hash_golden(exec_extra, expected):
+    spec = {"command": ["bun", "run", "test:unit"], "timeout_ms": 600000, **exec_extra}
+    unit = UnitNode(id="work", instructions="Do it.", exec=ExecSpec(**spec))
+    assert unit_input_hash(template=unit, params={}, hash_version=4) == expected
+
+
+@pytest.mark.parametrize("exec_extra,expected", EXEC_VECTORS_V5)
+def test_exec_unit_input_hash_golden_v5(exec_extra, expected):
     spec = {"command": ["bun", "run", "test:unit"], "timeout_ms": 600000, **exec_extra}
     unit = UnitNode(id="work", instructions="Do it.", exec=ExecSpec(**spec))
     assert unit_input_hash(template=unit, params={}) == expected
@@ -160,25 +234,43 @@ def test_exec_unit_hash_env_and_isolation_golden():
         id="work", instructions="Do it.", exec=ExecSpec(command=["bun", "run", "test:unit"], timeout_ms=600000)
     )
     assert (
-        unit_input_hash(template=base.model_copy(update={"env": ["env/ci"]}), params={})
+        unit_input_hash(template=base.model_copy(update={"env": ["env/ci"]}), params={}, hash_version=4)
         == "caa60dd66834784737406723a79c3be78ae60a0457e83f8797bcc419cba2bdcc"
     )
     assert (
-        unit_input_hash(template=base.model_copy(update={"isolation": "worktree"}), params={})
+        unit_input_hash(template=base.model_copy(update={"isolation": "worktree"}), params={}, hash_version=4)
         == "37fc00699fb0552e42eb16e2b343bf419e0c875f6d72a396361ea2724b80a4fd"
+    )
+    assert (
+        unit_input_hash(template=base.model_copy(update={"env": ["env/ci"]}), params={})
+        == "f26132da15b3eb52d562f04749031de0f9346011029985033d3fdc66b2487836"
+    )
+    assert (
+        unit_input_hash(template=base.model_copy(update={"isolation": "worktree"}), params={})
+        == "57b92f1b4d9d2b5f40aaeed2f8e8b89bd9a945fd9f63a133a62f9836fef2b97c"
     )
 
 
-def test_retry_and_on_error_do_not_move_the_hash():
+@pytest.mark.parametrize("version", [4, 5])
+def test_retry_and_on_error_do_not_move_the_hash(version):
     from akm.plan.model import Retry
 
+    def h(template=None, **kw):
+        return unit_input_hash(template=template or base, hash_version=version, **kw)
+
     base = UnitNode(id="w", instructions="x", exec=ExecSpec(command=["true"], timeout_ms=1000))
-    h = unit_input_hash(template=base, params={"a": 1})
+    ref = h(params={"a": 1})
     changed = base.model_copy(update={"retry": Retry(max=2, on=["timeout"]), "on_error": "continue"})
-    assert unit_input_hash(template=changed, params={"a": 1}) == h
-    assert unit_input_hash(template=base, params={"a": 2}) != h
-    assert unit_input_hash(template=base, params={"a": 1}, gate_feedback={"feedback": "f", "missing": []}) != h
-    assert unit_input_hash(template=base.model_copy(update={"instructions": "y"}), params={"a": 1}) != h
+    assert h(changed, params={"a": 1}) == ref
+    assert h(params={"a": 2}) != ref
+    assert h(params={"a": 1}, gate_feedback={"feedback": "f", "missing": []}) != ref
+    assert h(base.model_copy(update={"instructions": "y"}), params={"a": 1}) != ref
+    assert h(params={"a": 1}, item="i") != ref
+    assert h(params={"a": 1}, inputs=[("steps.s.output", 1)]) != ref
+    assert h(base.model_copy(update={"env": ["env/e"]}), params={"a": 1}) != ref
+    assert h(base.model_copy(update={"isolation": "worktree"}), params={"a": 1}) != ref
+    assert h(base.model_copy(update={"exec": ExecSpec(command=["false"], timeout_ms=1000)}), params={"a": 1}) != ref
+    assert unit_input_hash(template=base, params={"a": 1}, hash_version=9 - version) != ref  # v4 and v5 differ
 
 
 from hypothesis import given, settings  # noqa: E402  (the property tests below need it; the rest do not)
@@ -197,9 +289,15 @@ _json = st.recursive(
     item=_json,
     exec_unit=st.booleans(),
     feedback=st.booleans(),
+    version=st.sampled_from([4, 5]),
 )
-def test_unit_hasher_matches_reference_preimage(params, item, exec_unit, feedback):
-    from akm.plan.identity import UnitHasher
+def test_unit_hasher_matches_reference_preimage(params, item, exec_unit, feedback, version):
+    from functools import partial
+
+    from akm.plan import identity
+
+    UnitHasher = partial(identity.UnitHasher, hash_version=version)  # noqa: N806 - the class, at one version
+    unit_input_hash = partial(identity.unit_input_hash, hash_version=version)
 
     if exec_unit:
         unit = UnitNode(id="s.unit", instructions="Do ü.", exec=ExecSpec(command=["x"], timeout_ms=5), env=["env/a"])
@@ -220,3 +318,15 @@ def test_unit_hasher_matches_reference_preimage(params, item, exec_unit, feedbac
     # a wide fan-out hashes with OpenSSL's SHA-256 instead of the builtin module's: the same digests
     many = UnitHasher(template=unit, params=params, inputs=inputs, dispatch={"k": 1}, gate_feedback=fb, units=10**7)
     assert many.hash(item) == ref and many.hash() == solo
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_json | st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(10**30), 10**30))
+def test_canonical_json_fast_paths_agree_with_the_encoder(value):
+    """canonical_json writes a str or an int itself; the text is the encoder's, byte for byte."""
+    import json
+
+    from akm.canonical import normalize
+
+    reference = json.dumps(normalize(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert canonical_json(value) == reference

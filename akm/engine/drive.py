@@ -1097,6 +1097,7 @@ class _Driver:
                 settled=settled_loop == gate.loop,
                 fail_fast=settled_loop == gate.loop,
                 work_list=work_list if reuse else None,
+                hash_version=self.loaded.run.hash_version,
             )
             if decision.work_list is not None:
                 work_list, work_list_gate = decision.work_list, (gate.loop, gate.feedback)

@@ -332,6 +332,7 @@ def work_list_for(
     outputs: dict[str, Any],
     engines: dict[str, dict[str, Any]],
     gate: GateState,
+    hash_version: int,
 ) -> WorkList | StepFailure:
     return build_work_list(
         step,
@@ -341,6 +342,7 @@ def work_list_for(
         engines=engines,
         gate_loop=gate.loop,
         gate_feedback=gate.feedback,
+        hash_version=hash_version,
     )
 
 
@@ -378,6 +380,7 @@ def decide_step(
     settled: bool = False,
     fail_fast: bool = False,
     work_list: WorkList | StepFailure | None = None,
+    hash_version: int,
 ) -> StepDecision:
     """Decide the current step's next move from its journal rows.
 
@@ -401,7 +404,11 @@ def decide_step(
             ok=True, evidence={}, summary=f'Step "{step.step_id}" is a route step — no units dispatched.'
         )
         return _after_result(run_id, step, params, outputs, gate, result, [])
-    wl = work_list if work_list is not None else work_list_for(run_id, step, params, outputs, engines, gate)
+    wl = (
+        work_list
+        if work_list is not None
+        else work_list_for(run_id, step, params, outputs, engines, gate, hash_version)
+    )
     if isinstance(wl, StepFailure):
         return StepDecision("fail", loop=gate.loop, notes=wl.reason, evidence={"error": wl.reason})
     states = unit_states(wl, rows, gate.loop)

@@ -129,6 +129,7 @@ def _work_list(cur: _Current) -> Any:
     key = (
         cur.run_id,
         cur.loaded.run.plan_hash,
+        cur.loaded.run.hash_version,
         cur.step.step_id,
         cur.gate.loop,
         cur.gate.base,
@@ -140,7 +141,13 @@ def _work_list(cur: _Current) -> Any:
     if hit is not None:
         return hit
     wl = work_list_for(
-        cur.run_id, cur.step, cur.loaded.params, cur.spine.outputs, cur.loaded.plan.execution.engines, cur.gate
+        cur.run_id,
+        cur.step,
+        cur.loaded.params,
+        cur.spine.outputs,
+        cur.loaded.plan.execution.engines,
+        cur.gate,
+        cur.loaded.run.hash_version,
     )
     with _WORK_LISTS_LOCK:
         if len(_WORK_LISTS) >= _WORK_LISTS_MAX:
@@ -169,6 +176,7 @@ def _current(db: Database, run_id: str) -> _Current:
         rows=cur.rows,
         fail_fast=True,
         work_list=_work_list(cur) if step.root is not None else None,
+        hash_version=run.hash_version,
     )
     return cur
 

@@ -15,7 +15,7 @@ from typing import Any
 from akm.canonical import sha256_hex
 from akm.errors import UsageError
 from akm.format.schema import validate_instance
-from akm.plan.model import Plan, PlanError
+from akm.plan.model import UNIT_HASH_VERSION, Plan, PlanError
 from akm.record import dataclass
 from akm.store import runs as runs_store
 from akm.store.db import Database
@@ -63,6 +63,15 @@ def decode_plan(run_id: str, plan_json: str | None, plan_hash: str | None) -> Pl
 
 def load_run(db: Database, run_id: str) -> LoadedRun:
     run = runs_store.require_run(db, run_id)
+    if run.hash_version > UNIT_HASH_VERSION:
+        # Its units' identities are a preimage this akm does not know: hashing them some other way
+        # would diverge from (or silently redo) the units a newer akm journaled.
+        raise UsageError(
+            f"Run {run_id} was created by a newer akm (unit hash version {run.hash_version}; this akm computes "
+            f"up to {UNIT_HASH_VERSION}); drive it with that akm (it can still be inspected or abandoned here).",
+            code="CORRUPT_RUN",
+            details={"runId": run_id},
+        )
     plan = decode_plan(run_id, run.plan_json, run.plan_hash)
     try:
         params = json.loads(run.params_json or "{}")

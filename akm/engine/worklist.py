@@ -39,6 +39,7 @@ class WorkUnit:
     timeout_ms: int | None
     inputs: list[tuple[str, Any]]
     input_hash: str
+    # What the prompt says besides this unit's id and item: one dict shared by every unit of the step.
     prompt_args: dict[str, Any] = field(repr=False, default_factory=dict)
     item_json: str = "null"  # canonical JSON of `item` (computed once, for identity; exec units pass it on)
 
@@ -49,7 +50,13 @@ class WorkUnit:
     @cached_property
     def prompt(self) -> str:
         """Built on demand: exec units never need it, and a large fan-out would pay for every one."""
-        return build_unit_prompt(**self.prompt_args)
+        fan_out = self.item is not NO_ITEM
+        return build_unit_prompt(
+            **self.prompt_args,
+            unit_id=self.unit_id,
+            item=self.item if fan_out else None,
+            item_index=self.index if fan_out else None,
+        )
 
 
 @dataclass
@@ -101,7 +108,10 @@ def build_work_list(
     engines: dict[str, dict[str, Any]] | None = None,
     gate_loop: int = 1,
     gate_feedback: dict[str, Any] | None = None,
+    hash_version: int,
 ) -> WorkList | StepFailure:
+    """`hash_version`: the run's (`runs.hash_version`): a run keeps the input hash preimage it was created
+    with, so its journaled units stay reusable (akm/plan/identity.py `preimage_version`)."""
     engines = engines or {}
     template = step.unit_template
     if template is None:
@@ -158,6 +168,7 @@ def build_work_list(
             engines=engines,
             gate_loop=gate_loop,
             gate_feedback=gate_feedback,
+            hash_version=hash_version,
             concurrency=concurrency,
             reducer=reducer,
             is_map=is_map,
@@ -177,10 +188,13 @@ def _units(
     engines: dict[str, dict[str, Any]],
     gate_loop: int,
     gate_feedback: dict[str, Any] | None,
+    hash_version: int,
     concurrency: int,
     reducer: str,
     is_map: bool,
 ) -> WorkList:
+    """Every unit's record. Per unit only its id, journal id and input hash are computed (a fan-out of
+    thousands builds this before its first dispatch); what all units share is computed once."""
     runner = runner_for(template, engines)
     invocation = template.invocation
     engine_name = invocation.engine if invocation else None
@@ -194,43 +208,46 @@ def _units(
         dispatch=dispatch_snapshot,
         gate_feedback=gate_feedback,
         units=len(entries),
+        hash_version=hash_version,
     )
-    params_json = json_or_null(params)
+    prompt_args = dict(
+        run_id=run_id,
+        step_id=step.step_id,
+        params=params,
+        instructions=template.instructions,
+        inputs=inputs,
+        gate_feedback=gate_feedback,
+        schema=template.output_schema,
+        params_json=None if runner == "exec" else json_or_null(params),  # exec units hardly read their prompt
+    )
+    node_id = template.id
+    parent_unit_id = f"{step.step_id}.map" if is_map else None
+    engine = None if template.exec else engine_name
+    model = None if template.exec else (invocation.model if invocation else None)
+    unit_hash = hasher.hash
     units: list[WorkUnit] = []
     for index, item, item_json in entries:  # item_json: the item's canonical JSON, computed once
-        fan_out = item is not NO_ITEM
-        unit_id = item_unit_id(template.id, item, item_json) if fan_out else solo_unit_id(step.step_id)
-        prompt_args = dict(
-            run_id=run_id,
-            step_id=step.step_id,
-            unit_id=unit_id,
-            params=params,
-            instructions=template.instructions,
-            item=item if fan_out else None,
-            item_index=index if fan_out else None,
-            inputs=inputs,
-            gate_feedback=gate_feedback,
-            schema=template.output_schema,
-            params_json=params_json,
-        )
-        input_hash = hasher.hash(item, item_json)
+        unit_id = item_unit_id(node_id, item, item_json) if item is not NO_ITEM else solo_unit_id(step.step_id)
+        base_id = journal_base_id(unit_id, gate_loop)
+        input_hash = unit_hash(item, item_json)
+        # Positional, each argument the local of its field's name: keywords cost twice as much per unit.
         units.append(
             WorkUnit(
-                unit_id=unit_id,
-                base_id=journal_base_id(unit_id, gate_loop),
-                node_id=template.id,
-                parent_unit_id=f"{step.step_id}.map" if fan_out else None,
-                index=index,
-                item=item,
-                template=template,
-                runner=runner,
-                engine=None if template.exec else engine_name,
-                model=None if template.exec else (invocation.model if invocation else None),
-                timeout_ms=timeout_ms,
-                inputs=inputs,
-                input_hash=input_hash,
-                prompt_args=prompt_args,
-                item_json=item_json,
+                unit_id,
+                base_id,
+                node_id,
+                parent_unit_id,
+                index,
+                item,
+                template,
+                runner,
+                engine,
+                model,
+                timeout_ms,
+                inputs,
+                input_hash,
+                prompt_args,
+                item_json,
             )
         )
     return WorkList(units=units, is_map=is_map, concurrency=concurrency, reducer=reducer, inputs=inputs)

@@ -4,7 +4,8 @@ Unit ids are content-derived so that a fan-out item keeps its id when the list
 is reordered; the input hash decides whether a journaled result may be reused.
 Both are part of the durable contract: changing them silently would make every
 existing run re-dispatch (or diverge). Golden vectors live in
-tests/test_identity.py; bump `UNIT_HASH_VERSION` if the preimage must change.
+tests/test_identity.py; bump `UNIT_HASH_VERSION` if the preimage must change, and keep
+computing the older preimage for runs created with it (`preimage_version`).
 """
 
 from __future__ import annotations
@@ -47,25 +48,29 @@ def base_of_attempt(attempt: str) -> str:
     return head if sep and tail.isdigit() and tail.isascii() else attempt
 
 
-def unit_input_hash(
-    *,
+def preimage_version(stored: int) -> int:
+    """The preimage a run's stored `hash_version` selects: 5, or 4 for anything older.
+
+    A run keeps the version it was created with (D2), so a run journaled by an akm that hashed v4
+    keeps reusing its completed units here. No akm ever wrote a version below 4; such a value (test
+    fixtures write 1) reads as 4, which is what every version of akm computed for it until v5. A
+    version above this akm's is refused before a run is driven (`engine.state.load_run`).
+    """
+    if stored > UNIT_HASH_VERSION:
+        raise ValueError(f"unit hash version {stored} is newer than this akm's ({UNIT_HASH_VERSION})")
+    return 4 if stored <= 4 else stored
+
+
+def _shared_fields(
     template: UnitNode,
     params: dict[str, Any],
-    item: Any = _NO_ITEM,
-    inputs: list[tuple[str, Any]] | None = None,
-    dispatch: Any = None,
-    gate_feedback: dict[str, Any] | None = None,
-) -> str:
-    """SHA-256 of the canonical preimage (hashVersion 4).
-
-    Excluded on purpose: retry, on_error, the prompt wording, ids, the directory
-    akm runs in, config and secret values — none of them change what the unit is
-    asked to do. (An exec unit's own `cwd` is part of its exec spec, so it counts.)
-    """
-    preimage: dict[str, Any] = {
-        "hashVersion": UNIT_HASH_VERSION,
+    inputs: list[tuple[str, Any]] | None,
+    dispatch: Any,
+    gate_feedback: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Every field of the preimage except `hashVersion` and `item`: what all units of a step share."""
+    fields: dict[str, Any] = {
         "template": template.instructions,
-        "item": None if item is _NO_ITEM else item,
         "inputs": [{"reference": ref, "value": value} for ref, value in (inputs or [])],
         "params": params,
         "dispatch": None if template.exec is not None else dispatch,
@@ -77,19 +82,50 @@ def unit_input_hash(
         "isolation": template.isolation,
     }
     if template.exec is not None:
-        preimage["exec"] = template.exec.model_dump(mode="json", by_alias=True)
+        fields["exec"] = template.exec.model_dump(mode="json", by_alias=True)
     if gate_feedback:
-        preimage["gateFeedback"] = gate_feedback
-    return canonical_hash(preimage)
+        fields["gateFeedback"] = gate_feedback
+    return fields
+
+
+def unit_input_hash(
+    *,
+    template: UnitNode,
+    params: dict[str, Any],
+    item: Any = _NO_ITEM,
+    inputs: list[tuple[str, Any]] | None = None,
+    dispatch: Any = None,
+    gate_feedback: dict[str, Any] | None = None,
+    hash_version: int = UNIT_HASH_VERSION,
+) -> str:
+    """SHA-256 of the canonical preimage of `hash_version` (see `preimage_version`).
+
+    v4: the canonical JSON of every field, the item among them. v5: of `{hashVersion: 5, item,
+    shared}`, where `shared` is the SHA-256 hex of the canonical JSON of every other field — the same
+    identity (any field that changes changes the hash), but a fan-out hashes its params once per step
+    instead of once per unit.
+
+    Excluded on purpose: retry, on_error, the prompt wording, ids, the directory
+    akm runs in, config and secret values — none of them change what the unit is
+    asked to do. (An exec unit's own `cwd` is part of its exec spec, so it counts.)
+    """
+    version = preimage_version(hash_version)
+    fields = _shared_fields(template, params, inputs, dispatch, gate_feedback)
+    value = None if item is _NO_ITEM else item
+    if version == 4:
+        return canonical_hash({"hashVersion": 4, "item": value, **fields})
+    return canonical_hash({"hashVersion": version, "item": value, "shared": canonical_hash(fields)})
 
 
 class UnitHasher:
     """`unit_input_hash` for many items of one step, serialising the shared parts once.
 
-    A fan-out over N items with params of size P would otherwise canonicalise the
-    params N times (O(N·P)); here only the item is serialised per unit. The text
-    is assembled in sorted-key order, so it is byte-identical to the canonical
-    JSON of the full preimage (tests check both agree).
+    v5 (a new run): the shared digest is computed here, once; per unit only the item and
+    ~100 bytes are hashed. v4 (a run created before v5): a fan-out over N items with params
+    of size P would canonicalise the params N times (O(N·P)); here only the item is serialised
+    per unit, though each unit still hashes the whole preimage. The text is assembled in
+    sorted-key order, so it is byte-identical to the canonical JSON of the full preimage
+    (tests check both agree).
     """
 
     def __init__(
@@ -101,8 +137,16 @@ class UnitHasher:
         dispatch: Any = None,
         gate_feedback: dict[str, Any] | None = None,
         units: int = 1,
+        hash_version: int = UNIT_HASH_VERSION,
     ) -> None:
-        """`units`: how many hashes are coming (it picks the digest implementation, see below)."""
+        """`units`: how many hashes are coming (for v4 it picks the digest implementation, see below)."""
+        self.version = preimage_version(hash_version)
+        if self.version != 4:
+            shared = canonical_hash(_shared_fields(template, params, inputs, dispatch, gate_feedback))
+            # canonical JSON of {"hashVersion", "item", "shared"}: the keys in sorted order
+            self._prefix = f'{{"hashVersion":{self.version},"item":'
+            self._suffix = f',"shared":"{shared}"}}'
+            return
         cj = canonical_json
         invocation = None if template.invocation is None else template.invocation.model_dump(mode="json", by_alias=True)
         head = [
@@ -113,7 +157,7 @@ class UnitHasher:
             head.append(',"exec":' + cj(template.exec.model_dump(mode="json", by_alias=True)))
         if gate_feedback:
             head.append(',"gateFeedback":' + cj(gate_feedback))
-        head.append(f',"hashVersion":{UNIT_HASH_VERSION}')
+        head.append(',"hashVersion":4')
         head.append(',"inputs":' + cj([{"reference": r, "value": v} for r, v in (inputs or [])]))
         head.append(',"invocation":' + cj(invocation))
         head.append(',"isolation":' + cj(template.isolation))
@@ -143,6 +187,8 @@ class UnitHasher:
         """`item_json` may carry the item's canonical JSON when the caller already has it."""
         if item_json is None:
             item_json = "null" if item is _NO_ITEM else canonical_json(item)
+        if self.version != 4:
+            return _sha256(f"{self._prefix}{item_json}{self._suffix}".encode()).hexdigest()
         digest = self._head.copy()
         digest.update(item_json.encode("utf-8"))
         digest.update(self._tail)

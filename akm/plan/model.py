@@ -26,7 +26,7 @@ from typing import Any, Callable, ClassVar, Literal
 from akm.canonical import canonical_json, sha256_hex
 
 IR_VERSION = 3
-UNIT_HASH_VERSION = 4
+UNIT_HASH_VERSION = 5  # a new run's unit input hash preimage (akm/plan/identity.py); older runs keep theirs
 
 OnError = Literal["fail", "continue"]
 Isolation = Literal["none", "worktree"]
