@@ -183,20 +183,22 @@ class UnitFinish(NamedTuple):
         return text + "}"
 
 
-def _insert_row(db: Database, conn: Any, now: str, row: list[Any], fence: Fence | None = None) -> str:
+def _insert_row(
+    db: Database, conn: Any, now: str, row: list[Any], fence: Fence | None = None, min_until: str | None = None
+) -> str:
     """Write the `running` row (`row` ends with the stamp to use); returns the stamp it got.
 
     Refuses (RUN_NOT_FOUND / RUN_ABANDONED / RUN_NOT_ACTIVE, nothing written) when the run
     cannot be driven — checked in the caller's transaction, so once an abandon commits no unit
     of that run can start — and LEASE_LOST when `fence` is given and no longer the run's.
+    `min_until`: `_lease_floor(db, now)`, when the caller inserts several rows at `now`.
     """
     run_id = row[0]
     if fence is None:
         if conn.execute(_INSERT_FRESH, [*row, run_id]).rowcount == 1:
             return now
     else:
-        ttl = lease_ttl_s()
-        min_until = db.later(now, ttl / 2)
+        min_until = min_until or _lease_floor(db, now)
         if conn.execute(_INSERT_FRESH_FENCED, [*row, run_id, fence.holder, fence.epoch, min_until]).rowcount == 1:
             return now
     run = conn.execute("SELECT status, lease_until FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -207,11 +209,16 @@ def _insert_row(db: Database, conn: Any, now: str, row: list[Any], fence: Fence 
     if fence is not None:
         check_fence(conn, run_id, fence)
         if run["lease_until"] is None or run["lease_until"] < min_until:
-            conn.execute("UPDATE runs SET lease_until = ? WHERE id = ?", (db.later(now, ttl), run_id))
+            conn.execute("UPDATE runs SET lease_until = ? WHERE id = ?", (db.later(now, lease_ttl_s()), run_id))
     prev = conn.execute("SELECT started_at FROM units WHERE run_id = ? AND unit_id = ?", (run_id, row[1])).fetchone()
     row[-1] = _next_stamp(now, prev["started_at"] if prev else None)
     conn.execute(_REINSERT, row)
     return str(row[-1])
+
+
+def _lease_floor(db: Database, now: str) -> str:
+    """How long a fenced insert needs the lease to run on: half a TTL from `now`."""
+    return db.later(now, lease_ttl_s() / 2)
 
 
 def _finish_row(
@@ -452,11 +459,12 @@ def write_attempts(
             if meta is not None:
                 events += ("workflow_unit_finished", now, f.run_id, meta)
         host = host_id()
+        floor = _lease_floor(db, now) if fence is not None and inserts else None
         stamps: list[str] = []
         for n in inserts:
             row = [n.run_id, n.unit_id, n.step_id, n.node_id, n.parent_unit_id, None, n.runner, n.engine, n.model]
             row += [n.input_hash, n.worktree_path, host, now]
-            stamps.append(_insert_row(db, conn, now, row, fence))
+            stamps.append(_insert_row(db, conn, now, row, fence, floor))
             events += ("workflow_unit_started", now, n.run_id, _started_meta(n.run_id, n.step_id, n.unit_id))
         if events:
             db.dialect.event_lock(conn)
