@@ -129,7 +129,8 @@ class _PendingFinish:
 
 # A fan-out of quick units journals several units' rows per transaction (see `_Ahead`).
 AHEAD_FAST_S = 0.01  # a worker whose last unit ran this quickly journals the next ones ahead
-AHEAD_UNITS = 3  # rows a worker journals ahead of their dispatch, at most
+AHEAD_WINDOW_S = 0.03  # ... as many as it would run in this long at that pace
+AHEAD_UNITS = 7  # and never more than this many
 
 
 @dataclass
@@ -138,14 +139,15 @@ class _Ahead:
 
     Units that run in a few milliseconds (an exec fan-out of small commands) would pay a journal
     transaction each, which costs about as much as the unit's own process. A worker whose last unit
-    ran under `AHEAD_FAST_S` therefore claims up to `AHEAD_UNITS` more units when it journals its
+    ran under `AHEAD_FAST_S` therefore claims as many more units as it would run in `AHEAD_WINDOW_S`
+    at that pace (at most `AHEAD_UNITS`) when it journals its
     next one, inserts their rows in the same transaction, and runs them one after another without
     writing in between; each finish waits for the worker's next transaction (see `_PendingFinish`).
 
     The protocol holds: every row is committed before its unit is dispatched, and every finished
     result is journaled by the worker's next write. What a reader sees differs: such a row reads
-    `running`, with its `started_at`, from up to `AHEAD_UNITS` quick units before its process starts,
-    and a crash loses the finished results of those few quick units (they are dispatched again, as a
+    `running`, with its `started_at`, from about `AHEAD_WINDOW_S` before its process starts, and a
+    crash loses the finished results of the quick units run in that window (they are dispatched again, as a
     unit running at the crash is). A row journaled ahead whose unit does not run (the pass was stopped,
     fail fast) is finished `failed` / `aborted` by the worker's last write. Not used for a step with
     retries, worktrees or budget ceilings, nor with workers: there each unit keeps its own transaction.
@@ -162,12 +164,12 @@ class _Ahead:
 class _WorkerState:
     """What one worker thread of a pass carries from one unit to the next."""
 
-    __slots__ = ("pending", "ahead", "quick")
+    __slots__ = ("pending", "ahead", "last_s")
 
     def __init__(self) -> None:
         self.pending: list[_PendingFinish] = []  # finished attempts whose row update waits for the next write
         self.ahead: list[_Ahead] = []  # units claimed (and journaled) ahead, in dispatch order
-        self.quick = False  # the last unit ran under AHEAD_FAST_S
+        self.last_s: float | None = None  # how long the last unit ran (None: none yet)
 
 
 @dataclass
@@ -277,7 +279,7 @@ class _Pass:
             )
         finally:
             d.heartbeat.untrack(attempt)
-        state.quick = time.monotonic() - began < AHEAD_FAST_S
+        state.last_s = time.monotonic() - began
         outcome.dispatched = True
         outcome, result_json = storable(outcome, attempt)
         state.pending.append(_PendingFinish(attempt, started_at, outcome, result_json))
@@ -344,10 +346,14 @@ class _Pass:
 
         Each is a dispatch of the budget, reserved here (so its own dispatch does not reserve it again).
         """
-        if not (self._ahead_ok and state.quick) or state.ahead or self.event.is_set() or self.halted:
+        last = state.last_s
+        if not self._ahead_ok or last is None or last >= AHEAD_FAST_S or state.ahead:
             return []
+        if self.event.is_set() or self.halted:
+            return []
+        wanted = min(AHEAD_UNITS, int(AHEAD_WINDOW_S / max(last, 1e-6)))
         claimed: list[_Ahead] = []
-        while len(claimed) < AHEAD_UNITS:
+        while len(claimed) < wanted:
             i = self._claim()
             if i is None:
                 break
