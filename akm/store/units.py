@@ -502,12 +502,38 @@ def get_units(db: Database, run_id: str, step_id: str | None = None) -> list[Uni
     return [_unit(r) for r in db.query(sql + " ORDER BY started_at, unit_id", params)]
 
 
+# The columns a step decision reads from its rows (`akm.engine.finalize` classifies and reduces them, the
+# drive loop and the session protocol look at claims and queueing): `unit_rows` selects only these, since
+# most of a fan-out's per-row cost is building the values of columns nobody reads (ids, stamps, paths).
+DECISION_FIELDS = (
+    "unit_id",
+    "phase",
+    "status",
+    "input_hash",
+    "result_json",
+    "tokens",
+    "failure_reason",
+    "session_id",
+    "truncated",
+    "attempts",
+    "reopened",
+    "queued_at",
+    "claim_holder",
+    "claim_host",
+    "claim_pid",
+    "claim_expires_at",
+)
+assert set(DECISION_FIELDS) <= set(_UNIT_FIELDS)
+_UNIT_ROWS = (
+    f"SELECT {', '.join(DECISION_FIELDS)} FROM units WHERE run_id = ? AND step_id = ? ORDER BY started_at, unit_id"
+)
+
+
 def unit_rows(db: Database, run_id: str, step_id: str) -> list[dict[str, Any]]:
-    """`get_units(db, run_id, step_id)` as plain dicts (the fields of `Unit`), for readers that decide
-    from many rows at once: a frozen dataclass per row costs more than the query itself."""
-    sql = f"SELECT {_UNIT_COLUMNS} FROM units WHERE run_id = ? AND step_id = ? ORDER BY started_at, unit_id"
-    names = _UNIT_FIELDS
-    return [dict(zip(names, row, strict=False)) for row in db.query(sql, (run_id, step_id))]
+    """The rows of one step as plain dicts of `DECISION_FIELDS`, ordered as `get_units` orders them, for
+    readers that decide from many rows at once: a frozen dataclass per row costs more than the query itself."""
+    names = DECISION_FIELDS
+    return [dict(zip(names, row, strict=True)) for row in db.query(_UNIT_ROWS, (run_id, step_id))]
 
 
 def family_rows(db: Database, run_id: str, content_id: str) -> list[dict[str, Any]]:
