@@ -114,6 +114,8 @@ def main() -> None:
             gate=gate,
             native_kinds=native,
         )
+        if "hash_version" in finalize.decide_step.__code__.co_varnames:  # a tree before hash versions: none
+            common["hash_version"] = loaded.run.hash_version
         work_list = finalize.decide_step(**common, rows=[]).work_list  # the pre-pass decision's (not measured)
         parts: dict[str, float] = {}
 
