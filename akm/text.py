@@ -51,19 +51,26 @@ def require_utf8(text: str, what: str) -> str:
 
 
 def require_utf8_value(value: Any, what: str) -> Any:
-    """Like `require_utf8` for every string (and object key) inside a JSON-like value."""
-    stack: list[tuple[Any, str]] = [(value, what)]
+    """Like `require_utf8` for every string (and object key) inside a JSON-like value.
+
+    A label (`params.xs[3]`) is only written out for a bad string or an object's keys: a list param of
+    thousands of numbers or strings is checked without building a label per item.
+    """
+    stack: list[tuple[Any, str, int | None]] = [(value, what, None)]  # (value, where, index in `where`)
     while stack:
-        v, where = stack.pop()
+        v, where, index = stack.pop()
         if isinstance(v, str):
-            require_utf8(v, where)
+            if surrogate_at(v) is not None:
+                require_utf8(v, where if index is None else f"{where}[{index}]")
         elif isinstance(v, dict):
+            label = where if index is None else f"{where}[{index}]"
             for k, item in v.items():
                 if isinstance(k, str):
-                    require_utf8(k, f"a key in {where}")
-                stack.append((item, f"{where}.{k}" if isinstance(k, str) and surrogate_at(k) is None else where))
+                    require_utf8(k, f"a key in {label}")
+                stack.append((item, f"{label}.{k}" if isinstance(k, str) else label, None))
         elif isinstance(v, (list, tuple)):
-            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(v))
+            label = where if index is None else f"{where}[{index}]"
+            stack.extend((item, label, i) for i, item in enumerate(v))
     return value
 
 

@@ -272,3 +272,25 @@ def test_step_tallies_count_units_attempts_and_gate_loops(db):
         "build": units.StepTally(units=2, attempts=7, gate_loops=2),
         "review": units.StepTally(units=1, attempts=1, gate_loops=1),
     }
+
+
+def test_step_tallies_agree_with_a_count_of_every_row(db, monkeypatch):
+    """The journal counts the plain ids; `~` ids are parsed here and their logical units counted once."""
+    ids = {
+        "build": ["build.unit:a", "build.unit:a~r1", "build.unit:a~r2", "build.unit:b~l3", "build.unit:c",
+                  "build.unit:d~l2~r1", "build.unit:d", "build.unit:e~l", "review:solo"],
+        "review": ["review:solo~r1", "review:x", "review:y~l4"],
+    }  # fmt: skip
+    for step, uids in ids.items():
+        for uid in uids:
+            insert(db, unit_id=uid, step_id=step)
+    insert(db, unit_id="build.unit:c")  # re-dispatched: attempts 2
+    monkeypatch.setattr(units, "_TALLY_OVERLAP_CHUNK", 2)  # several `IN (...)` chunks
+    expected = {}
+    for u in units.get_units(db, "r1"):
+        if u.phase is None:
+            n, a, loop = expected.get(u.step_id, (set(), 0, 0))
+            n.add(u.unit_id.partition("~")[0])
+            expected[u.step_id] = (n, a + u.attempts, max(loop, units._gate_loop_of(u.unit_id)))
+    assert units.step_tallies(db, "r1") == {s: units.StepTally(len(n), a, loop) for s, (n, a, loop) in expected.items()}
+    assert units.step_tallies(db, "r1")["build"] == units.StepTally(units=6, attempts=10, gate_loops=3)

@@ -381,10 +381,12 @@ def _open(
         if active is not None:
             run_id = _continue_active(active, plan, wf_path, warn)
         else:
+            from akm.canonical import sha256_hex
             from akm.ids import uuid4
             from akm.plan.model import UNIT_HASH_VERSION
 
             run_id = uuid4()
+            plan_json = plan.canonical()
             try:
                 runs_store.create_run(
                     db,
@@ -394,8 +396,8 @@ def _open(
                     title=plan.title,
                     scope_key=scope,
                     params=values,
-                    plan_json=plan.canonical(),
-                    plan_hash=plan.plan_hash(),
+                    plan_json=plan_json,
+                    plan_hash=sha256_hex(plan_json),  # = plan.plan_hash(), without dumping the plan again
                     hash_version=UNIT_HASH_VERSION,
                     step_ids=[s.step_id for s in plan.steps],
                     join_identical=not new,

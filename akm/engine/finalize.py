@@ -242,7 +242,14 @@ class UnitState:
 def _family_index(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     index: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        index.setdefault(base_of_attempt(row["unit_id"]), []).append(row)
+        unit_id = row["unit_id"]
+        # Most rows are a first attempt (no `~r`): their id is their family's, with no parsing.
+        family = base_of_attempt(unit_id) if "~r" in unit_id else unit_id
+        group = index.get(family)
+        if group is None:
+            index[family] = [row]
+        else:
+            group.append(row)
     return index
 
 
@@ -257,7 +264,15 @@ def unit_states(wl: WorkList, rows: list[dict[str, Any]], gate_loop: int) -> lis
     index = _family_index(rows)
     states: list[UnitState] = []
     for u in wl.units:
-        family = index.get(u.base_id, [])
+        family = index.get(u.base_id)
+        if family is None:
+            states.append(UnitState(u, PENDING))
+            continue
+        if len(family) == 1:  # the common case, one attempt that completed: what the general rule finds first
+            only = family[0]
+            if only.get("status") == "completed" and only.get("input_hash") == u.input_hash:
+                states.append(UnitState(u, DONE, only))
+                continue
         completed = [r for r in family if r.get("status") == "completed"]
         same = next((r for r in completed if r.get("input_hash") == u.input_hash), None)
         if same is not None:
@@ -438,10 +453,16 @@ def decide_step(
     assert tmpl is not None
     # Fail fast: once a unit that is not tolerated failed for good, the step's verdict is fixed; units
     # still outstanding are reduced as `not_run` (both surfaces stop giving out work at that point).
-    outcomes = [
-        UnitOutcome(unit_id=s.unit.unit_id, ok=False, failure_reason="not_run") if is_outstanding(s) else outcome_of(s)
-        for s in states
-    ]
+    outcomes = (
+        [
+            UnitOutcome(unit_id=s.unit.unit_id, ok=False, failure_reason="not_run")
+            if is_outstanding(s)
+            else outcome_of(s)
+            for s in states
+        ]
+        if outstanding
+        else [outcome_of(s) for s in states]  # the usual end of a step: every unit settled
+    )
     result = reduce_step(step, outcomes, is_map=wl.is_map, reducer=wl.reducer, on_error=tmpl.on_error)
     return _after_result(run_id, step, params, outputs, gate, result, states, wl)
 

@@ -502,12 +502,38 @@ def get_units(db: Database, run_id: str, step_id: str | None = None) -> list[Uni
     return [_unit(r) for r in db.query(sql + " ORDER BY started_at, unit_id", params)]
 
 
+# The columns a step decision reads from its rows (`akm.engine.finalize` classifies and reduces them, the
+# drive loop and the session protocol look at claims and queueing): `unit_rows` selects only these, since
+# most of a fan-out's per-row cost is building the values of columns nobody reads (ids, stamps, paths).
+DECISION_FIELDS = (
+    "unit_id",
+    "phase",
+    "status",
+    "input_hash",
+    "result_json",
+    "tokens",
+    "failure_reason",
+    "session_id",
+    "truncated",
+    "attempts",
+    "reopened",
+    "queued_at",
+    "claim_holder",
+    "claim_host",
+    "claim_pid",
+    "claim_expires_at",
+)
+assert set(DECISION_FIELDS) <= set(_UNIT_FIELDS)
+_UNIT_ROWS = (
+    f"SELECT {', '.join(DECISION_FIELDS)} FROM units WHERE run_id = ? AND step_id = ? ORDER BY started_at, unit_id"
+)
+
+
 def unit_rows(db: Database, run_id: str, step_id: str) -> list[dict[str, Any]]:
-    """`get_units(db, run_id, step_id)` as plain dicts (the fields of `Unit`), for readers that decide
-    from many rows at once: a frozen dataclass per row costs more than the query itself."""
-    sql = f"SELECT {_UNIT_COLUMNS} FROM units WHERE run_id = ? AND step_id = ? ORDER BY started_at, unit_id"
-    names = _UNIT_FIELDS
-    return [dict(zip(names, row, strict=False)) for row in db.query(sql, (run_id, step_id))]
+    """The rows of one step as plain dicts of `DECISION_FIELDS`, ordered as `get_units` orders them, for
+    readers that decide from many rows at once: a frozen dataclass per row costs more than the query itself."""
+    names = DECISION_FIELDS  # every row has them all (the query names them): zip's strict check would cost 0.5 us a row
+    return [dict(zip(names, row, strict=False)) for row in db.query(_UNIT_ROWS, (run_id, step_id))]
 
 
 def family_rows(db: Database, run_id: str, content_id: str) -> list[dict[str, Any]]:
@@ -530,24 +556,55 @@ class StepTally(NamedTuple):
     gate_loops: int
 
 
+# One pass over a run's dispatch rows: the first attempts of loop 1 (ids with no `~`, nearly every row of a
+# fan-out) collapse into one group per step, counted by the journal; each other row comes back on its own.
+_TALLIES = (
+    "SELECT step_id, CASE WHEN unit_id LIKE '%~%' THEN unit_id END AS marked, COUNT(*) AS n, "
+    "SUM(attempts) AS a FROM units WHERE run_id = ? AND phase IS NULL GROUP BY step_id, marked"
+)
+_TALLY_OVERLAP_CHUNK = 500  # ids per `IN (...)`: far below either journal's bound on parameters
+
+
 def step_tallies(db: Database, run_id: str) -> dict[str, StepTally]:
-    """Per step id, from the dispatch rows (gate rows excluded), in one indexed aggregate.
+    """Per step id, from the dispatch rows (gate rows excluded).
 
     A unit id is `<base>[~l<n>][~r<k>]` (gate loop n, retry k; step ids and
     unit bases never hold `~`), so the logical unit is the text before the
     first `~`; a row's `attempts` counts its re-dispatches after a crash.
-    Counted in Python, not SQL: the text functions differ between the journals (PostgreSQL has no
+    Rows without a `~` are counted and summed in SQL (a fan-out's thousand rows are not read); the others
+    are parsed here, not in SQL: the text functions differ between the journals (PostgreSQL has no
     `instr`, and its integer cast refuses `2~r1` where SQLite reads the leading digits).
     """
-    rows = db.query("SELECT step_id, unit_id, attempts FROM units WHERE run_id = ? AND phase IS NULL", (run_id,))
-    seen: dict[str, tuple[set[str], int, int | None]] = {}
-    for r in rows:
-        unit_id = r["unit_id"]
-        units, attempts, loops = seen.get(r["step_id"] or "", (set(), 0, None))
-        units.add(unit_id.partition("~")[0])
-        loop = _gate_loop_of(unit_id)
-        seen[r["step_id"] or ""] = (units, attempts + int(r["attempts"]), loop if loops is None else max(loops, loop))
-    return {step: StepTally(len(units), attempts, loops or 0) for step, (units, attempts, loops) in seen.items()}
+    units: dict[str, int] = {}
+    attempts: dict[str, int] = {}
+    loops: dict[str, int] = {}
+    bases: dict[str, set[str]] = {}  # per step: the logical units of its `~` rows
+    for r in db.query(_TALLIES, (run_id,)):
+        step, marked = r["step_id"] or "", r["marked"]
+        attempts[step] = attempts.get(step, 0) + int(r["a"])
+        if marked is None:
+            units[step] = units.get(step, 0) + int(r["n"])
+            loop = 1
+        else:
+            bases.setdefault(step, set()).add(marked.partition("~")[0])
+            units.setdefault(step, 0)
+            loop = _gate_loop_of(marked)
+        loops[step] = max(loops.get(step, loop), loop)
+    for step, extra in bases.items():
+        units[step] += len(extra)
+    # A `~` row's logical unit is usually journaled under its plain id too (its first attempt): once only.
+    wanted = sorted(set().union(*bases.values())) if bases else []
+    for at in range(0, len(wanted), _TALLY_OVERLAP_CHUNK):
+        chunk = wanted[at : at + _TALLY_OVERLAP_CHUNK]
+        marks = ", ".join("?" * len(chunk))
+        for r in db.query(
+            f"SELECT step_id, unit_id FROM units WHERE run_id = ? AND phase IS NULL AND unit_id IN ({marks})",
+            (run_id, *chunk),
+        ):
+            step = r["step_id"] or ""
+            if r["unit_id"] in bases.get(step, ()):
+                units[step] -= 1
+    return {step: StepTally(units[step], attempts[step], loops[step] or 0) for step in attempts}
 
 
 def _gate_loop_of(unit_id: str) -> int:
