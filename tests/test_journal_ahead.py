@@ -131,12 +131,12 @@ def test_a_cancelled_pass_leaves_no_row_running_and_the_run_resumes(project):
     assert all(rows[u][3] == 1 for u in done_before)  # completed work is not dispatched again
 
 
-def test_write_attempts_finishes_and_inserts_in_one_transaction(journal):
+def _new_run(journal, run_id):
     from akm.store import runs
 
     runs.create_run(
         journal,
-        run_id="r1",
+        run_id=run_id,
         workflow_ref="workflows/w",
         workflow_path=None,
         title="t",
@@ -147,6 +147,10 @@ def test_write_attempts_finishes_and_inserts_in_one_transaction(journal):
         hash_version=1,
         step_ids=["fan"],
     )
+
+
+def test_write_attempts_finishes_and_inserts_in_one_transaction(journal):
+    _new_run(journal, "r1")
     a = units.insert_unit(journal, run_id="r1", unit_id="fan.unit:a", step_id="fan", node_id="fan.unit")
     b = units.insert_unit(journal, run_id="r1", unit_id="fan.unit:b", step_id="fan", node_id="fan.unit")
     finishes = [
@@ -178,19 +182,7 @@ def test_write_attempts_rolls_back_whole_when_an_insert_is_refused(journal):
     from akm.errors import AkmError
     from akm.store import runs
 
-    runs.create_run(
-        journal,
-        run_id="r2",
-        workflow_ref="workflows/w",
-        workflow_path=None,
-        title="t",
-        scope_key="s",
-        params={},
-        plan_json="{}",
-        plan_hash="0" * 64,
-        hash_version=1,
-        step_ids=["fan"],
-    )
+    _new_run(journal, "r2")
     a = units.insert_unit(journal, run_id="r2", unit_id="fan.unit:a", step_id="fan", node_id="fan.unit")
     finish = units.UnitFinish(run_id="r2", unit_id="fan.unit:a", started_at=a, status="completed", step_id="fan")
     not_the_holder = runs.Fence("someone-else", 7)  # the run has no lease: a fenced insert is refused
