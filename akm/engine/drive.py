@@ -208,6 +208,8 @@ class _Pass:
         self._count_lock = threading.Lock()
         self._local = threading.local()  # per worker: its _WorkerState
         self._claim: Callable[[], int | None] = lambda: None  # the next unit's index (set by _schedule)
+        self._unclaimed = len(units)  # units no worker has claimed yet (an estimate read without the lock)
+        self._width = 1
         tmpl = units[0].template if units else None
         budget = driver.budget
         self._ahead_ok = (
@@ -352,6 +354,8 @@ class _Pass:
         if self.event.is_set() or self.halted:
             return []
         wanted = min(AHEAD_UNITS, int(AHEAD_WINDOW_S / max(last, 1e-6)))
+        # Near the end, a worker holding many units would run them while the others have none left.
+        wanted = min(wanted, self._unclaimed // self._width)
         claimed: list[_Ahead] = []
         while len(claimed) < wanted:
             i = self._claim()
@@ -762,9 +766,13 @@ class _Pass:
 
         def claim() -> int | None:
             with claim_lock:
-                return next(next_index, None)
+                i = next(next_index, None)
+                if i is not None:
+                    self._unclaimed -= 1
+                return i
 
         self._claim = claim
+        self._width = max(1, width)
 
         def worker() -> None:
             try:
