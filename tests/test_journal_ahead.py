@@ -9,10 +9,13 @@ units are slow, retried or isolated keeps one transaction per unit.
 from __future__ import annotations
 
 import itertools
+import json
+import threading
 
 from akm.engine.cancel import Cancellation
+from akm.plan.identity import item_unit_id
 from akm.store import units
-from tests.helpers import db_rows, run, write_wf
+from tests.helpers import db_rows, run, wait_until, write_wf
 
 
 def _fan(project, name, *, command, width=2, extra=""):
@@ -50,8 +53,6 @@ def _unit_rows(run_id: str) -> list[tuple]:
 
 
 def _events_per_unit(run_id: str) -> dict[str, list[str]]:
-    import json
-
     per: dict[str, list[str]] = {}
     for kind, meta in db_rows(
         "SELECT event_type, metadata_json FROM events WHERE run_id = ? AND event_type LIKE 'workflow_unit_%' "
@@ -92,7 +93,7 @@ def test_a_step_with_retries_keeps_a_transaction_per_unit(project):
 
 def test_fail_fast_closes_the_rows_journaled_ahead(project):
     # unit 40 fails under on_error: fail: no unit starts after it, and the rows journaled ahead of it are
-    # finished failed/aborted rather than left running
+    # closed failed/not_run (their dispatch taken back) rather than left running
     wf = _fan(project, "failfast.md", command='["sh", "-c", "[ \\"$AKM_ITEM_INDEX\\" != 40 ]"]', width=1)
     res = run(wf, project, params={"xs": list(range(100))})
     assert res.run.status == "failed"
@@ -100,7 +101,8 @@ def test_fail_fast_closes_the_rows_journaled_ahead(project):
     assert not [r for r in rows if r[1] == "running"]
     failed = [r for r in rows if r[1] == "failed"]
     assert [r[2] for r in failed].count("non_zero_exit") == 1
-    assert {r[2] for r in failed} <= {"non_zero_exit", "aborted"}
+    assert {r[2] for r in failed} <= {"non_zero_exit", "not_run"}
+    assert all(r[3] == 0 for r in failed if r[2] == "not_run")  # journaled ahead, never run: no dispatch counted
     assert len([r for r in rows if r[1] == "completed"]) == 40  # width 1: every unit before it, none after
     per = _events_per_unit(res.run.run_id)
     assert all(kinds == ["workflow_unit_started", "workflow_unit_finished"] for kinds in per.values())
@@ -197,3 +199,60 @@ def test_write_attempts_rolls_back_whole_when_an_insert_is_refused(journal):
 
 def db_rows_of(db, sql):
     return [tuple(r) for r in db.query(sql)]
+
+
+def test_a_slow_unit_holds_back_neither_results_nor_rows_journaled_ahead(project, tmp_path):
+    # Items 0-3 are quick; item 4 waits until the test releases it. Rows journaled ahead of it were
+    # meant for quick units: while it runs, the results finished before it are journaled and the rows
+    # after it stop reading `running` (closed not_run, journaled again when their turn comes).
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    script = (
+        f'if [ "$AKM_ITEM_INDEX" = 4 ]; then touch {flags}/started; while [ ! -e {flags}/go ]; do sleep 0.01; done; fi'
+    )
+    wf = _fan(project, "slowmid.md", command=json.dumps(["sh", "-c", script]), width=1)
+    seen: dict[str, list] = {}
+
+    def watch():
+        wait_until(lambda: (flags / "started").exists(), what="item 4 to start")
+        seen["rows"] = wait_until(
+            _settled_around_the_slow_one, what="the results before item 4 journaled and no other row running"
+        )
+        (flags / "go").touch()
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        res = run(wf, project, params={"xs": list(range(12))})
+    finally:
+        (flags / "go").touch()
+        t.join()
+    assert res.run.status == "completed"
+    assert {r[1] for r in _unit_rows(res.run.run_id)} == {"completed"}
+    assert "rows" in seen
+
+
+def _unit_rows_by_item() -> dict[int, str]:
+    rows = db_rows("SELECT unit_id, status FROM units")
+    by_id = {uid: status for uid, status in rows}
+    return {i: by_id.get(item_unit_id("fan.unit", i)) for i in range(12)}
+
+
+def _settled_around_the_slow_one() -> dict[int, str | None] | None:
+    """The rows by item once items 0-3 are journaled completed and item 4 is the only one running."""
+    rows = _unit_rows_by_item()
+    before = all(rows[i] == "completed" for i in range(4))
+    running = [i for i, status in rows.items() if status == "running"]
+    return rows if before and running == [4] else None
+
+
+def test_a_quick_failure_does_not_journal_the_next_units_ahead(project):
+    wf = _fan(
+        project,
+        "quickfail.md",
+        command='["sh", "-c", "[ \\"$AKM_ITEM_INDEX\\" = 0 ] && exit 3; sleep 0.05"]',
+        width=1,
+        extra="on_error: continue",
+    )
+    res = run(wf, project, params={"xs": list(range(6))})
+    assert _started_runs(res.run.run_id) == 1  # one transaction per unit: no prediction from a failure

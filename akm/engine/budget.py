@@ -65,6 +65,11 @@ class DispatchBudget:
             self.used += 1
             return None
 
+    def release(self) -> None:
+        """Give back a reservation whose dispatch did not happen (a unit journaled ahead, not run)."""
+        with self._lock:
+            self.used = max(0, self.used - 1)
+
     def add_tokens(self, n: int) -> None:
         with self._lock:
             self.tokens += n

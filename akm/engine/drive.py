@@ -131,6 +131,7 @@ class _PendingFinish:
 AHEAD_FAST_S = 0.01  # a worker whose last unit ran this quickly journals the next ones ahead
 AHEAD_WINDOW_S = 0.03  # ... as many as it would run in this long at that pace
 AHEAD_UNITS = 7  # and never more than this many
+AHEAD_AFTER = 2  # ... once this many units in a row succeeded that quickly (a failure is often instant)
 
 
 @dataclass
@@ -138,19 +139,21 @@ class _Ahead:
     """A unit a worker claimed with its current one and journaled (`running`) in that unit's transaction.
 
     Units that run in a few milliseconds (an exec fan-out of small commands) would pay a journal
-    transaction each, which costs about as much as the unit's own process. A worker whose last unit
-    ran under `AHEAD_FAST_S` therefore claims as many more units as it would run in `AHEAD_WINDOW_S`
-    at that pace (at most `AHEAD_UNITS`) when it journals its
-    next one, inserts their rows in the same transaction, and runs them one after another without
-    writing in between; each finish waits for the worker's next transaction (see `_PendingFinish`).
+    transaction each, which costs about as much as the unit's own process. A worker whose last
+    `AHEAD_AFTER` units succeeded in under `AHEAD_FAST_S` each therefore claims as many more units as
+    it would run in `AHEAD_WINDOW_S` at that pace (at most `AHEAD_UNITS`, and no more than its share of
+    the units left) when it journals its next one, inserts their rows in the same transaction, and
+    runs them one after another without writing in between; each finish waits for the worker's next
+    transaction (see `_PendingFinish`).
 
     The protocol holds: every row is committed before its unit is dispatched, and every finished
-    result is journaled by the worker's next write. What a reader sees differs: such a row reads
-    `running`, with its `started_at`, from about `AHEAD_WINDOW_S` before its process starts, and a
-    crash loses the finished results of the quick units run in that window (they are dispatched again, as a
-    unit running at the crash is). A row journaled ahead whose unit does not run (the pass was stopped,
-    fail fast) is finished `failed` / `aborted` by the worker's last write. Not used for a step with
-    retries, worktrees or budget ceilings, nor with workers: there each unit keeps its own transaction.
+    result is journaled by the worker's next write. When a unit outlasts the window (the prediction
+    was wrong), the pass's watch (`_Pass._watch_ahead`) journals what its worker holds back and
+    closes the rows journaled after it (`not_run`, dispatch taken back; journaled again when their
+    turn comes). A crash inside the window dispatches the quick units run in it again, as it does a
+    unit running at the crash. Rows journaled ahead whose units do not run (the pass stopped, fail
+    fast) are closed the same way by the worker's last write. Only for exec steps without retries,
+    worktrees or budget ceilings, and not with workers: there each unit keeps its own transaction.
     """
 
     index: int
@@ -164,12 +167,17 @@ class _Ahead:
 class _WorkerState:
     """What one worker thread of a pass carries from one unit to the next."""
 
-    __slots__ = ("pending", "ahead", "last_s")
+    __slots__ = ("pending", "ahead", "last_s", "quick", "lock", "running_since")
 
     def __init__(self) -> None:
         self.pending: list[_PendingFinish] = []  # finished attempts whose row update waits for the next write
         self.ahead: list[_Ahead] = []  # units claimed (and journaled) ahead, in dispatch order
         self.last_s: float | None = None  # how long the last unit ran (None: none yet)
+        self.quick = 0  # units in a row that succeeded in under AHEAD_FAST_S
+        # While its unit runs the worker touches nothing of the above; the pass's watch (`_watch_ahead`)
+        # may then, holding `lock`, journal what it holds back. `running_since` is set only meanwhile.
+        self.lock = threading.Lock()
+        self.running_since: float | None = None
 
 
 @dataclass
@@ -209,11 +217,13 @@ class _Pass:
         self._local = threading.local()  # per worker: its _WorkerState
         self._claim: Callable[[], int | None] = lambda: None  # the next unit's index (set by _schedule)
         self._unclaimed = len(units)  # units no worker has claimed yet (an estimate read without the lock)
+        self._states: list[_WorkerState] = []  # every worker's, for the watch over units journaled ahead
         self._width = 1
         tmpl = units[0].template if units else None
         budget = driver.budget
         self._ahead_ok = (
             tmpl is not None
+            and tmpl.exec is not None  # a model or agent call that fails fast predicts nothing of the next
             and self.waiter is None
             and tmpl.isolation != "worktree"
             and not (tmpl.retry and tmpl.retry.max)
@@ -228,6 +238,8 @@ class _Pass:
         state = getattr(self._local, "state", None)
         if state is None:
             state = self._local.state = _WorkerState()
+            with self._count_lock:
+                self._states.append(state)
         return state
 
     def _dispatch_attempt(self, unit: WorkUnit, attempt: str, ahead: _Ahead | None = None) -> UnitOutcome:
@@ -270,6 +282,8 @@ class _Pass:
             return self._not_started(unit, attempt, tree)
         d.heartbeat.track(attempt)
         began = time.monotonic()
+        with state.lock:
+            state.running_since = began
         try:
             outcome = self._run(unit, attempt, base_dir)
         except Exception as exc:  # the row is in the journal: it must be finished, whatever happened
@@ -281,7 +295,11 @@ class _Pass:
             )
         finally:
             d.heartbeat.untrack(attempt)
-        state.last_s = time.monotonic() - began
+            with state.lock:  # waits for the watch if it is journaling what this worker held back
+                state.running_since = None
+        ran_s = time.monotonic() - began
+        state.quick = state.quick + 1 if outcome.ok and ran_s < AHEAD_FAST_S else 0
+        state.last_s = ran_s
         outcome.dispatched = True
         outcome, result_json = storable(outcome, attempt)
         state.pending.append(_PendingFinish(attempt, started_at, outcome, result_json))
@@ -304,20 +322,15 @@ class _Pass:
         new = self._new_attempt(unit, attempt, worktree_path=tree.path if tree else None)
         extra = [self._new_attempt(a.unit, a.attempt) for a in claimed]
         started_at: str | None = None
+        written: tuple[list[str], list[str]] | None = None
         try:
             if not pending and not claimed:
                 started_at = self._group.submit(lambda: units_store.insert_unit(d.db, **new._asdict(), fence=d.fence))
             else:
                 finishes = [self._finish_of(p) for p in pending]
-                finished, stamps = self._group.submit(
+                written = self._group.submit(
                     lambda: units_store.write_attempts(d.db, finishes, [new, *extra], fence=d.fence)
                 )
-                for p, result in zip(pending, finished, strict=True):
-                    self._finished(p, result)
-                started_at, committed = stamps[0], time.monotonic()
-                for a, stamp in zip(claimed, stamps[1:], strict=True):
-                    a.started_at, a.inserted_at = stamp, committed
-                    d.heartbeat.track(a.attempt)  # its row reads running from now on
         except Exception as exc:  # (groupcommit.Alone: the shared transaction rolled back; write alone below)
             if d.fenced_out(exc):  # another driver owns the run: nothing more is written or started
                 for p in pending:
@@ -326,6 +339,14 @@ class _Pass:
                 return self._not_started(unit, attempt, tree)
             for p in pending:  # find out which write failed: each alone
                 self._flush_one(p)
+        if written is not None:  # committed: what it did (outside the try: nothing here is written again)
+            finished, stamps = written
+            for p, result in zip(pending, finished, strict=True):
+                self._finished(p, result)
+            started_at, committed = stamps[0], time.monotonic()
+            for a, stamp in zip(claimed, stamps[1:], strict=True):
+                a.started_at, a.inserted_at = stamp, committed
+                d.heartbeat.track(a.attempt)  # its row reads running from now on
         state.ahead += claimed  # journaled, or (after a failure) to be journaled by their own writes
         try:
             if started_at is None:
@@ -349,7 +370,7 @@ class _Pass:
         Each is a dispatch of the budget, reserved here (so its own dispatch does not reserve it again).
         """
         last = state.last_s
-        if not self._ahead_ok or last is None or last >= AHEAD_FAST_S or state.ahead:
+        if not self._ahead_ok or state.quick < AHEAD_AFTER or last is None or state.ahead:
             return []
         if self.event.is_set() or self.halted:
             return []
@@ -481,9 +502,9 @@ class _Pass:
                 "journaled (the newer dispatch owns the row)"
             )
 
-    def _flush(self) -> None:
+    def _flush(self, state: _WorkerState | None = None) -> None:
         """Journal this worker's deferred finishes now (before a wait, and at its end)."""
-        state = self._state()
+        state = state or self._state()
         pending, state.pending = state.pending, []
         if len(pending) > 1:
             try:
@@ -512,35 +533,65 @@ class _Pass:
             o.ok, o.failure_reason, o.result, o.has_result, o.text = False, "journal_write_failed", None, False, None
             o.error = f'unit "{p.attempt}" dispatched and {state}, but its result could not be journaled: {exc}'
 
-    def _close_ahead(self) -> None:
-        """At a worker's end: finish the rows it journaled ahead whose units did not run (`failed`, `aborted`)."""
-        state = self._state()
-        left, state.ahead = [a for a in state.ahead if a.started_at is not None], []
-        if not left:
+    def _watch_ahead(self, done: threading.Event) -> None:
+        """While the pass runs: when a unit outlasts the window the rows ahead of it were journaled for,
+        journal the finished results its worker holds back and close the rows journaled ahead of it
+        (`not_run`: they are journaled again when their turn comes), so a slow unit keeps neither a quick
+        one's result in memory nor rows reading `running` that have not started."""
+        while not done.wait(AHEAD_WINDOW_S / 2):
+            now = time.monotonic()
+            for state in list(self._states):
+                since = state.running_since
+                if since is None or now - since < AHEAD_WINDOW_S:
+                    continue
+                with state.lock:
+                    if state.running_since is not None and (
+                        state.pending or any(a.started_at is not None for a in state.ahead)
+                    ):
+                        self._journal_held(state)
+
+    def _journal_held(self, state: _WorkerState) -> None:
+        """`_watch_ahead` for one worker whose unit runs long (its lock held)."""
+        self._flush(state)
+        journaled = [a for a in state.ahead if a.started_at is not None]
+        if not journaled:
             return
-        finishes = [
-            units_store.UnitFinish(
-                run_id=self.d.run_id,
-                unit_id=a.attempt,
-                started_at=a.started_at,
-                status="failed",
-                failure_reason="aborted",
-                step_id=self.step.step_id,
-            )
-            for a in left
-            if a.started_at is not None
-        ]
+        rows = [(a.attempt, a.started_at) for a in journaled if a.started_at is not None]
         try:
-            units_store.write_attempts(self.d.db, finishes, [], fence=self.d.fence)
+            units_store.unstart_units(self.d.db, self.d.run_id, self.step.step_id, rows, fence=self.d.fence)
+        except Exception as exc:
+            if not self.d.fenced_out(exc):
+                self.d.warn(f"could not close unit rows journaled ahead of a slow unit ({exc}); they run as journaled")
+            return
+        for a in journaled:
+            a.started_at = None  # journaled again, the usual way, when its turn comes
+            self.d.heartbeat.untrack(a.attempt)
+
+    def _close_ahead(self) -> None:
+        """At a worker's end: close the rows it journaled ahead whose units did not run (`failed`, `not_run`).
+
+        Their dispatches are taken back (in the journal's attempt count and this run's budget): a later
+        drive dispatches them as the first attempts they are.
+        """
+        state = self._state()
+        left, state.ahead = state.ahead, []
+        for a in left:
+            if a.prepaid:
+                self.d.budget.release()
+        journaled = [(a.attempt, a.started_at) for a in left if a.started_at is not None]
+        if not journaled:
+            return
+        try:
+            units_store.unstart_units(self.d.db, self.d.run_id, self.step.step_id, journaled, fence=self.d.fence)
         except Exception as exc:
             if not self.d.fenced_out(exc):  # a new holder owns (and redoes) the rows; else they read running
                 self.d.warn(
-                    f"{len(finishes)} unit row(s) of step {self.step.step_id} journaled ahead of a dispatch that did "
-                    f"not happen could not be closed ({exc}); the next drive dispatches them"
+                    f"{len(journaled)} unit row(s) of step {self.step.step_id} journaled ahead of a dispatch that "
+                    f"did not happen could not be closed ({exc}); the next drive dispatches them"
                 )
         finally:
-            for a in left:
-                self.d.heartbeat.untrack(a.attempt)
+            for attempt, _ in journaled:
+                self.d.heartbeat.untrack(attempt)
 
     def _request(self, unit: WorkUnit, attempt: str, base_dir: str) -> UnitRequest:
         tmpl = unit.template
@@ -789,6 +840,10 @@ class _Pass:
                 if self.event.is_set() or self.halted:
                     return
                 ahead = state.ahead.pop(0) if state.ahead else None
+                if ahead is not None and state.pending and not state.quick:
+                    # The last unit was not quick after all: journal the results held back for the
+                    # next write now, rather than after the rest of the units journaled ahead.
+                    self._flush()
                 i = ahead.index if ahead is not None else claim()
                 if i is None:
                     return
@@ -804,10 +859,20 @@ class _Pass:
                         error=f"internal error while running the unit: {exc}",
                     )
 
-        if width <= 1 or len(units) <= 1:
-            worker()
-        else:
-            _run_workers(worker, width)
+        watch_done = threading.Event()
+        watch = None
+        if self._ahead_ok and len(units) > 1:
+            watch = threading.Thread(target=self._watch_ahead, args=(watch_done,), name="akm-ahead", daemon=True)
+            watch.start()
+        try:
+            if width <= 1 or len(units) <= 1:
+                worker()
+            else:
+                _run_workers(worker, width)
+        finally:
+            watch_done.set()
+            if watch is not None:
+                watch.join()
         return [
             r
             if r is not None

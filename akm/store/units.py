@@ -453,8 +453,10 @@ def write_attempts(
         for f in finishes:
             if f.run_id in guarded:
                 meta = _finish_row(conn, now, f, insert_follows=True)
-            else:  # fenced by the driver's lease when nothing is inserted (the lease is the inserts' run's)
-                meta = _finish_row(conn, now, f, None if inserts else fence)
+            elif inserts:  # the lease fences the inserts' run only: another run's finish has no guard here
+                raise ValueError("write_attempts: a finish of another run than its inserts'")
+            else:
+                meta = _finish_row(conn, now, f, fence)
             results.append("superseded" if meta is None else "finished")
             if meta is not None:
                 events += ("workflow_unit_finished", now, f.run_id, meta)
@@ -470,6 +472,39 @@ def write_attempts(
             db.dialect.event_lock(conn)
             conn.execute(_insert_events_sql(len(events) // 4), events)
     return results, stamps
+
+
+_UNSTART = (
+    "UPDATE units SET status = 'failed', failure_reason = 'not_run', finished_at = ?, attempts = attempts - 1 "
+    "WHERE run_id = ? AND unit_id = ? AND status = 'running' AND started_at = ?"
+)
+
+
+def unstart_units(
+    db: Database, run_id: str, step_id: str | None, rows: Sequence[tuple[str, str]], *, fence: Fence | None = None
+) -> int:
+    """Close `running` rows whose units were never started (`rows`: (attempt id, its started_at)).
+
+    A driver that journaled rows ahead of their dispatch (akm.engine.drive `_Ahead`) and then
+    stopped: each row ends `failed` / `not_run` with its dispatch taken back (`attempts - 1`), so a
+    later drive dispatches it as the attempt it is, and budgets do not count it. Fenced; rows
+    re-dispatched by someone else meanwhile (another stamp) are left alone. Returns rows closed.
+    """
+    closed = 0
+    with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
+        check_fence(conn, run_id, fence)
+        now = db.now()
+        events: list[Any] = []
+        for unit_id, started_at in rows:
+            if conn.execute(_UNSTART, (now, run_id, unit_id, started_at)).rowcount == 1:
+                closed += 1
+                meta = UnitFinish(run_id, unit_id, started_at, "failed", failure_reason="not_run").meta(step_id)
+                events += ("workflow_unit_finished", now, run_id, meta)
+        if events:
+            db.dialect.event_lock(conn)
+            conn.execute(_insert_events_sql(len(events) // 4), events)
+    return closed
 
 
 def heartbeat_units(db: Database, run_id: str, unit_ids: Sequence[str]) -> int:
