@@ -554,18 +554,10 @@ class _Pass:
         """`_watch_ahead` for one worker whose unit runs long (its lock held)."""
         self._flush(state)
         journaled = [a for a in state.ahead if a.started_at is not None]
-        if not journaled:
-            return
-        rows = [(a.attempt, a.started_at) for a in journaled if a.started_at is not None]
-        try:
-            units_store.unstart_units(self.d.db, self.d.run_id, self.step.step_id, rows, fence=self.d.fence)
-        except Exception as exc:
-            if not self.d.fenced_out(exc):
-                self.d.warn(f"could not close unit rows journaled ahead of a slow unit ({exc}); they run as journaled")
-            return
-        for a in journaled:
-            a.started_at = None  # journaled again, the usual way, when its turn comes
-            self.d.heartbeat.untrack(a.attempt)
+        if journaled and self._unstart(journaled, "they run as journaled"):
+            for a in journaled:
+                a.started_at = None  # journaled again, the usual way, when its turn comes
+                self.d.heartbeat.untrack(a.attempt)
 
     def _close_ahead(self) -> None:
         """At a worker's end: close the rows it journaled ahead whose units did not run (`failed`, `not_run`).
@@ -578,20 +570,26 @@ class _Pass:
         for a in left:
             if a.prepaid:
                 self.d.budget.release()
-        journaled = [(a.attempt, a.started_at) for a in left if a.started_at is not None]
-        if not journaled:
-            return
+        journaled = [a for a in left if a.started_at is not None]
+        if journaled:
+            self._unstart(journaled, "the next drive dispatches them")
+            for a in journaled:
+                self.d.heartbeat.untrack(a.attempt)
+
+    def _unstart(self, journaled: list[_Ahead], otherwise: str) -> bool:
+        """Close these rows journaled ahead `not_run` (dispatch taken back); False when that failed (they
+        read `running`: `otherwise` says what then happens to them)."""
+        rows = [(a.attempt, a.started_at) for a in journaled if a.started_at is not None]
         try:
-            units_store.unstart_units(self.d.db, self.d.run_id, self.step.step_id, journaled, fence=self.d.fence)
+            units_store.unstart_units(self.d.db, self.d.run_id, self.step.step_id, rows, fence=self.d.fence)
         except Exception as exc:
-            if not self.d.fenced_out(exc):  # a new holder owns (and redoes) the rows; else they read running
+            if not self.d.fenced_out(exc):  # (fenced out: a new holder owns, and redoes, the rows)
                 self.d.warn(
-                    f"{len(journaled)} unit row(s) of step {self.step.step_id} journaled ahead of a dispatch that "
-                    f"did not happen could not be closed ({exc}); the next drive dispatches them"
+                    f"{len(rows)} unit row(s) of step {self.step.step_id} journaled ahead of a dispatch could not "
+                    f"be closed ({exc}); {otherwise}"
                 )
-        finally:
-            for attempt, _ in journaled:
-                self.d.heartbeat.untrack(attempt)
+            return False
+        return True
 
     def _request(self, unit: WorkUnit, attempt: str, base_dir: str) -> UnitRequest:
         tmpl = unit.template

@@ -435,28 +435,24 @@ def write_attempts(
     """Finish some attempts and insert others (`running`) in ONE transaction, with their events.
 
     Returns ("finished" | "superseded" per finish, the `started_at` of each insert). A worker's
-    deferred finishes and the rows of the units it dispatches next share one commit. Every insert
-    is fenced (LEASE_LOST, nothing written) and guarded (a run that cannot be driven refuses); the
-    finishes of the inserts' run are covered by that guard; without inserts each finish is fenced
-    itself. Any failure rolls everything back and raises: the caller may then write each alone.
+    deferred finishes and the rows of the units it dispatches next share one commit; all of one run.
+    Every insert is fenced (LEASE_LOST, nothing written) and guarded (a run that cannot be driven
+    refuses), which covers the finishes; without inserts each finish is fenced itself. Any failure
+    rolls everything back and raises: the caller may then write each alone.
     """
     if not finishes and not inserts:
         return [], []
     run_id = inserts[0].run_id if inserts else finishes[0].run_id
+    if any(w.run_id != run_id for w in (*finishes, *inserts)):  # the lease fences one run
+        raise ValueError("write_attempts writes the attempts of one run")
     with db.tx() as conn:
-        for rid in sorted({run_id, *(f.run_id for f in finishes), *(n.run_id for n in inserts)}):
-            db.dialect.lock_run(conn, rid, RUN_UNIT_WRITE)
+        db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
         now = db.now()
-        guarded = {n.run_id for n in inserts}  # a run an insert guards: its finishes need no check of their own
         events: list[Any] = []
         results: list[str] = []
         for f in finishes:
-            if f.run_id in guarded:
-                meta = _finish_row(conn, now, f, insert_follows=True)
-            elif inserts:  # the lease fences the inserts' run only: another run's finish has no guard here
-                raise ValueError("write_attempts: a finish of another run than its inserts'")
-            else:
-                meta = _finish_row(conn, now, f, fence)
+            # With inserts, their fenced guard covers the finishes (a refusal rolls back both).
+            meta = _finish_row(conn, now, f, insert_follows=True) if inserts else _finish_row(conn, now, f, fence)
             results.append("superseded" if meta is None else "finished")
             if meta is not None:
                 events += ("workflow_unit_finished", now, f.run_id, meta)
