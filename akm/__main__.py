@@ -1,6 +1,6 @@
 """`python -m akm` and the zipapp entry point."""
 
-from akm.cli import main
+from akm.cli import run
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

@@ -524,6 +524,6 @@ def main(**found):
         sys.argv[:] = [script] + sys.argv[1:]
         run_script(script, "__main__")
         return None
-    from akm.cli import main as cli_main
+    from akm.cli import run as cli_run
 
-    sys.exit(cli_main())
+    cli_run()

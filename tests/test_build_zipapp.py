@@ -749,7 +749,7 @@ def test_pkgutil_and_metadata_see_the_bundle(akm_bin, tmp_path):
         assert not any(n.startswith("_akm") for n in out["top"]), version
         assert out["data"] > 100_000
         assert out["akm"] == out["akm_version"] and any(r.startswith("mcp") for r in out["akm_requires"])
-        assert out["scripts"] == ["akm.cli:main"]
+        assert out["scripts"] == ["akm.cli:run"]
 
 
 CERTIFICATES = """\

@@ -39,28 +39,6 @@ from akm.api._args import (
     check_output_format,
     parse_duration_ms,
 )
-from akm.api._config import (
-    config_get,
-    config_list,
-    config_paths,
-    config_set,
-    config_unset,
-)
-from akm.api._inspect import (
-    DEFAULT_EVENT_LIMIT,
-    abandon,
-    events,
-    list_runs,
-    resume,
-    run_graph,
-    run_report_html,
-    run_status,
-    workflow_catalog,
-)
-from akm.api._lint import (
-    lint,
-    upgrade,
-)
 from akm.api._runs import (
     EXIT_AWAITING_SESSION,
     EXIT_MAX_STEPS,
@@ -75,34 +53,9 @@ from akm.api._runs import (
     wait_exit_status,
     wait_run,
 )
-from akm.api._session import (
-    default_holder,
-    next_brief,
-    report_unit,
+from akm.engine.cancel import (
+    Cancellation,
 )
-from akm.api._setup import (
-    setup,
-    setup_current,
-    setup_detect,
-    setup_preflight,
-    setup_preview,
-    setup_recommend,
-    setup_save,
-    setup_verify,
-)
-from akm.api._targets import (
-    compile_workflow_file,
-    normalized_ref,
-    resolve_workflow_file,
-)
-from akm.api._views import (
-    STALE_AFTER_S,
-)
-from akm.api._worker import (
-    WORKER_KINDS,
-    run_worker,
-)
-from akm.engine.cancel import Cancellation
 from akm.views import (
     DetachedRun,
     EventPage,
@@ -125,7 +78,67 @@ from akm.views import (
     WaitResult,
 )
 
+# Where each of the other names lives: loaded on first use, so a command imports only the parts it calls
+# (`workflow run` never loads the session protocol, setup, config or the run listings).
+_LAZY = {
+    "config_get": "akm.api._config",
+    "config_list": "akm.api._config",
+    "config_paths": "akm.api._config",
+    "config_set": "akm.api._config",
+    "config_unset": "akm.api._config",
+    "DEFAULT_EVENT_LIMIT": "akm.api._inspect",
+    "abandon": "akm.api._inspect",
+    "events": "akm.api._inspect",
+    "list_runs": "akm.api._inspect",
+    "resume": "akm.api._inspect",
+    "run_graph": "akm.api._inspect",
+    "run_report_html": "akm.api._inspect",
+    "run_status": "akm.api._inspect",
+    "workflow_catalog": "akm.api._inspect",
+    "lint": "akm.api._lint",
+    "upgrade": "akm.api._lint",
+    "default_holder": "akm.api._session",
+    "next_brief": "akm.api._session",
+    "report_unit": "akm.api._session",
+    "setup": "akm.api._setup",
+    "setup_current": "akm.api._setup",
+    "setup_detect": "akm.api._setup",
+    "setup_preflight": "akm.api._setup",
+    "setup_preview": "akm.api._setup",
+    "setup_recommend": "akm.api._setup",
+    "setup_save": "akm.api._setup",
+    "setup_verify": "akm.api._setup",
+    "compile_workflow_file": "akm.api._targets",
+    "normalized_ref": "akm.api._targets",
+    "resolve_workflow_file": "akm.api._targets",
+    "STALE_AFTER_S": "akm.api._views",
+    "WORKER_KINDS": "akm.api._worker",
+    "run_worker": "akm.api._worker",
+}
+
 if TYPE_CHECKING:
+    from akm.api._config import (
+        config_get,
+        config_list,
+        config_paths,
+        config_set,
+        config_unset,
+    )
+    from akm.api._inspect import (
+        DEFAULT_EVENT_LIMIT,
+        abandon,
+        events,
+        list_runs,
+        resume,
+        run_graph,
+        run_report_html,
+        run_status,
+        workflow_catalog,
+    )
+    from akm.api._lint import (
+        lint,
+        upgrade,
+    )
     from akm.api._models import (
         ApiModel,
         Brief,
@@ -154,6 +167,33 @@ if TYPE_CHECKING:
         UnitContext,
         UpgradeRequest,
         UpgradeResult,
+    )
+    from akm.api._session import (
+        default_holder,
+        next_brief,
+        report_unit,
+    )
+    from akm.api._setup import (
+        setup,
+        setup_current,
+        setup_detect,
+        setup_preflight,
+        setup_preview,
+        setup_recommend,
+        setup_save,
+        setup_verify,
+    )
+    from akm.api._targets import (
+        compile_workflow_file,
+        normalized_ref,
+        resolve_workflow_file,
+    )
+    from akm.api._views import (
+        STALE_AFTER_S,
+    )
+    from akm.api._worker import (
+        WORKER_KINDS,
+        run_worker,
     )
 
 # The pydantic models (requests; session, setup and config results) load on first use, so that
@@ -193,6 +233,12 @@ _MODELS = frozenset(
 
 
 def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # found directly from now on
+        return value
     if name in _MODELS:
         from akm.api import _models as api_models
 

@@ -27,7 +27,6 @@ import threading
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Protocol
 
-from akm.engine import gates
 from akm.engine.finalize import StepDecision
 from akm.engine.stepctx import journal_verdict, judge_failure, judge_with_engine
 from akm.plan.model import Plan, StepPlan
@@ -159,6 +158,8 @@ def apply_decision(fx: Effects, step: StepPlan, decision: StepDecision) -> Appli
 
 def _judge(fx: Effects, step: StepPlan, decision: StepDecision) -> Applied:
     """A verdict for the current loop: from the step's judge engine now, or from the calling agent later."""
+    from akm.engine import gates  # a gate's judging (and the answer parsing it needs): only for a step with a gate
+
     name, snapshot = gates.judge_engine(fx.plan, step)
     kind = (snapshot or {}).get("kind")
     dispatcher = fx.dispatcher_for(kind) if (name is not None and kind) else None

@@ -25,13 +25,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from akm import paths
 from akm.dispatch.base import DispatcherRegistry, UnitRequest
 from akm.dispatch.exec import build_exec_context
 from akm.dispatch.redact import sensitive_values_from
-from akm.engine import remote
 from akm.engine import worktree as worktrees
 from akm.engine.apply import AGAIN, FINISHED, apply_decision, pass_failed
 from akm.engine.budget import LIFETIME_UNIT_CAP, DispatchBudget
@@ -65,13 +64,15 @@ from akm.ids import uuid4
 from akm.plan.identity import NO_ITEM, attempt_id
 from akm.plan.model import Plan, StepPlan
 from akm.record import dataclass, field
-from akm.store import queue as queue_store
 from akm.store import runs as runs_store
 from akm.store import units as units_store
 from akm.store.db import Database
 from akm.store.journal import HolderLiveness
 from akm.store.runs import holder_is_live
 from akm.store.status import DRIVABLE_STATUSES
+
+if TYPE_CHECKING:
+    from akm.engine import remote
 
 # Longest wait a unit-level retry honours from a server's Retry-After (the LLM client's own cap).
 MAX_RETRY_AFTER_WAIT_S = 120.0
@@ -199,11 +200,13 @@ class _Pass:
         # Workers (phase 2): units whose attempt is already with the workers, by the retry index it has; the
         # pass waits for that attempt instead of queueing the unit's first one again (a takeover).
         self.adopt = adopt or {}
-        self.waiter = (
-            remote.Waiter(driver.db, driver.run_id, on_unclaimed=self._unclaimed, on_error=self._journal_trouble)
-            if driver.workers
-            else None
-        )
+        self.waiter: remote.Waiter | None = None
+        if driver.workers:  # the worker queue's modules load only for a run whose units go to workers
+            from akm.engine import remote as remote_waits
+
+            self.waiter = remote_waits.Waiter(
+                driver.db, driver.run_id, on_unclaimed=self._unclaimed, on_error=self._journal_trouble
+            )
         self.event = threading.Event()
         self.env_values: dict[str, str] = {}
         self.sensitive: list[str] = []
@@ -403,8 +406,13 @@ class _Pass:
 
     def _dispatch_to_workers(self, unit: WorkUnit, attempt: str, waiter: remote.Waiter) -> UnitOutcome:
         """Queue the attempt for workers (fenced, committed first) and wait for a worker to finish its row."""
+        from akm.engine import remote as remote_waits
+        from akm.store import queue as queue_store
+
         d = self.d
-        payload = remote.dispatch_payload(self._request(unit, attempt, ""), scope_key=d.scope_key, commit=d.commit)
+        payload = remote_waits.dispatch_payload(
+            self._request(unit, attempt, ""), scope_key=d.scope_key, commit=d.commit
+        )
         try:
             queued = queue_store.queue_unit(d.db, **self._row_fields(unit, attempt, dispatch_json=payload))
         except Exception as exc:
@@ -672,6 +680,8 @@ class _Pass:
 
     def _withdraw(self, attempt: str | None) -> None:
         """Take this step's queued attempts (or one) back from the workers: failed `aborted`, never run."""
+        from akm.store import queue as queue_store
+
         try:
             queue_store.withdraw(self.d.db, self.d.run_id, self.step.step_id, attempt, fence=self.d.fence)
         except Exception as exc:
@@ -995,6 +1005,8 @@ class _Driver:
         self.workers = True
         self.commit = paths.project_commit(self.opts.project_root)
         if self.work_notifier is None:
+            from akm.store import queue as queue_store
+
             self.work_notifier = self.db.notifier(queue_store.WORK_CHANNEL)
 
     def warn(self, message: str) -> None:

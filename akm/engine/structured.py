@@ -19,7 +19,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from akm.dispatch.answer import AnswerError, extract_model_json, parse_command_json
 from akm.dispatch.base import Dispatcher, DispatchResult, UnitRequest
 
 MODEL_ATTEMPTS = 2
@@ -77,6 +76,8 @@ def run_structured(dispatcher: Dispatcher, request: UnitRequest, cancel: threadi
                 "summary instead.",
             )
             break
+        from akm.dispatch.answer import AnswerError, extract_model_json, parse_command_json  # schema units only
+
         try:
             value: Any = parse_command_json(text) if request.kind == "exec" else extract_model_json(text)
         except AnswerError as exc:

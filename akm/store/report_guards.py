@@ -17,11 +17,7 @@ from typing import Any, NamedTuple, Protocol
 
 from akm.errors import NotFoundError, UsageError
 from akm.store.runs import holder_is_live
-from akm.store.status import DRIVABLE_STATUSES
-
-# The run lease of a report finishing a step carries this prefix: it holds the run for a moment and
-# does not make other reports wait (nor refuse them).
-REPORT_LOCK_PREFIX = "report:"
+from akm.store.status import DRIVABLE_STATUSES, REPORT_LOCK_PREFIX
 
 
 class Row(Protocol):

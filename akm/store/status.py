@@ -15,4 +15,7 @@ UnitStatus = Literal["queued", "running", "completed", "failed"]
 RUN_STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
 # A run something can still drive: the engine (active) or the calling agent (awaiting_session, D11).
 DRIVABLE_STATUSES: tuple[RunStatus, ...] = ("active", "awaiting_session")
+# The run lease of a report finishing a step carries this prefix: it holds the run for a moment and
+# does not make other reports wait (nor refuse them).
+REPORT_LOCK_PREFIX = "report:"
 STEP_TERMINAL_STATUSES: tuple[StepStatus, ...] = ("completed", "failed", "skipped", "blocked")

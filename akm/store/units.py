@@ -35,15 +35,6 @@ from akm.errors import JournalError, NotFoundError
 from akm.store.clock import format_iso, parse_iso
 from akm.store.journal import RUN_UNIT_WRITE
 from akm.store.journal import Journal as Database
-from akm.store.report_guards import (
-    REPORT_LOCK_PREFIX,  # noqa: F401 - re-exported: drivers and reports name it as units.REPORT_LOCK_PREFIX
-    Report,
-    carried_tokens,
-    check_budget,
-    check_report,
-    check_run_takes_reports,
-    tokens_crossed,
-)
 from akm.store.runs import (
     DRIVABLE_STATUSES,
     Fence,
@@ -53,6 +44,7 @@ from akm.store.runs import (
     lease_ttl_s,
     not_drivable_error,
 )
+from akm.store.status import REPORT_LOCK_PREFIX  # noqa: F401 - drivers and reports name it units.REPORT_LOCK_PREFIX
 
 CLAIM_TTL_S = 90.0
 ClaimInfo = LeaseInfo
@@ -718,6 +710,9 @@ def write_report(
     A reporter is often a short-lived process (one `akm workflow report` per call), so its claim
     records no pid: it lives until it expires or is renewed, never "dies with" the reporting process.
     """
+    # The session protocol's guards: loaded on its first report, not on every engine start.
+    from akm.store.report_guards import Report, carried_tokens, check_budget, check_report, tokens_crossed
+
     host = host_id() if host is None else host
     with db.tx() as conn:
         db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
@@ -799,6 +794,8 @@ def guard_session_write(db: Database, run_id: str) -> None:
 
     The run half of the report guards (`report_guards.check_run_takes_reports`), for a caller that holds
     the transaction its write joins."""
+    from akm.store.report_guards import check_run_takes_reports
+
     run = db.query_one(
         "SELECT status, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,)
     )
