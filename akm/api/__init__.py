@@ -24,7 +24,9 @@ session protocol; `_config`; `_setup`; `_models` the pydantic models, loaded on 
 detached driver process). Import names from `akm.api`, never from a private module.
 
 Importing this package stays cheap (no pydantic): the engine, the store, the format and the plan are
-imported inside the calls.
+imported inside the calls, and of the private modules only `_args` and `_runs` load with it; every other
+name is looked up in its module on first use (`_LAZY`), so `workflow run` never loads the session
+protocol, setup, config or the run listings.
 """
 
 from __future__ import annotations
