@@ -110,7 +110,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
     # The same interpreter as the baseline (a file's shebang may go through a slow launcher such as a pyenv shim).
-    cmd = [sys.executable, args.akm] if args.akm else [sys.executable, "-m", "akm"]
+    # Resolved: the servers start in a temporary directory, where `dist/akm` names nothing.
+    cmd = [sys.executable, str(Path(args.akm).resolve())] if args.akm else [sys.executable, "-m", "akm"]
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, AKM_DATA_DIR=str(Path(tmp) / "data"), PYTHONPATH=str(ROOT))
         os.environ["AKM_DATA_DIR"] = env["AKM_DATA_DIR"]
