@@ -82,10 +82,11 @@ def run() -> NoReturn:
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except (OSError, ValueError):  # a closed pipe or stream: nothing more can be said there
             pass
-    os._exit(code)
+    os._exit(code if isinstance(code, int) else 0)  # as sys.exit(None) would
 
 
 def main(argv: Sequence[str] | None = None) -> int:
