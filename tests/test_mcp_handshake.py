@@ -21,7 +21,10 @@ from akm.mcp.stdio import Prefixed
 from tests.helpers import ROOT
 
 
-def _serve(tmp_path: Path, *lines: bytes) -> tuple[list[bytes], str]:
+def _serve(
+    tmp_path: Path, *lines: bytes, akm_bin: Path | None = None, cache: Path | None = None
+) -> tuple[list[bytes], str]:
+    """Serve `lines` then end of input: `python -m akm mcp`, or the built file `akm_bin` with its cache root."""
     env = {
         "PATH": os.environ.get("PATH", ""),
         "HOME": str(tmp_path),
@@ -29,8 +32,10 @@ def _serve(tmp_path: Path, *lines: bytes) -> tuple[list[bytes], str]:
         "AKM_DATA_DIR": str(tmp_path / "akm-data"),
         "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
     }
+    if cache is not None:
+        env["AKM_CACHE_DIR"] = str(cache)
     proc = subprocess.run(
-        [sys.executable, "-m", "akm", "mcp"],
+        [sys.executable, *([str(akm_bin)] if akm_bin else ["-m", "akm"]), "mcp"],
         input=b"".join(line + b"\n" for line in lines),
         capture_output=True,
         env=env,
@@ -124,7 +129,7 @@ def test_a_plain_initialize_is_answered_early_with_the_sdks_bytes(tmp_path, line
 def test_anything_else_first_is_left_to_the_sdk(tmp_path, line):
     assert handshake.early_answer(line) is None
     frames, stderr = _serve(tmp_path, line, _init("second"), TOOLS)
-    assert "differs" not in stderr, stderr
+    assert "differs" not in stderr, stderr[:2000]
     assert json.loads(frames[-1])["id"] == "tools"
 
 
@@ -150,3 +155,78 @@ def test_the_package_and_the_handshake_import_nothing_of_the_sdk():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("line", "plain"),
+    [
+        (b'{"jsonrpc": "2.0", "id": 2, "method": "tools/list"}', True),
+        (b'{"jsonrpc": "2.0", "id": "t-1", "method": "tools/list", "params": {}}', True),
+        (b'{"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": null}', True),
+        (b'{"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"cursor": "x"}}', False),
+        (b'{"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": {}}}', False),
+        (b'{"jsonrpc": "2.0", "id": "caf\\u00e9", "method": "tools/list"}', False),  # an id json.dumps escapes
+        (b'{"jsonrpc": "2.0", "id": true, "method": "tools/list"}', False),
+        (b'{"jsonrpc": "2.0", "method": "tools/list"}', False),  # a notification: never answered
+        (b'{"jsonrpc": "2.0", "id": 2, "method": "tools/list", "extra": 1}', False),
+        (b'{"jsonrpc": "2.0", "id": 2, "method": "tools/call"}', False),
+    ],
+)
+def test_which_tools_list_requests_are_plain(line, plain):
+    assert handshake.plain_tools_list_id(line)[0] is plain
+
+
+def _tools_result(frame: bytes) -> bytes:
+    """The `result` bytes of a response line, as the SDK wrote them."""
+    rid = json.dumps(json.loads(frame)["id"]).encode()
+    prefix = b'{"jsonrpc":"2.0","id":' + rid + b',"result":'
+    assert frame.startswith(prefix) and frame.endswith(b"}\n"), frame[:120]
+    return frame[len(prefix) : -2]
+
+
+def test_the_built_file_answers_tools_list_early_from_what_the_sdk_answered_before(tmp_path, akm_bin):
+    """First start: the SDK answers `tools/list` and its bytes are kept in the build's cache. Next start: that
+    answer is written before the SDK is loaded — shown by planting another one, which is then what the client
+    gets, while the SDK's own answer is compared (a difference on stderr) and kept again for the start after."""
+    cache = tmp_path / "cache"
+    lines = (_init(1), INITIALIZED, TOOLS)
+    first, stderr = _serve(tmp_path, *lines, akm_bin=akm_bin, cache=cache)
+    assert "differs" not in stderr, stderr[:2000]
+    assert [json.loads(f)["id"] for f in first] == [1, "tools"]
+    [kept] = cache.glob("akm-*/mcp/tools-list-*-2025-06-18.json")
+    assert kept.read_bytes() == _tools_result(first[1])
+
+    kept.write_bytes(b'{"tools":[]}')  # what this start answers early: a stale answer, told apart by its bytes
+    second, stderr = _serve(tmp_path, *lines, akm_bin=akm_bin, cache=cache)
+    assert [json.loads(f)["id"] for f in second] == [1, "tools"]  # each answered once
+    assert json.loads(second[1])["result"] == {"tools": []}
+    assert "the early tools/list answer differs from the SDK's" in stderr
+    assert kept.read_bytes() == _tools_result(first[1])  # the SDK's bytes again
+
+    third, stderr = _serve(tmp_path, *lines, akm_bin=akm_bin, cache=cache)
+    assert third == first and "differs" not in stderr, stderr[:2000]
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        (_init(1), TOOLS, INITIALIZED),  # a request before `initialized`: the SDK judges it
+        (
+            _init(1),
+            INITIALIZED,
+            b'{"jsonrpc": "2.0", "id": "tools", "method": "tools/list", "params": {"cursor": "a"}}',
+        ),
+        (_init(1), INITIALIZED, b'{"jsonrpc": "2.0", "id": 5, "method": "ping"}', TOOLS),  # only the first request
+        (_init(1, capabilities={"roots": {"listChanged": "yes"}}), INITIALIZED, TOOLS),  # no early initialize
+    ],
+)
+def test_the_built_file_leaves_other_tools_list_requests_to_the_sdk(tmp_path, akm_bin, lines):
+    cache = tmp_path / "cache"
+    _serve(tmp_path, _init(1), INITIALIZED, TOOLS, akm_bin=akm_bin, cache=cache)  # the SDK's answer is kept
+    [kept] = cache.glob("akm-*/mcp/tools-list-*-2025-06-18.json")
+    kept.write_bytes(b'{"tools":[]}')  # any early answer would be this one
+    frames, stderr = _serve(tmp_path, *lines, akm_bin=akm_bin, cache=cache)
+    assert "differs" not in stderr, stderr[:2000]
+    listed = [json.loads(f) for f in frames if json.loads(f).get("id") == "tools"]
+    assert len(listed) <= 1
+    assert all(f.get("error") or f["result"]["tools"] for f in listed)  # the SDK's own answer (or its error)

@@ -9,6 +9,13 @@ writes the answer the SDK would write (same bytes). Everything read is handed to
 to it is not written again but compared: a difference is reported on stderr (tests/test_mcp_handshake.py keeps
 them equal).
 
+The `tools/list` answer goes the same way once a start of this build has seen the SDK's: the serving loop
+keeps the SDK's `result` bytes in the build's cache directory (`mcp/tools-list-<cache tag>-<protocol version>`,
+zipapp only: a build's tools never change, a source tree's can), and the next start's reader, after answering
+`initialize`, also answers a plain `tools/list` (no cursor) from there while the SDK is still loading — a client
+is connected in the time of a start instead of an SDK import. It too is handed to the SDK, whose answer is
+compared and not written; a difference is reported on stderr and the cache rewritten with the SDK's bytes.
+
 "Plain" is deliberately narrow: only what the SDK is certain to accept (JSON-RPC 2.0, an integer or string id,
 params of `protocolVersion`, `capabilities` and `clientInfo` in the shapes mainstream clients send). Anything
 else — a malformed request, another method first, an SDK already imported, an SDK outside the tested versions —
@@ -20,6 +27,7 @@ from __future__ import annotations
 import json
 import operator
 import os
+import select
 import sys
 import threading
 from typing import Any
@@ -174,13 +182,106 @@ def sdk_in_tested_range() -> bool:
         return False
 
 
+TOOLS_LIST_CACHE = "mcp"  # the directory, in this build's cache, of the SDK's `tools/list` results
+_POLL_S = 0.02  # how often the early reader checks whether the SDK has taken over, while input is quiet
+
+
+def build_cache_dir() -> str | None:
+    """This build's cache directory when akm runs as the zipapp (its tools are fixed by the build), else None."""
+    boot = sys.modules.get("_akm_boot")
+    cache = getattr(boot, "CACHE", "") if boot is not None else ""
+    return cache if isinstance(cache, str) and cache and os.path.isdir(cache) else None
+
+
+def tools_list_path(protocol_version: str) -> str | None:
+    """Where the SDK's `tools/list` result for a client of `protocol_version` is kept (None: nowhere)."""
+    cache = build_cache_dir()
+    if cache is None or protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
+        return None
+    return os.path.join(cache, TOOLS_LIST_CACHE, f"tools-list-{sys.implementation.cache_tag}-{protocol_version}.json")
+
+
+def cached_tools_list(protocol_version: str) -> bytes | None:
+    """The `result` bytes of the SDK's `tools/list` answer kept for `protocol_version`, or None."""
+    path = tools_list_path(protocol_version)
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if not (data.startswith(b'{"tools":[') and data.endswith(b"}")) or b"\n" in data:
+        return None
+    try:  # what a client gets must at least be the shape of a tools/list result
+        parsed = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(parsed, dict) and isinstance(parsed.get("tools"), list) else None
+
+
+def keep_tools_list(protocol_version: str, result: bytes) -> None:
+    """Keep the SDK's `tools/list` result bytes for the next start (atomically; a failure only costs speed)."""
+    path = tools_list_path(protocol_version)
+    if path is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(result)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _answer_line(rid: Any, result: bytes) -> bytes:
+    """A response line as the SDK writes one (compact, keys in its order), around `result` bytes."""
+    return b'{"jsonrpc":"2.0","id":' + json.dumps(rid).encode("utf-8") + b',"result":' + result + b"}\n"
+
+
+def is_initialized_notification(line: bytes) -> bool:
+    """`notifications/initialized` with nothing else in it (what every client sends after `initialize`)."""
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return False
+    return obj == {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+def plain_tools_list_id(line: bytes) -> tuple[bool, Any]:
+    """(True, id) for a `tools/list` request without a cursor (or `_meta`) and a plain id, else (False, None)."""
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return False, None
+    if not isinstance(obj, dict) or obj.get("method") != "tools/list" or obj.get("jsonrpc") != "2.0":
+        return False, None
+    if set(obj) - {"jsonrpc", "id", "method", "params"} or obj.get("params", {}) not in ({}, None):
+        return False, None
+    rid = obj.get("id")
+    if not ((isinstance(rid, int) and not isinstance(rid, bool) and abs(rid) < 2**53) or _plain_string_id(rid)):
+        return False, None
+    return True, rid
+
+
+def _plain_string_id(rid: Any) -> bool:
+    """A string id the SDK writes back exactly as `json.dumps` does (printable ASCII, nothing to escape)."""
+    return isinstance(rid, str) and all(" " <= ch <= "~" and ch not in '"\\' for ch in rid)
+
+
 class EarlyStart:
-    """The first line of stdin, read (and answered when it is a plain `initialize`) while the SDK loads."""
+    """The first lines of stdin, read (and answered when they are a plain `initialize` and, with a cached
+    answer, a plain `tools/list`) while the SDK loads."""
 
     def __init__(self) -> None:
         self.pushback = b""  # every byte read from fd 0: the serving loop reads these first
-        self.answered_id: Any = None  # the id answered early (None: nothing was)
-        self.sent = b""  # the answer line written
+        self.answered_id: Any = None  # the `initialize` id answered early (None: nothing was)
+        self.sent = b""  # the `initialize` answer line written
+        self.protocol_version: str | None = None  # what the early `initialize` answer negotiated
+        self.tools_list_id: Any = None  # the `tools/list` id answered early (None: none was)
+        self.tools_list_sent = b""  # that answer line
+        self._stop = threading.Event()  # the SDK is loaded: stop reading ahead
         self._thread = threading.Thread(target=self._run, name="akm-mcp-initialize", daemon=True)
 
     def _run(self) -> None:
@@ -201,16 +302,57 @@ class EarlyStart:
         if got is None:
             return
         rid, data = got
+        if not self._write(data):
+            return  # the client is gone (or stdout is unusable): let the serving loop find out as before
+        self.answered_id, self.sent = rid, data
+        self.protocol_version = json.loads(data)["result"]["protocolVersion"]
+        tools = cached_tools_list(self.protocol_version)
+        if tools is not None and hasattr(select, "poll"):
+            self._answer_tools_list(buf, end + 1, tools)
+
+    def _answer_tools_list(self, buf: bytearray, start: int, tools: bytes) -> None:
+        """Read on (until the SDK takes over) for the plain `tools/list` that usually follows, and answer it."""
+        poller = select.poll()
+        poller.register(0, select.POLLIN)
+        initialized = False  # a request before `notifications/initialized` is the SDK's to judge
+        while not self._stop.is_set() and len(buf) <= _MAX_FIRST_LINE:
+            end = buf.find(b"\n", start)
+            if end >= 0:
+                line = bytes(buf[start:end])
+                start = end + 1
+                if not initialized and is_initialized_notification(line):
+                    initialized = True
+                    continue
+                plain, rid = plain_tools_list_id(line)
+                if plain and initialized:
+                    data = _answer_line(rid, tools)
+                    if self._write(data):
+                        self.tools_list_id, self.tools_list_sent = rid, data
+                return  # anything else, and all that follows, is the SDK's
+            try:
+                if not poller.poll(_POLL_S * 1000):
+                    continue
+                chunk = os.read(0, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            buf += chunk
+            self.pushback = bytes(buf)
+
+    @staticmethod
+    def _write(data: bytes) -> bool:
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(1, view) :]
         except OSError:
-            return  # the client is gone (or stdout is unusable): let the serving loop find out as before
-        self.answered_id, self.sent = rid, data
+            return False
+        return True
 
     def result(self) -> EarlyStart:
-        """Wait for the first line (or end of input) to be read; self."""
+        """Stop reading ahead and wait for what was read (at least the first line, or end of input); self."""
+        self._stop.set()
         self._thread.join()
         return self
 

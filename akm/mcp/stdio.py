@@ -279,6 +279,8 @@ async def serve(
         from mcp.shared._context_streams import create_context_streams
         from mcp.shared.message import SessionMessage
     except ImportError:
+        if early is not None:
+            early.result()  # it reads no further than the SDK's own loop now starts to
         return False
     if early is not None:
         early.result()  # the first line is read (and answered) before the descriptors change hands
@@ -311,7 +313,15 @@ async def _serve(
     early: handshake.EarlyStart | None = None,
 ) -> None:
     read_send, read_receive = create_context_streams(0)
-    answered = _request_key(early.answered_id) if early is not None and early.answered_id is not None else None
+    # Requests answered before the SDK was loaded, with the line sent: the SDK's answer is compared, not written.
+    answered: dict[tuple[str, Any], tuple[str, bytes]] = {}
+    if early is not None and early.answered_id is not None:
+        answered[_request_key(early.answered_id)] = ("initialize", early.sent)
+    if early is not None and early.tools_list_id is not None:
+        answered[_request_key(early.tools_list_id)] = ("tools/list", early.tools_list_sent)
+    # Plain `tools/list` requests (no cursor) in flight: the SDK's answer is kept for the next start's early one.
+    tools_lists: set[tuple[str, Any]] = set()
+    keep_for = early.protocol_version if early is not None else None
     write_send, write_receive = create_context_streams(0)
     in_flight: set[tuple[str, Any]] = set()
     settled = anyio.Event()
@@ -336,6 +346,8 @@ async def _serve(
                     continue
                 if isinstance(message, types.JSONRPCRequest):
                     in_flight.add(_request_key(message.id))
+                    if keep_for is not None and message.method == "tools/list" and not message.params:
+                        tools_lists.add(_request_key(message.id))
                 elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
                     in_flight.discard(_request_key((message.params or {}).get("requestId")))  # never answered
                 await read_send.send(SessionMessage(message))
@@ -357,19 +369,24 @@ async def _serve(
         async with write_receive:
             async for session_message in write_receive:
                 message = session_message.message
-                nonlocal answered
                 data = message.model_dump_json(by_alias=True, exclude_unset=True).encode("utf-8") + b"\n"
                 done = isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)) and message.id is not None
-                if done and answered is not None and _request_key(message.id) == answered and early is not None:
-                    answered = None  # the `initialize` answered before the SDK was loaded: written once only
-                    if data != early.sent:
+                key = _request_key(message.id) if done else None
+                early_answer = answered.pop(key, None) if key is not None else None
+                if early_answer is not None:  # answered before the SDK was loaded: written once only
+                    method, sent = early_answer
+                    if data != sent:
                         sys.stderr.write(
-                            "akm mcp: the early initialize answer differs from the SDK's:\n"
-                            f"  sent: {early.sent.decode('utf-8', 'replace')}  SDK:  {data.decode('utf-8', 'replace')}"
+                            f"akm mcp: the early {method} answer differs from the SDK's:\n"
+                            f"  sent: {sent.decode('utf-8', 'replace')}  SDK:  {data.decode('utf-8', 'replace')}"
                         )
                         sys.stderr.flush()
                 else:
                     await anyio.to_thread.run_sync(write, data)
+                if key is not None and key in tools_lists and keep_for is not None:
+                    tools_lists.discard(key)
+                    if early_answer is None or data != early_answer[1]:
+                        _keep_tools_list(keep_for, message, data)
                 if done:
                     in_flight.discard(_request_key(message.id))
                     if not in_flight:
@@ -389,6 +406,16 @@ async def _serve(
             reading.cancel()
     except* (BrokenPipeError, ConnectionResetError):
         pass  # the client went away: nothing left to answer
+
+
+def _keep_tools_list(protocol_version: str, message: Any, data: bytes) -> None:
+    """Keep the `result` bytes of the SDK's answer line `data` to a plain `tools/list`, for the next start's early
+    answer (`akm.mcp.handshake`) — only when the line is exactly what that answer rebuilds around them."""
+    if not isinstance(message, types.JSONRPCResponse):
+        return
+    prefix = b'{"jsonrpc":"2.0","id":' + json.dumps(message.id).encode("utf-8") + b',"result":'
+    if data.startswith(prefix) and data.endswith(b"}\n"):
+        handshake.keep_tools_list(protocol_version, data[len(prefix) : -2])
 
 
 def tool_table(server: MCPServer) -> dict[str, Any]:
