@@ -15,6 +15,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # run failed / blocked / gate rejected / not found / lint errors
 EXIT_USAGE = 2  # bad input: flags, files, corrupt state, lease held
 EXIT_INTERNAL = 70
+EXIT_OUTPUT = 120  # the output could not be written whole (a full disk): CPython's status for a failed flush
 EXIT_CONFIG = 78
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 
-from akm.errors import EXIT_FAILED, EXIT_USAGE
+from akm.errors import EXIT_FAILED, EXIT_OUTPUT, EXIT_USAGE
 from tests.helpers import ROOT
 
 
@@ -94,3 +94,23 @@ def test_large_json_output_reaches_a_pipe_whole(akm, project):
     out = json.loads(proc.stdout)
     assert out["run"]["status"] == "completed"
     assert len(proc.stdout) > 300 * 400 * 7
+
+
+def test_output_that_cannot_be_written_is_a_failure_but_a_closed_pipe_is_not(tmp_path):
+    env = {**_env(tmp_path), "PYTHONPATH": str(ROOT)}
+    env.pop("PYTHONUNBUFFERED", None)  # the output waits in the buffer for the flush at exit, as in a user's shell
+    with open("/dev/full", "wb") as full:  # every write fails: No space left on device
+        proc = subprocess.run(
+            [sys.executable, "-m", "akm", "--version"], stdout=full, stderr=subprocess.PIPE, env=env, timeout=120
+        )
+    assert proc.returncode == EXIT_OUTPUT, proc.stderr
+    assert proc.stderr.decode().startswith("error[OUTPUT_FAILED]: ") and b"Traceback" not in proc.stderr
+
+    reader_gone = subprocess.Popen(
+        [sys.executable, "-m", "akm", "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert reader_gone.stdout is not None
+    reader_gone.stdout.close()  # before (or, on a slow machine, after) it writes: either way not a failure
+    _, err = reader_gone.communicate(timeout=120)
+    assert reader_gone.returncode == 0, err
+    assert b"Traceback" not in err and b"Exception ignored" not in err

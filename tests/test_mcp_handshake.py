@@ -230,3 +230,14 @@ def test_the_built_file_leaves_other_tools_list_requests_to_the_sdk(tmp_path, ak
     listed = [json.loads(f) for f in frames if json.loads(f).get("id") == "tools"]
     assert len(listed) <= 1
     assert all(f.get("error") or f["result"]["tools"] for f in listed)  # the SDK's own answer (or its error)
+
+
+def test_a_tools_list_reusing_the_initialize_id_is_the_sdks(tmp_path, akm_bin):
+    """Ids must not be reused; if a client does, the early reader leaves the second request to the SDK."""
+    cache = tmp_path / "cache"
+    _serve(tmp_path, _init(1), INITIALIZED, TOOLS, akm_bin=akm_bin, cache=cache)
+    [kept] = cache.glob("akm-*/mcp/tools-list-*-2025-06-18.json")
+    kept.write_bytes(b'{"tools":[]}')
+    frames, stderr = _serve(tmp_path, _init("tools"), INITIALIZED, TOOLS, akm_bin=akm_bin, cache=cache)
+    assert "differs" not in stderr, stderr[:2000]
+    assert all(json.loads(f).get("result") != {"tools": []} for f in frames)

@@ -15,7 +15,7 @@ from typing import Any, NoReturn, Sequence
 
 from akm import __version__
 from akm.cli.render import _err, _err_json, _out
-from akm.errors import EXIT_INTERNAL, EXIT_USAGE, AkmError
+from akm.errors import EXIT_INTERNAL, EXIT_OUTPUT, EXIT_USAGE, AkmError
 
 
 def __getattr__(name: str) -> Any:
@@ -80,13 +80,25 @@ def run() -> NoReturn:
     import atexit
 
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
+    code = code if isinstance(code, int) else 0  # as sys.exit(None) would
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        pass  # the reader stopped reading (`akm … | head`): not a failure, as in `main`
+    except (OSError, ValueError) as exc:  # a full disk, an I/O error: the output is not all there
+        if code == 0:
+            code = EXIT_OUTPUT
         try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: nothing more can be said there
+            sys.stderr.write(f"error[OUTPUT_FAILED]: the output could not be written whole: {exc}\n")
+        except (OSError, ValueError):
             pass
-    os._exit(code if isinstance(code, int) else 0)  # as sys.exit(None) would
+    try:
+        if sys.stderr is not None:
+            sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -161,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         try:
             sys.stdout.flush()
-        except BrokenPipeError:
+        except OSError:  # a closed pipe: fine; a full disk: `run` flushes again and says so
             pass
 
 

@@ -38,8 +38,12 @@ def serve() -> int:
     from akm.mcp import handshake
 
     early = handshake.start()
-    from akm.mcp.server import serve as serve_server
-
+    try:
+        from akm.mcp.server import serve as serve_server
+    except BaseException:
+        if early is not None:
+            early.result()  # no early answer after an error is printed
+        raise
     return serve_server(early)
 
 

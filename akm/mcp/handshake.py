@@ -307,7 +307,8 @@ class EarlyStart:
         self.answered_id, self.sent = rid, data
         self.protocol_version = json.loads(data)["result"]["protocolVersion"]
         tools = cached_tools_list(self.protocol_version)
-        if tools is not None and hasattr(select, "poll"):
+        # Not from a terminal: a person typing needs no head start, and macOS cannot poll a tty.
+        if tools is not None and hasattr(select, "poll") and not os.isatty(0):
             self._answer_tools_list(buf, end + 1, tools)
 
     def _answer_tools_list(self, buf: bytearray, start: int, tools: bytes) -> None:
@@ -324,14 +325,18 @@ class EarlyStart:
                     initialized = True
                     continue
                 plain, rid = plain_tools_list_id(line)
-                if plain and initialized:
+                same_id = type(rid) is type(self.answered_id) and rid == self.answered_id  # the SDK's to refuse
+                if plain and initialized and not same_id:
                     data = _answer_line(rid, tools)
                     if self._write(data):
                         self.tools_list_id, self.tools_list_sent = rid, data
                 return  # anything else, and all that follows, is the SDK's
             try:
-                if not poller.poll(_POLL_S * 1000):
+                events = poller.poll(_POLL_S * 1000)
+                if not events:
                     continue
+                if not events[0][1] & (select.POLLIN | select.POLLHUP):
+                    return  # POLLNVAL, POLLERR: nothing to read here; the serving loop finds out
                 chunk = os.read(0, 65536)
             except OSError:
                 return
@@ -342,12 +347,19 @@ class EarlyStart:
 
     @staticmethod
     def _write(data: bytes) -> bool:
-        try:
-            view = memoryview(data)
-            while view:
+        """Write `data` to stdout; whether any of it was written (then the answer counts as sent: the SDK's
+        copy after a torn line would not mend it)."""
+        view = memoryview(data)
+        while view:
+            try:
                 view = view[os.write(1, view) :]
-        except OSError:
-            return False
+            except (BlockingIOError, InterruptedError):  # a non-blocking stdout that is full: wait for room
+                try:
+                    select.select([], [1], [], 1.0)
+                except (OSError, ValueError):
+                    return len(view) < len(data)
+            except OSError:
+                return len(view) < len(data)
         return True
 
     def result(self) -> EarlyStart:

@@ -90,7 +90,12 @@ def serve(early: EarlyStart | None = None) -> int:
     import signal
 
     sys.stdout.flush()
-    server = build_server()
+    try:
+        server = build_server()
+    except BaseException:
+        if early is not None:
+            early.result()  # no early answer after an error is printed
+        raise
 
     def on_signal(signum: int, _frame: Any) -> None:
         # The SDK's stdin reader thread may sit in a read that never returns; leaving through the event loop

@@ -366,6 +366,7 @@ async def _serve(
         stdout.flush()
 
     async def writer() -> None:
+        nonlocal keep_for
         async with write_receive:
             async for session_message in write_receive:
                 message = session_message.message
@@ -375,6 +376,8 @@ async def _serve(
                 early_answer = answered.pop(key, None) if key is not None else None
                 if early_answer is not None:  # answered before the SDK was loaded: written once only
                     method, sent = early_answer
+                    if data != sent and method == "initialize":
+                        keep_for = None  # negotiated otherwise than the early answer said: keep nothing under it
                     if data != sent:
                         sys.stderr.write(
                             f"akm mcp: the early {method} answer differs from the SDK's:\n"
