@@ -90,6 +90,9 @@ class Code(StrEnum):
     NATIVE_LOAD_FAILED = "NATIVE_LOAD_FAILED"
     NO_LZMA = "NO_LZMA"
     NO_SCRIPT = "NO_SCRIPT"
+    # -- the process's own streams
+    MCP_NO_STDIO = "MCP_NO_STDIO"
+    OUTPUT_FAILED = "OUTPUT_FAILED"
     # -- bugs
     INTERNAL = "INTERNAL"
     INTERNAL_LOOP = "INTERNAL_LOOP"
@@ -167,6 +170,10 @@ CODE_MEANINGS: dict[Code, str] = {
     Code.NATIVE_LOAD_FAILED: "a bundled native extension could not be loaded",
     Code.NO_LZMA: "this Python lacks the lzma module the archive's native code is packed with",
     Code.NO_SCRIPT: "`AKM_BUNDLE_EXEC` names a script that cannot be read",
+    Code.MCP_NO_STDIO: "`akm mcp` was started with stdin or stdout closed; it speaks MCP over them (exit 2)",
+    Code.OUTPUT_FAILED: "what a command printed could not be written whole to stdout: a full disk, an I/O error "
+    "(exit 120, CPython's status when its last flush fails; a failed command keeps its own). A reader that stops "
+    "reading (`akm … \\| head`) is not a failure",
     Code.INTERNAL: "a bug in akm (exit 70; `AKM_DEBUG=1` shows the traceback)",
     Code.INTERNAL_LOOP: "a step decision did not converge (a bug in akm)",
     Code.ERROR: "the generic code of an error that carries no more specific one",

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from akm.errors import EXIT_FAILED, EXIT_OUTPUT, EXIT_USAGE
 from tests.helpers import ROOT
 
@@ -114,3 +116,17 @@ def test_output_that_cannot_be_written_is_a_failure_but_a_closed_pipe_is_not(tmp
     _, err = reader_gone.communicate(timeout=120)
     assert reader_gone.returncode == 0, err
     assert b"Traceback" not in err and b"Exception ignored" not in err
+
+
+@pytest.mark.parametrize("closed", ["<&-", ">&-"])
+def test_akm_mcp_with_a_closed_stdin_or_stdout_says_so(tmp_path, closed):
+    env = {**_env(tmp_path), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        ["sh", "-c", f'exec "$0" -m akm mcp {closed}', sys.executable],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL if closed == "<&-" else None,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert proc.stderr.decode().startswith("error[MCP_NO_STDIO]: ") and b"Traceback" not in proc.stderr

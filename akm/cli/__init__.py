@@ -87,10 +87,11 @@ def run() -> NoReturn:
     except BrokenPipeError:
         pass  # the reader stopped reading (`akm … | head`): not a failure, as in `main`
     except (OSError, ValueError) as exc:  # a full disk, an I/O error: the output is not all there
+        failure = AkmError(f"the output could not be written whole: {exc}", code="OUTPUT_FAILED")
         if code == 0:
             code = EXIT_OUTPUT
         try:
-            sys.stderr.write(f"error[OUTPUT_FAILED]: the output could not be written whole: {exc}\n")
+            sys.stderr.write(f"error[{failure.code}]: {failure.message}\n")
         except (OSError, ValueError):
             pass
     try:
@@ -110,7 +111,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["mcp"]:
         from akm.cli.commands import _cmd_mcp
 
-        return _cmd_mcp(argv[1:])
+        try:
+            return _cmd_mcp(argv[1:])
+        except AkmError as exc:
+            _err(f"error[{exc.code}]: {exc.message}")
+            return exc.exit_status
+        except KeyboardInterrupt:
+            return 130
+        except Exception as exc:  # the last line of defence here too: never a traceback to a user
+            _err(f"error[INTERNAL]: unexpected {type(exc).__name__} in akm mcp: {exc}")
+            _err("  hint: this is a bug in akm; set AKM_DEBUG=1 to see the traceback.")
+            if os.environ.get("AKM_DEBUG") == "1":
+                import traceback
+
+                traceback.print_exc()
+            return EXIT_INTERNAL
     _tolerant_streams()
     try:
         _check_argv(argv)

@@ -536,6 +536,17 @@ def _cmd_mcp(rest: list[str]) -> int:
     if rest:
         _err(f"error[USAGE]: akm mcp takes no arguments (got {' '.join(rest)})")
         return EXIT_USAGE
+    for fd, stream, name in ((0, sys.stdin, "stdin"), (1, sys.stdout, "stdout")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            stream = None
+        if stream is None:
+            raise UsageError(
+                f"akm mcp speaks MCP over stdin and stdout, and its {name} is closed; start it from an MCP client "
+                "(e.g. `claude mcp add akm -- /path/to/akm mcp`).",
+                code="MCP_NO_STDIO",
+            )
     from akm.mcp import serve
 
     return serve()
