@@ -69,13 +69,18 @@ def run() -> NoReturn:
     garbage collection) is a few milliseconds of a short `workflow run`'s ~100 ms, for nothing: every
     journal write is committed and every connection closed before `main` returns. What a normal exit
     must still do is done here: the atexit handlers run (the orphan guard's goodbye) and the standard
-    streams are flushed. If a thread that is not a daemon still runs, the normal exit joins it.
+    streams are flushed. If a thread that is not a daemon still runs, the normal exit joins it — except
+    after `akm mcp`: once its serving loop returned, every background driver was stopped and waited for,
+    and what is left is the SDK's stdin reader, blocked in a read that may never return (a client that
+    closed our stdout but not our stdin); joining it would keep the process alive until the next line.
     """
     code = main()
     import threading
 
     main_thread = threading.main_thread()
-    if any(t is not main_thread and not t.daemon and t.is_alive() for t in threading.enumerate()):
+    if sys.argv[1:2] != ["mcp"] and any(
+        t is not main_thread and not t.daemon and t.is_alive() for t in threading.enumerate()
+    ):
         sys.exit(code)
     import atexit
 
