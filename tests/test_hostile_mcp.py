@@ -36,6 +36,18 @@ def _env(tmp_path: Path) -> dict[str, str]:
     }
 
 
+def _mcp_process(env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    """`python -m akm mcp` on pipes (its stderr dropped), for a case that plays the client byte by byte."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "akm", "mcp"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=cwd,
+    )
+
+
 class Server:
     """`akm mcp` with a reader thread collecting every stdout frame."""
 
@@ -284,15 +296,7 @@ def test_a_client_gone_at_end_of_input_still_cancels_the_call_at_once(tmp_path, 
         + "\n---\n\n## a\n\nx\n",
         encoding="utf-8",
     )
-    env = {**_env(tmp_path), "AKM_MCP_CALL_BOUND": "600"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "akm", "mcp"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        cwd=project,
-    )
+    proc = _mcp_process({**_env(tmp_path), "AKM_MCP_CALL_BOUND": "600"}, project)
     try:
         call = {
             "jsonrpc": "2.0",
@@ -317,3 +321,23 @@ def test_a_client_gone_at_end_of_input_still_cancels_the_call_at_once(tmp_path, 
 
     (run,) = api.list_runs(cwd=str(project)).runs
     assert run.status == "active"  # cancelled, still resumable
+
+
+def test_the_server_leaves_when_its_client_stops_reading_but_keeps_its_stdin_open(tmp_path, project):
+    """The answer to `ping` meets a closed pipe: the server ends, and the process with it (the SDK's stdin
+    reader, blocked in a read that the still-open stdin never ends, used to keep it alive until the next line)."""
+    proc = _mcp_process(_env(tmp_path), project)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(json.dumps(INIT).encode() + b"\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["id"] == "init"
+        proc.stdout.close()  # the client stops reading; its end of our stdin stays open
+        proc.stdin.write(json.dumps(INITIALIZED).encode() + b'\n{"jsonrpc": "2.0", "id": 2, "method": "ping"}\n')
+        proc.stdin.flush()
+        assert proc.wait(timeout=120) == 0  # generous: the SDK loads first on a busy machine
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        proc.stdin.close()
