@@ -113,26 +113,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv == ["--version"]:
         _out(f"akm {__version__}")
         return 0
-    if argv[:1] == ["mcp"]:
-        from akm.cli.commands import _cmd_mcp
-
-        try:
-            return _cmd_mcp(argv[1:])
-        except AkmError as exc:
-            _err(f"error[{exc.code}]: {exc.message}")
-            return exc.exit_status
-        except KeyboardInterrupt:
-            return 130
-        except Exception as exc:  # the last line of defence here too: never a traceback to a user
-            _err(f"error[INTERNAL]: unexpected {type(exc).__name__} in akm mcp: {exc}")
-            _err("  hint: this is a bug in akm; set AKM_DEBUG=1 to see the traceback.")
-            if os.environ.get("AKM_DEBUG") == "1":
-                import traceback
-
-                traceback.print_exc()
-            return EXIT_INTERNAL
-    _tolerant_streams()
+    mcp = argv[:1] == ["mcp"]  # the protocol owns the streams and takes no arguments: neither is touched
+    if not mcp:
+        _tolerant_streams()
     try:
+        if mcp:
+            from akm.cli.commands import _cmd_mcp
+
+            return _cmd_mcp(argv[1:])
         _check_argv(argv)
         from akm.cli import commands
 
@@ -192,7 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERNAL
     finally:
         try:
-            sys.stdout.flush()
+            if sys.stdout is not None:  # None: started with stdout closed
+                sys.stdout.flush()
         except OSError:  # a closed pipe: fine; a full disk: `run` flushes again and says so
             pass
 

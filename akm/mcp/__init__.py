@@ -40,11 +40,12 @@ def serve() -> int:
     early = handshake.start()
     try:
         from akm.mcp.server import serve as serve_server
+
+        return serve_server(early)
     except BaseException:
         if early is not None:
-            early.result()  # no early answer after an error is printed
+            early.stop()  # reading ahead ends: nothing answered early after an error is printed
         raise
-    return serve_server(early)
 
 
 # This package's modules: `from akm.mcp import stdio` must import the module, not look it up in `server`.

@@ -235,9 +235,19 @@ def keep_tools_list(protocol_version: str, result: bytes) -> None:
         pass
 
 
+def _answer_head(rid: Any) -> bytes:
+    return b'{"jsonrpc":"2.0","id":' + json.dumps(rid).encode("utf-8") + b',"result":'
+
+
 def _answer_line(rid: Any, result: bytes) -> bytes:
     """A response line as the SDK writes one (compact, keys in its order), around `result` bytes."""
-    return b'{"jsonrpc":"2.0","id":' + json.dumps(rid).encode("utf-8") + b',"result":' + result + b"}\n"
+    return _answer_head(rid) + result + b"}\n"
+
+
+def answer_result(rid: Any, line: bytes) -> bytes | None:
+    """The `result` bytes of the response `line` to `rid` when `_answer_line` rebuilds the line from them, else None."""
+    head = _answer_head(rid)
+    return line[len(head) : -2] if line.startswith(head) and line.endswith(b"}\n") else None
 
 
 def is_initialized_notification(line: bytes) -> bool:
@@ -362,9 +372,13 @@ class EarlyStart:
                 return len(view) < len(data)
         return True
 
+    def stop(self) -> None:
+        """Stop reading ahead (within `_POLL_S`), without waiting for the first line."""
+        self._stop.set()
+
     def result(self) -> EarlyStart:
         """Stop reading ahead and wait for what was read (at least the first line, or end of input); self."""
-        self._stop.set()
+        self.stop()
         self._thread.join()
         return self
 

@@ -90,12 +90,7 @@ def serve(early: EarlyStart | None = None) -> int:
     import signal
 
     sys.stdout.flush()
-    try:
-        server = build_server()
-    except BaseException:
-        if early is not None:
-            early.result()  # no early answer after an error is printed
-        raise
+    server = build_server()
 
     def on_signal(signum: int, _frame: Any) -> None:
         # The SDK's stdin reader thread may sit in a read that never returns; leaving through the event loop

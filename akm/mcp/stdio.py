@@ -414,11 +414,9 @@ async def _serve(
 def _keep_tools_list(protocol_version: str, message: Any, data: bytes) -> None:
     """Keep the `result` bytes of the SDK's answer line `data` to a plain `tools/list`, for the next start's early
     answer (`akm.mcp.handshake`) — only when the line is exactly what that answer rebuilds around them."""
-    if not isinstance(message, types.JSONRPCResponse):
-        return
-    prefix = b'{"jsonrpc":"2.0","id":' + json.dumps(message.id).encode("utf-8") + b',"result":'
-    if data.startswith(prefix) and data.endswith(b"}\n"):
-        handshake.keep_tools_list(protocol_version, data[len(prefix) : -2])
+    result = handshake.answer_result(message.id, data) if isinstance(message, types.JSONRPCResponse) else None
+    if result is not None:
+        handshake.keep_tools_list(protocol_version, result)
 
 
 def tool_table(server: MCPServer) -> dict[str, Any]:
