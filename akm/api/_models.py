@@ -242,7 +242,8 @@ class BriefUnit(ApiModel):
     input_hash: str
     action: str  # do | claimed | rerun | do_not_run
     result_kind: str = "text"  # json | text: what `result` is
-    env_bindings: list[str] = Field(default_factory=list)  # the unit's env: binding names (never values)
+    env: list[str] = Field(default_factory=list)  # the unit's env: refs by name (env/<name>; never values)
+    env_bindings: list[str] = Field(default_factory=list)  # the variable names those refs bind (never values)
     runner: str
     prompt: str
     output_schema: dict[str, Any] | None = None

@@ -210,6 +210,11 @@ def _next_after_report(res: dict[str, Any]) -> str | None:
         return "Report the unit's result with unit_report (status completed) before its claim expires."
     if res.get("remainingUnits"):
         return f"{res['remainingUnits']} unit(s) of the step still need a report."
+    if not outcome and status == "awaiting_session":  # nothing unreported, yet the step waits: a re-run
+        return (
+            f'The step waits for a failed unit to be re-run (its retry.on lists the reason): call workflow_next(run_id="{rid}") '
+            "and report it with unit_report(**unit.report, result=...) (its report says rerun)."
+        )
     return None
 
 
