@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.test_report_html import chromium_bin
+from tests.test_report_html import CHROMIUM_FLAGS, chromium_bin
 
 DEADLINE_S = 120.0
 
@@ -158,14 +158,7 @@ def render(page: Path, probe: str, *, width: int = 1280, height: int = 900) -> R
         proc = subprocess.Popen(
             [
                 chromium_bin(),
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
+                *CHROMIUM_FLAGS,
                 "--hide-scrollbars",
                 "--force-device-scale-factor=1",
                 f"--user-data-dir={profile}",

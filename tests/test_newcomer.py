@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from akm import api, paths
-from tests.helpers import open_test_journal, py, write_wf
+from akm import api
+from tests.helpers import create_run, open_test_journal, py, write_wf
 from tests.test_mcp import call, err
 from tests.test_session import journal
 
@@ -22,29 +22,11 @@ EXEC = "steps:\n  - id: a\n    unit: { exec: { command: %s } }" % py("print('hi'
 SESSION = "steps:\n  - id: write"
 
 
-def _run_with_id(project, name: str, run_id: str, frontmatter: str = SESSION, body: str = "## write\n\nWrite.") -> str:
-    """A run created with a chosen id (to make two ids share a prefix), as `workflow run` would create it."""
-    from akm.format.params import check_params
-    from akm.plan.model import UNIT_HASH_VERSION
-    from akm.store import runs as runs_store
-
-    wf = write_wf(project, name, frontmatter, body)
+def _run_with_id(project, name: str, run_id: str) -> str:
+    """A session run created with a chosen id (to make two ids share a prefix)."""
+    wf = write_wf(project, name, SESSION, "## write\n\nWrite.")
     plan, _ = api.compile_workflow_file(wf)
-    with open_test_journal() as db:
-        runs_store.create_run(
-            db,
-            run_id=run_id,
-            workflow_ref=str(wf),
-            workflow_path=str(wf),
-            title=plan.title,
-            scope_key=paths.scope_key(project, portable=db.shared),
-            params=check_params({}, plan.param_schemas or {}),
-            plan_json=plan.canonical(),
-            plan_hash=plan.plan_hash(),
-            hash_version=UNIT_HASH_VERSION,
-            step_ids=[s.step_id for s in plan.steps],
-        )
-    return run_id
+    return create_run(project, wf, plan, run_id)
 
 
 # ------------------------------------------------------------------ run ids: prefixes and @last
@@ -153,6 +135,8 @@ def test_workflow_run_file_help_shows_the_workflows_params(cli, project):
     assert "--files ARRAY" in half
     generic = cli("workflow", "run", "--help", check=0).stdout
     assert generic.startswith("usage: akm workflow run TARGET") and "--files" not in generic
+    for run_target in ("@last", "ce0c35b3", "ce0c35b3-0000-4000-8000-000000000000"):  # a run: params are fixed
+        assert cli("workflow", "run", run_target, "--help", check=0).stdout == generic
     assert not list(api.list_runs(cwd=str(project)).runs)  # help starts nothing
     missing = cli("workflow", "run", "nope.md", "--help")
     assert missing.returncode == 1 and "error[WORKFLOW_NOT_FOUND]" in missing.stderr

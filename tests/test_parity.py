@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from akm import api, paths
+from akm import api
 from akm.canonical import canonical_json
 from akm.dispatch.base import DispatcherRegistry
 from akm.dispatch.types import DispatchResult
@@ -42,7 +42,7 @@ from akm.engine.drive import DriveOptions, drive_run
 from akm.errors import AkmError
 from akm.plan.identity import base_of_attempt
 from akm.store import runs as runs_store
-from tests.helpers import open_test_journal, write_wf
+from tests.helpers import create_run, open_test_journal, write_wf
 
 JUDGE = "fakejudge"
 
@@ -124,25 +124,7 @@ def _start(project: Path, sc: Scenario) -> str:
         ]
         execution = plan.execution.model_copy(update={"engines": {JUDGE: {"kind": JUDGE}}})
         plan = type(plan).model_validate(plan.model_copy(update={"steps": steps, "execution": execution}).to_json_obj())
-    from akm.format.params import check_params
-    from akm.plan.model import UNIT_HASH_VERSION
-
-    rid = str(uuid.uuid4())
-    with open_test_journal() as db:
-        runs_store.create_run(
-            db,
-            run_id=rid,
-            workflow_ref=str(wf),
-            workflow_path=str(wf),
-            title=plan.title,
-            scope_key=paths.scope_key(project, portable=db.shared),
-            params=check_params(dict(sc.params), plan.param_schemas or {}),
-            plan_json=plan.canonical(),
-            plan_hash=plan.plan_hash(),
-            hash_version=UNIT_HASH_VERSION,
-            step_ids=[s.step_id for s in plan.steps],
-        )
-    return rid
+    return create_run(project, wf, plan, str(uuid.uuid4()), sc.params)
 
 
 def _registry(o: Outcomes, *, units: bool) -> DispatcherRegistry:

@@ -245,7 +245,9 @@ def test_cli_verdict_implies_completed_and_a_report_prints_the_next_brief(akm, p
         "workflow", "report", rid, "d:solo", "--status", "completed", "--result", "dogs", "--attempt", "d:solo", check=0
     )
     assert "== verdict d.gate:l1" in rep.stdout  # the judge brief, without `workflow next`
-    no = akm("workflow", "report", rid, "d:solo", "--result", "dogs")
+    again = akm("workflow", "report", rid, "d:solo", "--result", "dogs")  # --result means completed (issue 39)
+    assert again.returncode == 0 and again.stdout.startswith("idempotent: "), (again.stdout, again.stderr)
+    no = akm("workflow", "report", rid, "d:solo")  # nothing says what happened
     assert no.returncode == 2 and "error[INVALID_ARGUMENT]" in no.stderr and "--status" in no.stderr
     ok = akm(
         "workflow",

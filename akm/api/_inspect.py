@@ -123,15 +123,21 @@ def workflow_catalog(request: Any = None, /, *, cwd: str | None = None):
     return catalog(paths.project_root(_work_dir(req.cwd)))
 
 
-def describe_workflow(target: str, *, cwd: str | None = None) -> CatalogEntry:
+def describe_workflow(target: str, *, cwd: str | None = None) -> CatalogEntry | None:
     """One workflow as the catalog describes it — title, steps, params (name, type, default, description) —
     named as `workflow run` names it: a file or a `workflows/<name>` ref (what `workflow run FILE --help`
-    shows). Parsing only: no plan, no config."""
+    shows); None when `target` names a run instead (a run's params are fixed). Parsing only: no plan, no
+    config."""
+    from akm.api._args import _RUN_ID
+    from akm.api._run_ids import is_run_reference
     from akm.api._targets import resolve_workflow_file
     from akm.catalog import describe
 
+    target = _of(str, "target")(target)
     work_dir = _work_dir(_of(str, "cwd", True)(cwd))
-    path, ref = resolve_workflow_file(_of(str, "target")(target), work_dir)
+    if _RUN_ID.match(target) or (is_run_reference(target) and not _is_file(work_dir / target, target)):
+        return None
+    path, ref = resolve_workflow_file(target, work_dir)
     return describe(ref, path, paths.project_root(work_dir))
 
 

@@ -266,7 +266,6 @@ def _run_help(tokens: list[str]) -> int:
     """`workflow run --help`; with a workflow TARGET, that workflow's own params first (the catalog's
     description of it), then the run flags."""
     from akm import api
-    from akm.api._run_ids import is_run_reference
     from akm.cli import render
     from akm.cli.parser import _RUN_HELP
     from akm.format.params import split_run_args
@@ -275,10 +274,11 @@ def _run_help(tokens: list[str]) -> int:
         target = split_run_args(tokens).target
     except UsageError:  # half-typed params after the target: the target is still the first word
         target = tokens[0] if tokens and not tokens[0].startswith("-") else None
-    if target is None or api._args._RUN_ID.match(target) or (is_run_reference(target) and not os.path.exists(target)):
+    entry = api.describe_workflow(target) if target is not None else None
+    if entry is None:
         _out(_RUN_HELP)  # no workflow named, or a run (whose params are fixed)
         return 0
-    _out(render.workflow_help(api.describe_workflow(target).to_json(), target))
+    _out(render.workflow_help(entry.to_json(), target))
     _out(_RUN_HELP[_RUN_HELP.index("Run flags:") :])  # the flags every run takes (TARGET's story is above)
     return 0
 

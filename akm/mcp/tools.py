@@ -414,11 +414,12 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
         units) every unit attempt; format html adds a self-contained HTML report."""
         result = await _call(api.run_status, run_id, units=units, step=step)
         if format == "html" and not result.is_error:
+            rid = (result.structured_content or {}).get("runId", run_id)  # a prefix or @last, resolved
             try:
-                page = await anyio.to_thread.run_sync(lambda: api.run_report_html(run_id))
+                page = await anyio.to_thread.run_sync(lambda: api.run_report_html(rid))
             except AkmError as exc:
                 return _error_result(exc)
-            result.content.append(_html_resource(f"akm://runs/{run_id}/report.html", page))
+            result.content.append(_html_resource(f"akm://runs/{rid}/report.html", page))
         return result
 
     @server.tool(annotations=_read_only("List runs"))

@@ -46,7 +46,7 @@ class _Step:
     """A step's progress counted in units, not attempts: a unit retried three times is one unit, failed
     only if its latest attempt failed; the total is the units the step dispatches, whatever retries cost."""
 
-    __slots__ = ("step_id", "planned", "units", "loop", "started", "finished", "status", "width", "note")
+    __slots__ = ("step_id", "planned", "units", "loop", "started", "finished", "status", "note")
 
     def __init__(self, step_id: str, started: float) -> None:
         self.step_id, self.started = step_id, started
@@ -55,8 +55,7 @@ class _Step:
         self.loop = 1
         self.finished: float | None = None
         self.status = "running"
-        self.width: int | None = None  # units at once, when the driver said so
-        self.note: str | None = None
+        self.note: str | None = None  # why the step runs fewer units at once than it declares
 
     @property
     def done(self) -> int:
@@ -107,7 +106,7 @@ class Board:
                 if step.units and all(ok is not None for ok in step.units.values()):
                     step.units = {}  # a pass over units all finished before: the next gate loop's re-dos
                 step.planned = p.total
-                step.width, step.note = getattr(p, "width", None), getattr(p, "note", None)
+                step.note = getattr(p, "note", None)
                 if step.finished is None:
                     step.status = "running"
             elif p.kind == "step":
