@@ -42,6 +42,15 @@ def catalog(project_root: Path) -> Catalog:
     return Catalog(workflows=entries, roots=[str(r) for _, r in roots])
 
 
+def describe(ref: str, path: Path, project_root: Path) -> CatalogEntry:
+    """One workflow's entry, wherever it lives: `source` is project or user for a `workflows/<name>` ref
+    (which library it resolved in), file for a file path."""
+    source = "file"
+    if ref.startswith("workflows/"):
+        source = "project" if path.is_relative_to(project_root / ".akm" / "workflows") else "user"
+    return _entry(ref, path, source)
+
+
 def _entry(ref: str, path: Path, source: str) -> CatalogEntry:
     from akm.format.parse import parse_workflow
 

@@ -33,6 +33,7 @@ class Code(StrEnum):
     UPGRADE_FAILED = "UPGRADE_FAILED"
     # -- runs and the lease
     RUN_NOT_FOUND = "RUN_NOT_FOUND"
+    RUN_ID_AMBIGUOUS = "RUN_ID_AMBIGUOUS"
     RUN_NOT_ACTIVE = "RUN_NOT_ACTIVE"
     RUN_ABANDONED = "RUN_ABANDONED"
     RUN_ALREADY_ACTIVE = "RUN_ALREADY_ACTIVE"
@@ -115,7 +116,8 @@ CODE_MEANINGS: dict[Code, str] = {
     Code.WORKFLOW_INVALID: "the workflow file has lint errors (run `workflow lint` for each with its fix)",
     Code.NOT_LEGACY: "`workflow upgrade` was given a file already in the current format",
     Code.UPGRADE_FAILED: "a legacy file could not be converted (the message says what is missing)",
-    Code.RUN_NOT_FOUND: "no run has this id",
+    Code.RUN_NOT_FOUND: "no run has this id (or prefix of one; `@last`: the project has no run yet)",
+    Code.RUN_ID_AMBIGUOUS: "a run id prefix several runs share (the message lists them); give more of the id",
     Code.RUN_NOT_ACTIVE: "the run cannot be driven or reported in its state (failed, blocked, completed)",
     Code.RUN_ABANDONED: "the run was abandoned for good",
     Code.RUN_ALREADY_ACTIVE: "an identical run (same workflow, project and params) is already drivable",
@@ -154,27 +156,27 @@ CODE_MEANINGS: dict[Code, str] = {
     Code.ENGINE_MISMATCH: "an engine's kind does not fit the unit (an agent engine for an LLM unit, …)",
     Code.INVALID_ENV: "an akm environment variable has a value it cannot use (e.g. `AKM_LEASE_TTL_S`)",
     Code.NON_INTERACTIVE_REQUIRES_YES: "`akm setup` without a terminal needs `--yes` (or `--config`)",
-    Code.JOURNAL_ERROR: "the journal cannot be opened or written (exit 78)",
-    Code.JOURNAL_TOO_NEW: "the journal was migrated by a newer akm (exit 78)",
-    Code.JOURNAL_FOREIGN: "the journal file is not akm's (exit 78)",
-    Code.JOURNAL_INCONSISTENT: "the journal's migration ledger and schema disagree (exit 78)",
-    Code.JOURNAL_URL_INVALID: "a PostgreSQL journal URL cannot be used (scheme, port, sslmode, unset `${ENV}`; exit 78)",
-    Code.JOURNAL_UNREACHABLE: "the PostgreSQL journal server does not answer at the URL's host and port (exit 78)",
-    Code.JOURNAL_AUTH_FAILED: "the PostgreSQL journal server refused the URL's user or password (exit 78)",
-    Code.JOURNAL_TLS_FAILED: "TLS to the PostgreSQL journal server failed (sslmode / certificate; exit 78)",
+    Code.JOURNAL_ERROR: "the journal cannot be opened or written",
+    Code.JOURNAL_TOO_NEW: "the journal was migrated by a newer akm",
+    Code.JOURNAL_FOREIGN: "the journal file is not akm's",
+    Code.JOURNAL_INCONSISTENT: "the journal's migration ledger and schema disagree",
+    Code.JOURNAL_URL_INVALID: "a PostgreSQL journal URL cannot be used (scheme, port, sslmode, unset `${ENV}`)",
+    Code.JOURNAL_UNREACHABLE: "the PostgreSQL journal server does not answer at the URL's host and port",
+    Code.JOURNAL_AUTH_FAILED: "the PostgreSQL journal server refused the URL's user or password",
+    Code.JOURNAL_TLS_FAILED: "TLS to the PostgreSQL journal server failed (sslmode / certificate)",
     Code.INVALID_TASK_METADATA: "an invocation-history row has metadata akm cannot read",
-    Code.UNSUPPORTED_PYTHON: "`dist/akm` needs CPython 3.11+ (exit 78)",
-    Code.UNSUPPORTED_PLATFORM: "`dist/akm` carries no native code for this OS, machine or interpreter (exit 78)",
-    Code.NO_CACHE_DIR: "no writable cache directory for the native code (set `AKM_CACHE_DIR`; exit 78)",
+    Code.UNSUPPORTED_PYTHON: "`dist/akm` needs CPython 3.11+",
+    Code.UNSUPPORTED_PLATFORM: "`dist/akm` carries no native code for this OS, machine or interpreter",
+    Code.NO_CACHE_DIR: "no writable cache directory for the native code (set `AKM_CACHE_DIR`)",
     Code.CORRUPT_BUNDLE: "the archive failed its integrity checks (download or build it again)",
     Code.NATIVE_LOAD_FAILED: "a bundled native extension could not be loaded",
     Code.NO_LZMA: "this Python lacks the lzma module the archive's native code is packed with",
     Code.NO_SCRIPT: "`AKM_BUNDLE_EXEC` names a script that cannot be read",
-    Code.MCP_NO_STDIO: "`akm mcp` was started with stdin or stdout closed; it speaks MCP over them (exit 2)",
+    Code.MCP_NO_STDIO: "`akm mcp` was started with stdin or stdout closed; it speaks MCP over them",
     Code.OUTPUT_FAILED: "what a command printed could not be written whole to stdout: a full disk, an I/O error "
-    "(exit 120, CPython's status when its last flush fails; a failed command keeps its own). A reader that stops "
+    "(120 is CPython's status when its last flush fails; a failed command keeps its own). A reader that stops "
     "reading (`akm … \\| head`) is not a failure",
-    Code.INTERNAL: "a bug in akm (exit 70; `AKM_DEBUG=1` shows the traceback)",
+    Code.INTERNAL: "a bug in akm (`AKM_DEBUG=1` shows the traceback)",
     Code.INTERNAL_LOOP: "a step decision did not converge (a bug in akm)",
     Code.ERROR: "the generic code of an error that carries no more specific one",
 }
@@ -182,17 +184,21 @@ CODE_MEANINGS: dict[Code, str] = {
 
 def render_errors_md() -> str:
     """spec/errors.md, generated from `Code` (tests/test_vocabulary.py checks the file matches)."""
+    from akm.errors import exit_status_of
+
     lines = [
         "# Error codes",
         "",
         "Generated from `akm.codes.Code` (`python -m akm.codes > spec/errors.md`); a test keeps them equal.",
         "Every error prints `error[CODE]: message` (a JSON object with `--format json`; an MCP tool error with",
-        "the code in its text) and exits with the status in spec/engine.md §6.",
+        "the code in its text and `exitCode`) and exits with its code's status — one rule, `akm.errors.EXIT_BY_CODE`:",
+        "1 what was named does not exist, 2 the request was refused and nothing changed, 70 a bug, 78 the",
+        'configuration or the environment, 120 the output could not be written (README, "Exit status").',
         "",
-        "| code | meaning |",
-        "|---|---|",
+        "| code | exit | meaning |",
+        "|---|---|---|",
     ]
-    lines += [f"| `{code.value}` | {CODE_MEANINGS[code]} |" for code in Code]
+    lines += [f"| `{code.value}` | {exit_status_of(code.value)} | {CODE_MEANINGS[code]} |" for code in Code]
     return "\n".join(lines) + "\n"
 
 

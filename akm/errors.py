@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-# Exit statuses (documented in spec/engine.md).
+# Exit statuses (README "Exit status", spec/engine.md §6; spec/errors.md lists every code's).
 EXIT_OK = 0
-EXIT_FAILED = 1  # run failed / blocked / gate rejected / not found / lint errors
-EXIT_USAGE = 2  # bad input: flags, files, corrupt state, lease held
+EXIT_FAILED = 1  # run failed / blocked / timed out; lint errors; what was named does not exist
+EXIT_USAGE = 2  # refused, nothing changed: malformed or invalid input, or not possible in the run's state now
 EXIT_INTERNAL = 70
 EXIT_OUTPUT = 120  # the output could not be written whole (a full disk): CPython's status for a failed flush
 EXIT_CONFIG = 78
@@ -21,12 +21,57 @@ EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 EXIT_SIGHUP = 129
 
+# The one rule: an error's exit status is its code's, wherever it is raised. Codes not listed exit 2 — the
+# request was refused and nothing changed: malformed or invalid input, or something the run's state does not
+# allow now (another driver holds it, it is not active, a report conflicts). Plain strings, so that the
+# errors every command can raise cost no enum (`akm.codes` has the vocabulary and renders this table).
+EXIT_BY_CODE: dict[str, int] = {
+    # 1: what was named does not exist (as upstream: `workflow status <unknown id>` exits 1), or a failure
+    # that carries no more specific code
+    **dict.fromkeys(("NOT_FOUND", "RUN_NOT_FOUND", "WORKFLOW_NOT_FOUND", "STEP_NOT_FOUND", "ERROR"), EXIT_FAILED),
+    # 78: the configuration or the environment — the config, akm's environment variables, the journal, the
+    # single-file runtime — not the request
+    **dict.fromkeys(
+        (
+            "INVALID_CONFIG",
+            "INVALID_CONFIG_FILE",
+            "CONFIG_LOCKED",
+            "UNKNOWN_ENGINE",
+            "ENGINE_MISMATCH",
+            "INVALID_ENV",
+            "JOURNAL_ERROR",
+            "JOURNAL_TOO_NEW",
+            "JOURNAL_FOREIGN",
+            "JOURNAL_INCONSISTENT",
+            "JOURNAL_URL_INVALID",
+            "JOURNAL_UNREACHABLE",
+            "JOURNAL_AUTH_FAILED",
+            "JOURNAL_TLS_FAILED",
+            "UNSUPPORTED_PYTHON",
+            "UNSUPPORTED_PLATFORM",
+            "NO_CACHE_DIR",
+            "CORRUPT_BUNDLE",
+            "NATIVE_LOAD_FAILED",
+            "NO_LZMA",
+            "NO_SCRIPT",
+        ),
+        EXIT_CONFIG,
+    ),
+    # 70: a bug in akm
+    **dict.fromkeys(("INTERNAL", "INTERNAL_LOOP"), EXIT_INTERNAL),
+    "OUTPUT_FAILED": EXIT_OUTPUT,
+}
+
+
+def exit_status_of(code: str) -> int:
+    """The exit status of an error code (the one rule above)."""
+    return EXIT_BY_CODE.get(code, EXIT_USAGE)
+
 
 class AkmError(Exception):
-    """A user-facing failure with a stable code."""
+    """A user-facing failure with a stable code; its exit status is the code's (`exit_status_of`)."""
 
     code: str = "ERROR"
-    exit_status: int = EXIT_FAILED
 
     def __init__(
         self,
@@ -34,17 +79,18 @@ class AkmError(Exception):
         *,
         code: str | None = None,
         hint: str | None = None,
-        exit_status: int | None = None,
         details: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
-        if exit_status is not None:
-            self.exit_status = exit_status
         self.hint = hint
         self.details = details or {}
+
+    @property
+    def exit_status(self) -> int:
+        return exit_status_of(self.code)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ok": False, "code": self.code, "error": self.message}
@@ -59,25 +105,21 @@ class UsageError(AkmError):
     """The caller asked for something malformed or impossible right now (exit 2)."""
 
     code = "USAGE"
-    exit_status = EXIT_USAGE
 
 
 class NotFoundError(AkmError):
     """A run, workflow or step that does not exist (exit 1)."""
 
     code = "NOT_FOUND"
-    exit_status = EXIT_FAILED
 
 
 class ConfigError(AkmError):
     """Engine configuration is missing or invalid (exit 78)."""
 
     code = "INVALID_CONFIG"
-    exit_status = EXIT_CONFIG
 
 
 class JournalError(AkmError):
     """The SQLite journal could not be opened, read or written (exit 78: the environment, not a bug)."""
 
     code = "JOURNAL_ERROR"
-    exit_status = EXIT_CONFIG

@@ -218,7 +218,8 @@ class RunWarning(View):
     `code` lets each front add its own advice: `WORKFLOW_CHANGED` (details:
     `runId`, `path`) — the file was edited since the continued run froze its
     plan; `LINT` (details: `path`, `line`, `lintCode`) — a lint warning of the
-    workflow file; `ENGINE` — anything the driver reports while it runs.
+    workflow file; `CONFIG_KEY` (details: `file`) — a config key akm does not know (kept, but it does
+    nothing), with the key it most likely means; `ENGINE` — anything the driver reports while it runs.
     """
 
     code: str
@@ -247,6 +248,8 @@ class StepStarted(View):
     run_id: str
     step_id: str
     total: int
+    width: int | None = None  # units at once (akm.engine.concurrency)
+    note: str | None = None  # why fewer than the step declares (a loopback engine's default of 1, …)
 
 
 class StepFinished(View):
@@ -305,7 +308,7 @@ class CatalogEntry(View):
 
     ref: str  # workflows/<name>
     path: str
-    source: str  # project | user
+    source: str  # project | user (a `workflows/<name>`), or file (`describe_workflow` of a file path)
     title: str | None = None
     description: str | None = None
     when_to_use: str | None = None

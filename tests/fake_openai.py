@@ -10,6 +10,7 @@ behaviours at once (and parallel requests never share a script):
   verdict-pass     a judge's passing verdict
   verdict-held     a passing verdict, sent once the test sets `release` (counted in `held`)
   verdict-reject   a judge's rejecting verdict (missing ["more detail"], feedback "add more detail")
+  verdict-reject-once  a rejecting verdict (missing ["depth"], feedback "Go deeper.") the first time, then passing
   echo             content = the last message's content
   transcript       content = JSON of the whole `messages` array
   echo-auth        content = "auth=<Authorization header>" (redaction tests)
@@ -239,6 +240,11 @@ class FakeOpenAI:
             h.send_json(
                 200, self.completion('{"complete": false, "missing": ["more detail"], "feedback": "add more detail"}')
             )
+        elif model == "verdict-reject-once":
+            if n == 1:
+                h.send_json(200, self.completion('{"complete": false, "missing": ["depth"], "feedback": "Go deeper."}'))
+            else:
+                h.send_json(200, self.completion('{"complete": true, "missing": [], "feedback": ""}'))
         elif model == "echo":
             h.send_json(200, self.completion(str(msgs[-1].get("content", ""))))
         elif model == "transcript":

@@ -185,3 +185,27 @@ def process_gone(pid: int) -> bool:
             return f.read().rpartition(")")[2].split()[0] == "Z"
     except OSError:
         return True
+
+
+def create_run(project: Path, wf: Path, plan, run_id: str, params: dict | None = None) -> str:
+    """A run of `plan` (compiled from `wf`) created as `workflow run` creates one, with a chosen id and
+    nothing driven: for tests that alter the plan first, or need two ids that share a prefix."""
+    from akm.format.params import check_params
+    from akm.plan.model import UNIT_HASH_VERSION
+    from akm.store import runs as runs_store
+
+    with open_test_journal() as db:
+        runs_store.create_run(
+            db,
+            run_id=run_id,
+            workflow_ref=str(wf),
+            workflow_path=str(wf),
+            title=plan.title,
+            scope_key=paths.scope_key(project, portable=db.shared),
+            params=check_params(dict(params or {}), plan.param_schemas or {}),
+            plan_json=plan.canonical(),
+            plan_hash=plan.plan_hash(),
+            hash_version=UNIT_HASH_VERSION,
+            step_ids=[s.step_id for s in plan.steps],
+        )
+    return run_id

@@ -33,15 +33,16 @@ from typing import Any
 
 import pytest
 
-from akm import api, paths
+from akm import api
 from akm.canonical import canonical_json
 from akm.dispatch.base import DispatcherRegistry
 from akm.dispatch.types import DispatchResult
 from akm.engine import session
 from akm.engine.drive import DriveOptions, drive_run
+from akm.errors import AkmError
 from akm.plan.identity import base_of_attempt
 from akm.store import runs as runs_store
-from tests.helpers import open_test_journal, write_wf
+from tests.helpers import create_run, open_test_journal, write_wf
 
 JUDGE = "fakejudge"
 
@@ -123,25 +124,7 @@ def _start(project: Path, sc: Scenario) -> str:
         ]
         execution = plan.execution.model_copy(update={"engines": {JUDGE: {"kind": JUDGE}}})
         plan = type(plan).model_validate(plan.model_copy(update={"steps": steps, "execution": execution}).to_json_obj())
-    from akm.format.params import check_params
-    from akm.plan.model import UNIT_HASH_VERSION
-
-    rid = str(uuid.uuid4())
-    with open_test_journal() as db:
-        runs_store.create_run(
-            db,
-            run_id=rid,
-            workflow_ref=str(wf),
-            workflow_path=str(wf),
-            title=plan.title,
-            scope_key=paths.scope_key(project, portable=db.shared),
-            params=check_params(dict(sc.params), plan.param_schemas or {}),
-            plan_json=plan.canonical(),
-            plan_hash=plan.plan_hash(),
-            hash_version=UNIT_HASH_VERSION,
-            step_ids=[s.step_id for s in plan.steps],
-        )
-    return rid
+    return create_run(project, wf, plan, str(uuid.uuid4()), sc.params)
 
 
 def _registry(o: Outcomes, *, units: bool) -> DispatcherRegistry:
@@ -201,36 +184,24 @@ def _agent_loop(project: Path, rid: str, o: Outcomes, reg: DispatcherRegistry) -
             for u in b["units"]:
                 out = o.next(u["unitId"])
                 rerun = u["action"] == "rerun"
-                if out["ok"]:
-                    session.report(
-                        db,
-                        rid,
-                        u["unitId"],
-                        status="completed",
-                        result=out["value"],
-                        tokens=out["tokens"],
-                        holder="agent",
-                        rerun=rerun,
-                        project_root=project,
-                        registry=reg,
-                    )
-                else:
-                    session.report(
-                        db,
-                        rid,
-                        u["unitId"],
-                        status="failed",
-                        result=out["text"],
-                        failure_reason=out["reason"],
-                        tokens=out["tokens"],
-                        holder="agent",
-                        rerun=rerun,
-                        project_root=project,
-                        registry=reg,
-                    )
+                try:
+                    _report_outcome(db, rid, u["unitId"], out, rerun, project, reg)
+                except AkmError as exc:  # a budget ceiling refuses the report and fails the step, as natively
+                    assert exc.code == "BUDGET_EXCEEDED", exc
                 run = runs_store.require_run(db, rid)
                 if run.status not in ("active", "awaiting_session"):
                     break
+
+
+def _report_outcome(
+    db: Any, rid: str, unit_id: str, out: dict[str, Any], rerun: bool, project: Path, reg: DispatcherRegistry
+) -> None:
+    """The scripted agent reports one unit's outcome (naming no attempt: the unit's current one)."""
+    common: dict[str, Any] = dict(tokens=out["tokens"], holder="agent", rerun=rerun, project_root=project, registry=reg)
+    if out["ok"]:
+        session.report(db, rid, unit_id, status="completed", result=out["value"], **common)
+    else:
+        session.report(db, rid, unit_id, status="failed", result=out["text"], failure_reason=out["reason"], **common)
 
 
 def graph(run_id: str) -> list[str]:
@@ -526,6 +497,34 @@ SCENARIOS = [
         "## build\n\nBuild.\n\n## never\n\nN.",
         outcomes={"build:solo": [fail("non_zero_exit", text="exit 2")], "never:solo": [ok("x")]},
     ),
+    # Issue 39 (upstream's driver tests): a loop-2 answer identical to the rejected loop-1 one is loop 2's
+    # answer on both surfaces (the report path took it for a resend and never finished), with the agent
+    # judging and with an engine judging.
+    Scenario(
+        "gate-same-answer-session-judge",
+        "steps:\n  - id: work\n    gate: { max_loops: 3 }",
+        "## work\n\nWork.\n\n### gate\n\n- Good work.",
+        outcomes={"work:solo": [ok("same")]},
+        verdicts=[{"complete": False, "missing": ["quality"], "feedback": "again"}, {"complete": True}],
+    ),
+    Scenario(
+        "gate-same-answer-engine-judge",
+        "steps:\n  - id: work\n    gate: { max_loops: 3 }",
+        "## work\n\nWork.\n\n### gate\n\n- Good work.",
+        outcomes={"work:solo": [ok("same")]},
+        verdicts=[{"complete": False, "missing": ["quality"], "feedback": "again"}, {"complete": True}],
+        engine_judge=True,
+    ),
+    # Issue 39: a unit ceiling fails the step with the same notes on both surfaces.
+    Scenario(
+        "budget-units",
+        MAP3.replace("    steps:", "    budget: { max_units: 2 }\n    steps:").replace(
+            "map: { over: params.files }", "map: { over: params.files, concurrency: 1 }"
+        ),
+        "## review\n\nReview.",
+        params={"files": ["a", "b", "c"]},
+        outcomes={},
+    ),
     Scenario(
         "artifact-schema-exhausted",
         """
@@ -568,6 +567,9 @@ def _fill(sc: Scenario) -> Scenario:
     if sc.name == "artifact-schema-exhausted":
         (a,) = ids("list", ["a"])
         sc.outcomes[a] = [ok("ab")]
+    if sc.name == "budget-units":
+        for i, uid in enumerate(ids("review", ["a", "b", "c"])):
+            sc.outcomes[uid] = [ok(f"r{i}")]
     if sc.name == "fail-fast":
         a, b = ids("review", ["a", "b"])
         sc.outcomes[a], sc.outcomes[b] = [fail("non_zero_exit")], [fail("non_zero_exit")]
@@ -587,6 +589,7 @@ def test_native_and_reported_runs_have_the_same_graph(tmp_path, monkeypatch, sc)
         "session-judge-exhausted": "run blocked",
         "solo-fail": "run failed",
         "artifact-schema-exhausted": "run failed",
+        "budget-units": "run failed",
     }.get(sc.name, "run completed")
     assert final == expected, "\n".join(native)
 

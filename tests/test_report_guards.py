@@ -58,9 +58,14 @@ def unit_row(
 
 
 def report(
-    status: str = "completed", result: str | None = '"done"', reason: str | None = None, holder: str = "me", rerun=False
+    status: str = "completed",
+    result: str | None = '"done"',
+    reason: str | None = None,
+    holder: str = "me",
+    rerun=False,
+    input_hash: str | None = None,
 ) -> Report:
-    return Report("u:solo", status, result, reason, holder, rerun)
+    return Report("u:solo", status, result, reason, holder, rerun, input_hash)
 
 
 # (case, run row, unit row, report, expected plan or error code)
@@ -74,6 +79,29 @@ CASES: list[tuple[str, Any, Any, Report, Any]] = [
     ("first report of the attempt", run_row(), None, report(), ReportPlan("write")),
     ("first claim of the attempt", run_row(), None, report("running", None), ReportPlan("write")),
     ("duplicate identical report", run_row(), unit_row(), report(), ReportPlan("idempotent")),
+    ("the plan's input hash", run_row(), unit_row(), report(input_hash="h"), ReportPlan("idempotent")),
+    ("a completed row of other input", run_row(), unit_row(), report(input_hash="x"), "REPLAY_DIVERGED"),
+    (
+        "a running row of other input, finished",
+        run_row(),
+        unit_row("running", None, claim="me", claim_until=LATER),
+        report(input_hash="x"),
+        "REPLAY_DIVERGED",
+    ),
+    (
+        "a running row of other input, heartbeated",
+        run_row(),
+        unit_row("running", None, claim="me", claim_until=LATER),
+        report("running", None, input_hash="x"),
+        "REPLAY_DIVERGED",
+    ),
+    (
+        "a failed row of other input, re-run",
+        run_row(),
+        unit_row("failed", None, "timeout"),
+        report(rerun=True, input_hash="x"),
+        "REPLAY_DIVERGED",
+    ),
     (
         "duplicate identical failure",
         run_row(),

@@ -32,20 +32,26 @@ def chromium_bin() -> str:
     pytest.skip("chromium is not installed (apt-get install -y chromium); in CI (CI=1) this is a failure")
 
 
+# Headless, no sandbox (CI runs as root), and every fetch-capable feature off: a page gets no network.
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+
+
 def dump_dom(page: Path) -> str:
     """The DOM chromium built from `page`, serialised (no network: every fetch-capable feature is off)."""
     with tempfile.TemporaryDirectory(prefix="akm-chromium-") as profile:
         proc = subprocess.run(
             [
                 chromium_bin(),
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
+                *CHROMIUM_FLAGS,
                 f"--user-data-dir={profile}",
                 "--dump-dom",
                 page.resolve().as_uri(),

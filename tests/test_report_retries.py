@@ -61,8 +61,6 @@ def test_a_loop_one_report_resent_after_the_gate_rejected_it_is_never_the_loop_t
     # the lost answer's retry, as it was: the same content for loop 1 -> idempotent, not loop 2's result
     resent = report(rid, "draft:solo", project, result={"text": "dogs"}, attempt_id="draft:solo")
     assert resent["recorded"] == "idempotent" and resent["gateLoop"] == 1
-    plain = report(rid, "draft:solo", project, result={"text": "dogs"})  # no attempt named: the same
-    assert plain["recorded"] == "idempotent" and plain["attemptId"] == "draft:solo"
     assert journal() == before
     # other content named as loop 1's answer is stale: refused, nothing written
     err = refused("STALE_REPORT", report, rid, "draft:solo", project, result={"text": "dogs!"}, attempt_id="draft:solo")
@@ -83,6 +81,18 @@ def test_a_loop_one_report_resent_after_the_gate_rejected_it_is_never_the_loop_t
     assert out["recorded"] == "written" and out["gateLoop"] == 2
     judge = api.next_brief(rid).to_json()["judge"]
     assert judge["unitId"] == "draft.gate:l2" and judge["artifact"] == {"text": "cats"}
+
+
+def test_a_report_naming_no_attempt_answers_the_current_loop_even_with_the_rejected_content(project):
+    """As the drive loop counts an answer (issue 39: such a loop-2 answer was taken for a resend of loop 1,
+    and a driver answering alike never got the step to its verdict)."""
+    rid = start(project, GATED, BODY)
+    report(rid, "draft:solo", project, result={"text": "dogs"})
+    report(rid, "draft.gate:l1", project, verdict={"complete": False, "missing": ["cats"], "feedback": "Add cats."})
+    plain = report(rid, "draft:solo", project, result={"text": "dogs"})
+    assert plain["recorded"] == "written" and plain["attemptId"] == "draft:solo~l2" and plain["gateLoop"] == 2
+    assert plain["stepOutcome"]["kind"] == "awaiting_verdict"
+    assert api.next_brief(rid).to_json()["judge"]["unitId"] == "draft.gate:l2"
 
 
 def test_a_report_naming_a_later_attempt_than_the_current_is_stale(project):
@@ -235,7 +245,9 @@ def test_cli_verdict_implies_completed_and_a_report_prints_the_next_brief(akm, p
         "workflow", "report", rid, "d:solo", "--status", "completed", "--result", "dogs", "--attempt", "d:solo", check=0
     )
     assert "== verdict d.gate:l1" in rep.stdout  # the judge brief, without `workflow next`
-    no = akm("workflow", "report", rid, "d:solo", "--result", "dogs")
+    again = akm("workflow", "report", rid, "d:solo", "--result", "dogs")  # --result means completed (issue 39)
+    assert again.returncode == 0 and again.stdout.startswith("idempotent: "), (again.stdout, again.stderr)
+    no = akm("workflow", "report", rid, "d:solo")  # nothing says what happened
     assert no.returncode == 2 and "error[INVALID_ARGUMENT]" in no.stderr and "--status" in no.stderr
     ok = akm(
         "workflow",

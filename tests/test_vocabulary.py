@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _LITERAL = re.compile(r"""\bcode\s*=\s*["']([A-Z][A-Z0-9_]+)["']""")
 _BUNDLE = re.compile(r"""\bfail\(\s*["']([A-Z][A-Z0-9_]+)["']""")
 # Warning codes (`RunWarning.code`) and lint diagnostics share the word `code` but are not errors.
-_NOT_ERRORS = {"ENGINE", "LINT", "WORKFLOW_CHANGED"}
+_NOT_ERRORS = {"ENGINE", "LINT", "WORKFLOW_CHANGED", "CONFIG_KEY"}
 
 
 def _codes_in(paths: list[Path], pattern: re.Pattern[str]) -> dict[str, str]:
@@ -56,3 +56,45 @@ def test_a_code_is_its_string():
     import json
 
     assert json.dumps(err.to_dict())  # serialisable as a str
+
+
+def _readme_exit_rows() -> dict[str, str]:
+    """README's "Exit status" table: status -> meaning."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = text[text.index("**Exit status.**") :]
+    rows = {}
+    for line in table.splitlines()[5:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        for status in cells[0].split("/"):
+            rows[status.strip()] = cells[1]
+    return rows
+
+
+def test_every_code_exits_with_one_status_that_readme_documents():
+    """One rule (issue 39): the code decides the exit status wherever it is raised, and README's table has
+    every status a code can take; what it names as examples exits as it says."""
+    rows = _readme_exit_rows()
+    for code in Code:
+        status = errors.exit_status_of(code.value)
+        assert str(status) in rows, f"{code.value} exits {status}, which README's table does not list"
+        for cls in (errors.AkmError, errors.UsageError, errors.NotFoundError, errors.ConfigError):
+            assert cls("m", code=code.value).exit_status == status, (cls, code)
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    for line in text[text.index("**Exit status.**") :].splitlines()[5:16]:
+        if line.startswith("|"):
+            status, _, examples = [c.strip() for c in line.strip("|").split("|")]
+            for named in re.findall(r"`([A-Z_]+)`", examples):
+                assert str(errors.exit_status_of(named)) == status, (named, status)
+    # the two the issue names, and the classes' own codes
+    assert errors.exit_status_of("LEASE_HELD") == 2 and errors.exit_status_of("WORKFLOW_NOT_FOUND") == 1
+    assert errors.UsageError("m").exit_status == 2 and errors.NotFoundError("m").exit_status == 1
+    assert errors.ConfigError("m").exit_status == 78 and errors.JournalError("m").exit_status == 78
+    assert set(errors.EXIT_BY_CODE) <= set(Code.__members__), "EXIT_BY_CODE names a code that does not exist"
+
+
+def test_spec_errors_md_lists_each_codes_exit_status():
+    md = (ROOT / "spec" / "errors.md").read_text(encoding="utf-8")
+    for code in Code:
+        assert f"| `{code.value}` | {errors.exit_status_of(code.value)} |" in md, code

@@ -90,6 +90,7 @@ _LAZY = {
     "config_unset": "akm.api._config",
     "DEFAULT_EVENT_LIMIT": "akm.api._inspect",
     "abandon": "akm.api._inspect",
+    "describe_workflow": "akm.api._inspect",
     "events": "akm.api._inspect",
     "list_runs": "akm.api._inspect",
     "resume": "akm.api._inspect",
@@ -129,6 +130,7 @@ if TYPE_CHECKING:
     from akm.api._inspect import (
         DEFAULT_EVENT_LIMIT,
         abandon,
+        describe_workflow,
         events,
         list_runs,
         resume,
@@ -317,6 +319,7 @@ __all__ = [
     "config_set",
     "config_unset",
     "default_holder",
+    "describe_workflow",
     "detach_run",
     "events",
     "exit_status_for",

@@ -74,7 +74,11 @@ def config_set(key: str, raw_value: str, *, project: bool = False, cwd: str | No
     from akm.api._models import ConfigChange
 
     return ConfigChange(
-        key=key, value=_public_config(config_keys.get_value(new, key)), file=str(target), written=written
+        key=key,
+        value=_public_config(config_keys.get_value(new, key)),
+        file=str(target),
+        written=written,
+        warnings=config_keys.unknown_key_warnings(new, str(target)),
     )
 
 

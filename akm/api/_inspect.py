@@ -12,6 +12,7 @@ from akm import paths
 from akm.errors import UsageError
 from akm.text import quoted, whole_number
 from akm.views import (
+    CatalogEntry,
     EventPage,
     EventView,
     GraphEdge,
@@ -122,6 +123,24 @@ def workflow_catalog(request: Any = None, /, *, cwd: str | None = None):
     return catalog(paths.project_root(_work_dir(req.cwd)))
 
 
+def describe_workflow(target: str, *, cwd: str | None = None) -> CatalogEntry | None:
+    """One workflow as the catalog describes it — title, steps, params (name, type, default, description) —
+    named as `workflow run` names it: a file or a `workflows/<name>` ref (what `workflow run FILE --help`
+    shows); None when `target` names a run instead (a run's params are fixed). Parsing only: no plan, no
+    config."""
+    from akm.api._args import _RUN_ID
+    from akm.api._run_ids import is_run_reference
+    from akm.api._targets import resolve_workflow_file
+    from akm.catalog import describe
+
+    target = _of(str, "target")(target)
+    work_dir = _work_dir(_of(str, "cwd", True)(cwd))
+    if _RUN_ID.match(target) or (is_run_reference(target) and not _is_file(work_dir / target, target)):
+        return None
+    path, ref = resolve_workflow_file(target, work_dir)
+    return describe(ref, path, paths.project_root(work_dir))
+
+
 def run_graph(run_id: str | RunIdRequest) -> RunGraph:
     """A run's steps (kind, status) and control flow, from its verified frozen plan."""
     from akm.engine.state import decode_plan
@@ -152,16 +171,16 @@ def run_report_html(run_id: str | RunIdRequest) -> str:
     from akm.report.html import render_report
 
     req = _arguments("RunIdRequest", run_id, {"run_id": run_id}, {"run_id": _of(str, "run_id")})
-    view = run_status(req.run_id, units=True)
-    graph = run_graph(req.run_id)
     with _open_db() as db:
-        run = _require_run(db, req.run_id)
+        run = _require_run(db, req.run_id)  # resolved once: `@last` must not move between the reads below
         plan = decode_plan(run.id, run.plan_json, run.plan_hash)
+    view = run_status(run.id, units=True)
+    graph = run_graph(run.id)
     budget = {"maxUnits": plan.budget.max_units, "maxTokens": plan.budget.max_tokens} if plan.budget else None
     evs: list[dict[str, Any]] = []
     since = "@offset:0"
     while True:
-        page = events(run_id=req.run_id, since=since, limit=MAX_EVENT_LIMIT)
+        page = events(run_id=run.id, since=since, limit=MAX_EVENT_LIMIT)
         evs.extend(e.to_json() for e in page.events)
         if not page.has_more:
             break
@@ -191,7 +210,7 @@ def _control(run_id: str, action: str) -> RunView:
     from akm.store import runs as runs_store
 
     with _open_db() as db:
-        _require_run(db, run_id)
+        run_id = _require_run(db, run_id).id
         return _run_view(db, getattr(runs_store, action)(db, run_id))
 
 
@@ -255,7 +274,7 @@ def events(
             since_ts = _iso_timestamp(since)
     with _open_db(read_only=True) as db:
         if run_id is not None:
-            _require_run(db, run_id)
+            run_id = _require_run(db, run_id).id
         evs, next_offset = events_store.list_events(db, run_id, offset, limit + 1, since_ts=since_ts)
         has_more = len(evs) > limit
         if has_more:

@@ -49,7 +49,9 @@ class UpgradeRequest(Request):
 class RunRequest(Request):
     """Start or continue a run (see `run_workflow`)."""
 
-    target: str = Field(description="a workflow file, a workflows/<name> ref, or a run id")
+    target: str = Field(
+        description="a workflow file, a workflows/<name> ref, or a run id (whole, its first 6+ characters, or @last)"
+    )
     params: dict[str, Any] | None = Field(None, description="typed params (validated against the workflow's)")
     param_flags: list[tuple[str, Union[str, bool]]] | None = Field(
         None, description="raw command-line param flags (name, text or true), coerced by the params' types"
@@ -242,7 +244,8 @@ class BriefUnit(ApiModel):
     input_hash: str
     action: str  # do | claimed | rerun | do_not_run
     result_kind: str = "text"  # json | text: what `result` is
-    env_bindings: list[str] = Field(default_factory=list)  # the unit's env: binding names (never values)
+    env: list[str] = Field(default_factory=list)  # the unit's env: refs by name (env/<name>; never values)
+    env_bindings: list[str] = Field(default_factory=list)  # the variable names those refs bind (never values)
     runner: str
     prompt: str
     output_schema: dict[str, Any] | None = None
@@ -346,6 +349,8 @@ class ConfigChange(ApiModel):
     value: Any = None
     file: str
     written: bool
+    # keys the file now holds that akm does not know (kept, but they do nothing), each with a "did you mean"
+    warnings: list[str] = Field(default_factory=list)
 
 
 M = TypeVar("M", bound=ApiModel)

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     )
 from akm.api._args import _RUN_ID, _duration_ms, _of, _whole_number, _work_dir, parse_duration_ms
 from akm.api._request import _arguments
-from akm.api._targets import compile_workflow_file, resolve_workflow_file
+from akm.api._run_ids import is_run_reference, resolve_run_id
+from akm.api._targets import _is_file, compile_workflow_file, resolve_workflow_file
 from akm.api._views import _open_db, _require_run, _run_view
 
 
@@ -290,6 +291,7 @@ def wait_run(
         nap = threading.Event()
         cancel.link(nap)
         try:
+            run_id = _require_run(db, run_id).id
             while True:
                 run = _require_run(db, run_id)
                 if run.status != "active":
@@ -349,6 +351,9 @@ def _open(
 
     started = False
     existing = runs_store.get_run(db, target) if _RUN_ID.match(target) else None
+    if existing is None and is_run_reference(target) and not _is_file(work_dir / target, target):
+        # `@last`, or the first characters of a run id (no file has that name): the run it names, if any
+        existing = runs_store.get_run(db, resolve_run_id(db, target, work_dir))
     if existing is not None:
         if param_pairs or params:
             raise UsageError(
@@ -436,7 +441,7 @@ def _progress_relay(on_progress: Callable[[ProgressEvent], None] | None) -> Call
         if isinstance(p, StepProgress):
             on_progress(StepFinished(run_id=p.run_id, step_id=p.step_id, status=p.status, summary=p.summary))
         elif isinstance(p, PassStarted):
-            on_progress(StepStarted(run_id=p.run_id, step_id=p.step_id, total=p.total))
+            on_progress(StepStarted(run_id=p.run_id, step_id=p.step_id, total=p.total, width=p.width, note=p.note))
         else:
             on_progress(
                 UnitFinished(

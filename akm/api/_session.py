@@ -37,15 +37,15 @@ def next_brief(run_id: str, *, unit_id: str | None = None) -> Brief:
 
     req = _validated("NextRequest", None, {"run_id": run_id, "unit_id": unit_id})
     with _open_db(read_only=True) as db:
-        _require_run(db, req.run_id)
+        run_id = _require_run(db, req.run_id).id
         from akm.api._models import Brief
 
-        out = session.brief(db, req.run_id)
+        out = session.brief(db, run_id)
     if req.unit_id is not None:
         units = [u for u in out["units"] if req.unit_id in (u["unitId"], u["attemptId"])]
         if not units:
             raise UsageError(
-                f"Unit {req.unit_id} is not outstanding in run {req.run_id} (step {out['stepId']}); "
+                f"Unit {req.unit_id} is not outstanding in run {run_id} (step {out['stepId']}); "
                 f"outstanding: {', '.join(u['unitId'] for u in out['units']) or '(none)'}.",
                 code="UNKNOWN_UNIT",
                 details={"argument": "unit_id"},
@@ -116,14 +116,14 @@ def report_unit(
         ),
     )
     with _open_db() as db:
-        run = _require_run(db, req.run_id)
+        run = _require_run(db, req.run_id, _work_dir(req.cwd))
         root = _run_project_root(run, _work_dir(req.cwd), portable=db.shared)
         from akm.api._models import ReportResult
 
         return ReportResult.model_validate(
             session.report(
                 db,
-                req.run_id,
+                run.id,
                 req.unit_id,
                 status=req.status,
                 result=result if has_result else session.MISSING,

@@ -151,4 +151,12 @@ def compile_workflow_file(path: Path, *, cwd: Path | None = None):
         for w in parsed.warnings
     ]
     config = load_config_if_any(cwd)
+    if config is not None:  # a misspelt engine key is kept but does nothing: say so where the run is started
+        from akm.config.keys import unknown_key_warnings
+
+        for file, data in ((config.user_path, config.user), (config.project_path, config.project)):
+            warnings += [
+                RunWarning(code="CONFIG_KEY", message=m, details={"file": str(file)})
+                for m in unknown_key_warnings(data, str(file))
+            ]
     return compile_plan(parsed.document, title=path.stem, config=config), warnings

@@ -197,7 +197,9 @@ def _awaiting(db, run) -> dict[str, Any] | None:
         return _object_or_none(run.status_detail_json)
 
 
-def _require_run(db, run_id: str):
+def _require_run(db, run_id: str, cwd: Path | None = None):
+    """The run a caller names: a whole id, a unique prefix, or `@last` of `cwd`'s project (`_run_ids`)."""
+    from akm.api._run_ids import resolve_run_id
     from akm.store import runs as runs_store
 
-    return runs_store.require_run(db, run_id)
+    return runs_store.require_run(db, resolve_run_id(db, run_id, cwd))

@@ -48,6 +48,8 @@ def _cmd_config(args: "argparse.Namespace") -> int:
         if exc.code == "INVALID_ARGUMENT" and exc.hint is None:
             exc.hint = "See `akm config --help`; `akm config get KEY` shows a key's current value."
         raise
+    for warning in change.to_json().get("warnings") or []:
+        _err(f"warning: {warning}")
     if args.silent:
         return 0
     if args.format == "json":
@@ -147,11 +149,10 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
 def _cmd_run(tokens: list[str]) -> int:
     from akm import api
     from akm.cli import render
-    from akm.cli.parser import _RUN_HELP, split_run
+    from akm.cli.parser import split_run
 
     if any(t in ("-h", "--help") for t in tokens):
-        _out(_RUN_HELP)
-        return 0
+        return _run_help(tokens)
     target, ra = split_run(tokens)
     fmt = api.check_output_format(str(ra.controls.get("format", "text")), ("text", "json"))
 
@@ -215,6 +216,8 @@ def _cmd_run(tokens: list[str]) -> int:
         if live is not None:
             live.progress(p)
             return
+        if show_progress and p.kind == "step_started" and p.note:
+            _err(f"note: {p.note}")  # e.g. a loopback engine runs a map one unit at a time
         if not show_progress or p.kind == "step_started":
             return
         if p.kind == "step":
@@ -257,6 +260,27 @@ def _cmd_run(tokens: list[str]) -> int:
         elif result.aborted:
             _out("stopped: interrupted (the run is still active; run it again to continue)")
     return api.exit_status_for(result)
+
+
+def _run_help(tokens: list[str]) -> int:
+    """`workflow run --help`; with a workflow TARGET, that workflow's own params first (the catalog's
+    description of it), then the run flags."""
+    from akm import api
+    from akm.cli import render
+    from akm.cli.parser import _RUN_HELP
+    from akm.format.params import split_run_args
+
+    try:
+        target = split_run_args(tokens).target
+    except UsageError:  # half-typed params after the target: the target is still the first word
+        target = tokens[0] if tokens and not tokens[0].startswith("-") else None
+    entry = api.describe_workflow(target) if target is not None else None
+    if entry is None:
+        _out(_RUN_HELP)  # no workflow named, or a run (whose params are fixed)
+        return 0
+    _out(render.workflow_help(entry.to_json(), target))
+    _out(_RUN_HELP[_RUN_HELP.index("Run flags:") :])  # the flags every run takes (TARGET's story is above)
+    return 0
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -345,7 +369,7 @@ def _cmd_wait(args: argparse.Namespace) -> int:
         if result.timed_out:
             _out("waiting stopped: --timeout expired (the run is still active)")
         elif result.undriven:
-            _out(f"the run is active but nothing drives it: continue it with akm workflow run {args.run_id}")
+            _out(f"the run is active but nothing drives it: continue it with akm workflow run {result.run.run_id}")
     return api.wait_exit_status(result)
 
 
@@ -445,14 +469,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
             )
         tokens = int(args.tokens)
     status = args.status
-    if status is None:
-        if args.verdict is None:
+    if status is None:  # what the other flags say: a failure reason is a failure, a result or verdict is done
+        if args.failure_reason is not None:
+            status = "failed"
+        elif args.result is not None or args.verdict is not None:
+            status = "completed"
+        else:
             raise UsageError(
-                "--status is required (completed, failed or running); only --verdict implies completed.",
+                "--status is required (completed, failed or running) when neither --result, --verdict nor "
+                "--failure-reason says it.",
                 code="INVALID_ARGUMENT",
                 details={"argument": "status"},
             )
-        status = "completed"
     res = api.report_unit(
         args.run_id,
         args.unit_id,

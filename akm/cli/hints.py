@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 # error's details (a template whose keys are missing is not used, and the core's own hint stays).
 _CLI_HINTS: dict[str, str] = {
     "RUN_NOT_FOUND": "List runs with `akm workflow list` (`--all` for every project).",
+    "RUN_ID_AMBIGUOUS": "Type more of the run id; `akm workflow list` shows them whole.",
     "RUN_ABANDONED": "Abandoning is final; start a new run from the workflow file with `akm workflow run FILE`.",
     "RUN_ALREADY_FINISHED": "Start a new run from the workflow file with `akm workflow run FILE`.",
     "LEASE_HELD": "Wait for that `akm workflow run` to finish, or for its lease to expire; "

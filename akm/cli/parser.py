@@ -26,7 +26,8 @@ usage: akm workflow run TARGET [--<param> VALUE ...] [--new] [--max-steps N] [--
 Start or continue a workflow run and drive it as far as it can go.
 
 TARGET is a workflow file path, a workflows/<name> ref (.akm/workflows/ of the
-project, then the user library) or an existing run id.
+project, then the user library) or an existing run id: whole, its first 6 or
+more characters, or @last (the newest run of this project).
 
 Which run: a workflow TARGET continues the active run of the same workflow in
 this project with the same params (after defaults), with the plan it froze
@@ -51,8 +52,10 @@ Run flags:
   --help, -h      this help
 These names are reserved: a param of the same name cannot be set on the CLI.
 
-Exit status: 0 completed, 1 failed/blocked/timed out, 2 usage error,
-3 awaiting the calling agent (session units), 4 stopped at --max-steps,
+Exit status: 0 completed, 1 failed/blocked/timed out (or what was named does not
+exist), 2 refused with nothing changed (bad input, or not possible now: another
+driver holds the run, it is not active), 3 awaiting the calling agent (session
+units), 4 stopped at --max-steps, 78 configuration or environment,
 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP.
 """
 
@@ -91,7 +94,7 @@ def _build_parser() -> "argparse.ArgumentParser":
     )
     p.workflow_parser = wf  # type: ignore[attr-defined]
     wsub = wf.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
-    run_id_help = "a run id (from `akm workflow list` or a run's output)"
+    run_id_help = "a run id (from `akm workflow list` or a run's output), its first 6+ characters, or @last"
 
     def add(name: str, text: str) -> "argparse.ArgumentParser":
         return wsub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
@@ -180,8 +183,8 @@ def _build_parser() -> "argparse.ArgumentParser":
     rp.add_argument(
         "--status",
         choices=("completed", "failed", "running"),
-        help="completed (with --result; the default with --verdict), failed (with --failure-reason), "
-        "or running (claim it)",
+        help="completed (with --result), failed (with --failure-reason), or running (claim it); without "
+        "it, --failure-reason means failed and --result or --verdict completed",
     )
     rp.add_argument(
         "--result",

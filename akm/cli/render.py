@@ -299,3 +299,34 @@ def _err(text: str) -> None:
 def _err_json(data: Any) -> None:
     sys.stderr.write(_json_text(data) + "\n")
     sys.stderr.flush()
+
+
+def workflow_help(entry: dict[str, Any], target: str) -> str:
+    """`workflow run TARGET --help`'s first part: what the workflow is and the params it takes (each a flag
+    after TARGET), from its catalog entry."""
+    from pathlib import Path
+
+    head = entry.get("title") or Path(entry["path"]).stem
+    lines = [f"usage: akm workflow run {target} [--<param> VALUE ...] [run flags]", ""]
+    lines.append(f"{head}: {entry['description']}" if entry.get("description") else head)
+    if entry.get("whenToUse"):
+        lines.append(f"When to use: {entry['whenToUse']}")
+    for problem in entry.get("problems") or []:
+        lines.append(f"  problem: {problem}")
+    params = entry.get("params") or []
+    lines += ["", "Params of this workflow:" if params else "This workflow takes no params."]
+    rows = []
+    for p in params:
+        flag = f"--{p['name']} {(p.get('type') or 'value').upper()}"
+        if p.get("required"):
+            need = "required"
+        else:
+            need = "default " + json.dumps(p.get("default"), ensure_ascii=False)
+        rows.append((flag, need, p.get("description") or ""))
+    flag_w = max((len(r[0]) for r in rows), default=0)
+    need_w = max((len(r[1]) for r in rows), default=0)
+    for flag, need, text in rows:
+        lines.append(f"  {flag:<{flag_w}}  {need:<{need_w}}  {text}".rstrip())
+    if params:
+        lines.append("  (arrays: repeat the flag or pass JSON; objects: JSON; booleans: a bare --name is true)")
+    return "\n".join(lines) + "\n"

@@ -76,6 +76,48 @@ def _unknown(key: str) -> UsageError:
     )
 
 
+def unknown_keys(data: Any) -> list[tuple[str, list[str]]]:
+    """(dotted key, the keys known at that place) for every key of a config object akm does not know.
+
+    Such keys are kept and written back (a newer akm's config must survive an older akm, as upstream keeps
+    them), but they do nothing: `engines.fast.timeoutMS` is not `timeoutMs`, and nobody would know."""
+    found: list[tuple[str, list[str]]] = []
+
+    def walk(node: Any, schema: Any, path: list[str]) -> None:
+        if not isinstance(node, dict):
+            return
+        if isinstance(schema, tuple) and schema[0] == "record":
+            for name, child in node.items():
+                walk(child, schema[1], [*path, str(name)])
+            return
+        fields = schema[1] if isinstance(schema, tuple) and schema[0] == "engine" else schema
+        if not isinstance(fields, dict):
+            return
+        for key, child in node.items():
+            if key not in fields:
+                found.append((".".join([*path, str(key)]), sorted(fields)))
+            else:
+                walk(child, fields[key], [*path, key])
+
+    walk(data, SCHEMA, [])
+    return found
+
+
+def unknown_key_warnings(data: Any, where: str | None = None) -> list[str]:
+    """One warning per unknown key, with the known key it most likely means ("did you mean …")."""
+    out: list[str] = []
+    for dotted, known in unknown_keys(data):
+        import difflib
+
+        key = dotted.rpartition(".")[2]
+        same = [k for k in known if k.lower() == key.lower()]
+        near = same or difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        place = f" in {where}" if where else ""
+        advice = f"did you mean {near[0]}?" if near else f"keys here: {', '.join(known)}"
+        out.append(f"config key {dotted}{place} is not one akm knows: it is kept but does nothing ({advice})")
+    return out
+
+
 def leaf_kind(key: str) -> Any:
     """The kind of value at `key` (see the table above); UsageError for a key the schema lacks."""
     node: Any = SCHEMA

@@ -37,8 +37,17 @@ class DispatchBudget:
         if crossed and hook is not None:
             hook()
 
-    def _exceed(self, message: str) -> None:
+    def _exceed(self, kind: str) -> None:
+        """Cross a ceiling (`kind`: max_units | max_tokens). Its sentence is the one a report refused by the
+        same ceiling gets (`report_guards`), so both surfaces fail the step with the same notes."""
+        from akm.store.report_guards import max_tokens_reason, max_units_reason
+
         if self.exceeded is None:
+            message = (
+                max_units_reason(self.used, self.max_units or 0)
+                if kind == "max_units"
+                else max_tokens_reason(self.tokens, self.max_tokens or 0)
+            )
             self.exceeded = message
             if self._on_exceed is not None:
                 self._on_exceed()
@@ -49,12 +58,10 @@ class DispatchBudget:
             if self.exceeded is not None:
                 return "budget_exceeded"
             if self.max_units is not None and self.used >= self.max_units:
-                self._exceed(
-                    f"budget exceeded (max_units ceiling): {self.used} of {self.max_units} units already dispatched"
-                )
+                self._exceed("max_units")
                 return "budget_exceeded"
             if self.max_tokens is not None and self.tokens >= self.max_tokens:
-                self._exceed(f"budget exceeded (max_tokens ceiling): {self.tokens} of {self.max_tokens} tokens used")
+                self._exceed("max_tokens")
                 return "budget_exceeded"
             if self.used >= LIFETIME_UNIT_CAP:
                 self.cap_message = (
@@ -74,4 +81,4 @@ class DispatchBudget:
         with self._lock:
             self.tokens += n
             if self.max_tokens is not None and self.tokens >= self.max_tokens:
-                self._exceed(f"budget exceeded (max_tokens ceiling): {self.tokens} of {self.max_tokens} tokens used")
+                self._exceed("max_tokens")

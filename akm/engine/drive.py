@@ -35,6 +35,7 @@ from akm.engine import worktree as worktrees
 from akm.engine.apply import AGAIN, FINISHED, apply_decision, pass_failed
 from akm.engine.budget import LIFETIME_UNIT_CAP, DispatchBudget
 from akm.engine.cancel import Cancellation
+from akm.engine.concurrency import UNBOUNDED, host_concurrency_limit, step_width
 from akm.engine.env_bindings import EnvBindingError, project_sensitive_values, resolve_env_refs
 from akm.engine.finalize import (
     DONE,
@@ -76,11 +77,6 @@ if TYPE_CHECKING:
 
 # Longest wait a unit-level retry honours from a server's Retry-After (the LLM client's own cap).
 MAX_RETRY_AFTER_WAIT_S = 120.0
-
-
-def host_concurrency_limit() -> int:
-    """D6: the host limit defaults to max(2, cpu_count)."""
-    return max(2, os.cpu_count() or 2)
 
 
 @dataclass
@@ -764,8 +760,20 @@ class _Pass:
                 f"{d.budget.used} of its lifetime cap of {LIFETIME_UNIT_CAP} units: it can never finish. Nothing "
                 "of it was dispatched; split the list over several runs or steps that run fewer units."
             )
+        # D6 (engine/concurrency.py): with workers the units run elsewhere, so this host's CPUs do not bound
+        # the step; its other limits do. The width (and a note when an engine holds it down) is progress too.
+        self.width = step_width(
+            d.plan,
+            step,
+            units=len(self.units),
+            engine=self.units[0].engine if self.units else None,
+            host_limit=UNBOUNDED if d.workers else host_concurrency_limit(),
+            declared=concurrency,
+        )
         if d.opts.on_progress is not None:
-            d.opts.on_progress(PassStarted(d.run_id, step.step_id, self.total))
+            d.opts.on_progress(
+                PassStarted(d.run_id, step.step_id, self.total, width=self.width.width, note=self.width.note())
+            )
         if tmpl.env:
             try:
                 self.env_values = resolve_env_refs(tmpl.env, d.opts.project_root)
@@ -778,17 +786,7 @@ class _Pass:
             problem = worktrees.preflight(str(d.opts.project_root))
             if problem:
                 return _PassFailure(f'Step "{step.step_id}" cannot use isolation: worktree: {problem}')
-        # With workers the units run elsewhere: this host's CPUs do not bound the step, its other limits do.
-        host_limit = 1 << 30 if d.workers else host_concurrency_limit()
-        width = max(
-            1,
-            min(
-                concurrency,
-                d.plan.execution.max_concurrency or host_limit,
-                self._engine_width(),
-                max(1, len(self.units)),
-            ),
-        )
+        width = self.width.width
         d.opts.cancel.link(self.event)
         d.lease_lost.link(self.event)
         d.budget.set_exceed_hook(self.event.set)
@@ -808,14 +806,6 @@ class _Pass:
         if unjournaled:
             return _PassFailure(" ".join(unjournaled))
         return None
-
-    def _engine_width(self) -> int:
-        """D6: an LLM engine's own `concurrency` bounds the width too (agents and exec: no such term)."""
-        name = self.units[0].engine if self.units else None
-        snap = self.d.plan.execution.engines.get(name) if name else None
-        if snap and snap.get("kind") == "llm" and isinstance(snap.get("concurrency"), int):
-            return max(1, snap["concurrency"])
-        return 1 << 30
 
     def _schedule(self, width: int) -> list[UnitOutcome]:
         units = self.units

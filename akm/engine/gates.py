@@ -59,13 +59,22 @@ def artifact_summary(result_units: int, failed_units: int, artifact: Any) -> str
 
 def judge_prompt(step: StepPlan, summary: str) -> str:
     """The user message a judge gets: the step, its rubric byte-exact, the work, the required answer."""
-    criteria = "\n".join(f"{i}. {c}" for i, c in enumerate(step.gate.criteria, 1))
+    criteria = rubric_text(step.gate.criteria)
     return (
         f"Step: {step.title or step.step_id}\n\n"
         f"Completion criteria:\n{criteria}\n\n"
         f"Summary of the work:\n{summary.strip()}\n\n"
         'Return only the JSON verdict {"complete": boolean, "missing": [string], "feedback": string}.'
     )
+
+
+def rubric_text(criteria: list[str]) -> str:
+    """The criteria as the judge reads them. A step's `### gate` section is one rubric, kept as written (its
+    own list stays its list: numbering it "1." made "1. - It is a haiku.\n- It mentions rain." of two
+    criteria); several criteria are numbered, a criterion's later lines indented under its number."""
+    if len(criteria) == 1:
+        return criteria[0].strip("\n")
+    return "\n".join(f"{i}. " + c.strip().replace("\n", "\n   ") for i, c in enumerate(criteria, 1))
 
 
 def parse_verdict(text: str) -> tuple[Verdict | None, str | None]:

@@ -27,3 +27,5 @@ class PassStarted:
     run_id: str
     step_id: str
     total: int
+    width: int | None = None  # units at once (akm.engine.concurrency)
+    note: str | None = None  # why fewer than the step declares, when an engine holds it down

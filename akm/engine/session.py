@@ -39,7 +39,9 @@ from akm.engine.finalize import (
     DIVERGED,
     DONE,
     FAILED,
+    PENDING,
     RETRYABLE,
+    RUNNING,
     GateState,
     StepDecision,
     UnitState,
@@ -65,6 +67,7 @@ from akm.record import dataclass
 from akm.store import runs as runs_store
 from akm.store import units as units_store
 from akm.store.db import Database
+from akm.store.report_guards import replay_diverged
 from akm.store.runs import DRIVABLE_STATUSES, holder_is_live
 
 MISSING: Any = object()
@@ -221,6 +224,7 @@ def _unit_brief(cur: _Current, state: UnitState, now: str, driven: bool = False)
         "inputHash": u.input_hash,
         "action": action,
         "resultKind": "json" if tmpl.output_schema is not None else "text",
+        "env": list(tmpl.env or []),
         "envBindings": _binding_names(cur, tmpl.env),
         "runner": u.runner,
         "prompt": u.prompt,
@@ -359,7 +363,8 @@ _SECRET_NAME = re.compile(r"(api[_-]?key|token|secret|passw(or)?d|credential|pri
 
 def _binding_names(cur: _Current, refs: list[str] | None) -> list[str]:
     """The variable names a unit's `env:` refs bind (its env files, read here; never their values) — what the
-    agent doing the unit must have in its own environment. A ref that does not resolve is listed as itself."""
+    agent doing the unit must have in its own environment. The refs themselves are the unit's `env`; a ref
+    whose file is missing or unreadable here binds no name."""
     if not refs:
         return []
     from akm import paths
@@ -367,10 +372,13 @@ def _binding_names(cur: _Current, refs: list[str] | None) -> list[str]:
 
     run = cur.loaded.run
     root = paths.project_root(Path(run.workflow_path).parent) if run.workflow_path else Path.cwd()
-    try:
-        return sorted(resolve_env_refs(list(refs), root))
-    except EnvBindingError:
-        return list(refs)
+    names: set[str] = set()
+    for ref in refs:
+        try:
+            names.update(resolve_env_refs([ref], root))
+        except EnvBindingError:
+            continue
+    return sorted(names)
 
 
 def _secret_param_warnings(params: dict[str, Any]) -> list[str]:
@@ -592,12 +600,7 @@ def report(
     if state is None:
         raise _refuse_unit(cur, unit_id)
     if state.status == DIVERGED:
-        raise UsageError(
-            f"Replay divergence: unit {state.diverged_from} of run {run_id} is journaled as completed with a "
-            "different input hash than the plan gives it now; nothing was recorded. Start a new run.",
-            code="REPLAY_DIVERGED",
-            details={"unitId": state.diverged_from, "inputHash": state.unit.input_hash},
-        )
+        raise replay_diverged(run_id, state.diverged_from or state.unit.unit_id, "completed", state.unit.input_hash)
     asked = _asked_attempt(state.unit.unit_id, attempt_id, gate_loop)
     if asked is not None and asked != state.unit.base_id:
         raise _stale(cur, state.unit.unit_id, asked, state.unit.base_id)
@@ -655,7 +658,7 @@ def report(
         "message": "",
     }
     if status == "running":
-        out["remainingUnits"] = sum(1 for s in d.states if not s.terminal)
+        out["remainingUnits"] = _unreported(d.states, claimed=u.base_id)
         out["message"] = (
             f"Unit {u.unit_id} is claimed by {write.claim.holder if write.claim else holder} until "
             f"{out['claim']['expiresAt'] if out['claim'] else '?'}; report running again to keep it, "
@@ -672,6 +675,13 @@ def report(
     )
     out["brief"] = _brief_after(db, run_id, out["stepOutcome"])
     return out
+
+
+def _unreported(states: list[UnitState], claimed: str | None = None) -> int:
+    """`remainingUnits`: the units of the step with no result yet — never reported, or only claimed (and the
+    unit being claimed now). A failure that `retry.on` lets be re-run is reported: it keeps the step open
+    and the brief offers it as `rerun`, but it is not counted here (as upstream)."""
+    return sum(1 for s in states if s.status in (PENDING, RUNNING) or s.unit.base_id == claimed)
 
 
 def _budget_fails_the_step(
@@ -757,9 +767,11 @@ def _resent_report(
     """The answer to a report of an attempt that is already closed and holds exactly this content, else None.
 
     Closed: the run no longer takes reports, the unit is not in the current step's work, or the report names
-    an earlier gate loop — or names none while the current loop has no row of this unit yet. A closed
-    attempt holding other content is refused (STALE_REPORT for a rejected loop of the current step; a
-    finished step or run keeps its own refusal, below).
+    an earlier gate loop. A report of a unit of the current step that names no attempt answers the current
+    one, as the drive loop counts an answer (issue 39: a loop-2 answer identical to the rejected loop-1 one
+    was taken for a resend, and the run never went on); a resend recognised across a gate loop names its
+    attempt (the brief's `report` does). A closed attempt holding other content is refused (STALE_REPORT for
+    a rejected loop of the current step; a finished step or run keeps its own refusal, below).
     """
     content_id = _content_id(unit_id)
     rows = [r for r in units_store.family_rows(db, cur.run_id, content_id) if r["status"] in ("completed", "failed")]
@@ -771,16 +783,9 @@ def _resent_report(
         state = next((s for s in d.states if s.unit.unit_id == content_id), None)
     asked = _asked_attempt(unit_id, attempt_id, gate_loop)
     if state is not None:
-        if asked is None and (state.row is not None or state.unit.base_id == content_id):
+        if asked is None or asked == state.unit.base_id:
             return None  # the current attempt: the normal path (and write_report's own idempotence)
-        if asked is not None and asked == state.unit.base_id:
-            return None
-        closed = [
-            r
-            for r in rows
-            if base_of_attempt(r["unit_id"]) != state.unit.base_id
-            and (asked is None or base_of_attempt(r["unit_id"]) == asked)
-        ]
+        closed = [r for r in rows if base_of_attempt(r["unit_id"]) == asked]  # an earlier loop it names
     else:
         closed = [r for r in rows if asked is None or base_of_attempt(r["unit_id"]) == asked]
     if not closed:
@@ -805,10 +810,9 @@ def _resent_report(
         None,
     )
     if same is None:
-        if state is not None and asked is not None:
+        if state is not None:
+            assert asked is not None
             raise _stale(cur, content_id, asked, state.unit.base_id)
-        if state is not None and asked is None:
-            return None  # a first answer for the current loop (it differs from the rejected one)
         step_id = closed[-1]["step_id"]
         if cur.loaded.run.status in DRIVABLE_STATUSES and cur.step is not None and step_id != cur.step.step_id:
             raise UsageError(
@@ -1044,7 +1048,8 @@ def _finalize(
             if applied.next == AGAIN:
                 continue
             if d.kind == "work":
-                left = len(d.units)
+                left = _unreported(d.units)
+                rerunnable = len(d.units) - left
                 assert cur.gate is not None
                 prior_loop = cur.gate.loop > 1 and d.loop == cur.gate.loop and cur.gate.feedback is not None
                 if prior_loop and all(s.row is None for s in d.states):
@@ -1060,10 +1065,14 @@ def _finalize(
                         "message": f"Step {step.step_id} goes to gate loop {d.loop}: redo its units with the "
                         "feedback (the brief is in this answer).",
                     }
-                return {
-                    "remainingUnits": left,
-                    "message": f"Recorded. {left} unit(s) of step {step.step_id} still need a report.",
-                }
+                parts = [f"{left} unit(s) of step {step.step_id} still need a report"] if left else []
+                if rerunnable:
+                    parts.append(
+                        f"{rerunnable} failed unit(s) of step {step.step_id} may be re-run (their retry.on lists "
+                        "the reason): do them again and report with rerun"
+                    )
+                message = "Recorded. " + "; ".join(parts) + "."
+                return {"remainingUnits": left, "message": message}
             if applied.next == PARKED:  # the gate awaits the agent's verdict
                 return {
                     "stepOutcome": {"kind": "awaiting_verdict", "gateLoop": d.loop},

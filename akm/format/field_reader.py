@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 from akm.format.diagnostics import Diagnostic
 from akm.format.grammar import MAX_JSON_DEPTH
@@ -150,17 +150,26 @@ class FieldReader:
     # --- small typed readers; each reports and returns None on a bad value ---
 
     def check_keys(
-        self, node: dict, ypath: tuple, allowed: tuple[str, ...], where: str, hint: str | None = None
+        self,
+        node: dict,
+        ypath: tuple,
+        allowed: tuple[str, ...],
+        where: str,
+        hint: str | None = None,
+        placed: Callable[[str, Any], str | None] | None = None,
     ) -> None:
-        """Report keys outside `allowed`; the default hint suggests a close key and lists the allowed ones."""
+        """Report keys outside `allowed`; the default hint suggests a close key and lists the allowed ones.
+        `placed(key, value)` may say where a key that belongs elsewhere goes instead (then its hint leads)."""
         for k in node:
             if k not in allowed:
+                default = hint if hint is not None else f"{suggest(k, allowed)}allowed keys: {', '.join(allowed)}"
+                elsewhere = placed(k, node[k]) if placed is not None else None
                 self.error(
                     "unknown_key",
                     f'Unknown key "{k}" in {where}',
                     ypath + (k,),
                     key=True,
-                    hint=hint if hint is not None else f"{suggest(k, allowed)}allowed keys: {', '.join(allowed)}",
+                    hint=f"{elsewhere}; {default}" if elsewhere else default,
                 )
 
     def mapping(self, value: Any, ypath: tuple, what: str, hint: str | None = None) -> dict | None:
@@ -177,11 +186,12 @@ class FieldReader:
         allowed: tuple[str, ...],
         hint: str | None = None,
         unknown_hint: str | None = None,
+        placed: Callable[[str, Any], str | None] | None = None,
     ) -> dict | None:
         """A mapping whose keys must come from `allowed`: unknown keys are reported, the mapping is still returned."""
         node = self.mapping(value, ypath, what, hint=hint)
         if node is not None:
-            self.check_keys(node, ypath, allowed, what, hint=unknown_hint)
+            self.check_keys(node, ypath, allowed, what, hint=unknown_hint, placed=placed)
         return node
 
     def section(

@@ -10,7 +10,7 @@ because whether `steps.x.output` is valid depends on where `x` is declared.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from akm.format.field_reader import FieldReader, corrected_name, describe
 from akm.format.grammar import (
@@ -25,12 +25,29 @@ from akm.format.grammar import (
     ROUTE_KEYS,
     STEP_ID_RE,
     STEP_KEYS,
+    UNIT_KEYS,
 )
 from akm.format.model import GateSpec, MapSpec, RouteBranch, RouteSpec, UnitBag
 from akm.format.read_schemas import read_output_schema
 from akm.format.read_unit import read_unit_bag
 from akm.format.yaml12 import js_string
 from akm.record import dataclass, field
+
+
+def _under_unit(parent: str) -> Callable[[str, Any], str | None]:
+    """Where a unit setting written one level too high goes: a step's (or map's) `on_error`, `retry`,
+    `timeout`, `env`… belong to its unit, and the allowed keys alone did not say so."""
+
+    def placed(key: str, value: Any) -> str | None:
+        if key not in UNIT_KEYS:
+            return None
+        shown = value if isinstance(value, (str, int, float)) and not isinstance(value, bool) else "..."
+        inner = f"unit: {{ {key}: {shown} }}"
+        if parent:
+            return f'"{key}" is a setting of the {parent}\'s unit: write `{parent}: {{ ..., {inner} }}`'
+        return f'"{key}" is a setting of the step\'s unit: write it under `unit:`, e.g. `{inner}`'
+
+    return placed
 
 
 @dataclass
@@ -144,7 +161,7 @@ class _StepReader:
         step_id = self.read_id(i, raw, yp)
         label = f'Step "{step_id}"' if step_id else f"Step #{i + 1}"
         draft = StepDraft(index=i, ypath=yp, line=line, end_line=ctx.end_line(yp, line), id=step_id, label=label)
-        ctx.check_keys(raw, yp, STEP_KEYS, label)
+        ctx.check_keys(raw, yp, STEP_KEYS, label, placed=_under_unit(""))
 
         has_map, has_route = "map" in raw, "route" in raw
         if has_map and has_route:
@@ -307,7 +324,12 @@ class _StepReader:
         ctx = self.ctx
         label = draft.label
         node = ctx.strict_mapping(
-            value, yp, f"{label}: map", MAP_KEYS, hint="write `map: { over: params.items, unit: {...} }`"
+            value,
+            yp,
+            f"{label}: map",
+            MAP_KEYS,
+            hint="write `map: { over: params.items, unit: {...} }`",
+            placed=_under_unit("map"),
         )
         if node is None:
             return None

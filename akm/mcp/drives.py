@@ -187,7 +187,6 @@ class Drives:
             drive.error = AkmError(
                 f"unexpected {type(exc).__name__} while driving run {drive.run_id}: {exc}",
                 code="INTERNAL",
-                exit_status=70,
             )
         finally:
             drive.finished.set()

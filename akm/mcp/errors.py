@@ -12,13 +12,14 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult, TextContent
 
-from akm.errors import EXIT_INTERNAL, AkmError
+from akm.errors import AkmError
 from akm.mcp import drives as drives_mod
 from akm.mcp import stdio as sdk
 
 # Hints in MCP terms for error codes whose CLI hint names shell commands.
 _HINTS = {
     "RUN_NOT_FOUND": "List runs with workflow_list.",
+    "RUN_ID_AMBIGUOUS": "Pass more of the run id; workflow_list shows them whole.",
     "RUN_NOT_ACTIVE": "Reopen a failed or blocked run with workflow_resume, then workflow_run.",
     "LEASE_HELD": "Another invocation is driving this run; wait for it, then call workflow_next again.",
     "LEASE_LOST": "Another driver took this run over (this one was too slow to renew its lease); call "
@@ -180,9 +181,7 @@ class _AkmServer(MCPServer):
         problems = _uncoerced(arguments, getattr(tool, "parameters", None)) if tool is not None else []
         if problems:
             return _error_result(
-                AkmError(
-                    f"Invalid arguments for {name}: {'; '.join(problems)}.", code="INVALID_ARGUMENT", exit_status=2
-                )
+                AkmError(f"Invalid arguments for {name}: {'; '.join(problems)}.", code="INVALID_ARGUMENT")
             )
         try:
             arguments = _checked_arguments(name, arguments)
@@ -196,15 +195,12 @@ class _AkmServer(MCPServer):
                 problems = "; ".join(
                     f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in cause.errors()
                 )
-                return _error_result(
-                    AkmError(f"Invalid arguments for {name}: {problems}.", code="INVALID_ARGUMENT", exit_status=2)
-                )
+                return _error_result(AkmError(f"Invalid arguments for {name}: {problems}.", code="INVALID_ARGUMENT"))
             if str(exc).startswith("Unknown tool"):
                 return _error_result(
                     AkmError(
                         f"{exc}. Tools: {', '.join(sorted(sdk.tool_table(self)))}.",
                         code="UNKNOWN_TOOL",
-                        exit_status=2,
                     )
                 )
             if cause is not None and not isinstance(cause, AkmError):
@@ -214,7 +210,6 @@ class _AkmServer(MCPServer):
                     AkmError(
                         f"unexpected {type(cause).__name__}: {cause}",
                         code="INTERNAL",
-                        exit_status=EXIT_INTERNAL,
                         hint="this is a bug in akm; the server's stderr has the traceback.",
                     )
                 )

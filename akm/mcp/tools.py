@@ -59,6 +59,10 @@ async def _call_then(shape: Any, fn: Any, *args: Any, **kwargs: Any) -> CallTool
     return _ok(shape(result) if shape is not None else result)
 
 
+# Every run id argument takes what `akm.api._run_ids` resolves (the same forms as the CLI's RUN).
+RUN_ID_HELP = "The run id: whole, its first 6 or more characters, or @last (this project's newest run)"
+
+
 def _with_next_after_report(res: Any) -> dict[str, Any]:
     data = res.to_json()
     data["next"] = _next_after_report(data)
@@ -210,6 +214,11 @@ def _next_after_report(res: dict[str, Any]) -> str | None:
         return "Report the unit's result with unit_report (status completed) before its claim expires."
     if res.get("remainingUnits"):
         return f"{res['remainingUnits']} unit(s) of the step still need a report."
+    if not outcome and status == "awaiting_session":  # nothing unreported, yet the step waits: a re-run
+        return (
+            f'The step waits for a failed unit to be re-run (its retry.on lists the reason): call workflow_next(run_id="{rid}") '
+            "and report it with unit_report(**unit.report, result=...) (its report says rerun)."
+        )
     return None
 
 
@@ -322,7 +331,7 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
 
     @server.tool(annotations=_read_only("What to do now"))
     async def workflow_next(
-        run_id: Annotated[str, Field(description="The run id")],
+        run_id: Annotated[str, Field(description=RUN_ID_HELP)],
         unit_id: Annotated[str | None, Field(description="Only this unit, whole")] = None,
     ) -> Annotated[CallToolResult, api.Brief]:
         """What you should do now for a run: its session units (prompt, context, schema, how to report) or the
@@ -340,7 +349,7 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
         )
     )
     async def unit_report(
-        run_id: Annotated[str, Field(description="The run id")],
+        run_id: Annotated[str, Field(description=RUN_ID_HELP)],
         unit_id: Annotated[str, Field(description="The unitId from workflow_next (or STEP.gate:lN for a verdict)")],
         status: Annotated[
             Literal["completed", "failed", "running"],
@@ -391,7 +400,7 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
 
     @server.tool(annotations=_read_only("Run status"))
     async def workflow_status(
-        run_id: Annotated[str, Field(description="The run id")],
+        run_id: Annotated[str, Field(description=RUN_ID_HELP)],
         units: Annotated[bool, Field(description="Include every journaled unit attempt")] = False,
         step: Annotated[str | None, Field(description="Only this step, its output whole")] = None,
         format: Annotated[
@@ -405,11 +414,12 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
         units) every unit attempt; format html adds a self-contained HTML report."""
         result = await _call(api.run_status, run_id, units=units, step=step)
         if format == "html" and not result.is_error:
+            rid = (result.structured_content or {}).get("runId", run_id)  # a prefix or @last, resolved
             try:
-                page = await anyio.to_thread.run_sync(lambda: api.run_report_html(run_id))
+                page = await anyio.to_thread.run_sync(lambda: api.run_report_html(rid))
             except AkmError as exc:
                 return _error_result(exc)
-            result.content.append(_html_resource(f"akm://runs/{run_id}/report.html", page))
+            result.content.append(_html_resource(f"akm://runs/{rid}/report.html", page))
         return result
 
     @server.tool(annotations=_read_only("List runs"))
@@ -438,7 +448,7 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
         )
     )
     async def workflow_resume(
-        run_id: Annotated[str, Field(description="The run id")],
+        run_id: Annotated[str, Field(description=RUN_ID_HELP)],
     ) -> Annotated[CallToolResult, RunViewModel]:
         """Reopen a failed or blocked run (its current step is retried on the next workflow_run)."""
         return await _call(api.resume, run_id)
@@ -453,7 +463,7 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
         )
     )
     async def workflow_abandon(
-        run_id: Annotated[str, Field(description="The run id")],
+        run_id: Annotated[str, Field(description=RUN_ID_HELP)],
     ) -> Annotated[CallToolResult, RunViewModel]:
         """Give up on a run for good."""
         return await _call(api.abandon, run_id)
@@ -469,7 +479,9 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
 
     @server.tool(annotations=_read_only("Journal events"))
     async def workflow_events(
-        run_id: Annotated[str | None, Field(description="Only this run's events")] = None,
+        run_id: Annotated[
+            str | None, Field(description="Only this run's events (whole id, its first 6+ characters, or @last)")
+        ] = None,
         since: Annotated[str | None, Field(description="@offset:N (a previous nextOffset) or an ISO time")] = None,
         limit: Annotated[int | None, Field(ge=1, description="At most this many events")] = None,
     ) -> Annotated[CallToolResult, EventPageModel]:

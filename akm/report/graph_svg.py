@@ -19,6 +19,12 @@ from akm.report.escape import esc, short
 NODE_W, NODE_H = 190, 46
 GAP_X, GAP_Y = 28, 54
 MARGIN = 16
+# A node is as wide as its step id needs (13 px bold sans-serif: at most ~8.6 px a character, measured on
+# DejaVu Sans Bold, the widest common face) up to LABEL_MAX characters; a longer id is cut with an ellipsis
+# (its whole id is in the node's tooltip and the step's section). Issue 39: long ids overflowed the boxes.
+CHAR_W = 8.6
+LABEL_MAX = 40
+NODE_PAD = 24
 
 FILL = {
     "completed": "#c8e6c9",
@@ -53,19 +59,26 @@ def _rows(graph: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _node_width(graph: dict[str, Any]) -> int:
+    """One width for every node (rows stay aligned): the widest label's, at least NODE_W."""
+    longest = max((len(short(n["id"], LABEL_MAX)) for n in graph["nodes"]), default=0)
+    return max(NODE_W, int(longest * CHAR_W + NODE_PAD + 0.5))
+
+
 def graph_svg(graph: dict[str, Any], anchors: dict[str, str] | None = None) -> str:
     """The SVG element (a string) for `graph`; `anchors` maps a step id to its section's fragment id."""
     anchors = anchors or {}
     nodes = {n["id"]: n for n in graph["nodes"]}
     rows = _rows(graph)
+    node_w = _node_width(graph)
     widest = max((len(r) for r in rows), default=1)
-    content_w = widest * NODE_W + (widest - 1) * GAP_X
+    content_w = widest * node_w + (widest - 1) * GAP_X
     pos: dict[str, tuple[float, float, int]] = {}  # id -> (left x, top y, row)
     for r, row in enumerate(rows):
-        row_w = len(row) * NODE_W + (len(row) - 1) * GAP_X
+        row_w = len(row) * node_w + (len(row) - 1) * GAP_X
         left = MARGIN + (content_w - row_w) / 2
         for c, node_id in enumerate(row):
-            pos[node_id] = (left + c * (NODE_W + GAP_X), MARGIN + r * (NODE_H + GAP_Y), r)
+            pos[node_id] = (left + c * (node_w + GAP_X), MARGIN + r * (NODE_H + GAP_Y), r)
     long_edges = [
         e
         for e in graph["edges"]
@@ -94,13 +107,13 @@ def graph_svg(graph: dict[str, Any], anchors: dict[str, str] | None = None) -> s
             ay, by, r = sy + NODE_H / 2, ty + NODE_H / 2, 10
             # Out to the right of every row, down, and back in: straight runs with rounded corners.
             d = (
-                f"M{sx + NODE_W:.0f},{ay:.0f} H{x - r:.0f} Q{x:.0f},{ay:.0f} {x:.0f},{ay + r:.0f} "
-                f"V{by - r:.0f} Q{x:.0f},{by:.0f} {x - r:.0f},{by:.0f} H{tx + NODE_W + 2:.0f}"
+                f"M{sx + node_w:.0f},{ay:.0f} H{x - r:.0f} Q{x:.0f},{ay:.0f} {x:.0f},{ay + r:.0f} "
+                f"V{by - r:.0f} Q{x:.0f},{by:.0f} {x - r:.0f},{by:.0f} H{tx + node_w + 2:.0f}"
             )
             lx, ly = x, (ay + by) / 2
         else:
-            ax, ay = sx + NODE_W / 2, sy + NODE_H
-            bx, by = tx + NODE_W / 2, ty - 2
+            ax, ay = sx + node_w / 2, sy + NODE_H
+            bx, by = tx + node_w / 2, ty - 2
             mid = (ay + by) / 2
             d = f"M{ax:.0f},{ay:.0f} C{ax:.0f},{mid:.0f} {bx:.0f},{mid:.0f} {bx:.0f},{by:.0f}"
             lx, ly = (ax + bx) / 2, mid
@@ -115,26 +128,31 @@ def graph_svg(graph: dict[str, Any], anchors: dict[str, str] | None = None) -> s
                 f'height="16" rx="3" fill="#fff" stroke="#bbb"/><text x="{lx:.0f}" y="{ly + 3:.0f}" '
                 f'text-anchor="middle" font-size="11">{text}</text></g>'
             )
-    for node_id, (x, y, _r) in pos.items():
+    for i, (node_id, (x, y, _r)) in enumerate(pos.items()):
         n = nodes[node_id]
         status = str(n.get("status"))
         skipped = status == "skipped"
         fill = FILL.get(status, "#ffffff")
         shape = (
-            f'<polygon points="{x + 12:.0f},{y:.0f} {x + NODE_W - 12:.0f},{y:.0f} {x + NODE_W:.0f},'
-            f"{y + NODE_H / 2:.0f} {x + NODE_W - 12:.0f},{y + NODE_H:.0f} {x + 12:.0f},{y + NODE_H:.0f} "
+            f'<polygon points="{x + 12:.0f},{y:.0f} {x + node_w - 12:.0f},{y:.0f} {x + node_w:.0f},'
+            f"{y + NODE_H / 2:.0f} {x + node_w - 12:.0f},{y + NODE_H:.0f} {x + 12:.0f},{y + NODE_H:.0f} "
             f'{x:.0f},{y + NODE_H / 2:.0f}"'
             if n.get("kind") == "route"
-            else f'<rect x="{x:.0f}" y="{y:.0f}" width="{NODE_W}" height="{NODE_H}" rx="6"'
+            else f'<rect x="{x:.0f}" y="{y:.0f}" width="{node_w}" height="{NODE_H}" rx="6"'
         )
         stroke = ' stroke="#999" stroke-dasharray="4,3"' if skipped else ' stroke="#555"'
         color = "#888" if skipped else "#111"
+        # The labels are clipped to the box: should a face be wider than CHAR_W allows, a label is cut at the
+        # box's edge instead of running over its neighbours.
+        clip = f"node-clip-{i}"
         body = (
             f'{shape} fill="{fill}"{stroke}/>'
-            f'<text x="{x + NODE_W / 2:.0f}" y="{y + 19:.0f}" text-anchor="middle" font-size="13" '
-            f'font-weight="600" fill="{color}">{esc(short(node_id, 24))}</text>'
-            f'<text x="{x + NODE_W / 2:.0f}" y="{y + 36:.0f}" text-anchor="middle" font-size="11" '
-            f'fill="{color}">{esc(n.get("kind"))} · {esc(status)}</text>'
+            f'<clipPath id="{clip}"><rect x="{x + 4:.0f}" y="{y:.0f}" width="{node_w - 8}" height="{NODE_H}"/>'
+            f'</clipPath><g clip-path="url(#{clip})">'
+            f'<text x="{x + node_w / 2:.0f}" y="{y + 19:.0f}" text-anchor="middle" font-size="13" '
+            f'font-weight="600" fill="{color}">{esc(short(node_id, LABEL_MAX))}</text>'
+            f'<text x="{x + node_w / 2:.0f}" y="{y + 36:.0f}" text-anchor="middle" font-size="11" '
+            f'fill="{color}">{esc(n.get("kind"))} · {esc(status)}</text></g>'
         )
         title = f"<title>{esc(node_id)}: {esc(n.get('kind'))}, {esc(status)}</title>"
         group = f'<g class="node status-{esc(status)}" data-step="{esc(node_id)}">{title}{body}</g>'

@@ -97,6 +97,15 @@ def _output_block(value: Any, limit: int, *, open_: bool = False, what: str = "o
     )
 
 
+# What a session unit reported without a claim shows for its duration (see `_Report.untimed`).
+UNTIMED = "not timed (done in the agent's session)"
+
+
+def _same_instant(a: str | None, b: str | None) -> bool:
+    start, end = seconds(a), seconds(b)
+    return start is not None and end is not None and abs(end - start) < 0.001
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
@@ -132,6 +141,13 @@ class _Report:
         self.by_step: dict[str, list[dict[str, Any]]] = {}
         for u in self.units:
             self.by_step.setdefault(str(u.get("stepId")), []).append(u)
+        # Session units reported without a claim: their row is written when the result comes, so its clock
+        # says 0 ms; how long the agent worked is not in the journal (a claim, status running, would time it).
+        self.untimed = {
+            str(u["unitId"])
+            for u in self.units
+            if u.get("runner") == "session" and _same_instant(u.get("startedAt"), u.get("finishedAt"))
+        }
         self.rows_left = MAX_UNIT_ROWS >> max(0, level - 2)
         self.max_rows = self.rows_left
         self.rows_omitted = 0
@@ -227,6 +243,7 @@ class _Report:
             end,
             self.anchors,
             tooltips=self.tooltips,
+            untimed=self.untimed,
         )
         return (
             '<section id="timeline"><h2>Timeline of unit attempts</h2><p class="muted">One lane per step; '
@@ -267,6 +284,8 @@ class _Report:
             self.rows_left -= 1
             start, end = seconds(u.get("startedAt")), seconds(u.get("finishedAt"))
             took = duration_text(end - start) if start is not None and end is not None else "—"
+            if str(u["unitId"]) in self.untimed:
+                took = UNTIMED
             reason = u.get("failureReason")
             extra = ""
             if u.get("truncated"):
@@ -342,7 +361,7 @@ class _Report:
             known = [u["tokens"] for u in self.by_step.get(sid, []) if isinstance(u.get("tokens"), int)]
             if known:
                 tally += f"; {sum(known):,} tokens"
-            spans = [a for a in self.attempts if a.step_id == sid]
+            spans = [a for a in self.attempts if a.step_id == sid and a.unit_id not in self.untimed]
             if spans:
                 ends = [a.end for a in spans if a.end is not None]
                 if ends:

@@ -35,14 +35,44 @@ def safe(text: object) -> str:
     return str(text).translate(_ESCAPES)
 
 
+def _unit_of(attempt_id: str) -> tuple[str, int]:
+    """(the unit, its gate loop) an attempt id names: `u~l2~r1` -> (`u`, 2)."""
+    head = attempt_id.split("~r", 1)[0] if "~r" in attempt_id else attempt_id
+    unit, sep, loop = head.rpartition("~l")
+    return (unit, int(loop)) if sep and loop.isdigit() else (head, 1)
+
+
 class _Step:
-    __slots__ = ("step_id", "done", "total", "failed", "started", "finished", "status")
+    """A step's progress counted in units, not attempts: a unit retried three times is one unit, failed
+    only if its latest attempt failed; the total is the units the step dispatches, whatever retries cost."""
+
+    __slots__ = ("step_id", "planned", "units", "loop", "started", "finished", "status", "note")
 
     def __init__(self, step_id: str, started: float) -> None:
         self.step_id, self.started = step_id, started
-        self.done = self.total = self.failed = 0
+        self.planned = 0  # the units the driver said it dispatches (0: unknown, as when following events)
+        self.units: dict[str, bool | None] = {}  # unit -> its latest attempt ok / failed (None: running)
+        self.loop = 1
         self.finished: float | None = None
         self.status = "running"
+        self.note: str | None = None  # why the step runs fewer units at once than it declares
+
+    @property
+    def done(self) -> int:
+        return sum(1 for ok in self.units.values() if ok is not None)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for ok in self.units.values() if ok is False)
+
+    @property
+    def total(self) -> int:
+        return max(self.planned, len(self.units))
+
+    def new_loop(self, loop: int) -> None:
+        """A gate loop re-does the step's units: count them afresh."""
+        if loop > self.loop:
+            self.loop, self.units = loop, {}
 
 
 class Board:
@@ -73,14 +103,16 @@ class Board:
             self.run_id = self.run_id or p.run_id
             step = self._step(p.step_id, at)
             if p.kind == "step_started":  # the step shows at once, with its units to do
-                step.total = max(step.total, p.total)
+                if step.units and all(ok is not None for ok in step.units.values()):
+                    step.units = {}  # a pass over units all finished before: the next gate loop's re-dos
+                step.planned = p.total
+                step.note = getattr(p, "note", None)
                 if step.finished is None:
                     step.status = "running"
             elif p.kind == "step":
                 self._finish(step, p.status, at)
             else:
-                step.done, step.total = max(step.done, p.done), max(step.total, p.total)
-                step.failed += 0 if p.ok else 1
+                step.units[p.unit_id] = bool(p.ok)
 
     def event(self, ev: dict[str, Any]) -> str | None:
         """A journal event (`EventView.to_json()`); returns its one-line form for line output, if any."""
@@ -91,17 +123,20 @@ class Board:
             if not isinstance(step_id, str):
                 return f"run {ev.get('runId')}: {kind}" if kind in ("workflow_finished", "workflow_abandoned") else None
             step = self._step(step_id, at)
+            attempt = str(meta.get("unitId") or "")
+            unit, loop = _unit_of(attempt)
             if kind == "workflow_unit_started":
-                step.total += 1
+                step.new_loop(loop)
+                step.units[unit] = None
                 if step.finished is None:
                     step.status = "running"
                 return None
             if kind == "workflow_unit_finished":
-                step.done += 1
+                step.new_loop(loop)
                 ok = meta.get("status") == "completed"
-                step.failed += 0 if ok else 1
+                step.units[unit] = ok
                 mark = "ok" if ok else f"FAILED ({meta.get('failureReason')})"
-                return f"[{step_id} {step.done}/{step.total}] {meta.get('unitId')} {mark}"
+                return f"[{step_id} {step.done}/{step.total}] {attempt} {mark}"
             if kind in ("workflow_step_completed", "workflow_step_updated"):
                 status = str(meta.get("status") or "")
                 if status in ("completed", "failed", "skipped", "blocked"):
@@ -124,24 +159,56 @@ class Board:
             finished = sum(1 for s in steps if s.finished is not None)
             units = sum(s.done for s in steps)
             failed = sum(s.failed for s in steps)
+            # The short id is a run id too (a unique prefix): `akm workflow status <it>` works.
             head = (
-                f"akm run {self.run_id or ''}".rstrip() + f"  {duration_text(now - self.started)}"
+                f"akm run {(self.run_id or '')[:8]}".rstrip() + f"  {duration_text(now - self.started)}"
                 f"  {finished} step(s) finished, {units} unit(s) done" + (f", {failed} failed" if failed else "")
             )
-            out = [head] + ([f"  {self.note}"] if self.note else [])
+            out = [_fit(head, width)] + ([_fit(f"  {self.note}", width)] if self.note else [])
             room = max(1, height - len(out) - 1)
-            if len(steps) > room:
-                hidden = steps[: len(steps) - room + 1]
-                out.append(f"  … {len(hidden)} earlier step(s)")
-                steps = steps[len(hidden) :]
+            notes = {s.step_id: _wrap(f"note: {s.note}", width, "      ") if s.note else [] for s in steps}
+            if sum(1 + len(notes[s.step_id]) for s in steps) > room:
+                kept: list[_Step] = []
+                used = 1  # the "earlier steps" line
+                for s in reversed(steps):
+                    used += 1 + len(notes[s.step_id])
+                    if used > room and kept:
+                        break
+                    kept.insert(0, s)
+                out.append(f"  … {len(steps) - len(kept)} earlier step(s)")
+                steps = kept
             wid = min(28, max((len(s.step_id) for s in steps), default=4))
             for s in steps:
                 elapsed = (s.finished if s.finished is not None else now) - s.started
                 work = f"{s.done}/{s.total} units" if s.total else ""
                 fails = f"{s.failed} failed" if s.failed else ""
                 name = s.step_id if len(s.step_id) <= wid else s.step_id[: wid - 1] + "…"
-                out.append(f"  {s.status:<10} {name:<{wid}}  {work:<14} {fails:<10} {duration_text(elapsed):>8}")
-            return [safe(line)[: max(10, width - 1)] for line in out]
+                out.append(
+                    _fit(f"  {s.status:<10} {name:<{wid}}  {work:<14} {fails:<10} {duration_text(elapsed):>8}", width)
+                )
+                out.extend(notes[s.step_id])  # kept once the step finished: why it took that long
+            return out
+
+
+def _fit(text: str, width: int) -> str:
+    """One terminal line of at most `width - 1` columns (the last column would wrap on some terminals),
+    shortened at a word boundary with an ellipsis — never cut mid-word."""
+    line = safe(text).rstrip()
+    room = max(10, width - 1)
+    if len(line) <= room:
+        return line
+    cut = line[: room - 1]
+    space = cut.rfind(" ")
+    if space > room // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,") + "…"
+
+
+def _wrap(text: str, width: int, indent: str) -> list[str]:
+    """A note over as many lines as it needs, each within `width - 1` columns, broken between words."""
+    import textwrap
+
+    return textwrap.wrap(safe(text), max(20, width - 1), initial_indent=indent, subsequent_indent=indent + "  ")
 
 
 class LineProgress:
@@ -153,6 +220,8 @@ class LineProgress:
     def progress(self, p: Any) -> None:
         self.board.progress(p)
         if p.kind == "step_started":
+            if getattr(p, "note", None):
+                self.line(f"note: {p.note}")
             return
         if p.kind == "step":
             self.line(f"[{p.step_id}] step {p.status}")

@@ -12,6 +12,7 @@ duration and failure reason.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -92,6 +93,27 @@ def duration_text(s: float | None) -> str:
     return "—" if s is None else _duration(max(0.0, s))
 
 
+_AXIS_UNITS = ((1.0, "ms", 0.001), (120.0, "s", 1.0), (7200.0, "min", 60.0), (float("inf"), "h", 3600.0))
+
+
+def axis_ticks(span: float, most: int = 6) -> list[tuple[float, str]]:
+    """(seconds from the start, label) of the timeline's ticks: round steps (1, 2, 2.5 or 5 × 10ⁿ) of ONE
+    unit chosen for the whole span — never "0 ms … 48.0 s … 1.2 min" on one axis (issue 39)."""
+    _, unit, size = next(u for u in _AXIS_UNITS if span < u[0])
+    total = span / size
+    raw = total / max(1, most - 1)
+    magnitude = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    ticks = []
+    k = 0
+    while k * step <= total * (1 + 1e-9):
+        value = k * step
+        number = f"{value:.0f}" if float(value).is_integer() else f"{value:g}"
+        ticks.append((value * size, f"{number} {unit}"))
+        k += 1
+    return ticks
+
+
 def _pack(attempts: list[Attempt], end_of: dict[int, float]) -> list[int]:
     """A sub-row per attempt: the first row whose last bar ended before this one starts."""
     ends: list[float] = []
@@ -115,9 +137,11 @@ def timeline_svg(
     anchors: dict[str, str] | None = None,
     *,
     tooltips: bool = True,
+    untimed: set[str] | frozenset[str] = frozenset(),
 ) -> str:
     """The SVG element for `attempts`, lanes in `step_order`; open attempts end at `run_end`;
-    `tooltips=False` leaves out each bar's title (a page for very many attempts must stay small)."""
+    `tooltips=False` leaves out each bar's title (a page for very many attempts must stay small);
+    `untimed`: attempts whose duration the journal does not know (a session unit reported unclaimed)."""
     anchors = anchors or {}
     if not attempts:
         return '<p class="muted">No unit was dispatched.</p>'
@@ -148,6 +172,8 @@ def timeline_svg(
             color = GATE_COLOR if gate else COLOR.get(a.status, COLOR["unfinished"])
             outline = ' stroke="#212121" stroke-width="1"' if "~r" in a.unit_id else ""
             took = duration_text(end_of[i] - a.start) + ("" if a.end is not None else ", not finished")
+            if a.unit_id in untimed:
+                took = "reported by the calling agent, not timed"
             tip = f"{a.unit_id}: {a.status}, {took}" + (f" ({a.reason})" if a.reason else "")
             title = f"<title>{esc(tip)}</title>" if tooltips else ""
             parts.append(
@@ -156,11 +182,11 @@ def timeline_svg(
             )
         y += lane_h + LANE_GAP
     ticks = []
-    for k in range(6):
-        x = LABEL_W + PLOT_W * k / 5
+    for offset, text in axis_ticks(span):
+        x = LABEL_W + offset * scale
         ticks.append(
             f'<line x1="{x:.0f}" y1="14" x2="{x:.0f}" y2="{y}" stroke="#ddd"/>'
-            f'<text x="{x:.0f}" y="11" font-size="10" text-anchor="middle">{duration_text(span * k / 5)}</text>'
+            f'<text x="{x:.0f}" y="11" font-size="10" text-anchor="middle">{esc(text)}</text>'
         )
     width, height = LABEL_W + PLOT_W + 30, y + 4
     return (

@@ -35,6 +35,7 @@ def follow(run_id: str, stream: TextIO, *, poll_s: float = POLL_S) -> int:
     from akm.report.timeline_svg import seconds
 
     view = api.run_status(run_id)
+    run_id = view.run_id  # a prefix or `@last`, resolved once: a newer run must not take over the follow
     board = Board(started=seconds(view.created_at))
     board.run_id = view.run_id
     tty = bool(getattr(stream, "isatty", lambda: False)()) and os.environ.get("TERM") != "dumb"

@@ -274,6 +274,10 @@ def clean_blob(blob: Any, warn: Warn) -> dict[str, Any]:
             out[key] = value
         else:
             warn(f"Ignoring unknown or restricted config key {key!r} (setup accepts {', '.join(BLOB_KEYS)}).")
+    from akm.config.keys import unknown_key_warnings
+
+    for message in unknown_key_warnings(out):  # kept, as a config file's are, but said
+        warn(message)
     return out
 
 

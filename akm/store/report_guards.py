@@ -68,6 +68,7 @@ class Report(NamedTuple):
     failure_reason: str | None
     holder: str
     rerun: bool
+    input_hash: str | None = None  # the plan's input hash of the unit (None: not checked)
 
 
 class ReportPlan(NamedTuple):
@@ -89,8 +90,10 @@ class ReportPlan(NamedTuple):
 def check_report(run_id: str, run: Row | None, row: Row | None, report: Report, now: str) -> ReportPlan:
     """The run guard, then the unit row's: what this report may write, or the coded refusal.
 
-    `row` holds the unit row's status, result_json, failure_reason, tokens, claim_holder, claim_host,
-    claim_pid, claim_expires_at (None: no attempt row yet). Refusals: a finished row reported again
+    `row` holds the unit row's status, result_json, failure_reason, tokens, input_hash, claim_holder,
+    claim_host, claim_pid, claim_expires_at (None: no attempt row yet). Refusals: a row journaled with
+    another input hash than the plan's, whatever its status and even for a re-run (REPLAY_DIVERGED, as
+    upstream: the row answers other work), a finished row reported again
     with other content and no `rerun` (REPORT_CONFLICT), a running report on a finished row without
     `rerun` (UNIT_TERMINAL), a live claim of another holder (CLAIM_HELD), the reporter's own claim
     expired (CLAIM_EXPIRED, unless it claims again).
@@ -99,6 +102,8 @@ def check_report(run_id: str, run: Row | None, row: Row | None, report: Report, 
     unit_id, status = report.unit_id, report.status
     if row is None:
         return ReportPlan("write")
+    if report.input_hash is not None and row["input_hash"] is not None and row["input_hash"] != report.input_hash:
+        raise replay_diverged(run_id, unit_id, row["status"], report.input_hash)
     if row["status"] in ("completed", "failed"):
         same = (
             row["status"] == status
@@ -139,6 +144,27 @@ def check_report(run_id: str, run: Row | None, row: Row | None, report: Report, 
     return ReportPlan("write", finishing_claim=finishing_claim)
 
 
+def replay_diverged(run_id: str, unit_id: str, status: str, input_hash: str) -> UsageError:
+    """REPLAY_DIVERGED: the unit's journal row was written for other input than the plan gives it now."""
+    return UsageError(
+        f"Replay divergence: unit {unit_id} of run {run_id} is journaled as {status} with a different input hash "
+        "than the plan gives it now; nothing was recorded. Start a new run.",
+        code="REPLAY_DIVERGED",
+        details={"unitId": unit_id, "inputHash": input_hash},
+    )
+
+
+def max_units_reason(used: int, max_units: int) -> str:
+    """Why a unit ceiling stops a run: one sentence for the drive loop and a report (it becomes the step's
+    notes either way, so both surfaces end with the same words)."""
+    return f"budget exceeded (max_units ceiling): {used} of {max_units} units already dispatched"
+
+
+def max_tokens_reason(spent: int, max_tokens: int) -> str:
+    """Why a token ceiling stops a run (see `max_units_reason`)."""
+    return f"budget exceeded (max_tokens ceiling): {spent} of {max_tokens} tokens used"
+
+
 def check_budget(
     plan: ReportPlan,
     row: Row | None,
@@ -156,16 +182,10 @@ def check_budget(
     """
     own_attempts = int(row["attempts"]) if row is not None else 0
     if not plan.finishing_claim and max_units is not None and other_attempts + own_attempts + 1 > max_units:
-        raise UsageError(
-            f"budget exceeded (max_units ceiling): {other_attempts + own_attempts} of {max_units} units already "
-            "dispatched in this run.",
-            code="BUDGET_EXCEEDED",
-        )
+        raise UsageError(max_units_reason(other_attempts + own_attempts, max_units) + ".", code="BUDGET_EXCEEDED")
     spent = other_tokens + _row_tokens(row)
     if max_tokens is not None and spent >= max_tokens:
-        raise UsageError(
-            f"budget exceeded (max_tokens ceiling): {spent} of {max_tokens} tokens used.", code="BUDGET_EXCEEDED"
-        )
+        raise UsageError(max_tokens_reason(spent, max_tokens) + ".", code="BUDGET_EXCEEDED")
     return spent
 
 
@@ -184,7 +204,7 @@ def tokens_crossed(other_tokens: int, carried: int | None, max_tokens: int | Non
     total = other_tokens + (carried or 0)
     if total < max_tokens:
         return None
-    return f"budget exceeded (max_tokens ceiling): {total} of {max_tokens} tokens used"
+    return max_tokens_reason(total, max_tokens)
 
 
 def _row_tokens(row: Row | None) -> int:

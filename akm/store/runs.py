@@ -309,6 +309,30 @@ def require_run(db: Database, run_id: str) -> Run:
     return run
 
 
+def runs_with_id_prefix(db: Database, prefix: str, limit: int) -> list[tuple[str, str, str, str]]:
+    """(id, status, workflow ref, created_at) of at most `limit` runs whose id starts with `prefix` (hex
+    digits and dashes: no LIKE wildcard), newest first: what a run id typed in part names (the api refuses an
+    ambiguous one, listing these)."""
+    if not all(c in "0123456789abcdef-" for c in prefix):
+        return []
+    rows = db.query(
+        "SELECT id, status, workflow_ref, created_at FROM runs WHERE id LIKE ? "
+        f"ORDER BY created_at DESC, {db.dialect.rowid} DESC LIMIT ?",
+        (prefix + "%", limit),
+    )
+    return [(r["id"], r["status"], r["workflow_ref"], r["created_at"]) for r in rows]
+
+
+def newest_run_id(db: Database, scope_keys: tuple[str, ...]) -> str | None:
+    """The id of the newest run under any of the scope keys (a project's), or None."""
+    marks = ", ".join("?" for _ in scope_keys)
+    row = db.query_one(
+        f"SELECT id FROM runs WHERE scope_key IN ({marks}) ORDER BY created_at DESC, {db.dialect.rowid} DESC LIMIT 1",
+        tuple(scope_keys),
+    )
+    return row["id"] if row else None
+
+
 def list_runs(
     db: Database, scope_key: str | None = None, active_only: bool = False, ref: str | None = None
 ) -> list[Run]:

@@ -701,7 +701,7 @@ def write_report(
     in this transaction: nothing can change between a guard and the write it allows.
 
     Guards (UsageError, nothing written): the run is drivable (RUN_NOT_ACTIVE), no live engine
-    lease (LEASE_HELD), a live claim of another holder (CLAIM_HELD), the reporter's own claim
+    lease (LEASE_HELD), the row's input hash is the plan's (REPLAY_DIVERGED), a live claim of another holder (CLAIM_HELD), the reporter's own claim
     expired (CLAIM_EXPIRED), a finished row reported again with other content and no `rerun`
     (REPORT_CONFLICT), a running report on a finished row without `rerun` (UNIT_TERMINAL), a
     unit ceiling of the run's budget (BUDGET_EXCEEDED). The same content again is
@@ -725,7 +725,9 @@ def write_report(
             "claim_pid, claim_expires_at FROM units WHERE run_id = ? AND unit_id = ?",
             (run_id, unit_id),
         ).fetchone()
-        plan = check_report(run_id, run, row, Report(unit_id, status, result_json, failure_reason, holder, rerun), now)
+        plan = check_report(
+            run_id, run, row, Report(unit_id, status, result_json, failure_reason, holder, rerun, input_hash), now
+        )
         if plan.kind == "idempotent":
             return ReportWrite("idempotent")
         if plan.kind == "renew":
