@@ -211,7 +211,7 @@ def test_agent_engine_unit_runs_the_harness(project, tmp_path, capsys, monkeypat
         ).fetchall()
     finally:
         con.close()
-    assert (runner, engine, session, tokens) == ("agent", "coder", "0b6e2f4e-claude-session", 18)
+    assert (runner, engine, session, tokens) == ("agent", "coder", fake_harness.SESSIONS["claude"], 150)
 
 
 def test_no_engine_configured_keeps_units_for_the_session(project, capsys):

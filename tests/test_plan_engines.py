@@ -105,7 +105,8 @@ def test_selection_snapshots_models_and_timeouts(project):
     )
     plan = freeze(project, *UNITS)
     inv = {s.step_id: s.root.invocation.model_dump(mode="json", by_alias=True) for s in plan.steps}
-    assert inv["plain"] == {"engine": "cc", "model": "claude-sonnet-4-6", "timeoutMs": None}  # agents: no timeout
+    # agents: 30 minutes unless a timeout is set (`timeout: none` / `timeoutMs: null` asks for none)
+    assert inv["plain"] == {"engine": "cc", "model": "claude-sonnet-4-6", "timeoutMs": 1_800_000}
     assert inv["named"] == {"engine": "remote", "model": "gpt-x-large", "timeoutMs": 600000}
     assert inv["tuned"] == {"engine": "fast", "model": "qwen3", "timeoutMs": 600000, "llm": {"temperature": 0.9}}
     assert inv["isolated"]["engine"] == "cc"
@@ -255,3 +256,24 @@ def test_model_alias_resolution_order():
 )
 def test_loopback_detection(endpoint, loopback):
     assert is_loopback_endpoint(endpoint) is loopback
+
+
+def test_an_agent_unit_is_unbounded_only_when_asked(project):
+    """No timeout anywhere: an agent unit still ends (30 min); `timeoutMs: null` on the engine, or
+    `timeout: none` on the unit, is an explicit request for none."""
+    write_config({"engines": {"cc": CLAUDE, "free": {**CLAUDE, "timeoutMs": None}}, "defaults": {"agentEngine": "cc"}})
+    plan = freeze(
+        project,
+        """
+        steps:
+          - id: plain
+          - id: free
+            unit: { engine: free }
+          - id: none
+            unit: { timeout: none }
+        """,
+        "## plain\n\nA.\n\n## free\n\nB.\n\n## none\n\nC.",
+    )
+    assert plan.step("plain").root.invocation.timeout_ms == 1_800_000
+    assert plan.step("free").root.invocation.timeout_ms is None
+    assert plan.step("none").root.invocation.timeout_ms is None

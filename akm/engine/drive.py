@@ -494,6 +494,7 @@ class _Pass:
             session_id=o.session_id,
             truncated=o.truncated,
             step_id=self.step.step_id,
+            usage=o.usage,
         )
 
     def _write_finish(self, p: _PendingFinish) -> None:

@@ -33,6 +33,10 @@ from akm.errors import ConfigError
 from akm.plan.model import Invocation
 
 DEFAULT_LLM_TIMEOUT_MS = 600_000
+# An agent unit without a timeout anywhere (unit, workflow defaults, engine) ends after this long: an agent
+# CLI that hangs — its model API stalling, a tool waiting for input — must not hold a run forever. A
+# workflow's `timeout: none` or an engine's `timeoutMs: null` still asks for no limit, explicitly.
+DEFAULT_AGENT_TIMEOUT_MS = 1_800_000
 LOOPBACK_LLM_CONCURRENCY = 1
 REMOTE_LLM_CONCURRENCY = 4
 
@@ -193,7 +197,7 @@ class EngineFreezer:
         engine = self.cfg.engines[name]
         if engine.declared("timeout_ms"):
             return engine.timeout_ms
-        return DEFAULT_LLM_TIMEOUT_MS if engine.kind == "llm" else None
+        return DEFAULT_LLM_TIMEOUT_MS if engine.kind == "llm" else DEFAULT_AGENT_TIMEOUT_MS
 
     # ------------------------------------------------------------ selection
     def _unknown(self, where: str, name: str) -> ConfigError:

@@ -159,9 +159,10 @@ class UnitFinish(NamedTuple):
     session_id: str | None = None
     truncated: bool = False
     step_id: str | None = None  # the step the row was inserted with (saves reading it back)
+    usage: dict[str, Any] | None = None  # the parts of `tokens` the runner reported (event only, no column)
 
     def meta(self, step_id: str | None) -> str:
-        """The `workflow_unit_finished` metadata (compact JSON; ids, status, reason, tokens only)."""
+        """The `workflow_unit_finished` metadata (compact JSON; ids, status, reason, tokens and their parts)."""
         text = (
             f'{{"runId":{_json_str(self.run_id)},"stepId":{_json_opt(step_id)},'
             f'"unitId":{_json_str(self.unit_id)},"status":{_json_str(self.status)}'
@@ -170,6 +171,8 @@ class UnitFinish(NamedTuple):
             text += f',"failureReason":{_json_str(self.failure_reason)}'
         if self.tokens is not None:
             text += f',"tokens":{compact_json(self.tokens)}'
+        if self.usage:
+            text += f',"usage":{compact_json(self.usage)}'
         if self.truncated:
             text += ',"truncated":true'
         return text + "}"
@@ -331,6 +334,7 @@ def finish_unit(
     truncated: bool = False,
     step_id: str | None = None,
     fence: Fence | None = None,
+    usage: dict[str, Any] | None = None,
 ) -> str:
     """Record this dispatch's outcome. Returns "finished" or "superseded".
 
@@ -353,6 +357,7 @@ def finish_unit(
         session_id=session_id,
         truncated=truncated,
         step_id=step_id,
+        usage=usage,
     )
     with db.tx() as conn:
         db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)

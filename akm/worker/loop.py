@@ -333,6 +333,7 @@ class Worker:
             failure_reason=None if outcome.ok else outcome.failure_reason,
             session_id=outcome.session_id,
             truncated=outcome.truncated,
+            usage=outcome.usage,
         )
         if written == "finished":
             if self._notifier is not None:
