@@ -129,6 +129,8 @@ class UnitView(View):
     worktree_path: str | None = None
     truncated: bool = False  # the output was cut at the capture cap; `result` is its beginning
     host: str | None = None  # the host id the attempt ran on: the driver's, or the worker's that claimed it
+    engine: str | None = None  # the engine that ran it (None: the calling agent, or an exec unit)
+    session_id: str | None = None  # the agent CLI's own session id (resume it there), once the CLI said it
 
 
 class LeaseView(View):

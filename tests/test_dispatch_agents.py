@@ -428,3 +428,13 @@ def test_engine_concurrency_caps_running_processes(bin_dir):
         t.join(60)
     assert all(r.ok for _, r in results) and len(results) == 3
     assert time.monotonic() - start >= 1.2  # three 0.4 s runs, one at a time
+
+
+def test_a_passthrough_switch_is_not_scrubbed_from_answers(bin_dir):
+    """`OPENCODE_DISABLE_MODELS_FETCH=true` passed through must not turn the answer's `true` into [REDACTED]."""
+    env = parent_env(bin_dir, OPENCODE_DISABLE_MODELS_FETCH="true", SOME_TOKEN="tok-9f8e7d6c5b")
+    engine = {"envPassthrough": ["OPENCODE_DISABLE_MODELS_FETCH", "SOME_TOKEN"]}
+    res = run(req(bin_dir, "opencode", 'FAKE:answer={"ok": true}', engine=engine, env=env))
+    assert res.ok and res.text == '{"ok": true}', res
+    leak = run(req(bin_dir, "opencode", "FAKE:echo-env=SOME_TOKEN", engine=engine, env=env))
+    assert leak.ok and "tok-9f8e7d6c5b" not in (leak.text or "") and "REDACTED" in (leak.text or "")

@@ -178,6 +178,8 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
                 worktree_path=u.worktree_path,
                 truncated=bool(u.truncated),
                 host=u.host,
+                engine=u.engine,
+                session_id=u.session_id,
                 stale=((u.last_checkin_at or u.started_at) < cutoff)
                 if u.status == "running" and u.phase != "gate"
                 else None,

@@ -131,7 +131,10 @@ def run_text(view: dict[str, Any]) -> str:
             extra += " STALE: no heartbeat for 90 s, its driver is probably gone"
         lines.append(
             f"    {'gate' if u.get('phase') == 'gate' else 'unit'} {u['unitId']}: {u['status']}{extra}, "
-            f"attempts {u['attempts']}" + (f", host {u['host']}" if u.get("host") else "")
+            f"attempts {u['attempts']}"
+            + (f", host {u['host']}" if u.get("host") else "")
+            + (f", engine {u['engine']}" if u.get("engine") else "")
+            + (f", session {u['sessionId']}" if u.get("sessionId") else "")
         )
     aw = view.get("awaiting")
     if aw:

@@ -34,6 +34,7 @@ exec units run through.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -81,10 +82,20 @@ def agent_env(
     return env, passed
 
 
+# A passthrough value that is a switch or a small count (`OPENCODE_DISABLE_MODELS_FETCH=true`,
+# `CLAUDE_CODE_MAX_RETRIES=3`) is no secret; scrubbing it would turn every "true" an agent answers into
+# [REDACTED] — a JSON answer `{"ok": true}` included.
+_SWITCH_VALUE = re.compile(r"(?i)(true|false|yes|no|on|off|\d{1,5})")
+
+
 def unsafe_values(env: Mapping[str, str], names: list[str]) -> list[str]:
-    """Values of passthrough variables that may be secrets (anything not on the harmless list,
-    and the credential parts of a harmless one that carries URL credentials)."""
-    secret = {n: env[n] for n in names if n in env and n not in hz.SAFE_ENV_NAMES}
+    """Values of passthrough variables that may be secrets (anything not on the harmless list and not a
+    switch, and the credential parts of a harmless one that carries URL credentials)."""
+    secret = {
+        n: env[n]
+        for n in names
+        if n in env and n not in hz.SAFE_ENV_NAMES and not _SWITCH_VALUE.fullmatch(env[n].strip())
+    }
     values = sensitive_values_from(secret)
     for n in names:
         v = env.get(n, "")
