@@ -242,6 +242,24 @@ class UnitFinished(View):
     total: int  # units of this step dispatched in this invocation
 
 
+class UnitActivity(View):
+    """Progress: a running agent unit's CLI did something — a turn, a tool call, a retry of its model API —
+    as its own output stream said (called from the thread running the unit, as it happens)."""
+
+    kind: Literal["unit_activity"] = "unit_activity"
+    run_id: str
+    step_id: str
+    unit_id: str
+    attempt_id: str
+    turns: int = 0
+    tool_calls: int = 0
+    tool: str | None = None  # the last tool it called
+    retries: int = 0  # failed model calls it retried
+    retry_status: int | None = None  # the HTTP status of the last one
+    session_id: str | None = None  # the CLI's own session id, once it said it
+    elapsed_s: float = 0.0
+
+
 class StepStarted(View):
     """Progress: the driver starts dispatching `total` units of a step (its units, or a gate loop's re-dos)."""
 
@@ -337,4 +355,4 @@ class EventPage(View):
     events: list[EventView]
 
 
-ProgressEvent = Union[UnitFinished, StepFinished, StepStarted]
+ProgressEvent = Union[UnitFinished, StepFinished, StepStarted, UnitActivity]

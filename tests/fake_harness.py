@@ -19,6 +19,7 @@ Markers in the prompt:
   FAKE:answer=<text>     the answer (up to the end of the line)
   FAKE:exit=<n>          exit with status n after printing
   FAKE:sleep=<s>         sleep s seconds first
+  FAKE:linger=<s>        sleep s seconds after printing, before exiting (output seen while it runs)
   FAKE:echo-env=<NAME>   the answer is the value of $NAME (empty when unset)
   FAKE:api=<status>      the model API answers HTTP <status> (401, 429 or 500), reported as the CLI does
   FAKE:error             the harness reports a failure: for the replayed four, FAKE:api=500
@@ -304,6 +305,8 @@ def main(platform: str) -> None:
     else:
         print(SHAPES[platform](answer, failed))
     sys.stdout.flush()
+    if (s := _marker(prompt, "linger")) is not None:
+        time.sleep(float(s))
     code = _marker(prompt, "exit")
     if code:
         sys.stderr.write(f"{platform}: fatal error (exit {code})\n")

@@ -117,6 +117,16 @@ def _run_case(platform: str, case: str, apis: FakeModelApis, tmp: Path) -> dict[
         check=True,
     )
     view = json.loads(status.stdout)
+    watched = ""
+    if case == "ok":  # what `status --watch` shows of it: the journal's events, the CLI's activity among them
+        watched = subprocess.run(
+            [*akm, "workflow", "status", run_id, "--watch"],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stderr
     [unit] = [u for u in view["units"] if u["phase"] == "unit"]
     step = view["steps"][0]
     return {
@@ -129,6 +139,7 @@ def _run_case(platform: str, case: str, apis: FakeModelApis, tmp: Path) -> dict[
         "main": len(apis.of(scenario)),
         "requests": apis.of(scenario, kind=None),
         "exit": run.returncode,
+        "watched": watched,
     }
 
 
@@ -163,6 +174,8 @@ def _check_common(platform: str, got: dict[str, dict[str, Any]]) -> None:
     # the timeout: not much later than the unit's timeout, and the stuck call was really in flight
     assert got["timeout"]["seconds"] >= TIMEOUT_S - 1 and got["timeout"]["main"] >= 1 or platform == "opencode"
     assert "not on PATH" in got["missing"]["text"]
+    if platform != "gemini":  # gemini's JSON output comes at its end: nothing to follow while it runs
+        assert "[answer] answer:solo: " in got["ok"]["watched"], got["ok"]["watched"]
     assert "Reading additional input from stdin" not in json.dumps(got)
 
 

@@ -214,6 +214,40 @@ def test_agent_engine_unit_runs_the_harness(project, tmp_path, capsys, monkeypat
     assert (runner, engine, session, tokens) == ("agent", "coder", fake_harness.SESSIONS["claude"], 150)
 
 
+def test_an_agent_units_live_progress_reaches_the_listener_the_journal_and_a_watcher(
+    project, tmp_path, capsys, monkeypatch
+):
+    """What the CLI streams (here claude's real stream-json, replayed) is the unit's live progress: the run's
+    `on_progress` gets it at once, the journal gets a `workflow_unit_activity` event and the session id on
+    the running row, and `status --watch` of another process prints it."""
+    bin_dir = tmp_path / "bin"
+    fake_harness.install(str(bin_dir), ["claude"])
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    set_engine(capsys, "coder", {"kind": "agent", "platform": "claude"})
+    akm_config(capsys, "set", "defaults.agentEngine", "coder")
+    wf = write_wf(project, "agent.md", "steps:\n  - id: code", "## code\n\nWork.\nFAKE:linger=0.5")
+    seen: list = []
+    res = run(wf, project, on_progress=seen.append)
+    assert res.run.status == "completed", steps_of(res)
+    activity = [p for p in seen if p.kind == "unit_activity"]
+    assert activity and activity[-1].session_id == fake_harness.SESSIONS["claude"]
+    assert activity[-1].turns == 1 and activity[-1].attempt_id == "code:solo"
+    assert seen.index(activity[0]) < next(i for i, p in enumerate(seen) if p.kind == "unit")  # before it finished
+    events = api.events(run_id=res.run.run_id).events
+    [journaled] = [e for e in events if e.event_type == "workflow_unit_activity"][:1]
+    assert journaled.metadata["unitId"] == "code:solo"
+    assert journaled.metadata["sessionId"] == fake_harness.SESSIONS["claude"]
+    [unit] = api.run_status(res.run.run_id, units=True).units
+    assert unit.session_id == fake_harness.SESSIONS["claude"] and unit.engine == "coder"
+    import io
+
+    from akm.report.watch import follow
+
+    out = io.StringIO()
+    assert follow(res.run.run_id, out, poll_s=0.01) == 0
+    assert "[code] code:solo: " in out.getvalue(), out.getvalue()
+
+
 def test_no_engine_configured_keeps_units_for_the_session(project, capsys):
     wf = write_wf(
         project,

@@ -35,14 +35,32 @@ def safe(text: object) -> str:
     return str(text).translate(_ESCAPES)
 
 
+def activity_text(a: Any) -> str:
+    """What a running agent unit is doing, in a few words: `turn 3 · 2 tool calls (last Bash) · 1 retry (HTTP
+    429)`. `a` is the api's `UnitActivity` or a `workflow_unit_activity` event's metadata (camelCase)."""
+
+    def get(name: str, camel: str) -> Any:
+        return a.get(camel) if isinstance(a, dict) else getattr(a, name, None)
+
+    turns, calls, tool = get("turns", "turns") or 0, get("tool_calls", "toolCalls") or 0, get("tool", "tool")
+    retries, status = get("retries", "retries") or 0, get("retry_status", "retryStatus")
+    parts = [f"turn {turns}"] if turns else []
+    if calls:
+        parts.append(f"{calls} tool call{'' if calls == 1 else 's'}" + (f" (last {tool})" if tool else ""))
+    if retries:
+        parts.append(f"{retries} retr{'y' if retries == 1 else 'ies'}" + (f" (HTTP {status})" if status else ""))
+    return " · ".join(parts) or "started"
+
+
 class _Step:
-    __slots__ = ("step_id", "done", "total", "failed", "started", "finished", "status")
+    __slots__ = ("step_id", "done", "total", "failed", "started", "finished", "status", "activity")
 
     def __init__(self, step_id: str, started: float) -> None:
         self.step_id, self.started = step_id, started
         self.done = self.total = self.failed = 0
         self.finished: float | None = None
         self.status = "running"
+        self.activity: dict[str, str] = {}  # attempt id -> what its agent CLI is doing (running units only)
 
 
 class Board:
@@ -78,9 +96,13 @@ class Board:
                     step.status = "running"
             elif p.kind == "step":
                 self._finish(step, p.status, at)
+            elif p.kind == "unit_activity":
+                if step.finished is None:
+                    step.activity[p.attempt_id] = activity_text(p)
             else:
                 step.done, step.total = max(step.done, p.done), max(step.total, p.total)
                 step.failed += 0 if p.ok else 1
+                step.activity.pop(p.attempt_id, None)
 
     def event(self, ev: dict[str, Any]) -> str | None:
         """A journal event (`EventView.to_json()`); returns its one-line form for line output, if any."""
@@ -96,7 +118,13 @@ class Board:
                 if step.finished is None:
                     step.status = "running"
                 return None
+            if kind == "workflow_unit_activity":
+                text = activity_text(meta)
+                if step.finished is None:
+                    step.activity[str(meta.get("unitId"))] = text
+                return f"[{step_id}] {meta.get('unitId')}: {text}"
             if kind == "workflow_unit_finished":
+                step.activity.pop(str(meta.get("unitId")), None)
                 step.done += 1
                 ok = meta.get("status") == "completed"
                 step.failed += 0 if ok else 1
@@ -112,6 +140,7 @@ class Board:
 
     def _finish(self, step: _Step, status: str, at: float) -> None:
         step.status, step.finished = status, at
+        step.activity.clear()
         self._last_end = max(self._last_end, at)
 
     # ----------------------------------------------------------- view
@@ -140,7 +169,10 @@ class Board:
                 work = f"{s.done}/{s.total} units" if s.total else ""
                 fails = f"{s.failed} failed" if s.failed else ""
                 name = s.step_id if len(s.step_id) <= wid else s.step_id[: wid - 1] + "…"
-                out.append(f"  {s.status:<10} {name:<{wid}}  {work:<14} {fails:<10} {duration_text(elapsed):>8}")
+                doing = f"  {next(iter(s.activity.values()))}" if len(s.activity) == 1 else ""
+                if len(s.activity) > 1:
+                    doing = f"  {len(s.activity)} agents at work"
+                out.append(f"  {s.status:<10} {name:<{wid}}  {work:<14} {fails:<10} {duration_text(elapsed):>8}{doing}")
             return [safe(line)[: max(10, width - 1)] for line in out]
 
 
@@ -154,7 +186,9 @@ class LineProgress:
         self.board.progress(p)
         if p.kind == "step_started":
             return
-        if p.kind == "step":
+        if p.kind == "unit_activity":
+            self.line(f"[{p.step_id}] {p.attempt_id}: {activity_text(p)} ({duration_text(p.elapsed_s)})")
+        elif p.kind == "step":
             self.line(f"[{p.step_id}] step {p.status}")
         else:
             mark = "ok" if p.ok else f"FAILED ({p.failure_reason})"

@@ -805,3 +805,28 @@ def guard_session_write(db: Database, run_id: str) -> None:
         "SELECT status, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,)
     )
     check_run_takes_reports(run_id, run, db.now(), lease_details=False)
+
+
+def note_activity(
+    db: Database, *, run_id: str, unit_id: str, started_at: str, step_id: str | None, activity: dict[str, Any]
+) -> bool:
+    """Journal what a running agent unit's CLI is doing: a `workflow_unit_activity` event (`status --watch` of
+    another process shows it) and, once the CLI said it, its session id on the row (`status --units`).
+
+    Written only while the row is still this dispatch's running one (started_at); False when it is not (the
+    unit finished, or was re-dispatched): live progress is advisory and never touches what is settled.
+    """
+    session = activity.get("sessionId")
+    meta = compact_json({"runId": run_id, "stepId": step_id, "unitId": unit_id, **activity})
+    with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
+        cur = conn.execute(
+            "UPDATE units SET session_id = COALESCE(?, session_id) "
+            "WHERE run_id = ? AND unit_id = ? AND status = 'running' AND started_at = ?",
+            (session if isinstance(session, str) else None, run_id, unit_id, started_at),
+        )
+        if cur.rowcount != 1:
+            return False
+        db.dialect.event_lock(conn)
+        conn.execute(_INSERT_EVENTS, ("workflow_unit_activity", db.now(), run_id, meta))
+    return True
