@@ -17,6 +17,8 @@ share a script: a CLI configured with base URL `<base>/<scenario>` (see `FakeMod
   500ok[.tag]       HTTP 500 on the scenario's first generation request, then ok
   notjson[.tag]     prose (not JSON) on the scenario's first generation request, then ok
   slow[.tag]        holds every generation request for `SLOW_S` seconds (or until the server closes)
+  prose<P>[.tag]    prose instead of the answer on P % of generation requests (seeded: the same every run); a
+                    claude request offering its StructuredOutput tool gets prose instead of the tool call
 
 A `.tag` makes a scenario's counters its own (two tests both asking for `500ok` must not share the "first").
 
@@ -185,7 +187,10 @@ class FakeModelApis:
                 status, message = failure
                 _send_error(h, api, status, message)
                 return
-            text = PROSE if behaviour == "notjson" and n == 1 else self.answers.get(scenario, DEFAULT_ANSWER)
+            prose = (behaviour == "notjson" and n == 1) or (
+                behaviour.startswith("prose") and _chance(scenario, n) < int(behaviour[5:] or 0)
+            )
+            text = PROSE if prose else self.answers.get(scenario, DEFAULT_ANSWER)
         elif behaviour in ("401", "429"):  # auxiliary calls meet the same refusing server
             _send_error(h, api, int(behaviour), _ERRORS[int(behaviour)])
             return
@@ -211,6 +216,13 @@ def _failure(behaviour: str, n: int) -> tuple[int, str] | str | None:
     if behaviour == "slow":
         return "slow"
     return None
+
+
+def _chance(scenario: str, n: int) -> int:
+    """0 … 99, the same for a scenario's n-th request on every run."""
+    import hashlib
+
+    return int(hashlib.sha256(f"{scenario}/{n}".encode()).hexdigest()[:8], 16) % 100
 
 
 def _schema_properties(body: dict[str, Any]) -> set[str]:
