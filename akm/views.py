@@ -110,6 +110,9 @@ class StepView(View):
     attempts: int = 0  # dispatches: retries, gate loops and re-runs after a crash included
     gate_loops: int = 0  # gate loops run (1 unless the step looped)
     truncated_units: int = 0  # units whose stdout was cut at the capture cap: the output is only a beginning
+    # where the step's units go and why, as the plan froze it (akm.plan.engines.step_routes): "engine coder
+    # (agent, defaults.agentEngine)", "the calling agent: the step needs a workspace and tools, …"
+    runs_on: str | None = None
 
 
 class UnitView(View):

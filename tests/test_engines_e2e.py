@@ -10,7 +10,7 @@ import pytest
 from akm import api, cli, paths
 from akm.errors import ConfigError
 from tests import fake_harness
-from tests.helpers import journal_sql, run, steps_of, write_wf
+from tests.helpers import journal_sql, needs_shared, run, steps_of, write_wf
 
 KEY = "zz-loopback-key-7f3a91"
 
@@ -261,3 +261,45 @@ def test_no_engine_configured_keeps_units_for_the_session(project, capsys):
     )
     res = run(wf, project)
     assert res.run.status == "awaiting_session"
+
+
+def test_status_says_where_each_step_goes(project, fake_openai, capsys):
+    """LLM engine, no agent engine: the step with a shell block waits for the calling agent, and `status` says so
+    per step, as the plan froze it (the chat model gets only what it can do)."""
+    set_engine(capsys, "fast", {"kind": "llm", "endpoint": fake_openai.url, "model": "plain"})
+    akm_config(capsys, "set", "defaults.llmEngine", "fast")
+    wf = write_wf(
+        project,
+        "tools.md",
+        "steps:\n  - id: think\n  - id: fetch",
+        "## think\n\nSay hello.\n\n## fetch\n\nGet it:\n\n```sh\ngh pr view 1\n```",
+    )
+    res = run(wf, project)
+    assert res.run.status == "awaiting_session" and res.run.current_step_id == "fetch"
+    steps = {s.id: s for s in api.run_status(res.run.run_id).steps}
+    assert steps["think"].runs_on == "engine fast (llm, defaults.llmEngine)" and steps["think"].status == "completed"
+    assert steps["fetch"].runs_on.startswith("the calling agent: the step needs a workspace and tools")
+    assert "sh block" in steps["fetch"].runs_on
+    assert cli.main(["workflow", "status", res.run.run_id]) == 0
+    out = capsys.readouterr().out
+    assert "fetch" in out and "on the calling agent: the step needs a workspace and tools" in out, out
+
+
+@needs_shared()
+def test_code_review_prs_steps_with_only_a_chat_model(project, capsys):
+    """The corpus's code-review-pr with an LLM engine and no agent engine: its `gh pr view` step is the calling
+    agent's, not the chat model's."""
+    from tests.helpers import CORPUS
+
+    set_engine(capsys, "fast", {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions", "model": "m"})
+    akm_config(capsys, "set", "defaults.llmEngine", "fast")
+    from akm import config
+    from akm.format.parse import parse_workflow
+    from akm.plan.compile import compile_plan
+    from akm.plan.engines import step_routes
+
+    path = CORPUS / "current" / "code-review-pr.md"
+    parsed = parse_workflow(path.read_text(encoding="utf-8"), str(path))
+    plan = compile_plan(parsed.document, title="crp", config=config.load_config_if_any(project))
+    routes = {r.step_id: r for r in step_routes(plan)}
+    assert routes["load-context"].kind == "session" and routes["load-context"].route == "needs-tools"

@@ -918,3 +918,25 @@ def test_a_localhost_engine_is_the_same_server_as_the_probed_loopback_address(en
         "workflow": {"judgeEngine": "mine"},
     }
     assert [(a["engine"], a["action"]) for a in doc["engines"]] == [("mine", "kept")]
+
+
+def test_the_summary_says_which_steps_go_where():
+    """With a chat model and no agent CLI, the summary does not promise that the model does everything: steps that
+    need a workspace and tools go to the calling agent (spec/config.md §5)."""
+    from akm.setup.core import can_run
+
+    fast = {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions", "model": "m"}
+    llm_only = can_run({"engines": {"fast": fast}, "defaults": {"llmEngine": "fast"}})
+    where = [line for line in llm_only if line.startswith("where steps go: ")]
+    assert where[0].startswith("where steps go: plain steps") and "LLM engine fast" in where[0]
+    assert "a shell block to run" in where[1] and "the calling agent" in where[1]
+    both = can_run(
+        {
+            "engines": {"fast": fast, "cc": {"kind": "agent", "platform": "claude"}},
+            "defaults": {"llmEngine": "fast", "agentEngine": "cc"},
+        }
+    )
+    assert any("tools" in line and "agent engine cc" in line for line in both)
+    assert (
+        can_run({})[-1] == "where steps go: every step (exec units aside): the calling agent — no engine is configured"
+    )

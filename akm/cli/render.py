@@ -116,6 +116,8 @@ def run_text(view: dict[str, Any]) -> str:
             detail = (summary or notes).splitlines()[0] if (summary or notes) else ""
         if len(detail) > _STEP_CLIP[1]:
             detail, clipped_any = detail[: _STEP_CLIP[1]].rstrip() + " …", True
+        if not detail and s["status"] in ("pending", "running") and s.get("runsOn"):
+            detail = f"on {s['runsOn']}"  # what is still to run: where it goes
         lines.append(head + (f"  — {detail}" if detail else ""))
         if s["status"] == "completed" and s.get("output") is not None:
             text, clipped = _clip(_value_text(s["output"]), _STEP_CLIP)
