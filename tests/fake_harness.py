@@ -239,8 +239,14 @@ def _is_json(text: str) -> bool:
     return True
 
 
+FAKE_VERSIONS = {"claude": "2.1.332", "codex": "0.171.0", "opencode": "1.18.33", "gemini": "0.61.0"}
+
+
 def main(platform: str) -> None:
     argv = sys.argv[1:]
+    if argv == ["--version"]:  # what `akm setup` asks of each CLI it finds (not a unit: not recorded)
+        print(f"{FAKE_VERSIONS.get(platform, '1.0.0')} (fake {platform})")
+        return
     if platform == "opencode":
         head = argv[: argv.index("--")] if "--" in argv else argv
         unknown = [a for a in head if a.startswith("-") and a.split("=", 1)[0] not in OPENCODE_RUN_OPTIONS]

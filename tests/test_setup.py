@@ -799,7 +799,7 @@ def test_the_yes_summary_keeps_its_documented_shape(env, servers, capsys):
             "error",
         )
     }
-    assert [tuple(a) for a in doc["detected"]["agentClis"]] == [("platform", "path")]
+    assert [tuple(a) for a in doc["detected"]["agentClis"]] == [("platform", "path", "version", "testedVersion")]
     assert [h["harness"] for h in doc["detected"]["harnessConfigs"]] == ["claude-code", "opencode"]
     assert {tuple(h) for h in doc["detected"]["harnessConfigs"]} == {
         ("harness", "file", "provider", "model", "baseUrl", "apiKeyEnv", "note")
@@ -830,6 +830,25 @@ def test_agent_clis_are_found_in_the_documented_order(env, capsys):
         ("openhands", "openhands"),
     ]
     assert config()["engines"] == {"opencode": {"kind": "agent", "platform": "opencode"}}
+    # each CLI's own `--version`, and the version akm's CI runs for real (none: driven by its documented output)
+    versions = {c["platform"]: (c["version"], c["testedVersion"]) for c in doc["detected"]["agentClis"]}
+    assert versions["claude"] == ("2.1.332", "2.1.332") and versions["gemini"] == ("0.61.0", "0.61.0")
+    assert versions["aider"] == ("1.0.0", None) and versions["amazonq"] == ("1.0.0", None)
+    from akm.cli.render import agent_cli_text
+
+    assert agent_cli_text(doc["detected"]["agentClis"][1]).startswith("claude 2.1.332 (the version akm is tested with)")
+    assert "(not tested by akm: driven by its documented output)" in agent_cli_text(doc["detected"]["agentClis"][6])
+
+
+def test_the_versions_akm_is_tested_with_are_the_ones_its_ci_installs():
+    from akm.dispatch.harnesses import TESTED_VERSIONS
+    from tests import real_clis
+
+    pinned = json.loads((real_clis.HERE / "package.json").read_text())["dependencies"]
+    packages = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "opencode": "opencode-ai"}
+    packages["gemini"] = "@google/gemini-cli"
+    assert {p: pinned[pkg] for p, pkg in packages.items()} == TESTED_VERSIONS
+    assert fake_harness.FAKE_VERSIONS == TESTED_VERSIONS
 
 
 def test_verification_accepts_an_empty_answer_and_names_every_other_failure(servers):

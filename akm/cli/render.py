@@ -217,9 +217,26 @@ def _render_setup_text(res: dict[str, Any]) -> str:
     d = res.get("defaults") or {}
     if d:
         lines.append("defaults: " + ", ".join(f"{k} = {v}" for k, v in d.items()))
+    clis = ((res.get("detected") or {}).get("agentClis")) or []
+    if clis:
+        lines.append("agent CLIs found:")
+        lines.extend(f"  - {agent_cli_text(c)}" for c in clis)
     lines.append("you can now run:")
     lines.extend(f"  - {line}" for line in res["canRun"])
     return "\n".join(lines)
+
+
+def agent_cli_text(c: dict[str, Any]) -> str:
+    """One detected agent CLI: its version, and whether akm is tested with it (`akm setup`)."""
+    version = c.get("version") or "version unknown"
+    tested = c.get("testedVersion")
+    if tested is None:
+        how = "not tested by akm: driven by its documented output"
+    elif c.get("version") == tested:
+        how = "the version akm is tested with"
+    else:
+        how = f"akm is tested with {tested}"
+    return f"{c['platform']} {version} ({how}) at {c['path']}"
 
 
 def _render_brief_text(b: dict[str, Any]) -> str:

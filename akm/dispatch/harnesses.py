@@ -936,9 +936,18 @@ PROFILES: dict[str, Profile] = {
     ),
 }
 
-# The CLIs akm's CI runs for real (tests/agent_clis pins their versions); the others are driven by their
-# documented output shapes only.
-REAL_CLIS: tuple[str, ...] = ("claude", "codex", "opencode", "gemini")
+# The CLIs akm's CI runs for real, at these versions (tests/agent_clis/package.json pins them; a test keeps
+# the two equal); the others are driven by their documented output shapes only.
+TESTED_VERSIONS: dict[str, str] = {"claude": "2.1.332", "codex": "0.171.0", "opencode": "1.18.33", "gemini": "0.61.0"}
+REAL_CLIS: tuple[str, ...] = tuple(TESTED_VERSIONS)
+_VERSION = re.compile(r"\b(\d+\.\d+(?:\.\d+)?(?:[-+.][0-9A-Za-z.-]+)?)\b")
+
+
+def version_in(text: str) -> str | None:
+    """The version a CLI's `--version` printed (`2.1.332 (Claude Code)`, `codex-cli 0.171.0`), or None."""
+    m = _VERSION.search(text)
+    return m.group(1) if m else None
+
 
 # Detection order: which CLI `akm setup --yes` prefers when several are on PATH (spec-setup §4.6).
 DETECTION_ORDER: tuple[str, ...] = (

@@ -42,6 +42,7 @@ from akm.config import ENV_NAME_RE, normalize_chat_endpoint, strip_jsonc
 PROBE_URLS_ENV = "AKM_SETUP_PROBE_URLS"
 PROBE_TIMEOUT_S = 2.0
 OLLAMA_LIST_TIMEOUT_S = 5.0
+VERSION_TIMEOUT_S = 10.0  # an agent CLI's `--version` (gemini, a node program, takes ~3 s to start)
 
 DEFAULT_PROBE_BASES: tuple[tuple[str, str], ...] = (
     ("http://127.0.0.1:11434", "Ollama"),
@@ -92,6 +93,10 @@ class ModelServer:
 class AgentCli:
     platform: str
     path: str
+    version: str | None = None  # what its `--version` said (None: it said nothing usable)
+    # the version akm's CI runs for real (akm.dispatch.harnesses.TESTED_VERSIONS); None: akm drives this
+    # platform from its documented output shapes, untested against the real CLI
+    tested_version: str | None = None
 
 
 @dataclass
@@ -516,12 +521,22 @@ def _ollama_list(path: str | None) -> list[str] | None:
     return sorted(set(names))
 
 
-def agent_clis(path: str | None = None) -> list[AgentCli]:
+def agent_clis(path: str | None = None, *, versions: bool = True) -> list[AgentCli]:
     """Agent CLIs on PATH in preference order (`harnesses.DETECTION_ORDER`: opencode, claude, codex, copilot,
-    pi, gemini, aider, amazonq as `q`, openhands). A PATH lookup only: nothing is executed."""
+    pi, gemini, aider, amazonq as `q`, openhands), each with the version its `--version` prints (asked of
+    all at once, `VERSION_TIMEOUT_S` each) and the version akm is tested with, if any."""
+    from akm.dispatch.harnesses import TESTED_VERSIONS
     from akm.dispatch.harnesses import detect as on_path
 
-    return [AgentCli(platform, exe) for platform, exe in on_path(path).items()]
+    found = [AgentCli(p, exe, tested_version=TESTED_VERSIONS.get(p)) for p, exe in on_path(path).items()]
+    if versions and found:
+        from akm.dispatch.probe import cli_version
+
+        with ThreadPoolExecutor(max_workers=len(found), thread_name_prefix="akm-setup-version") as pool:
+            asked = pool.map(lambda c: cli_version(c.path, timeout_s=VERSION_TIMEOUT_S), found)
+            for cli, version in zip(found, asked, strict=True):
+                cli.version = version
+    return found
 
 
 def detect(
