@@ -303,3 +303,36 @@ def test_code_review_prs_steps_with_only_a_chat_model(project, capsys):
     plan = compile_plan(parsed.document, title="crp", config=config.load_config_if_any(project))
     routes = {r.step_id: r for r in step_routes(plan)}
     assert routes["load-context"].kind == "session" and routes["load-context"].route == "needs-tools"
+
+
+@pytest.mark.parametrize("platform", ["gemini", "codex"])
+def test_usage_parts_are_journaled_and_unknown_tokens_stay_null(project, tmp_path, capsys, monkeypatch, platform):
+    """The CLIs' own usage figures (captured from the real ones): reasoning and cache tokens apart, gemini's model
+    router apart from its main model; a unit whose model API refused the key has no tokens (null, not 0)."""
+    bin_dir = tmp_path / "bin"
+    fake_harness.install(str(bin_dir), [platform])
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    set_engine(capsys, "ag", {"kind": "agent", "platform": platform})
+    akm_config(capsys, "set", "defaults.agentEngine", "ag")
+    wf = write_wf(project, "u.md", "steps:\n  - id: a\n  - id: b", "## a\n\nWork.\n\n## b\n\nMore.\nFAKE:api=401")
+    res = run(wf, project)
+    assert res.run.status == "failed"
+    finished = {
+        e.metadata["unitId"]: e.metadata
+        for e in api.events(run_id=res.run.run_id).events
+        if e.event_type == "workflow_unit_finished"
+    }
+    usage = finished["a:solo"]["usage"]
+    if platform == "gemini":
+        models = usage["models"]
+        roles = {m["role"] for m in models.values()}
+        assert roles == {"main", "router"}
+        main = next(m for m in models.values() if m["role"] == "main")
+        assert (usage["input"], usage["reasoning"], usage["cacheRead"]) == (main["input"], 7, 40)
+        assert finished["a:solo"]["tokens"] == sum(m["total"] for m in models.values())
+    else:
+        assert (usage["input"], usage["output"], usage["reasoning"], usage["cacheRead"]) == (120, 30, 7, 40)
+    assert finished["b:solo"]["failureReason"] == "agent_auth"
+    assert "tokens" not in finished["b:solo"] and "usage" not in finished["b:solo"]
+    units = {u.unit_id: u for u in api.run_status(res.run.run_id, units=True).units}
+    assert units["b:solo"].tokens is None and units["a:solo"].tokens
