@@ -438,3 +438,21 @@ def test_a_passthrough_switch_is_not_scrubbed_from_answers(bin_dir):
     assert res.ok and res.text == '{"ok": true}', res
     leak = run(req(bin_dir, "opencode", "FAKE:echo-env=SOME_TOKEN", engine=engine, env=env))
     assert leak.ok and "tok-9f8e7d6c5b" not in (leak.text or "") and "REDACTED" in (leak.text or "")
+
+
+def test_gemini_without_credentials_is_an_auth_failure_naming_the_variable():
+    """What the real gemini 0.61 prints with no GEMINI_API_KEY (exit 41): its JSON error on stderr."""
+    stderr = json.dumps(
+        {
+            "session_id": "cdd1a249-2646-4358-92d7-359ecef1dbb2",
+            "error": {
+                "type": "Error",
+                "message": "When using Gemini API, you must specify the GEMINI_API_KEY environment variable.",
+                "code": 41,
+            },
+        },
+        indent=2,
+    )
+    got = hz.extract("gemini", "", "Warning: Basic terminal detected (TERM=dumb).\n" + stderr)
+    assert got.no_credentials and got.api_status is None and "GEMINI_API_KEY" in (got.error or "")
+    assert got.session_id == "cdd1a249-2646-4358-92d7-359ecef1dbb2"

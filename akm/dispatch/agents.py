@@ -269,6 +269,13 @@ class AgentDispatcher:
                 secrets,
                 **extra,
             )
+        if said is not None and got.no_credentials:
+            return _failure(
+                "agent_auth",
+                f"{label}: {platform} has no usable credentials, so it asked no model: {said}",
+                secrets,
+                **extra,
+            )
         if said is not None and got.api_status is not None:
             # the CLI told us which HTTP status its model API answered: that, not its exit code, is the failure
             reason = reason_for_status(got.api_status)

@@ -167,6 +167,7 @@ class Extracted:
     error: str | None = None  # the harness said it failed (in its own output)
     parsed: bool = True  # False: the output was not in the harness's format and is returned as plain text
     api_status: int | None = None  # the model API's HTTP status behind `error`, when the harness said
+    no_credentials: bool = False  # the harness itself found no usable credentials (nothing was sent)
     usage: dict[str, Any] | None = None  # the parts of `tokens` (see the module docstring)
 
 
@@ -578,6 +579,8 @@ def _build_gemini(call: Call) -> Built:
     return Built(argv + ["-p", payload], env_defaults={"GEMINI_CLI_TRUST_WORKSPACE": "true"})
 
 
+GEMINI_AUTH_EXIT = 41  # gemini's exit status (and error code) when it has no usable credentials
+
 _SESSION_KEYS = ("session_id", "sessionId", "conversation_id", "conversationId", "chat_id", "chatId")
 
 
@@ -649,8 +652,15 @@ def _extract_gemini(stdout: str, stderr: str = "") -> Extracted:
     error, status = _gemini_error(doc)
     if text is None and error is None:
         return Extracted(stdout.strip(), session_id=session, tokens=tokens, parsed=False, usage=usage)
+    code = json_object(doc.get("error")).get("code")
     return Extracted(
-        (text or "").strip(), session_id=session, tokens=tokens, error=error, api_status=status, usage=usage
+        (text or "").strip(),
+        session_id=session,
+        tokens=tokens,
+        error=error,
+        api_status=status,
+        usage=usage,
+        no_credentials=code == GEMINI_AUTH_EXIT,  # its FatalAuthenticationError: no key, nothing sent
     )
 
 
