@@ -233,6 +233,9 @@ def test_an_agent_units_live_progress_reaches_the_listener_the_journal_and_a_wat
     assert activity and activity[-1].session_id == fake_harness.SESSIONS["claude"]
     assert activity[-1].turns == 1 and activity[-1].attempt_id == "code:solo"
     assert seen.index(activity[0]) < next(i for i, p in enumerate(seen) if p.kind == "unit")  # before it finished
+    from akm.engine.activity import WRITER
+
+    WRITER.drain()  # the journal gets it from a background thread (never from the one supervising the CLI)
     events = api.events(run_id=res.run.run_id).events
     [journaled] = [e for e in events if e.event_type == "workflow_unit_activity"][:1]
     assert journaled.metadata["unitId"] == "code:solo"

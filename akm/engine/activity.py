@@ -10,11 +10,14 @@ callback for one attempt:
   `JOURNAL_EVERY_S` per attempt (a chatty agent must not turn the journal into a log), the first change
   and a new session id always; the session id is written on the unit's row (`status --units`).
 
-Live progress is advisory: a failed journal write is dropped, never the unit's failure.
+Live progress is advisory: a failed journal write is dropped, never the unit's failure. The journal
+writes happen on one background thread (`_Writer`), never in the thread supervising the CLI: a journal
+that is busy for a while must not delay noticing the CLI's timeout, nor leave its output pipes unread.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from typing import Any, Callable
@@ -23,6 +26,44 @@ from akm.engine.progress import UnitActivity
 from akm.store import units as units_store
 
 JOURNAL_EVERY_S = 5.0
+
+
+class _Writer:
+    """One daemon thread journaling activity, fed through a bounded queue (a full queue drops a report)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.jobs: queue.Queue[Callable[[], object]] = queue.Queue(maxsize=size)
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def submit(self, job: Callable[[], object]) -> None:
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="akm-activity", daemon=True)
+                self.thread.start()
+        try:
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            pass  # advisory: the next report says more anyway
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            try:
+                job()
+            except Exception:
+                pass
+            finally:
+                self.jobs.task_done()
+
+    def drain(self, timeout: float = 10.0) -> None:
+        """Wait (bounded) until what was submitted is written (tests; nothing on the run path waits)."""
+        end = time.monotonic() + timeout
+        while self.jobs.unfinished_tasks and time.monotonic() < end:
+            time.sleep(0.01)
+
+
+WRITER = _Writer()
 
 
 class ActivityRelay:
@@ -65,14 +106,10 @@ class ActivityRelay:
                 return
             self.journaled_at, self.pending = now, None
             self.session = activity.get("sessionId") or self.session
-        try:
-            units_store.note_activity(
-                self.db,
-                run_id=self.run_id,
-                unit_id=self.attempt_id,
-                started_at=self.started_at,
-                step_id=self.step_id,
-                activity=dict(activity, elapsedS=round(now - self.began, 1)),
+        db, started_at, meta = self.db, self.started_at, dict(activity, elapsedS=round(now - self.began, 1))
+        run_id, attempt_id, step_id = self.run_id, self.attempt_id, self.step_id
+        WRITER.submit(
+            lambda: units_store.note_activity(
+                db, run_id=run_id, unit_id=attempt_id, started_at=started_at, step_id=step_id, activity=meta
             )
-        except Exception:
-            pass  # advisory (a busy journal, a lost lease): the unit's result is what counts
+        )
