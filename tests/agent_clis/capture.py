@@ -10,7 +10,7 @@ that would retry for minutes: it is stopped after `seconds` and keeps what it pr
 What differs from run to run is replaced by placeholders the fake fills in: the project directory
 (@@CWD@@), the HOME (@@HOME@@), the API's base URL (@@BASE@@) and the answer (@@ANSWER@@ inside a JSON
 string, @@ANSWER_JSON@@ where a CLI re-printed it as a JSON value). Re-run this after bumping a CLI in
-package.json; tests/test_agent_clis_real.py checks that the captures still match what the pinned CLIs print.
+package.json; tests/test_agent_clis_real.py checks that every capture comes from the version it pins.
 """
 
 from __future__ import annotations
