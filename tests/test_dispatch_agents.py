@@ -172,6 +172,9 @@ def test_claude_argv():
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
     native = hz.build("claude", hz.Call(bin="claude", args=[], prompt="P", schema=schema))
     assert native.argv[1:3] == ["--json-schema", json.dumps(schema, separators=(",", ":"))]
+    # a tool's input must be an object for the Anthropic API: an array schema stays in the prompt
+    listed = hz.build("claude", hz.Call(bin="claude", args=[], prompt="P", schema={"type": "array"}))
+    assert "--json-schema" not in listed.argv
 
 
 def test_codex_argv_and_schema_file(tmp_path):

@@ -274,10 +274,12 @@ def _build_claude(call: Call) -> Built:
         argv += ["--system-prompt", call.system_prompt]
     if call.model:
         argv += ["--model", call.model]
-    if call.schema is not None:
+    # claude's native structured output is a StructuredOutput tool whose input schema is the unit's schema; the
+    # Anthropic API takes only an object as a tool's input, so any other schema stays in the prompt
+    if call.schema is not None and call.schema.get("type") == "object":
         schema = json.dumps(call.schema, separators=(",", ":"))
         if len(schema.encode("utf-8")) <= SCHEMA_ARG_LIMIT:
-            argv += ["--json-schema", schema]  # claude's native structured output (its StructuredOutput tool)
+            argv += ["--json-schema", schema]
     # stream-json (it needs --verbose) prints each event as it happens: retries, turns, tool calls
     argv += ["--output-format", "stream-json", "--verbose", "--print"]
     defaults = {"CLAUDE_CODE_MAX_RETRIES": str(HARNESS_RETRIES)}
