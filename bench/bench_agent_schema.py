@@ -6,7 +6,8 @@ its calls (`prose<P>`, seeded). Two contenders, interleaved:
 
   prompt  the schema only in the prompt (how akm called claude before): a prose answer is a parse_error,
           and akm's corrective re-ask (a second claude process) follows;
-  native  `--json-schema`: claude offers its model a StructuredOutput tool and re-asks it itself.
+  native  `--json-schema`: claude offers its model a StructuredOutput tool and, when the model answers
+          without calling it, re-asks it once itself (a second miss returns the prose: akm re-asks then).
 
 Prints per contender: units, akm parse errors (= akm re-asks) and their rate, model calls per unit, and
 seconds per unit (median and range of the rounds).

@@ -17,7 +17,8 @@ share a script: a CLI configured with base URL `<base>/<scenario>` (see `FakeMod
   500ok[.tag]       HTTP 500 on the scenario's first generation request, then ok
   notjson[.tag]     prose (not JSON) on the scenario's first generation request, then ok
   slow[.tag]        holds every generation request for `SLOW_S` seconds (or until the server closes)
-  prose<P>[.tag]    prose instead of the answer on P % of generation requests (seeded: the same every run); a
+  prose<P>[.tag]    prose instead of the answer on P % of generation requests (seeded by the scenario: the
+                    same draws on every run); a
                     claude request offering its StructuredOutput tool gets prose instead of the tool call
 
 A `.tag` makes a scenario's counters its own (two tests both asking for `500ok` must not share the "first").
@@ -218,11 +219,11 @@ def _failure(behaviour: str, n: int) -> tuple[int, str] | str | None:
     return None
 
 
-def _chance(scenario: str, n: int) -> int:
-    """0 … 99, the same for a scenario's n-th request on every run."""
+def _chance(key: str, n: int) -> int:
+    """0 … 99, the same for the n-th request of `key` on every run."""
     import hashlib
 
-    return int(hashlib.sha256(f"{scenario}/{n}".encode()).hexdigest()[:8], 16) % 100
+    return int(hashlib.sha256(f"{key}/{n}".encode()).hexdigest()[:8], 16) % 100
 
 
 def _schema_properties(body: dict[str, Any]) -> set[str]:
