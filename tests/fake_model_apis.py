@@ -33,9 +33,11 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
+
+from tests.fake_openai import LoopbackHandler
 
 DEFAULT_ANSWER = '{"ok": true}'
 PROSE = "Here is what I found: everything looks fine to me."
@@ -56,14 +58,7 @@ class FakeModelApis:
         self.closing = threading.Event()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            wbufsize = 1 << 16
-            disable_nagle_algorithm = True
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(LoopbackHandler):
             def do_HEAD(self) -> None:  # noqa: N802 (claude probes the base URL)
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
@@ -86,28 +81,13 @@ class FakeModelApis:
                     body = {"_raw": raw.decode("utf-8", "replace")}
                 server.serve(self, body if isinstance(body, dict) else {"_body": body})
 
-            def send_json(self, status: int, doc: Any, headers: dict[str, str] | None = None) -> None:
-                self.send_bytes(status, json.dumps(doc).encode(), "application/json", headers)
-
-            def send_bytes(self, status: int, data: bytes, ctype: str, headers: dict[str, str] | None = None) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except OSError:
-                    pass
-
             def send_sse(self, events: list[tuple[str | None, Any]]) -> None:
                 """A whole event stream (named or bare `data:` events), then the connection closes."""
                 chunks = []
                 for name, data in events:
                     payload = data if isinstance(data, str) else json.dumps(data)
                     chunks.append((f"event: {name}\n" if name else "") + f"data: {payload}\n\n")
-                self.send_bytes(200, "".join(chunks).encode(), "text/event-stream", {"Cache-Control": "no-cache"})
+                self.send_text(200, "".join(chunks), "text/event-stream", {"Cache-Control": "no-cache"})
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

@@ -241,6 +241,11 @@ def _usage(**parts: Any) -> dict[str, Any] | None:
     return out or None
 
 
+def _figures(src: Mapping[str, Any], **keys: str) -> dict[str, Any]:
+    """Token figures read from a CLI's usage object: each named figure from the key given for it."""
+    return {name: token_count(src.get(key)) for name, key in keys.items()}
+
+
 def _text_parts(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -320,10 +325,13 @@ def _claude_usage(doc: dict[str, Any]) -> tuple[int | None, dict[str, Any] | Non
     u = json_object(doc.get("usage"))
     models = {
         str(name): _usage(
-            input=token_count(m.get("inputTokens")),
-            output=token_count(m.get("outputTokens")),
-            cacheRead=token_count(m.get("cacheReadInputTokens")),
-            cacheWrite=token_count(m.get("cacheCreationInputTokens")),
+            **_figures(
+                m,
+                input="inputTokens",
+                output="outputTokens",
+                cacheRead="cacheReadInputTokens",
+                cacheWrite="cacheCreationInputTokens",
+            )
         )
         for name, m in (model_usage.items() if isinstance(model_usage, dict) else [])
         if isinstance(m, dict)
@@ -417,16 +425,15 @@ def _extract_codex(stdout: str, stderr: str = "") -> Extracted:
             error = None  # a later completed turn supersedes an earlier stream error
             u = json_object(ev.get("usage"))
             tokens = _sum(tokens, token_count(u.get("input_tokens")), token_count(u.get("output_tokens")))
-            usage = add_usage(
-                usage,
-                _usage(
-                    input=token_count(u.get("input_tokens")),
-                    output=token_count(u.get("output_tokens")),
-                    reasoning=token_count(u.get("reasoning_output_tokens")),
-                    cacheRead=token_count(u.get("cached_input_tokens")),
-                    cacheWrite=token_count(u.get("cache_write_input_tokens")),
-                ),
+            parts = _figures(
+                u,
+                input="input_tokens",
+                output="output_tokens",
+                reasoning="reasoning_output_tokens",
+                cacheRead="cached_input_tokens",
+                cacheWrite="cache_write_input_tokens",
             )
+            usage = add_usage(usage, _usage(**parts))
         elif kind == "turn.failed" or (kind == "error" and not str(ev.get("message", "")).startswith("Reconnecting")):
             err = json_object(ev.get("error")) or ev
             error = str(err.get("message") or "codex reported a failure")
@@ -546,16 +553,9 @@ def _extract_opencode(stdout: str, stderr: str = "") -> Extracted:
                     token_count(cache.get("write")),
                 )
             tokens = _sum(tokens, counted)
-            usage = add_usage(
-                usage,
-                _usage(
-                    input=token_count(t.get("input")),
-                    output=token_count(t.get("output")),
-                    reasoning=token_count(t.get("reasoning")),
-                    cacheRead=token_count(cache.get("read")),
-                    cacheWrite=token_count(cache.get("write")),
-                ),
-            )
+            parts = _figures(t, input="input", output="output", reasoning="reasoning")
+            parts.update(_figures(cache, cacheRead="read", cacheWrite="write"))
+            usage = add_usage(usage, _usage(**parts))
         elif ev.get("type") == "error":
             err = ev.get("error")
             data = json_object(err.get("data")) if isinstance(err, dict) else {}
