@@ -959,3 +959,32 @@ def test_the_summary_says_which_steps_go_where():
     assert (
         can_run({})[-1] == "where steps go: every step (exec units aside): the calling agent — no engine is configured"
     )
+
+
+def test_an_npm_clis_version_is_read_from_its_package_without_starting_it(tmp_path):
+    """`node_modules/.bin/gemini` links into @google/gemini-cli: its package.json says the version `--version`
+    would print, without the seconds a node CLI takes to start."""
+    from akm.setup.detect import agent_clis, npm_package_version
+
+    pkg = tmp_path / "node_modules" / "@google" / "gemini-cli"
+    (pkg / "bundle").mkdir(parents=True)
+    (pkg / "package.json").write_text(
+        json.dumps({"name": "@google/gemini-cli", "version": "9.8.7", "bin": {"gemini": "x"}})
+    )
+    script = pkg / "bundle" / "gemini.js"
+    script.write_text("#!/bin/sh\nexit 3\n")  # it is never run: --version would fail
+    script.chmod(0o755)
+    bin_dir = tmp_path / "node_modules" / ".bin"
+    bin_dir.mkdir()
+    (bin_dir / "gemini").symlink_to(script)
+    assert npm_package_version(str(bin_dir / "gemini")) == "9.8.7"
+    [cli] = agent_clis(str(bin_dir))
+    assert (cli.platform, cli.version, cli.tested_version) == ("gemini", "9.8.7", "0.61.0")
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "package.json").write_text(json.dumps({"name": "my-app", "version": "1.0.0", "bin": "cli.js"}))
+    (other / "gemini").write_text("#!/bin/sh\necho 'gemini 0.1.2'\n")
+    (other / "gemini").chmod(0o755)
+    assert npm_package_version(str(other / "gemini")) is None  # a package.json that is not the CLI's
+    [asked] = agent_clis(str(other))
+    assert asked.version == "0.1.2"  # then its --version is asked

@@ -27,6 +27,7 @@ is on PATH, `ollama list` names its installed models.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -529,14 +530,42 @@ def agent_clis(path: str | None = None, *, versions: bool = True) -> list[AgentC
     from akm.dispatch.harnesses import detect as on_path
 
     found = [AgentCli(p, exe, tested_version=TESTED_VERSIONS.get(p)) for p, exe in on_path(path).items()]
-    if versions and found:
+    for cli in found:
+        cli.version = npm_package_version(cli.path)
+    ask = [c for c in found if c.version is None]
+    if versions and ask:
         from akm.dispatch.probe import cli_version
 
-        with ThreadPoolExecutor(max_workers=len(found), thread_name_prefix="akm-setup-version") as pool:
-            asked = pool.map(lambda c: cli_version(c.path, timeout_s=VERSION_TIMEOUT_S), found)
-            for cli, version in zip(found, asked, strict=True):
+        with ThreadPoolExecutor(max_workers=len(ask), thread_name_prefix="akm-setup-version") as pool:
+            asked = pool.map(lambda c: cli_version(c.path, timeout_s=VERSION_TIMEOUT_S), ask)
+            for cli, version in zip(ask, asked, strict=True):
                 cli.version = version
     return found
+
+
+def npm_package_version(exe: str) -> str | None:
+    """The version of the npm package an executable belongs to (`node_modules/.bin/gemini` → the
+    `package.json` of @google/gemini-cli that lists it under `bin`): what its `--version` prints, read
+    without starting it (a node CLI takes seconds to start). None when it is not such a package."""
+    try:
+        real = Path(exe).resolve()
+    except OSError:
+        return None
+    name = Path(exe).name
+    for folder in list(real.parents)[:6]:
+        manifest = folder / "package.json"
+        if not manifest.is_file():
+            continue
+        try:
+            doc = json_object(json.loads(manifest.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return None
+        bins = doc.get("bin")
+        # `bin` names each command, or is one path whose command is the package's name (without its scope)
+        listed = name in bins if isinstance(bins, dict) else str(doc.get("name") or "").rsplit("/", 1)[-1] == name
+        version = doc.get("version")
+        return str(version) if listed and isinstance(version, str) and version else None
+    return None
 
 
 def detect(
