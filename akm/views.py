@@ -110,6 +110,9 @@ class StepView(View):
     attempts: int = 0  # dispatches: retries, gate loops and re-runs after a crash included
     gate_loops: int = 0  # gate loops run (1 unless the step looped)
     truncated_units: int = 0  # units whose stdout was cut at the capture cap: the output is only a beginning
+    # where the step's units go and why, as the plan froze it (akm.plan.engines.step_routes): "engine coder
+    # (agent, defaults.agentEngine)", "the calling agent: the step needs a workspace and tools, …"
+    runs_on: str | None = None
 
 
 class UnitView(View):
@@ -129,6 +132,8 @@ class UnitView(View):
     worktree_path: str | None = None
     truncated: bool = False  # the output was cut at the capture cap; `result` is its beginning
     host: str | None = None  # the host id the attempt ran on: the driver's, or the worker's that claimed it
+    engine: str | None = None  # the engine that ran it (None: the calling agent, or an exec unit)
+    session_id: str | None = None  # the agent CLI's own session id (resume it there), once the CLI said it
 
 
 class LeaseView(View):
@@ -241,6 +246,24 @@ class UnitFinished(View):
     total: int  # units of this step dispatched in this invocation
 
 
+class UnitActivity(View):
+    """Progress: a running agent unit's CLI did something — a turn, a tool call, a retry of its model API —
+    as its own output stream said (called from the thread running the unit, as it happens)."""
+
+    kind: Literal["unit_activity"] = "unit_activity"
+    run_id: str
+    step_id: str
+    unit_id: str
+    attempt_id: str
+    turns: int = 0
+    tool_calls: int = 0
+    tool: str | None = None  # the last tool it called
+    retries: int = 0  # failed model calls it retried
+    retry_status: int | None = None  # the HTTP status of the last one
+    session_id: str | None = None  # the CLI's own session id, once it said it
+    elapsed_s: float = 0.0
+
+
 class StepStarted(View):
     """Progress: the driver starts dispatching `total` units of a step (its units, or a gate loop's re-dos)."""
 
@@ -338,4 +361,4 @@ class EventPage(View):
     events: list[EventView]
 
 
-ProgressEvent = Union[UnitFinished, StepFinished, StepStarted]
+ProgressEvent = Union[UnitFinished, StepFinished, StepStarted, UnitActivity]

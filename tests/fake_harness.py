@@ -1,18 +1,31 @@
 """A fake agent harness CLI: installed as `claude`, `codex`, `opencode`, … on a test PATH.
 
-`install(bin_dir)` writes one real executable per harness. Each run appends a
-record (argv, cwd, environment, stdin) to `<bin_dir>/calls.jsonl`, then prints
-its answer in that harness's real output shape. What it does is steered by
-markers in the prompt:
+For engine, setup and dispatcher-mechanics tests that need a harness that starts in milliseconds and does
+what a marker says (the real CLIs run in tests/test_agent_clis_real.py). `install(bin_dir)` writes one real
+executable per harness. Each run appends a record (argv, cwd, environment, stdin) to
+`<bin_dir>/calls.jsonl`, then prints its answer as that harness really does:
+
+* claude, codex, opencode and gemini REPLAY what the real CLIs printed (tests/agent_clis/captured/, made
+  by `python -m tests.agent_clis.capture` from the pinned versions): the same events, warnings, exit
+  statuses and streams, with the answer, paths and session id filled in. A failing model API is replayed
+  as the real CLI reports it — claude exits 1 with `is_error` and `api_error_status`, codex prints its
+  `Reconnecting…` events and exits 1, opencode's error event (or its endless retries, in its error log),
+  gemini's JSON error on stderr with exit 145 (or its endless "Attempt n failed" retries). Like the real
+  gemini, the fake one refuses a folder it was not told to trust (exit 55).
+* copilot, pi, aider, amazonq and openhands (not installed here) print the output shapes of their docs.
+
+Markers in the prompt:
 
   FAKE:answer=<text>     the answer (up to the end of the line)
   FAKE:exit=<n>          exit with status n after printing
   FAKE:sleep=<s>         sleep s seconds first
+  FAKE:linger=<s>        sleep s seconds after printing, before exiting (output seen while it runs)
   FAKE:echo-env=<NAME>   the answer is the value of $NAME (empty when unset)
-  FAKE:error             the harness reports a failure in its output but exits 0
+  FAKE:api=<status>      the model API answers HTTP <status> (401, 429 or 500), reported as the CLI does
+  FAKE:error             the harness reports a failure: for the replayed four, FAKE:api=500
   FAKE:background        leave a child holding stdout open after exiting
   FAKE:noise             print plain text instead of the structured format
-  FAKE:verbose           claude: the JSON array verbose mode prints instead of one result object
+  FAKE:verbose           claude: the JSON array `--output-format json` prints in verbose mode
   FAKE:legacy            codex: the 0.4x event shape (items tagged `item_type`, `assistant_message`)
 
 Like the real `opencode run` (yargs in strict mode), the fake opencode refuses
@@ -30,6 +43,18 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+CAPTURED = Path(__file__).resolve().parent / "agent_clis" / "captured"
+REPLAYED = ("claude", "codex", "opencode", "gemini")
+CAPTURED_ANSWER = {"ok": True}  # what the fake model API answered when the captures were made
+# The session ids in the captures (tests/agent_clis/capture.py SESSIONS).
+SESSIONS = {
+    "claude": "5f0c7a9e-2b1d-4e8a-9c3f-akmcapture01",
+    "codex": "01a24d93-9e5b-73d1-a386-akmcapture02",
+    "opencode": "ses_akmcapture03OhrNJmCge5xwp",
+    "gemini": "9a1e6c2d-7f3b-4d8e-b5a0-akmcapture04",
+}
 
 PLATFORMS = {
     "claude": "claude",
@@ -111,30 +136,117 @@ def _marker(prompt: str, name: str) -> str | None:
     return m.group(1) if m.group(1) is not None else ""
 
 
-# The options `opencode run` accepts (packages/opencode/src/cli/cmd/run.ts); anything else is refused.
+# The options `opencode run --help` lists (opencode-ai 1.18); anything else is refused.
 OPENCODE_RUN_OPTIONS = {
-    "--model",
-    "-m",
-    "--format",
-    "--agent",
+    "--help",
+    "-h",
+    "--version",
+    "-v",
+    "--print-logs",
+    "--log-level",
+    "--pure",
+    "--command",
     "--continue",
     "-c",
     "--session",
     "-s",
+    "--fork",
     "--share",
-    "--command",
+    "--model",
+    "-m",
+    "--agent",
+    "--format",
     "--file",
     "-f",
     "--title",
     "--attach",
+    "--password",
+    "-p",
+    "--username",
+    "-u",
+    "--dir",
     "--port",
-    "--print-logs",
-    "--log-level",
+    "--variant",
+    "--thinking",
+    "--interactive",
+    "-i",
+    "--auto",
 }
+
+
+def _capture(platform: str, case: str) -> dict:
+    with open(CAPTURED / platform / f"{case}.json", encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _fill(text: str, answer: str) -> str:
+    """A captured stream with this run's answer, directory and HOME in it."""
+    try:
+        as_json = json.dumps(json.loads(answer), separators=(",", ":"), ensure_ascii=False)
+    except ValueError:
+        as_json = json.dumps(answer)
+    return (
+        text.replace("@@ANSWER_JSON@@", as_json)
+        .replace("@@ANSWER@@", json.dumps(answer, ensure_ascii=False)[1:-1])
+        .replace("@@CWD@@", os.getcwd())
+        .replace("@@HOME@@", os.environ.get("HOME", "/nonexistent"))
+        .replace("@@BASE@@", "http://127.0.0.1:9/fake")
+    )
+
+
+def _replay(platform: str, argv: list[str], answer: str, status: int | None) -> int | None:
+    """Print what the real CLI printed in that case; its exit status (None: it would retry forever)."""
+    if platform == "gemini" and os.environ.get("GEMINI_CLI_TRUST_WORKSPACE") != "true" and "--skip-trust" not in argv:
+        case = "untrusted"
+    elif status is None:
+        case = "ok-schema" if platform == "claude" and "--json-schema" in argv and _is_json(answer) else "ok"
+    else:
+        cases = {
+            "claude": {401: "api-401", 429: "api-429", 500: "api-500"},
+            "codex": {401: "api-401", 429: "api-429", 500: "api-500"},
+            "opencode": {401: "api-401", 429: "api-429", 500: "retry-500"},
+            "gemini": {401: "api-401", 429: "retry-429", 500: "retry-429"},
+        }[platform]
+        case = cases[status]
+    got = _capture(platform, case)
+    stdout, stderr = _fill(got["stdout"], answer), _fill(got["stderr"], answer)
+    if platform == "gemini" and case == "retry-429" and status == 500:
+        stderr = stderr.replace("429", "500").replace("RESOURCE_EXHAUSTED", "INTERNAL")
+    sys.stdout.write(stdout)
+    sys.stdout.flush()
+    sys.stderr.write(stderr)
+    sys.stderr.flush()
+    if got["exit"] is not None:
+        return int(got["exit"])
+    # the real CLI was still retrying when the capture stopped it: go on retrying, as it would
+    retry_lines = [line for line in stderr.splitlines() if "Attempt " in line or 'message="stream error"' in line]
+    n = len(retry_lines)
+    while retry_lines:
+        time.sleep(0.3)
+        n += 1
+        line = re.sub(r"Attempt \d+", f"Attempt {n}", retry_lines[-1])
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    time.sleep(600)
+    return None
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+FAKE_VERSIONS = {"claude": "2.1.332", "codex": "0.171.0", "opencode": "1.18.33", "gemini": "0.61.0"}
 
 
 def main(platform: str) -> None:
     argv = sys.argv[1:]
+    if argv == ["--version"]:  # what `akm setup` asks of each CLI it finds (not a unit: not recorded)
+        print(f"{FAKE_VERSIONS.get(platform, '1.0.0')} (fake {platform})")
+        return
     if platform == "opencode":
         head = argv[: argv.index("--")] if "--" in argv else argv
         unknown = [a for a in head if a.startswith("-") and a.split("=", 1)[0] not in OPENCODE_RUN_OPTIONS]
@@ -183,21 +295,30 @@ def main(platform: str) -> None:
     if answer is None:
         answer = '{"ok": true}' if "JSON" in prompt else "done"
     failed = _marker(prompt, "error") is not None
+    api = _marker(prompt, "api")
+    status = int(api) if api else (500 if failed else None)
     if _marker(prompt, "background") is not None:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # inherits stdout
+    replayed = None
     if _marker(prompt, "noise") is not None:
         print(f"some plain text\n{answer}")
     elif platform == "claude" and _marker(prompt, "verbose") is not None:
         print(_claude_verbose(answer, failed))
     elif platform == "codex" and _marker(prompt, "legacy") is not None:
         print(_codex_legacy(answer))
+    elif platform in REPLAYED:
+        replayed = _replay(platform, argv, answer, status)
     else:
         print(SHAPES[platform](answer, failed))
     sys.stdout.flush()
+    if (s := _marker(prompt, "linger")) is not None:
+        time.sleep(float(s))
     code = _marker(prompt, "exit")
     if code:
         sys.stderr.write(f"{platform}: fatal error (exit {code})\n")
         sys.exit(int(code))
+    if replayed:
+        sys.exit(replayed)
 
 
 def _jsonl(events: list[dict]) -> str:
@@ -287,168 +408,6 @@ def _codex_legacy(answer: str) -> str:
             },
         ]
     )
-
-
-def _codex(answer: str, failed: bool) -> str:
-    events = [
-        {"type": "thread.started", "thread_id": "0199a213-81c0-7800-8aa1-bbab2a035a53"},
-        {"type": "turn.started"},
-        {"type": "item.completed", "item": {"id": "item_0", "type": "reasoning", "text": "**Looking at files**"}},
-        {
-            "type": "item.started",
-            "item": {
-                "id": "item_1",
-                "type": "command_execution",
-                "command": "bash -lc ls",
-                "aggregated_output": "",
-                "exit_code": None,
-                "status": "in_progress",
-            },
-        },
-        {
-            "type": "item.completed",
-            "item": {
-                "id": "item_1",
-                "type": "command_execution",
-                "command": "bash -lc ls",
-                "aggregated_output": "README.md\n",
-                "exit_code": 0,
-                "status": "completed",
-            },
-        },
-        {"type": "item.completed", "item": {"id": "item_2", "type": "agent_message", "text": "Let me check."}},
-    ]
-    if failed:
-        events.append({"type": "turn.failed", "error": {"message": "stream disconnected before completion"}})
-    else:
-        events += [
-            {"type": "item.completed", "item": {"id": "item_3", "type": "agent_message", "text": answer}},
-            {
-                "type": "turn.completed",
-                "usage": {"input_tokens": 24763, "cached_input_tokens": 24448, "output_tokens": 122},
-            },
-        ]
-    return _jsonl(events)
-
-
-def _opencode(answer: str, failed: bool) -> str:
-    sid = "ses_494719016ffe85dkDMj0FPRbHK"
-    events = [
-        {
-            "type": "step_start",
-            "timestamp": 1767036059338,
-            "sessionID": sid,
-            "part": {"id": "prt_1", "sessionID": sid, "messageID": "msg_1", "type": "step-start", "snapshot": "abc"},
-        },
-        {
-            "type": "text",
-            "timestamp": 1767036059400,
-            "sessionID": sid,
-            "part": {
-                "id": "prt_2",
-                "sessionID": sid,
-                "messageID": "msg_1",
-                "type": "text",
-                "text": "Let me look.",
-                "time": {"start": 1, "end": 2},
-            },
-        },
-        {
-            "type": "tool_use",
-            "timestamp": 1767036059500,
-            "sessionID": sid,
-            "part": {
-                "id": "prt_3",
-                "sessionID": sid,
-                "messageID": "msg_1",
-                "type": "tool",
-                "tool": "bash",
-                "callID": "call_1",
-                "state": {"status": "completed", "input": {"command": "ls"}, "output": "x"},
-            },
-        },
-        {
-            "type": "step_finish",
-            "timestamp": 1767036059600,
-            "sessionID": sid,
-            "part": {
-                "id": "prt_4",
-                "sessionID": sid,
-                "messageID": "msg_1",
-                "type": "step-finish",
-                "reason": "tool-calls",
-                "cost": 0,
-                "tokens": {"input": 100, "output": 20, "reasoning": 5, "cache": {"read": 0, "write": 0}},
-            },
-        },
-    ]
-    if failed:
-        events.append(
-            {
-                "type": "error",
-                "timestamp": 1767036059700,
-                "sessionID": sid,
-                "error": {"name": "APIError", "data": {"message": "provider overloaded"}},
-            }
-        )
-    else:
-        events += [
-            {
-                "type": "text",
-                "timestamp": 1767036059700,
-                "sessionID": sid,
-                "part": {
-                    "id": "prt_5",
-                    "sessionID": sid,
-                    "messageID": "msg_2",
-                    "type": "text",
-                    "text": answer,
-                    "time": {"start": 3, "end": 4},
-                },
-            },
-            {
-                "type": "step_finish",
-                "timestamp": 1767036059800,
-                "sessionID": sid,
-                "part": {
-                    "id": "prt_6",
-                    "sessionID": sid,
-                    "messageID": "msg_2",
-                    "type": "step-finish",
-                    "reason": "stop",
-                    "cost": 0,
-                    "tokens": {"input": 130, "output": 10, "reasoning": 0, "cache": {"read": 0, "write": 0}},
-                },
-            },
-        ]
-    return _jsonl(events)
-
-
-def _gemini(answer: str, failed: bool) -> str:
-    doc = {
-        "session_id": "gem-7c1e",
-        "response": None if failed else answer,
-        "stats": {
-            "models": {
-                "gemini-2.5-pro": {
-                    "api": {"totalRequests": 2, "totalErrors": 0, "totalLatencyMs": 5053},
-                    "tokens": {
-                        "prompt": 24939,
-                        "candidates": 20,
-                        "total": 25113,
-                        "cached": 21263,
-                        "thoughts": 154,
-                        "tool": 0,
-                    },
-                }
-            },
-            "tools": {"totalCalls": 1, "totalSuccess": 1, "totalFail": 0, "totalDurationMs": 1881},
-            "files": {"totalLinesAdded": 0, "totalLinesRemoved": 0},
-        },
-    }
-    if failed:
-        doc["error"] = {"type": "ApiError", "message": "quota exceeded", "code": 429}
-    return json.dumps(doc, indent=2)
 
 
 def _copilot(answer: str, failed: bool) -> str:
@@ -604,10 +563,6 @@ def _openhands(answer: str, failed: bool) -> str:
 
 
 SHAPES = {
-    "claude": _claude,
-    "codex": _codex,
-    "opencode": _opencode,
-    "gemini": _gemini,
     "copilot": _copilot,
     "pi": _pi,
     "aider": _aider,

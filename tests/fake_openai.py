@@ -66,6 +66,34 @@ class Silent:
         self.sock.close()
 
 
+class LoopbackHandler(BaseHTTPRequestHandler):
+    """What every loopback fake's handler shares: keep-alive HTTP/1.1, quiet, whole answers in one write."""
+
+    protocol_version = "HTTP/1.1"
+    # one segment per answer and no Nagle: keep-alive clients must not wait on delayed ACKs
+    wbufsize = 1 << 16
+    disable_nagle_algorithm = True
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def send_json(self, status: int, doc: Any, headers: dict[str, str] | None = None) -> None:
+        self.send_text(status, json.dumps(doc), "application/json", headers)
+
+    def send_text(self, status: int, text: str, ctype: str, headers: dict[str, str] | None = None) -> None:
+        data = text.encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except OSError:
+            pass
+
+
 class FakeOpenAI:
     def __init__(
         self,
@@ -89,15 +117,7 @@ class FakeOpenAI:
         self.release = threading.Event()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            # one segment per answer and no Nagle: keep-alive clients must not wait on delayed ACKs
-            wbufsize = 1 << 16
-            disable_nagle_algorithm = True
-
-            def log_message(self, *args: Any) -> None:  # quiet
-                pass
-
+        class Handler(LoopbackHandler):
             def authorized(self) -> bool:
                 if server.require_key is None or self.headers.get("Authorization") == f"Bearer {server.require_key}":
                     return True
@@ -131,22 +151,6 @@ class FakeOpenAI:
                 if not self.authorized():
                     return
                 server.answer(self, server.behaviour.get(model, model), n, body)
-
-            def send_json(self, status: int, doc: Any, headers: dict[str, str] | None = None) -> None:
-                self.send_text(status, json.dumps(doc), "application/json", headers)
-
-            def send_text(self, status: int, text: str, ctype: str, headers: dict[str, str] | None = None) -> None:
-                data = text.encode("utf-8")
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                try:
-                    self.wfile.write(data)
-                except OSError:
-                    pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True

@@ -180,3 +180,21 @@ def test_the_board_escapes_what_a_terminal_would_act_on():
     lines = board.lines(100, 20)
     assert all("\x1b" not in line and "\u202e" not in line for line in lines)
     assert any("evil\\x1b[2J\\u202e" in line for line in lines)
+
+
+def test_the_board_shows_what_a_running_agent_unit_is_doing_until_it_finishes():
+    from akm.report.live import Board
+
+    board = Board(started=0.0, clock=lambda: 9.0)
+
+    def ev(kind: str, **meta) -> str | None:
+        return board.event({"eventType": kind, "ts": "1970-01-01T00:00:01Z", "metadata": {"stepId": "code", **meta}})
+
+    ev("workflow_unit_started", unitId="code:solo")
+    line = ev(
+        "workflow_unit_activity", unitId="code:solo", turns=2, toolCalls=1, tool="Bash", retries=1, retryStatus=429
+    )
+    assert line == "[code] code:solo: turn 2 · 1 tool call (last Bash) · 1 retry (HTTP 429)"
+    assert any("turn 2 · 1 tool call (last Bash)" in row for row in board.lines(120, 20))
+    ev("workflow_unit_finished", unitId="code:solo", status="completed")
+    assert not any("turn 2" in row for row in board.lines(120, 20))  # a finished unit is doing nothing

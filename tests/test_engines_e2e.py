@@ -10,7 +10,7 @@ import pytest
 from akm import api, cli, paths
 from akm.errors import ConfigError
 from tests import fake_harness
-from tests.helpers import journal_sql, run, steps_of, write_wf
+from tests.helpers import journal_sql, needs_shared, run, steps_of, write_wf
 
 KEY = "zz-loopback-key-7f3a91"
 
@@ -211,7 +211,44 @@ def test_agent_engine_unit_runs_the_harness(project, tmp_path, capsys, monkeypat
         ).fetchall()
     finally:
         con.close()
-    assert (runner, engine, session, tokens) == ("agent", "coder", "0b6e2f4e-claude-session", 18)
+    assert (runner, engine, session, tokens) == ("agent", "coder", fake_harness.SESSIONS["claude"], 150)
+
+
+def test_an_agent_units_live_progress_reaches_the_listener_the_journal_and_a_watcher(
+    project, tmp_path, capsys, monkeypatch
+):
+    """What the CLI streams (here claude's real stream-json, replayed) is the unit's live progress: the run's
+    `on_progress` gets it at once, the journal gets a `workflow_unit_activity` event and the session id on
+    the running row, and `status --watch` of another process prints it."""
+    bin_dir = tmp_path / "bin"
+    fake_harness.install(str(bin_dir), ["claude"])
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    set_engine(capsys, "coder", {"kind": "agent", "platform": "claude"})
+    akm_config(capsys, "set", "defaults.agentEngine", "coder")
+    wf = write_wf(project, "agent.md", "steps:\n  - id: code", "## code\n\nWork.\nFAKE:linger=0.5")
+    seen: list = []
+    res = run(wf, project, on_progress=seen.append)
+    assert res.run.status == "completed", steps_of(res)
+    activity = [p for p in seen if p.kind == "unit_activity"]
+    assert activity and activity[-1].session_id == fake_harness.SESSIONS["claude"]
+    assert activity[-1].turns == 1 and activity[-1].attempt_id == "code:solo"
+    assert seen.index(activity[0]) < next(i for i, p in enumerate(seen) if p.kind == "unit")  # before it finished
+    from akm.engine.activity import WRITER
+
+    WRITER.drain()  # the journal gets it from a background thread (never from the one supervising the CLI)
+    events = api.events(run_id=res.run.run_id).events
+    [journaled] = [e for e in events if e.event_type == "workflow_unit_activity"][:1]
+    assert journaled.metadata["unitId"] == "code:solo"
+    assert journaled.metadata["sessionId"] == fake_harness.SESSIONS["claude"]
+    [unit] = api.run_status(res.run.run_id, units=True).units
+    assert unit.session_id == fake_harness.SESSIONS["claude"] and unit.engine == "coder"
+    import io
+
+    from akm.report.watch import follow
+
+    out = io.StringIO()
+    assert follow(res.run.run_id, out, poll_s=0.01) == 0
+    assert "[code] code:solo: " in out.getvalue(), out.getvalue()
 
 
 def test_no_engine_configured_keeps_units_for_the_session(project, capsys):
@@ -227,3 +264,78 @@ def test_no_engine_configured_keeps_units_for_the_session(project, capsys):
     )
     res = run(wf, project)
     assert res.run.status == "awaiting_session"
+
+
+def test_status_says_where_each_step_goes(project, fake_openai, capsys):
+    """LLM engine, no agent engine: the step with a shell block waits for the calling agent, and `status` says so
+    per step, as the plan froze it (the chat model gets only what it can do)."""
+    set_engine(capsys, "fast", {"kind": "llm", "endpoint": fake_openai.url, "model": "plain"})
+    akm_config(capsys, "set", "defaults.llmEngine", "fast")
+    wf = write_wf(
+        project,
+        "tools.md",
+        "steps:\n  - id: think\n  - id: fetch",
+        "## think\n\nSay hello.\n\n## fetch\n\nGet it:\n\n```sh\ngh pr view 1\n```",
+    )
+    res = run(wf, project)
+    assert res.run.status == "awaiting_session" and res.run.current_step_id == "fetch"
+    steps = {s.id: s for s in api.run_status(res.run.run_id).steps}
+    assert steps["think"].runs_on == "engine fast (llm, defaults.llmEngine)" and steps["think"].status == "completed"
+    assert steps["fetch"].runs_on.startswith("the calling agent: the step needs a workspace and tools")
+    assert "sh block" in steps["fetch"].runs_on
+    assert cli.main(["workflow", "status", res.run.run_id]) == 0
+    out = capsys.readouterr().out
+    assert "fetch" in out and "on the calling agent: the step needs a workspace and tools" in out, out
+
+
+@needs_shared()
+def test_code_review_prs_steps_with_only_a_chat_model(project, capsys):
+    """The corpus's code-review-pr with an LLM engine and no agent engine: its `gh pr view` step is the calling
+    agent's, not the chat model's."""
+    from tests.helpers import CORPUS
+
+    set_engine(capsys, "fast", {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions", "model": "m"})
+    akm_config(capsys, "set", "defaults.llmEngine", "fast")
+    from akm import config
+    from akm.format.parse import parse_workflow
+    from akm.plan.compile import compile_plan
+    from akm.plan.engines import step_routes
+
+    path = CORPUS / "current" / "code-review-pr.md"
+    parsed = parse_workflow(path.read_text(encoding="utf-8"), str(path))
+    plan = compile_plan(parsed.document, title="crp", config=config.load_config_if_any(project))
+    routes = {r.step_id: r for r in step_routes(plan)}
+    assert routes["load-context"].kind == "session" and routes["load-context"].route == "needs-tools"
+
+
+@pytest.mark.parametrize("platform", ["gemini", "codex"])
+def test_usage_parts_are_journaled_and_unknown_tokens_stay_null(project, tmp_path, capsys, monkeypatch, platform):
+    """The CLIs' own usage figures (captured from the real ones): reasoning and cache tokens apart, gemini's model
+    router apart from its main model; a unit whose model API refused the key has no tokens (null, not 0)."""
+    bin_dir = tmp_path / "bin"
+    fake_harness.install(str(bin_dir), [platform])
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    set_engine(capsys, "ag", {"kind": "agent", "platform": platform})
+    akm_config(capsys, "set", "defaults.agentEngine", "ag")
+    wf = write_wf(project, "u.md", "steps:\n  - id: a\n  - id: b", "## a\n\nWork.\n\n## b\n\nMore.\nFAKE:api=401")
+    res = run(wf, project)
+    assert res.run.status == "failed"
+    finished = {
+        e.metadata["unitId"]: e.metadata
+        for e in api.events(run_id=res.run.run_id).events
+        if e.event_type == "workflow_unit_finished"
+    }
+    usage = finished["a:solo"]["usage"]
+    if platform == "gemini":
+        models = usage["models"]
+        roles = {m["role"] for m in models.values()}
+        assert roles == {"main", "router"}
+        main = next(m for m in models.values() if m["role"] == "main")
+        assert (usage["input"], usage["reasoning"], usage["cacheRead"]) == (main["input"], 7, 40)
+        assert finished["a:solo"]["tokens"] == sum(m["total"] for m in models.values())
+    else:
+        assert (usage["input"], usage["output"], usage["reasoning"], usage["cacheRead"]) == (120, 30, 7, 40)
+    assert finished["b:solo"]["failureReason"] == "agent_auth"
+    assert "tokens" not in finished["b:solo"] and "usage" not in finished["b:solo"]
+    units = {u.unit_id: u for u in api.run_status(res.run.run_id, units=True).units}
+    assert units["b:solo"].tokens is None and units["a:solo"].tokens

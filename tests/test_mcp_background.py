@@ -311,3 +311,47 @@ def test_a_client_that_never_reads_cannot_wedge_the_run(akm_bin, shiv_root, tmp_
         assert proc.returncode == 0, proc.stderr
     finally:
         srv.close()
+
+
+def test_an_agent_units_activity_reaches_the_client_as_progress(akm_bin, shiv_root, tmp_path, project):
+    """A running agent unit's CLI stream (claude's real stream-json, replayed by the fake CLI, which then keeps
+    running) is reported as MCP progress while the call waits: the unit, what it did, for how long."""
+    from tests import fake_harness
+
+    bin_dir = tmp_path / "bin"
+    fake_harness.install(str(bin_dir), ["claude"])
+    (tmp_path / "xdg" / "akm").mkdir(parents=True)
+    (tmp_path / "xdg" / "akm" / "config.json").write_text(
+        json.dumps(
+            {"engines": {"coder": {"kind": "agent", "platform": "claude"}}, "defaults": {"agentEngine": "coder"}}
+        )
+    )
+    write_wf(project, "agent.md", "steps:\n  - id: code", f"## code\n\nWork.\nFAKE:linger={LONG_S / 2}")
+    params = stdio(akm_bin, shiv_root, tmp_path, project, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    async def main():
+        calls: list[list[tuple[float, float | None, str | None]]] = []
+
+        async with Client(params) as c:
+            target = "agent.md"
+            for _ in range(80):
+                seen: list[tuple[float, float | None, str | None]] = []
+                calls.append(seen)
+
+                async def cb(p, total, msg, seen=seen):
+                    seen.append((p, total, msg))
+
+                r = await c.call_tool("workflow_run", {"target": target}, progress_callback=cb)
+                body = r.structured_content
+                if body["run"]["status"] != "active":
+                    return body, calls
+                target = body["run"]["runId"]
+        raise AssertionError("the run did not finish")
+
+    body, calls = anyio.run(main)
+    assert body["run"]["status"] == "completed"
+    doing = [m for seen in calls for _, _, m in seen if m and "code:solo" in m and ("turn" in m or "started" in m)]
+    assert doing, calls
+    for seen in calls:  # within a call, progress only ever increases
+        values = [p for p, _, _ in seen]
+        assert values == sorted(values) and len(set(values)) == len(values), seen

@@ -105,7 +105,8 @@ def test_selection_snapshots_models_and_timeouts(project):
     )
     plan = freeze(project, *UNITS)
     inv = {s.step_id: s.root.invocation.model_dump(mode="json", by_alias=True) for s in plan.steps}
-    assert inv["plain"] == {"engine": "cc", "model": "claude-sonnet-4-6", "timeoutMs": None}  # agents: no timeout
+    # agents: 30 minutes unless a timeout is set (`timeout: none` / `timeoutMs: null` asks for none)
+    assert inv["plain"] == {"engine": "cc", "model": "claude-sonnet-4-6", "timeoutMs": 1_800_000}
     assert inv["named"] == {"engine": "remote", "model": "gpt-x-large", "timeoutMs": 600000}
     assert inv["tuned"] == {"engine": "fast", "model": "qwen3", "timeoutMs": 600000, "llm": {"temperature": 0.9}}
     assert inv["isolated"]["engine"] == "cc"
@@ -255,3 +256,92 @@ def test_model_alias_resolution_order():
 )
 def test_loopback_detection(endpoint, loopback):
     assert is_loopback_endpoint(endpoint) is loopback
+
+
+def test_an_agent_unit_is_unbounded_only_when_asked(project):
+    """No timeout anywhere: an agent unit still ends (30 min); `timeoutMs: null` on the engine, or
+    `timeout: none` on the unit, is an explicit request for none."""
+    write_config({"engines": {"cc": CLAUDE, "free": {**CLAUDE, "timeoutMs": None}}, "defaults": {"agentEngine": "cc"}})
+    plan = freeze(
+        project,
+        """
+        steps:
+          - id: plain
+          - id: free
+            unit: { engine: free }
+          - id: none
+            unit: { timeout: none }
+        """,
+        "## plain\n\nA.\n\n## free\n\nB.\n\n## none\n\nC.",
+    )
+    assert plan.step("plain").root.invocation.timeout_ms == 1_800_000
+    assert plan.step("free").root.invocation.timeout_ms is None
+    assert plan.step("none").root.invocation.timeout_ms is None
+
+
+TOOL_STEPS = (
+    """
+    steps:
+      - id: fetch
+      - id: think
+      - id: tuned
+        unit: { llm: { temperature: 0.2 } }
+      - id: prompt-lines
+      - id: bound
+        unit: { env: [env/ci] }
+    """,
+    "## fetch\n\nGet the PR:\n\n```sh\ngh pr view 12 --json title\n```\n\n"
+    "## think\n\nSummarise the input in two sentences.\n\n"
+    "## tuned\n\nExplain this command:\n\n```bash\nls -la\n```\n\n"
+    "## prompt-lines\n\nRun:\n\n    $ make test\n\n"
+    "## bound\n\nUse the token.",
+)
+
+
+def test_with_only_an_llm_a_step_that_needs_tools_goes_to_the_calling_agent(project):
+    """A chat model can run nothing: a step with a shell block, `$ command` lines or env bindings goes to the
+    calling agent when no agent engine is configured — a step that asks for a model (`llm:`) still gets it."""
+    from akm.plan.engines import step_routes
+
+    write_config({"engines": {"fast": FAST}, "defaults": {"llmEngine": "fast"}})
+    plan = freeze(project, *TOOL_STEPS)
+    where = {s.step_id: (s.root.invocation.engine, s.root.route) for s in plan.steps}
+    assert where == {
+        "fetch": (None, "needs-tools"),
+        "think": ("fast", "llm-default"),
+        "tuned": ("fast", "llm-default"),
+        "prompt-lines": (None, "needs-tools"),
+        "bound": (None, "needs-tools"),
+    }
+    routes = {r.step_id: r for r in step_routes(plan)}
+    assert routes["fetch"].kind == "session" and "sh block" in routes["fetch"].text
+    assert routes["fetch"].text.startswith("the calling agent: the step needs a workspace and tools")
+    assert routes["bound"].text.endswith("(it binds environment variables (env:))")
+    assert routes["think"].text == "engine fast (llm, defaults.llmEngine)"
+
+
+def test_with_an_agent_engine_a_step_that_needs_tools_goes_to_it(project):
+    from akm.plan.engines import step_routes
+
+    write_config({"engines": {"fast": FAST, "cc": CLAUDE}, "defaults": {"llmEngine": "fast", "agentEngine": "cc"}})
+    plan = freeze(project, *TOOL_STEPS)
+    where = {s.step_id: (s.root.invocation.engine, s.root.route) for s in plan.steps}
+    assert where["fetch"] == ("cc", "agent-default") and where["bound"] == ("cc", "agent-default")
+    assert where["think"] == ("cc", "agent-default") and where["tuned"] == ("fast", "llm-default")
+    assert {r.step_id: r.text for r in step_routes(plan)}["fetch"] == "engine cc (agent, defaults.agentEngine)"
+
+
+def test_without_any_engine_no_route_is_recorded_and_the_plan_is_as_before(project):
+    plan = freeze(project, *TOOL_STEPS)
+    assert all(s.root.route is None and s.root.invocation.engine is None for s in plan.steps)
+    assert '"route"' not in plan.canonical()
+
+
+def test_the_route_is_not_part_of_a_units_identity(project):
+    from akm.plan.identity import unit_input_hash
+    from akm.plan.model import UnitNode
+
+    write_config({"engines": {"fast": FAST}, "defaults": {"llmEngine": "fast"}})
+    unit = freeze(project, *TOOL_STEPS).step("think").root
+    other = UnitNode.model_validate({**unit.model_dump(mode="json", by_alias=True), "route": "named"})
+    assert unit_input_hash(template=unit, params={}) == unit_input_hash(template=other, params={})

@@ -142,6 +142,54 @@ def test_a_leftover_holding_the_pipes_is_a_capture_error(tmp_path):
     assert gone(int(pidfile.read_text()))
 
 
+# ------------------------------------------------------------------ watching lines as they come
+
+
+def test_on_line_sees_every_line_of_both_streams_in_order_and_a_last_line_without_newline(tmp_path):
+    seen: list[tuple[str, str]] = []
+    code = (
+        "import sys,time\n"
+        "sys.stdout.write('one\\ntw'); sys.stdout.flush(); time.sleep(0.05)\n"
+        "sys.stdout.write('o\\n\\n  \\nthree'); sys.stdout.flush()\n"
+        "sys.stderr.write('warn\\r\\n')\n"
+    )
+    res = run_process(py(code), cwd=str(tmp_path), env=env(), on_line=lambda s, line: seen.append((s, line)))
+    assert res.exit_code == 0 and res.stopped is None
+    assert [line for s, line in seen if s == "stdout"] == ["one", "two", "three"]  # blank lines are not shown
+    assert [line for s, line in seen if s == "stderr"] == ["warn"]
+    assert res.stdout == "one\ntwo\n\n  \nthree"  # the capture is untouched by the watch
+
+
+def test_a_stop_reason_from_on_line_ends_the_group_at_once(tmp_path):
+    pidfile = tmp_path / "grandchild"
+    script = f"sleep 300 & echo $! > {pidfile}; echo 'retry 1'; echo 'FATAL key refused' >&2; sleep 300"
+    started = time.monotonic()
+    res = run_process(
+        ["sh", "-c", script],
+        cwd=str(tmp_path),
+        env=env(),
+        timeout_ms=300_000,
+        on_line=lambda s, line: "refused" if "FATAL" in line else None,
+    )
+    assert res.stopped == "refused" and not res.timed_out and not res.cancelled
+    assert time.monotonic() - started < 60  # a generous bound: far below the 300 s the child would take
+    assert gone(int(pidfile.read_text()))
+    assert "FATAL key refused" in res.stderr
+
+
+def test_a_huge_line_is_shown_cut_and_a_watcher_bug_stops_the_child(tmp_path):
+    seen: list[int] = []
+    code = "import sys; sys.stdout.write('x' * (600 * 1024) + '\\nnext\\n')"
+    res = run_process(py(code), cwd=str(tmp_path), env=env(), on_line=lambda s, line: seen.append(len(line)))
+    assert res.exit_code == 0 and seen == [process.MAX_WATCHED_LINE, 4]
+
+    def broken(stream: str, line: str) -> str | None:
+        raise KeyError("oops")
+
+    res = run_process(["sh", "-c", "echo hi; sleep 300"], cwd=str(tmp_path), env=env(), on_line=broken)
+    assert res.stopped is not None and "watcher failed" in res.stopped and "KeyError" in res.stopped
+
+
 # ------------------------------------------------------------------ bounded capture
 
 

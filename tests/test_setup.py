@@ -799,7 +799,7 @@ def test_the_yes_summary_keeps_its_documented_shape(env, servers, capsys):
             "error",
         )
     }
-    assert [tuple(a) for a in doc["detected"]["agentClis"]] == [("platform", "path")]
+    assert [tuple(a) for a in doc["detected"]["agentClis"]] == [("platform", "path", "version", "testedVersion")]
     assert [h["harness"] for h in doc["detected"]["harnessConfigs"]] == ["claude-code", "opencode"]
     assert {tuple(h) for h in doc["detected"]["harnessConfigs"]} == {
         ("harness", "file", "provider", "model", "baseUrl", "apiKeyEnv", "note")
@@ -830,6 +830,25 @@ def test_agent_clis_are_found_in_the_documented_order(env, capsys):
         ("openhands", "openhands"),
     ]
     assert config()["engines"] == {"opencode": {"kind": "agent", "platform": "opencode"}}
+    # each CLI's own `--version`, and the version akm's CI runs for real (none: driven by its documented output)
+    versions = {c["platform"]: (c["version"], c["testedVersion"]) for c in doc["detected"]["agentClis"]}
+    assert versions["claude"] == ("2.1.332", "2.1.332") and versions["gemini"] == ("0.61.0", "0.61.0")
+    assert versions["aider"] == ("1.0.0", None) and versions["amazonq"] == ("1.0.0", None)
+    from akm.cli.render import agent_cli_text
+
+    assert agent_cli_text(doc["detected"]["agentClis"][1]).startswith("claude 2.1.332 (the version akm is tested with)")
+    assert "(not tested by akm: driven by its documented output)" in agent_cli_text(doc["detected"]["agentClis"][6])
+
+
+def test_the_versions_akm_is_tested_with_are_the_ones_its_ci_installs():
+    from akm.dispatch.harnesses import TESTED_VERSIONS
+    from tests import real_clis
+
+    pinned = json.loads((real_clis.HERE / "package.json").read_text())["dependencies"]
+    packages = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "opencode": "opencode-ai"}
+    packages["gemini"] = "@google/gemini-cli"
+    assert {p: pinned[pkg] for p, pkg in packages.items()} == TESTED_VERSIONS
+    assert fake_harness.FAKE_VERSIONS == TESTED_VERSIONS
 
 
 def test_verification_accepts_an_empty_answer_and_names_every_other_failure(servers):
@@ -918,3 +937,54 @@ def test_a_localhost_engine_is_the_same_server_as_the_probed_loopback_address(en
         "workflow": {"judgeEngine": "mine"},
     }
     assert [(a["engine"], a["action"]) for a in doc["engines"]] == [("mine", "kept")]
+
+
+def test_the_summary_says_which_steps_go_where():
+    """With a chat model and no agent CLI, the summary does not promise that the model does everything: steps that
+    need a workspace and tools go to the calling agent (spec/config.md §5)."""
+    from akm.setup.core import can_run
+
+    fast = {"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions", "model": "m"}
+    llm_only = can_run({"engines": {"fast": fast}, "defaults": {"llmEngine": "fast"}})
+    where = [line for line in llm_only if line.startswith("where steps go: ")]
+    assert where[0].startswith("where steps go: plain steps") and "LLM engine fast" in where[0]
+    assert "a shell block to run" in where[1] and "the calling agent" in where[1]
+    both = can_run(
+        {
+            "engines": {"fast": fast, "cc": {"kind": "agent", "platform": "claude"}},
+            "defaults": {"llmEngine": "fast", "agentEngine": "cc"},
+        }
+    )
+    assert any("tools" in line and "agent engine cc" in line for line in both)
+    assert (
+        can_run({})[-1] == "where steps go: every step (exec units aside): the calling agent — no engine is configured"
+    )
+
+
+def test_an_npm_clis_version_is_read_from_its_package_without_starting_it(tmp_path):
+    """`node_modules/.bin/gemini` links into @google/gemini-cli: its package.json says the version `--version`
+    would print, without the seconds a node CLI takes to start."""
+    from akm.setup.detect import agent_clis, npm_package_version
+
+    pkg = tmp_path / "node_modules" / "@google" / "gemini-cli"
+    (pkg / "bundle").mkdir(parents=True)
+    (pkg / "package.json").write_text(
+        json.dumps({"name": "@google/gemini-cli", "version": "9.8.7", "bin": {"gemini": "x"}})
+    )
+    script = pkg / "bundle" / "gemini.js"
+    script.write_text("#!/bin/sh\nexit 3\n")  # it is never run: --version would fail
+    script.chmod(0o755)
+    bin_dir = tmp_path / "node_modules" / ".bin"
+    bin_dir.mkdir()
+    (bin_dir / "gemini").symlink_to(script)
+    assert npm_package_version(str(bin_dir / "gemini")) == "9.8.7"
+    [cli] = agent_clis(str(bin_dir))
+    assert (cli.platform, cli.version, cli.tested_version) == ("gemini", "9.8.7", "0.61.0")
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "package.json").write_text(json.dumps({"name": "my-app", "version": "1.0.0", "bin": "cli.js"}))
+    (other / "gemini").write_text("#!/bin/sh\necho 'gemini 0.1.2'\n")
+    (other / "gemini").chmod(0o755)
+    assert npm_package_version(str(other / "gemini")) is None  # a package.json that is not the CLI's
+    [asked] = agent_clis(str(other))
+    assert asked.version == "0.1.2"  # then its --version is asked

@@ -19,6 +19,7 @@ from akm.views import (
     RunWarning,
     StepFinished,
     StepStarted,
+    UnitActivity,
     UnitFinished,
     WaitResult,
 )
@@ -436,9 +437,27 @@ def _progress_relay(on_progress: Callable[[ProgressEvent], None] | None) -> Call
     if on_progress is None:
         return None
     from akm.engine.progress import PassStarted, StepProgress
+    from akm.engine.progress import UnitActivity as EngineActivity
 
     def relay(p: Any) -> None:
-        if isinstance(p, StepProgress):
+        if isinstance(p, EngineActivity):
+            a = p.activity
+            on_progress(
+                UnitActivity(
+                    run_id=p.run_id,
+                    step_id=p.step_id,
+                    unit_id=p.unit_id,
+                    attempt_id=p.attempt_id,
+                    turns=int(a.get("turns") or 0),
+                    tool_calls=int(a.get("toolCalls") or 0),
+                    tool=a.get("tool"),
+                    retries=int(a.get("retries") or 0),
+                    retry_status=a.get("retryStatus"),
+                    session_id=a.get("sessionId"),
+                    elapsed_s=round(p.elapsed_s, 1),
+                )
+            )
+        elif isinstance(p, StepProgress):
             on_progress(StepFinished(run_id=p.run_id, step_id=p.step_id, status=p.status, summary=p.summary))
         elif isinstance(p, PassStarted):
             on_progress(StepStarted(run_id=p.run_id, step_id=p.step_id, total=p.total, width=p.width, note=p.note))

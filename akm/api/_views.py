@@ -109,6 +109,18 @@ def _params_view(run) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _routes(run) -> dict[str, str]:
+    """Each step's `runs_on` words from the run's frozen plan ({} for a plan this akm cannot read)."""
+    from akm.plan.engines import step_routes
+    from akm.plan.model import Plan
+
+    try:
+        plan = Plan.model_validate(json.loads(run.plan_json))
+        return {r.step_id: r.text for r in step_routes(plan)}
+    except Exception:
+        return {}  # a damaged plan: status still shows the journal (driving it is refused elsewhere)
+
+
 def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> RunView:
     from akm.store import runs as runs_store
     from akm.store import units as units_store
@@ -131,6 +143,7 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
     )
     if with_steps:
         view.steps = []
+        routes = _routes(run)
         tallies = units_store.step_tallies(db, run.id)
         for s in runs_store.get_steps(db, run.id):
             ev = _json_or_none(s.evidence_json)
@@ -147,6 +160,7 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
                     output=output,
                     summary=s.summary,
                     notes=s.notes,
+                    runs_on=routes.get(s.step_id),
                     unit_count=tally.units if tally else 0,
                     attempts=tally.attempts if tally else 0,
                     gate_loops=tally.gate_loops if tally else 0,
@@ -178,6 +192,8 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
                 worktree_path=u.worktree_path,
                 truncated=bool(u.truncated),
                 host=u.host,
+                engine=u.engine,
+                session_id=u.session_id,
                 stale=((u.last_checkin_at or u.started_at) < cutoff)
                 if u.status == "running" and u.phase != "gate"
                 else None,

@@ -220,7 +220,12 @@ def _cmd_run(tokens: list[str]) -> int:
             _err(f"note: {p.note}")  # e.g. a loopback engine runs a map one unit at a time
         if not show_progress or p.kind == "step_started":
             return
-        if p.kind == "step":
+        if p.kind == "unit_activity":  # what a running agent unit's CLI is doing
+            from akm.report.live import activity_text
+            from akm.report.timeline_svg import duration_text
+
+            _err(f"[{p.step_id}] {p.attempt_id}: {activity_text(p)} ({duration_text(p.elapsed_s)})")
+        elif p.kind == "step":
             _err(f"[{p.step_id}] step {p.status}")
         else:
             mark = "ok" if p.ok else f"FAILED ({p.failure_reason})"

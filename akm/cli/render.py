@@ -116,6 +116,8 @@ def run_text(view: dict[str, Any]) -> str:
             detail = (summary or notes).splitlines()[0] if (summary or notes) else ""
         if len(detail) > _STEP_CLIP[1]:
             detail, clipped_any = detail[: _STEP_CLIP[1]].rstrip() + " …", True
+        if not detail and s["status"] in ("pending", "running") and s.get("runsOn"):
+            detail = f"on {s['runsOn']}"  # what is still to run: where it goes
         lines.append(head + (f"  — {detail}" if detail else ""))
         if s["status"] == "completed" and s.get("output") is not None:
             text, clipped = _clip(_value_text(s["output"]), _STEP_CLIP)
@@ -131,7 +133,10 @@ def run_text(view: dict[str, Any]) -> str:
             extra += " STALE: no heartbeat for 90 s, its driver is probably gone"
         lines.append(
             f"    {'gate' if u.get('phase') == 'gate' else 'unit'} {u['unitId']}: {u['status']}{extra}, "
-            f"attempts {u['attempts']}" + (f", host {u['host']}" if u.get("host") else "")
+            f"attempts {u['attempts']}"
+            + (f", host {u['host']}" if u.get("host") else "")
+            + (f", engine {u['engine']}" if u.get("engine") else "")
+            + (f", session {u['sessionId']}" if u.get("sessionId") else "")
         )
     aw = view.get("awaiting")
     if aw:
@@ -212,9 +217,26 @@ def _render_setup_text(res: dict[str, Any]) -> str:
     d = res.get("defaults") or {}
     if d:
         lines.append("defaults: " + ", ".join(f"{k} = {v}" for k, v in d.items()))
+    clis = ((res.get("detected") or {}).get("agentClis")) or []
+    if clis:
+        lines.append("agent CLIs found:")
+        lines.extend(f"  - {agent_cli_text(c)}" for c in clis)
     lines.append("you can now run:")
     lines.extend(f"  - {line}" for line in res["canRun"])
     return "\n".join(lines)
+
+
+def agent_cli_text(c: dict[str, Any]) -> str:
+    """One detected agent CLI: its version, and whether akm is tested with it (`akm setup`)."""
+    version = c.get("version") or "version unknown"
+    tested = c.get("testedVersion")
+    if tested is None:
+        how = "not tested by akm: driven by its documented output"
+    elif c.get("version") == tested:
+        how = "the version akm is tested with"
+    else:
+        how = f"akm is tested with {tested}"
+    return f"{c['platform']} {version} ({how}) at {c['path']}"
 
 
 def _render_brief_text(b: dict[str, Any]) -> str:

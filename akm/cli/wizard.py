@@ -159,7 +159,13 @@ class _Wizard:
                 f"(its server is not answering)"
             )
         if det.agent_clis:
-            t.write(f"  agent CLIs     {', '.join(c.platform for c in det.agent_clis)}")
+            t.write(
+                "  agent CLIs     "
+                + ", ".join(c.platform + (f" {c.version}" if c.version else "") for c in det.agent_clis)
+            )
+            untested = [c.platform for c in det.agent_clis if c.tested_version is None]
+            if untested:
+                t.write(t.dim(f"                 not tested by akm (driven by their docs): {', '.join(untested)}"))
         else:
             t.write(t.dim("  agent CLIs     none on PATH"))
         for h in det.harness_configs:

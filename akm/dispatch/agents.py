@@ -19,6 +19,13 @@ The profile of each harness (argv, prompt channel, output format) lives in
 Agents usually print their final answer last, so output is kept as a bounded
 TAIL (the last `MAX_STDOUT_BYTES`), not a head.
 
+While the CLI runs its lines are watched (`akm.dispatch.agent_stream`): a refused
+key stops it at once (`agent_auth`), a rate limit or server error it keeps
+retrying stops it after `HARNESS_RETRIES` retries, and what it does (turns, tool
+calls, retries) is reported to `request.on_activity` as live progress. A failure
+the CLI reports with the model API's HTTP status is coded by that status, not by
+the CLI's exit code: 401/403 `agent_auth`, 429 `llm_rate_limit`, else `agent_error`.
+
 Process supervision (group, timeout/cancel, drain grace, guardian token, capture
 caps, redaction at the cut) is `akm.dispatch.process.run_process`, the same code
 exec units run through.
@@ -27,12 +34,14 @@ exec units run through.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import threading
 from typing import Any, Mapping
 
 from akm.dispatch import harnesses as hz
+from akm.dispatch.agent_stream import Activity, StreamWatch, reason_for_status, refused_key_message
 from akm.dispatch.base import UnitRequest
 from akm.dispatch.exec import EXEC_ENV_ALLOWLIST, _supplement_path
 from akm.dispatch.llm import LlmCallError, resolve_api_key
@@ -73,10 +82,20 @@ def agent_env(
     return env, passed
 
 
+# A passthrough value that is a switch or a small count (`OPENCODE_DISABLE_MODELS_FETCH=true`,
+# `CLAUDE_CODE_MAX_RETRIES=3`) is no secret; scrubbing it would turn every "true" an agent answers into
+# [REDACTED] — a JSON answer `{"ok": true}` included.
+_SWITCH_VALUE = re.compile(r"(?i)(true|false|yes|no|on|off|\d{1,5})")
+
+
 def unsafe_values(env: Mapping[str, str], names: list[str]) -> list[str]:
-    """Values of passthrough variables that may be secrets (anything not on the harmless list,
-    and the credential parts of a harmless one that carries URL credentials)."""
-    secret = {n: env[n] for n in names if n in env and n not in hz.SAFE_ENV_NAMES}
+    """Values of passthrough variables that may be secrets (anything not on the harmless list and not a
+    switch, and the credential parts of a harmless one that carries URL credentials)."""
+    secret = {
+        n: env[n]
+        for n in names
+        if n in env and n not in hz.SAFE_ENV_NAMES and not _SWITCH_VALUE.fullmatch(env[n].strip())
+    }
     values = sensitive_values_from(secret)
     for n in names:
         v = env.get(n, "")
@@ -161,6 +180,8 @@ class AgentDispatcher:
                     fh.write(built.schema_file[1])
             env, passed = agent_env(profile, engine, request, parent)
             env.update(built.env)
+            for name, value in built.env_defaults.items():
+                env.setdefault(name, value)
             secrets += unsafe_values(env, passed) + sensitive_values_from(
                 {k: v for k, v in built.env.items() if k not in hz.SAFE_ENV_NAMES and k != "OPENCODE_CONFIG_CONTENT"}
             )
@@ -174,6 +195,7 @@ class AgentDispatcher:
                         secrets,
                     )
                 built.argv[0] = found
+            watch = StreamWatch(platform, retries=hz.HARNESS_RETRIES, on_activity=_relay(request))
             gate = self._gate(str(engine.get("name") or platform), engine.get("concurrency"))
             if gate is not None:
                 while not gate.acquire(timeout=POLL_S):
@@ -191,11 +213,12 @@ class AgentDispatcher:
                     stderr_limit=MAX_STDERR_BYTES,
                     stdout_keep="tail",
                     sensitive_values=secrets,
+                    on_line=watch.line if watch.watches else None,
                 )
             finally:
                 if gate is not None:
                     gate.release()
-            return self._result(label, platform, request, proc, secrets)
+            return self._result(label, platform, request, proc, secrets, watch)
         except Exception as exc:  # a bug must not escape a dispatcher (base.py contract)
             return _failure("dispatch_error", f"{label} failed inside akm: {type(exc).__name__}: {exc}", secrets)
         finally:
@@ -203,48 +226,69 @@ class AgentDispatcher:
                 shutil.rmtree(tmpdir, ignore_errors=True)
 
     def _result(
-        self, label: str, platform: str, request: UnitRequest, proc: ProcessResult, secrets: list[str]
+        self,
+        label: str,
+        platform: str,
+        request: UnitRequest,
+        proc: ProcessResult,
+        secrets: list[str],
+        watch: StreamWatch,
     ) -> DispatchResult:
         if proc.spawn_error is not None:
             return _failure("spawn_failed", f"{label} could not start {platform}: {proc.spawn_error}", secrets)
-        stderr = redact_text(proc.stderr, secrets).strip()
+        got = hz.extract(platform, proc.stdout, proc.stderr)
+        session = got.session_id or watch.activity.session_id
+        session = redact_text(session, secrets) if session else None
+        text = redact_text(got.text, secrets) or None
+        said = redact_text(got.error, secrets) if got.error else None
+        # The CLI's own error says why; its stderr tail only adds to it what is not banner or stack frames.
+        stderr = redact_text(hz.quiet_stderr(platform, proc.stderr), secrets).strip()
+        if said and got.parsed and stderr and platform == "gemini":
+            stderr = ""  # gemini's stderr then holds the same error again, after a stack trace
         tail = (
             f". stderr (last {STDERR_TAIL} chars):\n…{stderr[-STDERR_TAIL:]}"
             if len(stderr) > STDERR_TAIL
             else (f". stderr:\n{stderr}" if stderr else "")
         )
-        got = hz.extract(platform, proc.stdout)
-        session = redact_text(got.session_id, secrets) if got.session_id else None
-        text = redact_text(got.text, secrets) or None
+        extra: dict[str, Any] = {"text": text, "session_id": session, "tokens": got.tokens, "usage": got.usage}
         if proc.cancelled:
             return _failure(
                 "aborted",
                 f"{label} was cancelled while running; its process group was terminated{tail}",
                 secrets,
-                text=text,
-                session_id=session,
-                tokens=got.tokens,
+                **extra,
             )
+        stop = watch.stop
+        if proc.stopped is not None and stop is not None:
+            return _failure(stop.reason, f"{label}: {stop.message}; its process group was terminated", secrets, **extra)
         if proc.timed_out:
+            seen = _activity_words(watch.activity)
             return _failure(
                 "timeout",
-                f"{label} timed out after {request.timeout_ms} ms; its process group was terminated{tail}",
+                f"{label} timed out after {request.timeout_ms} ms{seen}; its process group was terminated{tail}",
                 secrets,
-                text=text,
-                session_id=session,
-                tokens=got.tokens,
+                **extra,
             )
+        if said is not None and got.no_credentials:
+            return _failure(
+                "agent_auth",
+                f"{label}: {platform} has no usable credentials, so it asked no model: {said}",
+                secrets,
+                **extra,
+            )
+        if said is not None and got.api_status is not None:
+            # the CLI told us which HTTP status its model API answered: that, not its exit code, is the failure
+            reason = reason_for_status(got.api_status)
+            words = (
+                refused_key_message(platform, got.api_status, said)
+                if reason == "agent_auth"
+                else f"{platform} failed: {said}"
+            )
+            return _failure(reason, f"{label}: {words}", secrets, **extra)
         if proc.signal is not None or proc.exit_code != 0:
             what = f"was killed by signal {proc.signal}" if proc.signal is not None else f"exited {proc.exit_code}"
-            detail = f": {got.error}" if got.error else ""
-            return _failure(
-                "non_zero_exit",
-                f"{label}: {platform} {what}{detail}{tail}",
-                secrets,
-                text=text,
-                session_id=session,
-                tokens=got.tokens,
-            )
+            detail = f": {said}" if said else ""
+            return _failure("non_zero_exit", f"{label}: {platform} {what}{detail}{tail}", secrets, **extra)
         if proc.capture_error is not None:
             return _failure(
                 "spawn_failed",
@@ -254,15 +298,11 @@ class AgentDispatcher:
                 secrets,
                 session_id=session,
                 tokens=got.tokens,
+                usage=got.usage,
             )
-        if got.error is not None:
+        if said is not None:
             return _failure(
-                "agent_error",
-                f"{label}: {platform} exited 0 but reported a failure: {redact_text(got.error, secrets)}{tail}",
-                secrets,
-                text=text,
-                session_id=session,
-                tokens=got.tokens,
+                "agent_error", f"{label}: {platform} exited 0 but reported a failure: {said}{tail}", secrets, **extra
             )
         if proc.stdout_truncated and not got.parsed:
             return DispatchResult(
@@ -271,6 +311,7 @@ class AgentDispatcher:
                 truncated=True,
                 session_id=session,
                 tokens=got.tokens,
+                usage=got.usage,
                 text=text,
                 error=clip(
                     f"{label}: {platform} printed more than {MAX_STDOUT_BYTES} bytes and its "
@@ -279,7 +320,34 @@ class AgentDispatcher:
                     DIAGNOSTIC_CLIP,
                 ),
             )
-        return DispatchResult(ok=True, text=text, tokens=got.tokens, session_id=session)
+        return DispatchResult(ok=True, text=text, tokens=got.tokens, usage=got.usage, session_id=session)
+
+
+def _activity_words(a: Activity) -> str:
+    """What the CLI was seen doing, for a timeout's message ("" when it said nothing)."""
+    parts = []
+    if a.turns:
+        parts.append(f"{a.turns} turn(s)")
+    if a.tool_calls:
+        parts.append(f"{a.tool_calls} tool call(s), the last {a.tool}")
+    if a.retries:
+        parts.append(f"{a.retries} failed model call(s)" + (f" (HTTP {a.retry_status})" if a.retry_status else ""))
+    return f" (it had done {', '.join(parts)})" if parts else " (its output showed no progress)"
+
+
+def _relay(request: UnitRequest) -> Any:
+    """The watch's activity as the request's progress callback wants it (None: nobody listens)."""
+    listener = request.on_activity
+    if listener is None:
+        return None
+
+    def relay(activity: Activity) -> None:
+        try:
+            listener(activity.to_json())
+        except Exception:
+            pass  # progress is best effort: a listener's bug must not fail the unit
+
+    return relay
 
 
 def _failure(
@@ -290,6 +358,7 @@ def _failure(
     text: str | None = None,
     session_id: str | None = None,
     tokens: int | None = None,
+    usage: dict[str, Any] | None = None,
 ) -> DispatchResult:
     return DispatchResult(
         ok=False,
@@ -298,4 +367,5 @@ def _failure(
         text=text,
         session_id=session_id,
         tokens=tokens,
+        usage=usage,
     )

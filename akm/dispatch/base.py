@@ -25,7 +25,7 @@ it returns against `request.sensitive_values`.
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from akm.dispatch.types import DispatchResult
 from akm.record import dataclass, field
@@ -66,6 +66,9 @@ class UnitRequest:
     env_bindings: dict[str, str] = field(default_factory=dict)
     sensitive_values: list[str] = field(default_factory=list)
     parent_env: Mapping[str, str] | None = None
+    # agent units: called (from the dispatching thread) with what the CLI is doing as it goes —
+    # `{"turns", "toolCalls", "tool"?, "retries", "retryStatus"?, "sessionId"?}` (akm.dispatch.agent_stream)
+    on_activity: Callable[[dict[str, Any]], None] | None = None
 
 
 class Dispatcher(Protocol):

@@ -130,3 +130,22 @@ def run_listing(argv: Sequence[str], *, timeout_s: float = 5.0) -> str | None:
     if result.exit_code != 0 or result.capture_error:
         return None
     return result.stdout
+
+
+def cli_version(exe: str, *, timeout_s: float = 10.0) -> str | None:
+    """What `exe --version` says its version is (None: it failed, timed out, or printed none).
+
+    In a scratch directory with stdin /dev/null and the process group killed at the timeout: a CLI
+    that starts an update check or a prompt cannot stall setup."""
+    import tempfile
+
+    from akm.dispatch.harnesses import version_in
+    from akm.dispatch.process import run_process
+
+    with tempfile.TemporaryDirectory(prefix="akm-version-") as scratch:
+        result = run_process(
+            [exe, "--version"], cwd=scratch, env=dict(os.environ), timeout_ms=int(timeout_s * 1000), capture_limit=4096
+        )
+    if result.exit_code != 0 or result.timed_out:
+        return None
+    return version_in(result.stdout) or version_in(result.stderr)

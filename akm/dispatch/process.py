@@ -25,6 +25,10 @@ everything that is easy to get wrong with real processes:
   small buffer per running child, not its cap.
 * **The guardian.** Every child carries this engine's guard token (akm.dispatch.guard),
   so it dies with a `kill -9`'d engine instead of running on unsupervised.
+* **Watching lines as they come.** An optional `on_line(stream, line)` sees each
+  complete line of stdout and stderr while the child runs (agent CLIs stream
+  their events; akm reads retries, auth refusals and progress from them). When
+  it returns a reason, the group is stopped as on cancel and `stopped` says why.
 * **Redaction at every cut.** stdout and stderr come back already redacted
   against `sensitive_values`, including a secret cut in half by the capture
   limit (stdout's end, stderr's kept tail's start): see `redact_text`.
@@ -43,7 +47,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from akm.dispatch import guard
 from akm.dispatch.redact import redact_text
@@ -91,6 +95,7 @@ class ProcessResult:
     stdout_bytes / stderr_bytes -- how many bytes the child wrote to each stream in all.
     timed_out        -- the deadline passed and the group was terminated.
     cancelled        -- `cancel` was set while it ran (or before it started) and the group was terminated.
+    stopped          -- what `on_line` answered when it asked for the group to be stopped (None: it never did).
     spawn_error      -- the program could not be started (nothing ran); everything else is empty.
     capture_error    -- a stream did not reach EOF (a descendant kept it open, or a read failed): the
                         capture is incomplete even if the leader exited 0.
@@ -106,6 +111,7 @@ class ProcessResult:
     stderr_bytes: int = 0
     timed_out: bool = False
     cancelled: bool = False
+    stopped: str | None = None
     spawn_error: str | None = None
     capture_error: str | None = None
 
@@ -262,6 +268,77 @@ class _StdinWriter:
         except OSError:  # EPIPE: the child does not read its stdin; that is its business
             return True
         return self.pos >= len(self.data)
+
+
+# The longest line `on_line` is shown; a longer one is cut there (its rest is not a line of its own).
+MAX_WATCHED_LINE = 256 * 1024
+
+LineWatcher = Callable[[str, str], "str | None"]
+
+
+class _LineTap:
+    """Splits what a stream delivers into lines for a watcher; remembers the first stop reason it gave."""
+
+    def __init__(self, label: str, watch: LineWatcher, stop: list[str]) -> None:
+        self.label, self.watch, self.stop = label, watch, stop
+        self.partial = bytearray()
+        self.skipping = False  # inside a line longer than MAX_WATCHED_LINE, already shown cut
+
+    def feed(self, chunk: bytes) -> None:
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            if end == -1:
+                if not self.skipping:
+                    self.partial += chunk[start:]
+                    if len(self.partial) > MAX_WATCHED_LINE:
+                        self._emit(bytes(self.partial[:MAX_WATCHED_LINE]))
+                        self.skipping = True
+                return
+            if self.skipping:
+                self.skipping = False
+                self.partial.clear()
+            else:
+                self.partial += chunk[start:end]
+                self._emit(bytes(self.partial[:MAX_WATCHED_LINE]))
+            start = end + 1
+
+    def close(self) -> None:
+        if self.partial and not self.skipping:
+            self._emit(bytes(self.partial))
+
+    def _emit(self, data: bytes) -> None:
+        self.partial.clear()
+        line = data.decode("utf-8", errors="replace").rstrip("\r")
+        if not line.strip():
+            return
+        reason = self.watch(self.label, line)
+        if reason and not self.stop:
+            self.stop.append(reason)
+
+
+class _Tapped:
+    """A capture that also shows each chunk to a line tap (same `feed` as a capture)."""
+
+    def __init__(self, capture: Any, tap: _LineTap) -> None:
+        self.capture, self.tap = capture, tap
+
+    def feed(self, chunk: bytes) -> None:
+        self.capture.feed(chunk)
+        try:
+            self.tap.feed(chunk)
+        except Exception as exc:  # a watcher bug must not break supervision; it is reported as a stop
+            if not self.tap.stop:
+                self.tap.stop.append(f"the output watcher failed: {type(exc).__name__}: {exc}")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.capture, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("capture", "tap"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.capture, name, value)
 
 
 _EXITED = object()  # the poll target of the leader's pidfd
@@ -520,6 +597,7 @@ def run_process(
     stderr_limit: int = DEFAULT_STDERR_LIMIT,
     stdout_keep: str = "head",
     sensitive_values: Sequence[str] = (),
+    on_line: LineWatcher | None = None,
 ) -> ProcessResult:
     """Run `argv` in `cwd` with exactly `env` (plus the guard token) and supervise it to the end.
 
@@ -528,6 +606,9 @@ def run_process(
     `capture_limit` bounds the stdout kept: its beginning (`stdout_keep="head"`, an exec unit's
     artifact; memory-bounded by spilling) or its end (`"tail"`, for agent CLIs that print their
     answer last; held in memory). `stderr_limit` bounds the stderr kept (always its end).
+    `on_line(stream, line)` ("stdout"/"stderr", one unredacted line without its newline) is called
+    for each line as it arrives, in this thread; a non-empty answer stops the group as a cancel
+    does and is returned as `stopped`.
     Everything returned is redacted against `sensitive_values`. Never raises for what the child does.
     """
     if stdout_keep not in ("head", "tail"):
@@ -553,9 +634,16 @@ def run_process(
     )
     err = TailCapture(child.stderr, "stderr", max(0, stderr_limit))
     readers: tuple[HeadCapture | TailCapture, ...] = (out, err)
+    stop: list[str] = []
+    taps: list[_LineTap] = []
     streams = _Streams()
     for r in readers:
-        streams.add(r.fd, _POLLIN, r)
+        if on_line is not None:
+            tap = _LineTap(r.label, on_line, stop)
+            taps.append(tap)
+            streams.add(r.fd, _POLLIN, _Tapped(r, tap))
+        else:
+            streams.add(r.fd, _POLLIN, r)
     if child.stdin is not None:
         data = (stdin_text or "").encode("utf-8")
         if data:
@@ -573,7 +661,7 @@ def run_process(
             pidfd = None
 
     deadline = time.monotonic() + timeout_ms / 1000.0 if timeout_ms is not None else None
-    cancelled = timed_out = killed = False
+    cancelled = timed_out = killed = stopped = False
     exited = pidfd is None
     term_at: float | None = None
     drain_timed_out: list[str] = []
@@ -584,9 +672,11 @@ def run_process(
             if term_at is None:
                 if cancel is not None and cancel.is_set():
                     cancelled = True
+                elif stop:
+                    stopped = True
                 elif deadline is not None and time.monotonic() >= deadline:
                     timed_out = True
-                if cancelled or timed_out:
+                if cancelled or timed_out or stopped:
                     term_at = time.monotonic()
                     signal_group(proc, signal.SIGTERM)
             elif not killed and time.monotonic() - term_at >= KILL_GRACE_S:
@@ -631,6 +721,11 @@ def run_process(
             except OSError:
                 pass
 
+    for tap in taps:
+        try:
+            tap.close()  # a last line without a newline
+        except Exception:
+            pass
     causes = list(drain_timed_out)
     for r in readers:
         if r.error is not None:
@@ -662,5 +757,6 @@ def run_process(
         stderr_bytes=err.total,
         timed_out=timed_out,
         cancelled=cancelled,
+        stopped=stop[0] if stopped else None,
         capture_error="; ".join(causes) or None,
     )

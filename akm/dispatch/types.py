@@ -29,6 +29,29 @@ def token_count(value: Any) -> int | None:
     return MAX_TOKENS if value > MAX_TOKENS else int(value)
 
 
+def add_usage(total: dict[str, Any] | None, more: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Two usage records (`DispatchResult.usage`) summed figure by figure: a figure unknown in one is the
+    other's, unknown in both stays unknown; per-model records (`models`) are summed by model name."""
+    if more is None:
+        return total
+    if total is None:
+        return dict(more)
+    out = dict(total)
+    for key, value in more.items():
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int) and isinstance(out.get(key), int):
+            out[key] = out[key] + value
+        elif key not in out:
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            merged = dict(out[key])
+            for name, figures in value.items():
+                merged[name] = add_usage(merged.get(name), figures) if isinstance(figures, dict) else figures
+            out[key] = merged
+    return out
+
+
 @dataclass
 class DispatchResult:
     """Outcome of one dispatched attempt.
@@ -41,6 +64,8 @@ class DispatchResult:
     tokens    -- token usage when the runner reports it.
     session_id -- harness-native session id, if any.
     truncated -- output was cut at a capture cap (the artifact is incomplete; never a silent success).
+    usage     -- the parts of `tokens` as the runner reported them (input, output, reasoning, cacheRead,
+                 cacheWrite, models: {name: {role, …}}); only figures it gave, None when it gave none.
     retry_after_s -- how long the server asked to be left alone (an HTTP 429's Retry-After), so a
                  unit-level `retry` waits that long before its next attempt instead of re-asking at once.
     """
@@ -55,6 +80,7 @@ class DispatchResult:
     session_id: str | None = None
     truncated: bool = False
     retry_after_s: float | None = None
+    usage: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # Every dispatcher's usage figure passes here: one bound for the journal and the budget.

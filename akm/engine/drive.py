@@ -32,6 +32,7 @@ from akm.dispatch.base import DispatcherRegistry, UnitRequest
 from akm.dispatch.exec import build_exec_context
 from akm.dispatch.redact import sensitive_values_from
 from akm.engine import worktree as worktrees
+from akm.engine.activity import ActivityRelay
 from akm.engine.apply import AGAIN, FINISHED, apply_decision, pass_failed
 from akm.engine.budget import LIFETIME_UNIT_CAP, DispatchBudget
 from akm.engine.cancel import Cancellation
@@ -47,7 +48,7 @@ from akm.engine.finalize import (
 )
 from akm.engine.groupcommit import GroupCommit
 from akm.engine.heartbeat import Heartbeat
-from akm.engine.progress import PassStarted, StepProgress
+from akm.engine.progress import PassStarted, StepProgress, UnitActivity
 from akm.engine.reduce import UnitOutcome, outcome_from_row, storable
 from akm.engine.results import DriveResult
 from akm.engine.state import LoadedRun, load_run
@@ -99,7 +100,8 @@ class DriveOptions:
     project_root: Path
     max_steps: int | None = None
     cancel: Cancellation = field(default_factory=Cancellation)
-    on_progress: Callable[[UnitProgress | StepProgress], None] | None = None  # from worker threads too
+    # from worker threads too; UnitActivity from the thread running an agent unit, as its CLI does things
+    on_progress: Callable[[UnitProgress | StepProgress | PassStarted | UnitActivity], None] | None = None
     on_warning: Callable[[str], None] | None = None
     heartbeat_interval: float | None = None
     registry: DispatcherRegistry | None = None
@@ -284,7 +286,7 @@ class _Pass:
         with state.lock:
             state.running_since = began
         try:
-            outcome = self._run(unit, attempt, base_dir)
+            outcome = self._run(unit, attempt, base_dir, started_at)
         except Exception as exc:  # the row is in the journal: it must be finished, whatever happened
             outcome = UnitOutcome(
                 unit_id=unit.unit_id,
@@ -490,6 +492,7 @@ class _Pass:
             session_id=o.session_id,
             truncated=o.truncated,
             step_id=self.step.step_id,
+            usage=o.usage,
         )
 
     def _write_finish(self, p: _PendingFinish) -> None:
@@ -595,7 +598,7 @@ class _Pass:
             return False
         return True
 
-    def _request(self, unit: WorkUnit, attempt: str, base_dir: str) -> UnitRequest:
+    def _request(self, unit: WorkUnit, attempt: str, base_dir: str, started_at: str | None = None) -> UnitRequest:
         tmpl = unit.template
         d = self.d
         if tmpl.exec is not None:
@@ -644,9 +647,23 @@ class _Pass:
             env_bindings=self.env_values,
             sensitive_values=self.sensitive,
             parent_env=self._parent_env,
+            on_activity=self._activity(unit, attempt, started_at) if unit.runner == "agent" else None,
         )
 
-    def _run(self, unit: WorkUnit, attempt: str, base_dir: str) -> UnitOutcome:
+    def _activity(self, unit: WorkUnit, attempt: str, started_at: str | None) -> ActivityRelay:
+        """Where an agent unit's live progress goes: the drive's listener, and (throttled) the journal."""
+        d = self.d
+        return ActivityRelay(
+            d.db,
+            run_id=d.run_id,
+            step_id=self.step.step_id,
+            unit_id=unit.unit_id,
+            attempt_id=attempt,
+            started_at=started_at,
+            on_progress=d.opts.on_progress,
+        )
+
+    def _run(self, unit: WorkUnit, attempt: str, base_dir: str, started_at: str | None = None) -> UnitOutcome:
         dispatcher = self.d.registry.get(unit.runner)
         if dispatcher is None:
             return UnitOutcome(
@@ -655,7 +672,7 @@ class _Pass:
                 failure_reason="dispatch_error",
                 error=f"no dispatcher for {unit.runner} units in this akm",
             )
-        res = run_structured(dispatcher, self._request(unit, attempt, base_dir), self.event)
+        res = run_structured(dispatcher, self._request(unit, attempt, base_dir, started_at), self.event)
         if res.truncated and res.ok:
             self.d.warn(
                 f"unit {attempt}: its output was cut at the capture limit; the step gets only its "

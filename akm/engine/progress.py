@@ -1,4 +1,5 @@
-"""What the drive loop reports as it goes, besides the journal: one event per finished unit and step.
+"""What the drive loop reports as it goes, besides the journal: one event per finished unit and step,
+and what a running agent unit is doing (its CLI's turns, tool calls and retries, as they happen).
 
 Plain dataclasses (the drive loop calls the callback from worker threads for
 units and from its own thread for steps, so building one must stay cheap);
@@ -6,6 +7,8 @@ units and from its own thread for steps, so building one must stay cheap);
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from akm.record import dataclass
 
@@ -29,3 +32,16 @@ class PassStarted:
     total: int
     width: int | None = None  # units at once (akm.engine.concurrency)
     note: str | None = None  # why fewer than the step declares, when an engine holds it down
+
+
+@dataclass
+class UnitActivity:
+    """A running agent unit's CLI did something: `activity` is `akm.dispatch.agent_stream.Activity.to_json()`
+    (`turns`, `toolCalls`, `tool`?, `retries`, `retryStatus`?, `sessionId`?), `elapsed_s` since it started."""
+
+    run_id: str
+    step_id: str
+    unit_id: str
+    attempt_id: str
+    activity: dict[str, Any]
+    elapsed_s: float

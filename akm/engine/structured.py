@@ -10,8 +10,10 @@ same shapes:
 * model and agent units get up to TWO attempts: on a parse or validation miss
   the second attempt carries corrective feedback naming the errors.
 
-Tokens are summed over every call of the attempt and the last session id
-seen wins, so budgets count what was really spent.
+Tokens (and their parts, `usage`) are summed over every call of the attempt and
+the last session id seen wins, so budgets count what was really spent; a call that
+reported no tokens adds nothing, and an attempt none of whose calls did stays
+unknown (None), never 0.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import threading
 from typing import Any
 
 from akm.dispatch.base import Dispatcher, DispatchResult, UnitRequest
+from akm.dispatch.types import add_usage
 
 MODEL_ATTEMPTS = 2
 
@@ -43,6 +46,7 @@ def run_structured(dispatcher: Dispatcher, request: UnitRequest, cancel: threadi
     schema = request.output_schema
     attempts = 1 if (schema is None or request.kind == "exec") else MODEL_ATTEMPTS
     tokens: int | None = None
+    usage: dict[str, Any] | None = None
     session_id: str | None = None
     feedback: str | None = None
     final: DispatchResult | None = None
@@ -57,6 +61,7 @@ def run_structured(dispatcher: Dispatcher, request: UnitRequest, cancel: threadi
             )
         if raw.tokens is not None:
             tokens = (tokens or 0) + raw.tokens
+        usage = add_usage(usage, raw.usage)
         if raw.session_id:
             session_id = raw.session_id
         if not raw.ok:
@@ -98,5 +103,6 @@ def run_structured(dispatcher: Dispatcher, request: UnitRequest, cancel: threadi
             break
     assert final is not None
     final.tokens = tokens
+    final.usage = usage
     final.session_id = session_id
     return final

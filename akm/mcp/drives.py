@@ -77,7 +77,14 @@ class Drive:
             count = self._steps.get(p.step_id)
             if count is None:
                 count = self._steps[p.step_id] = StepCount(step_id=p.step_id)
-            if p.kind == "step_started":  # a new pass (first dispatch, or a gate loop's re-dos) counts afresh
+            if p.kind == "unit_activity":  # a running agent unit's CLI did something: no count changes
+                message = {
+                    "kind": "unit_activity",
+                    "stepId": p.step_id,
+                    "attemptId": p.attempt_id,
+                    "activity": p.to_json(),
+                }
+            elif p.kind == "step_started":  # a new pass (first dispatch, or a gate loop's re-dos) counts afresh
                 count.done, count.total, count.failed, count.status = 0, p.total, 0, None
                 message = {"kind": "step_started", "stepId": p.step_id, "total": p.total}
             elif p.kind == "unit":

@@ -34,6 +34,8 @@ from akm.mcp.schemas import (
     RunViewModel,
     _lint_model,
 )
+from akm.report.live import activity_text
+from akm.report.timeline_svg import duration_text
 
 DEFAULT_CALL_BOUND_S = 45.0
 
@@ -126,6 +128,8 @@ class _ProgressReporter:
         self.step_done = 0
         self.sent = 0.0
         self.gone = False
+        self.between = 0  # activity reports since the last unit tick
+        self.between_at = -1  # the units done when they started
 
     async def send(self, items: list[dict[str, Any]]) -> None:
         for item in items:
@@ -135,6 +139,21 @@ class _ProgressReporter:
                 self._open(item["stepId"])
                 self.step_total = item["total"]
                 continue  # nothing finished yet: no tick
+            if item["kind"] == "unit_activity":
+                # between two unit ticks: a fraction that grows with each report, so progress still increases
+                if item["stepId"] != self.step:
+                    self._open(item["stepId"])
+                self.between = self.between + 1 if self.between_at == self.step_done else 1
+                self.between_at = self.step_done
+                value = self.offset + self.step_done + 1 - 1 / (self.between + 1)
+                total = self.offset + max(self.step_total, self.step_done + 1) + 1
+                a = item["activity"]
+                message = (
+                    f"step {item['stepId']}: {item['attemptId']} {activity_text(a)} "
+                    f"({duration_text(a.get('elapsedS') or 0)})"
+                )
+                await self._report(value, total, message)
+                continue
             if item["kind"] == "unit":
                 if item["stepId"] != self.step or item["done"] <= self.step_done:
                     self._open(item["stepId"])  # another step, or another pass (gate loop) of this one
@@ -148,16 +167,19 @@ class _ProgressReporter:
                 value = total = self.offset + self.step_total + 1
                 message = f"step {item['stepId']} {item['status']}"
                 self._close()
-            if value <= self.sent:
-                continue  # progress must increase; a repeat carries nothing new
-            self.sent = value
-            with anyio.move_on_after(2.0) as scope:
-                try:
-                    await self.ctx.report_progress(value, total, message)
-                except Exception:
-                    self.gone = True  # progress is advisory; a gone client must not fail the call
-            if scope.cancelled_caught:
-                self.gone = True  # the client is not reading: send nothing more on this call
+            await self._report(value, total, message)
+
+    async def _report(self, value: float, total: float, message: str) -> None:
+        if value <= self.sent:
+            return  # progress must increase; a repeat carries nothing new
+        self.sent = value
+        with anyio.move_on_after(2.0) as scope:
+            try:
+                await self.ctx.report_progress(value, total, message)
+            except Exception:
+                self.gone = True  # progress is advisory; a gone client must not fail the call
+        if scope.cancelled_caught:
+            self.gone = True  # the client is not reading: send nothing more on this call
 
     def _close(self) -> None:
         if self.step is not None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from akm.format.model import Defaults, Step, UnitBag, WorkflowDocument
-from akm.plan.engines import EngineFreezer
+from akm.plan.engines import EngineFreezer, tool_need
 from akm.plan.model import (
     Budget,
     ExecSpec,
@@ -80,6 +80,7 @@ def _unit_node(
     )
     exec_spec = None
     invocation = None
+    route = None
     if bag is not None and bag.exec is not None:
         e = bag.exec
         exec_spec = ExecSpec(
@@ -91,7 +92,7 @@ def _unit_node(
         )
     else:
         declared = (bag is not None and bag.timeout_set) or (defaults is not None and defaults.timeout_set)
-        invocation = freezer.unit_invocation(
+        invocation, route = freezer.unit_invocation(
             where=f'{doc.path}:{step.line}: step "{step.id}"',
             named=(bag.engine if bag and bag.engine else None) or (defaults.engine if defaults else None),
             model=(bag.model if bag and bag.model else None) or (defaults.model if defaults else None),
@@ -102,6 +103,7 @@ def _unit_node(
             unit_llm=bool(bag is not None and bag.llm is not None),
             needs_env=bool(bag is not None and bag.env),
             needs_cwd=bool(bag is not None and bag.isolation == "worktree"),
+            needs_tools=tool_need(instructions) is not None,
         )
     on_error = (bag.on_error if bag else None) or (defaults.on_error if defaults else None) or "fail"
     return UnitNode(
@@ -116,6 +118,7 @@ def _unit_node(
         env=list(bag.env) if bag and bag.env else None,
         isolation=(bag.isolation if bag and bag.isolation else "none"),
         source=source,
+        route=route,
     )
 
 

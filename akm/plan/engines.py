@@ -6,16 +6,22 @@ that decides what a unit is asked to do is in the plan hash. Secrets are not:
 a snapshot names the environment variables holding the key (`credential`), and
 the dispatcher reads them at dispatch time.
 
-Engine selection for a unit that is not an exec unit (spec/config.md):
+Engine selection for a unit that is not an exec unit (spec/config.md §5):
 
 1. the unit's `engine:`, else the workflow's `defaults.engine`;
-2. else the config default that can run it: a unit with `env:` bindings or
-   `isolation: worktree` needs an agent (`defaults.agentEngine`); a unit with
-   `llm:` options wants an LLM (`defaults.llmEngine`); any other unit takes
-   `defaults.agentEngine`, then `defaults.llmEngine`;
+2. else the config default that can run it: a unit that needs a workspace and
+   tools — `env:` bindings, `isolation: worktree`, or instructions with a shell
+   block to run (`tool_need`) — needs an agent (`defaults.agentEngine`), and
+   without one it goes to the calling agent, never to a chat model that can
+   run nothing; a unit with `llm:` options wants an LLM (`defaults.llmEngine`);
+   any other unit takes `defaults.agentEngine`, then `defaults.llmEngine`;
 3. nothing configured → a session unit (engine null) that the calling agent
    does (DECISIONS D11). With no engine configured at all, every such unit is
    a session unit even when it names an engine, so a shared workflow still runs.
+
+The decision is frozen with the unit (`UnitNode.route`, one of `ROUTES`), so
+`status` and a plan preview can say where each step goes and why
+(`step_routes`).
 
 A unit naming an engine the config lacks, or asking an engine for something it
 cannot do (an LLM has no working directory and no environment), fails here —
@@ -25,14 +31,20 @@ at run creation — with a ConfigError, never mid-run.
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
 from akm.config import SESSION_JUDGE, engine_env_key_name, env_ref_name
 from akm.errors import ConfigError
 from akm.plan.model import Invocation
+from akm.record import dataclass
 
 DEFAULT_LLM_TIMEOUT_MS = 600_000
+# An agent unit without a timeout anywhere (unit, workflow defaults, engine) ends after this long: an agent
+# CLI that hangs — its model API stalling, a tool waiting for input — must not hold a run forever. A
+# workflow's `timeout: none` or an engine's `timeoutMs: null` still asks for no limit, explicitly.
+DEFAULT_AGENT_TIMEOUT_MS = 1_800_000
 LOOPBACK_LLM_CONCURRENCY = 1
 REMOTE_LLM_CONCURRENCY = 4
 
@@ -152,6 +164,99 @@ def agent_snapshot(name: str, engine: Any, cfg: Any) -> dict[str, Any]:
     return snap
 
 
+# Why a unit runs where it does (`UnitNode.route`): the engine named, a default, or the calling agent.
+ROUTES = {
+    "named": "the engine the step (or the workflow's defaults.engine) names",
+    "agent-default": "defaults.agentEngine",
+    "llm-default": "defaults.llmEngine",
+    "needs-tools": "the calling agent: the step needs a workspace and tools, and no agent engine is configured",
+    "no-default": "the calling agent: no default engine is configured for it",
+}
+# Fenced code in these languages is something to run: a step that shows one needs a shell.
+SHELL_LANGUAGES = frozenset(
+    {"sh", "bash", "shell", "console", "zsh", "fish", "ksh", "powershell", "pwsh", "ps1", "cmd", "bat", "terminal"}
+)
+_FENCE = re.compile(r"^[ \t]{0,3}(?:```|~~~)[ \t]*([A-Za-z0-9_+.-]*)", re.MULTILINE)
+_PROMPT_LINE = re.compile(r"^[ \t]*\$ \S", re.MULTILINE)
+
+
+def tool_need(instructions: str, *, env: bool = False, worktree: bool = False) -> str | None:
+    """Why a unit needs a workspace and tools (a process that can run things), in words; None when it
+    does not. A chat model can only answer text: such a unit must not go to it by default."""
+    if env:
+        return "it binds environment variables (env:)"
+    if worktree:
+        return "it runs in an isolation worktree"
+    for m in _FENCE.finditer(instructions):
+        if m.group(1).lower() in SHELL_LANGUAGES:
+            return f"its instructions have a {m.group(1)} block to run"
+    if _PROMPT_LINE.search(instructions):
+        return "its instructions have `$ command` lines to run"
+    return None
+
+
+@dataclass(frozen=True)
+class StepRoute:
+    """Where one step's units go and why (a plan preview, `status`)."""
+
+    step_id: str
+    kind: str  # exec | llm | agent | session | route (a route step runs no unit)
+    engine: str | None  # the engine's name (None: exec, the calling agent, or a route)
+    route: str | None  # a key of ROUTES (None: exec, or a plan frozen before routes were recorded)
+    text: str  # all of it in words: "engine coder (agent, defaults.agentEngine)", "the calling agent: …"
+
+
+def step_routes(plan: Any) -> list[StepRoute]:
+    """Each step of a frozen plan: where its units go, and why — the decision `EngineFreezer` recorded."""
+    out: list[StepRoute] = []
+    engines = plan.execution.engines
+    for step in plan.steps:
+        unit = step.unit_template
+        if unit is None:
+            out.append(StepRoute(step.step_id, "route", None, None, "no unit: a route step chooses the next step"))
+            continue
+        if unit.exec is not None:
+            out.append(StepRoute(step.step_id, "exec", None, None, "akm runs its command (exec)"))
+            continue
+        name = unit.invocation.engine if unit.invocation is not None else None
+        route = unit.route
+        if name is None:
+            why = ROUTES.get(route or "", "the calling agent")
+            need = tool_need(unit.instructions, env=bool(unit.env), worktree=unit.isolation == "worktree")
+            if route == "needs-tools" and need:
+                why += f" ({need})"
+            elif route is None:
+                why = "the calling agent: no engine is configured"
+            out.append(StepRoute(step.step_id, "session", None, route, why))
+            continue
+        kind = str((engines.get(name) or {}).get("kind") or "engine")
+        by = f", {ROUTES[route]}" if route in ROUTES and route != "named" else (", named" if route else "")
+        out.append(StepRoute(step.step_id, kind, name, route, f"engine {name} ({kind}{by})"))
+    return out
+
+
+def routing_summary(llm_engine: str | None, agent_engine: str | None) -> list[str]:
+    """Which steps go where under these defaults, in words (`akm setup`'s summary; spec/config.md §5)."""
+    tools = "steps that need a workspace and tools (a shell block to run, env: bindings, an isolation worktree)"
+    if agent_engine and llm_engine:
+        return [
+            f"{tools} and plain steps: agent engine {agent_engine}",
+            f"steps with llm: options: LLM engine {llm_engine}",
+        ]
+    if agent_engine:
+        return [
+            f"every step (exec units aside): agent engine {agent_engine}"
+            " (a step with llm: options is refused: it needs an LLM engine)"
+        ]
+    if llm_engine:
+        return [
+            f"plain steps (a prompt to answer) and steps with llm: options: LLM engine {llm_engine}",
+            f"{tools}: the calling agent — no agent engine is configured, and a chat model can run nothing"
+            " (name an engine in the step to send it elsewhere)",
+        ]
+    return ["every step (exec units aside): the calling agent — no engine is configured"]
+
+
 class EngineFreezer:
     """Resolves engines for one plan and collects the snapshots it used (`execution.engines`)."""
 
@@ -193,7 +298,7 @@ class EngineFreezer:
         engine = self.cfg.engines[name]
         if engine.declared("timeout_ms"):
             return engine.timeout_ms
-        return DEFAULT_LLM_TIMEOUT_MS if engine.kind == "llm" else None
+        return DEFAULT_LLM_TIMEOUT_MS if engine.kind == "llm" else DEFAULT_AGENT_TIMEOUT_MS
 
     # ------------------------------------------------------------ selection
     def _unknown(self, where: str, name: str) -> ConfigError:
@@ -214,18 +319,23 @@ class EngineFreezer:
             hint="Name an engine of the right kind for this step, or change the step.",
         )
 
-    def select(self, *, named: str | None, needs_agent: bool, wants_llm: bool) -> str | None:
-        """The engine a unit runs on (see the module docstring), or None for a session unit."""
+    def select(self, *, named: str | None, needs_agent: bool, wants_llm: bool) -> tuple[str | None, str | None]:
+        """(the engine a unit runs on or None for a session unit, why: a key of ROUTES; None when no engine
+        is configured at all). See the module docstring."""
         if not self.any_engine:
-            return None
+            return None, None
         if named is not None:
-            return named
+            return named, "named"
         d = self.cfg.defaults
         if needs_agent:
-            return d.agent_engine
-        if wants_llm:
-            return d.llm_engine or d.agent_engine
-        return d.agent_engine or d.llm_engine
+            return (d.agent_engine, "agent-default") if d.agent_engine else (None, "needs-tools")
+        if wants_llm and d.llm_engine:
+            return d.llm_engine, "llm-default"
+        if d.agent_engine:
+            return d.agent_engine, "agent-default"
+        if d.llm_engine:
+            return d.llm_engine, "llm-default"
+        return None, "no-default"
 
     def unit_invocation(
         self,
@@ -239,12 +349,17 @@ class EngineFreezer:
         unit_llm: bool,
         needs_env: bool,
         needs_cwd: bool,
-    ) -> Invocation:
-        """The frozen invocation of one (template) unit. `where` names it in errors (`file:line: step "x"`)."""
-        name = self.select(named=named, needs_agent=needs_env or needs_cwd, wants_llm=unit_llm)
+        needs_tools: bool = False,
+    ) -> tuple[Invocation, str | None]:
+        """The frozen invocation of one (template) unit, and why it goes there (a key of ROUTES, None
+        without any engine configured). `where` names it in errors (`file:line: step "x"`). `needs_tools`:
+        its instructions have something to run (`tool_need`)."""
+        # a unit's own `llm:` options ask for a model explicitly: a shell block in its text does not override them
+        needs_agent = needs_env or needs_cwd or (needs_tools and not unit_llm)
+        name, route = self.select(named=named, needs_agent=needs_agent, wants_llm=unit_llm)
         if name is None:
             kwargs: dict[str, Any] = {"timeout_ms": timeout_ms} if declared_timeout else {}
-            return Invocation(engine=None, model=model, llm=llm, **kwargs)
+            return Invocation(engine=None, model=model, llm=llm, **kwargs), route
         engine = self.cfg.engines.get(name)
         if engine is None:
             raise self._unknown(where, name)
@@ -268,12 +383,13 @@ class EngineFreezer:
         else:
             llm = None  # document-wide llm defaults do not apply to agents
         self.snapshot(name)
-        return Invocation(
+        invocation = Invocation(
             engine=name,
             model=self._model_for(name, model),
             timeout_ms=timeout_ms if declared_timeout else self._timeout_for(name),
             llm=llm,
         )
+        return invocation, route
 
     def judge_invocation(self) -> Invocation | None:
         """The frozen judge of `### gate` rubrics, or None when the calling agent judges (D12)."""

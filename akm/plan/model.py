@@ -316,6 +316,9 @@ class UnitNode(PlanRecord):
     env: list[str] | None = field(_OPT_STRS, None)
     isolation: Isolation = field(LIT("none", "worktree"), "none")
     source: Source | None = field(OPT(REC(Source)), None)
+    # why the unit runs where it does (akm.plan.engines.ROUTES); absent for exec units, without any engine
+    # configured, and in plans frozen before it was recorded. Not part of the unit's identity.
+    route: str | None = field(_OPT_STR, None)
 
     @property
     def is_exec(self) -> bool:

@@ -35,6 +35,23 @@ def safe(text: object) -> str:
     return str(text).translate(_ESCAPES)
 
 
+def activity_text(a: Any) -> str:
+    """What a running agent unit is doing, in a few words: `turn 3 · 2 tool calls (last Bash) · 1 retry (HTTP
+    429)`. `a` is the api's `UnitActivity` or a `workflow_unit_activity` event's metadata (camelCase)."""
+
+    def get(name: str, camel: str) -> Any:
+        return a.get(camel) if isinstance(a, dict) else getattr(a, name, None)
+
+    turns, calls, tool = get("turns", "turns") or 0, get("tool_calls", "toolCalls") or 0, get("tool", "tool")
+    retries, status = get("retries", "retries") or 0, get("retry_status", "retryStatus")
+    parts = [f"turn {turns}"] if turns else []
+    if calls:
+        parts.append(f"{calls} tool call{'' if calls == 1 else 's'}" + (f" (last {tool})" if tool else ""))
+    if retries:
+        parts.append(f"{retries} retr{'y' if retries == 1 else 'ies'}" + (f" (HTTP {status})" if status else ""))
+    return " · ".join(parts) or "started"
+
+
 def _unit_of(attempt_id: str) -> tuple[str, int]:
     """(the unit, its gate loop) an attempt id names: `u~l2~r1` -> (`u`, 2)."""
     head = attempt_id.split("~r", 1)[0] if "~r" in attempt_id else attempt_id
@@ -46,7 +63,7 @@ class _Step:
     """A step's progress counted in units, not attempts: a unit retried three times is one unit, failed
     only if its latest attempt failed; the total is the units the step dispatches, whatever retries cost."""
 
-    __slots__ = ("step_id", "planned", "units", "loop", "started", "finished", "status", "note")
+    __slots__ = ("step_id", "planned", "units", "loop", "started", "finished", "status", "note", "activity")
 
     def __init__(self, step_id: str, started: float) -> None:
         self.step_id, self.started = step_id, started
@@ -56,6 +73,7 @@ class _Step:
         self.finished: float | None = None
         self.status = "running"
         self.note: str | None = None  # why the step runs fewer units at once than it declares
+        self.activity: dict[str, str] = {}  # attempt id -> what its agent CLI is doing (running units only)
 
     @property
     def done(self) -> int:
@@ -111,8 +129,12 @@ class Board:
                     step.status = "running"
             elif p.kind == "step":
                 self._finish(step, p.status, at)
+            elif p.kind == "unit_activity":
+                if step.finished is None:
+                    step.activity[p.attempt_id] = activity_text(p)
             else:
                 step.units[p.unit_id] = bool(p.ok)
+                step.activity.pop(p.attempt_id, None)
 
     def event(self, ev: dict[str, Any]) -> str | None:
         """A journal event (`EventView.to_json()`); returns its one-line form for line output, if any."""
@@ -131,8 +153,14 @@ class Board:
                 if step.finished is None:
                     step.status = "running"
                 return None
+            if kind == "workflow_unit_activity":
+                text = activity_text(meta)
+                if step.finished is None:
+                    step.activity[str(meta.get("unitId"))] = text
+                return f"[{step_id}] {meta.get('unitId')}: {text}"
             if kind == "workflow_unit_finished":
                 step.new_loop(loop)
+                step.activity.pop(attempt, None)
                 ok = meta.get("status") == "completed"
                 step.units[unit] = ok
                 mark = "ok" if ok else f"FAILED ({meta.get('failureReason')})"
@@ -147,6 +175,7 @@ class Board:
 
     def _finish(self, step: _Step, status: str, at: float) -> None:
         step.status, step.finished = status, at
+        step.activity.clear()
         self._last_end = max(self._last_end, at)
 
     # ----------------------------------------------------------- view
@@ -183,8 +212,14 @@ class Board:
                 work = f"{s.done}/{s.total} units" if s.total else ""
                 fails = f"{s.failed} failed" if s.failed else ""
                 name = s.step_id if len(s.step_id) <= wid else s.step_id[: wid - 1] + "…"
+                doing = f"  {next(iter(s.activity.values()))}" if len(s.activity) == 1 else ""
+                if len(s.activity) > 1:
+                    doing = f"  {len(s.activity)} agents at work"
                 out.append(
-                    _fit(f"  {s.status:<10} {name:<{wid}}  {work:<14} {fails:<10} {duration_text(elapsed):>8}", width)
+                    _fit(
+                        f"  {s.status:<10} {name:<{wid}}  {work:<14} {fails:<10} {duration_text(elapsed):>8}{doing}",
+                        width,
+                    )
                 )
                 out.extend(notes[s.step_id])  # kept once the step finished: why it took that long
             return out
@@ -223,7 +258,9 @@ class LineProgress:
             if getattr(p, "note", None):
                 self.line(f"note: {p.note}")
             return
-        if p.kind == "step":
+        if p.kind == "unit_activity":
+            self.line(f"[{p.step_id}] {p.attempt_id}: {activity_text(p)} ({duration_text(p.elapsed_s)})")
+        elif p.kind == "step":
             self.line(f"[{p.step_id}] step {p.status}")
         else:
             mark = "ok" if p.ok else f"FAILED ({p.failure_reason})"

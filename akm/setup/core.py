@@ -399,8 +399,11 @@ def can_run(merged: Mapping[str, Any]) -> list[str]:
         lines.append(f"gates judged by engine {judge}")
     else:
         lines.append("gates judged by the calling agent")
-    if not (llm and agent):
-        lines.append("session units: work with no engine is done by the calling agent")
+    from akm.plan.engines import routing_summary
+
+    ok_llm = llm if llm and isinstance(_get(merged, "engines", llm), dict) else None
+    ok_agent = agent if agent and isinstance(_get(merged, "engines", agent), dict) else None
+    lines += [f"where steps go: {line}" for line in routing_summary(ok_llm, ok_agent)]
     return lines
 
 

@@ -27,6 +27,7 @@ is on PATH, `ollama list` names its installed models.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -42,6 +43,7 @@ from akm.config import ENV_NAME_RE, normalize_chat_endpoint, strip_jsonc
 PROBE_URLS_ENV = "AKM_SETUP_PROBE_URLS"
 PROBE_TIMEOUT_S = 2.0
 OLLAMA_LIST_TIMEOUT_S = 5.0
+VERSION_TIMEOUT_S = 10.0  # an agent CLI's `--version` (gemini, a node program, takes ~3 s to start)
 
 DEFAULT_PROBE_BASES: tuple[tuple[str, str], ...] = (
     ("http://127.0.0.1:11434", "Ollama"),
@@ -92,6 +94,10 @@ class ModelServer:
 class AgentCli:
     platform: str
     path: str
+    version: str | None = None  # what its `--version` said (None: it said nothing usable)
+    # the version akm's CI runs for real (akm.dispatch.harnesses.TESTED_VERSIONS); None: akm drives this
+    # platform from its documented output shapes, untested against the real CLI
+    tested_version: str | None = None
 
 
 @dataclass
@@ -516,12 +522,50 @@ def _ollama_list(path: str | None) -> list[str] | None:
     return sorted(set(names))
 
 
-def agent_clis(path: str | None = None) -> list[AgentCli]:
+def agent_clis(path: str | None = None, *, versions: bool = True) -> list[AgentCli]:
     """Agent CLIs on PATH in preference order (`harnesses.DETECTION_ORDER`: opencode, claude, codex, copilot,
-    pi, gemini, aider, amazonq as `q`, openhands). A PATH lookup only: nothing is executed."""
+    pi, gemini, aider, amazonq as `q`, openhands), each with the version its `--version` prints (asked of
+    all at once, `VERSION_TIMEOUT_S` each) and the version akm is tested with, if any."""
+    from akm.dispatch.harnesses import TESTED_VERSIONS
     from akm.dispatch.harnesses import detect as on_path
 
-    return [AgentCli(platform, exe) for platform, exe in on_path(path).items()]
+    found = [AgentCli(p, exe, tested_version=TESTED_VERSIONS.get(p)) for p, exe in on_path(path).items()]
+    for cli in found:
+        cli.version = npm_package_version(cli.path)
+    ask = [c for c in found if c.version is None]
+    if versions and ask:
+        from akm.dispatch.probe import cli_version
+
+        with ThreadPoolExecutor(max_workers=len(ask), thread_name_prefix="akm-setup-version") as pool:
+            asked = pool.map(lambda c: cli_version(c.path, timeout_s=VERSION_TIMEOUT_S), ask)
+            for cli, version in zip(ask, asked, strict=True):
+                cli.version = version
+    return found
+
+
+def npm_package_version(exe: str) -> str | None:
+    """The version of the npm package an executable belongs to (`node_modules/.bin/gemini` → the
+    `package.json` of @google/gemini-cli that lists it under `bin`): what its `--version` prints, read
+    without starting it (a node CLI takes seconds to start). None when it is not such a package."""
+    try:
+        real = Path(exe).resolve()
+    except OSError:
+        return None
+    name = Path(exe).name
+    for folder in list(real.parents)[:6]:
+        manifest = folder / "package.json"
+        if not manifest.is_file():
+            continue
+        try:
+            doc = json_object(json.loads(manifest.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return None
+        bins = doc.get("bin")
+        # `bin` names each command, or is one path whose command is the package's name (without its scope)
+        listed = name in bins if isinstance(bins, dict) else str(doc.get("name") or "").rsplit("/", 1)[-1] == name
+        version = doc.get("version")
+        return str(version) if listed and isinstance(version, str) and version else None
+    return None
 
 
 def detect(

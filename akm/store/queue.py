@@ -266,6 +266,7 @@ def finish_claimed(
     failure_reason: str | None,
     session_id: str | None = None,
     truncated: bool = False,
+    usage: dict[str, Any] | None = None,
 ) -> str:
     """Record a worker's outcome of its claim: "finished", or "superseded" (nothing written) when the row is
     no longer this claim's (re-queued after the claim expired, re-claimed, or finished by someone else).
@@ -309,6 +310,7 @@ def finish_claimed(
             tokens=tokens,
             failure_reason=failure_reason,
             truncated=truncated,
+            usage=usage,
         ).meta(claim.step_id)  # the same `workflow_unit_finished` metadata a driver's finish writes
         db.dialect.event_lock(conn)
         conn.execute(_INSERT_EVENTS, ("workflow_unit_finished", now, claim.run_id, meta))

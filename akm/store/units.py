@@ -159,9 +159,10 @@ class UnitFinish(NamedTuple):
     session_id: str | None = None
     truncated: bool = False
     step_id: str | None = None  # the step the row was inserted with (saves reading it back)
+    usage: dict[str, Any] | None = None  # the parts of `tokens` the runner reported (event only, no column)
 
     def meta(self, step_id: str | None) -> str:
-        """The `workflow_unit_finished` metadata (compact JSON; ids, status, reason, tokens only)."""
+        """The `workflow_unit_finished` metadata (compact JSON; ids, status, reason, tokens and their parts)."""
         text = (
             f'{{"runId":{_json_str(self.run_id)},"stepId":{_json_opt(step_id)},'
             f'"unitId":{_json_str(self.unit_id)},"status":{_json_str(self.status)}'
@@ -170,6 +171,8 @@ class UnitFinish(NamedTuple):
             text += f',"failureReason":{_json_str(self.failure_reason)}'
         if self.tokens is not None:
             text += f',"tokens":{compact_json(self.tokens)}'
+        if self.usage:
+            text += f',"usage":{compact_json(self.usage)}'
         if self.truncated:
             text += ',"truncated":true'
         return text + "}"
@@ -331,6 +334,7 @@ def finish_unit(
     truncated: bool = False,
     step_id: str | None = None,
     fence: Fence | None = None,
+    usage: dict[str, Any] | None = None,
 ) -> str:
     """Record this dispatch's outcome. Returns "finished" or "superseded".
 
@@ -353,6 +357,7 @@ def finish_unit(
         session_id=session_id,
         truncated=truncated,
         step_id=step_id,
+        usage=usage,
     )
     with db.tx() as conn:
         db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
@@ -802,3 +807,28 @@ def guard_session_write(db: Database, run_id: str) -> None:
         "SELECT status, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,)
     )
     check_run_takes_reports(run_id, run, db.now(), lease_details=False)
+
+
+def note_activity(
+    db: Database, *, run_id: str, unit_id: str, started_at: str, step_id: str | None, activity: dict[str, Any]
+) -> bool:
+    """Journal what a running agent unit's CLI is doing: a `workflow_unit_activity` event (`status --watch` of
+    another process shows it) and, once the CLI said it, its session id on the row (`status --units`).
+
+    Written only while the row is still this dispatch's running one (started_at); False when it is not (the
+    unit finished, or was re-dispatched): live progress is advisory and never touches what is settled.
+    """
+    session = activity.get("sessionId")
+    meta = compact_json({"runId": run_id, "stepId": step_id, "unitId": unit_id, **activity})
+    with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
+        cur = conn.execute(
+            "UPDATE units SET session_id = COALESCE(?, session_id) "
+            "WHERE run_id = ? AND unit_id = ? AND status = 'running' AND started_at = ?",
+            (session if isinstance(session, str) else None, run_id, unit_id, started_at),
+        )
+        if cur.rowcount != 1:
+            return False
+        db.dialect.event_lock(conn)
+        conn.execute(_INSERT_EVENTS, ("workflow_unit_activity", db.now(), run_id, meta))
+    return True

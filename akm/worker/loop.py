@@ -26,6 +26,7 @@ from typing import Any
 
 from akm import paths
 from akm.dispatch.base import DispatcherRegistry, UnitRequest
+from akm.engine.activity import ActivityRelay
 from akm.engine.cancel import Cancellation
 from akm.engine.reduce import UnitOutcome, storable
 from akm.ids import uuid4
@@ -333,6 +334,7 @@ class Worker:
             failure_reason=None if outcome.ok else outcome.failure_reason,
             session_id=outcome.session_id,
             truncated=outcome.truncated,
+            usage=outcome.usage,
         )
         if written == "finished":
             if self._notifier is not None:
@@ -407,6 +409,17 @@ class Worker:
                 env_bindings=env_values,
                 sensitive_values=sensitive,
                 parent_env=self._parent_env,
+                on_activity=ActivityRelay(
+                    self.db,
+                    run_id=claim.run_id,
+                    step_id=claim.step_id or "",
+                    unit_id=unit_id,
+                    attempt_id=claim.unit_id,
+                    started_at=claim.started_at,
+                    on_progress=None,  # the coordinator and `status --watch` read it from the journal
+                )
+                if claim.runner == "agent"
+                else None,
             )
             res = run_structured(dispatcher, request, stop)
             return UnitOutcome(unit_id=unit_id, **vars(res))
