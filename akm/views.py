@@ -110,6 +110,7 @@ class StepView(View):
     attempts: int = 0  # dispatches: retries, gate loops and re-runs after a crash included
     gate_loops: int = 0  # gate loops run (1 unless the step looped)
     truncated_units: int = 0  # units whose stdout was cut at the capture cap: the output is only a beginning
+    reused_units: int = 0  # units restored from an earlier identical one (a rewind's history, a `--from` run)
 
 
 class UnitView(View):
@@ -129,6 +130,8 @@ class UnitView(View):
     worktree_path: str | None = None
     truncated: bool = False  # the output was cut at the capture cap; `result` is its beginning
     host: str | None = None  # the host id the attempt ran on: the driver's, or the worker's that claimed it
+    superseded_by: str | None = None  # the rewind that superseded this row (kept as history, no longer in force)
+    reused_from: dict[str, Any] | None = None  # restored, not run: {runId, unitId, rewindId?} of its source row
 
 
 class LeaseView(View):
@@ -136,6 +139,19 @@ class LeaseView(View):
     host: str | None = None
     pid: int | None = None
     until: str
+
+
+class RewindView(View):
+    """A rewind of a run (spec/engine.md "Rewind and reuse"): what it reopened and the step rows it superseded."""
+
+    rewind_id: str
+    seq: int
+    to_step: str
+    redo: Any = None  # null (units whose identity is unchanged are reused), true (none), or the unit ids redone
+    from_status: str
+    from_step: str | None = None
+    created_at: str
+    steps: list[StepView] = factory(list)  # the reopened steps as they were before it (pending ones left out)
 
 
 class RunView(View):
@@ -156,6 +172,17 @@ class RunView(View):
     # The run's final artifact: once completed, the output of its last completed step that has one.
     output: Any = None
     output_step_id: str | None = None
+    rewinds: list[RewindView] | None = None  # the run's rewinds, oldest first (with the steps)
+
+
+class RewindResult(View):
+    """What `workflow rewind` did, and the run after it."""
+
+    rewind: RewindView
+    steps: list[str] = factory(list)  # the steps it reopened, in plan order
+    superseded_units: int = 0  # unit and gate rows it moved to the history
+    reusable_units: int = 0  # of those, completed units the engine restores when it meets them unchanged
+    run: RunView
 
 
 class StepCount(View):

@@ -109,6 +109,17 @@ class NextRequest(RunIdRequest):
     )
 
 
+class RewindRequest(RunIdRequest):
+    """Take a run back to a step (see `rewind`)."""
+
+    to_step: str = Field(description="the step to go back to: it and every later step of the run are reopened")
+    redo: Union[Flag, list[str]] = Field(
+        False,
+        description="false (default): units whose identity is unchanged are reused; true: redo every unit of the "
+        "reopened steps; a list of unit ids: redo those (the step's session units are always asked for again)",
+    )
+
+
 class StatusRequest(RunIdRequest):
     units: Flag = Field(False, description="include every journaled unit attempt")
     step: str | None = Field(

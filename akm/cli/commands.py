@@ -361,6 +361,19 @@ def _cmd_control(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rewind(args: argparse.Namespace) -> int:
+    from akm import api
+    from akm.cli import render
+
+    redo: bool | list[str] = False if args.redo is None else (list(args.redo) or True)
+    res = api.rewind(args.run_id, args.to_step, redo=redo).to_json()
+    if args.format == "json":
+        _emit_json(res)
+    else:
+        _out(render.rewind_text(res))
+    return 0
+
+
 def _cmd_log(args: argparse.Namespace) -> int:
     from akm import api
 

@@ -148,6 +148,26 @@ def _build_parser() -> "argparse.ArgumentParser":
         sp.add_argument("run_id", metavar="RUN", help=run_id_help)
         fmt(sp)
 
+    rw = add(
+        "rewind",
+        "take a run back to a step: it and every later step are reopened (history is kept, unchanged units reused)",
+    )
+    rw.add_argument("run_id", metavar="RUN", help=run_id_help)
+    rw.add_argument("--to", dest="to_step", metavar="STEP", required=True, help="the step to go back to")
+    rw.add_argument(
+        "--redo",
+        nargs="*",
+        metavar="UNIT",
+        help="redo units instead of reusing them: every unit of the reopened steps, or only the UNITs named "
+        "(the step's own session units are always asked for again)",
+    )
+    fmt(rw)
+    rw.epilog = (
+        "Works on a completed, failed, blocked or active run (not an abandoned one, nor one a driver holds). "
+        "Then `akm workflow run RUN` goes on from STEP: units whose identity (step definition and inputs) is "
+        "unchanged are restored instead of run."
+    )
+
     wt = add("wait", "wait until a run is no longer active (driven elsewhere, e.g. by `workflow run --detach`)")
     wt.add_argument("run_id", metavar="RUN", help=run_id_help)
     wt.add_argument("--timeout", metavar="DUR", help="give up after DUR (500ms, 30s, 5m): exit 124")

@@ -66,7 +66,7 @@ def _params_text(params: dict[str, Any]) -> tuple[str, bool]:
 def _tally(step: dict[str, Any]) -> str:
     """ "3 units, 5 attempts, 2 gate loops": the work behind a step, retries and loops included."""
     n, attempts, loops = step.get("unitCount") or 0, step.get("attempts") or 0, step.get("gateLoops") or 0
-    parts = [_plural(n, "unit")]
+    parts = [_plural(n, "unit") + (f" ({step['reusedUnits']} reused)" if step.get("reusedUnits") else "")]
     if attempts > n:
         parts.append(_plural(attempts, "attempt"))
     if loops > 1:
@@ -129,10 +129,19 @@ def run_text(view: dict[str, Any]) -> str:
             extra += " (output truncated at the capture cap)"
         if u.get("stale"):
             extra += " STALE: no heartbeat for 90 s, its driver is probably gone"
+        if u.get("reusedFrom"):
+            extra += f" (reused from {u['reusedFrom'].get('unitId')} of run {u['reusedFrom'].get('runId')})"
+        if u.get("supersededBy"):
+            extra += f" (superseded by rewind {u['supersededBy']})"
         lines.append(
             f"    {'gate' if u.get('phase') == 'gate' else 'unit'} {u['unitId']}: {u['status']}{extra}, "
             f"attempts {u['attempts']}" + (f", host {u['host']}" if u.get("host") else "")
         )
+    for r in view.get("rewinds") or []:
+        was = f"{r['fromStatus']} at {r['fromStep']}" if r.get("fromStep") else r["fromStatus"]
+        wanted = r.get("redo")
+        redo = ", every unit redone" if wanted is True else (f", redoing {', '.join(wanted)}" if wanted else "")
+        lines.append(f"rewind {r['seq']} ({r['createdAt']}): back to step {r['toStep']} (was {was}{redo})")
     aw = view.get("awaiting")
     if aw:
         rid = view.get("runId")
@@ -299,3 +308,16 @@ def _err(text: str) -> None:
 def _err_json(data: Any) -> None:
     sys.stderr.write(_json_text(data) + "\n")
     sys.stderr.flush()
+
+
+def rewind_text(res: dict[str, Any]) -> str:
+    """`workflow rewind`: what it reopened and kept, then the run as it is now."""
+    r, rid = res["rewind"], res["run"]["runId"]
+    lines = [
+        f"rewound run {rid} to step {r['toStep']} (rewind {r['seq']}): reopened {', '.join(res['steps'])}",
+        f"  {_plural(res['supersededUnits'], 'unit row')} kept as history, marked superseded; "
+        f"{res['reusableUnits']} of them reused when akm meets them unchanged",
+        run_text(res["run"]),
+        f"continue with: akm workflow run {rid}",
+    ]
+    return "\n".join(lines)

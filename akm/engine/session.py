@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from akm.dispatch.answer import AnswerError, parse_command_json
 from akm.dispatch.redact import redact_text, redact_value, sensitive_values_from
-from akm.engine import gates
+from akm.engine import gates, reuse
 from akm.engine.apply import AGAIN, PARKED, apply_decision, pass_failed
 from akm.engine.budget import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
 from akm.engine.finalize import (
@@ -62,6 +62,7 @@ from akm.format.schema import validate_instance
 from akm.plan.identity import NO_ITEM, base_of_attempt, journal_base_id
 from akm.plan.model import StepPlan
 from akm.record import dataclass
+from akm.store import rewinds as rewinds_store
 from akm.store import runs as runs_store
 from akm.store import units as units_store
 from akm.store.db import Database
@@ -200,11 +201,16 @@ def _live_claim(row: dict[str, Any] | None, now: str) -> dict[str, Any] | None:
 # ---------------------------------------------------------------- brief (read-only)
 
 
-def _unit_brief(cur: _Current, state: UnitState, now: str, driven: bool = False) -> dict[str, Any]:
+def _unit_brief(
+    cur: _Current, state: UnitState, now: str, driven: bool = False, again: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """`again`: units a rewind superseded: done before, offered as a re-run (the agent reports a new result)."""
     u = state.unit
     tmpl = u.template
     claim = _live_claim(state.row, now)
     action = {RETRYABLE: "rerun", FAILED: "rerun"}.get(state.status, "claimed" if claim else "do")
+    if action == "do" and state.row is None and u.unit_id in again:
+        action = "rerun"
     if driven:
         action = "do_not_run"  # another holder's live lease: akm itself is working on this step right now
     context: dict[str, Any] = {
@@ -328,7 +334,8 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
         if not session_units:
             out.update(kind="engine", message="This step's units are run by akm itself: continue the run.")
             return out
-        out["units"] = [_unit_brief(cur, s, now, driven) for s in session_units]
+        again = frozenset(rewinds_store.superseded_content_ids(db, run_id, step.step_id))
+        out["units"] = [_unit_brief(cur, s, now, driven, again) for s in session_units]
         out["kind"] = "units"
         out["warnings"].extend(_silent_claim_warnings(session_units, now))
         todo = sum(1 for u in out["units"] if u["action"] != "claimed")
@@ -1027,11 +1034,18 @@ def _finalize(
     if lock is None:
         return {"message": "Recorded. Another driver is finishing this step."}
     try:
+        restored_loop: int | None = None
         for _ in range(1000):  # each pass journals a verdict or finishes the step; bounded by max_loops
             cur = _current(db, run_id)
             step, d = cur.step, cur.decision
             if step is None or d is None:
                 return {"message": "Recorded.", "remainingUnits": 0}
+            if d.kind == "work" and restored_loop != d.loop and budget_message is None:
+                # A new gate loop's units a rewind superseded with the same identity: restored, as the drive
+                # loop restores them (the same graph either way).
+                restored_loop = d.loop
+                if reuse.restore(db, cur.loaded, step, d):
+                    continue
             fx = _ReportEffects(db, cur, lock, project_root, registry)
             if budget_message is not None:
                 apply_decision(fx, step, pass_failed(d, budget_message))

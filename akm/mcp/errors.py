@@ -121,6 +121,7 @@ _TOOL_ARGS: dict[str, tuple[str, tuple[str, ...] | None, dict[str, str] | None]]
     "workflow_lint": ("LintRequest", None, None),
     "workflow_resume": ("RunIdRequest", None, None),
     "workflow_abandon": ("RunIdRequest", None, None),
+    "workflow_rewind": ("RewindRequest", None, None),
     "workflow_events": ("EventsRequest", None, None),
     "workflow_catalog": ("CatalogRequest", None, None),
     "setup": ("SetupRequest", None, None),
@@ -154,6 +155,9 @@ def _compacted(name: str, arguments: dict[str, Any], result: Any) -> Any:
         compact.compact_run(data["run"])
     elif name in ("workflow_status", "workflow_resume", "workflow_abandon") and arguments.get("step") is None:
         compact.compact_run(data)
+    elif name == "workflow_rewind" and isinstance(data.get("run"), dict):
+        compact.compact_run(data["run"])
+        compact.compact_run({"runId": data["run"].get("runId"), "rewinds": [data.get("rewind") or {}]})
     elif name == "workflow_next" and arguments.get("unit_id") is None:
         compact.compact_brief(data)
     elif name == "unit_report" and isinstance(data.get("brief"), dict):

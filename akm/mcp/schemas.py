@@ -62,6 +62,7 @@ def _schema_type(hint: Any) -> Any:
 
 _SCHEMA_MODELS: dict[Any, type[BaseModel]] = {}
 McpRunResult = _schema_model(views.RunResult, {"next": (str | None, None)})  # the run JSON + what to call next
+McpRewindResult = _schema_model(views.RewindResult, {"next": (str | None, None)})  # what it did + what to call next
 McpReportResult = create_model("McpReportResult", __base__=api.ReportResult, next=(str | None, None))
 RunViewModel = _schema_model(views.RunView)
 RunListModel = _schema_model(views.RunList)

@@ -29,6 +29,7 @@ from akm.mcp.schemas import (
     CatalogModel,
     EventPageModel,
     McpReportResult,
+    McpRewindResult,
     McpRunResult,
     RunListModel,
     RunViewModel,
@@ -62,6 +63,17 @@ async def _call_then(shape: Any, fn: Any, *args: Any, **kwargs: Any) -> CallTool
 def _with_next_after_report(res: Any) -> dict[str, Any]:
     data = res.to_json()
     data["next"] = _next_after_report(data)
+    return data
+
+
+def _with_next_after_rewind(res: Any) -> dict[str, Any]:
+    data = res.to_json()
+    rid, step = data["run"]["runId"], data["rewind"]["toStep"]
+    data["next"] = (
+        f'Call workflow_run(target="{rid}") to go on from step {step}: units whose inputs did not change are '
+        "reused, not run; when the step needs you, the answer carries the brief in run.awaiting (units you did "
+        "before are offered with action rerun: report them with unit_report(**unit.report, result=...))."
+    )
     return data
 
 
@@ -442,6 +454,32 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
     ) -> Annotated[CallToolResult, RunViewModel]:
         """Reopen a failed or blocked run (its current step is retried on the next workflow_run)."""
         return await _call(api.resume, run_id)
+
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="Rewind a run",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=False,
+        )
+    )
+    async def workflow_rewind(
+        run_id: Annotated[str, Field(description="The run id")],
+        to_step: Annotated[str, Field(description="The step to go back to: it and every later step are reopened")],
+        redo: Annotated[
+            bool | list[str],
+            Field(
+                description="false (default): units whose identity is unchanged are reused; true: redo every "
+                "unit of the reopened steps; a list of unit ids: redo those"
+            ),
+        ] = False,
+    ) -> Annotated[CallToolResult, McpRewindResult]:
+        """Take a run back to a step (completed, failed, blocked or active run): the step and every later one are
+        reopened, in one transaction. Nothing is lost: the superseded results stay in the run's history. The
+        step's units you did are offered again (action rerun) so you can report a corrected result; other units
+        whose inputs did not change are reused instead of run. Then call workflow_run."""
+        return await _call_then(_with_next_after_rewind, api.rewind, run_id, to_step, redo=redo)
 
     @server.tool(
         annotations=ToolAnnotations(
