@@ -57,6 +57,11 @@ class RunRequest(Request):
     max_steps: int | None = Field(None, description="finish at most this many steps now (0: start, drive nothing)")
     timeout: Union[int, str, None] = Field(None, description="stop driving after this long: ms, or text like 30s / 5m")
     new: Flag = Field(False, description="always start a new run, even if an identical one is active")
+    from_run: str | None = Field(
+        None,
+        description="start a new run of the (edited) workflow that reuses every completed unit of this run whose "
+        "identity (step definition and inputs) is unchanged: no process, no model call, no tokens for them",
+    )
     cwd: str | None = Field(None, description="the directory the request is made from (default: the process's)")
     workers: Flag = Field(
         False,

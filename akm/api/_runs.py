@@ -42,6 +42,7 @@ def run_workflow(
     timeout: int | str | None = None,
     timeout_ms: int | None = None,
     new: bool = False,
+    from_run: str | None = None,
     workers: bool = False,
     cancel: Cancellation | None = None,
     on_progress: Callable[[ProgressEvent], None] | None = None,
@@ -58,7 +59,9 @@ def run_workflow(
     text (`30s`), `timeout_ms` ms. `on_progress` gets a `UnitFinished` per
     finished unit attempt and a `StepFinished` per finished step, from worker
     threads too; `cancel.trip(reason)` stops the drive (the run stays active). `workers`: queue the units
-    for `akm worker` processes instead of running them here (akm.engine.remote).
+    for `akm worker` processes instead of running them here (akm.engine.remote). `from_run`: start a new run
+    of the workflow that reuses the completed units of that run whose identity is unchanged (the result's
+    steps say per step how many units were reused).
     """
     from akm.store import events as events_store
     from akm.store import runs as runs_store
@@ -73,6 +76,7 @@ def run_workflow(
             max_steps=max_steps,
             timeout=timeout if timeout is not None else timeout_ms,
             new=new,
+            from_run=from_run,
             cwd=cwd,
             workers=workers,
         ),
@@ -83,6 +87,7 @@ def run_workflow(
             "max_steps": lambda v: None if v is None else _whole_number(v, "max_steps", 0),
             "timeout": lambda v: None if v is None else _duration_ms(v),
             "new": _of(bool, "new"),
+            "from_run": _of(str, "from_run", True),
             "cwd": _of(str, "cwd", True),
             "workers": _of(bool, "workers"),
         },
@@ -109,7 +114,7 @@ def run_workflow(
             on_warning(w)
 
     try:
-        run_id, started, existing = _open(db, target, params, param_pairs, new, work_dir, warn)
+        run_id, started, existing = _open(db, target, params, param_pairs, new, work_dir, warn, req.from_run)
         timer = None
         if timeout_ms is not None:
             import threading
@@ -185,6 +190,7 @@ def open_run(
     param_pairs: list[tuple[str, str | bool]] | None = None,
     params: dict[str, Any] | None = None,
     new: bool = False,
+    from_run: str | None = None,
     cwd: str | None = None,
 ) -> OpenedRun:
     """Find or start the run `target` names, as `run_workflow` would, and drive nothing.
@@ -195,12 +201,13 @@ def open_run(
     req = _arguments(
         "RunRequest",
         target,
-        dict(target=target, params=params, param_flags=param_pairs, new=new, cwd=cwd),
+        dict(target=target, params=params, param_flags=param_pairs, new=new, from_run=from_run, cwd=cwd),
         {
             "target": _of(str, "target"),
             "params": _of(dict, "params", True),
             "param_flags": _of(list, "param_flags", True),
             "new": _of(bool, "new"),
+            "from_run": _of(str, "from_run", True),
             "cwd": _of(str, "cwd", True),
         },
     )
@@ -209,7 +216,7 @@ def open_run(
     db = _open_db()
     try:
         run_id, started, _existing = _open(
-            db, req.target, req.params, req.param_flags, req.new, work_dir, warnings.append
+            db, req.target, req.params, req.param_flags, req.new, work_dir, warnings.append, req.from_run
         )
         run = _require_run(db, run_id)
         return OpenedRun(run_id=run_id, status=run.status, started=started, warnings=[w.message for w in warnings])
@@ -225,6 +232,7 @@ def detach_run(
     max_steps: int | str | None = None,
     timeout: int | str | None = None,
     new: bool = False,
+    from_run: str | None = None,
     cwd: str | None = None,
     workers: bool = False,
 ) -> DetachedRun:
@@ -237,7 +245,7 @@ def detach_run(
 
     steps = None if max_steps is None else _whole_number(max_steps, "max_steps", 0)
     timeout_ms = None if timeout is None else parse_duration_ms(timeout)
-    opened = open_run(target, param_pairs=param_pairs, params=params, new=new, cwd=cwd)
+    opened = open_run(target, param_pairs=param_pairs, params=params, new=new, from_run=from_run, cwd=cwd)
     from akm.store.status import DRIVABLE_STATUSES
 
     if opened.status not in DRIVABLE_STATUSES:
@@ -342,13 +350,16 @@ def _open(
     new: bool,
     work_dir: Path,
     warn: Callable[[RunWarning], None],
+    from_run: str | None = None,
 ) -> tuple[str, bool, Any]:
     """Which run `target` names: an existing run id, the drivable run of the same workflow and params, or a
-    new run (created here). Returns (run id, whether it was started now, the existing run for a run id)."""
+    new run (created here; always with `from_run`, reusing that run's completed units). Returns (run id,
+    whether it was started now, the existing run for a run id)."""
     from akm.store import runs as runs_store
 
     started = False
     existing = runs_store.get_run(db, target) if _RUN_ID.match(target) else None
+    donor = _donor(db, from_run, existing is not None, warn) if from_run is not None else None
     if existing is not None:
         if param_pairs or params:
             raise UsageError(
@@ -377,7 +388,7 @@ def _open(
         values = coerce_params(param_pairs, schemas) if param_pairs else check_params(dict(params or {}), schemas)
         scopes = paths.scope_keys(work_dir, portable=db.shared)
         scope = scopes[0]
-        active = None if new else _find_active(db, ref, scopes, values)
+        active = None if new or donor is not None else _find_active(db, ref, scopes, values)
         if active is not None:
             run_id = _continue_active(active, plan, wf_path, warn)
         else:
@@ -400,7 +411,8 @@ def _open(
                     plan_hash=sha256_hex(plan_json),  # = plan.plan_hash(), without dumping the plan again
                     hash_version=UNIT_HASH_VERSION,
                     step_ids=[s.step_id for s in plan.steps],
-                    join_identical=not new,
+                    join_identical=not new and donor is None,
+                    reuse_from=donor,
                 )
                 started = True
             except UsageError as exc:
@@ -413,6 +425,30 @@ def _open(
                     raise
                 run_id = _continue_active(winner, plan, wf_path, warn)
     return run_id, started, existing
+
+
+def _donor(db: Any, from_run: str, target_is_run: bool, warn: Callable[[RunWarning], None]) -> str:
+    """The run a `from_run` start reuses: it must exist; the target must be a workflow (a new run starts)."""
+    from akm.plan.model import UNIT_HASH_VERSION
+
+    if target_is_run:
+        raise UsageError(
+            "from_run starts a new run of a workflow (its edited file): pass the workflow file or "
+            "workflows/<name> as the target, not a run id.",
+            code="NEW_RUN_NEEDS_WORKFLOW",
+            details={"argument": "target", "fromRun": from_run},
+        )
+    source = _require_run(db, from_run)
+    if source.hash_version != UNIT_HASH_VERSION:
+        warn(
+            RunWarning(
+                code="ENGINE",
+                message=f"run {source.id} identifies its units the older way (hash version {source.hash_version}); "
+                "none of them can be reused by a new run.",
+                details={"runId": source.id},
+            )
+        )
+    return str(source.id)
 
 
 def _find_active(db: Any, ref: str, scopes: tuple[str, ...], values: dict[str, Any]) -> Any:

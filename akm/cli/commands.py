@@ -162,6 +162,7 @@ def _cmd_run(tokens: list[str]) -> int:
             max_steps=ra.controls.get("max-steps"),
             timeout=ra.controls.get("timeout"),
             new=bool(ra.controls.get("new")),
+            from_run=_from_run(ra),
             workers=bool(ra.controls.get("workers")),
         )
         for message in detached.warnings:
@@ -228,8 +229,8 @@ def _cmd_run(tokens: list[str]) -> int:
         say(f"warning: {w.message}")
         if w.code == "WORKFLOW_CHANGED":
             say(
-                f"  hint: to run the edited file, start a new run: akm workflow run {target} --new "
-                f"(and `akm workflow abandon {w.details['runId']}` to drop the old one)"
+                f"  hint: to run the edited file reusing every unit that did not change: akm workflow run {target} "
+                f"--from {w.details['runId']} (and `akm workflow abandon {w.details['runId']}` to drop the old run)"
             )
 
     try:
@@ -239,6 +240,7 @@ def _cmd_run(tokens: list[str]) -> int:
             max_steps=ra.controls.get("max-steps"),
             timeout=ra.controls.get("timeout"),
             new=bool(ra.controls.get("new")),
+            from_run=_from_run(ra),
             workers=bool(ra.controls.get("workers")),
             cancel=cancel,
             on_progress=progress,
@@ -257,6 +259,11 @@ def _cmd_run(tokens: list[str]) -> int:
         elif result.aborted:
             _out("stopped: interrupted (the run is still active; run it again to continue)")
     return api.exit_status_for(result)
+
+
+def _from_run(ra: Any) -> str | None:
+    value = ra.controls.get("from")
+    return None if value is None else str(value)
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

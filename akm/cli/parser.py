@@ -20,8 +20,8 @@ from akm import __version__
 from akm.errors import UsageError
 
 _RUN_HELP = """\
-usage: akm workflow run TARGET [--<param> VALUE ...] [--new] [--max-steps N] [--timeout DUR]
-                        [--detach] [--workers] [--format text|json] [--quiet] [--verbose]
+usage: akm workflow run TARGET [--<param> VALUE ...] [--new | --from RUN] [--plan] [--max-steps N]
+                        [--timeout DUR] [--detach] [--workers] [--format text|json] [--quiet] [--verbose]
 
 Start or continue a workflow run and drive it as far as it can go.
 
@@ -38,6 +38,11 @@ a bare --name (true), repeat for arrays or pass JSON ([..], {..}).
 
 Run flags:
   --new           always start a new run (e.g. to run an edited file)
+  --from RUN      start a new run of the (edited) workflow that reuses every completed
+                  unit of RUN whose identity (step definition and inputs) is unchanged:
+                  no process, no model call, no tokens for them; the rest runs
+  --plan          preview, writing nothing: per step the units reused, to run and for
+                  the calling agent, engines and models, budgets, what would run first
   --max-steps N   finish at most N steps in this invocation (exit 4 if more remain)
   --timeout DUR   stop after DUR (500ms, 30s, 5m); the run stays active
   --detach        drive the run in the background: print the run id at once and

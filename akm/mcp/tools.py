@@ -277,6 +277,13 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
         ] = None,
         cwd: Annotated[str | None, Field(description="Project directory (default: the server's)")] = None,
         new: Annotated[bool, Field(description="Start a new run even if one with the same params is active")] = False,
+        from_run: Annotated[
+            str | None,
+            Field(
+                description="Start a new run of the (edited) workflow that reuses every completed unit of this "
+                "run whose identity (step definition and inputs) is unchanged: nothing runs again for them"
+            ),
+        ] = None,
         workers: Annotated[
             bool,
             Field(
@@ -306,7 +313,13 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
         try:
             drive, opened = await anyio.to_thread.run_sync(
                 lambda: drives.start_or_attach(
-                    target, params=params or None, new=new, max_steps=max_steps, cwd=cwd or base_cwd, workers=workers
+                    target,
+                    params=params or None,
+                    new=new,
+                    from_run=from_run,
+                    max_steps=max_steps,
+                    cwd=cwd or base_cwd,
+                    workers=workers,
                 )
             )
         except AkmError as exc:

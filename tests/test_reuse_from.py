@@ -1,0 +1,168 @@
+"""`workflow run FILE --from RUN` (issue 33): a new run of the edited workflow reuses what did not change."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from akm import api
+from akm.errors import AkmError
+from tests.helpers import db_rows, run, write_wf
+
+TOOL = """
+import json, os, sys
+mode = sys.argv[1]
+params = json.loads(os.environ["AKM_PARAMS"])
+with open(params["log"], "a") as log:
+    log.write((mode if mode != "fan" else "fan " + os.environ["AKM_ITEM"]) + "\\n")
+inputs = json.loads(os.environ.get("AKM_INPUTS", "{}"))
+if mode == "make":
+    print(json.dumps(list(range(params["n"]))))
+elif mode == "fan":
+    print(json.loads(os.environ["AKM_ITEM"]) * 2)
+elif mode == "total":
+    print(sum(inputs["steps.fan.output"]))
+else:
+    print(json.dumps({"says": mode, "total": inputs["steps.total.output"]}))
+"""
+
+
+def _wf(project: Path, last: str) -> Path:
+    """make -> fan (a 100-unit exec fan-out) -> total -> last; every execution appends a line to params.log
+    (a file outside the journal), so what really ran is counted there."""
+    tool = project.parent / "tool.py"
+    tool.write_text(TOOL)
+
+    def cmd(mode: str) -> str:
+        return json.dumps([sys.executable, str(tool), mode])
+
+    return write_wf(
+        project,
+        "edit.md",
+        f"""
+        params:
+          n: {{ type: integer }}
+          log: {{ type: string }}
+        steps:
+          - id: make
+            unit: {{ exec: {{ command: {cmd("make")} }} }}
+            output: {{ type: array }}
+          - id: fan
+            map:
+              over: steps.make.output
+              concurrency: 8
+              unit: {{ exec: {{ command: {cmd("fan")} }}, output: {{ type: integer }} }}
+          - id: total
+            inputs: [steps.fan.output]
+            unit: {{ exec: {{ command: {cmd("total")} }} }}
+            output: {{ type: integer }}
+          - id: last
+            inputs: [steps.total.output]
+            unit: {{ exec: {{ command: {cmd(last)} }} }}
+            output: {{ type: object }}
+        """,
+        "## make\nList.\n\n## fan\nDouble.\n\n## total\nAdd.\n\n## last\nSay.",
+    )
+
+
+def _lines(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_an_edited_last_step_reruns_alone(project):
+    log = project.parent / "runs.log"
+    wf = _wf(project, "first")
+    first = run(wf, project, params={"n": 100, "log": str(log)})
+    assert first.run.status == "completed", first.run
+    assert len(_lines(log)) == 103  # make, 100 fan units, total, last
+    rid = first.run.run_id
+
+    _wf(project, "second")  # the user edits the last step
+    before = len(_lines(log))
+    second = run(wf, project, params={"n": 100, "log": str(log)}, from_run=rid)
+    assert second.run.status == "completed" and second.started and second.run.run_id != rid
+    assert _lines(log)[before:] == ["second"]  # the fan-out executed 0 times, total 0 times
+    steps = {s.id: s for s in second.run.steps}
+    assert (steps["fan"].unit_count, steps["fan"].reused_units, steps["fan"].attempts) == (100, 100, 0)
+    assert steps["make"].reused_units == 1 and steps["total"].reused_units == 1 and steps["last"].reused_units == 0
+    assert steps["last"].output == {"says": "second", "total": 9900}
+    assert {e["stepId"]: (e["unitCount"], e["reusedUnits"]) for e in second.executed} == {
+        "make": (1, 1),
+        "fan": (100, 100),
+        "total": (1, 1),
+        "last": (1, 0),
+    }
+    # no tokens, no attempts for what was reused; each row names its source
+    rows = db_rows(
+        "SELECT unit_id, attempts, tokens, reused_from FROM units WHERE run_id = ? AND step_id = 'fan'",
+        second.run.run_id,
+    )
+    assert len(rows) == 100 and all(a == 0 and t is None for _, a, t, _ in rows)
+    assert all(json.loads(src) == {"runId": rid, "unitId": uid} for uid, _, _, src in rows)
+    # the first run is untouched
+    assert api.run_status(rid).status == "completed"
+
+
+def test_changed_params_change_every_unit_they_reach(project):
+    """Params are an input of every unit (its prompt and AKM_PARAMS carry them all): a unit reuses only when
+    its inputs are the same, so other params rerun what they reach — here everything."""
+    log = project.parent / "runs.log"
+    wf = _wf(project, "first")
+    rid = run(wf, project, params={"n": 3, "log": str(log)}).run.run_id
+    other = run(wf, project, params={"n": 4, "log": str(log)}, from_run=rid)
+    assert other.run.status == "completed"
+    assert sum(s.reused_units for s in other.run.steps) == 0
+    assert len(_lines(log)) == 6 + 7
+
+
+def test_from_is_refused_where_it_cannot_work(project):
+    log = project.parent / "runs.log"
+    wf = _wf(project, "first")
+    rid = run(wf, project, params={"n": 2, "log": str(log)}).run.run_id
+    with pytest.raises(AkmError) as e:
+        run(rid, project, from_run=rid)
+    assert e.value.code == "NEW_RUN_NEEDS_WORKFLOW"
+    with pytest.raises(AkmError) as e:
+        run(wf, project, params={"n": 2, "log": str(log)}, from_run="0" * 8 + "-0000-4000-8000-" + "0" * 12)
+    assert e.value.code == "RUN_NOT_FOUND"
+
+
+def test_from_on_an_active_identical_run_starts_a_new_one(project):
+    """`--from` always starts a new run, even when an identical one is drivable (no join)."""
+    wf = write_wf(
+        project,
+        "s.md",
+        """
+        steps:
+          - id: ask
+            output: { type: object }
+          - id: use
+            inputs: [steps.ask.output]
+        """,
+        "## ask\nAsk.\n\n## use\nUse.",
+    )
+    first = run(wf, project)
+    rid = first.run.run_id
+    api.report_unit(rid, "ask:solo", status="completed", result={"a": 1}, has_result=True, cwd=str(project))
+    assert run(rid, project).run.status == "awaiting_session"
+    second = run(wf, project, from_run=rid)
+    assert second.run.run_id != rid and second.started
+    # the session unit the agent did is reused: the new run goes straight to `use`
+    assert second.run.status == "awaiting_session" and second.run.awaiting["stepId"] == "use"
+    assert second.run.steps[0].reused_units == 1
+
+
+def test_cli_from(akm, project):
+    log = project.parent / "runs.log"
+    _wf(project, "first")
+    started = akm.json("workflow", "run", "edit.md", "--n", "3", "--log", str(log), "--max-steps", "1", check=4)
+    rid = started["run"]["runId"]
+    _wf(project, "second")  # edited while the run is still going: that run keeps its plan, the warning says how
+    changed = akm("workflow", "run", "edit.md", "--n", "3", "--log", str(log), check=0)
+    assert f"akm workflow run edit.md --from {rid}" in changed.stderr, changed.stderr
+    out = akm("workflow", "run", "edit.md", "--n", "3", "--log", str(log), "--from", rid, check=0)
+    assert "fan     — 3 units (3 reused)" in out.stdout or "3 units (3 reused)" in out.stdout, out.stdout
+    assert _lines(log).count("second") == 1 and _lines(log).count("first") == 1
