@@ -185,6 +185,54 @@ class RewindResult(View):
     run: RunView
 
 
+class StepPreview(View):
+    """One step of a `--plan` preview: who would do its work and how much of it is already there."""
+
+    id: str
+    kind: str  # unit | map | route
+    # completed / skipped (journaled), reused (every unit restored, nothing runs), completes (nothing left but
+    # finishing it), to_do (units to run or to ask for), to_judge (its gate needs a verdict), unknown (it reads
+    # an output not produced yet), fails / blocked (what the run would stop at), not_reached (after that)
+    status: str
+    runner: str | None = None  # exec | llm | agent | session (the calling agent)
+    engine: str | None = None
+    model: str | None = None
+    judge: str | None = None  # the gate's judge engine, "agent" (the calling agent), or null (no gate)
+    units: int | None = None  # null: not known until the steps it reads have run
+    done: int = 0  # already journaled in this run
+    reused: int = 0  # restored from a rewind's history or the `--from` run: nothing runs for them
+    to_run: int = 0  # akm would run them (exec, llm, agent)
+    for_agent: int = 0  # the calling agent would be asked for them
+    note: str | None = None
+
+
+class BudgetPreview(View):
+    max_units: int | None = None
+    max_tokens: int | None = None
+    used_units: int = 0  # dispatches the run has made so far (its whole life, rewound ones included)
+    used_tokens: int = 0
+    to_run: int = 0  # dispatches the known steps would add (retries, gate loops and unknown steps not counted)
+
+
+class RunPreview(View):
+    """`workflow run … --plan`: what the run would do, computed without writing anything anywhere."""
+
+    run_id: str | None = None  # the run it would continue; null: it would start a new run
+    from_run: str | None = None  # the run a new run would reuse completed units of
+    workflow: str
+    title: str
+    plan_hash: str
+    params: dict[str, Any] = factory(dict)
+    status: str | None = None  # the continued run's status
+    steps: list[StepPreview] = factory(list)
+    reused: int = 0
+    to_run: int = 0
+    for_agent: int = 0
+    budget: BudgetPreview
+    first: str  # what the run would do first, in words
+    warnings: list[str] = factory(list)
+
+
 class StepCount(View):
     """How far a background driver got in one step: units finished (ok or failed) of the units it dispatched."""
 

@@ -166,3 +166,118 @@ def test_cli_from(akm, project):
     out = akm("workflow", "run", "edit.md", "--n", "3", "--log", str(log), "--from", rid, check=0)
     assert "fan     — 3 units (3 reused)" in out.stdout or "3 units (3 reused)" in out.stdout, out.stdout
     assert _lines(log).count("second") == 1 and _lines(log).count("first") == 1
+
+
+def _journal_state() -> tuple[bytes, int]:
+    """The journal file's bytes and its WAL's size: what a preview must leave exactly as it was."""
+    from akm import paths
+
+    path = paths.journal_path()
+    wal = path.with_name(path.name + "-wal")
+    return path.read_bytes(), wal.stat().st_size if wal.exists() else 0
+
+
+def test_acceptance_plan_then_from_a_100_unit_fan_out(akm, project, monkeypatch):
+    """Issue 33's acceptance: a 3-step workflow (after `make`) with a 100-unit exec fan-out; the last step is
+    edited; `--plan --from` writes 0 bytes to the journal and says 100 reused; `--from` executes the fan-out
+    0 times (executions are counted in a file outside the journal)."""
+    log = project.parent / "runs.log"
+    monkeypatch.setenv("AKM_DATA_DIR", str(akm.data_dir))  # read the journal the CLI writes
+    _wf(project, "first")
+    rid = akm.json("workflow", "run", "edit.md", "--n", "100", "--log", str(log))["run"]["runId"]
+    assert len(_lines(log)) == 103
+    _wf(project, "second")
+
+    before = _journal_state()
+    preview = akm.json("workflow", "run", "edit.md", "--n", "100", "--log", str(log), "--from", rid, "--plan")
+    assert _journal_state() == before  # 0 bytes written
+    steps = {s["id"]: s for s in preview["steps"]}
+    assert (steps["fan"]["units"], steps["fan"]["reused"], steps["fan"]["toRun"]) == (100, 100, 0)
+    assert steps["make"]["reused"] == 1 and steps["total"]["reused"] == 1
+    assert (steps["last"]["reused"], steps["last"]["toRun"], steps["last"]["runner"]) == (0, 1, "exec")
+    assert preview["reused"] == 102 and preview["toRun"] == 1 and preview["runId"] is None
+    assert preview["fromRun"] == rid and preview["first"] == "run 1 unit(s) of step last as exec commands"
+    text = akm("workflow", "run", "edit.md", "--n", "100", "--log", str(log), "--from", rid, "--plan", check=0)
+    assert "nothing was written" in text.stdout and "reused 102, to run 1" in text.stdout
+    assert _journal_state() == before
+    assert len(_lines(log)) == 103  # the preview ran nothing
+
+    done = akm.json("workflow", "run", "edit.md", "--n", "100", "--log", str(log), "--from", rid)
+    assert done["run"]["status"] == "completed"
+    assert _lines(log)[103:] == ["second"]  # the fan-out executed 0 times
+    fan = next(s for s in done["run"]["steps"] if s["id"] == "fan")
+    assert (fan["unitCount"], fan["reusedUnits"]) == (100, 100)
+
+
+def test_plan_of_a_new_run_creates_no_journal(akm, project):
+    _wf(project, "first")
+    out = akm.json("workflow", "run", "edit.md", "--n", "2", "--log", "x", "--plan")
+    assert out["runId"] is None and out["steps"][0]["status"] == "to_do"
+    assert [s["status"] for s in out["steps"][1:]] == ["unknown", "unknown", "unknown"]
+    assert not akm.data_dir.exists() or not any(akm.data_dir.iterdir())
+
+
+def test_plan_of_a_continued_run_and_over_mcp(project):
+    import anyio
+    from mcp import Client
+
+    from akm.mcp import build_server
+
+    wf = write_wf(
+        project,
+        "route.md",
+        """
+        params:
+          kind: { type: string }
+        budget: { max_units: 2 }
+        steps:
+          - id: ask
+            output: { type: object }
+          - id: pick
+            route:
+              input: params.kind
+              when: [{ match: a, step: left }, { match: b, step: right }]
+          - id: left
+            inputs: [steps.ask.output]
+          - id: right
+            inputs: [steps.ask.output]
+        """,
+        "## ask\nAsk.\n\n## pick\nPick.\n\n## left\nL.\n\n## right\nR.",
+    )
+    rid = run(wf, project, params={"kind": "a"}).run.run_id
+    p = api.plan_run(str(wf), params={"kind": "a"}, cwd=str(project))
+    assert p.run_id == rid and p.status == "awaiting_session"
+    assert [(s.id, s.status, s.for_agent) for s in p.steps] == [
+        ("ask", "to_do", 1),
+        ("pick", "completes", 0),  # it routes on a param: known now
+        ("left", "unknown", 0),  # it reads ask's output, not produced yet
+        ("right", "skipped", 0),
+    ]
+    assert p.steps[1].note == "routes to left"
+    assert p.budget.max_units == 2 and p.first == "ask you for 1 unit(s) of step ask"
+    api.report_unit(rid, "ask:solo", status="completed", result={"x": 1}, has_result=True, cwd=str(project))
+    p = api.plan_run(rid)
+    assert [(s.id, s.status) for s in p.steps] == [
+        ("ask", "completed"),
+        ("pick", "completes"),
+        ("left", "to_do"),
+        ("right", "skipped"),
+    ]
+    server = build_server(cwd=str(project))
+
+    async def script():
+        async with Client(server) as c:
+            r = await c.call_tool("workflow_run", {"target": rid, "plan": True})
+            assert not r.is_error, r.content[0].text
+            body = r.structured_content
+            assert body["run"] is None and body["plan"]["runId"] == rid and body["executed"] == []
+            assert "Nothing was run or written" in body["next"]
+            r = await c.call_tool("workflow_run", {"target": "route.md", "params": {"kind": "b"}, "plan": True})
+            assert r.structured_content["plan"]["runId"] is None
+
+    before = db_rows("SELECT COUNT(*) FROM events")
+    try:
+        anyio.run(script)
+    finally:
+        server.drives.shutdown()
+    assert db_rows("SELECT COUNT(*) FROM events") == before  # nothing written

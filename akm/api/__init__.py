@@ -59,6 +59,7 @@ from akm.engine.cancel import (
     Cancellation,
 )
 from akm.views import (
+    BudgetPreview,
     DetachedRun,
     EventPage,
     EventView,
@@ -71,10 +72,12 @@ from akm.views import (
     RewindView,
     RunGraph,
     RunList,
+    RunPreview,
     RunResult,
     RunView,
     RunWarning,
     StepFinished,
+    StepPreview,
     StepStarted,
     StepView,
     UnitFinished,
@@ -96,6 +99,7 @@ _LAZY = {
     "list_runs": "akm.api._inspect",
     "resume": "akm.api._inspect",
     "rewind": "akm.api._inspect",
+    "plan_run": "akm.api._preview",
     "run_graph": "akm.api._inspect",
     "run_report_html": "akm.api._inspect",
     "run_status": "akm.api._inspect",
@@ -174,6 +178,9 @@ if TYPE_CHECKING:
         UnitContext,
         UpgradeRequest,
         UpgradeResult,
+    )
+    from akm.api._preview import (
+        plan_run,
     )
     from akm.api._session import (
         default_holder,
@@ -257,6 +264,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ApiModel",
     "Brief",
+    "BudgetPreview",
     "BriefUnit",
     "Cancellation",
     "CatalogRequest",
@@ -295,6 +303,7 @@ __all__ = [
     "RunGraph",
     "RunIdRequest",
     "RunList",
+    "RunPreview",
     "RunRequest",
     "RunResult",
     "RunToolRequest",
@@ -307,6 +316,7 @@ __all__ = [
     "StatusToolRequest",
     "StepFinished",
     "StepOutcome",
+    "StepPreview",
     "StepStarted",
     "StepView",
     "UNDRIVEN_GRACE_S",
@@ -335,6 +345,7 @@ __all__ = [
     "normalized_ref",
     "open_run",
     "parse_duration_ms",
+    "plan_run",
     "report_unit",
     "resolve_workflow_file",
     "resume",

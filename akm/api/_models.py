@@ -93,6 +93,11 @@ class RunToolRequest(RunRequest):
         description="stop this server's background driver of the run (target: its run id); "
         "its running units are stopped, the run stays active and resumable",
     )
+    plan: Flag = Field(
+        False,
+        description="preview only, writing nothing: per step the units reused, to run and for you, engines and "
+        "models, budgets, and what the run would do first",
+    )
 
 
 class ListRunsRequest(Request):

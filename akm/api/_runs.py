@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from akm import paths
 from akm.engine.cancel import Cancellation
 from akm.errors import AkmError, UsageError
+from akm.record import dataclass
 from akm.views import (
     DetachedRun,
     OpenedRun,
@@ -342,6 +343,70 @@ def wait_exit_status(result: WaitResult) -> int:
     return exit_status_for(RunResult(run=result.run))
 
 
+@dataclass
+class _Target:
+    """What a `workflow run` target resolves to, before anything is written: an existing run (a run id), or
+    a workflow (its compiled plan and params) with the drivable run it would continue and the run a new one
+    would reuse (`from_run`)."""
+
+    existing: Any = None  # the run a run id names
+    wf_path: Path | None = None
+    ref: str | None = None
+    plan: Any = None
+    values: dict[str, Any] | None = None
+    scope: str | None = None
+    active: Any = None  # the drivable run of the same workflow and params that would be continued
+    donor: str | None = None  # `from_run`: the run a new run reuses completed units of
+
+
+def _resolve(
+    db: Any,
+    target: str,
+    params: dict[str, Any] | None,
+    param_pairs: list[Any] | None,
+    new: bool,
+    work_dir: Path,
+    warn: Callable[[RunWarning], None],
+    from_run: str | None = None,
+    *,
+    start_guard: bool = False,
+) -> _Target:
+    """Which run `target` names, read-only (`db` None: there is no journal yet). `start_guard`: start the
+    units' guardian early (a run is about to be driven)."""
+    from akm.store import runs as runs_store
+
+    existing = runs_store.get_run(db, target) if db is not None and _RUN_ID.match(target) else None
+    donor = _donor(db, from_run, existing is not None, warn) if from_run is not None else None
+    if existing is not None:
+        if param_pairs or params:
+            raise UsageError(
+                "Params can only be given when starting a run from a workflow, not with a run id.",
+                code="PARAMS_ON_EXISTING_RUN",
+            )
+        if new:
+            raise UsageError(
+                f"{target} is a run id; a new run starts from a workflow file or ref.", code="NEW_RUN_NEEDS_WORKFLOW"
+            )
+        return _Target(existing=existing)
+    wf_path, ref = resolve_workflow_file(target, work_dir)
+    plan, lint_warnings = compile_workflow_file(wf_path, cwd=work_dir)
+    if start_guard and any(s.unit_template is not None and s.unit_template.is_exec for s in plan.steps):
+        from akm.dispatch import guard
+
+        # The units' guardian is an interpreter of its own that every unit's spawn needs: started
+        # now, its start-up overlaps the engine's (one core is idle here) instead of the units'.
+        guard.token()
+    for w in lint_warnings:
+        warn(w)
+    from akm.format.params import check_params, coerce_params
+
+    schemas = plan.param_schemas or {}
+    values = coerce_params(param_pairs, schemas) if param_pairs else check_params(dict(params or {}), schemas)
+    scopes = paths.scope_keys(work_dir, portable=db is not None and db.shared)
+    active = None if new or donor is not None or db is None else _find_active(db, ref, scopes, values)
+    return _Target(None, wf_path, ref, plan, values, scopes[0], active, donor)
+
+
 def _open(
     db,
     target: str,
@@ -357,78 +422,47 @@ def _open(
     whether it was started now, the existing run for a run id)."""
     from akm.store import runs as runs_store
 
-    started = False
-    existing = runs_store.get_run(db, target) if _RUN_ID.match(target) else None
-    donor = _donor(db, from_run, existing is not None, warn) if from_run is not None else None
-    if existing is not None:
-        if param_pairs or params:
-            raise UsageError(
-                "Params can only be given when starting a run from a workflow, not with a run id.",
-                code="PARAMS_ON_EXISTING_RUN",
-            )
-        if new:
-            raise UsageError(
-                f"{target} is a run id; a new run starts from a workflow file or ref.", code="NEW_RUN_NEEDS_WORKFLOW"
-            )
-        run_id = existing.id
-    else:
-        wf_path, ref = resolve_workflow_file(target, work_dir)
-        plan, lint_warnings = compile_workflow_file(wf_path, cwd=work_dir)
-        if any(s.unit_template is not None and s.unit_template.is_exec for s in plan.steps):
-            from akm.dispatch import guard
+    t = _resolve(db, target, params, param_pairs, new, work_dir, warn, from_run, start_guard=True)
+    if t.existing is not None:
+        return t.existing.id, False, t.existing
+    assert t.wf_path is not None and t.ref is not None and t.values is not None and t.scope is not None
+    if t.active is not None:
+        return _continue_active(t.active, t.plan, t.wf_path, warn), False, None
+    from akm.canonical import sha256_hex
+    from akm.ids import uuid4
+    from akm.plan.model import UNIT_HASH_VERSION
 
-            # The units' guardian is an interpreter of its own that every unit's spawn needs: started
-            # now, its start-up overlaps the engine's (one core is idle here) instead of the units'.
-            guard.token()
-        for w in lint_warnings:
-            warn(w)
-        from akm.format.params import check_params, coerce_params
-
-        schemas = plan.param_schemas or {}
-        values = coerce_params(param_pairs, schemas) if param_pairs else check_params(dict(params or {}), schemas)
-        scopes = paths.scope_keys(work_dir, portable=db.shared)
-        scope = scopes[0]
-        active = None if new or donor is not None else _find_active(db, ref, scopes, values)
-        if active is not None:
-            run_id = _continue_active(active, plan, wf_path, warn)
-        else:
-            from akm.canonical import sha256_hex
-            from akm.ids import uuid4
-            from akm.plan.model import UNIT_HASH_VERSION
-
-            run_id = uuid4()
-            plan_json = plan.canonical()
-            try:
-                runs_store.create_run(
-                    db,
-                    run_id=run_id,
-                    workflow_ref=ref,
-                    workflow_path=str(wf_path),
-                    title=plan.title,
-                    scope_key=scope,
-                    params=values,
-                    plan_json=plan_json,
-                    plan_hash=sha256_hex(plan_json),  # = plan.plan_hash(), without dumping the plan again
-                    hash_version=UNIT_HASH_VERSION,
-                    step_ids=[s.step_id for s in plan.steps],
-                    join_identical=not new and donor is None,
-                    reuse_from=donor,
-                )
-                started = True
-            except UsageError as exc:
-                # Lost a start race to an identical invocation (same workflow, same params):
-                # continue its run rather than start a twin.
-                winner = (
-                    runs_store.get_run(db, exc.details.get("runId", "")) if exc.code == "RUN_ALREADY_ACTIVE" else None
-                )
-                if winner is None:
-                    raise
-                run_id = _continue_active(winner, plan, wf_path, warn)
-    return run_id, started, existing
+    run_id = uuid4()
+    plan_json = t.plan.canonical()
+    try:
+        runs_store.create_run(
+            db,
+            run_id=run_id,
+            workflow_ref=t.ref,
+            workflow_path=str(t.wf_path),
+            title=t.plan.title,
+            scope_key=t.scope,
+            params=t.values,
+            plan_json=plan_json,
+            plan_hash=sha256_hex(plan_json),  # = plan.plan_hash(), without dumping the plan again
+            hash_version=UNIT_HASH_VERSION,
+            step_ids=[s.step_id for s in t.plan.steps],
+            join_identical=not new and t.donor is None,
+            reuse_from=t.donor,
+        )
+    except UsageError as exc:
+        # Lost a start race to an identical invocation (same workflow, same params):
+        # continue its run rather than start a twin.
+        winner = runs_store.get_run(db, exc.details.get("runId", "")) if exc.code == "RUN_ALREADY_ACTIVE" else None
+        if winner is None:
+            raise
+        return _continue_active(winner, t.plan, t.wf_path, warn), False, None
+    return run_id, True, None
 
 
 def _donor(db: Any, from_run: str, target_is_run: bool, warn: Callable[[RunWarning], None]) -> str:
     """The run a `from_run` start reuses: it must exist; the target must be a workflow (a new run starts)."""
+    from akm.errors import NotFoundError
     from akm.plan.model import UNIT_HASH_VERSION
 
     if target_is_run:
@@ -438,6 +472,8 @@ def _donor(db: Any, from_run: str, target_is_run: bool, warn: Callable[[RunWarni
             code="NEW_RUN_NEEDS_WORKFLOW",
             details={"argument": "target", "fromRun": from_run},
         )
+    if db is None:  # no journal yet: no run at all
+        raise NotFoundError(f"No workflow run with id {from_run}.", code="RUN_NOT_FOUND", details={"runId": from_run})
     source = _require_run(db, from_run)
     if source.hash_version != UNIT_HASH_VERSION:
         warn(

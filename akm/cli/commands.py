@@ -154,6 +154,20 @@ def _cmd_run(tokens: list[str]) -> int:
         return 0
     target, ra = split_run(tokens)
     fmt = api.check_output_format(str(ra.controls.get("format", "text")), ("text", "json"))
+    if ra.controls.get("plan"):
+        if ra.controls.get("detach") or ra.controls.get("workers"):
+            raise UsageError(
+                "--plan drives nothing (it writes nothing either); drop --detach and --workers.",
+                code="INVALID_ARGUMENT",
+            )
+        preview = api.plan_run(target, param_pairs=ra.params, new=bool(ra.controls.get("new")), from_run=_from_run(ra))
+        for message in preview.warnings:
+            _err(f"warning: {message}")
+        if fmt == "json":
+            _emit_json(preview.to_json())
+        else:
+            _out(render.preview_text(preview.to_json()))
+        return 0
 
     if ra.controls.get("detach"):
         detached = api.detach_run(

@@ -321,3 +321,53 @@ def rewind_text(res: dict[str, Any]) -> str:
         f"continue with: akm workflow run {rid}",
     ]
     return "\n".join(lines)
+
+
+def preview_text(p: dict[str, Any]) -> str:
+    """`workflow run … --plan`: a table of the steps, the budget, and what would happen first."""
+    if p.get("runId"):
+        head = f"plan: continue run {p['runId']} ({p.get('status')}) of {p['workflow']}"
+    else:
+        head = f"plan: a new run of {p['workflow']}" + (f", reusing run {p['fromRun']}" if p.get("fromRun") else "")
+    lines = [head + " — nothing was written"]
+    if p.get("params"):
+        lines.append(f"params: {_params_text(p['params'])[0]}")
+    rows = [("step", "kind", "status", "units", "done", "reused", "to run", "agent", "by", "judge")]
+    for s in p.get("steps") or []:
+        who = s.get("engine") or s.get("runner") or "-"
+        if s.get("model"):
+            who += f" ({s['model']})"
+        units = "?" if s.get("units") is None else str(s["units"])
+        rows.append(
+            (
+                s["id"],
+                s["kind"],
+                s["status"],
+                units,
+                str(s.get("done") or 0),
+                str(s.get("reused") or 0),
+                str(s.get("toRun") or 0),
+                str(s.get("forAgent") or 0),
+                who,
+                s.get("judge") or "-",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+    for s in p.get("steps") or []:
+        if s.get("note"):
+            lines.append(f"  {s['id']}: {s['note']}")
+    b = p.get("budget") or {}
+    ceilings = [f"max_units {b['maxUnits']}" for _ in [0] if b.get("maxUnits") is not None] + [
+        f"max_tokens {b['maxTokens']}" for _ in [0] if b.get("maxTokens") is not None
+    ]
+    lines.append(
+        f"budget: {', '.join(ceilings) or 'none'}; used {b.get('usedUnits', 0)} unit(s), "
+        f"{b.get('usedTokens', 0)} token(s); {b.get('toRun', 0)} unit(s) to run in the steps known now"
+    )
+    lines.append(
+        f"reused {p.get('reused', 0)}, to run {p.get('toRun', 0)}, for the calling agent {p.get('forAgent', 0)}"
+    )
+    lines.append(f"first: {p.get('first')}")
+    return "\n".join(lines)

@@ -15,20 +15,23 @@ from typing import Any, Callable
 
 from akm.engine.finalize import PENDING, StepDecision
 from akm.engine.state import LoadedRun
-from akm.plan.model import StepPlan
+from akm.plan.model import Plan, StepPlan
 from akm.store import rewinds as rewinds_store
 from akm.store.db import Database
 from akm.store.runs import Fence
 
 
-def restorable(db: Database, loaded: LoadedRun, step: StepPlan, decision: StepDecision) -> list[rewinds_store.Adoption]:
-    """The pending units of `decision` that have a row to restore, each with the row it would be copied from."""
+def restorable(
+    db: Database, run_id: str, reuse_from: str | None, plan: Plan, step: StepPlan, decision: StepDecision
+) -> list[rewinds_store.Adoption]:
+    """The pending units of `decision` that have a row to restore, each with the row it would be copied from
+    (`run_id`: the run, or "" for one not created yet; `reuse_from`: its `--from` source)."""
     pending = [s for s in decision.states if s.status == PENDING]
-    if not pending or not rewinds_store.has_donors(db, loaded.run_id, loaded.run.reuse_from):
+    if not pending or not rewinds_store.has_donors(db, run_id, reuse_from):
         return []
-    redone = _redone_by_rewinds(db, loaded, step) if loaded.run.reuse_from else None
+    redone = _redone_by_rewinds(db, run_id, plan, step) if reuse_from else None
     index: dict[tuple[str, str | None], rewinds_store.Candidate] = {}
-    for c in rewinds_store.reuse_candidates(db, loaded.run_id, step.step_id, loaded.run.reuse_from):
+    for c in rewinds_store.reuse_candidates(db, run_id, step.step_id, reuse_from):
         key = (rewinds_store.content_id(c.unit_id), c.input_hash)
         if redone is not None and "rewindId" not in c.source and redone(key[0], c.runner):
             continue  # a rewind of this run said to do it anew
@@ -55,7 +58,7 @@ def restore(
 ) -> int:
     """Restore what `restorable` finds, in one journal write (`write`: the driver's fenced-write wrapper).
     Returns how many units were restored (the caller decides the step again when any were)."""
-    adoptions = restorable(db, loaded, step, decision)
+    adoptions = restorable(db, loaded.run_id, loaded.run.reuse_from, loaded.plan, step, decision)
     if not adoptions:
         return 0
     call = write or (lambda fn, *a, **k: fn(*a, **k))
@@ -63,14 +66,15 @@ def restore(
     return len(written)
 
 
-def _redone_by_rewinds(db: Database, loaded: LoadedRun, step: StepPlan) -> Callable[[str, str | None], bool]:
+def _redone_by_rewinds(db: Database, run_id: str, plan: Plan, step: StepPlan) -> Callable[[str, str | None], bool]:
     """Whether a rewind of this run said to do a unit of `step` anew — `redo` (all, or that unit), or a session
     unit of the step it went back to — so a `--from` source may not serve it. (A rewind marks the rows of its
     own history not reusable instead, `rewinds.rewind_run`.)"""
-    order = {s.step_id: i for i, s in enumerate(loaded.plan.steps)}
+    order = {s.step_id: i for i, s in enumerate(plan.steps)}
     here = order.get(step.step_id, -1)
-    every, ids, session = False, set(), False
-    for r in rewinds_store.list_rewinds(db, loaded.run_id):
+    every, session = False, False
+    ids: set[str] = set()
+    for r in rewinds_store.list_rewinds(db, run_id):
         if here < order.get(r.to_step, len(order)):
             continue  # this rewind went back to a later step: it did not reopen `step`
         if r.redo is True:

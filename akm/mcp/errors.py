@@ -94,7 +94,7 @@ def _ok(model: Any) -> CallToolResult:
 _TOOL_ARGS: dict[str, tuple[str, tuple[str, ...] | None, dict[str, str] | None]] = {
     "workflow_run": (
         "RunToolRequest",
-        ("target", "params", "max_steps", "timeout", "cwd", "new", "from_run", "workers", "stop"),
+        ("target", "params", "max_steps", "timeout", "cwd", "new", "from_run", "workers", "stop", "plan"),
         None,
     ),
     "workflow_next": ("NextRequest", None, None),

@@ -66,6 +66,20 @@ def _with_next_after_report(res: Any) -> dict[str, Any]:
     return data
 
 
+def _plan_answer(preview: views.RunPreview) -> dict[str, Any]:
+    """`workflow_run(plan=true)`: the run answer's keys with nothing driven (`run` null: the preview names the
+    run it would continue), the preview in `plan`."""
+    body: dict[str, Any] = {key: None for key, _ in _RUN_RESULT_KEYS}
+    body.update(executed=[], stepsProcessed=0, done=False, aborted=False, timedOut=False, started=False)
+    body.update(driving=False, warnings=list(preview.warnings), plan=preview.to_json())
+    how = f'workflow_run(target="{preview.run_id}")' if preview.run_id else "workflow_run with the same arguments"
+    body["next"] = f"Nothing was run or written. To do it, call {how} without plan. First it would: {preview.first}."
+    return body
+
+
+_RUN_RESULT_KEYS = [(views.to_camel(name), default) for name, default in views.fields_of(views.RunResult)]
+
+
 def _with_next_after_rewind(res: Any) -> dict[str, Any]:
     data = res.to_json()
     rid, step = data["run"]["runId"], data["rewind"]["toStep"]
@@ -299,6 +313,13 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
                 "id); running units are stopped, the run stays resumable"
             ),
         ] = False,
+        plan: Annotated[
+            bool,
+            Field(
+                description="Preview only, writing nothing: per step the units reused, to run and for you, "
+                "engines and models, budgets, and what the run would do first (in the answer's plan)"
+            ),
+        ] = False,
     ) -> Annotated[CallToolResult, McpRunResult]:
         """Start or continue a workflow run. akm drives it in the background (command units run in this server's
         process); the call waits up to its bound and returns when the run completes, fails, or needs you (status
@@ -310,6 +331,16 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
             return _error_result(exc)
         if stop:
             return await _call(_stop_run, drives, target)
+        if plan:
+            return await _call_then(
+                _plan_answer,
+                api.plan_run,
+                target,
+                params=params or None,
+                new=new,
+                from_run=from_run,
+                cwd=cwd or base_cwd,
+            )
         try:
             drive, opened = await anyio.to_thread.run_sync(
                 lambda: drives.start_or_attach(
