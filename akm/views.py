@@ -173,6 +173,9 @@ class RunView(View):
     output: Any = None
     output_step_id: str | None = None
     rewinds: list[RewindView] | None = None  # the run's rewinds, oldest first (with the steps)
+    # A failed, blocked or abandoned run: what moves it on, {action: resume | rewind | new_run, stepId, redo,
+    # then: run | judge, why} (akm/engine/recovery.py); null for any other run.
+    recovery: dict[str, Any] | None = None
 
 
 class RewindResult(View):

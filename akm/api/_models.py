@@ -329,6 +329,8 @@ class ReportResult(ApiModel):
     # The run's new brief when this report changed what the agent must do next in the same step (its units
     # are done and the gate awaits a verdict; the gate sent the step to its next loop): no extra round trip.
     brief: Brief | None = None
+    # The report left the run failed or blocked: what moves it on (the run view's `recovery`).
+    recovery: dict[str, Any] | None = None
 
 
 class SetupResult(ApiModel):

@@ -160,6 +160,10 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
             if run.status == "completed" and s.status == "completed" and output is not None:
                 view.output, view.output_step_id = output, s.step_id
         view.rewinds = _rewinds_view(db, run.id)
+        if run.status in ("failed", "blocked", "abandoned"):
+            from akm.engine.recovery import recovery
+
+            view.recovery = recovery(db, run)
     if with_units:
         # D8: a running unit whose last sign of life (heartbeat, else start) is older than
         # STALE_AFTER_S is stale — its driver is probably gone. The engine heartbeats

@@ -137,6 +137,11 @@ def run_text(view: dict[str, Any]) -> str:
             f"    {'gate' if u.get('phase') == 'gate' else 'unit'} {u['unitId']}: {u['status']}{extra}, "
             f"attempts {u['attempts']}" + (f", host {u['host']}" if u.get("host") else "")
         )
+    rec = view.get("recovery")
+    if rec:
+        why = str(rec.get("why") or "")
+        lines.append(f"to go on: {remedy_command(rec, view['runId'])}")
+        lines.append(f"  ({why})")
     for r in view.get("rewinds") or []:
         was = f"{r['fromStatus']} at {r['fromStep']}" if r.get("fromStep") else r["fromStatus"]
         wanted = r.get("redo")
@@ -371,3 +376,26 @@ def preview_text(p: dict[str, Any]) -> str:
     )
     lines.append(f"first: {p.get('first')}")
     return "\n".join(lines)
+
+
+def remedy_command(rec: dict[str, Any], rid: str) -> str:
+    """A run's `recovery` (akm/engine/recovery.py) as the commands that carry it out."""
+    import shlex
+
+    action = rec.get("action")
+    if action == "resume":
+        if rec.get("then") == "judge":
+            return (
+                f"akm workflow resume {rid} && akm workflow next {rid}  (then report the verdict with "
+                f"`akm workflow report {rid} STEP.gate:lN --verdict …`, or `akm workflow run {rid}` asks the judge "
+                "engine again)"
+            )
+        return f"akm workflow resume {rid} && akm workflow run {rid}"
+    if action == "rewind":
+        redo = " --redo" if rec.get("redo") else ""
+        return f"akm workflow rewind {rid} --to {shlex.quote(str(rec.get('stepId')))}{redo} && akm workflow run {rid}"
+    flags = ""
+    for name, value in (rec.get("params") or {}).items():
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        flags += f" --{name}={shlex.quote(text)}"
+    return f"akm workflow run {shlex.quote(str(rec.get('workflow')))}{flags} --from {rec.get('fromRun') or rid}"

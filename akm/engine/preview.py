@@ -18,6 +18,7 @@ from akm.engine import gates
 from akm.engine.finalize import DONE, RouteBook, decide_step, gate_state, has_criteria
 from akm.engine.reduce import RouteError, evaluate_route, route_targets
 from akm.engine.scope import step_outputs_from_evidence
+from akm.engine.worklist import steps_read
 from akm.plan.model import Plan, StepPlan
 from akm.record import dataclass, field
 from akm.store import rewinds as rewinds_store
@@ -73,21 +74,6 @@ def _describe(plan: Plan, step: StepPlan, f: StepForecast) -> None:
         f.judge = name or "agent"
 
 
-def _reads(step: StepPlan) -> set[str]:
-    """The earlier steps whose output this step reads (its inputs, its fan-out's list, its route's input)."""
-    refs: list[str] = list((step.unit_template.inputs if step.unit_template else None) or [])
-    if step.root is not None and step.root.kind == "map":
-        refs.append(step.root.over)
-    if step.route is not None:
-        refs.append(step.route.input)
-    out = set()
-    for ref in refs:
-        parts = ref.split(".")
-        if len(parts) >= 2 and parts[0] == "steps":
-            out.add(parts[1])
-    return out
-
-
 def forecast(
     db: Database | None,
     *,
@@ -133,7 +119,7 @@ def forecast(
             routes.skip(step)
             f.status, f.note = "skipped", f"skipped: {why}"
             continue
-        waits = sorted(_reads(step) & unknown)
+        waits = sorted(steps_read(step) & unknown)
         if waits:
             unknown.add(step.step_id)
             f.status, f.note = "unknown", f"its units are known once {', '.join(waits)} ran"

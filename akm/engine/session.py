@@ -188,6 +188,17 @@ def _is_session_judged(cur: _Current) -> bool:
     return gates.judge_engine(cur.loaded.plan, cur.step)[0] is None
 
 
+def _judge_failed_here(cur: _Current) -> bool:
+    """The step's judge engine failed on the loop now to judge (its gate row is finished `failed`: no verdict,
+    the step was blocked and the run resumed since): the calling agent may give the verdict instead, so a
+    judge engine that keeps failing (an answer that is not JSON) never leaves the run without a way on."""
+    d = cur.decision
+    if cur.step is None or d is None or d.kind != "judge":
+        return False
+    row_id = gate_row_for(cur.step.step_id, d.loop)
+    return any(r["unit_id"] == row_id and r.get("status") == "failed" for r in cur.gate_rows or [])
+
+
 def _live_claim(row: dict[str, Any] | None, now: str) -> dict[str, Any] | None:
     if row is None or row.get("status") != "running":
         return None
@@ -349,13 +360,19 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
                 "session — work on a branch or a scratch copy yourself."
             )
         return out
-    if d.kind == "judge" and _is_session_judged(cur):
+    if d.kind == "judge" and (_is_session_judged(cur) or _judge_failed_here(cur)):
         out["judge"] = _judge_brief(cur)
         out["kind"] = "judge"
         out["message"] = (
             f"Step {step.step_id} produced its artifact (gate loop {d.loop}): judge it against the "
             "criteria and report a verdict {complete, missing, feedback}."
         )
+        if not _is_session_judged(cur):
+            out["message"] += " Its judge engine failed on this loop: your verdict stands in for it."
+            out["warnings"].append(
+                f"the judge engine of step {step.step_id} failed on gate loop {d.loop}; report the verdict yourself, "
+                "or continue the run to ask the engine again"
+            )
         return out
     out.update(kind="engine", message="akm can take the run further itself: continue the run.")
     return out
@@ -508,7 +525,31 @@ def _require_recordable(value: Any, uid: str) -> None:
         )
 
 
-def _refuse_unit(cur: _Current, unit_id: str) -> UsageError:
+def _step_closed(cur: _Current, unit_id: str, step_id: str) -> UsageError:
+    """A report for a unit of a step the run finished: its output is fixed until the run goes back to it."""
+    where = f"The run is on step {cur.step.step_id}" if cur.step is not None else f"The run is {cur.loaded.status}"
+    return UsageError(
+        f"Unit {unit_id} belongs to step {step_id}, which is finished: its output is fixed (later steps were built "
+        f"on it) and this report was not recorded. {where}; to change {step_id}'s output, rewind the run to "
+        f"step {step_id} (its units are offered again; later steps are redone only where their inputs change).",
+        code="STEP_CLOSED",
+        details={
+            "runId": cur.run_id,
+            "stepId": step_id,
+            "currentStep": cur.step.step_id if cur.step is not None else None,
+        },
+    )
+
+
+def _refuse_unit(cur: _Current, unit_id: str, db: Database | None = None) -> UsageError:
+    """UNKNOWN_UNIT, or STEP_CLOSED for a unit of a step the run already finished (a rewind reopens it)."""
+    if db is not None:
+        rows = units_store.family_rows(db, cur.run_id, _content_id(unit_id))
+        finished = [
+            r["step_id"] for r in rows if r["step_id"] and (cur.step is None or r["step_id"] != cur.step.step_id)
+        ]
+        if finished:
+            return _step_closed(cur, _content_id(unit_id), finished[-1])
     d = cur.decision
     valid = [s.unit.unit_id for s in (d.states if d else [])]
     step_id = cur.step.step_id if cur.step else None
@@ -520,7 +561,7 @@ def _refuse_unit(cur: _Current, unit_id: str) -> UsageError:
     )
 
 
-def _check_reportable(cur: _Current, expect_step: str | None) -> None:
+def _check_reportable(cur: _Current, expect_step: str | None, unit_id: str | None = None) -> None:
     run = cur.loaded.run
     if run.status not in DRIVABLE_STATUSES:
         raise UsageError(
@@ -531,6 +572,9 @@ def _check_reportable(cur: _Current, expect_step: str | None) -> None:
     if cur.step is None:
         raise UsageError(f"Run {cur.run_id} has no current step.", code="RUN_NOT_ACTIVE")
     if expect_step is not None and expect_step != cur.step.step_id:
+        done = cur.spine.row(expect_step)
+        if unit_id is not None and done is not None and done.status == "completed":
+            raise _step_closed(cur, _content_id(unit_id), expect_step)  # what to do is a rewind to that step
         raise UsageError(
             f"Run {cur.run_id} is now on step {cur.step.step_id}, not {expect_step}; fetch the current brief and "
             "report against it.",
@@ -587,17 +631,17 @@ def report(
         answered = _resent_report(db, cur, unit_id, status, result, failure_reason, attempt_id, gate_loop, project_root)
     if answered is not None:
         return answered
-    _check_reportable(cur, expect_step)
+    _check_reportable(cur, expect_step, unit_id)
     assert cur.step is not None
     if is_verdict:
         return _report_verdict(db, cur, unit_id, status, verdict, holder, project_root, registry)
     d = cur.decision
     if d is None:
-        raise _refuse_unit(cur, unit_id)
+        raise _refuse_unit(cur, unit_id, db)
     wanted = base_of_attempt(unit_id)
     state = next((s for s in d.states if wanted in (s.unit.unit_id, s.unit.base_id)), None)
     if state is None:
-        raise _refuse_unit(cur, unit_id)
+        raise _refuse_unit(cur, unit_id, db)
     if state.status == DIVERGED:
         raise UsageError(
             f"Replay divergence: unit {state.diverged_from} of run {run_id} is journaled as completed with a "
@@ -818,13 +862,7 @@ def _resent_report(
             return None  # a first answer for the current loop (it differs from the rejected one)
         step_id = closed[-1]["step_id"]
         if cur.loaded.run.status in DRIVABLE_STATUSES and cur.step is not None and step_id != cur.step.step_id:
-            raise UsageError(
-                f"Unit {content_id} belongs to step {step_id}, which is finished: its output is fixed (later steps "
-                f"were built on it) and this different report was not recorded. The run is on step "
-                f"{cur.step.step_id}; to change {step_id}'s output, start a new run of the workflow.",
-                code="STEP_CLOSED",
-                details={"stepId": step_id, "currentStep": cur.step.step_id},
-            )
+            raise _step_closed(cur, content_id, step_id)
         return None  # an ended run: the guards below say why it is refused
     return _resend_answer(
         db,
@@ -954,7 +992,7 @@ def _report_verdict(
         )
     if status != "completed":
         raise UsageError("A verdict is reported with status completed.", code="INVALID_ARGUMENT")
-    if d is None or d.kind != "judge" or not _is_session_judged(cur):
+    if d is None or d.kind != "judge" or not (_is_session_judged(cur) or _judge_failed_here(cur)):
         raise UsageError(
             f"Step {step.step_id} of run {cur.run_id} is not waiting for a verdict from you.",
             code="NOT_AWAITING_VERDICT",

@@ -31,6 +31,7 @@ from akm.mcp.schemas import (
     McpReportResult,
     McpRewindResult,
     McpRunResult,
+    McpStatusResult,
     RunListModel,
     RunViewModel,
     _lint_model,
@@ -63,6 +64,12 @@ async def _call_then(shape: Any, fn: Any, *args: Any, **kwargs: Any) -> CallTool
 def _with_next_after_report(res: Any) -> dict[str, Any]:
     data = res.to_json()
     data["next"] = _next_after_report(data)
+    return data
+
+
+def _status_with_next(view: views.RunView) -> dict[str, Any]:
+    data = view.to_json()
+    data["next"] = remedy_text(view.recovery, view.run_id) if view.recovery else None
     return data
 
 
@@ -104,12 +111,37 @@ def _next_step_for(result: views.RunResult) -> str | None:
         )
     if status == "active":
         return f'Call workflow_run(target="{rid}") to continue.'
-    if status in ("failed", "blocked"):
-        return (
-            f'Inspect with workflow_status(run_id="{rid}"); fix the cause, then workflow_resume and '
-            "workflow_run to retry (completed units are reused)."
-        )
+    if status in ("failed", "blocked", "abandoned") and result.run.recovery:
+        return remedy_text(result.run.recovery, rid)
     return None
+
+
+def remedy_text(rec: dict[str, Any], rid: str) -> str:
+    """A run's `recovery` (akm/engine/recovery.py) as the tool calls that carry it out."""
+    import json
+
+    why = str(rec.get("why") or "")
+    why = why[:1].upper() + why[1:]
+    action = rec.get("action")
+    if action == "resume":
+        if rec.get("then") == "judge":
+            return (
+                f'{why}. Call workflow_resume(run_id="{rid}"), then workflow_next(run_id="{rid}"): its judge brief '
+                "is the verdict to give; report it with unit_report(**judge.report, verdict={...}). Alternatively "
+                "workflow_run asks the judge engine again."
+            )
+        return f'{why}. Call workflow_resume(run_id="{rid}"), then workflow_run(target="{rid}").'
+    if action == "rewind":
+        redo = ", redo=true" if rec.get("redo") else ""
+        return (
+            f'{why}. Call workflow_rewind(run_id="{rid}", to_step="{rec.get("stepId")}"{redo}), then '
+            f'workflow_run(target="{rid}"): its answer carries what you must do again.'
+        )
+    params = json.dumps(rec.get("params") or {}, ensure_ascii=False)
+    return (
+        f"{why}. Change the workflow file if that is the cause, then call workflow_run("
+        f'target={json.dumps(rec.get("workflow"))}, params={params}, from_run="{rec.get("fromRun") or rid}").'
+    )
 
 
 def _stop_run(drives: drives_mod.Drives, run_id: str) -> dict[str, Any]:
@@ -226,10 +258,9 @@ def _next_after_report(res: dict[str, Any]) -> str | None:
             "with unit_report(**unit.report, result=...) (it names the new attemptId)."
         )
     if status in ("failed", "blocked"):
-        return (
-            f'The run is {status}: inspect it with workflow_status(run_id="{rid}"), fix the cause, then '
-            f'workflow_resume(run_id="{rid}") and workflow_run(target="{rid}").'
-        )
+        if res.get("recovery"):
+            return f"The run is {status}. " + remedy_text(res["recovery"], rid)
+        return f'The run is {status}: workflow_status(run_id="{rid}") says what moves it on (its recovery).'
     if outcome.get("kind") == "completed" or status == "active":
         return f'Call workflow_run(target="{rid}") to go on: its answer carries the next brief in run.awaiting.'
     if res.get("recorded") == "heartbeat" or res.get("status") == "running":
@@ -456,10 +487,11 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
                 description="html: also a self-contained HTML report of the run (a text/html resource)"
             ),
         ] = "json",
-    ) -> Annotated[CallToolResult, RunViewModel]:
+    ) -> Annotated[CallToolResult, McpStatusResult]:
         """Where a run stands: steps, their outputs (large ones clipped: pass step for one whole), and (with
-        units) every unit attempt; format html adds a self-contained HTML report."""
-        result = await _call(api.run_status, run_id, units=units, step=step)
+        units) every unit attempt, the superseded ones of its rewinds too; format html adds a self-contained HTML
+        report. For a failed, blocked or abandoned run, next (and recovery) say what moves it on."""
+        result = await _call_then(_status_with_next, api.run_status, run_id, units=units, step=step)
         if format == "html" and not result.is_error:
             try:
                 page = await anyio.to_thread.run_sync(lambda: api.run_report_html(run_id))
