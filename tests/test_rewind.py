@@ -394,3 +394,15 @@ def test_mcp_rewind(project):
         anyio.run(script)
     finally:
         server.drives.shutdown()
+
+
+def test_the_html_report_shows_what_a_rewind_superseded(project):
+    rid, _, _ = finished_three(project)
+    api.rewind(rid, "name")
+    report(rid, "name:solo", project, result={"name": "second-name"}, rerun=True)
+    page = api.run_report_html(rid)
+    assert '<section id="rewinds">' in page and "rewind 1: back to" in page
+    assert page.count('class="superseded"') == 1 and "superseded output" in page
+    assert "first" in page and "second-name" in page  # the superseded output and the one in force
+    failures = page[page.index('<section id="failures">') : page.index('<section id="steps">')]
+    assert "None." in failures  # superseded rows are history, not failures
