@@ -345,6 +345,15 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
         if not session_units:
             out.update(kind="engine", message="This step's units are run by akm itself: continue the run.")
             return out
+        if reuse.restorable(db, run_id, run.reuse_from, cur.loaded.plan, step, d):
+            # Units done before with the same inputs (a rewind's history, a `--from` run): akm restores them
+            # when the run goes on, so the agent is not asked for work that is already there.
+            out.update(
+                kind="engine",
+                message=f"Units of step {step.step_id} were done before with the same inputs: continue the run and "
+                "akm reuses them (what is left comes back to you).",
+            )
+            return out
         again = frozenset(rewinds_store.superseded_content_ids(db, run_id, step.step_id))
         out["units"] = [_unit_brief(cur, s, now, driven, again) for s in session_units]
         out["kind"] = "units"
