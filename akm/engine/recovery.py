@@ -84,10 +84,10 @@ def _after_failure(db: Database, run: Run, step_id: str) -> dict[str, Any]:
     rows, gate_rows = step_rows(db, run.id, step_id)
     gate = load_gate(db, run.id, step, spine, gate_rows)
     if step.root is None:  # a route step failed on its input
-        return _from_inputs(plan, step, f"step {step_id}'s route could not be decided")
+        return _from_inputs(plan, step, f"step {step_id}'s route could not be decided", loaded.params, spine.outputs)
     wl = work_list_for(run.id, step, loaded.params, spine.outputs, plan.execution.engines, gate, run.hash_version)
     if isinstance(wl, StepFailure):
-        return _from_inputs(plan, step, wl.reason)
+        return _from_inputs(plan, step, wl.reason, loaded.params, spine.outputs)
     states = unit_states(wl, rows, gate.loop)
     if any(s.status == DIVERGED for s in states):
         return _remedy("rewind", step_id, redo=True, why=f"step {step_id}'s journal diverged from its plan")
@@ -141,19 +141,50 @@ def _after_failure(db: Database, run: Run, step_id: str) -> dict[str, Any]:
 _OUTPUT_REFUSED = frozenset({"parse_error", "validation_error", "exec_output_limit"})
 
 
-def _from_inputs(plan: Any, step: Any, reason: str) -> dict[str, Any]:
-    """A step that cannot be built from what it reads: go back to the last step it reads, or change the
-    workflow (its params) when it reads none."""
-    order = [s.step_id for s in plan.steps]
-    sources = [s for s in order if s in steps_read(step)]
-    if not sources:
+def _from_inputs(plan: Any, step: Any, reason: str, params: dict[str, Any], outputs: dict[str, Any]) -> dict[str, Any]:
+    """A step that cannot be built from what it reads: go back to the step whose output it cannot use, or
+    change the workflow (its params) when what it cannot use is a param."""
+    source = _failing_source(step, params, outputs)
+    if source is None:
+        order = [s.step_id for s in plan.steps if s.step_id in steps_read(step)]
+        source = order[-1] if order else None
+    if source is None or source == "params":
         return _remedy("new_run", None, why=f"{reason}; it reads no step's output: change the workflow or its params")
-    source = sources[-1]
     return _remedy(
         "rewind",
         source,
         why=f"{reason}; go back to step {source} and correct the output step {step.step_id} is built from",
     )
+
+
+def _failing_source(step: Any, params: dict[str, Any], outputs: dict[str, Any]) -> str | None:
+    """The step (or "params") whose value the step cannot use: the first of its fan-out list, its inputs and its
+    route input that does not resolve (or, for the list, is not a list of distinct items)."""
+    from akm.canonical import CanonicalError, canonical_json
+    from akm.engine.scope import resolve
+    from akm.format.refs import ReferenceResolutionError, ReferenceSyntaxError
+
+    refs: list[tuple[str, bool]] = []
+    if step.root is not None and step.root.kind == "map":
+        refs.append((step.root.over, True))
+    refs += [(r, False) for r in ((step.unit_template.inputs if step.unit_template else None) or [])]
+    if step.route is not None:
+        refs.append((step.route.input, False))
+    for ref, is_list in refs:
+        owner = ref.split(".")[1] if ref.startswith("steps.") else "params"
+        try:
+            value = resolve(ref, params, outputs)
+        except (ReferenceResolutionError, ReferenceSyntaxError):
+            return owner
+        if is_list:
+            if not isinstance(value, list) or any(item is None for item in value):
+                return owner
+            try:
+                if len({canonical_json(item) for item in value}) != len(value):
+                    return owner
+            except CanonicalError:
+                return owner
+    return None
 
 
 def _remedy(action: str, step_id: str | None, *, why: str, redo: bool = False, then: str = "run") -> dict[str, Any]:
