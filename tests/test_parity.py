@@ -710,4 +710,5 @@ def test_a_rewind_ends_in_the_same_graph_both_ways(tmp_path, monkeypatch):
     assert native[-1].startswith("superseded unit ") and "run completed" in native
     units = [line for line in native if line.startswith("unit ")]
     assert any("rb2" in line for line in units) and any('"s2"' in line for line in units)
-    assert any(line.startswith("event workflow_unit_reused last") for line in native)
+    assert any(line.startswith("event workflow_unit_reused last last:solo") for line in native)
+    assert "event workflow_unit_reused last last.gate:l1 -" in native  # the same artifact: its verdict reused

@@ -281,3 +281,37 @@ def test_plan_of_a_continued_run_and_over_mcp(project):
     finally:
         server.drives.shutdown()
     assert db_rows("SELECT COUNT(*) FROM events") == before  # nothing written
+
+
+def test_a_verdict_on_the_same_artifact_is_reused_not_asked_again(project, fake_openai, capsys):
+    """The judge engine is a model call: a `--from` run whose gated step restores every unit restores the
+    verdict on that same artifact too (no request reaches the judge), and a changed artifact is judged."""
+    from akm import cli
+
+    judge = {"kind": "llm", "endpoint": fake_openai.url, "model": "verdict-pass"}
+    assert cli.main(["config", "set", "engines.judge", json.dumps(judge)]) == 0
+    assert cli.main(["config", "set", "workflow.judgeEngine", "judge"]) == 0
+    capsys.readouterr()
+    body = "## ask\nAsk.\n\n### gate\n- Good.\n\n## tell\nTell."
+    front = "steps:\n  - id: ask\n    output: { type: object }\n  - id: tell\n    inputs: [steps.ask.output]\n"
+    wf = write_wf(project, "g.md", front, body)
+    rid = run(wf, project).run.run_id
+    api.report_unit(rid, "ask:solo", status="completed", result={"a": 1}, has_result=True, cwd=str(project))
+    assert len(fake_openai.bodies("verdict-pass")) == 1
+    run(rid, project)
+    api.report_unit(rid, "tell:solo", status="completed", result="told", has_result=True, cwd=str(project))
+    assert api.run_status(rid).status == "completed"
+
+    wf.write_text(wf.read_text().replace("## tell\nTell.", "## tell\nTell it again."))
+    preview = api.plan_run(str(wf), from_run=rid, cwd=str(project))
+    assert [(s.id, s.status) for s in preview.steps] == [("ask", "reused"), ("tell", "to_do")]
+    again = run(wf, project, from_run=rid)
+    assert again.run.status == "awaiting_session" and again.run.awaiting["stepId"] == "tell"
+    assert len(fake_openai.bodies("verdict-pass")) == 1  # the judge was not asked again
+    gate = [u for u in api.run_status(again.run.run_id, units=True).units if u.phase == "gate"]
+    assert len(gate) == 1 and gate[0].reused_from == {"runId": rid, "unitId": "ask.gate:l1"}
+
+    # the same run rewound to `ask`: its own gate is asked again (that is what going back to it means)
+    api.rewind(rid, "ask")
+    api.report_unit(rid, "ask:solo", status="completed", result={"a": 1}, has_result=True, rerun=True, cwd=str(project))
+    assert len(fake_openai.bodies("verdict-pass")) == 2

@@ -189,7 +189,16 @@ def forecast(
             continue
         # complete, or judge: the output is known (a judge is assumed to pass it)
         ev = dict(decision.evidence or {})
-        if decision.kind == "judge":
+        verdict_kept = (
+            decision.kind == "judge"
+            and db is not None
+            and (has_history or bool(reuse_from))
+            and _verdict_restorable(db, run_id, reuse_from, plan, step, decision)
+        )
+        if verdict_kept:
+            f.status = "reused" if f.reused else "completes"
+            f.note = "its verdict on this same artifact is reused"
+        elif decision.kind == "judge":
             f.status = "to_judge"
             f.note = f"judged by {'you' if f.judge == 'agent' else f.judge} (the preview assumes it passes)"
             out.first = out.first or (
@@ -248,3 +257,11 @@ def _restorable_rows(
         }
         for a in restorable(db, run_id or "", reuse_from, plan, step, decision)
     ]
+
+
+def _verdict_restorable(
+    db: Database, run_id: str | None, reuse_from: str | None, plan: Plan, step: StepPlan, decision: Any
+) -> bool:
+    from akm.engine.reuse import restorable_verdict
+
+    return restorable_verdict(db, run_id or "", reuse_from, plan, step, decision) is not None

@@ -33,7 +33,7 @@ def restorable(
     index: dict[tuple[str, str | None], rewinds_store.Candidate] = {}
     for c in rewinds_store.reuse_candidates(db, run_id, step.step_id, reuse_from):
         key = (rewinds_store.content_id(c.unit_id), c.input_hash)
-        if redone is not None and "rewindId" not in c.source and redone(key[0], c.runner):
+        if redone is not None and "rewindId" not in c.source and redone(key[0], c.runner, False):
             continue  # a rewind of this run said to do it anew
         index.setdefault(key, c)  # the most recent source wins
     if not index:
@@ -66,7 +66,52 @@ def restore(
     return len(written)
 
 
-def _redone_by_rewinds(db: Database, run_id: str, plan: Plan, step: StepPlan) -> Callable[[str, str | None], bool]:
+def restorable_verdict(
+    db: Database, run_id: str, reuse_from: str | None, plan: Plan, step: StepPlan, decision: StepDecision
+) -> rewinds_store.Adoption | None:
+    """For a `judge` decision: a verdict given before on the same question (`gates.verdict_identity`: the same
+    rubric, units and artifact, the same judge) to restore as this loop's gate row, or None."""
+    if decision.kind != "judge" or not rewinds_store.has_donors(db, run_id, reuse_from):
+        return None
+    from akm.engine import gates
+    from akm.plan.identity import gate_row_id
+
+    identity = gates.verdict_identity(plan, step, decision.result, decision.artifact)
+    if identity is None:
+        return None
+    row_id = gate_row_id(step.step_id, decision.loop)
+    redone = _redone_by_rewinds(db, run_id, plan, step) if reuse_from else None
+    for c in rewinds_store.reuse_candidates(db, run_id, step.step_id, reuse_from, gate=True):
+        if c.unit_id != row_id or c.input_hash != identity:
+            continue
+        if redone is not None and "rewindId" not in c.source and redone(c.unit_id, c.runner, True):
+            continue
+        return rewinds_store.Adoption(row_id, step.gate.id, None, identity, c, phase="gate")
+    return None
+
+
+def restore_verdict(
+    db: Database,
+    loaded_run_id: str,
+    reuse_from: str | None,
+    plan: Plan,
+    step: StepPlan,
+    decision: StepDecision,
+    *,
+    fence: Fence | None = None,
+    write: Callable[..., Any] | None = None,
+) -> bool:
+    """Restore `restorable_verdict` as the loop's gate row; True when it did (decide the step again)."""
+    found = restorable_verdict(db, loaded_run_id, reuse_from, plan, step, decision)
+    if found is None:
+        return False
+    call = write or (lambda fn, *a, **k: fn(*a, **k))
+    return bool(call(rewinds_store.adopt_units, db, loaded_run_id, step.step_id, [found], fence=fence))
+
+
+def _redone_by_rewinds(
+    db: Database, run_id: str, plan: Plan, step: StepPlan
+) -> Callable[[str, str | None, bool], bool]:
     """Whether a rewind of this run said to do a unit of `step` anew — `redo` (all, or that unit), or a session
     unit of the step it went back to — so a `--from` source may not serve it. (A rewind marks the rows of its
     own history not reusable instead, `rewinds.rewind_run`.)"""
@@ -82,4 +127,4 @@ def _redone_by_rewinds(db: Database, run_id: str, plan: Plan, step: StepPlan) ->
         elif isinstance(r.redo, list):
             ids.update(str(u) for u in r.redo)
         session = session or r.to_step == step.step_id
-    return lambda unit_id, runner: every or unit_id in ids or (session and runner == "session")
+    return lambda unit_id, runner, gate: every or unit_id in ids or (session and (gate or runner == "session"))

@@ -369,6 +369,13 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
                 "session — work on a branch or a scratch copy yourself."
             )
         return out
+    if d.kind == "judge" and reuse.restorable_verdict(db, run_id, run.reuse_from, cur.loaded.plan, step, d):
+        out.update(
+            kind="engine",
+            message=f"Step {step.step_id}'s artifact was judged before, as it is now: continue the run and akm "
+            "reuses that verdict.",
+        )
+        return out
     if d.kind == "judge" and (_is_session_judged(cur) or _judge_failed_here(cur)):
         out["judge"] = _judge_brief(cur)
         out["kind"] = "judge"
@@ -1015,7 +1022,8 @@ def _report_verdict(
         )
     with db.tx():
         units_store.guard_session_write(db, cur.run_id)
-        journal_verdict(db, cur.run_id, step, d.loop, parsed, runner="session")
+        identity = gates.verdict_identity(cur.loaded.plan, step, d.result, d.artifact)
+        journal_verdict(db, cur.run_id, step, d.loop, parsed, runner="session", identity=identity)
     outcome = _finalize_written(db, cur.run_id, project_root, registry)
     fresh = runs_store.require_run(db, cur.run_id)
     return {

@@ -305,9 +305,9 @@ class _Report:
             "<th>tokens</th><th>reason</th><th>output</th></tr>" + "".join(rows) + "</table></div>"
         )
 
-    def _gate_loops(self, step_id: str, rows: list[dict[str, Any]] | None = None) -> str:
+    def _gate_loops(self, step_id: str, among: list[dict[str, Any]] | None = None) -> str:
         loops = []
-        for u in self.by_step.get(step_id, []) if rows is None else rows:
+        for u in self.by_step.get(step_id, []) if among is None else among:
             m = _GATE_ROW.match(u["unitId"])
             if m and m.group("step") == step_id:
                 loops.append((int(m.group("loop")), u))

@@ -175,16 +175,18 @@ def rewind_run(
         # Every unit and gate row of the reopened steps moves to the history, unchanged; a completed unit row
         # may be restored when the engine meets the same unit again, except what is to be redone — by this
         # rewind's rows or an earlier rewind's, so `redo` (and the step's session units) means done anew.
+        # A judge's verdict (a gate row with the identity of what it judged) may be restored too, when the same
+        # artifact is judged again; `to_step`'s own gate and session units are asked again.
         moved = conn.execute(
             f"INSERT INTO superseded_units (rewind_id, reusable, {_COLUMNS}) SELECT ?, CASE WHEN status = "
-            f"'completed' AND phase IS NULL THEN 1 ELSE 0 END, {_COLUMNS} FROM units WHERE run_id = ? "
-            f"AND step_id IN ({marks})",
+            "'completed' AND (phase IS NULL OR (phase = 'gate' AND input_hash IS NOT NULL)) THEN 1 ELSE 0 END, "
+            f"{_COLUMNS} FROM units WHERE run_id = ? AND step_id IN ({marks})",
             (rewind_id, run_id, *reopened),
         ).rowcount
         not_again = "UPDATE superseded_units SET reusable = 0 WHERE run_id = ? AND reusable = 1 AND "
         if redo is True:
             conn.execute(not_again + f"step_id IN ({marks})", (run_id, *reopened))
-        conn.execute(not_again + "step_id = ? AND runner = 'session'", (run_id, to_step))
+        conn.execute(not_again + "step_id = ? AND (runner = 'session' OR phase = 'gate')", (run_id, to_step))
         for uid in redo_ids:
             conn.execute(
                 not_again + f"step_id IN ({marks}) AND (unit_id = ? OR (unit_id > ? AND unit_id < ?))",
@@ -211,7 +213,8 @@ def rewind_run(
         )
         usable = int(
             conn.execute(
-                "SELECT COUNT(*) AS n FROM superseded_units WHERE rewind_id = ? AND reusable = 1", (rewind_id,)
+                "SELECT COUNT(*) AS n FROM superseded_units WHERE rewind_id = ? AND reusable = 1 AND phase IS NULL",
+                (rewind_id,),
             ).fetchone()["n"]
         )  # this rewind's rows the engine may restore (older history of the same units may serve too)
         for s in spine:
@@ -384,23 +387,25 @@ def has_donors(db: Database, run_id: str, reuse_from: str | None) -> bool:
     return db.query_one("SELECT 1 AS one FROM rewinds WHERE run_id = ? LIMIT 1", (run_id,)) is not None
 
 
-def reuse_candidates(db: Database, run_id: str, step_id: str, reuse_from: str | None) -> list[Candidate]:
-    """The completed rows a unit of `step_id` may be restored from, the most recent source first: rows
-    superseded by this run's rewinds (latest rewind first) and marked reusable, then the completed unit rows
-    of the run `reuse_from` names."""
+def reuse_candidates(
+    db: Database, run_id: str, step_id: str, reuse_from: str | None, *, gate: bool = False
+) -> list[Candidate]:
+    """The completed rows a unit of `step_id` (`gate`: a verdict of its gate) may be restored from, the most
+    recent source first: rows superseded by this run's rewinds (latest rewind first) and marked reusable, then
+    the completed rows of the run `reuse_from` names (verdicts only with the identity they were given on)."""
+    phase = "s.phase = 'gate' AND s.input_hash IS NOT NULL" if gate else "s.phase IS NULL"
     out: list[Candidate] = []
     for r in db.query(
         f"SELECT s.rewind_id, {', '.join('s.' + c for c in _CANDIDATE.split(', '))} FROM superseded_units s "
         "JOIN rewinds w ON w.id = s.rewind_id WHERE s.run_id = ? AND s.step_id = ? AND s.reusable = 1 "
-        "AND s.status = 'completed' AND s.phase IS NULL ORDER BY w.seq DESC",
+        f"AND s.status = 'completed' AND {phase} ORDER BY w.seq DESC",
         (run_id, step_id),
     ):
         source = {"runId": run_id, "unitId": r["unit_id"], "rewindId": r["rewind_id"]}
         out.append(_candidate(r, source))
     if reuse_from:
         for r in db.query(
-            f"SELECT {_CANDIDATE} FROM units WHERE run_id = ? AND step_id = ? AND status = 'completed' "
-            "AND phase IS NULL",
+            f"SELECT {_CANDIDATE} FROM units s WHERE run_id = ? AND step_id = ? AND status = 'completed' AND {phase}",
             (reuse_from, step_id),
         ):
             out.append(_candidate(r, {"runId": reuse_from, "unitId": r["unit_id"]}))
@@ -421,19 +426,20 @@ def _candidate(r: Any, source: dict[str, Any]) -> Candidate:
 
 
 class Adoption(NamedTuple):
-    """A unit row to write `completed` from a candidate, under the attempt id the unit has now."""
+    """A unit row (or, `phase` gate, a verdict) to write `completed` from a candidate, under the id it has now."""
 
     unit_id: str
     node_id: str
     parent_unit_id: str | None
     input_hash: str
     candidate: Candidate
+    phase: str | None = None
 
 
 _ADOPT = (
-    "INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, runner, engine, model, status, "
+    "INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, status, "
     "input_hash, result_json, truncated, started_at, finished_at, attempts, host, reused_from) "
-    "VALUES (?,?,?,?,?,?,?,?,'completed',?,?,?,?,?,0,?,?) ON CONFLICT (run_id, unit_id) DO NOTHING"
+    "VALUES (?,?,?,?,?,?,?,?,?,'completed',?,?,?,?,?,0,?,?) ON CONFLICT (run_id, unit_id) DO NOTHING"
 )
 
 
@@ -467,6 +473,7 @@ def adopt_units(
                     step_id,
                     a.node_id,
                     a.parent_unit_id,
+                    a.phase,
                     c.runner,
                     c.engine,
                     c.model,
