@@ -88,7 +88,7 @@ class Journal:
                 con.close()
         journal = open_at(self.url)
         try:
-            return [tuple(str(v) if k == 1 else v for k, v in enumerate(r)) for r in journal.query(sql, args)]
+            return [tuple(r) for r in journal.query(sql, args)]
         finally:
             journal.close()
 
@@ -110,6 +110,38 @@ class Journal:
         steps = self.rows("SELECT step_id, status FROM steps WHERE run_id = ? ORDER BY sequence_index", run_id)
         units = self.rows("SELECT COUNT(*) FROM units WHERE run_id = ?", run_id)[0][0]
         return int(rewinds), steps, int(units)
+
+
+def _consistent(j: Journal, run_id: str) -> None:
+    """The run's rows agree with each other, whatever instant a kill fell on: its status and current step are
+    what its spine says (`runs.derive_run_state`), no step after the current one has a unit row in force, and
+    every superseded row belongs to a recorded rewind."""
+    from akm.store.runs import Step, derive_run_state
+
+    spine = [
+        Step(run_id, sid, int(i), status, None, None, None, at)
+        for sid, i, status, at in j.rows(
+            "SELECT step_id, sequence_index, status, completed_at FROM steps WHERE run_id = ? ORDER BY sequence_index",
+            run_id,
+        )
+    ]
+    ((status, current),) = j.rows("SELECT status, current_step_id FROM runs WHERE id = ?", run_id)
+    derived, derived_current, _ = derive_run_state(spine)
+    assert current == derived_current, (current, spine)
+    assert status == derived or (derived == "active" and status == "awaiting_session"), (status, spine)
+    after = [s.step_id for s in spine if current is not None and s.sequence_index > _index(spine, current)]
+    for sid in after:
+        assert j.rows("SELECT COUNT(*) FROM units WHERE run_id = ? AND step_id = ?", run_id, sid)[0][0] == 0, sid
+    orphans = j.rows(
+        "SELECT COUNT(*) FROM superseded_units s LEFT JOIN rewinds r ON r.id = s.rewind_id WHERE s.run_id = ? "
+        "AND r.id IS NULL",
+        run_id,
+    )
+    assert orphans[0][0] == 0
+
+
+def _index(spine: list[Any], step_id: str) -> int:
+    return next(s.sequence_index for s in spine if s.step_id == step_id)
 
 
 def _reran(log: Path, executed: list[str]) -> list[str]:
@@ -164,8 +196,10 @@ def test_kill_9_during_rewinds_and_from_runs_loses_nothing_and_reruns_nothing(ak
             assert after[0] == before[0] + 1
             assert [s for _, s in after[1]] == ["pending", "pending", "pending"] and after[2] == 0, after
         assert seen <= j.completed(rid), "a completed unit row was lost"
+        _consistent(j, rid)
         # kill -9 while the run restores what the rewind superseded, then let it finish
         _kill_at_random(akm, rng, "workflow", "run", rid)
+        _consistent(j, rid)
         assert akm.json("workflow", "run", rid)["run"]["status"] == "completed"
         assert _reran(log, executed) == [], "a unit that could be reused ran again"
         seen = j.completed(rid)
@@ -176,6 +210,7 @@ def test_kill_9_during_rewinds_and_from_runs_loses_nothing_and_reruns_nothing(ak
             _kill_at_random(akm, rng, "workflow", "run", edited.name, "--xs", xs, "--from", rid)
         new_runs = [r[0] for r in j.rows("SELECT id FROM runs WHERE reuse_from = ?", rid)]
         for new in new_runs:
+            _consistent(j, new)
             done = akm("workflow", "run", new, "--format", "json", timeout=120)
             assert done.returncode == 0, done.stderr
             assert json.loads(done.stdout)["run"]["status"] == "completed"
