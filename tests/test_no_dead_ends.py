@@ -419,3 +419,13 @@ def test_the_cli_says_the_commands_that_work(akm, project):
         check=0,
     )
     assert akm.json("workflow", "run", rid, check=3)["run"]["awaiting"]["stepId"] == "work"
+
+
+def test_a_report_that_fails_the_run_says_what_moves_it_on(akm, project):
+    write_wf(project, "wf.md", "steps:\n  - id: one\n", "## one\nDo it.")
+    rid = akm.json("workflow", "run", "wf.md", check=3)["run"]["runId"]
+    out = akm("workflow", "report", rid, "one:solo", "--status", "failed", "--failure-reason", "x", check=0)
+    assert f"to go on: akm workflow resume {rid} && akm workflow run {rid}" in out.stdout, out.stdout
+    akm("workflow", "resume", rid, check=0)
+    brief = akm.json("workflow", "next", rid)
+    assert brief["units"][0]["action"] == "rerun"

@@ -515,6 +515,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
             and res.get("runStatus") != "completed"
         ):
             _out(f"-> akm workflow run {res['runId']}")
+        elif res.get("recovery"):  # the report left the run failed or blocked: what moves it on
+            from akm.cli.render import remedy_command
+
+            _out(f"to go on: {remedy_command(res['recovery'], res['runId'])}")
+            _out(f"  ({res['recovery'].get('why')})")
     return 0
 
 
