@@ -361,6 +361,7 @@ def test_cli_rewind(akm, project):
     assert executions(log) == ["fan 1", "fan 1", "fan 2", "fan 2", "sum", "sum"]
     text = akm("workflow", "status", rid, "--units", check=0).stdout
     assert "(superseded by rewind " in text and "rewind 2 (" in text and "back to step fan" in text
+    assert "    superseded completed  sum → 6" in text, text  # the output the first rewind superseded
 
 
 def test_mcp_rewind(project):

@@ -29,7 +29,7 @@ _CLI_HINTS: dict[str, str] = {
     "STEP_CLOSED": "Go back to that step with `akm workflow rewind {runId} --to {stepId}`, then report the unit "
     "again with --rerun.",
     "STALE_REPORT": "`akm workflow next RUN` shows the current attempt; report that with --attempt.",
-    "REPLAY_DIVERGED": "Go back to the unit's step: `akm workflow rewind RUN --to STEP --redo`.",
+    "REPLAY_DIVERGED": "Go back to the unit's step: `akm workflow rewind {runId} --to {stepId} --redo`.",
     "UNKNOWN_UNIT": "`akm workflow next RUN` lists the units to report; a unit of a finished step is done again "
     "after `akm workflow rewind RUN --to STEP`.",
     "BUDGET_EXCEEDED": "A rewind gives no budget back: raise it in the workflow file, then `akm workflow run FILE "

@@ -147,6 +147,14 @@ def run_text(view: dict[str, Any]) -> str:
         wanted = r.get("redo")
         redo = ", every unit redone" if wanted is True else (f", redoing {', '.join(wanted)}" if wanted else "")
         lines.append(f"rewind {r['seq']} ({r['createdAt']}): back to step {r['toStep']} (was {was}{redo})")
+        if view.get("units") is not None:  # --units: what it superseded, as it was
+            for st in r.get("steps") or []:
+                out = ""
+                if st.get("output") is not None:
+                    text, clipped = _clip(_value_text(st["output"]), _STEP_CLIP)
+                    clipped_any = clipped_any or clipped
+                    out = " → " + text.splitlines()[0] if text else ""
+                lines.append(f"    superseded {st['status']:<10} {st['id']}{out}")
     aw = view.get("awaiting")
     if aw:
         rid = view.get("runId")

@@ -661,9 +661,15 @@ def report(
     if state.status == DIVERGED:
         raise UsageError(
             f"Replay divergence: unit {state.diverged_from} of run {run_id} is journaled as completed with a "
-            "different input hash than the plan gives it now; nothing was recorded. Start a new run.",
+            f"different input hash than the plan gives it now; nothing was recorded. Rewind the run to step "
+            f"{cur.step.step_id} (redoing its units) to go on.",
             code="REPLAY_DIVERGED",
-            details={"unitId": state.diverged_from, "inputHash": state.unit.input_hash},
+            details={
+                "runId": run_id,
+                "stepId": cur.step.step_id,
+                "unitId": state.diverged_from,
+                "inputHash": state.unit.input_hash,
+            },
         )
     asked = _asked_attempt(state.unit.unit_id, attempt_id, gate_loop)
     if asked is not None and asked != state.unit.base_id:
