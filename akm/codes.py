@@ -50,6 +50,7 @@ class Code(StrEnum):
     STEP_NOT_FOUND = "STEP_NOT_FOUND"
     STEP_NOT_CURRENT = "STEP_NOT_CURRENT"
     STEP_NOT_PENDING = "STEP_NOT_PENDING"
+    STEP_NOT_REACHED = "STEP_NOT_REACHED"
     # -- session reports
     UNKNOWN_UNIT = "UNKNOWN_UNIT"
     UNIT_NOT_REPORTABLE = "UNIT_NOT_REPORTABLE"
@@ -134,10 +135,11 @@ CODE_MEANINGS: dict[Code, str] = {
     Code.STEP_NOT_FOUND: "the run has no step of that id",
     Code.STEP_NOT_CURRENT: "the step named is not the run's current step",
     Code.STEP_NOT_PENDING: "the step named has already finished",
+    Code.STEP_NOT_REACHED: "a rewind names a step the run has not reached (a later step, or one a route skipped)",
     Code.UNKNOWN_UNIT: "the unit id is not one of the current step's units",
     Code.UNIT_NOT_REPORTABLE: "the unit is run by akm itself (an exec or engine unit), not by the agent",
     Code.STEP_MISMATCH: "`expect_step` names a step the run has moved past",
-    Code.STEP_CLOSED: "other content for a step that already finished (a new run is needed to change it)",
+    Code.STEP_CLOSED: "other content for a step that already finished (rewind the run to that step to change it)",
     Code.STALE_REPORT: "other content for a closed attempt or gate loop; never counted for a later one",
     Code.CLAIM_HELD: "another holder has a live claim on the unit",
     Code.CLAIM_EXPIRED: "this holder's claim on the unit expired; claim it again",

@@ -46,6 +46,9 @@ def compact_run(data: dict[str, Any]) -> dict[str, Any]:
         _clip(data, "output", f'workflow_status(run_id="{rid}", step="{data.get("outputStepId")}")')
     for unit in data.get("units") or []:
         _clip(unit, "result", f'workflow_status(run_id="{rid}", step="{unit.get("stepId")}", units=true)')
+    for rewind in data.get("rewinds") or []:
+        for step in rewind.get("steps") or []:  # the outputs a rewind superseded
+            _clip(step, "output", f'workflow_status(run_id="{rid}", step="{step.get("id")}")')
     if isinstance(data.get("awaiting"), dict) and data["awaiting"].get("kind") in ("units", "judge"):
         rest = size_of({k: v for k, v in data.items() if k != "awaiting"})
         data["awaiting"] = compact_brief(data["awaiting"], max(ANSWER_LIMIT - rest - 1024, 8 * 1024))

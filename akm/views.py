@@ -113,6 +113,7 @@ class StepView(View):
     # where the step's units go and why, as the plan froze it (akm.plan.engines.step_routes): "engine coder
     # (agent, defaults.agentEngine)", "the calling agent: the step needs a workspace and tools, …"
     runs_on: str | None = None
+    reused_units: int = 0  # units restored from an earlier identical one (a rewind's history, a `--from` run)
 
 
 class UnitView(View):
@@ -134,6 +135,8 @@ class UnitView(View):
     host: str | None = None  # the host id the attempt ran on: the driver's, or the worker's that claimed it
     engine: str | None = None  # the engine that ran it (None: the calling agent, or an exec unit)
     session_id: str | None = None  # the agent CLI's own session id (resume it there), once the CLI said it
+    superseded_by: str | None = None  # the rewind that superseded this row (kept as history, no longer in force)
+    reused_from: dict[str, Any] | None = None  # restored, not run: {runId, unitId, rewindId?} of its source row
 
 
 class LeaseView(View):
@@ -141,6 +144,19 @@ class LeaseView(View):
     host: str | None = None
     pid: int | None = None
     until: str
+
+
+class RewindView(View):
+    """A rewind of a run (spec/engine.md "Rewind and reuse"): what it reopened and the step rows it superseded."""
+
+    rewind_id: str
+    seq: int
+    to_step: str
+    redo: Any = None  # null (units whose identity is unchanged are reused), true (none), or the unit ids redone
+    from_status: str
+    from_step: str | None = None
+    created_at: str
+    steps: list[StepView] = factory(list)  # the reopened steps as they were before it (pending ones left out)
 
 
 class RunView(View):
@@ -161,6 +177,68 @@ class RunView(View):
     # The run's final artifact: once completed, the output of its last completed step that has one.
     output: Any = None
     output_step_id: str | None = None
+    rewinds: list[RewindView] | None = None  # the run's rewinds, oldest first (with the steps)
+    # A failed, blocked or abandoned run: what moves it on, {action: resume | rewind | new_run, stepId, redo,
+    # then: run | judge, why} (akm/engine/recovery.py); null for any other run.
+    recovery: dict[str, Any] | None = None
+
+
+class RewindResult(View):
+    """What `workflow rewind` did, and the run after it."""
+
+    rewind: RewindView
+    steps: list[str] = factory(list)  # the steps it reopened, in plan order
+    superseded_units: int = 0  # unit and gate rows it moved to the history
+    reusable_units: int = 0  # of those, completed units the engine restores when it meets them unchanged
+    run: RunView
+
+
+class StepPreview(View):
+    """One step of a `--plan` preview: who would do its work and how much of it is already there."""
+
+    id: str
+    kind: str  # unit | map | route
+    # completed / skipped (journaled), reused (every unit restored, nothing runs), completes (nothing left but
+    # finishing it), to_do (units to run or to ask for), to_judge (its gate needs a verdict), unknown (it reads
+    # an output not produced yet), fails / blocked (what the run would stop at), not_reached (after that)
+    status: str
+    runner: str | None = None  # exec | llm | agent | session (the calling agent)
+    engine: str | None = None
+    model: str | None = None
+    judge: str | None = None  # the gate's judge engine, "agent" (the calling agent), or null (no gate)
+    units: int | None = None  # null: not known until the steps it reads have run
+    done: int = 0  # already journaled in this run
+    reused: int = 0  # restored from a rewind's history or the `--from` run: nothing runs for them
+    to_run: int = 0  # akm would run them (exec, llm, agent)
+    for_agent: int = 0  # the calling agent would be asked for them
+    note: str | None = None
+
+
+class BudgetPreview(View):
+    max_units: int | None = None
+    max_tokens: int | None = None
+    used_units: int = 0  # dispatches the run has made so far (its whole life, rewound ones included)
+    used_tokens: int = 0
+    to_run: int = 0  # dispatches the known steps would add (retries, gate loops and unknown steps not counted)
+
+
+class RunPreview(View):
+    """`workflow run … --plan`: what the run would do, computed without writing anything anywhere."""
+
+    run_id: str | None = None  # the run it would continue; null: it would start a new run
+    from_run: str | None = None  # the run a new run would reuse completed units of
+    workflow: str
+    title: str
+    plan_hash: str
+    params: dict[str, Any] = factory(dict)
+    status: str | None = None  # the continued run's status
+    steps: list[StepPreview] = factory(list)
+    reused: int = 0
+    to_run: int = 0
+    for_agent: int = 0
+    budget: BudgetPreview
+    first: str  # what the run would do first, in words
+    warnings: list[str] = factory(list)
 
 
 class StepCount(View):

@@ -34,6 +34,11 @@ Do it.
 """
 
 # (code, source, expected line)
+UNDECLARED = (
+    "steps:\n  - id: a\n    output: { type: object }\n  - id: b\n    map:\n      over: steps.a.output.ordered\n"
+    "    output: { type: array }\n"
+)
+
 CASES: list[tuple[str, str, int]] = [
     # container
     ("missing_frontmatter", "# Title\n\n## a\n\nDo it.\n", 1),
@@ -242,9 +247,28 @@ CASES: list[tuple[str, str, int]] = [
     ("internal_error", None, 1),  # type: ignore[list-item]  (non-str input; see test below)
     # warnings
     ("missing_output_schema", wf(OK_STEPS), 3),
+    ("undeclared_output_field", wf(UNDECLARED, "\n## a\n\nA.\n\n## b\n\nB.\n"), 7),
 ]
 
 ERROR_CASES = [c for c in CASES if c[0] not in WARNING_CODES and c[0] != "internal_error"]
+
+
+def test_undeclared_output_field_is_the_case_of_issue_33() -> None:
+    """`{type: object}` with no properties read as `.ordered`: a result `{"order": [...]}` passes its schema and
+    fails the fan-out only when it runs. Declared fields, typed extra fields and untyped steps say nothing."""
+    found = parse_workflow(wf(UNDECLARED, "\n## a\n\nA.\n\n## b\n\nB.\n"), "wf.md")
+    (w,) = [w for w in found.warnings if w.code == "undeclared_output_field"]
+    assert "ordered" in w.message and "declares no properties" in w.message and "required: [ordered]" in w.hint
+    near = UNDECLARED.replace("{ type: object }", "{ type: object, properties: { orderd: { type: array } } }")
+    (w,) = [w for w in parse_workflow(wf(near, "\n## a\n\nA.\n\n## b\n\nB.\n"), "wf.md").warnings]
+    assert "(it declares orderd)" in w.message and 'did you mean "orderd"' in w.hint.lower()
+    for quiet in (
+        UNDECLARED.replace("{ type: object }", "{ type: object, properties: { ordered: { type: array } } }"),
+        UNDECLARED.replace("{ type: object }", "{ type: object, additionalProperties: { type: array } }"),
+        UNDECLARED.replace("    output: { type: object }\n", ""),
+    ):
+        codes = [w.code for w in parse_workflow(wf(quiet, "\n## a\n\nA.\n\n## b\n\nB.\n"), "wf.md").warnings]
+        assert "undeclared_output_field" not in codes, quiet
 
 
 @pytest.mark.parametrize(("code", "source", "line"), ERROR_CASES, ids=[c[0] for c in ERROR_CASES])

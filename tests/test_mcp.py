@@ -25,6 +25,7 @@ TOOLS = {
     "unit_report",
     "workflow_resume",
     "workflow_abandon",
+    "workflow_rewind",
     "workflow_events",
     "workflow_catalog",
 }

@@ -112,7 +112,7 @@ def test_a_plain_initialize_is_answered_early_with_the_sdks_bytes(tmp_path, line
     assert frames[0] == early[1]  # the early answer, exactly
     assert "differs" not in stderr, stderr  # and the SDK's own answer to the same request was the same bytes
     assert [json.loads(f).get("id") for f in frames] == [json.loads(line)["id"], "tools"]  # written once
-    assert len(json.loads(frames[1])["result"]["tools"]) == 11
+    assert len(json.loads(frames[1])["result"]["tools"]) == 12
 
 
 @pytest.mark.parametrize(

@@ -251,8 +251,8 @@ def test_controls_anywhere_and_consumed():
 
 
 def test_reserved_names_are_run_controls_not_params():
-    assert set(RUN_CONTROL_VALUE_FLAGS) == {"max-steps", "timeout", "format"}
-    assert set(RUN_CONTROL_BOOL_FLAGS) == {"help", "quiet", "verbose", "new", "detach", "workers"}
+    assert set(RUN_CONTROL_VALUE_FLAGS) == {"max-steps", "timeout", "format", "from"}
+    assert set(RUN_CONTROL_BOOL_FLAGS) == {"help", "quiet", "verbose", "new", "detach", "workers", "plan"}
     args = split_run_args(["w", "--timeout", "5m", "--format", "json"])
     assert args.params == [] and args.controls == {"timeout": "5m", "format": "json"}
     # Even when the workflow declares a param called `timeout`, the flag never reaches it.

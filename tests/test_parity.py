@@ -628,3 +628,90 @@ def test_the_native_driver_parks_what_the_agent_does(tmp_path, monkeypatch, name
 def test_comparison_can_fail():
     with pytest.raises(AssertionError, match="graphs differ at line 1"):
         assert_same(["run completed", "unit a | x"], ["run completed", "unit a | y"])
+
+
+# ------------------------------------------------------------------ rewinds (issue 33)
+
+REWOUND = Scenario(
+    "rewound",
+    """
+    params:
+      files: { type: array }
+    steps:
+      - id: intake
+      - id: review
+        inputs: [steps.intake.output]
+        map: { over: params.files }
+      - id: sum
+        inputs: [steps.review.output]
+      - id: last
+        inputs: [steps.intake.output]
+        gate: { max_loops: 2 }
+    """,
+    "## intake\n\nI.\n\n## review\n\nR.\n\n## sum\n\nS.\n\n## last\n\nL.\n\n### gate\n\n- Good.",
+    params={"files": ["a", "b"]},
+    outcomes={"intake:solo": [ok("in")], "sum:solo": [ok("s1", tokens=3), ok("s2")], "last:solo": [ok("l1")]},
+    verdicts=[{"complete": True}, {"complete": True}, {"complete": True}],
+    engine_judge=True,
+)
+
+
+def _rewound_outcomes(sc: Scenario) -> Scenario:
+    from akm.plan.identity import item_unit_id
+
+    a, b = (item_unit_id("review.unit", f) for f in ("a", "b"))
+    sc.outcomes[a] = [ok("ra", tokens=1)]
+    sc.outcomes[b] = [ok("rb1", tokens=1), ok("rb2", tokens=1)]  # a second answer when it is redone
+    return sc
+
+
+def history_lines(run_id: str) -> list[str]:
+    """What rewinds superseded, canonically: the rewinds, their step rows and unit rows (stamps excluded)."""
+    from akm.store import rewinds as rewinds_store
+
+    lines = []
+    with open_test_journal() as db:
+        for r in rewinds_store.list_rewinds(db, run_id):
+            lines.append(f"rewind {r.seq} | {r.to_step} | {canonical_json(r.redo)} | {r.from_status} | {r.from_step}")
+        for h in rewinds_store.superseded_steps(db, run_id):
+            lines.append(f"superseded step {h.step.step_id} | {h.step.status} | {h.step.summary} | {h.step.notes}")
+        for h in sorted(rewinds_store.superseded_units(db, run_id), key=lambda h: (h.unit.unit_id, h.rewind_id)):
+            u = h.unit
+            lines.append(f"superseded unit {u.unit_id} | {u.status} | {u.input_hash} | {u.result_json} | {h.reusable}")
+    return lines
+
+
+def test_a_rewind_ends_in_the_same_graph_both_ways(tmp_path, monkeypatch):
+    """The same run, rewound the same way (back to `review`, redoing one of its units), then driven on by the
+    native loop or by the agent's reports: the same unit graph, history, steps and event log. `intake` is
+    untouched; `review`'s other unit and `last` (whose input did not change) are restored; `sum` runs again
+    because its input changed; the rewind superseded every row of review, sum and last."""
+    from akm.plan.identity import item_unit_id
+
+    out = []
+    for surface in ("native", "reported"):
+        monkeypatch.setenv("AKM_DATA_DIR", str(tmp_path / f"data-{surface}"))
+        project = tmp_path / f"project-{surface}"
+        project.mkdir()
+        sc = _rewound_outcomes(Scenario(**{**REWOUND.__dict__, "outcomes": dict(REWOUND.outcomes)}))
+        rid = _start(project, sc)
+        o = Outcomes(sc)
+        reg = _registry(o, units=surface == "native")
+        if surface == "native":
+            with open_test_journal() as db:
+                drive_run(db, rid, DriveOptions(work_dir=project, project_root=project, registry=reg))
+        _agent_loop(project, rid, o, reg)
+        assert runs_store.require_run(open_test_journal(), rid).status == "completed"
+        api.rewind(rid, "review", redo=[item_unit_id("review.unit", "b")])
+        if surface == "native":
+            with open_test_journal() as db:
+                drive_run(db, rid, DriveOptions(work_dir=project, project_root=project, registry=reg))
+        _agent_loop(project, rid, o, reg)
+        out.append(graph(rid) + history_lines(rid))
+    native, reported = out
+    assert_same(native, reported)
+    assert native[-1].startswith("superseded unit ") and "run completed" in native
+    units = [line for line in native if line.startswith("unit ")]
+    assert any("rb2" in line for line in units) and any('"s2"' in line for line in units)
+    assert any(line.startswith("event workflow_unit_reused last last:solo") for line in native)
+    assert "event workflow_unit_reused last last.gate:l1 -" in native  # the same artifact: its verdict reused

@@ -54,6 +54,7 @@ def unit_row(
         "claim_host": None,
         "claim_pid": None,
         "claim_expires_at": claim_until,
+        "step_id": "work",
     }
 
 

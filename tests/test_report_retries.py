@@ -146,7 +146,8 @@ def test_other_content_for_a_finished_step_names_the_way_out(project):
     run(rid, project)
     assert report(rid, "a:solo", project, result="first")["recorded"] == "idempotent"
     err = refused("STEP_CLOSED", report, rid, "a:solo", project, result="corrected")
-    assert "new run" in err.message and err.details == {"stepId": "a", "currentStep": "b"}
+    assert "rewind the run to step a" in err.message  # the way out that works (issue 33), not a new run
+    assert err.details == {"runId": rid, "stepId": "a", "currentStep": "b"}
 
 
 def test_the_catalog_lists_project_and_user_workflows_with_their_params(project, tmp_path, monkeypatch):

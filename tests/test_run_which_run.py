@@ -53,14 +53,15 @@ b
 """
 
 
-def test_edited_file_warning_is_on_stderr_in_text_mode_and_names_new(cli, project):
+def test_edited_file_warning_is_on_stderr_in_text_mode_and_names_from(cli, project):
     wf = project / "e.md"
     wf.write_text(EDITABLE.replace("print('Tea for a few.')", "import json; print(json.dumps('Tea for a few.'))"))
     cli("workflow", "run", "e.md", "--max-steps", "1", check=4)
     wf.write_text(wf.read_text().replace("Tea for a few.", "Coffee for a few."))
     proc = cli("workflow", "run", "e.md", check=0)
     assert "changed since run" in proc.stderr, proc.stderr
-    assert "--new" in proc.stderr, proc.stderr
+    rid = json.loads(cli("workflow", "list", "--format", "json", check=0).stdout)["runs"][0]["runId"]
+    assert f"akm workflow run e.md --from {rid}" in proc.stderr, proc.stderr  # a new run reusing what is unchanged
     assert "Tea for a few." in proc.stdout  # the frozen plan ran (and text mode shows the output)
     fresh = cli.json("workflow", "run", "e.md", "--new")
     assert fresh["started"] is True

@@ -17,6 +17,7 @@ from akm.views import (
     EventView,
     GraphEdge,
     GraphNode,
+    RewindResult,
     RunGraph,
     RunList,
     RunView,
@@ -26,13 +27,14 @@ if TYPE_CHECKING:
     from akm.api._models import (
         EventsRequest,
         ListRunsRequest,
+        RewindRequest,
         RunIdRequest,
         StatusRequest,
     )
 from akm.api._args import INVALID_ARGUMENT, MAX_EVENT_LIMIT, _of, _whole_number, _work_dir
 from akm.api._request import _arguments
 from akm.api._targets import _checked_target, _is_file, normalized_ref
-from akm.api._views import _open_db, _require_run, _run_view
+from akm.api._views import _open_db, _require_run, _run_view, rewind_view
 
 DEFAULT_EVENT_LIMIT = 100
 
@@ -109,6 +111,8 @@ def run_status(run_id: str | StatusRequest, *, units: bool = False, step: str | 
                 details={"argument": "step", "steps": known},
             )
         view.steps = [s for s in view.steps or [] if s.id == req.step]
+        for r in view.rewinds or []:
+            r.steps = [s for s in r.steps if s.id == req.step]
         if view.units is not None:
             view.units = [u for u in view.units if u.step_id == req.step]
     return view
@@ -204,6 +208,46 @@ def abandon(run_id: str | RunIdRequest) -> RunView:
     return _control(
         _arguments("RunIdRequest", run_id, {"run_id": run_id}, {"run_id": _of(str, "run_id")}).run_id, "abandon_run"
     )
+
+
+def rewind(run_id: str | RewindRequest, to_step: str | None = None, *, redo: bool | list[str] = False) -> RewindResult:
+    """Take a run back to `to_step`: it and every later step are reopened, in one journal transaction.
+
+    Nothing is deleted: the rows it supersedes stay in the journal, marked with the rewind. Units whose
+    identity (content id and input hash) is unchanged when the engine meets them again are restored from
+    them instead of run, unless `redo` says otherwise (True: none; a list of unit ids: all but those); the
+    session units of `to_step` are asked for again. A completed, failed, blocked or active run can be
+    rewound (not an abandoned one, nor one a live driver holds).
+    """
+    req = _arguments(
+        "RewindRequest",
+        run_id,
+        {"run_id": run_id, "to_step": to_step, "redo": redo},
+        {"run_id": _of(str, "run_id"), "to_step": _of(str, "to_step"), "redo": _redo},
+    )
+    from akm.engine.rewind import rewind as rewind_run
+    from akm.store import runs as runs_store
+
+    with _open_db() as db:
+        _require_run(db, req.run_id)
+        done = rewind_run(db, req.run_id, req.to_step, redo=req.redo)
+        run = _run_view(db, runs_store.require_run(db, req.run_id))
+        this = next((r for r in run.rewinds or [] if r.rewind_id == done.rewind.id), None)
+        return RewindResult(
+            rewind=this or rewind_view(done.rewind),
+            steps=done.steps,
+            superseded_units=done.superseded_units,
+            reusable_units=done.reusable_units,
+            run=run,
+        )
+
+
+def _redo(value: Any) -> bool | list[str]:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, str) and v for v in value):
+        return list(value)
+    raise TypeError(f"redo {value!r}: expected true, false or a list of unit ids")
 
 
 def _control(run_id: str, action: str) -> RunView:

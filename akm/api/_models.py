@@ -59,6 +59,11 @@ class RunRequest(Request):
     max_steps: int | None = Field(None, description="finish at most this many steps now (0: start, drive nothing)")
     timeout: Union[int, str, None] = Field(None, description="stop driving after this long: ms, or text like 30s / 5m")
     new: Flag = Field(False, description="always start a new run, even if an identical one is active")
+    from_run: str | None = Field(
+        None,
+        description="start a new run of the (edited) workflow that reuses every completed unit of this run whose "
+        "identity (step definition and inputs) is unchanged: no process, no model call, no tokens for them",
+    )
     cwd: str | None = Field(None, description="the directory the request is made from (default: the process's)")
     workers: Flag = Field(
         False,
@@ -90,6 +95,11 @@ class RunToolRequest(RunRequest):
         description="stop this server's background driver of the run (target: its run id); "
         "its running units are stopped, the run stays active and resumable",
     )
+    plan: Flag = Field(
+        False,
+        description="preview only, writing nothing: per step the units reused, to run and for you, engines and "
+        "models, budgets, and what the run would do first",
+    )
 
 
 class ListRunsRequest(Request):
@@ -108,6 +118,17 @@ class RunIdRequest(Request):
 class NextRequest(RunIdRequest):
     unit_id: str | None = Field(
         None, description="only this unit, whole (answers clip large prompts and inputs; this fetches one unclipped)"
+    )
+
+
+class RewindRequest(RunIdRequest):
+    """Take a run back to a step (see `rewind`)."""
+
+    to_step: str = Field(description="the step to go back to: it and every later step of the run are reopened")
+    redo: Union[Flag, list[str]] = Field(
+        False,
+        description="false (default): units whose identity is unchanged are reused; true: redo every unit of the "
+        "reopened steps; a list of unit ids: redo those (the step's session units are always asked for again)",
     )
 
 
@@ -311,6 +332,8 @@ class ReportResult(ApiModel):
     # The run's new brief when this report changed what the agent must do next in the same step (its units
     # are done and the gate awaits a verdict; the gate sent the step to its next loop): no extra round trip.
     brief: Brief | None = None
+    # The report left the run failed or blocked: what moves it on (the run view's `recovery`).
+    recovery: dict[str, Any] | None = None
 
 
 class SetupResult(ApiModel):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from akm import paths
 from akm.engine.cancel import Cancellation
 from akm.errors import AkmError, UsageError
+from akm.record import dataclass
 from akm.views import (
     DetachedRun,
     OpenedRun,
@@ -44,6 +45,7 @@ def run_workflow(
     timeout: int | str | None = None,
     timeout_ms: int | None = None,
     new: bool = False,
+    from_run: str | None = None,
     workers: bool = False,
     cancel: Cancellation | None = None,
     on_progress: Callable[[ProgressEvent], None] | None = None,
@@ -60,7 +62,9 @@ def run_workflow(
     text (`30s`), `timeout_ms` ms. `on_progress` gets a `UnitFinished` per
     finished unit attempt and a `StepFinished` per finished step, from worker
     threads too; `cancel.trip(reason)` stops the drive (the run stays active). `workers`: queue the units
-    for `akm worker` processes instead of running them here (akm.engine.remote).
+    for `akm worker` processes instead of running them here (akm.engine.remote). `from_run`: start a new run
+    of the workflow that reuses the completed units of that run whose identity is unchanged (the result's
+    steps say per step how many units were reused).
     """
     from akm.store import events as events_store
     from akm.store import runs as runs_store
@@ -75,6 +79,7 @@ def run_workflow(
             max_steps=max_steps,
             timeout=timeout if timeout is not None else timeout_ms,
             new=new,
+            from_run=from_run,
             cwd=cwd,
             workers=workers,
         ),
@@ -85,6 +90,7 @@ def run_workflow(
             "max_steps": lambda v: None if v is None else _whole_number(v, "max_steps", 0),
             "timeout": lambda v: None if v is None else _duration_ms(v),
             "new": _of(bool, "new"),
+            "from_run": _of(str, "from_run", True),
             "cwd": _of(str, "cwd", True),
             "workers": _of(bool, "workers"),
         },
@@ -111,7 +117,7 @@ def run_workflow(
             on_warning(w)
 
     try:
-        run_id, started, existing = _open(db, target, params, param_pairs, new, work_dir, warn)
+        run_id, started, existing = _open(db, target, params, param_pairs, new, work_dir, warn, req.from_run)
         timer = None
         if timeout_ms is not None:
             import threading
@@ -187,6 +193,7 @@ def open_run(
     param_pairs: list[tuple[str, str | bool]] | None = None,
     params: dict[str, Any] | None = None,
     new: bool = False,
+    from_run: str | None = None,
     cwd: str | None = None,
 ) -> OpenedRun:
     """Find or start the run `target` names, as `run_workflow` would, and drive nothing.
@@ -197,12 +204,13 @@ def open_run(
     req = _arguments(
         "RunRequest",
         target,
-        dict(target=target, params=params, param_flags=param_pairs, new=new, cwd=cwd),
+        dict(target=target, params=params, param_flags=param_pairs, new=new, from_run=from_run, cwd=cwd),
         {
             "target": _of(str, "target"),
             "params": _of(dict, "params", True),
             "param_flags": _of(list, "param_flags", True),
             "new": _of(bool, "new"),
+            "from_run": _of(str, "from_run", True),
             "cwd": _of(str, "cwd", True),
         },
     )
@@ -211,7 +219,7 @@ def open_run(
     db = _open_db()
     try:
         run_id, started, _existing = _open(
-            db, req.target, req.params, req.param_flags, req.new, work_dir, warnings.append
+            db, req.target, req.params, req.param_flags, req.new, work_dir, warnings.append, req.from_run
         )
         run = _require_run(db, run_id)
         return OpenedRun(run_id=run_id, status=run.status, started=started, warnings=[w.message for w in warnings])
@@ -227,6 +235,7 @@ def detach_run(
     max_steps: int | str | None = None,
     timeout: int | str | None = None,
     new: bool = False,
+    from_run: str | None = None,
     cwd: str | None = None,
     workers: bool = False,
 ) -> DetachedRun:
@@ -239,7 +248,7 @@ def detach_run(
 
     steps = None if max_steps is None else _whole_number(max_steps, "max_steps", 0)
     timeout_ms = None if timeout is None else parse_duration_ms(timeout)
-    opened = open_run(target, param_pairs=param_pairs, params=params, new=new, cwd=cwd)
+    opened = open_run(target, param_pairs=param_pairs, params=params, new=new, from_run=from_run, cwd=cwd)
     from akm.store.status import DRIVABLE_STATUSES
 
     if opened.status not in DRIVABLE_STATUSES:
@@ -337,24 +346,43 @@ def wait_exit_status(result: WaitResult) -> int:
     return exit_status_for(RunResult(run=result.run))
 
 
-def _open(
-    db,
+@dataclass
+class _Target:
+    """What a `workflow run` target resolves to, before anything is written: an existing run (a run id), or
+    a workflow (its compiled plan and params) with the drivable run it would continue and the run a new one
+    would reuse (`from_run`)."""
+
+    existing: Any = None  # the run a run id names
+    wf_path: Path | None = None
+    ref: str | None = None
+    plan: Any = None
+    values: dict[str, Any] | None = None
+    scope: str | None = None
+    active: Any = None  # the drivable run of the same workflow and params that would be continued
+    donor: str | None = None  # `from_run`: the run a new run reuses completed units of
+
+
+def _resolve(
+    db: Any,
     target: str,
     params: dict[str, Any] | None,
     param_pairs: list[Any] | None,
     new: bool,
     work_dir: Path,
     warn: Callable[[RunWarning], None],
-) -> tuple[str, bool, Any]:
-    """Which run `target` names: an existing run id, the drivable run of the same workflow and params, or a
-    new run (created here). Returns (run id, whether it was started now, the existing run for a run id)."""
+    from_run: str | None = None,
+    *,
+    start_guard: bool = False,
+) -> _Target:
+    """Which run `target` names, read-only (`db` None: there is no journal yet). `start_guard`: start the
+    units' guardian early (a run is about to be driven)."""
     from akm.store import runs as runs_store
 
-    started = False
-    existing = runs_store.get_run(db, target) if _RUN_ID.match(target) else None
-    if existing is None and is_run_reference(target) and not _is_file(work_dir / target, target):
+    existing = runs_store.get_run(db, target) if db is not None and _RUN_ID.match(target) else None
+    if existing is None and db is not None and is_run_reference(target) and not _is_file(work_dir / target, target):
         # `@last`, or the first characters of a run id (no file has that name): the run it names, if any
         existing = runs_store.get_run(db, resolve_run_id(db, target, work_dir))
+    donor = _donor(db, from_run, existing is not None, warn) if from_run is not None else None
     if existing is not None:
         if param_pairs or params:
             raise UsageError(
@@ -365,60 +393,104 @@ def _open(
             raise UsageError(
                 f"{target} is a run id; a new run starts from a workflow file or ref.", code="NEW_RUN_NEEDS_WORKFLOW"
             )
-        run_id = existing.id
-    else:
-        wf_path, ref = resolve_workflow_file(target, work_dir)
-        plan, lint_warnings = compile_workflow_file(wf_path, cwd=work_dir)
-        if any(s.unit_template is not None and s.unit_template.is_exec for s in plan.steps):
-            from akm.dispatch import guard
+        return _Target(existing=existing)
+    wf_path, ref = resolve_workflow_file(target, work_dir)
+    plan, lint_warnings = compile_workflow_file(wf_path, cwd=work_dir)
+    if start_guard and any(s.unit_template is not None and s.unit_template.is_exec for s in plan.steps):
+        from akm.dispatch import guard
 
-            # The units' guardian is an interpreter of its own that every unit's spawn needs: started
-            # now, its start-up overlaps the engine's (one core is idle here) instead of the units'.
-            guard.token()
-        for w in lint_warnings:
-            warn(w)
-        from akm.format.params import check_params, coerce_params
+        # The units' guardian is an interpreter of its own that every unit's spawn needs: started
+        # now, its start-up overlaps the engine's (one core is idle here) instead of the units'.
+        guard.token()
+    for w in lint_warnings:
+        warn(w)
+    from akm.format.params import check_params, coerce_params
 
-        schemas = plan.param_schemas or {}
-        values = coerce_params(param_pairs, schemas) if param_pairs else check_params(dict(params or {}), schemas)
-        scopes = paths.scope_keys(work_dir, portable=db.shared)
-        scope = scopes[0]
-        active = None if new else _find_active(db, ref, scopes, values)
-        if active is not None:
-            run_id = _continue_active(active, plan, wf_path, warn)
-        else:
-            from akm.canonical import sha256_hex
-            from akm.ids import uuid4
-            from akm.plan.model import UNIT_HASH_VERSION
+    schemas = plan.param_schemas or {}
+    values = coerce_params(param_pairs, schemas) if param_pairs else check_params(dict(params or {}), schemas)
+    scopes = paths.scope_keys(work_dir, portable=db is not None and db.shared)
+    active = None if new or donor is not None or db is None else _find_active(db, ref, scopes, values)
+    return _Target(None, wf_path, ref, plan, values, scopes[0], active, donor)
 
-            run_id = uuid4()
-            plan_json = plan.canonical()
-            try:
-                runs_store.create_run(
-                    db,
-                    run_id=run_id,
-                    workflow_ref=ref,
-                    workflow_path=str(wf_path),
-                    title=plan.title,
-                    scope_key=scope,
-                    params=values,
-                    plan_json=plan_json,
-                    plan_hash=sha256_hex(plan_json),  # = plan.plan_hash(), without dumping the plan again
-                    hash_version=UNIT_HASH_VERSION,
-                    step_ids=[s.step_id for s in plan.steps],
-                    join_identical=not new,
-                )
-                started = True
-            except UsageError as exc:
-                # Lost a start race to an identical invocation (same workflow, same params):
-                # continue its run rather than start a twin.
-                winner = (
-                    runs_store.get_run(db, exc.details.get("runId", "")) if exc.code == "RUN_ALREADY_ACTIVE" else None
-                )
-                if winner is None:
-                    raise
-                run_id = _continue_active(winner, plan, wf_path, warn)
-    return run_id, started, existing
+
+def _open(
+    db,
+    target: str,
+    params: dict[str, Any] | None,
+    param_pairs: list[Any] | None,
+    new: bool,
+    work_dir: Path,
+    warn: Callable[[RunWarning], None],
+    from_run: str | None = None,
+) -> tuple[str, bool, Any]:
+    """Which run `target` names: an existing run id, the drivable run of the same workflow and params, or a
+    new run (created here; always with `from_run`, reusing that run's completed units). Returns (run id,
+    whether it was started now, the existing run for a run id)."""
+    from akm.store import runs as runs_store
+
+    t = _resolve(db, target, params, param_pairs, new, work_dir, warn, from_run, start_guard=True)
+    if t.existing is not None:
+        return t.existing.id, False, t.existing
+    assert t.wf_path is not None and t.ref is not None and t.values is not None and t.scope is not None
+    if t.active is not None:
+        return _continue_active(t.active, t.plan, t.wf_path, warn), False, None
+    from akm.canonical import sha256_hex
+    from akm.ids import uuid4
+    from akm.plan.model import UNIT_HASH_VERSION
+
+    run_id = uuid4()
+    plan_json = t.plan.canonical()
+    try:
+        runs_store.create_run(
+            db,
+            run_id=run_id,
+            workflow_ref=t.ref,
+            workflow_path=str(t.wf_path),
+            title=t.plan.title,
+            scope_key=t.scope,
+            params=t.values,
+            plan_json=plan_json,
+            plan_hash=sha256_hex(plan_json),  # = plan.plan_hash(), without dumping the plan again
+            hash_version=UNIT_HASH_VERSION,
+            step_ids=[s.step_id for s in t.plan.steps],
+            join_identical=not new and t.donor is None,
+            reuse_from=t.donor,
+        )
+    except UsageError as exc:
+        # Lost a start race to an identical invocation (same workflow, same params):
+        # continue its run rather than start a twin.
+        winner = runs_store.get_run(db, exc.details.get("runId", "")) if exc.code == "RUN_ALREADY_ACTIVE" else None
+        if winner is None:
+            raise
+        return _continue_active(winner, t.plan, t.wf_path, warn), False, None
+    return run_id, True, None
+
+
+def _donor(db: Any, from_run: str, target_is_run: bool, warn: Callable[[RunWarning], None]) -> str:
+    """The run a `from_run` start reuses: it must exist; the target must be a workflow (a new run starts)."""
+    from akm.errors import NotFoundError
+    from akm.plan.model import UNIT_HASH_VERSION
+
+    if target_is_run:
+        raise UsageError(
+            "from_run starts a new run of a workflow (its edited file): pass the workflow file or "
+            "workflows/<name> as the target, not a run id.",
+            code="NEW_RUN_NEEDS_WORKFLOW",
+            details={"argument": "target", "fromRun": from_run},
+        )
+    if db is None:  # no journal yet: no run at all
+        raise NotFoundError(f"No workflow run with id {from_run}.", code="RUN_NOT_FOUND", details={"runId": from_run})
+    source = _require_run(db, from_run)
+    if source.hash_version != UNIT_HASH_VERSION:
+        warn(
+            RunWarning(
+                code="ENGINE",
+                message=f"run {source.id} identifies its units the older way (hash version {source.hash_version}); "
+                "none of them can be reused by a new run.",
+                details={"runId": source.id},
+            )
+        )
+    return str(source.id)
 
 
 def _find_active(db: Any, ref: str, scopes: tuple[str, ...], values: dict[str, Any]) -> Any:

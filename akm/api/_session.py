@@ -120,7 +120,7 @@ def report_unit(
         root = _run_project_root(run, _work_dir(req.cwd), portable=db.shared)
         from akm.api._models import ReportResult
 
-        return ReportResult.model_validate(
+        answer = ReportResult.model_validate(
             session.report(
                 db,
                 run.id,
@@ -138,3 +138,8 @@ def report_unit(
                 project_root=root,
             )
         )
+        if answer.run_status in ("failed", "blocked"):
+            from akm.engine.recovery import recovery
+
+            answer.recovery = recovery(db, _require_run(db, req.run_id))
+        return answer

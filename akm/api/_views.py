@@ -13,6 +13,7 @@ from akm import paths
 from akm.errors import AkmError
 from akm.views import (
     LeaseView,
+    RewindView,
     RunView,
     StepView,
     UnitView,
@@ -122,6 +123,7 @@ def _routes(run) -> dict[str, str]:
 
 
 def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> RunView:
+    from akm.store import rewinds as rewinds_store
     from akm.store import runs as runs_store
     from akm.store import units as units_store
 
@@ -145,6 +147,7 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
         view.steps = []
         routes = _routes(run)
         tallies = units_store.step_tallies(db, run.id)
+        reused = units_store.reused_counts(db, run.id)
         for s in runs_store.get_steps(db, run.id):
             ev = _json_or_none(s.evidence_json)
             output = ev.get("output") if isinstance(ev, dict) else None
@@ -165,42 +168,90 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
                     attempts=tally.attempts if tally else 0,
                     gate_loops=tally.gate_loops if tally else 0,
                     truncated_units=len(cut) if isinstance(cut, list) else 0,
+                    reused_units=reused.get(s.step_id, 0),
                 )
             )
             if run.status == "completed" and s.status == "completed" and output is not None:
                 view.output, view.output_step_id = output, s.step_id
+        view.rewinds = _rewinds_view(db, run.id)
+        if run.status in ("failed", "blocked", "abandoned"):
+            from akm.engine.recovery import recovery
+
+            view.recovery = recovery(db, run)
     if with_units:
         # D8: a running unit whose last sign of life (heartbeat, else start) is older than
         # STALE_AFTER_S is stale — its driver is probably gone. The engine heartbeats
         # running units, so a long healthy unit is never reported stale. Compared on the
         # journal's clock, the one those stamps were written on.
         cutoff = db.now(-STALE_AFTER_S)
-        view.units = [
-            UnitView(
-                unit_id=u.unit_id,
-                step_id=u.step_id,
-                status=u.status,
-                attempts=u.attempts,
-                phase="gate" if u.phase == "gate" else "unit",
-                failure_reason=u.failure_reason,
-                result=_json_or_none(u.result_json),
-                tokens=u.tokens,
-                runner=u.runner,
-                started_at=u.started_at,
-                finished_at=u.finished_at,
-                last_checkin_at=u.last_checkin_at,
-                worktree_path=u.worktree_path,
-                truncated=bool(u.truncated),
-                host=u.host,
-                engine=u.engine,
-                session_id=u.session_id,
-                stale=((u.last_checkin_at or u.started_at) < cutoff)
-                if u.status == "running" and u.phase != "gate"
-                else None,
-            )
-            for u in units_store.get_units(db, run.id)
+        view.units = [_unit_view(u, cutoff) for u in units_store.get_units(db, run.id)]
+        # The rows rewinds superseded stay visible, each marked with its rewind (after the rows in force).
+        view.units += [
+            _unit_view(h.unit, cutoff, superseded_by=h.rewind_id) for h in rewinds_store.superseded_units(db, run.id)
         ]
     return view
+
+
+def _unit_view(u: Any, cutoff: str, superseded_by: str | None = None) -> UnitView:
+    return UnitView(
+        unit_id=u.unit_id,
+        step_id=u.step_id,
+        status=u.status,
+        attempts=u.attempts,
+        phase="gate" if u.phase == "gate" else "unit",
+        failure_reason=u.failure_reason,
+        result=_json_or_none(u.result_json),
+        tokens=u.tokens,
+        runner=u.runner,
+        started_at=u.started_at,
+        finished_at=u.finished_at,
+        last_checkin_at=u.last_checkin_at,
+        worktree_path=u.worktree_path,
+        truncated=bool(u.truncated),
+        host=u.host,
+        engine=u.engine,
+        session_id=u.session_id,
+        stale=((u.last_checkin_at or u.started_at) < cutoff)
+        if u.status == "running" and u.phase != "gate" and superseded_by is None
+        else None,
+        superseded_by=superseded_by,
+        reused_from=_json_or_none(u.reused_from),
+    )
+
+
+def _rewinds_view(db: Any, run_id: str) -> list[RewindView]:
+    """The run's rewinds, each with the step rows it superseded (as `StepView`s: status, output, notes)."""
+    from akm.store import rewinds as rewinds_store
+
+    rewinds = rewinds_store.list_rewinds(db, run_id)
+    if not rewinds:
+        return []
+    steps: dict[str, list[StepView]] = {}
+    for h in rewinds_store.superseded_steps(db, run_id):
+        ev = _json_or_none(h.step.evidence_json)
+        steps.setdefault(h.rewind_id, []).append(
+            StepView(
+                id=h.step.step_id,
+                status=h.step.status,
+                output=ev.get("output") if isinstance(ev, dict) else None,
+                summary=h.step.summary,
+                notes=h.step.notes,
+            )
+        )
+    return [rewind_view(r, steps.get(r.id, [])) for r in rewinds]
+
+
+def rewind_view(r: Any, steps: list[StepView] | None = None) -> RewindView:
+    return RewindView(
+        rewind_id=r.id,
+        seq=r.seq,
+        to_step=r.to_step,
+        redo=r.redo,
+        from_status=r.from_status,
+        from_step=r.from_step,
+        created_at=r.created_at,
+        steps=steps or [],
+    )
 
 
 def _awaiting(db, run) -> dict[str, Any] | None:

@@ -149,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "catalog": commands._cmd_catalog,
             "resume": commands._cmd_control,
             "abandon": commands._cmd_control,
+            "rewind": commands._cmd_rewind,
             "next": commands._cmd_next,
             "wait": commands._cmd_wait,
             "report": commands._cmd_report,

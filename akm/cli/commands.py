@@ -155,6 +155,20 @@ def _cmd_run(tokens: list[str]) -> int:
         return _run_help(tokens)
     target, ra = split_run(tokens)
     fmt = api.check_output_format(str(ra.controls.get("format", "text")), ("text", "json"))
+    if ra.controls.get("plan"):
+        if ra.controls.get("detach") or ra.controls.get("workers"):
+            raise UsageError(
+                "--plan drives nothing (it writes nothing either); drop --detach and --workers.",
+                code="INVALID_ARGUMENT",
+            )
+        preview = api.plan_run(target, param_pairs=ra.params, new=bool(ra.controls.get("new")), from_run=_from_run(ra))
+        for message in preview.warnings:
+            _err(f"warning: {message}")
+        if fmt == "json":
+            _emit_json(preview.to_json())
+        else:
+            _out(render.preview_text(preview.to_json()))
+        return 0
 
     if ra.controls.get("detach"):
         detached = api.detach_run(
@@ -163,6 +177,7 @@ def _cmd_run(tokens: list[str]) -> int:
             max_steps=ra.controls.get("max-steps"),
             timeout=ra.controls.get("timeout"),
             new=bool(ra.controls.get("new")),
+            from_run=_from_run(ra),
             workers=bool(ra.controls.get("workers")),
         )
         for message in detached.warnings:
@@ -236,8 +251,8 @@ def _cmd_run(tokens: list[str]) -> int:
         say(f"warning: {w.message}")
         if w.code == "WORKFLOW_CHANGED":
             say(
-                f"  hint: to run the edited file, start a new run: akm workflow run {target} --new "
-                f"(and `akm workflow abandon {w.details['runId']}` to drop the old one)"
+                f"  hint: to run the edited file reusing every unit that did not change: akm workflow run {target} "
+                f"--from {w.details['runId']} (and `akm workflow abandon {w.details['runId']}` to drop the old run)"
             )
 
     try:
@@ -247,6 +262,7 @@ def _cmd_run(tokens: list[str]) -> int:
             max_steps=ra.controls.get("max-steps"),
             timeout=ra.controls.get("timeout"),
             new=bool(ra.controls.get("new")),
+            from_run=_from_run(ra),
             workers=bool(ra.controls.get("workers")),
             cancel=cancel,
             on_progress=progress,
@@ -286,6 +302,11 @@ def _run_help(tokens: list[str]) -> int:
     _out(render.workflow_help(entry.to_json(), target))
     _out(_RUN_HELP[_RUN_HELP.index("Run flags:") :])  # the flags every run takes (TARGET's story is above)
     return 0
+
+
+def _from_run(ra: Any) -> str | None:
+    value = ra.controls.get("from")
+    return None if value is None else str(value)
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -387,6 +408,19 @@ def _cmd_control(args: argparse.Namespace) -> int:
         _emit_json(view)
     else:
         _out(render.run_text(view))
+    return 0
+
+
+def _cmd_rewind(args: argparse.Namespace) -> int:
+    from akm import api
+    from akm.cli import render
+
+    redo: bool | list[str] = False if args.redo is None else (list(args.redo) or True)
+    res = api.rewind(args.run_id, args.to_step, redo=redo).to_json()
+    if args.format == "json":
+        _emit_json(res)
+    else:
+        _out(render.rewind_text(res))
     return 0
 
 
@@ -514,6 +548,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
             and res.get("runStatus") != "completed"
         ):
             _out(f"-> akm workflow run {res['runId']}")
+        elif res.get("recovery"):  # the report left the run failed or blocked: what moves it on
+            from akm.cli.render import remedy_command
+
+            _out(f"to go on: {remedy_command(res['recovery'], res['runId'])}")
+            _out(f"  ({res['recovery'].get('why')})")
     return 0
 
 

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 _CLI_HINTS: dict[str, str] = {
     "RUN_NOT_FOUND": "List runs with `akm workflow list` (`--all` for every project).",
     "RUN_ID_AMBIGUOUS": "Type more of the run id; `akm workflow list` shows them whole.",
-    "RUN_ABANDONED": "Abandoning is final; start a new run from the workflow file with `akm workflow run FILE`.",
+    "RUN_ABANDONED": "Abandoning is final; `akm workflow run FILE --from {runId}` starts a new run that reuses its "
+    "completed units.",
     "RUN_ALREADY_FINISHED": "Start a new run from the workflow file with `akm workflow run FILE`.",
     "LEASE_HELD": "Wait for that `akm workflow run` to finish, or for its lease to expire; "
     "`akm workflow status {runId}` shows who holds it.",
@@ -26,10 +27,15 @@ _CLI_HINTS: dict[str, str] = {
     "UNIT_TERMINAL": "Add --rerun to do the finished unit again.",
     "CLAIM_EXPIRED": "Claim it again with --status running (same --holder), then report its result.",
     "STEP_MISMATCH": "`akm workflow next RUN` shows what the run needs now.",
-    "STEP_CLOSED": "Start a new run to change it: `akm workflow run FILE --new`.",
+    "STEP_CLOSED": "Go back to that step with `akm workflow rewind {runId} --to {stepId}`, then report the unit "
+    "again with --rerun.",
     "STALE_REPORT": "`akm workflow next RUN` shows the current attempt; report that with --attempt.",
-    "REPLAY_DIVERGED": "Start a new run: `akm workflow run FILE --new`.",
-    "UNKNOWN_UNIT": "`akm workflow next RUN` lists the units to report.",
+    "REPLAY_DIVERGED": "Go back to the unit's step: `akm workflow rewind {runId} --to {stepId} --redo`.",
+    "UNKNOWN_UNIT": "`akm workflow next RUN` lists the units to report; a unit of a finished step is done again "
+    "after `akm workflow rewind RUN --to STEP`.",
+    "BUDGET_EXCEEDED": "A rewind gives no budget back: raise it in the workflow file, then `akm workflow run FILE "
+    "--from RUN` starts a new run that reuses every completed unit.",
+    "STEP_NOT_REACHED": "`akm workflow status RUN` shows the steps the run finished or is on.",
 }
 # An argument of the api (details.argument) as the CLI spells it.
 _FLAG_OF = {
@@ -49,7 +55,12 @@ def _cli_hint(exc: "AkmError") -> str | None:
     """This front's advice for an error, else the core's own hint."""
     details = exc.details or {}
     if exc.code == "RUN_NOT_ACTIVE" and details.get("status") in ("failed", "blocked") and details.get("runId"):
-        return f"Reopen it with `akm workflow resume {details['runId']}`, then run it again."
+        rid = details["runId"]
+        return (
+            f"`akm workflow status {rid}` says what moves it on: `akm workflow resume {rid}` (its current step is "
+            f"retried as it is) or `akm workflow rewind {rid} --to STEP` (back to an earlier step), then "
+            f"`akm workflow run {rid}`."
+        )
     argument = details.get("argument")
     if argument in _FLAG_OF:
         return f"Check {_FLAG_OF[argument]}; `--help` on the command describes it."

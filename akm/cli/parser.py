@@ -20,8 +20,8 @@ from akm import __version__
 from akm.errors import UsageError
 
 _RUN_HELP = """\
-usage: akm workflow run TARGET [--<param> VALUE ...] [--new] [--max-steps N] [--timeout DUR]
-                        [--detach] [--workers] [--format text|json] [--quiet] [--verbose]
+usage: akm workflow run TARGET [--<param> VALUE ...] [--new | --from RUN] [--plan] [--max-steps N]
+                        [--timeout DUR] [--detach] [--workers] [--format text|json] [--quiet] [--verbose]
 
 Start or continue a workflow run and drive it as far as it can go.
 
@@ -39,6 +39,11 @@ a bare --name (true), repeat for arrays or pass JSON ([..], {..}).
 
 Run flags:
   --new           always start a new run (e.g. to run an edited file)
+  --from RUN      start a new run of the (edited) workflow that reuses every completed
+                  unit of RUN whose identity (step definition and inputs) is unchanged:
+                  no process, no model call, no tokens for them; the rest runs
+  --plan          preview, writing nothing: per step the units reused, to run and for
+                  the calling agent, engines and models, budgets, what would run first
   --max-steps N   finish at most N steps in this invocation (exit 4 if more remain)
   --timeout DUR   stop after DUR (500ms, 30s, 5m); the run stays active
   --detach        drive the run in the background: print the run id at once and
@@ -150,6 +155,26 @@ def _build_parser() -> "argparse.ArgumentParser":
         sp = add(name, text)
         sp.add_argument("run_id", metavar="RUN", help=run_id_help)
         fmt(sp)
+
+    rw = add(
+        "rewind",
+        "take a run back to a step: it and every later step are reopened (history is kept, unchanged units reused)",
+    )
+    rw.add_argument("run_id", metavar="RUN", help=run_id_help)
+    rw.add_argument("--to", dest="to_step", metavar="STEP", required=True, help="the step to go back to")
+    rw.add_argument(
+        "--redo",
+        nargs="*",
+        metavar="UNIT",
+        help="redo units instead of reusing them: every unit of the reopened steps, or only the UNITs named "
+        "(the step's own session units are always asked for again)",
+    )
+    fmt(rw)
+    rw.epilog = (
+        "Works on a completed, failed, blocked or active run (not an abandoned one, nor one a driver holds). "
+        "Then `akm workflow run RUN` goes on from STEP: units whose identity (step definition and inputs) is "
+        "unchanged are restored instead of run."
+    )
 
     wt = add("wait", "wait until a run is no longer active (driven elsewhere, e.g. by `workflow run --detach`)")
     wt.add_argument("run_id", metavar="RUN", help=run_id_help)

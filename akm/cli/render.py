@@ -66,7 +66,7 @@ def _params_text(params: dict[str, Any]) -> tuple[str, bool]:
 def _tally(step: dict[str, Any]) -> str:
     """ "3 units, 5 attempts, 2 gate loops": the work behind a step, retries and loops included."""
     n, attempts, loops = step.get("unitCount") or 0, step.get("attempts") or 0, step.get("gateLoops") or 0
-    parts = [_plural(n, "unit")]
+    parts = [_plural(n, "unit") + (f" ({step['reusedUnits']} reused)" if step.get("reusedUnits") else "")]
     if attempts > n:
         parts.append(_plural(attempts, "attempt"))
     if loops > 1:
@@ -131,6 +131,10 @@ def run_text(view: dict[str, Any]) -> str:
             extra += " (output truncated at the capture cap)"
         if u.get("stale"):
             extra += " STALE: no heartbeat for 90 s, its driver is probably gone"
+        if u.get("reusedFrom"):
+            extra += f" (reused from {u['reusedFrom'].get('unitId')} of run {u['reusedFrom'].get('runId')})"
+        if u.get("supersededBy"):
+            extra += f" (superseded by rewind {u['supersededBy']})"
         lines.append(
             f"    {'gate' if u.get('phase') == 'gate' else 'unit'} {u['unitId']}: {u['status']}{extra}, "
             f"attempts {u['attempts']}"
@@ -138,6 +142,24 @@ def run_text(view: dict[str, Any]) -> str:
             + (f", engine {u['engine']}" if u.get("engine") else "")
             + (f", session {u['sessionId']}" if u.get("sessionId") else "")
         )
+    rec = view.get("recovery")
+    if rec:
+        why = str(rec.get("why") or "")
+        lines.append(f"to go on: {remedy_command(rec, view['runId'])}")
+        lines.append(f"  ({why})")
+    for r in view.get("rewinds") or []:
+        was = f"{r['fromStatus']} at {r['fromStep']}" if r.get("fromStep") else r["fromStatus"]
+        wanted = r.get("redo")
+        redo = ", every unit redone" if wanted is True else (f", redoing {', '.join(wanted)}" if wanted else "")
+        lines.append(f"rewind {r['seq']} ({r['createdAt']}): back to step {r['toStep']} (was {was}{redo})")
+        if view.get("units") is not None:  # --units: what it superseded, as it was
+            for st in r.get("steps") or []:
+                out = ""
+                if st.get("output") is not None:
+                    text, clipped = _clip(_value_text(st["output"]), _STEP_CLIP)
+                    clipped_any = clipped_any or clipped
+                    out = " → " + text.splitlines()[0] if text else ""
+                lines.append(f"    superseded {st['status']:<10} {st['id']}{out}")
     aw = view.get("awaiting")
     if aw:
         rid = view.get("runId")
@@ -352,3 +374,89 @@ def workflow_help(entry: dict[str, Any], target: str) -> str:
     if params:
         lines.append("  (arrays: repeat the flag or pass JSON; objects: JSON; booleans: a bare --name is true)")
     return "\n".join(lines) + "\n"
+
+
+def rewind_text(res: dict[str, Any]) -> str:
+    """`workflow rewind`: what it reopened and kept, then the run as it is now."""
+    r, rid = res["rewind"], res["run"]["runId"]
+    lines = [
+        f"rewound run {rid} to step {r['toStep']} (rewind {r['seq']}): reopened {', '.join(res['steps'])}",
+        f"  {_plural(res['supersededUnits'], 'unit row')} kept as history, marked superseded; "
+        f"{res['reusableUnits']} of them reused when akm meets them unchanged",
+        run_text(res["run"]),
+        f"continue with: akm workflow run {rid}",
+    ]
+    return "\n".join(lines)
+
+
+def preview_text(p: dict[str, Any]) -> str:
+    """`workflow run … --plan`: a table of the steps, the budget, and what would happen first."""
+    if p.get("runId"):
+        head = f"plan: continue run {p['runId']} ({p.get('status')}) of {p['workflow']}"
+    else:
+        head = f"plan: a new run of {p['workflow']}" + (f", reusing run {p['fromRun']}" if p.get("fromRun") else "")
+    lines = [head + " — nothing was written"]
+    if p.get("params"):
+        lines.append(f"params: {_params_text(p['params'])[0]}")
+    rows = [("step", "kind", "status", "units", "done", "reused", "to run", "agent", "by", "judge")]
+    for s in p.get("steps") or []:
+        who = s.get("engine") or s.get("runner") or "-"
+        if s.get("model"):
+            who += f" ({s['model']})"
+        units = "?" if s.get("units") is None else str(s["units"])
+        rows.append(
+            (
+                s["id"],
+                s["kind"],
+                s["status"],
+                units,
+                str(s.get("done") or 0),
+                str(s.get("reused") or 0),
+                str(s.get("toRun") or 0),
+                str(s.get("forAgent") or 0),
+                who,
+                s.get("judge") or "-",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+    for s in p.get("steps") or []:
+        if s.get("note"):
+            lines.append(f"  {s['id']}: {s['note']}")
+    b = p.get("budget") or {}
+    ceilings = [f"max_units {b['maxUnits']}" for _ in [0] if b.get("maxUnits") is not None] + [
+        f"max_tokens {b['maxTokens']}" for _ in [0] if b.get("maxTokens") is not None
+    ]
+    lines.append(
+        f"budget: {', '.join(ceilings) or 'none'}; used {b.get('usedUnits', 0)} unit(s), "
+        f"{b.get('usedTokens', 0)} token(s); {b.get('toRun', 0)} unit(s) to run in the steps known now"
+    )
+    lines.append(
+        f"reused {p.get('reused', 0)}, to run {p.get('toRun', 0)}, for the calling agent {p.get('forAgent', 0)}"
+    )
+    lines.append(f"first: {p.get('first')}")
+    return "\n".join(lines)
+
+
+def remedy_command(rec: dict[str, Any], rid: str) -> str:
+    """A run's `recovery` (akm/engine/recovery.py) as the commands that carry it out."""
+    import shlex
+
+    action = rec.get("action")
+    if action == "resume":
+        if rec.get("then") == "judge":
+            return (
+                f"akm workflow resume {rid} && akm workflow next {rid}  (then report the verdict with "
+                f"`akm workflow report {rid} STEP.gate:lN --verdict …`, or `akm workflow run {rid}` asks the judge "
+                "engine again)"
+            )
+        return f"akm workflow resume {rid} && akm workflow run {rid}"
+    if action == "rewind":
+        redo = " --redo" if rec.get("redo") else ""
+        return f"akm workflow rewind {rid} --to {shlex.quote(str(rec.get('stepId')))}{redo} && akm workflow run {rid}"
+    flags = ""
+    for name, value in (rec.get("params") or {}).items():
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        flags += f" --{name}={shlex.quote(text)}"
+    return f"akm workflow run {shlex.quote(str(rec.get('workflow')))}{flags} --from {rec.get('fromRun') or rid}"

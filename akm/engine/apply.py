@@ -159,7 +159,15 @@ def apply_decision(fx: Effects, step: StepPlan, decision: StepDecision) -> Appli
 def _judge(fx: Effects, step: StepPlan, decision: StepDecision) -> Applied:
     """A verdict for the current loop: from the step's judge engine now, or from the calling agent later."""
     from akm.engine import gates  # a gate's judging (and the answer parsing it needs): only for a step with a gate
+    from akm.engine.reuse import restore_verdict
+    from akm.store.runs import get_run
 
+    # The same question answered before (a rewind's history, a `--from` run): its verdict, not a new judgement.
+    run = get_run(fx.db, fx.run_id)
+    if run is not None and restore_verdict(
+        fx.db, fx.run_id, run.reuse_from, fx.plan, step, decision, fence=fx.fence, write=fx.write
+    ):
+        return Applied(AGAIN)
     name, snapshot = gates.judge_engine(fx.plan, step)
     kind = (snapshot or {}).get("kind")
     dispatcher = fx.dispatcher_for(kind) if (name is not None and kind) else None

@@ -31,6 +31,7 @@ from akm import paths
 from akm.dispatch.base import DispatcherRegistry, UnitRequest
 from akm.dispatch.exec import build_exec_context
 from akm.dispatch.redact import sensitive_values_from
+from akm.engine import reuse as reuse_units
 from akm.engine import worktree as worktrees
 from akm.engine.activity import ActivityRelay
 from akm.engine.apply import AGAIN, FINISHED, apply_decision, pass_failed
@@ -996,6 +997,7 @@ class _Driver:
             max_tokens=budget.max_tokens if budget else None,
         )
         self._warn_lock = threading.Lock()
+        self.reused: dict[str, int] = {}  # per step: units restored by this invocation instead of run
         self.spine: Spine | None = None
         self.effects = _DriverEffects(self)
         # What workers check before they claim this run's units (akm.engine.remote.dispatch_payload).
@@ -1122,6 +1124,7 @@ class _Driver:
                 "skipped": False,
                 "unitCount": r.unit_count if r else 0,
                 "failedUnits": r.failed_units if r else 0,
+                "reusedUnits": self.reused.get(step_id, 0),
                 "summary": summary if summary is not None else (r.summary if r else decision.notes),
                 **({"gateLoop": decision.loop} if decision.loop > 1 else {}),
             }
@@ -1159,6 +1162,7 @@ class _Driver:
                         "skipped": True,
                         "unitCount": 0,
                         "failedUnits": 0,
+                        "reusedUnits": 0,
                         "summary": f"skipped ({why})",
                     }
                 )
@@ -1169,6 +1173,7 @@ class _Driver:
     def run_step(self, step: StepPlan) -> bool:
         """Drive one step until it finishes (True: the run moves on) or the drive must stop (False)."""
         settled_loop: int | None = None  # the loop this invocation already dispatched
+        restored_loop: int | None = None  # the loop whose reusable units this invocation restored
         # The work list is a pure function of the step, params, earlier outputs and the gate state: the
         # decision after a dispatch pass reuses the one computed before it (a new loop computes its own).
         work_list: Any = None
@@ -1197,6 +1202,15 @@ class _Driver:
             )
             if decision.work_list is not None:
                 work_list, work_list_gate = decision.work_list, (gate.loop, gate.feedback)
+            if decision.kind == "work" and restored_loop != gate.loop:
+                # Units a rewind superseded or a `--from` run completed, with the same identity: restored, not run.
+                restored_loop = gate.loop
+                restored = reuse_units.restore(
+                    self.db, self.loaded, step, decision, fence=self.fence, write=self._fenced_write
+                )
+                if restored:
+                    self.reused[step.step_id] = self.reused.get(step.step_id, 0) + restored
+                    continue
             if decision.kind == "work" and settled_loop != gate.loop:
                 # Only this driver dispatches: one pass over the units it can run, then decide again with
                 # the pass settled (what is still outstanding then is claimed elsewhere, or session work).

@@ -114,3 +114,32 @@ def run_engine_judge(
         )
     verdict, why = parse_verdict(raw.text or "")
     return verdict, why, raw.tokens
+
+
+def verdict_identity(plan: Plan, step: StepPlan, result: Any, artifact: Any) -> str | None:
+    """The identity of a gate verdict, kept as its gate row's input hash: what the judge is shown (the rubric,
+    the unit counts and the whole artifact) and who judges it (the engine and its frozen snapshot, or the
+    calling agent). A verdict with the same identity is the same question answered: the engine restores it
+    instead of asking again (spec/engine.md §4.2). None when the artifact cannot be identified."""
+    from akm.canonical import canonical_hash
+
+    name, snapshot = judge_engine(plan, step)
+    judge = step.gate.judge
+    try:
+        return canonical_hash(
+            {
+                "verdictVersion": 1,
+                "criteria": list(step.gate.criteria),
+                "units": [result.unit_count if result else 0, result.failed_units if result else 0],
+                "artifact": artifact,
+                "judge": None
+                if name is None
+                else {
+                    "engine": name,
+                    "snapshot": snapshot,
+                    "invocation": judge.model_dump(mode="json") if judge else None,
+                },
+            }
+        )
+    except CanonicalError:
+        return None

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from akm.dispatch.answer import AnswerError, parse_command_json
 from akm.dispatch.redact import redact_text, redact_value, sensitive_values_from
-from akm.engine import gates
+from akm.engine import gates, reuse
 from akm.engine.apply import AGAIN, PARKED, apply_decision, pass_failed
 from akm.engine.budget import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
 from akm.engine.finalize import (
@@ -64,6 +64,7 @@ from akm.format.schema import validate_instance
 from akm.plan.identity import NO_ITEM, base_of_attempt, journal_base_id
 from akm.plan.model import StepPlan
 from akm.record import dataclass
+from akm.store import rewinds as rewinds_store
 from akm.store import runs as runs_store
 from akm.store import units as units_store
 from akm.store.db import Database
@@ -190,6 +191,17 @@ def _is_session_judged(cur: _Current) -> bool:
     return gates.judge_engine(cur.loaded.plan, cur.step)[0] is None
 
 
+def _judge_failed_here(cur: _Current) -> bool:
+    """The step's judge engine failed on the loop now to judge (its gate row is finished `failed`: no verdict,
+    the step was blocked and the run resumed since): the calling agent may give the verdict instead, so a
+    judge engine that keeps failing (an answer that is not JSON) never leaves the run without a way on."""
+    d = cur.decision
+    if cur.step is None or d is None or d.kind != "judge":
+        return False
+    row_id = gate_row_for(cur.step.step_id, d.loop)
+    return any(r["unit_id"] == row_id and r.get("status") == "failed" for r in cur.gate_rows or [])
+
+
 def _live_claim(row: dict[str, Any] | None, now: str) -> dict[str, Any] | None:
     if row is None or row.get("status") != "running":
         return None
@@ -203,11 +215,16 @@ def _live_claim(row: dict[str, Any] | None, now: str) -> dict[str, Any] | None:
 # ---------------------------------------------------------------- brief (read-only)
 
 
-def _unit_brief(cur: _Current, state: UnitState, now: str, driven: bool = False) -> dict[str, Any]:
+def _unit_brief(
+    cur: _Current, state: UnitState, now: str, driven: bool = False, again: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """`again`: units a rewind superseded: done before, offered as a re-run (the agent reports a new result)."""
     u = state.unit
     tmpl = u.template
     claim = _live_claim(state.row, now)
     action = {RETRYABLE: "rerun", FAILED: "rerun"}.get(state.status, "claimed" if claim else "do")
+    if action == "do" and state.row is None and u.unit_id in again:
+        action = "rerun"
     if driven:
         action = "do_not_run"  # another holder's live lease: akm itself is working on this step right now
     context: dict[str, Any] = {
@@ -332,7 +349,17 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
         if not session_units:
             out.update(kind="engine", message="This step's units are run by akm itself: continue the run.")
             return out
-        out["units"] = [_unit_brief(cur, s, now, driven) for s in session_units]
+        if reuse.restorable(db, run_id, run.reuse_from, cur.loaded.plan, step, d):
+            # Units done before with the same inputs (a rewind's history, a `--from` run): akm restores them
+            # when the run goes on, so the agent is not asked for work that is already there.
+            out.update(
+                kind="engine",
+                message=f"Units of step {step.step_id} were done before with the same inputs: continue the run and "
+                "akm reuses them (what is left comes back to you).",
+            )
+            return out
+        again = frozenset(rewinds_store.superseded_content_ids(db, run_id, step.step_id))
+        out["units"] = [_unit_brief(cur, s, now, driven, again) for s in session_units]
         out["kind"] = "units"
         out["warnings"].extend(_silent_claim_warnings(session_units, now))
         todo = sum(1 for u in out["units"] if u["action"] != "claimed")
@@ -346,13 +373,26 @@ def brief(db: Database, run_id: str) -> dict[str, Any]:
                 "session — work on a branch or a scratch copy yourself."
             )
         return out
-    if d.kind == "judge" and _is_session_judged(cur):
+    if d.kind == "judge" and reuse.restorable_verdict(db, run_id, run.reuse_from, cur.loaded.plan, step, d):
+        out.update(
+            kind="engine",
+            message=f"Step {step.step_id}'s artifact was judged before, as it is now: continue the run and akm "
+            "reuses that verdict.",
+        )
+        return out
+    if d.kind == "judge" and (_is_session_judged(cur) or _judge_failed_here(cur)):
         out["judge"] = _judge_brief(cur)
         out["kind"] = "judge"
         out["message"] = (
             f"Step {step.step_id} produced its artifact (gate loop {d.loop}): judge it against the "
             "criteria and report a verdict {complete, missing, feedback}."
         )
+        if not _is_session_judged(cur):
+            out["message"] += " Its judge engine failed on this loop: your verdict stands in for it."
+            out["warnings"].append(
+                f"the judge engine of step {step.step_id} failed on gate loop {d.loop}; report the verdict yourself, "
+                "or continue the run to ask the engine again"
+            )
         return out
     out.update(kind="engine", message="akm can take the run further itself: continue the run.")
     return out
@@ -509,7 +549,31 @@ def _require_recordable(value: Any, uid: str) -> None:
         )
 
 
-def _refuse_unit(cur: _Current, unit_id: str) -> UsageError:
+def _step_closed(cur: _Current, unit_id: str, step_id: str) -> UsageError:
+    """A report for a unit of a step the run finished: its output is fixed until the run goes back to it."""
+    where = f"The run is on step {cur.step.step_id}" if cur.step is not None else f"The run is {cur.loaded.status}"
+    return UsageError(
+        f"Unit {unit_id} belongs to step {step_id}, which is finished: its output is fixed (later steps were built "
+        f"on it) and this report was not recorded. {where}; to change {step_id}'s output, rewind the run to "
+        f"step {step_id} (its units are offered again; later steps are redone only where their inputs change).",
+        code="STEP_CLOSED",
+        details={
+            "runId": cur.run_id,
+            "stepId": step_id,
+            "currentStep": cur.step.step_id if cur.step is not None else None,
+        },
+    )
+
+
+def _refuse_unit(cur: _Current, unit_id: str, db: Database | None = None) -> UsageError:
+    """UNKNOWN_UNIT, or STEP_CLOSED for a unit of a step the run already finished (a rewind reopens it)."""
+    if db is not None:
+        rows = units_store.family_rows(db, cur.run_id, _content_id(unit_id))
+        finished = [
+            r["step_id"] for r in rows if r["step_id"] and (cur.step is None or r["step_id"] != cur.step.step_id)
+        ]
+        if finished:
+            return _step_closed(cur, _content_id(unit_id), finished[-1])
     d = cur.decision
     valid = [s.unit.unit_id for s in (d.states if d else [])]
     step_id = cur.step.step_id if cur.step else None
@@ -521,7 +585,7 @@ def _refuse_unit(cur: _Current, unit_id: str) -> UsageError:
     )
 
 
-def _check_reportable(cur: _Current, expect_step: str | None) -> None:
+def _check_reportable(cur: _Current, expect_step: str | None, unit_id: str | None = None) -> None:
     run = cur.loaded.run
     if run.status not in DRIVABLE_STATUSES:
         raise UsageError(
@@ -532,6 +596,9 @@ def _check_reportable(cur: _Current, expect_step: str | None) -> None:
     if cur.step is None:
         raise UsageError(f"Run {cur.run_id} has no current step.", code="RUN_NOT_ACTIVE")
     if expect_step is not None and expect_step != cur.step.step_id:
+        done = cur.spine.row(expect_step)
+        if unit_id is not None and done is not None and done.status == "completed":
+            raise _step_closed(cur, _content_id(unit_id), expect_step)  # what to do is a rewind to that step
         raise UsageError(
             f"Run {cur.run_id} is now on step {cur.step.step_id}, not {expect_step}; fetch the current brief and "
             "report against it.",
@@ -588,19 +655,21 @@ def report(
         answered = _resent_report(db, cur, unit_id, status, result, failure_reason, attempt_id, gate_loop, project_root)
     if answered is not None:
         return answered
-    _check_reportable(cur, expect_step)
+    _check_reportable(cur, expect_step, unit_id)
     assert cur.step is not None
     if is_verdict:
         return _report_verdict(db, cur, unit_id, status, verdict, holder, project_root, registry)
     d = cur.decision
     if d is None:
-        raise _refuse_unit(cur, unit_id)
+        raise _refuse_unit(cur, unit_id, db)
     wanted = base_of_attempt(unit_id)
     state = next((s for s in d.states if wanted in (s.unit.unit_id, s.unit.base_id)), None)
     if state is None:
-        raise _refuse_unit(cur, unit_id)
+        raise _refuse_unit(cur, unit_id, db)
     if state.status == DIVERGED:
-        raise replay_diverged(run_id, state.diverged_from or state.unit.unit_id, "completed", state.unit.input_hash)
+        raise replay_diverged(
+            run_id, state.diverged_from or state.unit.unit_id, "completed", state.unit.input_hash, cur.step.step_id
+        )
     asked = _asked_attempt(state.unit.unit_id, attempt_id, gate_loop)
     if asked is not None and asked != state.unit.base_id:
         raise _stale(cur, state.unit.unit_id, asked, state.unit.base_id)
@@ -815,13 +884,7 @@ def _resent_report(
             raise _stale(cur, content_id, asked, state.unit.base_id)
         step_id = closed[-1]["step_id"]
         if cur.loaded.run.status in DRIVABLE_STATUSES and cur.step is not None and step_id != cur.step.step_id:
-            raise UsageError(
-                f"Unit {content_id} belongs to step {step_id}, which is finished: its output is fixed (later steps "
-                f"were built on it) and this different report was not recorded. The run is on step "
-                f"{cur.step.step_id}; to change {step_id}'s output, start a new run of the workflow.",
-                code="STEP_CLOSED",
-                details={"stepId": step_id, "currentStep": cur.step.step_id},
-            )
+            raise _step_closed(cur, content_id, step_id)
         return None  # an ended run: the guards below say why it is refused
     return _resend_answer(
         db,
@@ -951,7 +1014,7 @@ def _report_verdict(
         )
     if status != "completed":
         raise UsageError("A verdict is reported with status completed.", code="INVALID_ARGUMENT")
-    if d is None or d.kind != "judge" or not _is_session_judged(cur):
+    if d is None or d.kind != "judge" or not (_is_session_judged(cur) or _judge_failed_here(cur)):
         raise UsageError(
             f"Step {step.step_id} of run {cur.run_id} is not waiting for a verdict from you.",
             code="NOT_AWAITING_VERDICT",
@@ -965,7 +1028,8 @@ def _report_verdict(
         )
     with db.tx():
         units_store.guard_session_write(db, cur.run_id)
-        journal_verdict(db, cur.run_id, step, d.loop, parsed, runner="session")
+        identity = gates.verdict_identity(cur.loaded.plan, step, d.result, d.artifact)
+        journal_verdict(db, cur.run_id, step, d.loop, parsed, runner="session", identity=identity)
     outcome = _finalize_written(db, cur.run_id, project_root, registry)
     fresh = runs_store.require_run(db, cur.run_id)
     return {
@@ -1031,11 +1095,18 @@ def _finalize(
     if lock is None:
         return {"message": "Recorded. Another driver is finishing this step."}
     try:
+        restored_loop: int | None = None
         for _ in range(1000):  # each pass journals a verdict or finishes the step; bounded by max_loops
             cur = _current(db, run_id)
             step, d = cur.step, cur.decision
             if step is None or d is None:
                 return {"message": "Recorded.", "remainingUnits": 0}
+            if d.kind == "work" and restored_loop != d.loop and budget_message is None:
+                # A new gate loop's units a rewind superseded with the same identity: restored, as the drive
+                # loop restores them (the same graph either way).
+                restored_loop = d.loop
+                if reuse.restore(db, cur.loaded, step, d):
+                    continue
             fx = _ReportEffects(db, cur, lock, project_root, registry)
             if budget_message is not None:
                 apply_decision(fx, step, pass_failed(d, budget_message))

@@ -87,8 +87,11 @@ def journal_verdict(
     engine: str | None = None,
     model: str | None = None,
     fence: Fence | None = None,
+    identity: str | None = None,
 ) -> None:
-    """A gate row `<step>.gate:l<loop>` carrying the verdict (a rejection advances the loop)."""
+    """A gate row `<step>.gate:l<loop>` carrying the verdict (a rejection advances the loop). `identity`: the
+    verdict's (`gates.verdict_identity`), kept as the row's input hash so an identical question is not asked
+    again."""
     row_id = gate_row_for(step.step_id, loop)
     started = units_store.insert_unit(
         db,
@@ -100,6 +103,7 @@ def journal_verdict(
         runner=runner,
         engine=engine,
         model=model,
+        input_hash=identity,
         fence=fence,
     )
     units_store.finish_unit(
@@ -123,6 +127,7 @@ def begin_judging(
     engine: str | None,
     model: str | None,
     fence: Fence | None = None,
+    identity: str | None = None,
 ) -> str:
     """Insert the gate row before a judge runs (so a crash mid-judgement is visible); returns its stamp."""
     return units_store.insert_unit(
@@ -135,6 +140,7 @@ def begin_judging(
         runner=runner,
         engine=engine,
         model=model,
+        input_hash=identity,
         fence=fence,
     )
 
@@ -252,7 +258,10 @@ def judge_with_engine(
     kind = (snapshot or {}).get("kind")
     judge = step.gate.judge
     model = (judge.model if judge else None) or (snapshot or {}).get("model")
-    started = begin_judging(db, run_id, step, loop, runner=kind or "judge", engine=name, model=model, fence=fence)
+    identity = gates.verdict_identity(plan, step, result, artifact)
+    started = begin_judging(
+        db, run_id, step, loop, runner=kind or "judge", engine=name, model=model, fence=fence, identity=identity
+    )
     if dispatcher is None:
         verdict, error, tokens = None, f"no dispatcher for the judge engine {name!r} ({kind})", None
     else:

@@ -87,6 +87,21 @@ def _describe_type(value: Any) -> str:
     return type(value).__name__
 
 
+def steps_read(step: StepPlan) -> set[str]:
+    """The ids of the earlier steps whose output `step` reads: its inputs, its fan-out's list, its route's input."""
+    refs: list[str] = list((step.unit_template.inputs if step.unit_template else None) or [])
+    if isinstance(step.root, MapNode):
+        refs.append(step.root.over)
+    if step.route is not None:
+        refs.append(step.route.input)
+    out = set()
+    for ref in refs:
+        parts = ref.split(".")
+        if len(parts) >= 2 and parts[0] == "steps":
+            out.add(parts[1])
+    return out
+
+
 def runner_for(template: UnitNode, engines: dict[str, dict[str, Any]] | None = None) -> str:
     """exec units always run natively; a unit frozen onto an engine runs on that engine's kind
     (`llm` / `agent`, from the plan's snapshot); anything else waits for the calling agent (D11)."""

@@ -114,9 +114,10 @@ def check_references(
                 use.ypath,
                 hint="steps can only use outputs of steps declared earlier; reorder the steps",
             )
-        elif use.position == "map.over":
+        elif use.position in ("map.over", "route.input"):
             target = by_index[position_of[ref.name]]
-            _check_over_array(ctx, where, use, target.output, list(ref.path))
+            if _check_declared_fields(ctx, where, use, target, list(ref.path)) and use.position == "map.over":
+                _check_over_array(ctx, where, use, target.output, list(ref.path))
 
 
 def warn_untyped(ctx: FieldReader, drafts: list[StepDraft]) -> None:
@@ -129,6 +130,45 @@ def warn_untyped(ctx: FieldReader, drafts: list[StepDraft]) -> None:
                 d.line,
                 hint="add `output: { type: ... }` so later steps and gates can rely on its shape",
             )
+
+
+def _check_declared_fields(ctx: FieldReader, where: str, use: RefUse, target: StepDraft, path: list) -> bool:
+    """Warn when the path names a field the upstream step's `output:` schema does not declare; True when it does
+    (or when the schema says nothing either way: untyped steps already warn `missing_output_schema`).
+
+    Why a warning: a unit's result that matches `{type: object}` but holds `order` where a later step reads
+    `ordered` passes every gate and then fails the step that reads it, with every unit before it done. The
+    schema is where that is caught before anything runs: declare the field (and require it) upstream.
+    """
+    schema: Any = target.output
+    for i, seg in enumerate(path):
+        if not isinstance(schema, dict):
+            return True
+        if isinstance(seg, int):
+            schema = schema.get("items")
+            continue
+        props = schema.get("properties")
+        declared = schema.get("type")
+        is_object = declared == "object" or (isinstance(declared, list) and "object" in declared)
+        if isinstance(props, dict) and seg in props:
+            schema = props[seg]
+            continue
+        extra = schema.get("additionalProperties")
+        if (not is_object and not isinstance(props, dict)) or isinstance(extra, dict):
+            return True  # not an object schema (its own checks say so), or one that types any extra field
+        shown = ".".join(str(p) for p in path[: i + 1])
+        known = sorted(props) if isinstance(props, dict) else []
+        ctx.warn(
+            "undeclared_output_field",
+            f'{where} reads field "{seg}" of step "{target.id}", whose output schema does not declare it'
+            + (f" (it declares {', '.join(known)})" if known else " (it declares no properties)"),
+            ctx.line(use.ypath),
+            hint=f"{suggest(str(seg), known)}declare it in step {target.id}'s output, e.g. "
+            f"`output: {{ type: object, required: [{seg}], properties: {{ {seg}: {{ ... }} }} }}`, so a result "
+            f"without `{shown}` is refused when it is reported, not when this step runs",
+        )
+        return False
+    return True
 
 
 def _check_over_array(ctx: FieldReader, where: str, use: RefUse, schema: Any, path: list) -> None:

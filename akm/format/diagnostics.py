@@ -106,9 +106,11 @@ CODES: dict[str, str] = {
     "internal_error": "the parser failed unexpectedly (a bug in akm; please report it)",
     # warnings
     "missing_output_schema": "warning: a unit or map step declares no step `output:` schema",
+    "undeclared_output_field": "warning: `map.over` or `route.input` reads a field the upstream step's `output:` "
+    "schema does not declare",
 }
 
-WARNING_CODES = frozenset({"missing_output_schema"})
+WARNING_CODES = frozenset({"missing_output_schema", "undeclared_output_field"})
 
 
 def sort_and_cap(errors: list[Diagnostic], limit: int = MAX_REPORTED_ERRORS) -> list[Diagnostic]:

@@ -31,8 +31,8 @@ from akm.errors import UsageError
 from akm.format.schema import preview, validate_instance
 from akm.record import dataclass, field
 
-RUN_CONTROL_VALUE_FLAGS: tuple[str, ...] = ("max-steps", "timeout", "format")
-RUN_CONTROL_BOOL_FLAGS: tuple[str, ...] = ("help", "quiet", "verbose", "new", "detach", "workers")
+RUN_CONTROL_VALUE_FLAGS: tuple[str, ...] = ("max-steps", "timeout", "format", "from")
+RUN_CONTROL_BOOL_FLAGS: tuple[str, ...] = ("help", "quiet", "verbose", "new", "detach", "workers", "plan")
 _SHORT_FLAGS = {"-h": "help", "-q": "quiet"}
 
 INVALID_FLAG_VALUE = "INVALID_ARGUMENT"

@@ -143,6 +143,7 @@ class Drives:
         *,
         params: dict[str, Any] | None = None,
         new: bool = False,
+        from_run: str | None = None,
         max_steps: int | None = None,
         cwd: str | None = None,
         workers: bool = False,
@@ -152,7 +153,7 @@ class Drives:
         with self._lock:
             if self._closed:
                 raise AkmError("The server is shutting down; no run is started.", code="SHUTTING_DOWN")
-            opened = api.open_run(target, params=params or None, new=new, cwd=cwd or self.cwd)
+            opened = api.open_run(target, params=params or None, new=new, from_run=from_run, cwd=cwd or self.cwd)
             drive = self._drives.get(opened.run_id)
             if drive is not None and drive.alive:
                 return drive, opened

@@ -20,19 +20,25 @@ from akm.mcp import stdio as sdk
 _HINTS = {
     "RUN_NOT_FOUND": "List runs with workflow_list.",
     "RUN_ID_AMBIGUOUS": "Pass more of the run id; workflow_list shows them whole.",
-    "RUN_NOT_ACTIVE": "Reopen a failed or blocked run with workflow_resume, then workflow_run.",
-    "LEASE_HELD": "Another invocation is driving this run; wait for it, then call workflow_next again.",
+    "RUN_NOT_ACTIVE": "Call workflow_status on the run: its recovery says what moves it on — workflow_resume (its "
+    "current step is retried as it is) or workflow_rewind (back to an earlier step, e.g. to correct a result "
+    "the step was built on) — then workflow_run.",
+    "LEASE_HELD": "Another invocation is driving this run; wait for it (workflow_run(target=<run id>) waits for "
+    "this server's own driver; stop=true stops it), then try again.",
     "LEASE_LOST": "Another driver took this run over (this one was too slow to renew its lease); call "
     "workflow_status to see who drives it now.",
     "WORKFLOW_INVALID": "Call workflow_lint on the file for every problem and its fix.",
-    "UNKNOWN_UNIT": "Call workflow_next for the units of the current step.",
+    "UNKNOWN_UNIT": "Call workflow_next for the units of the current step; a unit of a finished step is done "
+    "again by going back to it: workflow_rewind(run_id=<run id>, to_step=<its step>).",
     "STEP_MISMATCH": "The run moved on: call workflow_next and report against the new step.",
-    "STEP_CLOSED": "Start a new run to change a finished step's output: workflow_run(target=<the workflow file>, "
-    "params=..., new=true).",
+    "STEP_CLOSED": "Go back to that step with workflow_rewind(run_id=<run id>, to_step=<that step>), then report "
+    "the unit again with rerun=true; later steps are redone only where their inputs change.",
     "STALE_REPORT": "Call workflow_next: report the current attempt (its attemptId) with the gate's feedback.",
-    "REPLAY_DIVERGED": "The journal no longer matches the run's plan: start a new run with workflow_run(target=<the "
-    "workflow file>, new=true).",
-    "BUDGET_EXCEEDED": "The run's budget is spent: start a new run (or raise the workflow's budget) to go on.",
+    "REPLAY_DIVERGED": "The journal no longer matches the run's plan: go back to the unit's step with "
+    "workflow_rewind(run_id=<run id>, to_step=<its step>, redo=true), then workflow_run.",
+    "BUDGET_EXCEEDED": "The run's budget is spent (a rewind gives none back): raise it in the workflow file, then "
+    "workflow_run(target=<the workflow file>, from_run=<run id>) starts a new run that reuses every completed "
+    "unit.",
     "RESULT_INVALID": "Correct the result so it matches the unit's outputSchema and report again.",
     "RESULT_REQUIRED": "Report the unit's result (a JSON value matching its outputSchema).",
     "REPORT_CONFLICT": "Pass rerun=true to replace the recorded result.",
@@ -40,7 +46,8 @@ _HINTS = {
     "CLAIM_EXPIRED": 'Report status="running" to claim the unit again, then report its result.',
     "NOT_AWAITING_VERDICT": "Call workflow_next to see what the run needs now.",
     "RUN_ALREADY_ACTIVE": "Continue that run with workflow_run(target=<its run id>).",
-    "RUN_ABANDONED": "The run was abandoned for good: start a new one with workflow_run(target=<the workflow file>).",
+    "RUN_ABANDONED": "The run was abandoned for good: workflow_run(target=<the workflow file>, from_run=<run id>) "
+    "starts a new one that reuses its completed units.",
     "PARAMS_ON_EXISTING_RUN": "Params are fixed when a run starts: start a new run with workflow_run(target=<the "
     "workflow file>, params=..., new=true).",
     "NEW_RUN_NEEDS_WORKFLOW": "new=true starts a run of a workflow: pass the workflow file or workflows/<name>, "
@@ -54,8 +61,14 @@ def _error_result(exc: AkmError) -> CallToolResult:
     body = exc.to_dict()
     body["exitCode"] = exc.exit_status
     hint = _HINTS.get(exc.code)
-    if exc.code == "RUN_NOT_ACTIVE" and (exc.details or {}).get("status") not in (None, "failed", "blocked"):
+    details = exc.details or {}
+    if exc.code == "RUN_NOT_ACTIVE" and details.get("status") not in (None, "failed", "blocked"):
         hint = None  # resuming is for failed or blocked runs; the message says what the run is
+    elif exc.code in ("RUN_NOT_ACTIVE", "RUN_ABANDONED") and isinstance(details.get("runId"), str):
+        hint = (
+            f'Call workflow_status(run_id="{details["runId"]}"): its next says what moves the run on (a resume, a '
+            "rewind to an earlier step, or a new run that reuses its completed units)."
+        )
     if hint:
         body["hint"] = hint
     elif "hint" in body and ("akm " in body["hint"] or "--" in body["hint"]):
@@ -95,7 +108,7 @@ def _ok(model: Any) -> CallToolResult:
 _TOOL_ARGS: dict[str, tuple[str, tuple[str, ...] | None, dict[str, str] | None]] = {
     "workflow_run": (
         "RunToolRequest",
-        ("target", "params", "max_steps", "timeout", "cwd", "new", "workers", "stop"),
+        ("target", "params", "max_steps", "timeout", "cwd", "new", "from_run", "workers", "stop", "plan"),
         None,
     ),
     "workflow_next": ("NextRequest", None, None),
@@ -122,6 +135,7 @@ _TOOL_ARGS: dict[str, tuple[str, tuple[str, ...] | None, dict[str, str] | None]]
     "workflow_lint": ("LintRequest", None, None),
     "workflow_resume": ("RunIdRequest", None, None),
     "workflow_abandon": ("RunIdRequest", None, None),
+    "workflow_rewind": ("RewindRequest", None, None),
     "workflow_events": ("EventsRequest", None, None),
     "workflow_catalog": ("CatalogRequest", None, None),
     "setup": ("SetupRequest", None, None),
@@ -155,6 +169,9 @@ def _compacted(name: str, arguments: dict[str, Any], result: Any) -> Any:
         compact.compact_run(data["run"])
     elif name in ("workflow_status", "workflow_resume", "workflow_abandon") and arguments.get("step") is None:
         compact.compact_run(data)
+    elif name == "workflow_rewind" and isinstance(data.get("run"), dict):
+        compact.compact_run(data["run"])
+        compact.compact_run({"runId": data["run"].get("runId"), "rewinds": [data.get("rewind") or {}]})
     elif name == "workflow_next" and arguments.get("unit_id") is None:
         compact.compact_brief(data)
     elif name == "unit_report" and isinstance(data.get("brief"), dict):

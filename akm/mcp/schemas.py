@@ -61,9 +61,20 @@ def _schema_type(hint: Any) -> Any:
 
 
 _SCHEMA_MODELS: dict[Any, type[BaseModel]] = {}
-McpRunResult = _schema_model(views.RunResult, {"next": (str | None, None)})  # the run JSON + what to call next
+# The run JSON + what to call next; with `plan: true` the preview instead (`run` is then the run it would
+# continue, or null for a new run).
+McpRunResult = _schema_model(
+    views.RunResult,
+    {
+        "run": (_schema_model(views.RunView) | None, None),
+        "plan": (_schema_model(views.RunPreview) | None, None),
+        "next": (str | None, None),
+    },
+)
+McpRewindResult = _schema_model(views.RewindResult, {"next": (str | None, None)})  # what it did + what to call next
 McpReportResult = create_model("McpReportResult", __base__=api.ReportResult, next=(str | None, None))
 RunViewModel = _schema_model(views.RunView)
+McpStatusResult = _schema_model(views.RunView, {"next": (str | None, None)})  # + what moves a stopped run on
 RunListModel = _schema_model(views.RunList)
 EventPageModel = _schema_model(views.EventPage)
 CatalogModel = _schema_model(views.Catalog)

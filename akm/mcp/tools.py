@@ -29,7 +29,9 @@ from akm.mcp.schemas import (
     CatalogModel,
     EventPageModel,
     McpReportResult,
+    McpRewindResult,
     McpRunResult,
+    McpStatusResult,
     RunListModel,
     RunViewModel,
     _lint_model,
@@ -71,6 +73,37 @@ def _with_next_after_report(res: Any) -> dict[str, Any]:
     return data
 
 
+def _status_with_next(view: views.RunView) -> dict[str, Any]:
+    data = view.to_json()
+    data["next"] = remedy_text(view.recovery, view.run_id) if view.recovery else None
+    return data
+
+
+def _plan_answer(preview: views.RunPreview) -> dict[str, Any]:
+    """`workflow_run(plan=true)`: the run answer's keys with nothing driven (`run` null: the preview names the
+    run it would continue), the preview in `plan`."""
+    body: dict[str, Any] = {key: None for key, _ in _RUN_RESULT_KEYS}
+    body.update(executed=[], stepsProcessed=0, done=False, aborted=False, timedOut=False, started=False)
+    body.update(driving=False, warnings=list(preview.warnings), plan=preview.to_json())
+    how = f'workflow_run(target="{preview.run_id}")' if preview.run_id else "workflow_run with the same arguments"
+    body["next"] = f"Nothing was run or written. To do it, call {how} without plan. First it would: {preview.first}."
+    return body
+
+
+_RUN_RESULT_KEYS = [(views.to_camel(name), default) for name, default in views.fields_of(views.RunResult)]
+
+
+def _with_next_after_rewind(res: Any) -> dict[str, Any]:
+    data = res.to_json()
+    rid, step = data["run"]["runId"], data["rewind"]["toStep"]
+    data["next"] = (
+        f'Call workflow_run(target="{rid}") to go on from step {step}: units whose inputs did not change are '
+        "reused, not run; when the step needs you, the answer carries the brief in run.awaiting (units you did "
+        "before are offered with action rerun: report them with unit_report(**unit.report, result=...))."
+    )
+    return data
+
+
 def _next_step_for(result: views.RunResult) -> str | None:
     status = result.run.status
     rid = result.run.run_id
@@ -84,12 +117,37 @@ def _next_step_for(result: views.RunResult) -> str | None:
         )
     if status == "active":
         return f'Call workflow_run(target="{rid}") to continue.'
-    if status in ("failed", "blocked"):
-        return (
-            f'Inspect with workflow_status(run_id="{rid}"); fix the cause, then workflow_resume and '
-            "workflow_run to retry (completed units are reused)."
-        )
+    if status in ("failed", "blocked", "abandoned") and result.run.recovery:
+        return remedy_text(result.run.recovery, rid)
     return None
+
+
+def remedy_text(rec: dict[str, Any], rid: str) -> str:
+    """A run's `recovery` (akm/engine/recovery.py) as the tool calls that carry it out."""
+    import json
+
+    why = str(rec.get("why") or "")
+    why = why[:1].upper() + why[1:]
+    action = rec.get("action")
+    if action == "resume":
+        if rec.get("then") == "judge":
+            return (
+                f'{why}. Call workflow_resume(run_id="{rid}"), then workflow_next(run_id="{rid}"): its judge brief '
+                "is the verdict to give; report it with unit_report(**judge.report, verdict={...}). Alternatively "
+                "workflow_run asks the judge engine again."
+            )
+        return f'{why}. Call workflow_resume(run_id="{rid}"), then workflow_run(target="{rid}").'
+    if action == "rewind":
+        redo = ", redo=true" if rec.get("redo") else ""
+        return (
+            f'{why}. Call workflow_rewind(run_id="{rid}", to_step="{rec.get("stepId")}"{redo}), then '
+            f'workflow_run(target="{rid}"): its answer carries what you must do again.'
+        )
+    params = json.dumps(rec.get("params") or {}, ensure_ascii=False)
+    return (
+        f"{why}. Change the workflow file if that is the cause, then call workflow_run("
+        f'target={json.dumps(rec.get("workflow"))}, params={params}, from_run="{rec.get("fromRun") or rid}").'
+    )
 
 
 def _stop_run(drives: drives_mod.Drives, run_id: str) -> dict[str, Any]:
@@ -226,10 +284,9 @@ def _next_after_report(res: dict[str, Any]) -> str | None:
             "with unit_report(**unit.report, result=...) (it names the new attemptId)."
         )
     if status in ("failed", "blocked"):
-        return (
-            f'The run is {status}: inspect it with workflow_status(run_id="{rid}"), fix the cause, then '
-            f'workflow_resume(run_id="{rid}") and workflow_run(target="{rid}").'
-        )
+        if res.get("recovery"):
+            return f"The run is {status}. " + remedy_text(res["recovery"], rid)
+        return f'The run is {status}: workflow_status(run_id="{rid}") says what moves it on (its recovery).'
     if outcome.get("kind") == "completed" or status == "active":
         return f'Call workflow_run(target="{rid}") to go on: its answer carries the next brief in run.awaiting.'
     if res.get("recorded") == "heartbeat" or res.get("status") == "running":
@@ -296,6 +353,13 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
         ] = None,
         cwd: Annotated[str | None, Field(description="Project directory (default: the server's)")] = None,
         new: Annotated[bool, Field(description="Start a new run even if one with the same params is active")] = False,
+        from_run: Annotated[
+            str | None,
+            Field(
+                description="Start a new run of the (edited) workflow that reuses every completed unit of this "
+                "run whose identity (step definition and inputs) is unchanged: nothing runs again for them"
+            ),
+        ] = None,
         workers: Annotated[
             bool,
             Field(
@@ -311,6 +375,13 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
                 "id); running units are stopped, the run stays resumable"
             ),
         ] = False,
+        plan: Annotated[
+            bool,
+            Field(
+                description="Preview only, writing nothing: per step the units reused, to run and for you, "
+                "engines and models, budgets, and what the run would do first (in the answer's plan)"
+            ),
+        ] = False,
     ) -> Annotated[CallToolResult, McpRunResult]:
         """Start or continue a workflow run. akm drives it in the background (command units run in this server's
         process); the call waits up to its bound and returns when the run completes, fails, or needs you (status
@@ -322,10 +393,26 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
             return _error_result(exc)
         if stop:
             return await _call(_stop_run, drives, target)
+        if plan:
+            return await _call_then(
+                _plan_answer,
+                api.plan_run,
+                target,
+                params=params or None,
+                new=new,
+                from_run=from_run,
+                cwd=cwd or base_cwd,
+            )
         try:
             drive, opened = await anyio.to_thread.run_sync(
                 lambda: drives.start_or_attach(
-                    target, params=params or None, new=new, max_steps=max_steps, cwd=cwd or base_cwd, workers=workers
+                    target,
+                    params=params or None,
+                    new=new,
+                    from_run=from_run,
+                    max_steps=max_steps,
+                    cwd=cwd or base_cwd,
+                    workers=workers,
                 )
             )
         except AkmError as exc:
@@ -431,10 +518,11 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
                 description="html: also a self-contained HTML report of the run (a text/html resource)"
             ),
         ] = "json",
-    ) -> Annotated[CallToolResult, RunViewModel]:
+    ) -> Annotated[CallToolResult, McpStatusResult]:
         """Where a run stands: steps, their outputs (large ones clipped: pass step for one whole), and (with
-        units) every unit attempt; format html adds a self-contained HTML report."""
-        result = await _call(api.run_status, run_id, units=units, step=step)
+        units) every unit attempt, the superseded ones of its rewinds too; format html adds a self-contained HTML
+        report. For a failed, blocked or abandoned run, next (and recovery) say what moves it on."""
+        result = await _call_then(_status_with_next, api.run_status, run_id, units=units, step=step)
         if format == "html" and not result.is_error:
             rid = (result.structured_content or {}).get("runId", run_id)  # a prefix or @last, resolved
             try:
@@ -474,6 +562,32 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
     ) -> Annotated[CallToolResult, RunViewModel]:
         """Reopen a failed or blocked run (its current step is retried on the next workflow_run)."""
         return await _call(api.resume, run_id)
+
+    @server.tool(
+        annotations=ToolAnnotations(
+            title="Rewind a run",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=False,
+        )
+    )
+    async def workflow_rewind(
+        run_id: Annotated[str, Field(description="The run id")],
+        to_step: Annotated[str, Field(description="The step to go back to: it and every later step are reopened")],
+        redo: Annotated[
+            bool | list[str],
+            Field(
+                description="false (default): units whose identity is unchanged are reused; true: redo every "
+                "unit of the reopened steps; a list of unit ids: redo those"
+            ),
+        ] = False,
+    ) -> Annotated[CallToolResult, McpRewindResult]:
+        """Take a run back to a step (completed, failed, blocked or active run): the step and every later one are
+        reopened, in one transaction. Nothing is lost: the superseded results stay in the run's history. The
+        step's units you did are offered again (action rerun) so you can report a corrected result; other units
+        whose inputs did not change are reused instead of run. Then call workflow_run."""
+        return await _call_then(_with_next_after_rewind, api.rewind, run_id, to_step, redo=redo)
 
     @server.tool(
         annotations=ToolAnnotations(

@@ -130,7 +130,14 @@ class _Report:
         the unit rows and the timeline's bars carry no tooltips (for runs of many thousand units)."""
         self.view, self.graph, self.budget, self.now = view, graph, budget or {}, now
         self.steps: list[dict[str, Any]] = view.get("steps") or []
-        self.units: list[dict[str, Any]] = view.get("units") or []
+        everything: list[dict[str, Any]] = view.get("units") or []
+        self.units = [u for u in everything if not u.get("supersededBy")]
+        # Rows a rewind superseded (issue 33): kept as history, shown per step and rewind, never as current work.
+        self.superseded: dict[str, list[dict[str, Any]]] = {}
+        for u in everything:
+            if u.get("supersededBy"):
+                self.superseded.setdefault(str(u["supersededBy"]), []).append(u)
+        self.rewinds: list[dict[str, Any]] = view.get("rewinds") or []
         self.anchors = {s["id"]: f"step-{i}" for i, s in enumerate(self.steps)}
         self.attempts: list[Attempt] = attempts_from_events(events)
         self.tooltips = level < 3
@@ -292,6 +299,13 @@ class _Report:
                 extra += ' <span class="muted">(output cut at the capture cap)</span>'
             if u.get("stale"):
                 extra += ' <span class="reason">stale: no heartbeat for 90 s</span>'
+            if u.get("reusedFrom"):
+                src = u["reusedFrom"]
+                extra += (
+                    f' <span class="muted">(reused from {esc(src.get("unitId"))} of run {esc(src.get("runId"))})</span>'
+                )
+            if u.get("supersededBy"):
+                extra += ' <span class="muted">(superseded)</span>'
             out = (
                 ""
                 if u.get("result") is None
@@ -310,9 +324,9 @@ class _Report:
             "<th>tokens</th><th>reason</th><th>output</th></tr>" + "".join(rows) + "</table></div>"
         )
 
-    def _gate_loops(self, step_id: str) -> str:
+    def _gate_loops(self, step_id: str, among: list[dict[str, Any]] | None = None) -> str:
         loops = []
-        for u in self.by_step.get(step_id, []):
+        for u in self.by_step.get(step_id, []) if among is None else among:
             m = _GATE_ROW.match(u["unitId"])
             if m and m.group("step") == step_id:
                 loops.append((int(m.group("loop")), u))
@@ -396,6 +410,48 @@ class _Report:
         parts.append("</section>")
         return "".join(parts)
 
+    def rewinds_section(self) -> str:
+        """Each rewind: where it took the run back to and what it superseded — the step outputs, gate verdicts
+        and unit rows as they were, marked superseded (nothing is deleted, issue 33)."""
+        if not self.rewinds:
+            return ""
+        parts = ['<section id="rewinds"><h2>Rewinds</h2>']
+        for r in self.rewinds:
+            redo = r.get("redo")
+            how = (
+                "every unit redone"
+                if redo is True
+                else (f"redoing {', '.join(redo)}" if redo else "unchanged units reused")
+            )
+            was = f"{r.get('fromStatus')} at {r.get('fromStep')}" if r.get("fromStep") else str(r.get("fromStatus"))
+            parts.append(
+                f'<div class="rewind" data-rewind="{esc(r.get("rewindId"))}"><h3>rewind {esc(r.get("seq"))}: back to '
+                f'<span class="mono">{esc(r.get("toStep"))}</span> <span class="muted">{esc(r.get("createdAt"))} · '
+                f"the run was {esc(was)} · {esc(how)}</span></h3>"
+            )
+            rows = self.superseded.get(str(r.get("rewindId")), [])
+            for st in r.get("steps") or []:
+                sid = st["id"]
+                parts.append(
+                    f'<div class="superseded" data-step="{esc(sid)}"><h4><span class="mono">{esc(sid)}</span> '
+                    f'{_badge(st.get("status"))} <span class="muted">superseded</span></h4>'
+                )
+                summary = (st.get("summary") or st.get("notes") or "").strip()
+                if summary:
+                    parts.append(f'<div class="muted">{esc(short(summary, 600))}</div>')
+                if st.get("output") is not None:
+                    parts.append(_output_block(st["output"], self.step_clip, what="superseded output"))
+                mine = [u for u in rows if u.get("stepId") == sid]
+                parts.append(self._gate_loops(sid, mine))
+                work = [u for u in mine if not _GATE_ROW.match(u["unitId"])]
+                table = self._units_table(work) if work else ""
+                if table:
+                    parts.append(f"<details><summary>{len(work)} superseded unit row(s)</summary>{table}</details>")
+                parts.append("</div>")
+            parts.append("</div>")
+        parts.append("</section>")
+        return "".join(parts)
+
     def footer(self) -> str:
         rid = esc(self.view.get("runId"))
         omitted = (
@@ -428,6 +484,7 @@ class _Report:
             + self.timeline_section()
             + self.failures_section()
             + self.step_sections()
+            + self.rewinds_section()
             + self.footer()
             + "</main></body></html>\n"
         )

@@ -246,6 +246,81 @@ CREATE INDEX IF NOT EXISTS idx_units_queue ON units (run_id, step_id, queued_at)
 CREATE INDEX IF NOT EXISTS idx_units_claimed ON units (claim_expires_at) WHERE status = 'running' AND queued_at IS NOT NULL;
 """
 
+# 0010: going back without losing anything (issue 33; spec/engine.md "Rewind and reuse"). A rewind reopens a step
+# and every later one: the step rows it reopens are copied to `superseded_steps` and the unit and gate rows of
+# those steps move, unchanged, to `superseded_units` — each marked with the rewind (`rewinds`) that superseded
+# it, never deleted. `reusable = 1` marks a superseded completed row the engine may restore when it meets the
+# same unit (same content id and input hash) again. `units.reused_from` names the row a restored unit was
+# copied from (no process ran for it); `runs.reuse_from` is the run `workflow run FILE --from RUN` reuses.
+# `superseded_units` holds every column of `units` (a later migration adding one to `units` adds it here too;
+# tests/test_rewind.py checks the two agree).
+MIGRATION_0010 = """
+ALTER TABLE runs ADD COLUMN reuse_from TEXT;
+ALTER TABLE units ADD COLUMN reused_from TEXT;
+CREATE TABLE IF NOT EXISTS rewinds (
+    id            TEXT PRIMARY KEY,
+    run_id        TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    seq           INTEGER NOT NULL,
+    to_step       TEXT NOT NULL,
+    redo_json     TEXT,
+    from_status   TEXT NOT NULL,
+    from_step     TEXT,
+    created_at    TEXT NOT NULL,
+    lease_epoch   INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS idx_rewinds_run_seq ON rewinds (run_id, seq);
+CREATE TABLE IF NOT EXISTS superseded_steps (
+    rewind_id       TEXT NOT NULL REFERENCES rewinds (id) ON DELETE CASCADE,
+    run_id          TEXT NOT NULL,
+    step_id         TEXT NOT NULL,
+    sequence_index  INTEGER NOT NULL,
+    status          TEXT NOT NULL,
+    notes           TEXT,
+    evidence_json   TEXT,
+    summary         TEXT,
+    completed_at    TEXT,
+    gate_loop_base  INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (rewind_id, step_id)
+);
+CREATE INDEX IF NOT EXISTS idx_superseded_steps_run ON superseded_steps (run_id);
+CREATE TABLE IF NOT EXISTS superseded_units (
+    rewind_id         TEXT NOT NULL REFERENCES rewinds (id) ON DELETE CASCADE,
+    reusable          INTEGER NOT NULL DEFAULT 0,
+    run_id            TEXT NOT NULL,
+    unit_id           TEXT NOT NULL,
+    step_id           TEXT,
+    node_id           TEXT NOT NULL,
+    parent_unit_id    TEXT,
+    phase             TEXT,
+    runner            TEXT,
+    engine            TEXT,
+    model             TEXT,
+    status            TEXT NOT NULL,
+    input_hash        TEXT,
+    result_json       TEXT,
+    tokens            INTEGER,
+    failure_reason    TEXT,
+    worktree_path     TEXT,
+    started_at        TEXT NOT NULL,
+    finished_at       TEXT,
+    session_id        TEXT,
+    last_checkin_at   TEXT,
+    attempts          INTEGER NOT NULL DEFAULT 1,
+    claim_holder      TEXT,
+    claim_host        TEXT,
+    claim_pid         INTEGER,
+    claim_expires_at  TEXT,
+    truncated         INTEGER NOT NULL DEFAULT 0,
+    reopened          INTEGER NOT NULL DEFAULT 0,
+    queued_at         TEXT,
+    host              TEXT,
+    dispatch_json     TEXT,
+    reused_from       TEXT,
+    PRIMARY KEY (rewind_id, unit_id)
+);
+CREATE INDEX IF NOT EXISTS idx_superseded_units_step ON superseded_units (run_id, step_id);
+"""
+
 # (id, sql). Append only; never edit an entry that has shipped.
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001-initial-schema", MIGRATION_0001),
@@ -256,6 +331,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0007-lease-epoch", MIGRATION_0007),
     ("0008-unit-reopened", MIGRATION_0008),
     ("0009-unit-queue", MIGRATION_0009),
+    ("0010-rewind-history", MIGRATION_0010),
 ]
 
 # Migrations that rebuild a table other tables reference: run with foreign keys off (a pragma that

@@ -153,7 +153,7 @@ def queue_unit(
             "dispatch_json = excluded.dispatch_json, result_json = NULL, tokens = NULL, failure_reason = NULL, "
             "session_id = NULL, finished_at = NULL, last_checkin_at = NULL, claim_holder = NULL, "
             "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL, truncated = 0, reopened = 0, "
-            "worktree_path = NULL, host = NULL",
+            "worktree_path = NULL, host = NULL, reused_from = NULL",
             (*values, dispatch_json),
         )
     return Queued("queued", "queued")

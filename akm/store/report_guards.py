@@ -103,7 +103,7 @@ def check_report(run_id: str, run: Row | None, row: Row | None, report: Report, 
     if row is None:
         return ReportPlan("write")
     if report.input_hash is not None and row["input_hash"] is not None and row["input_hash"] != report.input_hash:
-        raise replay_diverged(run_id, unit_id, row["status"], report.input_hash)
+        raise replay_diverged(run_id, unit_id, row["status"], report.input_hash, row["step_id"])
     if row["status"] in ("completed", "failed"):
         same = (
             row["status"] == status
@@ -144,13 +144,19 @@ def check_report(run_id: str, run: Row | None, row: Row | None, report: Report, 
     return ReportPlan("write", finishing_claim=finishing_claim)
 
 
-def replay_diverged(run_id: str, unit_id: str, status: str, input_hash: str) -> UsageError:
-    """REPLAY_DIVERGED: the unit's journal row was written for other input than the plan gives it now."""
+def replay_diverged(run_id: str, unit_id: str, status: str, input_hash: str, step_id: str | None) -> UsageError:
+    """REPLAY_DIVERGED: the unit's journal row was written for other input than the plan gives it now. The
+    remedy that works is a rewind of its step, redoing its units (spec/engine.md "Rewind and reuse")."""
+    remedy = (
+        f"Rewind the run to step {step_id} (redoing its units) to go on."
+        if step_id is not None
+        else "Rewind the run to the unit's step (redoing its units) to go on."
+    )
     return UsageError(
         f"Replay divergence: unit {unit_id} of run {run_id} is journaled as {status} with a different input hash "
-        "than the plan gives it now; nothing was recorded. Start a new run.",
+        f"than the plan gives it now; nothing was recorded. {remedy}",
         code="REPLAY_DIVERGED",
-        details={"unitId": unit_id, "inputHash": input_hash},
+        details={"runId": run_id, "stepId": step_id, "unitId": unit_id, "inputHash": input_hash},
     )
 
 

@@ -91,6 +91,7 @@ class Run(NamedTuple):
     lease_until: str | None
     status_detail_json: str | None
     lease_epoch: int = 0
+    reuse_from: str | None = None  # `workflow run FILE --from RUN`: the run whose completed units this one reuses
 
     @property
     def params(self) -> dict[str, Any]:
@@ -405,6 +406,7 @@ def create_run(
     hash_version: int,
     step_ids: Sequence[str],
     join_identical: bool = True,
+    reuse_from: str | None = None,
 ) -> Run:
     """Insert an `active` run and its `pending` spine in one tx; emits `workflow_started`.
 
@@ -413,7 +415,8 @@ def create_run(
     scope and params already exists: two identical starts racing each other
     end with one run, and the loser continues the winner's. Runs of the same
     workflow with other params live side by side; `join_identical=False`
-    always inserts (a deliberate fresh start).
+    always inserts (a deliberate fresh start). `reuse_from`: the run whose completed units the engine
+    reuses when it meets the same unit (content id and input hash) in this one (`workflow run --from`).
     """
     steps = list(step_ids)
     if not steps:
@@ -438,8 +441,8 @@ def create_run(
                     )
         conn.execute(
             "INSERT INTO runs (id, workflow_ref, workflow_path, title, status, params_json, current_step_id, "
-            "created_at, updated_at, scope_key, plan_json, plan_hash, hash_version) "
-            "VALUES (?, ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?)",
+            "created_at, updated_at, scope_key, plan_json, plan_hash, hash_version, reuse_from) "
+            "VALUES (?, ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 run_id,
                 workflow_ref,
@@ -453,6 +456,7 @@ def create_run(
                 plan_json,
                 plan_hash,
                 hash_version,
+                reuse_from,
             ),
         )
         conn.executemany(

@@ -81,6 +81,7 @@ class Unit(NamedTuple):
     reopened: int = 0  # 1: a failed session unit reopened by resuming the run (offered again as a re-run)
     queued_at: str | None = None  # set: the attempt was handed to workers (phase 2, akm.store.queue)
     host: str | None = None  # the host id the attempt ran on (driver or worker), kept after it finished
+    reused_from: str | None = None  # set: restored from an earlier row (compact JSON naming it); nothing ran
 
 
 _UNIT_FIELDS = Unit._fields
@@ -124,7 +125,7 @@ _REINSERT = _UNIT_ROW_COLUMNS + (
     "queued_at = NULL, dispatch_json = NULL, started_at = excluded.started_at, result_json = NULL, tokens = NULL, failure_reason = NULL, "
     "session_id = NULL, finished_at = NULL, last_checkin_at = NULL, claim_holder = NULL, "
     "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL, truncated = 0, reopened = 0, "
-    "attempts = units.attempts + 1"
+    "reused_from = NULL, attempts = units.attempts + 1"
 )
 _FINISH = (
     "UPDATE units SET status = ?, result_json = ?, tokens = ?, failure_reason = ?, session_id = ?, "
@@ -635,6 +636,17 @@ def step_tallies(db: Database, run_id: str) -> dict[str, StepTally]:
     return {step: StepTally(units[step], attempts[step], loops[step] or 0) for step in attempts}
 
 
+def reused_counts(db: Database, run_id: str) -> dict[str, int]:
+    """Per step id: the unit rows restored from an earlier identical one (`reused_from` set), not run."""
+    return {
+        r["step_id"] or "": int(r["n"])
+        for r in db.query(
+            "SELECT step_id, COUNT(*) AS n FROM units WHERE run_id = ? AND reused_from IS NOT NULL GROUP BY step_id",
+            (run_id,),
+        )
+    }
+
+
 def _gate_loop_of(unit_id: str) -> int:
     """The gate loop a unit id names (`…~l<n>…`: the digits after the first `~l`, 0 when none follow), 1 when
     it names none — what SQLite's `CAST(substr(unit_id, instr(unit_id, '~l') + 2) AS INTEGER)` read."""
@@ -649,13 +661,18 @@ def _gate_loop_of(unit_id: str) -> int:
     return int(digits) if digits else 0
 
 
+# A budget counts a run's dispatches over its whole life: the rows a rewind superseded count too.
+_TOTALS = (
+    "SELECT COALESCE(SUM(attempts), 0) AS a, COALESCE(SUM(tokens), 0) AS t FROM ("
+    "SELECT attempts, tokens FROM units WHERE run_id = ? AND phase IS NULL{mine} UNION ALL "
+    "SELECT attempts, tokens FROM superseded_units WHERE run_id = ? AND phase IS NULL) AS lifetime"
+)
+
+
 def journal_totals(db: Database, run_id: str) -> tuple[int, int]:
-    """(sum of attempts, sum of tokens) over dispatch rows (gate rows excluded) — seeds budgets."""
-    row = db.query_one(
-        "SELECT COALESCE(SUM(attempts), 0) AS a, COALESCE(SUM(tokens), 0) AS t FROM units "
-        "WHERE run_id = ? AND phase IS NULL",
-        (run_id,),
-    )
+    """(sum of attempts, sum of tokens) over dispatch rows (gate rows excluded), superseded ones included (a
+    rewind does not give a budget back) — seeds budgets."""
+    row = db.query_one(_TOTALS.format(mine=""), (run_id, run_id))
     assert row is not None
     return int(row["a"]), int(row["t"])
 
@@ -727,7 +744,7 @@ def write_report(
         ).fetchone()
         row = conn.execute(
             "SELECT status, result_json, failure_reason, tokens, attempts, input_hash, claim_holder, claim_host, "
-            "claim_pid, claim_expires_at FROM units WHERE run_id = ? AND unit_id = ?",
+            "claim_pid, claim_expires_at, step_id FROM units WHERE run_id = ? AND unit_id = ?",
             (run_id, unit_id),
         ).fetchone()
         plan = check_report(
@@ -743,11 +760,7 @@ def write_report(
                 (until, host, pid, now, run_id, unit_id),
             )
             return ReportWrite("heartbeat", ClaimInfo(holder, host, pid, until))
-        totals = conn.execute(
-            "SELECT COALESCE(SUM(attempts), 0) AS a, COALESCE(SUM(tokens), 0) AS t FROM units "
-            "WHERE run_id = ? AND phase IS NULL AND unit_id != ?",
-            (run_id, unit_id),
-        ).fetchone()
+        totals = conn.execute(_TOTALS.format(mine=" AND unit_id != ?"), (run_id, unit_id, run_id)).fetchone()
         check_budget(
             plan,
             row,

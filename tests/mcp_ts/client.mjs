@@ -14,7 +14,7 @@ await client.connect(new StdioClientTransport({ command: cmd, args: [...args, "m
 
 const names = (await client.listTools()).tools.map((t) => t.name).sort();
 assert.deepEqual(names, ["setup", "unit_report", "workflow_abandon", "workflow_catalog", "workflow_events", "workflow_lint",
-  "workflow_list", "workflow_next", "workflow_resume", "workflow_run", "workflow_status"]);
+  "workflow_list", "workflow_next", "workflow_resume", "workflow_rewind", "workflow_run", "workflow_status"]);
 
 const run = await client.callTool({ name: "workflow_run", arguments: { target: "flow.md", params: { topics: ["a", "b"] } } });
 assert.equal(run.isError, false);

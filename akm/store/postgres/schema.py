@@ -141,6 +141,33 @@ PG_MIGRATIONS: list[tuple[str, str]] = [
         "CREATE INDEX idx_units_claimed ON {s}.units (claim_expires_at)"
         " WHERE status = 'running' AND queued_at IS NOT NULL;",
     ),
+    (
+        "0010-rewind-history",
+        "ALTER TABLE {s}.runs ADD COLUMN reuse_from text;\n"
+        "ALTER TABLE {s}.units ADD COLUMN reused_from text;\n"
+        'CREATE TABLE {s}.rewinds (id text COLLATE "C" PRIMARY KEY,'
+        ' run_id text COLLATE "C" NOT NULL REFERENCES {s}.runs (id) ON DELETE CASCADE,'
+        ' seq integer NOT NULL, to_step text COLLATE "C" NOT NULL, redo_json text, from_status text NOT NULL,'
+        " from_step text, created_at timestamptz(3) NOT NULL DEFAULT now(), lease_epoch bigint NOT NULL);\n"
+        "CREATE UNIQUE INDEX idx_rewinds_run_seq ON {s}.rewinds (run_id, seq);\n"
+        'CREATE TABLE {s}.superseded_steps (rewind_id text COLLATE "C" NOT NULL'
+        ' REFERENCES {s}.rewinds (id) ON DELETE CASCADE, run_id text COLLATE "C" NOT NULL,'
+        ' step_id text COLLATE "C" NOT NULL, sequence_index integer NOT NULL, status text NOT NULL, notes text,'
+        " evidence_json text, summary text, completed_at timestamptz(3), gate_loop_base integer NOT NULL DEFAULT 0,"
+        " PRIMARY KEY (rewind_id, step_id));\n"
+        "CREATE INDEX idx_superseded_steps_run ON {s}.superseded_steps (run_id);\n"
+        'CREATE TABLE {s}.superseded_units (rewind_id text COLLATE "C" NOT NULL'
+        " REFERENCES {s}.rewinds (id) ON DELETE CASCADE, reusable integer NOT NULL DEFAULT 0,"
+        ' run_id text COLLATE "C" NOT NULL, unit_id text COLLATE "C" NOT NULL, step_id text COLLATE "C",'
+        " node_id text NOT NULL, parent_unit_id text, phase text, runner text, engine text, model text,"
+        " status text NOT NULL, input_hash text, result_json text, tokens bigint, failure_reason text,"
+        " worktree_path text, started_at timestamptz(3) NOT NULL, finished_at timestamptz(3), session_id text,"
+        " last_checkin_at timestamptz(3), attempts integer NOT NULL DEFAULT 1, claim_holder text, claim_host text,"
+        " claim_pid integer, claim_expires_at timestamptz(3), truncated integer NOT NULL DEFAULT 0,"
+        " reopened integer NOT NULL DEFAULT 0, queued_at timestamptz(3), host text, dispatch_json text,"
+        " reused_from text, PRIMARY KEY (rewind_id, unit_id));\n"
+        "CREATE INDEX idx_superseded_units_step ON {s}.superseded_units (run_id, step_id);",
+    ),
 ]
 
 LEDGER_DDL = (
