@@ -16,6 +16,7 @@ from typing import Any
 
 from akm.errors import JournalError
 from akm.store.migrations import check_ledger
+from akm.store.postgres.connect import STATEMENT_TIMEOUT_S
 
 MIGRATION_LOCK = (4242, 1)
 
@@ -188,6 +189,11 @@ def apply_migrations(
     if applied and applied[0] in {mid for mid, _ in registry} and check_ledger(applied, registry, shown) == "current":
         return []  # the common open: an up-to-date journal of ours needs neither the lock nor a foreign check
     con.run("SELECT pg_advisory_lock(:a, :b)", a=MIGRATION_LOCK[0], b=MIGRATION_LOCK[1])
+    # A migration may rewrite a big table: neither the session's statement_timeout nor the socket's read
+    # timeout (connect.py) applies to it; lock_timeout still does.
+    timeout = con._usock.gettimeout()
+    con._usock.settimeout(None)
+    con.run("SET statement_timeout = 0")
     try:
         refuse_foreign(con, schema, shown, registry)
         if check_ledger(applied_ids(con, schema), registry, shown) == "current":
@@ -218,3 +224,5 @@ def apply_migrations(
         return done
     finally:
         con.run("SELECT pg_advisory_unlock(:a, :b)", a=MIGRATION_LOCK[0], b=MIGRATION_LOCK[1])
+        con.run(f"SET statement_timeout = '{STATEMENT_TIMEOUT_S}s'")
+        con._usock.settimeout(timeout)
