@@ -218,7 +218,8 @@ class RunWarning(View):
     `code` lets each front add its own advice: `WORKFLOW_CHANGED` (details:
     `runId`, `path`) — the file was edited since the continued run froze its
     plan; `LINT` (details: `path`, `line`, `lintCode`) — a lint warning of the
-    workflow file; `ENGINE` — anything the driver reports while it runs.
+    workflow file; `ENGINE` — anything the driver reports while it runs; `SECRET_REDACTED` — a param or
+    the workflow held the value of a known secret, stored and run as `[REDACTED]` (spec/engine.md "Secrets").
     """
 
     code: str

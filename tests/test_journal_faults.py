@@ -182,6 +182,8 @@ class World:
         out, err = proc.communicate(timeout=timeout)
         text = out + err
         self.outputs.append(text)
+        if os.environ.get("AKM_FAULT_VERBOSE"):
+            print(f"\n--- {' '.join(proc.args[3:6])} exit {proc.returncode}\n{text[-3000:]}")
         code = "ok" if proc.returncode == 0 else _error_code(text)
         if proc.args[3:4] == ["worker"]:  # stopped by the test; what mattered is what it said it did
             code = "worker:" + ",".join(sorted({ln.split()[1] for ln in err.splitlines() if ln.startswith("[worker]")}))
@@ -441,12 +443,14 @@ def _worker_round(w: World, fault: str) -> None:
         # the other worker claims w1's units once their claims lapsed (w1 cannot renew them)
         w.wait(
             "another worker to claim w1's units",
-            lambda: w.sql(
-                f"SELECT count(*) FROM {w.schema}.units WHERE status = 'running' AND attempts > 1"
-                " AND NOT (claim_holder = ANY(:h))",
-                h=list(holders),
-            )[0][0]
-            >= 2,
+            lambda: (
+                w.sql(
+                    f"SELECT count(*) FROM {w.schema}.units WHERE status = 'running' AND attempts > 1"
+                    " AND NOT (claim_holder = ANY(:h))",
+                    h=list(holders),
+                )[0][0]
+                >= 2
+            ),
             timeout=180,
             every=0.2,
         )

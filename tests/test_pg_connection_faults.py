@@ -199,9 +199,11 @@ def test_a_session_silent_mid_transaction_is_ended_so_waiters_get_through(schema
         assert runs.acquire_lease(db, "r1", "me") is None
         print(f"\nwaited {time.monotonic() - began:.1f} s for the silent session to be ended")
         wait_until(
-            lambda: not admin.run(
-                "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'akm%' "
-                "AND (wait_event_type = 'Lock' OR state LIKE 'idle in transaction%')"
+            lambda: (
+                not admin.run(
+                    "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'akm%' "
+                    "AND (wait_event_type = 'Lock' OR state LIKE 'idle in transaction%')"
+                )
             ),
             what="no akm session waiting or idle in a transaction",
         )

@@ -375,6 +375,12 @@ def _open(
 
         schemas = plan.param_schemas or {}
         values = coerce_params(param_pairs, schemas) if param_pairs else check_params(dict(params or {}), schemas)
+        from akm.engine.secret_inputs import scrub_run_inputs
+
+        # known secrets never enter the journal as params or in the frozen plan (issue 35)
+        plan, values, notes = scrub_run_inputs(plan, values, paths.project_root(work_dir))
+        for note in notes:
+            warn(RunWarning(code="SECRET_REDACTED", message=note))
         scopes = paths.scope_keys(work_dir, portable=db.shared)
         scope = scopes[0]
         active = None if new else _find_active(db, ref, scopes, values)

@@ -1423,6 +1423,7 @@ def _drive_held(
     result: DriveResult,
 ) -> DriveResult:
     """`drive_run` once this holder's liveness (if the journal keeps one) is held: take the lease, drive."""
+
     def note(message: str) -> None:
         result.warnings.append(message)
         if opts.on_warning is not None:

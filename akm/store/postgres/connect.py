@@ -262,7 +262,7 @@ def connection_fault(exc: BaseException) -> bool:
         return True
     if not type(exc).__module__.startswith("pg8000"):
         return False
-    state = _sqlstate(exc)  # type: ignore[arg-type]
+    state = _sqlstate(exc)
     if state is not None:
         return state.startswith("08") or state in _SESSION_GONE
     return type(exc).__name__ == "InterfaceError"
@@ -270,20 +270,21 @@ def connection_fault(exc: BaseException) -> bool:
 
 def lock_timed_out(exc: BaseException) -> bool:
     """The server gave up waiting (lock_timeout, statement_timeout)."""
-    return type(exc).__module__.startswith("pg8000") and _sqlstate(exc) in _TIMED_OUT  # type: ignore[arg-type]
+    state = _sqlstate(exc)
+    return type(exc).__module__.startswith("pg8000") and state is not None and state in _TIMED_OUT
 
 
 def fault_error(exc: BaseException, what: str, shown: str) -> JournalError:
     """The coded error of a connection fault or a server-side timeout (see `connection_fault`)."""
     if lock_timed_out(exc):
         return JournalError(
-            f"journal {what} on {shown} gave up waiting: {_message(exc)}",  # type: ignore[arg-type]
+            f"journal {what} on {shown} gave up waiting: {_message(exc)}",
             code="JOURNAL_BUSY",
             hint=f"Another session held what this command needed for over {LOCK_TIMEOUT_S} s (for example one left "
             f"idle in a transaction by a broken connection, which the server ends after {IDLE_IN_TRANSACTION_S} s); "
             "nothing was written. Run the command again.",
         )
-    detail = _message(exc) if _sqlstate(exc) else (str(exc) or type(exc).__name__)  # type: ignore[arg-type]
+    detail = _message(exc) if _sqlstate(exc) else (str(exc) or type(exc).__name__)
     return JournalError(
         f"the connection to the journal server {shown} failed during {what}: {detail}",
         code="JOURNAL_CONNECTION_LOST",
@@ -293,12 +294,12 @@ def fault_error(exc: BaseException, what: str, shown: str) -> JournalError:
     )
 
 
-def _sqlstate(exc: Exception) -> str | None:
+def _sqlstate(exc: BaseException) -> str | None:
     arg = exc.args[0] if exc.args else None
     return arg.get("C") if isinstance(arg, dict) else None
 
 
-def _message(exc: Exception) -> str:
+def _message(exc: BaseException) -> str:
     arg = exc.args[0] if exc.args else None
     return str(arg.get("M", arg)) if isinstance(arg, dict) else str(exc)
 
