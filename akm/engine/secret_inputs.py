@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from akm.dispatch.redact import redact_text, redact_value
+from akm.dispatch.redact import MIN_SECRET_LENGTH, redact_text, redact_value
 from akm.engine.env_bindings import project_sensitive_values
 from akm.errors import UsageError
 from akm.plan.model import Plan, PlanError
@@ -27,7 +27,7 @@ from akm.plan.model import Plan, PlanError
 def scrub_run_inputs(plan: Plan, params: dict[str, Any], project_root: Path) -> tuple[Plan, dict[str, Any], list[str]]:
     """(plan, params) with every known secret value replaced by `[REDACTED]`, and one warning per kind of input
     that held one (naming the params and steps, never the value)."""
-    sensitive = project_sensitive_values(project_root)
+    sensitive = _long_enough(project_sensitive_values(project_root))
     if not sensitive:
         return plan, params, []
     warnings: list[str] = []
@@ -39,6 +39,9 @@ def scrub_run_inputs(plan: Plan, params: dict[str, Any], project_root: Path) -> 
             "and passes [REDACTED] instead (params are journaled and shown); pass secrets through a unit's env: "
             "bindings."
         )
+    text = plan.canonical()  # the set holds JSON-escaped spellings too: a secret in any string shows here
+    if not any(v in text for v in sensitive):
+        return plan, clean_params, warnings
     raw = plan.to_json_obj()
     clean_raw = _scrub_strings(raw, sensitive)
     if clean_raw == raw:
@@ -66,6 +69,11 @@ def scrub_run_inputs(plan: Plan, params: dict[str, Any], project_root: Path) -> 
         "bindings ($NAME in exec.command)."
     )
     return clean_plan, clean_params, warnings
+
+
+def _long_enough(values: list[str]) -> list[str]:
+    """The spellings redaction acts on (`redact.MIN_SECRET_LENGTH` and up), once, not per string."""
+    return [v for v in dict.fromkeys(values) if len(v) >= MIN_SECRET_LENGTH]
 
 
 def _scrub_strings(obj: Any, sensitive: list[str]) -> Any:
