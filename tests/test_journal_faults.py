@@ -32,15 +32,16 @@ pytestmark = pytest.mark.slow
 
 ROUNDS = max(1, int(os.environ.get("AKM_FAULT_ROUNDS", "1") or "1"))
 
-# A unit: logs `start ITEM PID T`, sleeps, logs `end ITEM PID T`; stopped (SIGTERM) it logs its end first. Its
+# A unit: logs `start RUN:ITEM PID T`, sleeps, logs `end RUN:ITEM PID T`; stopped (SIGTERM) it logs its end first. Its
 # duration is the command's argument, or what `durations.json` beside it says for its item.
 UNIT = """\
 import json, os, pathlib, signal, sys, time
 item = os.environ["AKM_ITEM"]
+run = os.environ.get("AKM_RUN_ID", "-")
 log = {log!r}
 def line(kind):
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    os.write(fd, f"{{kind}} {{item}} {{os.getpid()}} {{time.time():.6f}}\\n".encode())
+    os.write(fd, f"{{kind}} {{run}}:{{item}} {{os.getpid()}} {{time.time():.6f}}\\n".encode())
     os.close(fd)
 def stop(*_):
     line("end")
@@ -48,7 +49,7 @@ def stop(*_):
 signal.signal(signal.SIGTERM, stop)
 line("start")
 table = pathlib.Path(__file__).with_name("durations.json")
-durations = json.loads(table.read_text()) if table.exists() else {{}}
+durations = json.loads(table.read_text()) if table.exists() else {{}}  # by item
 time.sleep(float(durations.get(item, sys.argv[1])))
 line("end")
 print(item)
@@ -59,7 +60,7 @@ CLAIM_TTL = "12"
 
 
 def intervals(log: Path) -> dict[str, list[tuple[float, float]]]:
-    """Per item, each execution's (start, end); an execution with no end yet lasts forever."""
+    """Per unit (`run:item`), each execution's (start, end); an execution with no end yet lasts forever."""
     open_: dict[tuple[str, str], float] = {}
     out: dict[str, list[tuple[float, float]]] = {}
     if not log.exists():
@@ -290,7 +291,12 @@ def world(tmp_path, pg_cluster):
             yield w
         finally:
             w.close()
-            print(f"\n[faults] outcomes: {json.dumps(w.tally, sort_keys=True)}")
+            spans = intervals(w.log)
+            runs = sum(len(v) for v in spans.values())
+            print(
+                f"\n[faults] {runs} unit executions of {len(spans)} items, {len(overlaps(w.log))} overlapping; "
+                f"outcomes: {json.dumps(w.tally, sort_keys=True)}"
+            )
 
 
 def _in_transaction(w: World, host: str, role: str, tries: int = 400) -> tuple[Link, dict]:
@@ -335,8 +341,9 @@ DRIVER_FAULTS = [
 
 
 def _driver_round(w: World, fault: str) -> None:
-    wf = w.workflow("fan.md", items=8, seconds=1.0)
-    # past the lease, the first units (in flight when the stall begins) must outlast it, or nothing is tested
+    # A cut-off driver must still be running units when the other's grace ends (13 s), or a driver that did not
+    # fence itself would go unnoticed; past the lease, the units in flight when the stall begins outlast it.
+    wf = w.workflow("fan.md", items=8, seconds=4.0 if fault.endswith("cut-off") else 1.0)
     w.durations({1: 20, 2: 20} if fault == "work-stall-past-lease" else {})
     a, b = w.host("a"), w.host("b", proxied=False)
     proxy = w.proxies["a"]
