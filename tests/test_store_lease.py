@@ -16,7 +16,7 @@ import pytest
 from akm.errors import NotFoundError, UsageError
 from akm.store import runs
 from akm.store.db import now_iso
-from tests.helpers import open_at
+from tests.helpers import open_at, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -263,8 +263,9 @@ def test_a_holder_whose_liveness_session_ended_is_taken_over_only_through_its_ke
     A peer keeps the holder's lock (`hold_dead_holder`) and takes the run over with it (`dead=`), never
     without; the engine waits the fencing grace in between (akm.engine.fencing)."""
     _pg_only(db)
-    lock = db.holder_liveness("remote-engine")
-    assert lock is not None and lock.refresh()  # the lock is held once refresh returns a marker
+    from akm.store.postgres.liveness import HolderLock
+
+    lock = HolderLock.acquire(db.target, "remote-engine")  # not watched: nothing takes it back by itself
     try:
         assert runs.acquire_lease(db, "r1", "remote-engine", host="some-other-host", pid=1, liveness=lock) is None
         assert _liveness_columns(db) == (lock.key, lock.marker)
@@ -272,21 +273,25 @@ def test_a_holder_whose_liveness_session_ended_is_taken_over_only_through_its_ke
         assert runs.acquire_lease(db, "r1", "me").holder == "remote-engine"
         assert runs.read_lease(db, "r1").holder == "remote-engine"
         assert runs.hold_dead_holder(db, "r1") is None
+        # the liveness connection alone is dropped (the holder process lives on)
+        pid = lock._con.run("SELECT pg_backend_pid()")[0][0]
+        db.execute("SELECT pg_terminate_backend(?)", (pid,))
+        runs.release_dead_holder(db, wait_until(lambda: runs.hold_dead_holder(db, "r1"), what="the lock to be free"))
+        raw = runs.require_run(db, "r1")
+        assert raw.lease_holder == "remote-engine" and raw.lease_until > db.now(runs.lease_ttl_s() / 2)
+        # still the driver as far as anyone can tell, and no plain acquisition takes it over
+        assert runs.read_lease(db, "r1").holder == "remote-engine"
+        assert runs.acquire_lease(db, "r1", "me").holder == "remote-engine"
+        dead = runs.hold_dead_holder(db, "r1")
+        assert dead is not None and (dead.holder, dead.key) == ("remote-engine", lock.key)
+        try:
+            # the holder cannot take its lock back while the peer keeps it: it must stop its units
+            assert lock.refresh() is None and lock.marker is None
+            assert runs.acquire_lease(db, "r1", "me", host="third-host", pid=1, dead=dead) is None
+        finally:
+            runs.release_dead_holder(db, dead)
     finally:
-        lock.release()  # the session's lock is gone, as when its connection drops; the lease row stays
-    raw = runs.require_run(db, "r1")
-    assert raw.lease_holder == "remote-engine" and raw.lease_until > db.now(runs.lease_ttl_s() / 2)
-    # still the driver as far as anyone can tell, and no plain acquisition takes it over
-    assert runs.read_lease(db, "r1").holder == "remote-engine"
-    assert runs.acquire_lease(db, "r1", "me").holder == "remote-engine"
-    dead = runs.hold_dead_holder(db, "r1")
-    assert dead is not None and (dead.holder, dead.key) == ("remote-engine", lock.key)
-    try:
-        # the holder cannot take its lock back while the peer keeps it: it must stop its units
-        assert lock.refresh() is None
-        assert runs.acquire_lease(db, "r1", "me", host="third-host", pid=1, dead=dead) is None
-    finally:
-        runs.release_dead_holder(db, dead)
+        lock.release()
     # a holder without liveness records none: the previous key never speaks for it, it waits for expiry
     assert _liveness_columns(db) == (None, None)
     assert runs.acquire_lease(db, "r1", "peer").holder == "me"

@@ -145,7 +145,6 @@ class HolderLock:
         # monotonic time a probe that found the lock held was sent; None until the lock was first held
         self.proven_at: float | None = None
         self._con: Any = None
-        self._opening: threading.Thread | None = None
         self._io = threading.RLock()  # one user of the liveness connection at a time (monitor, refresh)
         self._stop = threading.Event()
 
@@ -181,8 +180,7 @@ class HolderLock:
                 lock.probe()
 
         lock._opened = opened
-        lock._opening = threading.Thread(target=open_and_watch, name="akm-liveness", daemon=True)
-        lock._opening.start()
+        threading.Thread(target=open_and_watch, name="akm-liveness", daemon=True).start()
         return lock
 
     _opened: threading.Event | None = None
