@@ -32,6 +32,7 @@ from akm.dispatch.base import DispatcherRegistry, UnitRequest
 from akm.engine.cancel import Cancellation
 from akm.engine.fencing import WATCH_EVERY_S, stop_margin
 from akm.engine.reduce import UnitOutcome, storable
+from akm.errors import JournalError
 from akm.ids import uuid4
 from akm.plan.model import Plan
 from akm.record import dataclass, field
@@ -271,6 +272,9 @@ class Worker:
                 commit=self.commit,
                 kinds_here=frozenset(self.kinds),
             )
+        except JournalError as exc:  # the journal, not this host: no verdict, asked again at the next poll
+            self._tell(WorkerEvent("error", e.run_id, step_id=e.step_id, detail=f"reading its plan failed: {exc}"))
+            return str(exc)
         except Exception as exc:
             reason = f"its plan cannot be read here: {exc}"
         repeated = known is not None and known[0] == reason
