@@ -268,8 +268,11 @@ class World:
 
 
 def _json_part(text: str) -> str:
+    """The first JSON object in a process's stdout + stderr (stdout comes first)."""
     start = text.find("{")
-    return text[start:] if start >= 0 else "{}"
+    if start < 0:
+        return "{}"
+    return json.dumps(json.JSONDecoder().raw_decode(text[start:])[0])
 
 
 def _error_code(text: str) -> str:

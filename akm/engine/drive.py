@@ -530,7 +530,11 @@ class _Pass:
             self._flush_one(p)
 
     def _flush_one(self, p: _PendingFinish) -> None:
-        """Finish one deferred attempt in its own transaction; a failure fails the unit hard."""
+        """Finish one deferred attempt in its own transaction; a failure fails the unit hard (except the
+        journal's own: see `fenced_out`)."""
+        if self.d.journal_fault is not None:  # the journal stopped this driver: the next one redoes the row
+            self._not_journaled(p)
+            return
         try:
             self._write_finish(p)
         except Exception as exc:
@@ -973,6 +977,7 @@ class _Driver:
         self.registry = opts.registry or _default_registry()
         self.native_kinds = frozenset(self.registry.kinds())
         self.lease_lost = Cancellation()
+        self.journal_fault: JournalError | None = None  # the journal error that stopped this driver (fenced_out)
         self.heartbeat = Heartbeat(
             db,
             self.run_id,
@@ -1018,7 +1023,9 @@ class _Driver:
         if self.opts.on_warning is not None:
             self.opts.on_warning(message)
 
-    def lost_lease_error(self) -> UsageError:
+    def lost_lease_error(self) -> AkmError:
+        if self.lease_lost.reason == "journal_down" and self.journal_fault is not None:
+            return self.journal_fault
         fenced = _FENCED.get(self.lease_lost.reason or "")
         if fenced is not None:  # this driver stopped itself; the journal may be unreachable, so ask it nothing
             return UsageError(
@@ -1049,9 +1056,18 @@ class _Driver:
         )
 
     def fenced_out(self, exc: BaseException) -> bool:
-        """Is `exc` a write refused because another driver took the lease? Then stop everything."""
+        """Is `exc` a write refused because another driver took the lease, or one the journal server could not
+        take at all (the connection lost or stalled, a lock it gave up on)? Then stop everything: what is in
+        flight is stopped and not journaled, as after a lost lease, and the driver exits with that error; the
+        run stays as the journal has it (active), for the next driver. A unit is never failed, nor a step
+        decided, because of the journal's trouble (issue 35)."""
         if isinstance(exc, UsageError) and exc.code == "LEASE_LOST":
             self.lease_lost.trip("lease_lost")
+            return True
+        if isinstance(exc, JournalError) and exc.code in _JOURNAL_DOWN:
+            if self.journal_fault is None:
+                self.journal_fault = exc
+            self.lease_lost.trip("journal_down")
             return True
         return False
 
@@ -1067,9 +1083,13 @@ class _Driver:
 
     def _check_alive(self) -> None:
         if self.lease_lost.tripped:
-            run = runs_store.get_run(self.db, self.run_id)
-            if run is not None and run.status == "completed":
-                return  # the heartbeat's renewal met the run this driver just completed: nothing was lost
+            if self.journal_fault is None:
+                try:
+                    run = runs_store.get_run(self.db, self.run_id)
+                except JournalError:
+                    run = None
+                if run is not None and run.status == "completed":
+                    return  # the heartbeat's renewal met the run this driver just completed: nothing was lost
             raise self.lost_lease_error()
 
     def _stopped(self) -> bool:
@@ -1329,6 +1349,9 @@ def _default_registry() -> DispatcherRegistry:
 
     return default_registry()
 
+
+# Journal errors of a server that is reachable again later (PostgreSQL): they stop a driver, never fail a unit.
+_JOURNAL_DOWN = frozenset({"JOURNAL_CONNECTION_LOST", "JOURNAL_BUSY", "JOURNAL_UNREACHABLE"})
 
 # Why a driver stopped itself (the lease cancellation's reasons from akm.engine.fencing's watchdog).
 _FENCED = {

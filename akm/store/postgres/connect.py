@@ -46,6 +46,7 @@ KEEPALIVE_INTERVAL_S = 5
 KEEPALIVE_COUNT = 3
 TCP_USER_TIMEOUT_S = 30  # sent data unacknowledged this long: the connection is dead
 SOCKET_TIMEOUT_S = STATEMENT_TIMEOUT_S + 15  # a read that waits longer is a stall: the server would have answered
+CONNECT_TIMEOUT_S = 15  # TCP connect, TLS and authentication of a new connection
 
 _ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 SSLMODES = ("disable", "prefer", "require", "verify-ca", "verify-full")
@@ -188,9 +189,12 @@ def _keepalive(sock: Any) -> None:
 def connect(target: Target, timeout: float | None = None, *, role: str = "akm") -> Any:
     """A pg8000 native connection (autocommit, as pg8000.native is) or a coded JournalError.
 
-    `timeout` bounds the connect and every later read and write on the socket (default SOCKET_TIMEOUT_S);
-    `role` is the session's `application_name`.
+    `timeout` bounds every read and write on the socket (default SOCKET_TIMEOUT_S); making the connection
+    (TCP, TLS, authentication) is bounded by CONNECT_TIMEOUT_S, or `timeout` when shorter: a server that
+    cannot be reached is said so in seconds, not after a read timeout. `role` is the session's
+    `application_name`.
     """
+    read_timeout = SOCKET_TIMEOUT_S if timeout is None else timeout
     import pg8000.native  # lazily: the SQLite journal never loads the driver
 
     try:
@@ -201,7 +205,7 @@ def connect(target: Target, timeout: float | None = None, *, role: str = "akm") 
             database=target.database,
             password=target.password,
             ssl_context=_ssl_context(target),
-            timeout=SOCKET_TIMEOUT_S if timeout is None else timeout,
+            timeout=min(CONNECT_TIMEOUT_S, read_timeout),
             application_name=role,
         )
     except pg8000.native.InterfaceError as exc:
@@ -237,6 +241,7 @@ def connect(target: Target, timeout: float | None = None, *, role: str = "akm") 
     try:
         _keepalive(con._usock)
         _apply_settings(con)
+        con._usock.settimeout(read_timeout)
     except Exception as exc:
         with contextlib.suppress(Exception):
             con.close()
