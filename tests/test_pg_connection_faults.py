@@ -114,7 +114,7 @@ def test_a_stalled_connection_is_a_coded_error_and_the_next_use_reconnects(schem
         with pytest.raises(JournalError) as exc:
             runs.release_lease(db, "r1", "me")  # the INTERNAL: "cannot read from timed out object"
         assert exc.value.code == "JOURNAL_CONNECTION_LOST" and exc.value.exit_status == 78
-        assert exc.value.hint and "workflow run RUN" in exc.value.hint
+        assert exc.value.hint and "run the command again" in exc.value.hint
         assert "Traceback" not in exc.value.message
         # the timed-out socket is never read again: the next call opens a new connection
         assert runs.get_run(db, "r1").lease_holder == "me"

@@ -29,6 +29,8 @@ _CLI_HINTS: dict[str, str] = {
     "STALE_REPORT": "`akm workflow next RUN` shows the current attempt; report that with --attempt.",
     "REPLAY_DIVERGED": "Start a new run: `akm workflow run FILE --new`.",
     "UNKNOWN_UNIT": "`akm workflow next RUN` lists the units to report.",
+    "JOURNAL_CONNECTION_LOST": "Once the journal server is reachable, run the command again; "
+    "`akm workflow run RUN` resumes a run where its journal stands.",
 }
 # An argument of the api (details.argument) as the CLI spells it.
 _FLAG_OF = {

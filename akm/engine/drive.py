@@ -1033,8 +1033,8 @@ class _Driver:
                 "another invocation can take the run over without running any of them twice at once.",
                 code="LEASE_LOST",
                 details={"runId": self.run_id, "reason": self.lease_lost.reason},
-                hint="Run `akm workflow run RUN` again once the journal server is reachable: the run resumes where "
-                "its journal stands.",
+                hint="Drive the run again once the journal server is reachable: it resumes where its journal "
+                "stands.",
             )
         run = runs_store.get_run(self.db, self.run_id)
         if run is not None and run.status not in DRIVABLE_STATUSES:

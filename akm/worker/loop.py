@@ -325,6 +325,11 @@ class Worker:
                 if queue_store.release_claim(self.db, claim, self.holder):
                     self.summary.released += 1
                     self._tell(WorkerEvent("released", claim.run_id, claim.unit_id, claim.step_id))
+                else:  # it lapsed meanwhile (this worker was frozen, say) and is another's now: nothing written
+                    self.summary.rejected += 1
+                    self._tell(
+                        WorkerEvent("rejected", claim.run_id, claim.unit_id, claim.step_id, detail="its claim lapsed")
+                    )
                 return
             if flying.stop.is_set() and self.opts.cancel.tripped and not outcome.ok:  # a result in hand is kept
                 if queue_store.release_claim(self.db, claim, self.holder):

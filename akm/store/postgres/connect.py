@@ -294,8 +294,8 @@ def fault_error(exc: BaseException, what: str, shown: str) -> JournalError:
         f"the connection to the journal server {shown} failed during {what}: {detail}",
         code="JOURNAL_CONNECTION_LOST",
         hint="The network or the server dropped or stalled the connection; the transaction in flight was not "
-        "committed (or, if it was, the journal shows it). Once the server is reachable, run the command again: "
-        "`akm workflow run RUN` resumes a run where its journal stands.",
+        "committed (or, if it was, the journal shows it). Once the server is reachable, run the command again: a "
+        "run resumes where its journal stands.",
     )
 
 
