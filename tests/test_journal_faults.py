@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.faultproxy import FaultProxy, Link
-from tests.helpers import PY, ROOT, open_at, write_wf
+from tests.helpers import PY, ROOT, open_at, wait_until, write_wf
 
 pytestmark = pytest.mark.slow
 
@@ -253,13 +253,7 @@ class World:
 
     @staticmethod
     def wait(what: str, probe, timeout: float = 120.0, every: float = 0.02):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = probe()
-            if value:
-                return value
-            time.sleep(every)
-        raise AssertionError(f"timed out waiting for {what}")
+        return wait_until(probe, what=what, timeout=timeout, every=every)
 
     def check(self) -> None:
         assert overlaps(self.log) == [], overlaps(self.log)
