@@ -675,7 +675,8 @@ class _Pass:
     # ------------------------------------------------------------ one unit
     def run_unit(self, unit: WorkUnit, ahead: _Ahead | None = None) -> UnitOutcome:
         outcome = self._run_unit(unit, ahead)
-        if not outcome.ok and unit.template.on_error == "fail":
+        # (a driver that is stopping — its lease lost, or the journal gone — decides nothing about the step)
+        if not outcome.ok and unit.template.on_error == "fail" and not self.d.lease_lost.tripped:
             self.halted = True
             if self.waiter is not None:
                 # Fail fast with workers: what they have not claimed yet is never started, as a local pass
@@ -1033,8 +1034,7 @@ class _Driver:
                 "another invocation can take the run over without running any of them twice at once.",
                 code="LEASE_LOST",
                 details={"runId": self.run_id, "reason": self.lease_lost.reason},
-                hint="Drive the run again once the journal server is reachable: it resumes where its journal "
-                "stands.",
+                hint="Drive the run again once the journal server is reachable: it resumes where its journal stands.",
             )
         run = runs_store.get_run(self.db, self.run_id)
         if run is not None and run.status not in DRIVABLE_STATUSES:
