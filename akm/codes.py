@@ -83,6 +83,8 @@ class Code(StrEnum):
     JOURNAL_UNREACHABLE = "JOURNAL_UNREACHABLE"
     JOURNAL_AUTH_FAILED = "JOURNAL_AUTH_FAILED"
     JOURNAL_TLS_FAILED = "JOURNAL_TLS_FAILED"
+    JOURNAL_CONNECTION_LOST = "JOURNAL_CONNECTION_LOST"
+    JOURNAL_BUSY = "JOURNAL_BUSY"
     INVALID_TASK_METADATA = "INVALID_TASK_METADATA"
     # -- the single-file runtime (bundle/)
     UNSUPPORTED_PYTHON = "UNSUPPORTED_PYTHON"
@@ -166,6 +168,10 @@ CODE_MEANINGS: dict[Code, str] = {
     Code.JOURNAL_UNREACHABLE: "the PostgreSQL journal server does not answer at the URL's host and port",
     Code.JOURNAL_AUTH_FAILED: "the PostgreSQL journal server refused the URL's user or password",
     Code.JOURNAL_TLS_FAILED: "TLS to the PostgreSQL journal server failed (sslmode / certificate)",
+    Code.JOURNAL_CONNECTION_LOST: "the connection to the PostgreSQL journal server broke, stalled or was ended "
+    "mid-command; nothing half-written is kept and the run stays resumable",
+    Code.JOURNAL_BUSY: "the PostgreSQL journal server gave up waiting for a lock or a statement (lock_timeout, "
+    "statement_timeout); nothing was written",
     Code.INVALID_TASK_METADATA: "an invocation-history row has metadata akm cannot read",
     Code.UNSUPPORTED_PYTHON: "`dist/akm` needs CPython 3.11+",
     Code.UNSUPPORTED_PLATFORM: "`dist/akm` carries no native code for this OS, machine or interpreter",

@@ -47,6 +47,8 @@ EXIT_BY_CODE: dict[str, int] = {
             "JOURNAL_UNREACHABLE",
             "JOURNAL_AUTH_FAILED",
             "JOURNAL_TLS_FAILED",
+            "JOURNAL_CONNECTION_LOST",
+            "JOURNAL_BUSY",
             "UNSUPPORTED_PYTHON",
             "UNSUPPORTED_PLATFORM",
             "NO_CACHE_DIR",

@@ -302,7 +302,9 @@ class RunWarning(View):
     `runId`, `path`) — the file was edited since the continued run froze its
     plan; `LINT` (details: `path`, `line`, `lintCode`) — a lint warning of the
     workflow file; `CONFIG_KEY` (details: `file`) — a config key akm does not know (kept, but it does
-    nothing), with the key it most likely means; `ENGINE` — anything the driver reports while it runs.
+    nothing), with the key it most likely means; `ENGINE` — anything the driver reports while it runs;
+    `SECRET_REDACTED` — a param or the workflow held the value of a known secret, stored and run as
+    `[REDACTED]` (spec/engine.md "Secrets").
     """
 
     code: str

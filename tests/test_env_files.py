@@ -51,13 +51,26 @@ def test_a_bare_name_binds_nothing_and_a_bom_is_ignored():
     [
         ("A=1\nthis is not a binding\n", "x.env:2: cannot read this line; expected NAME=value"),
         ("A=1\nB='unterminated\n", "x.env:2: cannot read this line"),
-        ("my-key=1\n", "x.env:1: 'my-key' is not an environment variable name"),
+        ("my-key=1\n", "x.env:1: this line does not start with an environment variable name"),
+        ("hunter2:TopSecretPassphrase-77\n", "x.env:1: this line is not NAME=value"),
     ],
 )
 def test_unreadable_lines_are_errors_naming_file_and_line(text, fragment):
     with pytest.raises(EnvBindingError) as info:
         parse_dotenv(text, "x.env")
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["hunter2:TopSecretPassphrase-77", "TopSecret-77 = x", "root:x:0:0:root:/root:/bin/bash", "'TopSecret-77'"],
+)
+def test_a_malformed_line_is_never_quoted(line):
+    """issue 35: the error goes to step notes, the journal and the terminal; the line may be a secret."""
+    with pytest.raises(EnvBindingError) as info:
+        parse_dotenv(f"A=1\n{line}\n", "x.env")
+    assert "x.env:2:" in str(info.value)
+    assert "TopSecret" not in str(info.value) and "root:x" not in str(info.value)
 
 
 def test_a_unit_sees_the_values_and_its_output_is_redacted(tmp_path):

@@ -159,3 +159,21 @@ def test_a_step_that_would_pass_the_lifetime_cap_fails_before_dispatching(tmp_pa
     con = sqlite3.connect(paths.journal_path())
     assert con.execute("SELECT count(*) FROM units WHERE step_id = 'wide'").fetchone() == (0,)
     con.close()
+
+
+def test_a_report_holder_is_bounded_like_every_other_string(tmp_path, project):
+    """issue 35 item 5: `unit_report` stored a 100,000-character holder on the unit row."""
+    import pytest
+
+    from akm import api
+    from akm.errors import UsageError
+
+    (project / "s.md").write_text(SESSION_WF, encoding="utf-8")
+    run_id = api.run_workflow("s.md", cwd=str(project)).run.run_id
+    for holder in ("h" * 100_000, "agent\nsecond line", "  "):
+        with pytest.raises(UsageError) as exc:
+            api.report_unit(run_id, "s:solo", status="running", holder=holder, cwd=str(project))
+        assert exc.value.code == "INVALID_ARGUMENT" and (exc.value.details or {}).get("argument") == "holder"
+        assert len(exc.value.message) < 500
+    claimed = api.report_unit(run_id, "s:solo", status="running", holder="sub-agent-1", cwd=str(project))
+    assert claimed.to_json()["claim"]["holder"] == "sub-agent-1"

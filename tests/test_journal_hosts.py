@@ -3,7 +3,8 @@
 Two "hosts" are two sets of processes with their own HOME, config and data dirs and their own host id
 (`AKM_HOST_ID`), pointed at one throwaway server (tests/pgcluster.py). They see one history, and a live
 driver on one keeps the other out of its run (LEASE_HELD) until it finishes; a driver killed with SIGKILL is
-taken over by the other at once (its liveness session is gone), with only its in-flight units redone.
+taken over by the other after the takeover grace (its liveness session is gone; spec/journal.md), not at
+the lease's expiry, with only its in-flight units redone.
 """
 
 from __future__ import annotations

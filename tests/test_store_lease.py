@@ -16,7 +16,7 @@ import pytest
 from akm.errors import NotFoundError, UsageError
 from akm.store import runs
 from akm.store.db import now_iso
-from tests.helpers import open_at
+from tests.helpers import open_at, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -258,25 +258,64 @@ def _liveness_columns(db):
     return row[0], row[1]
 
 
-def test_a_holder_whose_liveness_session_ended_is_taken_over_at_once(db):
+def test_a_holder_whose_liveness_session_ended_is_taken_over_only_through_its_kept_lock(db):
+    """issue 35: a free liveness lock is no proof of death (a live driver may have lost only that connection).
+    A peer keeps the holder's lock (`hold_dead_holder`) and takes the run over with it (`dead=`), never
+    without; the engine waits the fencing grace in between (akm.engine.fencing)."""
     _pg_only(db)
-    lock = db.holder_liveness("remote-engine")
-    assert lock is not None and lock.refresh()  # the lock is held once refresh returns a marker
+    from akm.store.postgres.liveness import HolderLock
+
+    lock = HolderLock.acquire(db.target, "remote-engine")  # not watched: nothing takes it back by itself
     try:
         assert runs.acquire_lease(db, "r1", "remote-engine", host="some-other-host", pid=1, liveness=lock) is None
         assert _liveness_columns(db) == (lock.key, lock.marker)
-        # alive: its session holds the lock, so a peer is refused and sees it driving
+        # alive: its session holds the lock, so a peer is refused, sees it driving, and keeps nothing
         assert runs.acquire_lease(db, "r1", "me").holder == "remote-engine"
         assert runs.read_lease(db, "r1").holder == "remote-engine"
+        assert runs.hold_dead_holder(db, "r1") is None
+        # the liveness connection alone is dropped (the holder process lives on)
+        pid = lock._con.run("SELECT pg_backend_pid()")[0][0]
+        db.execute("SELECT pg_terminate_backend(?)", (pid,))
+        runs.release_dead_holder(db, wait_until(lambda: runs.hold_dead_holder(db, "r1"), what="the lock to be free"))
+        raw = runs.require_run(db, "r1")
+        assert raw.lease_holder == "remote-engine" and raw.lease_until > db.now(runs.lease_ttl_s() / 2)
+        # still the driver as far as anyone can tell, and no plain acquisition takes it over
+        assert runs.read_lease(db, "r1").holder == "remote-engine"
+        assert runs.acquire_lease(db, "r1", "me").holder == "remote-engine"
+        dead = runs.hold_dead_holder(db, "r1")
+        assert dead is not None and (dead.holder, dead.key) == ("remote-engine", lock.key)
+        try:
+            # the holder cannot take its lock back while the peer keeps it: it must stop its units
+            assert lock.refresh() is None and lock.marker is None
+            assert runs.acquire_lease(db, "r1", "me", host="third-host", pid=1, dead=dead) is None
+        finally:
+            runs.release_dead_holder(db, dead)
     finally:
-        lock.release()  # the session's lock is gone, as when its process dies; the lease row stays
-    raw = runs.require_run(db, "r1")
-    assert raw.lease_holder == "remote-engine" and raw.lease_until > db.now(runs.lease_ttl_s() / 2)
-    assert runs.read_lease(db, "r1") is None
-    assert runs.acquire_lease(db, "r1", "me", host="third-host", pid=1) is None
+        lock.release()
     # a holder without liveness records none: the previous key never speaks for it, it waits for expiry
     assert _liveness_columns(db) == (None, None)
     assert runs.acquire_lease(db, "r1", "peer").holder == "me"
+
+
+def test_a_kept_lock_is_no_takeover_once_the_holder_changed_or_the_lock_was_lost(db):
+    _pg_only(db)
+    lock = db.holder_liveness("engine")
+    assert lock.refresh()
+    assert runs.acquire_lease(db, "r1", "engine", host="some-other-host", pid=1, liveness=lock) is None
+    lock.release()
+    dead = runs.hold_dead_holder(db, "r1")
+    assert dead is not None
+    # the peer's connection fails meanwhile: the kept lock went with it, so no takeover
+    runs.release_dead_holder(db, dead)
+    assert runs.acquire_lease(db, "r1", "me", dead=dead).holder == "engine"
+    # a kept lock names one holder at one epoch: a later holder is not taken over with it
+    dead = runs.hold_dead_holder(db, "r1")
+    try:
+        runs.release_lease(db, "r1", "engine")
+        assert runs.acquire_lease(db, "r1", "other", host="h2", pid=1) is None
+        assert runs.acquire_lease(db, "r1", "me", dead=dead).holder == "other"
+    finally:
+        runs.release_dead_holder(db, dead)
 
 
 def test_renewal_records_the_refreshed_marker_and_release_clears_it(db):
@@ -331,4 +370,4 @@ def test_a_lease_taken_before_the_liveness_lock_is_held_records_no_marker(db):
         assert lock.marker and _liveness_columns(db) == (lock.key, lock.marker)
     finally:
         lock.release()
-    assert runs.acquire_lease(db, "r1", "me") is None
+    assert runs.hold_dead_holder(db, "r1") is not None  # the marker recorded: a peer may keep the lock now

@@ -16,6 +16,10 @@ from akm.api._args import INVALID_ARGUMENT, MAX_EVENT_LIMIT, _duration_ms, _whol
 from akm.engine.budget import MAX_UNIT_TOKENS
 from akm.errors import UsageError
 
+# A claim holder's name (a report's `holder`): journaled on the unit row and shown in every brief, so bounded
+# like the ids it sits beside; a sub-agent's name is a few dozen characters.
+MAX_HOLDER_CHARS = 256
+
 
 class ApiModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
@@ -190,6 +194,17 @@ class ReportRequest(Request):
     @classmethod
     def _gate_loop(cls, value: Any) -> int | None:
         return None if value is None else _whole_number(value, "gate_loop", 1)
+
+    @field_validator("holder")
+    @classmethod
+    def _holder(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if len(value) > MAX_HOLDER_CHARS:
+            raise ValueError(f"holder is {len(value)} characters long, over the limit of {MAX_HOLDER_CHARS}")
+        if not value.strip() or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ValueError("holder must be a name: not empty, no control characters")
+        return value
 
 
 class SetupRequest(Request):

@@ -408,6 +408,12 @@ def _resolve(
 
     schemas = plan.param_schemas or {}
     values = coerce_params(param_pairs, schemas) if param_pairs else check_params(dict(params or {}), schemas)
+    from akm.engine.secret_inputs import scrub_run_inputs
+
+    # known secrets never enter the journal as params or in the frozen plan (spec/engine.md "Secrets")
+    plan, values, notes = scrub_run_inputs(plan, values, paths.project_root(work_dir))
+    for note in notes:
+        warn(RunWarning(code="SECRET_REDACTED", message=note))
     scopes = paths.scope_keys(work_dir, portable=db is not None and db.shared)
     active = None if new or donor is not None or db is None else _find_active(db, ref, scopes, values)
     return _Target(None, wf_path, ref, plan, values, scopes[0], active, donor)

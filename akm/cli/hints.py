@@ -36,6 +36,8 @@ _CLI_HINTS: dict[str, str] = {
     "BUDGET_EXCEEDED": "A rewind gives no budget back: raise it in the workflow file, then `akm workflow run FILE "
     "--from RUN` starts a new run that reuses every completed unit.",
     "STEP_NOT_REACHED": "`akm workflow status RUN` shows the steps the run finished or is on.",
+    "JOURNAL_CONNECTION_LOST": "Once the journal server is reachable, run the command again; "
+    "`akm workflow run RUN` resumes a run where its journal stands.",
 }
 # An argument of the api (details.argument) as the CLI spells it.
 _FLAG_OF = {

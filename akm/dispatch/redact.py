@@ -9,12 +9,24 @@ the dispatcher before anything leaves it.
 
 Values shorter than `MIN_SECRET_LENGTH` are ignored: replacing every "1" or "yes"
 in an artifact would destroy the output while protecting nothing worth the name.
+
+What the set holds for a value, and what it does not (spec/engine.md "Secrets" is the user-facing list):
+its URL-encoded and decoded, JSON-escaped (once and twice), LF/CRLF and line-by-line spellings, URL
+credentials, its Unicode NFC and NFD forms (a tool that normalises text prints the other one), and the
+whole value base64-encoded (standard and URL-safe alphabets, with and without padding, also with the
+newline `echo` adds) and hex-encoded (lower and upper case) — the spellings `base64`, `xxd -p` and
+`.hex()` give a secret printed whole. Not redacted, because no fixed set of substrings can hold them: the
+base64 of a secret inside a longer encoded blob (its characters depend on where it falls), hex dumps with
+separators or offsets (`xxd`, `od`), and a secret split across two lines (a terminal or `fold` wrapping
+it), except that each line of 8 or more characters of a multi-line secret is redacted by itself.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import unicodedata
 from typing import Any, Iterable, Mapping
 from urllib.parse import parse_qsl, quote, quote_plus, unquote, unquote_plus, urlsplit
 
@@ -231,7 +243,10 @@ def sensitive_values_from(bindings: Mapping[str, str] | Iterable[str]) -> list[s
     for value in bindings.values() if isinstance(bindings, Mapping) else bindings:
         if not isinstance(value, str) or not value:
             continue
+        for encoded in _encoded_whole(value):
+            add(encoded)
         candidates = [value, value.strip()] + _url_credential_parts(value)
+        candidates += [unicodedata.normalize(form, value) for form in ("NFC", "NFD")]
         for c in _line_end_spellings(value):
             # A multi-line secret as LF and as CRLF (a file or tool of the other convention), and each long
             # line by itself (a PEM key printed line by line); each also JSON-escaped twice (a JSON string
@@ -249,6 +264,19 @@ def sensitive_values_from(bindings: Mapping[str, str] | Iterable[str]) -> list[s
                 add(json.dumps(variant)[1:-1])
                 add(json.dumps(variant, ensure_ascii=False)[1:-1])
     return out
+
+
+def _encoded_whole(value: str) -> list[str]:
+    """The value printed whole as base64 (both alphabets, padded or not, with `echo`'s newline or without) and
+    as hex (both cases): what `base64`, `xxd -p` or `.hex()` print of it. Valid only for the value as a whole
+    (see the module doc)."""
+    out: list[str] = []
+    for raw in {value.strip().encode("utf-8", "surrogatepass"), value.encode("utf-8", "surrogatepass")}:
+        for data in (raw, raw + b"\n"):
+            for enc in (base64.b64encode(data).decode("ascii"), base64.urlsafe_b64encode(data).decode("ascii")):
+                out += [enc, enc.rstrip("=")]
+        out += [raw.hex(), raw.hex().upper()]
+    return list(dict.fromkeys(x for x in out if x))
 
 
 _LONG_LINE = 8  # a line of a multi-line secret redacted on its own from this length (`-----END` lines too)

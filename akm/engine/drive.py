@@ -39,6 +39,7 @@ from akm.engine.budget import LIFETIME_UNIT_CAP, DispatchBudget
 from akm.engine.cancel import Cancellation
 from akm.engine.concurrency import UNBOUNDED, host_concurrency_limit, step_width
 from akm.engine.env_bindings import EnvBindingError, project_sensitive_values, resolve_env_refs
+from akm.engine.fencing import TAKEOVER_GRACE_S
 from akm.engine.finalize import (
     DONE,
     RUNNING,
@@ -529,7 +530,11 @@ class _Pass:
             self._flush_one(p)
 
     def _flush_one(self, p: _PendingFinish) -> None:
-        """Finish one deferred attempt in its own transaction; a failure fails the unit hard."""
+        """Finish one deferred attempt in its own transaction; a failure fails the unit hard (except the
+        journal's own: see `fenced_out`)."""
+        if self.d.journal_fault is not None:  # the journal stopped this driver: the next one redoes the row
+            self._not_journaled(p)
+            return
         try:
             self._write_finish(p)
         except Exception as exc:
@@ -684,7 +689,8 @@ class _Pass:
     # ------------------------------------------------------------ one unit
     def run_unit(self, unit: WorkUnit, ahead: _Ahead | None = None) -> UnitOutcome:
         outcome = self._run_unit(unit, ahead)
-        if not outcome.ok and unit.template.on_error == "fail":
+        # (a driver that is stopping — its lease lost, or the journal gone — decides nothing about the step)
+        if not outcome.ok and unit.template.on_error == "fail" and not self.d.lease_lost.tripped:
             self.halted = True
             if self.waiter is not None:
                 # Fail fast with workers: what they have not claimed yet is never started, as a local pass
@@ -966,6 +972,7 @@ class _Driver:
         opts: DriveOptions,
         result: DriveResult,
         liveness: HolderLiveness | None = None,
+        acquired_at: float | None = None,
     ) -> None:
         self.db = db
         self.loaded = loaded
@@ -979,6 +986,7 @@ class _Driver:
         self.registry = opts.registry or _default_registry()
         self.native_kinds = frozenset(self.registry.kinds())
         self.lease_lost = Cancellation()
+        self.journal_fault: JournalError | None = None  # the journal error that stopped this driver (fenced_out)
         self.heartbeat = Heartbeat(
             db,
             self.run_id,
@@ -987,6 +995,7 @@ class _Driver:
             interval=opts.heartbeat_interval or None,
             epoch=fence.epoch,
             liveness=liveness,
+            renewed_at=acquired_at,
         )
         used, tokens = units_store.journal_totals(db, self.run_id)
         budget = self.plan.budget
@@ -1024,7 +1033,18 @@ class _Driver:
         if self.opts.on_warning is not None:
             self.opts.on_warning(message)
 
-    def lost_lease_error(self) -> UsageError:
+    def lost_lease_error(self) -> AkmError:
+        if self.lease_lost.reason == "journal_down" and self.journal_fault is not None:
+            return self.journal_fault
+        fenced = _FENCED.get(self.lease_lost.reason or "")
+        if fenced is not None:  # this driver stopped itself; the journal may be unreachable, so ask it nothing
+            return UsageError(
+                f"This invocation stopped driving run {self.run_id}: {fenced} It stopped its units first so that "
+                "another invocation can take the run over without running any of them twice at once.",
+                code="LEASE_LOST",
+                details={"runId": self.run_id, "reason": self.lease_lost.reason},
+                hint="Drive the run again once the journal server is reachable: it resumes where its journal stands.",
+            )
         run = runs_store.get_run(self.db, self.run_id)
         if run is not None and run.status not in DRIVABLE_STATUSES:
             return UsageError(
@@ -1045,9 +1065,18 @@ class _Driver:
         )
 
     def fenced_out(self, exc: BaseException) -> bool:
-        """Is `exc` a write refused because another driver took the lease? Then stop everything."""
+        """Is `exc` a write refused because another driver took the lease, or one the journal server could not
+        take at all (the connection lost or stalled, a lock it gave up on)? Then stop everything: what is in
+        flight is stopped and not journaled, as after a lost lease, and the driver exits with that error; the
+        run stays as the journal has it (active), for the next driver. A unit is never failed, nor a step
+        decided, because of the journal's trouble (issue 35)."""
         if isinstance(exc, UsageError) and exc.code == "LEASE_LOST":
             self.lease_lost.trip("lease_lost")
+            return True
+        if isinstance(exc, JournalError) and exc.code in _JOURNAL_DOWN:
+            if self.journal_fault is None:
+                self.journal_fault = exc
+            self.lease_lost.trip("journal_down")
             return True
         return False
 
@@ -1063,9 +1092,13 @@ class _Driver:
 
     def _check_alive(self) -> None:
         if self.lease_lost.tripped:
-            run = runs_store.get_run(self.db, self.run_id)
-            if run is not None and run.status == "completed":
-                return  # the heartbeat's renewal met the run this driver just completed: nothing was lost
+            if self.journal_fault is None:
+                try:
+                    run = runs_store.get_run(self.db, self.run_id)
+                except JournalError:
+                    run = None
+                if run is not None and run.status == "completed":
+                    return  # the heartbeat's renewal met the run this driver just completed: nothing was lost
             raise self.lost_lease_error()
 
     def _stopped(self) -> bool:
@@ -1338,27 +1371,68 @@ def _default_registry() -> DispatcherRegistry:
     return default_registry()
 
 
+# Journal errors of a server that is reachable again later (PostgreSQL): they stop a driver, never fail a unit.
+_JOURNAL_DOWN = frozenset({"JOURNAL_CONNECTION_LOST", "JOURNAL_BUSY", "JOURNAL_UNREACHABLE"})
+
+# Why a driver stopped itself (the lease cancellation's reasons from akm.engine.fencing's watchdog).
+_FENCED = {
+    "lease_lapsing": "it could not renew its run lease (the journal server did not answer) and the lease was "
+    "about to lapse.",
+    "liveness_lost": "it lost the connection that proves to other hosts that it is alive, and could not take it "
+    "back in time.",
+}
+
+
 # How long a driver waits for a report that holds the lease while it finishes a step (a short hold:
 # journal reads and writes, or an engine judge) before it answers LEASE_HELD.
 REPORT_LOCK_WAIT_S = 10.0
 
 
 def _acquire(
-    db: Database, run_id: str, holder: str, liveness: HolderLiveness | None = None
-) -> runs_store.LeaseInfo | None:
-    """`acquire_lease`, waiting (up to REPORT_LOCK_WAIT_S) while a report's finalize lock holds the run.
+    db: Database,
+    run_id: str,
+    holder: str,
+    liveness: HolderLiveness | None = None,
+    note: Callable[[str], None] | None = None,
+) -> tuple[runs_store.LeaseInfo | None, float]:
+    """`acquire_lease`, waiting (up to REPORT_LOCK_WAIT_S) while a report's finalize lock holds the run, and
+    taking over a holder whose liveness session is gone only after the grace (below). Returns the live holder
+    (None: the lease is ours) and when the acquisition that succeeded was sent (monotonic).
 
     A report finishing a step takes the run lease for a moment; a driver started at that moment
     is not racing another driver and must not be told so. It watches the journal's lease row and
     retries as soon as that holder lets go (or its lease lapses); any other holder is answered at once.
+
+    A holder whose liveness lock is free (PostgreSQL) may be a live driver that only lost that connection
+    (issue 35). Its lock is kept from it here (`runs.hold_dead_holder`), so it stops its units within its
+    fencing time, and the run is taken over only after TAKEOVER_GRACE_S, or at once should the holder let go
+    of its lease meanwhile (it stopped, and released it).
     """
     deadline = time.monotonic() + REPORT_LOCK_WAIT_S
     while True:
+        sent = time.monotonic()
         live = runs_store.acquire_lease(db, run_id, holder, liveness=liveness)
-        if live is None or not live.holder.startswith(units_store.REPORT_LOCK_PREFIX):
-            return live
-        if not runs_store.wait_lease_change(db, run_id, live, deadline):
-            return live
+        if live is None:
+            return None, sent
+        if live.holder.startswith(units_store.REPORT_LOCK_PREFIX):
+            if not runs_store.wait_lease_change(db, run_id, live, deadline):
+                return live, sent
+            continue
+        dead = runs_store.hold_dead_holder(db, run_id)
+        if dead is None:
+            return live, sent
+        try:
+            if note is not None:
+                note(
+                    f"the driver {live.holder} (host {live.host}, pid {live.pid}) of run {run_id} lost its liveness "
+                    f"connection; waiting up to {TAKEOVER_GRACE_S:g} s for it to stop its units before taking over"
+                )
+            if runs_store.wait_lease_change(db, run_id, live, time.monotonic() + TAKEOVER_GRACE_S):
+                continue  # it let go (or lapsed): an ordinary acquisition now
+            sent = time.monotonic()
+            return runs_store.acquire_lease(db, run_id, holder, liveness=liveness, dead=dead), sent
+        finally:
+            runs_store.release_dead_holder(db, dead)
 
 
 def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
@@ -1373,7 +1447,8 @@ def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
     holder = uuid4()
     # PostgreSQL: the holder's liveness session (opening in the background) proves it alive to other hosts;
     # the lease row records its marker only once the lock is held, and a peer that finds the lock gone takes
-    # the run over at once (store/postgres/liveness.py). Released after the lease, on every exit.
+    # the run over after a grace in which a live holder stops its units (store/postgres/liveness.py,
+    # engine/fencing.py). Released after the lease, on every exit.
     liveness = db.holder_liveness(holder)
     try:
         return _drive_held(db, run_id, holder, liveness, loaded, opts, result)
@@ -1392,8 +1467,14 @@ def _drive_held(
     result: DriveResult,
 ) -> DriveResult:
     """`drive_run` once this holder's liveness (if the journal keeps one) is held: take the lease, drive."""
+
+    def note(message: str) -> None:
+        result.warnings.append(message)
+        if opts.on_warning is not None:
+            opts.on_warning(message)
+
     try:
-        live = _acquire(db, run_id, holder, liveness)
+        live, acquired_at = _acquire(db, run_id, holder, liveness, note)
     except UsageError as exc:  # a report we waited for finished the run meanwhile
         if exc.code == "RUN_NOT_ACTIVE" and (exc.details or {}).get("status") == "completed":
             result.done = True
@@ -1423,7 +1504,7 @@ def _drive_held(
                 "stopping to avoid racing the new holder.",
                 code="LEASE_LOST",
             )
-        driver = _Driver(db, loaded, fence, opts, result, liveness)
+        driver = _Driver(db, loaded, fence, opts, result, liveness, acquired_at)
         driver.heartbeat.start()
         if runs_store.run_status(db, run_id) == "awaiting_session":
             runs_store.set_run_status(db, run_id, "active", None, fence=fence)

@@ -13,7 +13,10 @@ are ours: there is no `${VAR}` expansion (a value is exactly what the file says,
 never something pulled from akm's own environment), and a line the parser
 cannot read, or a name that is not an environment variable name, is an error
 naming the file and line — a secrets file that is silently half-read would
-make a unit fail far away from the cause.
+make a unit fail far away from the cause. Such an error never quotes the line:
+a malformed line is as likely a secret as anything else in the file (a
+`user:password` pair, or `/etc/passwd` behind a symlinked `link.env`), and the
+message goes to step notes, the journal and the terminal.
 """
 
 from __future__ import annotations
@@ -69,9 +72,10 @@ def parse_dotenv(text: str, origin: str) -> dict[str, str]:
         if binding.key is None:  # blank line or comment
             continue
         if not _NAME.match(binding.key):
+            what = "is not NAME=value" if binding.value is None else "does not start with an environment variable name"
             raise EnvBindingError(
-                f"{origin}:{line}: {binding.key!r} is not an environment variable name "
-                "(letters, digits and _, not starting with a digit)"
+                f"{origin}:{line}: this line {what} (a name is letters, digits and _, not starting with a "
+                "digit); its text is not shown, as it may hold a secret"
             )
         if binding.value is None:
             continue

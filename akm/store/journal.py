@@ -32,6 +32,10 @@ RUN_UNIT_WRITE = "KEY SHARE"
 # one still has to be asked for (KEY SHARE held, NO KEY UPDATE wanted: lock again).
 RUN_LOCK_STRENGTH = {RUN_UNIT_WRITE: 1, RUN_WRITE: 2, RUN_UPDATE: 3}
 
+# A lease holder that could not prove its liveness for this long must have stopped its units (a peer may be
+# about to take the run over; akm.engine.fencing).
+FENCE_AFTER_S = 5.0
+
 
 class Dialect:
     """The SQLite dialect; `akm.store.postgres.db.PgDialect` overrides what differs.
@@ -46,8 +50,10 @@ class Dialect:
     * `skip_locked`: the clause a worker's claim SELECT ends with, so claimers skip each other's rows;
     * `stamp_text`: a timestamp column as text, to compare with a (possibly partial) stamp a user typed;
     * `liveness` / `lease_dead`: whether lease rows record the holder's liveness session, and whether the
-      run's current holder provably died (PostgreSQL; SQLite's same-host dead-pid rule in
-      `runs.holder_is_live` is all one host needs, so it records and asks nothing).
+      run's current holder's session is gone (PostgreSQL; SQLite's same-host dead-pid rule in
+      `runs.holder_is_live` is all one host needs, so it records and asks nothing);
+    * `hold_dead` / `holds_key` / `unhold`: keep a gone holder's liveness lock through the takeover grace
+      (`runs.hold_dead_holder`).
 
     The lock calls come once per store call, and store calls nest in one transaction (`write_report` runs
     `insert_unit` and `finish_unit` inside its own; a group commit runs the writes of many units in one), so
@@ -82,8 +88,21 @@ class Dialect:
         return column
 
     def lease_dead(self, conn: Any, run_id: str) -> bool:
-        """Has the run's lease holder provably died (its liveness session is gone)? Never on SQLite."""
+        """Is the run's lease holder's liveness session gone? Never on SQLite. (Not a proof that the holder
+        died: see `hold_dead`.)"""
         return False
+
+    def hold_dead(self, conn: Any, run_id: str) -> int | None:
+        """When the holder's liveness session is gone, keep its liveness lock on this connection (so the holder
+        cannot take it back and must stop its units) and return its key; None otherwise (always on SQLite)."""
+        return None
+
+    def holds_key(self, conn: Any, key: int) -> bool:
+        """Does this connection still keep the liveness lock `key` took by `hold_dead`?"""
+        return False
+
+    def unhold(self, conn: Any, key: int) -> None:
+        """Let go of a liveness lock kept by `hold_dead`."""
 
 
 class HolderLiveness(Protocol):
@@ -92,6 +111,10 @@ class HolderLiveness(Protocol):
 
     key: int
     marker: str | None
+
+    def overdue(self) -> bool:
+        """Has the holder gone FENCE_AFTER_S without proving its liveness (after having held it once)?"""
+        ...
 
     def refresh(self) -> str | None:
         """The marker to record with the next renewal (None: no fast path for this holder)."""

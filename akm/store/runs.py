@@ -530,7 +530,8 @@ def check_fence(conn: Any, run_id: str, fence: Fence | None) -> None:
 def _drivable_run_row(conn: Any, run_id: str, verb: str) -> Any:
     """The run's status/lease row inside a transaction; refuses runs that cannot be driven now."""
     row = conn.execute(
-        "SELECT id, status, current_step_id, lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?",
+        "SELECT id, status, current_step_id, lease_holder, lease_host, lease_pid, lease_until, lease_epoch "
+        "FROM runs WHERE id = ?",
         (run_id,),
     ).fetchone()
     if row is None:
@@ -784,6 +785,15 @@ def _lease_of(row: Any) -> LeaseInfo:
     return LeaseInfo(holder=row["lease_holder"], host=row["lease_host"], pid=row["lease_pid"], until=row["lease_until"])
 
 
+class DeadHolder(NamedTuple):
+    """A lease holder whose liveness session is gone, with its liveness lock now kept by this journal connection
+    (`hold_dead_holder`): what `acquire_lease(dead=...)` takes the run over from once the grace has passed."""
+
+    holder: str
+    epoch: int
+    key: int
+
+
 def acquire_lease(
     db: Database,
     run_id: str,
@@ -793,6 +803,7 @@ def acquire_lease(
     host: str | None = None,
     pid: int | None = None,
     liveness: HolderLiveness | None = None,
+    dead: DeadHolder | None = None,
 ) -> LeaseInfo | None:
     """Take the run lease. None on success, else the live holder's LeaseInfo.
 
@@ -805,10 +816,12 @@ def acquire_lease(
     Raises NotFoundError / UsageError RUN_NOT_ACTIVE for a missing or
     non-drivable run.
 
-    Where the journal records holder liveness (PostgreSQL, `Dialect.liveness`), a holder whose
-    liveness session is provably gone (`Dialect.lease_dead`, asked under the run's row lock in this
-    transaction) is dead at once, on any host; the row then records `liveness` (this holder's key and
-    server marker, from `Journal.holder_liveness`), or NULLs for none, so a stale key never speaks for it.
+    Where the journal records holder liveness (PostgreSQL, `Dialect.liveness`), the row records `liveness`
+    (this holder's key and server marker, from `Journal.holder_liveness`), or NULLs for none, so a stale key
+    never speaks for it. A holder whose liveness session is gone is *not* taken over here: a live driver that
+    merely lost that connection is still running units (issue 35). `dead` (from `hold_dead_holder`, after
+    the caller waited out the takeover grace) takes the run over from that holder, provided the row still
+    names it at the same epoch and this connection still keeps its liveness lock.
     """
     host = host_id() if host is None else host
     pid = os.getpid() if pid is None else pid
@@ -817,9 +830,12 @@ def acquire_lease(
         db.dialect.lock_run(conn, run_id, RUN_WRITE)
         row = _drivable_run_row(conn, run_id, "executed")
         now = db.now()
-        if holder_is_live(
-            row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now
-        ) and not db.dialect.lease_dead(conn, run_id):
+        if holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now) and not (
+            dead is not None
+            and row["lease_holder"] == dead.holder
+            and int(row["lease_epoch"]) == dead.epoch
+            and db.dialect.holds_key(conn, dead.key)
+        ):
             return _lease_of(row)
         sets, extra = _liveness_sets(db, liveness)
         cur = conn.execute(
@@ -835,6 +851,35 @@ def acquire_lease(
             "SELECT lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,)
         ).fetchone()
         return _lease_of(current)
+
+
+def hold_dead_holder(db: Database, run_id: str) -> DeadHolder | None:
+    """The run's holder, live by its lease but with its liveness session gone, now kept out of its own liveness
+    lock by this journal connection; None when there is no such holder (or the journal keeps no liveness).
+
+    Why keep its lock: the holder may be alive, with only its liveness connection lost. Holding the lock, a
+    peer makes sure the holder cannot take it back, so the holder stops its units within its fencing time
+    (`akm.engine.fencing`); the peer waits a grace longer than that and then takes over with
+    `acquire_lease(dead=...)`. Let go with `release_dead_holder` in every case.
+    """
+    if not db.dialect.liveness:
+        return None
+    with db.tx() as conn:
+        db.dialect.lock_run(conn, run_id, RUN_WRITE)
+        row = _drivable_run_row(conn, run_id, "executed")
+        now = db.now()
+        if not holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now):
+            return None
+        key = db.dialect.hold_dead(conn, run_id)
+        return DeadHolder(row["lease_holder"], int(row["lease_epoch"]), key) if key is not None else None
+
+
+def release_dead_holder(db: Database, dead: DeadHolder) -> None:
+    """Let go of the liveness lock `hold_dead_holder` kept (nothing when a reconnect already lost it)."""
+    try:
+        db.dialect.unhold(db, dead.key)
+    except Exception:  # the connection failed: the lock went with it
+        pass
 
 
 def _liveness_sets(db: Database, liveness: HolderLiveness | None) -> tuple[str, tuple[Any, ...]]:
@@ -926,13 +971,13 @@ def wait_lease_change(db: Database, run_id: str, seen: LeaseInfo, deadline: floa
 
 
 def read_lease(db: Database, run_id: str) -> LeaseInfo | None:
-    """The live lease on the run, or None (no lease, half-set, expired, dead local holder, or — where the
-    journal records liveness — a holder whose liveness session is gone)."""
+    """The live lease on the run, or None (no lease, half-set, expired, dead local holder).
+
+    A holder whose liveness session is gone (PostgreSQL) still counts as live here: it may be a driver that
+    lost only that connection and still runs units, until it is taken over (`hold_dead_holder`) or expires."""
     row = db.query_one("SELECT lease_holder, lease_host, lease_pid, lease_until FROM runs WHERE id = ?", (run_id,))
     if row is None:
         raise NotFoundError(f"workflow run {run_id!r} not found")
     if not holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], db.now()):
-        return None
-    if db.dialect.liveness and db.dialect.lease_dead(db, run_id):
         return None
     return _lease_of(row)

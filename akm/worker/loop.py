@@ -7,8 +7,11 @@ into a finished one (`akm.store.queue`):
 
 * it claims only what it can run here (`akm.worker.workspace`), at most `concurrency` at once;
 * a heartbeat renews its claims every third of their TTL; a claim it cannot renew (re-queued after it
-  lapsed, the run abandoned) is stopped at once — its result would be rejected anyway — and if the journal
-  cannot be reached for most of a TTL it stops every unit, since another worker may take them over soon;
+  lapsed, the run abandoned) is stopped at once — its result would be rejected anyway — and a watchdog
+  that never touches the journal stops each unit whose claim was last renewed (counted from when the
+  renewal was *sent*) longer ago than its TTL less `fencing.stop_margin`: a journal that stalls or drops
+  the connection cannot keep a unit running past the moment another worker may claim it (issue 35); such
+  a claim is given back when the journal answers again, or lapses;
 * a finish carries the claim's fencing token: after a freeze (SIGSTOP, a VM pause) past the claim's expiry
   the late result is rejected and the newer claim's stands;
 * stopped (SIGINT/SIGTERM), it claims nothing more, stops its units and gives their claims back to the queue;
@@ -28,7 +31,9 @@ from akm import paths
 from akm.dispatch.base import DispatcherRegistry, UnitRequest
 from akm.engine.activity import ActivityRelay
 from akm.engine.cancel import Cancellation
+from akm.engine.fencing import WATCH_EVERY_S, stop_margin
 from akm.engine.reduce import UnitOutcome, storable
+from akm.errors import JournalError
 from akm.ids import uuid4
 from akm.plan.model import Plan
 from akm.record import dataclass, field
@@ -48,7 +53,8 @@ class HostProblem(Exception):
 
 @dataclass
 class WorkerEvent:
-    """One thing a worker did, for its log lines: claimed | finished | rejected | released | refused | swept."""
+    """One thing a worker did, for its log lines: claimed | finished | rejected | released | refused | swept |
+    fenced | warning | error."""
 
     kind: str
     run_id: str | None = None
@@ -96,10 +102,12 @@ class WorkerSummary:
 
 
 class _InFlight:
-    def __init__(self, claim: queue_store.Claim) -> None:
+    def __init__(self, claim: queue_store.Claim, sent: float) -> None:
         self.claim = claim
         self.stop = threading.Event()
         self.lost = False  # the claim is no longer ours (heartbeat): write nothing
+        self.fenced = False  # stopped by the watchdog before its claim could lapse: give it back, finish nothing
+        self.renewed_at = sent  # when the claim or its last successful renewal was sent (monotonic)
 
 
 class Worker:
@@ -151,6 +159,7 @@ class Worker:
         self._notifier = self.db.notifier(queue_store.RUN_CHANNEL)
         heartbeat = threading.Thread(target=self._heartbeat, name="akm-worker-heartbeat", daemon=True)
         heartbeat.start()
+        threading.Thread(target=self._fence, name="akm-worker-fence", daemon=True).start()
         last_busy = time.monotonic()
         last_sweep = 0.0
         threads: list[threading.Thread] = []
@@ -218,6 +227,7 @@ class Worker:
                 break
             if self._refusal(e) is not None:
                 continue
+            sent = time.monotonic()
             try:
                 claims = queue_store.claim_units(
                     self.db,
@@ -234,7 +244,7 @@ class Worker:
                 continue
             with self._lock:
                 for c in claims:
-                    self._flying[(c.run_id, c.unit_id)] = _InFlight(c)
+                    self._flying[(c.run_id, c.unit_id)] = _InFlight(c, sent)
             for c in claims:
                 self.summary.claimed += 1
                 self._tell(WorkerEvent("claimed", c.run_id, c.unit_id, c.step_id, detail=f"attempt {c.token}"))
@@ -263,6 +273,9 @@ class Worker:
                 commit=self.commit,
                 kinds_here=frozenset(self.kinds),
             )
+        except JournalError as exc:  # the journal, not this host: no verdict, asked again at the next poll
+            self._tell(WorkerEvent("error", e.run_id, step_id=e.step_id, detail=f"reading its plan failed: {exc}"))
+            return str(exc)
         except Exception as exc:
             reason = f"its plan cannot be read here: {exc}"
         repeated = known is not None and known[0] == reason
@@ -308,6 +321,16 @@ class Worker:
                 self._tell(
                     WorkerEvent("rejected", claim.run_id, claim.unit_id, claim.step_id, detail="the claim was lost")
                 )
+                return
+            if flying.fenced:  # stopped before its claim could lapse: back to the queue (else it lapses there)
+                if queue_store.release_claim(self.db, claim, self.holder):
+                    self.summary.released += 1
+                    self._tell(WorkerEvent("released", claim.run_id, claim.unit_id, claim.step_id))
+                else:  # it lapsed meanwhile (this worker was frozen, say) and is another's now: nothing written
+                    self.summary.rejected += 1
+                    self._tell(
+                        WorkerEvent("rejected", claim.run_id, claim.unit_id, claim.step_id, detail="its claim lapsed")
+                    )
                 return
             if flying.stop.is_set() and self.opts.cancel.tripped and not outcome.ok:  # a result in hand is kept
                 if queue_store.release_claim(self.db, claim, self.holder):
@@ -432,30 +455,57 @@ class Worker:
     # ------------------------------------------------------------ heartbeat
     def _heartbeat(self) -> None:
         interval = max(0.05, self.ttl / 3)
-        last_ok = time.monotonic()
+        retry = min(interval, 1.0)  # a renewal that could not reach the journal is tried again soon
+        wait = interval
         while not self._stopped:
-            time.sleep(interval)
+            time.sleep(wait)
             with self._lock:
-                flying = list(self._flying.values())
+                flying = [f for f in self._flying.values() if not f.fenced]
             if not flying:
-                last_ok = time.monotonic()
+                wait = interval
                 continue
-            keys = {}
+            sent = time.monotonic()
             try:
                 renewal = queue_store.renew_claims(self.db, self.holder, [f.claim for f in flying])
-                keys = {_key(c): "gone" for c in renewal.gone} | {_key(c): "ended" for c in renewal.ended}
-                last_ok = time.monotonic()
-            except Exception as exc:
+            except Exception as exc:  # the watchdog (`_fence`) stops units before their claims can lapse
                 self._tell(WorkerEvent("error", detail=f"renewing claims failed: {exc}"))
-                if time.monotonic() - last_ok <= self.ttl * 0.8:
-                    continue
-                keys = {_key(f.claim): "gone" for f in flying}  # stop before the TTL: another may take them
+                wait = retry
+                continue
+            wait = interval
+            keys = {_key(c): "gone" for c in renewal.gone} | {_key(c): "ended" for c in renewal.ended}
             for f in flying:
                 why = keys.get(_key(f.claim))
+                if why is None:
+                    f.renewed_at = max(f.renewed_at, sent)
+                    continue
                 if why == "gone":
                     f.lost = True  # not ours any more: write nothing
-                if why is not None:
-                    f.stop.set()  # "ended": the run cannot be driven; the finish records how the unit ended
+                f.stop.set()  # "ended": the run cannot be driven; the finish records how the unit ended
+
+    def _fence(self) -> None:
+        """Stop each unit whose claim could lapse soon: `stop_margin` before its TTL since the last renewal that
+        was sent and succeeded. Touches neither the journal nor anything a journal call holds."""
+        limit = self.ttl - stop_margin(self.ttl)
+        while not self._stopped:
+            time.sleep(WATCH_EVERY_S)
+            now = time.monotonic()
+            with self._lock:
+                overdue = [f for f in self._flying.values() if not f.fenced and now - f.renewed_at > limit]
+                for f in overdue:
+                    f.fenced = True
+            for f in overdue:
+                f.stop.set()
+                c = f.claim
+                self._tell(
+                    WorkerEvent(
+                        "fenced",
+                        c.run_id,
+                        c.unit_id,
+                        c.step_id,
+                        detail="its claim could not be renewed in time (the journal did not answer); stopped so "
+                        "that no other worker runs it at the same time",
+                    )
+                )
 
 
 def _key(c: queue_store.Claim) -> tuple[str, str, int]:

@@ -1,12 +1,30 @@
-"""Open a pg8000 connection from a `postgresql://` URL, with clear coded errors.
+"""Open a pg8000 connection from a `postgresql://` URL, with clear coded errors and bounded waits.
 
 Why a module of its own: the URL is the whole user-facing surface of the PostgreSQL journal (host, port,
 database, credentials, TLS), and its failures (server down, wrong password, bad URL) must reach the user as
 stable codes, never as a driver traceback. pg8000 is imported here only, and only when a connection is made.
+
+Every connection akm opens bounds how long anything on it can wait (issue 35), because a network that breaks
+without telling anyone — a partition, a middlebox that forgets the flow, a pooler — otherwise leaves both
+ends waiting for hours:
+
+* on the server, set in the startup packet (no extra round trip): `lock_timeout` (a row or advisory lock
+  akm waits for), `idle_in_transaction_session_timeout` (a session of akm's that stopped talking in the
+  middle of a transaction is ended and its locks released: no run row held for minutes by a dead client),
+  `statement_timeout`, and TCP keepalives of the server's side (`tcp_keepalives_*`, `tcp_user_timeout`), so
+  the server notices a vanished client within about half a minute instead of the OS's two hours;
+* on the client: TCP keepalives and `TCP_USER_TIMEOUT` on the socket, and a socket timeout longer than the
+  server's own limits (the server gives up first and says why; the socket timeout only ends a stall);
+* `application_name` names the connection's role (`akm`, `akm-liveness`, `akm-listen`, `akm-notify`), so
+  an operator (and the fault tests) can tell akm's sessions apart in `pg_stat_activity`.
+
+A failure of the connection itself (reset, stalled, ended by the server) is `connection_fault`; the journal
+turns it into JOURNAL_CONNECTION_LOST, a lock or statement timeout into JOURNAL_BUSY (`fault_error`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -16,6 +34,19 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from akm.errors import JournalError
+
+# Server-side limits of every akm session (seconds). A waiter's lock_timeout outlasts the idle-in-transaction
+# limit, so a waiter behind a session that went silent mid-transaction gets the lock once the server ended it.
+IDLE_IN_TRANSACTION_S = 15
+LOCK_TIMEOUT_S = 20
+STATEMENT_TIMEOUT_S = 60
+# TCP keepalives, both ends: first probe after this much silence, then every interval, dead after count.
+KEEPALIVE_IDLE_S = 10
+KEEPALIVE_INTERVAL_S = 5
+KEEPALIVE_COUNT = 3
+TCP_USER_TIMEOUT_S = 30  # sent data unacknowledged this long: the connection is dead
+SOCKET_TIMEOUT_S = STATEMENT_TIMEOUT_S + 15  # a read that waits longer is a stall: the server would have answered
+CONNECT_TIMEOUT_S = 15  # TCP connect, TLS and authentication of a new connection
 
 _ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 SSLMODES = ("disable", "prefer", "require", "verify-ca", "verify-full")
@@ -101,20 +132,81 @@ def _ssl_context(target: Target) -> ssl.SSLContext | bool | None:
     return ctx
 
 
-def connect(target: Target, timeout: float = 30.0) -> Any:
-    """A pg8000 native connection (autocommit, as pg8000.native is) or a coded JournalError."""
+def session_settings(server_version: int) -> dict[str, str]:
+    """The server-side settings every akm session starts with, for a server of `server_version`
+    (`server_version_num`, e.g. 150004); the ones an older server lacks are left out."""
+    settings = {
+        "TimeZone": "UTC",
+        "lock_timeout": f"{LOCK_TIMEOUT_S}s",
+        "idle_in_transaction_session_timeout": f"{IDLE_IN_TRANSACTION_S}s",
+        "statement_timeout": f"{STATEMENT_TIMEOUT_S}s",
+        "tcp_keepalives_idle": str(KEEPALIVE_IDLE_S),
+        "tcp_keepalives_interval": str(KEEPALIVE_INTERVAL_S),
+        "tcp_keepalives_count": str(KEEPALIVE_COUNT),
+    }
+    if server_version >= 120000:
+        settings["tcp_user_timeout"] = str(TCP_USER_TIMEOUT_S * 1000)
+    if server_version >= 140000:  # a backend waiting on a lock notices a client that went away
+        settings["client_connection_check_interval"] = "2s"
+    return settings
+
+
+def _server_version(con: Any) -> int:
+    """`server_version_num` from the version the server announced at start-up ("15.18 (Debian …)" → 150000)."""
+    m = re.match(r"(\d+)(?:\.(\d+))?", str(con.parameter_statuses.get("server_version", "")))
+    if m is None:
+        return 0
+    major, minor = int(m.group(1)), int(m.group(2) or 0)
+    return major * 10000 if major >= 10 else major * 10000 + minor * 100
+
+
+def _apply_settings(con: Any) -> None:
+    """All of `session_settings` in one round trip (SET, not the startup packet: poolers refuse unknown
+    startup parameters)."""
+    batch = "; ".join(f"SET {k} = '{v}'" for k, v in session_settings(_server_version(con)).items())
+    con.execute_simple(batch)
+
+
+def _keepalive(sock: Any) -> None:
+    """TCP keepalives and a user timeout on the client's socket (where the OS has them)."""
+    options = (
+        ("SO_KEEPALIVE", socket.SOL_SOCKET, 1),
+        ("TCP_KEEPIDLE", socket.IPPROTO_TCP, KEEPALIVE_IDLE_S),
+        ("TCP_KEEPALIVE", socket.IPPROTO_TCP, KEEPALIVE_IDLE_S),  # macOS's name for the idle time
+        ("TCP_KEEPINTVL", socket.IPPROTO_TCP, KEEPALIVE_INTERVAL_S),
+        ("TCP_KEEPCNT", socket.IPPROTO_TCP, KEEPALIVE_COUNT),
+        ("TCP_USER_TIMEOUT", socket.IPPROTO_TCP, TCP_USER_TIMEOUT_S * 1000),
+    )
+    for name, level, value in options:
+        opt = getattr(socket, name, None)
+        if opt is not None:
+            try:
+                sock.setsockopt(level, opt, value)
+            except OSError:  # not on this socket type or OS: the server's keepalives still apply
+                pass
+
+
+def connect(target: Target, timeout: float | None = None, *, role: str = "akm") -> Any:
+    """A pg8000 native connection (autocommit, as pg8000.native is) or a coded JournalError.
+
+    `timeout` bounds every read and write on the socket (default SOCKET_TIMEOUT_S); making the connection
+    (TCP, TLS, authentication) is bounded by CONNECT_TIMEOUT_S, or `timeout` when shorter: a server that
+    cannot be reached is said so in seconds, not after a read timeout. `role` is the session's
+    `application_name`.
+    """
+    read_timeout = SOCKET_TIMEOUT_S if timeout is None else timeout
     import pg8000.native  # lazily: the SQLite journal never loads the driver
 
     try:
-        return pg8000.native.Connection(
+        con = pg8000.native.Connection(
             target.user,
             host=target.host,
             port=target.port,
             database=target.database,
             password=target.password,
             ssl_context=_ssl_context(target),
-            timeout=timeout,
-            application_name="akm",
+            timeout=min(CONNECT_TIMEOUT_S, read_timeout),
+            application_name=role,
         )
     except pg8000.native.InterfaceError as exc:
         cause = exc.__cause__ or exc.__context__
@@ -140,14 +232,79 @@ def connect(target: Target, timeout: float = 30.0) -> Any:
                 hint="Check the user and password of the journal URL (a ${ENV_VAR} password must be set).",
             ) from None
         raise JournalError(f"cannot connect to the journal server {target.shown}: {_message(exc)}") from None
+    except OSError as exc:  # a socket failure pg8000 did not wrap (a reset or a timeout mid-handshake)
+        raise JournalError(
+            f"the journal server {target.shown} is unreachable: {exc}",
+            code="JOURNAL_UNREACHABLE",
+            hint="Check that PostgreSQL runs and accepts TCP connections at that host and port.",
+        ) from None
+    try:
+        _keepalive(con._usock)
+        _apply_settings(con)
+        con._usock.settimeout(read_timeout)
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            con.close()
+        if connection_fault(exc):
+            raise fault_error(exc, "connect", target.shown) from None
+        raise JournalError(f"cannot set up a session on the journal server {target.shown}: {exc}") from None
+    return con
 
 
-def _sqlstate(exc: Exception) -> str | None:
+# SQLSTATEs that mean the session itself is gone: the connection class (08), the server ending it
+# (admin_shutdown when terminated, crash_shutdown, cannot_connect_now) and the idle-in-transaction limit.
+_SESSION_GONE = ("57P01", "57P02", "57P03", "25P03")
+# What the server's own limits answer: lock_timeout (lock_not_available) and statement_timeout (query_canceled).
+_TIMED_OUT = ("55P03", "57014")
+
+
+def connection_fault(exc: BaseException) -> bool:
+    """Did `exc` come from the connection failing (reset, closed, stalled, ended by the server), rather than
+    from an error the server reported about a statement? The driver's `network error`s, the socket errors it
+    lets through (a timeout: `cannot read from timed out object` afterwards), and the SQLSTATEs of a session
+    the server ended."""
+    if isinstance(exc, (OSError, EOFError)):
+        return True
+    if not type(exc).__module__.startswith("pg8000"):
+        return False
+    state = _sqlstate(exc)
+    if state is not None:
+        return state.startswith("08") or state in _SESSION_GONE
+    return type(exc).__name__ == "InterfaceError"
+
+
+def lock_timed_out(exc: BaseException) -> bool:
+    """The server gave up waiting (lock_timeout, statement_timeout)."""
+    state = _sqlstate(exc)
+    return type(exc).__module__.startswith("pg8000") and state is not None and state in _TIMED_OUT
+
+
+def fault_error(exc: BaseException, what: str, shown: str) -> JournalError:
+    """The coded error of a connection fault or a server-side timeout (see `connection_fault`)."""
+    if lock_timed_out(exc):
+        return JournalError(
+            f"journal {what} on {shown} gave up waiting: {_message(exc)}",
+            code="JOURNAL_BUSY",
+            hint=f"Another session held what this command needed for over {LOCK_TIMEOUT_S} s (for example one left "
+            f"idle in a transaction by a broken connection, which the server ends after {IDLE_IN_TRANSACTION_S} s); "
+            "nothing was written. Run the command again.",
+        )
+    detail = _message(exc) if _sqlstate(exc) else (str(exc) or type(exc).__name__)
+    return JournalError(
+        f"the connection to the journal server {shown} failed during {what}: {detail}",
+        code="JOURNAL_CONNECTION_LOST",
+        hint="The network or the server dropped or stalled the connection; the transaction in flight was not "
+        "committed (or, if it was, the journal shows it). Once the server is reachable, run the command again: a "
+        "run resumes where its journal stands.",
+    )
+
+
+def _sqlstate(exc: BaseException) -> str | None:
     arg = exc.args[0] if exc.args else None
     return arg.get("C") if isinstance(arg, dict) else None
 
 
-def _message(exc: Exception) -> str:
+def _message(exc: BaseException) -> str:
     arg = exc.args[0] if exc.args else None
     return str(arg.get("M", arg)) if isinstance(arg, dict) else str(exc)
 

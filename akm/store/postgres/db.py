@@ -21,7 +21,12 @@ Why it looks like this (postgres.md §2.3–§2.9, §3):
 * Values: `timestamptz` columns come back in the journal's text format (`akm.store.clock`), integral
   numerics (SUM over bigint) as int; PostgreSQL text cannot hold NUL, so text holding one is stored
   escaped and read back unchanged (`clean_param`); a lone surrogate is refused as NOT_UTF8 as on SQLite.
-* Driver and server errors become coded JournalErrors; users never see a pg8000 traceback.
+* Driver and server errors become coded JournalErrors; users never see a pg8000 traceback. A connection
+  that fails (reset, stalled past its socket timeout, ended by the server) is JOURNAL_CONNECTION_LOST and
+  the server's own limits (`lock_timeout`, `statement_timeout`; connect.py) JOURNAL_BUSY. The transaction in
+  flight is lost with its connection (the server rolls it back), so nothing is retried inside one; the
+  journal reconnects when it is next used, and a read outside a transaction is retried once on the new
+  connection (a read has no effect to repeat).
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ from typing import Any
 from akm.errors import JournalError
 from akm.store.clock import format_iso, parse_iso
 from akm.store.journal import RUN_LOCK_STRENGTH, Dialect, HolderLiveness, Journal, not_text_error
-from akm.store.postgres.connect import Target, connect, sqlstate
-from akm.store.postgres.liveness import dead_sql
+from akm.store.postgres.connect import Target, connect, connection_fault, fault_error, lock_timed_out, sqlstate
+from akm.store.postgres.liveness import NAMESPACE, dead_sql, held_sql, hold_sql
 
 IDENTITY_LOCK = 4243
 EVENT_LOCK = (4242, 0)
@@ -87,6 +92,22 @@ class PgDialect(Dialect):
             f"SELECT {dead_sql('lease_session', 'lease_liveness')} AS dead FROM runs WHERE id = ?", (run_id,)
         ).fetchone()
         return bool(row and row[0])
+
+    def hold_dead(self, conn: Any, run_id: str) -> int | None:
+        """The holder's liveness key, now held by this session (liveness.hold_sql), when the holder's lock was
+        free on its recorded incarnation; None otherwise. Called under the run's row lock."""
+        row = conn.execute(
+            f"SELECT {hold_sql('lease_session', 'lease_liveness')} AS held, lease_session FROM runs WHERE id = ?",
+            (run_id,),
+        ).fetchone()
+        return int(row[1]) if row and row[0] else None
+
+    def holds_key(self, conn: Any, key: int) -> bool:
+        row = conn.execute(f"SELECT {held_sql('?')}", (key,)).fetchone()
+        return bool(row and row[0])
+
+    def unhold(self, conn: Any, key: int) -> None:
+        conn.execute("SELECT pg_advisory_unlock(?, ?)", (NAMESPACE, key))
 
 
 _statements: dict[str, str] = {}
@@ -282,7 +303,10 @@ class Connection:
 
 
 def pg_error(exc: Exception, what: str, shown: str) -> JournalError:
-    """A pg8000 error as a JournalError with a readable message (SQLSTATE kept in the text)."""
+    """A pg8000 error as a JournalError with a readable message (SQLSTATE kept in the text); a connection
+    fault or a server-side timeout as its own code (`connect.fault_error`)."""
+    if connection_fault(exc) or lock_timed_out(exc):
+        return fault_error(exc, what, shown)
     arg = exc.args[0] if exc.args else None
     if isinstance(arg, dict):
         message = f"{arg.get('M', '')} (SQLSTATE {arg.get('C', '?')})"
@@ -298,7 +322,8 @@ def pg_error(exc: Exception, what: str, shown: str) -> JournalError:
 
 
 def _is_driver_error(exc: BaseException) -> bool:
-    return type(exc).__module__.startswith("pg8000")
+    """An error from the driver or from its socket (pg8000 lets some socket errors through unwrapped)."""
+    return type(exc).__module__.startswith("pg8000") or isinstance(exc, (OSError, EOFError))
 
 
 class _Transaction:
@@ -314,9 +339,10 @@ class _Transaction:
         try:
             if not db.conn.in_transaction:
                 try:
-                    db.conn.begin()
+                    db.usable().begin()
                 except Exception as exc:
                     if _is_driver_error(exc):
+                        db.failed(exc)
                         raise pg_error(exc, "begin", db.shown) from None
                     raise
                 self.owner = True
@@ -331,6 +357,8 @@ class _Transaction:
             if not self.owner:
                 return False
             if exc is not None:
+                if _is_driver_error(exc):
+                    db.failed(exc)
                 db.rollback_quietly()
                 if _is_driver_error(exc):
                     raise pg_error(exc, "write", db.shown) from None  # type: ignore[arg-type]
@@ -340,6 +368,8 @@ class _Transaction:
             try:
                 db.conn.simple("COMMIT")
             except Exception as err:
+                if _is_driver_error(err):
+                    db.failed(err)
                 db.rollback_quietly()
                 if _is_driver_error(err):
                     raise pg_error(err, "commit", db.shown) from None
@@ -365,27 +395,59 @@ class PgJournal(Journal):
         self.schema = target.schema
         self.path = target.shown  # what messages name where SQLite names its file
         self.lock = threading.RLock()
+        self.broken = False  # the connection failed: the next use opens a new one (`usable`)
+        self.reconnects = 0
 
     def tx(self) -> _Transaction:
         return _Transaction(self)
 
+    def failed(self, exc: BaseException) -> None:
+        """Note a driver failure: a connection fault leaves the connection unusable (a timed-out socket cannot
+        be read again, a reset one is gone), so the next use reconnects."""
+        if connection_fault(exc):
+            self.broken = True
+
+    def usable(self) -> Connection:
+        """The connection, replaced by a new one first when the last one failed (outside a transaction only:
+        a transaction dies with its connection). Raises the coded error of `connect` when the server cannot
+        be reached."""
+        if self.broken and not self.conn.in_transaction:
+            with contextlib.suppress(Exception):
+                self.conn.raw.close()
+            raw = reconnect(self.target)
+            self.conn = Connection(raw)
+            self.broken = False
+            self.reconnects += 1
+        return self.conn
+
     def rollback_quietly(self) -> None:
         if self.conn.in_transaction:
             self.conn.ended()
+            if self.broken:
+                return  # the server rolls back a transaction whose connection is gone
             with contextlib.suppress(Exception):
                 self.conn.simple("ROLLBACK")
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Cursor:
         assert not isinstance(params, dict), "the shared layer binds by position"
         with self.lock:
-            try:
-                return self.conn.execute(sql, params)
-            except UnicodeEncodeError as exc:
-                raise not_text_error(exc) from None
-            except Exception as exc:
-                if not _is_driver_error(exc) or self.conn.in_transaction:
-                    raise  # the owning tx() maps it after rolling back
-                raise pg_error(exc, "statement", self.shown) from None
+            for attempt in (1, 2):
+                try:
+                    conn = self.conn if self.conn.in_transaction else self.usable()
+                    return conn.execute(sql, params)
+                except UnicodeEncodeError as exc:
+                    raise not_text_error(exc) from None
+                except Exception as exc:
+                    if not _is_driver_error(exc):
+                        raise
+                    self.failed(exc)
+                    if self.conn.in_transaction:
+                        raise  # the owning tx() maps it after rolling back
+                    # a read outside a transaction is retried once on a new connection (nothing to repeat)
+                    if attempt == 1 and self.broken and _is_read(sql):
+                        continue
+                    raise pg_error(exc, "statement", self.shown) from None
+            raise AssertionError("unreachable")  # pragma: no cover
 
     def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Row]:
         return self.execute(sql, params).fetchall()
@@ -431,6 +493,22 @@ class PgJournal(Journal):
             self.conn.raw.close()
 
 
+def _is_read(sql: str) -> bool:
+    return sql.lstrip()[:6].upper() == "SELECT" and " FOR " not in sql.upper()
+
+
+def reconnect(target: Target) -> Any:
+    """A new work connection to a journal already opened (and migrated) once: the schema as search path."""
+    raw = connect(target)
+    try:
+        raw.execute_simple(f"SET search_path TO {target.schema}")
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            raw.close()
+        raise pg_error(exc, "reconnect", target.shown) from None
+    return raw
+
+
 def open_pg(url: str, *, migrate: bool = True) -> PgJournal:
     """Connect to the journal server named by `url`, refuse a foreign or newer schema, apply migrations."""
     from akm.store.migrations import check_ledger
@@ -440,13 +518,12 @@ def open_pg(url: str, *, migrate: bool = True) -> PgJournal:
     target = parse_url(url)
     raw = connect(target)
     try:
-        raw.run("SET TIME ZONE 'UTC'")
         if migrate:
             schema.apply_migrations(raw, target.schema, target.shown)
         else:
             schema.refuse_foreign(raw, target.schema, target.shown, schema.PG_MIGRATIONS)
             check_ledger(schema.applied_ids(raw, target.schema), schema.PG_MIGRATIONS, target.shown)
-        raw.run(f"SET search_path TO {target.schema}")
+        raw.execute_simple(f"SET search_path TO {target.schema}")
     except Exception as exc:
         with contextlib.suppress(Exception):
             raw.close()

@@ -5,9 +5,20 @@ to expire (90 s). On PostgreSQL a holder keeps one dedicated *liveness connectio
 lock keyed on its holder id. When its process dies the kernel closes the socket, the backend exits and the
 lock is gone; another host that can take the lock knows the holder is dead and may take the run over now.
 
-The signal only ever proves *dead*. A frozen or partitioned host keeps its session (and looks alive) until
-the lease expires, which stays the authority. A hash collision between two holders' keys can only make a
-dead holder look alive, never a live one dead.
+The signal proves that the holder's *session* is gone, not that the holder is (issue 35): a driver whose
+liveness connection alone was dropped (a reset, a pooler's or the server's idle kill, `pg_terminate_backend`)
+is alive and still running units. So a free lock never hands the run over by itself:
+
+* the holder watches its lock (`PROBE_EVERY_S`, each probe bounded by `PROBE_TIMEOUT_S`), takes it back on a
+  new connection when the old one failed, and records when it last proved it held (`proven_at`); a holder
+  that cannot prove it for `FENCE_AFTER_S` must stop its units (`overdue`; the engine's watchdog does it);
+* a peer that finds the lock free takes it itself (`hold_sql`, a session lock: the holder cannot take it
+  back any more, so it will fence), waits out a grace longer than the holder's fencing, and only then takes
+  the run over (`akm.engine.fencing`, `runs.hold_dead_holder`).
+
+A frozen or partitioned host keeps its session (and looks alive) until the lease expires, which stays the
+authority. A hash collision between two holders' keys can only make a dead holder look alive, never a live
+one dead.
 
 The key is the holder id, not (run, epoch): the holder takes its lock before it asks for the lease, so the
 `UPDATE` that takes the lease records the key and the server's incarnation together and there is no moment
@@ -31,7 +42,9 @@ Use from the journal (wired through `PgJournal.holder_liveness` and `PgDialect.l
   `marker = lock.refresh()` and store it with the renewal (a new connection re-takes the lock *before* the
   renewal writes the new marker); `lock.release()` after releasing the lease. A `None` marker means "no fast path for me" (store NULL).
 * peer: `holder_is_dead(con, key, marker)` (or `dead_sql(...)` inside the statement that takes the lease)
-  on a work connection, never on a liveness connection (advisory locks are re-entrant within a session).
+  on a work connection, never on a liveness connection (advisory locks are re-entrant within a session);
+  `hold_sql(...)` to keep the dead holder's lock through the takeover grace, `held_sql(...)` to check it is
+  still kept (a reconnect loses it).
 
 This module imports nothing above `store/`; pg8000 comes in through `connect`.
 """
@@ -43,7 +56,13 @@ import threading
 import time
 from typing import Any
 
+from akm.store.journal import FENCE_AFTER_S
 from akm.store.postgres.connect import Target, connect
+
+PROBE_EVERY_S = 1.0  # how often a holder proves (to itself) that its lock is still held
+PROBE_TIMEOUT_S = 2.0  # a probe on the liveness connection answered later than this failed
+CONNECT_TIMEOUT_S = 5.0  # opening a new liveness connection (TCP, TLS, SCRAM) under load
+# FENCE_AFTER_S (store/journal.py): a holder that could not prove its lock for this long must stop its units
 
 # The classid of akm's liveness locks (two-int4 key space; "akmL"): other programs' advisory locks on the
 # same database use other classids or the one-bigint space, which does not overlap this one.
@@ -93,6 +112,17 @@ def holder_is_dead(con: Any, key: int | None, marker: str | None) -> bool:
     return bool(rows[0][0])
 
 
+def hold_sql(key: str, marker: str) -> str:
+    """A SQL boolean: the holder of `key` is dead (`dead_sql`) *and* this session now holds its lock (a session
+    lock, kept past the transaction), so the holder cannot take it back while a peer waits out the grace."""
+    return f"(CASE WHEN {dead_sql(key, marker)} THEN pg_try_advisory_lock({NAMESPACE}, ({key})::int) ELSE false END)"
+
+
+def held_sql(key: str) -> str:
+    """A SQL boolean: this session holds the session lock of `key` (after `hold_sql`; a reconnect loses it)."""
+    return _LOCK_HELD_SQL.replace(":ns", str(NAMESPACE)).replace(":k", f"({key})::bigint")
+
+
 def server_marker(con: Any) -> str:
     """The incarnation of the server `con` talks to (MARKER_SQL)."""
     return str(con.run(f"SELECT {MARKER_SQL}")[0][0])
@@ -112,8 +142,11 @@ class HolderLock:
         self.key = session_key(holder)
         self.wait_s = wait_s
         self.marker: str | None = None
+        # monotonic time a probe that found the lock held was sent; None until the lock was first held
+        self.proven_at: float | None = None
         self._con: Any = None
-        self._opening: threading.Thread | None = None
+        self._io = threading.RLock()  # one user of the liveness connection at a time (monitor, refresh)
+        self._stop = threading.Event()
 
     @classmethod
     def acquire(cls, target: Target, holder: str, *, wait_s: float = 2.0) -> HolderLock:
@@ -124,36 +157,77 @@ class HolderLock:
 
     @classmethod
     def start(cls, target: Target, holder: str, *, wait_s: float = 2.0) -> HolderLock:
-        """`acquire` without the wait: the connection opens and takes the lock on a background thread.
+        """`acquire` without the wait, and watched: the connection opens and takes the lock on a background
+        thread, which then probes it every PROBE_EVERY_S (taking it back on a new connection when the old
+        one failed) and keeps `proven_at` (see `overdue`).
 
         Why: a new connection (TCP, SCRAM) costs tens of ms, and a driver need not wait for it before it
         takes the lease. `marker` is set only once the lock is held, so a lease taken meanwhile records
-        NULL (no fast path yet) and the holder's next renewal, whose `refresh` waits for the thread,
+        NULL (no fast path yet) and the holder's next renewal, whose `refresh` waits for the open,
         records the marker. Never raises: an unreachable server just means no fast path.
         """
         lock = cls(target, holder, wait_s)
+        opened = threading.Event()
 
-        def open_and_take() -> None:
+        def open_and_watch() -> None:
             try:
-                lock._connect_and_take(wait_s)
-            except Exception:  # unreachable now: refresh tries again
+                with lock._io:
+                    lock._connect_and_take(wait_s)
+            except Exception:  # unreachable now: the next probe tries again
                 lock._close()
+            opened.set()
+            while not lock._stop.wait(PROBE_EVERY_S):
+                lock.probe()
 
-        lock._opening = threading.Thread(target=open_and_take, name="akm-liveness", daemon=True)
-        lock._opening.start()
+        lock._opened = opened
+        threading.Thread(target=open_and_watch, name="akm-liveness", daemon=True).start()
         return lock
+
+    _opened: threading.Event | None = None
+
+    def overdue(self) -> bool:
+        """Has this holder gone FENCE_AFTER_S without proving it holds its lock (after having held it)? Then a
+        peer may hold the lock now and take the run over once its grace ends: stop every unit."""
+        proven = self.proven_at
+        return proven is not None and time.monotonic() - proven > FENCE_AFTER_S
+
+    def probe(self) -> str | None:
+        """Prove the lock is held (one statement), or take it back on a new connection when the old one failed
+        (one try: a peer holding the key now means this holder must fence, not wait); `proven_at` moves on
+        success. Returns the marker (None: not held)."""
+        with self._io:
+            if self._stop.is_set():  # released: never take the lock again
+                return None
+            if self._con is not None:
+                try:
+                    sent = time.monotonic()
+                    rows = self._con.run(f"SELECT {MARKER_SQL}, {_LOCK_HELD_SQL}", ns=NAMESPACE, k=self.key)
+                    if rows[0][1]:
+                        self.marker = str(rows[0][0])
+                        self.proven_at = sent
+                    else:
+                        self._take(0.0)  # the session lives, the lock is not held (a colliding key): one try
+                    return self.marker
+                except Exception:  # any driver failure means the session (and the lock) is gone
+                    self._close()
+            try:
+                self._connect_and_take(0.0)
+            except Exception:  # unreachable now: no fast path until the next probe
+                self._close()
+                self.marker = None
+            return self.marker
 
     def _settle(self) -> None:
         """Wait for a background open (`start`) to finish."""
-        opening, self._opening = self._opening, None
-        if opening is not None:
-            opening.join()
+        if self._opened is not None:
+            self._opened.wait()
 
     def _connect_and_take(self, wait_s: float) -> None:
         self._close()
         self.marker = None
-        self._con = connect(self.target)
+        self._con = connect(self.target, timeout=CONNECT_TIMEOUT_S, role="akm-liveness")
         try:
+            self._con._usock.settimeout(PROBE_TIMEOUT_S)
             self._take(wait_s)
         except Exception:  # the new session failed at once: no lock, no fast path (never a driver traceback)
             self._close()
@@ -162,11 +236,13 @@ class HolderLock:
         """Take the lock on the open connection, retrying for `wait_s` (a peer's probe holds it one statement)."""
         deadline = time.monotonic() + wait_s
         while True:
+            sent = time.monotonic()
             rows = self._con.run(
                 f"SELECT pg_try_advisory_lock(:ns, :k), {MARKER_SQL}, {_LOCK_HELD_SQL}", ns=NAMESPACE, k=self.key
             )
             if rows[0][0] and rows[0][2]:
                 self.marker = str(rows[0][1])
+                self.proven_at = sent
                 return
             if rows[0][0]:  # granted yet not visible on this backend (a pooler): do not leave it behind
                 self._con.run("SELECT pg_advisory_unlock(:ns, :k)", ns=NAMESPACE, k=self.key)
@@ -176,41 +252,29 @@ class HolderLock:
             time.sleep(0.05)
 
     def refresh(self) -> str | None:
-        """The marker to record with the next renewal, after proving the lock is still held.
+        """The marker to record with the next renewal, after proving the lock is still held (`probe`).
 
         When the liveness connection is gone (the server restarted or crashed, the network dropped it) a new
         one takes the lock again first, so a renewal never records an incarnation this holder holds no lock
-        on. None when the lock cannot be had: record NULL (no fast path); liveness never stops a driver.
-        One statement when all is well; never a wait when the session lives but the key is taken.
+        on. None when the lock cannot be had: record NULL (no fast path). One statement when all is well;
+        never a wait when the session lives but the key is taken.
         """
         self._settle()
-        if self._con is not None:
-            try:
-                rows = self._con.run(f"SELECT {MARKER_SQL}, {_LOCK_HELD_SQL}", ns=NAMESPACE, k=self.key)
-                if rows[0][1]:
-                    self.marker = str(rows[0][0])
-                else:
-                    self._take(0.0)  # the session lives, the lock was never had (a colliding key): one try
-                return self.marker
-            except Exception:  # any driver failure means the session (and the lock) is gone
-                pass
-        try:
-            self._connect_and_take(self.wait_s)
-        except Exception:  # unreachable now: no fast path until the next refresh
-            self._close()
-            self.marker = None
-        return self.marker
+        return self.probe()
 
     def release(self) -> None:
-        """Give the lock up and close the liveness connection (idempotent)."""
+        """Stop watching, give the lock up and close the liveness connection (idempotent)."""
+        self._stop.set()
         self._settle()
-        if self._con is not None:
-            try:
-                self._con.run("SELECT pg_advisory_unlock(:ns, :k)", ns=NAMESPACE, k=self.key)
-            except Exception:  # the connection is closing anyway; the lock goes with the session
-                pass
-        self._close()
-        self.marker = None
+        with self._io:
+            if self._con is not None:
+                try:
+                    self._con.run("SELECT pg_advisory_unlock(:ns, :k)", ns=NAMESPACE, k=self.key)
+                except Exception:  # the connection is closing anyway; the lock goes with the session
+                    pass
+            self._close()
+            self.marker = None
+            self.proven_at = None
 
     def _close(self) -> None:
         con, self._con = self._con, None

@@ -16,8 +16,10 @@ from typing import Any
 
 from akm.errors import JournalError
 from akm.store.migrations import check_ledger
+from akm.store.postgres.connect import STATEMENT_TIMEOUT_S
 
 MIGRATION_LOCK = (4242, 1)
+MIGRATION_SOCKET_TIMEOUT_S = 1800.0
 
 PG_0001 = """
 CREATE TABLE {s}.runs (
@@ -215,6 +217,11 @@ def apply_migrations(
     if applied and applied[0] in {mid for mid, _ in registry} and check_ledger(applied, registry, shown) == "current":
         return []  # the common open: an up-to-date journal of ours needs neither the lock nor a foreign check
     con.run("SELECT pg_advisory_lock(:a, :b)", a=MIGRATION_LOCK[0], b=MIGRATION_LOCK[1])
+    # A migration may rewrite a big table: the session's statement_timeout does not apply to it and the socket's
+    # read timeout (connect.py) is half an hour (a stall still ends); lock_timeout still applies.
+    timeout = con._usock.gettimeout()
+    con._usock.settimeout(MIGRATION_SOCKET_TIMEOUT_S)
+    con.run("SET statement_timeout = 0")
     try:
         refuse_foreign(con, schema, shown, registry)
         if check_ledger(applied_ids(con, schema), registry, shown) == "current":
@@ -245,3 +252,5 @@ def apply_migrations(
         return done
     finally:
         con.run("SELECT pg_advisory_unlock(:a, :b)", a=MIGRATION_LOCK[0], b=MIGRATION_LOCK[1])
+        con.run(f"SET statement_timeout = '{STATEMENT_TIMEOUT_S}s'")
+        con._usock.settimeout(timeout)

@@ -40,7 +40,7 @@ class Listener:
         while not self._stop.is_set():
             con: Any = None
             try:
-                con = connect(self.target, timeout=10.0)
+                con = connect(self.target, timeout=10.0, role="akm-listen")
                 con.run(f"LISTEN {self.channel}")
                 sock = con._usock
                 quiet = 0.0
@@ -95,7 +95,7 @@ class Notifier:
                 continue
             try:
                 if con is None:
-                    con = connect(self.target, timeout=10.0)
+                    con = connect(self.target, timeout=10.0, role="akm-notify")
                 for payload in sorted(pending):
                     con.run("SELECT pg_notify(:c, :p)", c=self.channel, p=payload)
             except Exception:

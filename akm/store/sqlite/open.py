@@ -12,7 +12,12 @@ from akm.store.sqlite.db import SqliteJournal
 
 
 def open_db(path: str | os.PathLike[str], *, migrate: bool = True) -> SqliteJournal:
-    """Open (creating parent dirs) the journal at `path`, set pragmas, apply pending migrations."""
+    """Open (creating parent dirs) the journal at `path`, set pragmas, apply pending migrations.
+
+    The journal holds what units printed and reported, so it is as private as akm's config and logs: a
+    directory akm creates for it is 0700, and the file is created 0600 before SQLite opens it (SQLite gives
+    its `-wal` and `-shm` files the database file's permissions). Existing files keep the modes they have.
+    """
     import sqlite3
     from pathlib import Path
 
@@ -27,9 +32,10 @@ def open_db(path: str | os.PathLike[str], *, migrate: bool = True) -> SqliteJour
 
     db_path = Path(path)
     try:
-        db_path.parent.mkdir(parents=True, exist_ok=True)
+        db_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise JournalError(f"cannot create the journal directory {db_path.parent}: {exc}") from exc
+    _create_private(db_path)
     try:
         conn = sqlite3.connect(
             str(db_path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
@@ -59,6 +65,15 @@ def open_db(path: str | os.PathLike[str], *, migrate: bool = True) -> SqliteJour
             db.close()
             raise
     return db
+
+
+def _create_private(db_path: os.PathLike[str]) -> None:
+    """Create the journal file empty and 0600 when it does not exist yet (an empty file is a new database to
+    SQLite). A failure here is left to `sqlite3.connect`, which says it in its own words."""
+    try:
+        os.close(os.open(db_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600))
+    except OSError:  # it exists (another process won the race), or the directory is read-only
+        pass
 
 
 def open_db_read_only(path: str | os.PathLike[str]) -> SqliteJournal:
