@@ -262,7 +262,16 @@ def retry_index(row_id: str) -> int:
 def unit_states(wl: WorkList, rows: list[dict[str, Any]], gate_loop: int) -> list[UnitState]:
     """Classify each unit of the work list against its journaled attempt rows."""
     index = _family_index(rows)
-    return [unit_state(u, index.get(u.base_id), gate_loop) for u in wl.units]
+    states: list[UnitState] = []
+    for u in wl.units:
+        family = index.get(u.base_id)
+        if family is not None and len(family) == 1:  # the common case: one attempt, completed
+            only = family[0]
+            if only.get("status") == "completed" and only.get("input_hash") == u.input_hash:
+                states.append(UnitState(u, DONE, only))  # what the general rule finds first, found directly
+                continue
+        states.append(unit_state(u, family, gate_loop))
+    return states
 
 
 def unit_state(u: WorkUnit, family: list[dict[str, Any]] | None, gate_loop: int) -> UnitState:
@@ -285,10 +294,6 @@ def unit_state(u: WorkUnit, family: list[dict[str, Any]] | None, gate_loop: int)
 def _completed_state(u: WorkUnit, family: list[dict[str, Any]], gate_loop: int) -> UnitState | None:
     """DONE when an attempt completed with the unit's input hash; DIVERGED when one completed with another in
     loop 1 (a replay divergence); None when no attempt completed."""
-    if len(family) == 1:  # the common case, one attempt that completed: what the general rule finds first
-        only = family[0]
-        if only.get("status") == "completed" and only.get("input_hash") == u.input_hash:
-            return UnitState(u, DONE, only)
     completed = [r for r in family if r.get("status") == "completed"]
     same = next((r for r in completed if r.get("input_hash") == u.input_hash), None)
     if same is not None:
