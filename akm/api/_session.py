@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from akm import paths
+from akm.codes import Code
 from akm.errors import UsageError
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def next_brief(run_id: str | NextRequest, *, unit_id: str | None = None) -> Brie
             raise UsageError(
                 f"Unit {req.unit_id} is not outstanding in run {b.run_id} (step {b.step_id}); "
                 f"outstanding: {', '.join(u.unit_id for u in b.units) or '(none)'}.",
-                code="UNKNOWN_UNIT",
+                code=Code.UNKNOWN_UNIT,
                 details={"argument": "unit_id"},
             )
     return Brief.model_validate(brief_json(b, units))

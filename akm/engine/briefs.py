@@ -21,7 +21,7 @@ from akm.engine.current_step import (
     read_current,
 )
 from akm.engine.finalize import DONE, FAILED, RETRYABLE, StepDecision, UnitState, gate_row_for
-from akm.engine.session_types import Brief, BriefUnit, JudgeBrief, ReportHint, UnitContext
+from akm.engine.session_types import Brief, BriefUnit, JudgeBrief, ReportHint, UnitAction, UnitContext
 from akm.engine.worklist import WorkUnit
 from akm.store import rewinds as rewinds_store
 from akm.store import runs as runs_store
@@ -199,15 +199,18 @@ def _unit_brief(cur: CurrentStep, state: UnitState, now: str, driven: bool, agai
     )
 
 
-def _action(state: UnitState, claimed: bool, driven: bool, again: frozenset[str]) -> str:
+def _action(state: UnitState, claimed: bool, driven: bool, again: frozenset[str]) -> UnitAction:
     """do | claimed | rerun | do_not_run: a failed unit (or one a rewind superseded) is a re-run; a unit
     another holder claimed is left to it; nothing is run while akm itself drives the step."""
     if driven:
         return "do_not_run"  # another holder's live lease: akm itself is working on this step right now
-    action = {RETRYABLE: "rerun", FAILED: "rerun"}.get(state.status, "claimed" if claimed else "do")
-    if action == "do" and state.row is None and state.unit.unit_id in again:
+    if state.status in (RETRYABLE, FAILED):
         return "rerun"
-    return action
+    if claimed:
+        return "claimed"
+    if state.row is None and state.unit.unit_id in again:
+        return "rerun"
+    return "do"
 
 
 def _context(cur: CurrentStep, u: WorkUnit) -> UnitContext:

@@ -17,14 +17,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
+from akm.codes import Code
 from akm.engine import reuse
 from akm.engine.apply import AGAIN, PARKED, Applied, apply_decision, pass_failed
 from akm.engine.current_step import CurrentStep, decided, read_current
 from akm.engine.finalize import PENDING, RUNNING, StepDecision, UnitState
-from akm.engine.session_types import StepOutcome
+from akm.engine.session_types import OutcomeKind, StepOutcome
 from akm.engine.state import LoadedRun
 from akm.engine.stepctx import finish_step
-from akm.errors import AkmError, UsageError
+from akm.errors import AkmError, InternalError
 from akm.plan.model import StepPlan
 from akm.record import dataclass
 from akm.store import runs as runs_store
@@ -114,7 +115,7 @@ def settle(
             applied = apply_decision(fx, step, d)
             if applied.next != AGAIN:
                 return _settled(cur, step, d, applied)
-        raise UsageError(f"Run {run_id}: finishing step did not converge.", code="INTERNAL_LOOP")
+        raise InternalError(f"Run {run_id}: finishing step did not converge.", code=Code.INTERNAL_LOOP)
     finally:
         runs_store.release_lease(db, run_id, lock)
 
@@ -135,7 +136,7 @@ def _settled(cur: CurrentStep, step: StepPlan, d: StepDecision, applied: Applied
         return Settled(f"Step {step.step_id} is blocked: its judge failed.", 0, StepOutcome("blocked", summary), cur)
     status, notes = applied.status, applied.notes
     assert status is not None
-    kind = {"completed": "completed", "failed": "failed", "blocked": "blocked"}[status]
+    kind = _OUTCOME_OF[status]
     detail = d.detail or {}
     outcome = StepOutcome(
         kind,
@@ -149,6 +150,9 @@ def _settled(cur: CurrentStep, step: StepPlan, d: StepDecision, applied: Applied
         "blocked": f"Step {step.step_id} is blocked: {notes}",
     }[status]
     return Settled(message, 0, outcome, cur)
+
+
+_OUTCOME_OF: dict[str, OutcomeKind] = {"completed": "completed", "failed": "failed", "blocked": "blocked"}
 
 
 def _work_left(cur: CurrentStep, step: StepPlan, d: StepDecision) -> Settled:

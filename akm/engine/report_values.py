@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from akm.codes import Code
 from akm.dispatch.answer import AnswerError, parse_command_json
 from akm.dispatch.redact import redact_text, redact_value, sensitive_values_from
 from akm.errors import UsageError
@@ -92,7 +93,7 @@ def _schema_result(unit_id: str, schema: dict[str, Any], result: Any, sensitive:
     if result is None or (isinstance(result, str) and not result.strip()):
         raise UsageError(
             f"Unit {unit_id} declares an output schema: a completed report needs a JSON result.",
-            code="RESULT_REQUIRED",
+            code=Code.RESULT_REQUIRED,
             details={"outputSchema": schema},
         )
     value = _parsed(unit_id, schema, result, sensitive)
@@ -105,7 +106,7 @@ def _schema_result(unit_id: str, schema: dict[str, Any], result: Any, sensitive:
             f"The result for unit {unit_id} failed validation against its declared output schema: "
             + redact_text("; ".join(errors), sensitive)
             + ". Nothing was recorded; correct it and report again.",
-            code="RESULT_INVALID",
+            code=Code.RESULT_INVALID,
             details={"errors": [redact_text(e, sensitive) for e in errors], "outputSchema": schema},
         )
     return json.dumps(redact_value(value, sensitive), ensure_ascii=False, separators=(",", ":"))
@@ -122,7 +123,7 @@ def _parsed(unit_id: str, schema: dict[str, Any], result: Any, sensitive: list[s
         if validate_instance(result, schema):
             raise UsageError(
                 f"The result for unit {unit_id} is not JSON: {redact_text(str(exc), sensitive)}.",
-                code="RESULT_INVALID",
+                code=Code.RESULT_INVALID,
             ) from None
         return result
 
@@ -148,7 +149,7 @@ def too_large(unit_id: str, size: int, *, recorded: bool = False) -> UsageError:
     return UsageError(
         f"The result for unit {unit_id} is too large: {size} bytes, and {limit}. Nothing was recorded; "
         "write a large output to a file and report its path instead.",
-        code="RESULT_TOO_LARGE",
+        code=Code.RESULT_TOO_LARGE,
         details={"bytes": size, "maxBytes": bound},
     )
 
@@ -162,7 +163,7 @@ def _require_recordable(value: Any, unit_id: str) -> None:
     if problem is not None:
         raise UsageError(
             f"The result for unit {unit_id} cannot be recorded as JSON: {problem}. Nothing was recorded.",
-            code="RESULT_INVALID",
+            code=Code.RESULT_INVALID,
         )
 
 

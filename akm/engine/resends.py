@@ -12,11 +12,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from akm.codes import Code
 from akm.dispatch.answer import AnswerError, parse_command_json
 from akm.engine.current_step import CurrentStep, work_unit
 from akm.engine.finalize import gate_row_for, verdict_from_value
 from akm.engine.report_values import normalize_failure_reason, recorded_result, sensitive_values
-from akm.engine.session_types import ReportAnswer, UnitReport
+from akm.engine.session_types import ReportAnswer, ReportStatus, UnitReport
 from akm.errors import UsageError
 from akm.plan.identity import base_of_attempt, journal_base_id
 from akm.plan.model import UnitNode
@@ -59,7 +60,7 @@ def stale(cur: CurrentStep, unit_id: str, asked: str, current: str) -> UsageErro
         f"This report answers attempt {asked} of unit {unit_id}, which is closed (gate loop {_loop_of(asked)}); the "
         f"current attempt is {current} (gate loop {_loop_of(current)}). Nothing was recorded: do the unit again "
         "from the current brief (its context carries the gate's feedback) and report that.",
-        code="STALE_REPORT",
+        code=Code.STALE_REPORT,
         details={"attemptId": asked, "currentAttemptId": current, "stepId": cur.step.step_id if cur.step else None},
     )
 
@@ -71,7 +72,7 @@ def step_closed(cur: CurrentStep, unit_id: str, step_id: str | None) -> UsageErr
         f"Unit {unit_id} belongs to step {step_id}, which is finished: its output is fixed (later steps were built "
         f"on it) and this report was not recorded. {where}; to change {step_id}'s output, rewind the run to "
         f"step {step_id} (its units are offered again; later steps are redone only where their inputs change).",
-        code="STEP_CLOSED",
+        code=Code.STEP_CLOSED,
         details={
             "runId": cur.run_id,
             "stepId": step_id,
@@ -190,7 +191,7 @@ def resent_verdict(db: Database, cur: CurrentStep, req: UnitReport) -> ReportAns
         raise UsageError(
             f"Gate loop {loop_text} of step {step_id} already has a verdict ({row.result_json}); a different one "
             "for it is never counted for a later loop. Nothing was recorded: fetch the current brief.",
-            code="STALE_REPORT",
+            code=Code.STALE_REPORT,
             details={"unitId": row_id, "recorded": recorded},
         )
     return resend_answer(db, cur, step_id, row_id, row_id, "completed", int(loop_text))
@@ -208,7 +209,7 @@ def _verdict_of(value: Any) -> dict[str, Any] | None:
 
 
 def resend_answer(
-    db: Database, cur: CurrentStep, step_id: str, unit_id: str, attempt: str, status: str, loop: int
+    db: Database, cur: CurrentStep, step_id: str, unit_id: str, attempt: str, status: ReportStatus, loop: int
 ) -> ReportAnswer:
     """`idempotent`: the journal already holds this report; nothing changed, and the answer says where the
     run is now."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from akm.codes import Code
 from akm.dispatch.answer import AnswerError, parse_command_json
 from akm.dispatch.redact import redact_text, redact_value
 from akm.engine import gates
@@ -46,7 +47,16 @@ from akm.engine.report_values import (
     sensitive_values,
 )
 from akm.engine.resends import asked_attempt, content_id, resent_report, resent_verdict, stale, step_closed
-from akm.engine.session_types import REPORT_STATUSES, Brief, Claim, ReportAnswer, StepOutcome, UnitReport
+from akm.engine.session_types import (
+    REPORT_STATUSES,
+    Brief,
+    Claim,
+    Recorded,
+    ReportAnswer,
+    ReportStatus,
+    StepOutcome,
+    UnitReport,
+)
 from akm.engine.stepctx import journal_verdict
 from akm.engine.worklist import WorkUnit
 from akm.errors import UsageError
@@ -84,7 +94,7 @@ def _check_arguments(req: UnitReport) -> None:
     """The arguments every caller is held to (the api's request model checks them too, with the same words)."""
     if req.status not in REPORT_STATUSES:
         raise UsageError(
-            f"Report status {req.status!r} is not one of {', '.join(REPORT_STATUSES)}.", code="INVALID_ARGUMENT"
+            f"Report status {req.status!r} is not one of {', '.join(REPORT_STATUSES)}.", code=Code.INVALID_ARGUMENT
         )
     tokens = req.tokens
     if tokens is not None and (
@@ -92,7 +102,7 @@ def _check_arguments(req: UnitReport) -> None:
     ):
         raise UsageError(
             f"tokens must be a whole number from 0 to {MAX_REPORT_TOKENS}.",
-            code="INVALID_ARGUMENT",
+            code=Code.INVALID_ARGUMENT,
             details={"argument": "tokens"},
         )
 
@@ -112,11 +122,11 @@ def _check_reportable(cur: CurrentStep, req: UnitReport) -> None:
     if run.status not in DRIVABLE_STATUSES:
         raise UsageError(
             f"Run {cur.run_id} is {run.status}; it no longer takes reports.",
-            code="RUN_NOT_ACTIVE",
+            code=Code.RUN_NOT_ACTIVE,
             details={"runId": cur.run_id, "status": run.status},
         )
     if cur.step is None:
-        raise UsageError(f"Run {cur.run_id} has no current step.", code="RUN_NOT_ACTIVE")
+        raise UsageError(f"Run {cur.run_id} has no current step.", code=Code.RUN_NOT_ACTIVE)
     expect = req.expect_step
     if expect is not None and expect != cur.step.step_id:
         done = cur.spine.row(expect)
@@ -125,7 +135,7 @@ def _check_reportable(cur: CurrentStep, req: UnitReport) -> None:
         raise UsageError(
             f"Run {cur.run_id} is now on step {cur.step.step_id}, not {expect}; fetch the current brief and "
             "report against it.",
-            code="STEP_MISMATCH",
+            code=Code.STEP_MISMATCH,
             details={"currentStep": cur.step.step_id},
         )
 
@@ -206,7 +216,7 @@ def _reportable_unit(db: Database, cur: CurrentStep, req: UnitReport) -> WorkUni
     if u.runner == "exec":
         raise UsageError(
             f"Unit {req.unit_id} is a command unit: akm runs it itself (continue the run); it cannot be reported.",
-            code="UNIT_NOT_REPORTABLE",
+            code=Code.UNIT_NOT_REPORTABLE,
         )
     return u
 
@@ -222,7 +232,7 @@ def _refuse_unit(db: Database, cur: CurrentStep, unit_id: str) -> UsageError:
     return UsageError(
         f"Unit {unit_id} does not belong to the current work of run {cur.run_id} (step {step_id}, gate loop "
         f"{cur.gate.loop if cur.gate else '-'}). Units of this step: {', '.join(valid) or '(none)'}.",
-        code="UNKNOWN_UNIT",
+        code=Code.UNKNOWN_UNIT,
         details={"stepId": step_id, "units": valid},
     )
 
@@ -237,7 +247,7 @@ def _budget_fails_the_step(
     fresh = runs_store.require_run(db, run_id)
     return UsageError(
         f"{exc.message} The report was not recorded; step {step_id} and the run are now {fresh.status}.",
-        code="BUDGET_EXCEEDED",
+        code=Code.BUDGET_EXCEEDED,
         details={"runId": run_id, "stepId": step_id, "runStatus": fresh.status},
     )
 
@@ -253,13 +263,13 @@ def _report_verdict(db: Database, cur: CurrentStep, req: UnitReport, project_roo
     if d is None or d.kind != "judge" or not takes_verdict(cur):
         raise UsageError(
             f"Step {step.step_id} of run {cur.run_id} is not waiting for a verdict from you.",
-            code="NOT_AWAITING_VERDICT",
+            code=Code.NOT_AWAITING_VERDICT,
         )
     expected = gate_row_for(step.step_id, d.loop)
     if req.unit_id not in (expected, f"{step.step_id}.gate"):
         raise UsageError(
             f"The current gate verdict of step {step.step_id} is {expected}, not {req.unit_id}.",
-            code="UNKNOWN_UNIT",
+            code=Code.UNKNOWN_UNIT,
             details={"expected": expected},
         )
     with db.tx():
@@ -278,23 +288,23 @@ def _verdict(req: UnitReport, project_root: Path) -> Verdict:
     if verdict is None:
         raise UsageError(
             f"{req.unit_id} is a gate verdict: report it with a verdict {{complete, missing, feedback}}.",
-            code="VERDICT_REQUIRED",
+            code=Code.VERDICT_REQUIRED,
         )
     if isinstance(verdict, str):
         try:
             verdict = parse_command_json(verdict)
         except AnswerError as exc:
-            raise UsageError(f"The verdict is not JSON: {exc}.", code="VERDICT_INVALID") from None
+            raise UsageError(f"The verdict is not JSON: {exc}.", code=Code.VERDICT_INVALID) from None
     from akm.engine.env_bindings import project_sensitive_values
 
     parsed = verdict_from_value(redact_value(verdict, project_sensitive_values(project_root)))
     if parsed is None:
         raise UsageError(
             'A verdict is an object {"complete": boolean, "missing": [string], "feedback": string}.',
-            code="VERDICT_INVALID",
+            code=Code.VERDICT_INVALID,
         )
     if req.status != "completed":
-        raise UsageError("A verdict is reported with status completed.", code="INVALID_ARGUMENT")
+        raise UsageError("A verdict is reported with status completed.", code=Code.INVALID_ARGUMENT)
     return parsed
 
 
@@ -309,8 +319,8 @@ class _Recorded:
     step_id: str
     unit_id: str
     attempt_id: str
-    status: str
-    recorded: str  # written | idempotent | heartbeat
+    status: ReportStatus
+    recorded: Recorded
     gate_loop: int
     claim: Claim | None = None
 

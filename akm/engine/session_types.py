@@ -1,8 +1,8 @@
 """The session protocol's request and results, typed: what a report asks and what the engine answers.
 
 The engine speaks in these records; the api's views (`akm.api._briefs`) turn them into the camelCase JSON
-the fronts show, so no engine module writes a front's key. A leaf: it imports nothing of akm, so every module
-of the protocol (`briefs`, `session`, `resends`, `report_finish`) can name them.
+the fronts show, so no engine module writes a front's key. A leaf (it imports only the store's status
+vocabulary), so every module of the protocol (`briefs`, `session`, `resends`, `report_finish`) can name them.
 """
 
 from __future__ import annotations
@@ -10,9 +10,30 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from akm.record import dataclass, field
+from akm.store.status import ReportRecorded as Recorded
+
+__all__ = [
+    "REPORT_STATUSES",
+    "Brief",
+    "BriefKind",
+    "BriefUnit",
+    "Claim",
+    "JudgeBrief",
+    "OutcomeKind",
+    "Recorded",
+    "ReportAnswer",
+    "ReportHint",
+    "ReportStatus",
+    "StepOutcome",
+    "UnitAction",
+    "UnitContext",
+    "UnitReport",
+]
 
 ReportStatus = Literal["completed", "failed", "running"]
 REPORT_STATUSES: tuple[ReportStatus, ...] = ("completed", "failed", "running")
+UnitAction = Literal["do", "claimed", "rerun", "do_not_run"]
+OutcomeKind = Literal["completed", "failed", "blocked", "next_loop", "awaiting_verdict"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +48,7 @@ class UnitReport:
     run_id: str
     unit_id: str
     holder: str
-    status: str = "completed"
+    status: ReportStatus = "completed"
     result: Any = None
     verdict: Any = None
     tokens: int | None = None
@@ -65,7 +86,7 @@ class ReportHint:
     attempt_id: str | None
     gate_loop: int | None
     expect_step: str | None
-    status: str = "completed"
+    status: ReportStatus = "completed"
     rerun: bool = False
 
 
@@ -88,8 +109,8 @@ class BriefUnit:
     unit_id: str
     attempt_id: str
     input_hash: str
-    action: str
-    result_kind: str  # json | text: what `result` is
+    action: UnitAction
+    result_kind: Literal["json", "text"]  # what `result` is
     env: list[str]  # the unit's env: refs by name (never values)
     env_bindings: list[str]  # the variable names those refs bind (never values)
     runner: str
@@ -144,7 +165,7 @@ class Brief:
 class StepOutcome:
     """What a report did to its step (`kind`: completed | failed | blocked | next_loop | awaiting_verdict)."""
 
-    kind: str
+    kind: OutcomeKind
     summary: str | None = None
     gate_loop: int | None = None
     missing: list[str] | None = None
@@ -162,8 +183,8 @@ class ReportAnswer:
     step_id: str
     unit_id: str
     attempt_id: str
-    status: str
-    recorded: str
+    status: ReportStatus
+    recorded: Recorded
     gate_loop: int
     run_status: str
     message: str

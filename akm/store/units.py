@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from akm.canonical import compact_json
 from akm.errors import JournalError, NotFoundError
@@ -43,7 +43,7 @@ from akm.store.runs import (
     lease_ttl_s,
     not_drivable_error,
 )
-from akm.store.status import DRIVABLE_STATUSES, REPORT_LOCK_PREFIX  # noqa: F401 - drivers and reports name it units.REPORT_LOCK_PREFIX
+from akm.store.status import DRIVABLE_STATUSES, REPORT_LOCK_PREFIX, ReportRecorded  # noqa: F401 - drivers and reports name it units.REPORT_LOCK_PREFIX
 
 CLAIM_TTL_S = 90.0
 ClaimInfo = LeaseInfo
@@ -717,7 +717,7 @@ def _claim_of(row: Any) -> ClaimInfo:
 class ReportWrite(NamedTuple):
     """What `write_report` did: `recorded` is written | idempotent | heartbeat."""
 
-    recorded: str
+    recorded: ReportRecorded
     claim: ClaimInfo | None = None
     tokens_crossed: str | None = None  # the max_tokens message when this report reached the ceiling
 
@@ -729,7 +729,7 @@ class ReportedAttempt(NamedTuple):
     redacted and normalised by the engine; who reports it; the run's budget ceilings it is held to."""
 
     attempt: NewAttempt
-    status: str  # completed | failed | running
+    status: Literal["completed", "failed", "running"]
     result_json: str | None
     tokens: int | None
     failure_reason: str | None
