@@ -47,7 +47,7 @@ FAILURE_TEXT_CHARS = 2000
 
 
 def normalize_failure_reason(reason: str | None, sensitive: list[str]) -> str:
-    """Taxonomy reasons verbatim (they drive `retry.on`); anything else `external:<slug>` (spec §3.10)."""
+    """Taxonomy reasons verbatim (they drive `retry.on`); anything else `external:<slug>` (spec/session.md §2)."""
     if reason is None or not reason.strip():
         return "reported_failure"
     if redact_text(reason, sensitive) != reason:
