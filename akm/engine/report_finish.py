@@ -70,7 +70,7 @@ def settle_written(
     try:
         return settle(db, run_id, project_root, registry, budget_message=budget_message, prior=prior)
     except AkmError as exc:
-        if exc.code not in ("RUN_ABANDONED", "RUN_NOT_ACTIVE", "RUN_NOT_FOUND"):
+        if exc.code not in (Code.RUN_ABANDONED, Code.RUN_NOT_ACTIVE, Code.RUN_NOT_FOUND):
             raise
         run = runs_store.get_run(db, run_id)
         now = run.status if run is not None else "gone"

@@ -144,6 +144,8 @@ def _check_reportable(cur: CurrentStep, req: UnitReport) -> None:
 
 
 def _report_unit(db: Database, cur: CurrentStep, req: UnitReport, project_root: Path, registry: Any) -> ReportAnswer:
+    """A unit's result or claim: checked against the unit, written behind the store's guards (one
+    `ReportedAttempt`), then — a result — the step settled once after the write."""
     step = cur.step
     assert step is not None
     u = _reportable_unit(db, cur, req)
@@ -170,7 +172,7 @@ def _report_unit(db: Database, cur: CurrentStep, req: UnitReport, project_root: 
     try:
         write = units_store.write_report(db, reported)
     except UsageError as exc:
-        if exc.code != "BUDGET_EXCEEDED":
+        if exc.code != Code.BUDGET_EXCEEDED:
             raise
         raise _budget_fails_the_step(db, cur.run_id, step.step_id, exc, project_root, registry) from None
     claim = Claim(write.claim.holder, write.claim.until) if write.claim else None
@@ -256,6 +258,8 @@ def _budget_fails_the_step(
 
 
 def _report_verdict(db: Database, cur: CurrentStep, req: UnitReport, project_root: Path, registry: Any) -> ReportAnswer:
+    """A gate verdict: the step is decided before the write (is a verdict awaited, on which artifact?) and
+    settled after it (what the verdict made of the step), as the drive loop decides again after a verdict."""
     step = cur.step
     assert step is not None
     parsed = _verdict(req, project_root)
