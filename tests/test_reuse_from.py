@@ -146,7 +146,7 @@ def test_from_on_an_active_identical_run_starts_a_new_one(project):
     )
     first = run(wf, project)
     rid = first.run.run_id
-    api.report_unit(rid, "ask:solo", status="completed", result={"a": 1}, has_result=True, cwd=str(project))
+    api.report_unit(rid, "ask:solo", status="completed", result={"a": 1}, cwd=str(project))
     assert run(rid, project).run.status == "awaiting_session"
     second = run(wf, project, from_run=rid)
     assert second.run.run_id != rid and second.started
@@ -255,7 +255,7 @@ def test_plan_of_a_continued_run_and_over_mcp(project):
     ]
     assert p.steps[1].note == "routes to left"
     assert p.budget.max_units == 2 and p.first == "ask you for 1 unit(s) of step ask"
-    api.report_unit(rid, "ask:solo", status="completed", result={"x": 1}, has_result=True, cwd=str(project))
+    api.report_unit(rid, "ask:solo", status="completed", result={"x": 1}, cwd=str(project))
     p = api.plan_run(rid)
     assert [(s.id, s.status) for s in p.steps] == [
         ("ask", "completed"),
@@ -296,10 +296,10 @@ def test_a_verdict_on_the_same_artifact_is_reused_not_asked_again(project, fake_
     front = "steps:\n  - id: ask\n    output: { type: object }\n  - id: tell\n    inputs: [steps.ask.output]\n"
     wf = write_wf(project, "g.md", front, body)
     rid = run(wf, project).run.run_id
-    api.report_unit(rid, "ask:solo", status="completed", result={"a": 1}, has_result=True, cwd=str(project))
+    api.report_unit(rid, "ask:solo", status="completed", result={"a": 1}, cwd=str(project))
     assert len(fake_openai.bodies("verdict-pass")) == 1
     run(rid, project)
-    api.report_unit(rid, "tell:solo", status="completed", result="told", has_result=True, cwd=str(project))
+    api.report_unit(rid, "tell:solo", status="completed", result="told", cwd=str(project))
     assert api.run_status(rid).status == "completed"
 
     wf.write_text(wf.read_text().replace("## tell\nTell.", "## tell\nTell it again."))
@@ -313,5 +313,5 @@ def test_a_verdict_on_the_same_artifact_is_reused_not_asked_again(project, fake_
 
     # the same run rewound to `ask`: its own gate is asked again (that is what going back to it means)
     api.rewind(rid, "ask")
-    api.report_unit(rid, "ask:solo", status="completed", result={"a": 1}, has_result=True, rerun=True, cwd=str(project))
+    api.report_unit(rid, "ask:solo", status="completed", result={"a": 1}, rerun=True, cwd=str(project))
     assert len(fake_openai.bodies("verdict-pass")) == 2
