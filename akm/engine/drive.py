@@ -29,21 +29,21 @@ from typing import Any, Callable
 
 from akm import paths
 from akm.dispatch.base import DispatcherRegistry
+from akm.engine import fencing
 from akm.engine import reuse as reuse_units
 from akm.engine.apply import AGAIN, FINISHED, apply_decision, pass_failed
 from akm.engine.budget import DispatchBudget
 from akm.engine.cancel import Cancellation
 from akm.engine.fencing import TAKEOVER_GRACE_S
-from akm.engine.finalize import DONE, RUNNING, StepDecision, UnitState, decide_step, retry_index
+from akm.engine.finalize import StepDecision, decide_step
 from akm.engine.heartbeat import Heartbeat
 from akm.engine.local import LocalRunner
-from akm.engine.passes import Pass
+from akm.engine.passes import Pass, units_to_dispatch
 from akm.engine.progress import PassStarted, StepProgress, UnitActivity, UnitProgress
 from akm.engine.results import DriveResult
 from akm.engine.runner import RunnerFactory
 from akm.engine.state import LoadedRun, load_run
 from akm.engine.stepctx import Spine, finish_step, load_gate, load_spine, step_rows
-from akm.engine.worklist import WorkUnit
 from akm.errors import AkmError, JournalError, UsageError
 from akm.ids import uuid4
 from akm.plan.model import Plan, StepPlan
@@ -52,7 +52,6 @@ from akm.store import runs as runs_store
 from akm.store import units as units_store
 from akm.store.db import Database
 from akm.store.journal import HolderLiveness
-from akm.store.runs import holder_is_live
 from akm.store.status import DRIVABLE_STATUSES
 
 __all__ = ["DriveOptions", "UnitProgress", "drive_run"]
@@ -73,18 +72,6 @@ class DriveOptions:
     workers: bool = False
     # How the attempts of a pass run (akm.engine.runner), instead of here or on workers: a test's seam.
     runner: RunnerFactory | None = None
-
-
-def _claimed_by_other(state: UnitState, now: str) -> bool:
-    """D13: a running row with a live claim belongs to its claimant; the engine must not dispatch it."""
-    row = state.row
-    return (
-        state.status == RUNNING
-        and row is not None
-        and holder_is_live(
-            row.get("claim_holder"), row.get("claim_host"), row.get("claim_pid"), row.get("claim_expires_at"), now
-        )
-    )
 
 
 class _Driver:
@@ -158,35 +145,7 @@ class _Driver:
             self.opts.on_warning(message)
 
     def lost_lease_error(self) -> AkmError:
-        if self.lease_lost.reason == "journal_down" and self.journal_fault is not None:
-            return self.journal_fault
-        fenced = _FENCED.get(self.lease_lost.reason or "")
-        if fenced is not None:  # this driver stopped itself; the journal may be unreachable, so ask it nothing
-            return UsageError(
-                f"This invocation stopped driving run {self.run_id}: {fenced} It stopped its units first so that "
-                "another invocation can take the run over without running any of them twice at once.",
-                code="LEASE_LOST",
-                details={"runId": self.run_id, "reason": self.lease_lost.reason},
-                hint="Drive the run again once the journal server is reachable: it resumes where its journal stands.",
-            )
-        run = runs_store.get_run(self.db, self.run_id)
-        if run is not None and run.status not in DRIVABLE_STATUSES:
-            return UsageError(
-                f"Run {self.run_id} became {run.status} while this invocation was driving it "
-                f"({'abandoned' if run.status == 'abandoned' else 'changed'} by another command); stopped. "
-                "Results of units that finished were kept in the journal.",
-                code="RUN_ABANDONED" if run.status == "abandoned" else "RUN_NOT_ACTIVE",
-            )
-        lease = runs_store.read_lease(self.db, self.run_id)
-        who = f"{lease.holder} (host {lease.host}, pid {lease.pid})" if lease else "(nobody)"
-        return UsageError(
-            f"This invocation lost its lease on run {self.run_id} (now held by {who}); stopping to avoid racing it. "
-            "Units it had in flight were stopped; their results are not journaled over the new holder's.",
-            code="LEASE_LOST",
-            details={"runId": self.run_id},
-            hint="Another invocation drives the run now (it redoes what this one left unfinished); "
-            "`workflow status` shows it.",
-        )
+        return fencing.lost_lease_error(self.db, self.run_id, self.lease_lost.reason, self.journal_fault)
 
     def fenced_out(self, exc: BaseException) -> bool:
         """Is `exc` a write refused because another driver took the lease, or one the journal server could not
@@ -197,7 +156,7 @@ class _Driver:
         if isinstance(exc, UsageError) and exc.code == "LEASE_LOST":
             self.lease_lost.trip("lease_lost")
             return True
-        if isinstance(exc, JournalError) and exc.code in _JOURNAL_DOWN:
+        if isinstance(exc, JournalError) and exc.code in fencing.JOURNAL_DOWN:
             if self.journal_fault is None:
                 self.journal_fault = exc
             self.lease_lost.trip("journal_down")
@@ -382,29 +341,15 @@ class _Driver:
 
     def dispatch_pass(self, step: StepPlan, decision: StepDecision) -> bool | None:
         """Dispatch the decision's units that this engine can run. False = stop driving."""
-        now = self.db.now()
-        runnable: list[WorkUnit] = []
-        adopt: dict[str, int] = {}
-        for s in decision.states:
-            if s.status == DONE:
-                continue
-            with_workers = s.row is not None and s.row.get("queued_at") is not None and s.status == RUNNING
-            if with_workers and not self.workers:
-                # A coordinator died with units in the workers' hands: wait for them, as it would have,
-                # rather than run them a second time here or park the run for the agent.
-                self.warn(
-                    f"run {self.run_id} has units queued for or running on workers; this invocation waits for "
-                    "them and queues the rest of the run for workers too"
-                )
-                self.coordinate_with_workers()
-            if with_workers:
-                assert s.row is not None
-                adopt[s.unit.unit_id] = retry_index(s.row["unit_id"])  # wait for it, do not queue it again
-            elif _claimed_by_other(s, now):
-                continue
-            if self.registry.get(s.unit.runner) is None:
-                continue  # the calling agent does these (D11)
-            runnable.append(s.unit)
+        runnable, adopt = units_to_dispatch(decision, self.registry, self.db.now())
+        if adopt and not self.workers:
+            # A coordinator died with units in the workers' hands: wait for them, as it would have,
+            # rather than run them a second time here or park the run for the agent.
+            self.warn(
+                f"run {self.run_id} has units queued for or running on workers; this invocation waits for "
+                "them and queues the rest of the run for workers too"
+            )
+            self.coordinate_with_workers()
         if not runnable:
             return None
         wl = decision.work_list
@@ -502,18 +447,6 @@ def _default_registry() -> DispatcherRegistry:
     from akm.dispatch.registry import default_registry
 
     return default_registry()
-
-
-# Journal errors of a server that is reachable again later (PostgreSQL): they stop a driver, never fail a unit.
-_JOURNAL_DOWN = frozenset({"JOURNAL_CONNECTION_LOST", "JOURNAL_BUSY", "JOURNAL_UNREACHABLE"})
-
-# Why a driver stopped itself (the lease cancellation's reasons from akm.engine.fencing's watchdog).
-_FENCED = {
-    "lease_lapsing": "it could not renew its run lease (the journal server did not answer) and the lease was "
-    "about to lapse.",
-    "liveness_lost": "it lost the connection that proves to other hosts that it is alive, and could not take it "
-    "back in time.",
-}
 
 
 # How long a driver waits for a report that holds the lease while it finishes a step (a short hold:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from akm.engine.attempt import EnvBindingError, StepAttempts, worktree_problem
 from akm.engine.budget import LIFETIME_UNIT_CAP
 from akm.engine.concurrency import UNBOUNDED, host_concurrency_limit, step_width
+from akm.engine.finalize import DONE, RUNNING, StepDecision, UnitState, retry_index
 from akm.engine.progress import PassStarted, UnitProgress
 from akm.engine.reduce import UnitOutcome
 from akm.engine.runner import Holder, Lane, Runner, RunnerFactory, Ticket
@@ -28,8 +29,10 @@ from akm.errors import AkmError
 from akm.plan.identity import attempt_id
 from akm.plan.model import Plan, StepPlan
 from akm.record import dataclass
+from akm.store.runs import holder_is_live
 
 if TYPE_CHECKING:
+    from akm.dispatch.base import DispatcherRegistry
     from akm.engine.state import LoadedRun
 
 # Longest wait a unit-level retry honours from a server's Retry-After (the LLM client's own cap).
@@ -290,6 +293,40 @@ class Pass:
             )
             for i, r in enumerate(results)
         ]
+
+
+def units_to_dispatch(
+    decision: StepDecision, registry: DispatcherRegistry, now: str
+) -> tuple[list[WorkUnit], dict[str, int]]:
+    """The units of a `work` decision that this driver dispatches, and `adopt`: those already with workers
+    (queued or claimed there), by the retry index of their attempt, which the pass waits for instead of
+    queueing the unit again. Units another live claimant holds (D13) and units this akm has no dispatcher
+    for (the calling agent does those, D11) are left out."""
+    runnable: list[WorkUnit] = []
+    adopt: dict[str, int] = {}
+    for s in decision.states:
+        if s.status == DONE:
+            continue
+        if s.row is not None and s.row.get("queued_at") is not None and s.status == RUNNING:
+            adopt[s.unit.unit_id] = retry_index(s.row["unit_id"])
+        elif _claimed_by_other(s, now):
+            continue
+        if registry.get(s.unit.runner) is None:
+            continue
+        runnable.append(s.unit)
+    return runnable, adopt
+
+
+def _claimed_by_other(state: UnitState, now: str) -> bool:
+    """D13: a running row with a live claim belongs to its claimant; the engine must not dispatch it."""
+    row = state.row
+    return (
+        state.status == RUNNING
+        and row is not None
+        and holder_is_live(
+            row.get("claim_holder"), row.get("claim_host"), row.get("claim_pid"), row.get("claim_expires_at"), now
+        )
+    )
 
 
 def _run_workers(worker: Callable[[], None], width: int) -> None:
