@@ -380,7 +380,8 @@ class Worker:
     def _execute(self, claim: queue_store.Claim, stop: threading.Event) -> UnitOutcome:
         """Run the claimed attempt as its driver would have run it (`akm.engine.attempt`)."""
         payload = from_payload(claim.dispatch_json)
-        spec = payload.spec if payload is not None else AttemptSpec(unit_id="", kind=claim.runner or "")
+        spec = payload.spec if payload is not None else AttemptSpec(unit_id="", kind="")
+        spec.kind = claim.runner or ""  # the row's runner: the dispatcher that runs it
         unit_id = spec.unit_id = spec.unit_id or claim.unit_id
         plan = self._plan(claim.run_id)
         step = plan.step(claim.step_id) if claim.step_id is not None else None
