@@ -247,7 +247,8 @@ def on_postgres(
     stats: dict[int, dict[str, int]] = {}
     from akm.store.postgres.db import open_pg
 
-    open_pg(via(base_url, relay.ports[0], schema)).close()  # a journal in use is migrated: not counted
+    sep = "&" if "?" in base_url else "?"
+    open_pg(f"{base_url}{sep}schema={schema}").close()  # a journal in use is migrated already: not counted
     try:
         with workers_up(root / "work", homes, urls[1:], width, admin) if n_workers else contextlib.nullcontext():
             admin.run("SELECT pg_stat_statements_reset()")
