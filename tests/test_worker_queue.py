@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
 
 from akm.errors import UsageError
 from akm.store import queue, runs, units
+from akm.worker import workspace
 
 
 @pytest.fixture()
@@ -247,3 +249,18 @@ def test_a_bad_claim_ttl_is_refused(monkeypatch):
     with pytest.raises(UsageError) as info:
         queue.claim_ttl_s()
     assert info.value.code == "INVALID_ENV"
+
+
+def test_a_listed_step_keeps_its_payload_when_another_worker_empties_it_first(db, fence):
+    """Issue 40's race: a worker listed the queue, another claimed the step's last units, and the first then read
+    "a queued unit's payload" in a second statement, found none, and refused the step as "started by another akm
+    version" (remembering the refusal). The payload now comes with the listing, so what the listing saw can be
+    judged whatever other claimers did since."""
+    payload = '{"v":1,"unitId":"build.unit:1","kind":"exec","scope":"s","commit":null}'
+    put(db, fence, dispatch_json=payload)
+    [listed] = queue.eligible_work(db, ("exec",))
+    assert [c.unit_id for c in claim(db, holder="w2")] == ["build.unit:1"]  # the step is empty now
+    assert queue.eligible_work(db, ("exec",)) == []
+    assert (listed.run_id, listed.step_id, listed.queued) == ("r1", "build", 1)
+    assert workspace.payload_of(listed.payload) == json.loads(payload)
+    assert not hasattr(queue, "sample_dispatch")  # the second read, where the race lived, is gone
