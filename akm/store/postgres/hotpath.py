@@ -219,3 +219,99 @@ def finish_claimed(
         meta,
     )
     return bool(db.execute(FINISH_CLAIMED, params).fetchall())
+
+
+WRITE_ATTEMPTS = f"""
+WITH run AS MATERIALIZED (
+    SELECT status, lease_holder, lease_epoch, lease_until FROM runs WHERE id = ? FOR KEY SHARE
+), clk AS MATERIALIZED (
+    SELECT {_NOW} AS now FROM run
+), fin_in AS MATERIALIZED (
+    SELECT * FROM json_to_recordset(?::json) AS f(ord int, unit_id text, started_at timestamptz, status text,
+        result_json text, tokens bigint, failure_reason text, session_id text, truncated int, meta text)
+), new_in AS MATERIALIZED (
+    SELECT * FROM json_to_recordset(?::json) AS n(ord int, unit_id text, step_id text, node_id text,
+        parent_unit_id text, phase text, runner text, engine text, model text, input_hash text, worktree_path text,
+        meta text)
+), ok AS MATERIALIZED (
+    SELECT clk.now FROM run CROSS JOIN clk
+    WHERE (?::text IS NULL OR (run.lease_holder = $4 AND run.lease_epoch = ?::bigint))
+      AND CASE WHEN EXISTS (SELECT 1 FROM new_in)
+          THEN run.status IN {_DRIVABLE} AND ($4 IS NULL OR run.lease_until >= clk.now + make_interval(secs => ?::float8))
+          ELSE run.status <> 'abandoned' END
+      AND NOT EXISTS (SELECT 1 FROM units u WHERE u.run_id = $1 AND u.unit_id IN (SELECT unit_id FROM new_in))
+      AND NOT EXISTS (SELECT 1 FROM fin_in f WHERE NOT EXISTS (
+          SELECT 1 FROM units u WHERE u.run_id = $1 AND u.unit_id = f.unit_id))
+), fin AS (
+    UPDATE units u SET status = f.status, result_json = f.result_json, tokens = f.tokens,
+        failure_reason = f.failure_reason, session_id = f.session_id, truncated = f.truncated, finished_at = ok.now,
+        claim_holder = NULL, claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL
+    FROM fin_in f CROSS JOIN ok
+    WHERE u.run_id = $1 AND u.unit_id = f.unit_id AND u.status = 'running' AND u.started_at = f.started_at
+    RETURNING f.ord, f.unit_id, f.meta
+), ins AS (
+    INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, status,
+        input_hash, worktree_path, host, started_at)
+    SELECT $1, n.unit_id, n.step_id, n.node_id, n.parent_unit_id, n.phase, n.runner, n.engine, n.model, 'running',
+        n.input_hash, n.worktree_path, ?, ok.now
+    FROM new_in n CROSS JOIN ok ORDER BY n.ord
+    ON CONFLICT (run_id, unit_id) DO NOTHING
+    RETURNING unit_id
+), lk AS MATERIALIZED (
+    SELECT {_EVENT_LOCK} FROM ok WHERE EXISTS (SELECT 1 FROM fin_in) OR EXISTS (SELECT 1 FROM new_in)
+), ev AS (
+    INSERT INTO events (event_type, ts, run_id, metadata_json)
+    SELECT e.kind, ok.now, $1, e.meta FROM (
+        SELECT 'workflow_unit_finished' AS kind, fin.meta, fin.ord FROM fin
+        UNION ALL
+        SELECT 'workflow_unit_started', n.meta, 1000000 + n.ord FROM new_in n JOIN ins ON ins.unit_id = n.unit_id
+    ) AS e CROSS JOIN ok CROSS JOIN lk ORDER BY e.ord
+)
+SELECT 'ok' AS what, NULL AS unit_id, now FROM ok
+UNION ALL SELECT 'fin', unit_id, NULL FROM fin
+UNION ALL SELECT 'ins', unit_id, NULL FROM ins
+"""
+
+
+class Written:
+    """What `write_attempts` did: None when it wrote nothing (a guard it does not decide held: the caller writes
+    the portable way, which refuses or handles the case), else the stamp, the finished and the inserted ids."""
+
+    def __init__(self, rows: Sequence[Any]) -> None:
+        self.now: str | None = None
+        self.finished: set[str] = set()
+        self.inserted: set[str] = set()
+        for what, unit_id, now in rows:
+            if what == "ok":
+                self.now = now
+            elif what == "fin":
+                self.finished.add(unit_id)
+            else:
+                self.inserted.add(unit_id)
+
+
+def write_attempts(
+    db: Any,
+    run_id: str,
+    finishes: Sequence[dict[str, Any]],
+    inserts: Sequence[dict[str, Any]],
+    *,
+    holder: str | None,
+    epoch: int | None,
+    lease_floor_s: float,
+    host: str,
+) -> Written:
+    """One statement: the local driver's finishes and fresh inserts of one run with their events, when every
+    guard passes at once (the run drivable for inserts, not abandoned for finishes alone; the fence and, for
+    inserts, `lease_floor_s` of lease left; no inserted id present; every finished row present); nothing
+    otherwise (`Written.now` None)."""
+    params = (
+        run_id,
+        rows_json([dict(r, ord=i) for i, r in enumerate(finishes)]),
+        rows_json([dict(r, ord=i) for i, r in enumerate(inserts)]),
+        holder,
+        epoch,
+        lease_floor_s,
+        host,
+    )
+    return Written(db.execute(WRITE_ATTEMPTS, params).fetchall())
