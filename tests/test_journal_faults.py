@@ -442,6 +442,12 @@ def _worker_round(w: World, fault: str) -> None:
         link.half_open_server()
     elif stall:
         link, _ = _in_transaction(w, "w1", "akm")
+        # the whole host stalls: a worker has several connections (its pool, issue 40), and one stalled among
+        # working ones would only hold up the thread using it
+        stalled = [lk for lk in w.proxies["w1"].links() if lk.state == "pass"]
+        for other in stalled:
+            other.stall()
+        w.proxies["w1"].refusing = True
         holders = {r[0] for r in w.sql(f"SELECT claim_holder FROM {w.schema}.units WHERE status = 'running'")}
         workers.append(_worker(w, "w2", concurrency=4, proxied=False))
         # the other worker claims w1's units once their claims lapsed (w1 cannot renew them)
@@ -459,7 +465,9 @@ def _worker_round(w: World, fault: str) -> None:
             every=0.2,
         )
         time.sleep(2)
-        link.resume()
+        w.proxies["w1"].refusing = False
+        for other in [link, *stalled]:
+            other.resume()
     elif every:
         for host in ("coord", "w1", "w2"):
             for role in ("akm", "akm-liveness", "akm-listen", "akm-notify"):

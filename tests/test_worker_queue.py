@@ -264,3 +264,43 @@ def test_a_listed_step_keeps_its_payload_when_another_worker_empties_it_first(db
     assert (listed.run_id, listed.step_id, listed.queued) == ("r1", "build", 1)
     assert workspace.payload_of(listed.payload) == json.loads(payload)
     assert not hasattr(queue, "sample_dispatch")  # the second read, where the race lived, is gone
+
+
+def test_a_finish_on_postgresql_wakes_the_coordinator_in_its_own_statement(db, fence):
+    """The worker's finish carries the coordinator's wake-up (a NOTIFY in the same statement, issue 40), so a
+    worker on PostgreSQL sends none of its own; a superseded finish wakes nobody."""
+    if db.backend != "postgres":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    from tests.helpers import wait_until
+
+    assert queue.finish_notifies(db)
+    put(db, fence)
+    put(db, fence, unit_id="build.unit:2")
+    got = claim(db)
+    woken = threading.Event()
+    listener = db.listener(queue.RUN_CHANNEL, woken, "r1")
+    try:
+        wait_until(  # its LISTEN ran (a NOTIFY before it is not delivered)
+            lambda: db.query(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'akm-listen' AND query IN "
+                f"('LISTEN {queue.RUN_CHANNEL}', 'SELECT 1')"
+            ),
+            what="the listener's LISTEN",
+        )
+        stale = got[0]._replace(token=9)
+        assert (
+            queue.finish_claimed(
+                db, stale, "w1", status="completed", result_json='"x"', tokens=None, failure_reason=None
+            )
+            == "superseded"
+        )
+        assert not woken.wait(1.0)
+        assert (
+            queue.finish_claimed(
+                db, got[1], "w1", status="completed", result_json='"ok"', tokens=None, failure_reason=None
+            )
+            == "finished"
+        )
+        assert woken.wait(60), "the finish did not wake the listener"
+    finally:
+        listener.close()

@@ -130,6 +130,12 @@ def _pg(db: Database) -> ModuleType | None:
     return hotpath
 
 
+def finish_notifies(db: Database) -> bool:
+    """Whether `finish_claimed` itself tells the coordinator a unit finished (PostgreSQL: in its statement), so a
+    worker sends no NOTIFY of its own."""
+    return _pg(db) is not None
+
+
 def queue_unit(
     db: Database,
     *,
@@ -504,6 +510,7 @@ def finish_claimed(
     no longer this claim's (re-queued after the claim expired, re-claimed, or finished by someone else).
 
     A unit of a run abandoned meanwhile ends `failed` (`abandoned`) without its result, as a driver's does.
+    On PostgreSQL the same statement wakes the coordinator (`RUN_CHANNEL`; see `finish_notifies`).
     """
     if status not in ("completed", "failed"):
         raise ValueError(f"finish_claimed status must be completed or failed, not {status!r}")
@@ -534,6 +541,7 @@ def finish_claimed(
             truncated=truncated,
             meta=finish.meta(claim.step_id),
             meta_abandoned=gone.meta(claim.step_id),
+            channel=RUN_CHANNEL,
         )
         return "finished" if written else "superseded"
     with db.tx() as conn:

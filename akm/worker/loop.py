@@ -389,7 +389,7 @@ class Worker:
             usage=outcome.usage,
         )
         if written == "finished":
-            if self._notifier is not None:
+            if self._notifier is not None and not queue_store.finish_notifies(self.db):
                 self._notifier.notify(claim.run_id)  # the coordinator reads the row now, not at its next poll
             self.summary.finished += 1
             mark = "ok" if outcome.ok else f"failed ({outcome.failure_reason})"

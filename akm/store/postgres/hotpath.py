@@ -13,7 +13,10 @@ be mixed on one journal:
 * `queue_units`: many attempts of one run, fenced by the coordinator's lease, in one statement;
 * `claim_units`: up to N queued units over several (run, step) pairs a worker may run, `SKIP LOCKED`, with
   their `workflow_unit_started` events;
-* `finish_claimed`: a worker's outcome, fenced by its claim token, with `workflow_unit_finished`.
+* `finish_claimed`: a worker's outcome, fenced by its claim token, with `workflow_unit_finished` and the
+  NOTIFY that wakes the coordinator (a NOTIFY takes a global lock at commit, but so does the event lock the
+  statement already holds; on its own connection it was one round trip more per unit);
+* `write_attempts`: a local driver's finishes and next inserts of one run, with their events.
 
 Values travel as one JSON parameter where a statement takes many rows (`json_to_recordset`); each text value
 is first made bindable as any parameter is (`clean_param`: NUL escaped, lone surrogates refused) and the JSON
@@ -181,8 +184,10 @@ WITH run AS MATERIALIZED (
 ), ev AS (
     INSERT INTO events (event_type, ts, run_id, metadata_json)
     SELECT 'workflow_unit_finished', upd.now, $1, CASE WHEN upd.gone THEN ? ELSE ? END FROM upd CROSS JOIN lk
+), nt AS MATERIALIZED (
+    SELECT pg_notify(?, $1) FROM upd
 )
-SELECT gone FROM upd
+SELECT gone FROM upd CROSS JOIN (SELECT count(*) FROM nt) AS told
 """
 
 
@@ -201,9 +206,11 @@ def finish_claimed(
     truncated: bool,
     meta: str,
     meta_abandoned: str,
+    channel: str,
 ) -> bool:
     """One statement: record the outcome of the claim (`holder`, `token`) with its event (`meta`, or
-    `meta_abandoned` when the run was abandoned meanwhile); False when the row is not this claim's any more."""
+    `meta_abandoned` when the run was abandoned meanwhile), and tell the coordinator (a NOTIFY on `channel`, sent
+    at the statement's commit: no round trip of its own); False when the row is not this claim's any more."""
     params = (
         run_id,
         status,
@@ -217,6 +224,7 @@ def finish_claimed(
         token,
         meta_abandoned,
         meta,
+        channel,
     )
     return bool(db.execute(FINISH_CLAIMED, params).fetchall())
 
