@@ -616,14 +616,7 @@ def _is_read(sql: str) -> bool:
 
 def reconnect(target: Target) -> Any:
     """A new work connection to a journal already opened (and migrated) once: the schema as search path."""
-    raw = connect(target)
-    try:
-        raw.execute_simple(f"SET search_path TO {target.schema}")
-    except Exception as exc:
-        with contextlib.suppress(Exception):
-            raw.close()
-        raise pg_error(exc, "reconnect", target.shown) from None
-    return raw
+    return connect(target, search_path=target.schema)
 
 
 def open_pg(url: str, *, migrate: bool = True) -> PgJournal:
