@@ -304,3 +304,30 @@ def test_a_finish_on_postgresql_wakes_the_coordinator_in_its_own_statement(db, f
         assert woken.wait(60), "the finish did not wake the listener"
     finally:
         listener.close()
+
+
+def test_queueing_on_postgresql_wakes_idle_workers_only_when_none_waited(db, fence):
+    """The queue write tells idle workers itself (a NOTIFY in its statement, issue 40) when it found none of the
+    run's units waiting; with some waiting, every worker is busy and claims the next as one of its units ends."""
+    if db.backend != "postgres":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    from tests.helpers import wait_until
+
+    woken = threading.Event()
+    listener = db.listener(queue.WORK_CHANNEL, woken, "r1")
+    try:
+        wait_until(
+            lambda: db.query(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'akm-listen' AND query IN "
+                f"('LISTEN {queue.WORK_CHANNEL}', 'SELECT 1')"
+            ),
+            what="the listener's LISTEN",
+        )
+        first = put(db, fence)
+        assert first.outcome == "queued" and not first.wake  # told already, by the statement
+        assert woken.wait(60), "queueing into an empty queue did not wake the workers"
+        woken.clear()
+        assert put(db, fence, unit_id="build.unit:2").outcome == "queued"
+        assert not woken.wait(1.0)  # one was waiting: no wake-up
+    finally:
+        listener.close()

@@ -69,9 +69,10 @@ def claim_ttl_s() -> float:
 class Queued(NamedTuple):
     """What `queue_unit` did: `queued` (written now), `adopted` (already in the queue or running under a live
     worker claim), or `finished` (the row completed already: read it). A failed row is queued again, as a
-    local driver dispatches a failed unit again. `wake`: idle workers are to be told (`WORK_CHANNEL`): the
-    unit was queued while none of the run's units was waiting in the queue (where some were, every worker
-    that can run them is busy, and claims the next as a unit of its own finishes)."""
+    local driver dispatches a failed unit again. `wake`: idle workers are still to be told (`WORK_CHANNEL`,
+    after the commit): the write that queued it did not tell them itself. On PostgreSQL the one-statement
+    queue write does, at its commit, when none of the run's units was waiting in the queue (where some were,
+    every worker that can run them is busy, and claims the next as a unit of its own finishes)."""
 
     outcome: str
     status: str
@@ -258,7 +259,7 @@ def _queue_statement(
         }
         for t in items
     ]
-    answer = hot.queue_units(db, run_id, fence.holder, fence.epoch, rows)
+    answer = hot.queue_units(db, run_id, fence.holder, fence.epoch, rows, WORK_CHANNEL)
     if answer.run is None:
         raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
     status, holder, epoch = answer.run
@@ -269,7 +270,7 @@ def _queue_statement(
     out: list[Queued] = []
     for t in items:
         if t.unit_id in answer.put:
-            out.append(Queued("queued", "queued", wake=answer.waiting_before == 0))
+            out.append(Queued("queued", "queued"))  # the statement woke idle workers itself
             continue
         row_status, claim_host, claim_pid = answer.current[t.unit_id]
         if row_status == "completed":

@@ -10,7 +10,8 @@ trip at all. The rules are exactly those of the portable forms in `store/queue.p
 spec; the shared tests run both), in the same lock order (run row, unit rows, event lock), so the two can
 be mixed on one journal:
 
-* `queue_units`: many attempts of one run, fenced by the coordinator's lease, in one statement;
+* `queue_units`: many attempts of one run, fenced by the coordinator's lease, in one statement, with the NOTIFY
+  that wakes idle workers;
 * `claim_units`: up to N queued units over several (run, step) pairs a worker may run, `SKIP LOCKED`, with
   their `workflow_unit_started` events;
 * `finish_claimed`: a worker's outcome, fenced by its claim token, with `workflow_unit_finished` and the
@@ -75,9 +76,11 @@ WITH run AS MATERIALIZED (
         claim_expires_at = NULL, truncated = 0, reopened = 0, worktree_path = NULL, host = NULL,
         reused_from = NULL
     RETURNING unit_id
+), nt AS MATERIALIZED (
+    SELECT pg_notify(?, $1) FROM (SELECT 1 FROM put LIMIT 1) AS any_put WHERE (SELECT n FROM waiting) = 0
 )
 SELECT 'run' AS what, status AS a, lease_holder AS b, lease_epoch::text AS c, (SELECT n FROM waiting)::text AS d
-FROM run
+FROM run CROSS JOIN (SELECT count(*) FROM nt) AS told
 UNION ALL SELECT 'put', unit_id, NULL, NULL, NULL FROM put
 UNION ALL SELECT 'cur', unit_id, status, claim_host, claim_pid::text FROM cur
 """
@@ -103,10 +106,14 @@ class QueueAnswer:
                 self.current[a] = (b, c, int(d) if d is not None else None)
 
 
-def queue_units(db: Any, run_id: str, holder: str, epoch: int, rows: Sequence[dict[str, Any]]) -> QueueAnswer:
-    """One statement: lock the run row, check it drivable and fenced, lock the rows it decides about, and write
-    the new and re-queued attempts (`rows`: the `units` columns of each, unit ids distinct)."""
-    return QueueAnswer(db.execute(QUEUE_UNITS, (run_id, holder, epoch, rows_json(rows))).fetchall())
+def queue_units(
+    db: Any, run_id: str, holder: str, epoch: int, rows: Sequence[dict[str, Any]], channel: str
+) -> QueueAnswer:
+    """One statement: lock the run row, check it drivable and fenced, lock the rows it decides about, write the
+    new and re-queued attempts (`rows`: the `units` columns of each, unit ids distinct), and, when it queued
+    some while none of the run's units waited, wake idle workers (a NOTIFY on `channel` at its commit: busy
+    workers claim the next as a unit of theirs finishes)."""
+    return QueueAnswer(db.execute(QUEUE_UNITS, (run_id, holder, epoch, rows_json(rows), channel)).fetchall())
 
 
 CLAIM_UNITS = f"""
