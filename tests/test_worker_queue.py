@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import threading
 
 import pytest
 
+from akm.engine.attempt import from_payload
 from akm.errors import UsageError
 from akm.store import queue, runs, units
-from akm.worker import workspace
 
 
 @pytest.fixture()
@@ -262,7 +261,8 @@ def test_a_listed_step_keeps_its_payload_when_another_worker_empties_it_first(db
     assert [c.unit_id for c in claim(db, holder="w2")] == ["build.unit:1"]  # the step is empty now
     assert queue.eligible_work(db, ("exec",)) == []
     assert (listed.run_id, listed.step_id, listed.queued) == ("r1", "build", 1)
-    assert workspace.payload_of(listed.payload) == json.loads(payload)
+    read = from_payload(listed.payload)
+    assert read is not None and (read.spec.unit_id, read.spec.kind, read.scope) == ("build.unit:1", "exec", "s")
     assert not hasattr(queue, "sample_dispatch")  # the second read, where the race lived, is gone
 
 
