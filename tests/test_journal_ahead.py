@@ -64,7 +64,7 @@ def _events_per_unit(run_id: str) -> dict[str, list[str]]:
 
 
 def _quick_pace(monkeypatch) -> None:
-    """"Quick" is a pace (10 ms a unit, a 30 ms window); a busy CI box spawns `true` slower than that, and a unit
+    """ "Quick" is a pace (10 ms a unit, a 30 ms window); a busy CI box spawns `true` slower than that, and a unit
     that outlasts the window has its lane's rows taken back and journaled again. A test about what quick units
     do sets the pace it means to see rather than depend on the machine's."""
     from akm.engine import ahead
