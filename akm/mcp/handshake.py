@@ -9,12 +9,11 @@ writes the answer the SDK would write (same bytes). Everything read is handed to
 to it is not written again but compared: a difference is reported on stderr (tests/test_mcp_handshake.py keeps
 them equal).
 
-The `tools/list` answer goes the same way once a start of this build has seen the SDK's: the serving loop
-keeps the SDK's `result` bytes in the build's cache directory (`mcp/tools-list-<cache tag>-<protocol version>`,
-zipapp only: a build's tools never change, a source tree's can), and the next start's reader, after answering
-`initialize`, also answers a plain `tools/list` (no cursor) from there while the SDK is still loading — a client
-is connected in the time of a start instead of an SDK import. It too is handed to the SDK, whose answer is
-compared and not written; a difference is reported on stderr and the cache rewritten with the SDK's bytes.
+The `tools/list` answer goes the same way: after answering `initialize`, the reader also answers a plain
+`tools/list` (no cursor) while the SDK is still loading — a client is connected in the time of a start instead
+of an SDK import. The answer is `akm/mcp/tools.json`, generated from the tools' request models
+(`akm.mcp.reference`; a test keeps it equal to what the server lists). It too is handed to the SDK, whose
+answer is compared and not written; a difference is reported on stderr.
 
 "Plain" is deliberately narrow: only what the SDK is certain to accept (JSON-RPC 2.0, an integer or string id,
 params of `protocolVersion`, `capabilities` and `clientInfo` in the shapes mainstream clients send). Anything
@@ -182,57 +181,18 @@ def sdk_in_tested_range() -> bool:
         return False
 
 
-TOOLS_LIST_CACHE = "mcp"  # the directory, in this build's cache, of the SDK's `tools/list` results
 _POLL_S = 0.02  # how often the early reader checks whether the SDK has taken over, while input is quiet
 
 
-def build_cache_dir() -> str | None:
-    """This build's cache directory when akm runs as the zipapp (its tools are fixed by the build), else None."""
-    boot = sys.modules.get("_akm_boot")
-    cache = getattr(boot, "CACHE", "") if boot is not None else ""
-    return cache if isinstance(cache, str) and cache and os.path.isdir(cache) else None
-
-
-def tools_list_path(protocol_version: str) -> str | None:
-    """Where the SDK's `tools/list` result for a client of `protocol_version` is kept (None: nowhere)."""
-    cache = build_cache_dir()
-    if cache is None or protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
-        return None
-    return os.path.join(cache, TOOLS_LIST_CACHE, f"tools-list-{sys.implementation.cache_tag}-{protocol_version}.json")
-
-
-def cached_tools_list(protocol_version: str) -> bytes | None:
-    """The `result` bytes of the SDK's `tools/list` answer kept for `protocol_version`, or None."""
-    path = tools_list_path(protocol_version)
-    if path is None:
-        return None
+def tools_list_result() -> bytes | None:
+    """The `tools/list` result bytes as the SDK writes them: `tools.json` (generated from the request models,
+    `akm.mcp.reference`: compact JSON, one tool a line) without its newlines; None when it cannot be read."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
+        path = os.path.join(os.path.dirname(__file__), "tools.json")
+        data = __loader__.get_data(path).replace(b"\n", b"")  # type: ignore[name-defined]  # the zipapp's loader too
+    except (OSError, AttributeError):
         return None
-    if not (data.startswith(b'{"tools":[') and data.endswith(b"}")) or b"\n" in data:
-        return None
-    try:  # what a client gets must at least be the shape of a tools/list result
-        parsed = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):
-        return None
-    return data if isinstance(parsed, dict) and isinstance(parsed.get("tools"), list) else None
-
-
-def keep_tools_list(protocol_version: str, result: bytes) -> None:
-    """Keep the SDK's `tools/list` result bytes for the next start (atomically; a failure only costs speed)."""
-    path = tools_list_path(protocol_version)
-    if path is None:
-        return
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(result)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    return data if data.startswith(b'{"tools":[{') and data.endswith(b"}]}") else None
 
 
 def _answer_head(rid: Any) -> bytes:
@@ -242,12 +202,6 @@ def _answer_head(rid: Any) -> bytes:
 def _answer_line(rid: Any, result: bytes) -> bytes:
     """A response line as the SDK writes one (compact, keys in its order), around `result` bytes."""
     return _answer_head(rid) + result + b"}\n"
-
-
-def answer_result(rid: Any, line: bytes) -> bytes | None:
-    """The `result` bytes of the response `line` to `rid` when `_answer_line` rebuilds the line from them, else None."""
-    head = _answer_head(rid)
-    return line[len(head) : -2] if line.startswith(head) and line.endswith(b"}\n") else None
 
 
 def is_initialized_notification(line: bytes) -> bool:
@@ -281,8 +235,8 @@ def _plain_string_id(rid: Any) -> bool:
 
 
 class EarlyStart:
-    """The first lines of stdin, read (and answered when they are a plain `initialize` and, with a cached
-    answer, a plain `tools/list`) while the SDK loads."""
+    """The first lines of stdin, read (and answered when they are a plain `initialize` and then a plain
+    `tools/list`) while the SDK loads."""
 
     def __init__(self) -> None:
         self.pushback = b""  # every byte read from fd 0: the serving loop reads these first
@@ -316,7 +270,7 @@ class EarlyStart:
             return  # the client is gone (or stdout is unusable): let the serving loop find out as before
         self.answered_id, self.sent = rid, data
         self.protocol_version = json.loads(data)["result"]["protocolVersion"]
-        tools = cached_tools_list(self.protocol_version)
+        tools = tools_list_result()
         # Not from a terminal: a person typing needs no head start, and macOS cannot poll a tty.
         if tools is not None and hasattr(select, "poll") and not os.isatty(0):
             self._answer_tools_list(buf, end + 1, tools)

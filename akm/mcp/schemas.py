@@ -80,7 +80,7 @@ EventPageModel = _schema_model(views.EventPage)
 CatalogModel = _schema_model(views.Catalog)
 
 
-def _lint_model() -> Any:
+def lint_model() -> Any:
     """The workflow_lint output schema, derived from the lint report records (plain `View`s, no pydantic)."""
     from akm.format.lint import LintReport
 
