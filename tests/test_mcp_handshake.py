@@ -56,13 +56,40 @@ def _init(rid, version="2025-06-18", capabilities=None, client=None) -> bytes:
 
 INITIALIZED = b'{"jsonrpc": "2.0", "method": "notifications/initialized"}'
 TOOLS = b'{"jsonrpc": "2.0", "id": "tools", "method": "tools/list"}'
+# A request of the 2026-07-28 protocol as Claude Code 2.1.332 writes it (its key order, its envelope).
+CLAUDE_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientInfo": {
+        "name": "claude-code",
+        "title": "Claude Code",
+        "version": "2.1.332",
+        "description": "Anthropic's agentic coding tool",
+        "websiteUrl": "https://claude.com/claude-code",
+    },
+    "io.modelcontextprotocol/clientCapabilities": {
+        "roots": {"listChanged": True},
+        "elicitation": {"form": {}, "url": {}},
+    },
+}
+
+
+def _modern(rid, method: str, **params) -> bytes:
+    return json.dumps(
+        {"method": method, "jsonrpc": "2.0", "id": rid, "params": {"_meta": CLAUDE_META, **params}}
+    ).encode()
 
 
 def test_the_handshake_constants_are_the_sdks():
+    import mcp_types
     from mcp_types import version
 
     assert handshake.HANDSHAKE_PROTOCOL_VERSIONS == version.HANDSHAKE_PROTOCOL_VERSIONS
     assert handshake.LATEST_HANDSHAKE_VERSION == version.LATEST_HANDSHAKE_VERSION
+    assert handshake.MODERN_PROTOCOL_VERSIONS == version.MODERN_PROTOCOL_VERSIONS
+    assert handshake.PROTOCOL_VERSION_KEY == mcp_types.PROTOCOL_VERSION_META_KEY
+    assert handshake.CLIENT_INFO_KEY == mcp_types.CLIENT_INFO_META_KEY
+    assert handshake.CLIENT_CAPABILITIES_KEY == mcp_types.CLIENT_CAPABILITIES_META_KEY
+    assert handshake.SERVER_INFO_KEY == mcp_types.SERVER_INFO_META_KEY
     assert handshake.sdk_in_tested_range()
 
 
@@ -194,6 +221,58 @@ def _early_only(tmp_path: Path, *lines: bytes) -> list[bytes]:
     )
     assert proc.returncode == 0, proc.stderr.decode()
     return proc.stdout.splitlines(keepends=True)
+
+
+def test_a_2026_client_is_answered_discover_and_the_lists_before_the_sdk_loads(tmp_path, akm_bin):
+    """Claude Code's opening — discover twice, then resources/list and tools/list — answered by the early reader
+    alone, with the SDK's bytes; the first request beyond them (a tools/call) is the SDK's."""
+    lines = (
+        _modern("server-discover-probe-1", "server/discover"),
+        _modern(1, "server/discover"),
+        _modern(2, "resources/list"),
+        _modern(3, "tools/list"),
+        _modern(4, "resources/templates/list"),
+        _modern(5, "tools/call", name="workflow_list", arguments={}),
+    )
+    early = _early_only(tmp_path, *lines)
+    assert [json.loads(f)["id"] for f in early] == ["server-discover-probe-1", 1, 2, 3, 4]
+    discover = json.loads(early[0])["result"]
+    assert discover["supportedVersions"][0] == "2026-07-28" and "2025-11-25" in discover["supportedVersions"]
+    for binary in (None, akm_bin):
+        frames, stderr = _serve(tmp_path, *lines, akm_bin=binary, cache=tmp_path / "cache")
+        assert "differs" not in stderr, stderr[:2000]
+        assert frames[:5] == early  # written once: the early answers are the SDK's own
+        assert json.loads(frames[5])["result"]["structuredContent"] == {"runs": []}
+
+
+def test_capabilities_are_the_same_in_both_eras_and_claim_nothing_unserved(tmp_path):
+    frames = _early_only(tmp_path, _init(1, "2025-11-25"))
+    legacy = json.loads(frames[0])["result"]["capabilities"]
+    modern = json.loads(_early_only(tmp_path, _modern(1, "server/discover"))[0])["result"]["capabilities"]
+    assert legacy == {"resources": {"listChanged": False, "subscribe": False}, "tools": {"listChanged": False}}
+    assert {k: v for k, v in modern.items() if k != "extensions"} == legacy  # extensions exist in 2026 only
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        (_modern(1, "tools/list", cursor="x"),),  # a cursor: the SDK's
+        (_modern(1, "server/discover"), _modern(1, "tools/list")),  # an id used twice
+        (_modern(1, "server/discover"), _init(2)),  # initialize on a 2026 connection: the SDK refuses it
+        (_modern(1, "ping"),),
+        (
+            json.dumps(
+                {"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": {**CLAUDE_META, "x": 1}}}
+            ).encode(),
+        ),
+    ],
+)
+def test_other_2026_requests_are_left_to_the_sdk(tmp_path, lines):
+    early = _early_only(tmp_path, *lines)
+    assert len(early) <= 1 and all(json.loads(f)["id"] == 1 for f in early)  # at most the first, never the rest
+    frames, stderr = _serve(tmp_path, *lines)
+    assert "differs" not in stderr, stderr[:2000]
+    assert len(frames) == len(lines)  # each request answered, once
 
 
 def test_tools_list_is_answered_early_from_the_models_with_the_sdks_bytes(tmp_path, akm_bin):

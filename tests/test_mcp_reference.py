@@ -1,5 +1,5 @@
 """One contract per tool: the api request model. The schema a client sees, the validation a call meets, the early
-`tools/list` answer (akm/mcp/tools.json) and the reference in spec/mcp-tools.md all come from it."""
+answers (akm/mcp/answers.json) and the reference in spec/mcp-tools.md all come from it."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from mcp import Client
 
 from akm.api import _models
 from akm.engine.budget import MAX_UNIT_TOKENS
-from akm.mcp import build_server, reference
+from akm.mcp import build_server, handshake, reference
 from akm.mcp.tools import TOOLS
 
 
 def test_the_generated_reference_files_are_current():
-    assert reference.TOOLS_JSON.read_text(encoding="utf-8") == reference.render_tools_json(), (
-        "akm/mcp/tools.json is stale: python -m akm.mcp.reference"
+    assert reference.ANSWERS_JSON.read_text(encoding="utf-8") == reference.render_answers_json(), (
+        "akm/mcp/answers.json is stale: python -m akm.mcp.reference"
     )
     assert reference.TOOLS_MD.read_text(encoding="utf-8") == reference.render_tools_md(), (
         "spec/mcp-tools.md is stale: python -m akm.mcp.reference"
@@ -35,12 +35,15 @@ def test_what_a_client_lists_is_the_generated_reference(project):
     finally:
         server.drives.shutdown()
     listed = [t.model_dump(by_alias=True, mode="json", exclude_none=True) for t in tools]
-    assert listed == json.loads(reference.TOOLS_JSON.read_text(encoding="utf-8"))["tools"]
+    assert listed == reference.tools_result()["tools"]
+    assert handshake.tools_list_result() == json.dumps(
+        reference.tools_result(), ensure_ascii=False, separators=(",", ":")
+    ).encode("utf-8")
 
 
 def test_each_tool_takes_exactly_its_request_models_fields():
     """No field table: a tool's arguments are its request model's fields, no more and no fewer."""
-    listed = {t["name"]: t for t in json.loads(reference.TOOLS_JSON.read_text(encoding="utf-8"))["tools"]}
+    listed = {t["name"]: t for t in reference.tools_result()["tools"]}
     assert list(listed) == list(TOOLS)
     for name, tool in TOOLS.items():
         assert issubclass(tool.request, _models.Request), name

@@ -20,6 +20,7 @@ import anyio
 import mcp_types as types
 from mcp.server import Server
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 from akm import __version__, api
 from akm.errors import AkmError
@@ -43,6 +44,8 @@ log = logging.getLogger("akm.mcp")
 
 RUNS_URI = "akm://runs"
 RUN_URI_PREFIX = "akm://runs/"
+# Every protocol version served: the 2026 one (per-request envelope), then the handshake ones, newest first.
+SUPPORTED_VERSIONS = (*MODERN_PROTOCOL_VERSIONS, *reversed(HANDSHAKE_PROTOCOL_VERSIONS))
 
 
 @cache
@@ -53,11 +56,45 @@ def list_tools() -> list[types.Tool]:
             name=t.name,
             title=t.annotations.title,
             description=t.description,
-            input_schema=t.input_schema(),
-            output_schema=t.output_schema(),
+            input_schema=_wire_order(t.input_schema()),
+            output_schema=_wire_order(t.output_schema()),
             annotations=t.annotations,
         )
         for t in TOOLS.values()
+    ]
+
+
+def _wire_order(schema: dict[str, Any]) -> dict[str, Any]:
+    """`properties`, `required`, `type` first, as the SDK's 2025 models write a tool schema: then both protocol
+    eras put the same bytes on the wire (the 2026 one writes the dict as it is), one early answer for both."""
+    head = {k: schema[k] for k in ("properties", "required", "type") if k in schema}
+    return {**head, **{k: v for k, v in schema.items() if k not in head}}
+
+
+@cache
+def resources() -> list[types.Resource]:
+    """The resources `resources/list` lists (a run is a template, `resource_templates`)."""
+    return [
+        types.Resource(
+            uri=RUNS_URI,
+            name="runs",
+            title="Runs of this project",
+            description="This project's runs, newest first (as workflow_list).",
+            mime_type="application/json",
+        )
+    ]
+
+
+@cache
+def resource_templates() -> list[types.ResourceTemplate]:
+    return [
+        types.ResourceTemplate(
+            uri_template=RUN_URI_PREFIX + "{run_id}",
+            name="run",
+            title="A run",
+            description="Where a run stands (as workflow_status; large outputs clipped).",
+            mime_type="application/json",
+        )
     ]
 
 
@@ -80,6 +117,7 @@ class AkmServer(Server[Any]):
             on_list_resource_templates=self._list_resource_templates,
             on_read_resource=self._read_resource,
         )
+        self.add_request_handler("server/discover", types.RequestParams, self._discover)
         self.holder = holder
         self.cwd = cwd
         self.drives = drives_mod.Drives(cwd=cwd)
@@ -121,31 +159,23 @@ class AkmServer(Server[Any]):
         return compacted(name, request, result)
 
     async def _list_resources(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
-        return types.ListResourcesResult(
-            resources=[
-                types.Resource(
-                    uri=RUNS_URI,
-                    name="runs",
-                    title="Runs of this project",
-                    description="This project's runs, newest first (as workflow_list).",
-                    mime_type="application/json",
-                )
-            ]
-        )
+        return types.ListResourcesResult(resources=resources())
 
     async def _list_resource_templates(
         self, ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
-        return types.ListResourceTemplatesResult(
-            resource_templates=[
-                types.ResourceTemplate(
-                    uri_template=RUN_URI_PREFIX + "{run_id}",
-                    name="run",
-                    title="A run",
-                    description="Where a run stands (as workflow_status; large outputs clipped).",
-                    mime_type="application/json",
-                )
-            ]
+        return types.ListResourceTemplatesResult(resource_templates=resource_templates())
+
+    async def _discover(self, ctx: Any, params: types.RequestParams | None) -> types.DiscoverResult:
+        return self.discover(ctx.protocol_version)
+
+    def discover(self, protocol_version: str) -> types.DiscoverResult:
+        """The `server/discover` answer: the SDK's, but naming every protocol version this server speaks (a
+        client may open a connection with `initialize` in any handshake version as well)."""
+        return types.DiscoverResult(
+            supported_versions=list(SUPPORTED_VERSIONS),
+            capabilities=self.get_capabilities(protocol_version=protocol_version),
+            instructions=self.instructions,
         )
 
     async def _read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:

@@ -312,10 +312,8 @@ async def _serve(
     read_send, read_receive = create_context_streams(0)
     # Requests answered before the SDK was loaded, with the line sent: the SDK's answer is compared, not written.
     answered: dict[tuple[str, Any], tuple[str, bytes]] = {}
-    if early is not None and early.answered_id is not None:
-        answered[_request_key(early.answered_id)] = ("initialize", early.sent)
-    if early is not None and early.tools_list_id is not None:
-        answered[_request_key(early.tools_list_id)] = ("tools/list", early.tools_list_sent)
+    for rid, method, sent in early.answered if early is not None else ():
+        answered[_request_key(rid)] = (method, sent)
     write_send, write_receive = create_context_streams(0)
     in_flight: set[tuple[str, Any]] = set()
     settled = anyio.Event()

@@ -78,10 +78,31 @@ class Tool:
     handler: Handler
 
     def input_schema(self) -> dict[str, Any]:
-        return api.tool_input_schema(self.request)
+        return untitled(api.tool_input_schema(self.request))
 
     def output_schema(self) -> dict[str, Any]:
-        return self.output.model_json_schema()
+        return untitled(self.output.model_json_schema())
+
+
+_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
+
+
+def untitled(schema: Any) -> Any:
+    """A JSON schema without the `title` pydantic gives every model and field ("Createdat"): they tell a client
+    nothing the property names do not, and were a fifth of `tools/list`. Properties named `title` stay."""
+    if isinstance(schema, list):
+        return [untitled(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: untitled(sub) for name, sub in value.items()}
+        else:
+            out[key] = untitled(value)
+    return out
 
 
 TOOLS: dict[str, Tool] = {}
