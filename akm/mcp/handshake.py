@@ -35,8 +35,6 @@ import sys
 import threading
 from typing import Any
 
-from akm import __version__
-
 # The `mcp` versions akm/mcp/stdio.py's use of SDK internals (and the answer below) were written and tested
 # against (PEP 440 specifiers, lower bound inclusive, upper exclusive).
 SDK_TESTED = (">=2.3.0", "<2.4")

@@ -26,7 +26,8 @@ from akm import __version__, api
 from akm.errors import AkmError
 from akm.mcp import drives as drives_mod
 from akm.mcp import stdio as sdk
-from akm.mcp.errors import _HINTS, compacted, error_result, uncoerced
+from akm.mcp.arguments import parse_json_strings, uncoerced
+from akm.mcp.errors import _HINTS, compacted, error_result
 from akm.mcp.handshake import INSTRUCTIONS, EarlyStart
 from akm.mcp.tools import DEFAULT_CALL_BOUND_S, TOOLS, Call
 
@@ -133,7 +134,9 @@ class AkmServer(Server[Any]):
             return error_result(
                 AkmError(f"Unknown tool: {name}. Tools: {', '.join(sorted(TOOLS))}.", code="UNKNOWN_TOOL")
             )
-        problems = uncoerced(arguments, _input_schemas()[name])
+        schema = _input_schemas()[name]
+        arguments = parse_json_strings(arguments, schema)
+        problems = uncoerced(arguments, schema)
         if problems:
             return error_result(
                 AkmError(f"Invalid arguments for {name}: {'; '.join(problems)}.", code="INVALID_ARGUMENT")
