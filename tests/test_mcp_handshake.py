@@ -139,7 +139,7 @@ def test_a_plain_initialize_is_answered_early_with_the_sdks_bytes(tmp_path, line
     assert frames[0] == early[1]  # the early answer, exactly
     assert "differs" not in stderr, stderr  # and the SDK's own answer to the same request was the same bytes
     assert [json.loads(f).get("id") for f in frames] == [json.loads(line)["id"], "tools"]  # written once
-    assert len(json.loads(frames[1])["result"]["tools"]) == 12
+    assert len(json.loads(frames[1])["result"]["tools"]) == 13
 
 
 @pytest.mark.parametrize(
@@ -281,7 +281,7 @@ def test_tools_list_is_answered_early_from_the_models_with_the_sdks_bytes(tmp_pa
     lines = (_init(1), INITIALIZED, TOOLS)
     early = _early_only(tmp_path, *lines)
     assert [json.loads(f)["id"] for f in early] == [1, "tools"]
-    assert len(json.loads(early[1])["result"]["tools"]) == 12
+    assert len(json.loads(early[1])["result"]["tools"]) == 13
     for binary in (None, akm_bin):
         frames, stderr = _serve(tmp_path, *lines, akm_bin=binary, cache=tmp_path / "cache")
         assert "differs" not in stderr, stderr[:2000]

@@ -183,6 +183,7 @@ if TYPE_CHECKING:
         UnitContext,
         UpgradeRequest,
         UpgradeResult,
+        WaitRequest,
         front_request,
         tool_input_schema,
     )
@@ -252,6 +253,7 @@ _MODELS = frozenset(
         "SetupResult",
         "ConfigPaths",
         "ConfigChange",
+        "WaitRequest",
         "front_request",
         "tool_input_schema",
     }
@@ -340,6 +342,7 @@ __all__ = [
     "UpgradeRequest",
     "UpgradeResult",
     "WORKER_KINDS",
+    "WaitRequest",
     "WaitResult",
     "abandon",
     "check_output_format",

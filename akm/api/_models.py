@@ -129,6 +129,21 @@ class RunIdRequest(Request):
     run_id: str = Field(description="the run id")
 
 
+class WaitRequest(RunIdRequest):
+    """Wait for a run, whoever drives it, to be no longer active (see `wait_run`)."""
+
+    timeout: Union[int, str, None] = Field(
+        None,
+        description="how long this call waits: ms, or text like 30s / 5m (default: the server's bound); "
+        "the run itself is never changed",
+    )
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> int | None:  # always ms once validated
+        return None if value is None else _duration_ms(value)
+
+
 class NextRequest(RunIdRequest):
     unit_id: str | None = Field(
         None, description="only this unit, whole (answers clip large prompts and inputs; this fetches one unclipped)"

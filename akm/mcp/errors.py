@@ -20,8 +20,8 @@ _HINTS = {
     "RUN_NOT_ACTIVE": "Call workflow_status on the run: its recovery says what moves it on — workflow_resume (its "
     "current step is retried as it is) or workflow_rewind (back to an earlier step, e.g. to correct a result "
     "the step was built on) — then workflow_run.",
-    "LEASE_HELD": "Another invocation is driving this run; wait for it (workflow_run(target=<run id>) waits for "
-    "this server's own driver; stop=true stops it), then try again.",
+    "LEASE_HELD": "Another process is driving this run (another session, a detached driver): "
+    "workflow_wait(run_id=<run id>) waits until it is done or needs you; then go on with workflow_run.",
     "LEASE_LOST": "Another driver took this run over (this one was too slow to renew its lease); call "
     "workflow_status to see who drives it now.",
     "WORKFLOW_INVALID": "Call workflow_lint on the file for every problem and its fix.",

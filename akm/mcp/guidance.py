@@ -71,6 +71,23 @@ def after_run(result: views.RunResult) -> str | None:
     return None
 
 
+def after_wait(result: views.WaitResult) -> str | None:
+    """A `workflow_wait` answer's `next`."""
+    run, rid = result.run, result.run.run_id
+    if result.undriven:
+        return (
+            f'Nothing drives the run (its driver is gone): call workflow_run(target="{rid}") to drive it from this '
+            "server."
+        )
+    if result.timed_out:
+        return f'The run is still going elsewhere: call workflow_wait(run_id="{rid}") to keep waiting.'
+    if run.status == "awaiting_session":
+        return for_brief(run.awaiting or {}, rid)
+    if run.status in ("failed", "blocked", "abandoned") and run.recovery:
+        return remedy_text(run.recovery, rid)
+    return None
+
+
 def remedy_text(rec: dict[str, Any], rid: str) -> str:
     """A run's `recovery` (akm/engine/recovery.py) as the tool calls that carry it out."""
     why = str(rec.get("why") or "")

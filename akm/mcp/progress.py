@@ -1,13 +1,18 @@
-"""Progress notifications of a waiting call: what the background driver reports, sent without holding it up."""
+"""Progress notifications of a waiting call: what the background driver reports, sent without holding it up,
+and a heartbeat when nothing else was sent for `HEARTBEAT_S` (a client sees a long unit is alive, and which)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Awaitable, Callable
 
 import anyio
 
 from akm.report.live import activity_text
 from akm.report.timeline_svg import duration_text
+
+# A waiting call says something at least this often (issue 37: at least every 10 s), even when no unit finished.
+HEARTBEAT_S = 5.0
 
 
 class ProgressReporter:
@@ -28,8 +33,10 @@ class ProgressReporter:
         self.step_done = 0
         self.sent = 0.0
         self.gone = False
-        self.between = 0  # activity reports since the last unit tick
+        self.between = 0  # activity reports and heartbeats since the last unit tick
         self.between_at = -1  # the units done when they started
+        self.started = time.monotonic()
+        self.last_at = self.started  # when a notification was last sent (or the call began)
 
     async def send(self, items: list[dict[str, Any]]) -> None:
         for item in items:
@@ -43,10 +50,7 @@ class ProgressReporter:
                 # between two unit ticks: a fraction that grows with each report, so progress still increases
                 if item["stepId"] != self.step:
                     self._open(item["stepId"])
-                self.between = self.between + 1 if self.between_at == self.step_done else 1
-                self.between_at = self.step_done
-                value = self.offset + self.step_done + 1 - 1 / (self.between + 1)
-                total = self.offset + max(self.step_total, self.step_done + 1) + 1
+                value, total = self._between_ticks()
                 a = item["activity"]
                 message = (
                     f"step {item['stepId']}: {item['attemptId']} {activity_text(a)} "
@@ -69,10 +73,33 @@ class ProgressReporter:
                 self._close()
             await self._report(value, total, message)
 
+    def due(self) -> bool:
+        """Has nothing been sent for `HEARTBEAT_S`?"""
+        return time.monotonic() - self.last_at >= HEARTBEAT_S
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    async def heartbeat(self, message: str) -> None:
+        """A notification that only says the call is alive (`message`: the run, its step, the time waited): a
+        fraction further between two unit ticks, as an agent CLI's activity is."""
+        if self.gone:
+            return
+        value, total = self._between_ticks()
+        await self._report(value, total, message)
+
+    def _between_ticks(self) -> tuple[float, float]:
+        """A value between the last unit tick and the next that grows with each call, so progress increases."""
+        self.between = self.between + 1 if self.between_at == self.step_done else 1
+        self.between_at = self.step_done
+        value = self.offset + self.step_done + 1 - 1 / (self.between + 1)
+        return value, self.offset + max(self.step_total, self.step_done + 1) + 1
+
     async def _report(self, value: float, total: float, message: str) -> None:
         if value <= self.sent:
             return  # progress must increase; a repeat carries nothing new
         self.sent = value
+        self.last_at = time.monotonic()
         with anyio.move_on_after(2.0) as scope:
             try:
                 if self.report is not None:

@@ -32,15 +32,19 @@ from akm.mcp.schemas import (
     McpRewindResult,
     McpRunResult,
     McpStatusResult,
+    McpWaitResult,
     RunListModel,
     RunViewModel,
     lint_model,
 )
+from akm.report.timeline_svg import duration_text
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
 DEFAULT_CALL_BOUND_S = 45.0
+# The first `workflow_run` of a new run answers by then with the run id (unless it names its own timeout).
+FIRST_ANSWER_S = 10.0
 
 
 @dataclass
@@ -176,7 +180,6 @@ async def workflow_run(call: Call, req: api.RunToolRequest) -> CallToolResult:
     process); the call waits up to its bound and returns when the run completes, fails, or needs you (status
     awaiting_session: see workflow_next) — or with the run still going (driving: true) and per-step progress.
     Calling again attaches to the same driver; cancelling a call only stops waiting."""
-    wait_ms = req.timeout if req.timeout is not None else int(bound_s() * 1000)
     cwd = req.cwd or call.cwd
     if req.stop:
         return await call.answer(None, _stop_run, call.drives, req.target)
@@ -204,14 +207,21 @@ async def workflow_run(call: Call, req: api.RunToolRequest) -> CallToolResult:
         )
     except AkmError as exc:
         return error_result(exc)
+    if req.timeout is not None:
+        wait_s = req.timeout / 1000.0
+    else:  # the call that starts a run names it soon: a client with a short tool timeout still learns its id
+        wait_s = min(bound_s(), FIRST_ANSWER_S) if opened.started else bound_s()
     listener = drive.listen()
     reporter = ProgressReporter(call.progress)
     try:
-        with anyio.move_on_after(int(wait_ms) / 1000.0):
+        with anyio.move_on_after(wait_s):
             while True:
                 await reporter.send(listener.take())
                 if drive.finished.is_set():
                     break
+                if reporter.due():
+                    waited = duration_text(reporter.elapsed_s())
+                    await reporter.heartbeat(f"run {drive.run_id}: {drive.now_text()}; {waited} waited")
                 await anyio.sleep(0.05)
         await reporter.send(listener.take())
     finally:
@@ -224,6 +234,46 @@ async def workflow_run(call: Call, req: api.RunToolRequest) -> CallToolResult:
     except AkmError as exc:
         return error_result(exc)
     return ok_result({**result.to_json(), "next": guidance.after_run(result)})
+
+
+@tool(api.WaitRequest, McpWaitResult, title="Wait for a run", read_only=True, idempotent=True)
+async def workflow_wait(call: Call, req: api.WaitRequest) -> CallToolResult:
+    """Wait, up to the bound, for a run driven elsewhere — another session, a detached `akm workflow run`,
+    workers — until it is no longer active: completed, failed, blocked, or awaiting you (the answer then
+    holds the brief in run.awaiting). Changes nothing; progress notifications say what it is on meanwhile."""
+    wait_ms = req.timeout if req.timeout is not None else int(bound_s() * 1000)
+    cancel = api.Cancellation()
+    reporter = ProgressReporter(call.progress)
+    outcome: dict[str, Any] = {}
+
+    async def wait() -> None:
+        try:
+            outcome["result"] = await anyio.to_thread.run_sync(
+                lambda: api.wait_run(req.run_id, timeout=wait_ms, cancel=cancel), abandon_on_cancel=True
+            )
+        except AkmError as exc:
+            outcome["error"] = exc
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            while not outcome:
+                await anyio.sleep(0.1)
+                if reporter.due() and not outcome:
+                    try:
+                        view = await anyio.to_thread.run_sync(lambda: api.run_status(req.run_id))
+                    except AkmError:
+                        continue
+                    on = f"at step {view.current_step_id}" if view.current_step_id else "starting"
+                    holder = f", driven by {view.engine_lease.holder}" if view.engine_lease else ", not driven"
+                    waited = duration_text(reporter.elapsed_s())
+                    await reporter.heartbeat(f"run {view.run_id}: {view.status} {on}{holder}; {waited} waited")
+    finally:
+        cancel.trip("call ended")  # a cancelled call stops the wait's thread at its next poll
+    if "error" in outcome:
+        return error_result(outcome["error"])
+    result = outcome["result"]
+    return ok_result({**result.to_json(), "next": guidance.after_wait(result)})
 
 
 @tool(api.NextRequest, api.Brief, title="What to do now", read_only=True, idempotent=True)
