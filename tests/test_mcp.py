@@ -86,7 +86,14 @@ def test_tools_are_listed_with_schemas_and_annotations(project):
     for name, t in tools.items():
         assert t.input_schema["type"] == "object" and t.output_schema, name
         assert t.annotations is not None and t.description, name
-    for ro in ("workflow_next", "workflow_status", "workflow_list", "workflow_lint", "workflow_events", "workflow_wait"):
+    for ro in (
+        "workflow_next",
+        "workflow_status",
+        "workflow_list",
+        "workflow_lint",
+        "workflow_events",
+        "workflow_wait",
+    ):
         assert tools[ro].annotations.read_only_hint is True
     assert tools["setup"].annotations.read_only_hint is False  # it writes the config (a preview without arguments)
     assert tools["workflow_abandon"].annotations.destructive_hint is True

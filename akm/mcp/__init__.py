@@ -54,7 +54,19 @@ def serve() -> int:
 
 # This package's modules: `from akm.mcp import stdio` must import the module, not look it up in `server`.
 _MODULES = frozenset(
-    {"arguments", "drives", "errors", "guidance", "handshake", "progress", "reference", "schemas", "server", "stdio", "tools"}
+    {
+        "arguments",
+        "drives",
+        "errors",
+        "guidance",
+        "handshake",
+        "progress",
+        "reference",
+        "schemas",
+        "server",
+        "stdio",
+        "tools",
+    }
 )
 
 

@@ -103,7 +103,12 @@ def render_answers_json() -> str:
             lines.append(f"{json.dumps(name)}:{value},")
     for n, name in enumerate(lists):
         tools = [json.dumps(tool, **compact) for tool in json.loads(members[name])]  # type: ignore[arg-type]
-        lines += [f"{json.dumps(name)}:[", *[t + "," for t in tools[:-1]], tools[-1], "]," if n < len(lists) - 1 else "]"]
+        lines += [
+            f"{json.dumps(name)}:[",
+            *[t + "," for t in tools[:-1]],
+            tools[-1],
+            "]," if n < len(lists) - 1 else "]",
+        ]
     return "\n".join(lines + ["}"]) + "\n"
 
 
