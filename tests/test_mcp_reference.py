@@ -69,3 +69,10 @@ def test_the_bound_a_client_sees_is_the_bound_a_call_meets(project):
         server.drives.shutdown()
     assert json.loads(over.content[-1].text)["code"] == "INVALID_ARGUMENT"
     assert json.loads(at.content[-1].text)["code"] == "RUN_NOT_FOUND"  # the bound itself is taken
+
+
+def test_the_tool_list_fits_an_answer_line_in_both_eras():
+    """tools/list is an answer like any other: within 64 KiB on the wire (issue 37), with room to grow."""
+    for modern in (False, True):
+        result = handshake.list_result("tools/list", modern=modern)
+        assert result is not None and len(result) + 100 <= 60 * 1024, len(result or b"")

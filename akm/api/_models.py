@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from akm.api._args import INVALID_ARGUMENT, MAX_EVENT_LIMIT, _duration_ms, _whole_number
+from akm.api._args import INVALID_ARGUMENT, MAX_EVENT_LIMIT, MAX_PAGE, _duration_ms, _whole_number
 from akm.engine.budget import MAX_UNIT_TOKENS
 from akm.errors import UsageError
 
@@ -35,6 +35,23 @@ class Request(ApiModel):
     every argument may be spelt in snake_case or camelCase (the briefs' `report` hints are camelCase)."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class _Paged(Request):
+    """A page of a long list: `offset` items skipped, at most `limit` given (the answer's page has the total)."""
+
+    offset: int = Field(0, description="skip this many items of the list (a page's nextOffset)")
+    limit: int | None = Field(None, description="at most this many items (1 to 10000; default: all, or a front's page)")
+
+    @field_validator("offset", mode="before")
+    @classmethod
+    def _offset(cls, value: Any) -> int:
+        return _whole_number(value, "offset", 0)
+
+    @field_validator("limit", mode="before")
+    @classmethod
+    def _limit(cls, value: Any) -> int | None:
+        return None if value is None else _whole_number(value, "limit", 1, MAX_PAGE)
 
 
 class LintRequest(Request):
@@ -113,13 +130,13 @@ class _RunsOf(Request):
     )
 
 
-class ListRunsRequest(_RunsOf):
+class ListRunsRequest(_Paged, _RunsOf):
     active_only: Flag = Field(False, description="only runs that can still be driven")
     all_scopes: Flag = Field(False, description="runs of every project, not just cwd's")
     cwd: str | None = Field(None, description="the directory whose project is listed (default: the process's)")
 
 
-class ListRunsToolRequest(_RunsOf):
+class ListRunsToolRequest(_Paged, _RunsOf):
     """`workflow_list` over MCP: this server's project only."""
 
     active: Flag = Field(False, description="only runs that can still be driven")
@@ -150,6 +167,17 @@ class NextRequest(RunIdRequest):
     )
 
 
+class NextToolRequest(NextRequest):
+    """`workflow_next` over MCP: a unit fetched whole comes with its prompt in pages when it is too large."""
+
+    prompt_offset: int = Field(0, description="with unit_id: its prompt from this character on (a page's nextOffset)")
+
+    @field_validator("prompt_offset", mode="before")
+    @classmethod
+    def _prompt_offset(cls, value: Any) -> int:
+        return _whole_number(value, "prompt_offset", 0)
+
+
 class RewindRequest(RunIdRequest):
     """Take a run back to a step (see `rewind`)."""
 
@@ -161,8 +189,8 @@ class RewindRequest(RunIdRequest):
     )
 
 
-class StatusRequest(RunIdRequest):
-    units: Flag = Field(False, description="include every journaled unit attempt")
+class StatusRequest(_Paged, RunIdRequest):
+    units: Flag = Field(False, description="include every journaled unit attempt (offset/limit page them)")
     step: str | None = Field(
         None, description="only this step, with its output whole (a run's answers clip large outputs)"
     )
@@ -172,8 +200,18 @@ class StatusToolRequest(StatusRequest):
     """`workflow_status` over MCP: the run view, and with format html a self-contained report as well."""
 
     format: Literal["json", "html"] = Field(
-        "json", description="html: also a self-contained HTML report of the run (a text/html resource)"
+        "json", description="html: also the run's self-contained HTML report, as a resource to read (a link)"
     )
+    output_offset: int = Field(
+        0,
+        description="with step: its output from this character on (a page's nextOffset; an output too large "
+        "for one answer comes in pages)",
+    )
+
+    @field_validator("output_offset", mode="before")
+    @classmethod
+    def _output_offset(cls, value: Any) -> int:
+        return _whole_number(value, "output_offset", 0)
 
 
 class ReportToolRequest(Request):

@@ -97,29 +97,3 @@ def ok_result(model: Any) -> CallToolResult:
     return CallToolResult(
         content=[TextContent(type="text", text=json.dumps(data, ensure_ascii=False))], structured_content=data
     )
-
-
-def compacted(name: str, request: Any, result: Any) -> Any:
-    """A tool's answer within `akm.compact.ANSWER_LIMIT`: large outputs, inputs and prompts clipped, each
-    with its size and the call that returns it whole (which itself answers unclipped)."""
-    from akm import compact
-
-    if not isinstance(result, CallToolResult) or result.is_error or not isinstance(result.structured_content, dict):
-        return result
-    data = result.structured_content
-    if name == "workflow_run" and isinstance(data.get("run"), dict):
-        compact.compact_run(data["run"])
-    elif name in ("workflow_status", "workflow_resume", "workflow_abandon") and getattr(request, "step", None) is None:
-        compact.compact_run(data)
-    elif name == "workflow_rewind" and isinstance(data.get("run"), dict):
-        compact.compact_run(data["run"])
-        compact.compact_run({"runId": data["run"].get("runId"), "rewinds": [data.get("rewind") or {}]})
-    elif name == "workflow_next" and getattr(request, "unit_id", None) is None:
-        compact.compact_brief(data)
-    elif name == "unit_report" and isinstance(data.get("brief"), dict):
-        compact.compact_brief(data["brief"])
-    else:
-        return result
-    compacted = ok_result(data)
-    compacted.content.extend(result.content[1:])  # blocks beyond the JSON text (the HTML report) stay as they are
-    return compacted

@@ -27,7 +27,8 @@ from akm.errors import AkmError
 from akm.mcp import drives as drives_mod
 from akm.mcp import stdio as sdk
 from akm.mcp.arguments import parse_json_strings, uncoerced
-from akm.mcp.errors import _HINTS, compacted, error_result
+from akm.mcp.errors import _HINTS, error_result
+from akm.mcp.fit import fitted
 from akm.mcp.handshake import INSTRUCTIONS, EarlyStart
 from akm.mcp.tools import DEFAULT_CALL_BOUND_S, TOOLS, Call
 
@@ -95,7 +96,14 @@ def resource_templates() -> list[types.ResourceTemplate]:
             title="A run",
             description="Where a run stands (as workflow_status; large outputs clipped).",
             mime_type="application/json",
-        )
+        ),
+        types.ResourceTemplate(
+            uri_template=RUN_URI_PREFIX + "{run_id}/report.html",
+            name="report",
+            title="A run's report",
+            description='A self-contained HTML report of the run (what workflow_status(format="html") links).',
+            mime_type="text/html",
+        ),
     ]
 
 
@@ -145,7 +153,13 @@ class AkmServer(Server[Any]):
             request = api.front_request(tool.request, arguments, call=name)
         except AkmError as exc:
             return error_result(exc)
-        call = Call(self.drives, self.holder, self.cwd, progress=ctx.session.report_progress)
+        call = Call(
+            self.drives,
+            self.holder,
+            self.cwd,
+            progress=ctx.session.report_progress,
+            protocol_version=ctx.protocol_version,
+        )
         try:
             result = await tool.handler(call, request)
         except Exception as exc:
@@ -159,7 +173,7 @@ class AkmServer(Server[Any]):
                     hint="this is a bug in akm; the server's stderr has the traceback.",
                 )
             )
-        return compacted(name, request, result)
+        return fitted(name, request, result)
 
     async def _list_resources(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
         return types.ListResourcesResult(resources=resources())
@@ -184,28 +198,33 @@ class AkmServer(Server[Any]):
     async def _read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         uri = str(params.uri)
         try:
-            text = await anyio.to_thread.run_sync(self._resource_text, uri)
+            found = await anyio.to_thread.run_sync(self._resource, uri)
         except AkmError as exc:
             raise MCPError(
                 code=types.INVALID_PARAMS, message=f"error[{exc.code}]: {exc.message}", data={"uri": uri}
             ) from None
-        if text is None:
+        if found is None:
             raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown resource: {uri}", data={"uri": uri})
-        return types.ReadResourceResult(
-            contents=[types.TextResourceContents(uri=uri, text=text, mime_type="application/json")]
-        )
+        text, mime_type = found
+        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, text=text, mime_type=mime_type)])
 
-    def _resource_text(self, uri: str) -> str | None:
+    def _resource(self, uri: str) -> tuple[str, str] | None:
+        """(text, MIME type) of the resource at `uri`, or None when there is none."""
         import json
 
         from akm import compact
 
         if uri == RUNS_URI:
-            return json.dumps(api.list_runs(cwd=self.cwd).to_json(), ensure_ascii=False)
-        if uri.startswith(RUN_URI_PREFIX) and "/" not in uri[len(RUN_URI_PREFIX) :]:
-            view = api.run_status(uri[len(RUN_URI_PREFIX) :])
-            return json.dumps(compact.compact_run(view.to_json()), ensure_ascii=False)
-        return None
+            return json.dumps(api.list_runs(cwd=self.cwd).to_json(), ensure_ascii=False), "application/json"
+        if not uri.startswith(RUN_URI_PREFIX):
+            return None
+        rest = uri[len(RUN_URI_PREFIX) :]
+        if rest.endswith("/report.html") and rest.count("/") == 1:
+            return api.run_report_html(rest.split("/")[0]), "text/html"
+        if "/" in rest:
+            return None
+        view = api.run_status(rest)
+        return json.dumps(compact.compact_run(view.to_json()), ensure_ascii=False), "application/json"
 
 
 def build_server(*, holder: str | None = None, cwd: str | None = None) -> AkmServer:

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import anyio
 import anyio.to_thread
-from mcp_types import CallToolResult, EmbeddedResource, TextResourceContents, ToolAnnotations
+from mcp_types import CallToolResult, ResourceLink, TextContent, ToolAnnotations
 
 from akm import api, views
 from akm.errors import AkmError
 from akm.mcp import drives as drives_mod
 from akm.mcp import guidance
 from akm.mcp.errors import error_result, ok_result
+from akm.mcp.fit import RUNS_PAGE, UNITS_PAGE
 from akm.mcp.progress import ProgressReporter
 from akm.mcp.schemas import (
     CatalogModel,
@@ -56,6 +57,7 @@ class Call:
     holder: str
     cwd: str
     progress: Callable[[float, float, str], Awaitable[None]] | None = None  # the request's progress channel
+    protocol_version: str | None = None  # the version the client speaks (what a result may hold)
 
     async def answer(self, shape: Callable[[Any], Any] | None, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """Run a blocking api call off the event loop: its result (`shape(result)`: this front's additions)
@@ -85,10 +87,34 @@ class Tool:
         return untitled(api.tool_input_schema(self.request))
 
     def output_schema(self) -> dict[str, Any]:
-        return untitled(self.output.model_json_schema())
+        return terse(untitled(self.output.model_json_schema()))
 
 
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
+
+
+def terse(schema: Any) -> Any:
+    """An output schema said shorter, meaning the same: `anyOf` of plain types as one `type` list
+    (`["string", "null"]`), and no `default` (an answer has every key; defaults say nothing of it)."""
+    if isinstance(schema, list):
+        return [terse(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "default":
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: terse(sub) for name, sub in value.items()}
+        else:
+            out[key] = terse(value)
+    branches = out.get("anyOf")
+    if isinstance(branches, list) and all(isinstance(b, dict) and set(b) == {"type"} for b in branches):
+        kinds = [b["type"] for b in branches]
+        if all(isinstance(k, str) for k in kinds):
+            del out["anyOf"]
+            out["type"] = kinds
+    return out
 
 
 def untitled(schema: Any) -> Any:
@@ -276,11 +302,12 @@ async def workflow_wait(call: Call, req: api.WaitRequest) -> CallToolResult:
     return ok_result({**result.to_json(), "next": guidance.after_wait(result)})
 
 
-@tool(api.NextRequest, api.Brief, title="What to do now", read_only=True, idempotent=True)
-async def workflow_next(call: Call, req: api.NextRequest) -> CallToolResult:
+@tool(api.NextToolRequest, api.Brief, title="What to do now", read_only=True, idempotent=True)
+async def workflow_next(call: Call, req: api.NextToolRequest) -> CallToolResult:
     """What you should do now for a run: its session units (prompt, context, schema, how to report) or the
     gate verdict it awaits. Never changes the run. Each unit's `report` names the unit_report arguments in
-    camelCase: runId -> run_id, unitId -> unit_id, expectStep -> expect_step, status, rerun."""
+    camelCase: runId -> run_id, unitId -> unit_id, expectStep -> expect_step, status, rerun. A unit fetched
+    whole (unit_id) comes with a large prompt in pages (promptPage names the next call)."""
     return await call.answer(None, api.next_brief, req.run_id, unit_id=req.unit_id)
 
 
@@ -309,33 +336,63 @@ async def unit_report(call: Call, req: api.ReportToolRequest) -> CallToolResult:
     )
 
 
-def _html_resource(uri: str, text: str) -> EmbeddedResource:
-    """An HTML page as an embedded `text/html` resource (the run report of `workflow_status(format="html")`)."""
-    return EmbeddedResource(type="resource", resource=TextResourceContents(uri=uri, mime_type="text/html", text=text))
+def _report_link(rid: str) -> ResourceLink:
+    """The run's HTML report as a resource to read (`resources/read`), not inlined: it grows with the run."""
+    return ResourceLink(
+        type="resource_link",
+        uri=report_uri(rid),
+        name="report.html",
+        title=f"Run {rid[:8]} report",
+        description="A self-contained HTML report of the run (steps, units, timeline).",
+        mime_type="text/html",
+    )
+
+
+def report_uri(rid: str) -> str:
+    return f"akm://runs/{rid}/report.html"
+
+
+# Protocol versions whose tool results may carry a resource link (it came with 2025-06-18).
+_LINKS_SINCE = "2025-06-18"
 
 
 @tool(api.StatusToolRequest, McpStatusResult, title="Run status", read_only=True, idempotent=True)
 async def workflow_status(call: Call, req: api.StatusToolRequest) -> CallToolResult:
-    """Where a run stands: steps, their outputs (large ones clipped: pass step for one whole), and (with
-    units) every unit attempt, the superseded ones of its rewinds too; format html adds a self-contained HTML
-    report. For a failed, blocked or abandoned run, next (and recovery) say what moves it on."""
+    """Where a run stands: steps, their outputs (large ones clipped: pass step for one whole, in pages when
+    it is large), and (with units) the unit attempts, a page at a time (offset, limit; unitsPage has the
+    total), the superseded ones of its rewinds too; format html links the run's self-contained HTML report
+    (a resource to read). For a failed, blocked or abandoned run, next (and recovery) say what moves it on."""
+    limit = req.limit if req.limit is not None else (UNITS_PAGE if req.units else None)
     result: CallToolResult = await call.answer(
-        guidance.status_answer, api.run_status, req.run_id, units=req.units, step=req.step
+        guidance.status_answer,
+        api.run_status,
+        req.run_id,
+        units=req.units,
+        step=req.step,
+        offset=req.offset,
+        limit=limit,
     )
     if req.format == "html" and not result.is_error:
         rid = (result.structured_content or {}).get("runId", req.run_id)  # a prefix or @last, resolved
-        try:
-            page = await anyio.to_thread.run_sync(lambda: api.run_report_html(rid))
-        except AkmError as exc:
-            return error_result(exc)
-        result.content.append(_html_resource(f"akm://runs/{rid}/report.html", page))
+        if (call.protocol_version or _LINKS_SINCE) >= _LINKS_SINCE:
+            result.content.append(_report_link(rid))
+        else:
+            result.content.append(TextContent(type="text", text=f"The HTML report: resources/read {report_uri(rid)}"))
     return result
 
 
 @tool(api.ListRunsToolRequest, RunListModel, title="List runs", read_only=True, idempotent=True)
 async def workflow_list(call: Call, req: api.ListRunsToolRequest) -> CallToolResult:
-    """Runs of this project, newest first."""
-    return await call.answer(None, api.list_runs, active_only=req.active, ref=req.ref, cwd=call.cwd)
+    """Runs of this project, newest first, a page at a time (offset, limit; page has the total)."""
+    return await call.answer(
+        None,
+        api.list_runs,
+        active_only=req.active,
+        ref=req.ref,
+        cwd=call.cwd,
+        offset=req.offset,
+        limit=req.limit if req.limit is not None else RUNS_PAGE,
+    )
 
 
 @tool(api.LintRequest, lint_model(), title="Lint workflows", read_only=True, idempotent=True)
