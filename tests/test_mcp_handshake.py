@@ -251,6 +251,7 @@ def test_capabilities_are_the_same_in_both_eras_and_claim_nothing_unserved(tmp_p
     modern = json.loads(_early_only(tmp_path, _modern(1, "server/discover"))[0])["result"]["capabilities"]
     assert legacy == {"resources": {"listChanged": False, "subscribe": False}, "tools": {"listChanged": False}}
     assert {k: v for k, v in modern.items() if k != "extensions"} == legacy  # extensions exist in 2026 only
+    assert modern["extensions"] == {"io.modelcontextprotocol/tasks": {}}  # served for workflow_run (mcp.md)
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ behind it each hold one part (`_args` the plain argument rules, a leaf; `_reques
 keywords or a request model; `_views` the journal as run views; `_targets` workflow files and refs;
 `_lint`; `_runs` starting, driving and waiting; `_worker` an `akm worker` process; `_inspect` list, status, control, events; `_session` the
 session protocol; `_config`; `_setup`; `_models` the pydantic models, loaded on first use; `_detach` the
-detached driver process). Import names from `akm.api`, never from a private module.
+detached driver process; `_tasks` a front's durable task records). Import names from `akm.api`, never from a private module.
 
 Importing this package stays cheap (no pydantic): the engine, the store, the format and the plan are
 imported inside the calls, and of the private modules only `_args` and `_runs` load with it; every other
@@ -124,6 +124,13 @@ _LAZY = {
     "normalized_ref": "akm.api._targets",
     "resolve_workflow_file": "akm.api._targets",
     "STALE_AFTER_S": "akm.api._views",
+    "TASK_CANCELLED": "akm.api._tasks",
+    "TASK_OPENED": "akm.api._tasks",
+    "TASK_SETTLED": "akm.api._tasks",
+    "TaskRecord": "akm.api._tasks",
+    "find_task": "akm.api._tasks",
+    "mark_task": "akm.api._tasks",
+    "open_task": "akm.api._tasks",
     "WORKER_KINDS": "akm.api._worker",
     "run_worker": "akm.api._worker",
 }
@@ -211,6 +218,15 @@ if TYPE_CHECKING:
         compile_workflow_file,
         normalized_ref,
         resolve_workflow_file,
+    )
+    from akm.api._tasks import (
+        TASK_CANCELLED,
+        TASK_OPENED,
+        TASK_SETTLED,
+        TaskRecord,
+        find_task,
+        mark_task,
+        open_task,
     )
     from akm.api._views import (
         STALE_AFTER_S,
@@ -333,6 +349,10 @@ __all__ = [
     "SetupRequest",
     "SetupResult",
     "StatusRequest",
+    "TASK_CANCELLED",
+    "TASK_OPENED",
+    "TASK_SETTLED",
+    "TaskRecord",
     "StatusToolRequest",
     "StepFinished",
     "StepOutcome",
@@ -362,12 +382,15 @@ __all__ = [
     "detach_run",
     "events",
     "exit_status_for",
+    "find_task",
     "front_request",
     "lint",
     "list_runs",
+    "mark_task",
     "next_brief",
     "normalized_ref",
     "open_run",
+    "open_task",
     "parse_duration_ms",
     "plan_run",
     "report_unit",

@@ -10,7 +10,8 @@ command. `mcp` is imported only here: the CLI never pays for it.
 tools are in `tools`, each declared by the api request model it takes (the one
 contract: its input schema and its validation), their output models in
 `schemas`, the `next` of each answer in `guidance`, progress notifications in
-`progress`, errors and hints in `errors`, answers made to fit a context (64 KiB a line) in `fit`, the background drivers in `drives`,
+`progress`, errors and hints in `errors`, answers made to fit a context (64 KiB a line) in `fit`, the MCP tasks extension for `workflow_run`
+in `tasks` (the one module speaking protocol beyond the SDK), the background drivers in `drives`,
 and `stdio` is the transport and the one module touching SDK internals.
 `reference` generates the tool reference (`tools.json`, spec/mcp-tools.md)
 from the models. `handshake` answers `initialize` and `tools/list` while the
@@ -66,6 +67,7 @@ _MODULES = frozenset(
         "schemas",
         "server",
         "stdio",
+        "tasks",
         "tools",
     }
 )

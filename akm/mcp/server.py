@@ -2,8 +2,9 @@
 
 The server is the SDK's low-level `Server` given akm's handlers, on the SDK's own terms: `tools/list`
 lists `akm.mcp.tools.TOOLS` (each input schema generated from the tool's api request model), `tools/call`
-validates the arguments with that same model and runs the tool, and the resources are the run list and the
-runs. Nothing is registered that akm does not serve (no prompts), so the capabilities the SDK derives are
+validates the arguments with that same model and runs the tool (a `workflow_run` of a client that declares
+the tasks extension becomes a task: `akm.mcp.tasks`), and the resources are the run list, the runs and their
+HTML reports. Nothing is registered that akm does not serve (no prompts), so the capabilities the SDK derives are
 the ones akm has, in both protocol eras.
 """
 
@@ -30,6 +31,7 @@ from akm.mcp.arguments import parse_json_strings, uncoerced
 from akm.mcp.errors import _HINTS, error_result
 from akm.mcp.fit import fitted
 from akm.mcp.handshake import INSTRUCTIONS, EarlyStart
+from akm.mcp.tasks import Tasks, declared
 from akm.mcp.tools import DEFAULT_CALL_BOUND_S, TOOLS, Call
 
 __all__ = [
@@ -121,20 +123,22 @@ class AkmServer(Server[Any]):
             version=__version__,
             instructions=INSTRUCTIONS,
             on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
             on_list_resources=self._list_resources,
             on_list_resource_templates=self._list_resource_templates,
             on_read_resource=self._read_resource,
         )
         self.add_request_handler("server/discover", types.RequestParams, self._discover)
+        # tools/call as a request handler (public, like on_call_tool) whose answer may be a task's mapping
+        self.add_request_handler("tools/call", types.CallToolRequestParams, self._call_tool)
         self.holder = holder
         self.cwd = cwd
         self.drives = drives_mod.Drives(cwd=cwd)
+        self.tasks = Tasks(self, self.drives, holder, cwd)
 
     async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         return types.ListToolsResult(tools=list_tools())
 
-    async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult | dict[str, Any]:
         """One tool call: arguments checked by the tool's request model, every failure a coded tool error."""
         name, arguments = params.name, params.arguments or {}
         tool = TOOLS.get(name)
@@ -161,6 +165,8 @@ class AkmServer(Server[Any]):
             protocol_version=ctx.protocol_version,
         )
         try:
+            if isinstance(request, api.RunToolRequest) and not (request.stop or request.plan) and declared(ctx):
+                return await self.tasks.create(call, request)  # a task (CreateTaskResult), answered at once
             result = await tool.handler(call, request)
         except Exception as exc:
             # The last line of defence, as at the CLI: a coded INTERNAL error (the traceback on stderr), never a
