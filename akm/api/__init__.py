@@ -21,7 +21,7 @@ behind it each hold one part (`_args` the plain argument rules, a leaf; `_reques
 keywords or a request model; `_views` the journal as run views; `_targets` workflow files and refs;
 `_lint`; `_runs` starting, driving and waiting; `_worker` an `akm worker` process; `_inspect` list, status, control, events; `_session` the
 session protocol; `_config`; `_setup`; `_models` the pydantic models, loaded on first use; `_detach` the
-detached driver process). Import names from `akm.api`, never from a private module.
+detached driver process; `_tasks` a front's durable task records). Import names from `akm.api`, never from a private module.
 
 Importing this package stays cheap (no pydantic): the engine, the store, the format and the plan are
 imported inside the calls, and of the private modules only `_args` and `_runs` load with it; every other
@@ -67,6 +67,7 @@ from akm.views import (
     GraphNode,
     LeaseView,
     OpenedRun,
+    Page,
     ProgressEvent,
     RewindResult,
     RewindView,
@@ -123,6 +124,13 @@ _LAZY = {
     "normalized_ref": "akm.api._targets",
     "resolve_workflow_file": "akm.api._targets",
     "STALE_AFTER_S": "akm.api._views",
+    "TASK_CANCELLED": "akm.api._tasks",
+    "TASK_OPENED": "akm.api._tasks",
+    "TASK_SETTLED": "akm.api._tasks",
+    "TaskRecord": "akm.api._tasks",
+    "find_task": "akm.api._tasks",
+    "mark_task": "akm.api._tasks",
+    "open_task": "akm.api._tasks",
     "WORKER_KINDS": "akm.api._worker",
     "run_worker": "akm.api._worker",
 }
@@ -164,10 +172,13 @@ if TYPE_CHECKING:
         JudgeBrief,
         LintRequest,
         ListRunsRequest,
+        ListRunsToolRequest,
         NextRequest,
+        NextToolRequest,
         ReportHint,
         ReportRequest,
         ReportResult,
+        ReportToolRequest,
         Request,
         RewindRequest,
         RunIdRequest,
@@ -181,6 +192,9 @@ if TYPE_CHECKING:
         UnitContext,
         UpgradeRequest,
         UpgradeResult,
+        WaitRequest,
+        front_request,
+        tool_input_schema,
     )
     from akm.api._preview import (
         plan_run,
@@ -205,6 +219,15 @@ if TYPE_CHECKING:
         normalized_ref,
         resolve_workflow_file,
     )
+    from akm.api._tasks import (
+        TASK_CANCELLED,
+        TASK_OPENED,
+        TASK_SETTLED,
+        TaskRecord,
+        find_task,
+        mark_task,
+        open_task,
+    )
     from akm.api._views import (
         STALE_AFTER_S,
     )
@@ -223,13 +246,16 @@ _MODELS = frozenset(
         "RunRequest",
         "RunToolRequest",
         "ListRunsRequest",
+        "ListRunsToolRequest",
         "RunIdRequest",
         "RewindRequest",
         "StatusRequest",
         "StatusToolRequest",
         "Request",
         "ReportRequest",
+        "ReportToolRequest",
         "NextRequest",
+        "NextToolRequest",
         "SetupRequest",
         "CatalogRequest",
         "EventsRequest",
@@ -246,6 +272,9 @@ _MODELS = frozenset(
         "SetupResult",
         "ConfigPaths",
         "ConfigChange",
+        "WaitRequest",
+        "front_request",
+        "tool_input_schema",
     }
 )
 
@@ -290,15 +319,19 @@ __all__ = [
     "LeaseView",
     "LintRequest",
     "ListRunsRequest",
+    "ListRunsToolRequest",
     "MAX_EVENT_LIMIT",
     "MAX_TARGET_CHARS",
     "MAX_TIMEOUT_MS",
     "NextRequest",
+    "NextToolRequest",
     "OpenedRun",
+    "Page",
     "ProgressEvent",
     "ReportHint",
     "ReportRequest",
     "ReportResult",
+    "ReportToolRequest",
     "Request",
     "RewindRequest",
     "RewindResult",
@@ -316,6 +349,10 @@ __all__ = [
     "SetupRequest",
     "SetupResult",
     "StatusRequest",
+    "TASK_CANCELLED",
+    "TASK_OPENED",
+    "TASK_SETTLED",
+    "TaskRecord",
     "StatusToolRequest",
     "StepFinished",
     "StepOutcome",
@@ -330,6 +367,7 @@ __all__ = [
     "UpgradeRequest",
     "UpgradeResult",
     "WORKER_KINDS",
+    "WaitRequest",
     "WaitResult",
     "abandon",
     "check_output_format",
@@ -344,11 +382,15 @@ __all__ = [
     "detach_run",
     "events",
     "exit_status_for",
+    "find_task",
+    "front_request",
     "lint",
     "list_runs",
+    "mark_task",
     "next_brief",
     "normalized_ref",
     "open_run",
+    "open_task",
     "parse_duration_ms",
     "plan_run",
     "report_unit",
@@ -369,6 +411,7 @@ __all__ = [
     "setup_save",
     "setup_verify",
     "signal_exit_status",
+    "tool_input_schema",
     "upgrade",
     "wait_exit_status",
     "wait_run",
