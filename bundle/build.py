@@ -92,6 +92,19 @@ PRUNE_PREFIXES = {
     "_yaml/": "a shim re-exporting yaml._yaml",
     "yaml/_yaml.": "libyaml bindings: PyYAML falls back to its pure-Python parser, which akm's loader subclasses",
     "bin/": "console scripts of the dependencies",
+    # Tracing (akm/telemetry, only when configured) exports spans with protobuf's pure-Python runtime and
+    # requests' pure-Python charset detection: their compiled speed-ups are most of what tracing would add.
+    "google/_upb/": "protobuf's compiled runtime: its pure-Python one encodes a span batch",
+    "charset_normalizer/cd.cpython": "charset_normalizer's compiled half (its .py twin serves)",
+    "charset_normalizer/md.cpython": "charset_normalizer's compiled half (its .py twin serves)",
+    # googleapis-common-protos is a declared dependency of the OTLP exporter that its trace path never imports
+    "google/api/": "googleapis-common-protos: not imported by the OTLP trace exporter",
+    "google/cloud/": "googleapis-common-protos: not imported by the OTLP trace exporter",
+    "google/gapic/": "googleapis-common-protos: not imported by the OTLP trace exporter",
+    "google/logging/": "googleapis-common-protos: not imported by the OTLP trace exporter",
+    "google/longrunning/": "googleapis-common-protos: not imported by the OTLP trace exporter",
+    "google/rpc/": "googleapis-common-protos: not imported by the OTLP trace exporter",
+    "google/type/": "googleapis-common-protos: not imported by the OTLP trace exporter",
 }
 PRUNE_DIRS = {"__pycache__", "tests", "benchmarks"}  # package test suites are never imported at run time
 PRUNE_SUFFIXES = (".pyi", ".pyc", ".pyx", ".pxd", ".c", ".h", "py.typed")

@@ -180,7 +180,11 @@ def run_report_html(run_id: str | RunIdRequest) -> str:
         plan = decode_plan(run.id, run.plan_json, run.plan_hash)
     view = run_status(run.id, units=True)
     graph = run_graph(run.id)
-    budget = {"maxUnits": plan.budget.max_units, "maxTokens": plan.budget.max_tokens} if plan.budget else None
+    budget = (
+        {"maxUnits": plan.budget.max_units, "maxTokens": plan.budget.max_tokens, "maxCost": plan.budget.max_cost}
+        if plan.budget
+        else None
+    )
     evs: list[dict[str, Any]] = []
     since = "@offset:0"
     while True:

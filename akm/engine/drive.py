@@ -53,6 +53,7 @@ from akm.engine.heartbeat import Heartbeat
 from akm.engine.progress import PassStarted, StepProgress, UnitActivity
 from akm.engine.reduce import UnitOutcome, outcome_from_row, storable
 from akm.engine.results import DriveResult
+from akm.engine.spend import RunSpend
 from akm.engine.state import LoadedRun, load_run
 from akm.engine.stepctx import (
     Spine,
@@ -231,7 +232,7 @@ class _Pass:
             and tmpl.isolation != "worktree"
             and not (tmpl.retry and tmpl.retry.max)
             and budget.max_units is None
-            and budget.max_tokens is None
+            and not budget.counts_usage
         )
         self._parent_env = dict(os.environ)  # one snapshot per step for every unit's environment
         self._group = GroupCommit(driver.db)  # workers finishing together share a transaction
@@ -495,6 +496,7 @@ class _Pass:
             truncated=o.truncated,
             step_id=self.step.step_id,
             usage=o.usage,
+            cost=o.cost,
         )
 
     def _write_finish(self, p: _PendingFinish) -> None:
@@ -679,6 +681,7 @@ class _Pass:
                 error=f"no dispatcher for {unit.runner} units in this akm",
             )
         res = run_structured(dispatcher, self._request(unit, attempt, base_dir, started_at), self.event)
+        res.cost = self.d.spend.cost_of(unit.engine, res.usage)
         if res.truncated and res.ok:
             self.d.warn(
                 f"unit {attempt}: its output was cut at the capture limit; the step gets only its "
@@ -724,7 +727,7 @@ class _Pass:
                     error="unit was not dispatched because the run was interrupted",
                 )
             prepaid = ahead is not None and ahead.prepaid and k == 0
-            refusal = None if prepaid else d.budget.try_consume()
+            refusal = None if prepaid else d.budget.try_consume(model=d.spend.is_model(unit))
             if refusal:
                 return last or UnitOutcome(
                     unit_id=unit.unit_id,
@@ -734,8 +737,7 @@ class _Pass:
                 )
             att = attempt_id(unit.base_id, k)
             outcome = self._dispatch_attempt(unit, att, ahead if k == 0 else None)
-            if outcome.tokens:
-                d.budget.add_tokens(outcome.tokens)
+            d.spend.count(unit, outcome)
             with self._count_lock:
                 if k == 0:
                     self.done_count += 1
@@ -810,6 +812,9 @@ class _Pass:
             problem = worktrees.preflight(str(d.opts.project_root))
             if problem:
                 return _PassFailure(f'Step "{step.step_id}" cannot use isolation: worktree: {problem}')
+        unpriced = d.spend.unpriced(step, self.units)
+        if unpriced:
+            return _PassFailure(unpriced)
         width = self.width.width
         d.opts.cancel.link(self.event)
         d.lease_lost.link(self.event)
@@ -997,14 +1002,8 @@ class _Driver:
             liveness=liveness,
             renewed_at=acquired_at,
         )
-        used, tokens = units_store.journal_totals(db, self.run_id)
-        budget = self.plan.budget
-        self.budget = DispatchBudget(
-            used=used,
-            tokens=tokens,
-            max_units=budget.max_units if budget else None,
-            max_tokens=budget.max_tokens if budget else None,
-        )
+        self.spend = RunSpend(db, loaded)  # the money and token accounting beside the budget
+        self.budget: DispatchBudget = self.spend.budget
         self._warn_lock = threading.Lock()
         self.reused: dict[str, int] = {}  # per step: units restored by this invocation instead of run
         self.spine: Spine | None = None

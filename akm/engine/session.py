@@ -707,6 +707,8 @@ def report(
             rerun=rerun,
             max_units=budget.max_units if budget else None,
             max_tokens=budget.max_tokens if budget else None,
+            max_cost=budget.max_cost if budget else None,
+            allow_unknown=bool(budget and budget.unknown == "allow"),
         )
     except UsageError as exc:
         if exc.code != "BUDGET_EXCEEDED":

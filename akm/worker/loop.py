@@ -358,6 +358,7 @@ class Worker:
             session_id=outcome.session_id,
             truncated=outcome.truncated,
             usage=outcome.usage,
+            cost=outcome.cost,
         )
         if written == "finished":
             if self._notifier is not None:
@@ -445,6 +446,10 @@ class Worker:
                 else None,
             )
             res = run_structured(dispatcher, request, stop)
+            if engine_name and res.usage:
+                from akm.engine.cost import unit_cost
+
+                res.cost = unit_cost(request.engine, (plan.execution.prices or {}).get(engine_name), res.usage)
             return UnitOutcome(unit_id=unit_id, **vars(res))
         finally:
             if tree is not None:
