@@ -109,6 +109,13 @@ class UsageError(AkmError):
     code = "USAGE"
 
 
+class InternalError(AkmError):
+    """A state akm cannot reach unless it has a bug, such as a step decision that never settles (exit 70):
+    answered with its code like any error, not as the caller's mistake."""
+
+    code = "INTERNAL"
+
+
 class NotFoundError(AkmError):
     """A run, workflow or step that does not exist (exit 1)."""
 

@@ -48,7 +48,6 @@ def test_status_units_marks_gate_rows_with_their_phase(tmp_path):
         "a.gate:l1",
         status="completed",
         verdict={"complete": True, "missing": [], "feedback": ""},
-        has_verdict=True,
         cwd=str(project),
     )
     view = api.run_status(run_id, units=True).to_json()

@@ -81,7 +81,6 @@ def drive(project, path, *, resend: bool) -> tuple[api.RunResult, int]:
                     run_id=rid,
                     unit_id=rep["unitId"],
                     verdict={"complete": True},
-                    has_verdict=True,
                     expect_step=rep["expectStep"],
                 ),
                 calls + 1,
@@ -102,7 +101,6 @@ def drive(project, path, *, resend: bool) -> tuple[api.RunResult, int]:
                         attempt_id=rep["attemptId"],
                         expect_step=rep["expectStep"],
                         result=value,
-                        has_result=True,
                     ),
                     calls + 1,
                 )

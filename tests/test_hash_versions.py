@@ -142,11 +142,11 @@ def test_a_v4_session_run_briefs_and_accepts_v4_hashes(project):
     brief = api.next_brief(rid).to_json()
     assert {u["unitId"]: u["inputHash"] for u in brief["units"]} == v4
     first, second = brief["units"]
-    api.report_unit(rid, first["unitId"], status="completed", result="a", has_result=True, cwd=str(project))
+    api.report_unit(rid, first["unitId"], status="completed", result="a", cwd=str(project))
     # the first report is journaled with its v4 hash, and the second unit is still briefed with its own
     again = api.next_brief(rid).to_json()
     assert [(u["unitId"], u["inputHash"]) for u in again["units"]] == [(second["unitId"], v4[second["unitId"]])]
-    api.report_unit(rid, second["unitId"], status="completed", result="b", has_result=True, cwd=str(project))
+    api.report_unit(rid, second["unitId"], status="completed", result="b", cwd=str(project))
     assert db_rows("SELECT status FROM runs") == [("completed",)]
     assert dict(db_rows("SELECT unit_id, input_hash FROM units")) == v4
 

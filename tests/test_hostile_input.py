@@ -442,7 +442,7 @@ def test_a_structured_session_result_that_cannot_be_recorded_is_result_invalid(i
         deep = [deep]
     for bad in (deep, {"x": float("inf")}):
         with pytest.raises(AkmError) as info:
-            api.report_unit(run_id, "s:solo", status="completed", result=bad, has_result=True, cwd=str(in_project))
+            api.report_unit(run_id, "s:solo", status="completed", result=bad, cwd=str(in_project))
         assert info.value.code == "RESULT_INVALID" and "cannot be recorded as JSON" in info.value.message
     assert api.run_status(run_id).status == "awaiting_session"
 

@@ -52,7 +52,7 @@ def test_a_report_written_before_an_abandon_is_answered_as_written(project):
     def report() -> None:
         try:
             answer["ok"] = api.report_unit(
-                run_id, "s:solo", status="completed", result="done", has_result=True, cwd=str(project)
+                run_id, "s:solo", status="completed", result="done", cwd=str(project)
             ).to_json()
         except Exception as exc:  # noqa: BLE001 — the assertion below names it
             answer["error"] = exc

@@ -94,7 +94,7 @@ def test_a_session_report_is_redacted_against_every_visible_env_file(project):
     (project / "s.md").write_text(SESSION_WF, encoding="utf-8")
     run_id = api.run_workflow("s.md", cwd=str(project)).run.run_id
     text = CI_ENV.replace("\n", "\r\n") + USER_ENV + json.dumps({"x": json.dumps({"pem": PEM})})
-    api.report_unit(run_id, "s:solo", status="completed", result=text, has_result=True, cwd=str(project))
+    api.report_unit(run_id, "s:solo", status="completed", result=text, cwd=str(project))
     assert _leaks(_journal_text()) == []
     assert _leaks(json.dumps(api.run_status(run_id, units=True).to_json())) == []
 

@@ -392,9 +392,7 @@ def test_workflow_run_waits_for_the_report_that_is_finishing_the_step(project, f
         target=call,
         args=(
             "report",
-            lambda: api.report_unit(
-                rid, unit, cwd=str(project), status="completed", result="ok", has_result=True
-            ).to_json(),
+            lambda: api.report_unit(rid, unit, cwd=str(project), status="completed", result="ok").to_json(),
         ),
     )
     reporter.start()
@@ -439,7 +437,7 @@ def test_workflow_run_racing_the_finishing_report_never_answers_lease_held(proje
             try:
                 while True:
                     try:
-                        api.report_unit(rid, unit, cwd=str(project), status="completed", result="ok", has_result=True)
+                        api.report_unit(rid, unit, cwd=str(project), status="completed", result="ok")
                         return
                     except AkmError as exc:
                         if exc.code != "LEASE_HELD":

@@ -162,30 +162,27 @@ def _agent_loop(project: Path, rid: str, o: Outcomes, reg: DispatcherRegistry) -
     for _ in range(200):
         with open_test_journal() as db:
             b = session.brief(db, rid)
-            if b["kind"] in ("done", "inactive"):
+            if b.kind in ("done", "inactive"):
                 break
-            if b["kind"] == "engine":
+            if b.kind == "engine":
                 drive_run(db, rid, DriveOptions(work_dir=project, project_root=project, registry=reg))
                 continue
-            if b["kind"] == "judge":
+            if b.kind == "judge":
+                assert b.judge is not None
                 answer = o.verdict()
                 verdict = json.loads(answer) if isinstance(answer, str) else answer
                 session.report(
                     db,
-                    rid,
-                    b["judge"]["unitId"],
-                    status="completed",
-                    verdict=verdict,
-                    holder="agent",
+                    session.UnitReport(rid, b.judge.unit_id, "agent", verdict=verdict),
                     project_root=project,
                     registry=reg,
                 )
                 continue
-            for u in b["units"]:
-                out = o.next(u["unitId"])
-                rerun = u["action"] == "rerun"
+            for u in b.units:
+                out = o.next(u.unit_id)
+                rerun = u.action == "rerun"
                 try:
-                    _report_outcome(db, rid, u["unitId"], out, rerun, project, reg)
+                    _report_outcome(db, rid, u.unit_id, out, rerun, project, reg)
                 except AkmError as exc:  # a budget ceiling refuses the report and fails the step, as natively
                     assert exc.code == "BUDGET_EXCEEDED", exc
                 run = runs_store.require_run(db, rid)
@@ -197,11 +194,20 @@ def _report_outcome(
     db: Any, rid: str, unit_id: str, out: dict[str, Any], rerun: bool, project: Path, reg: DispatcherRegistry
 ) -> None:
     """The scripted agent reports one unit's outcome (naming no attempt: the unit's current one)."""
-    common: dict[str, Any] = dict(tokens=out["tokens"], holder="agent", rerun=rerun, project_root=project, registry=reg)
     if out["ok"]:
-        session.report(db, rid, unit_id, status="completed", result=out["value"], **common)
+        req = session.UnitReport(rid, unit_id, "agent", result=out["value"], tokens=out["tokens"], rerun=rerun)
     else:
-        session.report(db, rid, unit_id, status="failed", result=out["text"], failure_reason=out["reason"], **common)
+        req = session.UnitReport(
+            rid,
+            unit_id,
+            "agent",
+            status="failed",
+            result=out["text"],
+            failure_reason=out["reason"],
+            tokens=out["tokens"],
+            rerun=rerun,
+        )
+    session.report(db, req, project_root=project, registry=reg)
 
 
 def graph(run_id: str) -> list[str]:

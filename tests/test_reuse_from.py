@@ -146,7 +146,7 @@ def test_from_on_an_active_identical_run_starts_a_new_one(project):
     )
     first = run(wf, project)
     rid = first.run.run_id
-    api.report_unit(rid, "ask:solo", status="completed", result={"a": 1}, has_result=True, cwd=str(project))
+    api.report_unit(rid, "ask:solo", status="completed", result={"a": 1}, cwd=str(project))
     assert run(rid, project).run.status == "awaiting_session"
     second = run(wf, project, from_run=rid)
     assert second.run.run_id != rid and second.started
@@ -195,10 +195,12 @@ def test_acceptance_plan_then_from_a_100_unit_fan_out(akm, project, monkeypatch)
     assert (steps["fan"]["units"], steps["fan"]["reused"], steps["fan"]["toRun"]) == (100, 100, 0)
     assert steps["make"]["reused"] == 1 and steps["total"]["reused"] == 1
     assert (steps["last"]["reused"], steps["last"]["toRun"], steps["last"]["runner"]) == (0, 1, "exec")
+    assert steps["last"]["runsOn"] == "akm runs its command (exec)"  # where each step goes, as the plan froze it
     assert preview["reused"] == 102 and preview["toRun"] == 1 and preview["runId"] is None
     assert preview["fromRun"] == rid and preview["first"] == "run 1 unit(s) of step last as exec commands"
     text = akm("workflow", "run", "edit.md", "--n", "100", "--log", str(log), "--from", rid, "--plan", check=0)
     assert "nothing was written" in text.stdout and "reused 102, to run 1" in text.stdout
+    assert "last → akm runs its command (exec)" in text.stdout
     assert _journal_state() == before
     assert len(_lines(log)) == 103  # the preview ran nothing
 
@@ -255,7 +257,7 @@ def test_plan_of_a_continued_run_and_over_mcp(project):
     ]
     assert p.steps[1].note == "routes to left"
     assert p.budget.max_units == 2 and p.first == "ask you for 1 unit(s) of step ask"
-    api.report_unit(rid, "ask:solo", status="completed", result={"x": 1}, has_result=True, cwd=str(project))
+    api.report_unit(rid, "ask:solo", status="completed", result={"x": 1}, cwd=str(project))
     p = api.plan_run(rid)
     assert [(s.id, s.status) for s in p.steps] == [
         ("ask", "completed"),
@@ -296,10 +298,10 @@ def test_a_verdict_on_the_same_artifact_is_reused_not_asked_again(project, fake_
     front = "steps:\n  - id: ask\n    output: { type: object }\n  - id: tell\n    inputs: [steps.ask.output]\n"
     wf = write_wf(project, "g.md", front, body)
     rid = run(wf, project).run.run_id
-    api.report_unit(rid, "ask:solo", status="completed", result={"a": 1}, has_result=True, cwd=str(project))
+    api.report_unit(rid, "ask:solo", status="completed", result={"a": 1}, cwd=str(project))
     assert len(fake_openai.bodies("verdict-pass")) == 1
     run(rid, project)
-    api.report_unit(rid, "tell:solo", status="completed", result="told", has_result=True, cwd=str(project))
+    api.report_unit(rid, "tell:solo", status="completed", result="told", cwd=str(project))
     assert api.run_status(rid).status == "completed"
 
     wf.write_text(wf.read_text().replace("## tell\nTell.", "## tell\nTell it again."))
@@ -313,5 +315,5 @@ def test_a_verdict_on_the_same_artifact_is_reused_not_asked_again(project, fake_
 
     # the same run rewound to `ask`: its own gate is asked again (that is what going back to it means)
     api.rewind(rid, "ask")
-    api.report_unit(rid, "ask:solo", status="completed", result={"a": 1}, has_result=True, rerun=True, cwd=str(project))
+    api.report_unit(rid, "ask:solo", status="completed", result={"a": 1}, rerun=True, cwd=str(project))
     assert len(fake_openai.bodies("verdict-pass")) == 2

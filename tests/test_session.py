@@ -53,10 +53,6 @@ def start(project, frontmatter, body, **params):
 
 def report(run_id, unit_id, project, **kw):
     kw.setdefault("status", "completed")
-    if "result" in kw:
-        kw["has_result"] = True
-    if "verdict" in kw:
-        kw["has_verdict"] = True
     return api.report_unit(run_id, unit_id, cwd=str(project), **kw).to_json()
 
 
@@ -450,13 +446,10 @@ def test_a_reported_secret_is_redacted_wherever_the_report_comes_from(project, t
         "w:solo",
         status="completed",
         result=f"the token is {secret}",
-        has_result=True,
         holder=f"agent {secret}",
         cwd=str(where),
     )
-    api.report_unit(
-        rid, "v:solo", status="completed", result={"note": f"again {secret}"}, has_result=True, cwd=str(where)
-    )
+    api.report_unit(rid, "v:solo", status="completed", result={"note": f"again {secret}"}, cwd=str(where))
     dump = json.dumps(journal(), default=str)
     assert secret not in dump, "a reported secret reached the journal"
     assert db_rows("SELECT result_json FROM units WHERE unit_id = 'w:solo'") == [('"the token is [REDACTED]"',)]

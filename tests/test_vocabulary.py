@@ -10,8 +10,8 @@ from akm import cli, codes, errors
 from akm.codes import Code
 
 ROOT = Path(__file__).resolve().parent.parent
-# `code="X"` in a call or `code = "X"` on an error class; the runtime's `fail("X", ...)`.
-_LITERAL = re.compile(r"""\bcode\s*=\s*["']([A-Z][A-Z0-9_]+)["']""")
+# `code="X"` or `code=Code.X` in a call, `code = "X"` on an error class; the runtime's `fail("X", ...)`.
+_LITERAL = re.compile(r"""\bcode\s*=\s*(?:["']|Code\.)([A-Z][A-Z0-9_]+)""")
 _BUNDLE = re.compile(r"""\bfail\(\s*["']([A-Z][A-Z0-9_]+)["']""")
 # Warning codes (`RunWarning.code`) and lint diagnostics share the word `code` but are not errors.
 _NOT_ERRORS = {"ENGINE", "LINT", "SECRET_REDACTED", "WORKFLOW_CHANGED", "CONFIG_KEY"}

@@ -6,13 +6,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from akm import paths
+from akm.codes import Code
 from akm.errors import UsageError
 
 if TYPE_CHECKING:
-    from akm.api._models import (
-        Brief,
-        ReportResult,
-    )
+    from akm.api._models import Brief, NextRequest, ReportRequest, ReportResult
+    from akm.store.runs import Run
 from akm.api._args import _work_dir
 from akm.api._request import _validated
 from akm.api._views import _open_db, _require_run
@@ -31,30 +30,29 @@ def default_holder() -> str:
     return f"cli:{user}@{hostname()}"
 
 
-def next_brief(run_id: str, *, unit_id: str | None = None) -> Brief:
+def next_brief(run_id: str | NextRequest, *, unit_id: str | None = None) -> Brief:
     """What the calling agent should do now for a run (read-only); `unit_id`: only that unit of it."""
-    from akm.engine import session
+    from akm.api._briefs import brief_json
+    from akm.api._models import Brief
+    from akm.engine import briefs
 
-    req = _validated("NextRequest", None, {"run_id": run_id, "unit_id": unit_id})
+    req = _validated("NextRequest", run_id, {"run_id": run_id, "unit_id": unit_id})
     with _open_db(read_only=True) as db:
-        run_id = _require_run(db, req.run_id).id
-        from akm.api._models import Brief
-
-        out = session.brief(db, run_id)
+        b = briefs.brief(db, _require_run(db, req.run_id).id)
+    units = None
     if req.unit_id is not None:
-        units = [u for u in out["units"] if req.unit_id in (u["unitId"], u["attemptId"])]
+        units = [u for u in b.units if req.unit_id in (u.unit_id, u.attempt_id)]
         if not units:
             raise UsageError(
-                f"Unit {req.unit_id} is not outstanding in run {run_id} (step {out['stepId']}); "
-                f"outstanding: {', '.join(u['unitId'] for u in out['units']) or '(none)'}.",
-                code="UNKNOWN_UNIT",
+                f"Unit {req.unit_id} is not outstanding in run {b.run_id} (step {b.step_id}); "
+                f"outstanding: {', '.join(u.unit_id for u in b.units) or '(none)'}.",
+                code=Code.UNKNOWN_UNIT,
                 details={"argument": "unit_id"},
             )
-        out["units"] = units
-    return Brief.model_validate(out)
+    return Brief.model_validate(brief_json(b, units))
 
 
-def _run_project_root(run, cwd: Path, *, portable: bool) -> Path:
+def _run_project_root(run: Run, cwd: Path, *, portable: bool) -> Path:
     """The project a run belongs to, for a report: where its `env:` files (redaction) and its judge live.
 
     Normally the reporter's own project. A report made from elsewhere — an MCP server whose client passed
@@ -73,14 +71,12 @@ def _run_project_root(run, cwd: Path, *, portable: bool) -> Path:
 
 
 def report_unit(
-    run_id: str,
-    unit_id: str,
+    run_id: str | ReportRequest,
+    unit_id: str | None = None,
     *,
     status: str = "completed",
     result: Any = None,
-    has_result: bool = False,
     verdict: Any = None,
-    has_verdict: bool = False,
     tokens: int | None = None,
     failure_reason: str | None = None,
     expect_step: str | None = None,
@@ -92,52 +88,51 @@ def report_unit(
 ) -> ReportResult:
     """Record a session unit's result (or a gate verdict) and finish the step when its work is done.
 
-    `attempt_id` (the brief's) or `gate_loop` say which attempt the report answers: a report for an
-    attempt a gate already closed is never counted for a later loop (idempotent when it is what was
-    recorded, else STALE_REPORT). The same report resent after its step or run moved on is idempotent.
+    One request: a `ReportRequest` (what the MCP tool validated), or its fields as keywords. `result` None:
+    no result; `verdict` None: none (a gate unit id still makes the report a verdict). Given as keywords,
+    the verdict may be any value or JSON text (the CLI reads it as text): the engine parses and checks it,
+    with its own codes (VERDICT_INVALID). `attempt_id` (the brief's) or `gate_loop` say which attempt the
+    report answers: a report for an attempt a gate already closed is never counted for a later loop
+    (idempotent when it is what was recorded, else STALE_REPORT). The same report resent after its step or
+    run moved on is idempotent.
     """
+    from akm.api._briefs import report_json
+    from akm.api._models import ReportResult
     from akm.engine import session
 
-    req = _validated(
-        "ReportRequest",
-        None,
-        dict(
-            run_id=run_id,
-            unit_id=unit_id,
-            status=status,
-            tokens=tokens,
-            failure_reason=failure_reason,
-            expect_step=expect_step,
-            rerun=rerun,
-            attempt_id=attempt_id,
-            gate_loop=gate_loop,
-            holder=holder,
-            cwd=cwd,
-        ),
+    fields = dict(
+        run_id=run_id,
+        unit_id=unit_id,
+        status=status,
+        result=result,
+        tokens=tokens,
+        failure_reason=failure_reason,
+        expect_step=expect_step,
+        rerun=rerun,
+        attempt_id=attempt_id,
+        gate_loop=gate_loop,
+        holder=holder,
+        cwd=cwd,
     )
+    req: ReportRequest = _validated("ReportRequest", run_id, fields)
     with _open_db() as db:
         run = _require_run(db, req.run_id, _work_dir(req.cwd))
         root = _run_project_root(run, _work_dir(req.cwd), portable=db.shared)
-        from akm.api._models import ReportResult
-
-        answer = ReportResult.model_validate(
-            session.report(
-                db,
-                run.id,
-                req.unit_id,
-                status=req.status,
-                result=result if has_result else session.MISSING,
-                verdict=verdict if has_verdict else session.MISSING,
-                tokens=req.tokens,
-                failure_reason=req.failure_reason,
-                expect_step=req.expect_step,
-                rerun=req.rerun,
-                attempt_id=req.attempt_id,
-                gate_loop=req.gate_loop,
-                holder=req.holder or default_holder(),
-                project_root=root,
-            )
+        unit_report = session.UnitReport(
+            run_id=run.id,
+            unit_id=req.unit_id,
+            holder=req.holder or default_holder(),
+            status=req.status,
+            result=req.result,
+            verdict=verdict if isinstance(run_id, str) else req.verdict,
+            tokens=req.tokens,
+            failure_reason=req.failure_reason,
+            expect_step=req.expect_step,
+            rerun=req.rerun,
+            attempt_id=req.attempt_id,
+            gate_loop=req.gate_loop,
         )
+        answer = ReportResult.model_validate(report_json(session.report(db, unit_report, project_root=root)))
         if answer.run_status in ("failed", "blocked"):
             from akm.engine.recovery import recovery
 

@@ -299,10 +299,11 @@ def rewind_view(r: Any, steps: list[StepView] | None = None) -> RewindView:
 
 def _awaiting(db, run) -> dict[str, Any] | None:
     """The live brief of a run parked for the calling agent (computed from the journal, never stale)."""
-    from akm.engine import session
+    from akm.api._briefs import brief_json
+    from akm.engine import briefs
 
     try:
-        return session.brief(db, run.id)
+        return brief_json(briefs.brief(db, run.id))
     except AkmError:
         return _object_or_none(run.status_detail_json)
 

@@ -265,36 +265,51 @@ def unit_states(wl: WorkList, rows: list[dict[str, Any]], gate_loop: int) -> lis
     states: list[UnitState] = []
     for u in wl.units:
         family = index.get(u.base_id)
-        if family is None:
-            states.append(UnitState(u, PENDING))
-            continue
-        if len(family) == 1:  # the common case, one attempt that completed: what the general rule finds first
+        if family is not None and len(family) == 1:  # the common case: one attempt, completed
             only = family[0]
             if only.get("status") == "completed" and only.get("input_hash") == u.input_hash:
-                states.append(UnitState(u, DONE, only))
+                states.append(UnitState(u, DONE, only))  # what the general rule finds first, found directly
                 continue
-        completed = [r for r in family if r.get("status") == "completed"]
-        same = next((r for r in completed if r.get("input_hash") == u.input_hash), None)
-        if same is not None:
-            states.append(UnitState(u, DONE, same))
-            continue
-        if completed and gate_loop <= 1:
-            states.append(UnitState(u, DIVERGED, completed[0], diverged_from=completed[0]["unit_id"]))
-            continue
-        live = [r for r in family if r.get("input_hash") in (None, u.input_hash)]
-        if not live:
-            states.append(UnitState(u, PENDING))
-            continue
-        latest = max(live, key=lambda r: retry_index(r["unit_id"]))
-        if latest.get("status") in ("running", "queued"):  # queued: waiting for a worker (phase 2), in flight
-            states.append(UnitState(u, RUNNING, latest))
-            continue
-        retry = u.template.retry
-        tried = sum(int(r.get("attempts") or 1) for r in live)
-        eligible = bool(retry) and latest.get("failure_reason") in retry.on and tried < 1 + retry.max
-        eligible = eligible or bool(latest.get("reopened"))  # a failed unit reopened by resuming the run
-        states.append(UnitState(u, RETRYABLE if eligible else FAILED, latest))
+        states.append(unit_state(u, family, gate_loop))
     return states
+
+
+def unit_state(u: WorkUnit, family: list[dict[str, Any]] | None, gate_loop: int) -> UnitState:
+    """Classify one unit against its attempt rows of this gate loop (`family`: `u.base_id` and its retries,
+    in journal order; None or empty: never dispatched)."""
+    if not family:
+        return UnitState(u, PENDING)
+    completed = _completed_state(u, family, gate_loop)
+    if completed is not None:
+        return completed
+    live = [r for r in family if r.get("input_hash") in (None, u.input_hash)]
+    if not live:
+        return UnitState(u, PENDING)
+    latest = max(live, key=lambda r: retry_index(r["unit_id"]))
+    if latest.get("status") in ("running", "queued"):  # queued: waiting for a worker (phase 2), in flight
+        return UnitState(u, RUNNING, latest)
+    return UnitState(u, RETRYABLE if _may_retry(u, live, latest) else FAILED, latest)
+
+
+def _completed_state(u: WorkUnit, family: list[dict[str, Any]], gate_loop: int) -> UnitState | None:
+    """DONE when an attempt completed with the unit's input hash; DIVERGED when one completed with another in
+    loop 1 (a replay divergence); None when no attempt completed."""
+    completed = [r for r in family if r.get("status") == "completed"]
+    same = next((r for r in completed if r.get("input_hash") == u.input_hash), None)
+    if same is not None:
+        return UnitState(u, DONE, same)
+    if completed and gate_loop <= 1:
+        return UnitState(u, DIVERGED, completed[0], diverged_from=completed[0]["unit_id"])
+    return None
+
+
+def _may_retry(u: WorkUnit, live: list[dict[str, Any]], latest: dict[str, Any]) -> bool:
+    """A failed unit may run again: its `retry.on` names the failure and attempts are left, or resuming the
+    run reopened it."""
+    retry = u.template.retry
+    tried = sum(int(r.get("attempts") or 1) for r in live)
+    eligible = retry is not None and latest.get("failure_reason") in retry.on and tried < 1 + retry.max
+    return eligible or bool(latest.get("reopened"))
 
 
 def outcome_of(state: UnitState) -> UnitOutcome:

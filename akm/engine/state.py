@@ -53,7 +53,7 @@ def decode_plan(run_id: str, plan_json: str | None, plan_hash: str | None) -> Pl
     if not plan_hash or not _HEX64.match(plan_hash) or sha256_hex(plan_json) != plan_hash:
         raise _corrupt(run_id, "frozen plan (integrity check failed: plan_hash does not match plan_json)")
     try:
-        plan = Plan.model_validate(json.loads(plan_json))
+        plan: Plan = Plan.model_validate(json.loads(plan_json))
     except (ValueError, PlanError) as exc:
         raise _corrupt(run_id, f"frozen plan ({str(exc).splitlines()[0]})") from exc
     if plan.canonical() != plan_json:
@@ -61,8 +61,26 @@ def decode_plan(run_id: str, plan_json: str | None, plan_hash: str | None) -> Pl
     return plan
 
 
-def load_run(db: Database, run_id: str) -> LoadedRun:
+def _same_plan_and_params(before: Run, now: Run) -> bool:
+    """The run row still holds the very plan, params and hash version it held before."""
+    return (before.id, before.plan_json, before.plan_hash, before.params_json, before.hash_version) == (
+        now.id,
+        now.plan_json,
+        now.plan_hash,
+        now.params_json,
+        now.hash_version,
+    )
+
+
+def load_run(db: Database, run_id: str, prior: LoadedRun | None = None) -> LoadedRun:
+    """The run, its frozen plan and its params, checked (a corrupt run is CORRUPT_RUN).
+
+    `prior`: this run as loaded moments ago in the same call (a report reads its run before its write and
+    again after it): when the row still holds the very plan and params checked then, they are kept
+    instead of decoded and checked again; the run row itself is always read afresh."""
     run = runs_store.require_run(db, run_id)
+    if prior is not None and _same_plan_and_params(prior.run, run):
+        return LoadedRun(run=run, plan=prior.plan, params=prior.params)
     if run.hash_version > UNIT_HASH_VERSION:
         # Its units' identities are a preimage this akm does not know: hashing them some other way
         # would diverge from (or silently redo) the units a newer akm journaled.

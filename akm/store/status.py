@@ -18,6 +18,9 @@ DRIVABLE_STATUSES: tuple[RunStatus, ...] = ("active", "awaiting_session")
 # The run lease of a report finishing a step carries this prefix: it holds the run for a moment and
 # does not make other reports wait (nor refuse them).
 REPORT_LOCK_PREFIX = "report:"
+# What a session report did to its attempt row: wrote it, found exactly it already recorded, or (a claim)
+# kept the unit's claim alive.
+ReportRecorded = Literal["written", "idempotent", "heartbeat"]
 STEP_TERMINAL_STATUSES: tuple[StepStatus, ...] = ("completed", "failed", "skipped", "blocked")
 
 # Money and token ceilings (akm.engine.cost): a unit whose usage they must know is a model call akm made with an

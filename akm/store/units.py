@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from akm.canonical import compact_json
 from akm.errors import JournalError, NotFoundError
@@ -36,7 +36,6 @@ from akm.store.clock import format_iso, parse_iso
 from akm.store.journal import RUN_UNIT_WRITE
 from akm.store.journal import Journal as Database
 from akm.store.runs import (
-    DRIVABLE_STATUSES,
     Fence,
     LeaseInfo,
     check_fence,
@@ -44,7 +43,7 @@ from akm.store.runs import (
     lease_ttl_s,
     not_drivable_error,
 )
-from akm.store.status import REPORT_LOCK_PREFIX  # noqa: F401 - drivers and reports name it units.REPORT_LOCK_PREFIX
+from akm.store.status import DRIVABLE_STATUSES, REPORT_LOCK_PREFIX, ReportRecorded  # noqa: F401 - drivers and reports name it units.REPORT_LOCK_PREFIX
 
 CLAIM_TTL_S = 90.0
 ClaimInfo = LeaseInfo
@@ -449,7 +448,7 @@ def write_attempts(
     if not finishes and not inserts:
         return [], []
     run_id = inserts[0].run_id if inserts else finishes[0].run_id
-    if any(w.run_id != run_id for w in (*finishes, *inserts)):  # the lease fences one run
+    if any(f.run_id != run_id for f in finishes) or any(n.run_id != run_id for n in inserts):  # one run: one lease
         raise ValueError("write_attempts writes the attempts of one run")
     with db.tx() as conn:
         db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
@@ -521,7 +520,7 @@ def heartbeat_units(db: Database, run_id: str, unit_ids: Sequence[str]) -> int:
             f"UPDATE units SET last_checkin_at = ? WHERE run_id = ? AND status = 'running' AND unit_id IN ({marks})",
             (db.now(), run_id, *ids),
         )
-        return cur.rowcount
+        return int(cur.rowcount)
 
 
 def get_unit(db: Database, run_id: str, unit_id: str) -> Unit | None:
@@ -571,6 +570,35 @@ def unit_rows(db: Database, run_id: str, step_id: str) -> list[dict[str, Any]]:
     readers that decide from many rows at once: a frozen dataclass per row costs more than the query itself."""
     names = DECISION_FIELDS  # every row has them all (the query names them): zip's strict check would cost 0.5 us a row
     return [dict(zip(names, row, strict=False)) for row in db.query(_UNIT_ROWS, (run_id, step_id))]
+
+
+_GATE_ROWS = (
+    f"SELECT {', '.join(DECISION_FIELDS)} FROM units WHERE run_id = ? AND step_id = ? AND phase = 'gate' "
+    "ORDER BY started_at, unit_id"
+)
+_ATTEMPT_ROWS = (
+    f"SELECT {', '.join(DECISION_FIELDS)} FROM units WHERE run_id = ? AND step_id = ? AND phase IS NULL "
+    "AND (unit_id = ? OR (unit_id > ? AND unit_id < ?)) ORDER BY started_at, unit_id"
+)
+
+
+def gate_rows(db: Database, run_id: str, step_id: str) -> list[dict[str, Any]]:
+    """The gate rows of one step (`unit_rows`' gate half): what a gate's loop is read from."""
+    return [dict(zip(DECISION_FIELDS, row, strict=False)) for row in db.query(_GATE_ROWS, (run_id, step_id))]
+
+
+def attempt_rows(db: Database, run_id: str, step_id: str, base_id: str) -> list[dict[str, Any]]:
+    """The dispatch rows of one unit's attempts in one gate loop (`base_id` and its retries `base_id~r<k>`),
+    as `unit_rows` gives them: what a report needs of its own unit, without reading the whole step."""
+    rows = db.query(_ATTEMPT_ROWS, (run_id, step_id, base_id, base_id + "~r", base_id + "~r\x7f"))
+    out = [dict(zip(DECISION_FIELDS, row, strict=False)) for row in rows]
+    return [r for r in out if r["unit_id"] == base_id or _is_retry_of(r["unit_id"], base_id)]
+
+
+def _is_retry_of(unit_id: str, base_id: str) -> bool:
+    """`base_id~r<digits>`: a retry of that attempt (the range the query reads may hold other ids)."""
+    tail = unit_id[len(base_id) + 2 :]
+    return unit_id.startswith(base_id + "~r") and tail.isdigit() and tail.isascii()
 
 
 def family_rows(db: Database, run_id: str, content_id: str) -> list[dict[str, Any]]:
@@ -762,36 +790,31 @@ def _claim_of(row: Any) -> ClaimInfo:
 class ReportWrite(NamedTuple):
     """What `write_report` did: `recorded` is written | idempotent | heartbeat."""
 
-    recorded: str
+    recorded: ReportRecorded
     claim: ClaimInfo | None = None
     tokens_crossed: str | None = None  # the max_tokens message when this report reached the ceiling
 
 
-def write_report(
-    db: Database,
-    *,
-    run_id: str,
-    unit_id: str,
-    step_id: str,
-    node_id: str,
-    parent_unit_id: str | None,
-    runner: str | None,
-    engine: str | None,
-    model: str | None,
-    input_hash: str,
-    status: str,
-    result_json: str | None,
-    tokens: int | None,
-    failure_reason: str | None,
-    holder: str,
-    rerun: bool,
-    max_units: int | None = None,
-    max_tokens: int | None = None,
-    host: str | None = None,
-    pid: int | None = None,
-    max_cost: float | None = None,
-    allow_unknown: bool = False,
-) -> ReportWrite:
+class ReportedAttempt(NamedTuple):
+    """One report of the calling agent as the journal records it (`write_report`'s one argument).
+
+    `attempt`: the row the report writes (its unit's identity in the plan); then what the report says,
+    redacted and normalised by the engine; who reports it; the run's budget ceilings it is held to."""
+
+    attempt: NewAttempt
+    status: Literal["completed", "failed", "running"]
+    result_json: str | None
+    tokens: int | None
+    failure_reason: str | None
+    holder: str
+    rerun: bool
+    max_units: int | None = None
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    allow_unknown: bool = False
+
+
+def write_report(db: Database, report: ReportedAttempt) -> ReportWrite:
     """Record one report of the calling agent in ONE transaction, with every guard inside it.
 
     The guards are pure decisions (`report_guards.check_report`, `check_budget`) over the rows read here,
@@ -810,7 +833,8 @@ def write_report(
     # The session protocol's guards: loaded on its first report, not on every engine start.
     from akm.store.report_guards import Report, carried_tokens, check_budget, check_report, tokens_crossed
 
-    host = host_id() if host is None else host
+    a = report.attempt
+    run_id, unit_id = a.run_id, a.unit_id
     with db.tx() as conn:
         db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
         now = db.now()
@@ -822,71 +846,68 @@ def write_report(
             "claim_pid, claim_expires_at, step_id FROM units WHERE run_id = ? AND unit_id = ?",
             (run_id, unit_id),
         ).fetchone()
-        plan = check_report(
-            run_id, run, row, Report(unit_id, status, result_json, failure_reason, holder, rerun, input_hash), now
+        asked = Report(
+            unit_id, report.status, report.result_json, report.failure_reason, report.holder, report.rerun, a.input_hash
         )
+        plan = check_report(run_id, run, row, asked, now)
         if plan.kind == "idempotent":
             return ReportWrite("idempotent")
         if plan.kind == "renew":
-            until = db.later(now, CLAIM_TTL_S)
-            conn.execute(
-                "UPDATE units SET claim_expires_at = ?, claim_host = ?, claim_pid = ?, last_checkin_at = ? "
-                "WHERE run_id = ? AND unit_id = ?",
-                (until, host, pid, now, run_id, unit_id),
-            )
-            return ReportWrite("heartbeat", ClaimInfo(holder, host, pid, until))
+            return ReportWrite("heartbeat", _claim(db, conn, now, a, report.holder, renew=True))
         totals = conn.execute(_spend_sql(" AND unit_id != ?"), (run_id, unit_id, run_id)).fetchone()
         check_budget(
             plan,
             row,
             other_attempts=int(totals["a"]),
             other_tokens=int(totals["t"]),
-            max_units=max_units,
-            max_tokens=max_tokens,
+            max_units=report.max_units,
+            max_tokens=report.max_tokens,
             other_cost=float(totals["c"]),
             unknown_tokens=int(totals["ut"]),
             unknown_cost=int(totals["uc"]),
-            max_cost=max_cost,
-            allow_unknown=allow_unknown,
+            max_cost=report.max_cost,
+            allow_unknown=report.allow_unknown,
         )
         if not plan.finishing_claim:
-            started = insert_unit(
-                db,
-                run_id=run_id,
-                unit_id=unit_id,
-                step_id=step_id,
-                node_id=node_id,
-                parent_unit_id=parent_unit_id,
-                runner=runner,
-                engine=engine,
-                model=model,
-                input_hash=input_hash,
-            )
+            started = insert_unit(db, **a._asdict())
         else:
             started = conn.execute(
                 "SELECT started_at FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)
             ).fetchone()["started_at"]
-        if status == "running":
-            until = db.later(now, CLAIM_TTL_S)
-            conn.execute(
-                "UPDATE units SET claim_holder = ?, claim_host = ?, claim_pid = ?, claim_expires_at = ?, "
-                "last_checkin_at = ? WHERE run_id = ? AND unit_id = ?",
-                (holder, host, pid, until, now, run_id, unit_id),
-            )
-            return ReportWrite("heartbeat", ClaimInfo(holder, host, pid, until))  # a claim is a sign of life
-        carried = carried_tokens(plan, tokens)
+        if report.status == "running":
+            return ReportWrite("heartbeat", _claim(db, conn, now, a, report.holder))  # a claim is a sign of life
+        carried = carried_tokens(plan, report.tokens)
         finish_unit(
             db,
             run_id=run_id,
             unit_id=unit_id,
             started_at=started,
-            status=status,
-            result_json=result_json,
+            status=report.status,
+            result_json=report.result_json,
             tokens=carried,
-            failure_reason=failure_reason,
+            failure_reason=report.failure_reason,
             session_id=None,
         )
-        return ReportWrite("written", tokens_crossed=tokens_crossed(int(totals["t"]), carried, max_tokens))
+        return ReportWrite("written", tokens_crossed=tokens_crossed(int(totals["t"]), carried, report.max_tokens))
+
+
+def _claim(db: Database, conn: Any, now: str, a: NewAttempt, holder: str, *, renew: bool = False) -> ClaimInfo:
+    """Claim the attempt row for `holder` (or renew the holder's claim) for CLAIM_TTL_S from `now`. A
+    reporter's claim records no pid (see `write_report`)."""
+    until, host = db.later(now, CLAIM_TTL_S), host_id()
+    if renew:
+        conn.execute(
+            "UPDATE units SET claim_expires_at = ?, claim_host = ?, claim_pid = ?, last_checkin_at = ? "
+            "WHERE run_id = ? AND unit_id = ?",
+            (until, host, None, now, a.run_id, a.unit_id),
+        )
+    else:
+        conn.execute(
+            "UPDATE units SET claim_holder = ?, claim_host = ?, claim_pid = ?, claim_expires_at = ?, "
+            "last_checkin_at = ? WHERE run_id = ? AND unit_id = ?",
+            (holder, host, None, until, now, a.run_id, a.unit_id),
+        )
+    return ClaimInfo(holder, host, None, until)
 
 
 def guard_session_write(db: Database, run_id: str) -> None:
