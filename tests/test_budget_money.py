@@ -217,3 +217,52 @@ def test_a_session_report_is_refused_once_the_money_ceiling_is_reached():
     with pytest.raises(UsageError, match="usage is unknown"):
         check_budget(plan, None, other_cost=0.0, unknown_cost=1, max_cost=0.05, **kwargs)
     assert check_budget(plan, None, other_cost=0.0, unknown_cost=1, max_cost=0.05, allow_unknown=True, **kwargs) == 0
+
+
+def test_a_session_report_is_held_to_the_money_ceiling_on_the_real_path(project, fake_openai, capsys):
+    """An engine unit with no usage, then a step for the calling agent: its report is refused (unknown usage)."""
+    from akm.errors import AkmError
+
+    engine = {"kind": "llm", "endpoint": fake_openai.url, "model": "echo", "prices": PRICES}
+    _config(capsys, "set", "engines.fast", json.dumps(engine))
+    wf = write_wf(
+        project,
+        "mixed.md",
+        """
+        budget: { max_cost: 5 }
+        steps:
+          - id: ask
+            unit: { engine: fast }
+          - id: write
+        """,
+        "## ask\n\nAsk.\n\n## write\n\nWrite it yourself.",
+    )
+    res = api.run_workflow(str(wf), cwd=str(project))
+    assert res.run.status == "awaiting_session", steps_of(res)
+    unit = api.next_brief(res.run.run_id).to_json()["units"][0]["unitId"]
+    with pytest.raises(AkmError) as exc:
+        api.report_unit(res.run.run_id, unit, cwd=str(project), status="completed", result="done")
+    assert exc.value.code == "BUDGET_EXCEEDED" and "usage is unknown" in exc.value.message
+    assert api.run_status(res.run.run_id).status == "failed"
+
+
+def test_prices_and_limits_are_set_and_checked_by_config_set(project, capsys):
+    _config(
+        capsys,
+        "set",
+        "engines.cloud",
+        json.dumps({"kind": "llm", "endpoint": "http://127.0.0.1:9/v1/chat/completions", "model": "m"}),
+    )
+    _config(capsys, "set", "engines.cloud.prices", '{"input": 0.4, "output": 1.6}')
+    _config(capsys, "set", "engines.cloud.prices.cached", "0.1")
+    _config(capsys, "set", "limits.maxCostPerDay", "20")
+    cli.main(["config", "get", "engines.cloud.prices"])
+    assert json.loads(capsys.readouterr()[0]) == {"input": 0.4, "output": 1.6, "cached": 0.1}
+    for key, value, words in [
+        ("engines.cloud.prices", '{"input": -1, "output": 1}', "must be from 0"),
+        ("engines.cloud.prices", '{"input": 1, "output": 1, "cache": 1}', "'cache' is not a price"),
+        ("limits.maxCostPerDay", "0", "must be above 0"),
+    ]:
+        code = cli.main(["config", "set", key, value])
+        err = capsys.readouterr()[1]
+        assert code == 78 and words in err, err

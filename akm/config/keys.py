@@ -231,7 +231,7 @@ def coerce(key: str, raw: str) -> tuple[Any, bool]:
         if raw not in kind[1]:
             raise UsageError(f"{key}: expected one of {', '.join(kind[1])}, got {shown(raw)}.", code="INVALID_ARGUMENT")
         return raw, False
-    if isinstance(kind, tuple) or kind in ("object", "array"):
+    if isinstance(kind, (tuple, dict)) or kind in ("object", "array"):  # a dict: a section (`prices`, `limits`)
         if raw.strip() in ("", "null"):
             return None, True
         if kind == "array":
