@@ -125,6 +125,7 @@ _LAZY = {
     "STALE_AFTER_S": "akm.api._views",
     "WORKER_KINDS": "akm.api._worker",
     "run_worker": "akm.api._worker",
+    "trace_export": "akm.api._trace",
 }
 
 if TYPE_CHECKING:
@@ -205,6 +206,7 @@ if TYPE_CHECKING:
         normalized_ref,
         resolve_workflow_file,
     )
+    from akm.api._trace import trace_export
     from akm.api._views import (
         STALE_AFTER_S,
     )
@@ -369,6 +371,7 @@ __all__ = [
     "setup_save",
     "setup_verify",
     "signal_exit_status",
+    "trace_export",
     "upgrade",
     "wait_exit_status",
     "wait_run",

@@ -118,6 +118,7 @@ def run_workflow(
 
     try:
         run_id, started, existing = _open(db, target, params, param_pairs, new, work_dir, warn, req.from_run)
+        tracing = _tracing(db, run_id, started, work_dir)
         timer = None
         if timeout_ms is not None:
             import threading
@@ -145,11 +146,18 @@ def run_workflow(
                     on_progress=_progress_relay(on_progress),
                     on_warning=lambda message: warn(RunWarning(code="ENGINE", message=message)),
                     workers=req.workers,
+                    trace=tracing[0] if tracing else None,
                 )
                 driven = drive_run(db, run_id, opts)
         finally:
             if timer is not None:
                 timer.cancel()
+        if tracing is not None:
+            from akm.api._trace import export_ended
+
+            export_ended(
+                db, run_id, tracing[1], tracing[2], lambda message: warn(RunWarning(code="TELEMETRY", message=message))
+            )
         run = runs_store.get_run(db, run_id)
         result = RunResult(
             run=_run_view(db, run),
@@ -185,6 +193,20 @@ def run_workflow(
         except Exception:
             pass  # history is advisory; never mask the real outcome
         db.close()
+
+
+def _tracing(db: Any, run_id: str, started: bool, work_dir: Path) -> tuple[Any, int, Any] | None:
+    """(the run's trace, the event its export starts after, the settings) when tracing is configured, else
+    None — and then nothing of OpenTelemetry is loaded (spec/telemetry.md)."""
+    from akm.api._trace import settings_here
+
+    settings = settings_here(work_dir)
+    if settings is None:
+        return None
+    from akm.api._trace import trace_of
+    from akm.store import events as events_store
+
+    return trace_of(db, run_id), 0 if started else events_store.last_event_id(db, run_id), settings
 
 
 def open_run(

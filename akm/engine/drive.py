@@ -75,6 +75,7 @@ from akm.store.db import Database
 from akm.store.journal import HolderLiveness
 from akm.store.runs import holder_is_live
 from akm.store.status import DRIVABLE_STATUSES
+from akm.telemetry.units import unit_trace_env
 
 if TYPE_CHECKING:
     from akm.engine import remote
@@ -110,6 +111,8 @@ class DriveOptions:
     registry: DispatcherRegistry | None = None
     # Phase 2 (akm.engine.remote): queue the units for `akm worker` processes instead of running them here.
     workers: bool = False
+    # The run's trace (akm.telemetry.context.RunTrace) when tracing is on: units get TRACEPARENT (unit_trace_env)
+    trace: Any = None
 
 
 @dataclass
@@ -412,7 +415,7 @@ class _Pass:
 
         d = self.d
         payload = remote_waits.dispatch_payload(
-            self._request(unit, attempt, ""), scope_key=d.scope_key, commit=d.commit
+            self._request(unit, attempt, ""), scope_key=d.scope_key, commit=d.commit, trace=d.opts.trace
         )
         try:
             queued = queue_store.queue_unit(d.db, **self._row_fields(unit, attempt, dispatch_json=payload))
@@ -636,6 +639,7 @@ class _Pass:
                 env_bindings=self.env_values,
                 sensitive_values=self.sensitive,
                 parent_env=self._parent_env,
+                trace_env=unit_trace_env(d.opts.trace, attempt, started_at, "exec"),
             )
         engine = d.plan.execution.engines.get(unit.engine) if unit.engine else None
         return UnitRequest(
@@ -656,6 +660,7 @@ class _Pass:
             sensitive_values=self.sensitive,
             parent_env=self._parent_env,
             on_activity=self._activity(unit, attempt, started_at) if unit.runner == "agent" else None,
+            trace_env=unit_trace_env(d.opts.trace, attempt, started_at, unit.runner),
         )
 
     def _activity(self, unit: WorkUnit, attempt: str, started_at: str | None) -> ActivityRelay:

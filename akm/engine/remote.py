@@ -35,8 +35,9 @@ SWEEP_EVERY_S = 2.0
 UNCLAIMED_WARN_S = 30.0  # queued units no worker touched for this long: say so (once, until work moves again)
 
 
-def dispatch_payload(request: UnitRequest, *, scope_key: str, commit: str | None) -> str:
-    """The `dispatch_json` of a queued attempt: the request's computed parts, without cwd or secrets."""
+def dispatch_payload(request: UnitRequest, *, scope_key: str, commit: str | None, trace: Any = None) -> str:
+    """The `dispatch_json` of a queued attempt: the request's computed parts, without cwd or secrets.
+    `trace`: the run's trace when tracing is on — the worker gives the unit TRACEPARENT for its attempt."""
     body: dict[str, Any] = {
         "v": PAYLOAD_VERSION,
         "unitId": request.unit_id,
@@ -44,6 +45,8 @@ def dispatch_payload(request: UnitRequest, *, scope_key: str, commit: str | None
         "scope": scope_key,
         "commit": commit,
     }
+    if trace is not None:
+        body["trace"] = {"traceId": trace.trace_id, "parentSpanId": trace.parent_span_id}
     if request.kind == "exec":
         body["execContext"] = request.exec_context
     else:

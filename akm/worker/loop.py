@@ -444,6 +444,7 @@ class Worker:
                 )
                 if claim.runner == "agent"
                 else None,
+                trace_env=_trace_env(payload, claim),
             )
             res = run_structured(dispatcher, request, stop)
             if engine_name and res.usage:
@@ -521,3 +522,16 @@ def _default_registry() -> DispatcherRegistry:
     from akm.dispatch.registry import default_registry
 
     return default_registry()
+
+
+def _trace_env(payload: dict[str, Any], claim: Any) -> dict[str, str] | None:
+    """TRACEPARENT (and this host's OTEL_* settings) for a claimed attempt of a traced run: the coordinator put
+    the run's trace in the payload, the attempt's span is named by the claim (akm.telemetry.context)."""
+    trace = payload.get("trace")
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceId"), str):
+        return None
+    from akm.telemetry.context import RunTrace
+    from akm.telemetry.units import unit_trace_env
+
+    run_trace = RunTrace(claim.run_id, trace["traceId"], trace.get("parentSpanId"))
+    return unit_trace_env(run_trace, claim.unit_id, claim.started_at, claim.runner)

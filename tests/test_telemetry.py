@@ -1,0 +1,170 @@
+"""Traces of runs (issue 38): a real OTLP/HTTP receiver on loopback, decoded with opentelemetry-proto.
+
+A run of an exec fan-out (each unit prints its TRACEPARENT, with a secret in its environment) and an LLM unit
+(tests/fake_openai.py, `plain`: 12 prompt + 5 completion tokens) yields one trace: the run's root span, a span
+per step and per unit attempt, GenAI usage on the LLM span, and no secret in any payload.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+
+import pytest
+
+from akm import api, cli
+from tests.helpers import write_wf
+from tests.otlp_receiver import OtlpReceiver
+
+SECRET = "tok-ci-5f3a9b2c7d"
+HEADER_SECRET = "hdr-sekrit-8c1e42"
+
+
+@pytest.fixture
+def receiver(monkeypatch):
+    r = OtlpReceiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", r.url)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"x-api-key={HEADER_SECRET}")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "akm-test")
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+PRINT = (
+    "import os; e = os.environ.get; "
+    "print(e('TRACEPARENT', '') + ' ' + e('DEPLOY_TOKEN', '') + ' ' + e('OTEL_EXPORTER_OTLP_HEADERS', 'no-headers'))"
+)
+
+
+def _workflow(project, capsys, fake_openai):
+    (project / ".akm" / "env").mkdir(parents=True)
+    (project / ".akm" / "env" / "ci.env").write_text(f"DEPLOY_TOKEN={SECRET}\n", encoding="utf-8")
+    engine = {"kind": "llm", "endpoint": fake_openai.url, "model": "plain", "prices": {"input": 1000, "output": 2000}}
+    assert cli.main(["config", "set", "engines.fast", json.dumps(engine)]) == 0
+    capsys.readouterr()
+    return write_wf(
+        project,
+        "traced.md",
+        f"""
+        params: {{ items: {{ type: array, default: [1, 2, 3] }} }}
+        steps:
+          - id: fan
+            map:
+              over: params.items
+              concurrency: 2
+              unit:
+                env: [env/ci]
+                exec: {{ command: {json.dumps([sys.executable, "-c", PRINT])} }}
+          - id: ask
+            unit: {{ engine: fast }}
+        """,
+        "## fan\n\nPrint.\n\n## ask\n\nSay something.",
+    )
+
+
+def _check_trace(receiver, res, *, workers: bool = False):
+    spans = receiver.spans()
+    assert spans, "the receiver got no span"
+    trace_ids = {s["traceId"] for s in spans}
+    assert len(trace_ids) == 1, trace_ids
+    (trace_id,) = trace_ids
+    by_name: dict[str, list] = {}
+    for s in spans:
+        by_name.setdefault(s["name"].split(" ")[0], []).append(s)
+    (root,) = by_name["invoke_workflow"]
+    assert root["parentSpanId"] == "" and root["attributes"]["gen_ai.operation.name"] == "invoke_workflow"
+    assert root["attributes"]["akm.run.id"] == res.run.run_id and root["resource"]["service.name"] == "akm-test"
+    steps = {s["attributes"]["akm.step.id"]: s for s in by_name["step"]}
+    assert set(steps) == {"fan", "ask"} and all(s["parentSpanId"] == root["spanId"] for s in steps.values())
+    execs = by_name["exec"]
+    assert len(execs) == 3  # one span per unit attempt
+    assert all(s["parentSpanId"] == steps["fan"]["spanId"] for s in execs)
+    assert all(s["attributes"]["process.exit.code"] == 0 and s["attributes"]["process.executable.name"] for s in execs)
+    (chat,) = by_name["chat"]
+    attrs = chat["attributes"]
+    assert attrs["gen_ai.operation.name"] == "chat" and attrs["gen_ai.request.model"] == "plain"
+    assert attrs["gen_ai.usage.input_tokens"] == 12 and attrs["gen_ai.usage.output_tokens"] == 5
+    assert attrs["akm.engine"] == "fast" and attrs["akm.cost.usd"] == pytest.approx(0.022)
+    if workers:
+        assert all("akm.worker" in s["attributes"] for s in execs)
+    # each exec unit printed its TRACEPARENT: the run's trace, its own attempt's span as parent
+    status = api.run_status(res.run.run_id, units=True).to_json()
+    printed = {}
+    for u in status["units"]:
+        if u["stepId"] == "fan":
+            text = u["result"] if isinstance(u["result"], str) else json.dumps(u["result"])
+            printed[u["unitId"]] = text
+    exec_ids = {s["spanId"] for s in execs}
+    for text in printed.values():
+        tp = text.split()[0]
+        version, tid, span_id, flags = tp.split("-")
+        assert (version, tid, flags) == ("00", trace_id, "01") and span_id in exec_ids, text
+        assert "no-headers" in text  # a command gets no OTLP credentials
+    # no secret in any payload (the unit's environment, nor the collector's header)
+    raw = b"".join(receiver.bodies)
+    assert SECRET.encode() not in raw and HEADER_SECRET.encode() not in raw
+    assert all(h.get("x-api-key") == HEADER_SECRET for h in receiver.headers)  # the header went as a header
+
+
+def test_a_run_exports_one_trace_with_a_span_per_unit_attempt(project, fake_openai, receiver, capsys):
+    wf = _workflow(project, capsys, fake_openai)
+    res = api.run_workflow(str(wf), cwd=str(project))
+    assert res.run.status == "completed", res.run
+    _check_trace(receiver, res)
+
+
+def test_the_same_trace_over_workers(project, fake_openai, receiver, capsys):
+    wf = _workflow(project, capsys, fake_openai)
+    box: dict = {}
+    coord = threading.Thread(
+        target=lambda: box.update(res=api.run_workflow(str(wf), cwd=str(project), workers=True)), daemon=True
+    )
+    coord.start()
+    api.run_worker(project=str(project), concurrency=2, poll="50ms", idle_exit="2s")
+    coord.join(120)
+    assert not coord.is_alive()
+    res = box["res"]
+    assert res.run.status == "completed", res.run
+    _check_trace(receiver, res, workers=True)
+
+
+def test_nothing_is_exported_without_configuration(project, fake_openai, capsys, monkeypatch):
+    r = OtlpReceiver()
+    try:
+        wf = _workflow(project, capsys, fake_openai)
+        res = api.run_workflow(str(wf), cwd=str(project))
+        assert res.run.status == "completed"
+        assert r.bodies == []
+        printed = [u.result for u in api.run_status(res.run.run_id, units=True).units or [] if u.step_id == "fan"]
+        assert all(not str(p).startswith("00-") for p in printed)  # no TRACEPARENT either
+    finally:
+        r.close()
+
+
+def test_a_collector_that_is_down_costs_one_warning_and_the_run_completes(project, fake_openai, capsys, monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    wf = _workflow(project, capsys, fake_openai)
+    warnings: list[str] = []
+    res = api.run_workflow(str(wf), cwd=str(project), on_warning=lambda w: warnings.append(w.message))
+    assert res.run.status == "completed"
+    dropped = [w for w in warnings if "was not exported" in w]
+    assert len(dropped) == 1 and "dropped" in dropped[0], "\n".join(warnings)
+
+
+def test_trace_export_writes_the_trace_from_the_journal(project, fake_openai, capsys, monkeypatch):
+    wf = _workflow(project, capsys, fake_openai)
+    res = api.run_workflow(str(wf), cwd=str(project))
+    doc = api.trace_export(res.run.run_id)
+    spans = [s for rs in doc["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    assert len({s["traceId"] for s in spans}) == 1 and len(spans[0]["traceId"]) == 32
+    names = sorted(s["name"].split(" ")[0] for s in spans)
+    assert names.count("exec") == 3 and names.count("chat") == 1 and names.count("invoke_workflow") == 1
+    code = cli.main(["trace", "export", res.run.run_id])
+    out = capsys.readouterr()[0]
+    assert code == 0 and json.loads(out) == doc
+    code = cli.main(["workflow", "status", res.run.run_id, "--format", "otlp-json"])
+    assert code == 0 and json.loads(capsys.readouterr()[0]) == doc
+    assert SECRET not in out
