@@ -325,7 +325,8 @@ class RunWarning(View):
     plan; `LINT` (details: `path`, `line`, `lintCode`) — a lint warning of the
     workflow file; `CONFIG_KEY` (details: `file`) — a config key akm does not know (kept, but it does
     nothing), with the key it most likely means; `ENGINE` — anything the driver reports while it runs;
-    `TELEMETRY` — the run's trace could not be exported (the collector is down; spans dropped); `SECRET_REDACTED` — a param or the workflow held the value of a known secret, stored and run as
+    `TELEMETRY` — the run's trace could not be exported (spans dropped);
+    `SECRET_REDACTED` — a param or the workflow held the value of a known secret, stored and run as
     `[REDACTED]` (spec/engine.md "Secrets").
     """
 

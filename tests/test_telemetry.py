@@ -168,3 +168,82 @@ def test_trace_export_writes_the_trace_from_the_journal(project, fake_openai, ca
     code = cli.main(["workflow", "status", res.run.run_id, "--format", "otlp-json"])
     assert code == 0 and json.loads(capsys.readouterr()[0]) == doc
     assert SECRET not in out
+
+
+def test_a_session_report_that_ends_the_run_exports_its_trace(project, receiver):
+    wf = write_wf(project, "s.md", "steps:\n  - id: write", "## write\n\nWrite it.")
+    res = api.run_workflow(str(wf), cwd=str(project))
+    assert res.run.status == "awaiting_session" and receiver.bodies == []  # nothing ended yet
+    unit = api.next_brief(res.run.run_id).to_json()["units"][0]["unitId"]
+    api.report_unit(res.run.run_id, unit, cwd=str(project), status="completed", result="done")
+    names = sorted(s["name"] for s in receiver.spans())
+    assert names == ["invoke_agent session", "invoke_workflow s", "step write"], names
+
+
+def test_a_resumed_run_continues_its_trace_linked_to_the_first_stretch(project, receiver):
+    flag = project / "flag"
+    code = f"import pathlib, sys; p = pathlib.Path({str(flag)!r}); sys.exit(0 if p.exists() else (p.touch() or 3))"
+    wf = write_wf(
+        project,
+        "r.md",
+        f"steps:\n  - id: a\n    unit: {{ exec: {{ command: {json.dumps([sys.executable, '-c', code])} }} }}",
+        "## a\n\nA.",
+    )
+    first = api.run_workflow(str(wf), cwd=str(project))
+    assert first.run.status == "failed"
+    (root1,) = [s for s in receiver.spans() if s["name"].startswith("invoke_workflow")]
+    assert root1["status"] == 2 and root1["attributes"]["akm.run.status"] == "failed"  # STATUS_CODE_ERROR
+    (failed,) = [s for s in receiver.spans() if s["name"].startswith("exec")]
+    assert failed["attributes"]["process.exit.code"] == 3 and failed["attributes"]["error.type"] == "non_zero_exit"
+    api.resume(first.run.run_id)
+    again = api.run_workflow(first.run.run_id, cwd=str(project))
+    assert again.run.status == "completed"
+    spans = receiver.spans()
+    roots = [s for s in spans if s["name"].startswith("invoke_workflow")]
+    assert len(roots) == 2 and len({s["spanId"] for s in spans}) == len(spans)  # nothing sent twice
+    assert len({s["traceId"] for s in spans}) == 1
+    second = next(r for r in roots if r["spanId"] != root1["spanId"])
+    assert second["links"] == [root1["spanId"]] and second["attributes"]["akm.run.segment"] == 1
+
+
+def test_workflow_run_without_tracing_loads_none_of_opentelemetry(project, tmp_path):
+    import subprocess
+
+    wf = write_wf(project, "q.md", 'steps:\n  - id: a\n    unit: { exec: { command: ["true"] } }', "## a\n\nA.")
+    code = (
+        "import sys, akm.cli; rc = akm.cli.main(['workflow', 'run', sys.argv[1], '--format', 'json']); "
+        "print([m for m in sys.modules if m.startswith(('opentelemetry', 'google.protobuf', 'requests'))])"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("OTEL_")}
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(wf)], cwd=project, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def test_an_mcp_workflow_run_with_trace_context_in_meta_is_a_child_of_the_callers_span(project, receiver):
+    import anyio
+    from mcp import Client
+
+    from akm.mcp import build_server
+
+    wf = write_wf(project, "m.md", 'steps:\n  - id: a\n    unit: { exec: { command: ["true"] } }', "## a\n\nA.")
+    caller_trace, caller_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    server = build_server(cwd=str(project))
+
+    async def main():
+        async with Client(server) as client:
+            return await client.call_tool(
+                "workflow_run", {"target": wf.name}, meta={"traceparent": f"00-{caller_trace}-{caller_span}-01"}
+            )
+
+    try:
+        result = anyio.run(main)
+    finally:
+        server.drives.shutdown()
+    assert not result.is_error and result.structured_content["run"]["status"] == "completed"
+    spans = receiver.spans()
+    assert spans and {s["traceId"] for s in spans} == {caller_trace}
+    (root,) = [s for s in spans if s["name"].startswith("invoke_workflow")]
+    assert root["parentSpanId"] == caller_span

@@ -259,7 +259,14 @@ def _control(run_id: str, action: str) -> RunView:
 
     with _open_db() as db:
         run_id = _require_run(db, run_id).id
-        return _run_view(db, getattr(runs_store, action)(db, run_id))
+        if action != "abandon_run":
+            return _run_view(db, getattr(runs_store, action)(db, run_id))
+        from akm.api import _trace
+
+        tracing = _trace.begin(db, run_id)
+        view = _run_view(db, getattr(runs_store, action)(db, run_id))
+        _trace.finish(db, run_id, tracing, lambda message: None)
+        return view
 
 
 def _iso_timestamp(text: str) -> str:

@@ -4,11 +4,13 @@ the fact (`trace_export`, `akm trace export RUN`, `workflow status RUN --format 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from akm.telemetry.context import RunTrace, run_trace
-from akm.telemetry.journal_spans import Segment, SpanRecord, UnitFacts, segments
 from akm.telemetry.settings import TraceSettings, trace_settings
+
+if TYPE_CHECKING:
+    from akm.telemetry.context import RunTrace
+    from akm.telemetry.journal_spans import Segment, SpanRecord
 
 
 def settings_here(cwd: Any = None) -> TraceSettings | None:
@@ -32,6 +34,7 @@ def settings_here(cwd: Any = None) -> TraceSettings | None:
 
 def trace_of(db: Any, run_id: str) -> RunTrace:
     from akm.store import events as events_store
+    from akm.telemetry.context import run_trace
 
     started = events_store.first_event(db, "workflow_started", run_id)
     return run_trace(run_id, started.metadata if started is not None else None)
@@ -42,6 +45,7 @@ def _journal(db: Any, run_id: str) -> tuple[RunTrace, list[Segment], list[SpanRe
     from akm.store import rewinds as rewinds_store
     from akm.store import runs as runs_store
     from akm.store import units as units_store
+    from akm.telemetry.journal_spans import UnitFacts, segments
 
     run = runs_store.require_run(db, run_id)
     evs, _ = events_store.list_events(db, run_id=run_id)
@@ -71,6 +75,23 @@ def export_ended(
         return
     spans = [s for seg in done if seg.end_event_id > after_event_id for s in seg.spans]
     export(settings, trace.trace_id, spans, warn)
+
+
+def begin(db: Any, run_id: str, cwd: Any = None) -> tuple[TraceSettings, int] | None:
+    """Before a call that may end a run (a session report, an abandon): the settings and where the run's
+    journal stands, when tracing is on (None: off — nothing more is read)."""
+    settings = settings_here(cwd)
+    if settings is None:
+        return None
+    from akm.store import events as events_store
+
+    return settings, events_store.last_event_id(db, run_id)
+
+
+def finish(db: Any, run_id: str, began: tuple[TraceSettings, int] | None, warn: Callable[[str], None]) -> None:
+    """After it: export what it ended (see `begin`); a failure is `warn`ed, never raised."""
+    if began is not None:
+        export_ended(db, run_id, began[1], began[0], warn)
 
 
 def trace_export(run_id: str) -> dict[str, Any]:

@@ -67,6 +67,16 @@ async def _call_then(shape: Any, fn: Any, *args: Any, **kwargs: Any) -> CallTool
 RUN_ID_HELP = "The run id: whole, its first 6 or more characters, or @last (this project's newest run)"
 
 
+def _traceparent_of(ctx: Context) -> str | None:
+    """The W3C `traceparent` a request carries in its `_meta` (MCP's trace context), if any."""
+    try:
+        meta = ctx.request_context.meta
+    except ValueError:
+        return None
+    value = meta.get("traceparent") if isinstance(meta, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def _with_next_after_report(res: Any) -> dict[str, Any]:
     data = res.to_json()
     data["next"] = _next_after_report(data)
@@ -413,6 +423,7 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
                     max_steps=max_steps,
                     cwd=cwd or base_cwd,
                     workers=workers,
+                    trace_parent=_traceparent_of(ctx),
                 )
             )
         except AkmError as exc:
