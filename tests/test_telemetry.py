@@ -247,3 +247,20 @@ def test_an_mcp_workflow_run_with_trace_context_in_meta_is_a_child_of_the_caller
     assert spans and {s["traceId"] for s in spans} == {caller_trace}
     (root,) = [s for s in spans if s["name"].startswith("invoke_workflow")]
     assert root["parentSpanId"] == caller_span
+
+
+@pytest.mark.slow
+def test_the_built_file_exports_the_trace(akm_zipapp, project):
+    """The zipapp carries the SDK and exporter it prunes around (bundle/build.py): a traced run from it."""
+    r = OtlpReceiver()
+    try:
+        write_wf(project, "z.md", 'steps:\n  - id: a\n    unit: { exec: { command: ["true"] } }', "## a\n\nA.")
+        akm_zipapp.env = dict(akm_zipapp.env, OTEL_EXPORTER_OTLP_ENDPOINT=r.url)
+        out = akm_zipapp.json("workflow", "run", "z.md", "--format", "json")
+        assert out["run"]["status"] == "completed"
+        names = sorted(s["name"] for s in r.spans())
+        assert names == ["exec true", "invoke_workflow z", "step a"], names
+        doc = akm_zipapp.json("trace", "export", out["run"]["runId"])
+        assert len(doc["resourceSpans"][0]["scopeSpans"][0]["spans"]) == 3
+    finally:
+        r.close()

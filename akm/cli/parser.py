@@ -267,6 +267,12 @@ def _build_parser() -> "argparse.ArgumentParser":
         "/v1/traces or load it into a backend.",
     )
     tx.add_argument("run_id", metavar="RUN", help="the run id: whole, a unique prefix, or @last")
+    tx.add_argument(
+        "--format",
+        choices=("otlp-json", "json"),
+        default="otlp-json",
+        help="otlp-json (default; json is the same document)",
+    )
 
     log = sub.add_parser(
         "log",

@@ -16,8 +16,59 @@ from akm.telemetry.journal_spans import SpanRecord
 from akm.telemetry.settings import TraceSettings
 
 BATCH = 256  # spans per request
-WAIT_S = 5.0  # the longest a finished run's process waits for its spans to leave
+WAIT_S = 15.0  # the longest a finished run's process waits for its spans to leave (a hard cap: the request
+# timeout below bounds the exporter's retries, so only a machine under heavy load comes near it)
 REQUEST_TIMEOUT_S = 3.0  # per request, unless OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT says otherwise
+
+
+def _transport() -> Any:
+    """The exporter's HTTP transport on httpx (which akm has anyway), so `requests` and `urllib3` — the
+    exporter's default transport — are not bundled (bundle/build.py prunes them)."""
+    from dataclasses import dataclass, field
+
+    import httpx
+    from opentelemetry.exporter.http.transport._base import BaseHTTPResult, BaseHTTPTransport
+
+    @dataclass(frozen=True, slots=True)
+    class Result(BaseHTTPResult):
+        body: bytes = b""
+        response_headers: dict[str, str] = field(default_factory=dict)
+
+        def content(self) -> bytes:
+            return self.body
+
+        def headers(self) -> dict[str, str]:
+            return self.response_headers
+
+    class HttpxTransport(BaseHTTPTransport):
+        def __init__(self) -> None:
+            ca = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE") or os.environ.get(
+                "OTEL_EXPORTER_OTLP_CERTIFICATE"
+            )
+            self._client = httpx.Client(verify=ca or True)
+
+        def request(
+            self,
+            method: str,
+            url: str,
+            *,
+            headers: dict[str, str] | None = None,
+            timeout: float | None = None,
+            data: bytes | None = None,
+        ) -> BaseHTTPResult:
+            try:
+                r = self._client.request(method, url, headers=headers, content=data, timeout=timeout)
+            except httpx.HTTPError as exc:
+                return Result(error=exc)
+            return Result(r.status_code, r.reason_phrase, None, r.content, {k.lower(): v for k, v in r.headers.items()})
+
+        def close(self) -> None:
+            self._client.close()
+
+        def is_connection_error(self, exception: Exception | None) -> bool:
+            return isinstance(exception, (httpx.ConnectError, httpx.TimeoutException, httpx.NetworkError))
+
+    return HttpxTransport()
 
 
 def _exporter(settings: TraceSettings) -> Any:
@@ -30,7 +81,7 @@ def _exporter(settings: TraceSettings) -> Any:
     endpoint = None
     if settings.endpoint is not None:
         endpoint = settings.endpoint.rstrip("/") + "/v1/traces"
-    return OTLPSpanExporter(endpoint=endpoint, timeout=timeout)
+    return OTLPSpanExporter(endpoint=endpoint, timeout=timeout, _transport=_transport())
 
 
 def export(
