@@ -192,6 +192,8 @@ def test_a_resumed_run_continues_its_trace_linked_to_the_first_stretch(project, 
     first = api.run_workflow(str(wf), cwd=str(project))
     assert first.run.status == "failed"
     (root1,) = [s for s in receiver.spans() if s["name"].startswith("invoke_workflow")]
+    (step1,) = [s for s in receiver.spans() if s["name"] == "step a"]
+    assert step1["status"] == 2 and "exited 3" in step1["statusMessage"], step1
     assert root1["status"] == 2 and root1["attributes"]["akm.run.status"] == "failed"  # STATUS_CODE_ERROR
     (failed,) = [s for s in receiver.spans() if s["name"].startswith("exec")]
     assert failed["attributes"]["process.exit.code"] == 3 and failed["attributes"]["error.type"] == "non_zero_exit"
@@ -262,5 +264,23 @@ def test_the_built_file_exports_the_trace(akm_zipapp, project):
         assert names == ["exec true", "invoke_workflow z", "step a"], names
         doc = akm_zipapp.json("trace", "export", out["run"]["runId"])
         assert len(doc["resourceSpans"][0]["scopeSpans"][0]["spans"]) == 3
+    finally:
+        r.close()
+
+
+def test_config_telemetry_turns_tracing_on_and_holds_no_headers(project, capsys, monkeypatch):
+    for k in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(k, raising=False)
+    r = OtlpReceiver()
+    try:
+        assert (
+            cli.main(["config", "set", "telemetry", json.dumps({"endpoint": r.url, "serviceName": "from-config"})]) == 0
+        )
+        code = cli.main(["config", "set", "telemetry", json.dumps({"endpoint": r.url, "headers": {"x": "y"}})])
+        assert code == 78 and "OTEL_EXPORTER_OTLP_HEADERS" in capsys.readouterr()[1]
+        wf = write_wf(project, "c.md", 'steps:\n  - id: a\n    unit: { exec: { command: ["true"] } }', "## a\n\nA.")
+        assert api.run_workflow(str(wf), cwd=str(project)).run.status == "completed"
+        spans = r.spans()
+        assert len(spans) == 3 and {s["resource"]["service.name"] for s in spans} == {"from-config"}
     finally:
         r.close()

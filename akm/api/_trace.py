@@ -58,7 +58,8 @@ def _journal(db: Any, run_id: str) -> tuple[RunTrace, list[Segment], list[SpanRe
     except ValueError:
         plan = {}
     trace = trace_of(db, run_id)
-    done, still_open = segments(trace, run, evs, facts, plan if isinstance(plan, dict) else {})
+    notes = {s.step_id: (s.status, s.notes) for s in runs_store.get_steps(db, run_id)}
+    done, still_open = segments(trace, run, evs, facts, plan if isinstance(plan, dict) else {}, notes)
     return trace, done, still_open
 
 

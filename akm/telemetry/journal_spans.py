@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from akm.record import dataclass, field
 from akm.telemetry.context import RunTrace
 
 Attr = str | int | float | bool
@@ -185,11 +185,14 @@ def segments(
     events: Iterable[Any],
     units: Mapping[str, UnitFacts],
     plan: Mapping[str, Any],
+    step_notes: Mapping[str, tuple[str, str | None]] | None = None,
 ) -> tuple[list[Segment], list[SpanRecord]]:
     """(the run's ended segments with their spans, the spans of the segment still open, which end nowhere yet).
 
     `events`: the run's journal events in order (`event_type`, `ts`, `metadata`, `id`); `units`: facts by
-    unit row id; `plan`: the frozen plan (JSON form).
+    unit row id; `plan`: the frozen plan (JSON form); `step_notes`: each step's current (status, notes), whose
+    first line describes a failed step's span (the reason: a unit's failure, a budget ceiling) while it still
+    holds for it.
     """
     engines = (plan.get("execution") or {}).get("engines") or {}
     argv0 = exec_commands(plan)
@@ -251,7 +254,9 @@ def segments(
                 {"akm.step.id": step_id, "akm.step.status": status, "akm.run.id": trace.run_id},
             )
             if status in _ENDS:
-                step.error = f"step {status}"
+                now, notes = (step_notes or {}).get(step_id, ("", None))
+                reason = (notes or "").strip().splitlines()[0][:300] if notes and now == status else ""
+                step.error = reason or f"step {status}"
             spans.append(step)
             last_end = ts
             if status in _ENDS:

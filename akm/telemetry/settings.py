@@ -6,8 +6,9 @@ Cheap on purpose: a run asks this once, and with tracing off nothing of OpenTele
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+from akm.record import dataclass, field
 
 DEFAULT_ENDPOINT = "http://localhost:4318"
 SUPPORTED_PROTOCOL = "http/protobuf"
