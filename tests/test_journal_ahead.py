@@ -1,4 +1,4 @@
-"""Rows journaled ahead (akm.engine.drive._Ahead): a fan-out of quick units shares transactions.
+"""Rows journaled ahead (akm.engine.ahead): a fan-out of quick units shares transactions.
 
 A worker whose last unit ran in a few milliseconds journals its next units' rows with the current
 one and runs them without writing in between. What must hold: every row is committed before its
@@ -75,6 +75,15 @@ def test_a_quick_fan_out_journals_rows_ahead_and_every_unit_once(project):
     # A transaction that journals units ahead writes their started events in one statement, with one stamp:
     # 1 + AHEAD_UNITS of them in a row, where one unit per transaction never writes more than the width.
     assert _started_runs(res.run.run_id) > 2
+
+
+def test_switched_off_every_unit_keeps_a_transaction_of_its_own(project, monkeypatch):
+    monkeypatch.setenv("AKM_JOURNAL_AHEAD", "0")
+    wf = _fan(project, "off.md", command='["true"]')
+    res = run(wf, project, params={"xs": list(range(100))})
+    assert res.run.status == "completed"
+    assert len(_unit_rows(res.run.run_id)) == 100
+    assert _started_runs(res.run.run_id) <= 2  # at most the width's first inserts coincide
 
 
 def test_slow_units_keep_a_transaction_each(project):
