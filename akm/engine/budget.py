@@ -15,7 +15,7 @@ unless the workflow says `budget.unknown: allow` (then the budget counts only wh
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 from akm.dispatch.types import MAX_TOKENS
 
@@ -85,25 +85,24 @@ class DispatchBudget:
                 self._on_exceed()
 
     def _refusal(self, model: bool) -> str | None:
-        """The sentence of the first ceiling that refuses another dispatch, or None (lock held)."""
-        from akm.store import report_guards as words
-
+        """The sentence of the first ceiling that refuses another dispatch, or None (lock held). The words are
+        imported only when one does: a run under no ceiling never loads them."""
         if self.max_units is not None and self.used >= self.max_units:
-            return words.max_units_reason(self.used, self.max_units)
+            return _words().max_units_reason(self.used, self.max_units)
         if self.max_tokens is not None and self.tokens >= self.max_tokens:
-            return words.max_tokens_reason(self.tokens, self.max_tokens)
+            return _words().max_tokens_reason(self.tokens, self.max_tokens)
         if self.max_cost is not None and self.cost >= self.max_cost:
-            return words.max_cost_reason(self.cost, self.max_cost)
+            return _words().max_cost_reason(self.cost, self.max_cost)
         if not self.allow_unknown:
             if self.unknown_cost and (self.max_cost is not None or self.daily is not None):
                 ceiling = "max_cost" if self.max_cost is not None else "limits.maxCostPerDay"
-                return words.unknown_usage_reason(ceiling, self.unknown_cost)
+                return _words().unknown_usage_reason(ceiling, self.unknown_cost)
             if self.unknown_tokens and self.max_tokens is not None:
-                return words.unknown_usage_reason("max_tokens", self.unknown_tokens)
+                return _words().unknown_usage_reason("max_tokens", self.unknown_tokens)
         if model and self.daily is not None:
             spent = self.daily.spent()
             if spent >= self.daily.limit:
-                return words.daily_cost_reason(spent, self.daily.limit)
+                return _words().daily_cost_reason(spent, self.daily.limit)
         return None
 
     def try_consume(self, model: bool = False) -> str | None:
@@ -142,14 +141,19 @@ class DispatchBudget:
         unknown_cost: bool = False,
     ) -> None:
         """Count one finished attempt's usage; crossing the token or money ceiling stops the step's dispatch."""
-        from akm.store import report_guards as words
-
         with self._lock:
             self.tokens += tokens or 0
             self.cost += cost or 0.0
             self.unknown_tokens += int(unknown_tokens)
             self.unknown_cost += int(unknown_cost)
             if self.max_tokens is not None and self.tokens >= self.max_tokens:
-                self._exceed(words.max_tokens_reason(self.tokens, self.max_tokens))
+                self._exceed(_words().max_tokens_reason(self.tokens, self.max_tokens))
             elif self.max_cost is not None and self.cost >= self.max_cost:
-                self._exceed(words.max_cost_reason(self.cost, self.max_cost))
+                self._exceed(_words().max_cost_reason(self.cost, self.max_cost))
+
+
+def _words() -> Any:
+    """The ceilings' sentences, shared with the session path's refusals (`report_guards`)."""
+    from akm.store import report_guards
+
+    return report_guards
