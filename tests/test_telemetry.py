@@ -245,6 +245,7 @@ def test_an_mcp_workflow_run_with_trace_context_in_meta_is_a_child_of_the_caller
     finally:
         server.drives.shutdown()
     assert not result.is_error and result.structured_content["run"]["status"] == "completed"
+    assert result.structured_content["run"]["spend"]["units"] == 1  # MCP results carry the run's spend
     spans = receiver.spans()
     assert spans and {s["traceId"] for s in spans} == {caller_trace}
     (root,) = [s for s in spans if s["name"].startswith("invoke_workflow")]
@@ -284,3 +285,30 @@ def test_config_telemetry_turns_tracing_on_and_holds_no_headers(project, capsys,
         assert len(spans) == 3 and {s["resource"]["service.name"] for s in spans} == {"from-config"}
     finally:
         r.close()
+
+
+def test_an_agent_cli_gets_traceparent_and_the_otel_settings(project, receiver, tmp_path, capsys, monkeypatch):
+    """A harness CLI (tests/fake_harness.py, claude) joins the run's trace: TRACEPARENT names its attempt's
+    span, and it gets the OTEL_* settings, headers included, to send its own spans to the same collector."""
+    import os
+
+    from tests import fake_harness
+
+    bin_dir = tmp_path / "bin"
+    fake_harness.install(str(bin_dir), ["claude"])
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    engine = {"kind": "agent", "platform": "claude", "model": "sonnet", "prices": {"input": 3, "output": 15}}
+    assert cli.main(["config", "set", "engines.coder", json.dumps(engine)]) == 0
+    capsys.readouterr()
+    wf = write_wf(project, "a.md", "steps:\n  - id: code\n    unit: { engine: coder }", "## code\n\nWrite it.")
+    res = api.run_workflow(str(wf), cwd=str(project))
+    assert res.run.status == "completed", res.run
+    [call] = fake_harness.calls(str(bin_dir))
+    (agent,) = [s for s in receiver.spans() if s["name"].startswith("invoke_agent")]
+    assert call["env"]["TRACEPARENT"] == f"00-{agent['traceId']}-{agent['spanId']}-01"
+    assert call["env"]["OTEL_EXPORTER_OTLP_HEADERS"] == f"x-api-key={HEADER_SECRET}"
+    assert call["env"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == receiver.url and "OTEL_SERVICE_NAME" not in call["env"]
+    attrs = agent["attributes"]
+    assert attrs["gen_ai.operation.name"] == "invoke_agent" and attrs["gen_ai.agent.name"] == "coder"
+    assert attrs["gen_ai.provider.name"] == "claude" and attrs["akm.usage.tokens"] == 150
+    assert attrs["akm.cost.usd"] > 0
