@@ -98,3 +98,8 @@ def whole_number(text: str) -> int | None:
     if not _WHOLE.fullmatch(text) or len(text.lstrip("+-").lstrip("0")) > MAX_WHOLE_DIGITS:
         return None
     return int(text)
+
+
+def dollars(amount: float) -> str:
+    """US dollars for people: `$4.20` from a dollar up, four decimals below (`$0.0123`), `$0.00` for nothing."""
+    return f"${amount:.2f}" if amount >= 1 or amount == 0 else f"${amount:.4f}"

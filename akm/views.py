@@ -137,6 +137,21 @@ class UnitView(View):
     session_id: str | None = None  # the agent CLI's own session id (resume it there), once the CLI said it
     superseded_by: str | None = None  # the rewind that superseded this row (kept as history, no longer in force)
     reused_from: dict[str, Any] | None = None  # restored, not run: {runId, unitId, rewindId?} of its source row
+    cost: float | None = None  # USD: its usage times its engine's prices (null: unknown, or no model call)
+
+
+class SpendView(View):
+    """What a run has spent over its life (rewound attempts included) against its budget's ceilings."""
+
+    units: int = 0  # dispatches
+    tokens: int = 0  # tokens reported
+    cost: float = 0.0  # USD of the attempts whose cost is known
+    unknown_units: int = 0  # engine attempts that reported no usage (or whose engine has no prices)
+    max_units: int | None = None
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    unknown: str = "refuse"  # budget.unknown: what a ceiling does once usage is unknown (refuse | allow)
+    text: str = ""  # in words: "$0.0440 of $0.05", "≥ $0.0440, 2 units unknown"
 
 
 class LeaseView(View):
@@ -201,6 +216,7 @@ class RunView(View):
     # then: run | judge, why} (akm/engine/recovery.py); null for any other run.
     recovery: dict[str, Any] | None = None
     units_page: Page | None = None  # `units` is one page of the run's unit attempts (None: all of them)
+    spend: SpendView | None = None  # units, tokens and dollars spent, against the budget (status only)
 
 
 class RewindResult(View):
@@ -238,8 +254,13 @@ class StepPreview(View):
 class BudgetPreview(View):
     max_units: int | None = None
     max_tokens: int | None = None
+    max_cost: float | None = None  # USD (budget.max_cost)
+    daily_cost_limit: float | None = None  # USD the project's runs may spend per UTC day (config limits)
     used_units: int = 0  # dispatches the run has made so far (its whole life, rewound ones included)
     used_tokens: int = 0
+    used_cost: float = 0.0  # USD the run has spent so far (attempts whose cost is known)
+    unknown_units: int = 0  # attempts whose usage is unknown
+    spent_today: float | None = None  # USD the project's runs spent today (UTC), with a daily limit
     to_run: int = 0  # dispatches the known steps would add (retries, gate loops and unknown steps not counted)
 
 
@@ -324,6 +345,7 @@ class RunWarning(View):
     plan; `LINT` (details: `path`, `line`, `lintCode`) — a lint warning of the
     workflow file; `CONFIG_KEY` (details: `file`) — a config key akm does not know (kept, but it does
     nothing), with the key it most likely means; `ENGINE` — anything the driver reports while it runs;
+    `TELEMETRY` — the run's trace could not be exported (spans dropped);
     `SECRET_REDACTED` — a param or the workflow held the value of a known secret, stored and run as
     `[REDACTED]` (spec/engine.md "Secrets").
     """

@@ -114,8 +114,9 @@ def main() -> None:
         bare = [sys.executable, "bare.py", str(args.units)]
         run = [*akm, "workflow", "run", "fan.md"]
         other = [sys.executable, compare, "workflow", "run", "fan.md"] if compare else None
-        # Its own cache root: a start of one build prunes another build's idle cache under the same root.
-        other_env = dict(env, SHIV_ROOT=str(work / "cache-compare"))
+        # Its own cache root: a start of one build prunes another build's idle cache under the same root. Its
+        # own journal too: an older build refuses a journal a newer one migrated (JOURNAL_TOO_NEW).
+        other_env = dict(env, SHIV_ROOT=str(work / "cache-compare"), AKM_DATA_DIR=str(work / "data-compare"))
         timed(bare, env, work), timed(run, env, work)  # warm: bytecode caches, the journal's schema
         if other:
             timed(other, other_env, work)

@@ -26,6 +26,9 @@ import pytest
 
 from tests.helpers import running_in_ci
 
+# The build's size budget: bundle/build.py MAX_SIZE (12 MiB, and 0.5 more for tracing since issue 38)
+MAX_SIZE = 12 * 2**20 + 512 * 2**10
+
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "zipapp_mcp_probe.py"
 
@@ -247,7 +250,7 @@ def test_every_platform_carries_every_pythons_native_code(akm_bin, tmp_path):
         path = akm_bin if name == host else tmp_path / f"akm-{name}"
         if name != host:
             assert builds[name].returncode == 0, builds[name].stderr
-        assert path.stat().st_size <= 12 * 2**20, (name, path.stat().st_size)
+        assert path.stat().st_size <= MAX_SIZE, (name, path.stat().st_size)
         boot, unpack, _index = bundle_facts(path)
         assert boot["TARGET"] == name
         minors = [int(v.split(".")[1]) for v in boot["PYTHONS"]]
@@ -278,7 +281,7 @@ def test_every_platform_carries_every_pythons_native_code(akm_bin, tmp_path):
 
 def test_small_and_byte_reproducible(akm_bin, tmp_path):
     size = akm_bin.stat().st_size
-    assert size <= 12 * 2**20, f"dist/akm is {size / 2**20:.1f} MiB"
+    assert size <= MAX_SIZE, f"dist/akm is {size / 2**20:.1f} MiB"
     again = tmp_path / "akm-again"
     proc = run([sys.executable, str(ROOT / "bundle" / "build.py"), "--output", str(again)], dict(os.environ), ROOT)
     assert proc.returncode == 0, proc.stderr

@@ -79,6 +79,7 @@ EXPECTED_COLUMNS = {
         "host",
         "dispatch_json",
         "reused_from",
+        "cost",
     ],
     "rewinds": [
         "id",

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _LITERAL = re.compile(r"""\bcode\s*=\s*(?:["']|Code\.)([A-Z][A-Z0-9_]+)""")
 _BUNDLE = re.compile(r"""\bfail\(\s*["']([A-Z][A-Z0-9_]+)["']""")
 # Warning codes (`RunWarning.code`) and lint diagnostics share the word `code` but are not errors.
-_NOT_ERRORS = {"ENGINE", "LINT", "SECRET_REDACTED", "WORKFLOW_CHANGED", "CONFIG_KEY"}
+_NOT_ERRORS = {"ENGINE", "LINT", "SECRET_REDACTED", "WORKFLOW_CHANGED", "CONFIG_KEY", "TELEMETRY"}
 
 
 def _codes_in(paths: list[Path], pattern: re.Pattern[str]) -> dict[str, str]:

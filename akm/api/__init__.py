@@ -133,6 +133,7 @@ _LAZY = {
     "open_task": "akm.api._tasks",
     "WORKER_KINDS": "akm.api._worker",
     "run_worker": "akm.api._worker",
+    "trace_export": "akm.api._trace",
 }
 
 if TYPE_CHECKING:
@@ -228,6 +229,7 @@ if TYPE_CHECKING:
         mark_task,
         open_task,
     )
+    from akm.api._trace import trace_export
     from akm.api._views import (
         STALE_AFTER_S,
     )
@@ -412,6 +414,7 @@ __all__ = [
     "setup_verify",
     "signal_exit_status",
     "tool_input_schema",
+    "trace_export",
     "upgrade",
     "wait_exit_status",
     "wait_run",

@@ -205,7 +205,11 @@ def run_report_html(run_id: str | RunIdRequest) -> str:
         plan = decode_plan(run.id, run.plan_json, run.plan_hash)
     view = run_status(run.id, units=True)
     graph = run_graph(run.id)
-    budget = {"maxUnits": plan.budget.max_units, "maxTokens": plan.budget.max_tokens} if plan.budget else None
+    budget = (
+        {"maxUnits": plan.budget.max_units, "maxTokens": plan.budget.max_tokens, "maxCost": plan.budget.max_cost}
+        if plan.budget
+        else None
+    )
     evs: list[dict[str, Any]] = []
     since = "@offset:0"
     while True:
@@ -280,7 +284,14 @@ def _control(run_id: str, action: str) -> RunView:
 
     with _open_db() as db:
         run_id = _require_run(db, run_id).id
-        return _run_view(db, getattr(runs_store, action)(db, run_id))
+        if action != "abandon_run":
+            return _run_view(db, getattr(runs_store, action)(db, run_id))
+        from akm.api import _trace
+
+        tracing = _trace.begin(db, run_id)
+        view = _run_view(db, getattr(runs_store, action)(db, run_id))
+        _trace.finish(db, run_id, tracing, lambda message: None)
+        return view
 
 
 def _iso_timestamp(text: str) -> str:

@@ -64,7 +64,7 @@ def plan_run(
             loaded = load_run(db, run.id)
             plan, values, version = loaded.plan, loaded.params, run.hash_version
             spine = load_spine(db, run.id, plan)
-            used, tokens = units_store.journal_totals(db, run.id)
+            spend = units_store.journal_spend(db, run.id)
             fc = forecast(
                 db,
                 run_id=run.id,
@@ -79,8 +79,14 @@ def plan_run(
             elif run.status == "abandoned":
                 fc.first = "nothing: the run was abandoned (a new run can reuse its units: from_run)"
         else:
-            plan, values, used, tokens = t.plan, t.values or {}, 0, 0
+            plan, values, spend = t.plan, t.values or {}, units_store.Spend(0, 0, 0.0, 0, 0)
             fc = forecast(db, run_id=None, plan=plan, params=values, hash_version=UNIT_HASH_VERSION, reuse_from=t.donor)
+        today = None
+        scope = run.scope_key if run is not None else t.scope
+        if plan.execution.daily_cost_limit is not None:
+            from akm.engine.spend import day_start
+
+            today = units_store.project_spend_since(db, scope, day_start(db.now())) if db and scope else 0.0
     finally:
         if db is not None:
             db.close()
@@ -105,16 +111,21 @@ def plan_run(
         budget=BudgetPreview(
             max_units=budget.max_units if budget else None,
             max_tokens=budget.max_tokens if budget else None,
-            used_units=used,
-            used_tokens=tokens,
+            max_cost=budget.max_cost if budget else None,
+            daily_cost_limit=plan.execution.daily_cost_limit,
+            used_units=spend.attempts,
+            used_tokens=spend.tokens,
+            used_cost=round(spend.cost, 9),
+            unknown_units=spend.unknown_cost if plan.execution.prices else spend.unknown_tokens,
+            spent_today=today,
             to_run=sum(s.to_run for s in steps),
         ),
         first=fc.first,
         warnings=[w.message for w in warnings] + fc.warnings + [n for n in (w.note() for w in plan_widths(plan)) if n],
     )
-    if budget and budget.max_units is not None and used + out.to_run > budget.max_units:
+    if budget and budget.max_units is not None and spend.attempts + out.to_run > budget.max_units:
         out.warnings.append(
-            f"the budget's max_units ({budget.max_units}) would be passed: {used} dispatched so far and "
+            f"the budget's max_units ({budget.max_units}) would be passed: {spend.attempts} dispatched so far and "
             f"{out.to_run} more to run"
         )
     return out

@@ -118,6 +118,7 @@ def run_workflow(
 
     try:
         run_id, started, existing = _open(db, target, params, param_pairs, new, work_dir, warn, req.from_run)
+        tracing = _tracing(db, run_id, started, work_dir)
         timer = None
         if timeout_ms is not None:
             import threading
@@ -145,11 +146,18 @@ def run_workflow(
                     on_progress=_progress_relay(on_progress),
                     on_warning=lambda message: warn(RunWarning(code="ENGINE", message=message)),
                     workers=req.workers,
+                    trace=tracing[0] if tracing else None,
                 )
                 driven = drive_run(db, run_id, opts)
         finally:
             if timer is not None:
                 timer.cancel()
+        if tracing is not None:
+            from akm.api._trace import export_ended
+
+            export_ended(
+                db, run_id, tracing[1], tracing[2], lambda message: warn(RunWarning(code="TELEMETRY", message=message))
+            )
         run = runs_store.get_run(db, run_id)
         result = RunResult(
             run=_run_view(db, run),
@@ -187,6 +195,29 @@ def run_workflow(
         db.close()
 
 
+def _tracing(db: Any, run_id: str, started: bool, work_dir: Path) -> tuple[Any, int, Any] | None:
+    """(the run's trace, the event its export starts after, the settings) when tracing is configured, else
+    None — and then nothing of OpenTelemetry is loaded (spec/telemetry.md)."""
+    from akm.api._trace import settings_here
+
+    settings = settings_here(work_dir)
+    if settings is None:
+        return None
+    from akm.api._trace import trace_of
+    from akm.store import events as events_store
+
+    return trace_of(db, run_id), 0 if started else events_store.last_event_id(db, run_id), settings
+
+
+def _valid_traceparent(value: str | None) -> str | None:
+    if value is None:
+        return None
+    from akm.telemetry.context import parse_traceparent, traceparent
+
+    parsed = parse_traceparent(value)
+    return traceparent(parsed[0], parsed[1]) if parsed is not None else None
+
+
 def open_run(
     target: str,
     *,
@@ -195,11 +226,14 @@ def open_run(
     new: bool = False,
     from_run: str | None = None,
     cwd: str | None = None,
+    trace_parent: str | None = None,
 ) -> OpenedRun:
     """Find or start the run `target` names, as `run_workflow` would, and drive nothing.
 
     A front whose driver outlives its call (the MCP server, `workflow run --detach`) opens the run first, so
     it knows the run id before any unit runs and bad input is refused at once, then drives it by id.
+    `trace_parent`: the caller's W3C `traceparent` (an MCP request's `_meta`): a run started now is its child
+    in the caller's trace (ignored when it is not a valid traceparent, as W3C says).
     """
     req = _arguments(
         "RunRequest",
@@ -219,7 +253,7 @@ def open_run(
     db = _open_db()
     try:
         run_id, started, _existing = _open(
-            db, req.target, req.params, req.param_flags, req.new, work_dir, warnings.append, req.from_run
+            db, req.target, req.params, req.param_flags, req.new, work_dir, warnings.append, req.from_run, trace_parent
         )
         run = _require_run(db, run_id)
         return OpenedRun(run_id=run_id, status=run.status, started=started, warnings=[w.message for w in warnings])
@@ -428,6 +462,7 @@ def _open(
     work_dir: Path,
     warn: Callable[[RunWarning], None],
     from_run: str | None = None,
+    trace_parent: str | None = None,
 ) -> tuple[str, bool, Any]:
     """Which run `target` names: an existing run id, the drivable run of the same workflow and params, or a
     new run (created here; always with `from_run`, reusing that run's completed units). Returns (run id,
@@ -461,6 +496,7 @@ def _open(
             step_ids=[s.step_id for s in t.plan.steps],
             join_identical=not new and t.donor is None,
             reuse_from=t.donor,
+            trace_parent=_valid_traceparent(trace_parent),
         )
     except UsageError as exc:
         # Lost a start race to an identical invocation (same workflow, same params):

@@ -132,7 +132,12 @@ def report_unit(
             attempt_id=req.attempt_id,
             gate_loop=req.gate_loop,
         )
+        from akm.api import _trace
+
+        tracing = _trace.begin(db, run.id, _work_dir(req.cwd))
         answer = ReportResult.model_validate(report_json(session.report(db, unit_report, project_root=root)))
+        if answer.run_status in ("completed", "failed", "blocked"):
+            _trace.finish(db, run.id, tracing, lambda message: None)  # no warning channel here: dropped quietly
         if answer.run_status in ("failed", "blocked"):
             from akm.engine.recovery import recovery
 

@@ -15,6 +15,7 @@ from akm.views import (
     LeaseView,
     RewindView,
     RunView,
+    SpendView,
     StepView,
     UnitView,
 )
@@ -174,6 +175,7 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
             if run.status == "completed" and s.status == "completed" and output is not None:
                 view.output, view.output_step_id = output, s.step_id
         view.rewinds = _rewinds_view(db, run.id)
+        view.spend = _spend_view(db, run)
         if run.status in ("failed", "blocked", "abandoned"):
             from akm.engine.recovery import recovery
 
@@ -216,6 +218,47 @@ def _unit_view(u: Any, cutoff: str, superseded_by: str | None = None) -> UnitVie
         else None,
         superseded_by=superseded_by,
         reused_from=_json_or_none(u.reused_from),
+        cost=u.cost,
+    )
+
+
+def spend_words(cost: float, unknown: int, max_cost: float | None) -> str:
+    """The dollars in words: `$0.0440 of $0.05`, `≥ $0.0440, 2 units unknown` (a floor when usage is unknown)."""
+    from akm.text import dollars
+
+    text = ("≥ " if unknown else "") + dollars(cost)
+    if max_cost is not None:
+        text += f" of {dollars(max_cost)}"
+    if unknown:
+        text += f", {unknown} unit{'s' if unknown != 1 else ''} unknown"
+    return text
+
+
+def _spend_view(db: Any, run: Any) -> SpendView | None:
+    """The run's spend against its budget (None for a plan this akm cannot read)."""
+    from akm.plan.model import Plan
+    from akm.store import units as units_store
+
+    try:
+        plan = Plan.model_validate(json.loads(run.plan_json))
+    except Exception:
+        return None
+    budget = plan.budget
+    s = units_store.journal_spend(db, run.id)
+    priced = bool(plan.execution.prices) or bool(budget and budget.max_cost is not None)
+    unknown = s.unknown_cost if priced else s.unknown_tokens
+    return SpendView(
+        units=s.attempts,
+        tokens=s.tokens,
+        cost=round(s.cost, 9),
+        unknown_units=unknown,
+        max_units=budget.max_units if budget else None,
+        max_tokens=budget.max_tokens if budget else None,
+        max_cost=budget.max_cost if budget else None,
+        unknown=(budget.unknown or "refuse") if budget else "refuse",
+        text=spend_words(s.cost, unknown, budget.max_cost if budget else None)
+        if priced
+        else f"{s.tokens} tokens" + (f", {unknown} unit{'s' if unknown != 1 else ''} unknown" if unknown else ""),
     )
 
 

@@ -141,6 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return commands._cmd_setup(args)
         if args.command == "worker":
             return commands._cmd_worker(args)
+        if args.command == "trace":
+            if args.trace_action is None:
+                parser.parse_args(["trace", "--help"])
+            return commands._cmd_trace(args)
         handler = {
             "lint": commands._cmd_lint,
             "upgrade": commands._cmd_upgrade,

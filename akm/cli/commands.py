@@ -358,6 +358,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
             code = follow(args.run_id, sys.stderr)
         except KeyboardInterrupt:
             return 130  # Ctrl-C ends a watch quietly; the run itself is not touched
+    if args.format == "otlp-json":  # the run's trace, from the journal (`akm trace export RUN`)
+        _emit_json(api.trace_export(args.run_id))
+        return code
     if args.format == "html":  # one self-contained page: `> run.html`, then open it in a browser
         page = api.run_report_html(args.run_id)
         raw = getattr(sys.stdout, "buffer", None)
@@ -421,6 +424,14 @@ def _cmd_rewind(args: argparse.Namespace) -> int:
         _emit_json(res)
     else:
         _out(render.rewind_text(res))
+    return 0
+
+
+def _cmd_trace(args: argparse.Namespace) -> int:
+    """`akm trace export RUN`: OTLP/JSON of the run's trace on stdout."""
+    from akm import api
+
+    _emit_json(api.trace_export(args.run_id))
     return 0
 
 

@@ -146,7 +146,7 @@ def _build_parser() -> "argparse.ArgumentParser":
         help="follow a run driven elsewhere: live progress on stderr until it is no longer active",
     )
     st.add_argument("--step", metavar="STEP", help="only this step (its output whole)")
-    fmt(st, ("text", "json", "mermaid", "html"))
+    fmt(st, ("text", "json", "mermaid", "html", "otlp-json"))
 
     for name, text in (
         ("resume", "reopen a failed or blocked run (completed units are kept)"),
@@ -251,6 +251,28 @@ def _build_parser() -> "argparse.ArgumentParser":
     wk.add_argument("--poll", metavar="DUR", help="how often to look for queued units (default 1s)")
     wk.add_argument("--quiet", "-q", action="store_true", help="no line per claimed or finished unit on stderr")
     fmt(wk)
+
+    tr = sub.add_parser(
+        "trace",
+        help="a run's trace for OpenTelemetry backends",
+        description="`akm trace export RUN`: the run's trace as OTLP/JSON (an ExportTraceServiceRequest) on "
+        "stdout, written from the journal — for runs that ran with no collector (spec/telemetry.md).",
+    )
+    tsub = tr.add_subparsers(dest="trace_action", metavar="ACTION", parser_class=type(tr))
+    tx = tsub.add_parser(
+        "export",
+        help="write a run's trace as OTLP/JSON from the journal",
+        description="Write the run's trace (its ended stretches: a root span per stretch, a span per step and "
+        "per unit attempt) as one OTLP/JSON ExportTraceServiceRequest on stdout; post it to a collector's "
+        "/v1/traces or load it into a backend.",
+    )
+    tx.add_argument("run_id", metavar="RUN", help="the run id: whole, a unique prefix, or @last")
+    tx.add_argument(
+        "--format",
+        choices=("otlp-json", "json"),
+        default="otlp-json",
+        help="otlp-json (default; json is the same document)",
+    )
 
     log = sub.add_parser(
         "log",

@@ -11,6 +11,8 @@ import json
 import sys
 from typing import Any
 
+from akm.text import dollars
+
 # How much of a step's output the text views show; `--format json` always has all of it.
 _STEP_CLIP = (6, 600)  # lines, characters
 _RESULT_CLIP = (40, 4000)
@@ -141,7 +143,15 @@ def run_text(view: dict[str, Any]) -> str:
             + (f", host {u['host']}" if u.get("host") else "")
             + (f", engine {u['engine']}" if u.get("engine") else "")
             + (f", session {u['sessionId']}" if u.get("sessionId") else "")
+            + (f", {dollars(u['cost'])}" if u.get("cost") is not None else "")
         )
+    spend = view.get("spend") or {}
+    if (
+        spend.get("cost")
+        or spend.get("unknownUnits")
+        or any(spend.get(k) is not None for k in ("maxUnits", "maxTokens", "maxCost"))
+    ):
+        lines.append(_spend_line(spend))
     rec = view.get("recovery")
     if rec:
         why = str(rec.get("why") or "")
@@ -427,12 +437,21 @@ def preview_text(p: dict[str, Any]) -> str:
         if s.get("note"):
             lines.append(f"  {s['id']}: {s['note']}")
     b = p.get("budget") or {}
-    ceilings = [f"max_units {b['maxUnits']}" for _ in [0] if b.get("maxUnits") is not None] + [
-        f"max_tokens {b['maxTokens']}" for _ in [0] if b.get("maxTokens") is not None
-    ]
+    ceilings = (
+        [f"max_units {b['maxUnits']}" for _ in [0] if b.get("maxUnits") is not None]
+        + [f"max_tokens {b['maxTokens']}" for _ in [0] if b.get("maxTokens") is not None]
+        + [f"max_cost {dollars(b['maxCost'])}" for _ in [0] if b.get("maxCost") is not None]
+        + [
+            f"limits.maxCostPerDay {dollars(b['dailyCostLimit'])} ({dollars(b.get('spentToday') or 0)} spent today)"
+            for _ in [0]
+            if b.get("dailyCostLimit") is not None
+        ]
+    )
+    money = f", {dollars(b.get('usedCost') or 0)} spent" if b.get("usedCost") or b.get("maxCost") is not None else ""
+    unknown = f" ({b['unknownUnits']} unit(s) of unknown usage)" if b.get("unknownUnits") else ""
     lines.append(
         f"budget: {', '.join(ceilings) or 'none'}; used {b.get('usedUnits', 0)} unit(s), "
-        f"{b.get('usedTokens', 0)} token(s); {b.get('toRun', 0)} unit(s) to run in the steps known now"
+        f"{b.get('usedTokens', 0)} token(s){money}{unknown}; {b.get('toRun', 0)} unit(s) to run in the steps known now"
     )
     lines.append(
         f"reused {p.get('reused', 0)}, to run {p.get('toRun', 0)}, for the calling agent {p.get('forAgent', 0)}"
@@ -462,3 +481,18 @@ def remedy_command(rec: dict[str, Any], rid: str) -> str:
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         flags += f" --{name}={shlex.quote(text)}"
     return f"akm workflow run {shlex.quote(str(rec.get('workflow')))}{flags} --from {rec.get('fromRun') or rid}"
+
+
+def _spend_line(spend: dict[str, Any]) -> str:
+    """`spend: $0.0440 of $1.00; 2 unit(s) of max_units 10; 34 token(s)` — what the run used of its budget."""
+    parts = [spend.get("text") or ""]
+    units = f"{spend.get('units', 0)} unit(s)"
+    if spend.get("maxUnits") is not None:
+        units += f" of max_units {spend['maxUnits']}"
+    tokens = f"{spend.get('tokens', 0)} token(s)"
+    if spend.get("maxTokens") is not None:
+        tokens += f" of max_tokens {spend['maxTokens']}"
+    if not str(parts[0]).endswith("tokens") and "tokens" not in str(parts[0]):
+        parts.append(tokens)
+    parts.append(units)
+    return "spend: " + "; ".join(p for p in parts if p)

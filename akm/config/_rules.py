@@ -67,6 +67,36 @@ _RETIRED_DEFAULTS = {
 }
 
 
+# Money (config `engines.<name>.prices`, `limits.maxCostPerDay`): US dollars; a price is per million tokens.
+PRICE_KEYS = ("input", "output", "cached")
+MAX_PRICE_USD = 1e6
+TELEMETRY_PROTOCOLS = ("http/protobuf",)
+
+
+def price_problem(value: Any) -> str | None:
+    """Why `value` is not a price (a finite number of US dollars from 0 to MAX_PRICE_USD), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return "must be a number of US dollars"
+    if not 0 <= value <= MAX_PRICE_USD:
+        return f"must be from 0 to {MAX_PRICE_USD:g}"
+    return None
+
+
+def telemetry_endpoint_problem(value: Any) -> str | None:
+    """Why `value` is not an OTLP/HTTP collector URL, or None."""
+    if not isinstance(value, str) or not value.strip():
+        return "must be a URL such as http://localhost:4318"
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return "is not a URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL such as http://localhost:4318"
+    if parts.username or parts.password:
+        return "must not carry credentials (set OTEL_EXPORTER_OTLP_HEADERS in the environment instead)"
+    return None
+
+
 def env_ref_name(value: Any) -> str | None:
     """`NAME` for a `${NAME}` / `$NAME` reference, else None."""
     if not isinstance(value, str):

@@ -21,11 +21,14 @@ from akm.config._rules import (
     MAX_CONCURRENCY,
     MAX_TIMEOUT_MS,
     PLATFORMS_WITH_LLM_ENGINE,
+    PRICE_KEYS,
     RESERVED_ENGINE_NAMES,
     SESSION_JUDGE,
     _norm_key,
     endpoint_problem,
     env_ref_name,
+    price_problem,
+    telemetry_endpoint_problem,
 )
 from akm.errors import ConfigError
 from akm.record import dataclass
@@ -47,7 +50,7 @@ _MODELS: Any = None
 def _build_models():  # noqa: C901 - one place that states the whole schema
     from typing import Annotated, Union
 
-    from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+    from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
     from pydantic.alias_generators import to_camel
 
     from akm.format.grammar import CREDENTIAL_KEYS, PROTECTED_LLM_KEYS
@@ -90,8 +93,33 @@ def _build_models():  # noqa: C901 - one place that states the whole schema
             seen[low] = k
         return value
 
+    def _price(v: Any) -> Any:
+        problem = price_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return float(v)
+
+    Money = Annotated[Any, BeforeValidator(_price)]
+
+    class Prices(ConfigModel):
+        """USD per million tokens: what a unit of this engine costs (budget.max_cost, limits, status)."""
+
+        input: Money
+        output: Money
+        cached: Money | None = None
+
+        @model_validator(mode="before")
+        @classmethod
+        def _known(cls, data: Any) -> Any:
+            if isinstance(data, dict):
+                for k in data:
+                    if k not in PRICE_KEYS:
+                        raise ValueError(f"{k!r} is not a price; a price is one of {', '.join(PRICE_KEYS)}")
+            return data
+
     class LlmEngine(ConfigModel):
         kind: Literal["llm"]
+        prices: Prices | None = None
         provider: NonEmpty | None = None
         endpoint: str
         model: str
@@ -165,6 +193,7 @@ def _build_models():  # noqa: C901 - one place that states the whole schema
 
     class AgentEngine(ConfigModel):
         kind: Literal["agent"]
+        prices: Prices | None = None
         platform: Literal[AGENT_PLATFORMS]  # type: ignore[valid-type]
         bin: NonEmpty | None = None
         args: list[str] | None = None
@@ -224,11 +253,52 @@ def _build_models():  # noqa: C901 - one place that states the whole schema
         max_concurrency: Width | None = None
         default_map_concurrency: Width | None = None
 
+    class Limits(ConfigModel):
+        """Ceilings across runs: `maxCostPerDay` USD for all of a project's runs together, per UTC day."""
+
+        max_cost_per_day: Money | None = None
+
+        @field_validator("max_cost_per_day")
+        @classmethod
+        def _positive(cls, v: float | None) -> float | None:
+            if v is not None and v <= 0:
+                raise ValueError("must be above 0 (leave it out for no daily limit)")
+            return v
+
+    class Telemetry(ConfigModel):
+        """Where traces go (OTLP/HTTP); the standard OTEL_* variables say the same and win."""
+
+        enabled: bool | None = None
+        endpoint: str | None = None
+        protocol: Literal["http/protobuf"] | None = None
+        service_name: NonEmpty | None = None
+        resource_attributes: dict[str, str] | None = None
+
+        @model_validator(mode="before")
+        @classmethod
+        def _no_headers(cls, data: Any) -> Any:
+            if isinstance(data, dict) and "headers" in data:
+                raise ValueError(
+                    "headers may carry credentials and a config file holds none: set OTEL_EXPORTER_OTLP_HEADERS "
+                    "in the environment instead"
+                )
+            return data
+
+        @field_validator("endpoint")
+        @classmethod
+        def _endpoint(cls, v: str | None) -> str | None:
+            problem = telemetry_endpoint_problem(v) if v is not None else None
+            if problem:
+                raise ValueError(problem)
+            return v
+
     class Config(ConfigModel):
         engines: dict[str, Engine] = Field(default_factory=dict)
         defaults: Defaults = Field(default_factory=Defaults)
         workflow: WorkflowSettings = Field(default_factory=WorkflowSettings)
         model_aliases: dict[str, dict[str, NonEmpty]] = Field(default_factory=dict)
+        limits: Limits = Field(default_factory=Limits)
+        telemetry: Telemetry | None = None
 
         @model_validator(mode="before")
         @classmethod
@@ -253,6 +323,8 @@ def _build_models():  # noqa: C901 - one place that states the whole schema
         "AgentEngine": AgentEngine,
         "Defaults": Defaults,
         "WorkflowSettings": WorkflowSettings,
+        "Limits": Limits,
+        "Telemetry": Telemetry,
     }
 
 

@@ -44,6 +44,7 @@ _ENGINE_FIELDS: dict[str, Any] = {
     "llmEngine": "string",
     "envPassthrough": "array",
     "modelAliases": ("record", "string"),
+    "prices": {"input": "number", "output": "number", "cached": "number"},
 }
 _ENGINE = ("engine", _ENGINE_FIELDS)
 
@@ -52,7 +53,15 @@ SCHEMA: dict[str, Any] = {
     "defaults": {"llmEngine": "string", "agentEngine": "string"},
     "workflow": {"judgeEngine": "string", "maxConcurrency": "integer", "defaultMapConcurrency": "integer"},
     "modelAliases": ("record", ("record", "string")),
-    "journal": {"url": "string"},  # a postgresql:// journal server (akm.store.open_journal); password as ${NAME}
+    "journal": {"url": "string"},
+    "limits": {"maxCostPerDay": "number"},
+    "telemetry": {
+        "enabled": "boolean",
+        "endpoint": "string",
+        "protocol": ("enum", ("http/protobuf",)),
+        "serviceName": "string",
+        "resourceAttributes": ("record", "string"),
+    },  # a postgresql:// journal server (akm.store.open_journal); password as ${NAME}
 }
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h)?\Z")
@@ -222,7 +231,7 @@ def coerce(key: str, raw: str) -> tuple[Any, bool]:
         if raw not in kind[1]:
             raise UsageError(f"{key}: expected one of {', '.join(kind[1])}, got {shown(raw)}.", code="INVALID_ARGUMENT")
         return raw, False
-    if isinstance(kind, tuple) or kind in ("object", "array"):
+    if isinstance(kind, (tuple, dict)) or kind in ("object", "array"):  # a dict: a section (`prices`, `limits`)
         if raw.strip() in ("", "null"):
             return None, True
         if kind == "array":

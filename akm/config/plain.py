@@ -50,6 +50,18 @@ class PlainWorkflow(_Record):
     pass
 
 
+class PlainPrices(_Record):
+    pass
+
+
+class PlainLimits(_Record):
+    pass
+
+
+class PlainTelemetry(_Record):
+    pass
+
+
 class PlainConfig(_Record):
     def engine(self, name: str | None) -> Any:
         return self.engines.get(name) if name else None
@@ -114,6 +126,17 @@ def _extra_params(v: Any) -> Any:
     return dict(v) if clean(v) else _DOUBT
 
 
+def _price(v: Any) -> Any:
+    return float(v) if R.price_problem(v) is None else _DOUBT
+
+
+def _prices(v: Any) -> Any:
+    if type(v) is not dict or any(k not in R.PRICE_KEYS for k in v):
+        return _DOUBT
+    return _fields(v, _PRICES, PlainPrices)
+
+
+_PRICES: dict[str, tuple[Any, bool]] = {"input": (_price, True), "output": (_price, True), "cached": (_price, False)}
 _WIDTH = _integer(1, R.MAX_CONCURRENCY)
 _TIMEOUT = _integer(1, R.MAX_TIMEOUT_MS)
 
@@ -132,6 +155,7 @@ _LLM: dict[str, tuple[Any, bool]] = {
     "extra_params": (_extra_params, False),
     "timeout_ms": (_TIMEOUT, False),
     "enable_thinking": (_boolean, False),
+    "prices": (_prices, False),
 }
 _AGENT: dict[str, tuple[Any, bool]] = {
     "kind": (lambda v: v if v == "agent" else _DOUBT, True),
@@ -147,8 +171,20 @@ _AGENT: dict[str, tuple[Any, bool]] = {
     ),
     "model_aliases": (_aliases, False),
     "concurrency": (_WIDTH, False),
+    "prices": (_prices, False),
 }
 _DEFAULTS = {"llm_engine": (_string, False), "agent_engine": (_string, False)}
+_LIMITS = {"max_cost_per_day": (lambda v: v if (p := _price(v)) is not _DOUBT and p > 0 else _DOUBT, False)}
+_TELEMETRY = {
+    "enabled": (_boolean, False),
+    "endpoint": (lambda v: v if R.telemetry_endpoint_problem(v) is None else _DOUBT, False),
+    "protocol": (lambda v: v if v in R.TELEMETRY_PROTOCOLS else _DOUBT, False),
+    "service_name": (lambda v: _string(v, 1), False),
+    "resource_attributes": (
+        lambda v: dict(v) if type(v) is dict and all(type(x) is str for x in v.values()) else _DOUBT,
+        False,
+    ),
+}
 _WORKFLOW = {
     "judge_engine": (_string, False),
     "max_concurrency": (_WIDTH, False),
@@ -213,6 +249,17 @@ def plain_config(data: Any) -> PlainConfig | None:
         return None
     defaults = _fields(raw_defaults, _DEFAULTS, PlainDefaults)
     workflow = _fields(data.get("workflow", {}), _WORKFLOW, PlainWorkflow)
+    limits = _fields(data.get("limits", {}), _LIMITS, PlainLimits)
+    raw_telemetry = data.get("telemetry")
+    telemetry = (
+        None
+        if raw_telemetry is None
+        else _DOUBT
+        if type(raw_telemetry) is not dict or "headers" in raw_telemetry
+        else _fields(raw_telemetry, _TELEMETRY, PlainTelemetry)
+    )
+    if limits is _DOUBT or telemetry is _DOUBT:
+        return None
     raw_aliases = data.get("modelAliases", {})
     if defaults is _DOUBT or workflow is _DOUBT or type(raw_aliases) is not dict or not _no_case_twins(raw_aliases):
         return None
@@ -229,9 +276,19 @@ def plain_config(data: Any) -> PlainConfig | None:
             ("defaults", "defaults"),
             ("workflow", "workflow"),
             ("model_aliases", "modelAliases"),
+            ("limits", "limits"),
+            ("telemetry", "telemetry"),
         )
         if k in data
     }
     return PlainConfig(
-        {"engines": engines, "defaults": defaults, "workflow": workflow, "model_aliases": aliases}, given
+        {
+            "engines": engines,
+            "defaults": defaults,
+            "workflow": workflow,
+            "model_aliases": aliases,
+            "limits": limits,
+            "telemetry": telemetry,
+        },
+        given,
     )

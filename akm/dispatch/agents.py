@@ -79,6 +79,8 @@ def agent_env(
         env["PATH"] = _supplement_path(env["PATH"], parent.get("HOME") or os.path.expanduser("~"))
     env.update(request.env_bindings)
     env.update({"AKM_RUN_ID": request.run_id, "AKM_STEP_ID": request.step_id, "AKM_UNIT_ID": request.unit_id})
+    if request.trace_env:
+        env.update(request.trace_env)  # TRACEPARENT (and OTEL_*): a CLI that traces joins the run's trace
     return env, passed
 
 

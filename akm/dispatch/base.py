@@ -66,6 +66,9 @@ class UnitRequest:
     env_bindings: dict[str, str] = field(default_factory=dict)
     sensitive_values: list[str] = field(default_factory=list)
     parent_env: Mapping[str, str] | None = None
+    # exec and agent units: the run's trace context for the child (TRACEPARENT and the OTEL_* settings,
+    # akm.telemetry.context), so a command or CLI that traces joins the run's trace; None when not tracing
+    trace_env: Mapping[str, str] | None = None
     # agent units: called (from the dispatching thread) with what the CLI is doing as it goes —
     # `{"turns", "toolCalls", "tool"?, "retries", "retryStatus"?, "sessionId"?}` (akm.dispatch.agent_stream)
     on_activity: Callable[[dict[str, Any]], None] | None = None

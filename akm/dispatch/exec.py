@@ -472,7 +472,7 @@ class ExecDispatcher:
             pass_env=spec.pass_env,
             inherit_env=bool(spec.inherit_env),
             env_bindings=request.env_bindings,
-            context=request.exec_context,
+            context=dict(request.exec_context, **request.trace_env) if request.trace_env else request.exec_context,
             timeout_ms=request.timeout_ms,
             sensitive_values=request.sensitive_values,
             parent_env=request.parent_env,

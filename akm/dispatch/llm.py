@@ -115,7 +115,21 @@ class ChatResponse:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     total_tokens: int | None = None
+    cached_tokens: int | None = None  # prompt_tokens_details.cached_tokens: part of prompt_tokens
+    reasoning_tokens: int | None = None  # completion_tokens_details.reasoning_tokens: part of completion_tokens
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        """The parts the server reported (`DispatchResult.usage`): input, output, cacheRead, reasoning."""
+        parts = {
+            "input": self.prompt_tokens,
+            "output": self.completion_tokens,
+            "cacheRead": self.cached_tokens,
+            "reasoning": self.reasoning_tokens,
+        }
+        known = {k: v for k, v in parts.items() if v is not None}
+        return known or None
 
     @property
     def tokens(self) -> int | None:
@@ -616,8 +630,13 @@ def _parse_response(
         answer = message["reasoning_content"].strip()
     usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
 
-    def count(key: str) -> int | None:
-        return token_count(usage.get(key))
+    def count(key: str, within: dict[str, Any] = usage) -> int | None:
+        return token_count(within.get(key))
+
+    prompt_details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
+    completion_details = (
+        usage.get("completion_tokens_details") if isinstance(usage.get("completion_tokens_details"), dict) else {}
+    )
 
     return ChatResponse(
         text=redact_text(answer, secrets),
@@ -627,6 +646,8 @@ def _parse_response(
         prompt_tokens=count("prompt_tokens"),
         completion_tokens=count("completion_tokens"),
         total_tokens=count("total_tokens"),
+        cached_tokens=count("cached_tokens", prompt_details),
+        reasoning_tokens=count("reasoning_tokens", completion_details),
         raw=doc,
     )
 
@@ -891,7 +912,7 @@ class LlmDispatcher:
             gate.release()
         text = redact_text(resp.text, secrets)
         self._remember((request.run_id, request.attempt_id), text)
-        return DispatchResult(ok=True, text=text or None, tokens=resp.tokens)
+        return DispatchResult(ok=True, text=text or None, tokens=resp.tokens, usage=resp.usage)
 
 
 def _failure(reason: str, error: str, secrets: Sequence[str], tokens: int | None = None) -> DispatchResult:

@@ -81,6 +81,7 @@ class DispatchResult:
     truncated: bool = False
     retry_after_s: float | None = None
     usage: dict[str, Any] | None = None
+    cost: float | None = None  # USD, priced by the engine from `usage` (akm.engine.cost); dispatchers leave it
 
     def __post_init__(self) -> None:
         # Every dispatcher's usage figure passes here: one bound for the journal and the budget.

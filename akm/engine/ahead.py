@@ -54,7 +54,7 @@ def eligible(template: UnitNode | None, budget: DispatchBudget) -> bool:
         and template.isolation != "worktree"
         and not (template.retry and template.retry.max)
         and budget.max_units is None
-        and budget.max_tokens is None
+        and not budget.counts_usage
     )
 
 

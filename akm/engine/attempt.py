@@ -25,6 +25,7 @@ from akm.dispatch.exec import build_exec_context
 from akm.dispatch.redact import sensitive_values_from
 from akm.engine import worktree as worktrees
 from akm.engine.activity import ActivityRelay
+from akm.engine.cost import unit_cost
 from akm.engine.env_bindings import EnvBindingError, project_sensitive_values, resolve_env_refs
 from akm.engine.reduce import UnitOutcome
 from akm.engine.structured import run_structured
@@ -63,6 +64,9 @@ class AttemptSpec:
     engine: str | None = None
     model: str | None = None
     exec_context: dict[str, str] = field(default_factory=dict)
+    # The run's trace when tracing is on ({traceId, parentSpanId}, akm.telemetry.context): the attempt's process
+    # gets TRACEPARENT for its own span, wherever it runs.
+    trace: dict[str, Any] | None = None
 
 
 @dataclass
@@ -95,6 +99,8 @@ def to_payload(spec: AttemptSpec, *, scope_key: str, commit: str | None) -> str:
         body["engine"] = spec.engine
     if spec.model is not None:
         body["model"] = spec.model
+    if spec.trace is not None:
+        body["trace"] = spec.trace
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -117,6 +123,7 @@ def from_payload(text: str | None) -> Payload | None:
         engine=body.get("engine"),
         model=body.get("model"),
         exec_context=dict(body.get("execContext") or {}),
+        trace=body["trace"] if isinstance(body.get("trace"), dict) else None,
     )
     return Payload(spec=spec, scope=body.get("scope"), commit=body.get("commit"))
 
@@ -160,9 +167,13 @@ class Prepared:
         return self._request
 
     def run(self, dispatcher: Dispatcher, cancel: Any) -> UnitOutcome:
-        """Dispatch it (with the engine's structured-output loop); the outcome, tied to its unit."""
+        """Dispatch it (with the engine's structured-output loop); the outcome, tied to its unit, priced with
+        its engine's frozen prices (akm.engine.cost; None when unknown)."""
         request = self.request
         res = run_structured(dispatcher, request, cancel)
+        if request.engine_name and res.usage:
+            prices = (self.step.plan.execution.prices or {}).get(request.engine_name)
+            res.cost = unit_cost(request.engine, prices, res.usage)
         return UnitOutcome(unit_id=request.unit_id, **vars(res))
 
     def cleanup(self) -> str | None:
@@ -189,8 +200,10 @@ class StepAttempts:
         env_values: dict[str, str],
         sensitive: list[str],
         parent_env: dict[str, str],
+        trace: Any = None,
     ) -> None:
         self.plan, self.step, self.template, self.run_id = plan, step, template, run_id
+        self.trace = trace  # the run's trace (akm.telemetry.context.RunTrace) when tracing is on
         self.project_root, self.root = project_root, str(project_root)
         self.params = params
         self.env_values, self.sensitive, self.parent_env = env_values, sensitive, parent_env
@@ -206,6 +219,7 @@ class StepAttempts:
         project_root: Path,
         params: Any = None,
         parent_env: dict[str, str] | None = None,
+        trace: Any = None,
     ) -> StepAttempts:
         tmpl = step.unit_template
         assert tmpl is not None
@@ -223,10 +237,17 @@ class StepAttempts:
             env_values=env_values,
             sensitive=sensitive,
             parent_env=dict(os.environ) if parent_env is None else parent_env,
+            trace=trace,
         )
 
     def spec_of(self, unit: WorkUnit) -> AttemptSpec:
         """What an attempt of `unit` runs (the same for each of its attempts)."""
+        spec = self._spec_of(unit)
+        if self.trace is not None:
+            spec.trace = {"traceId": self.trace.trace_id, "parentSpanId": self.trace.parent_span_id}
+        return spec
+
+    def _spec_of(self, unit: WorkUnit) -> AttemptSpec:
         tmpl = unit.template
         if tmpl.exec is not None:
             if self._ctx_base is None:
@@ -306,4 +327,16 @@ class StepAttempts:
             sensitive_values=self.sensitive,
             parent_env=self.parent_env,
             on_activity=relay,
+            trace_env=_trace_env(spec, self.run_id, attempt),
         )
+
+
+def _trace_env(spec: AttemptSpec, run_id: str, attempt: Prepared) -> dict[str, str] | None:
+    """TRACEPARENT (and the OTEL_* settings of this host) for a traced attempt (akm.telemetry.units)."""
+    if spec.trace is None or not isinstance(spec.trace.get("traceId"), str):
+        return None
+    from akm.telemetry.context import RunTrace
+    from akm.telemetry.units import unit_trace_env
+
+    trace = RunTrace(run_id, spec.trace["traceId"], spec.trace.get("parentSpanId"))
+    return unit_trace_env(trace, attempt.attempt_id, attempt.started_at, spec.kind)

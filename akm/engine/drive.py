@@ -42,6 +42,7 @@ from akm.engine.passes import Pass, units_to_dispatch
 from akm.engine.progress import PassStarted, StepProgress, UnitActivity, UnitProgress
 from akm.engine.results import DriveResult
 from akm.engine.runner import RunnerFactory
+from akm.engine.spend import RunSpend
 from akm.engine.state import LoadedRun, load_run
 from akm.engine.stepctx import Spine, finish_step, load_gate, load_spine, step_rows
 from akm.errors import AkmError, JournalError, UsageError
@@ -72,6 +73,8 @@ class DriveOptions:
     workers: bool = False
     # How the attempts of a pass run (akm.engine.runner), instead of here or on workers: a test's seam.
     runner: RunnerFactory | None = None
+    # The run's trace (akm.telemetry.context.RunTrace) when tracing is on: each attempt's process gets TRACEPARENT
+    trace: Any = None
 
 
 class _Driver:
@@ -108,14 +111,8 @@ class _Driver:
             liveness=liveness,
             renewed_at=acquired_at,
         )
-        used, tokens = units_store.journal_totals(db, self.run_id)
-        budget = self.plan.budget
-        self.budget = DispatchBudget(
-            used=used,
-            tokens=tokens,
-            max_units=budget.max_units if budget else None,
-            max_tokens=budget.max_tokens if budget else None,
-        )
+        self.spend = RunSpend(db, loaded)  # the money and token accounting beside the budget
+        self.budget: DispatchBudget = self.spend.budget
         self._warn_lock = threading.Lock()
         self.reused: dict[str, int] = {}  # per step: units restored by this invocation instead of run
         self.spine: Spine | None = None

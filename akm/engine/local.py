@@ -278,6 +278,7 @@ class LocalRunner:
             truncated=o.truncated,
             step_id=self.p.step.step_id,
             usage=o.usage,
+            cost=o.cost,
         )
 
     def _write_finish(self, p: _PendingFinish) -> None:

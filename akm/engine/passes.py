@@ -33,6 +33,7 @@ from akm.store.runs import holder_is_live
 
 if TYPE_CHECKING:
     from akm.dispatch.base import DispatcherRegistry
+    from akm.engine.spend import RunSpend
     from akm.engine.state import LoadedRun
 
 # Longest wait a unit-level retry honours from a server's Retry-After (the LLM client's own cap).
@@ -50,6 +51,9 @@ class Driver(Holder, Protocol):
 
     @property
     def workers(self) -> bool: ...  # the units run on workers: this host's CPUs do not bound the width
+
+    @property
+    def spend(self) -> RunSpend: ...  # the money and token accounting beside the budget
 
 
 @dataclass
@@ -123,7 +127,7 @@ class Pass:
                     error="unit was not dispatched because the run was interrupted",
                 )
             prepaid = ticket.prepaid and k == 0
-            refusal = None if prepaid else d.budget.try_consume()
+            refusal = None if prepaid else d.budget.try_consume(model=d.spend.is_model(unit))
             if refusal:
                 return last or UnitOutcome(
                     unit_id=unit.unit_id,
@@ -133,8 +137,7 @@ class Pass:
                 )
             att = attempt_id(unit.base_id, k)
             outcome = lane.run(unit, att, ticket if k == 0 else None)
-            if outcome.tokens:
-                d.budget.add_tokens(outcome.tokens)
+            d.spend.count(unit, outcome)
             with self._count_lock:
                 if k == 0:
                     self.done_count += 1
@@ -206,12 +209,16 @@ class Pass:
                 project_root=d.opts.project_root,
                 params=d.loaded.params,
                 parent_env=dict(os.environ),
+                trace=d.opts.trace,
             )
         except EnvBindingError as exc:
             return PassFailure(f'Step "{step.step_id}" env binding failed: {exc}')
         problem = worktree_problem(tmpl, d.opts.project_root)
         if problem:
             return PassFailure(f'Step "{step.step_id}" cannot use isolation: worktree: {problem}')
+        unpriced = d.spend.unpriced(step, self.units)
+        if unpriced:
+            return PassFailure(unpriced)
         width = self.width.width
         d.opts.cancel.link(self.event)
         d.lease_lost.link(self.event)

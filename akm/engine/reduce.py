@@ -83,6 +83,7 @@ def outcome_from_row(unit_id: str, row: dict[str, Any], has_schema: bool) -> Uni
         unit_id=unit_id,
         ok=row.get("status") == "completed",
         tokens=row.get("tokens"),
+        cost=row.get("cost"),
         session_id=row.get("session_id"),
         truncated=bool(row.get("truncated")),
         reused=True,

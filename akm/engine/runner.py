@@ -125,6 +125,9 @@ class HolderOptions(Protocol):
     @property
     def on_progress(self) -> Callable[[Any], None] | None: ...
 
+    @property
+    def trace(self) -> Any: ...  # the run's trace when tracing is on (akm.telemetry.context.RunTrace), else None
+
 
 class Holder(Protocol):
     """What a runner needs of the driver holding the run's lease (`akm.engine.drive`)."""

@@ -168,6 +168,8 @@ def _report_unit(db: Database, cur: CurrentStep, req: UnitReport, project_root: 
         req.rerun,
         max_units=budget.max_units if budget else None,
         max_tokens=budget.max_tokens if budget else None,
+        max_cost=budget.max_cost if budget else None,
+        allow_unknown=bool(budget and budget.unknown == "allow"),
     )
     try:
         write = units_store.write_report(db, reported)

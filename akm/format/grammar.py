@@ -55,7 +55,8 @@ TOP_LEVEL_KEYS = (
     "steps",
 )
 DEFAULTS_KEYS = ("engine", "model", "timeout", "on_error", "llm")
-BUDGET_KEYS = ("max_tokens", "max_units")
+BUDGET_KEYS = ("max_tokens", "max_units", "max_cost", "unknown")
+BUDGET_UNKNOWN = ("refuse", "allow")  # budget.unknown: what a ceiling does once a unit reported no usage
 STEP_KEYS = ("id", "unit", "map", "route", "inputs", "output", "gate")
 UNIT_KEYS = ("exec", "engine", "model", "llm", "timeout", "retry", "on_error", "output", "env", "isolation")
 LLM_KEYS = ("temperature", "max_tokens", "supports_json_schema", "extra_params", "context_length", "enable_thinking")

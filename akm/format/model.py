@@ -125,6 +125,8 @@ class Budget(View):
 
     max_tokens: int | None = None
     max_units: int | None = None
+    max_cost: float | None = None  # USD, counted with the engines' prices (config)
+    unknown: str | None = None  # refuse (default) | allow: what a ceiling does once a unit's usage is unknown
 
 
 class MapSpec(View):

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from akm.format.field_reader import FieldReader, describe
-from akm.format.grammar import BUDGET_KEYS, MAX_UNITS, STAMP_KEYS
+from akm.format.grammar import BUDGET_KEYS, BUDGET_UNKNOWN, MAX_UNITS, STAMP_KEYS
 from akm.format.model import Budget
 
 _TEXT_KEYS = ("description", "when_to_use", "updated", "timestamp", "stale_after")
@@ -79,8 +79,35 @@ def read_budget(ctx: FieldReader, root: dict) -> Budget | None:
         out["max_tokens"] = ctx.integer(node["max_tokens"], ("budget", "max_tokens"), "budget.max_tokens", 1, 2**53 - 1)
     if "max_units" in node:
         out["max_units"] = ctx.integer(node["max_units"], ("budget", "max_units"), "budget.max_units", 1, MAX_UNITS)
+    if "max_cost" in node:
+        out["max_cost"] = _cost(ctx, node["max_cost"])
+    if "unknown" in node:
+        out["unknown"] = ctx.choice(node["unknown"], ("budget", "unknown"), "budget.unknown", BUDGET_UNKNOWN)
     out = {k: v for k, v in out.items() if v is not None}
     return Budget(**out) if out else None
+
+
+MAX_COST_USD = 1e9  # far above any run; keeps sums exact enough and the number finite
+
+
+def _cost(ctx: FieldReader, value: Any) -> float | None:
+    """`budget.max_cost`: US dollars, a number above 0 (`2`, `0.5`)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    if not ok:
+        ctx.error(
+            "invalid_type",
+            f"budget.max_cost must be a number of US dollars, not {describe(value)}",
+            ("budget", "max_cost"),
+        )
+        return None
+    if not 0 < value <= MAX_COST_USD:
+        ctx.error(
+            "out_of_range",
+            f"budget.max_cost must be above 0 and at most {MAX_COST_USD:g}; got {value}",
+            ("budget", "max_cost"),
+        )
+        return None
+    return float(value)
 
 
 def _read_stamp(ctx: FieldReader, value: Any, ypath: tuple, what: str) -> bool:

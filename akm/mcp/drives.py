@@ -164,13 +164,21 @@ class Drives:
         max_steps: int | None = None,
         cwd: str | None = None,
         workers: bool = False,
+        trace_parent: str | None = None,
     ) -> tuple[Drive, api.OpenedRun]:
         """The driver of the run `target` names: the running one, or a new one (the run is opened first, so
         bad input is refused before anything runs). Raises AkmError for what `api.open_run` refuses."""
         with self._lock:
             if self._closed:
                 raise AkmError("The server is shutting down; no run is started.", code="SHUTTING_DOWN")
-            opened = api.open_run(target, params=params or None, new=new, from_run=from_run, cwd=cwd or self.cwd)
+            opened = api.open_run(
+                target,
+                params=params or None,
+                new=new,
+                from_run=from_run,
+                cwd=cwd or self.cwd,
+                trace_parent=trace_parent,
+            )
             drive = self._drives.get(opened.run_id)
             if drive is not None and drive.alive:
                 return drive, opened

@@ -163,6 +163,7 @@ class AkmServer(Server[Any]):
             self.cwd,
             progress=ctx.session.report_progress,
             protocol_version=ctx.protocol_version,
+            trace_parent=_traceparent_of(params),
         )
         try:
             if isinstance(request, api.RunToolRequest) and not (request.stop or request.plan) and declared(ctx):
@@ -272,3 +273,10 @@ def serve(early: EarlyStart | None = None) -> int:
     finally:
         server.drives.shutdown()
     return status
+
+
+def _traceparent_of(params: types.CallToolRequestParams) -> str | None:
+    """The W3C `traceparent` a request carries in its `_meta` (MCP's trace context), if any."""
+    meta = params.meta
+    value = meta.get("traceparent") if isinstance(meta, dict) else None
+    return value if isinstance(value, str) else None

@@ -110,6 +110,7 @@ class Tasks:
                     max_steps=req.max_steps,
                     cwd=cwd,
                     workers=req.workers,
+                    trace_parent=call.trace_parent,
                 )
             )
             task = await anyio.to_thread.run_sync(lambda: api.open_task(opened.run_id))

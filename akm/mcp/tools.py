@@ -58,6 +58,7 @@ class Call:
     cwd: str
     progress: Callable[[float, float, str], Awaitable[None]] | None = None  # the request's progress channel
     protocol_version: str | None = None  # the version the client speaks (what a result may hold)
+    trace_parent: str | None = None  # the W3C `traceparent` of the request's `_meta` (a run started is its child)
 
     async def answer(self, shape: Callable[[Any], Any] | None, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """Run a blocking api call off the event loop: its result (`shape(result)`: this front's additions)
@@ -229,6 +230,7 @@ async def workflow_run(call: Call, req: api.RunToolRequest) -> CallToolResult:
                 max_steps=req.max_steps,
                 cwd=cwd,
                 workers=req.workers,
+                trace_parent=call.trace_parent,
             )
         )
     except AkmError as exc:

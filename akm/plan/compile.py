@@ -187,8 +187,9 @@ def compile_plan(doc: WorkflowDocument, *, title: str, max_concurrency: int | No
     run it.
     """
     budget = None
-    if doc.budget is not None and (doc.budget.max_units or doc.budget.max_tokens):
-        budget = Budget(max_units=doc.budget.max_units, max_tokens=doc.budget.max_tokens)
+    b = doc.budget
+    if b is not None and (b.max_units or b.max_tokens or b.max_cost or b.unknown):
+        budget = Budget(max_units=b.max_units, max_tokens=b.max_tokens, max_cost=b.max_cost, unknown=b.unknown)
     params = list(doc.params) or None
     freezer = EngineFreezer(config)
     settings = config.config.workflow if config is not None else None
@@ -201,6 +202,17 @@ def compile_plan(doc: WorkflowDocument, *, title: str, max_concurrency: int | No
         params=params,
         param_schemas=dict(doc.params) if params else None,
         budget=budget,
-        execution=Execution(max_concurrency=max_concurrency, engines=dict(sorted(freezer.snapshots.items()))),
+        execution=Execution(
+            max_concurrency=max_concurrency,
+            engines=dict(sorted(freezer.snapshots.items())),
+            prices=freezer.prices() or None,
+            daily_cost_limit=_daily_cost_limit(config),
+        ),
         steps=steps,
     )
+
+
+def _daily_cost_limit(config: Any) -> float | None:
+    """Config `limits.maxCostPerDay`, frozen with the plan (a run never re-reads config)."""
+    limits = getattr(config.config, "limits", None) if config is not None else None
+    return getattr(limits, "max_cost_per_day", None) if limits is not None else None

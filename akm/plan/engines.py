@@ -277,6 +277,15 @@ class EngineFreezer:
             self.snapshots[name] = (llm_snapshot if engine.kind == "llm" else agent_snapshot)(name, engine, self.cfg)
         return self.snapshots[name]
 
+    def prices(self) -> dict[str, dict[str, float]]:
+        """The config prices of every engine this plan uses (`execution.prices`): USD per million tokens."""
+        out: dict[str, dict[str, float]] = {}
+        for name in sorted(self.snapshots):
+            prices = getattr(self.cfg.engines[name], "prices", None)
+            if prices is not None:
+                out[name] = {k: v for k in ("input", "output", "cached") if (v := getattr(prices, k, None)) is not None}
+        return out
+
     def _model_for(self, name: str, model: str | None) -> str | None:
         engine = self.cfg.engines[name]
         if engine.kind == "llm":

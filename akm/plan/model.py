@@ -89,6 +89,28 @@ def INT(ge: int | None = None, le: int | None = None) -> Check:
     return check
 
 
+def NUM(ge: float = 0.0) -> Check:
+    """A finite JSON number at least `ge` (an integral one stays an int: canonical JSON writes `2.0` as `2`)."""
+
+    def check(value: Any, where: str) -> Any:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or value != value
+            or value
+            in (
+                float("inf"),
+                float("-inf"),
+            )
+        ):
+            raise _fail(where, "must be a finite number", value)
+        if value < ge:
+            raise _fail(where, f"must be at least {ge:g}", value)
+        return value
+
+    return check
+
+
 def LIT(*allowed: Any) -> Check:
     def check(value: Any, where: str) -> Any:
         if not any(value == a and type(value) is type(a) for a in allowed):
@@ -385,6 +407,8 @@ class StepPlan(PlanRecord):
 class Budget(PlanRecord):
     max_tokens: int | None = field(OPT(INT(1)), None)
     max_units: int | None = field(OPT(INT(1, 10_000)), None)
+    max_cost: float | None = field(OPT(NUM()), None)  # USD, priced with `Execution.prices`
+    unknown: str | None = field(OPT(LIT("refuse", "allow")), None)  # None: refuse
 
 
 class Execution(PlanRecord):
@@ -392,6 +416,11 @@ class Execution(PlanRecord):
 
     max_concurrency: int | None = field(OPT(INT(1, 64)), None)
     engines: dict[str, dict[str, Any]] = field(DICT(DICT()), factory=dict)
+    # USD per million tokens by engine name ({input, output, cached?}), from config `engines.<name>.prices`:
+    # frozen like the engines, so a run's cost never changes with a later edit of the config.
+    prices: dict[str, dict[str, Any]] | None = field(OPT(DICT(DICT(NUM()))), None)
+    # config `limits.maxCostPerDay`: USD the project's runs together may spend per day (UTC)
+    daily_cost_limit: float | None = field(OPT(NUM()), None)
 
 
 class Plan(PlanRecord):

@@ -31,6 +31,7 @@ from akm.report.escape import clip, esc, short
 from akm.report.graph_svg import graph_svg
 from akm.report.timeline_svg import Attempt, attempts_from_events, duration_text, seconds, timeline_svg
 from akm.store.status import DRIVABLE_STATUSES
+from akm.text import dollars
 
 MAX_BYTES = 2_000_000
 UNIT_TEXT_BUDGET = 600_000  # characters of unit output shared by all units of the page
@@ -108,6 +109,11 @@ def _same_instant(a: str | None, b: str | None) -> bool:
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _fmt_cost(usd: float | None) -> str:
+    """A unit's dollars beside its tokens (` · $0.0220`); nothing when unknown or not a model call."""
+    return f" · {dollars(usd)}" if isinstance(usd, (int, float)) else ""
 
 
 def _fmt_tokens(n: int | None) -> str:
@@ -190,7 +196,14 @@ class _Report:
             rows.append(("unit budget", self._meter(attempts, self.budget["maxUnits"], "attempts")))
         if self.budget.get("maxTokens"):
             rows.append(("token budget", self._meter(tokens or 0, self.budget["maxTokens"], "tokens")))
-        if not self.budget.get("maxUnits") and not self.budget.get("maxTokens"):
+        spend = v.get("spend") or {}
+        if spend.get("maxCost"):
+            rows.append(
+                ("money budget", self._meter(spend.get("cost") or 0.0, spend["maxCost"], "", spend.get("text")))
+            )
+        elif spend.get("cost") or spend.get("unknownUnits"):
+            rows.append(("cost", esc(spend.get("text"))))
+        if not any(self.budget.get(k) for k in ("maxUnits", "maxTokens", "maxCost")):
             rows.append(("budget", '<span class="muted">none declared</span>'))
         lease = v.get("engineLease")
         if lease:
@@ -223,12 +236,12 @@ class _Report:
         return "".join(parts)
 
     @staticmethod
-    def _meter(used: int, cap: int, what: str) -> str:
+    def _meter(used: float, cap: float, what: str, words: str | None = None) -> str:
+        """A bar of `used` against `cap`, then `words` (default: "1,234 of 5,000 tokens")."""
         share = min(1.0, used / cap) if cap else 0.0
         color = "#e53935" if used >= cap else ("#fb8c00" if share > 0.8 else "#1e88e5")
-        return (
-            f'<span class="meter"><span style="width:{share * 100:.1f}%;background:{color}"></span></span> '
-            f"{used:,} of {cap:,} {esc(what)}"
+        return f'<span class="meter"><span style="width:{share * 100:.1f}%;background:{color}"></span></span> ' + esc(
+            words if words is not None else f"{used:,} of {cap:,} {what}"
         )
 
     def graph_section(self) -> str:
@@ -314,7 +327,7 @@ class _Report:
             rows.append(
                 f'<tr class="unit" data-unit="{esc(u["unitId"])}"><td class="mono">{esc(u["unitId"])}</td>'
                 f"<td>{_badge(u.get('status'))}{extra}</td><td>{esc(u.get('attempts'))}</td>"
-                f"<td>{esc(took)}</td><td>{esc(_fmt_tokens(u.get('tokens')))}</td>"
+                f"<td>{esc(took)}</td><td>{esc(_fmt_tokens(u.get('tokens')) + _fmt_cost(u.get('cost')))}</td>"
                 f'<td class="reason">{esc(reason or "")}</td><td>{out}</td></tr>'
             )
         if not rows:
@@ -499,7 +512,7 @@ def render_report(
     now: float | None = None,
 ) -> str:
     """The HTML page of a run. `view`: `RunView.to_json()` with units; `graph`: `RunGraph.to_json()`;
-    `events`: the run's `EventView.to_json()`s in journal order; `budget`: `{maxUnits, maxTokens}` or None.
+    `events`: the run's `EventView.to_json()`s in journal order; `budget`: `{maxUnits, maxTokens, maxCost}` or None.
 
     Lone surrogates (possible in JSON from outside) become `?`, so the page always encodes as UTF-8."""
     now = time.time() if now is None else now

@@ -123,6 +123,22 @@ def list_events(
     return events, (events[-1].id if events else since_offset)
 
 
+def last_event_id(db: Database, run_id: str) -> int:
+    """The id of the run's newest event (0: none): where a caller's later look at the run's events starts."""
+    row = db.query_one("SELECT COALESCE(MAX(id), 0) AS n FROM events WHERE run_id = ?", (run_id,))
+    return int(row["n"]) if row is not None else 0
+
+
+def first_event(db: Database, event_type: str, run_id: str) -> Event | None:
+    """The run's first event of this type (a run's `workflow_started` holds its trace context)."""
+    row = db.query_one(
+        "SELECT id, event_type, ts, run_id, metadata_json FROM events WHERE event_type = ? AND run_id = ? "
+        "ORDER BY id LIMIT 1",
+        (event_type, run_id),
+    )
+    return _event(row) if row is not None else None
+
+
 def has_event(db: Database, event_type: str, run_id: str) -> bool:
     """True when an event of this type was already recorded for the run (idempotent emits)."""
     return (

@@ -321,6 +321,13 @@ CREATE TABLE IF NOT EXISTS superseded_units (
 CREATE INDEX IF NOT EXISTS idx_superseded_units_step ON superseded_units (run_id, step_id);
 """
 
+# 0011: what each attempt cost in US dollars (its usage times its engine's prices, spec/engine.md "Budgets");
+# NULL when unknown or not a model call. `superseded_units` keeps every column of `units`.
+MIGRATION_0011 = """
+ALTER TABLE units ADD COLUMN cost REAL;
+ALTER TABLE superseded_units ADD COLUMN cost REAL;
+"""
+
 # (id, sql). Append only; never edit an entry that has shipped.
 MIGRATIONS: list[tuple[str, str]] = [
     ("0001-initial-schema", MIGRATION_0001),
@@ -332,6 +339,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("0008-unit-reopened", MIGRATION_0008),
     ("0009-unit-queue", MIGRATION_0009),
     ("0010-rewind-history", MIGRATION_0010),
+    ("0011-unit-cost", MIGRATION_0011),
 ]
 
 # Migrations that rebuild a table other tables reference: run with foreign keys off (a pragma that

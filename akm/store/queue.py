@@ -334,7 +334,7 @@ def _queue_one(db: Database, t: _ToQueue) -> Queued:
             "parent_unit_id = excluded.parent_unit_id, runner = excluded.runner, engine = excluded.engine, "
             "model = excluded.model, phase = NULL, status = 'queued', input_hash = excluded.input_hash, "
             "started_at = excluded.started_at, queued_at = excluded.queued_at, "
-            "dispatch_json = excluded.dispatch_json, result_json = NULL, tokens = NULL, failure_reason = NULL, "
+            "dispatch_json = excluded.dispatch_json, result_json = NULL, tokens = NULL, cost = NULL, failure_reason = NULL, "
             "session_id = NULL, finished_at = NULL, last_checkin_at = NULL, claim_holder = NULL, "
             "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL, truncated = 0, reopened = 0, "
             "worktree_path = NULL, host = NULL, reused_from = NULL",
@@ -506,6 +506,7 @@ def finish_claimed(
     session_id: str | None = None,
     truncated: bool = False,
     usage: dict[str, Any] | None = None,
+    cost: float | None = None,
 ) -> str:
     """Record a worker's outcome of its claim: "finished", or "superseded" (nothing written) when the row is
     no longer this claim's (re-queued after the claim expired, re-claimed, or finished by someone else).
@@ -552,7 +553,7 @@ def finish_claimed(
             status, result_json, failure_reason, truncated = "failed", None, "abandoned", False
         now = db.now()
         cur = conn.execute(
-            "UPDATE units SET status = ?, result_json = ?, tokens = ?, failure_reason = ?, session_id = ?, "
+            "UPDATE units SET status = ?, result_json = ?, tokens = ?, cost = ?, failure_reason = ?, session_id = ?, "
             "truncated = ?, finished_at = ?, claim_holder = NULL, claim_pid = NULL, claim_expires_at = NULL, "
             "claim_host = NULL WHERE run_id = ? AND unit_id = ? AND status = 'running' AND claim_holder = ? "
             "AND attempts = ?",
@@ -560,6 +561,7 @@ def finish_claimed(
                 status,
                 result_json,
                 tokens,
+                cost,
                 failure_reason,
                 session_id,
                 int(bool(truncated)),
@@ -581,6 +583,7 @@ def finish_claimed(
             failure_reason=failure_reason,
             truncated=truncated,
             usage=usage,
+            cost=cost,
         ).meta(claim.step_id)  # the same `workflow_unit_finished` metadata a driver's finish writes
         db.dialect.event_lock(conn)
         conn.execute(_INSERT_EVENTS, ("workflow_unit_finished", now, claim.run_id, meta))
@@ -698,7 +701,7 @@ def finished_rows(db: Database, run_id: str, unit_ids: Sequence[str]) -> dict[st
         chunk = ids[start : start + 500]
         marks = ",".join("?" * len(chunk))
         for r in db.query(
-            "SELECT unit_id, status, result_json, tokens, failure_reason, session_id, truncated FROM units "
+            "SELECT unit_id, status, result_json, tokens, cost, failure_reason, session_id, truncated FROM units "
             f"WHERE run_id = ? AND unit_id IN ({marks}) AND status IN ('completed','failed')",
             (run_id, *chunk),
         ):

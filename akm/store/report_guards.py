@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, Protocol
 from akm.errors import NotFoundError, UsageError
 from akm.store.runs import holder_is_live
 from akm.store.status import DRIVABLE_STATUSES, REPORT_LOCK_PREFIX
+from akm.text import dollars
 
 
 class Row(Protocol):
@@ -171,6 +172,28 @@ def max_tokens_reason(spent: int, max_tokens: int) -> str:
     return f"budget exceeded (max_tokens ceiling): {spent} of {max_tokens} tokens used"
 
 
+def max_cost_reason(spent: float, max_cost: float) -> str:
+    """Why a money ceiling stops a run (see `max_units_reason`)."""
+    return f"budget exceeded (max_cost ceiling): {dollars(spent)} of {dollars(max_cost)} spent"
+
+
+def unknown_usage_reason(ceiling: str, units: int) -> str:
+    """Why a ceiling refuses further dispatch once units reported no usage (`budget.unknown: refuse`)."""
+    what = "1 unit's usage is" if units == 1 else f"{units} units' usage is"
+    return (
+        f"budget exceeded ({ceiling} ceiling): {what} unknown (its engine reported no usage, or has no prices), so "
+        "the ceiling cannot count it; set budget.unknown: allow in the workflow to count only what is known"
+    )
+
+
+def daily_cost_reason(spent: float, limit: float) -> str:
+    """Why config `limits.maxCostPerDay` stops a run."""
+    return (
+        f"budget exceeded (limits.maxCostPerDay): this project's runs spent {dollars(spent)} of "
+        f"{dollars(limit)} today (UTC)"
+    )
+
+
 def check_budget(
     plan: ReportPlan,
     row: Row | None,
@@ -179,12 +202,19 @@ def check_budget(
     other_tokens: int,
     max_units: int | None,
     max_tokens: int | None,
+    other_cost: float = 0.0,
+    unknown_tokens: int = 0,
+    unknown_cost: int = 0,
+    max_cost: float | None = None,
+    allow_unknown: bool = False,
 ) -> int:
     """The run's budget ceilings for a `write` plan (BUDGET_EXCEEDED); returns the tokens spent so far.
 
-    `other_attempts` / `other_tokens`: the sums over the run's other dispatch rows. A new attempt (anything
+    `other_attempts` / `other_tokens` / `other_cost`: the sums over the run's other dispatch rows;
+    `unknown_tokens` / `unknown_cost`: its engine attempts that reported no usage. A new attempt (anything
     but finishing the reporter's own claim) must fit under `max_units`; any report is refused once the
-    tokens already spent reach `max_tokens`.
+    tokens already spent reach `max_tokens`, the dollars `max_cost`, or once a ceiling has usage it cannot
+    count (unless `allow_unknown`). A session unit's own cost is not akm's to know: the calling agent did it.
     """
     own_attempts = int(row["attempts"]) if row is not None else 0
     if not plan.finishing_claim and max_units is not None and other_attempts + own_attempts + 1 > max_units:
@@ -192,6 +222,13 @@ def check_budget(
     spent = other_tokens + _row_tokens(row)
     if max_tokens is not None and spent >= max_tokens:
         raise UsageError(max_tokens_reason(spent, max_tokens) + ".", code="BUDGET_EXCEEDED")
+    if max_cost is not None and other_cost >= max_cost:
+        raise UsageError(max_cost_reason(other_cost, max_cost) + ".", code="BUDGET_EXCEEDED")
+    if not allow_unknown:
+        if max_cost is not None and unknown_cost:
+            raise UsageError(unknown_usage_reason("max_cost", unknown_cost) + ".", code="BUDGET_EXCEEDED")
+        if max_tokens is not None and unknown_tokens:
+            raise UsageError(unknown_usage_reason("max_tokens", unknown_tokens) + ".", code="BUDGET_EXCEEDED")
     return spent
 
 

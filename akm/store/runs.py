@@ -407,8 +407,10 @@ def create_run(
     step_ids: Sequence[str],
     join_identical: bool = True,
     reuse_from: str | None = None,
+    trace_parent: str | None = None,
 ) -> Run:
-    """Insert an `active` run and its `pending` spine in one tx; emits `workflow_started`.
+    """Insert an `active` run and its `pending` spine in one tx; emits `workflow_started`
+    (with `trace_parent`, a caller's W3C traceparent the run's trace continues: akm.telemetry.context).
 
     With `join_identical` (the default) it refuses (UsageError
     RUN_ALREADY_ACTIVE, details.runId) when a drivable run of the same ref,
@@ -463,7 +465,10 @@ def create_run(
             "INSERT INTO steps (run_id, step_id, sequence_index, status) VALUES (?, ?, ?, 'pending')",
             [(run_id, sid, i) for i, sid in enumerate(steps)],
         )
-        append_event(db, "workflow_started", run_id, {"runId": run_id, "status": "active"})
+        started: dict[str, Any] = {"runId": run_id, "status": "active"}
+        if trace_parent is not None:
+            started["traceparent"] = trace_parent
+        append_event(db, "workflow_started", run_id, started)
     return require_run(db, run_id)
 
 

@@ -22,3 +22,24 @@ REPORT_LOCK_PREFIX = "report:"
 # kept the unit's claim alive.
 ReportRecorded = Literal["written", "idempotent", "heartbeat"]
 STEP_TERMINAL_STATUSES: tuple[StepStatus, ...] = ("completed", "failed", "skipped", "blocked")
+
+# Money and token ceilings (akm.engine.cost): a unit whose usage they must know is a model call akm made with an
+# engine; a finished one with no figure is "unknown", unless it failed before any model was asked anything.
+MODEL_RUNNERS = ("llm", "agent")
+NOTHING_SPENT = frozenset(
+    {
+        "aborted",
+        "abandoned",
+        "budget_exceeded",
+        "unit_cap_exceeded",
+        "not_run",
+        "env_unsupported",
+        "worktree_failed",
+        "dispatch_error",
+        "spawn_failed",
+        "agent_auth",
+        "network_error",
+        "llm_rate_limit",
+        "journal_write_failed",
+    }
+)

@@ -81,6 +81,7 @@ class Unit(NamedTuple):
     queued_at: str | None = None  # set: the attempt was handed to workers (phase 2, akm.store.queue)
     host: str | None = None  # the host id the attempt ran on (driver or worker), kept after it finished
     reused_from: str | None = None  # set: restored from an earlier row (compact JSON naming it); nothing ran
+    cost: float | None = None  # USD the attempt cost (usage x the engine's prices); None: unknown or no model call
 
 
 _UNIT_FIELDS = Unit._fields
@@ -121,13 +122,14 @@ _REINSERT = _UNIT_ROW_COLUMNS + (
     "parent_unit_id = excluded.parent_unit_id, phase = excluded.phase, runner = excluded.runner, "
     "engine = excluded.engine, model = excluded.model, status = 'running', "
     "input_hash = excluded.input_hash, worktree_path = excluded.worktree_path, host = excluded.host, "
-    "queued_at = NULL, dispatch_json = NULL, started_at = excluded.started_at, result_json = NULL, tokens = NULL, failure_reason = NULL, "
+    "queued_at = NULL, dispatch_json = NULL, started_at = excluded.started_at, result_json = NULL, tokens = NULL, cost = NULL, "
+    "failure_reason = NULL, "
     "session_id = NULL, finished_at = NULL, last_checkin_at = NULL, claim_holder = NULL, "
     "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL, truncated = 0, reopened = 0, "
     "reused_from = NULL, attempts = units.attempts + 1"
 )
 _FINISH = (
-    "UPDATE units SET status = ?, result_json = ?, tokens = ?, failure_reason = ?, session_id = ?, "
+    "UPDATE units SET status = ?, result_json = ?, tokens = ?, cost = ?, failure_reason = ?, session_id = ?, "
     "truncated = ?, finished_at = ?, claim_holder = NULL, claim_host = NULL, claim_pid = NULL, "
     "claim_expires_at = NULL WHERE run_id = ? AND unit_id = ? AND status = 'running' AND started_at = ?"
 )
@@ -160,6 +162,7 @@ class UnitFinish(NamedTuple):
     truncated: bool = False
     step_id: str | None = None  # the step the row was inserted with (saves reading it back)
     usage: dict[str, Any] | None = None  # the parts of `tokens` the runner reported (event only, no column)
+    cost: float | None = None  # USD (akm.engine.cost); None: unknown, or no model call
 
     def meta(self, step_id: str | None) -> str:
         """The `workflow_unit_finished` metadata (compact JSON; ids, status, reason, tokens and their parts)."""
@@ -173,6 +176,8 @@ class UnitFinish(NamedTuple):
             text += f',"tokens":{compact_json(self.tokens)}'
         if self.usage:
             text += f',"usage":{compact_json(self.usage)}'
+        if self.cost is not None:
+            text += f',"cost":{compact_json(self.cost)}'
         if self.truncated:
             text += ',"truncated":true'
         return text + "}"
@@ -241,6 +246,7 @@ def _finish_row(
             f.status,
             f.result_json,
             f.tokens,
+            f.cost,
             f.failure_reason,
             f.session_id,
             int(bool(f.truncated)),
@@ -341,6 +347,7 @@ def finish_unit(
     step_id: str | None = None,
     fence: Fence | None = None,
     usage: dict[str, Any] | None = None,
+    cost: float | None = None,
 ) -> str:
     """Record this dispatch's outcome. Returns "finished" or "superseded".
 
@@ -364,6 +371,7 @@ def finish_unit(
         truncated=truncated,
         step_id=step_id,
         usage=usage,
+        cost=cost,
     )
     fast = _one_statement(db, run_id, [f], [], fence)
     if fast is not None:
@@ -776,6 +784,71 @@ def journal_totals(db: Database, run_id: str) -> tuple[int, int]:
     return int(row["a"]), int(row["t"])
 
 
+class Spend(NamedTuple):
+    """What a run has spent over its whole life (rewound rows included, gate rows not): the budget's seed."""
+
+    attempts: int
+    tokens: int
+    cost: float  # USD of the attempts whose cost is known
+    unknown_tokens: int  # finished model attempts of an engine that reported no token figure
+    unknown_cost: int  # ... whose cost is not known (no figures, or the engine has no prices)
+
+
+def _unknown_sql(column: str) -> str:
+    """1 for a finished model attempt of an engine with `column` null (akm.engine.cost.counts_as_unknown)."""
+    from akm.store.status import MODEL_RUNNERS, NOTHING_SPENT
+
+    runners = ", ".join(f"'{r}'" for r in MODEL_RUNNERS)
+    spent = ", ".join(f"'{r}'" for r in sorted(NOTHING_SPENT))
+    return (
+        f"CASE WHEN {column} IS NULL AND runner IN ({runners}) AND engine IS NOT NULL AND reused_from IS NULL "
+        f"AND (status = 'completed' OR (status = 'failed' AND COALESCE(failure_reason, '') NOT IN ({spent}))) "
+        "THEN 1 ELSE 0 END"
+    )
+
+
+_SPEND_COLUMNS = "attempts, tokens, cost, runner, engine, reused_from, status, failure_reason"
+_SPEND: dict[str, str] = {}
+
+
+def _spend_sql(mine: str = "") -> str:
+    """The lifetime sums of a run (`Spend`'s columns a, t, c, ut, uc); `mine` narrows the live rows."""
+    sql = _SPEND.get(mine)
+    if sql is None:
+        sql = _SPEND[mine] = (
+            "SELECT COALESCE(SUM(attempts), 0) AS a, COALESCE(SUM(tokens), 0) AS t, COALESCE(SUM(cost), 0) AS c, "
+            f"COALESCE(SUM({_unknown_sql('tokens')}), 0) AS ut, COALESCE(SUM({_unknown_sql('cost')}), 0) AS uc FROM ("
+            f"SELECT {_SPEND_COLUMNS} FROM units WHERE run_id = ? AND phase IS NULL{mine} UNION ALL "
+            f"SELECT {_SPEND_COLUMNS} FROM superseded_units WHERE run_id = ? AND phase IS NULL) AS lifetime"
+        )
+    return sql
+
+
+def journal_spend(db: Database, run_id: str) -> Spend:
+    """The run's lifetime spend (`Spend`): what the money and token ceilings count (akm.engine.budget)."""
+    row = db.query_one(_spend_sql(), (run_id, run_id))
+    assert row is not None
+    return Spend(int(row["a"]), int(row["t"]), float(row["c"]), int(row["ut"]), int(row["uc"]))
+
+
+def project_spend_since(
+    db: Database, scope_key: str, since: str, *, only: str | None = None, but: str | None = None
+) -> float:
+    """USD the runs of one project (`scope_key`) spent in attempts finished at or after `since` (config
+    `limits.maxCostPerDay`: `since` is the start of the journal clock's UTC day); `only` / `but` one run."""
+    which = " AND r.id = ?" if only is not None else " AND r.id != ?" if but is not None else ""
+    extra = (only,) if only is not None else (but,) if but is not None else ()
+    row = db.query_one(
+        "SELECT COALESCE(SUM(c), 0) AS c FROM ("
+        "SELECT u.cost AS c FROM units u JOIN runs r ON r.id = u.run_id WHERE r.scope_key = ? AND u.cost IS NOT NULL "
+        f"AND u.finished_at >= ?{which} UNION ALL "
+        "SELECT s.cost AS c FROM superseded_units s JOIN runs r ON r.id = s.run_id WHERE r.scope_key = ? "
+        f"AND s.cost IS NOT NULL AND s.finished_at >= ?{which}) AS today",
+        (scope_key, since, *extra, scope_key, since, *extra),
+    )
+    return float(row["c"]) if row is not None else 0.0
+
+
 # -- claims (D13) -----------------------------------------------------------------------------
 
 
@@ -808,6 +881,8 @@ class ReportedAttempt(NamedTuple):
     rerun: bool
     max_units: int | None = None
     max_tokens: int | None = None
+    max_cost: float | None = None
+    allow_unknown: bool = False
 
 
 def write_report(db: Database, report: ReportedAttempt) -> ReportWrite:
@@ -850,7 +925,7 @@ def write_report(db: Database, report: ReportedAttempt) -> ReportWrite:
             return ReportWrite("idempotent")
         if plan.kind == "renew":
             return ReportWrite("heartbeat", _claim(db, conn, now, a, report.holder, renew=True))
-        totals = conn.execute(_TOTALS.format(mine=" AND unit_id != ?"), (run_id, unit_id, run_id)).fetchone()
+        totals = conn.execute(_spend_sql(" AND unit_id != ?"), (run_id, unit_id, run_id)).fetchone()
         check_budget(
             plan,
             row,
@@ -858,6 +933,11 @@ def write_report(db: Database, report: ReportedAttempt) -> ReportWrite:
             other_tokens=int(totals["t"]),
             max_units=report.max_units,
             max_tokens=report.max_tokens,
+            other_cost=float(totals["c"]),
+            unknown_tokens=int(totals["ut"]),
+            unknown_cost=int(totals["uc"]),
+            max_cost=report.max_cost,
+            allow_unknown=report.allow_unknown,
         )
         if not plan.finishing_claim:
             started = insert_unit(db, **a._asdict())

@@ -387,6 +387,7 @@ class Worker:
             session_id=outcome.session_id,
             truncated=outcome.truncated,
             usage=outcome.usage,
+            cost=outcome.cost,
         )
         if written == "finished":
             if self._notifier is not None and not queue_store.finish_notifies(self.db):

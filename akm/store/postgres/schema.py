@@ -170,6 +170,11 @@ PG_MIGRATIONS: list[tuple[str, str]] = [
         " reused_from text, PRIMARY KEY (rewind_id, unit_id));\n"
         "CREATE INDEX idx_superseded_units_step ON {s}.superseded_units (run_id, step_id);",
     ),
+    (
+        "0011-unit-cost",
+        "ALTER TABLE {s}.units ADD COLUMN cost double precision;\n"
+        "ALTER TABLE {s}.superseded_units ADD COLUMN cost double precision;",
+    ),
 ]
 
 LEDGER_DDL = (
