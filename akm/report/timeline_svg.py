@@ -47,7 +47,8 @@ def seconds(ts: str | None) -> float | None:
 
 
 def attempts_from_events(events: list[dict[str, Any]]) -> list[Attempt]:
-    """Pair each unit's start and finish events, in journal order (one pair per dispatch)."""
+    """Pair each unit's start and finish events, in journal order (one pair per dispatch that ran: a row closed
+    `not_run` was journaled but never dispatched — akm.engine.ahead — and draws no bar)."""
     open_: dict[str, tuple[str, float]] = {}
     out: list[Attempt] = []
     for ev in events:
@@ -62,6 +63,8 @@ def attempts_from_events(events: list[dict[str, Any]]) -> list[Attempt]:
             open_[unit_id] = (str(meta.get("stepId") or ""), at)
         elif kind == "workflow_unit_finished" and unit_id in open_:
             step, start = open_.pop(unit_id)
+            if meta.get("failureReason") == "not_run":
+                continue  # a row journaled ahead and taken back (or closed at fail fast): nothing ran, no bar
             tokens = meta.get("tokens")
             out.append(
                 Attempt(
