@@ -598,10 +598,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def _cmd_mcp(rest: list[str]) -> int:
     """`akm mcp`: the MCP stdio server. Only this path imports `mcp` (it costs about a second)."""
     if rest in (["-h"], ["--help"]):
-        _out(
-            "usage: akm mcp\n\nServe akm's tools over the Model Context Protocol on stdin/stdout, e.g.\n"
-            "  claude mcp add akm -- /path/to/akm mcp"
-        )
+        from akm.cli.parser import MCP_HELP
+
+        _out(MCP_HELP.rstrip("\n"))
         return 0
     if rest:
         _err(f"error[USAGE]: akm mcp takes no arguments (got {' '.join(rest)})")

@@ -65,6 +65,14 @@ units), 4 stopped at --max-steps, 78 configuration or environment,
 """
 
 
+MCP_HELP = """\
+usage: akm mcp
+
+Serve akm's tools over the Model Context Protocol on stdin/stdout, e.g.
+  claude mcp add akm -- /path/to/akm mcp
+"""
+
+
 def _terminal_width() -> int:
     try:
         columns = int(os.environ.get("COLUMNS", "") or os.get_terminal_size(sys.stdout.fileno()).columns)
@@ -98,6 +106,13 @@ def _build_parser() -> "argparse.ArgumentParser":
         description="Lint, run and inspect workflows. `akm workflow ACTION --help` for each action.",
     )
     p.workflow_parser = wf  # type: ignore[attr-defined]
+    # answered before parsing (`akm.cli.main`): the protocol owns the streams; listed here for `akm --help`
+    sub.add_parser(
+        "mcp",
+        help="serve akm's tools to a coding agent over MCP on stdin/stdout",
+        description=MCP_HELP.split("\n\n", 1)[1].strip(),
+        add_help=False,
+    )
     wsub = wf.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     run_id_help = "a run id (from `akm workflow list` or a run's output), its first 6+ characters, or @last"
 
