@@ -42,9 +42,11 @@ def require_utf8(text: str, what: str) -> str:
     index = surrogate_at(text)
     if index is None:
         return text
+    from akm.codes import Code
+
     raise UsageError(
         f"{what} is not valid UTF-8 text ({_describe_bad_char(text, index)}): {shown(text)}",
-        code=NOT_UTF8,
+        code=Code.NOT_UTF8,
         hint="akm records names, paths and values as UTF-8 text; rename the file or directory, "
         "or pass the value in UTF-8.",
     )

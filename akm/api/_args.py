@@ -46,7 +46,9 @@ def parse_duration_ms(value: str | int, name: str = "timeout") -> int:
     try:
         return _duration_ms(value, name)
     except ValueError as exc:
-        raise UsageError(f"{exc}.", code=INVALID_ARGUMENT, details={"argument": name}) from None
+        from akm.codes import Code
+
+        raise UsageError(f"{exc}.", code=Code.INVALID_ARGUMENT, details={"argument": name}) from None
 
 
 def _duration_ms(value: str | int, name: str = "timeout") -> int:
@@ -90,9 +92,11 @@ def _whole_number(value: Any, name: str, minimum: int, maximum: int | None = Non
 def check_output_format(value: str, allowed: tuple[str, ...] = ("text", "json")) -> str:
     """Validate a requested output format against what the command can render."""
     if value not in allowed:
+        from akm.codes import Code
+
         raise UsageError(
             f"format {value!r}: expected one of {', '.join(allowed)}.",
-            code=INVALID_ARGUMENT,
+            code=Code.INVALID_ARGUMENT,
             details={"argument": "format", "allowed": list(allowed)},
         )
     return value
@@ -115,10 +119,14 @@ def _work_dir(cwd: str | None) -> Path:
 
     require_utf8(cwd, "cwd")
     if "\0" in cwd:
-        raise UsageError(f"cwd {shown(cwd)} contains a NUL character, which no path can hold.", code="INVALID_PATH")
+        from akm.codes import Code
+
+        raise UsageError(f"cwd {shown(cwd)} contains a NUL character, which no path can hold.", code=Code.INVALID_PATH)
     if len(cwd) > MAX_TARGET_CHARS:
+        from akm.codes import Code
+
         raise UsageError(
             f"cwd is {len(cwd)} characters long, over the {MAX_TARGET_CHARS}-character limit for a path: {shown(cwd)}",
-            code="INVALID_PATH",
+            code=Code.INVALID_PATH,
         )
     return Path(cwd)

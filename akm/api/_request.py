@@ -11,7 +11,6 @@ from akm.errors import UsageError
 
 if TYPE_CHECKING:
     pass
-from akm.api._args import INVALID_ARGUMENT
 
 
 def _validated(model: str, given: Any, fields: dict[str, Any]) -> Any:
@@ -32,7 +31,9 @@ def _arguments(model: str, given: Any, fields: dict[str, Any], checks: dict[str,
         try:
             out[name] = check(value) if check is not None else value
         except (TypeError, ValueError) as exc:
-            raise UsageError(f"{exc}.", code=INVALID_ARGUMENT, details={"argument": name}) from None
+            from akm.codes import Code
+
+            raise UsageError(f"{exc}.", code=Code.INVALID_ARGUMENT, details={"argument": name}) from None
     from types import SimpleNamespace
 
     return SimpleNamespace(**out)

@@ -65,9 +65,10 @@ def _configured_journal_url() -> str | None:
             url = section["url"]
     if url is None or isinstance(url, str):
         return server_url(url or "")
+    from akm.codes import Code
     from akm.errors import JournalError
 
-    raise JournalError("config journal.url must be a postgresql:// URL (a string)", code="JOURNAL_URL_INVALID")
+    raise JournalError("config journal.url must be a postgresql:// URL (a string)", code=Code.JOURNAL_URL_INVALID)
 
 
 def _writable(path: Path) -> bool:

@@ -92,7 +92,9 @@ def run() -> NoReturn:
     except BrokenPipeError:
         pass  # the reader stopped reading (`akm … | head`): not a failure, as in `main`
     except (OSError, ValueError) as exc:  # a full disk, an I/O error: the output is not all there
-        failure = AkmError(f"the output could not be written whole: {exc}", code="OUTPUT_FAILED")
+        from akm.codes import Code
+
+        failure = AkmError(f"the output could not be written whole: {exc}", code=Code.OUTPUT_FAILED)
         if code == 0:
             code = EXIT_OUTPUT
         try:

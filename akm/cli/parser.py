@@ -88,7 +88,9 @@ def _build_parser() -> "argparse.ArgumentParser":
         """argparse that raises a UsageError instead of printing and exiting."""
 
         def error(self, message: str) -> None:  # type: ignore[override]
-            raise UsageError(f"{self.prog}: {message}", code="USAGE", hint=f"See `{self.prog} --help`.")
+            from akm.codes import Code
+
+            raise UsageError(f"{self.prog}: {message}", code=Code.USAGE, hint=f"See `{self.prog} --help`.")
 
         def _get_formatter(self) -> "argparse.HelpFormatter":
             # argparse sizes its formatter through shutil (and shutil's imports: zlib, bz2, lzma) even
@@ -383,9 +385,11 @@ def split_run(tokens: list[str]) -> "tuple[str, RunArgs]":
 
     ra = split_run_args(tokens)
     if ra.target is None:
+        from akm.codes import Code
+
         raise UsageError(
             "workflow run needs a TARGET (a workflow file, workflows/<name> or a run id).",
-            code="USAGE",
+            code=Code.USAGE,
             hint="See `akm workflow run --help`.",
         )
     return ra.target, ra

@@ -1038,10 +1038,12 @@ class _Driver:
             return self.journal_fault
         fenced = _FENCED.get(self.lease_lost.reason or "")
         if fenced is not None:  # this driver stopped itself; the journal may be unreachable, so ask it nothing
+            from akm.codes import Code
+
             return UsageError(
                 f"This invocation stopped driving run {self.run_id}: {fenced} It stopped its units first so that "
                 "another invocation can take the run over without running any of them twice at once.",
-                code="LEASE_LOST",
+                code=Code.LEASE_LOST,
                 details={"runId": self.run_id, "reason": self.lease_lost.reason},
                 hint="Drive the run again once the journal server is reachable: it resumes where its journal stands.",
             )
@@ -1055,10 +1057,12 @@ class _Driver:
             )
         lease = runs_store.read_lease(self.db, self.run_id)
         who = f"{lease.holder} (host {lease.host}, pid {lease.pid})" if lease else "(nobody)"
+        from akm.codes import Code
+
         return UsageError(
             f"This invocation lost its lease on run {self.run_id} (now held by {who}); stopping to avoid racing it. "
             "Units it had in flight were stopped; their results are not journaled over the new holder's.",
-            code="LEASE_LOST",
+            code=Code.LEASE_LOST,
             details={"runId": self.run_id},
             hint="Another invocation drives the run now (it redoes what this one left unfinished); "
             "`workflow status` shows it.",
@@ -1180,9 +1184,11 @@ class _Driver:
                 raise self.lost_lease_error()
             step = self.plan.step(run.current_step_id)
             if step is None:
+                from akm.codes import Code
+
                 raise UsageError(
                     f"Run {self.run_id}: current step {run.current_step_id} is not present in its frozen plan.",
-                    code="CORRUPT_RUN",
+                    code=Code.CORRUPT_RUN,
                 )
             why = self.spine.routes.skip_reason(step)
             if why is not None:
@@ -1482,6 +1488,8 @@ def _drive_held(
         raise
     if live is not None:
         reporting = live.holder.startswith(units_store.REPORT_LOCK_PREFIX)
+        from akm.codes import Code
+
         raise UsageError(
             (
                 f"Workflow run {run_id} is held by a report that has been finishing its step for over "
@@ -1491,7 +1499,7 @@ def _drive_held(
                 f"(host {live.host}, pid {live.pid}) until {live.until}."
             )
             + " A second driver would race it.",
-            code="LEASE_HELD",
+            code=Code.LEASE_HELD,
             details={"runId": run_id, "holder": live.holder, "until": live.until},
             hint="Wait for that invocation to finish, or for its lease to expire.",
         )
@@ -1499,10 +1507,12 @@ def _drive_held(
     try:
         fence = runs_store.lease_fence(db, run_id, holder)
         if fence is None:  # taken from us between the acquisition and this read: a takeover
+            from akm.codes import Code
+
             raise UsageError(
                 f"This invocation lost its lease on run {run_id} as soon as it took it; "
                 "stopping to avoid racing the new holder.",
-                code="LEASE_LOST",
+                code=Code.LEASE_LOST,
             )
         driver = _Driver(db, loaded, fence, opts, result, liveness, acquired_at)
         driver.heartbeat.start()

@@ -40,9 +40,11 @@ class LoadedRun:
 
 
 def _corrupt(run_id: str, what: str) -> UsageError:
+    from akm.codes import Code
+
     return UsageError(
         f"Run {run_id} has a corrupt {what}; it cannot be executed (it can still be inspected or abandoned).",
-        code="CORRUPT_RUN",
+        code=Code.CORRUPT_RUN,
         details={"runId": run_id},
     )
 
@@ -84,10 +86,12 @@ def load_run(db: Database, run_id: str, prior: LoadedRun | None = None) -> Loade
     if run.hash_version > UNIT_HASH_VERSION:
         # Its units' identities are a preimage this akm does not know: hashing them some other way
         # would diverge from (or silently redo) the units a newer akm journaled.
+        from akm.codes import Code
+
         raise UsageError(
             f"Run {run_id} was created by a newer akm (unit hash version {run.hash_version}; this akm computes "
             f"up to {UNIT_HASH_VERSION}); drive it with that akm (it can still be inspected or abandoned here).",
-            code="CORRUPT_RUN",
+            code=Code.CORRUPT_RUN,
             details={"runId": run_id},
         )
     plan = decode_plan(run_id, run.plan_json, run.plan_hash)

@@ -87,9 +87,11 @@ def split_run_args(tokens: list[str]) -> RunArgs:
             if tok in _SHORT_FLAGS:
                 args.controls[_SHORT_FLAGS[tok]] = True
                 continue
+            from akm.codes import Code
+
             raise UsageError(
                 f'Unknown option "{tok}"; params are passed as --name value',
-                code=UNKNOWN_FLAG,
+                code=Code.UNKNOWN_FLAG,
             )
         body = tok[2:]
         name, has_eq, inline = body.partition("=")
@@ -276,9 +278,11 @@ def coerce_params(pairs: list[tuple[str, str | bool]], param_schemas: dict[str, 
     for name, raw in pairs:
         if name not in param_schemas:
             declared = ", ".join(f"--{n}" for n in param_schemas) or "(this workflow declares no params)"
+            from akm.codes import Code
+
             raise UsageError(
                 f"Unknown flag --{name}: param flags must exactly match a declared param name",
-                code=UNKNOWN_FLAG,
+                code=Code.UNKNOWN_FLAG,
                 hint=f"declared params: {declared}",
             )
         grouped.setdefault(name, []).append(raw)

@@ -12,7 +12,8 @@ from typing import Any
 from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult, TextContent
 
-from akm.errors import AkmError
+from akm.codes import Code
+from akm.errors import AkmError, InternalError
 from akm.mcp import drives as drives_mod
 from akm.mcp import stdio as sdk
 
@@ -198,7 +199,7 @@ class _AkmServer(MCPServer):
         problems = _uncoerced(arguments, getattr(tool, "parameters", None)) if tool is not None else []
         if problems:
             return _error_result(
-                AkmError(f"Invalid arguments for {name}: {'; '.join(problems)}.", code="INVALID_ARGUMENT")
+                AkmError(f"Invalid arguments for {name}: {'; '.join(problems)}.", code=Code.INVALID_ARGUMENT)
             )
         try:
             arguments = _checked_arguments(name, arguments)
@@ -212,21 +213,21 @@ class _AkmServer(MCPServer):
                 problems = "; ".join(
                     f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in cause.errors()
                 )
-                return _error_result(AkmError(f"Invalid arguments for {name}: {problems}.", code="INVALID_ARGUMENT"))
+                return _error_result(AkmError(f"Invalid arguments for {name}: {problems}.", code=Code.INVALID_ARGUMENT))
             if str(exc).startswith("Unknown tool"):
                 return _error_result(
                     AkmError(
                         f"{exc}. Tools: {', '.join(sorted(sdk.tool_table(self)))}.",
-                        code="UNKNOWN_TOOL",
+                        code=Code.UNKNOWN_TOOL,
                     )
                 )
             if cause is not None and not isinstance(cause, AkmError):
                 # The last line of defence, as at the CLI: a coded INTERNAL error (the SDK logged the traceback
                 # to stderr), never a bare "Error executing tool".
                 return _error_result(
-                    AkmError(
+                    InternalError(
                         f"unexpected {type(cause).__name__}: {cause}",
-                        code="INTERNAL",
+                        code=Code.INTERNAL,
                         hint="this is a bug in akm; the server's stderr has the traceback.",
                     )
                 )

@@ -304,17 +304,21 @@ class EngineFreezer:
     def _unknown(self, where: str, name: str) -> ConfigError:
         known = ", ".join(sorted(self.cfg.engines)) or "none"
         files = " and ".join(str(p) for p in self.loaded.files) or str(self.loaded.user_path)
+        from akm.codes import Code
+
         return ConfigError(
             f"{where} names engine {name!r}, which is not configured in {files} (engines: {known}).",
-            code="UNKNOWN_ENGINE",
+            code=Code.UNKNOWN_ENGINE,
             hint=f"Add an engine named {name!r} to the config, or change the step's engine.",
             details={"engine": name},
         )
 
     def _mismatch(self, where: str, message: str, name: str) -> ConfigError:
+        from akm.codes import Code
+
         return ConfigError(
             f"{where}: {message}",
-            code="ENGINE_MISMATCH",
+            code=Code.ENGINE_MISMATCH,
             details={"engine": name},
             hint="Name an engine of the right kind for this step, or change the step.",
         )

@@ -94,9 +94,15 @@ def list_events(
     is read first and the page is bounded by it).
     """
     if isinstance(since_offset, bool) or not isinstance(since_offset, int) or since_offset < 0:
-        raise UsageError(f"event offset must be a non-negative integer, got {since_offset!r}", code="INVALID_ARGUMENT")
+        from akm.codes import Code
+
+        raise UsageError(
+            f"event offset must be a non-negative integer, got {since_offset!r}", code=Code.INVALID_ARGUMENT
+        )
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise UsageError(f"event limit must be a positive integer, got {limit!r}", code="INVALID_ARGUMENT")
+        from akm.codes import Code
+
+        raise UsageError(f"event limit must be a positive integer, got {limit!r}", code=Code.INVALID_ARGUMENT)
     where = ["id > ?"]
     params: list[Any] = [since_offset]
     if run_id is not None:
@@ -137,7 +143,9 @@ TASK_DETAIL_FIELDS = ("runId", "reason", "error", "exitCode")
 
 
 def _metadata_error(message: str) -> UsageError:
-    return UsageError(f"invalid task_history metadata_json: {message}", code="INVALID_TASK_METADATA")
+    from akm.codes import Code
+
+    return UsageError(f"invalid task_history metadata_json: {message}", code=Code.INVALID_TASK_METADATA)
 
 
 def _is_number(value: Any) -> bool:

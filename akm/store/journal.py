@@ -203,8 +203,10 @@ def not_text_error(exc: UnicodeEncodeError) -> UsageError:
     (akm.text); this keeps any that slips through from surfacing as an internal
     error, and the transaction it was part of rolls back.
     """
+    from akm.codes import Code
+
     return UsageError(
         f"a value is not valid UTF-8 text ({exc.reason} at character {exc.start + 1}) and cannot be stored in "
         "or looked up in the journal",
-        code="NOT_UTF8",
+        code=Code.NOT_UTF8,
     )

@@ -405,10 +405,12 @@ def refuse_foreign(
     looks_like = ""
     if applied and isinstance(applied[0], str) and _UPSTREAM_ID.match(applied[0]):
         looks_like = f" It looks like upstream akm's state database (first migration {applied[0]!r})."
+    from akm.codes import Code
+
     raise JournalError(
         f"the file{where} is not an akm (Python) journal: it holds tables ({shown}) that akm did not create, "
         f"so akm will neither read nor change it.{looks_like}",
-        code="JOURNAL_FOREIGN",
+        code=Code.JOURNAL_FOREIGN,
         hint=f"akm keeps its journal in its own file, {JOURNAL_FILE_NAME}, in its data directory "
         "(AKM_DATA_DIR, else the per-user data directory); move this file away or point AKM_DATA_DIR "
         "at another directory.",
@@ -421,17 +423,21 @@ def check_ledger(applied: Sequence[str], registry: Sequence[tuple[str, str]], pa
     where = f" at {path}" if path is not None else ""
     unknown = [a for a in applied if a not in known]
     if unknown:
+        from akm.codes import Code
+
         raise JournalError(
             f"the akm journal{where} was written by a newer version of akm (Python) "
             f"(unknown schema migration {unknown[0]!r})",
-            code="JOURNAL_TOO_NEW",
+            code=Code.JOURNAL_TOO_NEW,
             hint="Upgrade akm to a version that knows this schema, or point AKM_DATA_DIR elsewhere.",
         )
     if list(applied) != known[: len(applied)]:
+        from akm.codes import Code
+
         raise JournalError(
             f"the akm journal{where} has an inconsistent migration ledger "
             f"(applied {list(applied)!r}, expected a prefix of {known!r})",
-            code="JOURNAL_INCONSISTENT",
+            code=Code.JOURNAL_INCONSISTENT,
             hint="The state database was modified outside akm; restore a backup or use a fresh AKM_DATA_DIR.",
         )
     return "current" if len(applied) == len(known) else "old"

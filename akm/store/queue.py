@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+from akm.codes import Code
 from akm.errors import NotFoundError
 from akm.store.journal import RUN_UNIT_WRITE
 from akm.store.journal import Journal as Database
@@ -117,7 +118,9 @@ def queue_unit(
         db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
         run = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
         if run is None:
-            raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
+            raise NotFoundError(
+                f"workflow run {run_id!r} not found", code=Code.RUN_NOT_FOUND, details={"runId": run_id}
+            )
         if run["status"] not in DRIVABLE_STATUSES:
             raise not_drivable_error(run_id, run["status"], "given new units")
         check_fence(conn, run_id, fence)

@@ -114,18 +114,24 @@ def rewind_run(
             (run_id,),
         ).fetchone()
         if run is None:
-            raise NotFoundError(f"No workflow run with id {run_id}.", code="RUN_NOT_FOUND", details={"runId": run_id})
+            from akm.codes import Code
+
+            raise NotFoundError(
+                f"No workflow run with id {run_id}.", code=Code.RUN_NOT_FOUND, details={"runId": run_id}
+            )
         if run["status"] == "abandoned":
             raise not_drivable_error(run_id, "abandoned", "rewound")
         now = db.now()
         if holder_is_live(
             run["lease_holder"], run["lease_host"], run["lease_pid"], run["lease_until"], now
         ) and not db.dialect.lease_dead(conn, run_id):
+            from akm.codes import Code
+
             raise UsageError(
                 f"Workflow run {run_id} is held by {run['lease_holder']} (host {run['lease_host']}, pid "
                 f"{run['lease_pid']}) until {run['lease_until']}; a rewind would change what it is working on. "
                 "Nothing was changed.",
-                code="LEASE_HELD",
+                code=Code.LEASE_HELD,
                 details={"runId": run_id, "holder": run["lease_holder"], "until": run["lease_until"]},
             )
         spine = conn.execute(
@@ -134,9 +140,11 @@ def rewind_run(
         target = next((s for s in spine if s["step_id"] == to_step), None)
         if target is None:
             names = [s["step_id"] for s in spine]
+            from akm.codes import Code
+
             raise UsageError(
                 f"Run {run_id} has no step {to_step!r}; its steps are {', '.join(names)}.",
-                code="STEP_NOT_FOUND",
+                code=Code.STEP_NOT_FOUND,
                 details={"runId": run_id, "stepId": to_step, "steps": names},
             )
         _check_reached(run_id, run["current_step_id"], target)
@@ -247,17 +255,21 @@ def _check_reached(run_id: str, current: str | None, target: Any) -> None:
     """A rewind goes back to a step the run reached: one it finished, or the one it is on."""
     status, step_id = target["status"], target["step_id"]
     if status == "skipped":
+        from akm.codes import Code
+
         raise UsageError(
             f"Step {step_id} of run {run_id} was skipped (a route chose another branch); rewind to the route "
             "step that skipped it to decide the route again.",
-            code="STEP_NOT_REACHED",
+            code=Code.STEP_NOT_REACHED,
             details={"runId": run_id, "stepId": step_id, "status": status},
         )
     if status == "pending" and step_id != current:
+        from akm.codes import Code
+
         raise UsageError(
             f"Run {run_id} has not reached step {step_id} yet (it is on {current}); a rewind goes back to a step "
             "the run finished or is on.",
-            code="STEP_NOT_REACHED",
+            code=Code.STEP_NOT_REACHED,
             details={"runId": run_id, "stepId": step_id, "currentStep": current},
         )
 
@@ -278,10 +290,12 @@ def _redo_ids(conn: Any, run_id: str, reopened: list[str], marks: str, redo: boo
     if unknown:
         listed = sorted(known)
         shown = ", ".join(listed[:20]) + (f", … ({len(listed)} in all)" if len(listed) > 20 else "")
+        from akm.codes import Code
+
         raise UsageError(
             f"Cannot redo {', '.join(unknown)}: not a unit journaled in the steps this rewind reopens "
             f"({', '.join(reopened)}). Their units: {shown or '(none)'}.",
-            code="UNKNOWN_UNIT",
+            code=Code.UNKNOWN_UNIT,
             details={"runId": run_id, "units": unknown},
         )
     return wanted
@@ -457,7 +471,11 @@ def adopt_units(
         db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
         run = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
         if run is None:
-            raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
+            from akm.codes import Code
+
+            raise NotFoundError(
+                f"workflow run {run_id!r} not found", code=Code.RUN_NOT_FOUND, details={"runId": run_id}
+            )
         if run["status"] not in DRIVABLE_STATUSES:
             raise not_drivable_error(run_id, run["status"], "given units")
         check_fence(conn, run_id, fence)

@@ -101,10 +101,12 @@ class Run(NamedTuple):
         except ValueError:
             value = None
         if not isinstance(value, dict):
+            from akm.codes import Code
+
             raise UsageError(
                 f"Run {self.id} has a corrupt params record (not a JSON object); it can still be inspected "
                 "or abandoned.",
-                code="CORRUPT_RUN",
+                code=Code.CORRUPT_RUN,
                 details={"runId": self.id},
             )
         return value
@@ -220,9 +222,11 @@ def seconds_from_env(name: str, default: float) -> float:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
+        from akm.codes import Code
+
         raise UsageError(
             f"{name} must be a number of seconds greater than 0, not {raw!r}.",
-            code="INVALID_ENV",
+            code=Code.INVALID_ENV,
             details={"name": name, "value": raw},
             hint=f"Unset {name} for the default of {default:g} s.",
         )
@@ -286,14 +290,18 @@ def run_status_and_lease(db: Database, run_id: str) -> tuple[str, str | None, in
 def not_drivable_error(run_id: str, status: str, verb: str) -> UsageError:
     """The one refusal for acting on a run that cannot be driven: abandoned runs say so (they are final)."""
     if status == "abandoned":
+        from akm.codes import Code
+
         return UsageError(
             f"workflow run {run_id} was abandoned and cannot be {verb}; abandoning is final",
-            code="RUN_ABANDONED",
+            code=Code.RUN_ABANDONED,
             details={"runId": run_id, "status": status},
         )
+    from akm.codes import Code
+
     return UsageError(
         f"workflow run {run_id} is {status} and cannot be {verb}",
-        code="RUN_NOT_ACTIVE",
+        code=Code.RUN_NOT_ACTIVE,
         details={"runId": run_id, "status": status},
     )
 
@@ -302,10 +310,11 @@ def require_run(db: Database, run_id: str) -> Run:
     """Like `get_run` but raises NotFoundError (the one "no such run" error both fronts show)."""
     run = get_run(db, run_id)
     if run is None:
+        from akm.codes import Code
         from akm.text import shown
 
         raise NotFoundError(
-            f"No workflow run with id {shown(run_id)}.", code="RUN_NOT_FOUND", details={"runId": run_id}
+            f"No workflow run with id {shown(run_id)}.", code=Code.RUN_NOT_FOUND, details={"runId": run_id}
         )
     return run
 
@@ -433,10 +442,12 @@ def create_run(
                 (workflow_ref, scope_key),
             ):
                 if same_params(existing["params_json"], params):
+                    from akm.codes import Code
+
                     raise UsageError(
                         f"workflow {workflow_ref} already has an {existing['status']} run ({existing['id']}) "
                         "with the same params in this project",
-                        code="RUN_ALREADY_ACTIVE",
+                        code=Code.RUN_ALREADY_ACTIVE,
                         details={"runId": existing["id"]},
                     )
         conn.execute(
@@ -490,10 +501,12 @@ def _check_lease_allows(row: Any, lease_holder: str | None, now: str) -> None:
     if holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now) and (
         row["lease_holder"] != lease_holder
     ):
+        from akm.codes import Code
+
         raise UsageError(
             f"workflow run {row['id']} is being driven by engine {row['lease_holder']} "
             f"(lease until {row['lease_until']}); the engine owns the step spine while it runs",
-            code="LEASE_HELD",
+            code=Code.LEASE_HELD,
             hint="Wait for that driver to finish or for its lease to expire.",
             details={"runId": row["id"], "holder": row["lease_holder"], "until": row["lease_until"]},
         )
@@ -502,10 +515,12 @@ def _check_lease_allows(row: Any, lease_holder: str | None, now: str) -> None:
 def lease_lost_error(run_id: str, fence: Fence, holder: str | None, epoch: int | None) -> UsageError:
     """The refusal of a write by a driver that no longer owns the run (another holder took the lease)."""
     who = f"held by {holder} (epoch {epoch})" if holder else f"released (epoch {epoch})"
+    from akm.codes import Code
+
     return UsageError(
         f"This invocation lost its lease on run {run_id} (it held epoch {fence.epoch}; the lease is now {who}); "
         "nothing was written.",
-        code="LEASE_LOST",
+        code=Code.LEASE_LOST,
         details={"runId": run_id, "epoch": fence.epoch, "currentEpoch": epoch, "holder": holder},
         hint="Another invocation drives the run now (it redoes what this one left unfinished); "
         "`workflow status` shows it.",
@@ -522,7 +537,9 @@ def check_fence(conn: Any, run_id: str, fence: Fence | None) -> None:
         return
     row = conn.execute("SELECT lease_holder, lease_epoch FROM runs WHERE id = ?", (run_id,)).fetchone()
     if row is None:
-        raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
+        from akm.codes import Code
+
+        raise NotFoundError(f"workflow run {run_id!r} not found", code=Code.RUN_NOT_FOUND, details={"runId": run_id})
     if row["lease_holder"] != fence.holder or row["lease_epoch"] != fence.epoch:
         raise lease_lost_error(run_id, fence, row["lease_holder"], row["lease_epoch"])
 
@@ -535,7 +552,9 @@ def _drivable_run_row(conn: Any, run_id: str, verb: str) -> Any:
         (run_id,),
     ).fetchone()
     if row is None:
-        raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
+        from akm.codes import Code
+
+        raise NotFoundError(f"workflow run {run_id!r} not found", code=Code.RUN_NOT_FOUND, details={"runId": run_id})
     if row["status"] not in DRIVABLE_STATUSES:
         raise not_drivable_error(run_id, row["status"], verb)
     return row
@@ -577,11 +596,15 @@ def complete_step(
         if step is None:
             raise NotFoundError(f"step {step_id!r} not found in workflow run {run_id}")
         if step["status"] != "pending":
-            raise UsageError(f"step {step_id} of run {run_id} is already {step['status']}", code="STEP_NOT_PENDING")
+            from akm.codes import Code
+
+            raise UsageError(f"step {step_id} of run {run_id} is already {step['status']}", code=Code.STEP_NOT_PENDING)
         if run["current_step_id"] != step_id:
+            from akm.codes import Code
+
             raise UsageError(
                 f"step {step_id} is not the current step of run {run_id}; complete {run['current_step_id']} first",
-                code="STEP_NOT_CURRENT",
+                code=Code.STEP_NOT_CURRENT,
             )
         clean_notes = notes.strip() if notes is not None and notes.strip() else None
         conn.execute(
@@ -649,7 +672,11 @@ def resume_run(db: Database, run_id: str) -> Run:
         if row is None:
             raise NotFoundError(f"workflow run {run_id!r} not found")
         if row["status"] == "completed":
-            raise UsageError(f"workflow run {run_id} is already completed and cannot be resumed", code="RUN_COMPLETED")
+            from akm.codes import Code
+
+            raise UsageError(
+                f"workflow run {run_id} is already completed and cannot be resumed", code=Code.RUN_COMPLETED
+            )
         if row["status"] == "abandoned":
             raise not_drivable_error(run_id, "abandoned", "resumed")
         if row["status"] in ("blocked", "failed"):
@@ -729,9 +756,11 @@ def abandon_run(db: Database, run_id: str) -> Run:
         if row is None:
             raise NotFoundError(f"workflow run {run_id!r} not found")
         if row["status"] in ("completed", "abandoned"):
+            from akm.codes import Code
+
             raise UsageError(
                 f"workflow run {run_id} is already {row['status']}",
-                code="RUN_ALREADY_FINISHED",
+                code=Code.RUN_ALREADY_FINISHED,
                 details={"runId": run_id, "status": row["status"]},
             )
         changed: list[tuple[str, str]] = []

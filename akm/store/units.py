@@ -198,7 +198,9 @@ def _insert_row(
             return now
     run = conn.execute("SELECT status, lease_until FROM runs WHERE id = ?", (run_id,)).fetchone()
     if run is None:
-        raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
+        from akm.codes import Code
+
+        raise NotFoundError(f"workflow run {run_id!r} not found", code=Code.RUN_NOT_FOUND, details={"runId": run_id})
     if run["status"] not in DRIVABLE_STATUSES:
         raise not_drivable_error(run_id, run["status"], "given new units")
     if fence is not None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from akm import paths
+from akm.codes import Code
 from akm.dispatch.base import DispatcherRegistry, UnitRequest
 from akm.engine.activity import ActivityRelay
 from akm.engine.cancel import Cancellation
@@ -130,7 +131,7 @@ class Worker:
             raise UsageError(
                 f"this akm has no dispatcher for any of the unit kinds asked for ({', '.join(opts.kinds)}); "
                 "the worker would claim nothing.",
-                code="INVALID_ARGUMENT",
+                code=Code.INVALID_ARGUMENT,
                 details={"argument": "kinds"},
             )
         self.summary = WorkerSummary(holder=self.holder, host=self.host)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from akm.codes import Code
 from akm.errors import JournalError
 from akm.store.migrations import check_ledger
 from akm.store.postgres.connect import STATEMENT_TIMEOUT_S
@@ -203,7 +204,7 @@ def refuse_foreign(con: Any, schema: str, shown: str, registry: list[tuple[str, 
     raise JournalError(
         f"the schema {schema!r} of {shown} is not an akm journal: it holds tables ({', '.join(tables[:6])}) that "
         "akm did not create, so akm will neither read nor change it.",
-        code="JOURNAL_FOREIGN",
+        code=Code.JOURNAL_FOREIGN,
         hint="Point the journal URL at another database, or choose another schema with ?schema=NAME.",
     )
 
