@@ -10,13 +10,11 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from akm.errors import UsageError
+from akm.format.grammar import MAX_TIMEOUT_MS  # about 24 days: what a timer can hold everywhere
 from akm.text import quoted, whole_number
-
-if TYPE_CHECKING:
-    pass
 
 
 def _of(kind: type, name: str, optional: bool = False) -> Callable[[Any], Any]:
@@ -34,8 +32,6 @@ _RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{
 
 INVALID_ARGUMENT = "INVALID_ARGUMENT"  # the stable code of a bad argument value, whatever the front
 
-
-MAX_TIMEOUT_MS = 2_147_483_647  # about 24 days: what a timer can hold everywhere
 
 _DURATION_UNITS = (("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000))
 

@@ -264,7 +264,7 @@ def _iso_timestamp(text: str) -> str:
     """An ISO-8601 time for `--since`, normalised to the journal's fixed-width UTC form."""
     from datetime import datetime, timezone
 
-    from akm.store.db import format_iso
+    from akm.store.clock import format_iso
 
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))

@@ -5,12 +5,9 @@ when a model is in hand, which keeps `_models` -> `_args` the only edge between 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from akm.errors import UsageError
-
-if TYPE_CHECKING:
-    pass
 
 
 def _validated(model: str, given: Any, fields: dict[str, Any]) -> Any:

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from akm import paths
+from akm.api._args import MAX_TARGET_CHARS
 from akm.errors import NotFoundError, UsageError
 from akm.views import (
     RunWarning,
 )
-
-if TYPE_CHECKING:
-    pass
-from akm.api._args import MAX_TARGET_CHARS
 
 
 def _read_workflow_text(path: Path) -> str:

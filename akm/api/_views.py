@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from akm import paths
 from akm.errors import AkmError
@@ -18,10 +18,6 @@ from akm.views import (
     StepView,
     UnitView,
 )
-
-if TYPE_CHECKING:
-    pass
-
 
 STALE_AFTER_S = 90.0
 

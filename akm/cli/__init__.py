@@ -55,7 +55,7 @@ def _tolerant_streams() -> None:
 
 def _check_argv(argv: Sequence[str]) -> None:
     """Every argument must be UTF-8 text: paths, refs, run ids and param values are stored as text."""
-    from akm.text import require_utf8
+    from akm.api import require_utf8
 
     for i, token in enumerate(argv):
         after = f" (after {argv[i - 1]})" if i and argv[i - 1].startswith("-") and len(argv[i - 1]) <= 64 else ""

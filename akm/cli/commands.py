@@ -131,13 +131,13 @@ def _cmd_setup(args: "argparse.Namespace") -> int:
 
 def _cmd_lint(args: argparse.Namespace) -> int:
     from akm import api
-    from akm.format.lint import render_text
+    from akm.cli.render import render_lint
 
     report = api.lint(args.paths)
     if args.format == "json":
         _emit_json(report.model_dump())
     else:
-        _out(render_text(report))
+        _out(render_lint(report))
     return 0 if report.ok else 1
 
 
@@ -299,9 +299,9 @@ def _run_help(tokens: list[str]) -> int:
     """`workflow run --help`; with a workflow TARGET, that workflow's own params first (the catalog's
     description of it), then the run flags."""
     from akm import api
+    from akm.api import split_run_args
     from akm.cli import render
     from akm.cli.parser import _RUN_HELP
-    from akm.format.params import split_run_args
 
     try:
         target = split_run_args(tokens).target
@@ -367,7 +367,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         from akm.report.watch import follow
 
         try:
-            code = follow(args.run_id, sys.stderr)
+            code = follow(args.run_id, sys.stderr, api)
         except KeyboardInterrupt:
             return 130  # Ctrl-C ends a watch quietly; the run itself is not touched
     if args.format == "html":  # one self-contained page: `> run.html`, then open it in a browser
@@ -503,21 +503,21 @@ def _read_payload(value: str, what: str) -> str:
 
 
 def _clip(text: str) -> str:
-    from akm.text import quoted
+    from akm.api import quoted
 
     return quoted(text)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from akm import api
-    from akm.engine.budget import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
+    from akm.api import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
 
     tokens = None
     if args.tokens is not None:
         digits = args.tokens
         if not (digits.isascii() and digits.isdigit() and len(digits) <= 13 and int(digits) <= MAX_REPORT_TOKENS):
+            from akm.api import quoted
             from akm.codes import Code
-            from akm.text import quoted
 
             raise UsageError(
                 f"--tokens {quoted(args.tokens)}: expected a whole number from 0 to {MAX_REPORT_TOKENS}.",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import argparse
 
-    from akm.format.params import RunArgs
+    from akm.api import RunArgs
 
 from akm import __version__
 from akm.errors import UsageError
@@ -381,7 +381,7 @@ def _add_setup_parser(sub: Any) -> None:
 def split_run(tokens: list[str]) -> "tuple[str, RunArgs]":
     """`workflow run` tokens (after the subcommand) split into TARGET, run flags and param flags; a run
     needs a TARGET, so it is returned apart (typed as present)."""
-    from akm.format.params import split_run_args
+    from akm.api import split_run_args
 
     ra = split_run_args(tokens)
     if ra.target is None:

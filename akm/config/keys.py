@@ -169,7 +169,7 @@ def _refuse_literal_keys(key: str, value: Any, engine_name: str | None) -> None:
 
 
 def _check_endpoint(key: str, value: Any) -> None:
-    """An LLM endpoint typed on the command line is checked as it is typed (spec-setup §2.8: a leaf
+    """An LLM endpoint typed on the command line is checked as it is typed (spec/setup.md: a leaf
     value that does not validate is a usage error, before anything is read or written)."""
     problem = endpoint_problem(value)
     if problem:

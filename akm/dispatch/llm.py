@@ -1,4 +1,4 @@
-"""LLM units: one OpenAI-compatible chat completion per attempt (spec-setup §5).
+"""LLM units: one OpenAI-compatible chat completion per attempt (spec/config.md §7).
 
 Any server speaking `POST …/chat/completions` works: Ollama, LM Studio, vLLM,
 llama.cpp, hosted APIs. The request body is built from the engine snapshot
@@ -44,14 +44,13 @@ from typing import Any, Mapping, Sequence
 
 from akm.dispatch.base import UnitRequest
 from akm.dispatch.redact import REDACTED, clip, redact_text
-from akm.dispatch.types import DispatchResult, token_count
+from akm.dispatch.types import DIAGNOSTIC_CLIP, DispatchResult, token_count
 from akm.record import dataclass, field
 
 DEFAULT_TIMEOUT_MS = 600_000
 DEFAULT_TEMPERATURE = 0.3
 MAX_BODY_BYTES = 10 * 1024 * 1024
 ERROR_EXCERPT = 200
-DIAGNOSTIC_CLIP = 2000
 MAX_RETRY_AFTER_S = 120.0
 MAX_RATE_LIMIT_RETRIES = 2
 CONNECT_TIMEOUT_S = 30.0

@@ -70,8 +70,7 @@ from akm.plan.model import Plan, StepPlan
 from akm.record import dataclass, field
 from akm.store import runs as runs_store
 from akm.store import units as units_store
-from akm.store.db import Database
-from akm.store.journal import HolderLiveness
+from akm.store.journal import HolderLiveness, Journal
 from akm.store.runs import holder_is_live
 from akm.store.status import DRIVABLE_STATUSES
 
@@ -804,7 +803,7 @@ class _Pass:
             except EnvBindingError as exc:
                 return _PassFailure(f'Step "{step.step_id}" env binding failed: {exc}')
             self.sensitive = sensitive_values_from(self.env_values)
-        # Every env file the project can see is secret, bound by this unit or not (issue 23 item 4).
+        # Every env file the project can see is secret, bound by this unit or not.
         self.sensitive = self.sensitive + project_sensitive_values(d.opts.project_root)
         if tmpl.isolation == "worktree":
             problem = worktrees.preflight(str(d.opts.project_root))
@@ -966,7 +965,7 @@ def _claimed_by_other(state: UnitState, now: str) -> bool:
 class _Driver:
     def __init__(
         self,
-        db: Database,
+        db: Journal,
         loaded: LoadedRun,
         fence: runs_store.Fence,
         opts: DriveOptions,
@@ -1073,7 +1072,7 @@ class _Driver:
         take at all (the connection lost or stalled, a lock it gave up on)? Then stop everything: what is in
         flight is stopped and not journaled, as after a lost lease, and the driver exits with that error; the
         run stays as the journal has it (active), for the next driver. A unit is never failed, nor a step
-        decided, because of the journal's trouble (issue 35)."""
+        decided, because of the journal's trouble."""
         if isinstance(exc, UsageError) and exc.code == "LEASE_LOST":
             self.lease_lost.trip("lease_lost")
             return True
@@ -1395,7 +1394,7 @@ REPORT_LOCK_WAIT_S = 10.0
 
 
 def _acquire(
-    db: Database,
+    db: Journal,
     run_id: str,
     holder: str,
     liveness: HolderLiveness | None = None,
@@ -1409,8 +1408,8 @@ def _acquire(
     is not racing another driver and must not be told so. It watches the journal's lease row and
     retries as soon as that holder lets go (or its lease lapses); any other holder is answered at once.
 
-    A holder whose liveness lock is free (PostgreSQL) may be a live driver that only lost that connection
-    (issue 35). Its lock is kept from it here (`runs.hold_dead_holder`), so it stops its units within its
+    A holder whose liveness lock is free (PostgreSQL) may be a live driver that only lost that connection.
+    Its lock is kept from it here (`runs.hold_dead_holder`), so it stops its units within its
     fencing time, and the run is taken over only after TAKEOVER_GRACE_S, or at once should the holder let go
     of its lease meanwhile (it stopped, and released it).
     """
@@ -1441,7 +1440,7 @@ def _acquire(
             runs_store.release_dead_holder(db, dead)
 
 
-def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
+def drive_run(db: Journal, run_id: str, opts: DriveOptions) -> DriveResult:
     """Drive `run_id` as far as it can go in this invocation."""
     loaded = load_run(db, run_id)
     result = DriveResult(run_id=run_id)
@@ -1464,7 +1463,7 @@ def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
 
 
 def _drive_held(
-    db: Database,
+    db: Journal,
     run_id: str,
     holder: str,
     liveness: HolderLiveness | None,

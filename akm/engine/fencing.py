@@ -1,5 +1,5 @@
 """Self-fencing: a holder that can no longer prove it owns what it runs stops its units before anyone else may
-run them (issue 35).
+run them.
 
 Two things let another process run a holder's units: its lease (or a worker's claims) expiring on the
 journal's clock, and — on PostgreSQL — a peer finding its liveness lock free. Neither proves the holder is

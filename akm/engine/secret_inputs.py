@@ -1,4 +1,4 @@
-"""Known secrets kept out of a run's inputs: its params and its frozen plan (issue 35).
+"""Known secrets kept out of a run's inputs: its params and its frozen plan.
 
 Why here and not at output time: a run's params and plan are journaled (`runs.params_json`, `runs.plan_json`),
 printed (`params:`, `--format json`), sent in every prompt and brief, and they decide the units' input hashes.

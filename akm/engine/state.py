@@ -18,7 +18,7 @@ from akm.format.schema import validate_instance
 from akm.plan.model import UNIT_HASH_VERSION, Plan, PlanError
 from akm.record import dataclass
 from akm.store import runs as runs_store
-from akm.store.db import Database
+from akm.store.journal import Journal
 from akm.store.runs import Run
 
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
@@ -74,7 +74,7 @@ def _same_plan_and_params(before: Run, now: Run) -> bool:
     )
 
 
-def load_run(db: Database, run_id: str, prior: LoadedRun | None = None) -> LoadedRun:
+def load_run(db: Journal, run_id: str, prior: LoadedRun | None = None) -> LoadedRun:
     """The run, its frozen plan and its params, checked (a corrupt run is CORRUPT_RUN).
 
     `prior`: this run as loaded moments ago in the same call (a report reads its run before its write and

@@ -1,4 +1,4 @@
-"""YAML with YAML 1.2 core-schema meaning, plus line anchors (DECISIONS D3).
+"""YAML with YAML 1.2 core-schema meaning, plus line anchors (spec/decisions.md D3).
 
 PyYAML implements YAML 1.1: `on`/`yes`/`no` become booleans, `2026-01-01` a date,
 `017` octal, `1_000` an int, and `<<` merges mappings. Workflow authors write

@@ -159,9 +159,9 @@ def _checked_arguments(name: str, arguments: dict[str, Any] | None) -> dict[str,
 
 
 def _compacted(name: str, arguments: dict[str, Any], result: Any) -> Any:
-    """A tool's answer within `akm.compact.ANSWER_LIMIT`: large outputs, inputs and prompts clipped, each
+    """A tool's answer within `akm.mcp.compact.ANSWER_LIMIT`: large outputs, inputs and prompts clipped, each
     with its size and the call that returns it whole (which itself answers unclipped)."""
-    from akm import compact
+    from akm.mcp import compact
 
     if not isinstance(result, CallToolResult) or result.is_error or not isinstance(result.structured_content, dict):
         return result

@@ -21,7 +21,7 @@ from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import Field
 
 from akm import api, views
-from akm.engine.budget import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
+from akm.api import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
 from akm.errors import AkmError
 from akm.mcp import drives as drives_mod
 from akm.mcp.errors import _error_result, _ok
@@ -685,6 +685,6 @@ def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_
     def run_resource(run_id: str) -> str:
         import json
 
-        from akm import compact
+        from akm.mcp import compact
 
         return json.dumps(compact.compact_run(api.run_status(run_id).to_json()), ensure_ascii=False)

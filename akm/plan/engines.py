@@ -16,7 +16,7 @@ Engine selection for a unit that is not an exec unit (spec/config.md §5):
    run nothing; a unit with `llm:` options wants an LLM (`defaults.llmEngine`);
    any other unit takes `defaults.agentEngine`, then `defaults.llmEngine`;
 3. nothing configured → a session unit (engine null) that the calling agent
-   does (DECISIONS D11). With no engine configured at all, every such unit is
+   does (spec/decisions.md D11). With no engine configured at all, every such unit is
    a session unit even when it names an engine, so a shared workflow still runs.
 
 The decision is frozen with the unit (`UnitNode.route`, one of `ROUTES`), so

@@ -1,4 +1,4 @@
-"""The append-only event bus and the invocation history (spec-engine §8, DECISIONS D17).
+"""The append-only event bus and the invocation history (spec/engine.md, spec/decisions.md D17).
 
 Events: `(id, event_type, ts, run_id, metadata_json)`. The id is the durable
 cursor: SQLite serialises writers, so a committed id is never overtaken by a
@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from akm.canonical import compact_json
 from akm.errors import UsageError
-from akm.store.journal import Journal as Database
+from akm.store.journal import Journal
 
 
 class Event(NamedTuple):
@@ -42,7 +42,7 @@ class Event(NamedTuple):
         return out
 
 
-def append_event(db: Database, event_type: str, run_id: str | None, metadata: dict[str, Any] | None = None) -> int:
+def append_event(db: Journal, event_type: str, run_id: str | None, metadata: dict[str, Any] | None = None) -> int:
     """Insert one event; joins the caller's open transaction (so it commits or rolls back with it)."""
     with db.tx() as conn:
         db.dialect.event_lock(conn)  # ids follow commit order (the cursor never skips an event)
@@ -74,7 +74,7 @@ def _event(row: Any) -> Event:
 
 
 def list_events(
-    db: Database,
+    db: Journal,
     run_id: str | None = None,
     since_offset: int = 0,
     limit: int | None = None,
@@ -129,7 +129,7 @@ def list_events(
     return events, (events[-1].id if events else since_offset)
 
 
-def has_event(db: Database, event_type: str, run_id: str) -> bool:
+def has_event(db: Journal, event_type: str, run_id: str) -> bool:
     """True when an event of this type was already recorded for the run (idempotent emits)."""
     return (
         db.query_one("SELECT 1 FROM events WHERE event_type = ? AND run_id = ? LIMIT 1", (event_type, run_id))
@@ -254,7 +254,7 @@ class TaskHistoryEntry(NamedTuple):
 
 
 def record_invocation(
-    db: Database,
+    db: Journal,
     *,
     run_id: str | None,
     started_at: str,
@@ -283,7 +283,7 @@ def record_invocation(
         )
 
 
-def list_task_history(db: Database, run_id: str | None = None) -> list[TaskHistoryEntry]:
+def list_task_history(db: Journal, run_id: str | None = None) -> list[TaskHistoryEntry]:
     """Invocation records (oldest first), metadata decoded strictly (a bad row raises UsageError)."""
     sql = "SELECT id, run_id, started_at, finished_at, outcome, metadata_json FROM task_history"
     params: list[Any] = []

@@ -33,8 +33,7 @@ from typing import Any, NamedTuple
 
 from akm.codes import Code
 from akm.errors import NotFoundError
-from akm.store.journal import RUN_UNIT_WRITE
-from akm.store.journal import Journal as Database
+from akm.store.journal import RUN_UNIT_WRITE, Journal
 from akm.store.runs import (
     DRIVABLE_STATUSES,
     Fence,
@@ -94,7 +93,7 @@ class Eligible(NamedTuple):
 
 
 def queue_unit(
-    db: Database,
+    db: Journal,
     *,
     run_id: str,
     unit_id: str,
@@ -162,7 +161,7 @@ def queue_unit(
     return Queued("queued", "queued")
 
 
-def eligible_work(db: Database, kinds: Sequence[str]) -> list[Eligible]:
+def eligible_work(db: Journal, kinds: Sequence[str]) -> list[Eligible]:
     """The (run, step) pairs of drivable runs with queued units a worker of these `kinds` could claim."""
     if not kinds:
         return []
@@ -176,7 +175,7 @@ def eligible_work(db: Database, kinds: Sequence[str]) -> list[Eligible]:
     return [Eligible(r["run_id"], r["step_id"], r["scope_key"], int(r["n"])) for r in rows]
 
 
-def sample_dispatch(db: Database, run_id: str, step_id: str | None) -> str | None:
+def sample_dispatch(db: Journal, run_id: str, step_id: str | None) -> str | None:
     """The `dispatch_json` of one queued unit of this step (a worker checks the workspace it names)."""
     row = db.query_one(
         f"SELECT dispatch_json FROM units WHERE run_id = ? AND step_id {db.dialect.null_eq} ? AND status = 'queued' "
@@ -187,7 +186,7 @@ def sample_dispatch(db: Database, run_id: str, step_id: str | None) -> str | Non
 
 
 def claim_units(
-    db: Database,
+    db: Journal,
     *,
     run_id: str,
     step_id: str | None,
@@ -259,7 +258,7 @@ def claim_units(
 
 
 def finish_claimed(
-    db: Database,
+    db: Journal,
     claim: Claim,
     holder: str,
     *,
@@ -329,7 +328,7 @@ class Renewal(NamedTuple):
     ended: list[Claim]
 
 
-def renew_claims(db: Database, holder: str, claims: Iterable[Claim]) -> Renewal:
+def renew_claims(db: Journal, holder: str, claims: Iterable[Claim]) -> Renewal:
     """The worker's heartbeat: push the expiry of its running claims one TTL on (in key order, as the sweep
     locks rows, so the two never deadlock on PostgreSQL)."""
     keys = sorted(claims, key=lambda c: (c.run_id, c.unit_id))
@@ -358,7 +357,7 @@ def renew_claims(db: Database, holder: str, claims: Iterable[Claim]) -> Renewal:
     return Renewal(gone, ended)
 
 
-def _put_back(db: Database, conn: Any, run_id: str, unit_id: str, now: str, where: str, args: Sequence[Any]) -> bool:
+def _put_back(db: Journal, conn: Any, run_id: str, unit_id: str, now: str, where: str, args: Sequence[Any]) -> bool:
     """A claim given up (lapsed, or released by its worker): `queued` again while its run is drivable;
     in a run that can no longer be driven it ends `failed` (`abandoned` for an abandoned run, else `aborted`),
     since no coordinator will wait for it and a resume re-dispatches failed units anyway."""
@@ -381,7 +380,7 @@ def _put_back(db: Database, conn: Any, run_id: str, unit_id: str, now: str, wher
     return conn.execute(sql + where, (*values, *args)).rowcount == 1
 
 
-def sweep(db: Database, host: str | None = None) -> list[tuple[str, str]]:
+def sweep(db: Journal, host: str | None = None) -> list[tuple[str, str]]:
     """Give up every worker claim that lapsed (see the module doc); returns the (run, unit) keys.
 
     A claim lapses when its expiry is past on the journal clock — its worker stopped renewing it — or when
@@ -425,7 +424,7 @@ def sweep(db: Database, host: str | None = None) -> list[tuple[str, str]]:
     return put_back
 
 
-def finished_rows(db: Database, run_id: str, unit_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+def finished_rows(db: Journal, run_id: str, unit_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     """The rows among `unit_ids` of the run that are finished (completed or failed), by unit id."""
     ids = list(unit_ids)
     out: dict[str, dict[str, Any]] = {}
@@ -441,7 +440,7 @@ def finished_rows(db: Database, run_id: str, unit_ids: Sequence[str]) -> dict[st
     return out
 
 
-def release_claim(db: Database, claim: Claim, holder: str) -> bool:
+def release_claim(db: Journal, claim: Claim, holder: str) -> bool:
     """Give a claim back (a worker that stops before its unit finished): queued again, or failed in a run that
     can no longer be driven (`_put_back`); False when the claim is not ours any more."""
     with db.tx() as conn:
@@ -456,7 +455,7 @@ def release_claim(db: Database, claim: Claim, holder: str) -> bool:
         )
 
 
-def claimed_count(db: Database, run_id: str) -> int:
+def claimed_count(db: Journal, run_id: str) -> int:
     """How many of the run's worker rows are claimed (running) now."""
     row = db.query_one(
         "SELECT COUNT(*) AS n FROM units WHERE run_id = ? AND status = 'running' AND queued_at IS NOT NULL", (run_id,)
@@ -464,7 +463,7 @@ def claimed_count(db: Database, run_id: str) -> int:
     return int(row["n"]) if row else 0
 
 
-def withdraw(db: Database, run_id: str, step_id: str, unit_id: str | None, *, fence: Fence) -> int:
+def withdraw(db: Journal, run_id: str, step_id: str, unit_id: str | None, *, fence: Fence) -> int:
     """The coordinator takes queued attempts of a step back (one, or all with `unit_id` None) before any
     worker claimed them: `failed` with reason `aborted`, never run. Fenced by its lease; rows a worker
     claimed meanwhile are left to it. Returns the rows withdrawn."""

@@ -25,8 +25,7 @@ from typing import Any, NamedTuple
 from akm.canonical import compact_json
 from akm.errors import NotFoundError, UsageError
 from akm.store.events import append_event
-from akm.store.journal import RUN_UNIT_WRITE, RUN_UPDATE
-from akm.store.journal import Journal as Database
+from akm.store.journal import RUN_UNIT_WRITE, RUN_UPDATE, Journal
 from akm.store.runs import (
     DRIVABLE_STATUSES,
     Fence,
@@ -88,7 +87,7 @@ def content_id(unit_id: str) -> str:
 
 
 def rewind_run(
-    db: Database,
+    db: Journal,
     run_id: str,
     *,
     rewind_id: str,
@@ -304,7 +303,7 @@ def _redo_ids(conn: Any, run_id: str, reopened: list[str], marks: str, redo: boo
 # -- history ----------------------------------------------------------------------------------
 
 
-def list_rewinds(db: Database, run_id: str) -> list[Rewind]:
+def list_rewinds(db: Journal, run_id: str) -> list[Rewind]:
     """The run's rewinds, oldest first."""
     return [_rewind(r) for r in db.query("SELECT * FROM rewinds WHERE run_id = ? ORDER BY seq", (run_id,))]
 
@@ -314,7 +313,7 @@ class SupersededStep(NamedTuple):
     step: Step
 
 
-def superseded_steps(db: Database, run_id: str) -> list[SupersededStep]:
+def superseded_steps(db: Journal, run_id: str) -> list[SupersededStep]:
     """The step rows rewinds reopened, as they were, oldest rewind first and in plan order."""
     rows = db.query(
         f"SELECT s.rewind_id, s.step_id, s.sequence_index, {', '.join('s.' + c for c in _STEP_SNAPSHOT.split(', '))} "
@@ -347,7 +346,7 @@ class SupersededUnit(NamedTuple):
     unit: Unit
 
 
-def superseded_units(db: Database, run_id: str, step_id: str | None = None) -> list[SupersededUnit]:
+def superseded_units(db: Journal, run_id: str, step_id: str | None = None) -> list[SupersededUnit]:
     """The unit and gate rows rewinds superseded, oldest rewind first, each ordered as `units.get_units`."""
     sql = (
         f"SELECT s.rewind_id, s.reusable, {', '.join('s.' + c for c in _UNIT_FIELDS)} FROM superseded_units s "
@@ -364,7 +363,7 @@ def superseded_units(db: Database, run_id: str, step_id: str | None = None) -> l
     return out
 
 
-def superseded_content_ids(db: Database, run_id: str, step_id: str) -> set[str]:
+def superseded_content_ids(db: Journal, run_id: str, step_id: str) -> set[str]:
     """Content ids of the units of a step that a rewind superseded (the brief offers them as re-runs)."""
     return {
         content_id(r["unit_id"])
@@ -394,7 +393,7 @@ class Candidate(NamedTuple):
 _CANDIDATE = "unit_id, input_hash, result_json, truncated, runner, engine, model"
 
 
-def has_donors(db: Database, run_id: str, reuse_from: str | None) -> bool:
+def has_donors(db: Journal, run_id: str, reuse_from: str | None) -> bool:
     """Could any unit of this run be restored? (A run with no rewinds and no `--from` source: never.)"""
     if reuse_from:
         return True
@@ -402,7 +401,7 @@ def has_donors(db: Database, run_id: str, reuse_from: str | None) -> bool:
 
 
 def reuse_candidates(
-    db: Database, run_id: str, step_id: str, reuse_from: str | None, *, gate: bool = False
+    db: Journal, run_id: str, step_id: str, reuse_from: str | None, *, gate: bool = False
 ) -> list[Candidate]:
     """The completed rows a unit of `step_id` (`gate`: a verdict of its gate) may be restored from, the most
     recent source first: rows superseded by this run's rewinds (latest rewind first) and marked reusable, then
@@ -458,7 +457,7 @@ _ADOPT = (
 
 
 def adopt_units(
-    db: Database, run_id: str, step_id: str, adoptions: Sequence[Adoption], *, fence: Fence | None = None
+    db: Journal, run_id: str, step_id: str, adoptions: Sequence[Adoption], *, fence: Fence | None = None
 ) -> list[str]:
     """Write each adoption as its unit's `completed` row — no attempt, no tokens, `reused_from` set — with a
     `workflow_unit_reused` event, in one transaction. Returns the unit ids written (a unit that got a row

@@ -1,4 +1,4 @@
-"""Runs, the step spine, and the run lease (spec-engine §3.3–3.7, §4; DECISIONS D7, D16).
+"""Runs, the step spine, and the run lease (spec/engine.md; spec/decisions.md D7, D16).
 
 Return types: `Run`, `Step` and `LeaseInfo` named tuples (documented
 below). Every state change is one short `BEGIN IMMEDIATE` transaction, and
@@ -39,8 +39,7 @@ from typing import Any, NamedTuple
 from akm.canonical import CanonicalError, canonical_json, compact_json
 from akm.errors import NotFoundError, UsageError
 from akm.store.events import append_event, has_event
-from akm.store.journal import RUN_UPDATE, RUN_WRITE, HolderLiveness
-from akm.store.journal import Journal as Database
+from akm.store.journal import RUN_UPDATE, RUN_WRITE, HolderLiveness, Journal
 from akm.store.status import DRIVABLE_STATUSES, RUN_STATUSES, STEP_TERMINAL_STATUSES  # noqa: E402,F401
 
 LEASE_TTL_S = 90.0
@@ -270,18 +269,18 @@ def holder_is_live(holder: str | None, host: str | None, pid: int | None, until:
 # -- reads ------------------------------------------------------------------------------------
 
 
-def get_run(db: Database, run_id: str) -> Run | None:
+def get_run(db: Journal, run_id: str) -> Run | None:
     row = db.query_one(f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
     return _run(row) if row else None
 
 
-def run_status(db: Database, run_id: str) -> str | None:
+def run_status(db: Journal, run_id: str) -> str | None:
     """Just the run's status (a cheap read the heartbeat polls), or None for no such run."""
     row = db.query_one("SELECT status FROM runs WHERE id = ?", (run_id,))
     return row["status"] if row else None
 
 
-def run_status_and_lease(db: Database, run_id: str) -> tuple[str, str | None, int] | None:
+def run_status_and_lease(db: Journal, run_id: str) -> tuple[str, str | None, int] | None:
     """(status, lease holder, lease epoch) of the run, or None for no such run: the heartbeat's poll."""
     row = db.query_one("SELECT status, lease_holder, lease_epoch FROM runs WHERE id = ?", (run_id,))
     return (row["status"], row["lease_holder"], int(row["lease_epoch"])) if row else None
@@ -306,7 +305,7 @@ def not_drivable_error(run_id: str, status: str, verb: str) -> UsageError:
     )
 
 
-def require_run(db: Database, run_id: str) -> Run:
+def require_run(db: Journal, run_id: str) -> Run:
     """Like `get_run` but raises NotFoundError (the one "no such run" error both fronts show)."""
     run = get_run(db, run_id)
     if run is None:
@@ -319,7 +318,7 @@ def require_run(db: Database, run_id: str) -> Run:
     return run
 
 
-def runs_with_id_prefix(db: Database, prefix: str, limit: int) -> list[tuple[str, str, str, str]]:
+def runs_with_id_prefix(db: Journal, prefix: str, limit: int) -> list[tuple[str, str, str, str]]:
     """(id, status, workflow ref, created_at) of at most `limit` runs whose id starts with `prefix` (hex
     digits and dashes: no LIKE wildcard), newest first: what a run id typed in part names (the api refuses an
     ambiguous one, listing these)."""
@@ -333,7 +332,7 @@ def runs_with_id_prefix(db: Database, prefix: str, limit: int) -> list[tuple[str
     return [(r["id"], r["status"], r["workflow_ref"], r["created_at"]) for r in rows]
 
 
-def newest_run_id(db: Database, scope_keys: tuple[str, ...]) -> str | None:
+def newest_run_id(db: Journal, scope_keys: tuple[str, ...]) -> str | None:
     """The id of the newest run under any of the scope keys (a project's), or None."""
     marks = ", ".join("?" for _ in scope_keys)
     row = db.query_one(
@@ -344,7 +343,7 @@ def newest_run_id(db: Database, scope_keys: tuple[str, ...]) -> str | None:
 
 
 def list_runs(
-    db: Database, scope_key: str | None = None, active_only: bool = False, ref: str | None = None
+    db: Journal, scope_key: str | None = None, active_only: bool = False, ref: str | None = None
 ) -> list[Run]:
     """Runs newest first (created_at, then insertion). `active_only` = drivable statuses."""
     where: list[str] = []
@@ -373,7 +372,7 @@ def same_params(params_json: str | None, params: dict[str, Any]) -> bool:
         return False  # an unreadable snapshot matches nothing: a new run is the safe answer
 
 
-def find_active_run(db: Database, ref: str, scope_key: str, params: dict[str, Any] | None = None) -> Run | None:
+def find_active_run(db: Journal, ref: str, scope_key: str, params: dict[str, Any] | None = None) -> Run | None:
     """The drivable run (active or awaiting_session) of ref in scope — with exactly these params when
     given — or None; the most recently updated wins."""
     rows = db.query(
@@ -387,13 +386,13 @@ def find_active_run(db: Database, ref: str, scope_key: str, params: dict[str, An
     return None
 
 
-def get_steps(db: Database, run_id: str) -> list[Step]:
+def get_steps(db: Journal, run_id: str) -> list[Step]:
     """The spine in plan order."""
     rows = db.query(f"SELECT {_STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY sequence_index", (run_id,))
     return [_step(r) for r in rows]
 
 
-def get_step(db: Database, run_id: str, step_id: str) -> Step | None:
+def get_step(db: Journal, run_id: str, step_id: str) -> Step | None:
     row = db.query_one(f"SELECT {_STEP_COLUMNS} FROM steps WHERE run_id = ? AND step_id = ?", (run_id, step_id))
     return _step(row) if row else None
 
@@ -402,7 +401,7 @@ def get_step(db: Database, run_id: str, step_id: str) -> Step | None:
 
 
 def create_run(
-    db: Database,
+    db: Journal,
     *,
     run_id: str,
     workflow_ref: str,
@@ -561,7 +560,7 @@ def _drivable_run_row(conn: Any, run_id: str, verb: str) -> Any:
 
 
 def complete_step(
-    db: Database,
+    db: Journal,
     run_id: str,
     step_id: str,
     status: str,
@@ -630,7 +629,7 @@ def complete_step(
 
 
 def set_run_status(
-    db: Database, run_id: str, status: str, detail: dict[str, Any] | None = None, *, fence: Fence | None = None
+    db: Journal, run_id: str, status: str, detail: dict[str, Any] | None = None, *, fence: Fence | None = None
 ) -> Run:
     """Switch a drivable run between `active` and `awaiting_session` (D11), storing `detail`.
 
@@ -655,7 +654,7 @@ def set_run_status(
     return require_run(db, run_id)
 
 
-def resume_run(db: Database, run_id: str) -> Run:
+def resume_run(db: Journal, run_id: str) -> Run:
     """Reopen a blocked/failed run (spec §3.7). Returns the run after the call.
 
     blocked/failed -> active: the current step goes back to `pending` (notes,
@@ -732,7 +731,7 @@ ABANDONED_STEP_NOTE = "Not finished: the run was abandoned."
 SKIPPED_STEP_NOTE = "Not run: the run was abandoned."
 
 
-def abandon_run(db: Database, run_id: str) -> Run:
+def abandon_run(db: Journal, run_id: str) -> Run:
     """Give up on a run, at once and for good: active/awaiting_session/blocked/failed -> `abandoned`.
 
     One transaction leaves a spine with nothing left to do: the current step
@@ -824,7 +823,7 @@ class DeadHolder(NamedTuple):
 
 
 def acquire_lease(
-    db: Database,
+    db: Journal,
     run_id: str,
     holder: str,
     ttl_s: float | None = None,
@@ -848,7 +847,7 @@ def acquire_lease(
     Where the journal records holder liveness (PostgreSQL, `Dialect.liveness`), the row records `liveness`
     (this holder's key and server marker, from `Journal.holder_liveness`), or NULLs for none, so a stale key
     never speaks for it. A holder whose liveness session is gone is *not* taken over here: a live driver that
-    merely lost that connection is still running units (issue 35). `dead` (from `hold_dead_holder`, after
+    merely lost that connection is still running units. `dead` (from `hold_dead_holder`, after
     the caller waited out the takeover grace) takes the run over from that holder, provided the row still
     names it at the same epoch and this connection still keeps its liveness lock.
     """
@@ -882,7 +881,7 @@ def acquire_lease(
         return _lease_of(current)
 
 
-def hold_dead_holder(db: Database, run_id: str) -> DeadHolder | None:
+def hold_dead_holder(db: Journal, run_id: str) -> DeadHolder | None:
     """The run's holder, live by its lease but with its liveness session gone, now kept out of its own liveness
     lock by this journal connection; None when there is no such holder (or the journal keeps no liveness).
 
@@ -903,7 +902,7 @@ def hold_dead_holder(db: Database, run_id: str) -> DeadHolder | None:
         return DeadHolder(row["lease_holder"], int(row["lease_epoch"]), key) if key is not None else None
 
 
-def release_dead_holder(db: Database, dead: DeadHolder) -> None:
+def release_dead_holder(db: Journal, dead: DeadHolder) -> None:
     """Let go of the liveness lock `hold_dead_holder` kept (nothing when a reconnect already lost it)."""
     try:
         db.dialect.unhold(db, dead.key)
@@ -911,7 +910,7 @@ def release_dead_holder(db: Database, dead: DeadHolder) -> None:
         pass
 
 
-def _liveness_sets(db: Database, liveness: HolderLiveness | None) -> tuple[str, tuple[Any, ...]]:
+def _liveness_sets(db: Journal, liveness: HolderLiveness | None) -> tuple[str, tuple[Any, ...]]:
     """The lease row's liveness columns for an acquisition (nothing where the journal records none)."""
     if not db.dialect.liveness:
         return "", ()
@@ -920,7 +919,7 @@ def _liveness_sets(db: Database, liveness: HolderLiveness | None) -> tuple[str, 
     return ", lease_session = ?, lease_liveness = ?", (liveness.key, liveness.marker)
 
 
-def lease_fence(db: Database, run_id: str, holder: str) -> Fence | None:
+def lease_fence(db: Journal, run_id: str, holder: str) -> Fence | None:
     """The fence of the lease `holder` holds now (its epoch), or None when it holds none.
 
     Read right after `acquire_lease`: holder ids are unique per acquisition and the epoch only
@@ -931,7 +930,7 @@ def lease_fence(db: Database, run_id: str, holder: str) -> Fence | None:
 
 
 def renew_lease(
-    db: Database,
+    db: Journal,
     run_id: str,
     holder: str,
     ttl_s: float | None = None,
@@ -956,7 +955,7 @@ def renew_lease(
         return cur.rowcount == 1
 
 
-def release_lease(db: Database, run_id: str, holder: str) -> bool:
+def release_lease(db: Journal, run_id: str, holder: str) -> bool:
     """Drop our lease on every exit path (no-op when someone else holds it).
 
     A finished driver's lease is not kept as a record of who ran the run: that
@@ -972,7 +971,7 @@ def release_lease(db: Database, run_id: str, holder: str) -> bool:
         return cur.rowcount == 1
 
 
-def wait_lease_change(db: Database, run_id: str, seen: LeaseInfo, deadline: float) -> bool:
+def wait_lease_change(db: Journal, run_id: str, seen: LeaseInfo, deadline: float) -> bool:
     """Block until the run's lease is no longer `seen` (released, taken, expired, or the run stopped
     being drivable): True; False once `deadline` (time.monotonic()) passes first.
 
@@ -999,7 +998,7 @@ def wait_lease_change(db: Database, run_id: str, seen: LeaseInfo, deadline: floa
         delay = min(delay * 2, 0.05)
 
 
-def read_lease(db: Database, run_id: str) -> LeaseInfo | None:
+def read_lease(db: Journal, run_id: str) -> LeaseInfo | None:
     """The live lease on the run, or None (no lease, half-set, expired, dead local holder).
 
     A holder whose liveness session is gone (PostgreSQL) still counts as live here: it may be a driver that

@@ -4,7 +4,7 @@ Why a module of its own: the URL is the whole user-facing surface of the Postgre
 database, credentials, TLS), and its failures (server down, wrong password, bad URL) must reach the user as
 stable codes, never as a driver traceback. pg8000 is imported here only, and only when a connection is made.
 
-Every connection akm opens bounds how long anything on it can wait (issue 35), because a network that breaks
+Every connection akm opens bounds how long anything on it can wait, because a network that breaks
 without telling anyone — a partition, a middlebox that forgets the flow, a pooler — otherwise leaves both
 ends waiting for hours:
 

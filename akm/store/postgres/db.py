@@ -1,6 +1,6 @@
 """The PostgreSQL journal: the `Journal` interface over one pg8000 connection, and the PostgreSQL `Dialect`.
 
-Why it looks like this (postgres.md §2.3–§2.9, §3):
+Why it looks like this (spec/journal.md):
 
 * The shared domain layer (`store/runs.py`, `units.py`, `events.py`) writes `?` placeholders and names tables
   without a schema; here `?` becomes `$n` (once per statement text) and the connection's `search_path` is
@@ -51,7 +51,7 @@ _RETRY_STATES = ("40001", "40P01")  # serialization failure, deadlock detected
 
 
 class PgDialect(Dialect):
-    """What PostgreSQL needs where SQLite's single write lock and rowid did the work (postgres.md §2.5)."""
+    """What PostgreSQL needs where SQLite's single write lock and rowid did the work (spec/journal.md)."""
 
     name = "postgres"
     rowid = "seq"

@@ -69,7 +69,7 @@ def journal_error(exc: sqlite3.Error, what: str, path: str | os.PathLike[str] | 
 
 
 class _Transaction:
-    """The context manager behind `Database.tx` (see there)."""
+    """The context manager behind `Journal.tx` (see there)."""
 
     __slots__ = ("db", "owner")
 
@@ -339,9 +339,6 @@ class SqliteJournal(Journal):
                 self.conn.close()
             except sqlite3.Error:
                 pass
-
-
-Database = SqliteJournal  # the old name
 
 
 def journal_mode_from_env() -> str:
