@@ -392,11 +392,6 @@ def get_steps(db: Journal, run_id: str) -> list[Step]:
     return [_step(r) for r in rows]
 
 
-def get_step(db: Journal, run_id: str, step_id: str) -> Step | None:
-    row = db.query_one(f"SELECT {_STEP_COLUMNS} FROM steps WHERE run_id = ? AND step_id = ?", (run_id, step_id))
-    return _step(row) if row else None
-
-
 # -- create -----------------------------------------------------------------------------------
 
 
