@@ -42,6 +42,7 @@ from akm.store.runs import (
     not_drivable_error,
     seconds_from_env,
 )
+from akm.store.status import UnitStatus
 from akm.store.units import _INSERT_EVENTS, UnitFinish, _json_opt, _started_meta
 
 # Wake-up channels (`Journal.listener` / `Journal.notifier`; PostgreSQL only, a hint beside polling).
@@ -262,7 +263,7 @@ def finish_claimed(
     claim: Claim,
     holder: str,
     *,
-    status: str,
+    status: UnitStatus,
     result_json: str | None,
     tokens: int | None,
     failure_reason: str | None,

@@ -40,7 +40,13 @@ from akm.canonical import CanonicalError, canonical_json, compact_json
 from akm.errors import NotFoundError, UsageError
 from akm.store.events import append_event, has_event
 from akm.store.journal import RUN_UPDATE, RUN_WRITE, HolderLiveness, Journal
-from akm.store.status import DRIVABLE_STATUSES, RUN_STATUSES, STEP_TERMINAL_STATUSES  # noqa: E402,F401
+from akm.store.status import (  # noqa: E402,F401
+    DRIVABLE_STATUSES,
+    RUN_STATUSES,
+    STEP_TERMINAL_STATUSES,
+    RunStatus,
+    StepStatus,
+)
 
 LEASE_TTL_S = 90.0
 LEASE_TTL_ENV = "AKM_LEASE_TTL_S"  # overrides the TTL (seconds); for tests and slow shared hosts
@@ -74,7 +80,7 @@ class Run(NamedTuple):
     workflow_ref: str
     workflow_path: str | None
     title: str
-    status: str
+    status: RunStatus
     params_json: str
     current_step_id: str | None
     created_at: str
@@ -125,7 +131,7 @@ class Step(NamedTuple):
     run_id: str
     step_id: str
     sequence_index: int
-    status: str
+    status: StepStatus
     notes: str | None
     evidence_json: str | None
     summary: str | None
@@ -624,7 +630,7 @@ def complete_step(
 
 
 def set_run_status(
-    db: Journal, run_id: str, status: str, detail: dict[str, Any] | None = None, *, fence: Fence | None = None
+    db: Journal, run_id: str, status: RunStatus, detail: dict[str, Any] | None = None, *, fence: Fence | None = None
 ) -> Run:
     """Switch a drivable run between `active` and `awaiting_session` (D11), storing `detail`.
 

@@ -42,7 +42,12 @@ from akm.store.runs import (
     lease_ttl_s,
     not_drivable_error,
 )
-from akm.store.status import DRIVABLE_STATUSES, REPORT_LOCK_PREFIX, ReportRecorded  # noqa: F401 - drivers and reports name it units.REPORT_LOCK_PREFIX
+from akm.store.status import (  # noqa: F401 - drivers and reports name it units.REPORT_LOCK_PREFIX
+    DRIVABLE_STATUSES,
+    REPORT_LOCK_PREFIX,
+    ReportRecorded,
+    UnitStatus,
+)
 
 CLAIM_TTL_S = 90.0
 ClaimInfo = LeaseInfo
@@ -60,7 +65,7 @@ class Unit(NamedTuple):
     runner: str | None
     engine: str | None
     model: str | None
-    status: str
+    status: UnitStatus
     input_hash: str | None
     result_json: str | None
     tokens: int | None
@@ -151,7 +156,7 @@ class UnitFinish(NamedTuple):
     run_id: str
     unit_id: str
     started_at: str
-    status: str
+    status: UnitStatus
     result_json: str | None = None
     tokens: int | None = None
     failure_reason: str | None = None
@@ -327,7 +332,7 @@ def finish_unit(
     run_id: str,
     unit_id: str,
     started_at: str,
-    status: str,
+    status: UnitStatus,
     result_json: str | None = None,
     tokens: int | None = None,
     failure_reason: str | None = None,
