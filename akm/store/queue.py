@@ -35,14 +35,13 @@ from akm.codes import Code
 from akm.errors import NotFoundError
 from akm.store.journal import RUN_UNIT_WRITE, Journal
 from akm.store.runs import (
-    DRIVABLE_STATUSES,
     Fence,
     check_fence,
     holder_is_live,
     not_drivable_error,
     seconds_from_env,
 )
-from akm.store.status import UnitStatus
+from akm.store.status import DRIVABLE_STATUSES, UnitStatus
 from akm.store.units import _INSERT_EVENTS, UnitFinish, _json_opt, _started_meta
 
 # Wake-up channels (`Journal.listener` / `Journal.notifier`; PostgreSQL only, a hint beside polling).
@@ -378,7 +377,8 @@ def _put_back(db: Journal, conn: Any, run_id: str, unit_id: str, now: str, where
         )
         reason = "abandoned" if run is not None and run["status"] == "abandoned" else "aborted"
         values = (reason, now, run_id, unit_id)
-    return conn.execute(sql + where, (*values, *args)).rowcount == 1
+    changed: int = conn.execute(sql + where, (*values, *args)).rowcount
+    return changed == 1
 
 
 def sweep(db: Journal, host: str | None = None) -> list[tuple[str, str]]:

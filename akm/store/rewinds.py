@@ -27,7 +27,6 @@ from akm.errors import NotFoundError, UsageError
 from akm.store.events import append_event
 from akm.store.journal import RUN_UNIT_WRITE, RUN_UPDATE, Journal
 from akm.store.runs import (
-    DRIVABLE_STATUSES,
     Fence,
     Step,
     check_fence,
@@ -35,6 +34,7 @@ from akm.store.runs import (
     host_id,
     not_drivable_error,
 )
+from akm.store.status import DRIVABLE_STATUSES
 from akm.store.units import _UNIT_FIELDS, Unit
 
 # Every column of a `units` row, as `superseded_units` keeps it (the same names, plus its own two).

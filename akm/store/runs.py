@@ -953,7 +953,8 @@ def renew_lease(
             + (" AND lease_epoch = ?" if epoch is not None else ""),
             (db.now(ttl), *((marker,) if sets else ()), run_id, holder, *((epoch,) if epoch is not None else ())),
         )
-        return cur.rowcount == 1
+        renewed: int = cur.rowcount
+        return renewed == 1
 
 
 def release_lease(db: Journal, run_id: str, holder: str) -> bool:
@@ -969,7 +970,8 @@ def release_lease(db: Journal, run_id: str, holder: str) -> bool:
             "WHERE id = ? AND lease_holder = ?",
             (run_id, holder),
         )
-        return cur.rowcount == 1
+        released: int = cur.rowcount
+        return released == 1
 
 
 def wait_lease_change(db: Journal, run_id: str, seen: LeaseInfo, deadline: float) -> bool:

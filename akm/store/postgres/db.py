@@ -36,7 +36,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from akm.errors import JournalError
 from akm.store.clock import format_iso, parse_iso
@@ -351,7 +351,7 @@ class _Transaction:
             raise
         return db.conn
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         db = self.db
         try:
             if not self.owner:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from akm.errors import JournalError
 from akm.store.clock import now_iso
@@ -89,7 +89,7 @@ class _Transaction:
             raise
         return db.conn
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         db = self.db
         try:
             if not self.owner:
