@@ -87,12 +87,8 @@ class YamlDoc:
     key_marks: dict[Path, tuple[int, int]] = field(default_factory=dict)
     problems: list[YamlProblem] = field(default_factory=list)
 
-    def line_of(self, path: Path, *, key: bool = False) -> int | None:
-        """Line of `path` (its key line when `key`), walking up to the nearest anchored parent."""
-        mark = self.mark_of(path, key=key)
-        return mark[0] if mark else None
-
     def mark_of(self, path: Path, *, key: bool = False) -> tuple[int, int] | None:
+        """(line, column) of `path` (its key's when `key`), walking up to the nearest anchored parent."""
         p = tuple(path)
         if key and p in self.key_marks:
             return self.key_marks[p]
