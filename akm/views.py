@@ -211,6 +211,7 @@ class StepPreview(View):
     reused: int = 0  # restored from a rewind's history or the `--from` run: nothing runs for them
     to_run: int = 0  # akm would run them (exec, llm, agent)
     for_agent: int = 0  # the calling agent would be asked for them
+    runs_on: str | None = None  # where its units go and why, as the plan froze it ("engine coder (agent, …)")
     note: str | None = None
 
 

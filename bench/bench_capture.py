@@ -71,8 +71,8 @@ def measure(width: int, code: str, root: Path) -> tuple[float, int, str]:
         # The host limit (D6) is max(2, cpu_count); lift it so `width` units really run at once
         # (config `workflow.maxConcurrency` does the same for users).
         engine = (
-            "import sys\nimport akm.engine.drive as drive\n"
-            f"drive.host_concurrency_limit = lambda: {width}\n"
+            "import sys\nimport akm.engine.passes as passes\n"
+            f"passes.host_concurrency_limit = lambda: {width}\n"
             "from akm.cli import main\nsys.exit(main(sys.argv[1:]))\n"
         )
         xs = json.dumps([f"item-{i}" for i in range(width)])

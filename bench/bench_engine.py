@@ -13,12 +13,16 @@ Everything is imported and warmed up before the first measured round. The machin
 may be shared: every figure is a median over interleaved rounds, and CPU time is
 less sensitive to a busy machine than wall time.
 
+`--ahead-off` switches off rows journaled ahead (akm.engine.ahead; `AKM_JOURNAL_AHEAD=0`) in this tree's
+engine: every unit then has a transaction of its own, which measures what that module saves.
+
 `--compare DIR` also measures the engine of another source tree (a checkout of main, say:
 `git archive main | tar -x -C DIR`) in the same interleaved rounds, against the same bare
 pool. Each engine then runs in a child process of its own (its own imports and journal;
 wall and CPU measured in the child), this tree's too, so both are measured alike.
 
-Usage: python bench/bench_engine.py [--units 1000] [--rounds 7] [--rerun 2000] [--widths 2,4,8] [--compare DIR]
+Usage: python bench/bench_engine.py [--units 1000] [--rounds 7] [--rerun 2000] [--widths 2,4,8] [--ahead-off]
+       [--compare DIR]
 """
 
 from __future__ import annotations
@@ -232,12 +236,15 @@ def main() -> None:
     ap.add_argument("--rerun", type=int, default=2000)
     ap.add_argument("--widths", default="2", help="comma-separated pool widths, each measured on its own (e.g. 2,4,8)")
     ap.add_argument("--compare", help="also measure the engine of this source tree (e.g. a checkout of main)")
+    ap.add_argument("--ahead-off", action="store_true", help="switch off rows journaled ahead (akm.engine.ahead)")
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
         serve(args.serve, Path(args.work))
         return
+    if args.ahead_off:  # read at each pass (this process, and the children of --compare, which inherit it)
+        os.environ["AKM_JOURNAL_AHEAD"] = "0"
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["AKM_DATA_DIR"] = str(Path(tmp) / "data")
         work = Path(tmp)

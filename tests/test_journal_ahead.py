@@ -1,4 +1,4 @@
-"""Rows journaled ahead (akm.engine.drive._Ahead): a fan-out of quick units shares transactions.
+"""Rows journaled ahead (akm.engine.ahead): a fan-out of quick units shares transactions.
 
 A worker whose last unit ran in a few milliseconds journals its next units' rows with the current
 one and runs them without writing in between. What must hold: every row is committed before its
@@ -63,7 +63,13 @@ def _events_per_unit(run_id: str) -> dict[str, list[str]]:
     return per
 
 
-def test_a_quick_fan_out_journals_rows_ahead_and_every_unit_once(project):
+def test_a_quick_fan_out_journals_rows_ahead_and_every_unit_once(project, monkeypatch):
+    # "Quick" is a pace (10 ms a unit); a busy CI box spawns `true` slower than that, so the test sets the pace
+    # it wants to see rather than depend on the machine's.
+    from akm.engine import ahead
+
+    monkeypatch.setattr(ahead, "AHEAD_FAST_S", 1.0)
+    monkeypatch.setattr(ahead, "AHEAD_WINDOW_S", 3.0)
     wf = _fan(project, "quick.md", command='["true"]')
     res = run(wf, project, params={"xs": list(range(200))})
     assert res.run.status == "completed"
@@ -75,6 +81,15 @@ def test_a_quick_fan_out_journals_rows_ahead_and_every_unit_once(project):
     # A transaction that journals units ahead writes their started events in one statement, with one stamp:
     # 1 + AHEAD_UNITS of them in a row, where one unit per transaction never writes more than the width.
     assert _started_runs(res.run.run_id) > 2
+
+
+def test_switched_off_every_unit_keeps_a_transaction_of_its_own(project, monkeypatch):
+    monkeypatch.setenv("AKM_JOURNAL_AHEAD", "0")
+    wf = _fan(project, "off.md", command='["true"]')
+    res = run(wf, project, params={"xs": list(range(100))})
+    assert res.run.status == "completed"
+    assert len(_unit_rows(res.run.run_id)) == 100
+    assert _started_runs(res.run.run_id) <= 2  # at most the width's first inserts coincide
 
 
 def test_slow_units_keep_a_transaction_each(project):

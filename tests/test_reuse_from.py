@@ -195,10 +195,12 @@ def test_acceptance_plan_then_from_a_100_unit_fan_out(akm, project, monkeypatch)
     assert (steps["fan"]["units"], steps["fan"]["reused"], steps["fan"]["toRun"]) == (100, 100, 0)
     assert steps["make"]["reused"] == 1 and steps["total"]["reused"] == 1
     assert (steps["last"]["reused"], steps["last"]["toRun"], steps["last"]["runner"]) == (0, 1, "exec")
+    assert steps["last"]["runsOn"] == "akm runs its command (exec)"  # where each step goes, as the plan froze it
     assert preview["reused"] == 102 and preview["toRun"] == 1 and preview["runId"] is None
     assert preview["fromRun"] == rid and preview["first"] == "run 1 unit(s) of step last as exec commands"
     text = akm("workflow", "run", "edit.md", "--n", "100", "--log", str(log), "--from", rid, "--plan", check=0)
     assert "nothing was written" in text.stdout and "reused 102, to run 1" in text.stdout
+    assert "last → akm runs its command (exec)" in text.stdout
     assert _journal_state() == before
     assert len(_lines(log)) == 103  # the preview ran nothing
 

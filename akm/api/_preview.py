@@ -84,7 +84,11 @@ def plan_run(
     finally:
         if db is not None:
             db.close()
-    steps = [StepPreview(**s.__dict__) for s in fc.steps]
+    from akm.engine.concurrency import plan_widths
+    from akm.plan.engines import step_routes
+
+    routes = {r.step_id: r.text for r in step_routes(plan)}
+    steps = [StepPreview(**s.__dict__, runs_on=routes.get(s.id)) for s in fc.steps]
     budget = plan.budget
     out = RunPreview(
         run_id=run.id if run is not None else None,
@@ -106,7 +110,7 @@ def plan_run(
             to_run=sum(s.to_run for s in steps),
         ),
         first=fc.first,
-        warnings=[w.message for w in warnings] + fc.warnings,
+        warnings=[w.message for w in warnings] + fc.warnings + [n for n in (w.note() for w in plan_widths(plan)) if n],
     )
     if budget and budget.max_units is not None and used + out.to_run > budget.max_units:
         out.warnings.append(

@@ -50,7 +50,7 @@ def run_worker(
     project); `idle_exit` / `poll`: ms or text (`30s`). `on_event` gets one `WorkerEvent` per claim, finish,
     rejection, release, refusal and sweep, from unit threads too.
     """
-    from akm.engine.drive import host_concurrency_limit
+    from akm.engine.concurrency import host_concurrency_limit
     from akm.store import queue as queue_store
     from akm.worker.loop import Worker, WorkerOptions
 

@@ -425,6 +425,8 @@ def preview_text(p: dict[str, Any]) -> str:
     for r in rows:
         lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
     for s in p.get("steps") or []:
+        if s.get("runsOn") and s["kind"] != "route":
+            lines.append(f"  {s['id']} → {s['runsOn']}")
         if s.get("note"):
             lines.append(f"  {s['id']}: {s['note']}")
     b = p.get("budget") or {}

@@ -27,7 +27,10 @@ import time
 from collections.abc import Callable
 
 from akm.dispatch.process import KILL_GRACE_S
-from akm.store.journal import FENCE_AFTER_S
+from akm.errors import AkmError, JournalError, UsageError
+from akm.store import runs as runs_store
+from akm.store.journal import FENCE_AFTER_S, Journal
+from akm.store.status import DRIVABLE_STATUSES
 
 UNIT_STOP_S = KILL_GRACE_S + 1.0  # from the cancellation to every unit's process group gone (SIGKILL + reaping)
 TAKEOVER_GRACE_S = FENCE_AFTER_S + UNIT_STOP_S + 2.0  # the peer's wait: the holder's fencing, and a margin
@@ -78,3 +81,53 @@ def lapse_check(renewed_at: Callable[[], float], ttl_s: float, reason: str) -> C
         return reason if time.monotonic() - renewed_at() > limit else None
 
     return check
+
+
+# Journal errors of a server that is reachable again later (PostgreSQL): they stop a driver, never fail a unit.
+JOURNAL_DOWN = frozenset({"JOURNAL_CONNECTION_LOST", "JOURNAL_BUSY", "JOURNAL_UNREACHABLE"})
+
+# Why a driver stopped itself (the reasons its lease cancellation is tripped with by the watchdog).
+_STOPPED_ITSELF = {
+    "lease_lapsing": "it could not renew its run lease (the journal server did not answer) and the lease was "
+    "about to lapse.",
+    "liveness_lost": "it lost the connection that proves to other hosts that it is alive, and could not take it "
+    "back in time.",
+}
+
+
+def lost_lease_error(db: Journal, run_id: str, reason: str | None, journal_fault: JournalError | None) -> AkmError:
+    """The error a driver that stopped driving `run_id` exits with, for the `reason` its lease cancellation
+    was tripped with: the journal's own fault, its fencing, the run abandoned, or another holder's lease."""
+    if reason == "journal_down" and journal_fault is not None:
+        return journal_fault
+    stopped = _STOPPED_ITSELF.get(reason or "")
+    if stopped is not None:  # this driver stopped itself; the journal may be unreachable, so ask it nothing
+        from akm.codes import Code
+
+        return UsageError(
+            f"This invocation stopped driving run {run_id}: {stopped} It stopped its units first so that "
+            "another invocation can take the run over without running any of them twice at once.",
+            code=Code.LEASE_LOST,
+            details={"runId": run_id, "reason": reason},
+            hint="Drive the run again once the journal server is reachable: it resumes where its journal stands.",
+        )
+    run = runs_store.get_run(db, run_id)
+    if run is not None and run.status not in DRIVABLE_STATUSES:
+        return UsageError(
+            f"Run {run_id} became {run.status} while this invocation was driving it "
+            f"({'abandoned' if run.status == 'abandoned' else 'changed'} by another command); stopped. "
+            "Results of units that finished were kept in the journal.",
+            code="RUN_ABANDONED" if run.status == "abandoned" else "RUN_NOT_ACTIVE",
+        )
+    lease = runs_store.read_lease(db, run_id)
+    who = f"{lease.holder} (host {lease.host}, pid {lease.pid})" if lease else "(nobody)"
+    from akm.codes import Code
+
+    return UsageError(
+        f"This invocation lost its lease on run {run_id} (now held by {who}); stopping to avoid racing it. "
+        "Units it had in flight were stopped; their results are not journaled over the new holder's.",
+        code=Code.LEASE_LOST,
+        details={"runId": run_id},
+        hint="Another invocation drives the run now (it redoes what this one left unfinished); "
+        "`workflow status` shows it.",
+    )

@@ -1,7 +1,7 @@
 """Group commit: the journal writes of workers that finish together share one transaction.
 
 Every unit of a fan-out costs one journal transaction (its finish and the next insert, see
-`drive._PendingFinish`), and most of a transaction's cost is its COMMIT (the WAL frames of
+`akm.engine.local._PendingFinish`), and most of a transaction's cost is its COMMIT (the WAL frames of
 the pages it touched; on PostgreSQL a round trip and a WAL flush), not its statements. When
 a worker wants to write while another worker's group is being written, it queues its write
 instead of waiting for the journal's lock; when that group is done, the first queued writer

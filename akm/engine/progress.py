@@ -14,6 +14,20 @@ from akm.record import dataclass
 
 
 @dataclass
+class UnitProgress:
+    """Reported once per finished dispatched unit (for the CLI's stderr progress line)."""
+
+    run_id: str
+    step_id: str
+    unit_id: str
+    attempt_id: str
+    ok: bool
+    failure_reason: str | None
+    done: int
+    total: int
+
+
+@dataclass
 class StepProgress:
     """A step reached a final status in this invocation: completed, failed or skipped."""
 

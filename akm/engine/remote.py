@@ -1,16 +1,16 @@
 """The coordinator's half of a fan-out spread over workers (phase 2; spec/journal.md "Workers").
 
 A driver started with `--workers` keeps everything it does today — the lease, the work list, retries,
-budgets, per-step and per-engine concurrency, fail fast, the one finalize path — and changes one thing: an
-attempt is not run on one of its threads but journaled `queued` (`akm.store.queue.queue_unit`, fenced by
-its lease) with its dispatch payload, and the thread waits for a worker to finish the row. So every limit
-that bounds the driver's threads bounds the units in flight across all workers, and every decision is still
-taken from the journal by the lease holder alone.
+budgets, per-step and per-engine concurrency, fail fast, the one finalize path — and changes one thing: its
+pass's runner is a `WorkerRunner`. An attempt is not run on one of the pass's threads but journaled `queued`
+(`akm.store.queue.queue_unit`, fenced by its lease) with its dispatch payload, and the thread waits for a
+worker to finish the row. So every limit that bounds the pass's threads bounds the units in flight across all
+workers, and every decision is still taken from the journal by the lease holder alone.
 
-The payload (`dispatch_payload`) holds what the coordinator computed for the attempt and a worker cannot:
-the prompt or the exec context (run id, params, inputs, item), the timeout, the engine and model, and the
-project's identity and commit, which a worker checks before it claims anything. Never a secret: env
-bindings and credentials are resolved by the worker, from its own environment and env files.
+The payload (`akm.engine.attempt.to_payload`) holds what the coordinator computed for the attempt and a
+worker cannot: the prompt or the exec context (run id, params, inputs, item), the timeout, the engine and
+model, and the project's identity and commit, which a worker checks before it claims anything. Never a
+secret: env bindings and credentials are resolved by the worker, from its own environment and env files.
 
 One `Waiter` per pass polls the journal for finished rows (one indexed read per interval for all waiting
 threads, however wide the fan-out) and sweeps lapsed worker claims back into the queue, so a fan-out whose
@@ -19,44 +19,21 @@ workers all died goes on as soon as any worker starts again.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from akm.dispatch.base import UnitRequest
+from akm.engine.attempt import to_payload
+from akm.engine.reduce import UnitOutcome, outcome_from_row
+from akm.engine.runner import Holder, PassView, Ticket, new_attempt, not_started
+from akm.engine.worklist import WorkUnit
 from akm.store import queue as queue_store
 from akm.store.journal import Journal
 
-PAYLOAD_VERSION = 1
 POLL_S = 0.25  # between reads of the finished rows; a worker's NOTIFY (PostgreSQL) wakes the read sooner
 SWEEP_EVERY_S = 2.0
 UNCLAIMED_WARN_S = 30.0  # queued units no worker touched for this long: say so (once, until work moves again)
-
-
-def dispatch_payload(request: UnitRequest, *, scope_key: str, commit: str | None) -> str:
-    """The `dispatch_json` of a queued attempt: the request's computed parts, without cwd or secrets."""
-    body: dict[str, Any] = {
-        "v": PAYLOAD_VERSION,
-        "unitId": request.unit_id,
-        "kind": request.kind,
-        "scope": scope_key,
-        "commit": commit,
-    }
-    if request.kind == "exec":
-        body["execContext"] = request.exec_context
-    else:
-        body["prompt"] = request.prompt
-        if request.system_prompt is not None:
-            body["systemPrompt"] = request.system_prompt
-    if request.timeout_ms is not None:
-        body["timeoutMs"] = request.timeout_ms
-    if request.engine_name is not None:
-        body["engine"] = request.engine_name
-    if request.model is not None:
-        body["model"] = request.model
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 
 class Waiter:
@@ -155,3 +132,106 @@ class Waiter:
             self._thread.join(timeout=5)
         if self._listener is not None:
             self._listener.close()
+
+
+class WorkerRunner:
+    """`akm.engine.runner.Runner` for attempts run by `akm worker` processes: queue, then wait for the row."""
+
+    def __init__(self, d: Holder, p: PassView) -> None:
+        self.d = d
+        self.p = p
+        self.waiter = Waiter(d.db, d.run_id, on_unclaimed=self._unclaimed, on_error=self._journal_trouble)
+
+    def lane(self) -> _Lane:
+        return _Lane(self)
+
+    def start(self) -> None:
+        pass  # the waiter starts with the first wait
+
+    def halt(self) -> None:
+        # Fail fast with workers: what they have not claimed yet is never started, as a local pass
+        # starts no further unit; what they run already finishes and is journaled.
+        self._withdraw(None)
+
+    def close(self) -> None:
+        self.waiter.close()
+
+    def _journal_trouble(self, exc: BaseException) -> None:
+        self.d.warn(f"reading the workers' results from the journal failed (retrying every poll): {exc}")
+
+    def _unclaimed(self, waiting: int, quiet_s: float) -> None:
+        self.d.warn(
+            f'{waiting} unit(s) of step "{self.p.step.step_id}" are queued for workers and no worker has claimed '
+            f"any for {quiet_s:g} s: start a worker in a checkout of this project at its commit "
+            "(a worker that cannot run them says why on its stderr); this run waits for them"
+        )
+
+    def dispatch(self, unit: WorkUnit, attempt: str) -> UnitOutcome:
+        """Queue the attempt for workers (fenced, committed first) and wait for a worker to finish its row."""
+        d, p = self.d, self.p
+        payload = to_payload(p.attempts.spec_of(unit), scope_key=d.scope_key, commit=d.commit)
+        row_fields = new_attempt(d.run_id, p.step.step_id, unit, attempt)._asdict()
+        del row_fields["worktree_path"]  # a worker makes its own
+        try:
+            queued = queue_store.queue_unit(d.db, **row_fields, dispatch_json=payload, fence=d.fence)
+        except Exception as exc:
+            if d.fenced_out(exc):
+                return not_started(unit, attempt)
+            return UnitOutcome(
+                unit_id=unit.unit_id,
+                ok=False,
+                failure_reason="dispatch_error",
+                error=f"unit {attempt} could not be queued for workers (nothing was dispatched): {exc}",
+            )
+        if queued.outcome == "queued" and d.work_notifier is not None:
+            d.work_notifier.notify(d.run_id)  # after the commit: wake idle workers now
+        row = self.waiter.wait(attempt, p.event)
+        if row is None and not (d.opts.cancel.tripped or d.lease_lost.tripped):
+            # Stopped by the step itself (a budget ceiling): the unit is not to run any more. An interrupted
+            # invocation leaves its rows for the next driver instead, which waits for them.
+            self._withdraw(attempt)
+        if row is None:
+            return UnitOutcome(
+                unit_id=unit.unit_id,
+                ok=False,
+                failure_reason="aborted",
+                error=f"unit {attempt} was left with the workers when this invocation stopped (its row stays "
+                "in the journal: the next driver waits for it)",
+            )
+        outcome = outcome_from_row(unit.unit_id, row, unit.template.output_schema is not None)
+        outcome.reused, outcome.dispatched = False, True
+        return outcome
+
+    def _withdraw(self, attempt: str | None) -> None:
+        """Take this step's queued attempts (or one) back from the workers: failed `aborted`, never run."""
+        d, step_id = self.d, self.p.step.step_id
+        try:
+            queue_store.withdraw(d.db, d.run_id, step_id, attempt, fence=d.fence)
+        except Exception as exc:
+            if not d.fenced_out(exc):
+                d.warn(f"could not take queued units of step {step_id} back from the workers: {exc}")
+
+
+class _Lane:
+    """A thread of a pass with workers: it waits for one queued attempt at a time; it holds nothing."""
+
+    __slots__ = ("runner",)
+
+    def __init__(self, runner: WorkerRunner) -> None:
+        self.runner = runner
+
+    def next(self) -> Ticket | None:
+        i = self.runner.p.claim()
+        return None if i is None else Ticket(i)
+
+    def run(self, unit: WorkUnit, attempt: str, ticket: Ticket | None) -> UnitOutcome:
+        return self.runner.dispatch(unit, attempt)
+
+    def hand_back(self, ticket: Ticket) -> None:
+        pass
+
+    def settle(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

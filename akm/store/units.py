@@ -484,7 +484,7 @@ def unstart_units(
 ) -> int:
     """Close `running` rows whose units were never started (`rows`: (attempt id, its started_at)).
 
-    A driver that journaled rows ahead of their dispatch (akm.engine.drive `_Ahead`) and then
+    A driver that journaled rows ahead of their dispatch (akm.engine.ahead) and then
     stopped: each row ends `failed` / `not_run` with its dispatch taken back (`attempts - 1`), so a
     later drive dispatches it as the attempt it is, and budgets do not count it. Fenced; rows
     re-dispatched by someone else meanwhile (another stamp) are left alone. Returns rows closed.

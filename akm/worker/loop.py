@@ -29,8 +29,8 @@ from typing import Any
 
 from akm import paths
 from akm.codes import Code
-from akm.dispatch.base import DispatcherRegistry, UnitRequest
-from akm.engine.activity import ActivityRelay
+from akm.dispatch.base import DispatcherRegistry
+from akm.engine.attempt import AttemptSpec, EnvBindingError, StepAttempts, WorktreeError, from_payload
 from akm.engine.cancel import Cancellation
 from akm.engine.fencing import WATCH_EVERY_S, stop_margin
 from akm.engine.reduce import UnitOutcome, storable
@@ -267,7 +267,7 @@ class Worker:
             reason = workspace.refusal(
                 plan=plan,
                 step_id=e.step_id,
-                payload=workspace.payload_of(queue_store.sample_dispatch(self.db, e.run_id, e.step_id)),
+                payload=from_payload(queue_store.sample_dispatch(self.db, e.run_id, e.step_id)),
                 scopes=self.scopes,
                 run_scope=e.scope_key,
                 project_root=self.root,
@@ -379,79 +379,38 @@ class Worker:
             )
 
     def _execute(self, claim: queue_store.Claim, stop: threading.Event) -> UnitOutcome:
-        from akm.dispatch.redact import sensitive_values_from
-        from akm.engine import worktree as worktrees
-        from akm.engine.env_bindings import project_sensitive_values, resolve_env_refs
-        from akm.engine.structured import run_structured
-
-        payload = workspace.payload_of(claim.dispatch_json) or {}
-        unit_id = str(payload.get("unitId") or claim.unit_id)
+        """Run the claimed attempt as its driver would have run it (`akm.engine.attempt`)."""
+        payload = from_payload(claim.dispatch_json)
+        spec = payload.spec if payload is not None else AttemptSpec(unit_id="", kind="")
+        spec.kind = claim.runner or ""  # the row's runner: the dispatcher that runs it
+        unit_id = spec.unit_id = spec.unit_id or claim.unit_id
         plan = self._plan(claim.run_id)
         step = plan.step(claim.step_id) if claim.step_id is not None else None
-        tmpl = step.unit_template if step is not None else None
         dispatcher = self.registry.get(claim.runner or "")
-        if tmpl is None or dispatcher is None:
+        if step is None or step.unit_template is None or dispatcher is None:
             return UnitOutcome(
                 unit_id=unit_id,
                 ok=False,
                 failure_reason="dispatch_error",
                 error=f"unit {claim.unit_id}: no unit template or dispatcher for it in this worker",
             )
-        from akm.engine.env_bindings import EnvBindingError
-
         try:
-            env_values = resolve_env_refs(tmpl.env, self.root) if tmpl.env else {}
+            attempts = StepAttempts.open(
+                plan, step, run_id=claim.run_id, project_root=self.root, parent_env=self._parent_env
+            )
         except EnvBindingError as exc:
             raise HostProblem(f"the step's env binding cannot be resolved here: {exc}") from None
-        sensitive = sensitive_values_from(env_values) + project_sensitive_values(self.root)
-        cwd, tree = str(self.root), None
-        if tmpl.isolation == "worktree":
-            try:
-                tree = worktrees.create(str(self.root), claim.run_id, claim.unit_id)
-            except (worktrees.WorktreeError, OSError) as exc:
-                raise HostProblem(f"could not create the isolation worktree here: {exc}") from None
-            cwd = tree.path
         try:
-            engine_name = payload.get("engine")
-            request = UnitRequest(
-                run_id=claim.run_id,
-                step_id=claim.step_id or "",
-                unit_id=unit_id,
-                attempt_id=claim.unit_id,
-                kind=claim.runner or "",
-                cwd=cwd,
-                prompt=str(payload.get("prompt") or ""),
-                system_prompt=payload.get("systemPrompt"),
-                output_schema=tmpl.output_schema,
-                timeout_ms=payload.get("timeoutMs"),
-                engine_name=engine_name,
-                engine=plan.execution.engines.get(engine_name) if engine_name else None,
-                model=payload.get("model"),
-                llm_options=tmpl.invocation.llm if tmpl.invocation else None,
-                exec_spec=tmpl.exec,
-                exec_context=dict(payload.get("execContext") or {}),
-                env_bindings=env_values,
-                sensitive_values=sensitive,
-                parent_env=self._parent_env,
-                on_activity=ActivityRelay(
-                    self.db,
-                    run_id=claim.run_id,
-                    step_id=claim.step_id or "",
-                    unit_id=unit_id,
-                    attempt_id=claim.unit_id,
-                    started_at=claim.started_at,
-                    on_progress=None,  # the coordinator and `status --watch` read it from the journal
-                )
-                if claim.runner == "agent"
-                else None,
-            )
-            res = run_structured(dispatcher, request, stop)
-            return UnitOutcome(unit_id=unit_id, **vars(res))
+            # (the coordinator and `status --watch` read an agent's live activity from the journal)
+            prepared = attempts.prepare(spec, claim.unit_id, db=self.db, started_at=claim.started_at)
+        except (WorktreeError, OSError) as exc:
+            raise HostProblem(f"could not create the isolation worktree here: {exc}") from None
+        try:
+            return prepared.run(dispatcher, stop)
         finally:
-            if tree is not None:
-                warning = worktrees.cleanup(tree)
-                if warning:
-                    self._tell(WorkerEvent("warning", claim.run_id, claim.unit_id, claim.step_id, detail=warning))
+            warning = prepared.cleanup()
+            if warning:
+                self._tell(WorkerEvent("warning", claim.run_id, claim.unit_id, claim.step_id, detail=warning))
 
     # ------------------------------------------------------------ heartbeat
     def _heartbeat(self) -> None:

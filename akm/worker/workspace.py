@@ -16,31 +16,17 @@ leaves those units to a worker that can run them.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
+from akm.engine.attempt import EnvBindingError, Payload, env_bindings, worktree_problem
 from akm.plan.model import Plan
-
-
-def payload_of(text: str | None) -> dict[str, Any] | None:
-    """A queued unit's dispatch payload, or None when it is missing or not ours (a newer akm's version)."""
-    if not text:
-        return None
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return None
-    from akm.engine.remote import PAYLOAD_VERSION
-
-    return body if isinstance(body, dict) and body.get("v") == PAYLOAD_VERSION else None
 
 
 def refusal(
     *,
     plan: Plan,
     step_id: str | None,
-    payload: dict[str, Any] | None,
+    payload: Payload | None,
     scopes: tuple[str, ...],
     run_scope: str,
     project_root: Path,
@@ -52,7 +38,7 @@ def refusal(
         return f"the run belongs to another project than {project_root} (pass --project DIR of a checkout of it)"
     if payload is None:
         return "its queued units carry no dispatch payload this akm can read (started by another akm version?)"
-    wanted = payload.get("commit")
+    wanted = payload.commit
     if wanted and commit != wanted:
         have = commit[:12] if commit else "no readable commit"
         return f"the run needs commit {str(wanted)[:12]} checked out, {project_root} has {have}"
@@ -60,19 +46,14 @@ def refusal(
     tmpl = step.unit_template if step is not None else None
     if tmpl is None:
         return f"step {step_id!r} has no unit template in the run's frozen plan"
-    if payload.get("kind") not in kinds_here:
-        return f"this akm has no dispatcher for {payload.get('kind')} units"
-    if tmpl.env:
-        from akm.engine.env_bindings import EnvBindingError, resolve_env_refs
-
-        try:
-            resolve_env_refs(tmpl.env, project_root)
-        except EnvBindingError as exc:
-            return f"the step's env binding cannot be resolved here: {exc}"
-    if tmpl.isolation == "worktree":
-        from akm.engine import worktree
-
-        problem = worktree.preflight(str(project_root))
-        if problem:
-            return f"the step uses isolation: worktree, but {problem}"
+    kind = payload.spec.kind
+    if kind not in kinds_here:
+        return f"this akm has no dispatcher for {kind} units"
+    try:
+        env_bindings(tmpl, project_root)
+    except EnvBindingError as exc:
+        return f"the step's env binding cannot be resolved here: {exc}"
+    problem = worktree_problem(tmpl, project_root)
+    if problem:
+        return f"the step uses isolation: worktree, but {problem}"
     return None
