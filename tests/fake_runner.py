@@ -18,7 +18,7 @@ from typing import Any
 from akm.dispatch.types import DispatchResult
 from akm.engine.attempt import AttemptSpec
 from akm.engine.reduce import UnitOutcome, storable
-from akm.engine.runner import Holder, PassView, Ticket, new_attempt, not_started
+from akm.engine.runner import Holder, PassView, PlainLane, new_attempt, not_started
 from akm.engine.worklist import WorkUnit
 from akm.store import units as units_store
 
@@ -73,8 +73,8 @@ class _Runner:
     def __init__(self, fake: FakeRunner, d: Holder, p: PassView) -> None:
         self.fake, self.d, self.p = fake, d, p
 
-    def lane(self) -> _Lane:
-        return _Lane(self)
+    def lane(self) -> PlainLane:
+        return PlainLane(self.p, self.attempt)
 
     def start(self) -> None:
         pass
@@ -121,24 +121,3 @@ class _Runner:
             fence=d.fence,
         )
         return outcome
-
-
-class _Lane:
-    def __init__(self, runner: _Runner) -> None:
-        self.runner = runner
-
-    def next(self) -> Ticket | None:
-        i = self.runner.p.claim()
-        return None if i is None else Ticket(i)
-
-    def run(self, unit: WorkUnit, attempt: str, ticket: Ticket | None) -> UnitOutcome:
-        return self.runner.attempt(unit, attempt)
-
-    def hand_back(self, ticket: Ticket) -> None:
-        pass
-
-    def settle(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

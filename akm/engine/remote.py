@@ -26,7 +26,7 @@ from typing import Any
 
 from akm.engine.attempt import to_payload
 from akm.engine.reduce import UnitOutcome, outcome_from_row
-from akm.engine.runner import Holder, PassView, Ticket, new_attempt, not_started
+from akm.engine.runner import Holder, PassView, PlainLane, new_attempt, not_started
 from akm.engine.worklist import WorkUnit
 from akm.store import queue as queue_store
 from akm.store.journal import Journal
@@ -142,8 +142,8 @@ class WorkerRunner:
         self.p = p
         self.waiter = Waiter(d.db, d.run_id, on_unclaimed=self._unclaimed, on_error=self._journal_trouble)
 
-    def lane(self) -> _Lane:
-        return _Lane(self)
+    def lane(self) -> PlainLane:
+        return PlainLane(self.p, self.dispatch)  # a thread waits for one queued attempt at a time
 
     def start(self) -> None:
         pass  # the waiter starts with the first wait
@@ -210,28 +210,3 @@ class WorkerRunner:
         except Exception as exc:
             if not d.fenced_out(exc):
                 d.warn(f"could not take queued units of step {step_id} back from the workers: {exc}")
-
-
-class _Lane:
-    """A thread of a pass with workers: it waits for one queued attempt at a time; it holds nothing."""
-
-    __slots__ = ("runner",)
-
-    def __init__(self, runner: WorkerRunner) -> None:
-        self.runner = runner
-
-    def next(self) -> Ticket | None:
-        i = self.runner.p.claim()
-        return None if i is None else Ticket(i)
-
-    def run(self, unit: WorkUnit, attempt: str, ticket: Ticket | None) -> UnitOutcome:
-        return self.runner.dispatch(unit, attempt)
-
-    def hand_back(self, ticket: Ticket) -> None:
-        pass
-
-    def settle(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

@@ -68,6 +68,33 @@ class Lane(Protocol):
         ...
 
 
+class PlainLane:
+    """A lane that holds nothing from one unit to the next: it takes the pass's next unit and runs each
+    attempt with `run_attempt` (a runner that journals each attempt in a transaction of its own)."""
+
+    __slots__ = ("p", "run_attempt")
+
+    def __init__(self, p: PassView, run_attempt: Callable[[WorkUnit, str], UnitOutcome]) -> None:
+        self.p = p
+        self.run_attempt = run_attempt
+
+    def next(self) -> Ticket | None:
+        i = self.p.claim()
+        return None if i is None else Ticket(i)
+
+    def run(self, unit: WorkUnit, attempt: str, ticket: Ticket | None) -> UnitOutcome:
+        return self.run_attempt(unit, attempt)
+
+    def hand_back(self, ticket: Ticket) -> None:
+        pass
+
+    def settle(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class Runner(Protocol):
     """How one pass's attempts run (see the module docstring); built per pass by a `RunnerFactory`."""
 
