@@ -40,8 +40,9 @@ def spread(values: Sequence[float], fmt: str = ".2f", scale: float = 1.0, unit: 
 
 
 @contextlib.contextmanager
-def server(url: str | None) -> Iterator[str]:
-    """A PostgreSQL server for a bench: `url` when given, else a throwaway local cluster (tests/pgcluster.py)."""
+def server(url: str | None, settings: dict[str, str] | None = None) -> Iterator[str]:
+    """A PostgreSQL server for a bench: `url` when given, else a throwaway local cluster (tests/pgcluster.py)
+    started with `settings` (server settings such as `shared_preload_libraries`)."""
     if url:
         yield url
         return
@@ -50,5 +51,5 @@ def server(url: str | None) -> Iterator[str]:
     bindir = pgcluster.find_bindir()
     if bindir is None:
         raise SystemExit("no PostgreSQL binaries found (set AKM_TEST_PG_BINDIR) and no --url given")
-    with pgcluster.cluster(bindir) as c:
+    with pgcluster.cluster(bindir, settings) as c:
         yield c.url()

@@ -83,8 +83,11 @@ def _run(argv: list[str], timeout: float = 300) -> None:
 
 
 @contextlib.contextmanager
-def cluster(bindir: Path) -> Iterator[Cluster]:
-    """Start a fresh cluster, yield how to reach it, stop and delete it afterwards."""
+def cluster(bindir: Path, settings: dict[str, str] | None = None) -> Iterator[Cluster]:
+    """Start a fresh cluster, yield how to reach it, stop and delete it afterwards.
+
+    `settings`: more server settings (`-c name=value`), e.g. `shared_preload_libraries` for a bench that reads
+    pg_stat_statements."""
     tmp = Path(tempfile.mkdtemp(prefix="akm-pg-"))
     data, sock, log = tmp / "data", tmp / "sock", tmp / "server.log"
     sock.mkdir()
@@ -120,6 +123,7 @@ def cluster(bindir: Path) -> Iterator[Cluster]:
             f"-k {sock} -p {port} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off"
             " -c full_page_writes=off -c password_encryption=scram-sha-256 -c max_connections=100"
         )
+        opts += "".join(f" -c {name}={value}" for name, value in (settings or {}).items())
         _run([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "120", "-o", opts, "start"])
         started = True
         yield Cluster(

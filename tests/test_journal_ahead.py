@@ -63,13 +63,18 @@ def _events_per_unit(run_id: str) -> dict[str, list[str]]:
     return per
 
 
-def test_a_quick_fan_out_journals_rows_ahead_and_every_unit_once(project, monkeypatch):
-    # "Quick" is a pace (10 ms a unit); a busy CI box spawns `true` slower than that, so the test sets the pace
-    # it wants to see rather than depend on the machine's.
+def _quick_pace(monkeypatch) -> None:
+    """ "Quick" is a pace (10 ms a unit, a 30 ms window); a busy CI box spawns `true` slower than that, and a unit
+    that outlasts the window has its lane's rows taken back and journaled again. A test about what quick units
+    do sets the pace it means to see rather than depend on the machine's."""
     from akm.engine import ahead
 
     monkeypatch.setattr(ahead, "AHEAD_FAST_S", 1.0)
     monkeypatch.setattr(ahead, "AHEAD_WINDOW_S", 3.0)
+
+
+def test_a_quick_fan_out_journals_rows_ahead_and_every_unit_once(project, monkeypatch):
+    _quick_pace(monkeypatch)
     wf = _fan(project, "quick.md", command='["true"]')
     res = run(wf, project, params={"xs": list(range(200))})
     assert res.run.status == "completed"
@@ -106,7 +111,8 @@ def test_a_step_with_retries_keeps_a_transaction_per_unit(project):
     assert _started_runs(res.run.run_id) <= 2
 
 
-def test_fail_fast_closes_the_rows_journaled_ahead(project):
+def test_fail_fast_closes_the_rows_journaled_ahead(project, monkeypatch):
+    _quick_pace(monkeypatch)
     # unit 40 fails under on_error: fail: no unit starts after it, and the rows journaled ahead of it are
     # closed failed/not_run (their dispatch taken back) rather than left running
     wf = _fan(project, "failfast.md", command='["sh", "-c", "[ \\"$AKM_ITEM_INDEX\\" != 40 ]"]', width=1)

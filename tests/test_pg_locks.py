@@ -139,23 +139,18 @@ def test_write_report_locks_the_run_and_the_events_once(pg):
     """A finishing report inserts and finishes the attempt inside its own transaction: one lock of each."""
     db, _ = pg
     db.conn.trace = trace = []
+    attempt = units.NewAttempt(RUN, "build:solo", "build", "build", runner="session", input_hash="h1")
     write = units.write_report(
         db,
-        run_id=RUN,
-        unit_id="build:solo",
-        step_id="build",
-        node_id="build",
-        parent_unit_id=None,
-        runner="session",
-        engine=None,
-        model=None,
-        input_hash="h1",
-        status="completed",
-        result_json='"done"',
-        tokens=3,
-        failure_reason=None,
-        holder="agent-1",
-        rerun=False,
+        units.ReportedAttempt(
+            attempt,
+            status="completed",
+            result_json='"done"',
+            tokens=3,
+            failure_reason=None,
+            holder="agent-1",
+            rerun=False,
+        ),
     )
     assert write.recorded == "written"
     assert _locks(trace) == (1, 1)

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from akm.engine.attempt import from_payload
 from akm.errors import UsageError
 from akm.store import queue, runs, units
 
@@ -247,3 +248,86 @@ def test_a_bad_claim_ttl_is_refused(monkeypatch):
     with pytest.raises(UsageError) as info:
         queue.claim_ttl_s()
     assert info.value.code == "INVALID_ENV"
+
+
+def test_a_listed_step_keeps_its_payload_when_another_worker_empties_it_first(db, fence):
+    """Issue 40's race: a worker listed the queue, another claimed the step's last units, and the first then read
+    "a queued unit's payload" in a second statement, found none, and refused the step as "started by another akm
+    version" (remembering the refusal). The payload now comes with the listing, so what the listing saw can be
+    judged whatever other claimers did since."""
+    payload = '{"v":1,"unitId":"build.unit:1","kind":"exec","scope":"s","commit":null}'
+    put(db, fence, dispatch_json=payload)
+    [listed] = queue.eligible_work(db, ("exec",))
+    assert [c.unit_id for c in claim(db, holder="w2")] == ["build.unit:1"]  # the step is empty now
+    assert queue.eligible_work(db, ("exec",)) == []
+    assert (listed.run_id, listed.step_id, listed.queued) == ("r1", "build", 1)
+    read = from_payload(listed.payload)
+    assert read is not None and (read.spec.unit_id, read.spec.kind, read.scope) == ("build.unit:1", "exec", "s")
+    assert not hasattr(queue, "sample_dispatch")  # the second read, where the race lived, is gone
+
+
+def test_a_finish_on_postgresql_wakes_the_coordinator_in_its_own_statement(db, fence):
+    """The worker's finish carries the coordinator's wake-up (a NOTIFY in the same statement, issue 40), so a
+    worker on PostgreSQL sends none of its own; a superseded finish wakes nobody."""
+    if db.backend != "postgres":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    from tests.helpers import wait_until
+
+    assert queue.finish_notifies(db)
+    put(db, fence)
+    put(db, fence, unit_id="build.unit:2")
+    got = claim(db)
+    woken = threading.Event()
+    listener = db.listener(queue.RUN_CHANNEL, woken, "r1")
+    try:
+        wait_until(  # its LISTEN ran (a NOTIFY before it is not delivered)
+            lambda: db.query(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'akm-listen' AND query IN "
+                f"('LISTEN {queue.RUN_CHANNEL}', 'SELECT 1')"
+            ),
+            what="the listener's LISTEN",
+        )
+        stale = got[0]._replace(token=9)
+        assert (
+            queue.finish_claimed(
+                db, stale, "w1", status="completed", result_json='"x"', tokens=None, failure_reason=None
+            )
+            == "superseded"
+        )
+        assert not woken.wait(1.0)
+        assert (
+            queue.finish_claimed(
+                db, got[1], "w1", status="completed", result_json='"ok"', tokens=None, failure_reason=None
+            )
+            == "finished"
+        )
+        assert woken.wait(60), "the finish did not wake the listener"
+    finally:
+        listener.close()
+
+
+def test_queueing_on_postgresql_wakes_idle_workers_only_when_none_waited(db, fence):
+    """The queue write tells idle workers itself (a NOTIFY in its statement, issue 40) when it found none of the
+    run's units waiting; with some waiting, every worker is busy and claims the next as one of its units ends."""
+    if db.backend != "postgres":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    from tests.helpers import wait_until
+
+    woken = threading.Event()
+    listener = db.listener(queue.WORK_CHANNEL, woken, "r1")
+    try:
+        wait_until(
+            lambda: db.query(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'akm-listen' AND query IN "
+                f"('LISTEN {queue.WORK_CHANNEL}', 'SELECT 1')"
+            ),
+            what="the listener's LISTEN",
+        )
+        first = put(db, fence)
+        assert first.outcome == "queued" and not first.wake  # told already, by the statement
+        assert woken.wait(60), "queueing into an empty queue did not wake the workers"
+        woken.clear()
+        assert put(db, fence, unit_id="build.unit:2").outcome == "queued"
+        assert not woken.wait(1.0)  # one was waiting: no wake-up
+    finally:
+        listener.close()

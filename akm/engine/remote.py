@@ -183,8 +183,8 @@ class WorkerRunner:
                 failure_reason="dispatch_error",
                 error=f"unit {attempt} could not be queued for workers (nothing was dispatched): {exc}",
             )
-        if queued.outcome == "queued" and d.work_notifier is not None:
-            d.work_notifier.notify(d.run_id)  # after the commit: wake idle workers now
+        if queued.wake and d.work_notifier is not None:
+            d.work_notifier.notify(d.run_id)  # after the commit: wake idle workers now (unless the write did)
         row = self.waiter.wait(attempt, p.event)
         if row is None and not (d.opts.cancel.tripped or d.lease_lost.tripped):
             # Stopped by the step itself (a budget ceiling): the unit is not to run any more. An interrupted

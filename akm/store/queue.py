@@ -28,17 +28,24 @@ with the coordinator's drive loop (`akm.engine.remote`).
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterable, Sequence
+from types import ModuleType
 from typing import Any, NamedTuple
 
 from akm.codes import Code
 from akm.errors import NotFoundError
+from akm.store.batch import Coalescer
 from akm.store.journal import RUN_UNIT_WRITE, Journal
 from akm.store.runs import (
     Fence,
     check_fence,
     holder_is_live,
+    host_id,
+    lease_lost_error,
     not_drivable_error,
+    pid_alive,
     seconds_from_env,
 )
 from akm.store.status import DRIVABLE_STATUSES, UnitStatus
@@ -62,10 +69,14 @@ def claim_ttl_s() -> float:
 class Queued(NamedTuple):
     """What `queue_unit` did: `queued` (written now), `adopted` (already in the queue or running under a live
     worker claim), or `finished` (the row completed already: read it). A failed row is queued again, as a
-    local driver dispatches a failed unit again."""
+    local driver dispatches a failed unit again. `wake`: idle workers are still to be told (`WORK_CHANNEL`,
+    after the commit): the write that queued it did not tell them itself. On PostgreSQL the one-statement
+    queue write does, at its commit, when none of the run's units was waiting in the queue (where some were,
+    every worker that can run them is busy, and claims the next as a unit of its own finishes)."""
 
     outcome: str
     status: str
+    wake: bool = False
 
 
 class Claim(NamedTuple):
@@ -84,12 +95,46 @@ class Claim(NamedTuple):
 
 
 class Eligible(NamedTuple):
-    """A (run, step) with queued units, as a worker decides whether it can run them (before claiming)."""
+    """A (run, step) with queued units, as a worker decides whether it can run them (before claiming), with the
+    dispatch payload of one of them, read in the same statement: units claimed by others meanwhile cannot
+    leave the step without one (the race of issue 40, in which a worker refused a step it could run)."""
 
     run_id: str
     step_id: str | None
     scope_key: str
     queued: int
+    payload: str | None = None
+
+
+class _ToQueue(NamedTuple):
+    """One attempt `queue_unit` was asked to queue."""
+
+    run_id: str
+    unit_id: str
+    step_id: str | None
+    node_id: str
+    parent_unit_id: str | None
+    runner: str | None
+    engine: str | None
+    model: str | None
+    input_hash: str | None
+    dispatch_json: str
+    fence: Fence
+
+
+def _pg(db: Journal) -> ModuleType | None:
+    """The one-statement forms of these writes (`store/postgres/hotpath.py`) where the journal is PostgreSQL."""
+    if db.backend != "postgres":
+        return None
+    from akm.store.postgres import hotpath
+
+    return hotpath
+
+
+def finish_notifies(db: Journal) -> bool:
+    """Whether `finish_claimed` itself tells the coordinator a unit finished (PostgreSQL: in its statement), so a
+    worker sends no NOTIFY of its own."""
+    return _pg(db) is not None
 
 
 def queue_unit(
@@ -111,8 +156,135 @@ def queue_unit(
 
     Refuses like `insert_unit` (RUN_NOT_FOUND / RUN_ABANDONED / RUN_NOT_ACTIVE / LEASE_LOST, nothing written).
     A new row gets `attempts = 0` (no dispatch yet; each claim adds one); a re-queued failed or abandoned-claim
-    row keeps its count.
+    row keeps its count. On PostgreSQL the calls of many threads at once are written together, one statement
+    per run (`akm.store.batch`, `queue_units`); the answer is the same.
     """
+    item = _ToQueue(
+        run_id, unit_id, step_id, node_id, parent_unit_id, runner, engine, model, input_hash, dispatch_json, fence
+    )
+    if _pg(db) is None:
+        return _queue_one(db, item)
+    return _queue_batches(db).submit(item)
+
+
+_batches: weakref.WeakKeyDictionary[Journal, Coalescer[_ToQueue, Queued]] = weakref.WeakKeyDictionary()
+_batches_lock = threading.Lock()
+
+
+def _queue_batches(db: Journal) -> Coalescer[_ToQueue, Queued]:
+    """The journal's one coalescer of `queue_unit` calls."""
+    with _batches_lock:
+        batches = _batches.get(db)
+        if batches is None:
+            ref = weakref.ref(db)
+
+            def write(items: list[_ToQueue]) -> list[Queued | BaseException]:
+                journal = ref()
+                assert journal is not None  # a caller holds it
+                return queue_units(journal, items)
+
+            batches = _batches[db] = Coalescer(write)
+        return batches
+
+
+def queue_units(db: Journal, items: Sequence[_ToQueue]) -> list[Queued | BaseException]:
+    """Queue many attempts: each one's `Queued`, or the error that refused it (nothing written for it).
+
+    On PostgreSQL one statement per run and fence (`hotpath.queue_units`): a refusal of the run (not found, not
+    drivable, lease lost) or a journal error is the answer of every attempt of that statement, and a value
+    that cannot be stored (NOT_UTF8) the answer of its own attempt only (the others are written without it).
+    Elsewhere each attempt is its own transaction.
+    """
+    out: list[Queued | BaseException | None] = [None] * len(items)
+    hot = _pg(db)
+    if hot is None:
+        for i, item in enumerate(items):
+            try:
+                out[i] = _queue_one(db, item)
+            except Exception as exc:
+                out[i] = exc
+        return [r for r in out if r is not None]
+    groups: dict[tuple[str, Fence], list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault((item.run_id, item.fence), []).append(i)
+    for (run_id, fence), idxs in groups.items():
+        while idxs:  # a statement writes each unit once: a repeated id goes in the next one
+            now: list[int] = []
+            later: list[int] = []
+            seen: set[str] = set()
+            for i in idxs:
+                (later if items[i].unit_id in seen else now).append(i)
+                seen.add(items[i].unit_id)
+            idxs = later
+            answers: list[Queued | BaseException]
+            try:
+                answers = list(_queue_statement(db, hot, run_id, fence, [items[i] for i in now]))
+            except UnicodeEncodeError:
+                answers = []
+                for i in now:  # which value it is: each alone
+                    try:
+                        answers += _queue_statement(db, hot, run_id, fence, [items[i]])
+                    except Exception as exc:
+                        answers.append(_as_error(exc))
+            except Exception as exc:
+                answers = [exc for _ in now]
+            for i, answer in zip(now, answers, strict=True):
+                out[i] = answer
+    return [r for r in out if r is not None]
+
+
+def _as_error(exc: Exception) -> Exception:
+    if isinstance(exc, UnicodeEncodeError):
+        from akm.store.journal import not_text_error
+
+        return not_text_error(exc)
+    return exc
+
+
+def _queue_statement(
+    db: Journal, hot: ModuleType, run_id: str, fence: Fence, items: Sequence[_ToQueue]
+) -> list[Queued]:
+    """One `hotpath.queue_units` statement and what it means for each attempt (a refusal raises)."""
+    rows = [
+        {
+            "unit_id": t.unit_id,
+            "step_id": t.step_id,
+            "node_id": t.node_id,
+            "parent_unit_id": t.parent_unit_id,
+            "runner": t.runner,
+            "engine": t.engine,
+            "model": t.model,
+            "input_hash": t.input_hash,
+            "dispatch_json": t.dispatch_json,
+        }
+        for t in items
+    ]
+    answer = hot.queue_units(db, run_id, fence.holder, fence.epoch, rows, WORK_CHANNEL)
+    if answer.run is None:
+        raise NotFoundError(f"workflow run {run_id!r} not found", code=Code.RUN_NOT_FOUND, details={"runId": run_id})
+    status, holder, epoch = answer.run
+    if status not in DRIVABLE_STATUSES:
+        raise not_drivable_error(run_id, status, "given new units")
+    if holder != fence.holder or epoch != fence.epoch:
+        raise lease_lost_error(run_id, fence, holder, epoch)
+    out: list[Queued] = []
+    for t in items:
+        if t.unit_id in answer.put:
+            out.append(Queued("queued", "queued"))  # the statement woke idle workers itself
+            continue
+        row_status, claim_host, claim_pid = answer.current[t.unit_id]
+        if row_status == "completed":
+            out.append(Queued("finished", row_status))
+        elif row_status == "running" and claim_host == host_id() and claim_pid and not pid_alive(claim_pid):
+            out.append(_queue_one(db, t))  # its claimant died on this host: queued again now, as `_queue_one` does
+        else:
+            out.append(Queued("adopted", row_status))
+    return out
+
+
+def _queue_one(db: Journal, t: _ToQueue) -> Queued:
+    """`queue_unit` as one transaction of several statements (SQLite; and a dead claimant's row on PostgreSQL)."""
+    run_id, unit_id, fence = t.run_id, t.unit_id, t.fence
     with db.tx() as conn:
         db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
         run = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -143,7 +315,19 @@ def queue_unit(
                 )
             ):
                 return Queued("adopted", status)
-        values = (run_id, unit_id, step_id, node_id, parent_unit_id, runner, engine, model, input_hash, now, now)
+        values = (
+            run_id,
+            unit_id,
+            t.step_id,
+            t.node_id,
+            t.parent_unit_id,
+            t.runner,
+            t.engine,
+            t.model,
+            t.input_hash,
+            now,
+            now,
+        )
         conn.execute(
             "INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, runner, engine, model, "
             "status, input_hash, started_at, queued_at, attempts, dispatch_json) "
@@ -156,33 +340,25 @@ def queue_unit(
             "session_id = NULL, finished_at = NULL, last_checkin_at = NULL, claim_holder = NULL, "
             "claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL, truncated = 0, reopened = 0, "
             "worktree_path = NULL, host = NULL, reused_from = NULL",
-            (*values, dispatch_json),
+            (*values, t.dispatch_json),
         )
-    return Queued("queued", "queued")
+    return Queued("queued", "queued", wake=True)
 
 
 def eligible_work(db: Journal, kinds: Sequence[str]) -> list[Eligible]:
-    """The (run, step) pairs of drivable runs with queued units a worker of these `kinds` could claim."""
+    """The (run, step) pairs of drivable runs with queued units a worker of these `kinds` could claim, each with
+    one of those units' dispatch payload (see `Eligible`)."""
     if not kinds:
         return []
     marks = ",".join("?" * len(kinds))
     rows = db.query(
-        "SELECT u.run_id, u.step_id, r.scope_key, COUNT(*) AS n FROM units u JOIN runs r ON r.id = u.run_id "
-        f"WHERE u.status = 'queued' AND u.runner IN ({marks}) AND r.status IN {_DRIVABLE_SQL} "
+        "SELECT u.run_id, u.step_id, r.scope_key, COUNT(*) AS n, MIN(u.dispatch_json) AS payload FROM units u "
+        f"JOIN runs r ON r.id = u.run_id WHERE u.status = 'queued' AND u.runner IN ({marks}) "
+        f"AND r.status IN {_DRIVABLE_SQL} "
         "GROUP BY u.run_id, u.step_id, r.scope_key ORDER BY MIN(u.queued_at), u.run_id",
         tuple(kinds),
     )
-    return [Eligible(r["run_id"], r["step_id"], r["scope_key"], int(r["n"])) for r in rows]
-
-
-def sample_dispatch(db: Journal, run_id: str, step_id: str | None) -> str | None:
-    """The `dispatch_json` of one queued unit of this step (a worker checks the workspace it names)."""
-    row = db.query_one(
-        f"SELECT dispatch_json FROM units WHERE run_id = ? AND step_id {db.dialect.null_eq} ? AND status = 'queued' "
-        "LIMIT 1",
-        (run_id, step_id),
-    )
-    return row["dispatch_json"] if row else None
+    return [Eligible(r["run_id"], r["step_id"], r["scope_key"], int(r["n"]), r["payload"]) for r in rows]
 
 
 def claim_units(
@@ -196,14 +372,77 @@ def claim_units(
     pid: int | None,
     limit: int,
 ) -> list[Claim]:
-    """Claim up to `limit` queued units of one step for `holder` (one transaction; oldest queued first).
+    """Claim up to `limit` queued units of one step for `holder` (`claim_work` with one target)."""
+    return claim_work(db, targets=[(run_id, step_id)], kinds=kinds, holder=holder, host=host, pid=pid, limit=limit)
+
+
+def claim_work(
+    db: Journal,
+    *,
+    targets: Sequence[tuple[str, str | None]],
+    kinds: Sequence[str],
+    holder: str,
+    host: str,
+    pid: int | None,
+    limit: int,
+) -> list[Claim]:
+    """Claim up to `limit` queued units of the (run, step) `targets` for `holder`, oldest queued first.
 
     The run row is locked first (as every unit write does), so a claim cannot slip in after an abandon
     commits; rows another claimer holds are skipped, not waited for. Each claim writes
-    `workflow_unit_started` (with the host) in the same transaction.
+    `workflow_unit_started` (with the host) in the same transaction. On PostgreSQL one statement claims over
+    every target (`hotpath.claim_units`); elsewhere one transaction per target, until `limit` is reached.
     """
-    if limit <= 0 or not kinds:
+    if limit <= 0 or not kinds or not targets:
         return []
+    hot = _pg(db)
+    if hot is not None:
+        tail = f',"host":{_json_opt(host)},"worker":{_json_opt(holder)}}}'
+        rows = hot.claim_units(
+            db,
+            targets=targets,
+            kinds=kinds,
+            holder=holder,
+            host=host,
+            pid=pid,
+            ttl_s=claim_ttl_s(),
+            limit=limit,
+            meta_tail=tail,
+        )
+        return [
+            Claim(
+                r["run_id"],
+                r["unit_id"],
+                r["step_id"],
+                r["runner"],
+                r["engine"],
+                r["model"],
+                r["input_hash"],
+                r["dispatch_json"],
+                int(r["attempts"]),
+                r["started_at"],
+            )
+            for r in rows
+        ]
+    claims: list[Claim] = []
+    for run_id, step_id in targets:
+        if len(claims) >= limit:
+            break
+        claims += _claim_step(db, run_id, step_id, kinds, holder, host, pid, limit - len(claims))
+    return claims
+
+
+def _claim_step(
+    db: Journal,
+    run_id: str,
+    step_id: str | None,
+    kinds: Sequence[str],
+    holder: str,
+    host: str,
+    pid: int | None,
+    limit: int,
+) -> list[Claim]:
+    """Claim up to `limit` queued units of one step, in one transaction of several statements."""
     marks = ",".join("?" * len(kinds))
     ttl = claim_ttl_s()
     with db.tx() as conn:
@@ -274,9 +513,40 @@ def finish_claimed(
     no longer this claim's (re-queued after the claim expired, re-claimed, or finished by someone else).
 
     A unit of a run abandoned meanwhile ends `failed` (`abandoned`) without its result, as a driver's does.
+    On PostgreSQL the same statement wakes the coordinator (`RUN_CHANNEL`; see `finish_notifies`).
     """
     if status not in ("completed", "failed"):
         raise ValueError(f"finish_claimed status must be completed or failed, not {status!r}")
+    hot = _pg(db)
+    if hot is not None:
+        finish = UnitFinish(
+            claim.run_id,
+            claim.unit_id,
+            claim.started_at,
+            status,
+            tokens=tokens,
+            failure_reason=failure_reason,
+            truncated=truncated,
+            usage=usage,
+        )
+        gone = finish._replace(status="failed", failure_reason="abandoned", truncated=False)
+        written = hot.finish_claimed(
+            db,
+            run_id=claim.run_id,
+            unit_id=claim.unit_id,
+            holder=holder,
+            token=claim.token,
+            status=status,
+            result_json=result_json,
+            tokens=tokens,
+            failure_reason=failure_reason,
+            session_id=session_id,
+            truncated=truncated,
+            meta=finish.meta(claim.step_id),
+            meta_abandoned=gone.meta(claim.step_id),
+            channel=RUN_CHANNEL,
+        )
+        return "finished" if written else "superseded"
     with db.tx() as conn:
         db.dialect.lock_run(conn, claim.run_id, RUN_UNIT_WRITE)
         run = conn.execute("SELECT status FROM runs WHERE id = ?", (claim.run_id,)).fetchone()
@@ -389,8 +659,6 @@ def sweep(db: Journal, host: str | None = None) -> list[tuple[str, str]]:
     back in the queue (`_put_back`). The candidates are read first, without the write lock (an index holds
     only in-flight worker rows), and each is given up in a transaction that re-checks it, in key order.
     """
-    from akm.store.runs import host_id, pid_alive
-
     host = host_id() if host is None else host
     now = db.now()
     rows = db.query(

@@ -297,6 +297,12 @@ def insert_unit(
     A first dispatch is one INSERT; only a re-dispatch reads the old stamp.
     `fence`: the driver's lease; LEASE_LOST (nothing written) once another holder took the run.
     """
+    new = NewAttempt(
+        run_id, unit_id, step_id, node_id, parent_unit_id, runner, engine, model, input_hash, worktree_path
+    )
+    fast = _one_statement(db, run_id, [], [new], fence, phase=phase)
+    if fast is not None:
+        return fast[1][0]
     with db.tx() as conn:
         db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
         now = db.now()
@@ -365,6 +371,9 @@ def finish_unit(
         step_id=step_id,
         usage=usage,
     )
+    fast = _one_statement(db, run_id, [f], [], fence)
+    if fast is not None:
+        return fast[0][0]
     with db.tx() as conn:
         db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
         now = db.now()
@@ -448,6 +457,9 @@ def write_attempts(
     run_id = inserts[0].run_id if inserts else finishes[0].run_id
     if any(f.run_id != run_id for f in finishes) or any(n.run_id != run_id for n in inserts):  # one run: one lease
         raise ValueError("write_attempts writes the attempts of one run")
+    fast = _one_statement(db, run_id, finishes, inserts, fence)
+    if fast is not None:
+        return fast
     with db.tx() as conn:
         db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
         now = db.now()
@@ -471,6 +483,65 @@ def write_attempts(
             db.dialect.event_lock(conn)
             conn.execute(_insert_events_sql(len(events) // 4), events)
     return results, stamps
+
+
+def _one_statement(
+    db: Journal,
+    run_id: str,
+    finishes: Sequence[UnitFinish],
+    inserts: Sequence[NewAttempt],
+    fence: Fence | None,
+    *,
+    phase: str | None = None,
+) -> tuple[list[str], list[str]] | None:
+    """`write_attempts` as ONE statement on PostgreSQL (`hotpath.write_attempts`, issue 40: across a network each
+    statement is a round trip): (the finishes' results, the inserts' stamps), or None where it does not apply
+    (SQLite; a finish whose step the caller does not know) or wrote nothing because a guard it leaves to the
+    portable transaction held (a run not drivable or abandoned, a lost fence, a lease to extend, a re-dispatch,
+    a finished row gone), which the caller then writes, and which refuses or handles the case as it always did.
+    Not inside an open transaction either: there the portable statements take no lock it holds already."""
+    if db.backend != "postgres" or any(f.step_id is None for f in finishes):
+        return None
+    if db.held() is not None:  # type: ignore[attr-defined]
+        return None  # inside a transaction (a group commit, a report): its statements skip the locks it holds
+    from akm.store.postgres import hotpath
+
+    fin_rows = [
+        {
+            "unit_id": f.unit_id,
+            "started_at": f.started_at,
+            "status": f.status,
+            "result_json": f.result_json,
+            "tokens": f.tokens,
+            "failure_reason": f.failure_reason,
+            "session_id": f.session_id,
+            "truncated": int(bool(f.truncated)),
+            "meta": f.meta(f.step_id),
+        }
+        for f in finishes
+    ]
+    if any(f.status not in ("completed", "failed") for f in finishes):
+        raise ValueError("finish_unit status must be completed or failed")
+    new_rows = [dict(n._asdict(), phase=phase, meta=_started_meta(n.run_id, n.step_id, n.unit_id)) for n in inserts]
+    for row in new_rows:
+        del row["run_id"]
+    written = hotpath.write_attempts(
+        db,
+        run_id,
+        fin_rows,
+        new_rows,
+        holder=fence.holder if fence is not None else None,
+        epoch=fence.epoch if fence is not None else None,
+        lease_floor_s=lease_ttl_s() / 2,
+        host=host_id(),
+    )
+    if written.now is None:
+        return None
+    missing = [n.unit_id for n in inserts if n.unit_id not in written.inserted]
+    if missing:  # only the lease holder inserts a run's rows: another writer of the same id is a journal fault
+        raise JournalError(f"unit {missing[0]!r} of run {run_id} was inserted by another writer at the same time")
+    results = ["finished" if f.unit_id in written.finished else "superseded" for f in finishes]
+    return results, [written.now] * len(inserts)
 
 
 _UNSTART = (

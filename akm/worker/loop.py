@@ -143,6 +143,8 @@ class Worker:
         self._flying: dict[tuple[str, str], _InFlight] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._hinted = threading.Event()  # units were queued since the queue was last listed (PostgreSQL)
+        self._listed_at = 0.0  # when the queue was last listed (monotonic)
         self._parent_env = dict(os.environ)
         self._stopped = False
         self._notifier: Any = None
@@ -156,7 +158,8 @@ class Worker:
     def run(self) -> WorkerSummary:
         cancel = self.opts.cancel
         cancel.link(self._wake)
-        listener = self.db.listener(queue_store.WORK_CHANNEL, self._wake)  # queued units wake us (PostgreSQL)
+        # queued units wake us (PostgreSQL), and have the queue listed again
+        listener = self.db.listener(queue_store.WORK_CHANNEL, _Hint(self._hinted, self._wake))
         self._notifier = self.db.notifier(queue_store.RUN_CHANNEL)
         heartbeat = threading.Thread(target=self._heartbeat, name="akm-worker-heartbeat", daemon=True)
         heartbeat.start()
@@ -213,52 +216,78 @@ class Worker:
             self._tell(WorkerEvent("swept", run_id, unit_id, detail="its claim lapsed; back in the queue"))
 
     def _claim_some(self) -> list[queue_store.Claim]:
+        """Claim up to the free slots (issue 40: one statement per claim, the queue listed only when needed).
+
+        First from the (run, step) pairs this host was found able to run; then, when those had too few and
+        units may have been queued elsewhere (a wake-up from the coordinator, a poll interval gone by, or no
+        such pair at all), from the pairs the queue lists now, once each passed the workspace check."""
         with self._lock:
             free = self.opts.concurrency - len(self._flying)
         if free <= 0 or not self.kinds:
             return []
-        got: list[queue_store.Claim] = []
+        known = self._approved()
+        got = self._claim(known, free) if known else []
+        free -= len(got)
+        now = time.monotonic()
+        due = not known or self._hinted.is_set() or now - self._listed_at >= self.opts.poll_s
+        if free <= 0 or not due or self.opts.cancel.tripped:
+            return got
+        self._hinted.clear()
+        self._listed_at = now
         try:
             work = queue_store.eligible_work(self.db, self.kinds)
         except Exception as exc:
             self._tell(WorkerEvent("error", detail=f"reading the queue failed: {exc}"))
-            return []
-        for e in work:
-            if free <= 0 or self.opts.cancel.tripped:
-                break
-            if self._refusal(e) is not None:
-                continue
-            sent = time.monotonic()
-            try:
-                claims = queue_store.claim_units(
-                    self.db,
-                    run_id=e.run_id,
-                    step_id=e.step_id,
-                    kinds=self.kinds,
-                    holder=self.holder,
-                    host=self.host,
-                    pid=self.pid,
-                    limit=free,
-                )
-            except Exception as exc:
-                self._tell(WorkerEvent("error", e.run_id, step_id=e.step_id, detail=f"claim failed: {exc}"))
-                continue
-            with self._lock:
-                for c in claims:
-                    self._flying[(c.run_id, c.unit_id)] = _InFlight(c, sent)
-            for c in claims:
-                self.summary.claimed += 1
-                self._tell(WorkerEvent("claimed", c.run_id, c.unit_id, c.step_id, detail=f"attempt {c.token}"))
-            got.extend(claims)
-            free -= len(claims)
-        return got
+            return got
+        fresh = [
+            (e.run_id, e.step_id)
+            for e in work
+            if (e.run_id, e.step_id) not in known and not self.opts.cancel.tripped and self._refusal(e) is None
+        ]
+        return got + (self._claim(fresh, free) if fresh else [])
 
-    def _refusal(self, e: queue_store.Eligible) -> str | None:
-        key = (e.run_id, e.step_id)
+    def _approved(self) -> list[tuple[str, str | None]]:
+        """The (run, step) pairs whose units this host was found able to run, in the last VERDICT_TTL_S."""
+        self._check_commit()
+        now = time.monotonic()
+        return [
+            key for key, (reason, at) in list(self._verdicts.items()) if reason is None and now - at < VERDICT_TTL_S
+        ]
+
+    def _claim(self, targets: list[tuple[str, str | None]], limit: int) -> list[queue_store.Claim]:
+        sent = time.monotonic()
+        try:
+            claims = queue_store.claim_work(
+                self.db,
+                targets=targets,
+                kinds=self.kinds,
+                holder=self.holder,
+                host=self.host,
+                pid=self.pid,
+                limit=limit,
+            )
+        except Exception as exc:
+            run_id, step_id = targets[0] if len(targets) == 1 else (None, None)
+            self._tell(WorkerEvent("error", run_id, step_id=step_id, detail=f"claim failed: {exc}"))
+            return []
+        with self._lock:
+            for c in claims:
+                self._flying[(c.run_id, c.unit_id)] = _InFlight(c, sent)
+        for c in claims:
+            self.summary.claimed += 1
+            self._tell(WorkerEvent("claimed", c.run_id, c.unit_id, c.step_id, detail=f"attempt {c.token}"))
+        return claims
+
+    def _check_commit(self) -> None:
+        """Forget every verdict once the checkout's commit changed (a `git pull` may cure or void one)."""
         commit = paths.project_commit(self.root)
         if commit != self.commit:
             self.commit = commit
             self._verdicts.clear()
+
+    def _refusal(self, e: queue_store.Eligible) -> str | None:
+        key = (e.run_id, e.step_id)
+        self._check_commit()
         known = self._verdicts.get(key)
         if known is not None and time.monotonic() - known[1] < VERDICT_TTL_S:
             return known[0]
@@ -267,7 +296,7 @@ class Worker:
             reason = workspace.refusal(
                 plan=plan,
                 step_id=e.step_id,
-                payload=from_payload(queue_store.sample_dispatch(self.db, e.run_id, e.step_id)),
+                payload=from_payload(e.payload),  # read with the listing: no race with other claimers
                 scopes=self.scopes,
                 run_scope=e.scope_key,
                 project_root=self.root,
@@ -361,7 +390,7 @@ class Worker:
             usage=outcome.usage,
         )
         if written == "finished":
-            if self._notifier is not None:
+            if self._notifier is not None and not queue_store.finish_notifies(self.db):
                 self._notifier.notify(claim.run_id)  # the coordinator reads the row now, not at its next poll
             self.summary.finished += 1
             mark = "ok" if outcome.ok else f"failed ({outcome.failure_reason})"
@@ -466,6 +495,17 @@ class Worker:
                         "that no other worker runs it at the same time",
                     )
                 )
+
+
+class _Hint:
+    """What the coordinator's wake-up sets (`Journal.listener` calls `set()`): list the queue again, and wake."""
+
+    def __init__(self, *events: threading.Event) -> None:
+        self.events = events
+
+    def set(self) -> None:
+        for event in self.events:
+            event.set()
 
 
 def _key(c: queue_store.Claim) -> tuple[str, str, int]:

@@ -161,11 +161,15 @@ def _server_version(con: Any) -> int:
     return major * 10000 if major >= 10 else major * 10000 + minor * 100
 
 
-def _apply_settings(con: Any) -> None:
-    """All of `session_settings` in one round trip (SET, not the startup packet: poolers refuse unknown
-    startup parameters)."""
-    batch = "; ".join(f"SET {k} = '{v}'" for k, v in session_settings(_server_version(con)).items())
-    con.execute_simple(batch)
+def _apply_settings(con: Any, search_path: str | None = None) -> None:
+    """All of `session_settings` (and the `search_path`, when given) in one round trip and one statement
+    (`set_config`, not the startup packet: poolers refuse unknown startup parameters; one statement rather than
+    a SET each, which a server counts one by one)."""
+    settings = session_settings(_server_version(con))
+    if search_path is not None:
+        settings["search_path"] = search_path
+    calls = ", ".join(f"set_config('{k}', '{v}', false)" for k, v in settings.items())
+    con.execute_simple(f"SELECT {calls}")
 
 
 def _keepalive(sock: Any) -> None:
@@ -187,13 +191,13 @@ def _keepalive(sock: Any) -> None:
                 pass
 
 
-def connect(target: Target, timeout: float | None = None, *, role: str = "akm") -> Any:
+def connect(target: Target, timeout: float | None = None, *, role: str = "akm", search_path: str | None = None) -> Any:
     """A pg8000 native connection (autocommit, as pg8000.native is) or a coded JournalError.
 
     `timeout` bounds every read and write on the socket (default SOCKET_TIMEOUT_S); making the connection
     (TCP, TLS, authentication) is bounded by CONNECT_TIMEOUT_S, or `timeout` when shorter: a server that
     cannot be reached is said so in seconds, not after a read timeout. `role` is the session's
-    `application_name`.
+    `application_name`; `search_path`, set with the session's settings (no round trip of its own).
     """
     read_timeout = SOCKET_TIMEOUT_S if timeout is None else timeout
     import pg8000.native  # lazily: the SQLite journal never loads the driver
@@ -241,7 +245,7 @@ def connect(target: Target, timeout: float | None = None, *, role: str = "akm") 
         ) from None
     try:
         _keepalive(con._usock)
-        _apply_settings(con)
+        _apply_settings(con, search_path)
         con._usock.settimeout(read_timeout)
     except Exception as exc:
         with contextlib.suppress(Exception):

@@ -15,9 +15,16 @@ Why it looks like this (spec/journal.md):
   locks its transaction holds (`Connection.locks`, emptied at commit and rollback) and the dialect skips
   one already held in that mode or a stronger one.
 * `now()` is the server's clock (`clock_timestamp()`): with many hosts writing expiries, one clock decides.
-* One connection shared by the process's threads under an RLock held for a whole transaction, as on
-  SQLite: the engine's writes are short, and a second connection per thread would let two threads of one
-  driver wait on each other's row locks. A long-lived process opens its own journal per use.
+* A small pool of connections per journal (`POOL_MAX`): a transaction holds one connection from
+  `BEGIN` to `COMMIT`, a statement outside a transaction one for its round trip, so a process's threads (a
+  worker's units finishing, its next claim, the heartbeat) wait for the server side by side instead of one
+  behind the other; across a network each of those waits is a round trip. Connections open on demand, when
+  every open one is busy, and the last one given back is the next one taken: a process that uses the
+  journal from one thread at a time keeps one connection. A thread's nested transactions join its open one.
+  Two threads of one process may now wait on each other's row locks on the server as they would on
+  SQLite's write lock; nothing holds a Python lock while it waits for the server, and a transaction never
+  needs a second connection, so they cannot deadlock. A session-level lock a connection keeps past its
+  transaction (`PgDialect.hold_dead`) pins it to its thread until it is let go.
 * Values: `timestamptz` columns come back in the journal's text format (`akm.store.clock`), integral
   numerics (SUM over bigint) as int; PostgreSQL text cannot hold NUL, so text holding one is stored
   escaped and read back unchanged (`clean_param`); a lone surrogate is refused as NOT_UTF8 as on SQLite.
@@ -95,12 +102,16 @@ class PgDialect(Dialect):
 
     def hold_dead(self, conn: Any, run_id: str) -> int | None:
         """The holder's liveness key, now held by this session (liveness.hold_sql), when the holder's lock was
-        free on its recorded incarnation; None otherwise. Called under the run's row lock."""
+        free on its recorded incarnation; None otherwise. Called under the run's row lock. The connection
+        stays with this thread until `unhold` (the pool pins it: the lock lives in its session)."""
         row = conn.execute(
             f"SELECT {hold_sql('lease_session', 'lease_liveness')} AS held, lease_session FROM runs WHERE id = ?",
             (run_id,),
         ).fetchone()
-        return int(row[1]) if row and row[0] else None
+        if row and row[0]:
+            conn.session_keys.add(int(row[1]))
+            return int(row[1])
+        return None
 
     def holds_key(self, conn: Any, key: int) -> bool:
         row = conn.execute(f"SELECT {held_sql('?')}", (key,)).fetchone()
@@ -108,6 +119,7 @@ class PgDialect(Dialect):
 
     def unhold(self, conn: Any, key: int) -> None:
         conn.execute("SELECT pg_advisory_unlock(?, ?)", (NAMESPACE, key))
+        conn.let_go(key)
 
 
 _statements: dict[str, str] = {}
@@ -242,8 +254,10 @@ class Connection:
     """What `PgJournal.tx()` yields: `execute`, `executemany`, `in_transaction` over the pg8000 connection.
 
     `locks`: the locks the open transaction holds (`PgDialect`), key → strength; they end with it, so
-    `begin` and `ended` empty it. `trace`: a list to append each statement's text to (a test counting
-    round trips), None otherwise.
+    `begin` and `ended` empty it. `session_keys`: session-level liveness locks it keeps past its transaction
+    (`PgDialect.hold_dead`); the pool leaves it with its thread while there are any. `broken`: it failed, and
+    the next use outside a transaction replaces its server connection (`PgJournal.usable`). `trace`: a list
+    to append each statement's text to (a test counting round trips), None otherwise.
     """
 
     PREPARED_MAX = 256  # statements kept prepared on the server per connection (the shared layer has ~60)
@@ -253,7 +267,22 @@ class Connection:
         self.in_transaction = False
         self.prepared: dict[str, tuple[bytes, Any, Any]] = {}
         self.locks: dict[tuple[str, ...], int] = {}
+        self.session_keys: set[int] = set()
+        self.broken = False
         self.trace: list[str] | None = None
+
+    def replace(self, raw: Any) -> None:
+        """A new server connection in place of a failed one: nothing of the old session carries over."""
+        self.raw = raw
+        self.in_transaction = False
+        self.prepared.clear()
+        self.locks.clear()
+        self.session_keys.clear()
+        self.broken = False
+
+    def let_go(self, key: int) -> None:
+        """A session lock `hold_dead` kept was released."""
+        self.session_keys.discard(key)
 
     def begin(self) -> None:
         self.simple("BEGIN")
@@ -327,58 +356,67 @@ def _is_driver_error(exc: BaseException) -> bool:
 
 
 class _Transaction:
-    __slots__ = ("db", "owner")
+    __slots__ = ("conn", "db", "owner")
 
     def __init__(self, db: PgJournal) -> None:
         self.db = db
         self.owner = False
+        self.conn: Connection | None = None
 
     def __enter__(self) -> Connection:
         db = self.db
-        db.lock.acquire()
+        held = db.held()
+        if held is not None:
+            return held  # this thread's transaction is open: join it
+        conn = db.acquire()
         try:
-            if not db.conn.in_transaction:
-                try:
-                    db.usable().begin()
-                except Exception as exc:
-                    if _is_driver_error(exc):
-                        db.failed(exc)
-                        raise pg_error(exc, "begin", db.shown) from None
-                    raise
-                self.owner = True
+            try:
+                db.usable(conn).begin()
+            except Exception as exc:
+                if _is_driver_error(exc):
+                    db.failed(conn, exc)
+                    raise pg_error(exc, "begin", db.shown) from None
+                raise
         except BaseException:
-            db.lock.release()
+            db.release(conn)
             raise
-        return db.conn
+        self.owner, self.conn = True, conn
+        db.local.tx = conn
+        return conn
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
-        db = self.db
+        if not self.owner:
+            return False
+        db, conn = self.db, self.conn
+        assert conn is not None
         try:
-            if not self.owner:
-                return False
             if exc is not None:
                 if _is_driver_error(exc):
-                    db.failed(exc)
-                db.rollback_quietly()
+                    db.failed(conn, exc)
+                db.rollback_quietly(conn)
                 if _is_driver_error(exc):
                     raise pg_error(exc, "write", db.shown) from None  # type: ignore[arg-type]
                 if isinstance(exc, UnicodeEncodeError):
                     raise not_text_error(exc) from None
                 return False
             try:
-                db.conn.simple("COMMIT")
+                conn.simple("COMMIT")
             except Exception as err:
                 if _is_driver_error(err):
-                    db.failed(err)
-                db.rollback_quietly()
+                    db.failed(conn, err)
+                db.rollback_quietly(conn)
                 if _is_driver_error(err):
                     raise pg_error(err, "commit", db.shown) from None
                 raise
             finally:
-                db.conn.ended()
+                conn.ended()
             return False
         finally:
-            db.lock.release()
+            db.local.tx = None
+            db.release(conn)
+
+
+POOL_MAX = 4  # connections per journal: a worker's units finishing, its next claim and its heartbeat at once
 
 
 class PgJournal(Journal):
@@ -388,66 +426,142 @@ class PgJournal(Journal):
     backend = "postgres"
     shared = True
 
-    def __init__(self, raw: Any, target: Target) -> None:
-        self.conn = Connection(raw)
+    def __init__(self, raw: Any, target: Target, pool_max: int = POOL_MAX) -> None:
         self.target = target
         self.shown = target.shown
         self.schema = target.schema
         self.path = target.shown  # what messages name where SQLite names its file
-        self.lock = threading.RLock()
-        self.broken = False  # the connection failed: the next use opens a new one (`usable`)
+        self.pool_max = max(1, pool_max)
+        first = Connection(raw)
+        self._all: list[Connection] = [first]
+        self._free: list[Connection] = [first]  # the last given back is the next taken
+        self._opening = 0
+        self._cond = threading.Condition()
+        self.local = threading.local()  # .tx: this thread's open transaction; .pinned: see Connection.session_keys
         self.reconnects = 0
+
+    @property
+    def conn(self) -> Connection:
+        """The connection of this thread's open transaction, else the first one (the only one of a journal used
+        from one thread at a time)."""
+        held = self.held()
+        return held if held is not None else self._all[0]
+
+    @property
+    def connections(self) -> int:
+        """How many server connections the pool holds open."""
+        return len(self._all)
 
     def tx(self) -> _Transaction:
         return _Transaction(self)
 
-    def failed(self, exc: BaseException) -> None:
+    def held(self) -> Connection | None:
+        """The connection of this thread's open transaction, if any."""
+        conn: Connection | None = getattr(self.local, "tx", None)
+        return conn if conn is not None and conn.in_transaction else None
+
+    def acquire(self) -> Connection:
+        """A connection for this thread: its pinned one, a free one, a new one (when fewer than `pool_max` are
+        open), or the next one given back."""
+        pinned: Connection | None = getattr(self.local, "pinned", None)
+        if pinned is not None:
+            return pinned
+        with self._cond:
+            while not self._free:
+                if len(self._all) + self._opening < self.pool_max:
+                    self._opening += 1
+                    break
+                self._cond.wait()
+            else:
+                return self._free.pop()
+        try:  # a handshake is several round trips: made without the pool's lock
+            conn = Connection(reconnect(self.target))
+        except BaseException:
+            with self._cond:
+                self._opening -= 1
+                self._cond.notify()
+            raise
+        with self._cond:
+            self._opening -= 1
+            self._all.append(conn)
+        return conn
+
+    def release(self, conn: Connection) -> None:
+        """Give a connection back; one keeping a session lock stays with this thread (`Connection.session_keys`)."""
+        if conn.session_keys:
+            self.local.pinned = conn
+            return
+        if getattr(self.local, "pinned", None) is conn:
+            self.local.pinned = None
+        with self._cond:
+            if conn in self._all:
+                self._free.append(conn)
+                self._cond.notify()
+
+    def failed(self, conn: Connection, exc: BaseException) -> None:
         """Note a driver failure: a connection fault leaves the connection unusable (a timed-out socket cannot
-        be read again, a reset one is gone), so the next use reconnects."""
+        be read again, a reset one is gone), so its next use reconnects."""
         if connection_fault(exc):
-            self.broken = True
+            conn.broken = True
 
-    def usable(self) -> Connection:
-        """The connection, replaced by a new one first when the last one failed (outside a transaction only:
-        a transaction dies with its connection). Raises the coded error of `connect` when the server cannot
-        be reached."""
-        if self.broken and not self.conn.in_transaction:
+    def usable(self, conn: Connection) -> Connection:
+        """`conn`, on a new server connection first when its last one failed (outside a transaction only: a
+        transaction dies with its connection). Raises the coded error of `connect` when the server cannot be
+        reached."""
+        if conn.broken and not conn.in_transaction:
             with contextlib.suppress(Exception):
-                self.conn.raw.close()
-            raw = reconnect(self.target)
-            self.conn = Connection(raw)
-            self.broken = False
+                conn.raw.close()
+            conn.replace(reconnect(self.target))
             self.reconnects += 1
-        return self.conn
+        return conn
 
-    def rollback_quietly(self) -> None:
-        if self.conn.in_transaction:
-            self.conn.ended()
-            if self.broken:
+    def rollback_quietly(self, conn: Connection) -> None:
+        if conn.in_transaction:
+            conn.ended()
+            if conn.broken:
                 return  # the server rolls back a transaction whose connection is gone
             with contextlib.suppress(Exception):
-                self.conn.simple("ROLLBACK")
+                conn.simple("ROLLBACK")
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Cursor:
         assert not isinstance(params, dict), "the shared layer binds by position"
-        with self.lock:
+        held = self.held()
+        if held is not None:
+            try:
+                return held.execute(sql, params)
+            except UnicodeEncodeError as exc:
+                raise not_text_error(exc) from None
+            except Exception as exc:
+                if _is_driver_error(exc):
+                    self.failed(held, exc)
+                raise  # the owning tx() maps it after rolling back
+        conn = self.acquire()
+        try:
             for attempt in (1, 2):
                 try:
-                    conn = self.conn if self.conn.in_transaction else self.usable()
-                    return conn.execute(sql, params)
+                    return self.usable(conn).execute(sql, params)
                 except UnicodeEncodeError as exc:
                     raise not_text_error(exc) from None
                 except Exception as exc:
                     if not _is_driver_error(exc):
                         raise
-                    self.failed(exc)
-                    if self.conn.in_transaction:
-                        raise  # the owning tx() maps it after rolling back
+                    self.failed(conn, exc)
                     # a read outside a transaction is retried once on a new connection (nothing to repeat)
-                    if attempt == 1 and self.broken and _is_read(sql):
+                    if attempt == 1 and conn.broken and _is_read(sql):
                         continue
                     raise pg_error(exc, "statement", self.shown) from None
             raise AssertionError("unreachable")  # pragma: no cover
+        finally:
+            self.release(conn)
+
+    def let_go(self, key: int) -> None:
+        """A session lock kept by `PgDialect.hold_dead` on this thread's pinned connection was released: the
+        connection goes back to the pool."""
+        pinned: Connection | None = getattr(self.local, "pinned", None)
+        if pinned is not None:
+            pinned.let_go(key)
+            if not pinned.session_keys:
+                self.release(pinned)
 
     def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Row]:
         return self.execute(sql, params).fetchall()
@@ -489,8 +603,11 @@ class PgJournal(Journal):
         yield
 
     def close(self) -> None:
-        with self.lock, contextlib.suppress(Exception):
-            self.conn.raw.close()
+        with self._cond:
+            conns = list(self._all)
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.raw.close()
 
 
 def _is_read(sql: str) -> bool:
@@ -499,14 +616,7 @@ def _is_read(sql: str) -> bool:
 
 def reconnect(target: Target) -> Any:
     """A new work connection to a journal already opened (and migrated) once: the schema as search path."""
-    raw = connect(target)
-    try:
-        raw.execute_simple(f"SET search_path TO {target.schema}")
-    except Exception as exc:
-        with contextlib.suppress(Exception):
-            raw.close()
-        raise pg_error(exc, "reconnect", target.shown) from None
-    return raw
+    return connect(target, search_path=target.schema)
 
 
 def open_pg(url: str, *, migrate: bool = True) -> PgJournal:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import select
+import socket
 import threading
 from typing import Any
 
@@ -33,6 +34,8 @@ class Listener:
         self.event = event
         self.payload = payload
         self._stop = threading.Event()
+        # `close` writes a byte here, so the loop's `select` returns at once (a driver stopping waits for it)
+        self._interrupt_r, self._interrupt_w = socket.socketpair()
         self._thread = threading.Thread(target=self._loop, name=f"akm-listen-{channel}", daemon=True)
         self._thread.start()
 
@@ -45,7 +48,9 @@ class Listener:
                 sock = con._usock
                 quiet = 0.0
                 while not self._stop.is_set():
-                    ready, _, _ = select.select([sock], [], [], 0.5)
+                    ready, _, _ = select.select([sock, self._interrupt_r], [], [], 0.5)
+                    if self._stop.is_set():
+                        break
                     quiet = 0.0 if ready else quiet + 0.5
                     if ready or quiet >= KEEPALIVE_S:
                         # the driver reads what arrived (and what TLS or its buffer already held); on a quiet
@@ -65,7 +70,11 @@ class Listener:
 
     def close(self) -> None:
         self._stop.set()
+        with contextlib.suppress(OSError):
+            self._interrupt_w.send(b"x")
         self._thread.join(timeout=2)
+        for end in (self._interrupt_r, self._interrupt_w):
+            end.close()
 
 
 class Notifier:
@@ -86,6 +95,8 @@ class Notifier:
 
     def _loop(self) -> None:
         con: Any = None
+        with contextlib.suppress(Exception):  # connected ahead: the first wake-up pays no handshake
+            con = connect(self.target, timeout=10.0, role="akm-notify")
         while not self._stop.is_set():
             self._wake.wait(1.0)
             self._wake.clear()

@@ -1,0 +1,333 @@
+"""The per-unit writes of a fan-out over workers, each as ONE statement on PostgreSQL.
+
+Why: across a network every statement is a round trip, and a transaction written the portable way
+(`store/queue.py` on SQLite) costs one per step of it — BEGIN, the run-row lock, reading the run, the
+journal's clock, the write, the event lock, the event, COMMIT — paid back to back while the run row and the
+global event lock are held. Here each write is one statement in its own implicit transaction: a chain of
+CTEs locks the run row, reads the journal's clock (`clock_timestamp()`, after the lock), decides, writes the
+rows and appends the events, and the server commits it as soon as it ran; the locks are held for no round
+trip at all. The rules are exactly those of the portable forms in `store/queue.py` (its docstrings are the
+spec; the shared tests run both), in the same lock order (run row, unit rows, event lock), so the two can
+be mixed on one journal:
+
+* `queue_units`: many attempts of one run, fenced by the coordinator's lease, in one statement, with the NOTIFY
+  that wakes idle workers;
+* `claim_units`: up to N queued units over several (run, step) pairs a worker may run, `SKIP LOCKED`, with
+  their `workflow_unit_started` events;
+* `finish_claimed`: a worker's outcome, fenced by its claim token, with `workflow_unit_finished` and the
+  NOTIFY that wakes the coordinator (a NOTIFY takes a global lock at commit, but so does the event lock the
+  statement already holds; on its own connection it was one round trip more per unit);
+* `write_attempts`: a local driver's finishes and next inserts of one run, with their events.
+
+Values travel as one JSON parameter where a statement takes many rows (`json_to_recordset`); each text value
+is first made bindable as any parameter is (`clean_param`: NUL escaped, lone surrogates refused) and the JSON
+is ASCII, so nothing in it is escaped twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from akm.store.postgres.db import EVENT_LOCK, clean_param
+from akm.store.status import DRIVABLE_STATUSES
+
+_DRIVABLE = "(" + ",".join(f"'{s}'" for s in DRIVABLE_STATUSES) + ")"
+_NOW = "date_trunc('milliseconds', clock_timestamp())"  # the journal clock at the precision of its stamps
+_EVENT_LOCK = f"pg_advisory_xact_lock({EVENT_LOCK[0]}, {EVENT_LOCK[1]})"
+
+
+def rows_json(rows: Sequence[dict[str, Any]]) -> str:
+    """Rows as one JSON parameter (ASCII; text values made bindable first, see the module doc)."""
+    return json.dumps([{k: clean_param(v) for k, v in row.items()} for row in rows], ensure_ascii=True)
+
+
+QUEUE_UNITS = f"""
+WITH run AS MATERIALIZED (
+    SELECT status, lease_holder, lease_epoch FROM runs WHERE id = ? FOR KEY SHARE
+), ok AS MATERIALIZED (
+    SELECT {_NOW} AS now FROM run WHERE status IN {_DRIVABLE} AND lease_holder = ? AND lease_epoch = ?::bigint
+), want AS MATERIALIZED (
+    SELECT * FROM json_to_recordset(?::json) AS w(unit_id text, step_id text, node_id text, parent_unit_id text,
+        runner text, engine text, model text, input_hash text, dispatch_json text)
+), waiting AS MATERIALIZED (
+    SELECT count(*) AS n FROM units WHERE run_id = $1 AND status = 'queued'
+), cur AS MATERIALIZED (
+    SELECT u.unit_id, u.status, u.queued_at, u.claim_holder, u.claim_host, u.claim_pid, u.claim_expires_at
+    FROM units u WHERE u.run_id = $1 AND u.unit_id IN (SELECT unit_id FROM want) AND EXISTS (SELECT 1 FROM ok)
+    ORDER BY u.unit_id FOR UPDATE OF u
+), put AS (
+    INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, runner, engine, model, status,
+        input_hash, started_at, queued_at, attempts, dispatch_json)
+    SELECT $1, w.unit_id, w.step_id, w.node_id, w.parent_unit_id, w.runner, w.engine, w.model, 'queued',
+        w.input_hash, ok.now, ok.now, 0, w.dispatch_json
+    FROM want w CROSS JOIN ok
+    WHERE NOT EXISTS (
+        SELECT 1 FROM cur c WHERE c.unit_id = w.unit_id AND (c.status IN ('completed', 'queued') OR (
+            c.status = 'running' AND c.queued_at IS NOT NULL AND c.claim_holder IS NOT NULL
+            AND c.claim_expires_at >= ok.now)))
+    ON CONFLICT (run_id, unit_id) DO UPDATE SET step_id = excluded.step_id, node_id = excluded.node_id,
+        parent_unit_id = excluded.parent_unit_id, runner = excluded.runner, engine = excluded.engine,
+        model = excluded.model, phase = NULL, status = 'queued', input_hash = excluded.input_hash,
+        started_at = excluded.started_at, queued_at = excluded.queued_at, dispatch_json = excluded.dispatch_json,
+        result_json = NULL, tokens = NULL, failure_reason = NULL, session_id = NULL, finished_at = NULL,
+        last_checkin_at = NULL, claim_holder = NULL, claim_host = NULL, claim_pid = NULL,
+        claim_expires_at = NULL, truncated = 0, reopened = 0, worktree_path = NULL, host = NULL,
+        reused_from = NULL
+    RETURNING unit_id
+), nt AS MATERIALIZED (
+    SELECT pg_notify(?, $1) FROM (SELECT 1 FROM put LIMIT 1) AS any_put WHERE (SELECT n FROM waiting) = 0
+)
+SELECT 'run' AS what, status AS a, lease_holder AS b, lease_epoch::text AS c, (SELECT n FROM waiting)::text AS d
+FROM run CROSS JOIN (SELECT count(*) FROM nt) AS told
+UNION ALL SELECT 'put', unit_id, NULL, NULL, NULL FROM put
+UNION ALL SELECT 'cur', unit_id, status, claim_host, claim_pid::text FROM cur
+"""
+
+
+class QueueAnswer:
+    """What `queue_units` read and did: the run's row (None: no such run), the units it queued now, the
+    current rows of the others (unit id → (status, claim host, claim pid)), and how many units of the run
+    were queued before it (0: idle workers are to be woken)."""
+
+    def __init__(self, rows: Sequence[Any]) -> None:
+        self.run: tuple[str, str | None, int] | None = None
+        self.put: set[str] = set()
+        self.current: dict[str, tuple[str, str | None, int | None]] = {}
+        self.waiting_before = 0
+        for what, a, b, c, d in rows:
+            if what == "run":
+                self.run = (a, b, int(c))
+                self.waiting_before = int(d)
+            elif what == "put":
+                self.put.add(a)
+            else:
+                self.current[a] = (b, c, int(d) if d is not None else None)
+
+
+def queue_units(
+    db: Any, run_id: str, holder: str, epoch: int, rows: Sequence[dict[str, Any]], channel: str
+) -> QueueAnswer:
+    """One statement: lock the run row, check it drivable and fenced, lock the rows it decides about, write the
+    new and re-queued attempts (`rows`: the `units` columns of each, unit ids distinct), and, when it queued
+    some while none of the run's units waited, wake idle workers (a NOTIFY on `channel` at its commit: busy
+    workers claim the next as a unit of theirs finishes)."""
+    return QueueAnswer(db.execute(QUEUE_UNITS, (run_id, holder, epoch, rows_json(rows), channel)).fetchall())
+
+
+CLAIM_UNITS = f"""
+WITH tgt AS MATERIALIZED (
+    SELECT * FROM json_to_recordset(?::json) AS t(run_id text, step_id text)
+), kinds AS MATERIALIZED (
+    SELECT json_array_elements_text(?::json) AS runner
+), live AS MATERIALIZED (
+    SELECT r.id FROM runs r WHERE r.id IN (SELECT run_id FROM tgt) AND r.status IN {_DRIVABLE}
+    ORDER BY r.id FOR KEY SHARE OF r
+), clk AS MATERIALIZED (
+    SELECT {_NOW} AS now FROM (SELECT count(*) FROM live) AS locked
+), pick AS MATERIALIZED (
+    SELECT u.run_id, u.unit_id FROM units u
+    WHERE u.status = 'queued' AND u.run_id IN (SELECT id FROM live) AND u.runner IN (SELECT runner FROM kinds)
+      AND EXISTS (SELECT 1 FROM tgt WHERE tgt.run_id = u.run_id AND tgt.step_id IS NOT DISTINCT FROM u.step_id)
+    ORDER BY u.queued_at, u.unit_id LIMIT ?::int FOR UPDATE OF u SKIP LOCKED
+), upd AS (
+    UPDATE units u SET status = 'running', attempts = u.attempts + 1, claim_holder = ?, claim_host = ?,
+        claim_pid = ?::int, claim_expires_at = clk.now + make_interval(secs => ?::float8), started_at = clk.now,
+        last_checkin_at = clk.now, host = $5
+    FROM pick, clk
+    WHERE u.run_id = pick.run_id AND u.unit_id = pick.unit_id AND u.status = 'queued'
+    RETURNING u.run_id, u.unit_id, u.step_id, u.runner, u.engine, u.model, u.input_hash, u.dispatch_json,
+        u.attempts, u.started_at, u.queued_at
+), lk AS MATERIALIZED (
+    SELECT {_EVENT_LOCK} FROM (SELECT 1 FROM upd LIMIT 1) AS any_claimed
+), ev AS (
+    INSERT INTO events (event_type, ts, run_id, metadata_json)
+    SELECT 'workflow_unit_started', upd.started_at, upd.run_id,
+        '{{"runId":' || to_json(upd.run_id::text)::text || ',"stepId":' || coalesce(to_json(upd.step_id::text)::text,
+        'null') || ',"unitId":' || to_json(upd.unit_id::text)::text || ?
+    FROM upd CROSS JOIN lk ORDER BY upd.queued_at, upd.unit_id
+)
+SELECT run_id, unit_id, step_id, runner, engine, model, input_hash, dispatch_json, attempts, started_at
+FROM upd ORDER BY queued_at, unit_id
+"""
+
+
+def claim_units(
+    db: Any,
+    *,
+    targets: Sequence[tuple[str, str | None]],
+    kinds: Sequence[str],
+    holder: str,
+    host: str,
+    pid: int | None,
+    ttl_s: float,
+    limit: int,
+    meta_tail: str,
+) -> list[Any]:
+    """One statement: claim up to `limit` queued units of `kinds` over the (run, step) `targets`, oldest queued
+    first, skipping rows other claimers hold; the claimed rows (`meta_tail` ends each started event's metadata)."""
+    tgt = rows_json([{"run_id": r, "step_id": s} for r, s in targets])
+    params = (tgt, json.dumps(list(kinds)), limit, holder, host, pid, ttl_s, meta_tail)
+    claimed: list[Any] = db.execute(CLAIM_UNITS, params).fetchall()
+    return claimed
+
+
+FINISH_CLAIMED = f"""
+WITH run AS MATERIALIZED (
+    SELECT status = 'abandoned' AS gone FROM runs WHERE id = ? FOR KEY SHARE
+), clk AS MATERIALIZED (
+    SELECT {_NOW} AS now FROM run
+), upd AS (
+    UPDATE units u SET status = CASE WHEN run.gone THEN 'failed' ELSE ? END,
+        result_json = CASE WHEN run.gone THEN NULL ELSE ? END, tokens = ?::bigint,
+        failure_reason = CASE WHEN run.gone THEN 'abandoned' ELSE ? END, session_id = ?,
+        truncated = CASE WHEN run.gone THEN 0 ELSE ?::int END, finished_at = clk.now, claim_holder = NULL,
+        claim_pid = NULL, claim_expires_at = NULL, claim_host = NULL
+    FROM run, clk
+    WHERE u.run_id = $1 AND u.unit_id = ? AND u.status = 'running' AND u.claim_holder = ? AND u.attempts = ?::int
+    RETURNING run.gone, clk.now
+), lk AS MATERIALIZED (
+    SELECT {_EVENT_LOCK} FROM upd
+), ev AS (
+    INSERT INTO events (event_type, ts, run_id, metadata_json)
+    SELECT 'workflow_unit_finished', upd.now, $1, CASE WHEN upd.gone THEN ? ELSE ? END FROM upd CROSS JOIN lk
+), nt AS MATERIALIZED (
+    SELECT pg_notify(?, $1) FROM upd
+)
+SELECT gone FROM upd CROSS JOIN (SELECT count(*) FROM nt) AS told
+"""
+
+
+def finish_claimed(
+    db: Any,
+    *,
+    run_id: str,
+    unit_id: str,
+    holder: str,
+    token: int,
+    status: str,
+    result_json: str | None,
+    tokens: int | None,
+    failure_reason: str | None,
+    session_id: str | None,
+    truncated: bool,
+    meta: str,
+    meta_abandoned: str,
+    channel: str,
+) -> bool:
+    """One statement: record the outcome of the claim (`holder`, `token`) with its event (`meta`, or
+    `meta_abandoned` when the run was abandoned meanwhile), and tell the coordinator (a NOTIFY on `channel`, sent
+    at the statement's commit: no round trip of its own); False when the row is not this claim's any more."""
+    params = (
+        run_id,
+        status,
+        result_json,
+        tokens,
+        failure_reason,
+        session_id,
+        int(bool(truncated)),
+        unit_id,
+        holder,
+        token,
+        meta_abandoned,
+        meta,
+        channel,
+    )
+    return bool(db.execute(FINISH_CLAIMED, params).fetchall())
+
+
+WRITE_ATTEMPTS = f"""
+WITH run AS MATERIALIZED (
+    SELECT status, lease_holder, lease_epoch, lease_until FROM runs WHERE id = ? FOR KEY SHARE
+), clk AS MATERIALIZED (
+    SELECT {_NOW} AS now FROM run
+), fin_in AS MATERIALIZED (
+    SELECT * FROM json_to_recordset(?::json) AS f(ord int, unit_id text, started_at timestamptz, status text,
+        result_json text, tokens bigint, failure_reason text, session_id text, truncated int, meta text)
+), new_in AS MATERIALIZED (
+    SELECT * FROM json_to_recordset(?::json) AS n(ord int, unit_id text, step_id text, node_id text,
+        parent_unit_id text, phase text, runner text, engine text, model text, input_hash text, worktree_path text,
+        meta text)
+), ok AS MATERIALIZED (
+    SELECT clk.now FROM run CROSS JOIN clk
+    WHERE (?::text IS NULL OR (run.lease_holder = $4 AND run.lease_epoch = ?::bigint))
+      AND CASE WHEN EXISTS (SELECT 1 FROM new_in)
+          THEN run.status IN {_DRIVABLE} AND ($4 IS NULL OR run.lease_until >= clk.now + make_interval(secs => ?::float8))
+          ELSE run.status <> 'abandoned' END
+      AND NOT EXISTS (SELECT 1 FROM units u WHERE u.run_id = $1 AND u.unit_id IN (SELECT unit_id FROM new_in))
+      AND NOT EXISTS (SELECT 1 FROM fin_in f WHERE NOT EXISTS (
+          SELECT 1 FROM units u WHERE u.run_id = $1 AND u.unit_id = f.unit_id))
+), fin AS (
+    UPDATE units u SET status = f.status, result_json = f.result_json, tokens = f.tokens,
+        failure_reason = f.failure_reason, session_id = f.session_id, truncated = f.truncated, finished_at = ok.now,
+        claim_holder = NULL, claim_host = NULL, claim_pid = NULL, claim_expires_at = NULL
+    FROM fin_in f CROSS JOIN ok
+    WHERE u.run_id = $1 AND u.unit_id = f.unit_id AND u.status = 'running' AND u.started_at = f.started_at
+    RETURNING f.ord, f.unit_id, f.meta
+), ins AS (
+    INSERT INTO units (run_id, unit_id, step_id, node_id, parent_unit_id, phase, runner, engine, model, status,
+        input_hash, worktree_path, host, started_at)
+    SELECT $1, n.unit_id, n.step_id, n.node_id, n.parent_unit_id, n.phase, n.runner, n.engine, n.model, 'running',
+        n.input_hash, n.worktree_path, ?, ok.now
+    FROM new_in n CROSS JOIN ok ORDER BY n.ord
+    ON CONFLICT (run_id, unit_id) DO NOTHING
+    RETURNING unit_id
+), lk AS MATERIALIZED (
+    SELECT {_EVENT_LOCK} FROM ok WHERE EXISTS (SELECT 1 FROM fin_in) OR EXISTS (SELECT 1 FROM new_in)
+), ev AS (
+    INSERT INTO events (event_type, ts, run_id, metadata_json)
+    SELECT e.kind, ok.now, $1, e.meta FROM (
+        SELECT 'workflow_unit_finished' AS kind, fin.meta, fin.ord FROM fin
+        UNION ALL
+        SELECT 'workflow_unit_started', n.meta, 1000000 + n.ord FROM new_in n JOIN ins ON ins.unit_id = n.unit_id
+    ) AS e CROSS JOIN ok CROSS JOIN lk ORDER BY e.ord
+)
+SELECT 'ok' AS what, NULL AS unit_id, now FROM ok
+UNION ALL SELECT 'fin', unit_id, NULL FROM fin
+UNION ALL SELECT 'ins', unit_id, NULL FROM ins
+"""
+
+
+class Written:
+    """What `write_attempts` did: None when it wrote nothing (a guard it does not decide held: the caller writes
+    the portable way, which refuses or handles the case), else the stamp, the finished and the inserted ids."""
+
+    def __init__(self, rows: Sequence[Any]) -> None:
+        self.now: str | None = None
+        self.finished: set[str] = set()
+        self.inserted: set[str] = set()
+        for what, unit_id, now in rows:
+            if what == "ok":
+                self.now = now
+            elif what == "fin":
+                self.finished.add(unit_id)
+            else:
+                self.inserted.add(unit_id)
+
+
+def write_attempts(
+    db: Any,
+    run_id: str,
+    finishes: Sequence[dict[str, Any]],
+    inserts: Sequence[dict[str, Any]],
+    *,
+    holder: str | None,
+    epoch: int | None,
+    lease_floor_s: float,
+    host: str,
+) -> Written:
+    """One statement: the local driver's finishes and fresh inserts of one run with their events, when every
+    guard passes at once (the run drivable for inserts, not abandoned for finishes alone; the fence and, for
+    inserts, `lease_floor_s` of lease left; no inserted id present; every finished row present); nothing
+    otherwise (`Written.now` None)."""
+    params = (
+        run_id,
+        rows_json([dict(r, ord=i) for i, r in enumerate(finishes)]),
+        rows_json([dict(r, ord=i) for i, r in enumerate(inserts)]),
+        holder,
+        epoch,
+        lease_floor_s,
+        host,
+    )
+    return Written(db.execute(WRITE_ATTEMPTS, params).fetchall())

@@ -1,0 +1,210 @@
+"""Few round trips per unit across a network (issue 40), on a real throwaway PostgreSQL server.
+
+A unit's journal writes are each one statement on PostgreSQL (`akm/store/postgres/hotpath.py`): a driver's finish
+with its next insert, a worker's claim over every step it may run, a worker's finish; a coordinator's queue writes
+from many threads go out together (`akm/store/batch.py`); and a process's threads each get a connection of the
+journal's pool, so one thread's open transaction does not hold up another's statement. Counted in the
+connection's statement trace (`Connection.trace`); the behaviour itself is the shared tests' (both journals).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from akm.store import open_journal, queue, runs, units
+from akm.store.batch import Coalescer
+from tests.helpers import wait_until
+
+RUN = "r1"
+
+
+@pytest.fixture
+def pg(pg_cluster):
+    """A journal on a fresh schema holding one run whose lease `coord` holds, and that lease's fence."""
+    from tests import pgcluster
+
+    with pgcluster.fresh_schema(pg_cluster) as url:
+        db = open_journal(url)
+        runs.create_run(
+            db,
+            run_id=RUN,
+            workflow_ref="workflows/w",
+            workflow_path=None,
+            title="t",
+            scope_key="s",
+            params={},
+            plan_json="{}",
+            plan_hash="0" * 64,
+            hash_version=1,
+            step_ids=["build"],
+        )
+        assert runs.acquire_lease(db, RUN, "coord") is None
+        yield db, runs.lease_fence(db, RUN, "coord")
+        db.close()
+
+
+def _attempt(unit_id: str) -> units.NewAttempt:
+    return units.NewAttempt(RUN, unit_id, "build", "build.unit", runner="exec", input_hash="h")
+
+
+def test_a_drivers_finish_and_next_insert_are_one_statement(pg):
+    db, fence = pg
+    _, (started,) = units.write_attempts(db, [], [_attempt("build.unit:1")], fence=fence)
+    db.conn.trace = trace = []
+    finish = units.UnitFinish(RUN, "build.unit:1", started, "completed", result_json='"ok"', step_id="build")
+    done, (again,) = units.write_attempts(db, [finish], [_attempt("build.unit:2")], fence=fence)
+    assert done == ["finished"] and len(trace) == 1, trace  # no BEGIN, clock read, lock or COMMIT of its own
+    assert [u.status for u in units.get_units(db, RUN)] == ["completed", "running"]
+    kinds = [e["event_type"] for e in db.query("SELECT event_type FROM events ORDER BY id")]
+    assert kinds[-3:] == ["workflow_unit_started", "workflow_unit_finished", "workflow_unit_started"]
+    # a guard the statement leaves to the portable transaction: the lease is lost, nothing is written
+    runs.release_lease(db, RUN, "coord")
+    assert runs.acquire_lease(db, RUN, "other") is None
+    trace.clear()
+    late = units.UnitFinish(RUN, "build.unit:2", again, "completed", result_json='"late"', step_id="build")
+    with pytest.raises(Exception) as info:
+        units.write_attempts(db, [late], [_attempt("build.unit:3")], fence=fence)
+    assert getattr(info.value, "code", None) == "LEASE_LOST"
+    assert "BEGIN" in trace  # it fell back to the portable form, which names the refusal
+    assert (
+        units.get_unit(db, RUN, "build.unit:2").status == "running" and units.get_unit(db, RUN, "build.unit:3") is None
+    )
+
+
+def test_a_worker_claims_its_free_slots_and_finishes_each_in_one_statement(pg):
+    db, fence = pg
+    for i in range(5):
+        args = dict(step_id="build", node_id="build.unit", parent_unit_id=None, runner="exec", engine=None)
+        queue.queue_unit(
+            db,
+            run_id=RUN,
+            unit_id=f"build.unit:{i}",
+            model=None,
+            input_hash="h",
+            dispatch_json='{"v":1}',
+            fence=fence,
+            **args,
+        )
+    db.conn.trace = trace = []
+    got = queue.claim_work(
+        db, targets=[(RUN, "build"), (RUN, "other")], kinds=("exec",), holder="w1", host="h", pid=None, limit=3
+    )
+    assert len(got) == 3 and len(trace) == 1
+    trace.clear()
+    assert (
+        queue.finish_claimed(db, got[0], "w1", status="completed", result_json='"ok"', tokens=1, failure_reason=None)
+        == "finished"
+    )
+    assert len(trace) == 1
+    # a late finish (the claim was given up and claimed again meanwhile) is still rejected, in one statement too
+    assert queue.release_claim(db, got[1], "w1")
+    again = queue.claim_work(db, targets=[(RUN, "build")], kinds=("exec",), holder="w2", host="h", pid=None, limit=5)
+    assert got[1].unit_id in {c.unit_id for c in again}
+    trace.clear()
+    late = queue.finish_claimed(
+        db, got[1], "w1", status="completed", result_json='"x"', tokens=None, failure_reason=None
+    )
+    assert late == "superseded" and len(trace) == 1
+    assert units.get_unit(db, RUN, got[1].unit_id).result_json is None
+
+
+def test_queue_writes_of_many_threads_go_out_together(pg):
+    db, fence = pg
+    n = 24
+    gate = threading.Barrier(n)
+    answers: dict[int, str] = {}
+
+    def put(i: int) -> None:
+        gate.wait()
+        answers[i] = queue.queue_unit(
+            db,
+            run_id=RUN,
+            unit_id=f"build.unit:{i}",
+            step_id="build",
+            node_id="build.unit",
+            parent_unit_id=None,
+            runner="exec",
+            engine=None,
+            model=None,
+            input_hash="h",
+            dispatch_json='{"v":1}',
+            fence=fence,
+        ).outcome
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert answers == {i: "queued" for i in range(n)}
+    assert queue.eligible_work(db, ("exec",))[0].queued == n
+    assert queue._queue_batches(db).batches < n  # some went out together (how many is the scheduler's call)
+
+
+def test_a_threads_open_transaction_does_not_hold_up_another_threads_statement(pg):
+    db, _ = pg
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with db.tx() as conn:
+            conn.execute("SELECT 1 FROM runs WHERE id = ? FOR UPDATE", (RUN,))
+            inside.set()
+            leave.wait(60)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert inside.wait(60)
+        assert db.query("SELECT count(*) AS n FROM units")[0]["n"] == 0  # answered while the other waits
+        assert db.connections == 2
+    finally:
+        leave.set()
+        t.join()
+    wait_until(lambda: not db.held(), what="the transaction's end")
+    db.query("SELECT 1")
+    assert db.connections == 2  # reused, not opened again
+
+
+def test_coalescer_answers_each_caller_and_shares_a_failure():
+    """The batching of `akm.store.batch` itself: each item its own answer (or its own error); an exception of a
+    whole batch is every caller's; calls made while a batch is written go in the next one."""
+    release = threading.Event()
+    first_in = threading.Event()
+    batches: list[list[int]] = []
+
+    def write(items: list[int]) -> list[int | BaseException]:
+        batches.append(items)
+        if items == [0]:
+            first_in.set()
+            release.wait(60)  # the others queue meanwhile
+        if 99 in items:
+            raise RuntimeError("journal down")
+        return [ValueError(f"bad {i}") if i == 7 else i * 10 for i in items]
+
+    c: Coalescer[int, int] = Coalescer(write)
+    out: dict[int, object] = {}
+
+    def call(i: int) -> None:
+        try:
+            out[i] = c.submit(i)
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            out[i] = exc
+
+    first = threading.Thread(target=call, args=(0,))
+    first.start()
+    assert first_in.wait(60)
+    rest = [threading.Thread(target=call, args=(i,)) for i in range(1, 9)]
+    for t in rest:
+        t.start()
+    wait_until(lambda: len(c._pending) == 8, what="the others to queue")
+    release.set()
+    for t in [first, *rest]:
+        t.join()
+    assert len(batches) == 2 and batches[0] == [0] and sorted(batches[1]) == list(range(1, 9))
+    assert {i: v for i, v in out.items() if i != 7} == {i: i * 10 for i in range(9) if i != 7}
+    assert isinstance(out[7], ValueError)
+    with pytest.raises(RuntimeError, match="journal down"):
+        c.submit(99)
+    assert c.submit(3) == 30  # the coalescer goes on after a failed batch
