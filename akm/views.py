@@ -159,6 +159,25 @@ class RewindView(View):
     steps: list[StepView] = factory(list)  # the reopened steps as they were before it (pending ones left out)
 
 
+class Page(View):
+    """Where one page of a long list stands: its first item's `offset`, the `limit` asked for, the `total` of
+    the list, and the `next_offset` to ask for the rest (None: this page is the last)."""
+
+    offset: int = 0
+    limit: int | None = None
+    total: int = 0
+    next_offset: int | None = None
+
+
+def page_of(items: list[Any], offset: int, limit: int | None) -> tuple[list[Any], Page | None]:
+    """`items[offset:offset + limit]` and the `Page` that says so — None when that is the whole list."""
+    end = len(items) if limit is None else min(len(items), offset + limit)
+    if offset == 0 and end == len(items):
+        return items, None
+    shown = items[offset:end]
+    return shown, Page(offset=offset, limit=limit, total=len(items), next_offset=end if end < len(items) else None)
+
+
 class RunView(View):
     run_id: str
     status: str
@@ -181,6 +200,7 @@ class RunView(View):
     # A failed, blocked or abandoned run: what moves it on, {action: resume | rewind | new_run, stepId, redo,
     # then: run | judge, why} (akm/engine/recovery.py); null for any other run.
     recovery: dict[str, Any] | None = None
+    units_page: Page | None = None  # `units` is one page of the run's unit attempts (None: all of them)
 
 
 class RewindResult(View):
@@ -393,6 +413,7 @@ class RunGraph(View):
 
 class RunList(View):
     runs: list[RunView]
+    page: Page | None = None  # `runs` is one page of them (None: all of them)
 
 
 class CatalogParam(View):

@@ -21,6 +21,9 @@ share a script: a CLI configured with base URL `<base>/<scenario>` (see `FakeMod
                     same draws on every run); a
                     claude request offering its StructuredOutput tool gets prose instead of the tool call
 
+A scenario in `scripts` is a scripted model (Anthropic Messages only): `scripts[scenario](body)` reads the
+conversation so far and returns the next content block — a `tool_use` to call a tool, or `text` to end the turn.
+
 A `.tag` makes a scenario's counters its own (two tests both asking for `500ok` must not share the "first").
 
 Requests the CLIs make besides the answer — gemini's model router and next-speaker check, opencode's title —
@@ -53,6 +56,7 @@ class FakeModelApis:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.answers: dict[str, str] = {}
+        self.scripts: dict[str, Any] = {}  # scenario -> the scripted model: body -> the next content block
         self.lock = threading.Lock()
         self.generations: dict[str, int] = {}
         self.closing = threading.Event()
@@ -157,6 +161,10 @@ class FakeModelApis:
             h.send_json(200, {"input_tokens": IN_TOKENS} if api == "anthropic" else {"totalTokens": IN_TOKENS})
             return
         behaviour = scenario.split(".", 1)[0]
+        script = self.scripts.get(scenario)
+        if script is not None and api == "anthropic" and kind == "main":
+            _anthropic_send(h, body, script(body))
+            return
         if kind == "main":
             with self.lock:
                 n = self.generations[scenario] = self.generations.get(scenario, 0) + 1
@@ -255,7 +263,6 @@ def _send_error(h: Any, api: str, status: int, message: str) -> None:
 
 
 def _anthropic(h: Any, body: dict[str, Any], text: str, path: str, kind: str) -> None:
-    model = str(body.get("model") or "claude-fake")
     tools = [t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)]
     content: dict[str, Any]
     structured = next((t for t in tools if t and "structured" in t.lower()), None)
@@ -267,12 +274,17 @@ def _anthropic(h: Any, body: dict[str, Any], text: str, path: str, kind: str) ->
             parsed = None
     if parsed is not None:
         content = {"type": "tool_use", "id": "toolu_fake1", "name": structured, "input": parsed}
-        stop = "tool_use"
     else:
         if structured and _answered_tool(body, structured):
             text = "Done."
         content = {"type": "text", "text": text}
-        stop = "end_turn"
+    _anthropic_send(h, body, content)
+
+
+def _anthropic_send(h: Any, body: dict[str, Any], content: dict[str, Any]) -> None:
+    """One assistant message of one content block (a tool call ends its turn with `tool_use`)."""
+    model = str(body.get("model") or "claude-fake")
+    stop = "tool_use" if content["type"] == "tool_use" else "end_turn"
     usage = {
         "input_tokens": IN_TOKENS,
         "cache_creation_input_tokens": 0,
@@ -295,7 +307,7 @@ def _anthropic(h: Any, body: dict[str, Any], text: str, path: str, kind: str) ->
     start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
     if content["type"] == "text":
         block_start = {"type": "text", "text": ""}
-        delta = {"type": "text_delta", "text": text}
+        delta = {"type": "text_delta", "text": content["text"]}
     else:
         block_start = {"type": "tool_use", "id": content["id"], "name": content["name"], "input": {}}
         delta = {"type": "input_json_delta", "partial_json": json.dumps(content["input"])}

@@ -28,6 +28,7 @@ TOOLS = {
     "workflow_rewind",
     "workflow_events",
     "workflow_catalog",
+    "workflow_wait",
 }
 
 
@@ -85,7 +86,14 @@ def test_tools_are_listed_with_schemas_and_annotations(project):
     for name, t in tools.items():
         assert t.input_schema["type"] == "object" and t.output_schema, name
         assert t.annotations is not None and t.description, name
-    for ro in ("workflow_next", "workflow_status", "workflow_list", "workflow_lint", "workflow_events"):
+    for ro in (
+        "workflow_next",
+        "workflow_status",
+        "workflow_list",
+        "workflow_lint",
+        "workflow_events",
+        "workflow_wait",
+    ):
         assert tools[ro].annotations.read_only_hint is True
     assert tools["setup"].annotations.read_only_hint is False  # it writes the config (a preview without arguments)
     assert tools["workflow_abandon"].annotations.destructive_hint is True
@@ -406,3 +414,30 @@ def test_a_report_to_a_finished_run_is_not_told_to_resume_it(project):
     body = err(call(project, script))
     assert body["code"] == "RUN_NOT_ACTIVE" and "abandoned" in body["error"]
     assert "workflow_resume" not in json.dumps(body)  # an abandoned (or completed) run cannot be resumed
+
+
+def test_object_arguments_sent_as_json_text_are_read_for_every_tool_and_scalars_never(project):
+    """The MCP Inspector sends every argument as a string: an object or array argument given as JSON text is
+    read as that JSON (params, verdict, config, paths, redo alike); a scalar is still never read out of text."""
+    session_wf(project)
+
+    async def script(c):
+        r = await c.call_tool("workflow_run", {"target": "flow.md", "params": json.dumps({"topics": ["a"]})})
+        rid = r.structured_content["run"]["runId"]
+        unit = (await c.call_tool("workflow_next", {"run_id": rid})).structured_content["units"][0]
+        rep = await c.call_tool("unit_report", {**unit["report"], "result": json.dumps({"line": "about a"})})
+        judge = rep.structured_content["brief"]["judge"]
+        verdict = await c.call_tool("unit_report", {**judge["report"], "verdict": json.dumps({"complete": True})})
+        lint = await c.call_tool("workflow_lint", {"paths": json.dumps(["flow.md"])})
+        scalar = await c.call_tool("workflow_run", {"target": rid, "max_steps": "1"})
+        flag = await c.call_tool("workflow_list", {"active": "true"})
+        not_json = await c.call_tool("setup", {"config": "{not json"})
+        return r, rep, verdict, lint, scalar, flag, not_json
+
+    r, rep, verdict, lint, scalar, flag, not_json = call(project, script)
+    assert not r.is_error and r.structured_content["run"]["params"] == {"topics": ["a"]}
+    assert not rep.is_error, rep.content[0].text  # a text result: taken as the unit's answer, as before
+    assert not verdict.is_error and verdict.structured_content["stepOutcome"]["kind"] == "completed"
+    assert not lint.is_error and lint.structured_content["ok"] is True
+    for refused, name in ((scalar, "max_steps"), (flag, "active"), (not_json, "config")):
+        assert err(refused)["code"] == "INVALID_ARGUMENT" and name in err(refused)["error"]

@@ -180,31 +180,41 @@ def test_answers_stay_compact_whatever_the_artifacts(akm_bin, shiv_root, tmp_pat
         run = await c.call_tool("workflow_run", {"target": "big.md"})
         rid = run.structured_content["run"]["runId"]
         status = await c.call_tool("workflow_status", {"run_id": rid})
-        whole_step = await c.call_tool("workflow_status", {"run_id": rid, "step": "big"})
+        whole_step = [await c.call_tool("workflow_status", {"run_id": rid, "step": "big"})]
+        while (page := whole_step[-1].structured_content["steps"][0].get("outputPage") or {}).get("nextOffset"):
+            args = {"run_id": rid, "step": "big", "output_offset": page["nextOffset"]}
+            whole_step.append(await c.call_tool("workflow_status", args))
         nxt = await c.call_tool("workflow_next", {"run_id": rid})
         unit = nxt.structured_content["units"][0]
-        whole_unit = await c.call_tool("workflow_next", {"run_id": rid, "unit_id": unit["unitId"]})
+        whole_unit = [await c.call_tool("workflow_next", {"run_id": rid, "unit_id": unit["unitId"]})]
+        while (page := whole_unit[-1].structured_content["units"][0].get("promptPage") or {}).get("nextOffset"):
+            args = {"run_id": rid, "unit_id": unit["unitId"], "prompt_offset": page["nextOffset"]}
+            whole_unit.append(await c.call_tool("workflow_next", args))
         rep = await c.call_tool("unit_report", {**unit["report"], "result": "400 rows of x"})
         return run, status, whole_step, nxt, whole_unit, rep
 
     run, status, whole_step, nxt, whole_unit, rep = serve(akm_bin, shiv_root, tmp_path, project, script)
     limit = 64 * 1024
-    for answer in (run, status, nxt, rep):
+    for answer in (run, status, nxt, rep, *whole_step, *whole_unit):
         assert not answer.is_error, answer.content[0].text
         assert len(answer.content[0].text.encode()) <= limit, len(answer.content[0].text)
+        assert len(json.dumps(answer.structured_content).encode()) <= limit
     step = run.structured_content["run"]["steps"][0]
     assert step["outputClipped"]["bytes"] > 400_000
     assert (
         step["outputClipped"]["fetch"].startswith("workflow_status(") and 'step="big"' in step["outputClipped"]["fetch"]
     )
-    assert len(whole_step.structured_content["steps"]) == 1
-    output = whole_step.structured_content["steps"][0]["output"]  # fetched whole (a command's stdout text)
-    assert "outputClipped" not in whole_step.structured_content["steps"][0]
+    assert all(len(page.structured_content["steps"]) == 1 for page in whole_step)
+    # fetched whole, in pages (a command's stdout text), each naming the next
+    output = "".join(page.structured_content["steps"][0]["output"] for page in whole_step)
+    assert all("outputClipped" not in page.structured_content["steps"][0] for page in whole_step)
+    assert len(whole_step) > 1 and whole_step[-1].structured_content["steps"][0]["outputPage"]["nextOffset"] is None
     assert len(json.loads(output)["rows"]) == 400
     unit = nxt.structured_content["units"][0]
     assert "inputs.steps.big.output" in unit["context"]["clipped"]  # once, in the prompt — and that is clipped
     assert unit["promptClipped"]["bytes"] > 400_000
-    assert whole_unit.structured_content["units"][0]["prompt"].count("x" * 1000) == 400
+    prompt = "".join(page.structured_content["units"][0]["prompt"] for page in whole_unit)
+    assert prompt.count("x" * 1000) == 400
     assert rep.structured_content["brief"]["kind"] == "judge"
 
 

@@ -56,13 +56,40 @@ def _init(rid, version="2025-06-18", capabilities=None, client=None) -> bytes:
 
 INITIALIZED = b'{"jsonrpc": "2.0", "method": "notifications/initialized"}'
 TOOLS = b'{"jsonrpc": "2.0", "id": "tools", "method": "tools/list"}'
+# A request of the 2026-07-28 protocol as Claude Code 2.1.332 writes it (its key order, its envelope).
+CLAUDE_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientInfo": {
+        "name": "claude-code",
+        "title": "Claude Code",
+        "version": "2.1.332",
+        "description": "Anthropic's agentic coding tool",
+        "websiteUrl": "https://claude.com/claude-code",
+    },
+    "io.modelcontextprotocol/clientCapabilities": {
+        "roots": {"listChanged": True},
+        "elicitation": {"form": {}, "url": {}},
+    },
+}
+
+
+def _modern(rid, method: str, **params) -> bytes:
+    return json.dumps(
+        {"method": method, "jsonrpc": "2.0", "id": rid, "params": {"_meta": CLAUDE_META, **params}}
+    ).encode()
 
 
 def test_the_handshake_constants_are_the_sdks():
+    import mcp_types
     from mcp_types import version
 
     assert handshake.HANDSHAKE_PROTOCOL_VERSIONS == version.HANDSHAKE_PROTOCOL_VERSIONS
     assert handshake.LATEST_HANDSHAKE_VERSION == version.LATEST_HANDSHAKE_VERSION
+    assert handshake.MODERN_PROTOCOL_VERSIONS == version.MODERN_PROTOCOL_VERSIONS
+    assert handshake.PROTOCOL_VERSION_KEY == mcp_types.PROTOCOL_VERSION_META_KEY
+    assert handshake.CLIENT_INFO_KEY == mcp_types.CLIENT_INFO_META_KEY
+    assert handshake.CLIENT_CAPABILITIES_KEY == mcp_types.CLIENT_CAPABILITIES_META_KEY
+    assert handshake.SERVER_INFO_KEY == mcp_types.SERVER_INFO_META_KEY
     assert handshake.sdk_in_tested_range()
 
 
@@ -112,7 +139,7 @@ def test_a_plain_initialize_is_answered_early_with_the_sdks_bytes(tmp_path, line
     assert frames[0] == early[1]  # the early answer, exactly
     assert "differs" not in stderr, stderr  # and the SDK's own answer to the same request was the same bytes
     assert [json.loads(f).get("id") for f in frames] == [json.loads(line)["id"], "tools"]  # written once
-    assert len(json.loads(frames[1])["result"]["tools"]) == 12
+    assert len(json.loads(frames[1])["result"]["tools"]) == 13
 
 
 @pytest.mark.parametrize(
@@ -176,35 +203,90 @@ def test_which_tools_list_requests_are_plain(line, plain):
     assert handshake.plain_tools_list_id(line)[0] is plain
 
 
-def _tools_result(frame: bytes) -> bytes:
-    """The `result` bytes of a response line, as the SDK wrote them."""
-    rid = json.dumps(json.loads(frame)["id"]).encode()
-    prefix = b'{"jsonrpc":"2.0","id":' + rid + b',"result":'
-    assert frame.startswith(prefix) and frame.endswith(b"}\n"), frame[:120]
-    return frame[len(prefix) : -2]
+def _early_only(tmp_path: Path, *lines: bytes) -> list[bytes]:
+    """What the early reader alone answers to `lines` (then end of input): a process that never loads the SDK."""
+    code = (
+        "import sys, akm.mcp.handshake as h\n"
+        "early = h.start()\n"
+        "early._thread.join(120)\n"  # read to the end of input (the SDK never takes over here)
+        "assert 'mcp' not in sys.modules and 'pydantic' not in sys.modules\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        input=b"".join(line + b"\n" for line in lines),
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)},
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    return proc.stdout.splitlines(keepends=True)
 
 
-def test_the_built_file_answers_tools_list_early_from_what_the_sdk_answered_before(tmp_path, akm_bin):
-    """First start: the SDK answers `tools/list` and its bytes are kept in the build's cache. Next start: that
-    answer is written before the SDK is loaded — shown by planting another one, which is then what the client
-    gets, while the SDK's own answer is compared (a difference on stderr) and kept again for the start after."""
-    cache = tmp_path / "cache"
-    lines = (_init(1), INITIALIZED, TOOLS)
-    first, stderr = _serve(tmp_path, *lines, akm_bin=akm_bin, cache=cache)
+def test_a_2026_client_is_answered_discover_and_the_lists_before_the_sdk_loads(tmp_path, akm_bin):
+    """Claude Code's opening — discover twice, then resources/list and tools/list — answered by the early reader
+    alone, with the SDK's bytes; the first request beyond them (a tools/call) is the SDK's."""
+    lines = (
+        _modern("server-discover-probe-1", "server/discover"),
+        _modern(1, "server/discover"),
+        _modern(2, "resources/list"),
+        _modern(3, "tools/list"),
+        _modern(4, "resources/templates/list"),
+        _modern(5, "tools/call", name="workflow_list", arguments={}),
+    )
+    early = _early_only(tmp_path, *lines)
+    assert [json.loads(f)["id"] for f in early] == ["server-discover-probe-1", 1, 2, 3, 4]
+    discover = json.loads(early[0])["result"]
+    assert discover["supportedVersions"][0] == "2026-07-28" and "2025-11-25" in discover["supportedVersions"]
+    for binary in (None, akm_bin):
+        frames, stderr = _serve(tmp_path, *lines, akm_bin=binary, cache=tmp_path / "cache")
+        assert "differs" not in stderr, stderr[:2000]
+        assert frames[:5] == early  # written once: the early answers are the SDK's own
+        assert json.loads(frames[5])["result"]["structuredContent"] == {"runs": []}
+
+
+def test_capabilities_are_the_same_in_both_eras_and_claim_nothing_unserved(tmp_path):
+    frames = _early_only(tmp_path, _init(1, "2025-11-25"))
+    legacy = json.loads(frames[0])["result"]["capabilities"]
+    modern = json.loads(_early_only(tmp_path, _modern(1, "server/discover"))[0])["result"]["capabilities"]
+    assert legacy == {"resources": {"listChanged": False, "subscribe": False}, "tools": {"listChanged": False}}
+    assert {k: v for k, v in modern.items() if k != "extensions"} == legacy  # extensions exist in 2026 only
+    assert modern["extensions"] == {"io.modelcontextprotocol/tasks": {}}  # served for workflow_run (mcp.md)
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        (_modern(1, "tools/list", cursor="x"),),  # a cursor: the SDK's
+        (_modern(1, "server/discover"), _modern(1, "tools/list")),  # an id used twice
+        (_modern(1, "server/discover"), _init(2)),  # initialize on a 2026 connection: the SDK refuses it
+        (_modern(1, "ping"),),
+        (
+            json.dumps(
+                {"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": {**CLAUDE_META, "x": 1}}}
+            ).encode(),
+        ),
+    ],
+)
+def test_other_2026_requests_are_left_to_the_sdk(tmp_path, lines):
+    early = _early_only(tmp_path, *lines)
+    assert len(early) <= 1 and all(json.loads(f)["id"] == 1 for f in early)  # at most the first, never the rest
+    frames, stderr = _serve(tmp_path, *lines)
     assert "differs" not in stderr, stderr[:2000]
-    assert [json.loads(f)["id"] for f in first] == [1, "tools"]
-    [kept] = cache.glob("akm-*/mcp/tools-list-*-2025-06-18.json")
-    assert kept.read_bytes() == _tools_result(first[1])
+    assert len(frames) == len(lines)  # each request answered, once
 
-    kept.write_bytes(b'{"tools":[]}')  # what this start answers early: a stale answer, told apart by its bytes
-    second, stderr = _serve(tmp_path, *lines, akm_bin=akm_bin, cache=cache)
-    assert [json.loads(f)["id"] for f in second] == [1, "tools"]  # each answered once
-    assert json.loads(second[1])["result"] == {"tools": []}
-    assert "the early tools/list answer differs from the SDK's" in stderr
-    assert kept.read_bytes() == _tools_result(first[1])  # the SDK's bytes again
 
-    third, stderr = _serve(tmp_path, *lines, akm_bin=akm_bin, cache=cache)
-    assert third == first and "differs" not in stderr, stderr[:2000]
+def test_tools_list_is_answered_early_from_the_models_with_the_sdks_bytes(tmp_path, akm_bin):
+    """The early reader answers `tools/list` from akm/mcp/tools.json (generated from the request models) without
+    the SDK, and those are the bytes the SDK answers with — from the source tree and from the built file."""
+    lines = (_init(1), INITIALIZED, TOOLS)
+    early = _early_only(tmp_path, *lines)
+    assert [json.loads(f)["id"] for f in early] == [1, "tools"]
+    assert len(json.loads(early[1])["result"]["tools"]) == 13
+    for binary in (None, akm_bin):
+        frames, stderr = _serve(tmp_path, *lines, akm_bin=binary, cache=tmp_path / "cache")
+        assert "differs" not in stderr, stderr[:2000]
+        assert frames == early  # written once: the early answers are the SDK's own
 
 
 @pytest.mark.parametrize(
@@ -218,26 +300,13 @@ def test_the_built_file_answers_tools_list_early_from_what_the_sdk_answered_befo
         ),
         (_init(1), INITIALIZED, b'{"jsonrpc": "2.0", "id": 5, "method": "ping"}', TOOLS),  # only the first request
         (_init(1, capabilities={"roots": {"listChanged": "yes"}}), INITIALIZED, TOOLS),  # no early initialize
+        (_init("tools"), INITIALIZED, TOOLS),  # an id reused: the SDK's to refuse
     ],
 )
-def test_the_built_file_leaves_other_tools_list_requests_to_the_sdk(tmp_path, akm_bin, lines):
-    cache = tmp_path / "cache"
-    _serve(tmp_path, _init(1), INITIALIZED, TOOLS, akm_bin=akm_bin, cache=cache)  # the SDK's answer is kept
-    [kept] = cache.glob("akm-*/mcp/tools-list-*-2025-06-18.json")
-    kept.write_bytes(b'{"tools":[]}')  # any early answer would be this one
-    frames, stderr = _serve(tmp_path, *lines, akm_bin=akm_bin, cache=cache)
+def test_other_tools_list_requests_are_left_to_the_sdk(tmp_path, akm_bin, lines):
+    early = _early_only(tmp_path, *lines)
+    assert all(json.loads(f).get("result", {}).get("tools") is None for f in early)  # none answered early
+    frames, stderr = _serve(tmp_path, *lines, akm_bin=akm_bin, cache=tmp_path / "cache")
     assert "differs" not in stderr, stderr[:2000]
     listed = [json.loads(f) for f in frames if json.loads(f).get("id") == "tools"]
-    assert len(listed) <= 1
-    assert all(f.get("error") or f["result"]["tools"] for f in listed)  # the SDK's own answer (or its error)
-
-
-def test_a_tools_list_reusing_the_initialize_id_is_the_sdks(tmp_path, akm_bin):
-    """Ids must not be reused; if a client does, the early reader leaves the second request to the SDK."""
-    cache = tmp_path / "cache"
-    _serve(tmp_path, _init(1), INITIALIZED, TOOLS, akm_bin=akm_bin, cache=cache)
-    [kept] = cache.glob("akm-*/mcp/tools-list-*-2025-06-18.json")
-    kept.write_bytes(b'{"tools":[]}')
-    frames, stderr = _serve(tmp_path, _init("tools"), INITIALIZED, TOOLS, akm_bin=akm_bin, cache=cache)
-    assert "differs" not in stderr, stderr[:2000]
-    assert all(json.loads(f).get("result") != {"tools": []} for f in frames)
+    assert 1 <= len(listed) <= 2  # the SDK's own answer (or its error); a reused id gets one per request

@@ -155,7 +155,7 @@ def test_only_protocol_on_stdout_and_malformed_requests_survive(akm_bin, shiv_ro
         assert content["run"]["status"] == "awaiting_session"
         assert content["run"]["steps"][0]["output"] == "to stdout, never to the protocol"
         listed = srv.request("tools/list")
-        assert len(listed["result"]["tools"]) == 12  # workflow_catalog (issue 16), workflow_rewind (issue 33)
+        assert len(listed["result"]["tools"]) == 13  # workflow_catalog (16), workflow_rewind (33), workflow_wait (37)
         answered = {f.get("id") for f in srv.frames}
         assert {"x", "y"} <= answered  # bad calls got answers (errors), and the server kept going
         bad_call = next(f for f in srv.frames if f.get("id") == "y")
@@ -183,7 +183,7 @@ def test_requests_the_sdk_cannot_read_are_answered_not_dropped(akm_bin, shiv_roo
         assert bad["error"]["code"] == -32600 and "method" in bad["error"]["message"]
         srv.send('{"jsonrpc": "2.0", "method": "notifications/x", "params": {"a": "\\udc80"}}')  # no id: no answer
         alive = srv.request("tools/list")
-        assert len(alive["result"]["tools"]) == 12
+        assert len(alive["result"]["tools"]) == 13
         assert all(f.get("id") in (None, 7, "m", alive["id"], 1) or "method" in f for f in srv.frames)
     finally:
         srv.close()
@@ -211,7 +211,7 @@ def test_an_sdk_without_the_internals_we_use_still_serves(tmp_path, project):
     srv = RawServer(None, env, project, argv=[sys.executable, "-c", code])
     try:
         assert srv.initialize()["result"]["serverInfo"]["name"] == "akm"
-        assert len(srv.request("tools/list")["result"]["tools"]) == 12
+        assert len(srv.request("tools/list")["result"]["tools"]) == 13
     finally:
         srv.close()
 

@@ -260,7 +260,8 @@ def test_a_thousand_unit_run_stays_under_two_megabytes_even_with_large_hostile_o
     assert "clipped" in dom.all_text
 
 
-def test_mcp_workflow_status_html_returns_the_page_as_a_resource(cli, project):
+def test_mcp_workflow_status_html_links_the_page_as_a_resource(cli, project):
+    """The report grows with the run, so it is a resource to read (a link in the answer), never inlined."""
 
     import anyio
     from mcp import Client
@@ -272,15 +273,19 @@ def test_mcp_workflow_status_html_returns_the_page_as_a_resource(cli, project):
 
     async def main():
         async with Client(build_server(cwd=str(project))) as client:
-            html = await client.call_tool("workflow_status", {"run_id": rid, "format": "html"})
+            html = await client.call_tool("workflow_status", {"run_id": rid[:8], "format": "html"})
             plain = await client.call_tool("workflow_status", {"run_id": rid})
-            return html, plain
+            page = await client.read_resource(html.content[-1].uri)
+            return html, plain, page
 
-    html, plain = anyio.run(main)
+    html, plain, page = anyio.run(main)
     assert not html.is_error and html.structured_content["runId"] == rid  # the JSON view is still there
-    resource = html.content[-1].resource
-    assert resource.mime_type == "text/html" and str(resource.uri) == f"akm://runs/{rid}/report.html"
-    assert resource.text.startswith("<!DOCTYPE html>") and "big-party" in resource.text
+    link = html.content[-1]
+    assert link.type == "resource_link" and link.mime_type == "text/html"
+    assert str(link.uri) == f"akm://runs/{rid}/report.html"  # the resolved run id
+    resource = page.contents[0]
+    assert resource.mime_type == "text/html" and resource.text.startswith("<!DOCTYPE html>")
+    assert "big-party" in resource.text
     assert len(plain.content) == 1  # json (the default) adds nothing
 
 

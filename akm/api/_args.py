@@ -99,6 +99,7 @@ def check_output_format(value: str, allowed: tuple[str, ...] = ("text", "json"))
 
 
 MAX_EVENT_LIMIT = 10_000
+MAX_PAGE = 10_000  # the most items one page of a list (units, runs) may ask for
 
 
 # A path or ref longer than this is refused before it reaches the filesystem (PATH_MAX is 4096 on Linux).

@@ -21,6 +21,7 @@ from akm.views import (
     RunGraph,
     RunList,
     RunView,
+    page_of,
 )
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
         RunIdRequest,
         StatusRequest,
     )
-from akm.api._args import MAX_EVENT_LIMIT, _of, _whole_number, _work_dir
+from akm.api._args import MAX_EVENT_LIMIT, MAX_PAGE, _of, _whole_number, _work_dir
 from akm.api._request import _arguments
 from akm.api._targets import _checked_target, _is_file, normalized_ref
 from akm.api._views import _open_db, _require_run, _run_view, rewind_view
@@ -47,8 +48,11 @@ def list_runs(
     ref: str | None = None,
     all_scopes: bool = False,
     cwd: str | None = None,
+    offset: int = 0,
+    limit: int | None = None,
 ) -> RunList:
-    """Runs of the project of `cwd` (or of every project), newest first.
+    """Runs of the project of `cwd` (or of every project), newest first; `offset`/`limit` page them (`page`
+    says where the page stands and how many runs there are).
 
     `ref` is a workflow file — resolved against `cwd`, like a run target — or a
     `workflows/<name>` ref.
@@ -58,12 +62,14 @@ def list_runs(
     req = _arguments(
         "ListRunsRequest",
         request,
-        dict(active_only=active_only, ref=ref, all_scopes=all_scopes, cwd=cwd),
+        dict(active_only=active_only, ref=ref, all_scopes=all_scopes, cwd=cwd, offset=offset, limit=limit),
         {
             "active_only": _of(bool, "active_only"),
             "ref": _of(str, "ref", True),
             "all_scopes": _of(bool, "all_scopes"),
             "cwd": _of(str, "cwd", True),
+            "offset": lambda v: _whole_number(v, "offset", 0),
+            "limit": lambda v: None if v is None else _whole_number(v, "limit", 1, MAX_PAGE),
         },
     )
     work_dir = _work_dir(req.cwd)
@@ -85,20 +91,37 @@ def list_runs(
                 for r in runs_store.list_runs(db, scope_key=key, active_only=req.active_only, ref=ref)
             ]
             rows.sort(key=lambda r: r.created_at, reverse=True)  # stable: each key's own tie order stays
-        return RunList(runs=[_run_view(db, r, with_steps=False) for r in rows])
+        page = None
+        if req.offset or req.limit is not None:
+            rows, page = page_of(rows, req.offset, req.limit)
+        return RunList(runs=[_run_view(db, r, with_steps=False) for r in rows], page=page)
 
 
-def run_status(run_id: str | StatusRequest, *, units: bool = False, step: str | None = None) -> RunView:
+def run_status(
+    run_id: str | StatusRequest,
+    *,
+    units: bool = False,
+    step: str | None = None,
+    offset: int = 0,
+    limit: int | None = None,
+) -> RunView:
     """Where a run stands: steps with outputs and tallies, the final artifact, and (`units`) every attempt.
 
     `step` narrows the view to that step (and, with `units`, its attempts): what a front that clips large
-    outputs points at to fetch one whole.
+    outputs points at to fetch one whole. `offset`/`limit` page the attempts (`units_page` says where the
+    page stands and how many there are).
     """
     req = _arguments(
         "StatusRequest",
         run_id,
-        {"run_id": run_id, "units": units, "step": step},
-        {"run_id": _of(str, "run_id"), "units": _of(bool, "units"), "step": _of(str, "step", True)},
+        {"run_id": run_id, "units": units, "step": step, "offset": offset, "limit": limit},
+        {
+            "run_id": _of(str, "run_id"),
+            "units": _of(bool, "units"),
+            "step": _of(str, "step", True),
+            "offset": lambda v: _whole_number(v, "offset", 0),
+            "limit": lambda v: None if v is None else _whole_number(v, "limit", 1, MAX_PAGE),
+        },
     )
     with _open_db(read_only=True) as db:
         view = _run_view(db, _require_run(db, req.run_id), with_units=req.units)
@@ -117,6 +140,8 @@ def run_status(run_id: str | StatusRequest, *, units: bool = False, step: str | 
             r.steps = [s for s in r.steps if s.id == req.step]
         if view.units is not None:
             view.units = [u for u in view.units if u.step_id == req.step]
+    if view.units is not None and (req.offset or req.limit is not None):
+        view.units, view.units_page = page_of(view.units, req.offset, req.limit)
     return view
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from akm.api._args import MAX_EVENT_LIMIT, _duration_ms, _whole_number
+from akm.api._args import MAX_EVENT_LIMIT, MAX_PAGE, _duration_ms, _whole_number
 from akm.codes import Code
 from akm.engine.budget import MAX_UNIT_TOKENS
 from akm.errors import UsageError
@@ -42,6 +42,23 @@ class Request(ApiModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
+class _Paged(Request):
+    """A page of a long list: `offset` items skipped, at most `limit` given (the answer's page has the total)."""
+
+    offset: int = Field(0, description="skip this many items of the list (a page's nextOffset)")
+    limit: int | None = Field(None, description="at most this many items (1 to 10000; default: all, or a front's page)")
+
+    @field_validator("offset", mode="before")
+    @classmethod
+    def _offset(cls, value: Any) -> int:
+        return _whole_number(value, "offset", 0)
+
+    @field_validator("limit", mode="before")
+    @classmethod
+    def _limit(cls, value: Any) -> int | None:
+        return None if value is None else _whole_number(value, "limit", 1, MAX_PAGE)
+
+
 class LintRequest(Request):
     paths: list[str] = Field(min_length=1, description="workflow files, or directories holding them")
 
@@ -51,16 +68,13 @@ class UpgradeRequest(Request):
     write: Flag = Field(False, description="rewrite the file in place (only if the result lints clean)")
 
 
-class RunRequest(Request):
-    """Start or continue a run (see `run_workflow`)."""
+class _RunArgs(Request):
+    """What starts or continues a run, as every front takes it (`RunRequest`, `RunToolRequest`)."""
 
     target: str = Field(
         description="a workflow file, a workflows/<name> ref, or a run id (whole, its first 6+ characters, or @last)"
     )
     params: dict[str, Any] | None = Field(None, description="typed params (validated against the workflow's)")
-    param_flags: list[tuple[str, Union[str, bool]]] | None = Field(
-        None, description="raw command-line param flags (name, text or true), coerced by the params' types"
-    )
     max_steps: int | None = Field(None, description="finish at most this many steps now (0: start, drive nothing)")
     timeout: Union[int, str, None] = Field(None, description="stop driving after this long: ms, or text like 30s / 5m")
     new: Flag = Field(False, description="always start a new run, even if an identical one is active")
@@ -87,7 +101,15 @@ class RunRequest(Request):
         return None if value is None else _duration_ms(value)
 
 
-class RunToolRequest(RunRequest):
+class RunRequest(_RunArgs):
+    """Start or continue a run (see `run_workflow`)."""
+
+    param_flags: list[tuple[str, Union[str, bool]]] | None = Field(
+        None, description="raw command-line param flags (name, text or true), coerced by the params' types"
+    )
+
+
+class RunToolRequest(_RunArgs):
     """`workflow_run` over MCP: the run is driven in the background and a call only waits for it."""
 
     timeout: Union[int, str, None] = Field(
@@ -107,23 +129,58 @@ class RunToolRequest(RunRequest):
     )
 
 
-class ListRunsRequest(Request):
-    active_only: Flag = Field(False, description="only runs that can still be driven")
+class _RunsOf(Request):
     ref: str | None = Field(
         None, description="only runs of this workflow: a file (relative to cwd) or workflows/<name>"
     )
+
+
+class ListRunsRequest(_Paged, _RunsOf):
+    active_only: Flag = Field(False, description="only runs that can still be driven")
     all_scopes: Flag = Field(False, description="runs of every project, not just cwd's")
     cwd: str | None = Field(None, description="the directory whose project is listed (default: the process's)")
+
+
+class ListRunsToolRequest(_Paged, _RunsOf):
+    """`workflow_list` over MCP: this server's project only."""
+
+    active: Flag = Field(False, description="only runs that can still be driven")
 
 
 class RunIdRequest(Request):
     run_id: str = Field(description="the run id")
 
 
+class WaitRequest(RunIdRequest):
+    """Wait for a run, whoever drives it, to be no longer active (see `wait_run`)."""
+
+    timeout: Union[int, str, None] = Field(
+        None,
+        description="how long this call waits: ms, or text like 30s / 5m (default: the server's bound); "
+        "the run itself is never changed",
+    )
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> int | None:  # always ms once validated
+        return None if value is None else _duration_ms(value)
+
+
 class NextRequest(RunIdRequest):
     unit_id: str | None = Field(
         None, description="only this unit, whole (answers clip large prompts and inputs; this fetches one unclipped)"
     )
+
+
+class NextToolRequest(NextRequest):
+    """`workflow_next` over MCP: a unit fetched whole comes with its prompt in pages when it is too large."""
+
+    prompt_offset: int = Field(0, description="with unit_id: its prompt from this character on (a page's nextOffset)")
+
+    @field_validator("prompt_offset", mode="before")
+    @classmethod
+    def _prompt_offset(cls, value: Any) -> int:
+        return _whole_number(value, "prompt_offset", 0)
 
 
 class RewindRequest(RunIdRequest):
@@ -137,8 +194,8 @@ class RewindRequest(RunIdRequest):
     )
 
 
-class StatusRequest(RunIdRequest):
-    units: Flag = Field(False, description="include every journaled unit attempt")
+class StatusRequest(_Paged, RunIdRequest):
+    units: Flag = Field(False, description="include every journaled unit attempt (offset/limit page them)")
     step: str | None = Field(
         None, description="only this step, with its output whole (a run's answers clip large outputs)"
     )
@@ -148,12 +205,23 @@ class StatusToolRequest(StatusRequest):
     """`workflow_status` over MCP: the run view, and with format html a self-contained report as well."""
 
     format: Literal["json", "html"] = Field(
-        "json", description="html: also a self-contained HTML report of the run (a text/html resource)"
+        "json", description="html: also the run's self-contained HTML report, as a resource to read (a link)"
+    )
+    output_offset: int = Field(
+        0,
+        description="with step: its output from this character on (a page's nextOffset; an output too large "
+        "for one answer comes in pages)",
     )
 
+    @field_validator("output_offset", mode="before")
+    @classmethod
+    def _output_offset(cls, value: Any) -> int:
+        return _whole_number(value, "output_offset", 0)
 
-class ReportRequest(Request):
-    """Record a session unit's result, a claim (status running) or a gate verdict (see `report_unit`)."""
+
+class ReportToolRequest(Request):
+    """Record a session unit's result, a claim (status running) or a gate verdict: `unit_report` over MCP
+    (the reporter's directory is the server's)."""
 
     run_id: str = Field(description="the run id")
     unit_id: str = Field(description="the unitId from the brief (or STEP.gate:lN for a verdict)")
@@ -180,7 +248,6 @@ class ReportRequest(Request):
     holder: str | None = Field(
         None, description="claim holder (default: the reporter); give parallel sub-agents their own"
     )
-    cwd: str | None = Field(None, description="the directory the report is made from (default: the process's)")
 
     @field_validator("tokens", mode="before")
     @classmethod
@@ -206,6 +273,12 @@ class ReportRequest(Request):
         if not value.strip() or any(ord(c) < 32 or ord(c) == 127 for c in value):
             raise ValueError("holder must be a name: not empty, no control characters")
         return value
+
+
+class ReportRequest(ReportToolRequest):
+    """Record a session unit's result, a claim (status running) or a gate verdict (see `report_unit`)."""
+
+    cwd: str | None = Field(None, description="the directory the report is made from (default: the process's)")
 
 
 class SetupRequest(Request):
@@ -419,82 +492,56 @@ def _validated(model: type[M], given: Any, fields: dict[str, Any]) -> M:
         ) from None
 
 
-def front_arguments(
-    model: type[Request],
-    arguments: dict[str, Any],
-    *,
-    only: tuple[str, ...] | None = None,
-    renames: dict[str, str] | None = None,
-    call: str = "",
-) -> dict[str, Any]:
-    """A front's raw arguments checked by `model`: {field name: value as given}, only the given ones.
+R = TypeVar("R", bound=Request)
 
-    `only` limits the arguments this front takes (others are unknown there); `renames` maps a front's own
-    name to the model's field (`active` -> `active_only`). Each argument may be spelt as the field name or
-    its camelCase alias. An unknown or doubly given argument, or a value the model refuses, is
-    INVALID_ARGUMENT naming the argument (with the nearest known spelling) — never dropped, never coerced.
+
+def front_request(model: type[R], arguments: dict[str, Any], *, call: str = "") -> R:
+    """A front's raw arguments as the request `model` (a tool's one contract), validated.
+
+    Each argument may be spelt as the field name or its camelCase alias, once. An unknown or doubly given
+    argument, or a value the model refuses, is INVALID_ARGUMENT naming the argument (with the nearest known
+    spelling for an unknown one) — never dropped, never coerced.
     """
     import difflib
 
-    renames = renames or {}
-    names = {n: n for n in (only or tuple(model.model_fields))}
     spelled: dict[str, str] = {}
-    for front, field in renames.items():
-        spelled[front] = field
-        names.pop(field, None)
-    for name in names:
+    for name, info in model.model_fields.items():
         spelled[name] = name
-        alias = model.model_fields[name].alias
-        if alias and alias != name:
-            spelled[alias] = name
-    front_names = sorted({f for f, n in spelled.items() if f in renames or f == n})
+        if info.alias and info.alias != name:
+            spelled[info.alias] = name
+    names = sorted(model.model_fields)
     given: dict[str, Any] = {}
     where = f" of {call}" if call else ""
     for key, value in arguments.items():
         field = spelled.get(key)
         if field is None:
             near = difflib.get_close_matches(key, list(spelled), n=1, cutoff=0.6)
-            hint = f" (did you mean {_front_name(spelled[near[0]], renames)}?)" if near else ""
+            hint = f" (did you mean {spelled[near[0]]}?)" if near else ""
             raise UsageError(
-                f"Unknown argument {key!r}{where}{hint}; its arguments are {', '.join(front_names)}.",
+                f"Unknown argument {key!r}{where}{hint}; its arguments are {', '.join(names)}.",
                 code=Code.INVALID_ARGUMENT,
-                details={"argument": key, "arguments": front_names},
+                details={"argument": key, "arguments": names},
             )
         if field in given:
             raise UsageError(
-                f"Argument {_front_name(field, renames)}{where} is given twice ({key!r} too).",
+                f"Argument {field}{where} is given twice ({key!r} too).",
                 code=Code.INVALID_ARGUMENT,
                 details={"argument": key},
             )
         given[field] = value
-    _validated(model, None, given)
-    return given
+    return _validated(model, None, given)
 
 
-def _front_name(field: str, renames: dict[str, str]) -> str:
-    return next((f for f, n in renames.items() if n == field), field)
-
-
-def tool_input_schema(
-    model: type[Request], *, only: tuple[str, ...] | None = None, renames: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """The JSON schema of a front's arguments, generated from `model`: snake_case names (the aliases are
-    accepted too), the front's own names for renamed fields, `additionalProperties: false`."""
+def tool_input_schema(model: type[Request]) -> dict[str, Any]:
+    """The JSON schema of a front's arguments, generated from its request `model`: snake_case names (the
+    camelCase aliases are accepted too), `additionalProperties: false`, no titles."""
     schema = model.model_json_schema(by_alias=False)
     props: dict[str, Any] = schema.get("properties", {})
-    keep = set(only or props)
-    out_props: dict[str, Any] = {}
-    back = {field: front for front, field in (renames or {}).items()}
-    for name, prop in props.items():
-        if name in keep:
-            prop.pop("title", None)
-            out_props[back.get(name, name)] = prop
-    required = [back.get(n, n) for n in schema.get("required", []) if n in keep]
-    out: dict[str, Any] = {"type": "object", "properties": out_props, "additionalProperties": False}
-    if required:
-        out["required"] = required
+    for prop in props.values():
+        prop.pop("title", None)
+    out: dict[str, Any] = {"type": "object", "properties": props, "additionalProperties": False}
+    if schema.get("required"):
+        out["required"] = list(schema["required"])
     if "$defs" in schema:
         out["$defs"] = schema["$defs"]
-    if model.__doc__ and "description" in schema:
-        out["description"] = " ".join(schema["description"].split())
     return out

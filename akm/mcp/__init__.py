@@ -6,13 +6,18 @@ runs the (blocking) api call in a worker thread, turns `AkmError` into an
 its own hints — an agent is told which tool to call next, never a shell
 command. `mcp` is imported only here: the CLI never pays for it.
 
-`server` builds and serves the server; the tools are in `tools`, their
-output models in `schemas`, errors, hints and the argument-checking server
-class in `errors`, the background drivers in `drives`, and `stdio` is the
-transport and the one module touching SDK internals. `handshake` answers
-`initialize` while the SDK is still being imported (its import is most of
-a start), so this package's `__init__` imports nothing of the SDK: its names
-are loaded from `server` on first use.
+`server` builds the server on the SDK's low-level `Server` and serves it; the
+tools are in `tools`, each declared by the api request model it takes (the one
+contract: its input schema and its validation), their output models in
+`schemas`, the `next` of each answer in `guidance`, progress notifications in
+`progress`, errors and hints in `errors`, answers made to fit a context (64 KiB a line) in `fit`, the MCP tasks extension for `workflow_run`
+in `tasks` (the one module speaking protocol beyond the SDK), the background drivers in `drives`,
+and `stdio` is the transport and the one module touching SDK internals.
+`reference` generates the tool reference (`tools.json`, spec/mcp-tools.md)
+from the models. `handshake` answers `initialize` and `tools/list` while the
+SDK is still being imported (its import is most of a start), so this package's
+`__init__` imports nothing of the SDK: its names are loaded from `server` on
+first use.
 
 Long runs: the server drives a run in a background thread of its own
 (`akm.mcp.drives`), so a unit longer than a call finishes, once. A `workflow_run`
@@ -49,7 +54,23 @@ def serve() -> int:
 
 
 # This package's modules: `from akm.mcp import stdio` must import the module, not look it up in `server`.
-_MODULES = frozenset({"drives", "errors", "handshake", "schemas", "server", "stdio", "tools"})
+_MODULES = frozenset(
+    {
+        "arguments",
+        "drives",
+        "errors",
+        "fit",
+        "guidance",
+        "handshake",
+        "progress",
+        "reference",
+        "schemas",
+        "server",
+        "stdio",
+        "tasks",
+        "tools",
+    }
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -69,6 +69,7 @@ class Drive:
         self.carried: list[dict[str, Any]] = []  # what an earlier, unreported driver of the run executed
         self.carried_progress: list[StepCount] = []  # and how far it got
         self.warnings: list[str] = []
+        self.last_activity: dict[str, Any] | None = None  # the latest unit_activity (what a heartbeat names)
 
     # -- what the driver reports (worker threads) ------------------------------------------------------
     def on_progress(self, p: Any) -> None:
@@ -79,6 +80,7 @@ class Drive:
             if count is None:
                 count = self._steps[p.step_id] = StepCount(step_id=p.step_id)
             if p.kind == "unit_activity":  # a running agent unit's CLI did something: no count changes
+                self.last_activity = {"attemptId": p.attempt_id, "activity": p.to_json()}
                 message = {
                     "kind": "unit_activity",
                     "stepId": p.step_id,
@@ -127,6 +129,21 @@ class Drive:
     @property
     def alive(self) -> bool:
         return not self.finished.is_set()
+
+    def now_text(self) -> str:
+        """What the driver is on, for a heartbeat: the step it works on, its units done, the latest activity."""
+        from akm.report.live import activity_text
+
+        counts = self.progress()
+        current = next((c for c in reversed(counts) if c.status is None), None)
+        if current is None:
+            return "starting" if not counts else f"step {counts[-1].step_id} {counts[-1].status}"
+        text = f"step {current.step_id} running ({current.done}/{current.total} units done"
+        text += f", {current.failed} failed)" if current.failed else ")"
+        last = self.last_activity
+        if last is not None and last["activity"].get("stepId") == current.step_id:
+            text += f"; {last['attemptId']} {activity_text(last['activity'])}"
+        return text
 
 
 class Drives:

@@ -1,21 +1,17 @@
-"""How the MCP front answers: akm errors as `isError` results, and the server class that makes every error one.
+"""How the MCP front answers: results, akm errors as `isError` results, and answers kept compact.
 
-`_AkmServer` checks each call's arguments against the tool's api request model before the SDK sees them,
-turns argument, unknown-tool and unexpected errors into coded results (the same codes the CLI prints), and
-clips large answers. `_HINTS` gives the hints in MCP terms where the CLI's hint names a shell command.
+Every error a call can meet — an argument, an unknown tool, a domain error, a bug — is a tool result with the
+same code and message the CLI prints; `_HINTS` gives the hints in MCP terms where the CLI's hint names a
+shell command.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult, TextContent
 
-from akm.codes import Code
-from akm.errors import AkmError, InternalError
-from akm.mcp import drives as drives_mod
-from akm.mcp import stdio as sdk
+from akm.errors import AkmError
 
 # Hints in MCP terms for error codes whose CLI hint names shell commands.
 _HINTS = {
@@ -24,8 +20,8 @@ _HINTS = {
     "RUN_NOT_ACTIVE": "Call workflow_status on the run: its recovery says what moves it on — workflow_resume (its "
     "current step is retried as it is) or workflow_rewind (back to an earlier step, e.g. to correct a result "
     "the step was built on) — then workflow_run.",
-    "LEASE_HELD": "Another invocation is driving this run; wait for it (workflow_run(target=<run id>) waits for "
-    "this server's own driver; stop=true stops it), then try again.",
+    "LEASE_HELD": "Another process is driving this run (another session, a detached driver): "
+    "workflow_wait(run_id=<run id>) waits until it is done or needs you; then go on with workflow_run.",
     "LEASE_LOST": "Another driver took this run over (this one was too slow to renew its lease); call "
     "workflow_status to see who drives it now.",
     "WORKFLOW_INVALID": "Call workflow_lint on the file for every problem and its fix.",
@@ -58,7 +54,7 @@ _HINTS = {
 }
 
 
-def _error_result(exc: AkmError) -> CallToolResult:
+def error_result(exc: AkmError) -> CallToolResult:
     body = exc.to_dict()
     body["exitCode"] = exc.exit_status
     hint = _HINTS.get(exc.code)
@@ -88,7 +84,7 @@ def _error_result(exc: AkmError) -> CallToolResult:
     )
 
 
-def _ok(model: Any) -> CallToolResult:
+def ok_result(model: Any) -> CallToolResult:
     import json
 
     if isinstance(model, dict):
@@ -101,176 +97,3 @@ def _ok(model: Any) -> CallToolResult:
     return CallToolResult(
         content=[TextContent(type="text", text=json.dumps(data, ensure_ascii=False))], structured_content=data
     )
-
-
-# Each tool's arguments are one api request model's fields (`akm.api._models`): the tool's input schema is
-# generated from it and every call is checked by it before the SDK sees the arguments, so an unknown or
-# misspelt argument is INVALID_ARGUMENT naming it, never dropped. (model, the fields taken, renames)
-_TOOL_ARGS: dict[str, tuple[str, tuple[str, ...] | None, dict[str, str] | None]] = {
-    "workflow_run": (
-        "RunToolRequest",
-        ("target", "params", "max_steps", "timeout", "cwd", "new", "from_run", "workers", "stop", "plan"),
-        None,
-    ),
-    "workflow_next": ("NextRequest", None, None),
-    "unit_report": (
-        "ReportRequest",
-        (
-            "run_id",
-            "unit_id",
-            "status",
-            "result",
-            "verdict",
-            "tokens",
-            "failure_reason",
-            "rerun",
-            "expect_step",
-            "attempt_id",
-            "gate_loop",
-            "holder",
-        ),
-        None,
-    ),
-    "workflow_status": ("StatusToolRequest", None, None),
-    "workflow_list": ("ListRunsRequest", ("active_only", "ref"), {"active": "active_only"}),
-    "workflow_lint": ("LintRequest", None, None),
-    "workflow_resume": ("RunIdRequest", None, None),
-    "workflow_abandon": ("RunIdRequest", None, None),
-    "workflow_rewind": ("RewindRequest", None, None),
-    "workflow_events": ("EventsRequest", None, None),
-    "workflow_catalog": ("CatalogRequest", None, None),
-    "setup": ("SetupRequest", None, None),
-}
-
-
-def _checked_arguments(name: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
-    """The call's arguments checked by the tool's request model, keyed as the tool function names them."""
-    from akm.api import _models as api_models
-
-    spec = _TOOL_ARGS.get(name)
-    if spec is None:
-        return arguments or {}
-    model, only, renames = spec
-    given = api_models.front_arguments(
-        getattr(api_models, model), dict(arguments or {}), only=only, renames=renames, call=name
-    )
-    back = {field: front for front, field in (renames or {}).items()}
-    return {back.get(k, k): v for k, v in given.items()}
-
-
-def _compacted(name: str, arguments: dict[str, Any], result: Any) -> Any:
-    """A tool's answer within `akm.mcp.compact.ANSWER_LIMIT`: large outputs, inputs and prompts clipped, each
-    with its size and the call that returns it whole (which itself answers unclipped)."""
-    from akm.mcp import compact
-
-    if not isinstance(result, CallToolResult) or result.is_error or not isinstance(result.structured_content, dict):
-        return result
-    data = result.structured_content
-    if name == "workflow_run" and isinstance(data.get("run"), dict):
-        compact.compact_run(data["run"])
-    elif name in ("workflow_status", "workflow_resume", "workflow_abandon") and arguments.get("step") is None:
-        compact.compact_run(data)
-    elif name == "workflow_rewind" and isinstance(data.get("run"), dict):
-        compact.compact_run(data["run"])
-        compact.compact_run({"runId": data["run"].get("runId"), "rewinds": [data.get("rewind") or {}]})
-    elif name == "workflow_next" and arguments.get("unit_id") is None:
-        compact.compact_brief(data)
-    elif name == "unit_report" and isinstance(data.get("brief"), dict):
-        compact.compact_brief(data["brief"])
-    else:
-        return result
-    compacted = _ok(data)
-    compacted.content.extend(result.content[1:])  # blocks beyond the JSON text (the HTML report) stay as they are
-    return compacted
-
-
-class _AkmServer(MCPServer):
-    """MCPServer whose argument errors carry a code like every other akm error, and which owns the
-    background drivers of its runs (`drives`)."""
-
-    drives: drives_mod.Drives
-
-    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
-        from mcp.server.mcpserver.exceptions import ToolError
-        from pydantic import ValidationError
-
-        tools = sdk.tool_table_if_present(self)
-        tool = tools.get(name) if isinstance(tools, dict) and isinstance(arguments, dict) else None
-        problems = _uncoerced(arguments, getattr(tool, "parameters", None)) if tool is not None else []
-        if problems:
-            return _error_result(
-                AkmError(f"Invalid arguments for {name}: {'; '.join(problems)}.", code=Code.INVALID_ARGUMENT)
-            )
-        try:
-            arguments = _checked_arguments(name, arguments)
-        except AkmError as exc:
-            return _error_result(exc)
-        try:
-            return _compacted(name, arguments, await super().call_tool(name, arguments, context))
-        except ToolError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, ValidationError):
-                problems = "; ".join(
-                    f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in cause.errors()
-                )
-                return _error_result(AkmError(f"Invalid arguments for {name}: {problems}.", code=Code.INVALID_ARGUMENT))
-            if str(exc).startswith("Unknown tool"):
-                return _error_result(
-                    AkmError(
-                        f"{exc}. Tools: {', '.join(sorted(sdk.tool_table(self)))}.",
-                        code=Code.UNKNOWN_TOOL,
-                    )
-                )
-            if cause is not None and not isinstance(cause, AkmError):
-                # The last line of defence, as at the CLI: a coded INTERNAL error (the SDK logged the traceback
-                # to stderr), never a bare "Error executing tool".
-                return _error_result(
-                    InternalError(
-                        f"unexpected {type(cause).__name__}: {cause}",
-                        code=Code.INTERNAL,
-                        hint="this is a bug in akm; the server's stderr has the traceback.",
-                    )
-                )
-            raise
-
-
-_JSON_TYPES = {
-    bool: "boolean",
-    int: "integer",
-    float: "number",
-    str: "string",
-    dict: "object",
-    list: "array",
-    type(None): "null",
-}
-
-
-def _uncoerced(arguments: dict[str, Any], schema: Any) -> list[str]:
-    """Arguments whose JSON type the tool's schema does not take, where pydantic would coerce them
-    (`"tokens": "5"` read as 5, `"rerun": "yes"` or `1` as true, `true` as the integer 1): an agent that
-    sends the wrong type should hear so, not have its value reinterpreted."""
-    props = schema.get("properties", {}) if isinstance(schema, dict) else {}
-    problems = []
-    for key, value in arguments.items():
-        prop = props.get(key)
-        if not isinstance(prop, dict):
-            continue
-        allowed = {
-            t
-            for t in ([prop.get("type")] + [a.get("type") for a in prop.get("anyOf", []) if isinstance(a, dict)])
-            if isinstance(t, str)
-        }
-        if not allowed or not allowed <= {"integer", "number", "boolean", "null"}:
-            continue  # strings, objects, arrays and untyped values are taken as they come
-        got = _JSON_TYPES.get(type(value), "a value")
-        fits = (
-            got in allowed
-            or (got == "integer" and "number" in allowed)
-            or (got == "number" and "integer" in allowed and float(value).is_integer())
-        )
-        if not fits:
-            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "…"
-            problems.append(
-                f"{key}: expected {' or '.join(sorted(allowed))}, got {got} {shown} (no conversion from other types)"
-            )
-    return problems

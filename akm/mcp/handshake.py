@@ -1,25 +1,28 @@
-"""The `initialize` answer before the SDK is loaded: `akm mcp`'s first answer costs a start, not an import.
+"""Answers before the SDK is loaded: a client is connected in the time of a start, not of an SDK import.
 
 Why: importing the `mcp` SDK (its protocol types are pydantic models for every protocol version, its server
 pulls in starlette, uvicorn, httpx and cryptography) takes about half a second warm and more with an empty cache,
-and a client waits for the `initialize` answer before anything else. So while the main thread imports the SDK
-and builds the server, a thread reads the first line of stdin and, when it is a plain `initialize` request,
-writes the answer the SDK would write (same bytes). Everything read is handed to the serving loop anyway
-(`pushback`), so the SDK still receives that `initialize` (its session state must be the same) and its answer
-to it is not written again but compared: a difference is reported on stderr (tests/test_mcp_handshake.py keeps
-them equal).
+and a client waits for its first answers before anything else. So while the main thread imports the SDK and
+builds the server, a thread reads stdin and answers what needs no SDK — the same bytes the SDK would write:
 
-The `tools/list` answer goes the same way once a start of this build has seen the SDK's: the serving loop
-keeps the SDK's `result` bytes in the build's cache directory (`mcp/tools-list-<cache tag>-<protocol version>`,
-zipapp only: a build's tools never change, a source tree's can), and the next start's reader, after answering
-`initialize`, also answers a plain `tools/list` (no cursor) from there while the SDK is still loading — a client
-is connected in the time of a start instead of an SDK import. It too is handed to the SDK, whose answer is
-compared and not written; a difference is reported on stderr and the cache rewritten with the SDK's bytes.
+* a 2025 handshake-era client: a plain `initialize`, then (after `notifications/initialized`) plain
+  `tools/list`, `resources/list` and `resources/templates/list` requests;
+* a 2026-07-28 client (every request carries its envelope in `params._meta`): `server/discover` and the
+  same three lists, in any order and as often as asked (Claude Code probes discover twice).
 
-"Plain" is deliberately narrow: only what the SDK is certain to accept (JSON-RPC 2.0, an integer or string id,
-params of `protocolVersion`, `capabilities` and `clientInfo` in the shapes mainstream clients send). Anything
-else — a malformed request, another method first, an SDK already imported, an SDK outside the tested versions —
-is left to the SDK, as before. Nothing here imports the SDK or touches its internals.
+The answers are assembled from `answers.json`, generated from the server itself — the tools' request models,
+the capabilities the SDK derives from akm's handlers, the resources, the instructions (`akm.mcp.reference`;
+tests/test_mcp_reference.py keeps it current) — by the SDK's wire rule: a result's keys in alphabetical
+order, and in the 2026 era `cacheScope`, `resultType`, `ttlMs` and the `_meta` server stamp added.
+Everything read is handed to the serving loop anyway (`pushback`), so the SDK still receives each request
+(its state is the same as without the early answers); its answers to them are not written again but
+compared: a difference is reported on stderr (tests/test_mcp_handshake.py keeps them equal).
+
+"Plain" is deliberately narrow: only what the SDK is certain to accept and answer the same way (JSON-RPC 2.0,
+an integer or printable string id used once, params in the shapes mainstream clients send, no cursor). The
+first request that is anything else — a malformed one, a `tools/call`, a notification other than
+`initialized` — ends the reading ahead, and it and all that follows are the SDK's; so is everything when the
+SDK is already imported or is outside `SDK_TESTED`. Nothing here imports the SDK or touches its internals.
 """
 
 from __future__ import annotations
@@ -31,8 +34,6 @@ import select
 import sys
 import threading
 from typing import Any
-
-from akm import __version__
 
 # The `mcp` versions akm/mcp/stdio.py's use of SDK internals (and the answer below) were written and tested
 # against (PEP 440 specifiers, lower bound inclusive, upper exclusive).
@@ -52,26 +53,39 @@ INSTRUCTIONS = """akm runs durable markdown workflows. workflow_catalog lists th
 Results that miss their output schema are refused with the errors: fix and report again. Resending a report
 whose answer you lost is safe: the same report again answers recorded "idempotent"."""
 
-# What the SDK negotiates through the handshake (mcp_types.version.HANDSHAKE_PROTOCOL_VERSIONS and
-# LATEST_HANDSHAKE_VERSION; tests/test_mcp_handshake.py checks they still are).
+# What the SDK negotiates through the handshake, and the 2026 versions it serves on the per-request envelope
+# (mcp_types.version's HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION and MODERN_PROTOCOL_VERSIONS;
+# tests/test_mcp_handshake.py checks they still are).
 HANDSHAKE_PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_HANDSHAKE_VERSION = HANDSHAKE_PROTOCOL_VERSIONS[-1]
-# What akm's server advertises (tools; the SDK's MCPServer always registers resource handlers; prompts are dropped).
-CAPABILITIES = {"resources": {"listChanged": False, "subscribe": False}, "tools": {"listChanged": False}}
+MODERN_PROTOCOL_VERSIONS = ("2026-07-28",)
+# The 2026 envelope's keys in `params._meta` (mcp_types' PROTOCOL_VERSION_META_KEY, ...).
+PROTOCOL_VERSION_KEY = "io.modelcontextprotocol/protocolVersion"
+CLIENT_INFO_KEY = "io.modelcontextprotocol/clientInfo"
+CLIENT_CAPABILITIES_KEY = "io.modelcontextprotocol/clientCapabilities"
+SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
+# The lists answered early in both eras (their results take no arguments).
+LISTS = {"tools/list": "tools", "resources/list": "resources", "resources/templates/list": "resourceTemplates"}
 
 _MAX_FIRST_LINE = 1024 * 1024  # a longer first line is left to the serving loop's bounded reader
 _CLIENT_INFO_KEYS = ("name", "version", "title", "description", "websiteUrl")
 
 
-def initialize_result(protocol_version: str) -> dict[str, Any]:
-    """The `initialize` result akm's server gives a client asking for `protocol_version` (key order as the SDK's)."""
+def initialize_result(protocol_version: str) -> bytes | None:
+    """The `initialize` result bytes akm's server gives a client asking for `protocol_version` (None: the
+    generated answers cannot be read)."""
     negotiated = protocol_version if protocol_version in HANDSHAKE_PROTOCOL_VERSIONS else LATEST_HANDSHAKE_VERSION
-    return {
-        "capabilities": CAPABILITIES,
-        "instructions": INSTRUCTIONS,
-        "protocolVersion": negotiated,
-        "serverInfo": {"name": "akm", "version": __version__},
-    }
+    pieces = answer_pieces()
+    if pieces is None:
+        return None
+    return _result(
+        {
+            "capabilities": pieces["capabilities"],
+            "instructions": pieces["instructions"],
+            "protocolVersion": json.dumps(negotiated).encode(),
+            "serverInfo": pieces["serverInfo"],
+        }
+    )
 
 
 def _nested_objects(value: Any, depth: int = 0) -> bool:
@@ -123,8 +137,10 @@ def early_answer(line: bytes) -> tuple[Any, bytes] | None:
         return None
     if not (_plain_capabilities(params["capabilities"]) and _plain_client_info(params["clientInfo"])):
         return None
-    answer = {"jsonrpc": "2.0", "id": rid, "result": initialize_result(params["protocolVersion"])}
-    return rid, json.dumps(answer, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    if not (_valid_plain_id(rid)):
+        return None
+    result = initialize_result(params["protocolVersion"])
+    return (rid, _answer_line(rid, result)) if result is not None else None
 
 
 _DIGITS = frozenset("0123456789")
@@ -182,57 +198,89 @@ def sdk_in_tested_range() -> bool:
         return False
 
 
-TOOLS_LIST_CACHE = "mcp"  # the directory, in this build's cache, of the SDK's `tools/list` results
 _POLL_S = 0.02  # how often the early reader checks whether the SDK has taken over, while input is quiet
+ANSWERS_FILE = "answers.json"
+_pieces: dict[str, bytes] | None = None
+_pieces_lock = threading.Lock()
 
 
-def build_cache_dir() -> str | None:
-    """This build's cache directory when akm runs as the zipapp (its tools are fixed by the build), else None."""
-    boot = sys.modules.get("_akm_boot")
-    cache = getattr(boot, "CACHE", "") if boot is not None else ""
-    return cache if isinstance(cache, str) and cache and os.path.isdir(cache) else None
+def answer_pieces() -> dict[str, bytes] | None:
+    """The members of `answers.json` as the SDK writes them (compact JSON bytes), by name; None when it cannot
+    be read. Split by line, never parsed whole: one member a line (`"name":value,`), the tools one a line
+    between `"tools":[` and `]`, so the early answers splice bytes instead of re-serializing 60 KB."""
+    global _pieces
+    with _pieces_lock:
+        if _pieces is None:
+            _pieces = _read_pieces()
+        return _pieces or None
 
 
-def tools_list_path(protocol_version: str) -> str | None:
-    """Where the SDK's `tools/list` result for a client of `protocol_version` is kept (None: nowhere)."""
-    cache = build_cache_dir()
-    if cache is None or protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
-        return None
-    return os.path.join(cache, TOOLS_LIST_CACHE, f"tools-list-{sys.implementation.cache_tag}-{protocol_version}.json")
-
-
-def cached_tools_list(protocol_version: str) -> bytes | None:
-    """The `result` bytes of the SDK's `tools/list` answer kept for `protocol_version`, or None."""
-    path = tools_list_path(protocol_version)
-    if path is None:
-        return None
+def _read_pieces() -> dict[str, bytes]:
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    if not (data.startswith(b'{"tools":[') and data.endswith(b"}")) or b"\n" in data:
-        return None
-    try:  # what a client gets must at least be the shape of a tools/list result
-        parsed = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):
-        return None
-    return data if isinstance(parsed, dict) and isinstance(parsed.get("tools"), list) else None
+        path = os.path.join(os.path.dirname(__file__), ANSWERS_FILE)
+        data: bytes = __loader__.get_data(path)  # type: ignore[name-defined]  # the zipapp's loader too
+    except (OSError, AttributeError):
+        return {}
+    lines = data.split(b"\n")
+    if not lines or lines[0] != b"{":
+        return {}
+    pieces: dict[str, bytes] = {}
+    items: list[bytes] | None = None  # the lines of a list member being read, one item a line
+    name = ""
+    for line in lines[1:]:
+        if items is not None:
+            if line in (b"]", b"],"):
+                pieces[name] = b"[" + b"".join(items) + b"]"
+                items = None
+            else:
+                items.append(line)
+        elif line.startswith(b'"'):
+            key, sep, value = line.partition(b'":')
+            if not sep:
+                return {}
+            name = key[1:].decode("utf-8")
+            if value == b"[":
+                items = []
+            else:
+                pieces[name] = value.removesuffix(b",")
+    needed = {"capabilities", "discoverCapabilities", "instructions", "serverInfo", "supportedVersions", "modernTools"}
+    return pieces if needed | set(LISTS.values()) <= set(pieces) else {}
 
 
-def keep_tools_list(protocol_version: str, result: bytes) -> None:
-    """Keep the SDK's `tools/list` result bytes for the next start (atomically; a failure only costs speed)."""
-    path = tools_list_path(protocol_version)
-    if path is None:
-        return
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(result)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+def _result(members: dict[str, bytes], *, modern: bool = False) -> bytes:
+    """A result object as the SDK writes it: keys in alphabetical order; in the 2026 era with `cacheScope`,
+    `resultType` and `ttlMs`, and the server's `_meta` stamp last."""
+    if modern:
+        members = {**members, "cacheScope": b'"private"', "resultType": b'"complete"', "ttlMs": b"0"}
+    body = b",".join(json.dumps(name).encode() + b":" + value for name, value in sorted(members.items()))
+    if modern:
+        pieces = answer_pieces() or {}
+        body += b',"_meta":{"' + SERVER_INFO_KEY.encode() + b'":' + pieces.get("serverInfo", b"{}") + b"}"
+    return b"{" + body + b"}"
+
+
+def list_result(method: str, *, modern: bool = False) -> bytes | None:
+    """The result bytes of `tools/list`, `resources/list` or `resources/templates/list` (no cursor)."""
+    pieces = answer_pieces()
+    if pieces is None:
+        return None
+    name = LISTS[method]
+    value = pieces["modernTools" if modern and name == "tools" else name]
+    return _result({name: value}, modern=modern)
+
+
+def discover_result() -> bytes | None:
+    """The `server/discover` result bytes."""
+    pieces = answer_pieces()
+    if pieces is None:
+        return None
+    members = {k: pieces[k] for k in ("instructions", "supportedVersions")}
+    return _result({**members, "capabilities": pieces["discoverCapabilities"]}, modern=True)
+
+
+def tools_list_result() -> bytes | None:
+    """The handshake-era `tools/list` result bytes (what a client of the 2025 protocols is answered)."""
+    return list_result("tools/list")
 
 
 def _answer_head(rid: Any) -> bytes:
@@ -244,12 +292,6 @@ def _answer_line(rid: Any, result: bytes) -> bytes:
     return _answer_head(rid) + result + b"}\n"
 
 
-def answer_result(rid: Any, line: bytes) -> bytes | None:
-    """The `result` bytes of the response `line` to `rid` when `_answer_line` rebuilds the line from them, else None."""
-    head = _answer_head(rid)
-    return line[len(head) : -2] if line.startswith(head) and line.endswith(b"}\n") else None
-
-
 def is_initialized_notification(line: bytes) -> bool:
     """`notifications/initialized` with nothing else in it (what every client sends after `initialize`)."""
     try:
@@ -259,100 +301,157 @@ def is_initialized_notification(line: bytes) -> bool:
     return obj == {"jsonrpc": "2.0", "method": "notifications/initialized"}
 
 
+def _valid_plain_id(rid: Any) -> bool:
+    """An integer id, or a string the SDK writes back exactly as `json.dumps` does (printable ASCII)."""
+    if isinstance(rid, int) and not isinstance(rid, bool):
+        return abs(rid) < 2**53
+    return isinstance(rid, str) and all(" " <= ch <= "~" and ch not in '"\\' for ch in rid)
+
+
 def plain_tools_list_id(line: bytes) -> tuple[bool, Any]:
     """(True, id) for a `tools/list` request without a cursor (or `_meta`) and a plain id, else (False, None)."""
     try:
         obj = json.loads(line.decode("utf-8"))
     except (ValueError, RecursionError):
         return False, None
-    if not isinstance(obj, dict) or obj.get("method") != "tools/list" or obj.get("jsonrpc") != "2.0":
+    plain, rid = _plain_list_request(obj)
+    return (plain and obj.get("method") == "tools/list"), (rid if plain else None)
+
+
+def _plain_list_request(obj: Any) -> tuple[bool, Any]:
+    """A handshake-era list request of `LISTS` with no params (or empty ones) and a plain id."""
+    if not isinstance(obj, dict) or obj.get("method") not in LISTS or obj.get("jsonrpc") != "2.0":
         return False, None
     if set(obj) - {"jsonrpc", "id", "method", "params"} or obj.get("params", {}) not in ({}, None):
         return False, None
     rid = obj.get("id")
-    if not ((isinstance(rid, int) and not isinstance(rid, bool) and abs(rid) < 2**53) or _plain_string_id(rid)):
-        return False, None
-    return True, rid
+    return (True, rid) if "id" in obj and _valid_plain_id(rid) else (False, None)
 
 
-def _plain_string_id(rid: Any) -> bool:
-    """A string id the SDK writes back exactly as `json.dumps` does (printable ASCII, nothing to escape)."""
-    return isinstance(rid, str) and all(" " <= ch <= "~" and ch not in '"\\' for ch in rid)
+def _plain_envelope(params: Any) -> bool:
+    """`params` of exactly a 2026-07-28 envelope, in the shapes mainstream clients send (Claude Code's)."""
+    if not isinstance(params, dict) or set(params) != {"_meta"}:
+        return False
+    meta = params["_meta"]
+    if not isinstance(meta, dict) or set(meta) != {PROTOCOL_VERSION_KEY, CLIENT_INFO_KEY, CLIENT_CAPABILITIES_KEY}:
+        return False
+    return (
+        meta[PROTOCOL_VERSION_KEY] in MODERN_PROTOCOL_VERSIONS
+        and _plain_client_info(meta[CLIENT_INFO_KEY])
+        and _plain_capabilities(meta[CLIENT_CAPABILITIES_KEY])
+    )
+
+
+def has_modern_envelope(obj: Any) -> bool:
+    """Does the request carry the 2026 envelope (the key the SDK opens a modern connection on)?"""
+    params = obj.get("params") if isinstance(obj, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return isinstance(meta, dict) and PROTOCOL_VERSION_KEY in meta
+
+
+class _Reader:
+    """Which early answer each line gets, in the era the first request opens (as the SDK decides it)."""
+
+    def __init__(self) -> None:
+        self.era: str | None = None  # "handshake" | "modern", once the first request is answered
+        self.initialized = False
+        self.ids: set[tuple[str, Any]] = set()
+
+    def answer(self, line: bytes) -> tuple[Any, str, bytes] | bool:
+        """(id, method, answer line) for a line answered early; True for a line taken without an answer (the
+        `initialized` notification); False: stop, this line and all after it are the SDK's."""
+        try:
+            obj = json.loads(line.decode("utf-8"))
+        except (ValueError, RecursionError):
+            return False
+        if not isinstance(obj, dict) or obj.get("jsonrpc") != "2.0":
+            return False
+        if self.era is None and obj.get("method") == "initialize":
+            got = early_answer(line)
+            if got is None:
+                return False
+            self.era = "handshake"
+            return self._once(got[0], "initialize", got[1])
+        if self.era == "handshake" or (self.era is None and not has_modern_envelope(obj)):
+            if self.era is None:
+                return False  # anything but initialize or a 2026 request first: the SDK's to judge
+            if not self.initialized:
+                self.initialized = is_initialized_notification(line)
+                return self.initialized  # a request before `initialized` is the SDK's to judge
+            plain, rid = _plain_list_request(obj)
+            result = list_result(obj["method"]) if plain else None
+            return self._once(rid, obj["method"], _answer_line(rid, result)) if result is not None else False
+        method = obj.get("method")
+        if set(obj) != {"jsonrpc", "id", "method", "params"} or not _valid_plain_id(obj.get("id")):
+            return False
+        if not _plain_envelope(obj["params"]):
+            return False
+        if method == "server/discover":
+            result = discover_result()
+        elif method in LISTS:
+            result = list_result(method, modern=True)
+        else:
+            return False
+        if result is None:
+            return False
+        self.era = "modern"
+        return self._once(obj["id"], method, _answer_line(obj["id"], result))
+
+    def _once(self, rid: Any, method: str, data: bytes) -> tuple[Any, str, bytes] | bool:
+        key = (type(rid).__name__, rid)
+        if key in self.ids:
+            return False  # an id used twice: the SDK's to refuse
+        self.ids.add(key)
+        return rid, method, data
 
 
 class EarlyStart:
-    """The first lines of stdin, read (and answered when they are a plain `initialize` and, with a cached
-    answer, a plain `tools/list`) while the SDK loads."""
+    """The first lines of stdin, read (and answered while they are plain, see the module docstring) while the
+    SDK loads."""
 
     def __init__(self) -> None:
         self.pushback = b""  # every byte read from fd 0: the serving loop reads these first
-        self.answered_id: Any = None  # the `initialize` id answered early (None: nothing was)
-        self.sent = b""  # the `initialize` answer line written
-        self.protocol_version: str | None = None  # what the early `initialize` answer negotiated
-        self.tools_list_id: Any = None  # the `tools/list` id answered early (None: none was)
-        self.tools_list_sent = b""  # that answer line
+        self.answered: list[tuple[Any, str, bytes]] = []  # (request id, method, answer line written), in order
         self._stop = threading.Event()  # the SDK is loaded: stop reading ahead
-        self._thread = threading.Thread(target=self._run, name="akm-mcp-initialize", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="akm-mcp-early", daemon=True)
 
     def _run(self) -> None:
         buf = bytearray()
-        try:
-            while b"\n" not in buf and len(buf) <= _MAX_FIRST_LINE:
-                chunk = os.read(0, 65536)
-                if not chunk:
-                    break
-                buf += chunk
-        except OSError:
-            pass
-        self.pushback = bytes(buf)
-        end = buf.find(b"\n")
-        if end < 0:
-            return
-        got = early_answer(bytes(buf[:end]))
-        if got is None:
-            return
-        rid, data = got
-        if not self._write(data):
-            return  # the client is gone (or stdout is unusable): let the serving loop find out as before
-        self.answered_id, self.sent = rid, data
-        self.protocol_version = json.loads(data)["result"]["protocolVersion"]
-        tools = cached_tools_list(self.protocol_version)
+        start = 0
+        reader = _Reader()
         # Not from a terminal: a person typing needs no head start, and macOS cannot poll a tty.
-        if tools is not None and hasattr(select, "poll") and not os.isatty(0):
-            self._answer_tools_list(buf, end + 1, tools)
-
-    def _answer_tools_list(self, buf: bytearray, start: int, tools: bytes) -> None:
-        """Read on (until the SDK takes over) for the plain `tools/list` that usually follows, and answer it."""
-        poller = select.poll()
-        poller.register(0, select.POLLIN)
-        initialized = False  # a request before `notifications/initialized` is the SDK's to judge
-        while not self._stop.is_set() and len(buf) <= _MAX_FIRST_LINE:
-            end = buf.find(b"\n", start)
-            if end >= 0:
-                line = bytes(buf[start:end])
-                start = end + 1
-                if not initialized and is_initialized_notification(line):
-                    initialized = True
+        poller = select.poll() if hasattr(select, "poll") and not _isatty(0) else None
+        if poller is not None:
+            poller.register(0, select.POLLIN)
+        try:
+            while len(buf) - start <= _MAX_FIRST_LINE:
+                end = buf.find(b"\n", start)
+                if end >= 0:
+                    got = reader.answer(bytes(buf[start:end]))
+                    start = end + 1
+                    if got is False:
+                        return
+                    if isinstance(got, tuple):
+                        if not self._write(got[2]):
+                            return  # the client is gone (or stdout is unusable): the serving loop finds out
+                        self.answered.append(got)
                     continue
-                plain, rid = plain_tools_list_id(line)
-                same_id = type(rid) is type(self.answered_id) and rid == self.answered_id  # the SDK's to refuse
-                if plain and initialized and not same_id:
-                    data = _answer_line(rid, tools)
-                    if self._write(data):
-                        self.tools_list_id, self.tools_list_sent = rid, data
-                return  # anything else, and all that follows, is the SDK's
-            try:
-                events = poller.poll(_POLL_S * 1000)
-                if not events:
-                    continue
-                if not events[0][1] & (select.POLLIN | select.POLLHUP):
-                    return  # POLLNVAL, POLLERR: nothing to read here; the serving loop finds out
-                chunk = os.read(0, 65536)
-            except OSError:
-                return
-            if not chunk:
-                return
-            buf += chunk
+                if self.answered or reader.initialized:
+                    if poller is None or self._stop.is_set():
+                        return
+                    events = poller.poll(_POLL_S * 1000)  # the SDK may take over meanwhile
+                    if not events:
+                        continue
+                    if not events[0][1] & (select.POLLIN | select.POLLHUP):
+                        return  # POLLNVAL, POLLERR: nothing to read here; the serving loop finds out
+                chunk = os.read(0, 65536)  # the first line: wait for it (the SDK is not ready sooner anyway)
+                if not chunk:
+                    return
+                buf += chunk
+                self.pushback = bytes(buf)
+        except OSError:
+            return
+        finally:
             self.pushback = bytes(buf)
 
     @staticmethod
@@ -383,8 +482,15 @@ class EarlyStart:
         return self
 
 
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
 def start() -> EarlyStart | None:
-    """Begin reading (and answering) the first line, when that can win anything and is safe; else None."""
+    """Begin reading (and answering) the first lines, when that can win anything and is safe; else None."""
     if "mcp" in sys.modules or not sdk_in_tested_range():
         return None  # the SDK is loaded already (nothing to win), or it is one the answer was not checked against
     try:

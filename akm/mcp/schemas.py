@@ -74,13 +74,14 @@ McpRunResult = _schema_model(
 McpRewindResult = _schema_model(views.RewindResult, {"next": (str | None, None)})  # what it did + what to call next
 McpReportResult = create_model("McpReportResult", __base__=api.ReportResult, next=(str | None, None))
 RunViewModel = _schema_model(views.RunView)
+McpWaitResult = _schema_model(views.WaitResult, {"next": (str | None, None)})  # what the wait saw + what next
 McpStatusResult = _schema_model(views.RunView, {"next": (str | None, None)})  # + what moves a stopped run on
 RunListModel = _schema_model(views.RunList)
 EventPageModel = _schema_model(views.EventPage)
 CatalogModel = _schema_model(views.Catalog)
 
 
-def _lint_model() -> Any:
+def lint_model() -> Any:
     """The workflow_lint output schema, derived from the lint report records (plain `View`s, no pydantic)."""
     from akm.api import LintReport
 

@@ -16,11 +16,10 @@ written at once and then EOF answered only the first. This module keeps the SDK'
 * at end of input the requests in flight are answered before the server stops — unless the client
   is gone (its end of stdout closed), which still cancels them at once.
 
-This is also the one module of akm that touches the SDK's internals (private modules and attributes of
-the `mcp` package): the stdio helpers above, and the server's tool table and request handlers
-(`tool_table`, `drop_request_handlers`). They are declared in `SDK_MODULE_INTERNALS` and
-`SDK_SERVER_INTERNALS`, written against the SDK versions in `SDK_TESTED`; tests/test_mcp_sdk_pin.py
-fails when the installed SDK leaves that range or loses one of them.
+This is also the one module of akm that touches the SDK's internals (private modules of the `mcp` package):
+the stdio helpers above, declared in `SDK_MODULE_INTERNALS` and written against the SDK versions in
+`SDK_TESTED`; tests/test_mcp_sdk_pin.py fails when the installed SDK leaves that range or loses one of them.
+The server itself is built on the SDK's public low-level `Server` (`akm.mcp.server`).
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from pydantic import ValidationError
 from akm.mcp import handshake
 
 if TYPE_CHECKING:
-    from mcp.server.mcpserver import MCPServer
+    from mcp.server import Server
 
 # The `mcp` versions this module's use of SDK internals was written and tested against (PEP 440 specifiers);
 # kept in `akm.mcp.handshake`, which checks it before the SDK is imported.
@@ -49,8 +48,6 @@ SDK_MODULE_INTERNALS: dict[str, tuple[str, ...]] = {
     "mcp.shared._context_streams": ("create_context_streams",),
     "mcp.shared.message": ("SessionMessage",),
 }
-# Private attribute paths read on an `MCPServer` instance.
-SDK_SERVER_INTERNALS = ("_tool_manager._tools", "_lowlevel_server._request_handlers", "_lowlevel_server.run")
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # the most one protocol line may hold (a report's bound, spec/session.md)
 _DRAIN_CHUNK = 1024 * 1024
@@ -315,13 +312,8 @@ async def _serve(
     read_send, read_receive = create_context_streams(0)
     # Requests answered before the SDK was loaded, with the line sent: the SDK's answer is compared, not written.
     answered: dict[tuple[str, Any], tuple[str, bytes]] = {}
-    if early is not None and early.answered_id is not None:
-        answered[_request_key(early.answered_id)] = ("initialize", early.sent)
-    if early is not None and early.tools_list_id is not None:
-        answered[_request_key(early.tools_list_id)] = ("tools/list", early.tools_list_sent)
-    # Plain `tools/list` requests (no cursor) in flight: the SDK's answer is kept for the next start's early one.
-    tools_lists: set[tuple[str, Any]] = set()
-    keep_for = early.protocol_version if early is not None else None
+    for rid, method, sent in early.answered if early is not None else ():
+        answered[_request_key(rid)] = (method, sent)
     write_send, write_receive = create_context_streams(0)
     in_flight: set[tuple[str, Any]] = set()
     settled = anyio.Event()
@@ -346,8 +338,6 @@ async def _serve(
                     continue
                 if isinstance(message, types.JSONRPCRequest):
                     in_flight.add(_request_key(message.id))
-                    if keep_for is not None and message.method == "tools/list" and not message.params:
-                        tools_lists.add(_request_key(message.id))
                 elif isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
                     in_flight.discard(_request_key((message.params or {}).get("requestId")))  # never answered
                 await read_send.send(SessionMessage(message))
@@ -366,7 +356,6 @@ async def _serve(
         stdout.flush()
 
     async def writer() -> None:
-        nonlocal keep_for
         async with write_receive:
             async for session_message in write_receive:
                 message = session_message.message
@@ -376,8 +365,6 @@ async def _serve(
                 early_answer = answered.pop(key, None) if key is not None else None
                 if early_answer is not None:  # answered before the SDK was loaded: written once only
                     method, sent = early_answer
-                    if data != sent and method == "initialize":
-                        keep_for = None  # negotiated otherwise than the early answer said: keep nothing under it
                     if data != sent:
                         sys.stderr.write(
                             f"akm mcp: the early {method} answer differs from the SDK's:\n"
@@ -386,10 +373,6 @@ async def _serve(
                         sys.stderr.flush()
                 else:
                     await anyio.to_thread.run_sync(write, data)
-                if key is not None and key in tools_lists and keep_for is not None:
-                    tools_lists.discard(key)
-                    if early_answer is None or data != early_answer[1]:
-                        _keep_tools_list(keep_for, message, data)
                 if done:
                     in_flight.discard(_request_key(message.id))
                     if not in_flight:
@@ -411,41 +394,12 @@ async def _serve(
         pass  # the client went away: nothing left to answer
 
 
-def _keep_tools_list(protocol_version: str, message: Any, data: bytes) -> None:
-    """Keep the `result` bytes of the SDK's answer line `data` to a plain `tools/list`, for the next start's early
-    answer (`akm.mcp.handshake`) — only when the line is exactly what that answer rebuilds around them."""
-    result = handshake.answer_result(message.id, data) if isinstance(message, types.JSONRPCResponse) else None
-    if result is not None:
-        handshake.keep_tools_list(protocol_version, result)
-
-
-def tool_table(server: MCPServer) -> dict[str, Any]:
-    """The server's registered tools by name (the SDK's tool manager table: each tool's schema is set there)."""
-    tools: dict[str, Any] = server._tool_manager._tools  # type: ignore[attr-defined]
-    return tools
-
-
-def tool_table_if_present(server: MCPServer) -> dict[str, Any] | None:
-    """`tool_table`, or None for an SDK that moved it (argument type checks are then skipped)."""
-    tools = getattr(getattr(server, "_tool_manager", None), "_tools", None)
-    return tools if isinstance(tools, dict) else None
-
-
-def drop_request_handlers(server: MCPServer, methods: tuple[str, ...]) -> None:
-    """Unregister the low-level handlers of `methods`, so the server neither answers them nor advertises their
-    capability; an SDK that moved the table keeps them (harmless: the lists stay empty)."""
-    try:
-        handlers = server._lowlevel_server._request_handlers  # type: ignore[attr-defined]
-    except AttributeError:
-        return
-    for method in methods:
-        handlers.pop(method, None)
-
-
-async def serve_server(server: MCPServer, early: handshake.EarlyStart | None = None) -> None:
-    """`server.run_stdio_async`, but with bounded lines and every request answered (`serve` above)."""
-    low = getattr(server, "_lowlevel_server", None)
+async def serve_server(server: Server[Any], early: handshake.EarlyStart | None = None) -> None:
+    """Serve `server` on stdin/stdout with bounded lines and every request answered (`serve` above)."""
     drives = getattr(server, "drives", None)
     on_eof = (lambda: drives.shutdown(wait_s=0)) if drives is not None else None  # the session ended: stop runs
-    if low is None or not await serve(low, low.create_initialization_options(), on_eof, early):
-        await server.run_stdio_async()  # an SDK that moved its internals: its own loop (unreadable lines dropped)
+    if not await serve(server, server.create_initialization_options(), on_eof, early):
+        from mcp.server.stdio import stdio_server
+
+        async with stdio_server() as (read_stream, write_stream):  # an SDK that moved its internals: its own loop
+            await server.run(read_stream, write_stream, server.create_initialization_options())

@@ -1,30 +1,31 @@
-"""The MCP tools and resources: each one `akm.api` call, run off the event loop in a worker thread.
+"""The MCP tools: each one `akm.api` call, declared by the api request model it takes.
 
-No workflow logic lives here: a tool translates its arguments, calls the api, and adds what this front
-knows — the `next` an agent should call (a tool name, never a shell command) and progress notifications.
-The tools are registered on one server by `register`; their names, docstrings and signatures are what a
-client sees (the input schemas are then regenerated from the api request models, `akm.mcp.errors`).
+A tool is its request model (the one contract: the input schema clients see is generated from it, and every
+call is validated by it before the tool runs), its output model (the outputSchema), a title and behaviour
+hints, and a handler that translates the request into an api call and adds what this front knows — the `next`
+an agent should call (`akm.mcp.guidance`) and progress notifications. `@tool` registers them in `TOOLS`, in
+the order clients list them; the server (`akm.mcp.server`) serves that table and nothing else.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import anyio
-import anyio.from_thread
-import anyio.lowlevel
 import anyio.to_thread
-from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import CallToolResult, ToolAnnotations
-from pydantic import Field
+from mcp_types import CallToolResult, ResourceLink, TextContent, ToolAnnotations
 
 from akm import api, views
-from akm.api import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
 from akm.errors import AkmError
 from akm.mcp import drives as drives_mod
-from akm.mcp.errors import _error_result, _ok
+from akm.mcp import guidance
+from akm.mcp.errors import error_result, ok_result
+from akm.mcp.fit import RUNS_PAGE, UNITS_PAGE
+from akm.mcp.progress import ProgressReporter
 from akm.mcp.schemas import (
     CatalogModel,
     EventPageModel,
@@ -32,122 +33,153 @@ from akm.mcp.schemas import (
     McpRewindResult,
     McpRunResult,
     McpStatusResult,
+    McpWaitResult,
     RunListModel,
     RunViewModel,
-    _lint_model,
+    lint_model,
 )
-from akm.report.live import activity_text
 from akm.report.timeline_svg import duration_text
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
 DEFAULT_CALL_BOUND_S = 45.0
+# The first `workflow_run` of a new run answers by then with the run id (unless it names its own timeout).
+FIRST_ANSWER_S = 10.0
 
 
-def _html_resource(uri: str, text: str) -> Any:
-    """An HTML page as an embedded `text/html` resource (the run report of `workflow_status(format="html")`)."""
-    from mcp_types import EmbeddedResource, TextResourceContents
+@dataclass
+class Call:
+    """What a tool handler has besides its request: this server's drivers, default claim holder and
+    directory, and the SDK's context of the request (for progress)."""
 
-    return EmbeddedResource(type="resource", resource=TextResourceContents(uri=uri, mime_type="text/html", text=text))
+    drives: drives_mod.Drives
+    holder: str
+    cwd: str
+    progress: Callable[[float, float, str], Awaitable[None]] | None = None  # the request's progress channel
+    protocol_version: str | None = None  # the version the client speaks (what a result may hold)
+
+    async def answer(self, shape: Callable[[Any], Any] | None, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """Run a blocking api call off the event loop: its result (`shape(result)`: this front's additions)
+        as a tool result, an AkmError as an isError result."""
+        try:
+            result = await anyio.to_thread.run_sync(lambda: fn(*args, **kw))
+        except AkmError as exc:
+            return error_result(exc)
+        return ok_result(shape(result) if shape is not None else result)
 
 
-async def _call(fn: Any, *args: Any, **kwargs: Any) -> CallToolResult:
-    """Run a blocking api call off the event loop; AkmError becomes an isError result."""
-    return await _call_then(None, fn, *args, **kwargs)
+Handler = Callable[[Call, Any], Awaitable[CallToolResult]]
 
 
-async def _call_then(shape: Any, fn: Any, *args: Any, **kwargs: Any) -> CallToolResult:
-    """`_call`, with `shape(result)` giving the answer's JSON (this front's additions)."""
+@dataclass(frozen=True)
+class Tool:
+    """One tool: its name, the api request model it takes, its output model, how it behaves, its handler."""
+
+    name: str
+    request: type[api.Request]
+    output: type[BaseModel]
+    annotations: ToolAnnotations
+    description: str
+    handler: Handler
+
+    def input_schema(self) -> dict[str, Any]:
+        return untitled(api.tool_input_schema(self.request))
+
+    def output_schema(self) -> dict[str, Any]:
+        return terse(untitled(self.output.model_json_schema()))
+
+
+_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
+
+
+def terse(schema: Any) -> Any:
+    """An output schema said shorter, meaning the same: `anyOf` of plain types as one `type` list
+    (`["string", "null"]`), and no `default` (an answer has every key; defaults say nothing of it)."""
+    if isinstance(schema, list):
+        return [terse(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "default":
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: terse(sub) for name, sub in value.items()}
+        else:
+            out[key] = terse(value)
+    branches = out.get("anyOf")
+    if isinstance(branches, list) and all(isinstance(b, dict) and set(b) == {"type"} for b in branches):
+        kinds = [b["type"] for b in branches]
+        if all(isinstance(k, str) for k in kinds):
+            del out["anyOf"]
+            out["type"] = kinds
+    return out
+
+
+def untitled(schema: Any) -> Any:
+    """A JSON schema without the `title` pydantic gives every model and field ("Createdat"): they tell a client
+    nothing the property names do not, and were a fifth of `tools/list`. Properties named `title` stay."""
+    if isinstance(schema, list):
+        return [untitled(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: untitled(sub) for name, sub in value.items()}
+        else:
+            out[key] = untitled(value)
+    return out
+
+
+TOOLS: dict[str, Tool] = {}
+
+
+def tool(
+    request: type[api.Request],
+    output: type[BaseModel],
+    *,
+    title: str,
+    read_only: bool = False,
+    destructive: bool = False,
+    idempotent: bool = False,
+    open_world: bool = False,
+) -> Callable[[Handler], Handler]:
+    """Register the decorated handler as the tool of its name, taking `request` and answering `output`; its
+    docstring is the tool's description."""
+
+    def register(fn: Handler) -> Handler:
+        TOOLS[fn.__name__] = Tool(
+            name=fn.__name__,
+            request=request,
+            output=output,
+            annotations=ToolAnnotations(
+                title=title,
+                read_only_hint=read_only,
+                destructive_hint=destructive,
+                idempotent_hint=idempotent,
+                open_world_hint=open_world,
+            ),
+            description=inspect.cleandoc(fn.__doc__ or ""),
+            handler=fn,
+        )
+        return fn
+
+    return register
+
+
+def bound_s() -> float:
+    """How long a `workflow_run` call waits by default (`AKM_MCP_CALL_BOUND`, seconds)."""
+    raw = os.environ.get("AKM_MCP_CALL_BOUND", "").strip()
+    if not raw:
+        return DEFAULT_CALL_BOUND_S
     try:
-        result = await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
-    except AkmError as exc:
-        return _error_result(exc)
-    return _ok(shape(result) if shape is not None else result)
-
-
-# Every run id argument takes what `akm.api._run_ids` resolves (the same forms as the CLI's RUN).
-RUN_ID_HELP = "The run id: whole, its first 6 or more characters, or @last (this project's newest run)"
-
-
-def _with_next_after_report(res: Any) -> dict[str, Any]:
-    data = res.to_json()
-    data["next"] = _next_after_report(data)
-    return data
-
-
-def _status_with_next(view: views.RunView) -> dict[str, Any]:
-    data = view.to_json()
-    data["next"] = remedy_text(view.recovery, view.run_id) if view.recovery else None
-    return data
-
-
-def _plan_answer(preview: views.RunPreview) -> dict[str, Any]:
-    """`workflow_run(plan=true)`: the run answer's keys with nothing driven (`run` null: the preview names the
-    run it would continue), the preview in `plan`."""
-    body: dict[str, Any] = {key: None for key, _ in _RUN_RESULT_KEYS}
-    body.update(executed=[], stepsProcessed=0, done=False, aborted=False, timedOut=False, started=False)
-    body.update(driving=False, warnings=list(preview.warnings), plan=preview.to_json())
-    how = f'workflow_run(target="{preview.run_id}")' if preview.run_id else "workflow_run with the same arguments"
-    body["next"] = f"Nothing was run or written. To do it, call {how} without plan. First it would: {preview.first}."
-    return body
-
-
-_RUN_RESULT_KEYS = [(views.to_camel(name), default) for name, default in views.fields_of(views.RunResult)]
-
-
-def _with_next_after_rewind(res: Any) -> dict[str, Any]:
-    data = res.to_json()
-    rid, step = data["run"]["runId"], data["rewind"]["toStep"]
-    data["next"] = (
-        f'Call workflow_run(target="{rid}") to go on from step {step}: units whose inputs did not change are '
-        "reused, not run; when the step needs you, the answer carries the brief in run.awaiting (units you did "
-        "before are offered with action rerun: report them with unit_report(**unit.report, result=...))."
-    )
-    return data
-
-
-def _next_step_for(result: views.RunResult) -> str | None:
-    status = result.run.status
-    rid = result.run.run_id
-    if status == "awaiting_session":
-        return _next_for_brief((result.run.awaiting or {}), rid)
-    if status == "active" and result.driving:
-        return (
-            f"The run is still going in the background (units keep running after this call). Call "
-            f'workflow_run(target="{rid}") to wait for it again: it attaches and reports what happened '
-            f'meanwhile. Stop it with workflow_run(target="{rid}", stop=true).'
-        )
-    if status == "active":
-        return f'Call workflow_run(target="{rid}") to continue.'
-    if status in ("failed", "blocked", "abandoned") and result.run.recovery:
-        return remedy_text(result.run.recovery, rid)
-    return None
-
-
-def remedy_text(rec: dict[str, Any], rid: str) -> str:
-    """A run's `recovery` (akm/engine/recovery.py) as the tool calls that carry it out."""
-    import json
-
-    why = str(rec.get("why") or "")
-    why = why[:1].upper() + why[1:]
-    action = rec.get("action")
-    if action == "resume":
-        if rec.get("then") == "judge":
-            return (
-                f'{why}. Call workflow_resume(run_id="{rid}"), then workflow_next(run_id="{rid}"): its judge brief '
-                "is the verdict to give; report it with unit_report(**judge.report, verdict={...}). Alternatively "
-                "workflow_run asks the judge engine again."
-            )
-        return f'{why}. Call workflow_resume(run_id="{rid}"), then workflow_run(target="{rid}").'
-    if action == "rewind":
-        redo = ", redo=true" if rec.get("redo") else ""
-        return (
-            f'{why}. Call workflow_rewind(run_id="{rid}", to_step="{rec.get("stepId")}"{redo}), then '
-            f'workflow_run(target="{rid}"): its answer carries what you must do again.'
-        )
-    params = json.dumps(rec.get("params") or {}, ensure_ascii=False)
-    return (
-        f"{why}. Change the workflow file if that is the cause, then call workflow_run("
-        f'target={json.dumps(rec.get("workflow"))}, params={params}, from_run="{rec.get("fromRun") or rid}").'
-    )
+        return max(0.1, float(raw.rstrip("s")))
+    except ValueError:
+        return DEFAULT_CALL_BOUND_S
 
 
 def _stop_run(drives: drives_mod.Drives, run_id: str) -> dict[str, Any]:
@@ -168,523 +200,253 @@ def _stop_run(drives: drives_mod.Drives, run_id: str) -> dict[str, Any]:
     return body
 
 
-class _ProgressReporter:
-    """Sends a call's progress notifications without ever holding up the driver.
-
-    The driver drops messages into the call's mailbox (`drives.Listener`); this reporter sends them from the
-    call's own task, each with a short bound, so a client that stops reading stalls only its own call. MCP wants
-    `progress` to increase with every notification: progress and total accumulate over the steps this call
-    reports — a step of N units counts N + 1 (each unit, then the step's own finish), so for one step `progress`
-    is units done and the step's finish is the last, highest tick.
-    """
-
-    def __init__(self, ctx: Any) -> None:
-        self.ctx = ctx
-        self.offset = 0  # ticks of the steps finished earlier in this call
-        self.step: str | None = None
-        self.step_total = 0
-        self.step_done = 0
-        self.sent = 0.0
-        self.gone = False
-        self.between = 0  # activity reports since the last unit tick
-        self.between_at = -1  # the units done when they started
-
-    async def send(self, items: list[dict[str, Any]]) -> None:
-        for item in items:
-            if self.gone:
-                return
-            if item["kind"] == "step_started":
-                self._open(item["stepId"])
-                self.step_total = item["total"]
-                continue  # nothing finished yet: no tick
-            if item["kind"] == "unit_activity":
-                # between two unit ticks: a fraction that grows with each report, so progress still increases
-                if item["stepId"] != self.step:
-                    self._open(item["stepId"])
-                self.between = self.between + 1 if self.between_at == self.step_done else 1
-                self.between_at = self.step_done
-                value = self.offset + self.step_done + 1 - 1 / (self.between + 1)
-                total = self.offset + max(self.step_total, self.step_done + 1) + 1
-                a = item["activity"]
-                message = (
-                    f"step {item['stepId']}: {item['attemptId']} {activity_text(a)} "
-                    f"({duration_text(a.get('elapsedS') or 0)})"
-                )
-                await self._report(value, total, message)
-                continue
-            if item["kind"] == "unit":
-                if item["stepId"] != self.step or item["done"] <= self.step_done:
-                    self._open(item["stepId"])  # another step, or another pass (gate loop) of this one
-                self.step_done, self.step_total = item["done"], max(item["total"], self.step_total)
-                value, total = self.offset + item["done"], self.offset + self.step_total + 1
-                mark = "ok" if item["ok"] else f"failed ({item['failureReason']})"
-                message = f"step {item['stepId']}: unit {item['done']}/{item['total']} {item['attemptId']} {mark}"
-            else:
-                if item["stepId"] != self.step:
-                    self._open(item["stepId"])
-                value = total = self.offset + self.step_total + 1
-                message = f"step {item['stepId']} {item['status']}"
-                self._close()
-            await self._report(value, total, message)
-
-    async def _report(self, value: float, total: float, message: str) -> None:
-        if value <= self.sent:
-            return  # progress must increase; a repeat carries nothing new
-        self.sent = value
-        with anyio.move_on_after(2.0) as scope:
-            try:
-                await self.ctx.report_progress(value, total, message)
-            except Exception:
-                self.gone = True  # progress is advisory; a gone client must not fail the call
-        if scope.cancelled_caught:
-            self.gone = True  # the client is not reading: send nothing more on this call
-
-    def _close(self) -> None:
-        if self.step is not None:
-            self.offset += self.step_total + 1
-        self.step, self.step_total, self.step_done = None, 0, 0
-
-    def _open(self, step: str) -> None:
-        self._close()
-        self.step = step
-
-
-def _next_for_brief(brief: dict[str, Any], rid: str) -> str:
-    """What to do with a brief the answer already holds (run.awaiting, or a report's brief)."""
-    kind = brief.get("kind")
-    if kind == "units":
-        return (
-            "Do each unit in run.awaiting.units (prompt, context, outputSchema) and report it with "
-            "unit_report(**unit.report, result=...); the report that finishes the step's units answers with "
-            f'the judge brief if a gate needs a verdict, else call workflow_run(target="{rid}").'
+@tool(api.RunToolRequest, McpRunResult, title="Run a workflow", open_world=True)
+async def workflow_run(call: Call, req: api.RunToolRequest) -> CallToolResult:
+    """Start or continue a workflow run. akm drives it in the background (command units run in this server's
+    process); the call waits up to its bound and returns when the run completes, fails, or needs you (status
+    awaiting_session: see workflow_next) — or with the run still going (driving: true) and per-step progress.
+    Calling again attaches to the same driver; cancelling a call only stops waiting."""
+    cwd = req.cwd or call.cwd
+    if req.stop:
+        return await call.answer(None, _stop_run, call.drives, req.target)
+    if req.plan:
+        return await call.answer(
+            guidance.plan_answer,
+            api.plan_run,
+            req.target,
+            params=req.params or None,
+            new=req.new,
+            from_run=req.from_run,
+            cwd=cwd,
         )
-    if kind == "judge":
-        return (
-            "Judge run.awaiting.judge.artifact against its criteria and report unit_report(**judge.report, "
-            'verdict={"complete": bool, "missing": [...], "feedback": "..."}).'
-        )
-    return f'Call workflow_next(run_id="{rid}") for what the run needs now.'
-
-
-def _next_after_report(res: dict[str, Any]) -> str | None:
-    """A report answer's `next`: what its own fields already say the agent must do."""
-    rid, outcome, status = res["runId"], res.get("stepOutcome") or {}, res.get("runStatus")
-    brief = res.get("brief")
-    if status == "completed":
-        return None
-    if brief and brief.get("kind") == "judge":
-        return (
-            "The step's units are done: judge brief.judge.artifact against its criteria and report "
-            'unit_report(**brief.judge.report, verdict={"complete": bool, "missing": [...], '
-            '"feedback": "..."}).'
-        )
-    if brief and brief.get("kind") == "units":
-        return (
-            "The gate sent the step back: redo each unit in brief.units with brief.gateFeedback and report it "
-            "with unit_report(**unit.report, result=...) (it names the new attemptId)."
-        )
-    if status in ("failed", "blocked"):
-        if res.get("recovery"):
-            return f"The run is {status}. " + remedy_text(res["recovery"], rid)
-        return f'The run is {status}: workflow_status(run_id="{rid}") says what moves it on (its recovery).'
-    if outcome.get("kind") == "completed" or status == "active":
-        return f'Call workflow_run(target="{rid}") to go on: its answer carries the next brief in run.awaiting.'
-    if res.get("recorded") == "heartbeat" or res.get("status") == "running":
-        return "Report the unit's result with unit_report (status completed) before its claim expires."
-    if res.get("remainingUnits"):
-        return f"{res['remainingUnits']} unit(s) of the step still need a report."
-    if not outcome and status == "awaiting_session":  # nothing unreported, yet the step waits: a re-run
-        return (
-            f'The step waits for a failed unit to be re-run (its retry.on lists the reason): call workflow_next(run_id="{rid}") '
-            "and report it with unit_report(**unit.report, result=...) (its report says rerun)."
-        )
-    return None
-
-
-def _bound_s() -> float:
-    raw = os.environ.get("AKM_MCP_CALL_BOUND", "").strip()
-    if not raw:
-        return DEFAULT_CALL_BOUND_S
     try:
-        return max(0.1, float(raw.rstrip("s")))
-    except ValueError:
-        return DEFAULT_CALL_BOUND_S
-
-
-def register(server: MCPServer, drives: drives_mod.Drives, *, holder: str, base_cwd: str) -> None:
-    """Register every tool and resource on `server`; they drive runs through `drives`, claim units as
-    `holder` by default, and resolve relative paths against `base_cwd`."""
-
-    def _read_only(title: str) -> ToolAnnotations:
-        return ToolAnnotations(
-            title=title, read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
-        )
-
-    @server.tool(
-        annotations=ToolAnnotations(
-            title="Run a workflow",
-            read_only_hint=False,
-            destructive_hint=False,
-            idempotent_hint=False,
-            open_world_hint=True,
-        )
-    )
-    async def workflow_run(
-        target: Annotated[
-            str, Field(description="A workflow file path, a workflows/<name> ref, or a run id to continue")
-        ],
-        ctx: Context,
-        params: Annotated[dict[str, Any], Field(description="Run params (only when starting a run)")] = {},  # noqa: B006
-        max_steps: Annotated[
-            int | str | None,
-            Field(
-                description="Finish at most this many steps now (0: start "
-                "the run, drive nothing); only when this call "
-                "starts the run's driver"
-            ),
-        ] = None,
-        timeout: Annotated[
-            int | str | None,
-            Field(
-                description="How long this call waits for the run, like 30s or "
-                "5m (or ms; default: the server's bound, 45 s); the "
-                "run keeps going in the background either way"
-            ),
-        ] = None,
-        cwd: Annotated[str | None, Field(description="Project directory (default: the server's)")] = None,
-        new: Annotated[bool, Field(description="Start a new run even if one with the same params is active")] = False,
-        from_run: Annotated[
-            str | None,
-            Field(
-                description="Start a new run of the (edited) workflow that reuses every completed unit of this "
-                "run whose identity (step definition and inputs) is unchanged: nothing runs again for them"
-            ),
-        ] = None,
-        workers: Annotated[
-            bool,
-            Field(
-                description="Coordinate only: queue exec, LLM and agent units for `akm worker` processes "
-                "sharing the journal (any host) and wait for their results; only when this call starts the "
-                "run's driver"
-            ),
-        ] = False,
-        stop: Annotated[
-            bool,
-            Field(
-                description="Stop this server's background driver of the run (target: its run "
-                "id); running units are stopped, the run stays resumable"
-            ),
-        ] = False,
-        plan: Annotated[
-            bool,
-            Field(
-                description="Preview only, writing nothing: per step the units reused, to run and for you, "
-                "engines and models, budgets, and what the run would do first (in the answer's plan)"
-            ),
-        ] = False,
-    ) -> Annotated[CallToolResult, McpRunResult]:
-        """Start or continue a workflow run. akm drives it in the background (command units run in this server's
-        process); the call waits up to its bound and returns when the run completes, fails, or needs you (status
-        awaiting_session: see workflow_next) — or with the run still going (driving: true) and per-step progress.
-        Calling again attaches to the same driver; cancelling a call only stops waiting."""
-        try:
-            wait_ms = api.parse_duration_ms(timeout) if timeout is not None else int(_bound_s() * 1000)
-        except AkmError as exc:
-            return _error_result(exc)
-        if stop:
-            return await _call(_stop_run, drives, target)
-        if plan:
-            return await _call_then(
-                _plan_answer,
-                api.plan_run,
-                target,
-                params=params or None,
-                new=new,
-                from_run=from_run,
-                cwd=cwd or base_cwd,
+        drive, opened = await anyio.to_thread.run_sync(
+            lambda: call.drives.start_or_attach(
+                req.target,
+                params=req.params or None,
+                new=req.new,
+                from_run=req.from_run,
+                max_steps=req.max_steps,
+                cwd=cwd,
+                workers=req.workers,
             )
+        )
+    except AkmError as exc:
+        return error_result(exc)
+    if req.timeout is not None:
+        wait_s = req.timeout / 1000.0
+    else:  # the call that starts a run names it soon: a client with a short tool timeout still learns its id
+        wait_s = min(bound_s(), FIRST_ANSWER_S) if opened.started else bound_s()
+    listener = drive.listen()
+    reporter = ProgressReporter(call.progress)
+    try:
+        with anyio.move_on_after(wait_s):
+            while True:
+                await reporter.send(listener.take())
+                if drive.finished.is_set():
+                    break
+                if reporter.due():
+                    waited = duration_text(reporter.elapsed_s())
+                    await reporter.heartbeat(f"run {drive.run_id}: {drive.now_text()}; {waited} waited")
+                await anyio.sleep(0.05)
+        await reporter.send(listener.take())
+    finally:
+        drive.unlisten(listener)  # a cancelled call stops waiting; the driver goes on
+    try:
+        if drive.finished.is_set():
+            result = drives_mod.final(drive, opened)
+        else:
+            result = await anyio.to_thread.run_sync(drives_mod.snapshot, drive, opened)
+    except AkmError as exc:
+        return error_result(exc)
+    return ok_result({**result.to_json(), "next": guidance.after_run(result)})
+
+
+@tool(api.WaitRequest, McpWaitResult, title="Wait for a run", read_only=True, idempotent=True)
+async def workflow_wait(call: Call, req: api.WaitRequest) -> CallToolResult:
+    """Wait, up to the bound, for a run driven elsewhere — another session, a detached `akm workflow run`,
+    workers — until it is no longer active: completed, failed, blocked, or awaiting you (the answer then
+    holds the brief in run.awaiting). Changes nothing; progress notifications say what it is on meanwhile."""
+    wait_ms = req.timeout if req.timeout is not None else int(bound_s() * 1000)
+    cancel = api.Cancellation()
+    reporter = ProgressReporter(call.progress)
+    outcome: dict[str, Any] = {}
+
+    async def wait() -> None:
         try:
-            drive, opened = await anyio.to_thread.run_sync(
-                lambda: drives.start_or_attach(
-                    target,
-                    params=params or None,
-                    new=new,
-                    from_run=from_run,
-                    max_steps=max_steps,
-                    cwd=cwd or base_cwd,
-                    workers=workers,
-                )
+            outcome["result"] = await anyio.to_thread.run_sync(
+                lambda: api.wait_run(req.run_id, timeout=wait_ms, cancel=cancel), abandon_on_cancel=True
             )
         except AkmError as exc:
-            return _error_result(exc)
-        listener = drive.listen()
-        reporter = _ProgressReporter(ctx)
-        try:
-            with anyio.move_on_after(wait_ms / 1000.0):
-                while True:
-                    await reporter.send(listener.take())
-                    if drive.finished.is_set():
-                        break
-                    await anyio.sleep(0.05)
-            await reporter.send(listener.take())
-        finally:
-            drive.unlisten(listener)  # a cancelled call stops waiting; the driver goes on
-        try:
-            if drive.finished.is_set():
-                result = drives_mod.final(drive, opened)
-            else:
-                result = await anyio.to_thread.run_sync(drives_mod.snapshot, drive, opened)
-        except AkmError as exc:
-            return _error_result(exc)
-        return _ok({**result.to_json(), "next": _next_step_for(result)})
+            outcome["error"] = exc
 
-    @server.tool(annotations=_read_only("What to do now"))
-    async def workflow_next(
-        run_id: Annotated[str, Field(description=RUN_ID_HELP)],
-        unit_id: Annotated[str | None, Field(description="Only this unit, whole")] = None,
-    ) -> Annotated[CallToolResult, api.Brief]:
-        """What you should do now for a run: its session units (prompt, context, schema, how to report) or the
-        gate verdict it awaits. Never changes the run. Each unit's `report` names the unit_report arguments in
-        camelCase: runId -> run_id, unitId -> unit_id, expectStep -> expect_step, status, rerun."""
-        return await _call(api.next_brief, run_id, unit_id=unit_id)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            while not outcome:
+                await anyio.sleep(0.1)
+                if reporter.due() and not outcome:
+                    try:
+                        view = await anyio.to_thread.run_sync(lambda: api.run_status(req.run_id))
+                    except AkmError:
+                        continue
+                    on = f"at step {view.current_step_id}" if view.current_step_id else "starting"
+                    holder = f", driven by {view.engine_lease.holder}" if view.engine_lease else ", not driven"
+                    waited = duration_text(reporter.elapsed_s())
+                    await reporter.heartbeat(f"run {view.run_id}: {view.status} {on}{holder}; {waited} waited")
+    finally:
+        cancel.trip("call ended")  # a cancelled call stops the wait's thread at its next poll
+    if "error" in outcome:
+        return error_result(outcome["error"])
+    result = outcome["result"]
+    return ok_result({**result.to_json(), "next": guidance.after_wait(result)})
 
-    @server.tool(
-        annotations=ToolAnnotations(
-            title="Report a unit",
-            read_only_hint=False,
-            destructive_hint=False,
-            idempotent_hint=True,
-            open_world_hint=False,
-        )
+
+@tool(api.NextToolRequest, api.Brief, title="What to do now", read_only=True, idempotent=True)
+async def workflow_next(call: Call, req: api.NextToolRequest) -> CallToolResult:
+    """What you should do now for a run: its session units (prompt, context, schema, how to report) or the
+    gate verdict it awaits. Never changes the run. Each unit's `report` names the unit_report arguments in
+    camelCase: runId -> run_id, unitId -> unit_id, expectStep -> expect_step, status, rerun. A unit fetched
+    whole (unit_id) comes with a large prompt in pages (promptPage names the next call)."""
+    return await call.answer(None, api.next_brief, req.run_id, unit_id=req.unit_id)
+
+
+@tool(api.ReportToolRequest, McpReportResult, title="Report a unit", idempotent=True)
+async def unit_report(call: Call, req: api.ReportToolRequest) -> CallToolResult:
+    """Record a unit you did (or a gate verdict). When it completes the step's work the step finishes; then
+    call workflow_run to continue the run. A refused report changes nothing."""
+    return await call.answer(
+        guidance.report_answer,
+        api.report_unit,
+        req.run_id,
+        req.unit_id,
+        status=req.status,
+        result=req.result,
+        verdict=req.verdict,
+        tokens=req.tokens,
+        failure_reason=req.failure_reason,
+        expect_step=req.expect_step,
+        rerun=req.rerun,
+        attempt_id=req.attempt_id,
+        gate_loop=req.gate_loop,
+        holder=req.holder or call.holder,
+        cwd=call.cwd,
     )
-    async def unit_report(
-        run_id: Annotated[str, Field(description=RUN_ID_HELP)],
-        unit_id: Annotated[str, Field(description="The unitId from workflow_next (or STEP.gate:lN for a verdict)")],
-        status: Annotated[
-            Literal["completed", "failed", "running"],
-            Field(description="completed | failed | running (claims the unit)"),
-        ] = "completed",
-        result: Annotated[
-            Any, Field(description="The unit's result: a JSON value matching its outputSchema, or text")
-        ] = None,
-        verdict: Annotated[
-            dict[str, Any] | None,
-            Field(description='A gate verdict {"complete": bool, "missing": [str], "feedback": str}'),
-        ] = None,
-        tokens: Annotated[
-            int | None, Field(ge=0, le=MAX_REPORT_TOKENS, description="Tokens spent (counted against the budget)")
-        ] = None,
-        failure_reason: Annotated[str | None, Field(description="Why the unit failed (e.g. timeout)")] = None,
-        rerun: Annotated[bool, Field(description="Replace a result already recorded")] = False,
-        expect_step: Annotated[str | None, Field(description="Refuse unless the run is still on this step")] = None,
-        holder: Annotated[
-            str | None, Field(description="Claim holder (default: this server); give parallel sub-agents their own")
-        ] = None,
-        attempt_id: Annotated[str | None, Field(description="The brief's attemptId")] = None,
-        gate_loop: Annotated[int | None, Field(description="The brief's gateLoop")] = None,
-    ) -> Annotated[CallToolResult, McpReportResult]:
-        """Record a unit you did (or a gate verdict). When it completes the step's work the step finishes; then
-        call workflow_run to continue the run. A refused report changes nothing."""
-        return await _call_then(
-            _with_next_after_report,
-            api.report_unit,
-            run_id,
-            unit_id,
-            status=status,
-            result=result,
-            verdict=verdict,
-            tokens=tokens,
-            failure_reason=failure_reason,
-            expect_step=expect_step,
-            rerun=rerun,
-            attempt_id=attempt_id,
-            gate_loop=gate_loop,
-            holder=holder or holder_default,
-            cwd=base_cwd,
-        )
 
-    holder_default = holder
 
-    @server.tool(annotations=_read_only("Run status"))
-    async def workflow_status(
-        run_id: Annotated[str, Field(description=RUN_ID_HELP)],
-        units: Annotated[bool, Field(description="Include every journaled unit attempt")] = False,
-        step: Annotated[str | None, Field(description="Only this step, its output whole")] = None,
-        format: Annotated[
-            Literal["json", "html"],
-            Field(  # noqa: A002 (the CLI's flag name)
-                description="html: also a self-contained HTML report of the run (a text/html resource)"
-            ),
-        ] = "json",
-    ) -> Annotated[CallToolResult, McpStatusResult]:
-        """Where a run stands: steps, their outputs (large ones clipped: pass step for one whole), and (with
-        units) every unit attempt, the superseded ones of its rewinds too; format html adds a self-contained HTML
-        report. For a failed, blocked or abandoned run, next (and recovery) say what moves it on."""
-        result = await _call_then(_status_with_next, api.run_status, run_id, units=units, step=step)
-        if format == "html" and not result.is_error:
-            rid = (result.structured_content or {}).get("runId", run_id)  # a prefix or @last, resolved
-            try:
-                page = await anyio.to_thread.run_sync(lambda: api.run_report_html(rid))
-            except AkmError as exc:
-                return _error_result(exc)
-            result.content.append(_html_resource(f"akm://runs/{rid}/report.html", page))
-        return result
-
-    @server.tool(annotations=_read_only("List runs"))
-    async def workflow_list(
-        active: Annotated[bool, Field(description="Only runs that can still be driven")] = False,
-        ref: Annotated[str | None, Field(description="Only runs of this workflow")] = None,
-    ) -> Annotated[CallToolResult, RunListModel]:
-        """Runs of this project, newest first."""
-        return await _call(api.list_runs, active_only=active, ref=ref, cwd=base_cwd)
-
-    @server.tool(annotations=_read_only("Lint workflows"))
-    async def workflow_lint(
-        paths: Annotated[list[str], Field(min_length=1, description="Workflow files or directories")],
-    ) -> Annotated[CallToolResult, _lint_model()]:
-        """Check workflow files: every problem with file, line, code and a fix."""
-        resolved = [p if os.path.isabs(p) else str(Path(base_cwd) / p) for p in paths]
-        return await _call(api.lint, resolved)
-
-    @server.tool(
-        annotations=ToolAnnotations(
-            title="Resume a run",
-            read_only_hint=False,
-            destructive_hint=False,
-            idempotent_hint=True,
-            open_world_hint=False,
-        )
+def _report_link(rid: str) -> ResourceLink:
+    """The run's HTML report as a resource to read (`resources/read`), not inlined: it grows with the run."""
+    return ResourceLink(
+        type="resource_link",
+        uri=report_uri(rid),
+        name="report.html",
+        title=f"Run {rid[:8]} report",
+        description="A self-contained HTML report of the run (steps, units, timeline).",
+        mime_type="text/html",
     )
-    async def workflow_resume(
-        run_id: Annotated[str, Field(description=RUN_ID_HELP)],
-    ) -> Annotated[CallToolResult, RunViewModel]:
-        """Reopen a failed or blocked run (its current step is retried on the next workflow_run)."""
-        return await _call(api.resume, run_id)
 
-    @server.tool(
-        annotations=ToolAnnotations(
-            title="Rewind a run",
-            read_only_hint=False,
-            destructive_hint=False,
-            idempotent_hint=False,
-            open_world_hint=False,
-        )
+
+def report_uri(rid: str) -> str:
+    return f"akm://runs/{rid}/report.html"
+
+
+# Protocol versions whose tool results may carry a resource link (it came with 2025-06-18).
+_LINKS_SINCE = "2025-06-18"
+
+
+@tool(api.StatusToolRequest, McpStatusResult, title="Run status", read_only=True, idempotent=True)
+async def workflow_status(call: Call, req: api.StatusToolRequest) -> CallToolResult:
+    """Where a run stands: steps, their outputs (large ones clipped: pass step for one whole, in pages when
+    it is large), and (with units) the unit attempts, a page at a time (offset, limit; unitsPage has the
+    total), the superseded ones of its rewinds too; format html links the run's self-contained HTML report
+    (a resource to read). For a failed, blocked or abandoned run, next (and recovery) say what moves it on."""
+    limit = req.limit if req.limit is not None else (UNITS_PAGE if req.units else None)
+    result: CallToolResult = await call.answer(
+        guidance.status_answer,
+        api.run_status,
+        req.run_id,
+        units=req.units,
+        step=req.step,
+        offset=req.offset,
+        limit=limit,
     )
-    async def workflow_rewind(
-        run_id: Annotated[str, Field(description="The run id")],
-        to_step: Annotated[str, Field(description="The step to go back to: it and every later step are reopened")],
-        redo: Annotated[
-            bool | list[str],
-            Field(
-                description="false (default): units whose identity is unchanged are reused; true: redo every "
-                "unit of the reopened steps; a list of unit ids: redo those"
-            ),
-        ] = False,
-    ) -> Annotated[CallToolResult, McpRewindResult]:
-        """Take a run back to a step (completed, failed, blocked or active run): the step and every later one are
-        reopened, in one transaction. Nothing is lost: the superseded results stay in the run's history. The
-        step's units you did are offered again (action rerun) so you can report a corrected result; other units
-        whose inputs did not change are reused instead of run. Then call workflow_run."""
-        return await _call_then(_with_next_after_rewind, api.rewind, run_id, to_step, redo=redo)
+    if req.format == "html" and not result.is_error:
+        rid = (result.structured_content or {}).get("runId", req.run_id)  # a prefix or @last, resolved
+        if (call.protocol_version or _LINKS_SINCE) >= _LINKS_SINCE:
+            result.content.append(_report_link(rid))
+        else:
+            result.content.append(TextContent(type="text", text=f"The HTML report: resources/read {report_uri(rid)}"))
+    return result
 
-    @server.tool(
-        annotations=ToolAnnotations(
-            title="Abandon a run",
-            read_only_hint=False,
-            destructive_hint=True,
-            idempotent_hint=False,
-            open_world_hint=False,
-        )
+
+@tool(api.ListRunsToolRequest, RunListModel, title="List runs", read_only=True, idempotent=True)
+async def workflow_list(call: Call, req: api.ListRunsToolRequest) -> CallToolResult:
+    """Runs of this project, newest first, a page at a time (offset, limit; page has the total)."""
+    return await call.answer(
+        None,
+        api.list_runs,
+        active_only=req.active,
+        ref=req.ref,
+        cwd=call.cwd,
+        offset=req.offset,
+        limit=req.limit if req.limit is not None else RUNS_PAGE,
     )
-    async def workflow_abandon(
-        run_id: Annotated[str, Field(description=RUN_ID_HELP)],
-    ) -> Annotated[CallToolResult, RunViewModel]:
-        """Give up on a run for good."""
-        return await _call(api.abandon, run_id)
 
-    @server.tool(annotations=_read_only("Workflow catalog"))
-    async def workflow_catalog(
-        cwd: Annotated[str | None, Field(description="Project directory (default: the server's)")] = None,
-    ) -> Annotated[CallToolResult, CatalogModel]:
-        """The workflows this project can run by name: its .akm/workflows/ then the user library, each with
-        its ref (pass it to workflow_run as target), description, steps and params (name, type, description,
-        required, default)."""
-        return await _call(api.workflow_catalog, cwd=cwd or base_cwd)
 
-    @server.tool(annotations=_read_only("Journal events"))
-    async def workflow_events(
-        run_id: Annotated[
-            str | None, Field(description="Only this run's events (whole id, its first 6+ characters, or @last)")
-        ] = None,
-        since: Annotated[str | None, Field(description="@offset:N (a previous nextOffset) or an ISO time")] = None,
-        limit: Annotated[int | None, Field(ge=1, description="At most this many events")] = None,
-    ) -> Annotated[CallToolResult, EventPageModel]:
-        """Journal events, cursor-paged: pass nextOffset back as since=@offset:N."""
-        return await _call(api.events, run_id=run_id, since=since, limit=limit)
+@tool(api.LintRequest, lint_model(), title="Lint workflows", read_only=True, idempotent=True)
+async def workflow_lint(call: Call, req: api.LintRequest) -> CallToolResult:
+    """Check workflow files: every problem with file, line, code and a fix."""
+    resolved = [p if os.path.isabs(p) else str(Path(call.cwd) / p) for p in req.paths]
+    return await call.answer(None, api.lint, resolved)
 
-    @server.tool(
-        annotations=ToolAnnotations(
-            title="Set up engines",
-            read_only_hint=False,
-            destructive_hint=False,
-            idempotent_hint=True,
-            open_world_hint=True,
-        )
+
+@tool(api.RunIdRequest, RunViewModel, title="Resume a run", idempotent=True)
+async def workflow_resume(call: Call, req: api.RunIdRequest) -> CallToolResult:
+    """Reopen a failed or blocked run (its current step is retried on the next workflow_run)."""
+    return await call.answer(None, api.resume, req.run_id)
+
+
+@tool(api.RewindRequest, McpRewindResult, title="Rewind a run")
+async def workflow_rewind(call: Call, req: api.RewindRequest) -> CallToolResult:
+    """Take a run back to a step (completed, failed, blocked or active run): the step and every later one are
+    reopened, in one transaction. Nothing is lost: the superseded results stay in the run's history. The
+    step's units you did are offered again (action rerun) so you can report a corrected result; other units
+    whose inputs did not change are reused instead of run. Then call workflow_run."""
+    return await call.answer(guidance.rewind_answer, api.rewind, req.run_id, req.to_step, redo=req.redo)
+
+
+@tool(api.RunIdRequest, RunViewModel, title="Abandon a run", destructive=True)
+async def workflow_abandon(call: Call, req: api.RunIdRequest) -> CallToolResult:
+    """Give up on a run for good."""
+    return await call.answer(None, api.abandon, req.run_id)
+
+
+@tool(api.CatalogRequest, CatalogModel, title="Workflow catalog", read_only=True, idempotent=True)
+async def workflow_catalog(call: Call, req: api.CatalogRequest) -> CallToolResult:
+    """The workflows this project can run by name: its .akm/workflows/ then the user library, each with
+    its ref (pass it to workflow_run as target), description, steps and params (name, type, description,
+    required, default)."""
+    return await call.answer(None, api.workflow_catalog, cwd=req.cwd or call.cwd)
+
+
+@tool(api.EventsRequest, EventPageModel, title="Journal events", read_only=True, idempotent=True)
+async def workflow_events(call: Call, req: api.EventsRequest) -> CallToolResult:
+    """Journal events, cursor-paged: pass nextOffset back as since=@offset:N."""
+    return await call.answer(None, api.events, run_id=req.run_id, since=req.since, limit=req.limit)
+
+
+@tool(api.SetupRequest, api.SetupResult, title="Set up engines", idempotent=True, open_world=True)
+async def setup(call: Call, req: api.SetupRequest) -> CallToolResult:
+    """Set up engines for akm on this machine: what was found, what was written, what can run now.
+    Never asks anything. With no arguments it is a preview: it detects and verifies, writes nothing."""
+    dry_run = not req.yes and req.config is None and not req.probe
+    return await call.answer(
+        None,
+        api.setup,
+        yes=req.yes,
+        config=req.config,
+        probe=req.probe,
+        project=req.project,
+        cwd=call.cwd,
+        dry_run=dry_run,
     )
-    async def setup(
-        yes: Annotated[
-            bool,
-            Field(
-                description="Detect local model servers and agent CLIs, verify them, and write "
-                "an llm and an agent engine where no default is set"
-            ),
-        ] = False,
-        config: Annotated[
-            dict[str, Any] | None,
-            Field(
-                description="Config to deep-merge (engines, defaults, workflow, modelAliases); API keys only as "
-                "${ENV_NAME} references, never values"
-            ),
-        ] = None,
-        probe: Annotated[
-            bool,
-            Field(
-                description="Also probe the default LLM engine for json_schema support and record supportsJsonSchema"
-            ),
-        ] = False,
-        project: Annotated[
-            bool, Field(description="Write the project file (.akm/config.json) instead of the user file")
-        ] = False,
-    ) -> Annotated[CallToolResult, api.SetupResult]:
-        """Set up engines for akm on this machine: what was found, what was written, what can run now.
-        Never asks anything. With no arguments it is a preview: it detects and verifies, writes nothing."""
-        dry_run = not yes and config is None and not probe
-        return await _call(
-            api.setup, yes=yes, config=config, probe=probe, project=project, cwd=base_cwd, dry_run=dry_run
-        )
-
-    @server.resource(
-        "akm://runs",
-        name="runs",
-        title="Runs of this project",
-        description="This project's runs, newest first (as workflow_list).",
-        mime_type="application/json",
-    )
-    def runs_resource() -> str:
-        import json
-
-        return json.dumps(api.list_runs(cwd=base_cwd).to_json(), ensure_ascii=False)
-
-    @server.resource(
-        "akm://runs/{run_id}",
-        name="run",
-        title="A run",
-        description="Where a run stands (as workflow_status; large outputs clipped).",
-        mime_type="application/json",
-    )
-    def run_resource(run_id: str) -> str:
-        import json
-
-        from akm.mcp import compact
-
-        return json.dumps(compact.compact_run(api.run_status(run_id).to_json()), ensure_ascii=False)

@@ -14,7 +14,8 @@ await client.connect(new StdioClientTransport({ command: cmd, args: [...args, "m
 
 const names = (await client.listTools()).tools.map((t) => t.name).sort();
 assert.deepEqual(names, ["setup", "unit_report", "workflow_abandon", "workflow_catalog", "workflow_events", "workflow_lint",
-  "workflow_list", "workflow_next", "workflow_resume", "workflow_rewind", "workflow_run", "workflow_status"]);
+  "workflow_list", "workflow_next", "workflow_resume", "workflow_rewind", "workflow_run", "workflow_status",
+  "workflow_wait"]);
 
 const run = await client.callTool({ name: "workflow_run", arguments: { target: "flow.md", params: { topics: ["a", "b"] } } });
 assert.equal(run.isError, false);
@@ -42,10 +43,15 @@ const done = await client.callTool({ name: "workflow_run", arguments: { target: 
 assert.equal(done.structuredContent.run.status, "completed");
 const report = await client.callTool({ name: "workflow_status", arguments: { run_id: runId, format: "html" } });
 assert.equal(report.isError, false, JSON.stringify(report.content).slice(0, 500));
-assert.equal(report.content.at(-1).resource.mimeType, "text/html");
+const link = report.content.at(-1);  // the report is a resource to read, not inlined
+assert.equal(link.type, "resource_link");
+assert.equal(link.mimeType, "text/html");
+const page = await client.readResource({ uri: link.uri });
+assert.equal(page.contents[0].mimeType, "text/html");
+assert.ok(page.contents[0].text.startsWith("<!DOCTYPE html>"));
 for (const [name, a] of [["workflow_status", { run_id: runId, units: true }], ["workflow_list", {}],
                          ["workflow_lint", { paths: ["flow.md"] }], ["workflow_events", { run_id: runId }],
-                         ["workflow_catalog", {}], ["setup", {}]]) {
+                         ["workflow_catalog", {}], ["setup", {}], ["workflow_wait", { run_id: runId, timeout: "1s" }]]) {
   const r = await client.callTool({ name, arguments: a });
   assert.equal(r.isError, false, `${name}: ${JSON.stringify(r.content)}`);
 }
