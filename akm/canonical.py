@@ -1,11 +1,11 @@
-"""Canonical JSON and hashing (DECISIONS D2).
+"""Canonical JSON and hashing (spec/decisions.md D2).
 
 canonical(v) = json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 after normalising numbers: a float with an integral value (YAML `2.0`) is written
 as the integer `2`, so the same authored value always hashes the same way.
 Non-finite numbers and non-JSON types are refused. Plan hashes and unit input
 hashes are built on this function and must never change silently
-(see tests/test_canonical.py for the golden vectors).
+(tests/test_identity.py holds the golden vectors).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The error-code vocabulary: every code akm can answer with, and what each means.
 
-Kept apart from `akm.errors` so that defining some seventy enum members costs nothing on the way to a
-command's first output: the codes travel as plain strings (`AkmError(code="LEASE_HELD")`), and `Code`
-(a `StrEnum`, so `Code.LEASE_HELD == "LEASE_HELD"`) is what tests and tools check them against.
+Kept apart from `akm.errors` so that building some eighty enum members costs nothing on the way to a
+command's first output: every error is raised with a member (`UsageError(..., code=Code.LEASE_HELD)`; a test
+refuses a code as a string literal), and a `StrEnum` member is its string on the wire and in the journal.
+Modules that a short command loads (`workflow run`, `list`, `status`, `lint`) import `Code` where they raise,
+so the enum is built only when an error is; the rest import it at the top.
 spec/errors.md is generated from here (`python -m akm.codes > spec/errors.md`); tests/test_vocabulary.py
 checks the file, that every code the source raises is a member, and that the fronts' hint tables key on members.
 """

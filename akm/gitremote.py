@@ -1,7 +1,7 @@
 """A project's portable identity: its git remote, read from `.git/config` without running git.
 
 Why: the run scope used to be the project root's absolute path, which differs between two machines holding
-the same repository, so a shared journal (issue 18, postgres.md §2.12) showed each developer only their own
+the same repository, so a shared journal showed each developer only their own
 runs. The remote URL is what two clones have in common. It is read from the config file directly because
 `git` costs tens of milliseconds to start and every `workflow list` needs the scope.
 

@@ -22,6 +22,9 @@ from akm.errors import UsageError
 NOT_UTF8 = "NOT_UTF8"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 SHOWN_LIMIT = 120
+# What JavaScript's `String.prototype.trim` strips (ECMAScript WhiteSpace and LineTerminator): how upstream
+# trims a flag value, a unit's stdout and an answer, so akm trims the same.
+JS_WHITESPACE = "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 
 
 def surrogate_at(text: str) -> int | None:
@@ -42,9 +45,11 @@ def require_utf8(text: str, what: str) -> str:
     index = surrogate_at(text)
     if index is None:
         return text
+    from akm.codes import Code
+
     raise UsageError(
         f"{what} is not valid UTF-8 text ({_describe_bad_char(text, index)}): {shown(text)}",
-        code=NOT_UTF8,
+        code=Code.NOT_UTF8,
         hint="akm records names, paths and values as UTF-8 text; rename the file or directory, "
         "or pass the value in UTF-8.",
     )

@@ -337,6 +337,10 @@ class WaitResult(View):
     undriven: bool = False  # the run is active but no live driver has held its lease for a while
 
 
+# What a `RunWarning` can say: not errors, so not `akm.codes.Code` members (a front advises on each).
+WarningCode = Literal["WORKFLOW_CHANGED", "LINT", "CONFIG_KEY", "ENGINE", "SECRET_REDACTED"]
+
+
 class RunWarning(View):
     """Something a user must know about a run that is not an error (handed to `on_warning` as it happens).
 
@@ -350,7 +354,7 @@ class RunWarning(View):
     `[REDACTED]` (spec/engine.md "Secrets").
     """
 
-    code: str
+    code: WarningCode
     message: str
     details: dict[str, Any] = factory(dict)
 

@@ -209,3 +209,10 @@ def create_run(project: Path, wf: Path, plan, run_id: str, params: dict | None =
             step_ids=[s.step_id for s in plan.steps],
         )
     return run_id
+
+
+def step_row(db, run_id: str, step_id: str):
+    """One step row of a run as the journal holds it (None: no such step)."""
+    from akm.store import runs
+
+    return next((s for s in runs.get_steps(db, run_id) if s.step_id == step_id), None)

@@ -1,11 +1,11 @@
-"""akm.compact: MCP answers stay under 64 KB; whatever is clipped says its size and how to fetch it whole."""
+"""akm.mcp.compact: MCP answers stay under 64 KB; whatever is clipped says its size and how to fetch it whole."""
 
 from __future__ import annotations
 
 import json
 
 from akm import api
-from akm.compact import ANSWER_LIMIT, compact_brief, size_of
+from akm.mcp.compact import ANSWER_LIMIT, compact_brief, size_of
 from tests.test_session import start
 
 

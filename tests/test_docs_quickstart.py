@@ -63,3 +63,26 @@ def test_readme_engine_config_commands_run_as_written(capsys, monkeypatch):
     assert ran >= 5
     assert cli.main(["config", "get", "engines.cloud.apiKey"]) == 0
     assert "${OPENAI_KEY}" in capsys.readouterr().out
+
+
+def test_readme_install_puts_akm_on_the_path(akm_bin, shiv_root, tmp_path):
+    """README "Install": after its lines, `akm` (not `dist/akm`) answers — the step newcomers missed
+    (`akm: command not found`). Run as written, with HOME a temporary directory."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"## Install\s+```sh\n(.*?)```", readme, re.S)
+    assert block, "README has no Install sh block"
+    lines = [line for line in block.group(1).splitlines() if shlex.split(line, comments=True)]
+    assert shlex.split(lines[0], comments=True) == ["./build.sh"], lines
+    assert shlex.split(lines[-1], comments=True) == ["akm", "--version"], lines
+    home = tmp_path / "home"
+    home.mkdir()
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / "akm").symlink_to(akm_bin)
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "AKM_CACHE_DIR": str(shiv_root)}
+    for line in lines[1:-1]:  # the build is the fixture's; then every line as a shell runs it
+        proc = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, (line, proc.stderr)
+    env["PATH"] = f"{home}/.local/bin:{env['PATH']}"  # what the README says to add
+    assert "~/.local/bin" in readme and 'export PATH="$HOME/.local/bin:$PATH"' in readme
+    proc = subprocess.run(["akm", "--version"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("akm "), proc.stderr

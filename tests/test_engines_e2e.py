@@ -247,7 +247,7 @@ def test_an_agent_units_live_progress_reaches_the_listener_the_journal_and_a_wat
     from akm.report.watch import follow
 
     out = io.StringIO()
-    assert follow(res.run.run_id, out, poll_s=0.01) == 0
+    assert follow(res.run.run_id, out, api, poll_s=0.01) == 0
     assert "[code] code:solo: " in out.getvalue(), out.getvalue()
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from akm.errors import AkmError, UsageError
 from akm.store import events, runs, units
-from tests.helpers import open_at
+from tests.helpers import open_at, step_row
 
 
 def _start(db, **kw) -> tuple[str, bool]:
@@ -189,7 +189,7 @@ def test_nul_in_captured_text_reads_back_the_same_and_surrogates_are_refused(jou
         rid, _ = _start(db, title="a \x00 title \uffff0")
         assert runs.get_run(db, rid).title == "a \x00 title \uffff0"
         runs.complete_step(db, rid, "s", "completed", notes="stderr:\nbefore\x00after")
-        assert runs.get_step(db, rid, "s").notes == "stderr:\nbefore\x00after"  # as SQLite stores it
+        assert step_row(db, rid, "s").notes == "stderr:\nbefore\x00after"  # as SQLite stores it
         with pytest.raises(AkmError) as e:
             _start(db, title="bad \udc80", params={"b": 1})
         assert e.value.code == "NOT_UTF8"

@@ -81,6 +81,34 @@ def test_nothing_below_the_fronts_imports_them():
     assert not bad, "imports of a front:\n" + "\n".join(bad)
 
 
+# What a front may import of akm: the api (with `akm.views`, the records its calls return), the errors and
+# their codes, the report renderings, its own package, and the version.
+FRONT_MAY_IMPORT = ("akm.api", "akm.views", "akm.errors", "akm.codes", "akm.report")
+
+
+@pytest.mark.parametrize("front", ("cli", "mcp"))
+def test_the_fronts_import_only_the_api_errors_and_report(front):
+    """A front is an adapter over the api: it never reaches past it into the engine, the format, the store or
+    the config (what it needs from there, the api re-exports), so the api is the one surface to keep stable."""
+    own = f"akm.{front}"
+    # the process entry starts the other front for `akm mcp` (its `serve`, nothing inside it)
+    entry = ("akm.mcp",) if front == "cli" else ()
+    bad = []
+    for path in sorted((AKM / front).rglob("*.py")):
+        for line, name in _imports(path):
+            if not name.startswith("akm") or name in ("akm", "akm.__version__", *entry):
+                continue
+            if not any(name == ok or name.startswith(ok + ".") for ok in (*FRONT_MAY_IMPORT, own)):
+                bad.append(f"{path.relative_to(AKM.parent)}:{line} imports {name}")
+    assert not bad, "a front reaching past the api:\n" + "\n".join(bad)
+
+
+def test_report_does_not_import_the_api():
+    """report/ renders what the api returns; the api imports it (the HTML report), never the other way."""
+    bad = _upward("report", ("akm.api", "akm.cli", "akm.mcp"))
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
 def test_the_check_sees_lazy_imports(tmp_path):
     """The walker must catch an import inside a function, the form a shortcut usually takes."""
     probe = AKM / "store" / "_layering_probe.py"

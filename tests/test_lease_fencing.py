@@ -21,7 +21,7 @@ import pytest
 from akm import api, paths
 from akm.errors import AkmError, UsageError
 from akm.store import open_db, runs, units
-from akm.store.db import now_iso
+from akm.store.clock import now_iso
 from tests.helpers import wait_until, write_wf
 
 DEADLINE_S = 120.0

@@ -383,7 +383,7 @@ def _engine_config(project, endpoint: str, concurrency: int | None = None) -> No
 )
 def test_the_effective_width_of_each_step_comes_from_one_function(project, endpoint, concurrency, width, noted):
     """What `--plan` (or anything showing a plan) shows: akm.engine.concurrency.plan_widths."""
-    from akm.engine.concurrency import plan_widths, step_width, width_notes
+    from akm.engine.concurrency import plan_widths, step_width
 
     _engine_config(project, endpoint, concurrency)
     wf = write_wf(project, "ask.md", LOOPBACK_MAP, "## ask\n\nAnswer.")
@@ -392,7 +392,7 @@ def test_the_effective_width_of_each_step_comes_from_one_function(project, endpo
     assert (ask.step_id, ask.width, ask.declared, ask.engine) == ("ask", width, 3, "local")
     assert ask.to_json()["width"] == width
     assert [w.step_id for w in plan_widths(plan)] == ["ask"]  # this host's widths, one per executing step
-    notes = width_notes(plan)
+    notes = [n for n in (w.note() for w in plan_widths(plan)) if n]  # what a terminal is told at start
     if noted:
         assert ask.limited_by == "engine" and ask.loopback
         assert notes == [ask.note()] and "one unit at a time" in notes[0]

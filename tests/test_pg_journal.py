@@ -17,6 +17,7 @@ from akm.store import open_journal, runs, units
 from akm.store.migrations import MIGRATIONS
 from akm.store.postgres import schema
 from akm.store.postgres.connect import connect, parse_url
+from tests.helpers import step_row
 
 
 @pytest.fixture
@@ -187,7 +188,7 @@ def test_nul_in_captured_text_is_stored_escaped_on_the_server(pg):
     try:
         rid = _run(db)
         runs.complete_step(db, rid, "s", "completed", notes="stderr:\nbefore\x00after")
-        assert runs.get_step(db, rid, "s").notes == "stderr:\nbefore\x00after"
+        assert step_row(db, rid, "s").notes == "stderr:\nbefore\x00after"
     finally:
         db.close()
     con = _con(url)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from akm.errors import AkmError
-from akm.store.db import now_iso
+from akm.store.clock import now_iso
 from akm.store.report_guards import (
     REPORT_LOCK_PREFIX,
     Report,

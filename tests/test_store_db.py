@@ -10,7 +10,7 @@ import pytest
 
 from akm.errors import JournalError
 from akm.store import events, open_db
-from akm.store.db import now_iso
+from akm.store.clock import now_iso
 from akm.store.migrations import MIGRATIONS, applied_ids, apply_migrations, split_statements
 
 EXPECTED_COLUMNS = {
@@ -112,7 +112,7 @@ def test_now_iso_is_fixed_width_utc_millis():
 def test_now_iso_matches_the_datetime_rendering():
     from datetime import datetime, timedelta, timezone
 
-    from akm.store.db import format_iso, parse_iso
+    from akm.store.clock import format_iso, parse_iso
 
     for offset in (0.0, 90.0, -1.5, 86_400.0 * 400):
         before = datetime.now(timezone.utc) + timedelta(seconds=offset)
@@ -125,7 +125,7 @@ def test_now_iso_matches_the_datetime_rendering():
 def test_fan_out_checkpoints_run_in_the_background_and_the_wal_starts_over(tmp_path, monkeypatch):
     import time
 
-    from akm.store import db as db_module
+    from akm.store.sqlite import db as db_module
 
     monkeypatch.setattr(db_module._Checkpointer, "EVERY_COMMITS", 20)
     path = tmp_path / "j.sqlite3"

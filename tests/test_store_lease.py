@@ -15,7 +15,7 @@ import pytest
 
 from akm.errors import NotFoundError, UsageError
 from akm.store import runs
-from akm.store.db import now_iso
+from akm.store.clock import now_iso
 from tests.helpers import open_at, wait_until
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ import pytest
 
 from akm.errors import JournalError, NotFoundError, UsageError
 from akm.store import events, runs
-from tests.helpers import sqlite_only
+from tests.helpers import sqlite_only, step_row
 
 
 @pytest.fixture()
@@ -107,11 +107,11 @@ def test_derive_state_through_three_steps(db):
     make_run(db)
     run = runs.complete_step(db, "r1", "a", "completed", summary="built", evidence_json='{"units":[]}', notes="  ")
     assert (run.status, run.current_step_id, run.completed_at) == ("active", "b", None)
-    a = runs.get_step(db, "r1", "a")
+    a = step_row(db, "r1", "a")
     assert a.status == "completed" and a.summary == "built" and a.notes is None and a.evidence == {"units": []}
     run = runs.complete_step(db, "r1", "b", "skipped", notes=" route not taken ")
     assert (run.status, run.current_step_id) == ("active", "c")
-    assert runs.get_step(db, "r1", "b").notes == "route not taken"
+    assert step_row(db, "r1", "b").notes == "route not taken"
     run = runs.complete_step(db, "r1", "c", "completed", summary="shipped")
     steps = runs.get_steps(db, "r1")
     assert run.status == "completed" and run.current_step_id is None
@@ -169,7 +169,7 @@ def test_complete_step_preconditions(db):
     with pytest.raises(UsageError) as info:
         runs.complete_step(db, "r1", "c", "completed", summary="x")
     assert info.value.code == "RUN_NOT_ACTIVE" and "failed" in info.value.message
-    assert runs.get_step(db, "r1", "c").status == "pending"  # nothing half-written
+    assert step_row(db, "r1", "c").status == "pending"  # nothing half-written
 
 
 def test_complete_step_respects_live_lease_of_another_holder(db):
@@ -181,7 +181,7 @@ def test_complete_step_respects_live_lease_of_another_holder(db):
     with pytest.raises(UsageError) as info:
         runs.complete_step(db, "r1", "a", "completed", summary="x")  # no holder at all
     assert info.value.code == "LEASE_HELD"
-    assert runs.get_step(db, "r1", "a").status == "pending"
+    assert step_row(db, "r1", "a").status == "pending"
     run = runs.complete_step(db, "r1", "a", "completed", summary="x", lease_holder="engine-1")
     assert run.current_step_id == "b" and run.lease_holder == "engine-1"
 
@@ -234,9 +234,9 @@ def test_resume_blocked_reopens_step_and_clears_lease(db):
     run = runs.resume_run(db, "r1")
     assert (run.status, run.current_step_id, run.lease_holder, run.lease_until) == ("active", "b", None, None)
     assert run.status_detail is None and run.completed_at is None
-    b = runs.get_step(db, "r1", "b")
+    b = step_row(db, "r1", "b")
     assert (b.status, b.notes, b.evidence_json, b.completed_at, b.summary) == ("pending", None, None, None, "kept")
-    assert runs.get_step(db, "r1", "a").status == "completed"  # earlier steps untouched
+    assert step_row(db, "r1", "a").status == "completed"  # earlier steps untouched
     assert "workflow_resumed" not in event_types(db, "r1")
 
 
@@ -244,7 +244,7 @@ def test_resume_failed_and_noops(db):
     make_run(db)
     runs.complete_step(db, "r1", "a", "failed", notes="x")
     assert runs.resume_run(db, "r1").status == "active"
-    assert runs.get_step(db, "r1", "a").status == "pending"
+    assert step_row(db, "r1", "a").status == "pending"
     before = runs.require_run(db, "r1")
     assert runs.resume_run(db, "r1") == before  # active: no-op, not even updated_at
     runs.set_run_status(db, "r1", "awaiting_session")
@@ -288,9 +288,9 @@ def test_abandon_blocked_fails_its_step_and_keeps_the_reason(db):
     _blocked_run(db)
     run = runs.abandon_run(db, "r1")
     assert (run.status, run.current_step_id) == ("abandoned", "b")
-    b = runs.get_step(db, "r1", "b")
+    b = step_row(db, "r1", "b")
     assert b.status == "failed" and b.notes == "judge missing"
-    assert runs.get_step(db, "r1", "c").status == "skipped"
+    assert step_row(db, "r1", "c").status == "skipped"
 
 
 def test_abandon_a_failed_run_makes_it_final(db):

@@ -98,3 +98,59 @@ def test_spec_errors_md_lists_each_codes_exit_status():
     md = (ROOT / "spec" / "errors.md").read_text(encoding="utf-8")
     for code in Code:
         assert f"| `{code.value}` | {errors.exit_status_of(code.value)} |" in md, code
+
+
+def test_no_error_code_is_a_string_literal_in_akm():
+    """Every error is raised with the enum (`code=Code.X`, issue 36 item 4): a misspelt member fails at once,
+    where a misspelt string would be a new, undocumented code. Warning codes are not errors: they are typed
+    by `akm.views.WarningCode`; lint diagnostics' codes are lowercase."""
+    import ast
+    import typing
+
+    from akm.views import WarningCode
+
+    warnings = set(typing.get_args(WarningCode))
+    assert warnings == _NOT_ERRORS
+    literal = []
+    for path in sorted((ROOT / "akm").rglob("*.py")):
+        if path.name == "errors.py" and path.parent.name == "akm":
+            continue  # the classes' own defaults: plain strings, so `import akm.errors` builds no enum
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for kw in node.keywords if isinstance(node, ast.Call) else ():
+                v = kw.value
+                if kw.arg == "code" and isinstance(v, ast.Constant) and isinstance(v.value, str):
+                    if re.fullmatch(r"[A-Z][A-Z0-9_]+", v.value) and v.value not in warnings:
+                        literal.append(f"{path.relative_to(ROOT)}:{v.lineno} code={v.value!r}")
+    assert not literal, "error codes as string literals (use code=Code.X):\n" + "\n".join(literal)
+
+
+def test_the_short_commands_never_build_the_code_enum(project):
+    """Raising with `Code.X` must not cost the commands that answer fast: modules on their paths import
+    `akm.codes` where they raise, so it is loaded only when an error is."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copy(ROOT / "examples" / "hello.md", project / "hello.md")
+    probe = (
+        "import sys\nfrom akm.cli import main\nmain(sys.argv[1:])\n"
+        "sys.stderr.write('CODES LOADED' if 'akm.codes' in sys.modules else 'CODES NOT LOADED')"
+    )
+    for argv in (
+        ["--version"],
+        ["workflow", "lint", "hello.md"],
+        ["workflow", "run", "hello.md"],
+        ["workflow", "run", "hello.md"],
+        ["workflow", "list"],
+        ["workflow", "status", "@last", "--format", "json"],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-c", probe, *argv],
+            cwd=project,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.stderr.endswith("CODES NOT LOADED"), (argv, proc.stderr[-2000:])

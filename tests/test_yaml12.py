@@ -155,9 +155,9 @@ def test_marks_for_keys_and_values() -> None:
     assert doc.key_marks[("steps", 0, "unit")] == (3, 5)
     assert doc.key_marks[("steps", 0, "unit", "retry", "on")][0] == 3
     assert doc.value_marks[("steps", 1, "inputs", 0)] == (6, 9)
-    assert doc.line_of(("steps", 1, "inputs")) == 6  # block value starts on the next line
-    assert doc.line_of(("steps", 1, "inputs"), key=True) == 5
-    assert doc.line_of(("steps", 1, "nothing", "deeper")) == 4  # walks up to the nearest anchor
+    assert doc.mark_of(("steps", 1, "inputs"))[0] == 6  # block value starts on the next line
+    assert doc.mark_of(("steps", 1, "inputs"), key=True)[0] == 5
+    assert doc.mark_of(("steps", 1, "nothing", "deeper"))[0] == 4  # walks up to the nearest anchor
 
 
 def test_empty_document_is_none() -> None:

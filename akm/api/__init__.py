@@ -134,6 +134,18 @@ _LAZY = {
     "WORKER_KINDS": "akm.api._worker",
     "run_worker": "akm.api._worker",
     "trace_export": "akm.api._trace",
+    # the rules and types a front checks and builds with, so that a front imports the api alone
+    "quoted": "akm.text",
+    "require_utf8": "akm.text",
+    "RunArgs": "akm.format.params",
+    "split_run_args": "akm.format.params",
+    "LintReport": "akm.format.lint",
+    "MAX_UNIT_TOKENS": "akm.engine.budget",
+    "ENV_NAME_RE": "akm.config",
+    "PLATFORMS_WITH_LLM_ENGINE": "akm.config",
+    "normalize_chat_endpoint": "akm.config",
+    "EngineChoice": "akm.setup.core",
+    "SetupIntent": "akm.setup.core",
 }
 
 if TYPE_CHECKING:
@@ -237,6 +249,12 @@ if TYPE_CHECKING:
         WORKER_KINDS,
         run_worker,
     )
+    from akm.config import ENV_NAME_RE, PLATFORMS_WITH_LLM_ENGINE, normalize_chat_endpoint
+    from akm.engine.budget import MAX_UNIT_TOKENS
+    from akm.format.lint import LintReport
+    from akm.format.params import RunArgs, split_run_args
+    from akm.setup.core import EngineChoice, SetupIntent
+    from akm.text import quoted, require_utf8
 
 # The pydantic models (requests; session, setup and config results) load on first use, so that
 # `import akm.api` — and with it `workflow list`, `status` — never imports pydantic.
@@ -307,10 +325,12 @@ __all__ = [
     "ConfigPaths",
     "DEFAULT_EVENT_LIMIT",
     "DetachedRun",
+    "ENV_NAME_RE",
     "EXIT_AWAITING_SESSION",
     "EXIT_MAX_STEPS",
     "EXIT_UNDRIVEN",
     "EXIT_WAIT_TIMEOUT",
+    "EngineChoice",
     "EventPage",
     "EventView",
     "EventsRequest",
@@ -319,15 +339,18 @@ __all__ = [
     "INVALID_ARGUMENT",
     "JudgeBrief",
     "LeaseView",
+    "LintReport",
     "LintRequest",
     "ListRunsRequest",
     "ListRunsToolRequest",
     "MAX_EVENT_LIMIT",
     "MAX_TARGET_CHARS",
     "MAX_TIMEOUT_MS",
+    "MAX_UNIT_TOKENS",
     "NextRequest",
     "NextToolRequest",
     "OpenedRun",
+    "PLATFORMS_WITH_LLM_ENGINE",
     "Page",
     "ProgressEvent",
     "ReportHint",
@@ -339,6 +362,7 @@ __all__ = [
     "RewindResult",
     "RewindView",
     "RunGraph",
+    "RunArgs",
     "RunIdRequest",
     "RunList",
     "RunPreview",
@@ -348,6 +372,7 @@ __all__ = [
     "RunView",
     "RunWarning",
     "STALE_AFTER_S",
+    "SetupIntent",
     "SetupRequest",
     "SetupResult",
     "StatusRequest",
@@ -390,12 +415,15 @@ __all__ = [
     "list_runs",
     "mark_task",
     "next_brief",
+    "normalize_chat_endpoint",
     "normalized_ref",
     "open_run",
     "open_task",
     "parse_duration_ms",
     "plan_run",
+    "quoted",
     "report_unit",
+    "require_utf8",
     "resolve_workflow_file",
     "resume",
     "rewind",
@@ -413,6 +441,7 @@ __all__ = [
     "setup_save",
     "setup_verify",
     "signal_exit_status",
+    "split_run_args",
     "tool_input_schema",
     "trace_export",
     "upgrade",

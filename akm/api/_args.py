@@ -10,13 +10,11 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from akm.errors import UsageError
+from akm.format.grammar import MAX_TIMEOUT_MS  # about 24 days: what a timer can hold everywhere
 from akm.text import quoted, whole_number
-
-if TYPE_CHECKING:
-    pass
 
 
 def _of(kind: type, name: str, optional: bool = False) -> Callable[[Any], Any]:
@@ -35,8 +33,6 @@ _RUN_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{
 INVALID_ARGUMENT = "INVALID_ARGUMENT"  # the stable code of a bad argument value, whatever the front
 
 
-MAX_TIMEOUT_MS = 2_147_483_647  # about 24 days: what a timer can hold everywhere
-
 _DURATION_UNITS = (("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000))
 
 
@@ -46,7 +42,9 @@ def parse_duration_ms(value: str | int, name: str = "timeout") -> int:
     try:
         return _duration_ms(value, name)
     except ValueError as exc:
-        raise UsageError(f"{exc}.", code=INVALID_ARGUMENT, details={"argument": name}) from None
+        from akm.codes import Code
+
+        raise UsageError(f"{exc}.", code=Code.INVALID_ARGUMENT, details={"argument": name}) from None
 
 
 def _duration_ms(value: str | int, name: str = "timeout") -> int:
@@ -90,9 +88,11 @@ def _whole_number(value: Any, name: str, minimum: int, maximum: int | None = Non
 def check_output_format(value: str, allowed: tuple[str, ...] = ("text", "json")) -> str:
     """Validate a requested output format against what the command can render."""
     if value not in allowed:
+        from akm.codes import Code
+
         raise UsageError(
             f"format {value!r}: expected one of {', '.join(allowed)}.",
-            code=INVALID_ARGUMENT,
+            code=Code.INVALID_ARGUMENT,
             details={"argument": "format", "allowed": list(allowed)},
         )
     return value
@@ -116,10 +116,14 @@ def _work_dir(cwd: str | None) -> Path:
 
     require_utf8(cwd, "cwd")
     if "\0" in cwd:
-        raise UsageError(f"cwd {shown(cwd)} contains a NUL character, which no path can hold.", code="INVALID_PATH")
+        from akm.codes import Code
+
+        raise UsageError(f"cwd {shown(cwd)} contains a NUL character, which no path can hold.", code=Code.INVALID_PATH)
     if len(cwd) > MAX_TARGET_CHARS:
+        from akm.codes import Code
+
         raise UsageError(
             f"cwd is {len(cwd)} characters long, over the {MAX_TARGET_CHARS}-character limit for a path: {shown(cwd)}",
-            code="INVALID_PATH",
+            code=Code.INVALID_PATH,
         )
     return Path(cwd)

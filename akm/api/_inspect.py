@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         RunIdRequest,
         StatusRequest,
     )
-from akm.api._args import INVALID_ARGUMENT, MAX_EVENT_LIMIT, MAX_PAGE, _of, _whole_number, _work_dir
+from akm.api._args import MAX_EVENT_LIMIT, MAX_PAGE, _of, _whole_number, _work_dir
 from akm.api._request import _arguments
 from akm.api._targets import _checked_target, _is_file, normalized_ref
 from akm.api._views import _open_db, _require_run, _run_view, rewind_view
@@ -128,9 +128,11 @@ def run_status(
     if req.step is not None:
         known = [s.id for s in view.steps or []]
         if req.step not in known:
+            from akm.codes import Code
+
             raise UsageError(
                 f"Run {view.run_id} has no step {req.step!r}; its steps are {', '.join(known)}.",
-                code="STEP_NOT_FOUND",
+                code=Code.STEP_NOT_FOUND,
                 details={"argument": "step", "steps": known},
             )
         view.steps = [s for s in view.steps or [] if s.id == req.step]
@@ -298,14 +300,16 @@ def _iso_timestamp(text: str) -> str:
     """An ISO-8601 time for `--since`, normalised to the journal's fixed-width UTC form."""
     from datetime import datetime, timezone
 
-    from akm.store.db import format_iso
+    from akm.store.clock import format_iso
 
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
+        from akm.codes import Code
+
         raise UsageError(
             f"since {text!r}: expected @offset:N (a previous nextOffset) or an ISO time like 2026-11-30T12:00:00Z.",
-            code=INVALID_ARGUMENT,
+            code=Code.INVALID_ARGUMENT,
             details={"argument": "since"},
         ) from None
     if moment.tzinfo is None:
@@ -344,9 +348,11 @@ def events(
             raw = since[len("@offset:") :]
             number = whole_number(raw) if raw.isdigit() else None
             if number is None or number > 2**63 - 1:
+                from akm.codes import Code
+
                 raise UsageError(
                     f"since {quoted(since)}: the offset must be a whole number (a previous nextOffset).",
-                    code=INVALID_ARGUMENT,
+                    code=Code.INVALID_ARGUMENT,
                     details={"argument": "since"},
                 )
             offset = number

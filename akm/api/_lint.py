@@ -24,9 +24,11 @@ def lint(paths_: list[str] | LintRequest):
     req = _arguments("LintRequest", paths_, {"paths": paths_}, {"paths": _path_list})
     report = lint_paths(req.paths)
     if not report.files:
+        from akm.codes import Code
+
         raise UsageError(
             f"No workflow files found in {', '.join(req.paths)}.",
-            code="NO_WORKFLOW_FILES",
+            code=Code.NO_WORKFLOW_FILES,
             hint="Workflows are *.md files (README.md is skipped); pass a file or a directory holding them.",
         )
     return report
@@ -50,15 +52,19 @@ def upgrade(path: str | UpgradeRequest, *, write: bool = False) -> UpgradeResult
     path, write = req.path, req.write
     text = _read_workflow_text(Path(path))
     if detect_legacy(text) is None:
-        raise UsageError(f"{path} is not in the legacy workflow format; nothing to upgrade.", code="NOT_LEGACY")
+        from akm.codes import Code
+
+        raise UsageError(f"{path} is not in the legacy workflow format; nothing to upgrade.", code=Code.NOT_LEGACY)
     new_text = upgrade_legacy(text)
     report = lint_text(new_text, path)
     errors = [e.model_dump() for e in report.errors]  # a Diagnostic's dump omits its empty fields
     if write:
         if errors:
+            from akm.codes import Code
+
             raise UsageError(
                 f"The upgraded {path} would still have {len(errors)} lint error(s); not written.",
-                code="UPGRADE_FAILED",
+                code=Code.UPGRADE_FAILED,
                 details={"errors": errors},
             )
         Path(path).write_text(new_text, encoding="utf-8")

@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from akm.api._args import INVALID_ARGUMENT, MAX_EVENT_LIMIT, MAX_PAGE, _duration_ms, _whole_number
+from akm.api._args import MAX_EVENT_LIMIT, MAX_PAGE, _duration_ms, _whole_number
+from akm.codes import Code
 from akm.engine.budget import MAX_UNIT_TOKENS
 from akm.errors import UsageError
 
@@ -487,7 +488,7 @@ def _validated(model: type[M], given: Any, fields: dict[str, Any]) -> M:
             shown = repr(problem.get("input"))
             message = f"{argument}: {problem['msg']}" + (f" (got {shown})" if len(shown) <= 80 else "")
         raise UsageError(
-            message + ("" if message.endswith(".") else "."), code=INVALID_ARGUMENT, details={"argument": argument}
+            message + ("" if message.endswith(".") else "."), code=Code.INVALID_ARGUMENT, details={"argument": argument}
         ) from None
 
 
@@ -518,13 +519,13 @@ def front_request(model: type[R], arguments: dict[str, Any], *, call: str = "") 
             hint = f" (did you mean {spelled[near[0]]}?)" if near else ""
             raise UsageError(
                 f"Unknown argument {key!r}{where}{hint}; its arguments are {', '.join(names)}.",
-                code=INVALID_ARGUMENT,
+                code=Code.INVALID_ARGUMENT,
                 details={"argument": key, "arguments": names},
             )
         if field in given:
             raise UsageError(
                 f"Argument {field}{where} is given twice ({key!r} too).",
-                code=INVALID_ARGUMENT,
+                code=Code.INVALID_ARGUMENT,
                 details={"argument": key},
             )
         given[field] = value

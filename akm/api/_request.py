@@ -5,13 +5,9 @@ when a model is in hand, which keeps `_models` -> `_args` the only edge between 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from akm.errors import UsageError
-
-if TYPE_CHECKING:
-    pass
-from akm.api._args import INVALID_ARGUMENT
 
 
 def _validated(model: str, given: Any, fields: dict[str, Any]) -> Any:
@@ -32,7 +28,9 @@ def _arguments(model: str, given: Any, fields: dict[str, Any], checks: dict[str,
         try:
             out[name] = check(value) if check is not None else value
         except (TypeError, ValueError) as exc:
-            raise UsageError(f"{exc}.", code=INVALID_ARGUMENT, details={"argument": name}) from None
+            from akm.codes import Code
+
+            raise UsageError(f"{exc}.", code=Code.INVALID_ARGUMENT, details={"argument": name}) from None
     from types import SimpleNamespace
 
     return SimpleNamespace(**out)

@@ -42,21 +42,24 @@ def resolve_run_id(db: Any, text: str, cwd: Path | None = None) -> str:
         where = paths.project_root((cwd or Path.cwd()).resolve())
         found = runs_store.newest_run_id(db, paths.scope_keys(where, portable=db.shared))
         if found is None:
+            from akm.codes import Code
+
             raise NotFoundError(
                 f"@last names the newest run of this project ({where}), and it has none yet.",
-                code="RUN_NOT_FOUND",
+                code=Code.RUN_NOT_FOUND,
                 details={"runId": text, "project": str(where)},
             )
         return found
     if len(text) >= 36 or _PREFIX.match(text) is None:
         return text
     if len(text) < MIN_PREFIX:
+        from akm.codes import Code
         from akm.text import shown
 
         raise NotFoundError(
             f"No workflow run with id {shown(text)}; a run id may be shortened to its first {MIN_PREFIX} "
             "characters or more, not fewer.",
-            code="RUN_NOT_FOUND",
+            code=Code.RUN_NOT_FOUND,
             details={"runId": text},
         )
     prefix = text.lower()
@@ -67,10 +70,12 @@ def resolve_run_id(db: Any, text: str, cwd: Path | None = None) -> str:
         return found_runs[0][0]
     shown_runs = found_runs[:SHOWN_CANDIDATES]
     more = " (and more)" if len(found_runs) > SHOWN_CANDIDATES else ""
+    from akm.codes import Code
+
     raise UsageError(
         f"Run id {text} is ambiguous: it begins {len(shown_runs)}{more} runs — "
         + "; ".join(f"{rid} ({status}, {ref}, {created})" for rid, status, ref, created in shown_runs)
         + ". Give more of the id.",
-        code="RUN_ID_AMBIGUOUS",
+        code=Code.RUN_ID_AMBIGUOUS,
         details={"prefix": text, "candidates": [rid for rid, *_ in shown_runs]},
     )

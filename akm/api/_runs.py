@@ -419,13 +419,17 @@ def _resolve(
     donor = _donor(db, from_run, existing is not None, warn) if from_run is not None else None
     if existing is not None:
         if param_pairs or params:
+            from akm.codes import Code
+
             raise UsageError(
                 "Params can only be given when starting a run from a workflow, not with a run id.",
-                code="PARAMS_ON_EXISTING_RUN",
+                code=Code.PARAMS_ON_EXISTING_RUN,
             )
         if new:
+            from akm.codes import Code
+
             raise UsageError(
-                f"{target} is a run id; a new run starts from a workflow file or ref.", code="NEW_RUN_NEEDS_WORKFLOW"
+                f"{target} is a run id; a new run starts from a workflow file or ref.", code=Code.NEW_RUN_NEEDS_WORKFLOW
             )
         return _Target(existing=existing)
     wf_path, ref = resolve_workflow_file(target, work_dir)
@@ -514,14 +518,20 @@ def _donor(db: Any, from_run: str, target_is_run: bool, warn: Callable[[RunWarni
     from akm.plan.model import UNIT_HASH_VERSION
 
     if target_is_run:
+        from akm.codes import Code
+
         raise UsageError(
             "from_run starts a new run of a workflow (its edited file): pass the workflow file or "
             "workflows/<name> as the target, not a run id.",
-            code="NEW_RUN_NEEDS_WORKFLOW",
+            code=Code.NEW_RUN_NEEDS_WORKFLOW,
             details={"argument": "target", "fromRun": from_run},
         )
     if db is None:  # no journal yet: no run at all
-        raise NotFoundError(f"No workflow run with id {from_run}.", code="RUN_NOT_FOUND", details={"runId": from_run})
+        from akm.codes import Code
+
+        raise NotFoundError(
+            f"No workflow run with id {from_run}.", code=Code.RUN_NOT_FOUND, details={"runId": from_run}
+        )
     source = _require_run(db, from_run)
     if source.hash_version != UNIT_HASH_VERSION:
         warn(

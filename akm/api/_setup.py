@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from akm.codes import Code
 from akm.errors import UsageError
 
 if TYPE_CHECKING:
@@ -57,13 +58,13 @@ def setup(
     from akm.setup import core
 
     if config is not None and from_file is not None:
-        raise UsageError("Give the setup config inline or as a file, not both.", code="INVALID_ARGUMENT")
+        raise UsageError("Give the setup config inline or as a file, not both.", code=Code.INVALID_ARGUMENT)
     base = Path(cwd) if cwd else Path.cwd()
     blob = core.read_blob_file(from_file, base) if from_file is not None else config
     if from_file is not None and not isinstance(blob, dict):
         raise ConfigError(
             f"Setup config {from_file} must hold one JSON object at the top.",
-            code="INVALID_CONFIG_FILE",
+            code=Code.INVALID_CONFIG_FILE,
             details={"file": from_file},
         )
     outcome = core.run(

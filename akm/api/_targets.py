@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from akm import paths
+from akm.api._args import MAX_TARGET_CHARS
 from akm.errors import NotFoundError, UsageError
 from akm.views import (
     RunWarning,
 )
-
-if TYPE_CHECKING:
-    pass
-from akm.api._args import MAX_TARGET_CHARS
 
 
 def _read_workflow_text(path: Path) -> str:
@@ -26,15 +22,25 @@ def _read_workflow_text(path: Path) -> str:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise NotFoundError(f"Workflow file {where} does not exist.", code="WORKFLOW_NOT_FOUND") from None
+        from akm.codes import Code
+
+        raise NotFoundError(f"Workflow file {where} does not exist.", code=Code.WORKFLOW_NOT_FOUND) from None
     except OSError as exc:
-        raise UsageError(f"Cannot read workflow file {where}: {exc.strerror or exc}.", code="UNREADABLE_FILE") from None
+        from akm.codes import Code
+
+        raise UsageError(
+            f"Cannot read workflow file {where}: {exc.strerror or exc}.", code=Code.UNREADABLE_FILE
+        ) from None
     except ValueError as exc:  # an embedded NUL (API callers)
-        raise UsageError(f"Cannot read workflow file {where}: {exc}.", code="INVALID_PATH") from None
+        from akm.codes import Code
+
+        raise UsageError(f"Cannot read workflow file {where}: {exc}.", code=Code.INVALID_PATH) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{where} is not UTF-8 text (byte {exc.start}).", code="UNREADABLE_FILE") from None
+        from akm.codes import Code
+
+        raise UsageError(f"{where} is not UTF-8 text (byte {exc.start}).", code=Code.UNREADABLE_FILE) from None
 
 
 def resolve_workflow_file(target: str, cwd: Path) -> tuple[Path, str]:
@@ -56,7 +62,9 @@ def resolve_workflow_file(target: str, cwd: Path) -> tuple[Path, str]:
     if target.startswith("workflows/"):
         ref = normalized_ref(target)
         if ref is None:
-            raise UsageError(f"Invalid workflow ref {shown(target)}.", code="INVALID_REF")
+            from akm.codes import Code
+
+            raise UsageError(f"Invalid workflow ref {shown(target)}.", code=Code.INVALID_REF)
         name = ref[len("workflows/") :]
         import platformdirs
 
@@ -69,14 +77,18 @@ def resolve_workflow_file(target: str, cwd: Path) -> tuple[Path, str]:
             if _is_file(f, target):
                 require_utf8(str(f), "the workflow file's path")
                 return f, f"workflows/{name}"
+        from akm.codes import Code
+
         raise NotFoundError(
             f"Workflow {shown(target)} not found.",
-            code="WORKFLOW_NOT_FOUND",
+            code=Code.WORKFLOW_NOT_FOUND,
             hint="Looked in " + " and ".join(str(r) for r in roots) + ".",
         )
+    from akm.codes import Code
+
     raise NotFoundError(
         f"{shown(target)} is not a workflow file, a workflows/<name> ref or a run id.",
-        code="WORKFLOW_NOT_FOUND",
+        code=Code.WORKFLOW_NOT_FOUND,
     )
 
 
@@ -100,15 +112,19 @@ def _checked_target(target: str, what: str) -> None:
 
     require_utf8(target, what)
     if len(target) > MAX_TARGET_CHARS:
+        from akm.codes import Code
+
         raise UsageError(
             f"{what[0].upper() + what[1:]} is {len(target)} characters long, over the "
             f"{MAX_TARGET_CHARS}-character limit for a path or ref: {shown(target)}",
-            code="INVALID_PATH",
+            code=Code.INVALID_PATH,
         )
     if "\0" in target:
+        from akm.codes import Code
+
         raise UsageError(
             f"{what[0].upper() + what[1:]} {shown(target)} contains a NUL character, which no path can hold.",
-            code="INVALID_PATH",
+            code=Code.INVALID_PATH,
         )
 
 
@@ -119,8 +135,10 @@ def _is_file(path: Path, target: str) -> bool:
     try:
         return path.is_file()
     except OSError as exc:  # ENAMETOOLONG (a component over 255 bytes), EACCES on a parent, ...
+        from akm.codes import Code
+
         raise UsageError(
-            f"Cannot look up the workflow {shown(target)}: {exc.strerror or exc}.", code="INVALID_PATH"
+            f"Cannot look up the workflow {shown(target)}: {exc.strerror or exc}.", code=Code.INVALID_PATH
         ) from None
 
 
@@ -137,9 +155,11 @@ def compile_workflow_file(path: Path, *, cwd: Path | None = None):
     parsed = parse_workflow(text, str(path))
     if parsed.errors or parsed.document is None:
         lines = [f"{path}:{e.line}: {e.message} [{e.code}]" for e in parsed.errors]
+        from akm.codes import Code
+
         raise UsageError(
             f"Workflow {path} has {len(parsed.errors)} error(s):\n" + "\n".join(lines),
-            code="WORKFLOW_INVALID",
+            code=Code.WORKFLOW_INVALID,
             details={"path": str(path)},
         )
     warnings = [

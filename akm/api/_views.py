@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from akm import paths
 from akm.errors import AkmError
@@ -19,10 +19,6 @@ from akm.views import (
     StepView,
     UnitView,
 )
-
-if TYPE_CHECKING:
-    pass
-
 
 STALE_AFTER_S = 90.0
 
@@ -66,9 +62,10 @@ def _configured_journal_url() -> str | None:
             url = section["url"]
     if url is None or isinstance(url, str):
         return server_url(url or "")
+    from akm.codes import Code
     from akm.errors import JournalError
 
-    raise JournalError("config journal.url must be a postgresql:// URL (a string)", code="JOURNAL_URL_INVALID")
+    raise JournalError("config journal.url must be a postgresql:// URL (a string)", code=Code.JOURNAL_URL_INVALID)
 
 
 def _writable(path: Path) -> bool:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from akm.api._args import INVALID_ARGUMENT, _whole_number, _work_dir, parse_duration_ms
+from akm.api._args import _whole_number, _work_dir, parse_duration_ms
 from akm.api._views import _open_db
+from akm.codes import Code
 from akm.engine.cancel import Cancellation
 from akm.errors import UsageError
 
@@ -26,7 +27,7 @@ def parse_kinds(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, .
     if not names or any(n not in WORKER_KINDS for n in names):
         raise UsageError(
             f"kinds must be a comma-separated list of {', '.join(WORKER_KINDS)}, not {value!r}.",
-            code=INVALID_ARGUMENT,
+            code=Code.INVALID_ARGUMENT,
             details={"argument": "kinds"},
         )
     return kinds
@@ -61,7 +62,7 @@ def run_worker(
             else _whole_number(concurrency, "concurrency", 1, MAX_WORKER_CONCURRENCY)
         )
     except ValueError as exc:
-        raise UsageError(f"{exc}.", code=INVALID_ARGUMENT, details={"argument": "concurrency"}) from None
+        raise UsageError(f"{exc}.", code=Code.INVALID_ARGUMENT, details={"argument": "concurrency"}) from None
     idle_ms = None if idle_exit is None else parse_duration_ms(idle_exit, "idle_exit")
     poll_ms = 1000 if poll is None else max(10, parse_duration_ms(poll, "poll"))
     queue_store.claim_ttl_s()  # a bad AKM_WORKER_CLAIM_TTL_S is refused before anything is claimed
@@ -69,7 +70,7 @@ def run_worker(
     if not root.is_dir():
         raise UsageError(
             f"the project directory {str(root)!r} does not exist.",
-            code=INVALID_ARGUMENT,
+            code=Code.INVALID_ARGUMENT,
             details={"argument": "project"},
         )
     db = _open_db()

@@ -55,7 +55,7 @@ def _tolerant_streams() -> None:
 
 def _check_argv(argv: Sequence[str]) -> None:
     """Every argument must be UTF-8 text: paths, refs, run ids and param values are stored as text."""
-    from akm.text import require_utf8
+    from akm.api import require_utf8
 
     for i, token in enumerate(argv):
         after = f" (after {argv[i - 1]})" if i and argv[i - 1].startswith("-") and len(argv[i - 1]) <= 64 else ""
@@ -92,7 +92,9 @@ def run() -> NoReturn:
     except BrokenPipeError:
         pass  # the reader stopped reading (`akm … | head`): not a failure, as in `main`
     except (OSError, ValueError) as exc:  # a full disk, an I/O error: the output is not all there
-        failure = AkmError(f"the output could not be written whole: {exc}", code="OUTPUT_FAILED")
+        from akm.codes import Code
+
+        failure = AkmError(f"the output could not be written whole: {exc}", code=Code.OUTPUT_FAILED)
         if code == 0:
             code = EXIT_OUTPUT
         try:

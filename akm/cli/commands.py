@@ -68,27 +68,35 @@ def _cmd_setup(args: "argparse.Namespace") -> int:
     from akm.errors import ConfigError
 
     if args.config is not None and args.from_file is not None:
-        raise UsageError("--config and --from cannot be combined: give the config one way.", code="INVALID_ARGUMENT")
+        from akm.codes import Code
+
+        raise UsageError("--config and --from cannot be combined: give the config one way.", code=Code.INVALID_ARGUMENT)
     blob = None
     if args.config is not None:
         try:
             blob = json.loads(args.config)
         except ValueError as exc:
+            from akm.codes import Code
+
             raise UsageError(
                 f"Invalid JSON in --config: {getattr(exc, 'msg', exc)} "
                 f"(line {getattr(exc, 'lineno', '?')}, column {getattr(exc, 'colno', '?')}).",
-                code="INVALID_ARGUMENT",
+                code=Code.INVALID_ARGUMENT,
                 hint='Pass one JSON object, e.g. --config \'{"defaults": {"llmEngine": "fast"}}\'.',
             ) from None
         if not isinstance(blob, dict):
+            from akm.codes import Code
+
             raise ConfigError(
-                f"--config must be one JSON object, not {type(blob).__name__}.", code="INVALID_CONFIG_FILE"
+                f"--config must be one JSON object, not {type(blob).__name__}.", code=Code.INVALID_CONFIG_FILE
             )
     if not (args.yes or args.probe or args.config is not None or args.from_file is not None):
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            from akm.codes import Code
+
             raise UsageError(
                 "akm setup asks questions, and there is no terminal to ask them on.",
-                code="NON_INTERACTIVE_REQUIRES_YES",
+                code=Code.NON_INTERACTIVE_REQUIRES_YES,
                 hint="Use `akm setup --yes` to detect and write engines without questions, or give "
                 "the config with `--config JSON` or `--from FILE`.",
             )
@@ -123,13 +131,13 @@ def _cmd_setup(args: "argparse.Namespace") -> int:
 
 def _cmd_lint(args: argparse.Namespace) -> int:
     from akm import api
-    from akm.format.lint import render_text
+    from akm.cli.render import render_lint
 
     report = api.lint(args.paths)
     if args.format == "json":
         _emit_json(report.model_dump())
     else:
-        _out(render_text(report))
+        _out(render_lint(report))
     return 0 if report.ok else 1
 
 
@@ -157,9 +165,11 @@ def _cmd_run(tokens: list[str]) -> int:
     fmt = api.check_output_format(str(ra.controls.get("format", "text")), ("text", "json"))
     if ra.controls.get("plan"):
         if ra.controls.get("detach") or ra.controls.get("workers"):
+            from akm.codes import Code
+
             raise UsageError(
                 "--plan drives nothing (it writes nothing either); drop --detach and --workers.",
-                code="INVALID_ARGUMENT",
+                code=Code.INVALID_ARGUMENT,
             )
         preview = api.plan_run(target, param_pairs=ra.params, new=bool(ra.controls.get("new")), from_run=_from_run(ra))
         for message in preview.warnings:
@@ -199,7 +209,9 @@ def _cmd_run(tokens: list[str]) -> int:
 
     cancel = api.Cancellation()
     if ra.controls.get("quiet") and ra.controls.get("verbose"):
-        raise UsageError("--quiet and --verbose contradict each other; pass one.", code="INVALID_ARGUMENT")
+        from akm.codes import Code
+
+        raise UsageError("--quiet and --verbose contradict each other; pass one.", code=Code.INVALID_ARGUMENT)
     # Progress lines go to a terminal by default; --verbose sends them anywhere (an agent's pipe, a log).
     show_progress = bool(ra.controls.get("verbose")) or sys.stderr.isatty() or os.environ.get("AKM_PROGRESS") == "1"
     if ra.controls.get("quiet"):
@@ -287,9 +299,9 @@ def _run_help(tokens: list[str]) -> int:
     """`workflow run --help`; with a workflow TARGET, that workflow's own params first (the catalog's
     description of it), then the run flags."""
     from akm import api
+    from akm.api import split_run_args
     from akm.cli import render
     from akm.cli.parser import _RUN_HELP
-    from akm.format.params import split_run_args
 
     try:
         target = split_run_args(tokens).target
@@ -355,7 +367,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         from akm.report.watch import follow
 
         try:
-            code = follow(args.run_id, sys.stderr)
+            code = follow(args.run_id, sys.stderr, api)
         except KeyboardInterrupt:
             return 130  # Ctrl-C ends a watch quietly; the run itself is not touched
     if args.format == "otlp-json":  # the run's trace, from the journal (`akm trace export RUN`)
@@ -482,40 +494,45 @@ def _read_payload(value: str, what: str) -> str:
             with open(value[1:], "rb") as f:
                 data = f.read(MAX_PAYLOAD_BYTES + 1)
         if len(data) > MAX_PAYLOAD_BYTES:
+            from akm.codes import Code
+
             raise UsageError(
                 f"{what} {_clip(value)}: {source} holds more than {MAX_PAYLOAD_BYTES} bytes (16 MiB), "
                 "the most a report may carry; nothing was recorded. Report the path of a large output "
                 "instead.",
-                code="RESULT_TOO_LARGE",
+                code=Code.RESULT_TOO_LARGE,
                 details={"maxBytes": MAX_PAYLOAD_BYTES},
             )
         return data.decode("utf-8")
     except (OSError, UnicodeDecodeError, ValueError) as exc:
+        from akm.codes import Code
+
         raise UsageError(
             f"{what} {_clip(value)}: cannot read {_clip(source)}: {getattr(exc, 'strerror', None) or exc}.",
-            code="UNREADABLE_FILE",
+            code=Code.UNREADABLE_FILE,
         ) from None
 
 
 def _clip(text: str) -> str:
-    from akm.text import quoted
+    from akm.api import quoted
 
     return quoted(text)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from akm import api
-    from akm.engine.budget import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
+    from akm.api import MAX_UNIT_TOKENS as MAX_REPORT_TOKENS
 
     tokens = None
     if args.tokens is not None:
         digits = args.tokens
         if not (digits.isascii() and digits.isdigit() and len(digits) <= 13 and int(digits) <= MAX_REPORT_TOKENS):
-            from akm.text import quoted
+            from akm.api import quoted
+            from akm.codes import Code
 
             raise UsageError(
                 f"--tokens {quoted(args.tokens)}: expected a whole number from 0 to {MAX_REPORT_TOKENS}.",
-                code="INVALID_ARGUMENT",
+                code=Code.INVALID_ARGUMENT,
             )
         tokens = int(args.tokens)
     status = args.status
@@ -525,10 +542,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
         elif args.result is not None or args.verdict is not None:
             status = "completed"
         else:
+            from akm.codes import Code
+
             raise UsageError(
                 "--status is required (completed, failed or running) when neither --result, --verdict nor "
                 "--failure-reason says it.",
-                code="INVALID_ARGUMENT",
+                code=Code.INVALID_ARGUMENT,
                 details={"argument": "status"},
             )
     res = api.report_unit(
@@ -609,10 +628,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def _cmd_mcp(rest: list[str]) -> int:
     """`akm mcp`: the MCP stdio server. Only this path imports `mcp` (it costs about a second)."""
     if rest in (["-h"], ["--help"]):
-        _out(
-            "usage: akm mcp\n\nServe akm's tools over the Model Context Protocol on stdin/stdout, e.g.\n"
-            "  claude mcp add akm -- /path/to/akm mcp"
-        )
+        from akm.cli.parser import MCP_HELP
+
+        _out(MCP_HELP.rstrip("\n"))
         return 0
     if rest:
         _err(f"error[USAGE]: akm mcp takes no arguments (got {' '.join(rest)})")
@@ -623,10 +641,12 @@ def _cmd_mcp(rest: list[str]) -> int:
         except OSError:
             stream = None
         if stream is None:
+            from akm.codes import Code
+
             raise UsageError(
                 f"akm mcp speaks MCP over stdin and stdout, and its {name} is closed; start it from an MCP client "
                 "(e.g. `claude mcp add akm -- /path/to/akm mcp`).",
-                code="MCP_NO_STDIO",
+                code=Code.MCP_NO_STDIO,
             )
     from akm.mcp import serve
 

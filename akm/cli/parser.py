@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import argparse
 
-    from akm.format.params import RunArgs
+    from akm.api import RunArgs
 
 from akm import __version__
 from akm.errors import UsageError
@@ -65,6 +65,14 @@ units), 4 stopped at --max-steps, 78 configuration or environment,
 """
 
 
+MCP_HELP = """\
+usage: akm mcp
+
+Serve akm's tools over the Model Context Protocol on stdin/stdout, e.g.
+  claude mcp add akm -- /path/to/akm mcp
+"""
+
+
 def _terminal_width() -> int:
     try:
         columns = int(os.environ.get("COLUMNS", "") or os.get_terminal_size(sys.stdout.fileno()).columns)
@@ -80,7 +88,9 @@ def _build_parser() -> "argparse.ArgumentParser":
         """argparse that raises a UsageError instead of printing and exiting."""
 
         def error(self, message: str) -> None:  # type: ignore[override]
-            raise UsageError(f"{self.prog}: {message}", code="USAGE", hint=f"See `{self.prog} --help`.")
+            from akm.codes import Code
+
+            raise UsageError(f"{self.prog}: {message}", code=Code.USAGE, hint=f"See `{self.prog} --help`.")
 
         def _get_formatter(self) -> "argparse.HelpFormatter":
             # argparse sizes its formatter through shutil (and shutil's imports: zlib, bz2, lzma) even
@@ -98,6 +108,13 @@ def _build_parser() -> "argparse.ArgumentParser":
         description="Lint, run and inspect workflows. `akm workflow ACTION --help` for each action.",
     )
     p.workflow_parser = wf  # type: ignore[attr-defined]
+    # answered before parsing (`akm.cli.main`): the protocol owns the streams; listed here for `akm --help`
+    sub.add_parser(
+        "mcp",
+        help="serve akm's tools to a coding agent over MCP on stdin/stdout",
+        description=MCP_HELP.split("\n\n", 1)[1].strip(),
+        add_help=False,
+    )
     wsub = wf.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     run_id_help = "a run id (from `akm workflow list` or a run's output), its first 6+ characters, or @last"
 
@@ -386,13 +403,15 @@ def _add_setup_parser(sub: Any) -> None:
 def split_run(tokens: list[str]) -> "tuple[str, RunArgs]":
     """`workflow run` tokens (after the subcommand) split into TARGET, run flags and param flags; a run
     needs a TARGET, so it is returned apart (typed as present)."""
-    from akm.format.params import split_run_args
+    from akm.api import split_run_args
 
     ra = split_run_args(tokens)
     if ra.target is None:
+        from akm.codes import Code
+
         raise UsageError(
             "workflow run needs a TARGET (a workflow file, workflows/<name> or a run id).",
-            code="USAGE",
+            code=Code.USAGE,
             hint="See `akm workflow run --help`.",
         )
     return ra.target, ra

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from akm.api import LintReport
 
 from akm.text import dollars
 
@@ -496,3 +499,34 @@ def _spend_line(spend: dict[str, Any]) -> str:
         parts.append(tokens)
     parts.append(units)
     return "spend: " + "; ".join(p for p in parts if p)
+
+
+def render_lint(report: "LintReport") -> str:
+    """Human output: one `path:line[:col]: severity[code]: message` line per finding, hints indented."""
+    out: list[str] = []
+    n_err = n_warn = bad_files = 0
+    for f in report.files:
+        if f.errors:
+            bad_files += 1
+        hinted: set[tuple[str, str]] = set()  # a repeated warning's hint is printed once per file
+        for severity, items in (("error", f.errors), ("warning", f.warnings)):
+            for d in items:
+                where = f"{f.path}:{d.line}" + (f":{d.column}" if d.column is not None else "")
+                out.append(f"{where}: {severity}[{d.code}]: {d.message}")
+                if d.hint and (severity == "error" or (d.code, d.hint) not in hinted):
+                    hinted.add((d.code, d.hint))
+                    out.append(f"    hint: {d.hint}")
+        n_err += len(f.errors)
+        n_warn += sum(d.count or 1 for d in f.warnings)
+    total = len(report.files)
+    files_word = "file" if total == 1 else "files"
+    if not report.files:
+        out.append("no workflow files found")
+    elif n_err:
+        out.append(
+            f"{n_err} error(s), {n_warn} warning(s) in {total} {files_word} checked; "
+            f"{bad_files} {'file has' if bad_files == 1 else 'files have'} errors"
+        )
+    else:
+        out.append(f"{total} {files_word} checked: no errors, {n_warn} warning(s)")
+    return "\n".join(out) + "\n"

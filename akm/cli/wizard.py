@@ -22,9 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from akm.api import ENV_NAME_RE, PLATFORMS_WITH_LLM_ENGINE, EngineChoice, SetupIntent, normalize_chat_endpoint
 from akm.cli.terminal import Cancelled, Option, Terminal
-from akm.config import ENV_NAME_RE, PLATFORMS_WITH_LLM_ENGINE, normalize_chat_endpoint
-from akm.setup.core import EngineChoice, SetupIntent
 
 # (hint/name, label, base URL, suggested model, key variables in order of preference)
 PRESETS: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (

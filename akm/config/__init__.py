@@ -2,7 +2,7 @@
 
 One user file (`<config dir>/config.json`, see `akm.paths.config_dir`) deep-merged
 under an optional project file (`<project root>/.akm/config.json`): objects merge
-key by key, arrays and scalars replace, the project wins (DECISIONS D14). Both are
+key by key, arrays and scalars replace, the project wins (spec/decisions.md D14). Both are
 JSON with `//` and `/* */` comments allowed.
 
 Why the shape is strict where it is:
@@ -307,7 +307,7 @@ def update_config_file(
 
 
 def normalize_chat_endpoint(endpoint: str) -> str:
-    """The chat-completions URL for a base URL a user or a harness gave (spec-setup §4.7).
+    """The chat-completions URL for a base URL a user or a harness gave (spec/setup.md).
 
     Trailing slashes go; a path not ending in `/chat/completions` gets `/v1`
     (unless it already ends in `/v1` or contains `/openai`) and then
@@ -376,7 +376,7 @@ def find_engine(engines: Mapping[str, Mapping[str, Any]], engine: Mapping[str, A
 def slug_engine_name(text: str) -> str:
     """A valid engine name derived from free text (`"LM Studio"` → `lm-studio`).
 
-    Text that does not start with a letter gives `local` (spec-setup §4.8: a
+    Text that does not start with a letter gives `local` (spec/setup.md: a
     provider id like `302ai` names a local engine, not an `ai` one).
     """
     slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")

@@ -70,25 +70,35 @@ def read_config_file(path: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except IsADirectoryError:
+        from akm.codes import Code
+
         raise ConfigError(
-            f"Config file {path} is a directory.", code="INVALID_CONFIG_FILE", details={"file": str(path)}
+            f"Config file {path} is a directory.", code=Code.INVALID_CONFIG_FILE, details={"file": str(path)}
         ) from None
     except OSError as exc:
+        from akm.codes import Code
+
         raise ConfigError(
-            f"Cannot read config file {path}: {exc.strerror}.", code="INVALID_CONFIG_FILE", details={"file": str(path)}
+            f"Cannot read config file {path}: {exc.strerror}.",
+            code=Code.INVALID_CONFIG_FILE,
+            details={"file": str(path)},
         ) from None
     if len(raw) > MAX_CONFIG_BYTES:
+        from akm.codes import Code
+
         raise ConfigError(
             f"Config file {path} is larger than {MAX_CONFIG_BYTES} bytes.",
-            code="INVALID_CONFIG_FILE",
+            code=Code.INVALID_CONFIG_FILE,
             details={"file": str(path)},
         )
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
+        from akm.codes import Code
+
         raise ConfigError(
             f"Config file {path} is not UTF-8 text (byte {exc.start}).",
-            code="INVALID_CONFIG_FILE",
+            code=Code.INVALID_CONFIG_FILE,
             details={"file": str(path)},
         ) from None
     if not text.strip():
@@ -97,16 +107,20 @@ def read_config_file(path: Path) -> dict[str, Any] | None:
         data = json.loads(strip_jsonc(text))
     except ValueError as exc:
         line = getattr(exc, "lineno", None)
+        from akm.codes import Code
+
         raise ConfigError(
             f"Config file {path}{f' line {line}' if line else ''} is not valid JSON: {getattr(exc, 'msg', str(exc))}.",
-            code="INVALID_CONFIG_FILE",
+            code=Code.INVALID_CONFIG_FILE,
             hint="Comments (// and /* */) are allowed; trailing commas are not.",
             details={"file": str(path), "line": line},
         ) from None
     if not isinstance(data, dict):
+        from akm.codes import Code
+
         raise ConfigError(
             f"Config file {path} must hold a JSON object at the top, not {type(data).__name__}.",
-            code="INVALID_CONFIG_FILE",
+            code=Code.INVALID_CONFIG_FILE,
             details={"file": str(path)},
         )
     return data
@@ -135,10 +149,12 @@ class _FileLock:
                 if time.monotonic() >= deadline:
                     os.close(self.fd)
                     self.fd = None
+                    from akm.codes import Code
+
                     raise ConfigError(
                         f"Could not lock {self.path} within {self.timeout_s:.0f} s: another process may be "
                         "updating the config.",
-                        code="CONFIG_LOCKED",
+                        code=Code.CONFIG_LOCKED,
                         details={"file": str(self.path)},
                     ) from None
                 time.sleep(0.05)

@@ -12,8 +12,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from akm.format.grammar import CONFIG_ENGINE_NAME_RE, ENV_VAR_RE, ENV_VAR_REF_RE
+from akm.format.grammar import MAX_TIMEOUT_MS as MAX_TIMEOUT_MS  # an engine's timeout bound is a step's
 
-MAX_TIMEOUT_MS = 2_147_483_647
 MAX_CONCURRENCY = 64
 
 ENGINE_NAME_RE = CONFIG_ENGINE_NAME_RE  # the name rules live in akm/format/grammar.py

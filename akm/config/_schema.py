@@ -448,9 +448,11 @@ def raise_issues(issues: list[Issue], *, action: str = "Invalid config") -> None
     files = list(dict.fromkeys(i.file for i in issues))
     lines = [f"  {i.path}: {i.message}" + (f"  ({i.file})" if len(files) > 1 else "") for i in issues]
     first = issues[0]
+    from akm.codes import Code
+
     raise ConfigError(
         f"{action} in {' and '.join(files)}:\n" + "\n".join(lines),
-        code="INVALID_CONFIG_FILE",
+        code=Code.INVALID_CONFIG_FILE,
         hint="Fix the keys named above; comments (// and /* */) are allowed, trailing commas are not.",
         details={
             "file": first.file,

@@ -18,6 +18,7 @@ import math
 import re
 from typing import Any
 
+from akm.codes import Code
 from akm.config import AGENT_PLATFORMS, endpoint_problem, engine_env_key_name, env_ref_name
 from akm.errors import UsageError
 from akm.text import MAX_WHOLE_DIGITS, shown, whole_number
@@ -72,7 +73,7 @@ def split_key(key: str) -> list[str]:
     if not key or any(not p for p in parts):
         raise UsageError(
             f"Config key {shown(key)} is malformed: write dotted names like engines.fast.model.",
-            code="INVALID_ARGUMENT",
+            code=Code.INVALID_ARGUMENT,
         )
     return parts
 
@@ -80,7 +81,7 @@ def split_key(key: str) -> list[str]:
 def _unknown(key: str) -> UsageError:
     return UsageError(
         f"Unknown config key {shown(key)}.",
-        code="INVALID_ARGUMENT",
+        code=Code.INVALID_ARGUMENT,
         hint=f"Top-level keys: {', '.join(sorted(SCHEMA))}. Engine keys: {', '.join(sorted(_ENGINE_FIELDS))}.",
     )
 
@@ -161,9 +162,9 @@ def _parse_json(key: str, raw: str, want: type, what: str) -> Any:
     try:
         value = json.loads(raw)
     except (ValueError, RecursionError):  # not JSON, nested too deep, or a number of > 4300 digits
-        raise UsageError(f"{key}: expected {what} as JSON, got {shown(raw)}.", code="INVALID_ARGUMENT") from None
+        raise UsageError(f"{key}: expected {what} as JSON, got {shown(raw)}.", code=Code.INVALID_ARGUMENT) from None
     if not isinstance(value, want):
-        raise UsageError(f"{key}: expected {what}, got {type(value).__name__}.", code="INVALID_ARGUMENT")
+        raise UsageError(f"{key}: expected {what}, got {type(value).__name__}.", code=Code.INVALID_ARGUMENT)
     return value
 
 
@@ -177,12 +178,12 @@ def _refuse_literal_keys(key: str, value: Any, engine_name: str | None) -> None:
 
 
 def _check_endpoint(key: str, value: Any) -> None:
-    """An LLM endpoint typed on the command line is checked as it is typed (spec-setup §2.8: a leaf
+    """An LLM endpoint typed on the command line is checked as it is typed (spec/setup.md: a leaf
     value that does not validate is a usage error, before anything is read or written)."""
     problem = endpoint_problem(value)
     if problem:
         # the value is not echoed: a URL refused for carrying a password would print it
-        raise UsageError(f"{key}: the endpoint {problem}.", code="INVALID_ARGUMENT")
+        raise UsageError(f"{key}: the endpoint {problem}.", code=Code.INVALID_ARGUMENT)
 
 
 def _check_journal_url(key: str, raw: str) -> None:
@@ -197,12 +198,12 @@ def _check_journal_url(key: str, raw: str) -> None:
     except ValueError:
         parts = None
     if parts is None or parts.scheme not in ("postgresql", "postgres"):
-        raise UsageError(f"{key}: expected a postgresql:// URL.", code="INVALID_ARGUMENT")
+        raise UsageError(f"{key}: expected a postgresql:// URL.", code=Code.INVALID_ARGUMENT)
     if parts.password is not None and password_ref(unquote(parts.password)) is None:
         raise UsageError(
             f"{key}: akm does not store passwords in config; write the password as ${{NAME}} of an environment "
             "variable.",
-            code="INVALID_ARGUMENT",
+            code=Code.INVALID_ARGUMENT,
             hint=f"export AKM_JOURNAL_PASSWORD=… and run `akm config set {key} "
             "'postgresql://USER:${AKM_JOURNAL_PASSWORD}@HOST/DATABASE'`.",
         )
@@ -212,7 +213,7 @@ def _literal_secret(key: str, engine_name: str | None) -> None:
     var = engine_env_key_name(engine_name) if engine_name else "MY_API_KEY"
     raise UsageError(
         f"{key}: akm does not store key values in config; give the name of an environment variable instead.",
-        code="INVALID_ARGUMENT",
+        code=Code.INVALID_ARGUMENT,
         hint=f"export {var}=… and run `akm config set {key} '${{{var}}}'` (or leave apiKey unset: "
         f"akm reads {var} on its own).",
     )
@@ -229,7 +230,9 @@ def coerce(key: str, raw: str) -> tuple[Any, bool]:
     engine_name = parts[1] if parts[0] == "engines" and len(parts) >= 2 else None
     if isinstance(kind, tuple) and kind[0] == "enum":
         if raw not in kind[1]:
-            raise UsageError(f"{key}: expected one of {', '.join(kind[1])}, got {shown(raw)}.", code="INVALID_ARGUMENT")
+            raise UsageError(
+                f"{key}: expected one of {', '.join(kind[1])}, got {shown(raw)}.", code=Code.INVALID_ARGUMENT
+            )
         return raw, False
     if isinstance(kind, (tuple, dict)) or kind in ("object", "array"):  # a dict: a section (`prices`, `limits`)
         if raw.strip() in ("", "null"):
@@ -255,14 +258,14 @@ def coerce(key: str, raw: str) -> tuple[Any, bool]:
         return raw, False
     if kind == "boolean":
         if raw not in ("true", "false"):
-            raise UsageError(f"{key}: expected true or false, got {shown(raw)}.", code="INVALID_ARGUMENT")
+            raise UsageError(f"{key}: expected true or false, got {shown(raw)}.", code=Code.INVALID_ARGUMENT)
         return raw == "true", False
     if kind == "integer":
         number = whole_number(raw) if re.fullmatch(r"-?\d+", raw.strip()) else None
         if number is None or number < 1:  # every whole-number key counts from 1
             raise UsageError(
                 f"{key}: expected a whole number of at least 1 (at most {MAX_WHOLE_DIGITS} digits), got {shown(raw)}.",
-                code="INVALID_ARGUMENT",
+                code=Code.INVALID_ARGUMENT,
             )
         return number, False
     if kind == "number":
@@ -271,7 +274,7 @@ def coerce(key: str, raw: str) -> tuple[Any, bool]:
         except ValueError:
             value = math.nan
         if not math.isfinite(value):
-            raise UsageError(f"{key}: expected a number, got {shown(raw)}.", code="INVALID_ARGUMENT")
+            raise UsageError(f"{key}: expected a number, got {shown(raw)}.", code=Code.INVALID_ARGUMENT)
         return (int(value) if value.is_integer() and re.fullmatch(r"-?\d+", raw.strip()) else value), False
     if kind == "timeout":
         text = raw.strip().lower()
@@ -283,7 +286,7 @@ def coerce(key: str, raw: str) -> tuple[Any, bool]:
         if not m or not whole_number(m.group(1)):
             raise UsageError(
                 f"{key}: expected milliseconds, a duration like 90s / 10m / 1h, or none; got {shown(raw)}.",
-                code="INVALID_ARGUMENT",
+                code=Code.INVALID_ARGUMENT,
             )
         factor = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}[m.group(2)]
         return int(m.group(1)) * factor, False

@@ -47,12 +47,11 @@ from akm.dispatch.exec import EXEC_ENV_ALLOWLIST, _supplement_path
 from akm.dispatch.llm import LlmCallError, resolve_api_key
 from akm.dispatch.process import ProcessResult, run_process
 from akm.dispatch.redact import clip, redact_text, sensitive_values_from
-from akm.dispatch.types import DispatchResult
+from akm.dispatch.types import DIAGNOSTIC_CLIP, DispatchResult
 
 MAX_STDOUT_BYTES = 16 * 1024 * 1024
 MAX_STDERR_BYTES = 1024 * 1024
 POLL_S = 0.05
-DIAGNOSTIC_CLIP = 2000
 STDERR_TAIL = 1500
 
 

@@ -23,9 +23,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-# What JavaScript's String.prototype.trim removes (incl. U+FEFF): the strict rule for
-# command output is defined against it, so a BOM or NBSP around the value is fine.
-_JS_WHITESPACE = "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+from akm.text import JS_WHITESPACE
+
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _FENCE_OPEN = re.compile(r"\A```[A-Za-z0-9_-]*[ \t]*\r?\n")
 _FENCE_CLOSE = re.compile(r"\r?\n?```\s*\Z")
@@ -135,7 +134,7 @@ def _decode_at(text: str, start: int) -> tuple[Any, int]:
     try:
         value, stop = _DECODER.raw_decode(text, start)
     except json.JSONDecodeError as exc:
-        if exc.pos >= len(text.rstrip(_JS_WHITESPACE)):
+        if exc.pos >= len(text.rstrip(JS_WHITESPACE)):
             raise AnswerError(
                 f"the JSON value is cut off: the text ends at {_where(text, exc.pos)} before the value is complete"
             ) from None
@@ -155,8 +154,8 @@ def _decode_at(text: str, start: int) -> tuple[Any, int]:
 
 def parse_command_json(stdout: str) -> Any:
     """Exactly one JSON value, nothing before or after it (whitespace aside)."""
-    start = len(stdout) - len(stdout.lstrip(_JS_WHITESPACE))
-    end = len(stdout.rstrip(_JS_WHITESPACE))
+    start = len(stdout) - len(stdout.lstrip(JS_WHITESPACE))
+    end = len(stdout.rstrip(JS_WHITESPACE))
     if start >= end:
         raise AnswerError("the output is empty; one JSON value was expected")
     body = stdout[:end]
@@ -174,7 +173,7 @@ def parse_command_json(stdout: str) -> Any:
         )
     value, stop = _decode_at(body, start)
     if stop < end:
-        rest = stop + (len(body[stop:]) - len(body[stop:].lstrip(_JS_WHITESPACE)))
+        rest = stop + (len(body[stop:]) - len(body[stop:].lstrip(JS_WHITESPACE)))
         raise AnswerError(
             f"text follows the JSON value at {_where(body, rest)}: {_excerpt(body, rest)} "
             "(print exactly one JSON value; send logs to stderr)"
@@ -183,12 +182,12 @@ def parse_command_json(stdout: str) -> Any:
 
 
 def _strip_wrapping(text: str) -> str:
-    text = _THINK.sub("", text).strip(_JS_WHITESPACE)
+    text = _THINK.sub("", text).strip(JS_WHITESPACE)
     opened = _FENCE_OPEN.match(text)
     if opened:
         text = text[opened.end() :]
         text = _FENCE_CLOSE.sub("", text)
-    return text.strip(_JS_WHITESPACE)
+    return text.strip(JS_WHITESPACE)
 
 
 def extract_model_json(answer: str) -> Any:

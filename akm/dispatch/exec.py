@@ -1,6 +1,6 @@
 """Run one exec (command) unit: argv, no shell, bounded capture, group kill.
 
-Why this shape (spec-exec-and-deltas §1.7–1.12, spec-engine §6, DECISIONS D9):
+Why this shape (spec/engine.md, spec/decisions.md D9):
 
 * The argv goes straight to execve — no shell — so nothing authored or produced
   by a previous step can be interpreted as shell syntax.
@@ -36,8 +36,9 @@ from typing import Any, Mapping
 from akm.canonical import canonical_json
 from akm.dispatch.process import ProcessResult, run_process
 from akm.dispatch.redact import clip, redact_text, redact_value
-from akm.dispatch.types import DispatchResult
+from akm.dispatch.types import DIAGNOSTIC_CLIP, DispatchResult
 from akm.record import dataclass, field
+from akm.text import JS_WHITESPACE
 
 DEFAULT_EXEC_TIMEOUT_MS = 600_000
 # The stdout a unit may produce as its artifact (and what its journal row may hold): the
@@ -46,7 +47,6 @@ DEFAULT_EXEC_TIMEOUT_MS = 600_000
 STDOUT_CAPTURE_BYTES = 1024 * 1024
 STDERR_CAPTURE_BYTES = 64 * 1024
 
-DIAGNOSTIC_CLIP = 2000
 STDERR_DIAGNOSTIC_CLIP = DIAGNOSTIC_CLIP - 500
 
 
@@ -96,9 +96,6 @@ _POSIX_USER_BIN_DIRS = (
 _CONTEXT_LIMITS_POSIX = (98_304, 131_072, "POSIX/Linux: one execve string is capped at 128 KiB (MAX_ARG_STRLEN)")
 _CONTEXT_LIMITS_WIN32 = (32_767, 64_000, "Windows: an environment variable value is capped at 32,767 characters")
 
-# Characters JavaScript's String.prototype.trim removes (incl. U+FEFF), which the
-# strict JSON rule is defined against.
-_JS_WHITESPACE = "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 _TRAILING_NEWLINES = re.compile(r"(?:\r?\n)+\Z")
 
 
@@ -142,7 +139,7 @@ def build_exec_context(
     item_index: int | None = None,
     inputs: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
-    """The `AKM_*` variables a command sees (spec-exec §1.5).
+    """The `AKM_*` variables a command sees (spec/engine.md "Exec units").
 
     `unit_id` must be the BASE content id (no `~r`/`~l` suffix) so every retry
     and gate loop sees the same value. `item`/`item_index` are given for map
@@ -286,7 +283,7 @@ def _strip_trailing_newlines(text: str) -> str:
 
 
 def _stderr_tail(stderr: str) -> str:
-    s = stderr.strip(_JS_WHITESPACE)
+    s = stderr.strip(JS_WHITESPACE)
     if not s:
         return ""
     if len(s) <= STDERR_DIAGNOSTIC_CLIP:

@@ -78,7 +78,7 @@ for sig, pause in ((_signal.SIGTERM, 2.0), (_signal.SIGKILL, 0)):
 """
 
 _lock = threading.Lock()
-_proc: subprocess.Popen | None = None
+_proc: subprocess.Popen[bytes] | None = None
 _token: str | None = None
 _owner: int | None = None
 

@@ -63,7 +63,7 @@ COMMON_PASSTHROUGH: tuple[str, ...] = (
     "REQUESTS_CA_BUNDLE",
 )
 
-# Passthrough names whose values are paths or identifiers, not secrets (spec-engine §9.1).
+# Passthrough names whose values are paths or identifiers, not secrets (spec/engine.md).
 SAFE_ENV_NAMES = frozenset(
     {
         "HOME",
@@ -961,7 +961,7 @@ def version_in(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-# Detection order: which CLI `akm setup --yes` prefers when several are on PATH (spec-setup §4.6).
+# Detection order: which CLI `akm setup --yes` prefers when several are on PATH (spec/setup.md).
 DETECTION_ORDER: tuple[str, ...] = (
     "opencode",
     "claude",

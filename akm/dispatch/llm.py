@@ -1,4 +1,4 @@
-"""LLM units: one OpenAI-compatible chat completion per attempt (spec-setup §5).
+"""LLM units: one OpenAI-compatible chat completion per attempt (spec/config.md §7).
 
 Any server speaking `POST …/chat/completions` works: Ollama, LM Studio, vLLM,
 llama.cpp, hosted APIs. The request body is built from the engine snapshot
@@ -40,18 +40,20 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:
+    import ssl
 
 from akm.dispatch.base import UnitRequest
 from akm.dispatch.redact import REDACTED, clip, redact_text
-from akm.dispatch.types import DispatchResult, token_count
+from akm.dispatch.types import DIAGNOSTIC_CLIP, DispatchResult, token_count
 from akm.record import dataclass, field
 
 DEFAULT_TIMEOUT_MS = 600_000
 DEFAULT_TEMPERATURE = 0.3
 MAX_BODY_BYTES = 10 * 1024 * 1024
 ERROR_EXCERPT = 200
-DIAGNOSTIC_CLIP = 2000
 MAX_RETRY_AFTER_S = 120.0
 MAX_RATE_LIMIT_RETRIES = 2
 CONNECT_TIMEOUT_S = 30.0
@@ -329,7 +331,7 @@ _WATCHDOG = _Watchdog()
 
 
 @functools.lru_cache(maxsize=1)
-def _ssl_context():
+def _ssl_context() -> "ssl.SSLContext":
     import httpx
 
     return httpx.create_ssl_context()
@@ -346,7 +348,8 @@ def _proxy_for(scheme: str, host: str) -> str | None:
     if host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.") or host.endswith(".localhost"):
         return None
     proxies = urllib.request.getproxies_environment()
-    if not proxies or urllib.request.proxy_bypass_environment(host, proxies):
+    bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]  # public; typeshed omits it
+    if not proxies or bypass(host, proxies):
         return None
     return proxies.get(scheme) or proxies.get("all")
 
@@ -621,7 +624,8 @@ def _parse_response(
             status=status,
         )
     first = choices[0]
-    message = first.get("message") if isinstance(first.get("message"), dict) else {}
+    raw_message = first.get("message")
+    message: dict[str, Any] = raw_message if isinstance(raw_message, dict) else {}
     content = message.get("content")
     if isinstance(content, list):  # content parts
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
@@ -722,7 +726,7 @@ def chat(
             if (
                 not transport_retried
                 and _retryable(err)
-                and (deadline is None or timeout_ms is None or remaining > 0.1 * timeout_ms / 1000.0)
+                and (remaining is None or timeout_ms is None or remaining > 0.1 * timeout_ms / 1000.0)
             ):
                 transport_retried = True
                 _pause(random.uniform(0.2, 0.8), cancel, endpoint)

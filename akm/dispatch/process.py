@@ -47,7 +47,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import IO, Any, Callable, Mapping, Protocol, Sequence
 
 from akm.dispatch import guard
 from akm.dispatch.redact import redact_text
@@ -173,7 +173,7 @@ class HeadCapture:
     def __init__(self, fd: int, label: str, cap: int, mem: int) -> None:
         self.fd, self.label, self.cap, self.mem = fd, label, cap, mem
         self.buf = bytearray()
-        self.spill: Any = None
+        self.spill: IO[bytes] | None = None
         self.kept = 0
         self.total = 0
         self.error: BaseException | None = None
@@ -489,7 +489,7 @@ _MATERIALIZE = _ByteBudget(MATERIALIZE_BUDGET_BYTES)
 # --------------------------------------------------------------------------- process control
 
 
-def signal_group(proc: subprocess.Popen, sig: int) -> None:
+def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     """Signal the whole process group, falling back to the direct child."""
     if hasattr(os, "killpg"):
         try:
@@ -525,7 +525,7 @@ def _devnull() -> int:
 class _Child:
     """A started child and our ends of its pipes (`stdin` only when it is fed text)."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     stdout: int
     stderr: int
     stdin: int | None
@@ -544,13 +544,16 @@ def _spawn(argv: list[str], cwd: str, env: dict[str, str], with_stdin: bool) -> 
     ours: list[int] = []  # handed to the caller on success, closed here otherwise
     try:
         out_r, out_w = os.pipe()  # close-on-exec on our side (PEP 446); the child gets dup2'd copies
-        ours.append(out_r), child_ends.append(out_w)
+        ours.append(out_r)
+        child_ends.append(out_w)
         err_r, err_w = os.pipe()
-        ours.append(err_r), child_ends.append(err_w)
+        ours.append(err_r)
+        child_ends.append(err_w)
         in_w: int | None = None
         if with_stdin:
             in_r, in_w = os.pipe()
-            ours.append(in_w), child_ends.append(in_r)
+            ours.append(in_w)
+            child_ends.append(in_r)
         else:
             in_r = _devnull()
         for attempt in (1, 2):

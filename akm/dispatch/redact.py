@@ -1,4 +1,4 @@
-"""Scrub secret values out of everything a dispatcher hands back (spec-engine §9).
+"""Scrub secret values out of everything a dispatcher hands back (spec/engine.md).
 
 Why: a unit's output, error text and structured result are journaled, shown by
 `status` and copied into evidence and later prompts. Values that came from `env:`

@@ -32,7 +32,8 @@ class _Lazy:
         return self._instance
 
     def dispatch(self, request: Any, cancel: threading.Event, feedback: str | None = None) -> DispatchResult:
-        return self.instance().dispatch(request, cancel, feedback)
+        result: DispatchResult = self.instance().dispatch(request, cancel, feedback)
+        return result
 
 
 _SHARED: dict[str, Any] | None = None

@@ -52,6 +52,10 @@ def add_usage(total: dict[str, Any] | None, more: dict[str, Any] | None) -> dict
     return out
 
 
+# How long a result's `error` may be: every dispatcher clips its diagnostic to it (after redacting).
+DIAGNOSTIC_CLIP = 2000
+
+
 @dataclass
 class DispatchResult:
     """Outcome of one dispatched attempt.
@@ -60,7 +64,7 @@ class DispatchResult:
     text      -- free-text artifact (None when empty).
     result    -- structured (parsed JSON) artifact when the unit has an output schema.
     failure_reason -- one of the failure vocabulary strings (spec/workflow-format.md) when not ok.
-    error     -- human diagnostic (already redacted and clipped by the dispatcher).
+    error     -- human diagnostic (already redacted and clipped to DIAGNOSTIC_CLIP by the dispatcher).
     tokens    -- token usage when the runner reports it.
     session_id -- harness-native session id, if any.
     truncated -- output was cut at a capture cap (the artifact is incomplete; never a silent success).

@@ -31,7 +31,7 @@ from akm.engine.finalize import StepDecision
 from akm.engine.stepctx import journal_verdict, judge_failure, judge_with_engine
 from akm.plan.model import Plan, StepPlan
 from akm.record import dataclass
-from akm.store.db import Database
+from akm.store.journal import Journal
 from akm.store.runs import Fence
 
 # What the driver does after `apply_decision`:
@@ -57,7 +57,7 @@ class Applied:
 class Effects(Protocol):
     """The driver-specific half of applying a decision (see the module docstring)."""
 
-    db: Database
+    db: Journal
     run_id: str
     plan: Plan
     fence: Fence | None  # the drive loop's lease fence; None for a report (it holds the finalize lock)

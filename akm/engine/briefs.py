@@ -25,17 +25,17 @@ from akm.engine.session_types import Brief, BriefUnit, JudgeBrief, ReportHint, U
 from akm.engine.worklist import WorkUnit
 from akm.store import rewinds as rewinds_store
 from akm.store import runs as runs_store
-from akm.store.db import Database
+from akm.store.journal import Journal
 from akm.store.runs import Run
 from akm.store.status import DRIVABLE_STATUSES, REPORT_LOCK_PREFIX
 
 
-def brief(db: Database, run_id: str) -> Brief:
+def brief(db: Journal, run_id: str) -> Brief:
     """What the calling agent should do now for this run. Never writes."""
     return brief_of(db, read_current(db, run_id))
 
 
-def brief_of(db: Database, cur: CurrentStep, run: Run | None = None) -> Brief:
+def brief_of(db: Journal, cur: CurrentStep, run: Run | None = None) -> Brief:
     """The brief of a step already read (and decided, or decided here). `run`: the run row as it is now,
     when it changed since the step was read (a report that parked the run)."""
     run = run or cur.loaded.run
@@ -62,7 +62,7 @@ def brief_of(db: Database, cur: CurrentStep, run: Run | None = None) -> Brief:
     return _engine(out, "akm can take the run further itself: continue the run.")
 
 
-def _driven_warning(db: Database, run_id: str, out: Brief) -> bool:
+def _driven_warning(db: Journal, run_id: str, out: Brief) -> bool:
     """Whether akm itself drives the run right now (another holder's live lease, not a report's finalize
     lock); then the brief says so and the agent does not run the units."""
     lease = runs_store.read_lease(db, run_id)
@@ -106,7 +106,7 @@ def _engine(out: Brief, message: str) -> Brief:
     return out
 
 
-def _units(db: Database, cur: CurrentStep, d: StepDecision, out: Brief, driven: bool) -> Brief:
+def _units(db: Journal, cur: CurrentStep, d: StepDecision, out: Brief, driven: bool) -> Brief:
     """A step whose units remain: the session units for the agent, unless akm runs them (or restores them)."""
     step = cur.step
     assert step is not None
@@ -139,7 +139,7 @@ def _units(db: Database, cur: CurrentStep, d: StepDecision, out: Brief, driven: 
     return out
 
 
-def _judge(db: Database, cur: CurrentStep, d: StepDecision, out: Brief) -> Brief:
+def _judge(db: Journal, cur: CurrentStep, d: StepDecision, out: Brief) -> Brief:
     """A step whose artifact awaits a verdict: the agent's, when no judge engine gives it (or it failed)."""
     step = cur.step
     assert step is not None

@@ -117,8 +117,3 @@ def step_width(
 def plan_widths(plan: Plan) -> list[StepWidth]:
     """Every executing step's width as the plan stands (unit counts not yet known)."""
     return [step_width(plan, s) for s in plan.steps if s.root is not None]
-
-
-def width_notes(plan: Plan) -> list[str]:
-    """The notes of every step an engine holds below its declared width (what a terminal is told at start)."""
-    return [n for n in (w.note() for w in plan_widths(plan)) if n]

@@ -22,7 +22,7 @@ from akm.engine.worklist import StepFailure, WorkList, WorkUnit
 from akm.plan.model import StepPlan
 from akm.record import dataclass, field
 from akm.store import units as units_store
-from akm.store.db import Database
+from akm.store.journal import Journal
 from akm.store.runs import holder_is_live
 from akm.store.status import DRIVABLE_STATUSES
 
@@ -45,7 +45,7 @@ class CurrentStep:
         return self.loaded.run_id
 
 
-def read_current(db: Database, run_id: str, *, rows: bool = True, prior: LoadedRun | None = None) -> CurrentStep:
+def read_current(db: Journal, run_id: str, *, rows: bool = True, prior: LoadedRun | None = None) -> CurrentStep:
     """The run and its current step. `rows` False: the gate rows only (a report's guards read their own
     unit's rows); `prior`: the run as loaded earlier in the same call (see `state.load_run`)."""
     loaded = load_run(db, run_id, prior)
@@ -63,7 +63,7 @@ def read_current(db: Database, run_id: str, *, rows: bool = True, prior: LoadedR
     return cur
 
 
-def decided(db: Database, cur: CurrentStep) -> StepDecision | None:
+def decided(db: Journal, cur: CurrentStep) -> StepDecision | None:
     """The step's decision (None: no step takes work), made once per read: the whole step is read first
     when the read skipped its rows."""
     if cur.decision is not None or cur.step is None or cur.gate is None:
@@ -174,7 +174,7 @@ def work_unit_ids(cur: CurrentStep) -> list[str]:
     return [u.unit_id for u in work.units] if work is not None else []
 
 
-def unit_state(db: Database, cur: CurrentStep, unit: WorkUnit) -> UnitState:
+def unit_state(db: Journal, cur: CurrentStep, unit: WorkUnit) -> UnitState:
     """One unit against its attempt rows of this loop, as `decide_step` classifies it, from its rows alone."""
     assert cur.step is not None and cur.gate is not None
     if cur.rows is not None:
@@ -184,7 +184,7 @@ def unit_state(db: Database, cur: CurrentStep, unit: WorkUnit) -> UnitState:
     return classify(unit, family, cur.gate.loop)
 
 
-def all_states(db: Database, cur: CurrentStep) -> list[UnitState]:
+def all_states(db: Journal, cur: CurrentStep) -> list[UnitState]:
     """Every unit of the current work against the step's rows (read now when the read skipped them)."""
     work = _open_work(cur)
     if work is None or cur.step is None or cur.gate is None:

@@ -51,8 +51,7 @@ from akm.plan.model import Plan, StepPlan
 from akm.record import dataclass, field
 from akm.store import runs as runs_store
 from akm.store import units as units_store
-from akm.store.db import Database
-from akm.store.journal import HolderLiveness
+from akm.store.journal import HolderLiveness, Journal
 from akm.store.status import DRIVABLE_STATUSES
 
 __all__ = ["DriveOptions", "UnitProgress", "drive_run"]
@@ -80,7 +79,7 @@ class DriveOptions:
 class _Driver:
     def __init__(
         self,
-        db: Database,
+        db: Journal,
         loaded: LoadedRun,
         fence: runs_store.Fence,
         opts: DriveOptions,
@@ -149,7 +148,7 @@ class _Driver:
         take at all (the connection lost or stalled, a lock it gave up on)? Then stop everything: what is in
         flight is stopped and not journaled, as after a lost lease, and the driver exits with that error; the
         run stays as the journal has it (active), for the next driver. A unit is never failed, nor a step
-        decided, because of the journal's trouble (issue 35)."""
+        decided, because of the journal's trouble."""
         if isinstance(exc, UsageError) and exc.code == "LEASE_LOST":
             self.lease_lost.trip("lease_lost")
             return True
@@ -260,9 +259,11 @@ class _Driver:
                 raise self.lost_lease_error()
             step = self.plan.step(run.current_step_id)
             if step is None:
+                from akm.codes import Code
+
                 raise UsageError(
                     f"Run {self.run_id}: current step {run.current_step_id} is not present in its frozen plan.",
-                    code="CORRUPT_RUN",
+                    code=Code.CORRUPT_RUN,
                 )
             why = self.spine.routes.skip_reason(step)
             if why is not None:
@@ -452,7 +453,7 @@ REPORT_LOCK_WAIT_S = 10.0
 
 
 def _acquire(
-    db: Database,
+    db: Journal,
     run_id: str,
     holder: str,
     liveness: HolderLiveness | None = None,
@@ -466,8 +467,8 @@ def _acquire(
     is not racing another driver and must not be told so. It watches the journal's lease row and
     retries as soon as that holder lets go (or its lease lapses); any other holder is answered at once.
 
-    A holder whose liveness lock is free (PostgreSQL) may be a live driver that only lost that connection
-    (issue 35). Its lock is kept from it here (`runs.hold_dead_holder`), so it stops its units within its
+    A holder whose liveness lock is free (PostgreSQL) may be a live driver that only lost that connection.
+    Its lock is kept from it here (`runs.hold_dead_holder`), so it stops its units within its
     fencing time, and the run is taken over only after TAKEOVER_GRACE_S, or at once should the holder let go
     of its lease meanwhile (it stopped, and released it).
     """
@@ -498,7 +499,7 @@ def _acquire(
             runs_store.release_dead_holder(db, dead)
 
 
-def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
+def drive_run(db: Journal, run_id: str, opts: DriveOptions) -> DriveResult:
     """Drive `run_id` as far as it can go in this invocation."""
     loaded = load_run(db, run_id)
     result = DriveResult(run_id=run_id)
@@ -521,7 +522,7 @@ def drive_run(db: Database, run_id: str, opts: DriveOptions) -> DriveResult:
 
 
 def _drive_held(
-    db: Database,
+    db: Journal,
     run_id: str,
     holder: str,
     liveness: HolderLiveness | None,
@@ -545,6 +546,8 @@ def _drive_held(
         raise
     if live is not None:
         reporting = live.holder.startswith(units_store.REPORT_LOCK_PREFIX)
+        from akm.codes import Code
+
         raise UsageError(
             (
                 f"Workflow run {run_id} is held by a report that has been finishing its step for over "
@@ -554,7 +557,7 @@ def _drive_held(
                 f"(host {live.host}, pid {live.pid}) until {live.until}."
             )
             + " A second driver would race it.",
-            code="LEASE_HELD",
+            code=Code.LEASE_HELD,
             details={"runId": run_id, "holder": live.holder, "until": live.until},
             hint="Wait for that invocation to finish, or for its lease to expire.",
         )
@@ -562,10 +565,12 @@ def _drive_held(
     try:
         fence = runs_store.lease_fence(db, run_id, holder)
         if fence is None:  # taken from us between the acquisition and this read: a takeover
+            from akm.codes import Code
+
             raise UsageError(
                 f"This invocation lost its lease on run {run_id} as soon as it took it; "
                 "stopping to avoid racing the new holder.",
-                code="LEASE_LOST",
+                code=Code.LEASE_LOST,
             )
         driver = _Driver(db, loaded, fence, opts, result, liveness, acquired_at)
         driver.heartbeat.start()

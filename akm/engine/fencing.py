@@ -1,5 +1,5 @@
 """Self-fencing: a holder that can no longer prove it owns what it runs stops its units before anyone else may
-run them (issue 35).
+run them.
 
 Two things let another process run a holder's units: its lease (or a worker's claims) expiring on the
 journal's clock, and — on PostgreSQL — a peer finding its liveness lock free. Neither proves the holder is
@@ -102,10 +102,12 @@ def lost_lease_error(db: Journal, run_id: str, reason: str | None, journal_fault
         return journal_fault
     stopped = _STOPPED_ITSELF.get(reason or "")
     if stopped is not None:  # this driver stopped itself; the journal may be unreachable, so ask it nothing
+        from akm.codes import Code
+
         return UsageError(
             f"This invocation stopped driving run {run_id}: {stopped} It stopped its units first so that "
             "another invocation can take the run over without running any of them twice at once.",
-            code="LEASE_LOST",
+            code=Code.LEASE_LOST,
             details={"runId": run_id, "reason": reason},
             hint="Drive the run again once the journal server is reachable: it resumes where its journal stands.",
         )
@@ -119,10 +121,12 @@ def lost_lease_error(db: Journal, run_id: str, reason: str | None, journal_fault
         )
     lease = runs_store.read_lease(db, run_id)
     who = f"{lease.holder} (host {lease.host}, pid {lease.pid})" if lease else "(nobody)"
+    from akm.codes import Code
+
     return UsageError(
         f"This invocation lost its lease on run {run_id} (now held by {who}); stopping to avoid racing it. "
         "Units it had in flight were stopped; their results are not journaled over the new holder's.",
-        code="LEASE_LOST",
+        code=Code.LEASE_LOST,
         details={"runId": run_id},
         hint="Another invocation drives the run now (it redoes what this one left unfinished); "
         "`workflow status` shows it.",

@@ -89,9 +89,11 @@ def verdict_from_value(value: Any, *, reason: str = "judge") -> Verdict | None:
 
 class CorruptGateRow(UsageError):
     def __init__(self, run_id: str, row_id: str, why: str) -> None:
+        from akm.codes import Code
+
         super().__init__(
             f"Run {run_id}: gate row {row_id} holds {why}; refusing to guess the gate loop.",
-            code="CORRUPT_RUN",
+            code=Code.CORRUPT_RUN,
         )
 
 
@@ -198,10 +200,12 @@ class RouteBook:
                 decision = (evidence or {}).get("route") if isinstance(evidence, dict) else None
                 selected = decision.get("selected") if isinstance(decision, dict) else None
                 if not isinstance(selected, str) or selected not in targets:
+                    from akm.codes import Code
+
                     raise UsageError(
                         f"Run {run_id}: the journaled route decision of step {sp.step_id} is missing or names "
                         "an undeclared step; refusing to guess which branch to take.",
-                        code="CORRUPT_RUN",
+                        code=Code.CORRUPT_RUN,
                     )
                 book.mark(sp.step_id, selected, targets)
         return book

@@ -32,8 +32,7 @@ from akm.engine.cancel import Cancellation
 from akm.engine.fencing import Watchdog, lapse_check
 from akm.store import runs as runs_store
 from akm.store import units as units_store
-from akm.store.db import Database
-from akm.store.journal import HolderLiveness
+from akm.store.journal import HolderLiveness, Journal
 
 HEARTBEAT_S = 10.0  # well inside the lease TTL (runs_store.LEASE_TTL_S)
 STATUS_POLL_S = 1.0  # how soon an abandon or a takeover stops the units a driver has in flight
@@ -47,7 +46,7 @@ def default_interval() -> float:
 class Heartbeat:
     def __init__(
         self,
-        db: Database,
+        db: Journal,
         run_id: str,
         holder: str,
         lost: Cancellation,

@@ -23,7 +23,7 @@ from akm.plan.model import Plan, StepPlan
 from akm.record import dataclass, field
 from akm.store import rewinds as rewinds_store
 from akm.store import units as units_store
-from akm.store.db import Database
+from akm.store.journal import Journal
 
 
 @dataclass
@@ -75,7 +75,7 @@ def _describe(plan: Plan, step: StepPlan, f: StepForecast) -> None:
 
 
 def forecast(
-    db: Database | None,
+    db: Journal | None,
     *,
     run_id: str | None,
     plan: Plan,
@@ -235,7 +235,7 @@ def _first_work(step: StepPlan, f: StepForecast) -> str:
 
 
 def _restorable_rows(
-    db: Database, run_id: str | None, plan: Plan, step: StepPlan, decision: Any, reuse_from: str | None
+    db: Journal, run_id: str | None, plan: Plan, step: StepPlan, decision: Any, reuse_from: str | None
 ) -> list[dict[str, Any]]:
     """Journal-shaped rows for the pending units a driver would restore (`engine.reuse`), written nowhere."""
     from akm.engine.reuse import restorable
@@ -260,7 +260,7 @@ def _restorable_rows(
 
 
 def _verdict_restorable(
-    db: Database, run_id: str | None, reuse_from: str | None, plan: Plan, step: StepPlan, decision: Any
+    db: Journal, run_id: str | None, reuse_from: str | None, plan: Plan, step: StepPlan, decision: Any
 ) -> bool:
     from akm.engine.reuse import restorable_verdict
 

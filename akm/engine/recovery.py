@@ -1,4 +1,4 @@
-"""What moves a stopped run on: the one remedy that works in its state (issue 33, "no dead ends").
+"""What moves a stopped run on: the one remedy that works in its state.
 
 A failed or blocked run used to be told "fix the cause, then resume and run" whatever the cause — a remedy
 that cannot work when the cause is a result a step was built on (resuming re-runs the step on the same
@@ -25,11 +25,11 @@ from typing import Any
 from akm.engine.finalize import DIVERGED, FAILED, RETRYABLE, decide_step, unit_states, work_list_for
 from akm.engine.worklist import StepFailure, steps_read
 from akm.errors import AkmError
-from akm.store.db import Database
+from akm.store.journal import Journal
 from akm.store.runs import Run
 
 
-def recovery(db: Database, run: Run) -> dict[str, Any] | None:
+def recovery(db: Journal, run: Run) -> dict[str, Any] | None:
     """`{action, stepId, redo, then, why}` for a failed, blocked or abandoned run; None for any other."""
     if run.status == "abandoned":
         return _new_run(run, "abandoning is final; a new run of the workflow reuses this run's completed units")
@@ -59,7 +59,7 @@ def recovery(db: Database, run: Run) -> dict[str, Any] | None:
     return _new_run(run, remedy["why"]) if remedy["action"] == "new_run" else remedy
 
 
-def _after_failure(db: Database, run: Run, step_id: str) -> dict[str, Any]:
+def _after_failure(db: Journal, run: Run, step_id: str) -> dict[str, Any]:
     from akm.engine.state import load_run
     from akm.engine.stepctx import load_gate, load_spine, step_rows
     from akm.store import units as units_store

@@ -1,7 +1,7 @@
 """Pure step semantics: reuse decisions, reduction, evidence, routes.
 
 Everything here is a function of journal rows and unit outcomes, so the native
-drive loop and the session protocol reach identical results (DESIGN.md), and a
+drive loop and the session protocol reach identical results (spec/architecture.md), and a
 resumed run rebuilds exactly the evidence a live run would have written.
 """
 

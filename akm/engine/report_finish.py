@@ -29,7 +29,7 @@ from akm.errors import AkmError, InternalError
 from akm.plan.model import StepPlan
 from akm.record import dataclass
 from akm.store import runs as runs_store
-from akm.store.db import Database
+from akm.store.journal import Journal
 from akm.store.status import DRIVABLE_STATUSES, REPORT_LOCK_PREFIX
 
 FINALIZE_WAIT_S = 30.0
@@ -56,7 +56,7 @@ def unreported(states: list[UnitState], claimed: str | None = None) -> int:
 
 
 def settle_written(
-    db: Database,
+    db: Journal,
     run_id: str,
     project_root: Path,
     registry: Any,
@@ -80,7 +80,7 @@ def settle_written(
 
 
 def settle(
-    db: Database,
+    db: Journal,
     run_id: str,
     project_root: Path,
     registry: Any,
@@ -184,7 +184,7 @@ def _work_left(cur: CurrentStep, step: StepPlan, d: StepDecision) -> Settled:
 # ---------------------------------------------------------------- the finalize lock and the effects
 
 
-def _acquire_finalize_lock(db: Database, run_id: str) -> str | None:
+def _acquire_finalize_lock(db: Journal, run_id: str) -> str | None:
     """The run lease, held briefly by this report while it finishes the step; waits for another report's."""
     holder = f"{REPORT_LOCK_PREFIX}{uuid.uuid4()}"
     deadline = time.monotonic() + FINALIZE_WAIT_S
@@ -199,7 +199,7 @@ def _acquire_finalize_lock(db: Database, run_id: str) -> str | None:
         delay = min(delay * 2, 0.2)
 
 
-def _park(db: Database, run_id: str, stub: dict[str, Any]) -> None:
+def _park(db: Journal, run_id: str, stub: dict[str, Any]) -> None:
     """Mark the run as waiting for the agent (a no-op when it already says exactly that)."""
     run = runs_store.get_run(db, run_id)
     if run is None or run.status not in DRIVABLE_STATUSES:
@@ -216,7 +216,7 @@ class _ReportEffects:
     park_without_judge_dispatcher = False  # the plan names a judge engine: without its dispatcher it fails
     fence: runs_store.Fence | None = None  # a report holds the finalize lock, not a driver's fence
 
-    def __init__(self, db: Database, cur: CurrentStep, lock: str, project_root: Path, registry: Any) -> None:
+    def __init__(self, db: Journal, cur: CurrentStep, lock: str, project_root: Path, registry: Any) -> None:
         self.db = db
         self.run_id = cur.run_id
         self.plan = cur.loaded.plan

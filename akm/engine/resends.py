@@ -23,7 +23,7 @@ from akm.plan.identity import base_of_attempt, journal_base_id
 from akm.plan.model import UnitNode
 from akm.store import runs as runs_store
 from akm.store import units as units_store
-from akm.store.db import Database
+from akm.store.journal import Journal
 from akm.store.status import DRIVABLE_STATUSES
 
 # ---------------------------------------------------------------- attempt ids
@@ -84,7 +84,7 @@ def step_closed(cur: CurrentStep, unit_id: str, step_id: str | None) -> UsageErr
 # ---------------------------------------------------------------- resends
 
 
-def resent_report(db: Database, cur: CurrentStep, req: UnitReport, project_root: Path) -> ReportAnswer | None:
+def resent_report(db: Journal, cur: CurrentStep, req: UnitReport, project_root: Path) -> ReportAnswer | None:
     """The answer to a report of an attempt that is already closed and holds exactly this content, else None.
 
     Closed: the run no longer takes reports, the unit is not in the current step's work, or the report names
@@ -130,7 +130,7 @@ def _other_content(
     return None
 
 
-def _finished_rows(db: Database, run_id: str, cid: str) -> list[dict[str, Any]]:
+def _finished_rows(db: Journal, run_id: str, cid: str) -> list[dict[str, Any]]:
     """The unit's attempts, of every step and loop, that finished (completed or failed), oldest first."""
     return [r for r in units_store.family_rows(db, run_id, cid) if r["status"] in ("completed", "failed")]
 
@@ -169,7 +169,7 @@ def _template_of(cur: CurrentStep, step_id: str | None) -> UnitNode | None:
     return step.unit_template if step is not None else None
 
 
-def resent_verdict(db: Database, cur: CurrentStep, req: UnitReport) -> ReportAnswer | None:
+def resent_verdict(db: Journal, cur: CurrentStep, req: UnitReport) -> ReportAnswer | None:
     """The answer to a verdict resent for a gate loop that already has exactly this verdict, else None
     (a different verdict for a closed loop is STALE_REPORT)."""
     step_id, _, loop_text = req.unit_id.partition(".gate:l")
@@ -209,7 +209,7 @@ def _verdict_of(value: Any) -> dict[str, Any] | None:
 
 
 def resend_answer(
-    db: Database, cur: CurrentStep, step_id: str, unit_id: str, attempt: str, status: ReportStatus, loop: int
+    db: Journal, cur: CurrentStep, step_id: str, unit_id: str, attempt: str, status: ReportStatus, loop: int
 ) -> ReportAnswer:
     """`idempotent`: the journal already holds this report; nothing changed, and the answer says where the
     run is now."""

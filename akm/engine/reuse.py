@@ -17,12 +17,12 @@ from akm.engine.finalize import PENDING, StepDecision
 from akm.engine.state import LoadedRun
 from akm.plan.model import Plan, StepPlan
 from akm.store import rewinds as rewinds_store
-from akm.store.db import Database
+from akm.store.journal import Journal
 from akm.store.runs import Fence
 
 
 def restorable(
-    db: Database, run_id: str, reuse_from: str | None, plan: Plan, step: StepPlan, decision: StepDecision
+    db: Journal, run_id: str, reuse_from: str | None, plan: Plan, step: StepPlan, decision: StepDecision
 ) -> list[rewinds_store.Adoption]:
     """The pending units of `decision` that have a row to restore, each with the row it would be copied from
     (`run_id`: the run, or "" for one not created yet; `reuse_from`: its `--from` source)."""
@@ -48,7 +48,7 @@ def restorable(
 
 
 def restore(
-    db: Database,
+    db: Journal,
     loaded: LoadedRun,
     step: StepPlan,
     decision: StepDecision,
@@ -67,7 +67,7 @@ def restore(
 
 
 def restorable_verdict(
-    db: Database, run_id: str, reuse_from: str | None, plan: Plan, step: StepPlan, decision: StepDecision
+    db: Journal, run_id: str, reuse_from: str | None, plan: Plan, step: StepPlan, decision: StepDecision
 ) -> rewinds_store.Adoption | None:
     """For a `judge` decision: a verdict given before on the same question (`gates.verdict_identity`: the same
     rubric, units and artifact, the same judge) to restore as this loop's gate row, or None."""
@@ -91,7 +91,7 @@ def restorable_verdict(
 
 
 def restore_verdict(
-    db: Database,
+    db: Journal,
     loaded_run_id: str,
     reuse_from: str | None,
     plan: Plan,
@@ -109,9 +109,7 @@ def restore_verdict(
     return bool(call(rewinds_store.adopt_units, db, loaded_run_id, step.step_id, [found], fence=fence))
 
 
-def _redone_by_rewinds(
-    db: Database, run_id: str, plan: Plan, step: StepPlan
-) -> Callable[[str, str | None, bool], bool]:
+def _redone_by_rewinds(db: Journal, run_id: str, plan: Plan, step: StepPlan) -> Callable[[str, str | None, bool], bool]:
     """Whether a rewind of this run said to do a unit of `step` anew — `redo` (all, or that unit), or a session
     unit of the step it went back to — so a `--from` source may not serve it. (A rewind marks the rows of its
     own history not reusable instead, `rewinds.rewind_run`.)"""

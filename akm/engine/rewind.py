@@ -15,7 +15,7 @@ from akm.errors import UsageError
 from akm.ids import uuid4
 from akm.store import rewinds as rewinds_store
 from akm.store import runs as runs_store
-from akm.store.db import Database
+from akm.store.journal import Journal
 from akm.store.status import REPORT_LOCK_PREFIX
 
 # As long as a driver waits for a report's finalize lock (akm.engine.drive.REPORT_LOCK_WAIT_S).
@@ -23,7 +23,7 @@ REPORT_LOCK_WAIT_S = 10.0
 
 
 def rewind(
-    db: Database, run_id: str, to_step: str, *, redo: bool | Sequence[str] = False
+    db: Journal, run_id: str, to_step: str, *, redo: bool | Sequence[str] = False
 ) -> rewinds_store.RewindOutcome:
     """Reopen `to_step` and every later step of the run (see `rewinds.rewind_run`)."""
     load_run(db, run_id)  # CORRUPT_RUN (and RUN_NOT_FOUND) before anything is written

@@ -1,4 +1,4 @@
-"""Known secrets kept out of a run's inputs: its params and its frozen plan (issue 35).
+"""Known secrets kept out of a run's inputs: its params and its frozen plan.
 
 Why here and not at output time: a run's params and plan are journaled (`runs.params_json`, `runs.plan_json`),
 printed (`params:`, `--format json`), sent in every prompt and brief, and they decide the units' input hashes.
@@ -51,10 +51,12 @@ def scrub_run_inputs(plan: Plan, params: dict[str, Any], project_root: Path) -> 
         if [s.step_id for s in clean_plan.steps] != [s.step_id for s in plan.steps]:
             raise PlanError("a step id held a secret")
     except (PlanError, ValueError):
+        from akm.codes import Code
+
         raise UsageError(
             "the workflow uses the value of a secret from the project's env files as a name (a step id), where it "
             "cannot be replaced by [REDACTED] without changing the workflow",
-            code="WORKFLOW_INVALID",
+            code=Code.WORKFLOW_INVALID,
             hint="Rename it in the workflow, or use another secret value.",
         ) from None
     where = [

@@ -64,13 +64,13 @@ from akm.plan.identity import base_of_attempt
 from akm.record import dataclass
 from akm.store import runs as runs_store
 from akm.store import units as units_store
-from akm.store.db import Database
+from akm.store.journal import Journal
 from akm.store.report_guards import replay_diverged
 from akm.store.runs import Run
 from akm.store.status import DRIVABLE_STATUSES
 
 
-def report(db: Database, req: UnitReport, *, project_root: Path, registry: Any = None) -> ReportAnswer:
+def report(db: Journal, req: UnitReport, *, project_root: Path, registry: Any = None) -> ReportAnswer:
     """Record one report and finish the step when its work is complete.
 
     A report answers one attempt: the brief's `attempt_id` (or `gate_loop`) names it, else the unit's current
@@ -107,7 +107,7 @@ def _check_arguments(req: UnitReport) -> None:
         )
 
 
-def _resent(db: Database, cur: CurrentStep, req: UnitReport, project_root: Path) -> ReportAnswer | None:
+def _resent(db: Journal, cur: CurrentStep, req: UnitReport, project_root: Path) -> ReportAnswer | None:
     """The answer to a resend of a closed attempt (see `resends`); a re-run or a claim is never one."""
     if req.is_new_work:
         return None
@@ -143,7 +143,7 @@ def _check_reportable(cur: CurrentStep, req: UnitReport) -> None:
 # ---------------------------------------------------------------- a unit's result or claim
 
 
-def _report_unit(db: Database, cur: CurrentStep, req: UnitReport, project_root: Path, registry: Any) -> ReportAnswer:
+def _report_unit(db: Journal, cur: CurrentStep, req: UnitReport, project_root: Path, registry: Any) -> ReportAnswer:
     """A unit's result or claim: checked against the unit, written behind the store's guards (one
     `ReportedAttempt`), then — a result — the step settled once after the write."""
     step = cur.step
@@ -204,7 +204,7 @@ def _report_unit(db: Database, cur: CurrentStep, req: UnitReport, project_root: 
     )
 
 
-def _reportable_unit(db: Database, cur: CurrentStep, req: UnitReport) -> WorkUnit:
+def _reportable_unit(db: Journal, cur: CurrentStep, req: UnitReport) -> WorkUnit:
     """The unit of the current work the report names, checked against its own attempt rows: not diverged,
     the attempt it answers is the current one, and it is not a command unit (akm runs those)."""
     assert cur.step is not None
@@ -225,7 +225,7 @@ def _reportable_unit(db: Database, cur: CurrentStep, req: UnitReport) -> WorkUni
     return u
 
 
-def _refuse_unit(db: Database, cur: CurrentStep, unit_id: str) -> UsageError:
+def _refuse_unit(db: Journal, cur: CurrentStep, unit_id: str) -> UsageError:
     """UNKNOWN_UNIT, or STEP_CLOSED for a unit of a step the run already finished (a rewind reopens it)."""
     rows = units_store.family_rows(db, cur.run_id, content_id(unit_id))
     finished = [r["step_id"] for r in rows if r["step_id"] and (cur.step is None or r["step_id"] != cur.step.step_id)]
@@ -242,7 +242,7 @@ def _refuse_unit(db: Database, cur: CurrentStep, unit_id: str) -> UsageError:
 
 
 def _budget_fails_the_step(
-    db: Database, run_id: str, step_id: str, exc: UsageError, project_root: Path, registry: Any
+    db: Journal, run_id: str, step_id: str, exc: UsageError, project_root: Path, registry: Any
 ) -> UsageError:
     """A budget ceiling ends the run as it does natively: the report is not recorded, the step and the run
     fail (a run left awaiting the agent would offer the unit forever). Returns the error to raise."""
@@ -259,7 +259,7 @@ def _budget_fails_the_step(
 # ---------------------------------------------------------------- a gate verdict
 
 
-def _report_verdict(db: Database, cur: CurrentStep, req: UnitReport, project_root: Path, registry: Any) -> ReportAnswer:
+def _report_verdict(db: Journal, cur: CurrentStep, req: UnitReport, project_root: Path, registry: Any) -> ReportAnswer:
     """A gate verdict: the step is decided before the write (is a verdict awaited, on which artifact?) and
     settled after it (what the verdict made of the step), as the drive loop decides again after a verdict."""
     step = cur.step
@@ -331,7 +331,7 @@ class _Recorded:
     claim: Claim | None = None
 
 
-def _written(db: Database, settled: Settled, rec: _Recorded) -> ReportAnswer:
+def _written(db: Journal, settled: Settled, rec: _Recorded) -> ReportAnswer:
     """The answer to a report that was recorded: what it did to the step and the run."""
     fresh = runs_store.require_run(db, rec.run_id)
     return ReportAnswer(
@@ -351,7 +351,7 @@ def _written(db: Database, settled: Settled, rec: _Recorded) -> ReportAnswer:
     )
 
 
-def _brief_after(db: Database, settled: Settled, run: Run) -> Brief | None:
+def _brief_after(db: Journal, settled: Settled, run: Run) -> Brief | None:
     """The new brief when a report changed the agent's work within the step (a verdict is now awaited, or
     the gate opened the next loop), so that the agent needs no `next` call; else None. Built from the step
     as the report last decided it: nothing is decided again for it."""

@@ -18,7 +18,7 @@ from akm.format.schema import validate_instance
 from akm.plan.model import UNIT_HASH_VERSION, Plan, PlanError
 from akm.record import dataclass
 from akm.store import runs as runs_store
-from akm.store.db import Database
+from akm.store.journal import Journal
 from akm.store.runs import Run
 
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
@@ -40,9 +40,11 @@ class LoadedRun:
 
 
 def _corrupt(run_id: str, what: str) -> UsageError:
+    from akm.codes import Code
+
     return UsageError(
         f"Run {run_id} has a corrupt {what}; it cannot be executed (it can still be inspected or abandoned).",
-        code="CORRUPT_RUN",
+        code=Code.CORRUPT_RUN,
         details={"runId": run_id},
     )
 
@@ -72,7 +74,7 @@ def _same_plan_and_params(before: Run, now: Run) -> bool:
     )
 
 
-def load_run(db: Database, run_id: str, prior: LoadedRun | None = None) -> LoadedRun:
+def load_run(db: Journal, run_id: str, prior: LoadedRun | None = None) -> LoadedRun:
     """The run, its frozen plan and its params, checked (a corrupt run is CORRUPT_RUN).
 
     `prior`: this run as loaded moments ago in the same call (a report reads its run before its write and
@@ -84,10 +86,12 @@ def load_run(db: Database, run_id: str, prior: LoadedRun | None = None) -> Loade
     if run.hash_version > UNIT_HASH_VERSION:
         # Its units' identities are a preimage this akm does not know: hashing them some other way
         # would diverge from (or silently redo) the units a newer akm journaled.
+        from akm.codes import Code
+
         raise UsageError(
             f"Run {run_id} was created by a newer akm (unit hash version {run.hash_version}; this akm computes "
             f"up to {UNIT_HASH_VERSION}); drive it with that akm (it can still be inspected or abandoned here).",
-            code="CORRUPT_RUN",
+            code=Code.CORRUPT_RUN,
             details={"runId": run_id},
         )
     plan = decode_plan(run_id, run.plan_json, run.plan_hash)

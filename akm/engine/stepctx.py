@@ -6,7 +6,7 @@ which of these writes a decision calls for):
 
 * `load_spine` / `step_rows` read the step spine, outputs of earlier steps,
   route decisions and the step's unit and gate rows;
-* `journal_verdict` / `journal_judge_failure` write a gate row;
+* `journal_verdict` / `judge_failure` make a gate row;
 * `finish_step` completes, fails, skips or blocks the step (evidence bounded).
 """
 
@@ -22,7 +22,7 @@ from akm.plan.model import Plan, StepPlan
 from akm.record import dataclass
 from akm.store import runs as runs_store
 from akm.store import units as units_store
-from akm.store.db import Database
+from akm.store.journal import Journal
 from akm.store.runs import Fence, Step
 
 
@@ -42,7 +42,7 @@ class Spine:
         return step_outputs_from_evidence(self.evidence)
 
 
-def load_spine(db: Database, run_id: str, plan: Plan) -> Spine:
+def load_spine(db: Journal, run_id: str, plan: Plan) -> Spine:
     steps = runs_store.get_steps(db, run_id)
     evidence: dict[str, Any] = {}
     for s in steps:
@@ -55,7 +55,7 @@ def load_spine(db: Database, run_id: str, plan: Plan) -> Spine:
     return Spine(steps=steps, evidence=evidence, routes=routes)
 
 
-def step_rows(db: Database, run_id: str, step_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def step_rows(db: Journal, run_id: str, step_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(dispatch rows, gate rows) of one step, as plain dicts in journal order."""
     units: list[dict[str, Any]] = []
     gates: list[dict[str, Any]] = []
@@ -65,7 +65,7 @@ def step_rows(db: Database, run_id: str, step_id: str) -> tuple[list[dict[str, A
 
 
 def load_gate(
-    db: Database, run_id: str, step: StepPlan, spine: Spine, gate_rows: list[dict[str, Any]] | None = None
+    db: Journal, run_id: str, step: StepPlan, spine: Spine, gate_rows: list[dict[str, Any]] | None = None
 ) -> GateState:
     if gate_rows is None:
         gate_rows = step_rows(db, run_id, step.step_id)[1]
@@ -77,7 +77,7 @@ def load_gate(
 
 
 def journal_verdict(
-    db: Database,
+    db: Journal,
     run_id: str,
     step: StepPlan,
     loop: int,
@@ -118,7 +118,7 @@ def journal_verdict(
 
 
 def begin_judging(
-    db: Database,
+    db: Journal,
     run_id: str,
     step: StepPlan,
     loop: int,
@@ -146,7 +146,7 @@ def begin_judging(
 
 
 def finish_judging(
-    db: Database,
+    db: Journal,
     run_id: str,
     step: StepPlan,
     loop: int,
@@ -185,7 +185,7 @@ def finish_judging(
 
 
 def finish_step(
-    db: Database,
+    db: Journal,
     run_id: str,
     step_id: str,
     status: str,
@@ -230,7 +230,7 @@ def finish_step(
 
 
 def judge_with_engine(
-    db: Database,
+    db: Journal,
     run_id: str,
     plan: Plan,
     step: StepPlan,

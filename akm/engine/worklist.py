@@ -1,7 +1,7 @@
 """The pure work list: which units a step consists of, and their identities.
 
 Shared by the native drive loop and the session protocol so both produce the
-same unit graph for the same plan (DESIGN.md). No clock, no IO, no store: the
+same unit graph for the same plan (spec/architecture.md). No clock, no IO, no store: the
 inputs are the frozen step, the run params and the outputs of earlier steps.
 A problem that concerns the whole step (an `over` that is not a list, a
 duplicate fan-out item, an input that does not resolve) is returned as a

@@ -4,7 +4,7 @@ A step may only read what exists before it runs: outputs of steps declared
 earlier and declared params. Routes only jump forward, so a run never loops
 except through a gate's bounded `max_loops`. The upstream tool found these
 problems while compiling or freezing a run; we report them at lint time
-(DECISIONS D10), anchored at the reference or target that breaks the rule.
+(spec/decisions.md D10), anchored at the reference or target that breaks the rule.
 """
 
 from __future__ import annotations

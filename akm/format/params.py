@@ -30,6 +30,7 @@ from typing import Any
 from akm.errors import UsageError
 from akm.format.schema import preview, validate_instance
 from akm.record import dataclass, field
+from akm.text import JS_WHITESPACE
 
 RUN_CONTROL_VALUE_FLAGS: tuple[str, ...] = ("max-steps", "timeout", "format", "from")
 RUN_CONTROL_BOOL_FLAGS: tuple[str, ...] = ("help", "quiet", "verbose", "new", "detach", "workers", "plan")
@@ -43,8 +44,6 @@ _MAX_SAFE_INTEGER = 2**53 - 1
 # What JavaScript's Number() accepts after trimming (besides hex/octal/binary and Infinity).
 _DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\Z")
 _RADIX = re.compile(r"0([xX][0-9a-fA-F]+|[oO][0-7]+|[bB][01]+)\Z")
-# ECMAScript StrWhiteSpaceChar: what Number() and trim() strip.
-_JS_SPACE = " \t\n\v\f\r\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 
 _AFTER_TARGET = "must come after the workflow path, ref or run id"
 
@@ -87,9 +86,11 @@ def split_run_args(tokens: list[str]) -> RunArgs:
             if tok in _SHORT_FLAGS:
                 args.controls[_SHORT_FLAGS[tok]] = True
                 continue
+            from akm.codes import Code
+
             raise UsageError(
                 f'Unknown option "{tok}"; params are passed as --name value',
-                code=UNKNOWN_FLAG,
+                code=Code.UNKNOWN_FLAG,
             )
         body = tok[2:]
         name, has_eq, inline = body.partition("=")
@@ -141,7 +142,7 @@ def js_number(text: str) -> int | float | None:
 
     Integral results come back as `int` so JSON output shows `3`, not `3.0`.
     """
-    s = text.strip(_JS_SPACE)
+    s = text.strip(JS_WHITESPACE)
     if not s:
         return None
     m = _RADIX.match(s)
@@ -219,7 +220,7 @@ def _coerce_one(flag: str, raw: str | bool, schema: Any) -> Any:
     text = str(raw)
     if "string" in types:
         return text
-    if ("number" in types or "integer" in types) and _RADIX.match(text.strip(_JS_SPACE)):
+    if ("number" in types or "integer" in types) and _RADIX.match(text.strip(JS_WHITESPACE)):
         # JavaScript's Number() reads 0x10 as 16; a typo'd or pasted hex/octal/binary literal silently
         # becoming a different count is worse than asking for the decimal spelling.
         raise UsageError(
@@ -276,9 +277,11 @@ def coerce_params(pairs: list[tuple[str, str | bool]], param_schemas: dict[str, 
     for name, raw in pairs:
         if name not in param_schemas:
             declared = ", ".join(f"--{n}" for n in param_schemas) or "(this workflow declares no params)"
+            from akm.codes import Code
+
             raise UsageError(
                 f"Unknown flag --{name}: param flags must exactly match a declared param name",
-                code=UNKNOWN_FLAG,
+                code=Code.UNKNOWN_FLAG,
                 hint=f"declared params: {declared}",
             )
         grouped.setdefault(name, []).append(raw)
@@ -288,7 +291,7 @@ def coerce_params(pairs: list[tuple[str, str | bool]], param_schemas: dict[str, 
         schema = param_schemas[name]
         types = _types_of(schema)
         if "array" in types:
-            if len(raws) == 1 and isinstance(raws[0], str) and raws[0].strip(_JS_SPACE).startswith("["):
+            if len(raws) == 1 and isinstance(raws[0], str) and raws[0].strip(JS_WHITESPACE).startswith("["):
                 value = _parse_json(name, raws[0])
                 if not isinstance(value, list):
                     raise UsageError(f"--{name} must be a JSON array", code=INVALID_FLAG_VALUE)

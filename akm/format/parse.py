@@ -1,6 +1,6 @@
 """Parse and fully check one workflow file: text in, document or diagnostics out.
 
-This is both the parser and the lint engine (DECISIONS D10: lint is complete).
+This is both the parser and the lint engine (spec/decisions.md D10: lint is complete).
 Everything that would fail a run for a reason visible in the file is reported
 here, including what the upstream tool only found while compiling or freezing:
 references to later/unknown steps and undeclared params, duplicate list

@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from akm.codes import Code
 from akm.errors import UsageError
 from akm.format.grammar import ENVELOPE_KEYS
 from akm.format.schema import check_schema_definition
@@ -476,7 +477,7 @@ def upgrade_legacy(text: str) -> str:
     if fm_text is not None and _STEPS_KEY.search(fm_text):
         raise UsageError(
             "Nothing to upgrade: the frontmatter already declares steps: (current format)",
-            code=UPGRADE_FAILED,
+            code=Code.UPGRADE_FAILED,
         )
     fm: Any = {}
     if fm_text is not None:
@@ -486,13 +487,13 @@ def upgrade_legacy(text: str) -> str:
         if doc.problems:
             raise UsageError(
                 f"Cannot upgrade: the frontmatter is not valid YAML ({doc.problems[0].message})",
-                code=UPGRADE_FAILED,
+                code=Code.UPGRADE_FAILED,
             )
         fm = doc.value
         if fm is None:
             fm = {}
         if not isinstance(fm, dict):
-            raise UsageError("Cannot upgrade: the frontmatter must be a YAML mapping", code=UPGRADE_FAILED)
+            raise UsageError("Cannot upgrade: the frontmatter must be a YAML mapping", code=Code.UPGRADE_FAILED)
 
     body = _scan(lines, body_start)
     steps = _find_steps(body)
@@ -500,7 +501,7 @@ def upgrade_legacy(text: str) -> str:
         raise UsageError(
             'Cannot upgrade: no recognisable steps (expected headings followed by "Step ID: <id>" '
             'lines, or "## Step: <title>" headings)',
-            code=UPGRADE_FAILED,
+            code=Code.UPGRADE_FAILED,
         )
 
     envelope, fm_title = _convert_frontmatter(fm)
@@ -537,7 +538,7 @@ def upgrade_legacy(text: str) -> str:
         elif criteria:
             instructions = "Do the work this step's completion criteria describe."
         else:
-            raise UsageError(f'Cannot upgrade: step "{step.step_id}" has no instructions', code=UPGRADE_FAILED)
+            raise UsageError(f'Cannot upgrade: step "{step.step_id}" has no instructions', code=Code.UPGRADE_FAILED)
         section = f"## {step.step_id}\n\n{instructions}\n"
         if criteria:
             section += f"\n### gate\n\n{criteria}\n"

@@ -1,4 +1,4 @@
-"""YAML with YAML 1.2 core-schema meaning, plus line anchors (DECISIONS D3).
+"""YAML with YAML 1.2 core-schema meaning, plus line anchors (spec/decisions.md D3).
 
 PyYAML implements YAML 1.1: `on`/`yes`/`no` become booleans, `2026-01-01` a date,
 `017` octal, `1_000` an int, and `<<` merges mappings. Workflow authors write
@@ -87,12 +87,8 @@ class YamlDoc:
     key_marks: dict[Path, tuple[int, int]] = field(default_factory=dict)
     problems: list[YamlProblem] = field(default_factory=list)
 
-    def line_of(self, path: Path, *, key: bool = False) -> int | None:
-        """Line of `path` (its key line when `key`), walking up to the nearest anchored parent."""
-        mark = self.mark_of(path, key=key)
-        return mark[0] if mark else None
-
     def mark_of(self, path: Path, *, key: bool = False) -> tuple[int, int] | None:
+        """(line, column) of `path` (its key's when `key`), walking up to the nearest anchored parent."""
         p = tuple(path)
         if key and p in self.key_marks:
             return self.key_marks[p]

@@ -25,7 +25,8 @@ import time
 from typing import Any
 
 from akm import api
-from akm.errors import AkmError
+from akm.codes import Code
+from akm.errors import AkmError, InternalError
 from akm.views import RunResult, StepCount
 
 # Abort reasons that are ours, not the run's: a unit they stop is not "failed" to the agent.
@@ -170,7 +171,7 @@ class Drives:
         bad input is refused before anything runs). Raises AkmError for what `api.open_run` refuses."""
         with self._lock:
             if self._closed:
-                raise AkmError("The server is shutting down; no run is started.", code="SHUTTING_DOWN")
+                raise AkmError("The server is shutting down; no run is started.", code=Code.SHUTTING_DOWN)
             opened = api.open_run(
                 target,
                 params=params or None,
@@ -217,9 +218,9 @@ class Drives:
         except AkmError as exc:
             drive.error = exc
         except Exception as exc:  # a bug: the waiting call reports it as INTERNAL, the server keeps serving
-            drive.error = AkmError(
+            drive.error = InternalError(
                 f"unexpected {type(exc).__name__} while driving run {drive.run_id}: {exc}",
-                code="INTERNAL",
+                code=Code.INTERNAL,
             )
         finally:
             drive.finished.set()

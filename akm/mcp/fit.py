@@ -5,7 +5,7 @@ its limit to a file, showing the model a 2 KB preview). So an answer is made to 
 
 1. the api pages what grows with a run — unit attempts, runs (`offset`/`limit`, with a total), events (a
    cursor) — and this front asks for a page (`UNITS_PAGE`, `RUNS_PAGE`) when the client names no limit;
-2. `akm.compact` clips large values to previews that name the call returning them whole, and a value fetched
+2. `akm.mcp.compact` clips large values to previews that name the call returning them whole, and a value fetched
    whole that is still too large (a step's output, a unit's prompt) comes in pages of its text;
 3. `shrink` is the last resort for anything else: it lists the first items of the largest list that fit
    (saying how many there are), and cuts a huge string to a preview — for the paged lists it moves their
@@ -23,8 +23,8 @@ from typing import Any
 
 from mcp_types import CallToolResult, TextContent
 
-from akm import compact
-from akm.compact import size_of
+from akm.mcp import compact
+from akm.mcp.compact import size_of
 
 LINE_LIMIT = 64 * 1024  # an answer line on the wire, envelope included
 ENVELOPE = 1024  # the JSON-RPC envelope, `_meta` and content framing around the blocks

@@ -83,6 +83,6 @@ CatalogModel = _schema_model(views.Catalog)
 
 def lint_model() -> Any:
     """The workflow_lint output schema, derived from the lint report records (plain `View`s, no pydantic)."""
-    from akm.format.lint import LintReport
+    from akm.api import LintReport
 
     return _schema_model(LintReport)

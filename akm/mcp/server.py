@@ -24,7 +24,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 from akm import __version__, api
-from akm.errors import AkmError
+from akm.codes import Code
+from akm.errors import AkmError, InternalError
 from akm.mcp import drives as drives_mod
 from akm.mcp import stdio as sdk
 from akm.mcp.arguments import parse_json_strings, uncoerced
@@ -144,14 +145,14 @@ class AkmServer(Server[Any]):
         tool = TOOLS.get(name)
         if tool is None:
             return error_result(
-                AkmError(f"Unknown tool: {name}. Tools: {', '.join(sorted(TOOLS))}.", code="UNKNOWN_TOOL")
+                AkmError(f"Unknown tool: {name}. Tools: {', '.join(sorted(TOOLS))}.", code=Code.UNKNOWN_TOOL)
             )
         schema = _input_schemas()[name]
         arguments = parse_json_strings(arguments, schema)
         problems = uncoerced(arguments, schema)
         if problems:
             return error_result(
-                AkmError(f"Invalid arguments for {name}: {'; '.join(problems)}.", code="INVALID_ARGUMENT")
+                AkmError(f"Invalid arguments for {name}: {'; '.join(problems)}.", code=Code.INVALID_ARGUMENT)
             )
         try:
             request = api.front_request(tool.request, arguments, call=name)
@@ -174,9 +175,9 @@ class AkmServer(Server[Any]):
             # bare "Error executing tool".
             log.exception("tool %s failed", name)
             return error_result(
-                AkmError(
+                InternalError(
                     f"unexpected {type(exc).__name__}: {exc}",
-                    code="INTERNAL",
+                    code=Code.INTERNAL,
                     hint="this is a bug in akm; the server's stderr has the traceback.",
                 )
             )
@@ -219,7 +220,7 @@ class AkmServer(Server[Any]):
         """(text, MIME type) of the resource at `uri`, or None when there is none."""
         import json
 
-        from akm import compact
+        from akm.mcp import compact
 
         if uri == RUNS_URI:
             return json.dumps(api.list_runs(cwd=self.cwd).to_json(), ensure_ascii=False), "application/json"

@@ -16,7 +16,7 @@ Engine selection for a unit that is not an exec unit (spec/config.md §5):
    run nothing; a unit with `llm:` options wants an LLM (`defaults.llmEngine`);
    any other unit takes `defaults.agentEngine`, then `defaults.llmEngine`;
 3. nothing configured → a session unit (engine null) that the calling agent
-   does (DECISIONS D11). With no engine configured at all, every such unit is
+   does (spec/decisions.md D11). With no engine configured at all, every such unit is
    a session unit even when it names an engine, so a shared workflow still runs.
 
 The decision is frozen with the unit (`UnitNode.route`, one of `ROUTES`), so
@@ -313,17 +313,21 @@ class EngineFreezer:
     def _unknown(self, where: str, name: str) -> ConfigError:
         known = ", ".join(sorted(self.cfg.engines)) or "none"
         files = " and ".join(str(p) for p in self.loaded.files) or str(self.loaded.user_path)
+        from akm.codes import Code
+
         return ConfigError(
             f"{where} names engine {name!r}, which is not configured in {files} (engines: {known}).",
-            code="UNKNOWN_ENGINE",
+            code=Code.UNKNOWN_ENGINE,
             hint=f"Add an engine named {name!r} to the config, or change the step's engine.",
             details={"engine": name},
         )
 
     def _mismatch(self, where: str, message: str, name: str) -> ConfigError:
+        from akm.codes import Code
+
         return ConfigError(
             f"{where}: {message}",
-            code="ENGINE_MISMATCH",
+            code=Code.ENGINE_MISMATCH,
             details={"engine": name},
             hint="Name an engine of the right kind for this step, or change the step.",
         )

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Callable, ClassVar, Literal
 
 from akm.canonical import canonical_json, sha256_hex
+from akm.format.grammar import MAX_TIMEOUT_MS
 
 IR_VERSION = 3
 UNIT_HASH_VERSION = 5  # a new run's unit input hash preimage (akm/plan/identity.py); older runs keep theirs
@@ -282,7 +283,7 @@ class PlanRecord:
 
 # ---------------------------------------------------------------- the plan
 
-_TIMEOUT = OPT(INT(1, 2_147_483_647))
+_TIMEOUT = OPT(INT(1, MAX_TIMEOUT_MS))
 _OPT_STR = OPT(STR)
 _OPT_STRS = OPT(LIST(STR))
 _OPT_OBJ = OPT(DICT())

@@ -138,7 +138,7 @@ class _Report:
         self.steps: list[dict[str, Any]] = view.get("steps") or []
         everything: list[dict[str, Any]] = view.get("units") or []
         self.units = [u for u in everything if not u.get("supersededBy")]
-        # Rows a rewind superseded (issue 33): kept as history, shown per step and rewind, never as current work.
+        # Rows a rewind superseded: kept as history, shown per step and rewind, never as current work.
         self.superseded: dict[str, list[dict[str, Any]]] = {}
         for u in everything:
             if u.get("supersededBy"):
@@ -425,7 +425,7 @@ class _Report:
 
     def rewinds_section(self) -> str:
         """Each rewind: where it took the run back to and what it superseded — the step outputs, gate verdicts
-        and unit rows as they were, marked superseded (nothing is deleted, issue 33)."""
+        and unit rows as they were, marked superseded (nothing is deleted)."""
         if not self.rewinds:
             return ""
         parts = ['<section id="rewinds"><h2>Rewinds</h2>']

@@ -101,7 +101,7 @@ _AXIS_UNITS = ((1.0, "ms", 0.001), (120.0, "s", 1.0), (7200.0, "min", 60.0), (fl
 
 def axis_ticks(span: float, most: int = 6) -> list[tuple[float, str]]:
     """(seconds from the start, label) of the timeline's ticks: round steps (1, 2, 2.5 or 5 × 10ⁿ) of ONE
-    unit chosen for the whole span — never "0 ms … 48.0 s … 1.2 min" on one axis (issue 39)."""
+    unit chosen for the whole span — never "0 ms … 48.0 s … 1.2 min" on one axis."""
     _, unit, size = next(u for u in _AXIS_UNITS if span < u[0])
     total = span / size
     raw = total / max(1, most - 1)

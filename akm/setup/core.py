@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 
 from akm import config as cfg
 from akm.canonical import json_object
+from akm.codes import Code
 from akm.errors import ConfigError
 from akm.setup.detect import Detection, ModelServer
 from akm.setup.verify import JsonSchemaProbe, Verification, probe_json_schema, verify_endpoint
@@ -266,7 +267,7 @@ def clean_blob(blob: Any, warn: Warn) -> dict[str, Any]:
     """A setup blob: a JSON object whose top-level keys are config sections; others are dropped with a warning."""
     if not isinstance(blob, dict):
         raise ConfigError(
-            f"The setup config must be a JSON object, not {type(blob).__name__}.", code="INVALID_CONFIG_FILE"
+            f"The setup config must be a JSON object, not {type(blob).__name__}.", code=Code.INVALID_CONFIG_FILE
         )
     out = {}
     for key, value in blob.items():
@@ -291,12 +292,12 @@ def read_blob_file(path: str, cwd: Path) -> Any:
     except OSError as exc:
         raise ConfigError(
             f"Cannot read setup config {p}: {exc.strerror or exc}.",
-            code="INVALID_CONFIG_FILE",
+            code=Code.INVALID_CONFIG_FILE,
             details={"file": str(p)},
         ) from None
     except UnicodeDecodeError:
         raise ConfigError(
-            f"Setup config {p} is not UTF-8 text.", code="INVALID_CONFIG_FILE", details={"file": str(p)}
+            f"Setup config {p} is not UTF-8 text.", code=Code.INVALID_CONFIG_FILE, details={"file": str(p)}
         ) from None
     if p.suffix.lower() in (".yml", ".yaml"):
         from akm.format.yaml12 import load_yaml
@@ -306,7 +307,7 @@ def read_blob_file(path: str, cwd: Path) -> Any:
             first = doc.problems[0]
             raise ConfigError(
                 f"Setup config {p} line {first.line} is not valid YAML: {first.message}.",
-                code="INVALID_CONFIG_FILE",
+                code=Code.INVALID_CONFIG_FILE,
                 details={"file": str(p), "line": first.line},
             )
         return doc.value
@@ -316,7 +317,7 @@ def read_blob_file(path: str, cwd: Path) -> Any:
         return json.loads(cfg.strip_jsonc(text))
     except ValueError as exc:
         raise ConfigError(
-            f"Setup config {p} is not valid JSON: {exc}.", code="INVALID_CONFIG_FILE", details={"file": str(p)}
+            f"Setup config {p} is not valid JSON: {exc}.", code=Code.INVALID_CONFIG_FILE, details={"file": str(p)}
         ) from None
 
 

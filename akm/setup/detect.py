@@ -52,7 +52,7 @@ DEFAULT_PROBE_BASES: tuple[tuple[str, str], ...] = (
 )
 
 
-# Environment variables whose presence tells something (spec-setup §4.6): name → (provider, kind).
+# Environment variables whose presence tells something (spec/setup.md): name → (provider, kind).
 ENV_SIGNALS: tuple[tuple[str, str, str], ...] = (
     ("ANTHROPIC_API_KEY", "anthropic", "apiKey"),
     ("OPENAI_API_KEY", "openai", "apiKey"),

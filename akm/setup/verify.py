@@ -1,4 +1,4 @@
-"""Does an endpoint answer? (spec-setup §4.7) And does it honour json_schema? (§5.6)
+"""Does an endpoint answer? And does it honour json_schema? (spec/setup.md)
 
 `verify_endpoint` sends exactly one tiny request:
 

@@ -1,4 +1,4 @@
-"""Calls made from many threads at once, written as one batch: the coordinator's queue writes (issue 40).
+"""Calls made from many threads at once, written as one batch: the coordinator's queue writes.
 
 Why: a coordinator with workers waits on one thread per unit in flight, and each thread queues its unit's next
 attempt on its own. Across a network every write is a round trip, and a pass of a wide fan-out starts its

@@ -1,4 +1,4 @@
-"""The append-only event bus and the invocation history (spec-engine §8, DECISIONS D17).
+"""The append-only event bus and the invocation history (spec/engine.md, spec/decisions.md D17).
 
 Events: `(id, event_type, ts, run_id, metadata_json)`. The id is the durable
 cursor: SQLite serialises writers, so a committed id is never overtaken by a
@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from akm.canonical import compact_json
 from akm.errors import UsageError
-from akm.store.journal import Journal as Database
+from akm.store.journal import Journal
 
 
 class Event(NamedTuple):
@@ -42,7 +42,7 @@ class Event(NamedTuple):
         return out
 
 
-def append_event(db: Database, event_type: str, run_id: str | None, metadata: dict[str, Any] | None = None) -> int:
+def append_event(db: Journal, event_type: str, run_id: str | None, metadata: dict[str, Any] | None = None) -> int:
     """Insert one event; joins the caller's open transaction (so it commits or rolls back with it)."""
     with db.tx() as conn:
         db.dialect.event_lock(conn)  # ids follow commit order (the cursor never skips an event)
@@ -74,7 +74,7 @@ def _event(row: Any) -> Event:
 
 
 def list_events(
-    db: Database,
+    db: Journal,
     run_id: str | None = None,
     since_offset: int = 0,
     limit: int | None = None,
@@ -94,9 +94,15 @@ def list_events(
     is read first and the page is bounded by it).
     """
     if isinstance(since_offset, bool) or not isinstance(since_offset, int) or since_offset < 0:
-        raise UsageError(f"event offset must be a non-negative integer, got {since_offset!r}", code="INVALID_ARGUMENT")
+        from akm.codes import Code
+
+        raise UsageError(
+            f"event offset must be a non-negative integer, got {since_offset!r}", code=Code.INVALID_ARGUMENT
+        )
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise UsageError(f"event limit must be a positive integer, got {limit!r}", code="INVALID_ARGUMENT")
+        from akm.codes import Code
+
+        raise UsageError(f"event limit must be a positive integer, got {limit!r}", code=Code.INVALID_ARGUMENT)
     where = ["id > ?"]
     params: list[Any] = [since_offset]
     if run_id is not None:
@@ -123,13 +129,13 @@ def list_events(
     return events, (events[-1].id if events else since_offset)
 
 
-def last_event_id(db: Database, run_id: str) -> int:
+def last_event_id(db: Journal, run_id: str) -> int:
     """The id of the run's newest event (0: none): where a caller's later look at the run's events starts."""
     row = db.query_one("SELECT COALESCE(MAX(id), 0) AS n FROM events WHERE run_id = ?", (run_id,))
     return int(row["n"]) if row is not None else 0
 
 
-def first_event(db: Database, event_type: str, run_id: str) -> Event | None:
+def first_event(db: Journal, event_type: str, run_id: str) -> Event | None:
     """The run's first event of this type (a run's `workflow_started` holds its trace context)."""
     row = db.query_one(
         "SELECT id, event_type, ts, run_id, metadata_json FROM events WHERE event_type = ? AND run_id = ? "
@@ -139,7 +145,7 @@ def first_event(db: Database, event_type: str, run_id: str) -> Event | None:
     return _event(row) if row is not None else None
 
 
-def has_event(db: Database, event_type: str, run_id: str) -> bool:
+def has_event(db: Journal, event_type: str, run_id: str) -> bool:
     """True when an event of this type was already recorded for the run (idempotent emits)."""
     return (
         db.query_one("SELECT 1 FROM events WHERE event_type = ? AND run_id = ? LIMIT 1", (event_type, run_id))
@@ -153,7 +159,9 @@ TASK_DETAIL_FIELDS = ("runId", "reason", "error", "exitCode")
 
 
 def _metadata_error(message: str) -> UsageError:
-    return UsageError(f"invalid task_history metadata_json: {message}", code="INVALID_TASK_METADATA")
+    from akm.codes import Code
+
+    return UsageError(f"invalid task_history metadata_json: {message}", code=Code.INVALID_TASK_METADATA)
 
 
 def _is_number(value: Any) -> bool:
@@ -262,7 +270,7 @@ class TaskHistoryEntry(NamedTuple):
 
 
 def record_invocation(
-    db: Database,
+    db: Journal,
     *,
     run_id: str | None,
     started_at: str,
@@ -291,7 +299,7 @@ def record_invocation(
         )
 
 
-def list_task_history(db: Database, run_id: str | None = None) -> list[TaskHistoryEntry]:
+def list_task_history(db: Journal, run_id: str | None = None) -> list[TaskHistoryEntry]:
     """Invocation records (oldest first), metadata decoded strictly (a bad row raises UsageError)."""
     sql = "SELECT id, run_id, started_at, finished_at, outcome, metadata_json FROM task_history"
     params: list[Any] = []

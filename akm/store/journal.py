@@ -1,6 +1,6 @@
 """The journal interface: what the shared domain layer (runs, units, events) needs from a backend.
 
-Why a seam here and not at the SQL level (postgres.md §3.1): the two journals differ in locks, clocks and
+Why a seam here and not at the SQL level (spec/journal.md): the two journals differ in locks, clocks and
 cursor semantics, not only in syntax. So the business rules stay in ONE Python layer (`store/runs.py`,
 `store/units.py`, `store/events.py`), written once against this interface, and each backend supplies:
 
@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from akm.errors import UsageError
 
-# Row-lock modes of `Dialect.lock_run` (PostgreSQL's names; postgres.md §2.5). `UPDATE` conflicts with
+# Row-lock modes of `Dialect.lock_run` (PostgreSQL's names; spec/journal.md). `UPDATE` conflicts with
 # both others, so once an abandon (UPDATE) commits, no unit write (KEY_SHARE) can slip in before it.
 RUN_UPDATE = "UPDATE"
 RUN_WRITE = "NO KEY UPDATE"
@@ -203,8 +203,10 @@ def not_text_error(exc: UnicodeEncodeError) -> UsageError:
     (akm.text); this keeps any that slips through from surfacing as an internal
     error, and the transaction it was part of rolls back.
     """
+    from akm.codes import Code
+
     return UsageError(
         f"a value is not valid UTF-8 text ({exc.reason} at character {exc.start + 1}) and cannot be stored in "
         "or looked up in the journal",
-        code="NOT_UTF8",
+        code=Code.NOT_UTF8,
     )

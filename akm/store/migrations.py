@@ -1,4 +1,4 @@
-"""Numbered schema migrations and their ledger (our own schema, DECISIONS D2).
+"""Numbered schema migrations and their ledger (our own schema, spec/decisions.md D2).
 
 Rules (why: a journal must never be silently reinterpreted by the wrong akm):
 
@@ -12,7 +12,7 @@ Rules (why: a journal must never be silently reinterpreted by the wrong akm):
   upgrade; a known id out of order means the ledger is inconsistent -> refuse.
 * Never drop, rename or retype durable columns; add new migrations instead.
 
-Column meanings follow spec-engine.md §1.4 (table names are ours: `runs`,
+Column meanings follow spec/engine.md (table names are ours: `runs`,
 `steps`, `units`, `events`, `task_history`).
 """
 
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from akm.errors import JournalError
 from akm.paths import JOURNAL_FILE_NAME
 from akm.store.clock import now_iso
-from akm.store.sqlite.db import SqliteJournal as Database
+from akm.store.sqlite.db import SqliteJournal
 
 MIGRATION_0001 = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -127,7 +127,7 @@ MIGRATION_0003 = """
 ALTER TABLE steps ADD COLUMN gate_loop_base INTEGER NOT NULL DEFAULT 0;
 """
 
-# A unit's stdout was cut at the capture cap: its artifact is the kept beginning (issue 6 item 7).
+# A unit's stdout was cut at the capture cap: its artifact is the kept beginning.
 MIGRATION_0004 = """
 ALTER TABLE units ADD COLUMN truncated INTEGER NOT NULL DEFAULT 0;
 """
@@ -178,7 +178,7 @@ DROP INDEX IF EXISTS idx_events_type;
 DROP INDEX IF EXISTS idx_events_ts;
 """
 
-# 0007: the lease's fencing counter (spec-engine §3). Bumped by every acquisition of the run lease by a
+# 0007: the lease's fencing counter (spec/engine.md). Bumped by every acquisition of the run lease by a
 # new holder; a driver's unit inserts, unit finishes and spine writes commit only while the run still
 # carries its (holder, epoch), so a driver that lost the lease (stopped past its TTL, then continued)
 # can neither start a unit nor journal one over the new holder's.
@@ -246,7 +246,7 @@ CREATE INDEX IF NOT EXISTS idx_units_queue ON units (run_id, step_id, queued_at)
 CREATE INDEX IF NOT EXISTS idx_units_claimed ON units (claim_expires_at) WHERE status = 'running' AND queued_at IS NOT NULL;
 """
 
-# 0010: going back without losing anything (issue 33; spec/engine.md "Rewind and reuse"). A rewind reopens a step
+# 0010: going back without losing anything (spec/engine.md "Rewind and reuse"). A rewind reopens a step
 # and every later one: the step rows it reopens are copied to `superseded_steps` and the unit and gate rows of
 # those steps move, unchanged, to `superseded_units` — each marked with the rewind (`rewinds`) that superseded
 # it, never deleted. `reusable = 1` marks a superseded completed row the engine may restore when it meets the
@@ -364,12 +364,12 @@ def split_statements(sql: str) -> list[str]:
     return statements
 
 
-def _ledger_exists(db: Database) -> bool:
+def _ledger_exists(db: SqliteJournal) -> bool:
     row = db.query_one("SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_migrations'")
     return row is not None
 
 
-def applied_ids(db: Database) -> list[str]:
+def applied_ids(db: SqliteJournal) -> list[str]:
     """Ledger ids in the order they were applied (empty for a fresh file)."""
     if not _ledger_exists(db):
         return []
@@ -413,10 +413,12 @@ def refuse_foreign(
     looks_like = ""
     if applied and isinstance(applied[0], str) and _UPSTREAM_ID.match(applied[0]):
         looks_like = f" It looks like upstream akm's state database (first migration {applied[0]!r})."
+    from akm.codes import Code
+
     raise JournalError(
         f"the file{where} is not an akm (Python) journal: it holds tables ({shown}) that akm did not create, "
         f"so akm will neither read nor change it.{looks_like}",
-        code="JOURNAL_FOREIGN",
+        code=Code.JOURNAL_FOREIGN,
         hint=f"akm keeps its journal in its own file, {JOURNAL_FILE_NAME}, in its data directory "
         "(AKM_DATA_DIR, else the per-user data directory); move this file away or point AKM_DATA_DIR "
         "at another directory.",
@@ -429,23 +431,27 @@ def check_ledger(applied: Sequence[str], registry: Sequence[tuple[str, str]], pa
     where = f" at {path}" if path is not None else ""
     unknown = [a for a in applied if a not in known]
     if unknown:
+        from akm.codes import Code
+
         raise JournalError(
             f"the akm journal{where} was written by a newer version of akm (Python) "
             f"(unknown schema migration {unknown[0]!r})",
-            code="JOURNAL_TOO_NEW",
+            code=Code.JOURNAL_TOO_NEW,
             hint="Upgrade akm to a version that knows this schema, or point AKM_DATA_DIR elsewhere.",
         )
     if list(applied) != known[: len(applied)]:
+        from akm.codes import Code
+
         raise JournalError(
             f"the akm journal{where} has an inconsistent migration ledger "
             f"(applied {list(applied)!r}, expected a prefix of {known!r})",
-            code="JOURNAL_INCONSISTENT",
+            code=Code.JOURNAL_INCONSISTENT,
             hint="The state database was modified outside akm; restore a backup or use a fresh AKM_DATA_DIR.",
         )
     return "current" if len(applied) == len(known) else "old"
 
 
-def apply_migrations(db: Database, registry: Sequence[tuple[str, str]] | None = None) -> list[str]:
+def apply_migrations(db: SqliteJournal, registry: Sequence[tuple[str, str]] | None = None) -> list[str]:
     """Apply pending migrations, each in its own transaction. Returns the ids applied now."""
     registry = MIGRATIONS if registry is None else registry
     with db.lock:

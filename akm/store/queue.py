@@ -34,12 +34,11 @@ from collections.abc import Iterable, Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from akm.codes import Code
 from akm.errors import NotFoundError
 from akm.store.batch import Coalescer
-from akm.store.journal import RUN_UNIT_WRITE
-from akm.store.journal import Journal as Database
+from akm.store.journal import RUN_UNIT_WRITE, Journal
 from akm.store.runs import (
-    DRIVABLE_STATUSES,
     Fence,
     check_fence,
     holder_is_live,
@@ -49,6 +48,7 @@ from akm.store.runs import (
     pid_alive,
     seconds_from_env,
 )
+from akm.store.status import DRIVABLE_STATUSES, UnitStatus
 from akm.store.units import _INSERT_EVENTS, UnitFinish, _json_opt, _started_meta
 
 # Wake-up channels (`Journal.listener` / `Journal.notifier`; PostgreSQL only, a hint beside polling).
@@ -122,7 +122,7 @@ class _ToQueue(NamedTuple):
     fence: Fence
 
 
-def _pg(db: Database) -> ModuleType | None:
+def _pg(db: Journal) -> ModuleType | None:
     """The one-statement forms of these writes (`store/postgres/hotpath.py`) where the journal is PostgreSQL."""
     if db.backend != "postgres":
         return None
@@ -131,14 +131,14 @@ def _pg(db: Database) -> ModuleType | None:
     return hotpath
 
 
-def finish_notifies(db: Database) -> bool:
+def finish_notifies(db: Journal) -> bool:
     """Whether `finish_claimed` itself tells the coordinator a unit finished (PostgreSQL: in its statement), so a
     worker sends no NOTIFY of its own."""
     return _pg(db) is not None
 
 
 def queue_unit(
-    db: Database,
+    db: Journal,
     *,
     run_id: str,
     unit_id: str,
@@ -167,11 +167,11 @@ def queue_unit(
     return _queue_batches(db).submit(item)
 
 
-_batches: weakref.WeakKeyDictionary[Database, Coalescer[_ToQueue, Queued]] = weakref.WeakKeyDictionary()
+_batches: weakref.WeakKeyDictionary[Journal, Coalescer[_ToQueue, Queued]] = weakref.WeakKeyDictionary()
 _batches_lock = threading.Lock()
 
 
-def _queue_batches(db: Database) -> Coalescer[_ToQueue, Queued]:
+def _queue_batches(db: Journal) -> Coalescer[_ToQueue, Queued]:
     """The journal's one coalescer of `queue_unit` calls."""
     with _batches_lock:
         batches = _batches.get(db)
@@ -187,7 +187,7 @@ def _queue_batches(db: Database) -> Coalescer[_ToQueue, Queued]:
         return batches
 
 
-def queue_units(db: Database, items: Sequence[_ToQueue]) -> list[Queued | BaseException]:
+def queue_units(db: Journal, items: Sequence[_ToQueue]) -> list[Queued | BaseException]:
     """Queue many attempts: each one's `Queued`, or the error that refused it (nothing written for it).
 
     On PostgreSQL one statement per run and fence (`hotpath.queue_units`): a refusal of the run (not found, not
@@ -242,7 +242,7 @@ def _as_error(exc: Exception) -> Exception:
 
 
 def _queue_statement(
-    db: Database, hot: ModuleType, run_id: str, fence: Fence, items: Sequence[_ToQueue]
+    db: Journal, hot: ModuleType, run_id: str, fence: Fence, items: Sequence[_ToQueue]
 ) -> list[Queued]:
     """One `hotpath.queue_units` statement and what it means for each attempt (a refusal raises)."""
     rows = [
@@ -261,7 +261,7 @@ def _queue_statement(
     ]
     answer = hot.queue_units(db, run_id, fence.holder, fence.epoch, rows, WORK_CHANNEL)
     if answer.run is None:
-        raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
+        raise NotFoundError(f"workflow run {run_id!r} not found", code=Code.RUN_NOT_FOUND, details={"runId": run_id})
     status, holder, epoch = answer.run
     if status not in DRIVABLE_STATUSES:
         raise not_drivable_error(run_id, status, "given new units")
@@ -282,14 +282,16 @@ def _queue_statement(
     return out
 
 
-def _queue_one(db: Database, t: _ToQueue) -> Queued:
+def _queue_one(db: Journal, t: _ToQueue) -> Queued:
     """`queue_unit` as one transaction of several statements (SQLite; and a dead claimant's row on PostgreSQL)."""
     run_id, unit_id, fence = t.run_id, t.unit_id, t.fence
     with db.tx() as conn:
         db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
         run = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
         if run is None:
-            raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
+            raise NotFoundError(
+                f"workflow run {run_id!r} not found", code=Code.RUN_NOT_FOUND, details={"runId": run_id}
+            )
         if run["status"] not in DRIVABLE_STATUSES:
             raise not_drivable_error(run_id, run["status"], "given new units")
         check_fence(conn, run_id, fence)
@@ -343,7 +345,7 @@ def _queue_one(db: Database, t: _ToQueue) -> Queued:
     return Queued("queued", "queued", wake=True)
 
 
-def eligible_work(db: Database, kinds: Sequence[str]) -> list[Eligible]:
+def eligible_work(db: Journal, kinds: Sequence[str]) -> list[Eligible]:
     """The (run, step) pairs of drivable runs with queued units a worker of these `kinds` could claim, each with
     one of those units' dispatch payload (see `Eligible`)."""
     if not kinds:
@@ -360,7 +362,7 @@ def eligible_work(db: Database, kinds: Sequence[str]) -> list[Eligible]:
 
 
 def claim_units(
-    db: Database,
+    db: Journal,
     *,
     run_id: str,
     step_id: str | None,
@@ -375,7 +377,7 @@ def claim_units(
 
 
 def claim_work(
-    db: Database,
+    db: Journal,
     *,
     targets: Sequence[tuple[str, str | None]],
     kinds: Sequence[str],
@@ -431,7 +433,7 @@ def claim_work(
 
 
 def _claim_step(
-    db: Database,
+    db: Journal,
     run_id: str,
     step_id: str | None,
     kinds: Sequence[str],
@@ -495,11 +497,11 @@ def _claim_step(
 
 
 def finish_claimed(
-    db: Database,
+    db: Journal,
     claim: Claim,
     holder: str,
     *,
-    status: str,
+    status: UnitStatus,
     result_json: str | None,
     tokens: int | None,
     failure_reason: str | None,
@@ -599,7 +601,7 @@ class Renewal(NamedTuple):
     ended: list[Claim]
 
 
-def renew_claims(db: Database, holder: str, claims: Iterable[Claim]) -> Renewal:
+def renew_claims(db: Journal, holder: str, claims: Iterable[Claim]) -> Renewal:
     """The worker's heartbeat: push the expiry of its running claims one TTL on (in key order, as the sweep
     locks rows, so the two never deadlock on PostgreSQL)."""
     keys = sorted(claims, key=lambda c: (c.run_id, c.unit_id))
@@ -628,7 +630,7 @@ def renew_claims(db: Database, holder: str, claims: Iterable[Claim]) -> Renewal:
     return Renewal(gone, ended)
 
 
-def _put_back(db: Database, conn: Any, run_id: str, unit_id: str, now: str, where: str, args: Sequence[Any]) -> bool:
+def _put_back(db: Journal, conn: Any, run_id: str, unit_id: str, now: str, where: str, args: Sequence[Any]) -> bool:
     """A claim given up (lapsed, or released by its worker): `queued` again while its run is drivable;
     in a run that can no longer be driven it ends `failed` (`abandoned` for an abandoned run, else `aborted`),
     since no coordinator will wait for it and a resume re-dispatches failed units anyway."""
@@ -648,10 +650,11 @@ def _put_back(db: Database, conn: Any, run_id: str, unit_id: str, now: str, wher
         )
         reason = "abandoned" if run is not None and run["status"] == "abandoned" else "aborted"
         values = (reason, now, run_id, unit_id)
-    return conn.execute(sql + where, (*values, *args)).rowcount == 1
+    changed: int = conn.execute(sql + where, (*values, *args)).rowcount
+    return changed == 1
 
 
-def sweep(db: Database, host: str | None = None) -> list[tuple[str, str]]:
+def sweep(db: Journal, host: str | None = None) -> list[tuple[str, str]]:
     """Give up every worker claim that lapsed (see the module doc); returns the (run, unit) keys.
 
     A claim lapses when its expiry is past on the journal clock — its worker stopped renewing it — or when
@@ -693,7 +696,7 @@ def sweep(db: Database, host: str | None = None) -> list[tuple[str, str]]:
     return put_back
 
 
-def finished_rows(db: Database, run_id: str, unit_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+def finished_rows(db: Journal, run_id: str, unit_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     """The rows among `unit_ids` of the run that are finished (completed or failed), by unit id."""
     ids = list(unit_ids)
     out: dict[str, dict[str, Any]] = {}
@@ -709,7 +712,7 @@ def finished_rows(db: Database, run_id: str, unit_ids: Sequence[str]) -> dict[st
     return out
 
 
-def release_claim(db: Database, claim: Claim, holder: str) -> bool:
+def release_claim(db: Journal, claim: Claim, holder: str) -> bool:
     """Give a claim back (a worker that stops before its unit finished): queued again, or failed in a run that
     can no longer be driven (`_put_back`); False when the claim is not ours any more."""
     with db.tx() as conn:
@@ -724,7 +727,7 @@ def release_claim(db: Database, claim: Claim, holder: str) -> bool:
         )
 
 
-def claimed_count(db: Database, run_id: str) -> int:
+def claimed_count(db: Journal, run_id: str) -> int:
     """How many of the run's worker rows are claimed (running) now."""
     row = db.query_one(
         "SELECT COUNT(*) AS n FROM units WHERE run_id = ? AND status = 'running' AND queued_at IS NOT NULL", (run_id,)
@@ -732,7 +735,7 @@ def claimed_count(db: Database, run_id: str) -> int:
     return int(row["n"]) if row else 0
 
 
-def withdraw(db: Database, run_id: str, step_id: str, unit_id: str | None, *, fence: Fence) -> int:
+def withdraw(db: Journal, run_id: str, step_id: str, unit_id: str | None, *, fence: Fence) -> int:
     """The coordinator takes queued attempts of a step back (one, or all with `unit_id` None) before any
     worker claimed them: `failed` with reason `aborted`, never run. Fenced by its lease; rows a worker
     claimed meanwhile are left to it. Returns the rows withdrawn."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol
 
+from akm.codes import Code
 from akm.errors import NotFoundError, UsageError
 from akm.store.runs import holder_is_live
 from akm.store.status import DRIVABLE_STATUSES, REPORT_LOCK_PREFIX
@@ -41,21 +42,21 @@ def check_run_takes_reports(run_id: str, run: Row | None, now: str, *, lease_det
     has always said less, and keeps its words.
     """
     if run is None:
-        raise NotFoundError(f"No workflow run with id {run_id}.", code="RUN_NOT_FOUND")
+        raise NotFoundError(f"No workflow run with id {run_id}.", code=Code.RUN_NOT_FOUND)
     if run["status"] not in DRIVABLE_STATUSES:
-        raise UsageError(f"Run {run_id} is {run['status']}; it no longer takes reports.", code="RUN_NOT_ACTIVE")
+        raise UsageError(f"Run {run_id} is {run['status']}; it no longer takes reports.", code=Code.RUN_NOT_ACTIVE)
     if holder_is_live(
         run["lease_holder"], run["lease_host"], run["lease_pid"], run["lease_until"], now
     ) and not is_report_lock(run["lease_holder"]):
         if not lease_details:
             raise UsageError(
                 f"Run {run_id} is being driven by akm right now; reports are refused while the engine owns the run.",
-                code="LEASE_HELD",
+                code=Code.LEASE_HELD,
             )
         raise UsageError(
             f"Run {run_id} is being driven by akm right now (lease holder {run['lease_holder']} until "
             f"{run['lease_until']}); reports are refused while the engine owns the run.",
-            code="LEASE_HELD",
+            code=Code.LEASE_HELD,
             details={"holder": run["lease_holder"], "until": run["lease_until"]},
         )
 
@@ -117,12 +118,12 @@ def check_report(run_id: str, run: Row | None, row: Row | None, report: Report, 
             if status == "running":
                 raise UsageError(
                     f"Unit {unit_id} is already {row['status']}; it cannot be claimed again unless it is re-run.",
-                    code="UNIT_TERMINAL",
+                    code=Code.UNIT_TERMINAL,
                 )
             raise UsageError(
                 f"Unit {unit_id} is already recorded as {row['status']} with a different result; the "
                 "journal keeps the first report unless this one is explicitly a re-run.",
-                code="REPORT_CONFLICT",
+                code=Code.REPORT_CONFLICT,
             )
         return ReportPlan("write", prior_tokens=int(row["tokens"] or 0))
     live = holder_is_live(row["claim_holder"], row["claim_host"], row["claim_pid"], row["claim_expires_at"], now)
@@ -130,14 +131,14 @@ def check_report(run_id: str, run: Row | None, row: Row | None, report: Report, 
         raise UsageError(
             f"Unit {unit_id} is claimed by {row['claim_holder']} until {row['claim_expires_at']}; only "
             "that holder can report it.",
-            code="CLAIM_HELD",
+            code=Code.CLAIM_HELD,
             details={"holder": row["claim_holder"], "until": row["claim_expires_at"]},
         )
     if row["claim_holder"] == report.holder and not live and status != "running":
         raise UsageError(
             f"Your claim on unit {unit_id} expired at {row['claim_expires_at']}; claim it again (status "
             "running) before reporting its result.",
-            code="CLAIM_EXPIRED",
+            code=Code.CLAIM_EXPIRED,
         )
     finishing_claim = row["claim_holder"] == report.holder and live
     if status == "running" and finishing_claim:
@@ -156,7 +157,7 @@ def replay_diverged(run_id: str, unit_id: str, status: str, input_hash: str, ste
     return UsageError(
         f"Replay divergence: unit {unit_id} of run {run_id} is journaled as {status} with a different input hash "
         f"than the plan gives it now; nothing was recorded. {remedy}",
-        code="REPLAY_DIVERGED",
+        code=Code.REPLAY_DIVERGED,
         details={"runId": run_id, "stepId": step_id, "unitId": unit_id, "inputHash": input_hash},
     )
 
@@ -218,17 +219,17 @@ def check_budget(
     """
     own_attempts = int(row["attempts"]) if row is not None else 0
     if not plan.finishing_claim and max_units is not None and other_attempts + own_attempts + 1 > max_units:
-        raise UsageError(max_units_reason(other_attempts + own_attempts, max_units) + ".", code="BUDGET_EXCEEDED")
+        raise UsageError(max_units_reason(other_attempts + own_attempts, max_units) + ".", code=Code.BUDGET_EXCEEDED)
     spent = other_tokens + _row_tokens(row)
     if max_tokens is not None and spent >= max_tokens:
-        raise UsageError(max_tokens_reason(spent, max_tokens) + ".", code="BUDGET_EXCEEDED")
+        raise UsageError(max_tokens_reason(spent, max_tokens) + ".", code=Code.BUDGET_EXCEEDED)
     if max_cost is not None and other_cost >= max_cost:
-        raise UsageError(max_cost_reason(other_cost, max_cost) + ".", code="BUDGET_EXCEEDED")
+        raise UsageError(max_cost_reason(other_cost, max_cost) + ".", code=Code.BUDGET_EXCEEDED)
     if not allow_unknown:
         if max_cost is not None and unknown_cost:
-            raise UsageError(unknown_usage_reason("max_cost", unknown_cost) + ".", code="BUDGET_EXCEEDED")
+            raise UsageError(unknown_usage_reason("max_cost", unknown_cost) + ".", code=Code.BUDGET_EXCEEDED)
         if max_tokens is not None and unknown_tokens:
-            raise UsageError(unknown_usage_reason("max_tokens", unknown_tokens) + ".", code="BUDGET_EXCEEDED")
+            raise UsageError(unknown_usage_reason("max_tokens", unknown_tokens) + ".", code=Code.BUDGET_EXCEEDED)
     return spent
 
 

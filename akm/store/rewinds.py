@@ -25,10 +25,8 @@ from typing import Any, NamedTuple
 from akm.canonical import compact_json
 from akm.errors import NotFoundError, UsageError
 from akm.store.events import append_event
-from akm.store.journal import RUN_UNIT_WRITE, RUN_UPDATE
-from akm.store.journal import Journal as Database
+from akm.store.journal import RUN_UNIT_WRITE, RUN_UPDATE, Journal
 from akm.store.runs import (
-    DRIVABLE_STATUSES,
     Fence,
     Step,
     check_fence,
@@ -36,6 +34,7 @@ from akm.store.runs import (
     host_id,
     not_drivable_error,
 )
+from akm.store.status import DRIVABLE_STATUSES
 from akm.store.units import _UNIT_FIELDS, Unit
 
 # Every column of a `units` row, as `superseded_units` keeps it (the same names, plus its own two).
@@ -88,7 +87,7 @@ def content_id(unit_id: str) -> str:
 
 
 def rewind_run(
-    db: Database,
+    db: Journal,
     run_id: str,
     *,
     rewind_id: str,
@@ -114,18 +113,24 @@ def rewind_run(
             (run_id,),
         ).fetchone()
         if run is None:
-            raise NotFoundError(f"No workflow run with id {run_id}.", code="RUN_NOT_FOUND", details={"runId": run_id})
+            from akm.codes import Code
+
+            raise NotFoundError(
+                f"No workflow run with id {run_id}.", code=Code.RUN_NOT_FOUND, details={"runId": run_id}
+            )
         if run["status"] == "abandoned":
             raise not_drivable_error(run_id, "abandoned", "rewound")
         now = db.now()
         if holder_is_live(
             run["lease_holder"], run["lease_host"], run["lease_pid"], run["lease_until"], now
         ) and not db.dialect.lease_dead(conn, run_id):
+            from akm.codes import Code
+
             raise UsageError(
                 f"Workflow run {run_id} is held by {run['lease_holder']} (host {run['lease_host']}, pid "
                 f"{run['lease_pid']}) until {run['lease_until']}; a rewind would change what it is working on. "
                 "Nothing was changed.",
-                code="LEASE_HELD",
+                code=Code.LEASE_HELD,
                 details={"runId": run_id, "holder": run["lease_holder"], "until": run["lease_until"]},
             )
         spine = conn.execute(
@@ -134,9 +139,11 @@ def rewind_run(
         target = next((s for s in spine if s["step_id"] == to_step), None)
         if target is None:
             names = [s["step_id"] for s in spine]
+            from akm.codes import Code
+
             raise UsageError(
                 f"Run {run_id} has no step {to_step!r}; its steps are {', '.join(names)}.",
-                code="STEP_NOT_FOUND",
+                code=Code.STEP_NOT_FOUND,
                 details={"runId": run_id, "stepId": to_step, "steps": names},
             )
         _check_reached(run_id, run["current_step_id"], target)
@@ -247,17 +254,21 @@ def _check_reached(run_id: str, current: str | None, target: Any) -> None:
     """A rewind goes back to a step the run reached: one it finished, or the one it is on."""
     status, step_id = target["status"], target["step_id"]
     if status == "skipped":
+        from akm.codes import Code
+
         raise UsageError(
             f"Step {step_id} of run {run_id} was skipped (a route chose another branch); rewind to the route "
             "step that skipped it to decide the route again.",
-            code="STEP_NOT_REACHED",
+            code=Code.STEP_NOT_REACHED,
             details={"runId": run_id, "stepId": step_id, "status": status},
         )
     if status == "pending" and step_id != current:
+        from akm.codes import Code
+
         raise UsageError(
             f"Run {run_id} has not reached step {step_id} yet (it is on {current}); a rewind goes back to a step "
             "the run finished or is on.",
-            code="STEP_NOT_REACHED",
+            code=Code.STEP_NOT_REACHED,
             details={"runId": run_id, "stepId": step_id, "currentStep": current},
         )
 
@@ -278,10 +289,12 @@ def _redo_ids(conn: Any, run_id: str, reopened: list[str], marks: str, redo: boo
     if unknown:
         listed = sorted(known)
         shown = ", ".join(listed[:20]) + (f", … ({len(listed)} in all)" if len(listed) > 20 else "")
+        from akm.codes import Code
+
         raise UsageError(
             f"Cannot redo {', '.join(unknown)}: not a unit journaled in the steps this rewind reopens "
             f"({', '.join(reopened)}). Their units: {shown or '(none)'}.",
-            code="UNKNOWN_UNIT",
+            code=Code.UNKNOWN_UNIT,
             details={"runId": run_id, "units": unknown},
         )
     return wanted
@@ -290,7 +303,7 @@ def _redo_ids(conn: Any, run_id: str, reopened: list[str], marks: str, redo: boo
 # -- history ----------------------------------------------------------------------------------
 
 
-def list_rewinds(db: Database, run_id: str) -> list[Rewind]:
+def list_rewinds(db: Journal, run_id: str) -> list[Rewind]:
     """The run's rewinds, oldest first."""
     return [_rewind(r) for r in db.query("SELECT * FROM rewinds WHERE run_id = ? ORDER BY seq", (run_id,))]
 
@@ -300,7 +313,7 @@ class SupersededStep(NamedTuple):
     step: Step
 
 
-def superseded_steps(db: Database, run_id: str) -> list[SupersededStep]:
+def superseded_steps(db: Journal, run_id: str) -> list[SupersededStep]:
     """The step rows rewinds reopened, as they were, oldest rewind first and in plan order."""
     rows = db.query(
         f"SELECT s.rewind_id, s.step_id, s.sequence_index, {', '.join('s.' + c for c in _STEP_SNAPSHOT.split(', '))} "
@@ -333,7 +346,7 @@ class SupersededUnit(NamedTuple):
     unit: Unit
 
 
-def superseded_units(db: Database, run_id: str, step_id: str | None = None) -> list[SupersededUnit]:
+def superseded_units(db: Journal, run_id: str, step_id: str | None = None) -> list[SupersededUnit]:
     """The unit and gate rows rewinds superseded, oldest rewind first, each ordered as `units.get_units`."""
     sql = (
         f"SELECT s.rewind_id, s.reusable, {', '.join('s.' + c for c in _UNIT_FIELDS)} FROM superseded_units s "
@@ -350,7 +363,7 @@ def superseded_units(db: Database, run_id: str, step_id: str | None = None) -> l
     return out
 
 
-def superseded_content_ids(db: Database, run_id: str, step_id: str) -> set[str]:
+def superseded_content_ids(db: Journal, run_id: str, step_id: str) -> set[str]:
     """Content ids of the units of a step that a rewind superseded (the brief offers them as re-runs)."""
     return {
         content_id(r["unit_id"])
@@ -380,7 +393,7 @@ class Candidate(NamedTuple):
 _CANDIDATE = "unit_id, input_hash, result_json, truncated, runner, engine, model"
 
 
-def has_donors(db: Database, run_id: str, reuse_from: str | None) -> bool:
+def has_donors(db: Journal, run_id: str, reuse_from: str | None) -> bool:
     """Could any unit of this run be restored? (A run with no rewinds and no `--from` source: never.)"""
     if reuse_from:
         return True
@@ -388,7 +401,7 @@ def has_donors(db: Database, run_id: str, reuse_from: str | None) -> bool:
 
 
 def reuse_candidates(
-    db: Database, run_id: str, step_id: str, reuse_from: str | None, *, gate: bool = False
+    db: Journal, run_id: str, step_id: str, reuse_from: str | None, *, gate: bool = False
 ) -> list[Candidate]:
     """The completed rows a unit of `step_id` (`gate`: a verdict of its gate) may be restored from, the most
     recent source first: rows superseded by this run's rewinds (latest rewind first) and marked reusable, then
@@ -444,7 +457,7 @@ _ADOPT = (
 
 
 def adopt_units(
-    db: Database, run_id: str, step_id: str, adoptions: Sequence[Adoption], *, fence: Fence | None = None
+    db: Journal, run_id: str, step_id: str, adoptions: Sequence[Adoption], *, fence: Fence | None = None
 ) -> list[str]:
     """Write each adoption as its unit's `completed` row — no attempt, no tokens, `reused_from` set — with a
     `workflow_unit_reused` event, in one transaction. Returns the unit ids written (a unit that got a row
@@ -457,7 +470,11 @@ def adopt_units(
         db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
         run = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
         if run is None:
-            raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
+            from akm.codes import Code
+
+            raise NotFoundError(
+                f"workflow run {run_id!r} not found", code=Code.RUN_NOT_FOUND, details={"runId": run_id}
+            )
         if run["status"] not in DRIVABLE_STATUSES:
             raise not_drivable_error(run_id, run["status"], "given units")
         check_fence(conn, run_id, fence)

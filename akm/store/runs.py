@@ -1,4 +1,4 @@
-"""Runs, the step spine, and the run lease (spec-engine §3.3–3.7, §4; DECISIONS D7, D16).
+"""Runs, the step spine, and the run lease (spec/engine.md; spec/decisions.md D7, D16).
 
 Return types: `Run`, `Step` and `LeaseInfo` named tuples (documented
 below). Every state change is one short `BEGIN IMMEDIATE` transaction, and
@@ -39,9 +39,14 @@ from typing import Any, NamedTuple
 from akm.canonical import CanonicalError, canonical_json, compact_json
 from akm.errors import NotFoundError, UsageError
 from akm.store.events import append_event, has_event
-from akm.store.journal import RUN_UPDATE, RUN_WRITE, HolderLiveness
-from akm.store.journal import Journal as Database
-from akm.store.status import DRIVABLE_STATUSES, RUN_STATUSES, STEP_TERMINAL_STATUSES  # noqa: E402,F401
+from akm.store.journal import RUN_UPDATE, RUN_WRITE, HolderLiveness, Journal
+from akm.store.status import (  # noqa: E402,F401
+    DRIVABLE_STATUSES,
+    RUN_STATUSES,
+    STEP_TERMINAL_STATUSES,
+    RunStatus,
+    StepStatus,
+)
 
 LEASE_TTL_S = 90.0
 LEASE_TTL_ENV = "AKM_LEASE_TTL_S"  # overrides the TTL (seconds); for tests and slow shared hosts
@@ -75,7 +80,7 @@ class Run(NamedTuple):
     workflow_ref: str
     workflow_path: str | None
     title: str
-    status: str
+    status: RunStatus
     params_json: str
     current_step_id: str | None
     created_at: str
@@ -101,10 +106,12 @@ class Run(NamedTuple):
         except ValueError:
             value = None
         if not isinstance(value, dict):
+            from akm.codes import Code
+
             raise UsageError(
                 f"Run {self.id} has a corrupt params record (not a JSON object); it can still be inspected "
                 "or abandoned.",
-                code="CORRUPT_RUN",
+                code=Code.CORRUPT_RUN,
                 details={"runId": self.id},
             )
         return value
@@ -124,7 +131,7 @@ class Step(NamedTuple):
     run_id: str
     step_id: str
     sequence_index: int
-    status: str
+    status: StepStatus
     notes: str | None
     evidence_json: str | None
     summary: str | None
@@ -220,9 +227,11 @@ def seconds_from_env(name: str, default: float) -> float:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
+        from akm.codes import Code
+
         raise UsageError(
             f"{name} must be a number of seconds greater than 0, not {raw!r}.",
-            code="INVALID_ENV",
+            code=Code.INVALID_ENV,
             details={"name": name, "value": raw},
             hint=f"Unset {name} for the default of {default:g} s.",
         )
@@ -266,18 +275,18 @@ def holder_is_live(holder: str | None, host: str | None, pid: int | None, until:
 # -- reads ------------------------------------------------------------------------------------
 
 
-def get_run(db: Database, run_id: str) -> Run | None:
+def get_run(db: Journal, run_id: str) -> Run | None:
     row = db.query_one(f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
     return _run(row) if row else None
 
 
-def run_status(db: Database, run_id: str) -> str | None:
+def run_status(db: Journal, run_id: str) -> str | None:
     """Just the run's status (a cheap read the heartbeat polls), or None for no such run."""
     row = db.query_one("SELECT status FROM runs WHERE id = ?", (run_id,))
     return row["status"] if row else None
 
 
-def run_status_and_lease(db: Database, run_id: str) -> tuple[str, str | None, int] | None:
+def run_status_and_lease(db: Journal, run_id: str) -> tuple[str, str | None, int] | None:
     """(status, lease holder, lease epoch) of the run, or None for no such run: the heartbeat's poll."""
     row = db.query_one("SELECT status, lease_holder, lease_epoch FROM runs WHERE id = ?", (run_id,))
     return (row["status"], row["lease_holder"], int(row["lease_epoch"])) if row else None
@@ -286,31 +295,36 @@ def run_status_and_lease(db: Database, run_id: str) -> tuple[str, str | None, in
 def not_drivable_error(run_id: str, status: str, verb: str) -> UsageError:
     """The one refusal for acting on a run that cannot be driven: abandoned runs say so (they are final)."""
     if status == "abandoned":
+        from akm.codes import Code
+
         return UsageError(
             f"workflow run {run_id} was abandoned and cannot be {verb}; abandoning is final",
-            code="RUN_ABANDONED",
+            code=Code.RUN_ABANDONED,
             details={"runId": run_id, "status": status},
         )
+    from akm.codes import Code
+
     return UsageError(
         f"workflow run {run_id} is {status} and cannot be {verb}",
-        code="RUN_NOT_ACTIVE",
+        code=Code.RUN_NOT_ACTIVE,
         details={"runId": run_id, "status": status},
     )
 
 
-def require_run(db: Database, run_id: str) -> Run:
+def require_run(db: Journal, run_id: str) -> Run:
     """Like `get_run` but raises NotFoundError (the one "no such run" error both fronts show)."""
     run = get_run(db, run_id)
     if run is None:
+        from akm.codes import Code
         from akm.text import shown
 
         raise NotFoundError(
-            f"No workflow run with id {shown(run_id)}.", code="RUN_NOT_FOUND", details={"runId": run_id}
+            f"No workflow run with id {shown(run_id)}.", code=Code.RUN_NOT_FOUND, details={"runId": run_id}
         )
     return run
 
 
-def runs_with_id_prefix(db: Database, prefix: str, limit: int) -> list[tuple[str, str, str, str]]:
+def runs_with_id_prefix(db: Journal, prefix: str, limit: int) -> list[tuple[str, str, str, str]]:
     """(id, status, workflow ref, created_at) of at most `limit` runs whose id starts with `prefix` (hex
     digits and dashes: no LIKE wildcard), newest first: what a run id typed in part names (the api refuses an
     ambiguous one, listing these)."""
@@ -324,7 +338,7 @@ def runs_with_id_prefix(db: Database, prefix: str, limit: int) -> list[tuple[str
     return [(r["id"], r["status"], r["workflow_ref"], r["created_at"]) for r in rows]
 
 
-def newest_run_id(db: Database, scope_keys: tuple[str, ...]) -> str | None:
+def newest_run_id(db: Journal, scope_keys: tuple[str, ...]) -> str | None:
     """The id of the newest run under any of the scope keys (a project's), or None."""
     marks = ", ".join("?" for _ in scope_keys)
     row = db.query_one(
@@ -335,7 +349,7 @@ def newest_run_id(db: Database, scope_keys: tuple[str, ...]) -> str | None:
 
 
 def list_runs(
-    db: Database, scope_key: str | None = None, active_only: bool = False, ref: str | None = None
+    db: Journal, scope_key: str | None = None, active_only: bool = False, ref: str | None = None
 ) -> list[Run]:
     """Runs newest first (created_at, then insertion). `active_only` = drivable statuses."""
     where: list[str] = []
@@ -364,7 +378,7 @@ def same_params(params_json: str | None, params: dict[str, Any]) -> bool:
         return False  # an unreadable snapshot matches nothing: a new run is the safe answer
 
 
-def find_active_run(db: Database, ref: str, scope_key: str, params: dict[str, Any] | None = None) -> Run | None:
+def find_active_run(db: Journal, ref: str, scope_key: str, params: dict[str, Any] | None = None) -> Run | None:
     """The drivable run (active or awaiting_session) of ref in scope — with exactly these params when
     given — or None; the most recently updated wins."""
     rows = db.query(
@@ -378,22 +392,17 @@ def find_active_run(db: Database, ref: str, scope_key: str, params: dict[str, An
     return None
 
 
-def get_steps(db: Database, run_id: str) -> list[Step]:
+def get_steps(db: Journal, run_id: str) -> list[Step]:
     """The spine in plan order."""
     rows = db.query(f"SELECT {_STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY sequence_index", (run_id,))
     return [_step(r) for r in rows]
-
-
-def get_step(db: Database, run_id: str, step_id: str) -> Step | None:
-    row = db.query_one(f"SELECT {_STEP_COLUMNS} FROM steps WHERE run_id = ? AND step_id = ?", (run_id, step_id))
-    return _step(row) if row else None
 
 
 # -- create -----------------------------------------------------------------------------------
 
 
 def create_run(
-    db: Database,
+    db: Journal,
     *,
     run_id: str,
     workflow_ref: str,
@@ -435,10 +444,12 @@ def create_run(
                 (workflow_ref, scope_key),
             ):
                 if same_params(existing["params_json"], params):
+                    from akm.codes import Code
+
                     raise UsageError(
                         f"workflow {workflow_ref} already has an {existing['status']} run ({existing['id']}) "
                         "with the same params in this project",
-                        code="RUN_ALREADY_ACTIVE",
+                        code=Code.RUN_ALREADY_ACTIVE,
                         details={"runId": existing["id"]},
                     )
         conn.execute(
@@ -495,10 +506,12 @@ def _check_lease_allows(row: Any, lease_holder: str | None, now: str) -> None:
     if holder_is_live(row["lease_holder"], row["lease_host"], row["lease_pid"], row["lease_until"], now) and (
         row["lease_holder"] != lease_holder
     ):
+        from akm.codes import Code
+
         raise UsageError(
             f"workflow run {row['id']} is being driven by engine {row['lease_holder']} "
             f"(lease until {row['lease_until']}); the engine owns the step spine while it runs",
-            code="LEASE_HELD",
+            code=Code.LEASE_HELD,
             hint="Wait for that driver to finish or for its lease to expire.",
             details={"runId": row["id"], "holder": row["lease_holder"], "until": row["lease_until"]},
         )
@@ -507,10 +520,12 @@ def _check_lease_allows(row: Any, lease_holder: str | None, now: str) -> None:
 def lease_lost_error(run_id: str, fence: Fence, holder: str | None, epoch: int | None) -> UsageError:
     """The refusal of a write by a driver that no longer owns the run (another holder took the lease)."""
     who = f"held by {holder} (epoch {epoch})" if holder else f"released (epoch {epoch})"
+    from akm.codes import Code
+
     return UsageError(
         f"This invocation lost its lease on run {run_id} (it held epoch {fence.epoch}; the lease is now {who}); "
         "nothing was written.",
-        code="LEASE_LOST",
+        code=Code.LEASE_LOST,
         details={"runId": run_id, "epoch": fence.epoch, "currentEpoch": epoch, "holder": holder},
         hint="Another invocation drives the run now (it redoes what this one left unfinished); "
         "`workflow status` shows it.",
@@ -527,7 +542,9 @@ def check_fence(conn: Any, run_id: str, fence: Fence | None) -> None:
         return
     row = conn.execute("SELECT lease_holder, lease_epoch FROM runs WHERE id = ?", (run_id,)).fetchone()
     if row is None:
-        raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
+        from akm.codes import Code
+
+        raise NotFoundError(f"workflow run {run_id!r} not found", code=Code.RUN_NOT_FOUND, details={"runId": run_id})
     if row["lease_holder"] != fence.holder or row["lease_epoch"] != fence.epoch:
         raise lease_lost_error(run_id, fence, row["lease_holder"], row["lease_epoch"])
 
@@ -540,14 +557,16 @@ def _drivable_run_row(conn: Any, run_id: str, verb: str) -> Any:
         (run_id,),
     ).fetchone()
     if row is None:
-        raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
+        from akm.codes import Code
+
+        raise NotFoundError(f"workflow run {run_id!r} not found", code=Code.RUN_NOT_FOUND, details={"runId": run_id})
     if row["status"] not in DRIVABLE_STATUSES:
         raise not_drivable_error(run_id, row["status"], verb)
     return row
 
 
 def complete_step(
-    db: Database,
+    db: Journal,
     run_id: str,
     step_id: str,
     status: str,
@@ -582,11 +601,15 @@ def complete_step(
         if step is None:
             raise NotFoundError(f"step {step_id!r} not found in workflow run {run_id}")
         if step["status"] != "pending":
-            raise UsageError(f"step {step_id} of run {run_id} is already {step['status']}", code="STEP_NOT_PENDING")
+            from akm.codes import Code
+
+            raise UsageError(f"step {step_id} of run {run_id} is already {step['status']}", code=Code.STEP_NOT_PENDING)
         if run["current_step_id"] != step_id:
+            from akm.codes import Code
+
             raise UsageError(
                 f"step {step_id} is not the current step of run {run_id}; complete {run['current_step_id']} first",
-                code="STEP_NOT_CURRENT",
+                code=Code.STEP_NOT_CURRENT,
             )
         clean_notes = notes.strip() if notes is not None and notes.strip() else None
         conn.execute(
@@ -612,7 +635,7 @@ def complete_step(
 
 
 def set_run_status(
-    db: Database, run_id: str, status: str, detail: dict[str, Any] | None = None, *, fence: Fence | None = None
+    db: Journal, run_id: str, status: RunStatus, detail: dict[str, Any] | None = None, *, fence: Fence | None = None
 ) -> Run:
     """Switch a drivable run between `active` and `awaiting_session` (D11), storing `detail`.
 
@@ -637,7 +660,7 @@ def set_run_status(
     return require_run(db, run_id)
 
 
-def resume_run(db: Database, run_id: str) -> Run:
+def resume_run(db: Journal, run_id: str) -> Run:
     """Reopen a blocked/failed run (spec §3.7). Returns the run after the call.
 
     blocked/failed -> active: the current step goes back to `pending` (notes,
@@ -654,7 +677,11 @@ def resume_run(db: Database, run_id: str) -> Run:
         if row is None:
             raise NotFoundError(f"workflow run {run_id!r} not found")
         if row["status"] == "completed":
-            raise UsageError(f"workflow run {run_id} is already completed and cannot be resumed", code="RUN_COMPLETED")
+            from akm.codes import Code
+
+            raise UsageError(
+                f"workflow run {run_id} is already completed and cannot be resumed", code=Code.RUN_COMPLETED
+            )
         if row["status"] == "abandoned":
             raise not_drivable_error(run_id, "abandoned", "resumed")
         if row["status"] in ("blocked", "failed"):
@@ -710,7 +737,7 @@ ABANDONED_STEP_NOTE = "Not finished: the run was abandoned."
 SKIPPED_STEP_NOTE = "Not run: the run was abandoned."
 
 
-def abandon_run(db: Database, run_id: str) -> Run:
+def abandon_run(db: Journal, run_id: str) -> Run:
     """Give up on a run, at once and for good: active/awaiting_session/blocked/failed -> `abandoned`.
 
     One transaction leaves a spine with nothing left to do: the current step
@@ -734,9 +761,11 @@ def abandon_run(db: Database, run_id: str) -> Run:
         if row is None:
             raise NotFoundError(f"workflow run {run_id!r} not found")
         if row["status"] in ("completed", "abandoned"):
+            from akm.codes import Code
+
             raise UsageError(
                 f"workflow run {run_id} is already {row['status']}",
-                code="RUN_ALREADY_FINISHED",
+                code=Code.RUN_ALREADY_FINISHED,
                 details={"runId": run_id, "status": row["status"]},
             )
         changed: list[tuple[str, str]] = []
@@ -800,7 +829,7 @@ class DeadHolder(NamedTuple):
 
 
 def acquire_lease(
-    db: Database,
+    db: Journal,
     run_id: str,
     holder: str,
     ttl_s: float | None = None,
@@ -824,7 +853,7 @@ def acquire_lease(
     Where the journal records holder liveness (PostgreSQL, `Dialect.liveness`), the row records `liveness`
     (this holder's key and server marker, from `Journal.holder_liveness`), or NULLs for none, so a stale key
     never speaks for it. A holder whose liveness session is gone is *not* taken over here: a live driver that
-    merely lost that connection is still running units (issue 35). `dead` (from `hold_dead_holder`, after
+    merely lost that connection is still running units. `dead` (from `hold_dead_holder`, after
     the caller waited out the takeover grace) takes the run over from that holder, provided the row still
     names it at the same epoch and this connection still keeps its liveness lock.
     """
@@ -858,7 +887,7 @@ def acquire_lease(
         return _lease_of(current)
 
 
-def hold_dead_holder(db: Database, run_id: str) -> DeadHolder | None:
+def hold_dead_holder(db: Journal, run_id: str) -> DeadHolder | None:
     """The run's holder, live by its lease but with its liveness session gone, now kept out of its own liveness
     lock by this journal connection; None when there is no such holder (or the journal keeps no liveness).
 
@@ -879,7 +908,7 @@ def hold_dead_holder(db: Database, run_id: str) -> DeadHolder | None:
         return DeadHolder(row["lease_holder"], int(row["lease_epoch"]), key) if key is not None else None
 
 
-def release_dead_holder(db: Database, dead: DeadHolder) -> None:
+def release_dead_holder(db: Journal, dead: DeadHolder) -> None:
     """Let go of the liveness lock `hold_dead_holder` kept (nothing when a reconnect already lost it)."""
     try:
         db.dialect.unhold(db, dead.key)
@@ -887,7 +916,7 @@ def release_dead_holder(db: Database, dead: DeadHolder) -> None:
         pass
 
 
-def _liveness_sets(db: Database, liveness: HolderLiveness | None) -> tuple[str, tuple[Any, ...]]:
+def _liveness_sets(db: Journal, liveness: HolderLiveness | None) -> tuple[str, tuple[Any, ...]]:
     """The lease row's liveness columns for an acquisition (nothing where the journal records none)."""
     if not db.dialect.liveness:
         return "", ()
@@ -896,7 +925,7 @@ def _liveness_sets(db: Database, liveness: HolderLiveness | None) -> tuple[str, 
     return ", lease_session = ?, lease_liveness = ?", (liveness.key, liveness.marker)
 
 
-def lease_fence(db: Database, run_id: str, holder: str) -> Fence | None:
+def lease_fence(db: Journal, run_id: str, holder: str) -> Fence | None:
     """The fence of the lease `holder` holds now (its epoch), or None when it holds none.
 
     Read right after `acquire_lease`: holder ids are unique per acquisition and the epoch only
@@ -907,7 +936,7 @@ def lease_fence(db: Database, run_id: str, holder: str) -> Fence | None:
 
 
 def renew_lease(
-    db: Database,
+    db: Journal,
     run_id: str,
     holder: str,
     ttl_s: float | None = None,
@@ -929,10 +958,11 @@ def renew_lease(
             + (" AND lease_epoch = ?" if epoch is not None else ""),
             (db.now(ttl), *((marker,) if sets else ()), run_id, holder, *((epoch,) if epoch is not None else ())),
         )
-        return cur.rowcount == 1
+        renewed: int = cur.rowcount
+        return renewed == 1
 
 
-def release_lease(db: Database, run_id: str, holder: str) -> bool:
+def release_lease(db: Journal, run_id: str, holder: str) -> bool:
     """Drop our lease on every exit path (no-op when someone else holds it).
 
     A finished driver's lease is not kept as a record of who ran the run: that
@@ -945,10 +975,11 @@ def release_lease(db: Database, run_id: str, holder: str) -> bool:
             "WHERE id = ? AND lease_holder = ?",
             (run_id, holder),
         )
-        return cur.rowcount == 1
+        released: int = cur.rowcount
+        return released == 1
 
 
-def wait_lease_change(db: Database, run_id: str, seen: LeaseInfo, deadline: float) -> bool:
+def wait_lease_change(db: Journal, run_id: str, seen: LeaseInfo, deadline: float) -> bool:
     """Block until the run's lease is no longer `seen` (released, taken, expired, or the run stopped
     being drivable): True; False once `deadline` (time.monotonic()) passes first.
 
@@ -975,7 +1006,7 @@ def wait_lease_change(db: Database, run_id: str, seen: LeaseInfo, deadline: floa
         delay = min(delay * 2, 0.05)
 
 
-def read_lease(db: Database, run_id: str) -> LeaseInfo | None:
+def read_lease(db: Journal, run_id: str) -> LeaseInfo | None:
     """The live lease on the run, or None (no lease, half-set, expired, dead local holder).
 
     A holder whose liveness session is gone (PostgreSQL) still counts as live here: it may be a driver that

@@ -1,4 +1,4 @@
-"""The unit journal: one row per attempt id (spec-engine §5.15, §3.5; DECISIONS D8, D13).
+"""The unit journal: one row per attempt id (spec/engine.md; spec/decisions.md D8, D13).
 
 A row is inserted (`running`) *before* a unit is dispatched and finished
 after, so nothing dispatched is ever silently dropped. Re-inserting the same
@@ -33,8 +33,7 @@ from typing import Any, Literal, NamedTuple
 from akm.canonical import compact_json
 from akm.errors import JournalError, NotFoundError
 from akm.store.clock import format_iso, parse_iso
-from akm.store.journal import RUN_UNIT_WRITE
-from akm.store.journal import Journal as Database
+from akm.store.journal import RUN_UNIT_WRITE, Journal
 from akm.store.runs import (
     Fence,
     LeaseInfo,
@@ -43,7 +42,12 @@ from akm.store.runs import (
     lease_ttl_s,
     not_drivable_error,
 )
-from akm.store.status import DRIVABLE_STATUSES, REPORT_LOCK_PREFIX, ReportRecorded  # noqa: F401 - drivers and reports name it units.REPORT_LOCK_PREFIX
+from akm.store.status import (  # noqa: F401 - drivers and reports name it units.REPORT_LOCK_PREFIX
+    DRIVABLE_STATUSES,
+    REPORT_LOCK_PREFIX,
+    ReportRecorded,
+    UnitStatus,
+)
 
 CLAIM_TTL_S = 90.0
 ClaimInfo = LeaseInfo
@@ -61,7 +65,7 @@ class Unit(NamedTuple):
     runner: str | None
     engine: str | None
     model: str | None
-    status: str
+    status: UnitStatus
     input_hash: str | None
     result_json: str | None
     tokens: int | None
@@ -154,7 +158,7 @@ class UnitFinish(NamedTuple):
     run_id: str
     unit_id: str
     started_at: str
-    status: str
+    status: UnitStatus
     result_json: str | None = None
     tokens: int | None = None
     failure_reason: str | None = None
@@ -184,7 +188,7 @@ class UnitFinish(NamedTuple):
 
 
 def _insert_row(
-    db: Database, conn: Any, now: str, row: list[Any], fence: Fence | None = None, min_until: str | None = None
+    db: Journal, conn: Any, now: str, row: list[Any], fence: Fence | None = None, min_until: str | None = None
 ) -> str:
     """Write the `running` row (`row` ends with the stamp to use); returns the stamp it got.
 
@@ -203,7 +207,9 @@ def _insert_row(
             return now
     run = conn.execute("SELECT status, lease_until FROM runs WHERE id = ?", (run_id,)).fetchone()
     if run is None:
-        raise NotFoundError(f"workflow run {run_id!r} not found", code="RUN_NOT_FOUND", details={"runId": run_id})
+        from akm.codes import Code
+
+        raise NotFoundError(f"workflow run {run_id!r} not found", code=Code.RUN_NOT_FOUND, details={"runId": run_id})
     if run["status"] not in DRIVABLE_STATUSES:
         raise not_drivable_error(run_id, run["status"], "given new units")
     if fence is not None:
@@ -216,7 +222,7 @@ def _insert_row(
     return str(row[-1])
 
 
-def _lease_floor(db: Database, now: str) -> str:
+def _lease_floor(db: Journal, now: str) -> str:
     """How long a fenced insert needs the lease to run on: half a TTL from `now`."""
     return db.later(now, lease_ttl_s() / 2)
 
@@ -236,7 +242,7 @@ def _finish_row(
     run = None if insert_follows else conn.execute("SELECT status FROM runs WHERE id = ?", (f.run_id,)).fetchone()
     if run is not None and run["status"] == "abandoned":
         # A driver's in-flight unit finishing after an abandon (it stops them, but they end after the commit):
-        # its result is not journaled; the row ends as abandon ends a dead driver's rows (issue 23 item 1).
+        # its result is not journaled; the row ends as abandon ends a dead driver's rows.
         f = f._replace(status="failed", result_json=None, failure_reason="abandoned", truncated=False)
     else:
         check_fence(conn, f.run_id, fence)
@@ -272,7 +278,7 @@ def _finish_row(
 
 
 def insert_unit(
-    db: Database,
+    db: Journal,
     *,
     run_id: str,
     unit_id: str,
@@ -333,12 +339,12 @@ def insert_unit(
 
 
 def finish_unit(
-    db: Database,
+    db: Journal,
     *,
     run_id: str,
     unit_id: str,
     started_at: str,
-    status: str,
+    status: UnitStatus,
     result_json: str | None = None,
     tokens: int | None = None,
     failure_reason: str | None = None,
@@ -415,7 +421,7 @@ def _insert_events_sql(n: int) -> str:
 
 
 def finish_and_insert(
-    db: Database,
+    db: Journal,
     finish: UnitFinish,
     *,
     run_id: str,
@@ -444,7 +450,7 @@ def finish_and_insert(
 
 
 def write_attempts(
-    db: Database, finishes: Sequence[UnitFinish], inserts: Sequence[NewAttempt], *, fence: Fence | None = None
+    db: Journal, finishes: Sequence[UnitFinish], inserts: Sequence[NewAttempt], *, fence: Fence | None = None
 ) -> tuple[list[str], list[str]]:
     """Finish some attempts and insert others (`running`) in ONE transaction, with their events.
 
@@ -488,7 +494,7 @@ def write_attempts(
 
 
 def _one_statement(
-    db: Database,
+    db: Journal,
     run_id: str,
     finishes: Sequence[UnitFinish],
     inserts: Sequence[NewAttempt],
@@ -553,7 +559,7 @@ _UNSTART = (
 
 
 def unstart_units(
-    db: Database, run_id: str, step_id: str | None, rows: Sequence[tuple[str, str]], *, fence: Fence | None = None
+    db: Journal, run_id: str, step_id: str | None, rows: Sequence[tuple[str, str]], *, fence: Fence | None = None
 ) -> int:
     """Close `running` rows whose units were never started (`rows`: (attempt id, its started_at)).
 
@@ -579,7 +585,7 @@ def unstart_units(
     return closed
 
 
-def heartbeat_units(db: Database, run_id: str, unit_ids: Sequence[str]) -> int:
+def heartbeat_units(db: Journal, run_id: str, unit_ids: Sequence[str]) -> int:
     """Stamp `last_checkin_at = now` on these running units (D8); returns rows touched."""
     ids = list(unit_ids)
     if not ids:
@@ -594,12 +600,12 @@ def heartbeat_units(db: Database, run_id: str, unit_ids: Sequence[str]) -> int:
         return int(cur.rowcount)
 
 
-def get_unit(db: Database, run_id: str, unit_id: str) -> Unit | None:
+def get_unit(db: Journal, run_id: str, unit_id: str) -> Unit | None:
     row = db.query_one(f"SELECT {_UNIT_COLUMNS} FROM units WHERE run_id = ? AND unit_id = ?", (run_id, unit_id))
     return _unit(row) if row else None
 
 
-def get_units(db: Database, run_id: str, step_id: str | None = None) -> list[Unit]:
+def get_units(db: Journal, run_id: str, step_id: str | None = None) -> list[Unit]:
     """Journal rows of a run (or one step), ordered started_at, unit_id."""
     sql = f"SELECT {_UNIT_COLUMNS} FROM units WHERE run_id = ?"
     params: list[Any] = [run_id]
@@ -636,7 +642,7 @@ _UNIT_ROWS = (
 )
 
 
-def unit_rows(db: Database, run_id: str, step_id: str) -> list[dict[str, Any]]:
+def unit_rows(db: Journal, run_id: str, step_id: str) -> list[dict[str, Any]]:
     """The rows of one step as plain dicts of `DECISION_FIELDS`, ordered as `get_units` orders them, for
     readers that decide from many rows at once: a frozen dataclass per row costs more than the query itself."""
     names = DECISION_FIELDS  # every row has them all (the query names them): zip's strict check would cost 0.5 us a row
@@ -653,12 +659,12 @@ _ATTEMPT_ROWS = (
 )
 
 
-def gate_rows(db: Database, run_id: str, step_id: str) -> list[dict[str, Any]]:
+def gate_rows(db: Journal, run_id: str, step_id: str) -> list[dict[str, Any]]:
     """The gate rows of one step (`unit_rows`' gate half): what a gate's loop is read from."""
     return [dict(zip(DECISION_FIELDS, row, strict=False)) for row in db.query(_GATE_ROWS, (run_id, step_id))]
 
 
-def attempt_rows(db: Database, run_id: str, step_id: str, base_id: str) -> list[dict[str, Any]]:
+def attempt_rows(db: Journal, run_id: str, step_id: str, base_id: str) -> list[dict[str, Any]]:
     """The dispatch rows of one unit's attempts in one gate loop (`base_id` and its retries `base_id~r<k>`),
     as `unit_rows` gives them: what a report needs of its own unit, without reading the whole step."""
     rows = db.query(_ATTEMPT_ROWS, (run_id, step_id, base_id, base_id + "~r", base_id + "~r\x7f"))
@@ -672,7 +678,7 @@ def _is_retry_of(unit_id: str, base_id: str) -> bool:
     return unit_id.startswith(base_id + "~r") and tail.isdigit() and tail.isascii()
 
 
-def family_rows(db: Database, run_id: str, content_id: str) -> list[dict[str, Any]]:
+def family_rows(db: Journal, run_id: str, content_id: str) -> list[dict[str, Any]]:
     """Every journaled attempt of one unit (`X` and every `X~…`: all gate loops and retries), oldest first."""
     return [
         dict(r)
@@ -701,7 +707,7 @@ _TALLIES = (
 _TALLY_OVERLAP_CHUNK = 500  # ids per `IN (...)`: far below either journal's bound on parameters
 
 
-def step_tallies(db: Database, run_id: str) -> dict[str, StepTally]:
+def step_tallies(db: Journal, run_id: str) -> dict[str, StepTally]:
     """Per step id, from the dispatch rows (gate rows excluded).
 
     A unit id is `<base>[~l<n>][~r<k>]` (gate loop n, retry k; step ids and
@@ -743,7 +749,7 @@ def step_tallies(db: Database, run_id: str) -> dict[str, StepTally]:
     return {step: StepTally(units[step], attempts[step], loops[step] or 0) for step in attempts}
 
 
-def reused_counts(db: Database, run_id: str) -> dict[str, int]:
+def reused_counts(db: Journal, run_id: str) -> dict[str, int]:
     """Per step id: the unit rows restored from an earlier identical one (`reused_from` set), not run."""
     return {
         r["step_id"] or "": int(r["n"])
@@ -776,7 +782,7 @@ _TOTALS = (
 )
 
 
-def journal_totals(db: Database, run_id: str) -> tuple[int, int]:
+def journal_totals(db: Journal, run_id: str) -> tuple[int, int]:
     """(sum of attempts, sum of tokens) over dispatch rows (gate rows excluded), superseded ones included (a
     rewind does not give a budget back) — seeds budgets."""
     row = db.query_one(_TOTALS.format(mine=""), (run_id, run_id))
@@ -824,7 +830,7 @@ def _spend_sql(mine: str = "") -> str:
     return sql
 
 
-def journal_spend(db: Database, run_id: str) -> Spend:
+def journal_spend(db: Journal, run_id: str) -> Spend:
     """The run's lifetime spend (`Spend`): what the money and token ceilings count (akm.engine.budget)."""
     row = db.query_one(_spend_sql(), (run_id, run_id))
     assert row is not None
@@ -832,7 +838,7 @@ def journal_spend(db: Database, run_id: str) -> Spend:
 
 
 def project_spend_since(
-    db: Database, scope_key: str, since: str, *, only: str | None = None, but: str | None = None
+    db: Journal, scope_key: str, since: str, *, only: str | None = None, but: str | None = None
 ) -> float:
     """USD the runs of one project (`scope_key`) spent in attempts finished at or after `since` (config
     `limits.maxCostPerDay`: `since` is the start of the journal clock's UTC day); `only` / `but` one run."""
@@ -885,7 +891,7 @@ class ReportedAttempt(NamedTuple):
     allow_unknown: bool = False
 
 
-def write_report(db: Database, report: ReportedAttempt) -> ReportWrite:
+def write_report(db: Journal, report: ReportedAttempt) -> ReportWrite:
     """Record one report of the calling agent in ONE transaction, with every guard inside it.
 
     The guards are pure decisions (`report_guards.check_report`, `check_budget`) over the rows read here,
@@ -962,7 +968,7 @@ def write_report(db: Database, report: ReportedAttempt) -> ReportWrite:
         return ReportWrite("written", tokens_crossed=tokens_crossed(int(totals["t"]), carried, report.max_tokens))
 
 
-def _claim(db: Database, conn: Any, now: str, a: NewAttempt, holder: str, *, renew: bool = False) -> ClaimInfo:
+def _claim(db: Journal, conn: Any, now: str, a: NewAttempt, holder: str, *, renew: bool = False) -> ClaimInfo:
     """Claim the attempt row for `holder` (or renew the holder's claim) for CLAIM_TTL_S from `now`. A
     reporter's claim records no pid (see `write_report`)."""
     until, host = db.later(now, CLAIM_TTL_S), host_id()
@@ -981,7 +987,7 @@ def _claim(db: Database, conn: Any, now: str, a: NewAttempt, holder: str, *, ren
     return ClaimInfo(holder, host, None, until)
 
 
-def guard_session_write(db: Database, run_id: str) -> None:
+def guard_session_write(db: Journal, run_id: str) -> None:
     """Refuse a session write (a verdict) when the run cannot take it: not drivable, or driven by the engine.
 
     The run half of the report guards (`report_guards.check_run_takes_reports`), for a caller that holds
@@ -995,7 +1001,7 @@ def guard_session_write(db: Database, run_id: str) -> None:
 
 
 def note_activity(
-    db: Database, *, run_id: str, unit_id: str, started_at: str, step_id: str | None, activity: dict[str, Any]
+    db: Journal, *, run_id: str, unit_id: str, started_at: str, step_id: str | None, activity: dict[str, Any]
 ) -> bool:
     """Journal what a running agent unit's CLI is doing: a `workflow_unit_activity` event (`status --watch` of
     another process shows it) and, once the CLI said it, its session id on the row (`status --units`).

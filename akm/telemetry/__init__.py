@@ -1,4 +1,4 @@
-"""Traces of runs for OpenTelemetry backends (issue 38): what a run did, as spans, from the journal.
+"""Traces of runs for OpenTelemetry backends: what a run did, as spans, from the journal.
 
 The journal is the one source: a run's spans are computed from its events and rows (`journal_spans`), with ids
 derived from the run's ids (`context`), so the driver that finishes a run, a worker on another host, a resumed

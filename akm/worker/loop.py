@@ -10,7 +10,7 @@ into a finished one (`akm.store.queue`):
   lapsed, the run abandoned) is stopped at once — its result would be rejected anyway — and a watchdog
   that never touches the journal stops each unit whose claim was last renewed (counted from when the
   renewal was *sent*) longer ago than its TTL less `fencing.stop_margin`: a journal that stalls or drops
-  the connection cannot keep a unit running past the moment another worker may claim it (issue 35); such
+  the connection cannot keep a unit running past the moment another worker may claim it; such
   a claim is given back when the journal answers again, or lapses;
 * a finish carries the claim's fencing token: after a freeze (SIGSTOP, a VM pause) past the claim's expiry
   the late result is rejected and the newer claim's stands;
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from akm import paths
+from akm.codes import Code
 from akm.dispatch.base import DispatcherRegistry
 from akm.engine.attempt import AttemptSpec, EnvBindingError, StepAttempts, WorktreeError, from_payload
 from akm.engine.cancel import Cancellation
@@ -130,7 +131,7 @@ class Worker:
             raise UsageError(
                 f"this akm has no dispatcher for any of the unit kinds asked for ({', '.join(opts.kinds)}); "
                 "the worker would claim nothing.",
-                code="INVALID_ARGUMENT",
+                code=Code.INVALID_ARGUMENT,
                 details={"argument": "kinds"},
             )
         self.summary = WorkerSummary(holder=self.holder, host=self.host)

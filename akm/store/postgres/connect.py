@@ -4,7 +4,7 @@ Why a module of its own: the URL is the whole user-facing surface of the Postgre
 database, credentials, TLS), and its failures (server down, wrong password, bad URL) must reach the user as
 stable codes, never as a driver traceback. pg8000 is imported here only, and only when a connection is made.
 
-Every connection akm opens bounds how long anything on it can wait (issue 35), because a network that breaks
+Every connection akm opens bounds how long anything on it can wait, because a network that breaks
 without telling anyone — a partition, a middlebox that forgets the flow, a pooler — otherwise leaves both
 ends waiting for hours:
 
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from akm.codes import Code
 from akm.errors import JournalError
 
 # Server-side limits of every akm session (seconds). A waiter's lock_timeout outlasts the idle-in-transaction
@@ -84,7 +85,7 @@ class Target:
 def _bad_url(message: str) -> JournalError:
     return JournalError(
         message,
-        code="JOURNAL_URL_INVALID",
+        code=Code.JOURNAL_URL_INVALID,
         hint="Use postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=require]; the password may be "
         "a ${ENV_VAR} reference.",
     )
@@ -217,13 +218,13 @@ def connect(target: Target, timeout: float | None = None, *, role: str = "akm", 
         if isinstance(cause, ssl.SSLError) or "ssl" in str(exc).lower():
             raise JournalError(
                 f"TLS to the journal server {target.shown} failed: {exc}",
-                code="JOURNAL_TLS_FAILED",
+                code=Code.JOURNAL_TLS_FAILED,
                 hint="Check sslmode and sslrootcert in the journal URL, and that the server has TLS enabled.",
             ) from None
         if isinstance(cause, (OSError, socket.timeout)) or "connect" in str(exc).lower():
             raise JournalError(
                 f"the journal server {target.shown} is unreachable: {exc}",
-                code="JOURNAL_UNREACHABLE",
+                code=Code.JOURNAL_UNREACHABLE,
                 hint="Check that PostgreSQL runs and accepts TCP connections at that host and port.",
             ) from None
         raise JournalError(f"cannot connect to the journal server {target.shown}: {exc}") from None
@@ -232,14 +233,14 @@ def connect(target: Target, timeout: float | None = None, *, role: str = "akm", 
         if state in ("28P01", "28000"):
             raise JournalError(
                 f"the journal server {target.shown} refused the credentials of user {target.user!r}",
-                code="JOURNAL_AUTH_FAILED",
+                code=Code.JOURNAL_AUTH_FAILED,
                 hint="Check the user and password of the journal URL (a ${ENV_VAR} password must be set).",
             ) from None
         raise JournalError(f"cannot connect to the journal server {target.shown}: {_message(exc)}") from None
     except OSError as exc:  # a socket failure pg8000 did not wrap (a reset or a timeout mid-handshake)
         raise JournalError(
             f"the journal server {target.shown} is unreachable: {exc}",
-            code="JOURNAL_UNREACHABLE",
+            code=Code.JOURNAL_UNREACHABLE,
             hint="Check that PostgreSQL runs and accepts TCP connections at that host and port.",
         ) from None
     try:
@@ -288,7 +289,7 @@ def fault_error(exc: BaseException, what: str, shown: str) -> JournalError:
     if lock_timed_out(exc):
         return JournalError(
             f"journal {what} on {shown} gave up waiting: {_message(exc)}",
-            code="JOURNAL_BUSY",
+            code=Code.JOURNAL_BUSY,
             hint=f"Another session held what this command needed for over {LOCK_TIMEOUT_S} s (for example one left "
             f"idle in a transaction by a broken connection, which the server ends after {IDLE_IN_TRANSACTION_S} s); "
             "nothing was written. Run the command again.",
@@ -296,7 +297,7 @@ def fault_error(exc: BaseException, what: str, shown: str) -> JournalError:
     detail = _message(exc) if _sqlstate(exc) else (str(exc) or type(exc).__name__)
     return JournalError(
         f"the connection to the journal server {shown} failed during {what}: {detail}",
-        code="JOURNAL_CONNECTION_LOST",
+        code=Code.JOURNAL_CONNECTION_LOST,
         hint="The network or the server dropped or stalled the connection; the transaction in flight was not "
         "committed (or, if it was, the journal shows it). Once the server is reachable, run the command again: a "
         "run resumes where its journal stands.",

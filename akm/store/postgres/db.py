@@ -1,6 +1,6 @@
 """The PostgreSQL journal: the `Journal` interface over one pg8000 connection, and the PostgreSQL `Dialect`.
 
-Why it looks like this (postgres.md §2.3–§2.9, §3):
+Why it looks like this (spec/journal.md):
 
 * The shared domain layer (`store/runs.py`, `units.py`, `events.py`) writes `?` placeholders and names tables
   without a schema; here `?` becomes `$n` (once per statement text) and the connection's `search_path` is
@@ -15,7 +15,7 @@ Why it looks like this (postgres.md §2.3–§2.9, §3):
   locks its transaction holds (`Connection.locks`, emptied at commit and rollback) and the dialect skips
   one already held in that mode or a stronger one.
 * `now()` is the server's clock (`clock_timestamp()`): with many hosts writing expiries, one clock decides.
-* A small pool of connections per journal (`POOL_MAX`, issue 40): a transaction holds one connection from
+* A small pool of connections per journal (`POOL_MAX`): a transaction holds one connection from
   `BEGIN` to `COMMIT`, a statement outside a transaction one for its round trip, so a process's threads (a
   worker's units finishing, its next claim, the heartbeat) wait for the server side by side instead of one
   behind the other; across a network each of those waits is a round trip. Connections open on demand, when
@@ -58,7 +58,7 @@ _RETRY_STATES = ("40001", "40P01")  # serialization failure, deadlock detected
 
 
 class PgDialect(Dialect):
-    """What PostgreSQL needs where SQLite's single write lock and rowid did the work (postgres.md §2.5)."""
+    """What PostgreSQL needs where SQLite's single write lock and rowid did the work (spec/journal.md)."""
 
     name = "postgres"
     rowid = "seq"

@@ -1,4 +1,4 @@
-"""The per-unit writes of a fan-out over workers, each as ONE statement on PostgreSQL (issue 40).
+"""The per-unit writes of a fan-out over workers, each as ONE statement on PostgreSQL.
 
 Why: across a network every statement is a round trip, and a transaction written the portable way
 (`store/queue.py` on SQLite) costs one per step of it — BEGIN, the run-row lock, reading the run, the
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from akm.store.postgres.db import EVENT_LOCK, clean_param
-from akm.store.runs import DRIVABLE_STATUSES
+from akm.store.status import DRIVABLE_STATUSES
 
 _DRIVABLE = "(" + ",".join(f"'{s}'" for s in DRIVABLE_STATUSES) + ")"
 _NOW = "date_trunc('milliseconds', clock_timestamp())"  # the journal clock at the precision of its stamps
@@ -169,7 +169,8 @@ def claim_units(
     first, skipping rows other claimers hold; the claimed rows (`meta_tail` ends each started event's metadata)."""
     tgt = rows_json([{"run_id": r, "step_id": s} for r, s in targets])
     params = (tgt, json.dumps(list(kinds)), limit, holder, host, pid, ttl_s, meta_tail)
-    return db.execute(CLAIM_UNITS, params).fetchall()
+    claimed: list[Any] = db.execute(CLAIM_UNITS, params).fetchall()
+    return claimed
 
 
 FINISH_CLAIMED = f"""

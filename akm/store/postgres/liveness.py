@@ -1,11 +1,11 @@
-"""Is a lease holder's process still alive? A session advisory lock says "dead" at once (postgres.md §2.4).
+"""Is a lease holder's process still alive? A session advisory lock says "dead" at once (spec/journal.md).
 
 Why: on one host the journal tells a dead driver by its pid; across hosts it could only wait for the lease
 to expire (90 s). On PostgreSQL a holder keeps one dedicated *liveness connection* holding a session advisory
 lock keyed on its holder id. When its process dies the kernel closes the socket, the backend exits and the
 lock is gone; another host that can take the lock knows the holder is dead and may take the run over now.
 
-The signal proves that the holder's *session* is gone, not that the holder is (issue 35): a driver whose
+The signal proves that the holder's *session* is gone, not that the holder is: a driver whose
 liveness connection alone was dropped (a reset, a pooler's or the server's idle kill, `pg_terminate_backend`)
 is alive and still running units. So a free lock never hands the run over by itself:
 

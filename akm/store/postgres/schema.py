@@ -2,7 +2,7 @@
 
 Why the same ids: the ledger is how akm refuses a journal written by a newer akm (`JOURNAL_TOO_NEW`) or by
 another program (`JOURNAL_FOREIGN`); sharing the ids lets `check_ledger` judge both backends by one rule. The
-statements differ (postgres.md §2.2, §2.13): `timestamptz(3)` (milliseconds, the precision of akm's stamps,
+statements differ (spec/journal.md): `timestamptz(3)` (milliseconds, the precision of akm's stamps,
 so a stamp read back as text compares equal to the stored value) compared with the server's `now()`, identity
 columns for `rowid`/AUTOINCREMENT, `COLLATE "C"` where ordering must stay byte-wise as on SQLite, JSON kept
 as text (jsonb rejects \\u0000), and 0005 as a constraint swap instead of a table rebuild. PostgreSQL DDL
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from akm.codes import Code
 from akm.errors import JournalError
 from akm.store.migrations import check_ledger
 from akm.store.postgres.connect import STATEMENT_TIMEOUT_S
@@ -208,7 +209,7 @@ def refuse_foreign(con: Any, schema: str, shown: str, registry: list[tuple[str, 
     raise JournalError(
         f"the schema {schema!r} of {shown} is not an akm journal: it holds tables ({', '.join(tables[:6])}) that "
         "akm did not create, so akm will neither read nor change it.",
-        code="JOURNAL_FOREIGN",
+        code=Code.JOURNAL_FOREIGN,
         hint="Point the journal URL at another database, or choose another schema with ?schema=NAME.",
     )
 

@@ -1,4 +1,4 @@
-"""LISTEN/NOTIFY wake-ups between a run's coordinator and its workers (postgres.md §2.8).
+"""LISTEN/NOTIFY wake-ups between a run's coordinator and its workers (spec/journal.md).
 
 A notification is a hint, never the truth: listeners also poll, because notifications sent while a listener
 reconnects are lost (and pg8000 keeps only the last hundred). So every failure here is swallowed and retried

@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from akm.errors import JournalError
 from akm.store.clock import now_iso
@@ -69,7 +69,7 @@ def journal_error(exc: sqlite3.Error, what: str, path: str | os.PathLike[str] | 
 
 
 class _Transaction:
-    """The context manager behind `Database.tx` (see there)."""
+    """The context manager behind `Journal.tx` (see there)."""
 
     __slots__ = ("db", "owner")
 
@@ -89,7 +89,7 @@ class _Transaction:
             raise
         return db.conn
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         db = self.db
         try:
             if not self.owner:
@@ -339,9 +339,6 @@ class SqliteJournal(Journal):
                 self.conn.close()
             except sqlite3.Error:
                 pass
-
-
-Database = SqliteJournal  # the old name
 
 
 def journal_mode_from_env() -> str:

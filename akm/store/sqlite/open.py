@@ -78,7 +78,7 @@ def _create_private(db_path: os.PathLike[str]) -> None:
 
 def open_db_read_only(path: str | os.PathLike[str]) -> SqliteJournal:
     """The journal opened for reading only, for a directory akm cannot write (a read-only mount, a
-    locked-down data dir): `list`, `status`, `log` and `next` still answer there (issue 23 item 1).
+    locked-down data dir): `list`, `status`, `log` and `next` still answer there.
 
     SQLite cannot read a WAL journal read-only without creating its `-shm` file beside it; when that
     fails and no unfinished `-wal` file exists, the file is opened `immutable` (nothing can change it
