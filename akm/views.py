@@ -338,7 +338,7 @@ class WaitResult(View):
 
 
 # What a `RunWarning` can say: not errors, so not `akm.codes.Code` members (a front advises on each).
-WarningCode = Literal["WORKFLOW_CHANGED", "LINT", "CONFIG_KEY", "ENGINE", "SECRET_REDACTED"]
+WarningCode = Literal["WORKFLOW_CHANGED", "LINT", "CONFIG_KEY", "ENGINE", "SECRET_REDACTED", "TELEMETRY"]
 
 
 class RunWarning(View):

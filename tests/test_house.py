@@ -16,7 +16,7 @@ from tests.helpers import ROOT
 # mypy's error count on akm/ when the check was introduced (148 at the review; 82 after the first fixes;
 # 73 after engine/apply.py and store/report_guards.py; 63 with the journal interface and the light YAML reader;
 # 39 with dispatch/ and store/ strict).
-MYPY_BASELINE = 39
+MYPY_BASELINE = 38
 SOURCES = ["akm", "tests", "bench"]
 
 

@@ -136,6 +136,7 @@ _LAZY = {
     "trace_export": "akm.api._trace",
     # the rules and types a front checks and builds with, so that a front imports the api alone
     "quoted": "akm.text",
+    "dollars": "akm.text",
     "require_utf8": "akm.text",
     "RunArgs": "akm.format.params",
     "split_run_args": "akm.format.params",
@@ -254,7 +255,7 @@ if TYPE_CHECKING:
     from akm.format.lint import LintReport
     from akm.format.params import RunArgs, split_run_args
     from akm.setup.core import EngineChoice, SetupIntent
-    from akm.text import quoted, require_utf8
+    from akm.text import dollars, quoted, require_utf8
 
 # The pydantic models (requests; session, setup and config results) load on first use, so that
 # `import akm.api` — and with it `workflow list`, `status` — never imports pydantic.
@@ -406,6 +407,7 @@ __all__ = [
     "config_unset",
     "default_holder",
     "describe_workflow",
+    "dollars",
     "detach_run",
     "events",
     "exit_status_for",

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from akm.api import LintReport
 
-from akm.text import dollars
 
 # How much of a step's output the text views show; `--format json` always has all of it.
 _STEP_CLIP = (6, 600)  # lines, characters
@@ -336,6 +335,13 @@ def _json_text(data: Any) -> str:
     if _JSON_ESCAPES is None:
         _JSON_ESCAPES = {c: f"\\u{c:04x}" for c in _TERMINAL_UNSAFE if c >= 0x7F}  # json.dumps escapes C0
     return json.dumps(data, indent=2, ensure_ascii=False).translate(_JSON_ESCAPES)
+
+
+def dollars(amount: float) -> str:
+    """An amount in US dollars as the api writes it (`akm.text.dollars`, through the api: a front imports it alone)."""
+    from akm import api
+
+    return api.dollars(amount)
 
 
 def _emit_json(data: Any) -> None:

@@ -637,10 +637,9 @@ def _parse_response(
     def count(key: str, within: dict[str, Any] = usage) -> int | None:
         return token_count(within.get(key))
 
-    prompt_details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
-    completion_details = (
-        usage.get("completion_tokens_details") if isinstance(usage.get("completion_tokens_details"), dict) else {}
-    )
+    raw_prompt, raw_completion = usage.get("prompt_tokens_details"), usage.get("completion_tokens_details")
+    prompt_details: dict[str, Any] = raw_prompt if isinstance(raw_prompt, dict) else {}
+    completion_details: dict[str, Any] = raw_completion if isinstance(raw_completion, dict) else {}
 
     return ChatResponse(
         text=redact_text(answer, secrets),

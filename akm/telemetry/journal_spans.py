@@ -84,7 +84,8 @@ def exec_commands(plan: Mapping[str, Any]) -> dict[str, str]:
 
 def _usage_attrs(meta: Mapping[str, Any]) -> dict[str, Attr]:
     out: dict[str, Attr] = {}
-    usage = meta.get("usage") if isinstance(meta.get("usage"), dict) else {}
+    raw_usage = meta.get("usage")
+    usage: Mapping[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
     for key, attr in (("input", "gen_ai.usage.input_tokens"), ("output", "gen_ai.usage.output_tokens")):
         if isinstance(usage.get(key), int):
             out[attr] = usage[key]
@@ -201,7 +202,7 @@ def segments(
     seg_start: str | None = None
     spans: list[SpanRecord] = []
     open_units: dict[str, tuple[str, str, dict[str, Any]]] = {}  # unit id -> (start, step, started meta)
-    step_start: dict[str, str] = {}
+    step_start: dict[str, str | None] = {}
     steps_seen: list[str] = []
     last_end: str | None = None
     previous_root: str | None = None
