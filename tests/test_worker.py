@@ -5,6 +5,7 @@ here (another commit checked out, an env file missing) claims none of them and s
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -289,7 +290,9 @@ def test_the_coordinator_says_when_no_worker_claims_its_units(tmp_path, monkeypa
         while not said and time.monotonic() < end:
             time.sleep(0.05)
             said = [w for w in coord.warnings if "no worker has claimed any" in w]
-        assert len(said) == 1 and "start a worker" in said[0] and '2 unit(s) of step "work"' in said[0]
+        # It counts the units queued when the quiet time ran out: on a busy machine the second may come later.
+        assert len(said) == 1 and "start a worker" in said[0], said
+        assert re.search(r'\b[12] unit\(s\) of step "work"', said[0]), said
     finally:
         coord.cancel.trip("sigint")
     assert coord.join().aborted

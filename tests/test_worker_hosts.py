@@ -157,7 +157,9 @@ def test_three_workers_share_a_300_unit_fan_out_and_claim_nothing_twice(tmp_path
 
 def test_a_killed_worker_loses_only_its_in_flight_units(tmp_path, server_url):
     project = _project(tmp_path, width=12, sleep=1.5)
-    ttl = {"AKM_WORKER_CLAIM_TTL_S": "3"}
+    # A TTL far above a renewal's delay on a busy 2-core machine: a live worker whose renewals run late stops its
+    # own units near the TTL (self-fencing), which would re-run more than the victim's units.
+    ttl = {"AKM_WORKER_CLAIM_TTL_S": "10"}
     victim = _worker(_env(tmp_path, "a", server_url, **ttl), project, concurrency=3)
     others = [_worker(_env(tmp_path, name, server_url, **ttl), project, concurrency=3) for name in ("b", "c")]
     try:
@@ -186,7 +188,7 @@ def test_a_killed_worker_loses_only_its_in_flight_units(tmp_path, server_url):
 
 def test_a_frozen_worker_has_its_late_finishes_rejected(tmp_path, server_url):
     project = _project(tmp_path, width=6, sleep=2)
-    ttl = {"AKM_WORKER_CLAIM_TTL_S": "2"}
+    ttl = {"AKM_WORKER_CLAIM_TTL_S": "8"}  # the other worker's claims must not lapse on a busy machine
     frozen = _worker(_env(tmp_path, "a", server_url, **ttl), project, concurrency=3)
     other = _worker(_env(tmp_path, "b", server_url, **ttl), project, concurrency=3)
     try:
