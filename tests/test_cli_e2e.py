@@ -521,6 +521,8 @@ def _chaos_snapshot(akm, backend: str, it: int) -> tuple[str, dict[str, tuple[st
         if not (akm.data_dir / "akm-journal.sqlite3").exists():
             return None
         with db(akm) as con:
+            if con.execute("SELECT 1 FROM sqlite_master WHERE name = 'runs'").fetchone() is None:
+                return None  # killed while it created the journal: the next driver creates it again
             row = con.execute("SELECT id FROM runs WHERE workflow_path LIKE ?", (f"%chaos-{it}.md",)).fetchone()
             return None if row is None else (row[0], _snapshot(con, row[0]))
     from tests.helpers import open_at
