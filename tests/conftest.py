@@ -191,3 +191,15 @@ def pg_journal_url(pg_cluster):
 
     with pgcluster.fresh_schema(pg_cluster) as url:
         yield url
+
+
+@pytest.fixture
+def pg_db(pg_journal_url):
+    """(journal, url): a journal opened on a fresh schema of the throwaway cluster, closed after the test."""
+    from akm.store import open_journal
+
+    db = open_journal(pg_journal_url)
+    try:
+        yield db, pg_journal_url
+    finally:
+        db.close()

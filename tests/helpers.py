@@ -211,6 +211,27 @@ def create_run(project: Path, wf: Path, plan, run_id: str, params: dict | None =
     return run_id
 
 
+def bare_run(db, run_id: str = "r1", step_ids=("build",), **fields):
+    """A run row straight in the store, with a placeholder plan and nothing driven: for store tests that need a
+    run to hang units, leases and events on. `fields` overrides any other argument of `runs.create_run`."""
+    from akm.store import runs
+
+    args = {
+        "run_id": run_id,
+        "workflow_ref": "workflows/w",
+        "workflow_path": None,
+        "title": "t",
+        "scope_key": "s",
+        "params": {},
+        "plan_json": "{}",
+        "plan_hash": "0" * 64,
+        "hash_version": 1,
+        "step_ids": list(step_ids),
+        **fields,
+    }
+    return runs.create_run(db, **args)
+
+
 def step_row(db, run_id: str, step_id: str):
     """One step row of a run as the journal holds it (None: no such step)."""
     from akm.store import runs

@@ -22,7 +22,7 @@ import pytest
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 from tests.helpers import process_gone, py, wait_until, write_wf
-from tests.test_mcp_stdio import RawServer, server_env
+from tests.mcp_wire import McpWire, server_env
 
 BOUND_S = float(os.environ.get("AKM_TEST_CALL_BOUND_S", "2"))
 LONG_S = float(os.environ.get("AKM_TEST_LONG_UNIT_S", "7"))
@@ -217,7 +217,7 @@ def test_the_session_ending_stops_units_cleanly_and_the_run_resumes(akm_bin, shi
         "## first\n\nF.\n\n## hang\n\nH.",
     )
     env = {**server_env(tmp_path, shiv_root), "AKM_MCP_CALL_BOUND": "600"}
-    srv = RawServer(akm_bin, env, project)
+    srv = McpWire.built(akm_bin, env, project)
     data = tmp_path / "akm-data"
     try:
         srv.initialize()
@@ -234,8 +234,8 @@ def test_the_session_ending_stops_units_cleanly_and_the_run_resumes(akm_bin, shi
             srv.proc.send_signal(signal.SIGTERM)
         else:
             srv.proc.stdin.close()
+        frames = srv.read_to_end()
         srv.proc.wait(timeout=120)
-        frames = [json.loads(line) for line in srv.proc.stdout.read().splitlines() if line.strip()]
     finally:
         srv.close()
     assert process_gone(unit_pid)  # nothing orphaned
@@ -276,7 +276,7 @@ def test_a_client_that_never_reads_cannot_wedge_the_run(akm_bin, shiv_root, tmp_
         "## each\n\nE.",
     )
     env = {**server_env(tmp_path, shiv_root), "AKM_MCP_CALL_BOUND": "600"}
-    srv = RawServer(akm_bin, env, project)
+    srv = McpWire.built(akm_bin, env, project)
     data = tmp_path / "akm-data"
     try:
         srv.initialize()

@@ -19,7 +19,7 @@ from akm.store import runs
 from akm.store.postgres import connect as pgconnect
 from akm.store.postgres.db import open_pg
 from tests.faultproxy import FaultProxy
-from tests.helpers import wait_until
+from tests.helpers import bare_run, wait_until
 
 
 @pytest.fixture
@@ -50,19 +50,7 @@ def admin(pg_cluster):
 
 
 def _run(db, run_id: str = "r1") -> None:
-    runs.create_run(
-        db,
-        run_id=run_id,
-        workflow_ref="/w.md",
-        workflow_path=None,
-        title="t",
-        scope_key="s",
-        params={},
-        plan_json="{}",
-        plan_hash="h",
-        hash_version=1,
-        step_ids=["a", "b"],
-    )
+    bare_run(db, run_id, step_ids=["a", "b"], workflow_ref="/w.md", plan_hash="h")
 
 
 def test_every_session_carries_akms_limits_and_names_its_role(schema_url, admin):
