@@ -25,26 +25,23 @@ from tests.helpers import ROOT
 T = TypeVar("T")
 
 
-def server_env(tmp_path: Path, shiv_root: Path) -> dict[str, str]:
-    """The stdio client passes a minimal environment: give the zipapp what it needs explicitly."""
+def _minimal_env(tmp_path: Path) -> dict[str, str]:
     return {
         "PATH": os.environ.get("PATH", ""),
         "HOME": str(tmp_path),
-        "SHIV_ROOT": str(shiv_root),
         "AKM_DATA_DIR": str(tmp_path / "akm-data"),
         "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
     }
+
+
+def server_env(tmp_path: Path, shiv_root: Path) -> dict[str, str]:
+    """The stdio client passes a minimal environment: give the zipapp what it needs explicitly."""
+    return {**_minimal_env(tmp_path), "SHIV_ROOT": str(shiv_root)}
 
 
 def source_env(tmp_path: Path) -> dict[str, str]:
     """The same minimal environment for akm run from this checkout (`python -m akm mcp`)."""
-    return {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": str(tmp_path),
-        "PYTHONPATH": str(ROOT),
-        "AKM_DATA_DIR": str(tmp_path / "akm-data"),
-        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
-    }
+    return {**_minimal_env(tmp_path), "PYTHONPATH": str(ROOT)}
 
 
 def meta_2026(client: str, capabilities: dict[str, Any] | None = None) -> dict[str, Any]:
