@@ -65,6 +65,19 @@ def py(code: str) -> str:
     return json.dumps([PY, "-c", textwrap.dedent(code).strip()])
 
 
+def pg_bindir() -> Path:
+    """Where PostgreSQL's binaries are, for a throwaway cluster (tests/pgcluster.py). Skipped locally when none
+    are installed; in CI (CI=1) their absence is a failure, because .ci/run installs them."""
+    from tests import pgcluster
+
+    bindir = pgcluster.find_bindir()
+    if bindir is None:
+        if running_in_ci():
+            pytest.fail("PostgreSQL binaries (initdb, pg_ctl) not found; .ci/run installs the postgresql package")
+        pytest.skip("no PostgreSQL binaries found (set AKM_TEST_PG_BINDIR)")
+    return bindir
+
+
 def journal_backend() -> str:
     """The journal the engine tests run on: `AKM_TEST_JOURNAL=postgres` points them at the throwaway
     PostgreSQL cluster (conftest: a fresh schema per test, through AKM_JOURNAL_URL); default SQLite."""
