@@ -70,6 +70,16 @@ async def run_until_done(client, target: str, limit: int = 80) -> tuple[list[dic
     raise AssertionError("the run did not finish")
 
 
+def drive_over_stdio(server: StdioServerParameters, target: str) -> tuple[list[dict], list[float]]:
+    """`run_until_done` with the official client over stdio to `server`."""
+
+    async def main():
+        async with Client(server) as c:
+            return await run_until_done(c, target)
+
+    return anyio.run(main)
+
+
 def test_a_unit_longer_than_the_bound_finishes_once_and_the_next_step_sees_it(akm_bin, shiv_root, tmp_path, project):
     starts = tmp_path / "starts"
     write_wf(
@@ -86,11 +96,7 @@ def test_a_unit_longer_than_the_bound_finishes_once_and_the_next_step_sees_it(ak
         "## long\n\nL.\n\n## after\n\nA.",
     )
 
-    async def main():
-        async with Client(stdio(akm_bin, shiv_root, tmp_path, project)) as c:
-            return await run_until_done(c, "long.md")
-
-    results, durations = anyio.run(main)
+    results, durations = drive_over_stdio(stdio(akm_bin, shiv_root, tmp_path, project), "long.md")
     print(f"\nlong unit: {len(durations)} calls, longest {max(durations):.2f} s (bound {BOUND_S} s)")
     assert len(results) >= 2  # at least one call came back at its bound with the run still going
     assert max(durations) < BOUND_S + SLACK_S
@@ -183,11 +189,7 @@ def test_an_llm_unit_longer_than_the_bound_finishes_with_one_request(
         "## ask\n\nSay ok.\n\n## show\n\nShow.",
     )
 
-    async def main():
-        async with Client(stdio(akm_bin, shiv_root, tmp_path, project)) as c:
-            return await run_until_done(c, "ask.md")
-
-    results, durations = anyio.run(main)
+    results, durations = drive_over_stdio(stdio(akm_bin, shiv_root, tmp_path, project), "ask.md")
     print(f"\nllm unit: {len(durations)} calls, longest {max(durations):.2f} s (bound {BOUND_S} s)")
     assert len(results) >= 2 and max(durations) < BOUND_S + SLACK_S
     assert results[-1]["run"]["status"] == "completed", results[-1]
