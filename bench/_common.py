@@ -39,6 +39,15 @@ def spread(values: Sequence[float], fmt: str = ".2f", scale: float = 1.0, unit: 
     )
 
 
+def fan_workflow(*, width: int = 2, command: str = '["true"]', does: str = "Run `true` once per item.") -> str:
+    """The workflow most benches drive: one step that maps `params.xs` with `width` units in flight, each
+    running `command` (a flow-style YAML list); `does` is the step's instructions."""
+    return (
+        "---\nparams:\n  xs: { type: array }\nsteps:\n  - id: fan\n    map:\n      over: params.xs\n"
+        f"      concurrency: {width}\n      unit:\n        exec: {{ command: {command} }}\n---\n\n## fan\n\n{does}\n"
+    )
+
+
 @contextlib.contextmanager
 def server(url: str | None, settings: dict[str, str] | None = None) -> Iterator[str]:
     """A PostgreSQL server for a bench: `url` when given, else a throwaway local cluster (tests/pgcluster.py)

@@ -30,24 +30,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import interleaved, spread  # noqa: E402 - after the path it is found on
-
-WF = """---
-params:
-  xs: { type: array }
-steps:
-  - id: fan
-    map:
-      over: params.xs
-      concurrency: 2
-      unit:
-        exec: { command: ["true"] }
----
-
-## fan
-
-Run `true` once per item.
-"""
+from bench._common import fan_workflow, interleaved, spread  # noqa: E402 - after the path it is found on
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -77,7 +60,7 @@ def main() -> None:
 
         print(f"akm from {Path(api.__file__).resolve().parent.parent}")
         wf = work / "fan.md"
-        wf.write_text(WF)
+        wf.write_text(fan_workflow())
         res = api.run_workflow(str(wf), params={"xs": list(range(n))}, cwd=str(work))
         assert res.run.status == "completed", res.run.status
         run_id = res.run.run_id

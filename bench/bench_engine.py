@@ -43,24 +43,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import interleaved, spread  # noqa: E402 - after the path it is found on
-
-WF = """---
-params:
-  xs: {{ type: array }}
-steps:
-  - id: fan
-    map:
-      over: params.xs
-      concurrency: {width}
-      unit:
-        exec: {{ command: ["true"] }}
----
-
-## fan
-
-Run `true` once per item.
-"""
+from bench._common import fan_workflow, interleaved, spread  # noqa: E402 - after the path it is found on
 
 
 @dataclass
@@ -99,7 +82,7 @@ def engine(n: int, width: int, workdir: Path) -> str:
     from akm import api
 
     wf = workdir / f"fan-{n}-{width}-{time.monotonic_ns()}.md"
-    wf.write_text(WF.format(width=width))
+    wf.write_text(fan_workflow(width=width))
     res = api.run_workflow(str(wf), params={"xs": list(range(n))}, cwd=str(workdir))
     assert res.run.status == "completed", res.run.status
     return res.run.run_id

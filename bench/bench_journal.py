@@ -28,24 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import interleaved, server, spread  # noqa: E402 - after the path it is found on
-
-WF = """---
-params:
-  xs: { type: array }
-steps:
-  - id: fan
-    map:
-      over: params.xs
-      concurrency: 2
-      unit:
-        exec: { command: ["true"] }
----
-
-## fan
-
-Run `true` once per item.
-"""
+from bench._common import fan_workflow, interleaved, server, spread  # noqa: E402 - after the path it is found on
 
 
 @contextlib.contextmanager
@@ -75,7 +58,7 @@ def fan_out(units: int, work: Path) -> float:
     from akm import api
 
     wf = work / "fan.md"
-    wf.write_text(WF, encoding="utf-8")
+    wf.write_text(fan_workflow(), encoding="utf-8")
     began = time.perf_counter()
     res = api.run_workflow(str(wf), params={"xs": list(range(units))}, cwd=str(work))
     took = time.perf_counter() - began

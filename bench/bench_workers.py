@@ -46,25 +46,9 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import server  # noqa: E402 - after the path it is found on
+from bench._common import fan_workflow, server  # noqa: E402 - after the path it is found on
 
 COORDINATOR_WIDTH = 64  # the step's concurrency with workers: units in flight across all of them
-WF = """---
-params:
-  xs: {{ type: array }}
-steps:
-  - id: fan
-    map:
-      over: params.xs
-      concurrency: {width}
-      unit:
-        exec: {{ command: ["sleep", "{sleep}"] }}
----
-
-## fan
-
-Sleep once per item.
-"""
 OWN_QUERIES = ("pg_stat_statements", "pg_stat_activity", "pg_database")  # the bench's, not akm's
 
 
@@ -310,7 +294,10 @@ def main() -> None:
         root = Path(tmp)
         for name, width in (("work", COORDINATOR_WIDTH), ("native", args.width)):
             (root / name).mkdir()
-            (root / name / "fan.md").write_text(WF.format(width=width, sleep=args.sleep), encoding="utf-8")
+            (root / name / "fan.md").write_text(
+                fan_workflow(width=width, command=f'["sleep", "{args.sleep}"]', does="Sleep once per item."),
+                encoding="utf-8",
+            )
         admin = connect(parse_url(base_url))
         admin.run("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         direct = ping_ms(base_url)

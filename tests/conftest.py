@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.helpers import CORPUS, ROOT, SHARED, corpus_files, journal_backend, needs_shared, running_in_ci  # noqa: F401
+from tests.helpers import CORPUS, ROOT, SHARED, corpus_files, journal_backend, needs_shared, pg_bindir, running_in_ci  # noqa: F401
 
 
 @pytest.fixture(autouse=True)
@@ -174,12 +174,7 @@ def pg_cluster():
     """
     from tests import pgcluster
 
-    bindir = pgcluster.find_bindir()
-    if bindir is None:
-        if running_in_ci():
-            pytest.fail("PostgreSQL binaries (initdb, pg_ctl) not found; .ci/run installs the postgresql package")
-        pytest.skip("no PostgreSQL binaries found (set AKM_TEST_PG_BINDIR)")
-    with pgcluster.cluster(bindir) as c:
+    with pgcluster.cluster(pg_bindir()) as c:
         yield c
 
 
@@ -191,3 +186,15 @@ def pg_journal_url(pg_cluster):
 
     with pgcluster.fresh_schema(pg_cluster) as url:
         yield url
+
+
+@pytest.fixture
+def pg_db(pg_journal_url):
+    """(journal, url): a journal opened on a fresh schema of the throwaway cluster, closed after the test."""
+    from akm.store import open_journal
+
+    db = open_journal(pg_journal_url)
+    try:
+        yield db, pg_journal_url
+    finally:
+        db.close()

@@ -52,17 +52,51 @@ from typing import Any
 
 
 class Silent:
-    """A TCP port that accepts connections (the kernel's backlog) and never answers."""
+    """A TCP port that accepts connections and never answers. `peak` is how many connections were open at once
+    (each stays open until its client gives up): requests asked in parallel show as more than one, whatever
+    the load, where a time bound would not tell them from requests asked one after another on a slow box."""
 
     def __init__(self) -> None:
+        import selectors
         import socket
 
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
         self.base = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.peak = 0
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.sock, selectors.EVENT_READ)
+        self._stop = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        import selectors
+
+        self.sock.setblocking(False)
+        open_: set = set()
+        while not self._stop.is_set():
+            ready = [key.fileobj for key, _ in self._selector.select(timeout=0.1)]
+            while self.sock in ready:  # every waiting connection first, so a late look still counts them all open
+                try:
+                    conn, _ = self.sock.accept()
+                except BlockingIOError:
+                    break
+                self._selector.register(conn, selectors.EVENT_READ)
+                open_.add(conn)
+                self.peak = max(self.peak, len(open_))
+            for conn in ready:
+                if conn is not self.sock and not conn.recv(1 << 16):  # type: ignore[union-attr]  # client gave up
+                    self._selector.unregister(conn)
+                    conn.close()  # type: ignore[union-attr]
+                    open_.discard(conn)
+        for conn in open_:
+            conn.close()
 
     def close(self) -> None:
+        self._stop.set()
+        self._watcher.join(timeout=30)
         self.sock.close()
 
 

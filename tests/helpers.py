@@ -65,6 +65,19 @@ def py(code: str) -> str:
     return json.dumps([PY, "-c", textwrap.dedent(code).strip()])
 
 
+def pg_bindir() -> Path:
+    """Where PostgreSQL's binaries are, for a throwaway cluster (tests/pgcluster.py). Skipped locally when none
+    are installed; in CI (CI=1) their absence is a failure, because .ci/run installs them."""
+    from tests import pgcluster
+
+    bindir = pgcluster.find_bindir()
+    if bindir is None:
+        if running_in_ci():
+            pytest.fail("PostgreSQL binaries (initdb, pg_ctl) not found; .ci/run installs the postgresql package")
+        pytest.skip("no PostgreSQL binaries found (set AKM_TEST_PG_BINDIR)")
+    return bindir
+
+
 def journal_backend() -> str:
     """The journal the engine tests run on: `AKM_TEST_JOURNAL=postgres` points them at the throwaway
     PostgreSQL cluster (conftest: a fresh schema per test, through AKM_JOURNAL_URL); default SQLite."""
@@ -209,6 +222,27 @@ def create_run(project: Path, wf: Path, plan, run_id: str, params: dict | None =
             step_ids=[s.step_id for s in plan.steps],
         )
     return run_id
+
+
+def bare_run(db, run_id: str = "r1", step_ids=("build",), **fields):
+    """A run row straight in the store, with a placeholder plan and nothing driven: for store tests that need a
+    run to hang units, leases and events on. `fields` overrides any other argument of `runs.create_run`."""
+    from akm.store import runs
+
+    args = {
+        "run_id": run_id,
+        "workflow_ref": "workflows/w",
+        "workflow_path": None,
+        "title": "t",
+        "scope_key": "s",
+        "params": {},
+        "plan_json": "{}",
+        "plan_hash": "0" * 64,
+        "hash_version": 1,
+        "step_ids": list(step_ids),
+        **fields,
+    }
+    return runs.create_run(db, **args)
 
 
 def step_row(db, run_id: str, step_id: str):

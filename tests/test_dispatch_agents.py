@@ -311,17 +311,17 @@ def test_non_zero_exit_keeps_stderr_and_session(bin_dir):
 
 def test_timeout_kills_the_group_promptly(bin_dir):
     start = time.monotonic()
-    res = run(req(bin_dir, "claude", "FAKE:sleep=30", timeout_ms=300))
+    res = run(req(bin_dir, "claude", "FAKE:sleep=300", timeout_ms=300))
     assert res.failure_reason == "timeout" and "300 ms" in res.error
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 120  # far below the 300 s the CLI sleeps (generous: CI is loaded)
 
 
 def test_cancel_kills_the_group_promptly(bin_dir):
     cancel = threading.Event()
     threading.Timer(0.3, cancel.set).start()
     start = time.monotonic()
-    res = run(req(bin_dir, "gemini", "FAKE:sleep=30", timeout_ms=None), cancel)
-    assert res.failure_reason == "aborted" and time.monotonic() - start < 10
+    res = run(req(bin_dir, "gemini", "FAKE:sleep=300", timeout_ms=None), cancel)
+    assert res.failure_reason == "aborted" and time.monotonic() - start < 120  # far below the CLI's 300 s
 
 
 def test_a_background_child_holding_stdout_is_swept(bin_dir):

@@ -22,6 +22,7 @@ from akm.dispatch.exec import (
     run_exec_unit,
 )
 from akm.dispatch.redact import REDACTED, sensitive_values_from
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX process groups")
 
@@ -249,14 +250,16 @@ def test_timeout_kills_the_whole_group(tmp_path):
     pidfile = tmp_path / "gc.pid"
     shell_pid = tmp_path / "sh.pid"
     marker = tmp_path / "late"
-    script = f"sleep 30 & echo $! > {pidfile}; echo $$ > {shell_pid}; echo started; sleep 30; touch {marker}"
+    # The timeout must leave the shell time to write its pids and say "started" (a busy CI box can take a
+    # second to start `sh`): 3 s, far below the 300 s the group would live without the kill.
+    script = f"sleep 300 & echo $! > {pidfile}; echo $$ > {shell_pid}; echo started; sleep 300; touch {marker}"
     t0 = time.monotonic()
-    res = run_exec_unit(req(tmp_path, ["sh", "-c", script], timeout_ms=400))
+    res = run_exec_unit(req(tmp_path, ["sh", "-c", script], timeout_ms=3000))
     elapsed = time.monotonic() - t0
     assert res.failure_reason == "timeout" and not res.ok
-    assert "timed out after 400 ms" in res.error and "process group was terminated" in res.error
+    assert "timed out after 3000 ms" in res.error and "process group was terminated" in res.error
     assert res.text == "started"
-    assert elapsed < 20  # not the 30 s the group would live without the kill (generous: CI is loaded)
+    assert elapsed < 150  # not the 300 s the group would live without the kill (generous: CI is loaded)
     grandchild = int(pidfile.read_text())
     assert wait_gone(grandchild)
     assert wait_gone(int(shell_pid.read_text()))  # the shell itself, not only its background child
@@ -266,24 +269,30 @@ def test_timeout_kills_the_whole_group(tmp_path):
 def test_timeout_escalates_to_kill_when_term_is_ignored(tmp_path):
     # the only test that pays the full 5 s TERM->KILL grace
     pidfile = tmp_path / "child.pid"
+    # The TERM must come after `trap '' TERM` ran: a timeout of 3 s, not a window a loaded box's `sh` can miss.
     t0 = time.monotonic()
     res = run_exec_unit(
-        req(tmp_path, ["sh", "-c", f"trap '' TERM; sleep 30 & echo $! > {pidfile}; wait"], timeout_ms=200)
+        req(tmp_path, ["sh", "-c", f"trap '' TERM; sleep 300 & echo $! > {pidfile}; wait"], timeout_ms=3000)
     )
     elapsed = time.monotonic() - t0
     assert res.failure_reason == "timeout"
-    assert 4.5 < elapsed < 25  # the 5 s grace is honoured, and KILL comes long before `sleep 30` ends
+    assert 3 + 4.5 < elapsed < 150  # the 5 s grace is honoured, and KILL comes long before `sleep 300` ends
     assert wait_gone(int(pidfile.read_text()))
 
 
 def test_cancel_while_running_is_aborted(tmp_path):
     cancel = threading.Event()
-    threading.Timer(0.3, cancel.set).start()
     pidfile = tmp_path / "child.pid"
+
+    def cancel_once_running() -> None:  # the event, not a fixed 0.3 s a loaded box's `sh` can miss
+        wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the unit to start")
+        cancel.set()
+
+    threading.Thread(target=cancel_once_running, daemon=True).start()
     t0 = time.monotonic()
-    res = run_exec_unit(req(tmp_path, ["sh", "-c", f"echo $$ > {pidfile}; sleep 30"], timeout_ms=None), cancel=cancel)
+    res = run_exec_unit(req(tmp_path, ["sh", "-c", f"echo $$ > {pidfile}; sleep 300"], timeout_ms=None), cancel=cancel)
     assert res.failure_reason == "aborted" and "cancelled" in res.error
-    assert time.monotonic() - t0 < 20  # long before `sleep 30` would end on its own
+    assert time.monotonic() - t0 < 150  # long before `sleep 300` would end on its own
     assert wait_gone(int(pidfile.read_text()))
 
 

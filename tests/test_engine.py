@@ -668,5 +668,6 @@ def test_lost_lease_stops_the_driver(project):
     assert errors and isinstance(errors[0], UsageError) and errors[0].code == "LEASE_LOST"
     assert "thief" in errors[0].message
     # fenced: the stopped unit's row is the new holder's now (it dispatches it again); nothing is written over it
-    assert db_rows("SELECT status, failure_reason, attempts FROM units") == [("running", None, 2)]
+    # (one attempt more than the first run made: it may not have dispatched within its 50 ms on a busy box)
+    assert db_rows("SELECT status, failure_reason, attempts FROM units") == [("running", None, before + 1)]
     assert db_rows("SELECT status, lease_holder FROM runs") == [("active", "thief")]

@@ -73,7 +73,8 @@ def _assert_nowhere(secret: str, project, res) -> None:
 def test_unit_retry_on_rate_limit_waits_for_retry_after(project, fake_openai, capsys):
     """A 429 whose Retry-After does not fit the unit's timeout fails the attempt at once; the unit's
     `retry: { on: [llm_rate_limit] }` then waits what the server asked before asking again."""
-    set_engine(capsys, "fast", {"kind": "llm", "endpoint": fake_openai.url, "model": "rate-limit-1.5"})
+    # Retry-After 4 s against a 3 s unit timeout: the second attempt's whole request must fit in those 3 s
+    set_engine(capsys, "fast", {"kind": "llm", "endpoint": fake_openai.url, "model": "rate-limit-4"})
     akm_config(capsys, "set", "defaults.llmEngine", "fast")
     wf = write_wf(
         project,
@@ -81,14 +82,14 @@ def test_unit_retry_on_rate_limit_waits_for_retry_after(project, fake_openai, ca
         """
         steps:
           - id: ask
-            unit: { timeout: 1s, retry: { max: 1, on: [llm_rate_limit] } }
+            unit: { timeout: 3s, retry: { max: 1, on: [llm_rate_limit] } }
         """,
         "## ask\n\nSay ok.",
     )
     res = run(wf, project)
     assert res.run.status == "completed", steps_of(res)
     first, second = fake_openai.requests
-    assert second["at"] - first["at"] >= 1.4  # not re-asked before the server's Retry-After
+    assert second["at"] - first["at"] >= 3.9  # not re-asked before the server's Retry-After
     con = journal_sql()
     try:
         rows = con.execute("SELECT unit_id, status, failure_reason FROM units ORDER BY unit_id").fetchall()

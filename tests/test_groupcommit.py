@@ -8,25 +8,14 @@ import time
 import pytest
 
 from akm.engine.groupcommit import Alone, GroupCommit
-from akm.store import runs, units
+from akm.store import units
+from tests.helpers import bare_run
 
 
 @pytest.fixture()
 def db(journal):
-    runs.create_run(
-        journal,
-        run_id="r1",
-        workflow_ref="workflows/w",
-        workflow_path=None,
-        title="t",
-        scope_key="s",
-        params={},
-        plan_json="{}",
-        plan_hash="0" * 64,
-        hash_version=1,
-        step_ids=["fan"],
-    )
-    yield journal
+    bare_run(journal, step_ids=["fan"])
+    return journal
 
 
 def _insert(db, i):

@@ -311,35 +311,12 @@ def test_a_huge_reported_token_count_is_a_coded_error_and_records_nothing(in_pro
     code, out, err = cli(capsys, "workflow", "run", "s.md", "--format", "json")
     assert code == 3, err
     run_id = json.loads(out)["run"]["runId"]
+    report = ("workflow", "report", run_id, "s:solo", "--status", "completed", "--result", "{}", "--tokens")
     for tokens in ("99999999999999999999999", str(10**12 + 1)):
-        code, _, err = cli(
-            capsys,
-            "workflow",
-            "report",
-            run_id,
-            "s:solo",
-            "--status",
-            "completed",
-            "--result",
-            "{}",
-            "--tokens",
-            tokens,
-        )
+        code, _, err = cli(capsys, *report, tokens)
         assert code == 2 and "whole number from 0 to 1000000000000" in err and "INTERNAL" not in err, err
     assert api.run_status(run_id).status == "awaiting_session"  # nothing recorded
-    code, _, err = cli(
-        capsys,
-        "workflow",
-        "report",
-        run_id,
-        "s:solo",
-        "--status",
-        "completed",
-        "--result",
-        "{}",
-        "--tokens",
-        str(10**12),
-    )
+    code, _, err = cli(capsys, *report, str(10**12))
     assert code == 0, err
 
 

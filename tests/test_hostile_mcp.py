@@ -6,16 +6,14 @@ A real server process (`python -m akm mcp`, the same code the zipapp runs) spoke
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.mcp_wire import McpWire, source_env
 
 INIT = {
     "jsonrpc": "2.0",
@@ -24,16 +22,6 @@ INIT = {
     "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
 }
 INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    return {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": str(tmp_path),
-        "PYTHONPATH": str(ROOT),
-        "AKM_DATA_DIR": str(tmp_path / "akm-data"),
-        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
-    }
 
 
 def _mcp_process(env: dict[str, str], cwd: Path) -> subprocess.Popen:
@@ -48,74 +36,9 @@ def _mcp_process(env: dict[str, str], cwd: Path) -> subprocess.Popen:
     )
 
 
-class Server:
-    """`akm mcp` with a reader thread collecting every stdout frame."""
-
-    def __init__(self, tmp_path: Path, cwd: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "akm", "mcp"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=_env(tmp_path),
-            cwd=cwd,
-        )
-        self.frames: list[dict] = []
-        self.lock = threading.Condition()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            frame = json.loads(line)
-            assert frame.get("jsonrpc") == "2.0", line
-            with self.lock:
-                self.frames.append(frame)
-                self.lock.notify_all()
-        with self.lock:
-            self.frames.append({"eof": True})
-            self.lock.notify_all()
-
-    def write(self, data: bytes) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
-
-    def send(self, *messages: dict | str) -> None:
-        self.write(b"".join((m if isinstance(m, str) else json.dumps(m)).encode() + b"\n" for m in messages))
-
-    def answer(self, rid, timeout: float = 120) -> dict:
-        deadline = time.monotonic() + timeout
-        with self.lock:
-            while True:
-                found = [f for f in self.frames if "id" in f and f["id"] == rid and type(f["id"]) is type(rid)]
-                if found:
-                    return found[0]
-                if any(f.get("eof") for f in self.frames):
-                    raise AssertionError(f"no answer to {rid!r}; frames: {self.frames}")
-                left = deadline - time.monotonic()
-                assert left > 0, f"no answer to {rid!r} in time; frames: {self.frames}"
-                self.lock.wait(left)
-
-    def nulls(self, count: int, timeout: float = 120) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        with self.lock:
-            while len(found := [f for f in self.frames if "id" in f and f["id"] is None]) < count:
-                left = deadline - time.monotonic()
-                assert left > 0 and not any(f.get("eof") for f in self.frames), self.frames
-                self.lock.wait(left)
-            return found
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-
-
 @pytest.fixture
 def server(tmp_path, project):
-    srv = Server(tmp_path, project)
+    srv = McpWire.from_source(source_env(tmp_path), project)
     srv.send(INIT, INITIALIZED)
     srv.answer("init")
     yield srv
@@ -141,7 +64,9 @@ def server(tmp_path, project):
 )
 def test_an_invalid_request_is_answered_minus_32600_with_id_null(server, line, why):
     server.send(line)
-    (err,) = server.nulls(1)
+    (err,) = server.wait_until(
+        lambda: [f for f in server.frames if "id" in f and f["id"] is None], what="an answer with id null"
+    )
     assert err["error"]["code"] == -32600 and why in err["error"]["message"], err
     server.send({"jsonrpc": "2.0", "id": "after", "method": "ping"})
     assert server.answer("after")["result"] == {}  # and it keeps serving
@@ -164,7 +89,7 @@ def test_malformed_notifications_and_responses_get_no_answer(server):
 
 def test_pipelined_requests_then_end_of_input_are_each_answered(tmp_path, project):
     """`init`, `tools/call`, `ping` in one write and stdin closed: the SDK's loop cancelled the call at EOF."""
-    srv = Server(tmp_path, project)
+    srv = McpWire.from_source(source_env(tmp_path), project)
     try:
         call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "workflow_list", "arguments": {}}}
         srv.send(INIT, INITIALIZED, call, {"jsonrpc": "2.0", "id": 3, "method": "ping"})
@@ -296,7 +221,7 @@ def test_a_client_gone_at_end_of_input_still_cancels_the_call_at_once(tmp_path, 
         + "\n---\n\n## a\n\nx\n",
         encoding="utf-8",
     )
-    proc = _mcp_process({**_env(tmp_path), "AKM_MCP_CALL_BOUND": "600"}, project)
+    proc = _mcp_process({**source_env(tmp_path), "AKM_MCP_CALL_BOUND": "600"}, project)
     try:
         call = {
             "jsonrpc": "2.0",
@@ -326,7 +251,7 @@ def test_a_client_gone_at_end_of_input_still_cancels_the_call_at_once(tmp_path, 
 def test_the_server_leaves_when_its_client_stops_reading_but_keeps_its_stdin_open(tmp_path, project):
     """The answer to `ping` meets a closed pipe: the server ends, and the process with it (the SDK's stdin
     reader, blocked in a read that the still-open stdin never ends, used to keep it alive until the next line)."""
-    proc = _mcp_process(_env(tmp_path), project)
+    proc = _mcp_process(source_env(tmp_path), project)
     assert proc.stdin is not None and proc.stdout is not None
     try:
         proc.stdin.write(json.dumps(INIT).encode() + b"\n")

@@ -15,7 +15,7 @@ import threading
 from akm.engine.cancel import Cancellation
 from akm.plan.identity import item_unit_id
 from akm.store import units
-from tests.helpers import db_rows, run, wait_until, write_wf
+from tests.helpers import bare_run, db_rows, run, wait_until, write_wf
 
 
 def _fan(project, name, *, command, width=2, extra=""):
@@ -155,21 +155,7 @@ def test_a_cancelled_pass_leaves_no_row_running_and_the_run_resumes(project):
 
 
 def _new_run(journal, run_id):
-    from akm.store import runs
-
-    runs.create_run(
-        journal,
-        run_id=run_id,
-        workflow_ref="workflows/w",
-        workflow_path=None,
-        title="t",
-        scope_key="s",
-        params={},
-        plan_json="{}",
-        plan_hash="0" * 64,
-        hash_version=1,
-        step_ids=["fan"],
-    )
+    bare_run(journal, run_id, step_ids=["fan"])
 
 
 def test_write_attempts_finishes_and_inserts_in_one_transaction(journal):

@@ -18,26 +18,16 @@ import pytest
 
 from akm.errors import AkmError, UsageError
 from akm.store import events, runs, units
-from tests.helpers import open_at, step_row
+from tests.helpers import bare_run, open_at, step_row
+
+SAME_START = {"workflow_ref": "/w.md", "title": "", "scope_key": "dir:v1:x", "params": {"a": 1}, "plan_hash": "h"}
 
 
 def _start(db, **kw) -> tuple[str, bool]:
     """create_run; (run id, created?) — a losing identical start learns the winner's id."""
-    args = dict(
-        run_id=str(uuid.uuid4()),
-        workflow_ref="/w.md",
-        workflow_path=None,
-        title="",
-        scope_key="dir:v1:x",
-        params={"a": 1},
-        plan_json="{}",
-        plan_hash="h",
-        hash_version=1,
-        step_ids=["s", "t"],
-    )
-    args.update(kw)
+    args = {"run_id": str(uuid.uuid4()), "step_ids": ["s", "t"], **SAME_START, **kw}
     try:
-        return runs.create_run(db, **args).id, True
+        return bare_run(db, **args).id, True
     except UsageError as exc:
         if exc.code != "RUN_ALREADY_ACTIVE":
             raise

@@ -22,7 +22,7 @@ from akm import api, paths
 from akm.errors import AkmError, UsageError
 from akm.store import open_db, runs, units
 from akm.store.clock import now_iso
-from tests.helpers import wait_until, write_wf
+from tests.helpers import bare_run, wait_until, write_wf
 
 DEADLINE_S = 120.0
 
@@ -31,19 +31,7 @@ DEADLINE_S = 120.0
 
 
 def _make_run(db, run_id="r1"):
-    return runs.create_run(
-        db,
-        run_id=run_id,
-        workflow_ref=f"workflows/{run_id}",
-        workflow_path=None,
-        title="t",
-        scope_key="s",
-        params={},
-        plan_json="{}",
-        plan_hash="0" * 64,
-        hash_version=1,
-        step_ids=["a"],
-    )
+    return bare_run(db, run_id, step_ids=["a"], workflow_ref=f"workflows/{run_id}")
 
 
 def _rows(sql: str, args: tuple = ()) -> list[tuple]:

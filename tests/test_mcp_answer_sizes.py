@@ -6,80 +6,30 @@ brief; each line on the wire is at most 64 KiB, and what was cut is fetched in p
 from __future__ import annotations
 
 import json
-import subprocess
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from akm import api
 from tests.helpers import py, write_wf
-from tests.test_mcp_stdio import server_env
+from tests.mcp_wire import McpWire, meta_2026, server_env
 
 LINE_LIMIT = 64 * 1024
 UNITS = 1000
 BIG = 190 * 1024
-META = {
-    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-    "io.modelcontextprotocol/clientInfo": {"name": "sizes", "version": "0"},
-    "io.modelcontextprotocol/clientCapabilities": {},
-}
+META = meta_2026("sizes")
 
 
-class Wire:
-    """`dist/akm mcp` spoken to in raw 2026-07-28 lines; every line it writes is kept as bytes."""
+class Wire(McpWire):
+    """`dist/akm mcp` spoken to in raw 2026-07-28 lines; each answer comes with its line's size in bytes."""
 
-    def __init__(self, akm_bin: Path, env: dict[str, str], cwd: Path) -> None:
-        self.proc = subprocess.Popen(
-            [str(akm_bin), "mcp"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=cwd,
-        )
-        self.lines: list[bytes] = []
-        self.cond = threading.Condition()
-        self.next_id = 0
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with self.cond:
-                self.lines.append(line)
-                self.cond.notify_all()
-
-    def request(self, method: str, **params: Any) -> tuple[dict[str, Any], int]:
-        """(the answer, its line's size in bytes)."""
-        self.next_id += 1
-        rid = self.next_id
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(
-            json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": {**params, "_meta": META}}).encode()
-            + b"\n"
-        )
-        self.proc.stdin.flush()
-        deadline = time.monotonic() + 600
-        with self.cond:
-            while True:
-                for line in self.lines:
-                    frame = json.loads(line)
-                    if frame.get("id") == rid:
-                        return frame, len(line)
-                left = deadline - time.monotonic()
-                assert left > 0, f"no answer to {method}"
-                self.cond.wait(left)
+    def sized(self, method: str, **params: Any) -> tuple[dict[str, Any], int]:
+        frame = self.request(method, params, meta=META)
+        return frame, len(self.line_of(frame))
 
     def call(self, tool: str, **arguments: Any) -> tuple[dict[str, Any], int]:
-        frame, size = self.request("tools/call", name=tool, arguments=arguments)
+        frame, size = self.sized("tools/call", name=tool, arguments=arguments)
         assert "result" in frame, frame
         return frame["result"], size
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=60)
 
 
 def workflows(project: Path) -> None:
@@ -124,7 +74,7 @@ def test_every_tool_answers_within_64_kib_against_a_large_run(akm_bin, shiv_root
     env = server_env(tmp_path, shiv_root)
     wide = api.run_workflow("wide.md", params={"xs": [f"i{n:04d}" for n in range(UNITS)]}, cwd=str(project))
     assert wide.run.status == "completed"
-    wire = Wire(akm_bin, env, project)
+    wire = Wire.built(akm_bin, env, project, timeout=600)
     sizes: dict[str, int] = {}
 
     def call(label: str, tool: str, **arguments: Any) -> dict[str, Any]:
@@ -134,8 +84,8 @@ def test_every_tool_answers_within_64_kib_against_a_large_run(akm_bin, shiv_root
         return result
 
     try:
-        frame, sizes["server/discover"] = wire.request("server/discover")
-        frame, sizes["tools/list"] = wire.request("tools/list")
+        frame, sizes["server/discover"] = wire.sized("server/discover")
+        frame, sizes["tools/list"] = wire.sized("tools/list")
         assert {t["name"] for t in frame["result"]["tools"]} >= {"workflow_wait", "workflow_run"}
         rid = wide.run.run_id
         call("workflow_catalog", "workflow_catalog")
@@ -159,7 +109,7 @@ def test_every_tool_answers_within_64_kib_against_a_large_run(akm_bin, shiv_root
         html = call("workflow_status html", "workflow_status", run_id=rid, format="html")
         link = html["content"][-1]
         assert link["type"] == "resource_link" and link["uri"] == f"akm://runs/{rid}/report.html"
-        page, _ = wire.request("resources/read", uri=link["uri"])
+        page, _ = wire.sized("resources/read", uri=link["uri"])
         assert page["result"]["contents"][0]["text"].startswith("<!DOCTYPE html>")  # read, not inlined
 
         run = call("workflow_run big", "workflow_run", target="big.md", timeout="120s")["structuredContent"]

@@ -22,7 +22,7 @@ import pytest
 from mcp import Client, StdioServerParameters  # noqa: E402
 
 from tests.helpers import process_gone, py, wait_until, write_wf
-from tests.test_mcp_stdio import RawServer, server_env
+from tests.mcp_wire import McpWire, server_env
 
 BOUND_S = float(os.environ.get("AKM_TEST_CALL_BOUND_S", "2"))
 LONG_S = float(os.environ.get("AKM_TEST_LONG_UNIT_S", "7"))
@@ -70,6 +70,16 @@ async def run_until_done(client, target: str, limit: int = 80) -> tuple[list[dic
     raise AssertionError("the run did not finish")
 
 
+def drive_over_stdio(server: StdioServerParameters, target: str) -> tuple[list[dict], list[float]]:
+    """`run_until_done` with the official client over stdio to `server`."""
+
+    async def main():
+        async with Client(server) as c:
+            return await run_until_done(c, target)
+
+    return anyio.run(main)
+
+
 def test_a_unit_longer_than_the_bound_finishes_once_and_the_next_step_sees_it(akm_bin, shiv_root, tmp_path, project):
     starts = tmp_path / "starts"
     write_wf(
@@ -86,11 +96,7 @@ def test_a_unit_longer_than_the_bound_finishes_once_and_the_next_step_sees_it(ak
         "## long\n\nL.\n\n## after\n\nA.",
     )
 
-    async def main():
-        async with Client(stdio(akm_bin, shiv_root, tmp_path, project)) as c:
-            return await run_until_done(c, "long.md")
-
-    results, durations = anyio.run(main)
+    results, durations = drive_over_stdio(stdio(akm_bin, shiv_root, tmp_path, project), "long.md")
     print(f"\nlong unit: {len(durations)} calls, longest {max(durations):.2f} s (bound {BOUND_S} s)")
     assert len(results) >= 2  # at least one call came back at its bound with the run still going
     assert max(durations) < BOUND_S + SLACK_S
@@ -183,11 +189,7 @@ def test_an_llm_unit_longer_than_the_bound_finishes_with_one_request(
         "## ask\n\nSay ok.\n\n## show\n\nShow.",
     )
 
-    async def main():
-        async with Client(stdio(akm_bin, shiv_root, tmp_path, project)) as c:
-            return await run_until_done(c, "ask.md")
-
-    results, durations = anyio.run(main)
+    results, durations = drive_over_stdio(stdio(akm_bin, shiv_root, tmp_path, project), "ask.md")
     print(f"\nllm unit: {len(durations)} calls, longest {max(durations):.2f} s (bound {BOUND_S} s)")
     assert len(results) >= 2 and max(durations) < BOUND_S + SLACK_S
     assert results[-1]["run"]["status"] == "completed", results[-1]
@@ -217,7 +219,7 @@ def test_the_session_ending_stops_units_cleanly_and_the_run_resumes(akm_bin, shi
         "## first\n\nF.\n\n## hang\n\nH.",
     )
     env = {**server_env(tmp_path, shiv_root), "AKM_MCP_CALL_BOUND": "600"}
-    srv = RawServer(akm_bin, env, project)
+    srv = McpWire.built(akm_bin, env, project)
     data = tmp_path / "akm-data"
     try:
         srv.initialize()
@@ -234,8 +236,8 @@ def test_the_session_ending_stops_units_cleanly_and_the_run_resumes(akm_bin, shi
             srv.proc.send_signal(signal.SIGTERM)
         else:
             srv.proc.stdin.close()
+        frames = srv.read_to_end()
         srv.proc.wait(timeout=120)
-        frames = [json.loads(line) for line in srv.proc.stdout.read().splitlines() if line.strip()]
     finally:
         srv.close()
     assert process_gone(unit_pid)  # nothing orphaned
@@ -276,7 +278,7 @@ def test_a_client_that_never_reads_cannot_wedge_the_run(akm_bin, shiv_root, tmp_
         "## each\n\nE.",
     )
     env = {**server_env(tmp_path, shiv_root), "AKM_MCP_CALL_BOUND": "600"}
-    srv = RawServer(akm_bin, env, project)
+    srv = McpWire.built(akm_bin, env, project)
     data = tmp_path / "akm-data"
     try:
         srv.initialize()

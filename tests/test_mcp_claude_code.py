@@ -20,7 +20,7 @@ from akm import api
 from tests import real_clis
 from tests.fake_model_apis import FakeModelApis
 from tests.helpers import CORPUS, needs_shared
-from tests.test_mcp_stdio import server_env
+from tests.mcp_wire import server_env
 
 pytestmark = [real_clis.skip_or_fail(), needs_shared()]
 

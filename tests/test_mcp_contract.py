@@ -15,7 +15,7 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 
 from akm import paths
 from tests.helpers import py, write_wf
-from tests.test_mcp_stdio import server_env
+from tests.mcp_wire import server_env
 
 
 def gated(project: Path) -> Path:

@@ -19,19 +19,14 @@ import pytest
 from akm.mcp import handshake
 from akm.mcp.stdio import Prefixed
 from tests.helpers import ROOT
+from tests.mcp_wire import source_env
 
 
 def _serve(
     tmp_path: Path, *lines: bytes, akm_bin: Path | None = None, cache: Path | None = None
 ) -> tuple[list[bytes], str]:
     """Serve `lines` then end of input: `python -m akm mcp`, or the built file `akm_bin` with its cache root."""
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": str(tmp_path),
-        "PYTHONPATH": str(ROOT),
-        "AKM_DATA_DIR": str(tmp_path / "akm-data"),
-        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
-    }
+    env = source_env(tmp_path)
     if cache is not None:
         env["AKM_CACHE_DIR"] = str(cache)
     proc = subprocess.run(

@@ -83,7 +83,12 @@ def test_workflow_wait_waits_for_a_run_driven_elsewhere_and_lease_held_names_it(
             messages.append(msg)
 
         async def let_go():
-            await anyio.sleep(HEARTBEAT_S + 2)  # long enough for a heartbeat of the wait
+            # release the unit once the wait has sent a heartbeat (the event, not HEARTBEAT_S + 2 s: a loaded
+            # box can send it later, and a run that completes first leaves no heartbeat to assert on)
+            deadline = time.monotonic() + 120
+            while not any(m.startswith(f"run {opened.run_id}: active at step a") for m in messages):
+                assert time.monotonic() < deadline, f"no heartbeat of the wait within 120 s: {messages}"
+                await anyio.sleep(0.1)
             release.write_text("go")
 
         async with anyio.create_task_group() as tg:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,17 +15,7 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 
 from akm import paths
 from tests.helpers import py, write_wf
-
-
-def server_env(tmp_path: Path, shiv_root: Path) -> dict[str, str]:
-    """The stdio client passes a minimal environment: give the zipapp what it needs explicitly."""
-    return {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": str(tmp_path),
-        "SHIV_ROOT": str(shiv_root),
-        "AKM_DATA_DIR": str(tmp_path / "akm-data"),
-        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
-    }
+from tests.mcp_wire import McpWire, server_env, source_env
 
 
 def flow(project: Path) -> Path:
@@ -76,67 +66,9 @@ def test_official_client_drives_a_session_run_over_stdio(akm_bin, shiv_root, tmp
     assert show == {"steps.write.output": {"text": "hello"}}
 
 
-class RawServer:
-    """`dist/akm mcp` spoken to with hand-written JSON-RPC lines; every stdout line must be a protocol frame."""
-
-    def __init__(self, akm_bin: Path | None, env: dict[str, str], cwd: Path, argv: list[str] | None = None) -> None:
-        self.proc = subprocess.Popen(
-            argv or [str(akm_bin), "mcp"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=cwd,
-            text=True,
-            bufsize=1,
-        )
-        self.frames: list[dict] = []
-        self.next_id = 0
-
-    def send(self, obj: dict | str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((obj if isinstance(obj, str) else json.dumps(obj)) + "\n")
-        self.proc.stdin.flush()
-
-    def request(self, method: str, params: dict | None = None) -> dict:
-        self.next_id += 1
-        rid = self.next_id
-        self.send({"jsonrpc": "2.0", "id": rid, "method": method, **({"params": params} if params else {})})
-        return self.wait_for(lambda f: f.get("id") == rid)
-
-    def wait_for(self, pred, timeout: float = 120) -> dict:
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise AssertionError(
-                    f"server closed stdout; stderr:\n{self.proc.stderr.read() if self.proc.stderr else ''}"
-                )
-            frame = json.loads(line)  # anything that is not a JSON-RPC frame fails here
-            assert frame.get("jsonrpc") == "2.0", line
-            self.frames.append(frame)
-            if pred(frame):
-                return frame
-        raise AssertionError("no answer in time")
-
-    def initialize(self) -> dict:
-        init = self.request(
-            "initialize",
-            {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw-test", "version": "0"}},
-        )
-        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        return init
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-
-
 def test_only_protocol_on_stdout_and_malformed_requests_survive(akm_bin, shiv_root, tmp_path, project):
     flow(project)
-    srv = RawServer(akm_bin, server_env(tmp_path, shiv_root), project)
+    srv = McpWire.built(akm_bin, server_env(tmp_path, shiv_root), project)
     try:
         init = srv.initialize()
         assert init["result"]["serverInfo"]["name"] == "akm" and "workflow_next" in init["result"]["instructions"]
@@ -169,7 +101,7 @@ def test_only_protocol_on_stdout_and_malformed_requests_survive(akm_bin, shiv_ro
 def test_requests_the_sdk_cannot_read_are_answered_not_dropped(akm_bin, shiv_root, tmp_path, project):
     """A lone surrogate escape (what JavaScript's JSON.stringify writes for a broken string) or a malformed
     request with an id used to vanish without an answer: the client waited on that id forever."""
-    srv = RawServer(akm_bin, server_env(tmp_path, shiv_root), project)
+    srv = McpWire.built(akm_bin, server_env(tmp_path, shiv_root), project)
     try:
         srv.initialize()
         srv.send(
@@ -192,23 +124,12 @@ def test_requests_the_sdk_cannot_read_are_answered_not_dropped(akm_bin, shiv_roo
 def test_an_sdk_without_the_internals_we_use_still_serves(tmp_path, project):
     """Answering unreadable lines uses mcp 2.x internals; with an SDK that moved them (a newer mcp from pip),
     `akm mcp` must still start and serve, as the SDK's own stdio loop does."""
-    import sys
-
-    from tests.helpers import ROOT
-
     code = (
         "import sys, mcp.server.mcpserver, mcp.shared._context_streams as internals\n"
         "del internals.create_context_streams  # the SDK's own modules hold their references already\n"
         "from akm.cli import main\nsys.exit(main(['mcp']))"
     )
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": str(tmp_path),
-        "PYTHONPATH": str(ROOT),
-        "AKM_DATA_DIR": str(tmp_path / "akm-data"),
-        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
-    }
-    srv = RawServer(None, env, project, argv=[sys.executable, "-c", code])
+    srv = McpWire([sys.executable, "-c", code], source_env(tmp_path), project)
     try:
         assert srv.initialize()["result"]["serverInfo"]["name"] == "akm"
         assert len(srv.request("tools/list")["result"]["tools"]) == 13
@@ -236,7 +157,7 @@ def test_kill_9_of_the_server_mid_run_loses_nothing(akm_bin, shiv_root, tmp_path
         "## quick\n\nQ.\n\n## slow\n\nS.",
     )
     env = server_env(tmp_path, shiv_root)
-    srv = RawServer(akm_bin, env, project)
+    srv = McpWire.built(akm_bin, env, project)
     try:
         srv.initialize()
         srv.send(

@@ -7,16 +7,12 @@ step). The shapes asserted are the extension's (specification/draft/tasks.md of 
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from tests.helpers import py, write_wf
-from tests.test_mcp_stdio import server_env
+from tests.mcp_wire import McpWire, meta_2026, server_env
 
 EXTENSION = "io.modelcontextprotocol/tasks"
 UNIT_S = 22
@@ -24,68 +20,14 @@ TASK_KEYS = {"taskId", "status", "createdAt", "lastUpdatedAt", "ttlMs", "pollInt
 
 
 def meta(tasks: bool) -> dict[str, Any]:
-    caps: dict[str, Any] = {"extensions": {EXTENSION: {}}} if tasks else {}
-    return {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientInfo": {"name": "tasks-test", "version": "0"},
-        "io.modelcontextprotocol/clientCapabilities": caps,
-    }
+    return meta_2026("tasks-test", {"extensions": {EXTENSION: {}}} if tasks else {})
 
 
-class Server:
-    """One `dist/akm mcp` process spoken to in raw lines."""
+class Server(McpWire):
+    """One `dist/akm mcp` process spoken to in raw 2026-07-28 lines, declaring the tasks extension or not."""
 
-    def __init__(self, akm_bin: Path, env: dict[str, str], cwd: Path) -> None:
-        self.proc = subprocess.Popen(
-            [str(akm_bin), "mcp"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=env,
-            cwd=cwd,
-        )
-        self.frames: list[dict[str, Any]] = []
-        self.cond = threading.Condition()
-        self.next_id = 0
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with self.cond:
-                self.frames.append(json.loads(line))
-                self.cond.notify_all()
-
-    def request(self, method: str, *, tasks: bool = True, **params: Any) -> dict[str, Any]:
-        self.next_id += 1
-        rid = self.next_id
-        assert self.proc.stdin is not None
-        line = {"jsonrpc": "2.0", "id": rid, "method": method, "params": {**params, "_meta": meta(tasks)}}
-        self.proc.stdin.write(json.dumps(line).encode() + b"\n")
-        self.proc.stdin.flush()
-        deadline = time.monotonic() + 300
-        with self.cond:
-            while True:
-                for frame in self.frames:
-                    if frame.get("id") == rid:
-                        return frame
-                left = deadline - time.monotonic()
-                assert left > 0, f"no answer to {method}"
-                self.cond.wait(left)
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=60)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=60)
+    def request(self, method: str, *, tasks: bool = True, **params: Any) -> dict[str, Any]:  # type: ignore[override]
+        return super().request(method, params, meta=meta(tasks))
 
 
 def workflow(project: Path) -> None:
@@ -122,7 +64,7 @@ def until_settled(server: Server, task_id: str, deadline_s: float = 600) -> tupl
 def test_a_workflow_run_task_survives_a_restarted_server(akm_bin, shiv_root, tmp_path, project):
     workflow(project)
     env = server_env(tmp_path, shiv_root)
-    first = Server(akm_bin, env, project)
+    first = Server.built(akm_bin, env, project, timeout=300)
     try:
         discover = first.request("server/discover")["result"]
         assert discover["capabilities"]["extensions"] == {EXTENSION: {}}
@@ -147,7 +89,7 @@ def test_a_workflow_run_task_survives_a_restarted_server(akm_bin, shiv_root, tmp
     finally:
         first.kill()  # mid-unit: its driver dies with it, the task is in the journal
 
-    second = Server(akm_bin, env, project)
+    second = Server.built(akm_bin, env, project, timeout=300)
     try:
         done, seen = until_settled(second, task_id)
         assert done["status"] == "completed" and done["taskId"] == task_id and "working" in seen
@@ -175,14 +117,13 @@ def test_a_workflow_run_task_survives_a_restarted_server(akm_bin, shiv_root, tmp
         )
         assert status["result"]["structuredContent"]["status"] == "active"  # the run goes on
     finally:
-        second.close()
+        second.close(gracefully=True)
 
 
 def _stamp(server: Server) -> dict[str, Any]:
     """The `_meta` serverInfo stamp every 2026-07-28 result carries (taken from a frame already seen)."""
-    with server.cond:
-        for frame in server.frames:
-            stamp = (frame.get("result") or {}).get("_meta")
-            if stamp is not None:
-                return {"_meta": stamp}
+    for frame in server.frames:
+        stamp = (frame.get("result") or {}).get("_meta")
+        if stamp is not None:
+            return {"_meta": stamp}
     return {}

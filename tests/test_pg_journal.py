@@ -17,7 +17,7 @@ from akm.store import open_journal, runs, units
 from akm.store.migrations import MIGRATIONS
 from akm.store.postgres import schema
 from akm.store.postgres.connect import connect, parse_url
-from tests.helpers import step_row
+from tests.helpers import bare_run, step_row
 
 
 @pytest.fixture
@@ -37,20 +37,8 @@ def _con(url):
 
 
 def _run(db, **kw) -> str:
-    args = dict(
-        run_id=str(uuid.uuid4()),
-        workflow_ref="/w.md",
-        workflow_path=None,
-        title="",
-        scope_key="dir:v1:x",
-        params={"a": 1},
-        plan_json="{}",
-        plan_hash="h",
-        hash_version=1,
-        step_ids=["s"],
-    )
-    args.update(kw)
-    return runs.create_run(db, **args).id
+    fields = {"workflow_ref": "/w.md", "title": "", "scope_key": "dir:v1:x", "params": {"a": 1}, "plan_hash": "h"}
+    return bare_run(db, **{"run_id": str(uuid.uuid4()), "step_ids": ["s"], **fields, **kw}).id
 
 
 # ------------------------------------------------------------------ connection

@@ -20,7 +20,7 @@ import pytest
 
 from akm.store.postgres import liveness
 from akm.store.postgres.connect import connect, parse_url
-from tests.helpers import running_in_ci, wait_until
+from tests.helpers import pg_bindir, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,12 +40,7 @@ def own_cluster():
     """A cluster only this module uses, because its tests restart and crash it."""
     from tests import pgcluster
 
-    bindir = pgcluster.find_bindir()
-    if bindir is None:
-        if running_in_ci():
-            pytest.fail("PostgreSQL binaries (initdb, pg_ctl) not found; .ci/run installs the postgresql package")
-        pytest.skip("no PostgreSQL binaries found (set AKM_TEST_PG_BINDIR)")
-    with pgcluster.cluster(bindir) as c:
+    with pgcluster.cluster(pg_bindir()) as c:
         yield c
 
 

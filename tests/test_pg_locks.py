@@ -11,35 +11,19 @@ from __future__ import annotations
 
 import pytest
 
-from akm.store import events, open_journal, runs, units
+from akm.store import events, units
 from akm.store.journal import RUN_UNIT_WRITE, RUN_UPDATE, RUN_WRITE
 from akm.store.postgres.connect import connect, parse_url, sqlstate
+from tests.helpers import bare_run
 
 RUN = "r1"
 
 
 @pytest.fixture
-def pg(pg_cluster):
+def pg(pg_db):
     """(journal, url) on a fresh schema holding one run."""
-    from tests import pgcluster
-
-    with pgcluster.fresh_schema(pg_cluster) as url:
-        db = open_journal(url)
-        runs.create_run(
-            db,
-            run_id=RUN,
-            workflow_ref="workflows/w",
-            workflow_path=None,
-            title="t",
-            scope_key="s",
-            params={},
-            plan_json="{}",
-            plan_hash="0" * 64,
-            hash_version=1,
-            step_ids=["build"],
-        )
-        yield db, url
-        db.close()
+    bare_run(pg_db[0], RUN)
+    return pg_db
 
 
 @pytest.fixture

@@ -13,36 +13,20 @@ import threading
 
 import pytest
 
-from akm.store import open_journal, queue, runs, units
+from akm.store import queue, runs, units
 from akm.store.batch import Coalescer
-from tests.helpers import wait_until
+from tests.helpers import bare_run, wait_until
 
 RUN = "r1"
 
 
 @pytest.fixture
-def pg(pg_cluster):
+def pg(pg_db):
     """A journal on a fresh schema holding one run whose lease `coord` holds, and that lease's fence."""
-    from tests import pgcluster
-
-    with pgcluster.fresh_schema(pg_cluster) as url:
-        db = open_journal(url)
-        runs.create_run(
-            db,
-            run_id=RUN,
-            workflow_ref="workflows/w",
-            workflow_path=None,
-            title="t",
-            scope_key="s",
-            params={},
-            plan_json="{}",
-            plan_hash="0" * 64,
-            hash_version=1,
-            step_ids=["build"],
-        )
-        assert runs.acquire_lease(db, RUN, "coord") is None
-        yield db, runs.lease_fence(db, RUN, "coord")
-        db.close()
+    db, _ = pg_db
+    bare_run(db, RUN)
+    assert runs.acquire_lease(db, RUN, "coord") is None
+    return db, runs.lease_fence(db, RUN, "coord")
 
 
 def _attempt(unit_id: str) -> units.NewAttempt:

@@ -9,6 +9,7 @@ a label runs out of its box.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from tests.browser import render
@@ -79,6 +80,7 @@ def test_a_session_units_duration_is_not_zero_ms(cli, project, tmp_path):
     cli("workflow", "report", rid, "draft:solo", "--result", "a draft", check=0)  # unclaimed: not timed
     cli("workflow", "run", rid, check=3)
     cli("workflow", "report", rid, "polish:solo", "--status", "running", check=0)  # claimed: timed from here
+    time.sleep(0.01)  # the claim and the result at least this far apart: within one millisecond reads as untimed
     cli("workflow", "report", rid, "polish:solo", "--result", "polished", check=0)
     shown = render(page_of(cli, rid, tmp_path, "session"), UNITS)
     rows = {r["unit"]: r for r in json.loads(shown.probe)}

@@ -17,8 +17,8 @@ import anyio
 from mcp import Client, StdioServerParameters
 
 from tests.helpers import CORPUS, needs_shared
+from tests.mcp_wire import server_env
 from tests.schema_examples import example
-from tests.test_mcp_stdio import server_env
 from tests.test_no_dead_ends import proposed_calls
 
 pytestmark = needs_shared()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -222,12 +221,10 @@ def test_servers_that_fail_verification_are_skipped_with_the_reason(env, servers
 
 def test_a_server_that_never_answers_costs_one_short_timeout(env, silent, capsys):
     env.probe(silent.base)
-    started = time.monotonic()
     code, doc, _, err = setup_cli(capsys, "--yes")
-    elapsed = time.monotonic() - started
     assert code == 0, err
     assert not config_file().exists()
-    assert elapsed < det.PROBE_TIMEOUT_S + 3, elapsed  # the three questions to it are asked in parallel
+    assert silent.peak == 3  # the three questions to it are asked at once: one timeout, not three in a row
     assert "no answer within" in doc["detected"]["servers"][0]["error"]
 
 

@@ -16,7 +16,7 @@ import pytest
 from akm.errors import NotFoundError, UsageError
 from akm.store import runs
 from akm.store.clock import now_iso
-from tests.helpers import open_at, wait_until
+from tests.helpers import bare_run, open_at, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,19 +28,7 @@ def _env() -> dict[str, str]:
 
 
 def make_run(db, run_id="r1"):
-    return runs.create_run(
-        db,
-        run_id=run_id,
-        workflow_ref=f"workflows/{run_id}",
-        workflow_path=None,
-        title="t",
-        scope_key="s",
-        params={},
-        plan_json="{}",
-        plan_hash="0" * 64,
-        hash_version=1,
-        step_ids=["a", "b"],
-    )
+    return bare_run(db, run_id, step_ids=["a", "b"], workflow_ref=f"workflows/{run_id}")
 
 
 @pytest.fixture()

@@ -5,26 +5,14 @@ from __future__ import annotations
 import pytest
 
 from akm.errors import JournalError
-from akm.store import events, runs, units
+from akm.store import events, units
+from tests.helpers import bare_run
 
 
 @pytest.fixture()
 def db(journal):
-    database = journal  # both journals (conftest: sqlite, postgres)
-    runs.create_run(
-        database,
-        run_id="r1",
-        workflow_ref="workflows/w",
-        workflow_path=None,
-        title="t",
-        scope_key="s",
-        params={},
-        plan_json="{}",
-        plan_hash="0" * 64,
-        hash_version=1,
-        step_ids=["build", "review"],
-    )
-    yield database
+    bare_run(journal, step_ids=["build", "review"])  # both journals (conftest: sqlite, postgres)
+    return journal
 
 
 def insert(db, unit_id="build:solo", step_id="build", **kw):

@@ -9,24 +9,13 @@ import pytest
 from akm.engine.attempt import from_payload
 from akm.errors import UsageError
 from akm.store import queue, runs, units
+from tests.helpers import bare_run
 
 
 @pytest.fixture()
 def db(journal):
-    runs.create_run(
-        journal,
-        run_id="r1",
-        workflow_ref="workflows/w",
-        workflow_path=None,
-        title="t",
-        scope_key="s",
-        params={},
-        plan_json="{}",
-        plan_hash="0" * 64,
-        hash_version=1,
-        step_ids=["build"],
-    )
-    yield journal
+    bare_run(journal)
+    return journal
 
 
 @pytest.fixture()
