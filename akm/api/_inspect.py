@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         RunIdRequest,
         StatusRequest,
     )
+    from akm.views import Catalog
 from akm.api._args import MAX_EVENT_LIMIT, MAX_PAGE, _of, _whole_number, _work_dir
 from akm.api._request import _arguments
 from akm.api._targets import _checked_target, _is_file, normalized_ref
@@ -145,7 +146,7 @@ def run_status(
     return view
 
 
-def workflow_catalog(request: Any = None, /, *, cwd: str | None = None):
+def workflow_catalog(request: Any = None, /, *, cwd: str | None = None) -> Catalog:
     """The workflows the project of `cwd` can run by name (`workflows/<name>`): project first, then the
     user library, each with its description, steps and params (name, type, description, required, default)."""
     from akm.catalog import catalog

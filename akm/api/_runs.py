@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from akm.api._models import (
         RunRequest,
     )
+    from akm.plan.model import Plan
+    from akm.store.journal import Journal
+    from akm.store.runs import Run
 from akm.api._args import _RUN_ID, _duration_ms, _of, _whole_number, _work_dir, parse_duration_ms
 from akm.api._request import _arguments
 from akm.api._run_ids import is_run_reference, resolve_run_id
@@ -95,7 +98,9 @@ def run_workflow(
             "workers": _of(bool, "workers"),
         },
     )
-    target, params, param_pairs, max_steps, new = req.target, req.params, req.param_flags, req.max_steps, req.new
+    params, param_pairs, new = req.params, req.param_flags, req.new
+    run_target: str = req.target
+    step_limit: int | None = req.max_steps
     timeout_ms = req.timeout
     runs_store.lease_ttl_s()  # a bad AKM_LEASE_TTL_S is refused before anything is written (INVALID_ENV)
     work_dir = _work_dir(req.cwd).resolve()
@@ -117,7 +122,7 @@ def run_workflow(
             on_warning(w)
 
     try:
-        run_id, started, existing = _open(db, target, params, param_pairs, new, work_dir, warn, req.from_run)
+        run_id, started, existing = _open(db, run_target, params, param_pairs, new, work_dir, warn, req.from_run)
         tracing = _tracing(db, run_id, started, work_dir)
         timer = None
         if timeout_ms is not None:
@@ -141,7 +146,7 @@ def run_workflow(
                 opts = DriveOptions(
                     work_dir=root,
                     project_root=root,
-                    max_steps=max_steps,
+                    max_steps=step_limit,
                     cancel=cancel,
                     on_progress=_progress_relay(on_progress),
                     on_warning=lambda message: warn(RunWarning(code="ENGINE", message=message)),
@@ -158,7 +163,7 @@ def run_workflow(
             export_ended(
                 db, run_id, tracing[1], tracing[2], lambda message: warn(RunWarning(code="TELEMETRY", message=message))
             )
-        run = runs_store.get_run(db, run_id)
+        run = runs_store.require_run(db, run_id)  # a run deleted meanwhile is "not found", not a traceback
         result = RunResult(
             run=_run_view(db, run),
             executed=driven.executed,
@@ -458,7 +463,7 @@ def _resolve(
 
 
 def _open(
-    db,
+    db: Journal,
     target: str,
     params: dict[str, Any] | None,
     param_pairs: list[Any] | None,
@@ -602,7 +607,7 @@ def _progress_relay(on_progress: Callable[[ProgressEvent], None] | None) -> Call
     return relay
 
 
-def _continue_active(active, plan, wf_path: Path, warn: Callable[[RunWarning], None]) -> str:
+def _continue_active(active: Run, plan: Plan, wf_path: Path, warn: Callable[[RunWarning], None]) -> str:
     """Continue a drivable run of this workflow with these params — with the plan it froze."""
     if active.plan_hash != plan.plan_hash():
         warn(

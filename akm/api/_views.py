@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from akm import paths
 from akm.errors import AkmError
@@ -20,10 +20,14 @@ from akm.views import (
     UnitView,
 )
 
+if TYPE_CHECKING:
+    from akm.store.journal import Journal
+    from akm.store.runs import Run
+
 STALE_AFTER_S = 90.0
 
 
-def _open_db(*, read_only: bool = False):
+def _open_db(*, read_only: bool = False) -> Journal:
     """The journal. `read_only` (the read commands): when it cannot be opened for writing — a read-only
     directory or mount — it is read as it is instead (`akm.store.open_db_read_only`)."""
     from akm.errors import JournalError
@@ -98,7 +102,7 @@ def _object_or_none(text: str | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _params_view(run) -> dict[str, Any] | None:
+def _params_view(run: Run) -> dict[str, Any] | None:
     """The run's params for display; null when the stored record is not a JSON object.
 
     A damaged row must stay listable (one bad row must not break `workflow list`
@@ -108,7 +112,7 @@ def _params_view(run) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _routes(run) -> dict[str, str]:
+def _routes(run: Run) -> dict[str, str]:
     """Each step's `runs_on` words from the run's frozen plan ({} for a plan this akm cannot read)."""
     from akm.plan.engines import step_routes
     from akm.plan.model import Plan
@@ -120,7 +124,7 @@ def _routes(run) -> dict[str, str]:
         return {}  # a damaged plan: status still shows the journal (driving it is refused elsewhere)
 
 
-def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> RunView:
+def _run_view(db: Journal, run: Run, *, with_steps: bool = True, with_units: bool = False) -> RunView:
     from akm.store import rewinds as rewinds_store
     from akm.store import runs as runs_store
     from akm.store import units as units_store
@@ -294,7 +298,7 @@ def rewind_view(r: Any, steps: list[StepView] | None = None) -> RewindView:
     )
 
 
-def _awaiting(db, run) -> dict[str, Any] | None:
+def _awaiting(db: Journal, run: Run) -> dict[str, Any] | None:
     """The live brief of a run parked for the calling agent (computed from the journal, never stale)."""
     from akm.api._briefs import brief_json
     from akm.engine import briefs
@@ -305,7 +309,7 @@ def _awaiting(db, run) -> dict[str, Any] | None:
         return _object_or_none(run.status_detail_json)
 
 
-def _require_run(db, run_id: str, cwd: Path | None = None):
+def _require_run(db: Journal, run_id: str, cwd: Path | None = None) -> Run:
     """The run a caller names: a whole id, a unique prefix, or `@last` of `cwd`'s project (`_run_ids`)."""
     from akm.api._run_ids import resolve_run_id
     from akm.store import runs as runs_store

@@ -208,9 +208,9 @@ def reduce_step(
         tolerated = " (recorded, on_error: continue)" if on_error == "continue" else ""
         listed = ", ".join(f"{o.unit_id} ({o.failure_reason or 'failed'})" for o in failures)
         summary += f" Failed: {listed}{tolerated}."
-        first = next((o for o in failures if o.error and o.error.strip()), None)
+        first = next(((o.unit_id, o.error.strip()) for o in failures if o.error and o.error.strip()), None)
         if first is not None:
-            summary += f" First failure diagnostic ({first.unit_id}): {clip(first.error.strip(), TEXT_CLIP)}"
+            summary += f" First failure diagnostic ({first[0]}): {clip(first[1], TEXT_CLIP)}"
     if vote_error:
         summary += f" {vote_error}."
     cut = [o.unit_id for o in outcomes if o.ok and o.truncated]
