@@ -217,7 +217,7 @@ def _cmd_run(tokens: list[str]) -> int:
     if ra.controls.get("quiet"):
         show_progress = False
 
-    reasons = {signal.SIGINT: "sigint", signal.SIGTERM: "sigterm", signal.SIGHUP: "sighup"}
+    reasons: dict[int, str] = {signal.SIGINT: "sigint", signal.SIGTERM: "sigterm", signal.SIGHUP: "sighup"}
 
     def on_signal(signum: int, _frame: Any) -> None:
         cancel.trip(reasons[signum])
@@ -308,7 +308,7 @@ def _run_help(tokens: list[str]) -> int:
     except UsageError:  # half-typed params after the target: the target is still the first word
         target = tokens[0] if tokens and not tokens[0].startswith("-") else None
     entry = api.describe_workflow(target) if target is not None else None
-    if entry is None:
+    if entry is None or target is None:
         _out(_RUN_HELP)  # no workflow named, or a run (whose params are fixed)
         return 0
     _out(render.workflow_help(entry.to_json(), target))

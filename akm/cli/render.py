@@ -192,7 +192,7 @@ def run_text(view: dict[str, Any]) -> str:
     if view.get("output") is not None:
         text, clipped = _clip(_value_text(view["output"]), _RESULT_CLIP)
         clipped_any = clipped_any or clipped
-        cut = next((s for s in view.get("steps") or [] if s["id"] == view.get("outputStepId")), {})
+        cut: dict[str, Any] = next((s for s in view.get("steps") or [] if s["id"] == view.get("outputStepId")), {})
         lines.append(
             f"result (output of step {view.get('outputStepId')}"
             f"{'; only its beginning: cut at the capture cap' if cut.get('truncatedUnits') else ''}):"

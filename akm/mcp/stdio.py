@@ -28,7 +28,7 @@ import json
 import re
 import select
 import sys
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Mapping
 
 import anyio
 import mcp_types as types
@@ -189,7 +189,7 @@ def _loads(text: str) -> Any:
 
 
 def _unreadable(text: str, exc: ValidationError) -> types.JSONRPCError | types.JSONRPCMessage | None:
-    first = exc.errors()[0] if exc.errors() else {}
+    first: Mapping[str, Any] = exc.errors()[0] if exc.errors() else {}
     if first.get("type") == "json_invalid":
         try:
             obj = json.loads(text)

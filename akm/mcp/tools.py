@@ -236,7 +236,7 @@ async def workflow_run(call: Call, req: api.RunToolRequest) -> CallToolResult:
     except AkmError as exc:
         return error_result(exc)
     if req.timeout is not None:
-        wait_s = req.timeout / 1000.0
+        wait_s = int(req.timeout) / 1000.0  # ms once validated (the schema also takes text: 30s)
     else:  # the call that starts a run names it soon: a client with a short tool timeout still learns its id
         wait_s = min(bound_s(), FIRST_ANSWER_S) if opened.started else bound_s()
     listener = drive.listen()
