@@ -19,7 +19,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from akm.record import dataclass
 
@@ -512,54 +512,97 @@ def _conforms(value: Any, schema: dict, visits: list[int]) -> bool:
         visits[0] += 1
         if visits[0] > MAX_VISITS // 2:  # well inside the library's budget: near it, let the library say
             raise _Undecided
-        if key == "type":
-            names = want if isinstance(want, list) else [want]
-            if not any(_is_a(value, n) for n in names):
-                return False
-        elif key == "enum":
-            if not any(_same(v, value) for v in want):
-                return False
-        elif key == "properties":
-            if isinstance(value, dict):
-                for prop, sub in want.items():
-                    if prop in value and not _conforms(value[prop], sub, visits):
-                        return False
-        elif key == "required":
-            if isinstance(value, dict) and any(prop not in value for prop in want):
-                return False
-        elif key == "items":
-            if "prefixItems" in schema or not isinstance(want, dict):
-                raise _Undecided
-            if isinstance(value, list) and not all(_conforms(v, want, visits) for v in value):
-                return False
-        elif key == "additionalProperties":
-            if "patternProperties" in schema or not isinstance(want, bool):
-                raise _Undecided
-            if want is False and isinstance(value, dict):
-                props = schema.get("properties", {})
-                if any(k not in props for k in value):
-                    return False
-        elif key in ("minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum"):
-            kind = "array" if key.endswith("Items") else "string" if key.endswith("Length") else "number"
-            if _is_a(value, kind):
-                measure = value if kind == "number" else len(value)
-                if (measure < want) if key.startswith("min") else (measure > want):
-                    return False
-        elif key == "allOf":
-            if not all(_conforms(value, sub, visits) for sub in want):
-                return False
-        elif key == "anyOf":
-            if not any(_conforms(value, sub, visits) for sub in want):
-                return False
-        elif key == "oneOf":
-            if sum(1 for sub in want if _conforms(value, sub, visits)) != 1:
-                return False
-        elif key == "not":
-            if _conforms(value, want, visits):
-                return False
-        else:  # pragma: no cover - every supported keyword is handled above
+        holds = _KEYWORD_HOLDS.get(key)
+        if holds is None:  # pragma: no cover - every supported keyword has its check below
             raise _Undecided
+        if not holds(value, want, schema, visits):
+            return False
     return True
+
+
+# Each supported keyword's check, `(value, the keyword's value, the whole schema, visits) -> holds`: a keyword
+# about another type than the value's holds (as in the library), and `_Undecided` leaves it to the library.
+
+
+def _type_holds(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    names = want if isinstance(want, list) else [want]
+    return any(_is_a(value, n) for n in names)
+
+
+def _enum_holds(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    return any(_same(v, value) for v in want)
+
+
+def _properties_hold(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    if isinstance(value, dict):
+        for prop, sub in want.items():
+            if prop in value and not _conforms(value[prop], sub, visits):
+                return False
+    return True
+
+
+def _required_holds(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    return not (isinstance(value, dict) and any(prop not in value for prop in want))
+
+
+def _items_hold(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    if "prefixItems" in schema or not isinstance(want, dict):
+        raise _Undecided
+    return not isinstance(value, list) or all(_conforms(v, want, visits) for v in value)
+
+
+def _additional_properties_hold(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    if "patternProperties" in schema or not isinstance(want, bool):
+        raise _Undecided
+    if want is False and isinstance(value, dict):
+        props = schema.get("properties", {})
+        return not any(k not in props for k in value)
+    return True
+
+
+def _bound_holds(key: str) -> Callable[[Any, Any, dict, list[int]], bool]:
+    """The check of a size or value bound: `minItems` … `maximum`, on the type it is about."""
+    kind = "array" if key.endswith("Items") else "string" if key.endswith("Length") else "number"
+    is_min = key.startswith("min")
+
+    def holds(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+        if not _is_a(value, kind):
+            return True
+        measure = value if kind == "number" else len(value)
+        return not ((measure < want) if is_min else (measure > want))
+
+    return holds
+
+
+def _all_of_holds(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    return all(_conforms(value, sub, visits) for sub in want)
+
+
+def _any_of_holds(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    return any(_conforms(value, sub, visits) for sub in want)
+
+
+def _one_of_holds(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    return sum(1 for sub in want if _conforms(value, sub, visits)) == 1
+
+
+def _not_holds(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    return not _conforms(value, want, visits)
+
+
+_KEYWORD_HOLDS: dict[str, Callable[[Any, Any, dict, list[int]], bool]] = {
+    "type": _type_holds,
+    "enum": _enum_holds,
+    "properties": _properties_hold,
+    "required": _required_holds,
+    "items": _items_hold,
+    "additionalProperties": _additional_properties_hold,
+    **{key: _bound_holds(key) for key in ("minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum")},
+    "allOf": _all_of_holds,
+    "anyOf": _any_of_holds,
+    "oneOf": _one_of_holds,
+    "not": _not_holds,
+}
 
 
 def quick_valid(value: Any, schema: dict) -> bool:
