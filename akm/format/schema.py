@@ -213,65 +213,109 @@ def _check_keyword(
 
     if key in UNSUPPORTED_KEYWORDS:
         unsupported(f'JSON-Schema keyword "{key}" is not supported by akm')
-    elif key == "type":
-        names = value if isinstance(value, list) else [value]
-        if not names:
-            bad('"type" must be a type name or a non-empty list of type names')
-        elif not all(isinstance(n, str) for n in names):
-            bad('"type" must be a type name or a non-empty list of type names')
-        else:
-            unknown = [n for n in names if n not in TYPE_NAMES]
-            if unknown:
-                bad(f'"type" names unknown type "{unknown[0]}"; use one of ' + ", ".join(sorted(TYPE_NAMES)))
-            elif len(set(names)) != len(names):
-                bad('"type" lists the same type more than once')
-    elif key == "enum":
-        if not isinstance(value, list) or not value:
-            bad('"enum" must be a non-empty list')
-        elif _value_depth_exceeds(value, MAX_SCHEMA_DEPTH):
-            bad(f'"enum" values nest deeper than {MAX_SCHEMA_DEPTH} levels')
-    elif key == "required":
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            bad('"required" must be a list of property names (strings)')
     elif key == "properties":
-        if not isinstance(value, dict):
-            bad('"properties" must be a mapping of property name to schema')
-        else:
-            for prop, sub in value.items():
-                if not isinstance(sub, dict):
-                    bad(f'"properties" entry "{prop}" must be a schema mapping')
-                else:
-                    children.append((sub, path + ("properties", str(prop))))
+        _check_properties(value, path, bad, children)
     elif key == "items":
-        if isinstance(value, dict):
-            children.append((value, path + ("items",)))
-        elif isinstance(value, list):
-            unsupported('tuple-form "items" (a list of schemas) is not supported; use one schema mapping')
-        else:
-            bad('"items" must be a schema mapping')
+        _check_items(value, path, bad, unsupported, children)
     elif key == "additionalProperties":
         if isinstance(value, dict):
             unsupported('"additionalProperties" must be true or false; a schema here is not supported')
         elif not isinstance(value, bool):
             bad('"additionalProperties" must be true or false')
+    elif key in _COMBINATORS or key == "not":
+        _check_subschemas(key, value, path, bad, children)
+    else:
+        problem = _value_problem(key, value)
+        if problem is not None:
+            bad(problem)
+    # Anything else is an annotation or an extension keyword: allowed, never evaluated.
+
+
+def _value_problem(key: str, value: Any) -> str | None:
+    """What is wrong with the value of a keyword that holds no schema (`type`, `enum`, `required`, the
+    counts and the bounds); None when it is right or `key` is an annotation."""
+    if key == "type":
+        return _type_problem(value)
+    if key == "enum":
+        return _enum_problem(value)
+    if key == "required":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            return '"required" must be a list of property names (strings)'
     elif key in _COUNT_KEYWORDS:
         if not _is_int(value) or value < 0:
-            bad(f'"{key}" must be a non-negative integer')
+            return f'"{key}" must be a non-negative integer'
     elif key in ("minimum", "maximum"):
         if not _is_finite_number(value):
-            bad(f'"{key}" must be a finite number')
-    elif key in _COMBINATORS:
-        if not isinstance(value, list) or not value or not all(isinstance(b, dict) for b in value):
-            bad(f'"{key}" must be a non-empty list of schema mappings')
-        else:
-            for i, branch in enumerate(value):
-                children.append((branch, path + (key, i)))
-    elif key == "not":
+            return f'"{key}" must be a finite number'
+    return None
+
+
+def _check_items(
+    value: Any,
+    path: SchemaPath,
+    bad: Callable[[str], None],
+    unsupported: Callable[[str], None],
+    children: list[tuple[dict, SchemaPath]],
+) -> None:
+    """`items`: one schema mapping, checked as a child (the tuple form is not supported)."""
+    if isinstance(value, dict):
+        children.append((value, path + ("items",)))
+    elif isinstance(value, list):
+        unsupported('tuple-form "items" (a list of schemas) is not supported; use one schema mapping')
+    else:
+        bad('"items" must be a schema mapping')
+
+
+def _check_subschemas(
+    key: str, value: Any, path: SchemaPath, bad: Callable[[str], None], children: list[tuple[dict, SchemaPath]]
+) -> None:
+    """`allOf`/`anyOf`/`oneOf` (a non-empty list of schema mappings) and `not` (one): each a child."""
+    if key == "not":
         if not isinstance(value, dict):
             bad('"not" must be a schema mapping')
         else:
             children.append((value, path + ("not",)))
-    # Anything else is an annotation or an extension keyword: allowed, never evaluated.
+    elif not isinstance(value, list) or not value or not all(isinstance(b, dict) for b in value):
+        bad(f'"{key}" must be a non-empty list of schema mappings')
+    else:
+        for i, branch in enumerate(value):
+            children.append((branch, path + (key, i)))
+
+
+def _type_problem(value: Any) -> str | None:
+    """What is wrong with a `type` keyword's value (a type name or a non-empty list of distinct ones)."""
+    names = value if isinstance(value, list) else [value]
+    if not names or not all(isinstance(n, str) for n in names):
+        return '"type" must be a type name or a non-empty list of type names'
+    unknown = [n for n in names if n not in TYPE_NAMES]
+    if unknown:
+        return f'"type" names unknown type "{unknown[0]}"; use one of ' + ", ".join(sorted(TYPE_NAMES))
+    if len(set(names)) != len(names):
+        return '"type" lists the same type more than once'
+    return None
+
+
+def _enum_problem(value: Any) -> str | None:
+    """What is wrong with an `enum` keyword's value (a non-empty list, nested no deeper than a schema may be)."""
+    if not isinstance(value, list) or not value:
+        return '"enum" must be a non-empty list'
+    if _value_depth_exceeds(value, MAX_SCHEMA_DEPTH):
+        return f'"enum" values nest deeper than {MAX_SCHEMA_DEPTH} levels'
+    return None
+
+
+def _check_properties(
+    value: Any, path: SchemaPath, bad: Callable[[str], None], children: list[tuple[dict, SchemaPath]]
+) -> None:
+    """A `properties` mapping: each entry a schema, checked in turn as a child."""
+    if not isinstance(value, dict):
+        bad('"properties" must be a mapping of property name to schema')
+        return
+    for prop, sub in value.items():
+        if not isinstance(sub, dict):
+            bad(f'"properties" entry "{prop}" must be a schema mapping')
+        else:
+            children.append((sub, path + ("properties", str(prop))))
 
 
 # --------------------------------------------------------------------------------------------
