@@ -476,56 +476,66 @@ def preview_text(p: dict[str, Any]) -> str:
     lines = [head + " — nothing was written"]
     if p.get("params"):
         lines.append(f"params: {_params_text(p['params'])[0]}")
-    rows = [("step", "kind", "status", "units", "done", "reused", "to run", "agent", "by", "judge")]
-    for s in p.get("steps") or []:
-        who = s.get("engine") or s.get("runner") or "-"
-        if s.get("model"):
-            who += f" ({s['model']})"
-        units = "?" if s.get("units") is None else str(s["units"])
-        rows.append(
-            (
-                s["id"],
-                s["kind"],
-                s["status"],
-                units,
-                str(s.get("done") or 0),
-                str(s.get("reused") or 0),
-                str(s.get("toRun") or 0),
-                str(s.get("forAgent") or 0),
-                who,
-                s.get("judge") or "-",
-            )
-        )
+    steps = p.get("steps") or []
+    rows: list[tuple[str, ...]] = [
+        ("step", "kind", "status", "units", "done", "reused", "to run", "agent", "by", "judge")
+    ]
+    rows += [_preview_row(s) for s in steps]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
-    for s in p.get("steps") or []:
+    for s in steps:
         if s.get("runsOn") and s["kind"] != "route":
             lines.append(f"  {s['id']} → {s['runsOn']}")
         if s.get("note"):
             lines.append(f"  {s['id']}: {s['note']}")
-    b = p.get("budget") or {}
-    ceilings = (
-        [f"max_units {b['maxUnits']}" for _ in [0] if b.get("maxUnits") is not None]
-        + [f"max_tokens {b['maxTokens']}" for _ in [0] if b.get("maxTokens") is not None]
-        + [f"max_cost {dollars(b['maxCost'])}" for _ in [0] if b.get("maxCost") is not None]
-        + [
-            f"limits.maxCostPerDay {dollars(b['dailyCostLimit'])} ({dollars(b.get('spentToday') or 0)} spent today)"
-            for _ in [0]
-            if b.get("dailyCostLimit") is not None
-        ]
-    )
-    money = f", {dollars(b.get('usedCost') or 0)} spent" if b.get("usedCost") or b.get("maxCost") is not None else ""
-    unknown = f" ({b['unknownUnits']} unit(s) of unknown usage)" if b.get("unknownUnits") else ""
-    lines.append(
-        f"budget: {', '.join(ceilings) or 'none'}; used {b.get('usedUnits', 0)} unit(s), "
-        f"{b.get('usedTokens', 0)} token(s){money}{unknown}; {b.get('toRun', 0)} unit(s) to run in the steps known now"
-    )
+    lines.append(_preview_budget_line(p.get("budget") or {}))
     lines.append(
         f"reused {p.get('reused', 0)}, to run {p.get('toRun', 0)}, for the calling agent {p.get('forAgent', 0)}"
     )
     lines.append(f"first: {p.get('first')}")
     return "\n".join(lines)
+
+
+def _preview_row(s: dict[str, Any]) -> tuple[str, ...]:
+    """One step's row of the preview table."""
+    who = s.get("engine") or s.get("runner") or "-"
+    if s.get("model"):
+        who += f" ({s['model']})"
+    units = "?" if s.get("units") is None else str(s["units"])
+    return (
+        s["id"],
+        s["kind"],
+        s["status"],
+        units,
+        str(s.get("done") or 0),
+        str(s.get("reused") or 0),
+        str(s.get("toRun") or 0),
+        str(s.get("forAgent") or 0),
+        who,
+        s.get("judge") or "-",
+    )
+
+
+def _preview_budget_line(b: dict[str, Any]) -> str:
+    """The preview's budget: the ceilings set (or none), what the run used so far, the units known to run."""
+    ceilings = []
+    if b.get("maxUnits") is not None:
+        ceilings.append(f"max_units {b['maxUnits']}")
+    if b.get("maxTokens") is not None:
+        ceilings.append(f"max_tokens {b['maxTokens']}")
+    if b.get("maxCost") is not None:
+        ceilings.append(f"max_cost {dollars(b['maxCost'])}")
+    if b.get("dailyCostLimit") is not None:
+        ceilings.append(
+            f"limits.maxCostPerDay {dollars(b['dailyCostLimit'])} ({dollars(b.get('spentToday') or 0)} spent today)"
+        )
+    money = f", {dollars(b.get('usedCost') or 0)} spent" if b.get("usedCost") or b.get("maxCost") is not None else ""
+    unknown = f" ({b['unknownUnits']} unit(s) of unknown usage)" if b.get("unknownUnits") else ""
+    return (
+        f"budget: {', '.join(ceilings) or 'none'}; used {b.get('usedUnits', 0)} unit(s), "
+        f"{b.get('usedTokens', 0)} token(s){money}{unknown}; {b.get('toRun', 0)} unit(s) to run in the steps known now"
+    )
 
 
 def remedy_command(rec: dict[str, Any], rid: str) -> str:
