@@ -160,31 +160,42 @@ def _from_inputs(plan: Any, step: Any, reason: str, params: dict[str, Any], outp
 def _failing_source(step: Any, params: dict[str, Any], outputs: dict[str, Any]) -> str | None:
     """The step (or "params") whose value the step cannot use: the first of its fan-out list, its inputs and its
     route input that does not resolve (or, for the list, is not a list of distinct items)."""
-    from akm.canonical import CanonicalError, canonical_json
     from akm.engine.scope import resolve
     from akm.format.refs import ReferenceResolutionError, ReferenceSyntaxError
 
+    for ref, is_list in _references(step):
+        owner = ref.split(".")[1] if ref.startswith("steps.") else "params"
+        try:
+            value = resolve(ref, params, outputs)
+        except (ReferenceResolutionError, ReferenceSyntaxError):
+            return owner
+        if is_list and not _distinct_items(value):
+            return owner
+    return None
+
+
+def _references(step: Any) -> list[tuple[str, bool]]:
+    """The references a step reads, in the order they are checked: its fan-out list (flagged), its inputs,
+    its route input."""
     refs: list[tuple[str, bool]] = []
     if step.root is not None and step.root.kind == "map":
         refs.append((step.root.over, True))
     refs += [(r, False) for r in ((step.unit_template.inputs if step.unit_template else None) or [])]
     if step.route is not None:
         refs.append((step.route.input, False))
-    for ref, is_list in refs:
-        owner = ref.split(".")[1] if ref.startswith("steps.") else "params"
-        try:
-            value = resolve(ref, params, outputs)
-        except (ReferenceResolutionError, ReferenceSyntaxError):
-            return owner
-        if is_list:
-            if not isinstance(value, list) or any(item is None for item in value):
-                return owner
-            try:
-                if len({canonical_json(item) for item in value}) != len(value):
-                    return owner
-            except CanonicalError:
-                return owner
-    return None
+    return refs
+
+
+def _distinct_items(value: Any) -> bool:
+    """Whether a fan-out value is a list of distinct, non-null items (compared as canonical JSON)."""
+    from akm.canonical import CanonicalError, canonical_json
+
+    if not isinstance(value, list) or any(item is None for item in value):
+        return False
+    try:
+        return len({canonical_json(item) for item in value}) == len(value)
+    except CanonicalError:
+        return False
 
 
 def _remedy(action: str, step_id: str | None, *, why: str, redo: bool = False, then: str = "run") -> dict[str, Any]:
