@@ -87,6 +87,16 @@ class DispatchBudget:
     def _refusal(self, model: bool) -> str | None:
         """The sentence of the first ceiling that refuses another dispatch, or None (lock held). The words are
         imported only when one does: a run under no ceiling never loads them."""
+        reason = self._run_ceiling_reached()
+        if reason is None and model and self.daily is not None:
+            spent = self.daily.spent()
+            if spent >= self.daily.limit:
+                reason = _words().daily_cost_reason(spent, self.daily.limit)
+        return reason
+
+    def _run_ceiling_reached(self) -> str | None:
+        """The sentence of the first of the run's own ceilings reached (units, tokens, cost, or usage not known
+        under a ceiling that needs it), or None."""
         reason: str | None = None
         if self.max_units is not None and self.used >= self.max_units:
             reason = _words().max_units_reason(self.used, self.max_units)
@@ -99,10 +109,6 @@ class DispatchBudget:
             reason = _words().unknown_usage_reason(ceiling, self.unknown_cost)
         elif not self.allow_unknown and self.unknown_tokens and self.max_tokens is not None:
             reason = _words().unknown_usage_reason("max_tokens", self.unknown_tokens)
-        elif model and self.daily is not None:
-            spent = self.daily.spent()
-            if spent >= self.daily.limit:
-                reason = _words().daily_cost_reason(spent, self.daily.limit)
         return reason
 
     def try_consume(self, model: bool = False) -> str | None:
