@@ -125,9 +125,7 @@ def _routes(run: Run) -> dict[str, str]:
 
 
 def _run_view(db: Journal, run: Run, *, with_steps: bool = True, with_units: bool = False) -> RunView:
-    from akm.store import rewinds as rewinds_store
     from akm.store import runs as runs_store
-    from akm.store import units as units_store
 
     # Only a drivable run has a driver worth naming; an abandoned run's lease columns are forensic.
     lease = runs_store.read_lease(db, run.id) if run.drivable else None
@@ -146,53 +144,67 @@ def _run_view(db: Journal, run: Run, *, with_steps: bool = True, with_units: boo
         awaiting=_awaiting(db, run) if run.status == "awaiting_session" and with_steps else None,
     )
     if with_steps:
-        view.steps = []
-        routes = _routes(run)
-        tallies = units_store.step_tallies(db, run.id)
-        reused = units_store.reused_counts(db, run.id)
-        for s in runs_store.get_steps(db, run.id):
-            ev = _json_or_none(s.evidence_json)
-            output = ev.get("output") if isinstance(ev, dict) else None
-            cut = ev.get("truncatedUnits") if isinstance(ev, dict) else None
-            status = s.status
-            if status == "pending" and lease is not None and s.step_id == run.current_step_id:
-                status = "running"  # a live driver holds the run and works on this step right now
-            tally = tallies.get(s.step_id)
-            view.steps.append(
-                StepView(
-                    id=s.step_id,
-                    status=status,
-                    output=output,
-                    summary=s.summary,
-                    notes=s.notes,
-                    runs_on=routes.get(s.step_id),
-                    unit_count=tally.units if tally else 0,
-                    attempts=tally.attempts if tally else 0,
-                    gate_loops=tally.gate_loops if tally else 0,
-                    truncated_units=len(cut) if isinstance(cut, list) else 0,
-                    reused_units=reused.get(s.step_id, 0),
-                )
-            )
-            if run.status == "completed" and s.status == "completed" and output is not None:
-                view.output, view.output_step_id = output, s.step_id
-        view.rewinds = _rewinds_view(db, run.id)
-        view.spend = _spend_view(db, run)
-        if run.status in ("failed", "blocked", "abandoned"):
-            from akm.engine.recovery import recovery
-
-            view.recovery = recovery(db, run)
+        _fill_steps(db, run, view, lease_held=lease is not None)
     if with_units:
-        # D8: a running unit whose last sign of life (heartbeat, else start) is older than
-        # STALE_AFTER_S is stale — its driver is probably gone. The engine heartbeats
-        # running units, so a long healthy unit is never reported stale. Compared on the
-        # journal's clock, the one those stamps were written on.
-        cutoff = db.now(-STALE_AFTER_S)
-        view.units = [_unit_view(u, cutoff) for u in units_store.get_units(db, run.id)]
-        # The rows rewinds superseded stay visible, each marked with its rewind (after the rows in force).
-        view.units += [
-            _unit_view(h.unit, cutoff, superseded_by=h.rewind_id) for h in rewinds_store.superseded_units(db, run.id)
-        ]
+        view.units = _units_view(db, run)
     return view
+
+
+def _fill_steps(db: Journal, run: Run, view: RunView, *, lease_held: bool) -> None:
+    """The run's steps (with the run's output), rewinds, spend and — for a stopped run — the way on."""
+    from akm.store import runs as runs_store
+    from akm.store import units as units_store
+
+    view.steps = []
+    routes = _routes(run)
+    tallies = units_store.step_tallies(db, run.id)
+    reused = units_store.reused_counts(db, run.id)
+    for s in runs_store.get_steps(db, run.id):
+        ev = _json_or_none(s.evidence_json)
+        output = ev.get("output") if isinstance(ev, dict) else None
+        cut = ev.get("truncatedUnits") if isinstance(ev, dict) else None
+        status = s.status
+        if status == "pending" and lease_held and s.step_id == run.current_step_id:
+            status = "running"  # a live driver holds the run and works on this step right now
+        tally = tallies.get(s.step_id)
+        view.steps.append(
+            StepView(
+                id=s.step_id,
+                status=status,
+                output=output,
+                summary=s.summary,
+                notes=s.notes,
+                runs_on=routes.get(s.step_id),
+                unit_count=tally.units if tally else 0,
+                attempts=tally.attempts if tally else 0,
+                gate_loops=tally.gate_loops if tally else 0,
+                truncated_units=len(cut) if isinstance(cut, list) else 0,
+                reused_units=reused.get(s.step_id, 0),
+            )
+        )
+        if run.status == "completed" and s.status == "completed" and output is not None:
+            view.output, view.output_step_id = output, s.step_id
+    view.rewinds = _rewinds_view(db, run.id)
+    view.spend = _spend_view(db, run)
+    if run.status in ("failed", "blocked", "abandoned"):
+        from akm.engine.recovery import recovery
+
+        view.recovery = recovery(db, run)
+
+
+def _units_view(db: Journal, run: Run) -> list[UnitView]:
+    """The run's unit rows in force, then the rows rewinds superseded, each marked with its rewind.
+
+    D8: a running unit whose last sign of life (heartbeat, else start) is older than STALE_AFTER_S is stale —
+    its driver is probably gone. The engine heartbeats running units, so a long healthy unit is never reported
+    stale. Compared on the journal's clock, the one those stamps were written on."""
+    from akm.store import rewinds as rewinds_store
+    from akm.store import units as units_store
+
+    cutoff = db.now(-STALE_AFTER_S)
+    units = [_unit_view(u, cutoff) for u in units_store.get_units(db, run.id)]
+    units += [_unit_view(h.unit, cutoff, superseded_by=h.rewind_id) for h in rewinds_store.superseded_units(db, run.id)]
+    return units
 
 
 def _unit_view(u: Any, cutoff: str, superseded_by: str | None = None) -> UnitView:
