@@ -415,36 +415,15 @@ def _resolve(
 ) -> _Target:
     """Which run `target` names, read-only (`db` None: there is no journal yet). `start_guard`: start the
     units' guardian early (a run is about to be driven)."""
-    from akm.store import runs as runs_store
-
-    existing = runs_store.get_run(db, target) if db is not None and _RUN_ID.match(target) else None
-    if existing is None and db is not None and is_run_reference(target) and not _is_file(work_dir / target, target):
-        # `@last`, or the first characters of a run id (no file has that name): the run it names, if any
-        existing = runs_store.get_run(db, resolve_run_id(db, target, work_dir))
+    existing = _named_run(db, target, work_dir)
     donor = _donor(db, from_run, existing is not None, warn) if from_run is not None else None
     if existing is not None:
-        if param_pairs or params:
-            from akm.codes import Code
-
-            raise UsageError(
-                "Params can only be given when starting a run from a workflow, not with a run id.",
-                code=Code.PARAMS_ON_EXISTING_RUN,
-            )
-        if new:
-            from akm.codes import Code
-
-            raise UsageError(
-                f"{target} is a run id; a new run starts from a workflow file or ref.", code=Code.NEW_RUN_NEEDS_WORKFLOW
-            )
+        _refuse_workflow_arguments(target, params, param_pairs, new)
         return _Target(existing=existing)
     wf_path, ref = resolve_workflow_file(target, work_dir)
     plan, lint_warnings = compile_workflow_file(wf_path, cwd=work_dir)
-    if start_guard and any(s.unit_template is not None and s.unit_template.is_exec for s in plan.steps):
-        from akm.dispatch import guard
-
-        # The units' guardian is an interpreter of its own that every unit's spawn needs: started
-        # now, its start-up overlaps the engine's (one core is idle here) instead of the units'.
-        guard.token()
+    if start_guard:
+        _start_guardian(plan)
     for w in lint_warnings:
         warn(w)
     from akm.format.params import check_params, coerce_params
@@ -460,6 +439,46 @@ def _resolve(
     scopes = paths.scope_keys(work_dir, portable=db is not None and db.shared)
     active = None if new or donor is not None or db is None else _find_active(db, ref, scopes, values)
     return _Target(None, wf_path, ref, plan, values, scopes[0], active, donor)
+
+
+def _start_guardian(plan: Plan) -> None:
+    """Start the units' guardian when the plan has command units. It is an interpreter of its own that every
+    unit's spawn needs: started now, its start-up overlaps the engine's (one core is idle here) instead of the
+    units'."""
+    if any(s.unit_template is not None and s.unit_template.is_exec for s in plan.steps):
+        from akm.dispatch import guard
+
+        guard.token()
+
+
+def _named_run(db: Journal | None, target: str, work_dir: Path) -> Run | None:
+    """The journaled run `target` names — a whole run id, `@last`, or the first characters of a run id that
+    no file has as its name — or None (a workflow, or no journal yet)."""
+    from akm.store import runs as runs_store
+
+    if db is None:
+        return None
+    existing = runs_store.get_run(db, target) if _RUN_ID.match(target) else None
+    if existing is None and is_run_reference(target) and not _is_file(work_dir / target, target):
+        existing = runs_store.get_run(db, resolve_run_id(db, target, work_dir))
+    return existing
+
+
+def _refuse_workflow_arguments(
+    target: str, params: dict[str, Any] | None, param_pairs: list[Any] | None, new: bool
+) -> None:
+    """Params and `new` start a run from a workflow: refused with a run id."""
+    from akm.codes import Code
+
+    if param_pairs or params:
+        raise UsageError(
+            "Params can only be given when starting a run from a workflow, not with a run id.",
+            code=Code.PARAMS_ON_EXISTING_RUN,
+        )
+    if new:
+        raise UsageError(
+            f"{target} is a run id; a new run starts from a workflow file or ref.", code=Code.NEW_RUN_NEEDS_WORKFLOW
+        )
 
 
 def _open(
