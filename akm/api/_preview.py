@@ -18,6 +18,11 @@ from akm.views import BudgetPreview, RunPreview, RunWarning, StepPreview
 
 if TYPE_CHECKING:
     from akm.api._models import RunRequest
+    from akm.engine.preview import Forecast
+    from akm.plan.model import Plan
+    from akm.store.journal import Journal
+    from akm.store.runs import Run
+    from akm.store.units import Spend
 
 
 def plan_run(
@@ -46,8 +51,6 @@ def plan_run(
         },
     )
     from akm.engine.preview import forecast
-    from akm.engine.state import load_run
-    from akm.engine.stepctx import load_spine
     from akm.plan.model import UNIT_HASH_VERSION
     from akm.store import units as units_store
 
@@ -61,32 +64,11 @@ def plan_run(
             _continue_active(t.active, t.plan, t.wf_path, warnings.append)
             run = t.active
         if run is not None:
-            loaded = load_run(db, run.id)
-            plan, values, version = loaded.plan, loaded.params, run.hash_version
-            spine = load_spine(db, run.id, plan)
-            spend = units_store.journal_spend(db, run.id)
-            fc = forecast(
-                db,
-                run_id=run.id,
-                plan=plan,
-                params=values,
-                hash_version=version,
-                spine=spine,
-                reuse_from=run.reuse_from,
-            )
-            if run.status == "completed":
-                fc.first = "nothing: the run is completed"
-            elif run.status == "abandoned":
-                fc.first = "nothing: the run was abandoned (a new run can reuse its units: from_run)"
+            plan, values, spend, fc = _run_forecast(db, run)
         else:
             plan, values, spend = t.plan, t.values or {}, units_store.Spend(0, 0, 0.0, 0, 0)
             fc = forecast(db, run_id=None, plan=plan, params=values, hash_version=UNIT_HASH_VERSION, reuse_from=t.donor)
-        today = None
-        scope = run.scope_key if run is not None else t.scope
-        if plan.execution.daily_cost_limit is not None:
-            from akm.engine.spend import day_start
-
-            today = units_store.project_spend_since(db, scope, day_start(db.now())) if db and scope else 0.0
+        today = _spent_today(db, plan, run.scope_key if run is not None else t.scope)
     finally:
         if db is not None:
             db.close()
@@ -108,18 +90,7 @@ def plan_run(
         reused=sum(s.reused for s in steps),
         to_run=sum(s.to_run for s in steps),
         for_agent=sum(s.for_agent for s in steps),
-        budget=BudgetPreview(
-            max_units=budget.max_units if budget else None,
-            max_tokens=budget.max_tokens if budget else None,
-            max_cost=budget.max_cost if budget else None,
-            daily_cost_limit=plan.execution.daily_cost_limit,
-            used_units=spend.attempts,
-            used_tokens=spend.tokens,
-            used_cost=round(spend.cost, 9),
-            unknown_units=spend.unknown_cost if plan.execution.prices else spend.unknown_tokens,
-            spent_today=today,
-            to_run=sum(s.to_run for s in steps),
-        ),
+        budget=_budget_preview(plan, spend, today, to_run=sum(s.to_run for s in steps)),
         first=fc.first,
         warnings=[w.message for w in warnings] + fc.warnings + [n for n in (w.note() for w in plan_widths(plan)) if n],
     )
@@ -129,6 +100,61 @@ def plan_run(
             f"{out.to_run} more to run"
         )
     return out
+
+
+def _spent_today(db: Journal | None, plan: Plan, scope: str | None) -> float | None:
+    """The project's spend since the start of the day, when the plan has a daily cost limit (else None)."""
+    if plan.execution.daily_cost_limit is None:
+        return None
+    from akm.engine.spend import day_start
+    from akm.store import units as units_store
+
+    return units_store.project_spend_since(db, scope, day_start(db.now())) if db and scope else 0.0
+
+
+def _run_forecast(db: Journal, run: Run) -> tuple[Plan, dict[str, Any], Spend, Forecast]:
+    """(plan, params, spend so far, forecast) of an existing run, driven on from where it stands; a completed
+    or abandoned run has nothing first."""
+    from akm.engine.preview import forecast
+    from akm.engine.state import load_run
+    from akm.engine.stepctx import load_spine
+    from akm.store import units as units_store
+
+    loaded = load_run(db, run.id)
+    plan, values, version = loaded.plan, loaded.params, run.hash_version
+    spine = load_spine(db, run.id, plan)
+    spend = units_store.journal_spend(db, run.id)
+    fc = forecast(
+        db,
+        run_id=run.id,
+        plan=plan,
+        params=values,
+        hash_version=version,
+        spine=spine,
+        reuse_from=run.reuse_from,
+    )
+    if run.status == "completed":
+        fc.first = "nothing: the run is completed"
+    elif run.status == "abandoned":
+        fc.first = "nothing: the run was abandoned (a new run can reuse its units: from_run)"
+    return plan, values, spend, fc
+
+
+def _budget_preview(plan: Plan, spend: Spend, today: float | None, *, to_run: int) -> BudgetPreview:
+    """The preview's budget: the plan's ceilings, what the run used so far, today's project spend."""
+    budget = plan.budget
+    return BudgetPreview(
+        max_units=budget.max_units if budget else None,
+        max_tokens=budget.max_tokens if budget else None,
+        max_cost=budget.max_cost if budget else None,
+        daily_cost_limit=plan.execution.daily_cost_limit,
+        used_units=spend.attempts,
+        used_tokens=spend.tokens,
+        used_cost=round(spend.cost, 9),
+        unknown_units=spend.unknown_cost if plan.execution.prices else spend.unknown_tokens,
+        spent_today=today,
+        to_run=to_run,
+    )
 
 
 def _open_for_reading() -> Any:
