@@ -691,7 +691,12 @@ def validate_instance(value: Any, schema: dict, root_label: str = "$") -> list[s
     finally:
         _budget.reset(token)
 
-    # Per node, a type mismatch is the whole story: drop enum/combinator noise from that node.
+    return _error_lines(errors, root_label)
+
+
+def _error_lines(errors: list[Any], root_label: str) -> list[str]:
+    """The library's errors as `"<path>: <problem>"` lines, each once. Per node, a type mismatch is the whole
+    story: the enum and combinator noise of a node that has one is dropped."""
     typed_nodes = {
         (tuple(e.absolute_path), tuple(e.absolute_schema_path)[:-1]) for e in errors if e.validator == "type"
     }
