@@ -537,15 +537,20 @@ def _same(one: Any, two: Any) -> bool:
     """The library's `enum` equality: 1 == 1.0, but true is not 1; lists and objects compared deeply."""
     if isinstance(one, str) or isinstance(two, str):
         return one == two
+    if isinstance(one, (list, dict)) or isinstance(two, (list, dict)):
+        return _same_container(one, two)
+    if isinstance(one, bool) or isinstance(two, bool):
+        return type(one) is type(two) and one == two
+    return one == two
+
+
+def _same_container(one: Any, two: Any) -> bool:
+    """`_same` when either side is a list or an object: a container never equals a scalar, nor a list an object."""
     if isinstance(one, list) and isinstance(two, list):
         return len(one) == len(two) and all(_same(a, b) for a, b in zip(one, two, strict=False))
     if isinstance(one, dict) and isinstance(two, dict):
         return one.keys() == two.keys() and all(_same(one[k], two[k]) for k in one)
-    if isinstance(one, (list, dict)) or isinstance(two, (list, dict)):
-        return False  # a container never equals a scalar, nor a list an object
-    if isinstance(one, bool) or isinstance(two, bool):
-        return type(one) is type(two) and one == two
-    return one == two
+    return False
 
 
 def _conforms(value: Any, schema: dict, visits: list[int]) -> bool:
