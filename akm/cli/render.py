@@ -343,17 +343,7 @@ def _render_brief_text(b: dict[str, Any]) -> str:
     if b.get("gateFeedback"):
         lines.append(f"feedback from the last loop: {b['gateFeedback'].get('feedback')}")
     for u in b.get("units") or []:
-        claim = f", claimed by {u['claim']['holder']} until {u['claim']['expiresAt']}" if u.get("claim") else ""
-        lines.append(f"\n== unit {u['unitId']} ({u['action']}{claim})")
-        if u["context"].get("itemIndex") is not None:  # a fan-out unit (a solo unit has no item)
-            lines.append(f"item {u['context']['itemIndex']}: {json.dumps(u['context']['item'], ensure_ascii=False)}")
-        lines.append(u["prompt"])
-        rep = u["report"]
-        arg = "--result @result.json" if u.get("resultKind") == "json" else "--result @result.txt"
-        lines.append(
-            f"-> akm workflow report {rep['runId']} {rep['unitId']} --expect-step {rep['expectStep']} "
-            f"--attempt {rep['attemptId']} --status completed {arg}" + (" --rerun" if rep.get("rerun") else "")
-        )
+        lines += _brief_unit_lines(u)
     j = b.get("judge")
     if j:
         lines.append(f"\n== verdict {j['unitId']}")
@@ -365,6 +355,22 @@ def _render_brief_text(b: dict[str, Any]) -> str:
     if b.get("kind") == "engine":
         lines.append(f"-> akm workflow run {b['runId']}")
     return "\n".join(lines)
+
+
+def _brief_unit_lines(u: dict[str, Any]) -> list[str]:
+    """One unit of a brief: its heading (and claim), its fan-out item, its prompt and the report command."""
+    claim = f", claimed by {u['claim']['holder']} until {u['claim']['expiresAt']}" if u.get("claim") else ""
+    lines = [f"\n== unit {u['unitId']} ({u['action']}{claim})"]
+    if u["context"].get("itemIndex") is not None:  # a fan-out unit (a solo unit has no item)
+        lines.append(f"item {u['context']['itemIndex']}: {json.dumps(u['context']['item'], ensure_ascii=False)}")
+    lines.append(u["prompt"])
+    rep = u["report"]
+    arg = "--result @result.json" if u.get("resultKind") == "json" else "--result @result.txt"
+    lines.append(
+        f"-> akm workflow report {rep['runId']} {rep['unitId']} --expect-step {rep['expectStep']} "
+        f"--attempt {rep['attemptId']} --status completed {arg}" + (" --rerun" if rep.get("rerun") else "")
+    )
+    return lines
 
 
 # Characters a terminal may act on rather than show: C0 controls (ESC starts escape sequences, CR
@@ -437,14 +443,7 @@ def workflow_help(entry: dict[str, Any], target: str) -> str:
         lines.append(f"  problem: {problem}")
     params = entry.get("params") or []
     lines += ["", "Params of this workflow:" if params else "This workflow takes no params."]
-    rows = []
-    for p in params:
-        flag = f"--{p['name']} {(p.get('type') or 'value').upper()}"
-        if p.get("required"):
-            need = "required"
-        else:
-            need = "default " + json.dumps(p.get("default"), ensure_ascii=False)
-        rows.append((flag, need, p.get("description") or ""))
+    rows = [_param_row(p) for p in params]
     flag_w = max((len(r[0]) for r in rows), default=0)
     need_w = max((len(r[1]) for r in rows), default=0)
     for flag, need, text in rows:
@@ -452,6 +451,13 @@ def workflow_help(entry: dict[str, Any], target: str) -> str:
     if params:
         lines.append("  (arrays: repeat the flag or pass JSON; objects: JSON; booleans: a bare --name is true)")
     return "\n".join(lines) + "\n"
+
+
+def _param_row(p: dict[str, Any]) -> tuple[str, str, str]:
+    """(flag, required or its default, description) of one param in `workflow_help`."""
+    flag = f"--{p['name']} {(p.get('type') or 'value').upper()}"
+    need = "required" if p.get("required") else "default " + json.dumps(p.get("default"), ensure_ascii=False)
+    return flag, need, p.get("description") or ""
 
 
 def rewind_text(res: dict[str, Any]) -> str:
