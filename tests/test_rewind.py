@@ -101,6 +101,13 @@ def test_rewind_reopens_the_step_and_later_ones_and_reuses_what_did_not_change(p
     assert [e["reusedUnits"] for e in again.executed] == [1, 1]
 
 
+def test_a_run_id_prefix_names_the_run_to_rewind(project):
+    """A rewind takes a run id as every command does: whole, or its first 6+ characters (`@last` alike)."""
+    rid, _, _ = finished_three(project)
+    out = api.rewind(rid[:8], "sum")
+    assert out.run.run_id == rid and out.run.current_step_id == "sum" and out.steps == ["sum", "name"]
+
+
 def test_redo_runs_the_units_again_and_history_stays_visible(project):
     rid, _, log = finished_three(project)
     out = api.rewind(rid, "fan", redo=["fan.unit:" + _item_hash(2)])

@@ -107,6 +107,23 @@ def test_text_session_unit_and_empty_text_is_null(project):
     assert [s.output for s in view.steps] == ["a haiku", None]
 
 
+def test_an_unclaimed_report_is_journaled_at_one_instant_and_a_claimed_one_from_its_claim(project):
+    # An unclaimed report is written whole in one transaction: its row starts and finishes at one stamp (the
+    # report says "not timed"), never the milliseconds between two reads of the clock. A claim times the unit.
+    rid = start(project, "steps:\n  - id: write\n  - id: after", "## write\n\nWrite.\n\n## after\n\nMore.")
+    report(rid, "write:solo", project, result="a haiku")
+    report(rid, "after:solo", project, status="running", holder="me")
+    import time
+
+    time.sleep(0.01)  # the claim and the result are two calls: at least this far apart
+    report(rid, "after:solo", project, result="more", holder="me")
+    stamps = dict(
+        (u, (s, f)) for u, s, f in db_rows("SELECT unit_id, started_at, finished_at FROM units WHERE run_id = ?", rid)
+    )
+    assert stamps["write:solo"][0] == stamps["write:solo"][1], stamps
+    assert stamps["after:solo"][0] < stamps["after:solo"][1], stamps
+
+
 def test_gate_judged_by_a_reported_verdict_reject_loop_accept(project):
     rid = start(
         project,

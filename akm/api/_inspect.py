@@ -267,9 +267,9 @@ def rewind(run_id: str | RewindRequest, to_step: str | None = None, *, redo: boo
     from akm.store import runs as runs_store
 
     with _open_db() as db:
-        _require_run(db, req.run_id)
-        done = rewind_run(db, req.run_id, req.to_step, redo=req.redo)
-        run = _run_view(db, runs_store.require_run(db, req.run_id))
+        rid: str = _require_run(db, req.run_id).id  # a prefix or `@last` names the run: the rest uses its id
+        done = rewind_run(db, rid, req.to_step, redo=req.redo)
+        run = _run_view(db, runs_store.require_run(db, rid))
         this = next((r for r in run.rewinds or [] if r.rewind_id == done.rewind.id), None)
         return RewindResult(
             rewind=this or rewind_view(done.rewind),

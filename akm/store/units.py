@@ -354,6 +354,7 @@ def finish_unit(
     fence: Fence | None = None,
     usage: dict[str, Any] | None = None,
     cost: float | None = None,
+    at: str | None = None,
 ) -> str:
     """Record this dispatch's outcome. Returns "finished" or "superseded".
 
@@ -364,6 +365,8 @@ def finish_unit(
     `step_id`: the step the caller inserted the row with (saves reading it back).
     `fence`: the driver's lease; LEASE_LOST (nothing written) once another holder took the run —
     the row then belongs to the new holder, which dispatches it again.
+    `at`: the finish's stamp when it is not now — a report written whole in one transaction (started and
+    finished at one instant: the report shows it as not timed, never as the milliseconds between two clocks).
     """
     f = UnitFinish(
         run_id=run_id,
@@ -379,12 +382,12 @@ def finish_unit(
         usage=usage,
         cost=cost,
     )
-    fast = _one_statement(db, run_id, [f], [], fence)
+    fast = None if at is not None else _one_statement(db, run_id, [f], [], fence)
     if fast is not None:
         return fast[0][0]
     with db.tx() as conn:
         db.dialect.lock_run(conn, run_id, RUN_UNIT_WRITE)
-        now = db.now()
+        now = at or db.now()
         meta = _finish_row(conn, now, f, fence)
         if meta is None:
             return "superseded"
@@ -964,6 +967,7 @@ def write_report(db: Journal, report: ReportedAttempt) -> ReportWrite:
             tokens=carried,
             failure_reason=report.failure_reason,
             session_id=None,
+            at=None if plan.finishing_claim else started,
         )
         return ReportWrite("written", tokens_crossed=tokens_crossed(int(totals["t"]), carried, report.max_tokens))
 
