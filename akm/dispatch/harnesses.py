@@ -586,6 +586,13 @@ GEMINI_AUTH_EXIT = 41  # gemini's exit status (and error code) when it has no us
 _SESSION_KEYS = ("session_id", "sessionId", "conversation_id", "conversationId", "chat_id", "chatId")
 
 
+def _gemini_role(model: dict[str, Any]) -> str:
+    """A model's role in a gemini run: `main` (the one that answered, or one with no roles), `router`, or
+    its first role."""
+    roles = sorted(model.get("roles")) if isinstance(model.get("roles"), dict) else []
+    return "main" if "main" in roles or not roles else ("router" if any("router" in r for r in roles) else roles[0])
+
+
 def _gemini_usage(stats: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
     """(tokens, usage) from gemini's `stats.models`: every model it called, each with its role — the
     model router (`utility_router`) is reported apart from the model that answered (`main`)."""
@@ -601,8 +608,7 @@ def _gemini_usage(stats: dict[str, Any]) -> tuple[int | None, dict[str, Any] | N
         if total is None:
             total = _sum(token_count(t.get("prompt")), token_count(t.get("candidates")))
         tokens = _sum(tokens, total)
-        roles = sorted(m.get("roles")) if isinstance(m.get("roles"), dict) else []
-        role = "main" if "main" in roles or not roles else ("router" if any("router" in r for r in roles) else roles[0])
+        role = _gemini_role(m)
         figures = _usage(
             role=role,
             total=total,
@@ -628,6 +634,13 @@ def _gemini_error(doc: dict[str, Any]) -> tuple[str | None, int | None]:
         return str(err), None
     message = str(err.get("message") or err.get("type") or "gemini reported an error")
     status = err.get("code") if isinstance(err.get("code"), int) else None
+    message, status = _api_error_inside(message, status)
+    return message, status if status is not None and 100 <= status <= 599 else None
+
+
+def _api_error_inside(message: str, status: int | None) -> tuple[str, int | None]:
+    """A message that quotes the API's JSON error body whole: its status and message, and its code when
+    gemini gave none."""
     try:
         inner = json.loads(message)
     except ValueError:
@@ -637,7 +650,7 @@ def _gemini_error(doc: dict[str, Any]) -> tuple[str | None, int | None]:
         message = " ".join(str(api[k]) for k in ("status", "message") if api.get(k)) or message
         if status is None and isinstance(api.get("code"), int):
             status = api["code"]
-    return message, status if status is not None and 100 <= status <= 599 else None
+    return message, status
 
 
 def _extract_gemini(stdout: str, stderr: str = "") -> Extracted:
