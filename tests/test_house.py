@@ -63,7 +63,9 @@ def test_few_functions_are_over_complexity_15():
         for block in cc_visit(path.read_text(encoding="utf-8")):
             blocks.append((path.relative_to(ROOT), block))
     functions = [(p, b) for p, b in blocks if b.letter in ("F", "M")]
-    over = sorted((b.complexity, f"{p}:{b.lineno} {b.fullname}") for p, b in functions if b.complexity > COMPLEXITY_LIMIT)
+    over = sorted(
+        (b.complexity, f"{p}:{b.lineno} {b.fullname}") for p, b in functions if b.complexity > COMPLEXITY_LIMIT
+    )
     share = len(over) / len(functions)
     worst = "\n".join(f"  {c} {name}" for c, name in reversed(over))
     assert share <= COMPLEX_SHARE_MAX, (

@@ -589,7 +589,8 @@ _SESSION_KEYS = ("session_id", "sessionId", "conversation_id", "conversationId",
 def _gemini_role(model: dict[str, Any]) -> str:
     """A model's role in a gemini run: `main` (the one that answered, or one with no roles), `router`, or
     its first role."""
-    roles = sorted(model.get("roles")) if isinstance(model.get("roles"), dict) else []
+    named = model.get("roles")
+    roles = sorted(named) if isinstance(named, dict) else []
     return "main" if "main" in roles or not roles else ("router" if any("router" in r for r in roles) else roles[0])
 
 

@@ -73,6 +73,20 @@ def _event(row: Any) -> Event:
     )
 
 
+def _check_page(since_offset: object, limit: object) -> None:
+    """INVALID_ARGUMENT unless the offset is a non-negative integer and the limit, if any, a positive one."""
+    if isinstance(since_offset, bool) or not isinstance(since_offset, int) or since_offset < 0:
+        from akm.codes import Code
+
+        raise UsageError(
+            f"event offset must be a non-negative integer, got {since_offset!r}", code=Code.INVALID_ARGUMENT
+        )
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        from akm.codes import Code
+
+        raise UsageError(f"event limit must be a positive integer, got {limit!r}", code=Code.INVALID_ARGUMENT)
+
+
 def list_events(
     db: Journal,
     run_id: str | None = None,
@@ -93,16 +107,7 @@ def list_events(
     future used to hand back offset 0) nor misses a later event (the newest id
     is read first and the page is bounded by it).
     """
-    if isinstance(since_offset, bool) or not isinstance(since_offset, int) or since_offset < 0:
-        from akm.codes import Code
-
-        raise UsageError(
-            f"event offset must be a non-negative integer, got {since_offset!r}", code=Code.INVALID_ARGUMENT
-        )
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        from akm.codes import Code
-
-        raise UsageError(f"event limit must be a positive integer, got {limit!r}", code=Code.INVALID_ARGUMENT)
+    _check_page(since_offset, limit)
     where = ["id > ?"]
     params: list[Any] = [since_offset]
     if run_id is not None:
