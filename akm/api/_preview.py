@@ -8,12 +8,13 @@ opened for reading only (and not at all when there is none yet), and the forecas
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from akm import paths
 from akm.api._args import _of, _work_dir
 from akm.api._request import _arguments
-from akm.api._runs import _continue_active, _resolve
+from akm.api._runs import _continue_active, _resolve, _Target
 from akm.views import BudgetPreview, RunPreview, RunWarning, StepPreview
 
 if TYPE_CHECKING:
@@ -50,34 +51,20 @@ def plan_run(
             "cwd": _of(str, "cwd", True),
         },
     )
-    from akm.engine.preview import forecast
-    from akm.plan.model import UNIT_HASH_VERSION
-    from akm.store import units as units_store
-
     work_dir = _work_dir(req.cwd).resolve()
     warnings: list[RunWarning] = []
     db = _open_for_reading()
     try:
         t = _resolve(db, req.target, req.params, req.param_flags, req.new, work_dir, warnings.append, req.from_run)
-        run = t.existing
-        if run is None and t.active is not None and t.wf_path is not None:
-            _continue_active(t.active, t.plan, t.wf_path, warnings.append)
-            run = t.active
-        if run is not None:
-            plan, values, spend, fc = _run_forecast(db, run)
-        else:
-            plan, values, spend = t.plan, t.values or {}, units_store.Spend(0, 0, 0.0, 0, 0)
-            fc = forecast(db, run_id=None, plan=plan, params=values, hash_version=UNIT_HASH_VERSION, reuse_from=t.donor)
+        run, (plan, values, spend, fc) = _forecast_target(db, t, warnings.append)
         today = _spent_today(db, plan, run.scope_key if run is not None else t.scope)
     finally:
         if db is not None:
             db.close()
-    from akm.engine.concurrency import plan_widths
     from akm.plan.engines import step_routes
 
     routes = {r.step_id: r.text for r in step_routes(plan)}
     steps = [StepPreview(**s.__dict__, runs_on=routes.get(s.id)) for s in fc.steps]
-    budget = plan.budget
     out = RunPreview(
         run_id=run.id if run is not None else None,
         from_run=(run.reuse_from if run is not None else t.donor),
@@ -92,14 +79,50 @@ def plan_run(
         for_agent=sum(s.for_agent for s in steps),
         budget=_budget_preview(plan, spend, today, to_run=sum(s.to_run for s in steps)),
         first=fc.first,
-        warnings=[w.message for w in warnings] + fc.warnings + [n for n in (w.note() for w in plan_widths(plan)) if n],
+        warnings=[w.message for w in warnings] + fc.warnings + _width_notes(plan),
     )
-    if budget and budget.max_units is not None and spend.attempts + out.to_run > budget.max_units:
-        out.warnings.append(
-            f"the budget's max_units ({budget.max_units}) would be passed: {spend.attempts} dispatched so far and "
-            f"{out.to_run} more to run"
-        )
+    passed = _max_units_passed(plan, spend.attempts, out.to_run)
+    if passed is not None:
+        out.warnings.append(passed)
     return out
+
+
+def _max_units_passed(plan: Plan, dispatched: int, to_run: int) -> str | None:
+    """The warning that running the rest would pass the budget's max_units, or None."""
+    budget = plan.budget
+    if budget and budget.max_units is not None and dispatched + to_run > budget.max_units:
+        return (
+            f"the budget's max_units ({budget.max_units}) would be passed: {dispatched} dispatched so far and "
+            f"{to_run} more to run"
+        )
+    return None
+
+
+def _width_notes(plan: Plan) -> list[str]:
+    """What the plan's step widths say worth noting (a width the engine will lower, say)."""
+    from akm.engine.concurrency import plan_widths
+
+    return [n for n in (w.note() for w in plan_widths(plan)) if n]
+
+
+def _forecast_target(
+    db: Journal, t: _Target, warn: Callable[[RunWarning], None]
+) -> tuple[Run | None, tuple[Plan, dict[str, Any], Spend, Forecast]]:
+    """The run the preview is of (an existing one, or the active run a new start would continue; None for a
+    new run) and its (plan, params, spend so far, forecast)."""
+    from akm.engine.preview import forecast
+    from akm.plan.model import UNIT_HASH_VERSION
+    from akm.store import units as units_store
+
+    run = t.existing
+    if run is None and t.active is not None and t.wf_path is not None:
+        _continue_active(t.active, t.plan, t.wf_path, warn)
+        run = t.active
+    if run is not None:
+        return run, _run_forecast(db, run)
+    plan, values, spend = t.plan, t.values or {}, units_store.Spend(0, 0, 0.0, 0, 0)
+    fc = forecast(db, run_id=None, plan=plan, params=values, hash_version=UNIT_HASH_VERSION, reuse_from=t.donor)
+    return None, (plan, values, spend, fc)
 
 
 def _spent_today(db: Journal | None, plan: Plan, scope: str | None) -> float | None:
