@@ -213,42 +213,50 @@ def decode_task_metadata(raw: str | dict[str, Any]) -> dict[str, Any]:
     if version is None:
         version = 1
     if _is_number(version) and version == 1:
-        unknown = sorted(k for k in parsed if k not in ("metadataVersion", "durationMs", "detail", "profile"))
-        if unknown:
-            raise _metadata_error(f"unknown v1 fields: {', '.join(unknown)}")
-        if "metadataVersion" in parsed and not (
-            _is_number(parsed["metadataVersion"]) and parsed["metadataVersion"] == 1
-        ):
-            raise _metadata_error("invalid v1 metadataVersion")
-        if "durationMs" in parsed and not _is_number(parsed["durationMs"]):
-            raise _metadata_error("durationMs must be a number")
-        if "profile" in parsed and not isinstance(parsed["profile"], str):
-            raise _metadata_error("profile must be a string")
-        _validate_detail(parsed.get("detail"))
-        out: dict[str, Any] = {"metadataVersion": 1}
-        if "durationMs" in parsed:
-            out["durationMs"] = parsed["durationMs"]
-        if parsed.get("detail") is not None:
-            out["detail"] = parsed["detail"]
-        if "profile" in parsed:
-            out["legacyProfile"] = parsed["profile"]
-        return out
+        return _task_metadata_v1(parsed)
     if _is_number(version) and version == 2:
-        unknown = sorted(k for k in parsed if k not in ("metadataVersion", "durationMs", "detail", "engine"))
-        if unknown:
-            raise _metadata_error(f"unknown v2 fields: {', '.join(unknown)}")
-        if not _is_number(parsed.get("durationMs")):
-            raise _metadata_error("durationMs must be a number")
-        if "detail" not in parsed:
-            raise _metadata_error("detail is required in v2")
-        if parsed.get("engine") is not None and not isinstance(parsed["engine"], str):
-            raise _metadata_error("engine must be a string or null")
-        _validate_detail(parsed["detail"])
-        out = {"metadataVersion": 2, "durationMs": parsed["durationMs"], "detail": parsed["detail"]}
-        if "engine" in parsed:
-            out["engine"] = parsed["engine"]
-        return out
+        return _task_metadata_v2(parsed)
     raise _metadata_error(f"unsupported metadataVersion: {_js_string(version)}")
+
+
+def _task_metadata_v1(parsed: dict[str, Any]) -> dict[str, Any]:
+    """v1 metadata checked field by field, `profile` renamed `legacyProfile`, a null detail left out."""
+    unknown = sorted(k for k in parsed if k not in ("metadataVersion", "durationMs", "detail", "profile"))
+    if unknown:
+        raise _metadata_error(f"unknown v1 fields: {', '.join(unknown)}")
+    if "metadataVersion" in parsed and not (_is_number(parsed["metadataVersion"]) and parsed["metadataVersion"] == 1):
+        raise _metadata_error("invalid v1 metadataVersion")
+    if "durationMs" in parsed and not _is_number(parsed["durationMs"]):
+        raise _metadata_error("durationMs must be a number")
+    if "profile" in parsed and not isinstance(parsed["profile"], str):
+        raise _metadata_error("profile must be a string")
+    _validate_detail(parsed.get("detail"))
+    out: dict[str, Any] = {"metadataVersion": 1}
+    if "durationMs" in parsed:
+        out["durationMs"] = parsed["durationMs"]
+    if parsed.get("detail") is not None:
+        out["detail"] = parsed["detail"]
+    if "profile" in parsed:
+        out["legacyProfile"] = parsed["profile"]
+    return out
+
+
+def _task_metadata_v2(parsed: dict[str, Any]) -> dict[str, Any]:
+    """v2 metadata: durationMs and detail required, engine a string or null."""
+    unknown = sorted(k for k in parsed if k not in ("metadataVersion", "durationMs", "detail", "engine"))
+    if unknown:
+        raise _metadata_error(f"unknown v2 fields: {', '.join(unknown)}")
+    if not _is_number(parsed.get("durationMs")):
+        raise _metadata_error("durationMs must be a number")
+    if "detail" not in parsed:
+        raise _metadata_error("detail is required in v2")
+    if parsed.get("engine") is not None and not isinstance(parsed["engine"], str):
+        raise _metadata_error("engine must be a string or null")
+    _validate_detail(parsed["detail"])
+    out: dict[str, Any] = {"metadataVersion": 2, "durationMs": parsed["durationMs"], "detail": parsed["detail"]}
+    if "engine" in parsed:
+        out["engine"] = parsed["engine"]
+    return out
 
 
 def _js_string(value: Any) -> str:
