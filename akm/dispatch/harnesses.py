@@ -408,53 +408,73 @@ def _build_codex(call: Call) -> Built:
     return Built(argv + ["-"], stdin=payload, schema_file=schema_file)  # `-`: read the prompt from stdin
 
 
-def _extract_codex(stdout: str, stderr: str = "") -> Extracted:
-    session = text = error = None
+@dataclass
+class _CodexRead:
+    """What `codex exec --json` said so far: its session, last answer, failure, and tokens and usage summed
+    over its turns."""
+
+    session: str | None = None
+    text: str | None = None
+    error: str | None = None
     tokens: int | None = None
     usage: dict[str, Any] | None = None
-    for ev in _jsonl(stdout):
+
+    def event(self, ev: dict[str, Any]) -> None:
         kind = ev.get("type")
         if kind == "thread.started" and ev.get("thread_id"):
-            session = session or str(ev["thread_id"])
+            self.session = self.session or str(ev["thread_id"])
         elif kind == "item.completed" and isinstance(ev.get("item"), dict):
-            item = ev["item"]
-            item_kind = item.get("type") or item.get("item_type")  # codex 0.4x tagged items `item_type`
-            if item_kind in ("agent_message", "assistant_message") and isinstance(item.get("text"), str):
-                text = item["text"]
+            self._item(ev["item"])
         elif kind == "turn.completed":
-            error = None  # a later completed turn supersedes an earlier stream error
-            u = json_object(ev.get("usage"))
-            tokens = _sum(tokens, token_count(u.get("input_tokens")), token_count(u.get("output_tokens")))
-            parts = _figures(
-                u,
-                input="input_tokens",
-                output="output_tokens",
-                reasoning="reasoning_output_tokens",
-                cacheRead="cached_input_tokens",
-                cacheWrite="cache_write_input_tokens",
-            )
-            usage = add_usage(usage, _usage(**parts))
+            self._turn(json_object(ev.get("usage")))
         elif kind == "turn.failed" or (kind == "error" and not str(ev.get("message", "")).startswith("Reconnecting")):
             err = json_object(ev.get("error")) or ev
-            error = str(err.get("message") or "codex reported a failure")
+            self.error = str(err.get("message") or "codex reported a failure")
         msg = ev.get("msg") if isinstance(ev.get("msg"), dict) else None  # the older exec --json shape
         if msg:
-            if msg.get("type") == "session_configured" and msg.get("session_id"):
-                session = session or str(msg["session_id"])
-            elif msg.get("type") == "agent_message" and isinstance(msg.get("message"), str):
-                text = msg["message"]
-            elif msg.get("type") == "task_complete" and isinstance(msg.get("last_agent_message"), str):
-                text = msg["last_agent_message"]
-    if text is None and session is None:
+            self._older(msg)
+
+    def _item(self, item: dict[str, Any]) -> None:
+        item_kind = item.get("type") or item.get("item_type")  # codex 0.4x tagged items `item_type`
+        if item_kind in ("agent_message", "assistant_message") and isinstance(item.get("text"), str):
+            self.text = item["text"]
+
+    def _turn(self, u: dict[str, Any]) -> None:
+        self.error = None  # a later completed turn supersedes an earlier stream error
+        self.tokens = _sum(self.tokens, token_count(u.get("input_tokens")), token_count(u.get("output_tokens")))
+        parts = _figures(
+            u,
+            input="input_tokens",
+            output="output_tokens",
+            reasoning="reasoning_output_tokens",
+            cacheRead="cached_input_tokens",
+            cacheWrite="cache_write_input_tokens",
+        )
+        self.usage = add_usage(self.usage, _usage(**parts))
+
+    def _older(self, msg: dict[str, Any]) -> None:
+        if msg.get("type") == "session_configured" and msg.get("session_id"):
+            self.session = self.session or str(msg["session_id"])
+        elif msg.get("type") == "agent_message" and isinstance(msg.get("message"), str):
+            self.text = msg["message"]
+        elif msg.get("type") == "task_complete" and isinstance(msg.get("last_agent_message"), str):
+            self.text = msg["last_agent_message"]
+
+
+def _extract_codex(stdout: str, stderr: str = "") -> Extracted:
+    read = _CodexRead()
+    for ev in _jsonl(stdout):
+        read.event(ev)
+    if read.text is None and read.session is None:
         return Extracted(stdout.strip(), parsed=False)
-    m = _CODEX_STATUS.search(error) if error else None
+    m = _CODEX_STATUS.search(read.error) if read.error else None
     return Extracted(
-        (text or "").strip(),
-        session_id=session,
-        tokens=tokens,
-        error=error,
+        (read.text or "").strip(),
+        session_id=read.session,
+        tokens=read.tokens,
+        error=read.error,
         api_status=int(m.group(1)) if m else None,
-        usage=usage,
+        usage=read.usage,
     )
 
 
