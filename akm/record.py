@@ -90,7 +90,7 @@ def _build(cls: type, frozen: bool, kw_only: bool) -> type:
         def __repr__(self: Any) -> str:
             return f"{type(self).__qualname__}({', '.join(f'{n}={getattr(self, n)!r}' for n in shown)})"
 
-        cls.__repr__ = __repr__  # type: ignore[method-assign]
+        cls.__repr__ = __repr__  # type: ignore[method-assign,assignment]  # built at runtime, as dataclasses does
     explicit_hash = "__hash__" in own and not (own["__hash__"] is None and "__eq__" in own)
     if "__eq__" not in own:
 
@@ -99,14 +99,14 @@ def _build(cls: type, frozen: bool, kw_only: bool) -> type:
                 return NotImplemented
             return all(getattr(self, n) == getattr(other, n) for n in names)
 
-        cls.__eq__ = __eq__  # type: ignore[method-assign]
+        cls.__eq__ = __eq__  # type: ignore[method-assign,assignment]  # built at runtime, as dataclasses does
     if not explicit_hash:
         if frozen:
 
             def __hash__(self: Any) -> int:
                 return hash(tuple(getattr(self, n) for n in names))
 
-            cls.__hash__ = __hash__  # type: ignore[method-assign]
+            cls.__hash__ = __hash__  # type: ignore[method-assign,assignment]  # built at runtime, as dataclasses does
         else:
             cls.__hash__ = None  # type: ignore[assignment]  # mutable and compared by value: unhashable
     if frozen:
@@ -117,8 +117,8 @@ def _build(cls: type, frozen: bool, kw_only: bool) -> type:
         def __delattr__(self: Any, name: str) -> None:
             raise FrozenInstanceError(f"cannot delete field {name!r}")
 
-        cls.__setattr__ = __setattr__  # type: ignore[method-assign]
-        cls.__delattr__ = __delattr__  # type: ignore[method-assign]
+        cls.__setattr__ = __setattr__  # type: ignore[method-assign,assignment]  # built at runtime, as dataclasses does
+        cls.__delattr__ = __delattr__  # type: ignore[method-assign,assignment]  # built at runtime, as dataclasses does
     return cls
 
 

@@ -1,22 +1,16 @@
 """The house rules, checked with every test run (and so by CI): formatted, linted, type-checked.
 
-`ruff format --check` and `ruff check` (E, F, I, B; pyproject.toml) must pass as they are. mypy runs on `akm/`
-against a baseline: the count of its errors may only go down (the baseline is lowered as they are fixed), so
-new code is type-clean while the old errors are paid off; the packages in STRICT_PACKAGES pass `mypy --strict`.
+`ruff format --check` and `ruff check` (E, F, I, B; pyproject.toml) must pass as they are. mypy passes on all
+of `akm/`, and the packages in STRICT_PACKAGES pass `mypy --strict`.
 """
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 
 from tests.helpers import ROOT
 
-# mypy's error count on akm/ when the check was introduced (148 at the review; 82 after the first fixes;
-# 73 after engine/apply.py and store/report_guards.py; 63 with the journal interface and the light YAML reader;
-# 39 with dispatch/ and store/ strict).
-MYPY_BASELINE = 38
 SOURCES = ["akm", "tests", "bench"]
 
 
@@ -34,20 +28,46 @@ def test_ruff_check_passes():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_mypy_errors_do_not_grow():
+def test_mypy_is_clean_on_akm():
+    """Plain mypy on all of `akm/`: no errors. (It was held to a baseline that could only go down while the old
+    errors were paid off: 148 at the review, 0 with issue 36 item 5.)"""
     proc = _tool("mypy", "akm")
-    found = re.search(r"Found (\d+) errors?", proc.stdout)
-    count = int(found.group(1)) if found else 0
-    assert found or "Success" in proc.stdout, proc.stdout + proc.stderr
-    assert count <= MYPY_BASELINE, f"mypy: {count} errors, baseline {MYPY_BASELINE}:\n{proc.stdout[-4000:]}"
+    assert proc.returncode == 0 and "Success" in proc.stdout, proc.stdout[-4000:] + proc.stderr
 
 
 # Packages held to `mypy --strict` (issue 36 item 5); each is added once it is clean, and stays clean.
-STRICT_PACKAGES = ["akm/dispatch", "akm/store"]
+STRICT_PACKAGES = ["akm/api", "akm/dispatch", "akm/engine", "akm/store"]
 
 
 def test_mypy_strict_on_the_core_packages():
     """Strict on the packages listed: every function typed, no `Any` leaking out as a return, generics
-    with their arguments. Imports outside them are followed silently (their errors count in the baseline)."""
+    with their arguments. Imports outside them are followed silently (plain mypy checks those)."""
     proc = _tool("mypy", "--strict", "--follow-imports=silent", *STRICT_PACKAGES)
     assert proc.returncode == 0 and "Success" in proc.stdout, proc.stdout[-4000:] + proc.stderr
+
+
+# Functions and methods over this cyclomatic complexity are hard to read and to test whole (issue 36 item 5).
+COMPLEXITY_LIMIT = 15
+# The share of them allowed in `akm/`: 4.4% at the issue's review, 3% the goal it set (httpx 0.5%, the MCP SDK 2%).
+COMPLEX_SHARE_MAX = 0.03
+
+
+def test_few_functions_are_over_complexity_15():
+    """radon's cyclomatic complexity (the measure the review used), counted over every function and method
+    radon lists in `akm/` (nested functions count toward the function around them, as radon does; classes are
+    not counted): at most 3% above 15. Split the function you made complex, by concern, not by lines."""
+    from radon.complexity import cc_visit
+
+    blocks = []
+    for path in sorted((ROOT / "akm").rglob("*.py")):  # cc_visit lists a class's methods after the class
+        for block in cc_visit(path.read_text(encoding="utf-8")):
+            blocks.append((path.relative_to(ROOT), block))
+    functions = [(p, b) for p, b in blocks if b.letter in ("F", "M")]
+    over = sorted(
+        (b.complexity, f"{p}:{b.lineno} {b.fullname}") for p, b in functions if b.complexity > COMPLEXITY_LIMIT
+    )
+    share = len(over) / len(functions)
+    worst = "\n".join(f"  {c} {name}" for c, name in reversed(over))
+    assert share <= COMPLEX_SHARE_MAX, (
+        f"{len(over)} of {len(functions)} functions ({share:.1%}) are over complexity {COMPLEXITY_LIMIT}:\n{worst}"
+    )

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from akm.errors import UsageError
-from akm.format.grammar import MAX_TIMEOUT_MS  # about 24 days: what a timer can hold everywhere
+from akm.format.grammar import MAX_TIMEOUT_MS as MAX_TIMEOUT_MS  # re-exported: about 24 days, what a timer holds
 from akm.text import quoted, whole_number
 
 

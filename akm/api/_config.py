@@ -39,11 +39,17 @@ def _public_config(data: Any) -> Any:
     return data
 
 
+def _public_mapping(data: dict[str, Any]) -> dict[str, Any]:
+    """`_public_config` of a whole config (a mapping in, a mapping out)."""
+    public: dict[str, Any] = _public_config(data)
+    return public
+
+
 def config_list(*, cwd: str | None = None) -> dict[str, Any]:
     """The effective config: the user file deep-merged under the project file (validated)."""
     from akm import config as cfg
 
-    return _public_config(cfg.load_config(cwd).merged)
+    return _public_mapping(cfg.load_config(cwd).merged)
 
 
 def config_get(key: str, *, cwd: str | None = None) -> Any:

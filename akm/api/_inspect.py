@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         RunIdRequest,
         StatusRequest,
     )
+    from akm.views import Catalog
 from akm.api._args import MAX_EVENT_LIMIT, MAX_PAGE, _of, _whole_number, _work_dir
 from akm.api._request import _arguments
 from akm.api._targets import _checked_target, _is_file, normalized_ref
@@ -126,26 +127,32 @@ def run_status(
     with _open_db(read_only=True) as db:
         view = _run_view(db, _require_run(db, req.run_id), with_units=req.units)
     if req.step is not None:
-        known = [s.id for s in view.steps or []]
-        if req.step not in known:
-            from akm.codes import Code
-
-            raise UsageError(
-                f"Run {view.run_id} has no step {req.step!r}; its steps are {', '.join(known)}.",
-                code=Code.STEP_NOT_FOUND,
-                details={"argument": "step", "steps": known},
-            )
-        view.steps = [s for s in view.steps or [] if s.id == req.step]
-        for r in view.rewinds or []:
-            r.steps = [s for s in r.steps if s.id == req.step]
-        if view.units is not None:
-            view.units = [u for u in view.units if u.step_id == req.step]
+        _narrow_to_step(view, req.step)
     if view.units is not None and (req.offset or req.limit is not None):
         view.units, view.units_page = page_of(view.units, req.offset, req.limit)
     return view
 
 
-def workflow_catalog(request: Any = None, /, *, cwd: str | None = None):
+def _narrow_to_step(view: RunView, step_id: str) -> None:
+    """Keep only `step_id` in the view: its step, its rows in the rewinds, its attempts (STEP_NOT_FOUND when
+    the run has no such step)."""
+    known = [s.id for s in view.steps or []]
+    if step_id not in known:
+        from akm.codes import Code
+
+        raise UsageError(
+            f"Run {view.run_id} has no step {step_id!r}; its steps are {', '.join(known)}.",
+            code=Code.STEP_NOT_FOUND,
+            details={"argument": "step", "steps": known},
+        )
+    view.steps = [s for s in view.steps or [] if s.id == step_id]
+    for r in view.rewinds or []:
+        r.steps = [s for s in r.steps if s.id == step_id]
+    if view.units is not None:
+        view.units = [u for u in view.units if u.step_id == step_id]
+
+
+def workflow_catalog(request: Any = None, /, *, cwd: str | None = None) -> Catalog:
     """The workflows the project of `cwd` can run by name (`workflows/<name>`): project first, then the
     user library, each with its description, steps and params (name, type, description, required, default)."""
     from akm.catalog import catalog

@@ -13,11 +13,12 @@ if TYPE_CHECKING:
         UpgradeRequest,
         UpgradeResult,
     )
+    from akm.format.lint import LintReport
 from akm.api._request import _arguments, _validated
 from akm.api._targets import _read_workflow_text
 
 
-def lint(paths_: list[str] | LintRequest):
+def lint(paths_: list[str] | LintRequest) -> LintReport:
     """Lint files or directories; returns a `LintReport` (see akm.format.lint)."""
     from akm.format.lint import lint_paths
 
@@ -49,25 +50,26 @@ def upgrade(path: str | UpgradeRequest, *, write: bool = False) -> UpgradeResult
     from akm.format.upgrade import detect_legacy, upgrade_legacy
 
     req = _validated("UpgradeRequest", path, {"path": path, "write": write})
-    path, write = req.path, req.write
-    text = _read_workflow_text(Path(path))
+    file: str = req.path
+    write = req.write
+    text = _read_workflow_text(Path(file))
     if detect_legacy(text) is None:
         from akm.codes import Code
 
-        raise UsageError(f"{path} is not in the legacy workflow format; nothing to upgrade.", code=Code.NOT_LEGACY)
+        raise UsageError(f"{file} is not in the legacy workflow format; nothing to upgrade.", code=Code.NOT_LEGACY)
     new_text = upgrade_legacy(text)
-    report = lint_text(new_text, path)
+    report = lint_text(new_text, file)
     errors = [e.model_dump() for e in report.errors]  # a Diagnostic's dump omits its empty fields
     if write:
         if errors:
             from akm.codes import Code
 
             raise UsageError(
-                f"The upgraded {path} would still have {len(errors)} lint error(s); not written.",
+                f"The upgraded {file} would still have {len(errors)} lint error(s); not written.",
                 code=Code.UPGRADE_FAILED,
                 details={"errors": errors},
             )
-        Path(path).write_text(new_text, encoding="utf-8")
+        Path(file).write_text(new_text, encoding="utf-8")
     from akm.api._models import UpgradeResult
 
-    return UpgradeResult(path=path, written=write, text=new_text, ok=not errors, errors=errors)
+    return UpgradeResult(path=file, written=write, text=new_text, ok=not errors, errors=errors)

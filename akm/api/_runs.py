@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from akm.api._models import (
         RunRequest,
     )
+    from akm.plan.model import Plan
+    from akm.store.journal import Journal
+    from akm.store.runs import Run
 from akm.api._args import _RUN_ID, _duration_ms, _of, _whole_number, _work_dir, parse_duration_ms
 from akm.api._request import _arguments
 from akm.api._run_ids import is_run_reference, resolve_run_id
@@ -95,7 +98,9 @@ def run_workflow(
             "workers": _of(bool, "workers"),
         },
     )
-    target, params, param_pairs, max_steps, new = req.target, req.params, req.param_flags, req.max_steps, req.new
+    params, param_pairs, new = req.params, req.param_flags, req.new
+    run_target: str = req.target
+    step_limit: int | None = req.max_steps
     timeout_ms = req.timeout
     runs_store.lease_ttl_s()  # a bad AKM_LEASE_TTL_S is refused before anything is written (INVALID_ENV)
     work_dir = _work_dir(req.cwd).resolve()
@@ -117,7 +122,7 @@ def run_workflow(
             on_warning(w)
 
     try:
-        run_id, started, existing = _open(db, target, params, param_pairs, new, work_dir, warn, req.from_run)
+        run_id, started, existing = _open(db, run_target, params, param_pairs, new, work_dir, warn, req.from_run)
         tracing = _tracing(db, run_id, started, work_dir)
         timer = None
         if timeout_ms is not None:
@@ -141,7 +146,7 @@ def run_workflow(
                 opts = DriveOptions(
                     work_dir=root,
                     project_root=root,
-                    max_steps=max_steps,
+                    max_steps=step_limit,
                     cancel=cancel,
                     on_progress=_progress_relay(on_progress),
                     on_warning=lambda message: warn(RunWarning(code="ENGINE", message=message)),
@@ -158,7 +163,7 @@ def run_workflow(
             export_ended(
                 db, run_id, tracing[1], tracing[2], lambda message: warn(RunWarning(code="TELEMETRY", message=message))
             )
-        run = runs_store.get_run(db, run_id)
+        run = runs_store.require_run(db, run_id)  # a run deleted meanwhile is "not found", not a traceback
         result = RunResult(
             run=_run_view(db, run),
             executed=driven.executed,
@@ -410,36 +415,15 @@ def _resolve(
 ) -> _Target:
     """Which run `target` names, read-only (`db` None: there is no journal yet). `start_guard`: start the
     units' guardian early (a run is about to be driven)."""
-    from akm.store import runs as runs_store
-
-    existing = runs_store.get_run(db, target) if db is not None and _RUN_ID.match(target) else None
-    if existing is None and db is not None and is_run_reference(target) and not _is_file(work_dir / target, target):
-        # `@last`, or the first characters of a run id (no file has that name): the run it names, if any
-        existing = runs_store.get_run(db, resolve_run_id(db, target, work_dir))
+    existing = _named_run(db, target, work_dir)
     donor = _donor(db, from_run, existing is not None, warn) if from_run is not None else None
     if existing is not None:
-        if param_pairs or params:
-            from akm.codes import Code
-
-            raise UsageError(
-                "Params can only be given when starting a run from a workflow, not with a run id.",
-                code=Code.PARAMS_ON_EXISTING_RUN,
-            )
-        if new:
-            from akm.codes import Code
-
-            raise UsageError(
-                f"{target} is a run id; a new run starts from a workflow file or ref.", code=Code.NEW_RUN_NEEDS_WORKFLOW
-            )
+        _refuse_workflow_arguments(target, params, param_pairs, new)
         return _Target(existing=existing)
     wf_path, ref = resolve_workflow_file(target, work_dir)
     plan, lint_warnings = compile_workflow_file(wf_path, cwd=work_dir)
-    if start_guard and any(s.unit_template is not None and s.unit_template.is_exec for s in plan.steps):
-        from akm.dispatch import guard
-
-        # The units' guardian is an interpreter of its own that every unit's spawn needs: started
-        # now, its start-up overlaps the engine's (one core is idle here) instead of the units'.
-        guard.token()
+    if start_guard:
+        _start_guardian(plan)
     for w in lint_warnings:
         warn(w)
     from akm.format.params import check_params, coerce_params
@@ -457,8 +441,48 @@ def _resolve(
     return _Target(None, wf_path, ref, plan, values, scopes[0], active, donor)
 
 
+def _start_guardian(plan: Plan) -> None:
+    """Start the units' guardian when the plan has command units. It is an interpreter of its own that every
+    unit's spawn needs: started now, its start-up overlaps the engine's (one core is idle here) instead of the
+    units'."""
+    if any(s.unit_template is not None and s.unit_template.is_exec for s in plan.steps):
+        from akm.dispatch import guard
+
+        guard.token()
+
+
+def _named_run(db: Journal | None, target: str, work_dir: Path) -> Run | None:
+    """The journaled run `target` names — a whole run id, `@last`, or the first characters of a run id that
+    no file has as its name — or None (a workflow, or no journal yet)."""
+    from akm.store import runs as runs_store
+
+    if db is None:
+        return None
+    existing = runs_store.get_run(db, target) if _RUN_ID.match(target) else None
+    if existing is None and is_run_reference(target) and not _is_file(work_dir / target, target):
+        existing = runs_store.get_run(db, resolve_run_id(db, target, work_dir))
+    return existing
+
+
+def _refuse_workflow_arguments(
+    target: str, params: dict[str, Any] | None, param_pairs: list[Any] | None, new: bool
+) -> None:
+    """Params and `new` start a run from a workflow: refused with a run id."""
+    from akm.codes import Code
+
+    if param_pairs or params:
+        raise UsageError(
+            "Params can only be given when starting a run from a workflow, not with a run id.",
+            code=Code.PARAMS_ON_EXISTING_RUN,
+        )
+    if new:
+        raise UsageError(
+            f"{target} is a run id; a new run starts from a workflow file or ref.", code=Code.NEW_RUN_NEEDS_WORKFLOW
+        )
+
+
 def _open(
-    db,
+    db: Journal,
     target: str,
     params: dict[str, Any] | None,
     param_pairs: list[Any] | None,
@@ -602,7 +626,7 @@ def _progress_relay(on_progress: Callable[[ProgressEvent], None] | None) -> Call
     return relay
 
 
-def _continue_active(active, plan, wf_path: Path, warn: Callable[[RunWarning], None]) -> str:
+def _continue_active(active: Run, plan: Plan, wf_path: Path, warn: Callable[[RunWarning], None]) -> str:
     """Continue a drivable run of this workflow with these params — with the plan it froze."""
     if active.plan_hash != plan.plan_hash():
         warn(

@@ -14,7 +14,10 @@ if TYPE_CHECKING:
     from akm.api._models import (
         SetupResult,
     )
-from akm.api._config import _public_config
+    from akm.setup.core import Recommendation
+    from akm.setup.detect import Detection
+    from akm.setup.verify import Verification
+from akm.api._config import _public_mapping
 
 # ================================================================== setup (`akm setup`, MCP `setup`)
 # Setup issue: thin wrappers over akm.setup. The wizard (akm/setup/wizard.py) is the CLI's interactive
@@ -80,7 +83,7 @@ def setup_preflight(*, cwd: str | None = None) -> None:
     core.preflight(cwd)
 
 
-def setup_detect(*, cwd: str | None = None):
+def setup_detect(*, cwd: str | None = None) -> Detection:
     """What this machine has (servers, agent CLIs, harness configs, key variable names). Read-only."""
     from akm.setup.detect import detect
 
@@ -88,8 +91,12 @@ def setup_detect(*, cwd: str | None = None):
 
 
 def setup_recommend(
-    detection: Any, *, cwd: str | None = None, project: bool = False, on_warning: Callable[[str], None] | None = None
-):
+    detection: Detection,
+    *,
+    cwd: str | None = None,
+    project: bool = False,
+    on_warning: Callable[[str], None] | None = None,
+) -> Recommendation:
     """What `--yes` would write given `detection` (verifies the chosen server)."""
     from akm.setup import core
 
@@ -102,7 +109,7 @@ def setup_current(*, cwd: str | None = None) -> dict[str, Any]:
     from akm.setup import core
 
     merged, _ = core.effective_after(core.SetupIntent(judge="keep"), cwd, False)
-    return _public_config(merged)
+    return _public_mapping(merged)
 
 
 def setup_preview(intent: Any, *, cwd: str | None = None, project: bool = False) -> list[str]:
@@ -113,7 +120,7 @@ def setup_preview(intent: Any, *, cwd: str | None = None, project: bool = False)
     return core.can_run(merged)
 
 
-def setup_verify(endpoint: str, model: str, api_key_env: str | None = None):
+def setup_verify(endpoint: str, model: str, api_key_env: str | None = None) -> Verification:
     """One 1-token chat request against an endpoint (key read from `$api_key_env` for the header only)."""
     from akm.setup.verify import verify_endpoint
 

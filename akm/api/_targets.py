@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from akm import paths
 from akm.api._args import MAX_TARGET_CHARS
@@ -13,6 +14,9 @@ from akm.errors import NotFoundError, UsageError
 from akm.views import (
     RunWarning,
 )
+
+if TYPE_CHECKING:
+    from akm.plan.model import Plan
 
 
 def _read_workflow_text(path: Path) -> str:
@@ -142,7 +146,7 @@ def _is_file(path: Path, target: str) -> bool:
         ) from None
 
 
-def compile_workflow_file(path: Path, *, cwd: Path | None = None):
+def compile_workflow_file(path: Path, *, cwd: Path | None = None) -> tuple[Plan, list[RunWarning]]:
     """Parse + lint + compile a workflow file to a frozen plan, or raise with every problem listed.
 
     Engines are frozen from the config of the project `cwd` is in (none read when no config file exists).

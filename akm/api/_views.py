@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from akm import paths
 from akm.errors import AkmError
@@ -20,10 +20,14 @@ from akm.views import (
     UnitView,
 )
 
+if TYPE_CHECKING:
+    from akm.store.journal import Journal
+    from akm.store.runs import Run
+
 STALE_AFTER_S = 90.0
 
 
-def _open_db(*, read_only: bool = False):
+def _open_db(*, read_only: bool = False) -> Journal:
     """The journal. `read_only` (the read commands): when it cannot be opened for writing — a read-only
     directory or mount — it is read as it is instead (`akm.store.open_db_read_only`)."""
     from akm.errors import JournalError
@@ -98,7 +102,7 @@ def _object_or_none(text: str | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _params_view(run) -> dict[str, Any] | None:
+def _params_view(run: Run) -> dict[str, Any] | None:
     """The run's params for display; null when the stored record is not a JSON object.
 
     A damaged row must stay listable (one bad row must not break `workflow list`
@@ -108,7 +112,7 @@ def _params_view(run) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _routes(run) -> dict[str, str]:
+def _routes(run: Run) -> dict[str, str]:
     """Each step's `runs_on` words from the run's frozen plan ({} for a plan this akm cannot read)."""
     from akm.plan.engines import step_routes
     from akm.plan.model import Plan
@@ -120,10 +124,8 @@ def _routes(run) -> dict[str, str]:
         return {}  # a damaged plan: status still shows the journal (driving it is refused elsewhere)
 
 
-def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> RunView:
-    from akm.store import rewinds as rewinds_store
+def _run_view(db: Journal, run: Run, *, with_steps: bool = True, with_units: bool = False) -> RunView:
     from akm.store import runs as runs_store
-    from akm.store import units as units_store
 
     # Only a drivable run has a driver worth naming; an abandoned run's lease columns are forensic.
     lease = runs_store.read_lease(db, run.id) if run.drivable else None
@@ -142,53 +144,67 @@ def _run_view(db, run, *, with_steps: bool = True, with_units: bool = False) -> 
         awaiting=_awaiting(db, run) if run.status == "awaiting_session" and with_steps else None,
     )
     if with_steps:
-        view.steps = []
-        routes = _routes(run)
-        tallies = units_store.step_tallies(db, run.id)
-        reused = units_store.reused_counts(db, run.id)
-        for s in runs_store.get_steps(db, run.id):
-            ev = _json_or_none(s.evidence_json)
-            output = ev.get("output") if isinstance(ev, dict) else None
-            cut = ev.get("truncatedUnits") if isinstance(ev, dict) else None
-            status = s.status
-            if status == "pending" and lease is not None and s.step_id == run.current_step_id:
-                status = "running"  # a live driver holds the run and works on this step right now
-            tally = tallies.get(s.step_id)
-            view.steps.append(
-                StepView(
-                    id=s.step_id,
-                    status=status,
-                    output=output,
-                    summary=s.summary,
-                    notes=s.notes,
-                    runs_on=routes.get(s.step_id),
-                    unit_count=tally.units if tally else 0,
-                    attempts=tally.attempts if tally else 0,
-                    gate_loops=tally.gate_loops if tally else 0,
-                    truncated_units=len(cut) if isinstance(cut, list) else 0,
-                    reused_units=reused.get(s.step_id, 0),
-                )
-            )
-            if run.status == "completed" and s.status == "completed" and output is not None:
-                view.output, view.output_step_id = output, s.step_id
-        view.rewinds = _rewinds_view(db, run.id)
-        view.spend = _spend_view(db, run)
-        if run.status in ("failed", "blocked", "abandoned"):
-            from akm.engine.recovery import recovery
-
-            view.recovery = recovery(db, run)
+        _fill_steps(db, run, view, lease_held=lease is not None)
     if with_units:
-        # D8: a running unit whose last sign of life (heartbeat, else start) is older than
-        # STALE_AFTER_S is stale — its driver is probably gone. The engine heartbeats
-        # running units, so a long healthy unit is never reported stale. Compared on the
-        # journal's clock, the one those stamps were written on.
-        cutoff = db.now(-STALE_AFTER_S)
-        view.units = [_unit_view(u, cutoff) for u in units_store.get_units(db, run.id)]
-        # The rows rewinds superseded stay visible, each marked with its rewind (after the rows in force).
-        view.units += [
-            _unit_view(h.unit, cutoff, superseded_by=h.rewind_id) for h in rewinds_store.superseded_units(db, run.id)
-        ]
+        view.units = _units_view(db, run)
     return view
+
+
+def _fill_steps(db: Journal, run: Run, view: RunView, *, lease_held: bool) -> None:
+    """The run's steps (with the run's output), rewinds, spend and — for a stopped run — the way on."""
+    from akm.store import runs as runs_store
+    from akm.store import units as units_store
+
+    view.steps = []
+    routes = _routes(run)
+    tallies = units_store.step_tallies(db, run.id)
+    reused = units_store.reused_counts(db, run.id)
+    for s in runs_store.get_steps(db, run.id):
+        ev = _json_or_none(s.evidence_json)
+        output = ev.get("output") if isinstance(ev, dict) else None
+        cut = ev.get("truncatedUnits") if isinstance(ev, dict) else None
+        status = s.status
+        if status == "pending" and lease_held and s.step_id == run.current_step_id:
+            status = "running"  # a live driver holds the run and works on this step right now
+        tally = tallies.get(s.step_id)
+        view.steps.append(
+            StepView(
+                id=s.step_id,
+                status=status,
+                output=output,
+                summary=s.summary,
+                notes=s.notes,
+                runs_on=routes.get(s.step_id),
+                unit_count=tally.units if tally else 0,
+                attempts=tally.attempts if tally else 0,
+                gate_loops=tally.gate_loops if tally else 0,
+                truncated_units=len(cut) if isinstance(cut, list) else 0,
+                reused_units=reused.get(s.step_id, 0),
+            )
+        )
+        if run.status == "completed" and s.status == "completed" and output is not None:
+            view.output, view.output_step_id = output, s.step_id
+    view.rewinds = _rewinds_view(db, run.id)
+    view.spend = _spend_view(db, run)
+    if run.status in ("failed", "blocked", "abandoned"):
+        from akm.engine.recovery import recovery
+
+        view.recovery = recovery(db, run)
+
+
+def _units_view(db: Journal, run: Run) -> list[UnitView]:
+    """The run's unit rows in force, then the rows rewinds superseded, each marked with its rewind.
+
+    D8: a running unit whose last sign of life (heartbeat, else start) is older than STALE_AFTER_S is stale —
+    its driver is probably gone. The engine heartbeats running units, so a long healthy unit is never reported
+    stale. Compared on the journal's clock, the one those stamps were written on."""
+    from akm.store import rewinds as rewinds_store
+    from akm.store import units as units_store
+
+    cutoff = db.now(-STALE_AFTER_S)
+    units = [_unit_view(u, cutoff) for u in units_store.get_units(db, run.id)]
+    units += [_unit_view(h.unit, cutoff, superseded_by=h.rewind_id) for h in rewinds_store.superseded_units(db, run.id)]
+    return units
 
 
 def _unit_view(u: Any, cutoff: str, superseded_by: str | None = None) -> UnitView:
@@ -294,7 +310,7 @@ def rewind_view(r: Any, steps: list[StepView] | None = None) -> RewindView:
     )
 
 
-def _awaiting(db, run) -> dict[str, Any] | None:
+def _awaiting(db: Journal, run: Run) -> dict[str, Any] | None:
     """The live brief of a run parked for the calling agent (computed from the journal, never stale)."""
     from akm.api._briefs import brief_json
     from akm.engine import briefs
@@ -305,7 +321,7 @@ def _awaiting(db, run) -> dict[str, Any] | None:
         return _object_or_none(run.status_detail_json)
 
 
-def _require_run(db, run_id: str, cwd: Path | None = None):
+def _require_run(db: Journal, run_id: str, cwd: Path | None = None) -> Run:
     """The run a caller names: a whole id, a unique prefix, or `@last` of `cwd`'s project (`_run_ids`)."""
     from akm.api._run_ids import resolve_run_id
     from akm.store import runs as runs_store

@@ -133,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = _build_parser()
         args = parser.parse_args(argv)
         if args.command is None or (args.command == "workflow" and args.action is None):
-            (parser if args.command is None else parser.workflow_parser).print_help(sys.stderr)
+            (parser if args.command is None else args.workflow_parser).print_help(sys.stderr)
             return EXIT_USAGE
         if args.command == "log":
             return commands._cmd_log(args)

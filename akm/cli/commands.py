@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import argparse
 
+    from akm.api import ConfigChange
+
 from akm.cli.render import _emit_json, _err, _out, _render_brief_text, _render_setup_text
 from akm.errors import EXIT_USAGE, AkmError, UsageError
 
@@ -50,17 +52,21 @@ def _cmd_config(args: "argparse.Namespace") -> int:
         raise
     for warning in change.to_json().get("warnings") or []:
         _err(f"warning: {warning}")
-    if args.silent:
-        return 0
+    if not args.silent:
+        _print_config_change(args, change)
+    return 0
+
+
+def _print_config_change(args: "argparse.Namespace", change: "ConfigChange") -> None:
+    """What `config set`/`config unset` did: the change as JSON, or a line (unchanged, the new value, removed)."""
     if args.format == "json":
         _emit_json(change.to_json())
     elif not change.written:
         _out(f"{change.key}: unchanged ({change.file})")
-    elif action == "set":
+    elif args.config_action == "set":
         _out(f"{change.key} = {json.dumps(change.value, ensure_ascii=False)}  ({change.file})")
     else:
         _out(f"{change.key} removed  ({change.file})")
-    return 0
 
 
 def _cmd_setup(args: "argparse.Namespace") -> int:
@@ -217,7 +223,7 @@ def _cmd_run(tokens: list[str]) -> int:
     if ra.controls.get("quiet"):
         show_progress = False
 
-    reasons = {signal.SIGINT: "sigint", signal.SIGTERM: "sigterm", signal.SIGHUP: "sighup"}
+    reasons: dict[int, str] = {signal.SIGINT: "sigint", signal.SIGTERM: "sigterm", signal.SIGHUP: "sighup"}
 
     def on_signal(signum: int, _frame: Any) -> None:
         cancel.trip(reasons[signum])
@@ -308,7 +314,7 @@ def _run_help(tokens: list[str]) -> int:
     except UsageError:  # half-typed params after the target: the target is still the first word
         target = tokens[0] if tokens and not tokens[0].startswith("-") else None
     entry = api.describe_workflow(target) if target is not None else None
-    if entry is None:
+    if entry is None or target is None:
         _out(_RUN_HELP)  # no workflow named, or a run (whose params are fixed)
         return 0
     _out(render.workflow_help(entry.to_json(), target))

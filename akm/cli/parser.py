@@ -107,7 +107,7 @@ def _build_parser() -> "argparse.ArgumentParser":
         help="lint, run and inspect workflows",
         description="Lint, run and inspect workflows. `akm workflow ACTION --help` for each action.",
     )
-    p.workflow_parser = wf  # type: ignore[attr-defined]
+    wf.set_defaults(workflow_parser=wf)  # what a bare `akm workflow` prints the help of
     # answered before parsing (`akm.cli.main`): the protocol owns the streams; listed here for `akm --help`
     sub.add_parser(
         "mcp",

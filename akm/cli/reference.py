@@ -46,31 +46,41 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def _section(prog: str, summary: str, parser: argparse.ArgumentParser) -> list[str]:
-    lines = [f"## `{prog}`", ""]
-    own = _OWN_HELP.get(prog)
-    if own is not None:
-        return lines + ["```text", own.rstrip("\n"), "```", ""]
+def _description(parser: argparse.ArgumentParser, summary: str) -> list[str]:
+    """The command's description (else its summary): as written when the parser keeps its layout, else joined."""
     description = parser.description or summary
-    if description:
-        if parser.formatter_class is argparse.RawDescriptionHelpFormatter:
-            lines += ["```text", description.rstrip("\n"), "```"]
-        else:
-            lines.append(" ".join(description.split()))
-        lines.append("")
+    if not description:
+        return []
+    if parser.formatter_class is argparse.RawDescriptionHelpFormatter:
+        return ["```text", description.rstrip("\n"), "```", ""]
+    return [" ".join(description.split()), ""]
+
+
+def _argument_table(parser: argparse.ArgumentParser) -> list[str]:
+    """A row per argument the help shows (a required option says so), or nothing when it takes none."""
     rows = [
         (a, a.help or "")
         for a in parser._actions
         if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) and a.help != argparse.SUPPRESS
     ]
+    if not rows:
+        return []
+    lines = ["| argument | meaning |", "|---|---|"]
+    for action, text in rows:
+        if action.required and action.option_strings:
+            text += " (required)"
+        lines.append(f"| `{_cell(_argument(action))}` | {_cell(text)} |")
+    return lines + [""]
+
+
+def _section(prog: str, summary: str, parser: argparse.ArgumentParser) -> list[str]:
+    lines = [f"## `{prog}`", ""]
+    own = _OWN_HELP.get(prog)
+    if own is not None:
+        return lines + ["```text", own.rstrip("\n"), "```", ""]
+    lines += _description(parser, summary)
+    lines += _argument_table(parser)
     subs = _subcommands(parser)
-    if rows:
-        lines += ["| argument | meaning |", "|---|---|"]
-        for action, text in rows:
-            if action.required and action.option_strings:
-                text += " (required)"
-            lines.append(f"| `{_cell(_argument(action))}` | {_cell(text)} |")
-        lines.append("")
     if subs:
         lines += ["| command | what it does |", "|---|---|"]
         lines += [f"| [`{prog} {name}`](#{_anchor(f'{prog} {name}')}) | {_cell(text)} |" for name, text, _ in subs]

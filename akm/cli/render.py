@@ -87,13 +87,38 @@ def _truncation_note(step: dict[str, Any]) -> str:
 
 
 def run_text(view: dict[str, Any]) -> str:
-    lines = [f"run {view['runId']}  {view['status']}  ({view['workflow']})"]
+    """A run as `workflow status` prints it: its head, steps, units, spend, the way on, rewinds, what the
+    calling agent is asked for and the result. Long values are clipped, and the last line then says where
+    to read them whole."""
+    lines: list[str] = []
+    clipped_any = _head_lines(view, lines)
+    clipped_any = _step_lines(view.get("steps") or [], lines) or clipped_any
+    lines.extend(_unit_line(u) for u in view.get("units") or [])
+    spend = view.get("spend") or {}
+    if _has_spend(spend):
+        lines.append(_spend_line(spend))
+    rec = view.get("recovery")
+    if rec:
+        why = str(rec.get("why") or "")
+        lines.append(f"to go on: {remedy_command(rec, view['runId'])}")
+        lines.append(f"  ({why})")
+    clipped_any = _rewind_lines(view, lines) or clipped_any
+    _awaiting_lines(view, lines)
+    clipped_any = _result_lines(view, lines) or clipped_any
+    if clipped_any:
+        lines.append(
+            f"(long params and outputs clipped; all of them: akm workflow status {view['runId']} --format json)"
+        )
+    return "\n".join(lines)
+
+
+def _head_lines(view: dict[str, Any], lines: list[str]) -> bool:
+    """The run's id, status and workflow, its params, current step and driver; whether params were clipped."""
+    lines.append(f"run {view['runId']}  {view['status']}  ({view['workflow']})")
+    clipped = False
     if view.get("params"):
         text, clipped = _params_text(view["params"])
-        clipped_any = clipped
         lines.append(f"params: {text}")
-    else:
-        clipped_any = False
     if view.get("currentStepId") and view["status"] != "completed":
         lines.append(f"current step: {view['currentStepId']}")
     lease = view.get("engineLease")
@@ -101,27 +126,20 @@ def run_text(view: dict[str, Any]) -> str:
         lines.append(
             f"driven by {lease['holder']} (host {lease.get('host')}, pid {lease.get('pid')}) until {lease['until']}"
         )
-    width = max((len(s["id"]) for s in view.get("steps") or []), default=0)
-    for s in view.get("steps") or []:
+    return clipped
+
+
+def _step_lines(steps: list[dict[str, Any]], lines: list[str]) -> bool:
+    """A line per step (a failure's cause in full, a completed step's output below it); whether any was clipped."""
+    clipped_any = False
+    width = max((len(s["id"]) for s in steps), default=0)
+    for s in steps:
         head = f"  {s['status']:<10} {s['id']:<{width}}"
-        notes = (s.get("notes") or "").strip()
-        summary = (s.get("summary") or "").strip()
         if s["status"] in ("failed", "blocked"):
-            # the cause of a failure is the one thing a user must see in full
-            lines.append(head + (f"  — {_tally(s)}" if s.get("unitCount") else ""))
-            lines.extend(f"             {line}" for line in (notes or summary).splitlines())
+            lines.extend(_stopped_step_lines(s, head))
             continue
-        if s.get("unitCount"):
-            detail = _tally(s)
-            if "Failed:" in summary:  # units failed under on_error: continue — say so
-                detail += "; " + summary.splitlines()[0]
-            detail += _truncation_note(s)
-        else:
-            detail = (summary or notes).splitlines()[0] if (summary or notes) else ""
-        if len(detail) > _STEP_CLIP[1]:
-            detail, clipped_any = detail[: _STEP_CLIP[1]].rstrip() + " …", True
-        if not detail and s["status"] in ("pending", "running") and s.get("runsOn"):
-            detail = f"on {s['runsOn']}"  # what is still to run: where it goes
+        detail, clipped = _step_detail(s)
+        clipped_any = clipped_any or clipped
         lines.append(head + (f"  — {detail}" if detail else ""))
         if s["status"] == "completed" and s.get("output") is not None:
             text, clipped = _clip(_value_text(s["output"]), _STEP_CLIP)
@@ -129,36 +147,71 @@ def run_text(view: dict[str, Any]) -> str:
             first, *rest = text.splitlines() or [""]
             lines.append(f"             → {first}")
             lines.extend(f"               {line}" for line in rest)
-    for u in view.get("units") or []:
-        extra = f" ({u['failureReason']})" if u.get("failureReason") else ""
-        if u.get("truncated"):
-            extra += " (output truncated at the capture cap)"
-        if u.get("stale"):
-            extra += " STALE: no heartbeat for 90 s, its driver is probably gone"
-        if u.get("reusedFrom"):
-            extra += f" (reused from {u['reusedFrom'].get('unitId')} of run {u['reusedFrom'].get('runId')})"
-        if u.get("supersededBy"):
-            extra += f" (superseded by rewind {u['supersededBy']})"
-        lines.append(
-            f"    {'gate' if u.get('phase') == 'gate' else 'unit'} {u['unitId']}: {u['status']}{extra}, "
-            f"attempts {u['attempts']}"
-            + (f", host {u['host']}" if u.get("host") else "")
-            + (f", engine {u['engine']}" if u.get("engine") else "")
-            + (f", session {u['sessionId']}" if u.get("sessionId") else "")
-            + (f", {dollars(u['cost'])}" if u.get("cost") is not None else "")
-        )
-    spend = view.get("spend") or {}
-    if (
+    return clipped_any
+
+
+def _stopped_step_lines(s: dict[str, Any], head: str) -> list[str]:
+    """A failed or blocked step: its cause, the one thing a user must see in full, below its line."""
+    notes = (s.get("notes") or "").strip()
+    summary = (s.get("summary") or "").strip()
+    return [head + (f"  — {_tally(s)}" if s.get("unitCount") else "")] + [
+        f"             {line}" for line in (notes or summary).splitlines()
+    ]
+
+
+def _step_detail(s: dict[str, Any]) -> tuple[str, bool]:
+    """What follows a step's status on its line: its unit tally (and tolerated failures, a cut output), else
+    the first line of its summary, else where a step still to run goes; whether it was clipped."""
+    notes = (s.get("notes") or "").strip()
+    summary = (s.get("summary") or "").strip()
+    if s.get("unitCount"):
+        detail = _tally(s)
+        if "Failed:" in summary:  # units failed under on_error: continue — say so
+            detail += "; " + summary.splitlines()[0]
+        detail += _truncation_note(s)
+    else:
+        detail = (summary or notes).splitlines()[0] if (summary or notes) else ""
+    clipped = False
+    if len(detail) > _STEP_CLIP[1]:
+        detail, clipped = detail[: _STEP_CLIP[1]].rstrip() + " …", True
+    if not detail and s["status"] in ("pending", "running") and s.get("runsOn"):
+        detail = f"on {s['runsOn']}"  # what is still to run: where it goes
+    return detail, clipped
+
+
+def _unit_line(u: dict[str, Any]) -> str:
+    """One unit or gate row of `--units`: status, what is unusual about it, attempts, where and what it cost."""
+    extra = f" ({u['failureReason']})" if u.get("failureReason") else ""
+    if u.get("truncated"):
+        extra += " (output truncated at the capture cap)"
+    if u.get("stale"):
+        extra += " STALE: no heartbeat for 90 s, its driver is probably gone"
+    if u.get("reusedFrom"):
+        extra += f" (reused from {u['reusedFrom'].get('unitId')} of run {u['reusedFrom'].get('runId')})"
+    if u.get("supersededBy"):
+        extra += f" (superseded by rewind {u['supersededBy']})"
+    return (
+        f"    {'gate' if u.get('phase') == 'gate' else 'unit'} {u['unitId']}: {u['status']}{extra}, "
+        f"attempts {u['attempts']}"
+        + (f", host {u['host']}" if u.get("host") else "")
+        + (f", engine {u['engine']}" if u.get("engine") else "")
+        + (f", session {u['sessionId']}" if u.get("sessionId") else "")
+        + (f", {dollars(u['cost'])}" if u.get("cost") is not None else "")
+    )
+
+
+def _has_spend(spend: dict[str, Any]) -> bool:
+    """Whether the spend line is worth a line: money spent, usage unknown, or a ceiling set."""
+    return bool(
         spend.get("cost")
         or spend.get("unknownUnits")
         or any(spend.get(k) is not None for k in ("maxUnits", "maxTokens", "maxCost"))
-    ):
-        lines.append(_spend_line(spend))
-    rec = view.get("recovery")
-    if rec:
-        why = str(rec.get("why") or "")
-        lines.append(f"to go on: {remedy_command(rec, view['runId'])}")
-        lines.append(f"  ({why})")
+    )
+
+
+def _rewind_lines(view: dict[str, Any], lines: list[str]) -> bool:
+    """A line per rewind (with `--units`, the steps it superseded as they were); whether an output was clipped."""
+    clipped_any = False
     for r in view.get("rewinds") or []:
         was = f"{r['fromStatus']} at {r['fromStep']}" if r.get("fromStep") else r["fromStatus"]
         wanted = r.get("redo")
@@ -172,37 +225,43 @@ def run_text(view: dict[str, Any]) -> str:
                     clipped_any = clipped_any or clipped
                     out = " → " + text.splitlines()[0] if text else ""
                 lines.append(f"    superseded {st['status']:<10} {st['id']}{out}")
+    return clipped_any
+
+
+def _awaiting_lines(view: dict[str, Any], lines: list[str]) -> None:
+    """What a run parked for the calling agent waits for, and the three commands that answer it."""
     aw = view.get("awaiting")
-    if aw:
-        rid = view.get("runId")
-        if aw.get("kind") == "judge":
-            what = f"a verdict on the gate of step {aw.get('stepId')}"
-        elif aw.get("kind") == "units":
-            n = len(aw.get("units") or [])
-            what = f"{n} unit{'' if n == 1 else 's'} of step {aw.get('stepId')}"
-        else:
-            what = f"step {aw.get('stepId')}"
-        lines.append(f"awaiting the calling agent: {what}")
-        lines.append(f"  what to do: akm workflow next {rid}")
-        lines.append(
-            f"  then:       akm workflow report {rid} UNIT --status completed --result …"
-            + ("  (or --verdict for a gate)" if aw.get("kind") == "judge" else "")
-        )
-        lines.append(f"  and:        akm workflow run {rid}")
-    if view.get("output") is not None:
-        text, clipped = _clip(_value_text(view["output"]), _RESULT_CLIP)
-        clipped_any = clipped_any or clipped
-        cut = next((s for s in view.get("steps") or [] if s["id"] == view.get("outputStepId")), {})
-        lines.append(
-            f"result (output of step {view.get('outputStepId')}"
-            f"{'; only its beginning: cut at the capture cap' if cut.get('truncatedUnits') else ''}):"
-        )
-        lines.extend(f"  {line}" for line in text.splitlines() or [""])
-    if clipped_any:
-        lines.append(
-            f"(long params and outputs clipped; all of them: akm workflow status {view['runId']} --format json)"
-        )
-    return "\n".join(lines)
+    if not aw:
+        return
+    rid = view.get("runId")
+    if aw.get("kind") == "judge":
+        what = f"a verdict on the gate of step {aw.get('stepId')}"
+    elif aw.get("kind") == "units":
+        n = len(aw.get("units") or [])
+        what = f"{n} unit{'' if n == 1 else 's'} of step {aw.get('stepId')}"
+    else:
+        what = f"step {aw.get('stepId')}"
+    lines.append(f"awaiting the calling agent: {what}")
+    lines.append(f"  what to do: akm workflow next {rid}")
+    lines.append(
+        f"  then:       akm workflow report {rid} UNIT --status completed --result …"
+        + ("  (or --verdict for a gate)" if aw.get("kind") == "judge" else "")
+    )
+    lines.append(f"  and:        akm workflow run {rid}")
+
+
+def _result_lines(view: dict[str, Any], lines: list[str]) -> bool:
+    """The run's result (its output step's output) when it has one; whether it was clipped."""
+    if view.get("output") is None:
+        return False
+    text, clipped = _clip(_value_text(view["output"]), _RESULT_CLIP)
+    cut: dict[str, Any] = next((s for s in view.get("steps") or [] if s["id"] == view.get("outputStepId")), {})
+    lines.append(
+        f"result (output of step {view.get('outputStepId')}"
+        f"{'; only its beginning: cut at the capture cap' if cut.get('truncatedUnits') else ''}):"
+    )
+    lines.extend(f"  {line}" for line in text.splitlines() or [""])
+    return clipped
 
 
 def _mermaid_text(text: str) -> str:
@@ -284,17 +343,7 @@ def _render_brief_text(b: dict[str, Any]) -> str:
     if b.get("gateFeedback"):
         lines.append(f"feedback from the last loop: {b['gateFeedback'].get('feedback')}")
     for u in b.get("units") or []:
-        claim = f", claimed by {u['claim']['holder']} until {u['claim']['expiresAt']}" if u.get("claim") else ""
-        lines.append(f"\n== unit {u['unitId']} ({u['action']}{claim})")
-        if u["context"].get("itemIndex") is not None:  # a fan-out unit (a solo unit has no item)
-            lines.append(f"item {u['context']['itemIndex']}: {json.dumps(u['context']['item'], ensure_ascii=False)}")
-        lines.append(u["prompt"])
-        rep = u["report"]
-        arg = "--result @result.json" if u.get("resultKind") == "json" else "--result @result.txt"
-        lines.append(
-            f"-> akm workflow report {rep['runId']} {rep['unitId']} --expect-step {rep['expectStep']} "
-            f"--attempt {rep['attemptId']} --status completed {arg}" + (" --rerun" if rep.get("rerun") else "")
-        )
+        lines += _brief_unit_lines(u)
     j = b.get("judge")
     if j:
         lines.append(f"\n== verdict {j['unitId']}")
@@ -306,6 +355,22 @@ def _render_brief_text(b: dict[str, Any]) -> str:
     if b.get("kind") == "engine":
         lines.append(f"-> akm workflow run {b['runId']}")
     return "\n".join(lines)
+
+
+def _brief_unit_lines(u: dict[str, Any]) -> list[str]:
+    """One unit of a brief: its heading (and claim), its fan-out item, its prompt and the report command."""
+    claim = f", claimed by {u['claim']['holder']} until {u['claim']['expiresAt']}" if u.get("claim") else ""
+    lines = [f"\n== unit {u['unitId']} ({u['action']}{claim})"]
+    if u["context"].get("itemIndex") is not None:  # a fan-out unit (a solo unit has no item)
+        lines.append(f"item {u['context']['itemIndex']}: {json.dumps(u['context']['item'], ensure_ascii=False)}")
+    lines.append(u["prompt"])
+    rep = u["report"]
+    arg = "--result @result.json" if u.get("resultKind") == "json" else "--result @result.txt"
+    lines.append(
+        f"-> akm workflow report {rep['runId']} {rep['unitId']} --expect-step {rep['expectStep']} "
+        f"--attempt {rep['attemptId']} --status completed {arg}" + (" --rerun" if rep.get("rerun") else "")
+    )
+    return lines
 
 
 # Characters a terminal may act on rather than show: C0 controls (ESC starts escape sequences, CR
@@ -378,14 +443,7 @@ def workflow_help(entry: dict[str, Any], target: str) -> str:
         lines.append(f"  problem: {problem}")
     params = entry.get("params") or []
     lines += ["", "Params of this workflow:" if params else "This workflow takes no params."]
-    rows = []
-    for p in params:
-        flag = f"--{p['name']} {(p.get('type') or 'value').upper()}"
-        if p.get("required"):
-            need = "required"
-        else:
-            need = "default " + json.dumps(p.get("default"), ensure_ascii=False)
-        rows.append((flag, need, p.get("description") or ""))
+    rows = [_param_row(p) for p in params]
     flag_w = max((len(r[0]) for r in rows), default=0)
     need_w = max((len(r[1]) for r in rows), default=0)
     for flag, need, text in rows:
@@ -393,6 +451,13 @@ def workflow_help(entry: dict[str, Any], target: str) -> str:
     if params:
         lines.append("  (arrays: repeat the flag or pass JSON; objects: JSON; booleans: a bare --name is true)")
     return "\n".join(lines) + "\n"
+
+
+def _param_row(p: dict[str, Any]) -> tuple[str, str, str]:
+    """(flag, required or its default, description) of one param in `workflow_help`."""
+    flag = f"--{p['name']} {(p.get('type') or 'value').upper()}"
+    need = "required" if p.get("required") else "default " + json.dumps(p.get("default"), ensure_ascii=False)
+    return flag, need, p.get("description") or ""
 
 
 def rewind_text(res: dict[str, Any]) -> str:
@@ -417,56 +482,66 @@ def preview_text(p: dict[str, Any]) -> str:
     lines = [head + " — nothing was written"]
     if p.get("params"):
         lines.append(f"params: {_params_text(p['params'])[0]}")
-    rows = [("step", "kind", "status", "units", "done", "reused", "to run", "agent", "by", "judge")]
-    for s in p.get("steps") or []:
-        who = s.get("engine") or s.get("runner") or "-"
-        if s.get("model"):
-            who += f" ({s['model']})"
-        units = "?" if s.get("units") is None else str(s["units"])
-        rows.append(
-            (
-                s["id"],
-                s["kind"],
-                s["status"],
-                units,
-                str(s.get("done") or 0),
-                str(s.get("reused") or 0),
-                str(s.get("toRun") or 0),
-                str(s.get("forAgent") or 0),
-                who,
-                s.get("judge") or "-",
-            )
-        )
+    steps = p.get("steps") or []
+    rows: list[tuple[str, ...]] = [
+        ("step", "kind", "status", "units", "done", "reused", "to run", "agent", "by", "judge")
+    ]
+    rows += [_preview_row(s) for s in steps]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
-    for s in p.get("steps") or []:
+    for s in steps:
         if s.get("runsOn") and s["kind"] != "route":
             lines.append(f"  {s['id']} → {s['runsOn']}")
         if s.get("note"):
             lines.append(f"  {s['id']}: {s['note']}")
-    b = p.get("budget") or {}
-    ceilings = (
-        [f"max_units {b['maxUnits']}" for _ in [0] if b.get("maxUnits") is not None]
-        + [f"max_tokens {b['maxTokens']}" for _ in [0] if b.get("maxTokens") is not None]
-        + [f"max_cost {dollars(b['maxCost'])}" for _ in [0] if b.get("maxCost") is not None]
-        + [
-            f"limits.maxCostPerDay {dollars(b['dailyCostLimit'])} ({dollars(b.get('spentToday') or 0)} spent today)"
-            for _ in [0]
-            if b.get("dailyCostLimit") is not None
-        ]
-    )
-    money = f", {dollars(b.get('usedCost') or 0)} spent" if b.get("usedCost") or b.get("maxCost") is not None else ""
-    unknown = f" ({b['unknownUnits']} unit(s) of unknown usage)" if b.get("unknownUnits") else ""
-    lines.append(
-        f"budget: {', '.join(ceilings) or 'none'}; used {b.get('usedUnits', 0)} unit(s), "
-        f"{b.get('usedTokens', 0)} token(s){money}{unknown}; {b.get('toRun', 0)} unit(s) to run in the steps known now"
-    )
+    lines.append(_preview_budget_line(p.get("budget") or {}))
     lines.append(
         f"reused {p.get('reused', 0)}, to run {p.get('toRun', 0)}, for the calling agent {p.get('forAgent', 0)}"
     )
     lines.append(f"first: {p.get('first')}")
     return "\n".join(lines)
+
+
+def _preview_row(s: dict[str, Any]) -> tuple[str, ...]:
+    """One step's row of the preview table."""
+    who = s.get("engine") or s.get("runner") or "-"
+    if s.get("model"):
+        who += f" ({s['model']})"
+    units = "?" if s.get("units") is None else str(s["units"])
+    return (
+        s["id"],
+        s["kind"],
+        s["status"],
+        units,
+        str(s.get("done") or 0),
+        str(s.get("reused") or 0),
+        str(s.get("toRun") or 0),
+        str(s.get("forAgent") or 0),
+        who,
+        s.get("judge") or "-",
+    )
+
+
+def _preview_budget_line(b: dict[str, Any]) -> str:
+    """The preview's budget: the ceilings set (or none), what the run used so far, the units known to run."""
+    ceilings = []
+    if b.get("maxUnits") is not None:
+        ceilings.append(f"max_units {b['maxUnits']}")
+    if b.get("maxTokens") is not None:
+        ceilings.append(f"max_tokens {b['maxTokens']}")
+    if b.get("maxCost") is not None:
+        ceilings.append(f"max_cost {dollars(b['maxCost'])}")
+    if b.get("dailyCostLimit") is not None:
+        ceilings.append(
+            f"limits.maxCostPerDay {dollars(b['dailyCostLimit'])} ({dollars(b.get('spentToday') or 0)} spent today)"
+        )
+    money = f", {dollars(b.get('usedCost') or 0)} spent" if b.get("usedCost") or b.get("maxCost") is not None else ""
+    unknown = f" ({b['unknownUnits']} unit(s) of unknown usage)" if b.get("unknownUnits") else ""
+    return (
+        f"budget: {', '.join(ceilings) or 'none'}; used {b.get('usedUnits', 0)} unit(s), "
+        f"{b.get('usedTokens', 0)} token(s){money}{unknown}; {b.get('toRun', 0)} unit(s) to run in the steps known now"
+    )
 
 
 def remedy_command(rec: dict[str, Any], rid: str) -> str:

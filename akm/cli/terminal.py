@@ -293,7 +293,7 @@ class _KeyReader:
         return os.read(self.fd, 1)
 
     def read(self) -> str:
-        if self._mode == "msvcrt":
+        if sys.platform == "win32" and self._mode == "msvcrt":  # the platform test tells mypy msvcrt exists
             import msvcrt
 
             ch = msvcrt.getwch()

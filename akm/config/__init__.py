@@ -306,6 +306,16 @@ def update_config_file(
 # --------------------------------------------------------------------------- helpers for setup and writers
 
 
+def _chat_completions_path(path: str) -> str:
+    """A base URL's path made the chat-completions one: `/v1` added unless it ends in `/v1` or names `/openai`."""
+    path = path.rstrip("/")
+    if not path.endswith("/chat/completions"):
+        if not (path.endswith("/v1") or "/openai" in path):
+            path += "/v1"
+        path += "/chat/completions"
+    return path
+
+
 def normalize_chat_endpoint(endpoint: str) -> str:
     """The chat-completions URL for a base URL a user or a harness gave (spec/setup.md).
 
@@ -334,11 +344,7 @@ def normalize_chat_endpoint(endpoint: str) -> str:
         raise ValueError("the URL must not carry a user name or password (keys go in an environment variable)")
     if parts.query or parts.fragment or "?" in text or "#" in text:
         raise ValueError("the URL must not have a query or fragment")
-    path = parts.path.rstrip("/")
-    if not path.endswith("/chat/completions"):
-        if not (path.endswith("/v1") or "/openai" in path):
-            path += "/v1"
-        path += "/chat/completions"
+    path = _chat_completions_path(parts.path)
     scheme, netloc = parts.scheme.lower(), parts.netloc.lower()
     if netloc.endswith(":") or parts.port == {"http": 80, "https": 443}[scheme]:
         netloc = netloc.rsplit(":", 1)[0]  # as a WHATWG URL serializes: no empty or default port

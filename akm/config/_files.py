@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -169,25 +170,25 @@ class _FileLock:
 
 
 def _lock_fd(fd: int) -> None:
-    try:
-        import fcntl
-    except ImportError:  # Windows
+    if sys.platform == "win32":  # no fcntl there
         import msvcrt
 
         msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-        return
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    else:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def _unlock_fd(fd: int) -> None:
-    try:
-        import fcntl
-    except ImportError:
+    if sys.platform == "win32":
         import msvcrt
 
         msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
-        return
-    fcntl.flock(fd, fcntl.LOCK_UN)
+    else:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def _backup(path: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from akm.format.grammar import CONFIG_ENGINE_NAME_RE, ENV_VAR_RE, ENV_VAR_REF_RE
 from akm.format.grammar import MAX_TIMEOUT_MS as MAX_TIMEOUT_MS  # an engine's timeout bound is a step's
@@ -120,6 +120,11 @@ def endpoint_problem(endpoint: Any) -> str | None:
         return "is not a valid URL"
     if any(ch.isspace() for ch in endpoint):
         return "is not a valid URL (it contains whitespace)"
+    return _endpoint_shape_problem(endpoint, parts)
+
+
+def _endpoint_shape_problem(endpoint: str, parts: SplitResult) -> str | None:
+    """Why a well-formed URL is not a chat-completions endpoint (scheme, credentials, query, path), or None."""
     if parts.scheme not in ("http", "https") or not parts.netloc:
         return "must be an http:// or https:// URL ending in /chat/completions"
     if parts.username is not None or parts.password is not None:

@@ -16,6 +16,7 @@ import copy
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from akm.codes import Code
@@ -235,62 +236,97 @@ def coerce(key: str, raw: str) -> tuple[Any, bool]:
             )
         return raw, False
     if isinstance(kind, (tuple, dict)) or kind in ("object", "array"):  # a dict: a section (`prices`, `limits`)
-        if raw.strip() in ("", "null"):
-            return None, True
-        if kind == "array":
-            return _parse_json(key, raw, list, "an array"), False
-        value = _parse_json(key, raw, dict, "an object")
-        _refuse_literal_keys(key, value, engine_name)
-        if len(parts) == 2 and parts[0] == "engines" and "endpoint" in value:
-            _check_endpoint(f"{key}.endpoint", value["endpoint"])
-        return value, False
-    if kind == "secret":
-        if raw.strip() in ("", "null"):
-            return None, True
-        if env_ref_name(raw) is None:
-            _literal_secret(key, engine_name)
-        return raw, False
-    if kind == "string":
-        if parts[0] == "engines" and parts[-1] == "endpoint":
-            _check_endpoint(key, raw)
-        if parts == ["journal", "url"]:
-            _check_journal_url(key, raw)
-        return raw, False
-    if kind == "boolean":
-        if raw not in ("true", "false"):
-            raise UsageError(f"{key}: expected true or false, got {shown(raw)}.", code=Code.INVALID_ARGUMENT)
-        return raw == "true", False
-    if kind == "integer":
-        number = whole_number(raw) if re.fullmatch(r"-?\d+", raw.strip()) else None
-        if number is None or number < 1:  # every whole-number key counts from 1
-            raise UsageError(
-                f"{key}: expected a whole number of at least 1 (at most {MAX_WHOLE_DIGITS} digits), got {shown(raw)}.",
-                code=Code.INVALID_ARGUMENT,
-            )
-        return number, False
-    if kind == "number":
-        try:
-            value = float(raw)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            raise UsageError(f"{key}: expected a number, got {shown(raw)}.", code=Code.INVALID_ARGUMENT)
-        return (int(value) if value.is_integer() and re.fullmatch(r"-?\d+", raw.strip()) else value), False
-    if kind == "timeout":
-        text = raw.strip().lower()
-        if text in ("null", "none"):
-            return None, False
-        if text == "":
-            return None, True
-        m = _DURATION.match(text)
-        if not m or not whole_number(m.group(1)):
-            raise UsageError(
-                f"{key}: expected milliseconds, a duration like 90s / 10m / 1h, or none; got {shown(raw)}.",
-                code=Code.INVALID_ARGUMENT,
-            )
-        factor = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}[m.group(2)]
-        return int(m.group(1)) * factor, False
-    raise _unknown(key)  # pragma: no cover - every kind is handled above
+        return _structured(key, raw, kind, parts, engine_name)
+    leaf = _LEAVES.get(kind)
+    if leaf is None:  # pragma: no cover - every kind is handled
+        raise _unknown(key)
+    return leaf(key, raw, parts, engine_name)
+
+
+def _structured(key: str, raw: str, kind: Any, parts: list[str], engine_name: str | None) -> tuple[Any, bool]:
+    """An object or array leaf (or a whole section) given as JSON; `""` or `null` removes it."""
+    if raw.strip() in ("", "null"):
+        return None, True
+    if kind == "array":
+        return _parse_json(key, raw, list, "an array"), False
+    value = _parse_json(key, raw, dict, "an object")
+    _refuse_literal_keys(key, value, engine_name)
+    if len(parts) == 2 and parts[0] == "engines" and "endpoint" in value:
+        _check_endpoint(f"{key}.endpoint", value["endpoint"])
+    return value, False
+
+
+def _secret(key: str, raw: str, parts: list[str], engine_name: str | None) -> tuple[Any, bool]:
+    """A secret: only a `${NAME}` reference to an environment variable is stored."""
+    if raw.strip() in ("", "null"):
+        return None, True
+    if env_ref_name(raw) is None:
+        _literal_secret(key, engine_name)
+    return raw, False
+
+
+def _string(key: str, raw: str, parts: list[str], engine_name: str | None) -> tuple[Any, bool]:
+    """A string, checked where it is an engine's endpoint or the journal's URL."""
+    if parts[0] == "engines" and parts[-1] == "endpoint":
+        _check_endpoint(key, raw)
+    if parts == ["journal", "url"]:
+        _check_journal_url(key, raw)
+    return raw, False
+
+
+def _boolean(key: str, raw: str, parts: list[str], engine_name: str | None) -> tuple[Any, bool]:
+    if raw not in ("true", "false"):
+        raise UsageError(f"{key}: expected true or false, got {shown(raw)}.", code=Code.INVALID_ARGUMENT)
+    return raw == "true", False
+
+
+def _integer(key: str, raw: str, parts: list[str], engine_name: str | None) -> tuple[Any, bool]:
+    number = whole_number(raw) if re.fullmatch(r"-?\d+", raw.strip()) else None
+    if number is None or number < 1:  # every whole-number key counts from 1
+        raise UsageError(
+            f"{key}: expected a whole number of at least 1 (at most {MAX_WHOLE_DIGITS} digits), got {shown(raw)}.",
+            code=Code.INVALID_ARGUMENT,
+        )
+    return number, False
+
+
+def _number(key: str, raw: str, parts: list[str], engine_name: str | None) -> tuple[Any, bool]:
+    """A finite number: an int when written as one, else a float."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise UsageError(f"{key}: expected a number, got {shown(raw)}.", code=Code.INVALID_ARGUMENT)
+    return (int(value) if value.is_integer() and re.fullmatch(r"-?\d+", raw.strip()) else value), False
+
+
+def _timeout(key: str, raw: str, parts: list[str], engine_name: str | None) -> tuple[Any, bool]:
+    """Milliseconds, or a duration like 90s / 10m / 1h; `none` (no timeout) is kept, `""` removes the key."""
+    text = raw.strip().lower()
+    if text in ("null", "none"):
+        return None, False
+    if text == "":
+        return None, True
+    m = _DURATION.match(text)
+    if not m or not whole_number(m.group(1)):
+        raise UsageError(
+            f"{key}: expected milliseconds, a duration like 90s / 10m / 1h, or none; got {shown(raw)}.",
+            code=Code.INVALID_ARGUMENT,
+        )
+    factor = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}[m.group(2)]
+    return int(m.group(1)) * factor, False
+
+
+# How `coerce` reads each scalar kind of leaf: (key, raw, the key's parts, the engine it names) -> (value, unset).
+_LEAVES: dict[str, Callable[[str, str, list[str], str | None], tuple[Any, bool]]] = {
+    "secret": _secret,
+    "string": _string,
+    "boolean": _boolean,
+    "integer": _integer,
+    "number": _number,
+    "timeout": _timeout,
+}
 
 
 def set_value(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:

@@ -63,6 +63,8 @@ class PlainTelemetry(_Record):
 
 
 class PlainConfig(_Record):
+    engines: dict[str, Any]  # set from the file by `_Record.__init__`, like every field
+
     def engine(self, name: str | None) -> Any:
         return self.engines.get(name) if name else None
 

@@ -107,15 +107,30 @@ def _claude(stream: str, line: str) -> list[Signal]:
             status = 401
         out.append((_RETRY, (status, str(ev.get("error") or ""))))
     elif kind == "assistant" and isinstance(ev.get("message"), dict) and ev.get("parent_tool_use_id") is None:
-        if ev["message"].get("model") != "<synthetic>":  # claude's own stand-in for an answer that failed
-            out.append((_TURN, None))
-        for part in ev["message"].get("content") or []:
-            if isinstance(part, dict) and part.get("type") == "tool_use":
-                out.append((_TOOL, str(part.get("name") or "tool")))
+        out.extend(_claude_turn(ev["message"]))
+    return out
+
+
+def _claude_turn(message: dict[str, Any]) -> list[Signal]:
+    """A top-level assistant message: a turn (unless claude's stand-in for a failed answer), then each tool use."""
+    out: list[Signal] = []
+    if message.get("model") != "<synthetic>":  # claude's own stand-in for an answer that failed
+        out.append((_TURN, None))
+    for part in message.get("content") or []:
+        if isinstance(part, dict) and part.get("type") == "tool_use":
+            out.append((_TOOL, str(part.get("name") or "tool")))
     return out
 
 
 _HTTP_STATUS = re.compile(r"\bstatus:? (\d{3})\b")
+
+
+def _codex_tool(item: dict[str, Any]) -> str | None:
+    """The tool a codex item starts (a command, an MCP tool call, a file change, a web search), or None."""
+    item_kind = str(item.get("type") or item.get("item_type") or "")
+    if item_kind in ("command_execution", "mcp_tool_call", "file_change", "web_search"):
+        return str(item.get("tool") or item_kind)
+    return None
 
 
 def _codex(stream: str, line: str) -> list[Signal]:
@@ -128,10 +143,9 @@ def _codex(stream: str, line: str) -> list[Signal]:
     if kind == "turn.started":
         return [(_TURN, None)]
     if kind == "item.started" and isinstance(ev.get("item"), dict):
-        item = ev["item"]
-        item_kind = str(item.get("type") or item.get("item_type") or "")
-        if item_kind in ("command_execution", "mcp_tool_call", "file_change", "web_search"):
-            return [(_TOOL, str(item.get("tool") or item_kind))]
+        tool = _codex_tool(ev["item"])
+        if tool is not None:
+            return [(_TOOL, tool)]
     if kind == "error" and isinstance(ev.get("message"), str) and ev["message"].startswith("Reconnecting"):
         m = _HTTP_STATUS.search(ev["message"])
         return [(_RETRY, (int(m.group(1)) if m else None, ev["message"]))]

@@ -133,7 +133,7 @@ class AgentDispatcher:
     def dispatch(self, request: UnitRequest, cancel: threading.Event, feedback: str | None = None) -> DispatchResult:
         engine = request.engine or {}
         platform = str(engine.get("platform") or "")
-        label = f"agent unit {request.attempt_id} on engine {request.engine_name or engine.get('name', '?')!r}"
+        label = _label(request, engine)
         secrets = list(request.sensitive_values)
         profile = hz.PROFILES.get(platform)
         if engine.get("kind") != "agent" or profile is None:
@@ -144,87 +144,76 @@ class AgentDispatcher:
             )
         if cancel.is_set():
             return _failure("aborted", f"{label} was not started: the run was interrupted", secrets)
-        parent = (
-            request.parent_env
-            if request.parent_env is not None
-            else (self._environ if self._environ is not None else os.environ)
-        )
-        llm = engine.get("llm") if isinstance(engine.get("llm"), dict) else None
-        llm_key = None
-        if llm is not None:
-            try:
-                llm_key = resolve_api_key(llm, parent)
-            except LlmCallError as exc:
-                return _failure("dispatch_error", f"{label}: {exc.message}", secrets)
-            if llm_key:
-                secrets.append(llm_key)
-        prompt = f"{request.prompt}\n\n{feedback}" if feedback else request.prompt
+        parent = self._parent_env(request)
+        try:
+            llm, llm_key = _llm_of(engine, parent)
+        except LlmCallError as exc:
+            return _failure("dispatch_error", f"{label}: {exc.message}", secrets)
+        if llm_key:
+            secrets.append(llm_key)
         tmpdir = tempfile.mkdtemp(prefix="akm-agent-") if request.output_schema is not None else None
         try:
-            call = hz.Call(
-                bin=str(engine.get("bin") or profile.bin),
-                args=list(engine["args"]) if isinstance(engine.get("args"), list) else list(profile.base_args),
-                prompt=prompt,
-                system_prompt=request.system_prompt,
-                model=request.model,
-                schema=request.output_schema,
-                schema_path=os.path.join(tmpdir, "output-schema.json") if tmpdir else None,
-                llm=llm,
-                llm_api_key=llm_key,
-            )
+            call = _call(engine, profile, request, feedback, tmpdir, llm, llm_key)
             try:
                 built = hz.build(platform, call)
             except hz.HarnessError as exc:
                 return _failure("dispatch_error", f"{label}: {exc}", secrets)
-            if built.schema_file is not None:
-                with open(built.schema_file[0], "w", encoding="utf-8") as fh:
-                    fh.write(built.schema_file[1])
-            env, passed = agent_env(profile, engine, request, parent)
-            env.update(built.env)
-            for name, value in built.env_defaults.items():
-                env.setdefault(name, value)
-            secrets += unsafe_values(env, passed) + sensitive_values_from(
-                {k: v for k, v in built.env.items() if k not in hz.SAFE_ENV_NAMES and k != "OPENCODE_CONFIG_CONTENT"}
-            )
-            exe = built.argv[0]
-            if os.sep not in exe and not (os.altsep and os.altsep in exe):
-                found = shutil.which(exe, path=env.get("PATH", os.defpath))
-                if found is None:
-                    return _failure(
-                        "spawn_failed",
-                        f"{label}: {exe!r} ({platform}) is not on PATH ({env.get('PATH', '')}); nothing was started",
-                        secrets,
-                    )
-                built.argv[0] = found
+            env = _harness_env(built, profile, engine, request, parent, secrets)
+            missing = _locate(built, env, platform)
+            if missing is not None:
+                return _failure("spawn_failed", f"{label}: {missing}", secrets)
             watch = StreamWatch(platform, retries=hz.HARNESS_RETRIES, on_activity=_relay(request))
-            gate = self._gate(str(engine.get("name") or platform), engine.get("concurrency"))
-            if gate is not None:
-                while not gate.acquire(timeout=POLL_S):
-                    if cancel.is_set():
-                        return _failure("aborted", f"{label} was not started: the run was interrupted", secrets)
-            try:
-                proc = run_process(
-                    built.argv,
-                    cwd=request.cwd,
-                    env=env,
-                    stdin_text=built.stdin,
-                    timeout_ms=request.timeout_ms,
-                    cancel=cancel,
-                    capture_limit=MAX_STDOUT_BYTES,
-                    stderr_limit=MAX_STDERR_BYTES,
-                    stdout_keep="tail",
-                    sensitive_values=secrets,
-                    on_line=watch.line if watch.watches else None,
-                )
-            finally:
-                if gate is not None:
-                    gate.release()
+            proc = self._run_gated(engine, platform, built, env, request, cancel, secrets, watch)
+            if proc is None:
+                return _failure("aborted", f"{label} was not started: the run was interrupted", secrets)
             return self._result(label, platform, request, proc, secrets, watch)
         except Exception as exc:  # a bug must not escape a dispatcher (base.py contract)
             return _failure("dispatch_error", f"{label} failed inside akm: {type(exc).__name__}: {exc}", secrets)
         finally:
             if tmpdir is not None:
                 shutil.rmtree(tmpdir, ignore_errors=True)
+
+    def _parent_env(self, request: UnitRequest) -> Mapping[str, str]:
+        """The environment the agent's is drawn from: the request's, else this dispatcher's, else akm's."""
+        if request.parent_env is not None:
+            return request.parent_env
+        return self._environ if self._environ is not None else os.environ
+
+    def _run_gated(
+        self,
+        engine: Mapping[str, Any],
+        platform: str,
+        built: hz.Built,
+        env: dict[str, str],
+        request: UnitRequest,
+        cancel: threading.Event,
+        secrets: list[str],
+        watch: StreamWatch,
+    ) -> ProcessResult | None:
+        """Run the harness once the engine's concurrency gate lets it; None when the run was interrupted while
+        it waited for the gate (nothing was started)."""
+        gate = self._gate(str(engine.get("name") or platform), engine.get("concurrency"))
+        if gate is not None:
+            while not gate.acquire(timeout=POLL_S):
+                if cancel.is_set():
+                    return None
+        try:
+            return run_process(
+                built.argv,
+                cwd=request.cwd,
+                env=env,
+                stdin_text=built.stdin,
+                timeout_ms=request.timeout_ms,
+                cancel=cancel,
+                capture_limit=MAX_STDOUT_BYTES,
+                stderr_limit=MAX_STDERR_BYTES,
+                stdout_keep="tail",
+                sensitive_values=secrets,
+                on_line=watch.line if watch.watches else None,
+            )
+        finally:
+            if gate is not None:
+                gate.release()
 
     def _result(
         self,
@@ -322,6 +311,82 @@ class AgentDispatcher:
                 ),
             )
         return DispatchResult(ok=True, text=text, tokens=got.tokens, usage=got.usage, session_id=session)
+
+
+def _label(request: UnitRequest, engine: Mapping[str, Any]) -> str:
+    """How messages name the attempt: `agent unit <attempt> on engine '<name>'`."""
+    return f"agent unit {request.attempt_id} on engine {request.engine_name or engine.get('name', '?')!r}"
+
+
+def _llm_of(engine: Mapping[str, Any], parent: Mapping[str, str]) -> tuple[dict[str, Any] | None, str | None]:
+    """The model API an agent engine routes its CLI to (`llm:`), and that API's key read from `parent`
+    (LlmCallError when it names a variable that is not set)."""
+    llm = engine.get("llm") if isinstance(engine.get("llm"), dict) else None
+    return llm, (resolve_api_key(llm, parent) if llm is not None else None)
+
+
+def _call(
+    engine: Mapping[str, Any],
+    profile: hz.Profile,
+    request: UnitRequest,
+    feedback: str | None,
+    tmpdir: str | None,
+    llm: dict[str, Any] | None,
+    llm_key: str | None,
+) -> hz.Call:
+    """What the harness is asked: the engine's binary and arguments (else the platform's), the prompt (with
+    the feedback of a previous attempt after it), the model, the output schema (written to a file in `tmpdir`
+    for the CLIs that read it from one)."""
+    prompt = f"{request.prompt}\n\n{feedback}" if feedback else request.prompt
+    return hz.Call(
+        bin=str(engine.get("bin") or profile.bin),
+        args=list(engine["args"]) if isinstance(engine.get("args"), list) else list(profile.base_args),
+        prompt=prompt,
+        system_prompt=request.system_prompt,
+        model=request.model,
+        schema=request.output_schema,
+        schema_path=os.path.join(tmpdir, "output-schema.json") if tmpdir else None,
+        llm=llm,
+        llm_api_key=llm_key,
+    )
+
+
+def _harness_env(
+    built: hz.Built,
+    profile: hz.Profile,
+    engine: Mapping[str, Any],
+    request: UnitRequest,
+    parent: Mapping[str, str],
+    secrets: list[str],
+) -> dict[str, str]:
+    """Write the schema file the harness reads, and give it its environment: the agent's, then what the
+    harness sets and defaults. The values that must not be printed join `secrets`."""
+    if built.schema_file is not None:
+        with open(built.schema_file[0], "w", encoding="utf-8") as fh:
+            fh.write(built.schema_file[1])
+    env, passed = agent_env(profile, engine, request, parent)
+    env.update(built.env)
+    for name, value in built.env_defaults.items():
+        env.setdefault(name, value)
+    secrets.extend(unsafe_values(env, passed))
+    secrets.extend(
+        sensitive_values_from(
+            {k: v for k, v in built.env.items() if k not in hz.SAFE_ENV_NAMES and k != "OPENCODE_CONFIG_CONTENT"}
+        )
+    )
+    return env
+
+
+def _locate(built: hz.Built, env: Mapping[str, str], platform: str) -> str | None:
+    """Put the harness's full path in its argv (a bare name is looked up on the agent's PATH); why it cannot
+    be started when it is not there, else None."""
+    exe = built.argv[0]
+    if os.sep not in exe and not (os.altsep and os.altsep in exe):
+        found = shutil.which(exe, path=env.get("PATH", os.defpath))
+        if found is None:
+            return f"{exe!r} ({platform}) is not on PATH ({env.get('PATH', '')}); nothing was started"
+        built.argv[0] = found
+    return None
 
 
 def _activity_words(a: Activity) -> str:

@@ -408,53 +408,73 @@ def _build_codex(call: Call) -> Built:
     return Built(argv + ["-"], stdin=payload, schema_file=schema_file)  # `-`: read the prompt from stdin
 
 
-def _extract_codex(stdout: str, stderr: str = "") -> Extracted:
-    session = text = error = None
+@dataclass
+class _CodexRead:
+    """What `codex exec --json` said so far: its session, last answer, failure, and tokens and usage summed
+    over its turns."""
+
+    session: str | None = None
+    text: str | None = None
+    error: str | None = None
     tokens: int | None = None
     usage: dict[str, Any] | None = None
-    for ev in _jsonl(stdout):
+
+    def event(self, ev: dict[str, Any]) -> None:
         kind = ev.get("type")
         if kind == "thread.started" and ev.get("thread_id"):
-            session = session or str(ev["thread_id"])
+            self.session = self.session or str(ev["thread_id"])
         elif kind == "item.completed" and isinstance(ev.get("item"), dict):
-            item = ev["item"]
-            item_kind = item.get("type") or item.get("item_type")  # codex 0.4x tagged items `item_type`
-            if item_kind in ("agent_message", "assistant_message") and isinstance(item.get("text"), str):
-                text = item["text"]
+            self._item(ev["item"])
         elif kind == "turn.completed":
-            error = None  # a later completed turn supersedes an earlier stream error
-            u = json_object(ev.get("usage"))
-            tokens = _sum(tokens, token_count(u.get("input_tokens")), token_count(u.get("output_tokens")))
-            parts = _figures(
-                u,
-                input="input_tokens",
-                output="output_tokens",
-                reasoning="reasoning_output_tokens",
-                cacheRead="cached_input_tokens",
-                cacheWrite="cache_write_input_tokens",
-            )
-            usage = add_usage(usage, _usage(**parts))
+            self._turn(json_object(ev.get("usage")))
         elif kind == "turn.failed" or (kind == "error" and not str(ev.get("message", "")).startswith("Reconnecting")):
             err = json_object(ev.get("error")) or ev
-            error = str(err.get("message") or "codex reported a failure")
+            self.error = str(err.get("message") or "codex reported a failure")
         msg = ev.get("msg") if isinstance(ev.get("msg"), dict) else None  # the older exec --json shape
         if msg:
-            if msg.get("type") == "session_configured" and msg.get("session_id"):
-                session = session or str(msg["session_id"])
-            elif msg.get("type") == "agent_message" and isinstance(msg.get("message"), str):
-                text = msg["message"]
-            elif msg.get("type") == "task_complete" and isinstance(msg.get("last_agent_message"), str):
-                text = msg["last_agent_message"]
-    if text is None and session is None:
+            self._older(msg)
+
+    def _item(self, item: dict[str, Any]) -> None:
+        item_kind = item.get("type") or item.get("item_type")  # codex 0.4x tagged items `item_type`
+        if item_kind in ("agent_message", "assistant_message") and isinstance(item.get("text"), str):
+            self.text = item["text"]
+
+    def _turn(self, u: dict[str, Any]) -> None:
+        self.error = None  # a later completed turn supersedes an earlier stream error
+        self.tokens = _sum(self.tokens, token_count(u.get("input_tokens")), token_count(u.get("output_tokens")))
+        parts = _figures(
+            u,
+            input="input_tokens",
+            output="output_tokens",
+            reasoning="reasoning_output_tokens",
+            cacheRead="cached_input_tokens",
+            cacheWrite="cache_write_input_tokens",
+        )
+        self.usage = add_usage(self.usage, _usage(**parts))
+
+    def _older(self, msg: dict[str, Any]) -> None:
+        if msg.get("type") == "session_configured" and msg.get("session_id"):
+            self.session = self.session or str(msg["session_id"])
+        elif msg.get("type") == "agent_message" and isinstance(msg.get("message"), str):
+            self.text = msg["message"]
+        elif msg.get("type") == "task_complete" and isinstance(msg.get("last_agent_message"), str):
+            self.text = msg["last_agent_message"]
+
+
+def _extract_codex(stdout: str, stderr: str = "") -> Extracted:
+    read = _CodexRead()
+    for ev in _jsonl(stdout):
+        read.event(ev)
+    if read.text is None and read.session is None:
         return Extracted(stdout.strip(), parsed=False)
-    m = _CODEX_STATUS.search(error) if error else None
+    m = _CODEX_STATUS.search(read.error) if read.error else None
     return Extracted(
-        (text or "").strip(),
-        session_id=session,
-        tokens=tokens,
-        error=error,
+        (read.text or "").strip(),
+        session_id=read.session,
+        tokens=read.tokens,
+        error=read.error,
         api_status=int(m.group(1)) if m else None,
-        usage=usage,
+        usage=read.usage,
     )
 
 
@@ -586,6 +606,14 @@ GEMINI_AUTH_EXIT = 41  # gemini's exit status (and error code) when it has no us
 _SESSION_KEYS = ("session_id", "sessionId", "conversation_id", "conversationId", "chat_id", "chatId")
 
 
+def _gemini_role(model: dict[str, Any]) -> str:
+    """A model's role in a gemini run: `main` (the one that answered, or one with no roles), `router`, or
+    its first role."""
+    named = model.get("roles")
+    roles = sorted(named) if isinstance(named, dict) else []
+    return "main" if "main" in roles or not roles else ("router" if any("router" in r for r in roles) else roles[0])
+
+
 def _gemini_usage(stats: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
     """(tokens, usage) from gemini's `stats.models`: every model it called, each with its role — the
     model router (`utility_router`) is reported apart from the model that answered (`main`)."""
@@ -601,8 +629,7 @@ def _gemini_usage(stats: dict[str, Any]) -> tuple[int | None, dict[str, Any] | N
         if total is None:
             total = _sum(token_count(t.get("prompt")), token_count(t.get("candidates")))
         tokens = _sum(tokens, total)
-        roles = sorted(m.get("roles")) if isinstance(m.get("roles"), dict) else []
-        role = "main" if "main" in roles or not roles else ("router" if any("router" in r for r in roles) else roles[0])
+        role = _gemini_role(m)
         figures = _usage(
             role=role,
             total=total,
@@ -628,6 +655,13 @@ def _gemini_error(doc: dict[str, Any]) -> tuple[str | None, int | None]:
         return str(err), None
     message = str(err.get("message") or err.get("type") or "gemini reported an error")
     status = err.get("code") if isinstance(err.get("code"), int) else None
+    message, status = _api_error_inside(message, status)
+    return message, status if status is not None and 100 <= status <= 599 else None
+
+
+def _api_error_inside(message: str, status: int | None) -> tuple[str, int | None]:
+    """A message that quotes the API's JSON error body whole: its status and message, and its code when
+    gemini gave none."""
     try:
         inner = json.loads(message)
     except ValueError:
@@ -637,7 +671,7 @@ def _gemini_error(doc: dict[str, Any]) -> tuple[str | None, int | None]:
         message = " ".join(str(api[k]) for k in ("status", "message") if api.get(k)) or message
         if status is None and isinstance(api.get("code"), int):
             status = api["code"]
-    return message, status if status is not None and 100 <= status <= 599 else None
+    return message, status
 
 
 def _extract_gemini(stdout: str, stderr: str = "") -> Extracted:

@@ -210,12 +210,15 @@ def build_body(
             body["chat_template_kwargs"] = {"enable_thinking": bool(thinking)}
         else:
             body["enable_thinking"] = bool(thinking)
-    extra = opt.get("extraParams")
-    if isinstance(extra, Mapping):
-        for k, v in extra.items():
-            if k not in ("model", "messages", "stream"):
-                body[k] = v
+    body.update(_extra_params(opt.get("extraParams")))
     return body
+
+
+def _extra_params(extra: Any) -> dict[str, Any]:
+    """The configured `extraParams` the body takes: any key but the three akm owns (model, messages, stream)."""
+    if not isinstance(extra, Mapping):
+        return {}
+    return {k: v for k, v in extra.items() if k not in ("model", "messages", "stream")}
 
 
 def strict_compatible(schema: Any) -> bool:

@@ -621,11 +621,7 @@ def run_process(
         return ProcessResult(spawn_error="the command is empty")
     if cancel is not None and cancel.is_set():
         return ProcessResult(cancelled=True)
-    child_env = dict(env)
-    token = guard.token()
-    if token:
-        child_env[guard.ENV_NAME] = token  # the child dies with this engine if the engine is killed
-    child = _spawn(argv, cwd, child_env, stdin_text is not None)
+    child = _spawn(argv, cwd, _child_env(env), stdin_text is not None)
     if isinstance(child, str):
         return ProcessResult(spawn_error=child)
     proc = child.proc
@@ -638,114 +634,22 @@ def run_process(
     err = TailCapture(child.stderr, "stderr", max(0, stderr_limit))
     readers: tuple[HeadCapture | TailCapture, ...] = (out, err)
     stop: list[str] = []
-    taps: list[_LineTap] = []
-    streams = _Streams()
-    for r in readers:
-        if on_line is not None:
-            tap = _LineTap(r.label, on_line, stop)
-            taps.append(tap)
-            streams.add(r.fd, _POLLIN, _Tapped(r, tap))
-        else:
-            streams.add(r.fd, _POLLIN, r)
-    if child.stdin is not None:
-        data = (stdin_text or "").encode("utf-8")
-        if data:
-            streams.add(child.stdin, _POLLOUT, _StdinWriter(child.stdin, data))
-        else:
-            os.close(child.stdin)  # the child's EOF
-    # On Linux a pidfd wakes the poll the moment the leader exits, and until it does
-    # there is no need to ask the kernel; elsewhere we poll for the exit status.
-    pidfd: int | None = None
-    if _HAVE_PIDFD:
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-            streams.add(pidfd, _POLLIN, _EXITED)
-        except OSError:
-            pidfd = None
-
+    streams, taps = _wired_streams(readers, on_line, stop)
+    _feed_stdin(streams, child, stdin_text)
+    pidfd = _exit_watch(streams, proc)
     deadline = time.monotonic() + timeout_ms / 1000.0 if timeout_ms is not None else None
-    cancelled = timed_out = killed = stopped = False
-    exited = pidfd is None
-    term_at: float | None = None
+    watch = _Supervisor(proc, streams, pidfd, cancel, stop, deadline)
     drain_timed_out: list[str] = []
     try:
-        while True:
-            if exited and proc.poll() is not None:
-                break
-            if term_at is None:
-                if cancel is not None and cancel.is_set():
-                    cancelled = True
-                elif stop:
-                    stopped = True
-                elif deadline is not None and time.monotonic() >= deadline:
-                    timed_out = True
-                if cancelled or timed_out or stopped:
-                    term_at = time.monotonic()
-                    signal_group(proc, signal.SIGTERM)
-            elif not killed and time.monotonic() - term_at >= KILL_GRACE_S:
-                killed = True
-                signal_group(proc, _SIGKILL)
-            wait = POLL_INTERVAL_S * 5
-            if deadline is not None and term_at is None:
-                wait = min(wait, max(0.0, deadline - time.monotonic()))
-            if streams.targets:
-                # wake for output and the exit, and often enough to notice cancel/timeout promptly
-                if streams.pump(wait) or pidfd is None or pidfd not in streams.targets:
-                    exited = True
-            else:
-                try:
-                    proc.wait(max(0.001, wait))
-                except subprocess.TimeoutExpired:
-                    pass
-                exited = True
-        if pidfd is not None and pidfd in streams.targets:
-            streams.drop(pidfd)
-        # drain: the pipes should close now; if a descendant holds them, kill the group (D9)
-        if term_at is not None:
-            if streams.targets:
-                streams.pump_until(max(term_at + KILL_GRACE_S, time.monotonic()))
-            signal_group(proc, _SIGKILL)  # we are terminating anyway: sweep anything left in the group
-            streams.pump_until(time.monotonic() + POST_KILL_DRAIN_S)
-        elif streams.targets:
-            streams.pump_until(time.monotonic() + DRAIN_GRACE_S)
-            if any(not r.eof and r.error is None for r in readers):
-                drain_timed_out = [f"{r.label} drain timed out" for r in readers if not r.eof and r.error is None]
-                signal_group(proc, _SIGKILL)
-                streams.pump_until(time.monotonic() + POST_KILL_DRAIN_S)
+        watch.until_exit()
+        drain_timed_out = watch.drain(readers)
     finally:
-        for fd, target in streams.targets.items():
-            if isinstance(target, _StdinWriter):
-                os.close(fd)
-        if pidfd is not None:
-            os.close(pidfd)
-        for fd in (child.stdout, child.stderr):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        _close_our_ends(streams, pidfd, child)
 
-    for tap in taps:
-        try:
-            tap.close()  # a last line without a newline
-        except Exception:
-            pass
-    causes = list(drain_timed_out)
-    for r in readers:
-        if r.error is not None:
-            causes.append(f"{r.label} read failed: {r.error}")
-        elif not r.eof and f"{r.label} drain timed out" not in causes:
-            causes.append(f"{r.label} drain timed out")
-
+    _close_taps(taps)
+    causes = _capture_causes(readers, drain_timed_out)
     values = list(sensitive_values)
-    try:
-        granted = _MATERIALIZE.acquire(out.kept) if out.kept else 0
-        try:
-            stdout = head_text(out, values) if isinstance(out, HeadCapture) else tail_text(out, values)
-        finally:
-            if granted:
-                _MATERIALIZE.release(granted)
-    finally:
-        out.close()
+    stdout = _stdout_text(out, values)
     stderr = tail_text(err, values)
 
     rc = proc.returncode
@@ -758,8 +662,181 @@ def run_process(
         stderr_truncated=err.overflowed,
         stdout_bytes=out.total,
         stderr_bytes=err.total,
-        timed_out=timed_out,
-        cancelled=cancelled,
-        stopped=stop[0] if stopped else None,
+        timed_out=watch.timed_out,
+        cancelled=watch.cancelled,
+        stopped=stop[0] if watch.stopped else None,
         capture_error="; ".join(causes) or None,
     )
+
+
+def _child_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Exactly `env`, plus the guard token: the child dies with this engine if the engine is killed."""
+    child_env = dict(env)
+    token = guard.token()
+    if token:
+        child_env[guard.ENV_NAME] = token
+    return child_env
+
+
+def _feed_stdin(streams: _Streams, child: _Child, stdin_text: str | None) -> None:
+    """Queue `stdin_text` for the child's stdin (written as it drains), or close it at once: the child's EOF."""
+    if child.stdin is None:
+        return
+    data = (stdin_text or "").encode("utf-8")
+    if data:
+        streams.add(child.stdin, _POLLOUT, _StdinWriter(child.stdin, data))
+    else:
+        os.close(child.stdin)
+
+
+def _wired_streams(
+    readers: tuple[HeadCapture | TailCapture, ...], on_line: LineWatcher | None, stop: list[str]
+) -> tuple[_Streams, list[_LineTap]]:
+    """The poll set over the child's stdout and stderr, each read through a line tap when `on_line` watches."""
+    taps: list[_LineTap] = []
+    streams = _Streams()
+    for r in readers:
+        if on_line is not None:
+            tap = _LineTap(r.label, on_line, stop)
+            taps.append(tap)
+            streams.add(r.fd, _POLLIN, _Tapped(r, tap))
+        else:
+            streams.add(r.fd, _POLLIN, r)
+    return streams, taps
+
+
+def _exit_watch(streams: _Streams, proc: subprocess.Popen[bytes]) -> int | None:
+    """On Linux a pidfd wakes the poll the moment the leader exits, and until it does there is no need to
+    ask the kernel; elsewhere (None) we poll for the exit status."""
+    if not _HAVE_PIDFD:
+        return None
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except OSError:
+        return None
+    streams.add(pidfd, _POLLIN, _EXITED)
+    return pidfd
+
+
+class _Supervisor:
+    """The watch over a running child group: it pumps the pipes until the leader exits, and on a cancel, a
+    stop asked by a line watcher or the deadline sends SIGTERM, then SIGKILL after the grace."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        streams: _Streams,
+        pidfd: int | None,
+        cancel: CancelFlag | None,
+        stop: list[str],
+        deadline: float | None,
+    ) -> None:
+        self.proc, self.streams, self.pidfd = proc, streams, pidfd
+        self.cancel, self.stop, self.deadline = cancel, stop, deadline
+        self.cancelled = self.timed_out = self.killed = self.stopped = False
+        self.term_at: float | None = None
+
+    def until_exit(self) -> None:
+        exited = self.pidfd is None
+        while True:
+            if exited and self.proc.poll() is not None:
+                break
+            self._escalate()
+            exited = self._wait() or exited
+
+    def _escalate(self) -> None:
+        """Terminate the group once a reason appears; kill it once the grace has passed."""
+        if self.term_at is None:
+            if self.cancel is not None and self.cancel.is_set():
+                self.cancelled = True
+            elif self.stop:
+                self.stopped = True
+            elif self.deadline is not None and time.monotonic() >= self.deadline:
+                self.timed_out = True
+            if self.cancelled or self.timed_out or self.stopped:
+                self.term_at = time.monotonic()
+                signal_group(self.proc, signal.SIGTERM)
+        elif not self.killed and time.monotonic() - self.term_at >= KILL_GRACE_S:
+            self.killed = True
+            signal_group(self.proc, _SIGKILL)
+
+    def _wait(self) -> bool:
+        """Wait a little for output or the exit; whether the leader may have exited."""
+        wait = POLL_INTERVAL_S * 5
+        if self.deadline is not None and self.term_at is None:
+            wait = min(wait, max(0.0, self.deadline - time.monotonic()))
+        streams, pidfd = self.streams, self.pidfd
+        if streams.targets:
+            # wake for output and the exit, and often enough to notice cancel/timeout promptly
+            return bool(streams.pump(wait) or pidfd is None or pidfd not in streams.targets)
+        try:
+            self.proc.wait(max(0.001, wait))
+        except subprocess.TimeoutExpired:
+            pass
+        return True
+
+    def drain(self, readers: tuple[HeadCapture | TailCapture, ...]) -> list[str]:
+        """Read what is left in the pipes after the exit; they should close now, and if a descendant holds
+        them the group is killed (D9). The streams whose drain timed out, as capture-error causes."""
+        streams, pidfd, proc = self.streams, self.pidfd, self.proc
+        if pidfd is not None and pidfd in streams.targets:
+            streams.drop(pidfd)
+        if self.term_at is not None:
+            if streams.targets:
+                streams.pump_until(max(self.term_at + KILL_GRACE_S, time.monotonic()))
+            signal_group(proc, _SIGKILL)  # we are terminating anyway: sweep anything left in the group
+            streams.pump_until(time.monotonic() + POST_KILL_DRAIN_S)
+        elif streams.targets:
+            streams.pump_until(time.monotonic() + DRAIN_GRACE_S)
+            if any(not r.eof and r.error is None for r in readers):
+                timed_out = [f"{r.label} drain timed out" for r in readers if not r.eof and r.error is None]
+                signal_group(proc, _SIGKILL)
+                streams.pump_until(time.monotonic() + POST_KILL_DRAIN_S)
+                return timed_out
+        return []
+
+
+def _close_our_ends(streams: _Streams, pidfd: int | None, child: _Child) -> None:
+    for fd, target in streams.targets.items():
+        if isinstance(target, _StdinWriter):
+            os.close(fd)
+    if pidfd is not None:
+        os.close(pidfd)
+    for fd in (child.stdout, child.stderr):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _close_taps(taps: list[_LineTap]) -> None:
+    """Flush each line tap: a last line without a newline still reaches the watcher (whose errors are its own)."""
+    for tap in taps:
+        try:
+            tap.close()
+        except Exception:
+            pass
+
+
+def _capture_causes(readers: tuple[HeadCapture | TailCapture, ...], drain_timed_out: list[str]) -> list[str]:
+    """Why the capture may be incomplete: a drain that timed out, a read that failed, a pipe never closed."""
+    causes = list(drain_timed_out)
+    for r in readers:
+        if r.error is not None:
+            causes.append(f"{r.label} read failed: {r.error}")
+        elif not r.eof and f"{r.label} drain timed out" not in causes:
+            causes.append(f"{r.label} drain timed out")
+    return causes
+
+
+def _stdout_text(out: HeadCapture | TailCapture, values: list[str]) -> str:
+    """The stdout kept, decoded and redacted; a large one waits for its share of the materialization budget."""
+    try:
+        granted = _MATERIALIZE.acquire(out.kept) if out.kept else 0
+        try:
+            return head_text(out, values) if isinstance(out, HeadCapture) else tail_text(out, values)
+        finally:
+            if granted:
+                _MATERIALIZE.release(granted)
+    finally:
+        out.close()

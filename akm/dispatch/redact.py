@@ -211,15 +211,22 @@ def _url_credential_parts(value: str) -> list[str]:
         found.extend(p for p in (user, password) if p)
         found.append(userinfo)
     for section in (parts.query, parts.fragment):
-        if not section:
-            continue
-        for raw_pair in re.split(r"[&;]", section):
-            k, sep, v = raw_pair.partition("=")
-            if sep and v and _normalize_param_key(unquote_plus(k)) in _CREDENTIAL_PARAM_KEYS:
-                found.append(v)
-        for k, v in parse_qsl(section, keep_blank_values=False):
-            if v and _normalize_param_key(k) in _CREDENTIAL_PARAM_KEYS:
-                found.append(v)
+        if section:
+            found.extend(_credential_params(section))
+    return found
+
+
+def _credential_params(section: str) -> list[str]:
+    """The values of credential-named parameters in a query or fragment: as written (split on `&` and `;`),
+    then as `parse_qsl` decodes them."""
+    found: list[str] = []
+    for raw_pair in re.split(r"[&;]", section):
+        k, sep, v = raw_pair.partition("=")
+        if sep and v and _normalize_param_key(unquote_plus(k)) in _CREDENTIAL_PARAM_KEYS:
+            found.append(v)
+    for k, v in parse_qsl(section, keep_blank_values=False):
+        if v and _normalize_param_key(k) in _CREDENTIAL_PARAM_KEYS:
+            found.append(v)
     return found
 
 

@@ -87,23 +87,29 @@ class DispatchBudget:
     def _refusal(self, model: bool) -> str | None:
         """The sentence of the first ceiling that refuses another dispatch, or None (lock held). The words are
         imported only when one does: a run under no ceiling never loads them."""
-        if self.max_units is not None and self.used >= self.max_units:
-            return _words().max_units_reason(self.used, self.max_units)
-        if self.max_tokens is not None and self.tokens >= self.max_tokens:
-            return _words().max_tokens_reason(self.tokens, self.max_tokens)
-        if self.max_cost is not None and self.cost >= self.max_cost:
-            return _words().max_cost_reason(self.cost, self.max_cost)
-        if not self.allow_unknown:
-            if self.unknown_cost and (self.max_cost is not None or self.daily is not None):
-                ceiling = "max_cost" if self.max_cost is not None else "limits.maxCostPerDay"
-                return _words().unknown_usage_reason(ceiling, self.unknown_cost)
-            if self.unknown_tokens and self.max_tokens is not None:
-                return _words().unknown_usage_reason("max_tokens", self.unknown_tokens)
-        if model and self.daily is not None:
+        reason = self._run_ceiling_reached()
+        if reason is None and model and self.daily is not None:
             spent = self.daily.spent()
             if spent >= self.daily.limit:
-                return _words().daily_cost_reason(spent, self.daily.limit)
-        return None
+                reason = _words().daily_cost_reason(spent, self.daily.limit)
+        return reason
+
+    def _run_ceiling_reached(self) -> str | None:
+        """The sentence of the first of the run's own ceilings reached (units, tokens, cost, or usage not known
+        under a ceiling that needs it), or None."""
+        reason: str | None = None
+        if self.max_units is not None and self.used >= self.max_units:
+            reason = _words().max_units_reason(self.used, self.max_units)
+        elif self.max_tokens is not None and self.tokens >= self.max_tokens:
+            reason = _words().max_tokens_reason(self.tokens, self.max_tokens)
+        elif self.max_cost is not None and self.cost >= self.max_cost:
+            reason = _words().max_cost_reason(self.cost, self.max_cost)
+        elif not self.allow_unknown and self.unknown_cost and (self.max_cost is not None or self.daily is not None):
+            ceiling = "max_cost" if self.max_cost is not None else "limits.maxCostPerDay"
+            reason = _words().unknown_usage_reason(ceiling, self.unknown_cost)
+        elif not self.allow_unknown and self.unknown_tokens and self.max_tokens is not None:
+            reason = _words().unknown_usage_reason("max_tokens", self.unknown_tokens)
+        return reason
 
     def try_consume(self, model: bool = False) -> str | None:
         """Reserve one dispatch; returns the refusal reason code, or None when allowed. `model`: the unit is a

@@ -76,6 +76,14 @@ def engine_width(plan: Plan, engine: str | None) -> tuple[int | None, bool]:
     return max(1, snap["concurrency"]), is_loopback_endpoint(str(snap.get("endpoint") or ""))
 
 
+def _template_engine(step: StepPlan) -> str | None:
+    """The engine the step's unit template names (None for a command unit or a template with no engine)."""
+    tmpl = step.unit_template
+    if tmpl is not None and not tmpl.is_exec and tmpl.invocation is not None:
+        return tmpl.invocation.engine
+    return None
+
+
 def step_width(
     plan: Plan,
     step: StepPlan,
@@ -89,11 +97,10 @@ def step_width(
     when a plan is shown); `engine`: the units' frozen engine (default: the step template's);
     `host_limit`: the host's bound (default `host_concurrency_limit()`; `UNBOUNDED` with workers);
     `declared`: the work list's own width (default: the plan's)."""
-    tmpl = step.unit_template
     if declared is None:
         declared = step.root.concurrency if isinstance(step.root, MapNode) else 1
-    if engine is None and tmpl is not None and not tmpl.is_exec and tmpl.invocation is not None:
-        engine = tmpl.invocation.engine
+    if engine is None:
+        engine = _template_engine(step)
     by_engine, loopback = engine_width(plan, engine)
     run_limit = plan.execution.max_concurrency
     bounds = [  # in this order, the first bound that sets the width is named

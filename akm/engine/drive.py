@@ -50,9 +50,8 @@ from akm.ids import uuid4
 from akm.plan.model import Plan, StepPlan
 from akm.record import dataclass, field
 from akm.store import runs as runs_store
-from akm.store import units as units_store
 from akm.store.journal import HolderLiveness, Journal
-from akm.store.status import DRIVABLE_STATUSES
+from akm.store.status import DRIVABLE_STATUSES, REPORT_LOCK_PREFIX
 
 __all__ = ["DriveOptions", "UnitProgress", "drive_run"]
 
@@ -478,7 +477,7 @@ def _acquire(
         live = runs_store.acquire_lease(db, run_id, holder, liveness=liveness)
         if live is None:
             return None, sent
-        if live.holder.startswith(units_store.REPORT_LOCK_PREFIX):
+        if live.holder.startswith(REPORT_LOCK_PREFIX):
             if not runs_store.wait_lease_change(db, run_id, live, deadline):
                 return live, sent
             continue
@@ -545,7 +544,7 @@ def _drive_held(
             return result
         raise
     if live is not None:
-        reporting = live.holder.startswith(units_store.REPORT_LOCK_PREFIX)
+        reporting = live.holder.startswith(REPORT_LOCK_PREFIX)
         from akm.codes import Code
 
         raise UsageError(

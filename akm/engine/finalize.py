@@ -446,16 +446,9 @@ def decide_step(
     if isinstance(wl, StepFailure):
         return StepDecision("fail", loop=gate.loop, notes=wl.reason, evidence={"error": wl.reason})
     states = unit_states(wl, rows, gate.loop)
-    diverged = [s for s in states if s.status == DIVERGED]
-    if diverged:
-        reason = " ".join(
-            f"replay divergence: unit {s.diverged_from} is journaled as completed with a different input hash; "
-            "refusing to re-dispatch it."
-            for s in diverged
-        )
-        return StepDecision(
-            "fail", loop=gate.loop, notes=reason, evidence={"error": reason}, states=states, work_list=wl
-        )
+    diverged = _divergence(states, wl, gate)
+    if diverged is not None:
+        return diverged
 
     def is_outstanding(s: UnitState) -> bool:
         if s.unit.runner in native_kinds:
@@ -463,27 +456,39 @@ def decide_step(
         return not s.terminal
 
     outstanding = [s for s in states if is_outstanding(s)]
-    if outstanding:
-        hard = [s for s in states if s.status == FAILED]
-        tmpl = step.unit_template
-        if not (fail_fast and hard and tmpl is not None and tmpl.on_error == "fail"):
-            return StepDecision("work", loop=gate.loop, units=outstanding, states=states, work_list=wl)
+    if outstanding and not (fail_fast and _failed_for_good(step, states)):
+        return StepDecision("work", loop=gate.loop, units=outstanding, states=states, work_list=wl)
     tmpl = step.unit_template
     assert tmpl is not None
     # Fail fast: once a unit that is not tolerated failed for good, the step's verdict is fixed; units
     # still outstanding are reduced as `not_run` (both surfaces stop giving out work at that point).
-    outcomes = (
-        [
-            UnitOutcome(unit_id=s.unit.unit_id, ok=False, failure_reason="not_run")
-            if is_outstanding(s)
-            else outcome_of(s)
-            for s in states
-        ]
-        if outstanding
-        else [outcome_of(s) for s in states]  # the usual end of a step: every unit settled
-    )
+    outcomes = [
+        UnitOutcome(unit_id=s.unit.unit_id, ok=False, failure_reason="not_run") if is_outstanding(s) else outcome_of(s)
+        for s in states
+    ]
     result = reduce_step(step, outcomes, is_map=wl.is_map, reducer=wl.reducer, on_error=tmpl.on_error)
     return _after_result(run_id, step, params, outputs, gate, result, states, wl)
+
+
+def _failed_for_good(step: StepPlan, states: list[UnitState]) -> bool:
+    """Whether a unit that is not tolerated (`on_error: fail`) has failed with no retry left: the step's verdict
+    is then fixed (what `fail_fast` acts on)."""
+    tmpl = step.unit_template
+    return tmpl is not None and tmpl.on_error == "fail" and any(s.status == FAILED for s in states)
+
+
+def _divergence(states: list[UnitState], wl: WorkList, gate: GateState) -> StepDecision | None:
+    """A failing decision when a unit is journaled as completed with another input hash than its plan gives
+    (a replay that diverged: it is never dispatched again); None otherwise."""
+    diverged = [s for s in states if s.status == DIVERGED]
+    if not diverged:
+        return None
+    reason = " ".join(
+        f"replay divergence: unit {s.diverged_from} is journaled as completed with a different input hash; "
+        "refusing to re-dispatch it."
+        for s in diverged
+    )
+    return StepDecision("fail", loop=gate.loop, notes=reason, evidence={"error": reason}, states=states, work_list=wl)
 
 
 def _after_result(

@@ -229,17 +229,12 @@ class LocalRunner:
             for p in pending:  # find out which write failed: each alone
                 self._flush_one(p)
         if written is not None:  # committed: what it did (outside the try: nothing here is written again)
-            finished, stamps = written
-            for p, result in zip(pending, finished, strict=True):
-                self._finished(p, result)
-            started_at, committed = stamps[0], time.monotonic()
-            for a, stamp in zip(claimed, stamps[1:], strict=True):
-                a.started_at, a.inserted_at = stamp, committed
-                d.heartbeat.track(a.attempt)  # its row reads running from now on
+            started_at = self._committed(pending, claimed, written)
         lane.ahead += claimed  # journaled, or (after a failure) to be journaled by their own writes
+        if started_at is not None:
+            return started_at
         try:
-            if started_at is None:
-                started_at = units_store.insert_unit(d.db, **new._asdict(), fence=d.fence)
+            return units_store.insert_unit(d.db, **new._asdict(), fence=d.fence)
         except Exception as exc:  # nothing was dispatched; the step decides what to do
             if d.fenced_out(exc):
                 return self._not_started(unit, attempt, prepared)
@@ -250,7 +245,20 @@ class LocalRunner:
                 failure_reason="dispatch_error",
                 error=f"unit {attempt} could not journal its dispatch row (nothing was dispatched): {exc}",
             )
-        return started_at
+
+    def _committed(
+        self, pending: list[_PendingFinish], claimed: list[Ahead], written: tuple[list[str], list[str]]
+    ) -> str:
+        """Apply a committed shared write: the deferred finishes are done, the rows journaled ahead read
+        `running` from their stamps on. The unit's own started_at."""
+        finished, stamps = written
+        for p, result in zip(pending, finished, strict=True):
+            self._finished(p, result)
+        committed = time.monotonic()
+        for a, stamp in zip(claimed, stamps[1:], strict=True):
+            a.started_at, a.inserted_at = stamp, committed
+            self.d.heartbeat.track(a.attempt)  # its row reads running from now on
+        return stamps[0]
 
     def _not_started(self, unit: WorkUnit, attempt: str, prepared: Prepared) -> UnitOutcome:
         """The outcome of a unit this driver did not start because it lost the lease (nothing journaled)."""

@@ -117,60 +117,82 @@ class Pass:
         max_attempts = 1 + (retry.max if retry else 0)
         last: UnitOutcome | None = None
         for k in range(min(self.adopt.get(unit.unit_id, 0), max_attempts - 1), max_attempts):
-            if self.event.is_set():
-                if k == 0:
-                    lane.hand_back(ticket)
-                return last or UnitOutcome(
-                    unit_id=unit.unit_id,
-                    ok=False,
-                    failure_reason="aborted",
-                    error="unit was not dispatched because the run was interrupted",
-                )
-            prepaid = ticket.prepaid and k == 0
-            refusal = None if prepaid else d.budget.try_consume(model=d.spend.is_model(unit))
-            if refusal:
-                return last or UnitOutcome(
-                    unit_id=unit.unit_id,
-                    ok=False,
-                    failure_reason=refusal,
-                    error=d.budget.exceeded or d.budget.cap_message,
-                )
+            not_made = self._not_made(unit, lane, ticket, k)
+            if not_made is not None:
+                return last or not_made
             att = attempt_id(unit.base_id, k)
             outcome = lane.run(unit, att, ticket if k == 0 else None)
             d.spend.count(unit, outcome)
-            with self._count_lock:
-                if k == 0:
-                    self.done_count += 1
-                done = self.done_count
-            if d.opts.on_progress is not None:
-                d.opts.on_progress(
-                    UnitProgress(
-                        d.run_id,
-                        self.step.step_id,
-                        unit.unit_id,
-                        att,
-                        outcome.ok,
-                        outcome.failure_reason,
-                        done,
-                        self.total,
-                    )
-                )
+            self._progress(unit, att, outcome, first=k == 0)
             last = outcome
             if outcome.ok or self.event.is_set():
                 return outcome
             if not retry or outcome.failure_reason not in retry.on:
                 return outcome
-            if k + 1 < max_attempts and outcome.retry_after_s:
-                # a rate-limited server said when to come back (429 Retry-After): re-asking sooner only
-                # earns another 429 and burns the retry; the wait ends at once if the run is cancelled.
-                # The failed attempt is journaled first, so no row looks `running` while nothing runs.
-                lane.settle()
-                if outcome.failure_reason not in retry.on:  # its journal write failed
-                    return outcome
-                if self.event.wait(min(outcome.retry_after_s, MAX_RETRY_AFTER_WAIT_S)):
-                    return outcome
+            if (
+                k + 1 < max_attempts
+                and outcome.retry_after_s
+                and not self._waited(outcome, lane, retry.on, outcome.retry_after_s)
+            ):
+                return outcome
         assert last is not None
         return last
+
+    def _not_made(self, unit: WorkUnit, lane: Lane, ticket: Ticket, k: int) -> UnitOutcome | None:
+        """Why attempt `k` of the unit is not made — the run was interrupted (a first attempt hands its lane
+        ticket back), or the budget refuses it — or None: go on (the budget then counts it)."""
+        d = self.d
+        if self.event.is_set():
+            if k == 0:
+                lane.hand_back(ticket)
+            return UnitOutcome(
+                unit_id=unit.unit_id,
+                ok=False,
+                failure_reason="aborted",
+                error="unit was not dispatched because the run was interrupted",
+            )
+        prepaid = ticket.prepaid and k == 0
+        refusal = None if prepaid else d.budget.try_consume(model=d.spend.is_model(unit))
+        if refusal:
+            return UnitOutcome(
+                unit_id=unit.unit_id,
+                ok=False,
+                failure_reason=refusal,
+                error=d.budget.exceeded or d.budget.cap_message,
+            )
+        return None
+
+    def _progress(self, unit: WorkUnit, att: str, outcome: UnitOutcome, *, first: bool) -> None:
+        """Count a unit's first attempt as done and tell `on_progress` of every attempt's outcome."""
+        d = self.d
+        with self._count_lock:
+            if first:
+                self.done_count += 1
+            done = self.done_count
+        if d.opts.on_progress is not None:
+            d.opts.on_progress(
+                UnitProgress(
+                    d.run_id,
+                    self.step.step_id,
+                    unit.unit_id,
+                    att,
+                    outcome.ok,
+                    outcome.failure_reason,
+                    done,
+                    self.total,
+                )
+            )
+
+    def _waited(self, outcome: UnitOutcome, lane: Lane, retry_on: list[str], delay_s: float) -> bool:
+        """Wait as long as a rate-limited server said (429 Retry-After) before the retry; False when the unit
+        must not be tried again after all (its failed attempt could not be journaled, or the run was cancelled).
+
+        Re-asking sooner only earns another 429 and burns the retry; the wait ends at once if the run is
+        cancelled. The failed attempt is journaled first, so no row looks `running` while nothing runs."""
+        lane.settle()
+        if outcome.failure_reason not in retry_on:  # its journal write failed
+            return False
+        return not self.event.wait(min(delay_s, MAX_RETRY_AFTER_WAIT_S))
 
     # ------------------------------------------------------------ the pass
     def execute(self, concurrency: int) -> PassFailure | None:

@@ -20,13 +20,17 @@ Nothing here writes; `recovery` is computed from the journal each time a view is
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from akm.engine.finalize import DIVERGED, FAILED, RETRYABLE, decide_step, unit_states, work_list_for
 from akm.engine.worklist import StepFailure, steps_read
 from akm.errors import AkmError
 from akm.store.journal import Journal
 from akm.store.runs import Run
+
+if TYPE_CHECKING:
+    from akm.engine.finalize import UnitState
+    from akm.plan.model import Plan
 
 
 def recovery(db: Journal, run: Run) -> dict[str, Any] | None:
@@ -62,24 +66,18 @@ def recovery(db: Journal, run: Run) -> dict[str, Any] | None:
 def _after_failure(db: Journal, run: Run, step_id: str) -> dict[str, Any]:
     from akm.engine.state import load_run
     from akm.engine.stepctx import load_gate, load_spine, step_rows
-    from akm.store import units as units_store
 
     loaded = load_run(db, run.id)
     plan = loaded.plan
     step = plan.step(step_id)
     assert step is not None
-    budget = plan.budget
-    if budget is not None and (budget.max_units is not None or budget.max_tokens is not None):
-        used, tokens = units_store.journal_totals(db, run.id)
-        if (budget.max_units is not None and used >= budget.max_units) or (
-            budget.max_tokens is not None and tokens >= budget.max_tokens
-        ):
-            return _remedy(
-                "new_run",
-                None,
-                why="the run's budget is spent (a rewind gives none back): raise it in the workflow and start a new "
-                "run from it; completed units are reused",
-            )
+    if _budget_spent(db, run, plan):
+        return _remedy(
+            "new_run",
+            None,
+            why="the run's budget is spent (a rewind gives none back): raise it in the workflow and start a new "
+            "run from it; completed units are reused",
+        )
     spine = load_spine(db, run.id, plan)
     rows, gate_rows = step_rows(db, run.id, step_id)
     gate = load_gate(db, run.id, step, spine, gate_rows)
@@ -92,22 +90,8 @@ def _after_failure(db: Journal, run: Run, step_id: str) -> dict[str, Any]:
     if any(s.status == DIVERGED for s in states):
         return _remedy("rewind", step_id, redo=True, why=f"step {step_id}'s journal diverged from its plan")
     failed = [s for s in states if s.status in (FAILED, RETRYABLE)]
-    reasons = sorted({str((s.row or {}).get("failure_reason") or "failed") for s in failed})
-    if failed and all(s.unit.runner == "exec" for s in failed) and set(reasons) <= _OUTPUT_REFUSED:
-        return _remedy(
-            "new_run",
-            None,
-            why=f"the commands of step {step_id} ran but their output does not fit the workflow "
-            f"({', '.join(reasons)}); the same command prints the same again: fix the workflow (the command or "
-            "the schema) and start a new run from it",
-        )
     if failed:
-        return _remedy(
-            "resume",
-            step_id,
-            why=f"{len(failed)} unit(s) of step {step_id} failed ({', '.join(reasons)}); a resume runs them again "
-            "(yours are offered to you again), completed ones are kept",
-        )
+        return _after_failed_units(step_id, failed)
     decision = decide_step(
         run_id=run.id,
         step=step,
@@ -136,6 +120,39 @@ def _after_failure(db: Journal, run: Run, step_id: str) -> dict[str, Any]:
     )
 
 
+def _budget_spent(db: Journal, run: Run, plan: Plan) -> bool:
+    """Whether the run has used up its unit or token ceiling (a rewind gives none back)."""
+    from akm.store import units as units_store
+
+    budget = plan.budget
+    if budget is None or (budget.max_units is None and budget.max_tokens is None):
+        return False
+    used, tokens = units_store.journal_totals(db, run.id)
+    return (budget.max_units is not None and used >= budget.max_units) or (
+        budget.max_tokens is not None and tokens >= budget.max_tokens
+    )
+
+
+def _after_failed_units(step_id: str, failed: list[UnitState]) -> dict[str, Any]:
+    """The way on from a step with failed units: a new run when commands printed what the step cannot take
+    (running them again prints the same), else a resume that runs them again."""
+    reasons = sorted({str((s.row or {}).get("failure_reason") or "failed") for s in failed})
+    if all(s.unit.runner == "exec" for s in failed) and set(reasons) <= _OUTPUT_REFUSED:
+        return _remedy(
+            "new_run",
+            None,
+            why=f"the commands of step {step_id} ran but their output does not fit the workflow "
+            f"({', '.join(reasons)}); the same command prints the same again: fix the workflow (the command or "
+            "the schema) and start a new run from it",
+        )
+    return _remedy(
+        "resume",
+        step_id,
+        why=f"{len(failed)} unit(s) of step {step_id} failed ({', '.join(reasons)}); a resume runs them again "
+        "(yours are offered to you again), completed ones are kept",
+    )
+
+
 # Failures of a command that ran to its end but printed what the step cannot take: running it again changes
 # nothing, the workflow must change.
 _OUTPUT_REFUSED = frozenset({"parse_error", "validation_error", "exec_output_limit"})
@@ -160,31 +177,42 @@ def _from_inputs(plan: Any, step: Any, reason: str, params: dict[str, Any], outp
 def _failing_source(step: Any, params: dict[str, Any], outputs: dict[str, Any]) -> str | None:
     """The step (or "params") whose value the step cannot use: the first of its fan-out list, its inputs and its
     route input that does not resolve (or, for the list, is not a list of distinct items)."""
-    from akm.canonical import CanonicalError, canonical_json
     from akm.engine.scope import resolve
     from akm.format.refs import ReferenceResolutionError, ReferenceSyntaxError
 
+    for ref, is_list in _references(step):
+        owner = ref.split(".")[1] if ref.startswith("steps.") else "params"
+        try:
+            value = resolve(ref, params, outputs)
+        except (ReferenceResolutionError, ReferenceSyntaxError):
+            return owner
+        if is_list and not _distinct_items(value):
+            return owner
+    return None
+
+
+def _references(step: Any) -> list[tuple[str, bool]]:
+    """The references a step reads, in the order they are checked: its fan-out list (flagged), its inputs,
+    its route input."""
     refs: list[tuple[str, bool]] = []
     if step.root is not None and step.root.kind == "map":
         refs.append((step.root.over, True))
     refs += [(r, False) for r in ((step.unit_template.inputs if step.unit_template else None) or [])]
     if step.route is not None:
         refs.append((step.route.input, False))
-    for ref, is_list in refs:
-        owner = ref.split(".")[1] if ref.startswith("steps.") else "params"
-        try:
-            value = resolve(ref, params, outputs)
-        except (ReferenceResolutionError, ReferenceSyntaxError):
-            return owner
-        if is_list:
-            if not isinstance(value, list) or any(item is None for item in value):
-                return owner
-            try:
-                if len({canonical_json(item) for item in value}) != len(value):
-                    return owner
-            except CanonicalError:
-                return owner
-    return None
+    return refs
+
+
+def _distinct_items(value: Any) -> bool:
+    """Whether a fan-out value is a list of distinct, non-null items (compared as canonical JSON)."""
+    from akm.canonical import CanonicalError, canonical_json
+
+    if not isinstance(value, list) or any(item is None for item in value):
+        return False
+    try:
+        return len({canonical_json(item) for item in value}) == len(value)
+    except CanonicalError:
+        return False
 
 
 def _remedy(action: str, step_id: str | None, *, why: str, redo: bool = False, then: str = "run") -> dict[str, Any]:

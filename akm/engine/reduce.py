@@ -174,32 +174,47 @@ def reduce_step(
     failures = [o for o in outcomes if not o.ok]
     evidence: dict[str, Any] = {"units": [unit_evidence(o) for o in outcomes], "itemCount": n}
     vote_error: str | None = None
-    output: Any = None
     if reducer == "vote":
-        counts: dict[str, list[Any]] = {}
-        try:
-            for o in outcomes:
-                if o.ok:
-                    key = canonical_json(o.value)
-                    counts.setdefault(key, [o.value, 0])[1] += 1
-        except CanonicalError as exc:
-            counts, vote_error = {}, f"vote failed: a unit result cannot be compared ({exc})"
-        ranked = sorted(counts.values(), key=lambda pair: -pair[1])
-        if vote_error:
-            pass
-        elif not ranked:
-            vote_error = "vote failed: no successful unit results"
-        elif len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
-            vote_error = f"vote failed: tied at {ranked[0][1]} votes each, no majority"
-        else:
-            output = ranked[0][0]
-            evidence["vote"] = {"winner": output, "votes": ranked[0][1], "total": sum(p[1] for p in ranked)}
-    elif is_map:
-        output = [o.value for o in outcomes]
+        output, vote, vote_error = _vote(outcomes)
+        if vote is not None:
+            evidence["vote"] = vote
     else:
-        output = outcomes[0].value if outcomes else None
+        output = [o.value for o in outcomes] if is_map else (outcomes[0].value if outcomes else None)
     evidence["output"] = output
+    summary = _summary(step, n, failures, on_error, vote_error) + _note_truncated(outcomes, evidence)
+    ok = (on_error == "continue" or not failures) and vote_error is None
+    result = StepResult(ok=ok, evidence=evidence, summary=summary, unit_count=n, failed_units=len(failures))
+    if not ok and not is_map and _solo_unit_missed_the_schema(step, failures):
+        # D5: a solo step's `output` schema is checked on its unit, so a miss surfaces as a unit
+        # failure; it is still the step artifact missing its schema, which gate loops may retry.
+        result.artifact_schema_failure = True
+    if ok:
+        _check_artifact(step, result, output, summary, tolerated_failures=bool(failures))
+    return result
 
+
+def _vote(outcomes: list[UnitOutcome]) -> tuple[Any, dict[str, Any] | None, str | None]:
+    """(winning value, the vote's evidence, None), or (None, None, why the vote failed): a strict majority of
+    the successful units' results, compared as canonical JSON."""
+    counts: dict[str, list[Any]] = {}
+    try:
+        for o in outcomes:
+            if o.ok:
+                key = canonical_json(o.value)
+                counts.setdefault(key, [o.value, 0])[1] += 1
+    except CanonicalError as exc:
+        return None, None, f"vote failed: a unit result cannot be compared ({exc})"
+    ranked = sorted(counts.values(), key=lambda pair: -pair[1])
+    if not ranked:
+        return None, None, "vote failed: no successful unit results"
+    if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+        return None, None, f"vote failed: tied at {ranked[0][1]} votes each, no majority"
+    winner = ranked[0][0]
+    return winner, {"winner": winner, "votes": ranked[0][1], "total": sum(p[1] for p in ranked)}, None
+
+
+def _summary(step: StepPlan, n: int, failures: list[UnitOutcome], on_error: str, vote_error: str | None) -> str:
+    """The step's one-paragraph account: units run, which failed and the first diagnostic, a failed vote."""
     if n == 0:
         summary = "fan-out list was empty — no units dispatched."
     else:
@@ -208,54 +223,60 @@ def reduce_step(
         tolerated = " (recorded, on_error: continue)" if on_error == "continue" else ""
         listed = ", ".join(f"{o.unit_id} ({o.failure_reason or 'failed'})" for o in failures)
         summary += f" Failed: {listed}{tolerated}."
-        first = next((o for o in failures if o.error and o.error.strip()), None)
+        first = next(((o.unit_id, o.error.strip()) for o in failures if o.error and o.error.strip()), None)
         if first is not None:
-            summary += f" First failure diagnostic ({first.unit_id}): {clip(first.error.strip(), TEXT_CLIP)}"
+            summary += f" First failure diagnostic ({first[0]}): {clip(first[1], TEXT_CLIP)}"
     if vote_error:
         summary += f" {vote_error}."
+    return summary
+
+
+def _note_truncated(outcomes: list[UnitOutcome], evidence: dict[str, Any]) -> str:
+    """Visible as data, never silent: list in the evidence the units whose artifact is only the beginning of
+    their output; the sentence the summary gets for them ("" when none was cut)."""
     cut = [o.unit_id for o in outcomes if o.ok and o.truncated]
-    if cut:
-        # Visible as data, never silent: the evidence lists the units whose artifact is only the
-        # beginning of their output, and the summary says so.
-        evidence["truncatedUnits"] = cut
-        summary += (
-            f" Output truncated at the capture cap (the artifact is only its beginning): "
-            f"{', '.join(cut[:10])}{', …' if len(cut) > 10 else ''}."
-        )
-    ok = (on_error == "continue" or not failures) and vote_error is None
-    result = StepResult(ok=ok, evidence=evidence, summary=summary, unit_count=n, failed_units=len(failures))
+    if not cut:
+        return ""
+    evidence["truncatedUnits"] = cut
+    return (
+        f" Output truncated at the capture cap (the artifact is only its beginning): "
+        f"{', '.join(cut[:10])}{', …' if len(cut) > 10 else ''}."
+    )
+
+
+def _solo_unit_missed_the_schema(step: StepPlan, failures: list[UnitOutcome]) -> bool:
+    """Whether a solo step failed because its unit's output missed the step's own `output` schema (the unit
+    is checked against the same schema, so every failure is a validation or parse error)."""
     template = step.unit_template
-    if (
-        not ok
-        and not is_map
-        and failures
+    return (
+        bool(failures)
         and step.output_schema is not None
         and template is not None
         and template.output_schema == step.output_schema
         and all(o.failure_reason in ("validation_error", "parse_error") for o in failures)
-    ):
-        # D5: a solo step's `output` schema is checked on its unit, so a miss surfaces as a unit
-        # failure; it is still the step artifact missing its schema, which gate loops may retry.
-        result.artifact_schema_failure = True
-    if ok:
-        errors = _validate_output(step, output)
-        if errors:
-            result.ok = False
-            result.artifact_schema_failure = True
-            if failures:
-                # The units' own failures (a parse error, a non-zero exit) are the cause; the schema
-                # only rejects the null a tolerated failure leaves. Lead with the cause.
-                result.summary = (
-                    f"{summary} With on_error: continue a failed unit leaves null in the artifact, which the "
-                    f"step's declared output schema rejects: " + "; ".join(errors) + "."
-                )
-            else:
-                result.summary = (
-                    f'Step "{step.step_id}" artifact failed validation against the step\'s declared output schema: '
-                    + "; ".join(errors)
-                    + "."
-                )
-    return result
+    )
+
+
+def _check_artifact(step: StepPlan, result: StepResult, output: Any, summary: str, *, tolerated_failures: bool) -> None:
+    """Fail a passing step whose artifact misses its declared output schema, saying why."""
+    errors = _validate_output(step, output)
+    if not errors:
+        return
+    result.ok = False
+    result.artifact_schema_failure = True
+    if tolerated_failures:
+        # The units' own failures (a parse error, a non-zero exit) are the cause; the schema
+        # only rejects the null a tolerated failure leaves. Lead with the cause.
+        result.summary = (
+            f"{summary} With on_error: continue a failed unit leaves null in the artifact, which the "
+            f"step's declared output schema rejects: " + "; ".join(errors) + "."
+        )
+    else:
+        result.summary = (
+            f'Step "{step.step_id}" artifact failed validation against the step\'s declared output schema: '
+            + "; ".join(errors)
+            + "."
+        )
 
 
 # ---------------------------------------------------------------- routes

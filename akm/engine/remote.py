@@ -116,14 +116,18 @@ class Waiter:
                     rows = {}
                 else:
                     self._error = None
-                with self._lock:
-                    for unit_id, row in rows.items():
-                        event = self._waiting.get(unit_id)
-                        if event is not None and not event.is_set():
-                            self._rows[unit_id] = row
-                            event.set()
+                self._deliver(rows)
             self._poke.wait(self.poll_s)
             self._poke.clear()
+
+    def _deliver(self, rows: dict[str, Any]) -> None:
+        """Hand each finished row to the thread waiting for it (once)."""
+        with self._lock:
+            for unit_id, row in rows.items():
+                event = self._waiting.get(unit_id)
+                if event is not None and not event.is_set():
+                    self._rows[unit_id] = row
+                    event.set()
 
     def close(self) -> None:
         self._stop.set()

@@ -39,13 +39,22 @@ def scrub_run_inputs(plan: Plan, params: dict[str, Any], project_root: Path) -> 
             "and passes [REDACTED] instead (params are journaled and shown); pass secrets through a unit's env: "
             "bindings."
         )
+    clean_plan, note = _scrubbed_plan(plan, sensitive)
+    if note is not None:
+        warnings.append(note)
+    return clean_plan, clean_params, warnings
+
+
+def _scrubbed_plan(plan: Plan, sensitive: list[str]) -> tuple[Plan, str | None]:
+    """The plan with every secret value in its strings replaced by `[REDACTED]`, and the warning naming the
+    steps that held one (None when none did). A secret used as a step id cannot be replaced: refused."""
     text = plan.canonical()  # the set holds JSON-escaped spellings too: a secret in any string shows here
     if not any(v in text for v in sensitive):
-        return plan, clean_params, warnings
+        return plan, None
     raw = plan.to_json_obj()
     clean_raw = _scrub_strings(raw, sensitive)
     if clean_raw == raw:
-        return plan, clean_params, warnings
+        return plan, None
     try:
         clean_plan = Plan.model_validate(clean_raw)
         if [s.step_id for s in clean_plan.steps] != [s.step_id for s in plan.steps]:
@@ -64,13 +73,12 @@ def scrub_run_inputs(plan: Plan, params: dict[str, Any], project_root: Path) -> 
         for i, (step, clean) in enumerate(zip(raw.get("steps") or [], clean_raw.get("steps") or [], strict=False))
         if step != clean
     ]
-    warnings.append(
+    return clean_plan, (
         "the workflow holds the value of a secret from the project's env files"
         + (f" (step(s) {', '.join(where)})" if where else "")
         + ": its frozen plan stores [REDACTED] instead, and that is what runs; give units secrets through env: "
         "bindings ($NAME in exec.command)."
     )
-    return clean_plan, clean_params, warnings
 
 
 def _long_enough(values: list[str]) -> list[str]:

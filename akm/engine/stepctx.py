@@ -255,13 +255,16 @@ def judge_with_engine(
     from akm.engine.env_bindings import project_sensitive_values
 
     name, snapshot = gates.judge_engine(plan, step)
-    kind = (snapshot or {}).get("kind")
+    kind: str | None = (snapshot or {}).get("kind")
     judge = step.gate.judge
     model = (judge.model if judge else None) or (snapshot or {}).get("model")
     identity = gates.verdict_identity(plan, step, result, artifact)
     started = begin_judging(
         db, run_id, step, loop, runner=kind or "judge", engine=name, model=model, fence=fence, identity=identity
     )
+    verdict: Verdict | None
+    error: str | None
+    tokens: int | None
     if dispatcher is None:
         verdict, error, tokens = None, f"no dispatcher for the judge engine {name!r} ({kind})", None
     else:
@@ -273,7 +276,7 @@ def judge_with_engine(
             step_id=step.step_id,
             unit_id=step.gate.id,
             attempt_id=gate_row_for(step.step_id, loop),
-            kind=kind,
+            kind=kind or "",  # a dispatcher exists only for an engine snapshot that names its kind
             cwd=cwd,
             prompt=gates.judge_prompt(step, summary),
             system_prompt=gates.JUDGE_SYSTEM_PROMPT,

@@ -64,45 +64,50 @@ def run_structured(dispatcher: Dispatcher, request: UnitRequest, cancel: threadi
         usage = add_usage(usage, raw.usage)
         if raw.session_id:
             session_id = raw.session_id
-        if not raw.ok:
-            final = raw
-            break
-        if schema is None:
-            final = DispatchResult(ok=True, text=raw.text or None, truncated=raw.truncated)
-            break
-        text = raw.text or ""
-        if raw.truncated:
-            final = DispatchResult(
-                ok=False,
-                failure_reason="exec_output_limit" if request.kind == "exec" else "output_truncated",
-                truncated=True,
-                error="the output was cut at the capture limit, so it cannot be the one JSON value the output "
-                "schema needs; nothing was promoted. Write bulk output to a file and print a small JSON "
-                "summary instead.",
-            )
-            break
-        from akm.dispatch.answer import AnswerError, extract_model_json, parse_command_json  # schema units only
-
-        try:
-            value: Any = parse_command_json(text) if request.kind == "exec" else extract_model_json(text)
-        except AnswerError as exc:
-            final = DispatchResult(ok=False, failure_reason="parse_error", error=str(exc), text=text or None)
-            feedback = _feedback_for([str(exc)], parse_failed=True)
-        else:
-            from akm.format.schema import validate_instance  # only units with a schema need it
-
-            errors = validate_instance(value, schema)
-            if not errors:
-                final = DispatchResult(ok=True, result=value, has_result=True, text=text.strip() or None)
-                break
-            final = DispatchResult(
-                ok=False, failure_reason="validation_error", error="; ".join(errors), text=text or None
-            )
-            feedback = _feedback_for(errors, parse_failed=False)
-        if cancel.is_set() or n + 1 >= attempts:
+        final, feedback = _checked(raw, request, schema)
+        if feedback is None or cancel.is_set() or n + 1 >= attempts:
             break
     assert final is not None
     final.tokens = tokens
     final.usage = usage
     final.session_id = session_id
     return final
+
+
+def _checked(
+    raw: DispatchResult, request: UnitRequest, schema: dict[str, Any] | None
+) -> tuple[DispatchResult, str | None]:
+    """The attempt's outcome from the dispatcher's answer, and the feedback for another attempt when the answer
+    can be corrected (it did not parse, or missed the schema); None feedback: this outcome is final."""
+    if not raw.ok:
+        return raw, None
+    if schema is None:
+        return DispatchResult(ok=True, text=raw.text or None, truncated=raw.truncated), None
+    text = raw.text or ""
+    if raw.truncated:
+        return DispatchResult(
+            ok=False,
+            failure_reason="exec_output_limit" if request.kind == "exec" else "output_truncated",
+            truncated=True,
+            error="the output was cut at the capture limit, so it cannot be the one JSON value the output "
+            "schema needs; nothing was promoted. Write bulk output to a file and print a small JSON "
+            "summary instead.",
+        ), None
+    from akm.dispatch.answer import AnswerError, extract_model_json, parse_command_json  # schema units only
+
+    try:
+        value: Any = parse_command_json(text) if request.kind == "exec" else extract_model_json(text)
+    except AnswerError as exc:
+        return (
+            DispatchResult(ok=False, failure_reason="parse_error", error=str(exc), text=text or None),
+            _feedback_for([str(exc)], parse_failed=True),
+        )
+    from akm.format.schema import validate_instance  # only units with a schema need it
+
+    errors = validate_instance(value, schema)
+    if not errors:
+        return DispatchResult(ok=True, result=value, has_result=True, text=text.strip() or None), None
+    return (
+        DispatchResult(ok=False, failure_reason="validation_error", error="; ".join(errors), text=text or None),
+        _feedback_for(errors, parse_failed=False),
+    )

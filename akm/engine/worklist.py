@@ -141,32 +141,10 @@ def build_work_list(
 
     root = step.root
     if isinstance(root, MapNode):
-        try:
-            items = resolve(root.over, params, step_outputs)
-        except (ReferenceResolutionError, ReferenceSyntaxError) as exc:
-            return StepFailure(f'Step "{step.step_id}" fan-out "over" ({root.over}) failed to resolve: {exc}')
-        if not isinstance(items, list):
-            return StepFailure(
-                f'Step "{step.step_id}" fan-out "over" ({root.over}) resolved to {_describe_type(items)}, not an array.'
-            )
-        if len(items) > MAX_FAN_OUT:
-            return StepFailure(f'Step "{step.step_id}" fan-out has {len(items)} items; the limit is {MAX_FAN_OUT}.')
-        seen: dict[str, int] = {}
-        for i, it in enumerate(items):
-            if it is None:
-                return StepFailure(f'Step "{step.step_id}" fan-out list has a null item (index {i}).')
-            try:
-                key = canonical_json(it)
-            except CanonicalError as exc:
-                return StepFailure(f'Step "{step.step_id}" fan-out item {i} cannot be identified: a value {exc}.')
-            if key in seen:
-                preview = key if len(key) <= 200 else key[:200] + "…"
-                return StepFailure(
-                    f'Step "{step.step_id}" fan-out list has duplicate items (indices {seen[key]} and {i}): '
-                    f"{preview}. Unit ids are derived from item content, so items must be distinct."
-                )
-            seen[key] = i
-        entries = [(i, it, key) for it, (key, i) in zip(items, seen.items(), strict=False)]
+        fanned = _fan_out_entries(step, root, params, step_outputs)
+        if isinstance(fanned, StepFailure):
+            return fanned
+        entries = fanned
         concurrency, reducer, is_map = root.concurrency, root.reducer, True
     else:
         entries = [(0, NO_ITEM, "null")]
@@ -190,6 +168,39 @@ def build_work_list(
         )
     except CanonicalError as exc:
         return StepFailure(f'Step "{step.step_id}" cannot identify its units: {exc}.')
+
+
+def _fan_out_entries(
+    step: StepPlan, root: MapNode, params: dict[str, Any], step_outputs: dict[str, Any]
+) -> list[tuple[int, Any, str]] | StepFailure:
+    """(index, item, canonical key) per item of the step's fan-out list; or why the list cannot be fanned out
+    (it does not resolve, is not an array, is too long, holds a null, an unidentifiable or a duplicate item)."""
+    try:
+        items = resolve(root.over, params, step_outputs)
+    except (ReferenceResolutionError, ReferenceSyntaxError) as exc:
+        return StepFailure(f'Step "{step.step_id}" fan-out "over" ({root.over}) failed to resolve: {exc}')
+    if not isinstance(items, list):
+        return StepFailure(
+            f'Step "{step.step_id}" fan-out "over" ({root.over}) resolved to {_describe_type(items)}, not an array.'
+        )
+    if len(items) > MAX_FAN_OUT:
+        return StepFailure(f'Step "{step.step_id}" fan-out has {len(items)} items; the limit is {MAX_FAN_OUT}.')
+    seen: dict[str, int] = {}
+    for i, it in enumerate(items):
+        if it is None:
+            return StepFailure(f'Step "{step.step_id}" fan-out list has a null item (index {i}).')
+        try:
+            key = canonical_json(it)
+        except CanonicalError as exc:
+            return StepFailure(f'Step "{step.step_id}" fan-out item {i} cannot be identified: a value {exc}.')
+        if key in seen:
+            preview = key if len(key) <= 200 else key[:200] + "…"
+            return StepFailure(
+                f'Step "{step.step_id}" fan-out list has duplicate items (indices {seen[key]} and {i}): '
+                f"{preview}. Unit ids are derived from item content, so items must be distinct."
+            )
+        seen[key] = i
+    return [(i, it, key) for it, (key, i) in zip(items, seen.items(), strict=False)]
 
 
 def _units(

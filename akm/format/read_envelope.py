@@ -164,10 +164,16 @@ def _xref_problem(ref: str) -> str | None:
     elif not bundle or re.search(r"[:.#/\s]", bundle):
         return "the bundle name before // must be a plain slug"
     concept, hsep, fragment = rest.partition("#")
+    problem = _asset_id_problem(concept)
+    if problem is None and hsep and not fragment:
+        return "the #fragment is empty"
+    return problem
+
+
+def _asset_id_problem(concept: str) -> str | None:
+    """Why an asset id is not a plain relative path (no ':', no '..', no empty segments, no whitespace), or None."""
     if not concept or ":" in concept or re.match(r"[A-Za-z]:", concept) or concept.startswith("/"):
         return "the asset id must be a relative path without ':'"
     if ".." in concept.split("/") or "//" in concept or concept.endswith("/") or re.search(r"\s", concept):
         return "the asset id must not contain '..', empty segments or whitespace"
-    if hsep and not fragment:
-        return "the #fragment is empty"
     return None

@@ -19,7 +19,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from akm.record import dataclass
 
@@ -213,65 +213,109 @@ def _check_keyword(
 
     if key in UNSUPPORTED_KEYWORDS:
         unsupported(f'JSON-Schema keyword "{key}" is not supported by akm')
-    elif key == "type":
-        names = value if isinstance(value, list) else [value]
-        if not names:
-            bad('"type" must be a type name or a non-empty list of type names')
-        elif not all(isinstance(n, str) for n in names):
-            bad('"type" must be a type name or a non-empty list of type names')
-        else:
-            unknown = [n for n in names if n not in TYPE_NAMES]
-            if unknown:
-                bad(f'"type" names unknown type "{unknown[0]}"; use one of ' + ", ".join(sorted(TYPE_NAMES)))
-            elif len(set(names)) != len(names):
-                bad('"type" lists the same type more than once')
-    elif key == "enum":
-        if not isinstance(value, list) or not value:
-            bad('"enum" must be a non-empty list')
-        elif _value_depth_exceeds(value, MAX_SCHEMA_DEPTH):
-            bad(f'"enum" values nest deeper than {MAX_SCHEMA_DEPTH} levels')
-    elif key == "required":
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            bad('"required" must be a list of property names (strings)')
     elif key == "properties":
-        if not isinstance(value, dict):
-            bad('"properties" must be a mapping of property name to schema')
-        else:
-            for prop, sub in value.items():
-                if not isinstance(sub, dict):
-                    bad(f'"properties" entry "{prop}" must be a schema mapping')
-                else:
-                    children.append((sub, path + ("properties", str(prop))))
+        _check_properties(value, path, bad, children)
     elif key == "items":
-        if isinstance(value, dict):
-            children.append((value, path + ("items",)))
-        elif isinstance(value, list):
-            unsupported('tuple-form "items" (a list of schemas) is not supported; use one schema mapping')
-        else:
-            bad('"items" must be a schema mapping')
+        _check_items(value, path, bad, unsupported, children)
     elif key == "additionalProperties":
         if isinstance(value, dict):
             unsupported('"additionalProperties" must be true or false; a schema here is not supported')
         elif not isinstance(value, bool):
             bad('"additionalProperties" must be true or false')
+    elif key in _COMBINATORS or key == "not":
+        _check_subschemas(key, value, path, bad, children)
+    else:
+        problem = _value_problem(key, value)
+        if problem is not None:
+            bad(problem)
+    # Anything else is an annotation or an extension keyword: allowed, never evaluated.
+
+
+def _value_problem(key: str, value: Any) -> str | None:
+    """What is wrong with the value of a keyword that holds no schema (`type`, `enum`, `required`, the
+    counts and the bounds); None when it is right or `key` is an annotation."""
+    if key == "type":
+        return _type_problem(value)
+    if key == "enum":
+        return _enum_problem(value)
+    if key == "required":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            return '"required" must be a list of property names (strings)'
     elif key in _COUNT_KEYWORDS:
         if not _is_int(value) or value < 0:
-            bad(f'"{key}" must be a non-negative integer')
+            return f'"{key}" must be a non-negative integer'
     elif key in ("minimum", "maximum"):
         if not _is_finite_number(value):
-            bad(f'"{key}" must be a finite number')
-    elif key in _COMBINATORS:
-        if not isinstance(value, list) or not value or not all(isinstance(b, dict) for b in value):
-            bad(f'"{key}" must be a non-empty list of schema mappings')
-        else:
-            for i, branch in enumerate(value):
-                children.append((branch, path + (key, i)))
-    elif key == "not":
+            return f'"{key}" must be a finite number'
+    return None
+
+
+def _check_items(
+    value: Any,
+    path: SchemaPath,
+    bad: Callable[[str], None],
+    unsupported: Callable[[str], None],
+    children: list[tuple[dict, SchemaPath]],
+) -> None:
+    """`items`: one schema mapping, checked as a child (the tuple form is not supported)."""
+    if isinstance(value, dict):
+        children.append((value, path + ("items",)))
+    elif isinstance(value, list):
+        unsupported('tuple-form "items" (a list of schemas) is not supported; use one schema mapping')
+    else:
+        bad('"items" must be a schema mapping')
+
+
+def _check_subschemas(
+    key: str, value: Any, path: SchemaPath, bad: Callable[[str], None], children: list[tuple[dict, SchemaPath]]
+) -> None:
+    """`allOf`/`anyOf`/`oneOf` (a non-empty list of schema mappings) and `not` (one): each a child."""
+    if key == "not":
         if not isinstance(value, dict):
             bad('"not" must be a schema mapping')
         else:
             children.append((value, path + ("not",)))
-    # Anything else is an annotation or an extension keyword: allowed, never evaluated.
+    elif not isinstance(value, list) or not value or not all(isinstance(b, dict) for b in value):
+        bad(f'"{key}" must be a non-empty list of schema mappings')
+    else:
+        for i, branch in enumerate(value):
+            children.append((branch, path + (key, i)))
+
+
+def _type_problem(value: Any) -> str | None:
+    """What is wrong with a `type` keyword's value (a type name or a non-empty list of distinct ones)."""
+    names = value if isinstance(value, list) else [value]
+    if not names or not all(isinstance(n, str) for n in names):
+        return '"type" must be a type name or a non-empty list of type names'
+    unknown = [n for n in names if n not in TYPE_NAMES]
+    if unknown:
+        return f'"type" names unknown type "{unknown[0]}"; use one of ' + ", ".join(sorted(TYPE_NAMES))
+    if len(set(names)) != len(names):
+        return '"type" lists the same type more than once'
+    return None
+
+
+def _enum_problem(value: Any) -> str | None:
+    """What is wrong with an `enum` keyword's value (a non-empty list, nested no deeper than a schema may be)."""
+    if not isinstance(value, list) or not value:
+        return '"enum" must be a non-empty list'
+    if _value_depth_exceeds(value, MAX_SCHEMA_DEPTH):
+        return f'"enum" values nest deeper than {MAX_SCHEMA_DEPTH} levels'
+    return None
+
+
+def _check_properties(
+    value: Any, path: SchemaPath, bad: Callable[[str], None], children: list[tuple[dict, SchemaPath]]
+) -> None:
+    """A `properties` mapping: each entry a schema, checked in turn as a child."""
+    if not isinstance(value, dict):
+        bad('"properties" must be a mapping of property name to schema')
+        return
+    for prop, sub in value.items():
+        if not isinstance(sub, dict):
+            bad(f'"properties" entry "{prop}" must be a schema mapping')
+        else:
+            children.append((sub, path + ("properties", str(prop))))
 
 
 # --------------------------------------------------------------------------------------------
@@ -493,15 +537,20 @@ def _same(one: Any, two: Any) -> bool:
     """The library's `enum` equality: 1 == 1.0, but true is not 1; lists and objects compared deeply."""
     if isinstance(one, str) or isinstance(two, str):
         return one == two
+    if isinstance(one, (list, dict)) or isinstance(two, (list, dict)):
+        return _same_container(one, two)
+    if isinstance(one, bool) or isinstance(two, bool):
+        return type(one) is type(two) and one == two
+    return one == two
+
+
+def _same_container(one: Any, two: Any) -> bool:
+    """`_same` when either side is a list or an object: a container never equals a scalar, nor a list an object."""
     if isinstance(one, list) and isinstance(two, list):
         return len(one) == len(two) and all(_same(a, b) for a, b in zip(one, two, strict=False))
     if isinstance(one, dict) and isinstance(two, dict):
         return one.keys() == two.keys() and all(_same(one[k], two[k]) for k in one)
-    if isinstance(one, (list, dict)) or isinstance(two, (list, dict)):
-        return False  # a container never equals a scalar, nor a list an object
-    if isinstance(one, bool) or isinstance(two, bool):
-        return type(one) is type(two) and one == two
-    return one == two
+    return False
 
 
 def _conforms(value: Any, schema: dict, visits: list[int]) -> bool:
@@ -512,54 +561,97 @@ def _conforms(value: Any, schema: dict, visits: list[int]) -> bool:
         visits[0] += 1
         if visits[0] > MAX_VISITS // 2:  # well inside the library's budget: near it, let the library say
             raise _Undecided
-        if key == "type":
-            names = want if isinstance(want, list) else [want]
-            if not any(_is_a(value, n) for n in names):
-                return False
-        elif key == "enum":
-            if not any(_same(v, value) for v in want):
-                return False
-        elif key == "properties":
-            if isinstance(value, dict):
-                for prop, sub in want.items():
-                    if prop in value and not _conforms(value[prop], sub, visits):
-                        return False
-        elif key == "required":
-            if isinstance(value, dict) and any(prop not in value for prop in want):
-                return False
-        elif key == "items":
-            if "prefixItems" in schema or not isinstance(want, dict):
-                raise _Undecided
-            if isinstance(value, list) and not all(_conforms(v, want, visits) for v in value):
-                return False
-        elif key == "additionalProperties":
-            if "patternProperties" in schema or not isinstance(want, bool):
-                raise _Undecided
-            if want is False and isinstance(value, dict):
-                props = schema.get("properties", {})
-                if any(k not in props for k in value):
-                    return False
-        elif key in ("minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum"):
-            kind = "array" if key.endswith("Items") else "string" if key.endswith("Length") else "number"
-            if _is_a(value, kind):
-                measure = value if kind == "number" else len(value)
-                if (measure < want) if key.startswith("min") else (measure > want):
-                    return False
-        elif key == "allOf":
-            if not all(_conforms(value, sub, visits) for sub in want):
-                return False
-        elif key == "anyOf":
-            if not any(_conforms(value, sub, visits) for sub in want):
-                return False
-        elif key == "oneOf":
-            if sum(1 for sub in want if _conforms(value, sub, visits)) != 1:
-                return False
-        elif key == "not":
-            if _conforms(value, want, visits):
-                return False
-        else:  # pragma: no cover - every supported keyword is handled above
+        holds = _KEYWORD_HOLDS.get(key)
+        if holds is None:  # pragma: no cover - every supported keyword has its check below
             raise _Undecided
+        if not holds(value, want, schema, visits):
+            return False
     return True
+
+
+# Each supported keyword's check, `(value, the keyword's value, the whole schema, visits) -> holds`: a keyword
+# about another type than the value's holds (as in the library), and `_Undecided` leaves it to the library.
+
+
+def _type_holds(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    names = want if isinstance(want, list) else [want]
+    return any(_is_a(value, n) for n in names)
+
+
+def _enum_holds(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    return any(_same(v, value) for v in want)
+
+
+def _properties_hold(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    if isinstance(value, dict):
+        for prop, sub in want.items():
+            if prop in value and not _conforms(value[prop], sub, visits):
+                return False
+    return True
+
+
+def _required_holds(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    return not (isinstance(value, dict) and any(prop not in value for prop in want))
+
+
+def _items_hold(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    if "prefixItems" in schema or not isinstance(want, dict):
+        raise _Undecided
+    return not isinstance(value, list) or all(_conforms(v, want, visits) for v in value)
+
+
+def _additional_properties_hold(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    if "patternProperties" in schema or not isinstance(want, bool):
+        raise _Undecided
+    if want is False and isinstance(value, dict):
+        props = schema.get("properties", {})
+        return not any(k not in props for k in value)
+    return True
+
+
+def _bound_holds(key: str) -> Callable[[Any, Any, dict, list[int]], bool]:
+    """The check of a size or value bound: `minItems` … `maximum`, on the type it is about."""
+    kind = "array" if key.endswith("Items") else "string" if key.endswith("Length") else "number"
+    is_min = key.startswith("min")
+
+    def holds(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+        if not _is_a(value, kind):
+            return True
+        measure = value if kind == "number" else len(value)
+        return not ((measure < want) if is_min else (measure > want))
+
+    return holds
+
+
+def _all_of_holds(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    return all(_conforms(value, sub, visits) for sub in want)
+
+
+def _any_of_holds(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    return any(_conforms(value, sub, visits) for sub in want)
+
+
+def _one_of_holds(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    return sum(1 for sub in want if _conforms(value, sub, visits)) == 1
+
+
+def _not_holds(value: Any, want: Any, schema: dict, visits: list[int]) -> bool:
+    return not _conforms(value, want, visits)
+
+
+_KEYWORD_HOLDS: dict[str, Callable[[Any, Any, dict, list[int]], bool]] = {
+    "type": _type_holds,
+    "enum": _enum_holds,
+    "properties": _properties_hold,
+    "required": _required_holds,
+    "items": _items_hold,
+    "additionalProperties": _additional_properties_hold,
+    **{key: _bound_holds(key) for key in ("minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum")},
+    "allOf": _all_of_holds,
+    "anyOf": _any_of_holds,
+    "oneOf": _one_of_holds,
+    "not": _not_holds,
+}
 
 
 def quick_valid(value: Any, schema: dict) -> bool:
@@ -604,7 +696,12 @@ def validate_instance(value: Any, schema: dict, root_label: str = "$") -> list[s
     finally:
         _budget.reset(token)
 
-    # Per node, a type mismatch is the whole story: drop enum/combinator noise from that node.
+    return _error_lines(errors, root_label)
+
+
+def _error_lines(errors: list[Any], root_label: str) -> list[str]:
+    """The library's errors as `"<path>: <problem>"` lines, each once. Per node, a type mismatch is the whole
+    story: the enum and combinator noise of a node that has one is dropped."""
     typed_nodes = {
         (tuple(e.absolute_path), tuple(e.absolute_schema_path)[:-1]) for e in errors if e.validator == "type"
     }

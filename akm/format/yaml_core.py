@@ -78,25 +78,37 @@ def scalar_value(node: ScalarNode) -> Any:
             return text.lower() == "true"
         raise YamlValueError(f"cannot read {text!r} as !!bool (YAML 1.2 knows only true/false)", node)
     if tag == TAG_INT:
-        if _INT_DEC_RE.match(text):
-            return int(text, 10)
-        if _INT_OCT_RE.match(text):
-            return int(text[2:], 8)
-        if _INT_HEX_RE.match(text):
-            return int(text[2:], 16)
-        raise YamlValueError(f"cannot read {text!r} as !!int", node)
+        return _int_value(node)
     if tag == TAG_FLOAT:
-        lowered = text.lower()
-        if lowered in (".inf", "+.inf"):
-            return math.inf
-        if lowered == "-.inf":
-            return -math.inf
-        if lowered == ".nan":
-            return math.nan
-        if _FLOAT_RE.match(text) or _INT_RE.match(text):
-            return float(int(text, 0)) if text.startswith(("0o", "0x")) else float(text)
-        raise YamlValueError(f"cannot read {text!r} as !!float", node)
+        return _float_value(node)
     raise YamlValueError(f"unsupported YAML tag {short_tag(tag)}", node)
+
+
+def _int_value(node: ScalarNode) -> int:
+    """An `!!int` scalar: decimal, `0o` octal or `0x` hexadecimal."""
+    text = node.value
+    if _INT_DEC_RE.match(text):
+        return int(text, 10)
+    if _INT_OCT_RE.match(text):
+        return int(text[2:], 8)
+    if _INT_HEX_RE.match(text):
+        return int(text[2:], 16)
+    raise YamlValueError(f"cannot read {text!r} as !!int", node)
+
+
+def _float_value(node: ScalarNode) -> float:
+    """A `!!float` scalar: the infinities, NaN, a decimal float, or an integer read as a float."""
+    text = node.value
+    lowered = text.lower()
+    if lowered in (".inf", "+.inf"):
+        return math.inf
+    if lowered == "-.inf":
+        return -math.inf
+    if lowered == ".nan":
+        return math.nan
+    if _FLOAT_RE.match(text) or _INT_RE.match(text):
+        return float(int(text, 0)) if text.startswith(("0o", "0x")) else float(text)
+    raise YamlValueError(f"cannot read {text!r} as !!float", node)
 
 
 def js_string(value: Any) -> str:

@@ -93,7 +93,8 @@ def compact_brief(brief: dict[str, Any], limit: int = ANSWER_LIMIT - 1024) -> di
     units = brief.get("units") or []
     if size_of(brief) > limit and units:
         head = size_of({**brief, "units": []})
-        kept, used = [], head
+        kept: list[Any] = []
+        used = head
         for unit in units:
             n = size_of(unit) + 1
             if kept and used + n > limit:

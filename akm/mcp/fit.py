@@ -19,6 +19,7 @@ otherwise it is a short summary — the ids, the status, the `next` to call — 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from mcp_types import CallToolResult, TextContent
@@ -60,24 +61,36 @@ def result_of(data: dict[str, Any], name: str, extra: list[Any] | None = None) -
 def summary(name: str, data: dict[str, Any]) -> str:
     """A few lines a person or a text-only client can act on: who, what state, what lists hold, what next."""
     run = data.get("run") if isinstance(data.get("run"), dict) else None
-    facts = []
-    for holder in (data, run or {}):
-        for key in SUMMARY_FACTS:
-            value = holder.get(key)
-            if value is not None and not isinstance(value, (dict, list)) and f"{key}={value}" not in facts:
-                facts.append(f"{key}={value}")
-    lists = []
-    for holder in (data, run or {}):
-        for key, value in holder.items():
-            if isinstance(value, list) and value:
-                page = holder.get(f"{key}Page") or holder.get(f"{key}Listed") or {}
-                total = page.get("total") if isinstance(page, dict) else None
-                lists.append(f"{key}: {len(value)}" + (f" of {total}" if total and total != len(value) else ""))
+    facts = _facts((data, run or {}))
+    lists = _list_sizes((data, run or {}))
     lines = [f"{name}: {', '.join(facts) or 'answered'}" + (f" ({'; '.join(lists)})" if lists else "")]
     if data.get("next"):
         lines.append(f"next: {data['next']}")
     lines.append(f"The whole answer ({size_of(data)} bytes of JSON) is this result's structuredContent.")
     return "\n".join(lines)
+
+
+def _facts(holders: tuple[dict[str, Any], ...]) -> list[str]:
+    """`key=value` for each plain SUMMARY_FACTS value in the answer and its run, each said once."""
+    facts: list[str] = []
+    for holder in holders:
+        for key in SUMMARY_FACTS:
+            value = holder.get(key)
+            if value is not None and not isinstance(value, (dict, list)) and f"{key}={value}" not in facts:
+                facts.append(f"{key}={value}")
+    return facts
+
+
+def _list_sizes(holders: tuple[dict[str, Any], ...]) -> list[str]:
+    """`units: 100 of 250` for each non-empty list in the answer and its run (the total from its page record)."""
+    lists = []
+    for holder in holders:
+        for key, value in holder.items():
+            if isinstance(value, list) and value:
+                page = holder.get(f"{key}Page") or holder.get(f"{key}Listed") or {}
+                total = page.get("total") if isinstance(page, dict) else None
+                lists.append(f"{key}: {len(value)}" + (f" of {total}" if total and total != len(value) else ""))
+    return lists
 
 
 def fitted(name: str, request: Any, result: Any) -> Any:
@@ -87,48 +100,92 @@ def fitted(name: str, request: Any, result: Any) -> Any:
         return result
     data = result.structured_content
     rid = (data.get("run") or {}).get("runId") if isinstance(data.get("run"), dict) else data.get("runId")
-    if name in ("workflow_run", "workflow_wait") and isinstance(data.get("run"), dict):
-        compact.compact_run(data["run"])
-    elif name == "workflow_status":
-        if getattr(request, "step", None) is None:
-            compact.compact_run(data)
-        else:  # the step's output whole, in pages when large, beside the rest made small
-            steps, data["steps"] = data.get("steps") or [], []
-            if isinstance(data.get("awaiting"), dict) and data["awaiting"].get("kind") in ("units", "judge"):
-                compact.compact_brief(data["awaiting"], BRIEF_BESIDE_PAGE)
-            compact.compact_run(data)
-            _trim_page(data, "units", "unitsPage", compact.ANSWER_LIMIT // 2)
-            room = _room(data, len(steps))
-            for step in steps:
-                compact.page_output(step, rid, getattr(request, "output_offset", 0), room)
-            data["steps"] = steps
-        _trim_page(data, "units", "unitsPage")
-    elif name in ("workflow_resume", "workflow_abandon"):
-        compact.compact_run(data)
-    elif name == "workflow_rewind" and isinstance(data.get("run"), dict):
-        compact.compact_run(data["run"])
-        compact.compact_run({"runId": data["run"].get("runId"), "rewinds": [data.get("rewind") or {}]})
-    elif name == "workflow_next":
-        if getattr(request, "unit_id", None) is None:
-            compact.compact_brief(data)
-        else:
-            units = data.get("units") or []
-            prompts = [compact.clip_context(unit, rid).pop("prompt", None) for unit in units]
-            room = _room(data, len(units))
-            for unit, prompt in zip(units, prompts, strict=True):
-                unit["prompt"] = prompt
-                compact.page_prompt(unit, rid, getattr(request, "prompt_offset", 0), room)
-    elif name == "unit_report" and isinstance(data.get("brief"), dict):
-        compact.compact_brief(data["brief"])
-    elif name == "workflow_events":
-        _trim_events(data)
-    elif name == "workflow_list":
-        _trim_page(data, "runs", "page")
+    made_small = _MAKE_SMALL.get(name)
+    if made_small is not None:
+        made_small(data, request, rid)
     for key in ("page", "unitsPage"):  # a page record only when the list was cut (a whole list is as before)
         if key in data and data[key] is None:
             del data[key]
     shrink(data, compact.ANSWER_LIMIT)
     return result_of(data, name, list(result.content[1:]))  # blocks beyond the JSON text (a link) stay
+
+
+def _run_inside(data: dict[str, Any], request: Any, rid: Any) -> None:
+    """workflow_run, workflow_wait: the run view inside the answer, made small."""
+    if isinstance(data.get("run"), dict):
+        compact.compact_run(data["run"])
+
+
+def _status(data: dict[str, Any], request: Any, rid: Any) -> None:
+    """workflow_status: the run made small, or with `step` that step's output whole (in pages when large)
+    beside the rest made small; the units listed within a page."""
+    if getattr(request, "step", None) is None:
+        compact.compact_run(data)
+    else:
+        steps, data["steps"] = data.get("steps") or [], []
+        if isinstance(data.get("awaiting"), dict) and data["awaiting"].get("kind") in ("units", "judge"):
+            compact.compact_brief(data["awaiting"], BRIEF_BESIDE_PAGE)
+        compact.compact_run(data)
+        _trim_page(data, "units", "unitsPage", compact.ANSWER_LIMIT // 2)
+        room = _room(data, len(steps))
+        for step in steps:
+            compact.page_output(step, rid, getattr(request, "output_offset", 0), room)
+        data["steps"] = steps
+    _trim_page(data, "units", "unitsPage")
+
+
+def _run_itself(data: dict[str, Any], request: Any, rid: Any) -> None:
+    """workflow_resume, workflow_abandon: the answer is the run view."""
+    compact.compact_run(data)
+
+
+def _rewound(data: dict[str, Any], request: Any, rid: Any) -> None:
+    """workflow_rewind: the run view, and the rewind as the run's rewinds list shows it."""
+    if isinstance(data.get("run"), dict):
+        compact.compact_run(data["run"])
+        compact.compact_run({"runId": data["run"].get("runId"), "rewinds": [data.get("rewind") or {}]})
+
+
+def _next_brief(data: dict[str, Any], request: Any, rid: Any) -> None:
+    """workflow_next: the brief made small, or with `unit_id` each unit's prompt whole (in pages when large)."""
+    if getattr(request, "unit_id", None) is None:
+        compact.compact_brief(data)
+        return
+    units = data.get("units") or []
+    prompts = [compact.clip_context(unit, rid).pop("prompt", None) for unit in units]
+    room = _room(data, len(units))
+    for unit, prompt in zip(units, prompts, strict=True):
+        unit["prompt"] = prompt
+        compact.page_prompt(unit, rid, getattr(request, "prompt_offset", 0), room)
+
+
+def _reported(data: dict[str, Any], request: Any, rid: Any) -> None:
+    """unit_report: the brief it answers with (the judge's, or the units a gate sent back), made small."""
+    if isinstance(data.get("brief"), dict):
+        compact.compact_brief(data["brief"])
+
+
+def _events(data: dict[str, Any], request: Any, rid: Any) -> None:
+    _trim_events(data)
+
+
+def _runs(data: dict[str, Any], request: Any, rid: Any) -> None:
+    _trim_page(data, "runs", "page")
+
+
+# How each tool's answer is made small before it is shrunk to the limit (the tools not named: shrunk only).
+_MAKE_SMALL: dict[str, Callable[[dict[str, Any], Any, Any], None]] = {
+    "workflow_run": _run_inside,
+    "workflow_wait": _run_inside,
+    "workflow_status": _status,
+    "workflow_resume": _run_itself,
+    "workflow_abandon": _run_itself,
+    "workflow_rewind": _rewound,
+    "workflow_next": _next_brief,
+    "unit_report": _reported,
+    "workflow_events": _events,
+    "workflow_list": _runs,
+}
 
 
 def _room(data: dict[str, Any], parts: int) -> int:

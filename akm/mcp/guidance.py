@@ -131,23 +131,28 @@ def for_brief(brief: dict[str, Any], rid: str) -> str:
     return f'Call workflow_next(run_id="{rid}") for what the run needs now.'
 
 
+# A report answered with a brief: what to do with it, by its kind.
+_AFTER_BRIEF = {
+    "judge": (
+        "The step's units are done: judge brief.judge.artifact against its criteria and report "
+        'unit_report(**brief.judge.report, verdict={"complete": bool, "missing": [...], '
+        '"feedback": "..."}).'
+    ),
+    "units": (
+        "The gate sent the step back: redo each unit in brief.units with brief.gateFeedback and report it "
+        "with unit_report(**unit.report, result=...) (it names the new attemptId)."
+    ),
+}
+
+
 def after_report(res: dict[str, Any]) -> str | None:
     """A report answer's `next`: what its own fields already say the agent must do."""
     rid, outcome, status = res["runId"], res.get("stepOutcome") or {}, res.get("runStatus")
     brief = res.get("brief")
     if status == "completed":
         return None
-    if brief and brief.get("kind") == "judge":
-        return (
-            "The step's units are done: judge brief.judge.artifact against its criteria and report "
-            'unit_report(**brief.judge.report, verdict={"complete": bool, "missing": [...], '
-            '"feedback": "..."}).'
-        )
-    if brief and brief.get("kind") == "units":
-        return (
-            "The gate sent the step back: redo each unit in brief.units with brief.gateFeedback and report it "
-            "with unit_report(**unit.report, result=...) (it names the new attemptId)."
-        )
+    if brief and brief.get("kind") in ("judge", "units"):
+        return _AFTER_BRIEF[brief["kind"]]
     if status in ("failed", "blocked"):
         if res.get("recovery"):
             return f"The run is {status}. " + remedy_text(res["recovery"], rid)

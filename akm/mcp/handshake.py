@@ -127,20 +127,21 @@ def early_answer(line: bytes) -> tuple[Any, bytes] | None:
     if not isinstance(obj, dict) or set(obj) != {"jsonrpc", "id", "method", "params"}:
         return None
     rid, params = obj["id"], obj["params"]
-    if obj["jsonrpc"] != "2.0" or obj["method"] != "initialize":
+    if obj["jsonrpc"] != "2.0" or obj["method"] != "initialize" or not _valid_plain_id(rid):
         return None
-    if not ((isinstance(rid, int) and not isinstance(rid, bool)) or isinstance(rid, str)):
-        return None
-    if not isinstance(params, dict) or set(params) != {"protocolVersion", "capabilities", "clientInfo"}:
-        return None
-    if not isinstance(params["protocolVersion"], str):
-        return None
-    if not (_plain_capabilities(params["capabilities"]) and _plain_client_info(params["clientInfo"])):
-        return None
-    if not (_valid_plain_id(rid)):
+    if not _plain_initialize_params(params):
         return None
     result = initialize_result(params["protocolVersion"])
     return (rid, _answer_line(rid, result)) if result is not None else None
+
+
+def _plain_initialize_params(params: Any) -> bool:
+    """`initialize` params of exactly the three keys, each in the plain form the early answer knows."""
+    if not isinstance(params, dict) or set(params) != {"protocolVersion", "capabilities", "clientInfo"}:
+        return False
+    if not isinstance(params["protocolVersion"], str):
+        return False
+    return _plain_capabilities(params["capabilities"]) and _plain_client_info(params["clientInfo"])
 
 
 _DIGITS = frozenset("0123456789")
@@ -373,14 +374,22 @@ class _Reader:
             self.era = "handshake"
             return self._once(got[0], "initialize", got[1])
         if self.era == "handshake" or (self.era is None and not has_modern_envelope(obj)):
-            if self.era is None:
-                return False  # anything but initialize or a 2026 request first: the SDK's to judge
-            if not self.initialized:
-                self.initialized = is_initialized_notification(line)
-                return self.initialized  # a request before `initialized` is the SDK's to judge
-            plain, rid = _plain_list_request(obj)
-            result = list_result(obj["method"]) if plain else None
-            return self._once(rid, obj["method"], _answer_line(rid, result)) if result is not None else False
+            return self._after_initialize(obj, line)
+        return self._modern(obj)
+
+    def _after_initialize(self, obj: dict[str, Any], line: bytes) -> tuple[Any, str, bytes] | bool:
+        """A line after an early-answered `initialize`: the `initialized` notification, then plain lists."""
+        if self.era is None:
+            return False  # anything but initialize or a 2026 request first: the SDK's to judge
+        if not self.initialized:
+            self.initialized = is_initialized_notification(line)
+            return self.initialized  # a request before `initialized` is the SDK's to judge
+        plain, rid = _plain_list_request(obj)
+        result = list_result(obj["method"]) if plain else None
+        return self._once(rid, obj["method"], _answer_line(rid, result)) if result is not None else False
+
+    def _modern(self, obj: dict[str, Any]) -> tuple[Any, str, bytes] | bool:
+        """A 2026 request in a plain envelope: `server/discover` or a list, answered once it is plain."""
         method = obj.get("method")
         if set(obj) != {"jsonrpc", "id", "method", "params"} or not _valid_plain_id(obj.get("id")):
             return False

@@ -123,13 +123,18 @@ def _type_of(prop: dict[str, Any]) -> str:
         items = prop.get("items")
         return f"array of {_type_of(items)}" if isinstance(items, dict) and items else "array"
     if isinstance(kind, str):
-        bounds = [
-            f"≥ {prop['minimum']}" if "minimum" in prop else "",
-            f"≤ {prop['maximum']}" if "maximum" in prop else "",
-        ]
-        shown = ", ".join(b for b in bounds if b)
-        return kind + (f" ({shown})" if shown else "")
+        return kind + _bounds(prop)
     return "any JSON value"
+
+
+def _bounds(prop: dict[str, Any]) -> str:
+    """ " (≥ 1, ≤ 100)": a number's bounds as the reference shows them beside its type ("" if none)."""
+    bounds = [
+        f"≥ {prop['minimum']}" if "minimum" in prop else "",
+        f"≤ {prop['maximum']}" if "maximum" in prop else "",
+    ]
+    shown = ", ".join(b for b in bounds if b)
+    return f" ({shown})" if shown else ""
 
 
 def _cell(text: str) -> str:

@@ -72,7 +72,7 @@ def list_tools() -> list[types.Tool]:
 def _wire_order(schema: dict[str, Any]) -> dict[str, Any]:
     """`properties`, `required`, `type` first, as the SDK's 2025 models write a tool schema: then both protocol
     eras put the same bytes on the wire (the 2026 one writes the dict as it is), one early answer for both."""
-    head = {k: schema[k] for k in ("properties", "required", "type") if k in schema}
+    head: dict[str, Any] = {k: schema[k] for k in ("properties", "required", "type") if k in schema}
     return {**head, **{k: v for k, v in schema.items() if k not in head}}
 
 

@@ -28,7 +28,7 @@ import json
 import re
 import select
 import sys
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Mapping
 
 import anyio
 import mcp_types as types
@@ -189,7 +189,7 @@ def _loads(text: str) -> Any:
 
 
 def _unreadable(text: str, exc: ValidationError) -> types.JSONRPCError | types.JSONRPCMessage | None:
-    first = exc.errors()[0] if exc.errors() else {}
+    first: Mapping[str, Any] = exc.errors()[0] if exc.errors() else {}
     if first.get("type") == "json_invalid":
         try:
             obj = json.loads(text)
@@ -221,6 +221,20 @@ def _unreadable(text: str, exc: ValidationError) -> types.JSONRPCError | types.J
 
 def _invalid(obj: Any, exc: ValidationError) -> types.JSONRPCError | None:
     """JSON that is no JSON-RPC message: -32600, unless it is a notification or a response."""
+    shapeless = _shapeless(obj)
+    if shapeless is not None:
+        return shapeless
+    if "method" not in obj and ("result" in obj or "error" in obj):
+        return None  # a malformed response of the client's: nothing to answer
+    if "id" not in obj and "method" in obj:
+        return None  # a malformed notification: JSON-RPC never answers one
+    as_request = [e for e in exc.errors() if e["loc"][:1] == ("JSONRPCRequest",)] or exc.errors()
+    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'message'}: {e['msg']}" for e in as_request[:5])
+    return _error(obj.get("id"), types.INVALID_REQUEST, f"Invalid request: {problems}")
+
+
+def _shapeless(obj: Any) -> types.JSONRPCError | None:
+    """The answer to JSON not even shaped as one message (a batch, a non-object, an id of the wrong type)."""
     if isinstance(obj, list):
         return _error(
             None,
@@ -237,13 +251,7 @@ def _invalid(obj: Any, exc: ValidationError) -> types.JSONRPCError | None:
             types.INVALID_REQUEST,
             f"Invalid request: the id must be a string or an integer, not {_kind(obj['id'])}.",
         )
-    if "method" not in obj and ("result" in obj or "error" in obj):
-        return None  # a malformed response of the client's: nothing to answer
-    if "id" not in obj and "method" in obj:
-        return None  # a malformed notification: JSON-RPC never answers one
-    as_request = [e for e in exc.errors() if e["loc"][:1] == ("JSONRPCRequest",)] or exc.errors()
-    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'message'}: {e['msg']}" for e in as_request[:5])
-    return _error(obj.get("id"), types.INVALID_REQUEST, f"Invalid request: {problems}")
+    return None
 
 
 def _peer_gone(fd: int) -> bool:

@@ -109,13 +109,20 @@ def terse(schema: Any) -> Any:
             out[key] = {name: terse(sub) for name, sub in value.items()}
         else:
             out[key] = terse(value)
-    branches = out.get("anyOf")
+    kinds = _plain_types(out.get("anyOf"))
+    if kinds is not None:
+        del out["anyOf"]
+        out["type"] = kinds
+    return out
+
+
+def _plain_types(branches: Any) -> list[str] | None:
+    """The type names of an `anyOf` whose every branch is only a plain `type`, or None if it is not one."""
     if isinstance(branches, list) and all(isinstance(b, dict) and set(b) == {"type"} for b in branches):
         kinds = [b["type"] for b in branches]
         if all(isinstance(k, str) for k in kinds):
-            del out["anyOf"]
-            out["type"] = kinds
-    return out
+            return kinds
+    return None
 
 
 def untitled(schema: Any) -> Any:
@@ -236,7 +243,7 @@ async def workflow_run(call: Call, req: api.RunToolRequest) -> CallToolResult:
     except AkmError as exc:
         return error_result(exc)
     if req.timeout is not None:
-        wait_s = req.timeout / 1000.0
+        wait_s = int(req.timeout) / 1000.0  # ms once validated (the schema also takes text: 30s)
     else:  # the call that starts a run names it soon: a client with a short tool timeout still learns its id
         wait_s = min(bound_s(), FIRST_ANSWER_S) if opened.started else bound_s()
     listener = drive.listen()

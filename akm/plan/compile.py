@@ -146,7 +146,7 @@ def compile_step(
         max_loops=(step.gate.max_loops if step.gate and step.gate.max_loops else 1),
         judge=freezer.judge_invocation() if rubric else None,
     )
-    root = None
+    root: UnitNode | MapNode | None = None
     route = None
     if step.kind == "route":
         assert step.route is not None

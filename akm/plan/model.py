@@ -156,7 +156,7 @@ def REC(cls: type[PlanRecord] | Callable[[], type[PlanRecord]]) -> Check:
     """A nested record: an instance, or its JSON object (decoded). `cls` may be a thunk (forward reference)."""
 
     def check(value: Any, where: str) -> Any:
-        klass = cls if isinstance(cls, type) else cls()
+        klass: type[PlanRecord] = cls if isinstance(cls, type) else cls()
         if isinstance(value, klass):
             return value
         if isinstance(value, dict):
@@ -246,7 +246,7 @@ class PlanRecord:
         d.update(self.__dict__)
         if update:
             d.update(update)
-            d["_fields_set"] = self._fields_set | frozenset(update)
+            d["_fields_set"] = self.model_fields_set | frozenset(update)
         return other
 
     def model_dump(self, *, mode: str = "json", by_alias: bool = True) -> dict[str, Any]:

@@ -95,6 +95,8 @@ def graph_svg(graph: dict[str, Any], anchors: dict[str, str] | None = None) -> s
     ]
     labels: list[str] = []
     k = 0
+    x: float  # a column (int) on a back edge, a centre (float) elsewhere
+    lx: float
     for e in graph["edges"]:
         if e["source"] not in pos or e["target"] not in pos:
             continue

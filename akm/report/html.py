@@ -120,6 +120,39 @@ def _fmt_tokens(n: int | None) -> str:
     return "—" if n is None else f"{n:,}"
 
 
+def _by_key(units: list[dict[str, Any]], key: str, *, keep_empty: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """`units` grouped by the text of their `key`, in order; rows with no (or an empty) `key` left out
+    unless `keep_empty`."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for u in units:
+        if keep_empty or u.get(key):
+            groups.setdefault(str(u.get(key)), []).append(u)
+    return groups
+
+
+def _gate_loop_row(loop: int, u: dict[str, Any]) -> str:
+    """One gate loop's row: the judge's verdict (or its failure), what it found missing, its feedback."""
+    verdict = json_object(u.get("result"))
+    if u.get("status") == "failed":
+        outcome = f'<span class="verdict-fail">judge failed</span> ({esc(u.get("failureReason") or "")})'
+    elif verdict.get("complete") is True:
+        outcome = '<span class="verdict-pass">passed</span>'
+    elif verdict.get("complete") is False:
+        outcome = '<span class="verdict-fail">rejected</span>'
+    else:
+        outcome = esc(u.get("status"))
+    missing = json_array(verdict.get("missing"))
+    miss = "".join(f"<li>{esc(short(str(m_), 400))}</li>" for m_ in missing[:50])
+    feedback = verdict.get("feedback")
+    fb = esc(clip(str(feedback), 4000)[0]) if feedback else '<span class="muted">—</span>'
+    reason = esc(verdict.get("reason")) if verdict.get("reason") else ""
+    return (
+        f'<tr class="gate-loop"><td>loop {loop}</td><td>{outcome}{" — " + reason if reason else ""}'
+        f'</td><td>{"<ul>" + miss + "</ul>" if miss else "—"}</td><td class="feedback">{fb}</td>'
+        "</tr>"
+    )
+
+
 class _Report:
     """One rendering of a run at a given clip size (see `render_report`)."""
 
@@ -139,10 +172,7 @@ class _Report:
         everything: list[dict[str, Any]] = view.get("units") or []
         self.units = [u for u in everything if not u.get("supersededBy")]
         # Rows a rewind superseded: kept as history, shown per step and rewind, never as current work.
-        self.superseded: dict[str, list[dict[str, Any]]] = {}
-        for u in everything:
-            if u.get("supersededBy"):
-                self.superseded.setdefault(str(u["supersededBy"]), []).append(u)
+        self.superseded = _by_key(everything, "supersededBy")
         self.rewinds: list[dict[str, Any]] = view.get("rewinds") or []
         self.anchors = {s["id"]: f"step-{i}" for i, s in enumerate(self.steps)}
         self.attempts: list[Attempt] = attempts_from_events(events)
@@ -151,9 +181,7 @@ class _Report:
         low, high = UNIT_CLIP_RANGE[0] >> level, UNIT_CLIP_RANGE[1] >> level
         self.unit_clip = max(low, min(high, (UNIT_TEXT_BUDGET >> level) // max(1, len(work))))
         self.step_clip = max(500, STEP_CLIP >> level)
-        self.by_step: dict[str, list[dict[str, Any]]] = {}
-        for u in self.units:
-            self.by_step.setdefault(str(u.get("stepId")), []).append(u)
+        self.by_step = _by_key(self.units, "stepId", keep_empty=True)
         # Session units reported without a claim: their row is written when the result comes, so its clock
         # says 0 ms; how long the agent worked is not in the journal (a claim, status running, would time it).
         self.untimed = {
@@ -169,56 +197,7 @@ class _Report:
 
     def summary(self) -> str:
         v = self.view
-        start, end = seconds(v.get("createdAt")), seconds(v.get("completedAt") or v.get("updatedAt"))
-        if v.get("status") in DRIVABLE_STATUSES and not v.get("completedAt"):
-            end = max(end or 0.0, self.now)
-        work = [u for u in self.units if not _GATE_ROW.match(u["unitId"])]
-        logical = sum(int(s.get("unitCount") or 0) for s in self.steps)
-        attempts = sum(int(s.get("attempts") or 0) for s in self.steps)
-        failed = sum(1 for u in work if u.get("status") == "failed")
-        known = [u["tokens"] for u in self.units if isinstance(u.get("tokens"), int)]
-        tokens = sum(known) if known else None
-        rows = [
-            ("status", _badge(v.get("status"))),
-            ("workflow", esc(v.get("workflow"))),
-            ("run id", f'<span class="mono">{esc(v.get("runId"))}</span>'),
-            ("started", esc(v.get("createdAt"))),
-            (
-                "finished" if v.get("completedAt") else "last change",
-                esc(v.get("completedAt") or v.get("updatedAt") or "—"),
-            ),
-            ("duration", esc(duration_text(end - start if start is not None and end is not None else None))),
-            ("current step", esc(v.get("currentStepId") or "—")),
-            ("units", f"{_plural(logical, 'unit')}, {_plural(attempts, 'attempt')} ({failed} failed)"),
-            ("tokens", esc(_fmt_tokens(tokens))),
-        ]
-        if self.budget.get("maxUnits"):
-            rows.append(("unit budget", self._meter(attempts, self.budget["maxUnits"], "attempts")))
-        if self.budget.get("maxTokens"):
-            rows.append(("token budget", self._meter(tokens or 0, self.budget["maxTokens"], "tokens")))
-        spend = v.get("spend") or {}
-        if spend.get("maxCost"):
-            rows.append(
-                ("money budget", self._meter(spend.get("cost") or 0.0, spend["maxCost"], "", spend.get("text")))
-            )
-        elif spend.get("cost") or spend.get("unknownUnits"):
-            rows.append(("cost", esc(spend.get("text"))))
-        if not any(self.budget.get(k) for k in ("maxUnits", "maxTokens", "maxCost")):
-            rows.append(("budget", '<span class="muted">none declared</span>'))
-        lease = v.get("engineLease")
-        if lease:
-            rows.append(
-                (
-                    "driven by",
-                    esc(
-                        f"{lease.get('holder')} (host {lease.get('host')}, pid {lease.get('pid')}) "
-                        f"until {lease.get('until')}"
-                    ),
-                )
-            )
-        params = v.get("params")
-        rows.append(("params", f"<pre>{esc(clip(_text(params), 4000)[0])}</pre>" if params else "—"))
-        body = "".join(f"<tr><th>{k}</th><td>{val}</td></tr>" for k, val in rows)
+        body = "".join(f"<tr><th>{k}</th><td>{val}</td></tr>" for k, val in self._summary_rows())
         parts = [f'<section id="summary"><h2>Summary</h2><table>{body}</table>']
         aw = v.get("awaiting")
         if isinstance(aw, dict):
@@ -234,6 +213,74 @@ class _Report:
             )
         parts.append("</section>")
         return "".join(parts)
+
+    def _summary_rows(self) -> list[tuple[str, str]]:
+        """The summary table's rows: the run, its counts, its budgets, who drives it, its params."""
+        v = self.view
+        work = [u for u in self.units if not _GATE_ROW.match(u["unitId"])]
+        logical = sum(int(s.get("unitCount") or 0) for s in self.steps)
+        attempts = sum(int(s.get("attempts") or 0) for s in self.steps)
+        failed = sum(1 for u in work if u.get("status") == "failed")
+        known = [u["tokens"] for u in self.units if isinstance(u.get("tokens"), int)]
+        tokens = sum(known) if known else None
+        rows = [
+            *self._run_rows(),
+            ("units", f"{_plural(logical, 'unit')}, {_plural(attempts, 'attempt')} ({failed} failed)"),
+            ("tokens", esc(_fmt_tokens(tokens))),
+        ]
+        rows.extend(self._budget_rows(attempts, tokens))
+        lease = v.get("engineLease")
+        if lease:
+            rows.append(
+                (
+                    "driven by",
+                    esc(
+                        f"{lease.get('holder')} (host {lease.get('host')}, pid {lease.get('pid')}) "
+                        f"until {lease.get('until')}"
+                    ),
+                )
+            )
+        params = v.get("params")
+        rows.append(("params", f"<pre>{esc(clip(_text(params), 4000)[0])}</pre>" if params else "—"))
+        return rows
+
+    def _run_rows(self) -> list[tuple[str, str]]:
+        """The run itself: status, workflow, id, when it started and last changed, how long, where it is."""
+        v = self.view
+        start, end = seconds(v.get("createdAt")), seconds(v.get("completedAt") or v.get("updatedAt"))
+        if v.get("status") in DRIVABLE_STATUSES and not v.get("completedAt"):
+            end = max(end or 0.0, self.now)
+        return [
+            ("status", _badge(v.get("status"))),
+            ("workflow", esc(v.get("workflow"))),
+            ("run id", f'<span class="mono">{esc(v.get("runId"))}</span>'),
+            ("started", esc(v.get("createdAt"))),
+            (
+                "finished" if v.get("completedAt") else "last change",
+                esc(v.get("completedAt") or v.get("updatedAt") or "—"),
+            ),
+            ("duration", esc(duration_text(end - start if start is not None and end is not None else None))),
+            ("current step", esc(v.get("currentStepId") or "—")),
+        ]
+
+    def _budget_rows(self, attempts: int, tokens: int | None) -> list[tuple[str, str]]:
+        """A meter per declared budget (units, tokens, money), the cost when no money budget was declared,
+        or a note that none was."""
+        rows: list[tuple[str, str]] = []
+        spend = self.view.get("spend") or {}
+        if self.budget.get("maxUnits"):
+            rows.append(("unit budget", self._meter(attempts, self.budget["maxUnits"], "attempts")))
+        if self.budget.get("maxTokens"):
+            rows.append(("token budget", self._meter(tokens or 0, self.budget["maxTokens"], "tokens")))
+        if spend.get("maxCost"):
+            rows.append(
+                ("money budget", self._meter(spend.get("cost") or 0.0, spend["maxCost"], "", spend.get("text")))
+            )
+        elif spend.get("cost") or spend.get("unknownUnits"):
+            rows.append(("cost", esc(spend.get("text"))))
+        if not any(self.budget.get(k) for k in ("maxUnits", "maxTokens", "maxCost")):
+            rows.append(("budget", '<span class="muted">none declared</span>'))
+        return rows
 
     @staticmethod
     def _meter(used: float, cap: float, what: str, words: str | None = None) -> str:
@@ -345,27 +392,7 @@ class _Report:
                 loops.append((int(m.group("loop")), u))
         if not loops:
             return ""
-        rows = []
-        for loop, u in sorted(loops, key=lambda p: p[0]):
-            verdict = json_object(u.get("result"))
-            if u.get("status") == "failed":
-                outcome = f'<span class="verdict-fail">judge failed</span> ({esc(u.get("failureReason") or "")})'
-            elif verdict.get("complete") is True:
-                outcome = '<span class="verdict-pass">passed</span>'
-            elif verdict.get("complete") is False:
-                outcome = '<span class="verdict-fail">rejected</span>'
-            else:
-                outcome = esc(u.get("status"))
-            missing = json_array(verdict.get("missing"))
-            miss = "".join(f"<li>{esc(short(str(m_), 400))}</li>" for m_ in missing[:50])
-            feedback = verdict.get("feedback")
-            fb = esc(clip(str(feedback), 4000)[0]) if feedback else '<span class="muted">—</span>'
-            reason = esc(verdict.get("reason")) if verdict.get("reason") else ""
-            rows.append(
-                f'<tr class="gate-loop"><td>loop {loop}</td><td>{outcome}{" — " + reason if reason else ""}'
-                f'</td><td>{"<ul>" + miss + "</ul>" if miss else "—"}</td><td class="feedback">{fb}</td>'
-                "</tr>"
-            )
+        rows = [_gate_loop_row(loop, u) for loop, u in sorted(loops, key=lambda p: p[0])]
         return (
             "<h3>Gate loops</h3><table><tr><th>loop</th><th>verdict</th><th>missing</th><th>feedback</th></tr>"
             + "".join(rows)
@@ -375,53 +402,67 @@ class _Report:
     def step_sections(self) -> str:
         parts = ['<section id="steps"><h2>Steps</h2>']
         for s in self.steps:
-            sid, status = s["id"], s.get("status")
-            units = [u for u in self.by_step.get(sid, []) if not _GATE_ROW.match(u["unitId"])]
-            tally = f"{_plural(s.get('unitCount') or 0, 'unit')}, {_plural(s.get('attempts') or 0, 'attempt')}"
-            if (s.get("gateLoops") or 0) > 1:
-                tally += f", {s.get('gateLoops')} gate loops"
-            failed = sum(1 for u in units if u.get("status") == "failed")
-            if failed:
-                tally += f", {failed} failed"
-            if s.get("truncatedUnits"):
-                tally += f"; output of {s['truncatedUnits']} unit(s) cut at the capture cap"
-            known = [u["tokens"] for u in self.by_step.get(sid, []) if isinstance(u.get("tokens"), int)]
-            if known:
-                tally += f"; {sum(known):,} tokens"
-            spans = [a for a in self.attempts if a.step_id == sid and a.unit_id not in self.untimed]
-            if spans:
-                ends = [a.end for a in spans if a.end is not None]
-                if ends:
-                    tally += f"; {duration_text(max(ends) - min(a.start for a in spans))} wall"
-            parts.append(
-                f'<div class="step {esc(status)}" id="{self.anchors[sid]}" data-step="{esc(sid)}">'
-                f'<h3><span class="mono">{esc(sid)}</span> {_badge(status)} '
-                f'<span class="muted">{esc(tally)}</span></h3>'
-            )
-            summary = (s.get("summary") or "").strip()
-            notes = (s.get("notes") or "").strip()
-            if summary:
-                parts.append(f"<div>{esc(short(summary, 600))}</div>")
-            if notes and status not in ("failed", "blocked"):
-                parts.append(f'<div class="muted">{esc(short(notes, 600))}</div>')
-            elif notes:
-                parts.append(
-                    f'<div class="reason">{esc(short(notes, 300))} '
-                    f'<a href="#failures">(in full under Failures)</a></div>'
-                )
-            if s.get("output") is not None:
-                parts.append(_output_block(s["output"], self.step_clip, open_=len(_text(s["output"])) < 400))
-            parts.append(self._gate_loops(sid))
-            if units:
-                table = self._units_table(units)
-                if table:
-                    parts.append(
-                        f"<details{' open' if len(units) <= 12 else ''}><summary>{len(units)} unit(s)"
-                        f"</summary>{table}</details>"
-                    )
-            parts.append("</div>")
+            parts.extend(self._step_section(s))
         parts.append("</section>")
         return "".join(parts)
+
+    def _step_tally(self, s: dict[str, Any], units: list[dict[str, Any]]) -> str:
+        """The counts beside a step's name: units, attempts, gate loops, failures, cut outputs, tokens, wall time."""
+        sid = s["id"]
+        tally = f"{_plural(s.get('unitCount') or 0, 'unit')}, {_plural(s.get('attempts') or 0, 'attempt')}"
+        if (s.get("gateLoops") or 0) > 1:
+            tally += f", {s.get('gateLoops')} gate loops"
+        failed = sum(1 for u in units if u.get("status") == "failed")
+        if failed:
+            tally += f", {failed} failed"
+        if s.get("truncatedUnits"):
+            tally += f"; output of {s['truncatedUnits']} unit(s) cut at the capture cap"
+        known = [u["tokens"] for u in self.by_step.get(sid, []) if isinstance(u.get("tokens"), int)]
+        if known:
+            tally += f"; {sum(known):,} tokens"
+        return tally + self._wall_time(sid)
+
+    def _wall_time(self, sid: str) -> str:
+        """ "; 1.2 s wall": from the step's first timed attempt's start to its last one's end ("" if none ended)."""
+        spans = [a for a in self.attempts if a.step_id == sid and a.unit_id not in self.untimed]
+        if spans:
+            ends = [a.end for a in spans if a.end is not None]
+            if ends:
+                return f"; {duration_text(max(ends) - min(a.start for a in spans))} wall"
+        return ""
+
+    def _step_section(self, s: dict[str, Any]) -> list[str]:
+        """One step's part of the page: its head, summary and notes, output, gate loops and unit rows."""
+        sid, status = s["id"], s.get("status")
+        units = [u for u in self.by_step.get(sid, []) if not _GATE_ROW.match(u["unitId"])]
+        tally = self._step_tally(s, units)
+        parts = [
+            f'<div class="step {esc(status)}" id="{self.anchors[sid]}" data-step="{esc(sid)}">'
+            f'<h3><span class="mono">{esc(sid)}</span> {_badge(status)} '
+            f'<span class="muted">{esc(tally)}</span></h3>'
+        ]
+        summary = (s.get("summary") or "").strip()
+        notes = (s.get("notes") or "").strip()
+        if summary:
+            parts.append(f"<div>{esc(short(summary, 600))}</div>")
+        if notes and status not in ("failed", "blocked"):
+            parts.append(f'<div class="muted">{esc(short(notes, 600))}</div>')
+        elif notes:
+            parts.append(
+                f'<div class="reason">{esc(short(notes, 300))} <a href="#failures">(in full under Failures)</a></div>'
+            )
+        if s.get("output") is not None:
+            parts.append(_output_block(s["output"], self.step_clip, open_=len(_text(s["output"])) < 400))
+        parts.append(self._gate_loops(sid))
+        if units:
+            table = self._units_table(units)
+            if table:
+                parts.append(
+                    f"<details{' open' if len(units) <= 12 else ''}><summary>{len(units)} unit(s)"
+                    f"</summary>{table}</details>"
+                )
+        parts.append("</div>")
+        return parts
 
     def rewinds_section(self) -> str:
         """Each rewind: where it took the run back to and what it superseded — the step outputs, gate verdicts
@@ -444,26 +485,31 @@ class _Report:
             )
             rows = self.superseded.get(str(r.get("rewindId")), [])
             for st in r.get("steps") or []:
-                sid = st["id"]
-                parts.append(
-                    f'<div class="superseded" data-step="{esc(sid)}"><h4><span class="mono">{esc(sid)}</span> '
-                    f'{_badge(st.get("status"))} <span class="muted">superseded</span></h4>'
-                )
-                summary = (st.get("summary") or st.get("notes") or "").strip()
-                if summary:
-                    parts.append(f'<div class="muted">{esc(short(summary, 600))}</div>')
-                if st.get("output") is not None:
-                    parts.append(_output_block(st["output"], self.step_clip, what="superseded output"))
-                mine = [u for u in rows if u.get("stepId") == sid]
-                parts.append(self._gate_loops(sid, mine))
-                work = [u for u in mine if not _GATE_ROW.match(u["unitId"])]
-                table = self._units_table(work) if work else ""
-                if table:
-                    parts.append(f"<details><summary>{len(work)} superseded unit row(s)</summary>{table}</details>")
-                parts.append("</div>")
+                parts.extend(self._superseded_step(st, rows))
             parts.append("</div>")
         parts.append("</section>")
         return "".join(parts)
+
+    def _superseded_step(self, st: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+        """A step as a rewind found it: its summary, output, gate loops and unit rows (of `rows`, the rewind's)."""
+        sid = st["id"]
+        parts = [
+            f'<div class="superseded" data-step="{esc(sid)}"><h4><span class="mono">{esc(sid)}</span> '
+            f'{_badge(st.get("status"))} <span class="muted">superseded</span></h4>'
+        ]
+        summary = (st.get("summary") or st.get("notes") or "").strip()
+        if summary:
+            parts.append(f'<div class="muted">{esc(short(summary, 600))}</div>')
+        if st.get("output") is not None:
+            parts.append(_output_block(st["output"], self.step_clip, what="superseded output"))
+        mine = [u for u in rows if u.get("stepId") == sid]
+        parts.append(self._gate_loops(sid, mine))
+        work = [u for u in mine if not _GATE_ROW.match(u["unitId"])]
+        table = self._units_table(work) if work else ""
+        if table:
+            parts.append(f"<details><summary>{len(work)} superseded unit row(s)</summary>{table}</details>")
+        parts.append("</div>")
+        return parts
 
     def footer(self) -> str:
         rid = esc(self.view.get("runId"))

@@ -145,33 +145,14 @@ class Board:
             if not isinstance(step_id, str):
                 return f"run {ev.get('runId')}: {kind}" if kind in ("workflow_finished", "workflow_abandoned") else None
             step = self._step(step_id, at)
-            attempt = str(meta.get("unitId") or "")
-            unit, loop = _unit_of(attempt)
-            if kind == "workflow_unit_started":
-                step.new_loop(loop)
-                step.units[unit] = None
-                if step.finished is None:
-                    step.status = "running"
-                return None
-            if kind == "workflow_unit_activity":
-                text = activity_text(meta)
-                if step.finished is None:
-                    step.activity[str(meta.get("unitId"))] = text
-                return f"[{step_id}] {meta.get('unitId')}: {text}"
-            if kind == "workflow_unit_finished":
-                step.new_loop(loop)
-                step.activity.pop(attempt, None)
-                ok = meta.get("status") == "completed"
-                step.units[unit] = ok
-                mark = "ok" if ok else f"FAILED ({meta.get('failureReason')})"
-                return f"[{step_id} {step.done}/{step.total}] {attempt} {mark}"
             if kind in ("workflow_step_completed", "workflow_step_updated"):
                 status = str(meta.get("status") or "")
                 if status in ("completed", "failed", "skipped", "blocked"):
                     self._finish(step, status, at)
                     return f"[{step_id}] step {status}"
                 step.status, step.finished = status or "pending", None
-            return None
+                return None
+            return _unit_event(step, kind, meta)
 
     def _finish(self, step: _Step, status: str, at: float) -> None:
         step.status, step.finished = status, at
@@ -197,32 +178,63 @@ class Board:
             room = max(1, height - len(out) - 1)
             notes = {s.step_id: _wrap(f"note: {s.note}", width, "      ") if s.note else [] for s in steps}
             if sum(1 + len(notes[s.step_id]) for s in steps) > room:
-                kept: list[_Step] = []
-                used = 1  # the "earlier steps" line
-                for s in reversed(steps):
-                    used += 1 + len(notes[s.step_id])
-                    if used > room and kept:
-                        break
-                    kept.insert(0, s)
+                kept = _latest_that_fit(steps, notes, room)
                 out.append(f"  … {len(steps) - len(kept)} earlier step(s)")
                 steps = kept
             wid = min(28, max((len(s.step_id) for s in steps), default=4))
             for s in steps:
-                elapsed = (s.finished if s.finished is not None else now) - s.started
-                work = f"{s.done}/{s.total} units" if s.total else ""
-                fails = f"{s.failed} failed" if s.failed else ""
-                name = s.step_id if len(s.step_id) <= wid else s.step_id[: wid - 1] + "…"
-                doing = f"  {next(iter(s.activity.values()))}" if len(s.activity) == 1 else ""
-                if len(s.activity) > 1:
-                    doing = f"  {len(s.activity)} agents at work"
-                out.append(
-                    _fit(
-                        f"  {s.status:<10} {name:<{wid}}  {work:<14} {fails:<10} {duration_text(elapsed):>8}{doing}",
-                        width,
-                    )
-                )
+                out.append(_fit(_step_line(s, now, wid), width))
                 out.extend(notes[s.step_id])  # kept once the step finished: why it took that long
             return out
+
+
+def _latest_that_fit(steps: list[_Step], notes: dict[str, list[str]], room: int) -> list[_Step]:
+    """The latest steps whose lines (and notes) fit in `room` lines beside the "earlier steps" line (one at least)."""
+    kept: list[_Step] = []
+    used = 1  # the "earlier steps" line
+    for s in reversed(steps):
+        used += 1 + len(notes[s.step_id])
+        if used > room and kept:
+            break
+        kept.insert(0, s)
+    return kept
+
+
+def _step_line(s: _Step, now: float, wid: int) -> str:
+    """A step's line: status, name (cut to `wid`), units done, failures, time taken, what its agents do."""
+    elapsed = (s.finished if s.finished is not None else now) - s.started
+    work = f"{s.done}/{s.total} units" if s.total else ""
+    fails = f"{s.failed} failed" if s.failed else ""
+    name = s.step_id if len(s.step_id) <= wid else s.step_id[: wid - 1] + "…"
+    doing = f"  {next(iter(s.activity.values()))}" if len(s.activity) == 1 else ""
+    if len(s.activity) > 1:
+        doing = f"  {len(s.activity)} agents at work"
+    return f"  {s.status:<10} {name:<{wid}}  {work:<14} {fails:<10} {duration_text(elapsed):>8}{doing}"
+
+
+def _unit_event(step: _Step, kind: Any, meta: dict[str, Any]) -> str | None:
+    """A unit's start, activity or finish on its step's line; the one-line form of the latter two."""
+    attempt = str(meta.get("unitId") or "")
+    unit, loop = _unit_of(attempt)
+    if kind == "workflow_unit_started":
+        step.new_loop(loop)
+        step.units[unit] = None
+        if step.finished is None:
+            step.status = "running"
+        return None
+    if kind == "workflow_unit_activity":
+        text = activity_text(meta)
+        if step.finished is None:
+            step.activity[str(meta.get("unitId"))] = text
+        return f"[{step.step_id}] {meta.get('unitId')}: {text}"
+    if kind == "workflow_unit_finished":
+        step.new_loop(loop)
+        step.activity.pop(attempt, None)
+        ok = meta.get("status") == "completed"
+        step.units[unit] = ok
+        mark = "ok" if ok else f"FAILED ({meta.get('failureReason')})"
+        return f"[{step.step_id} {step.done}/{step.total}] {attempt} {mark}"
+    return None
 
 
 def _fit(text: str, width: int) -> str:

@@ -66,7 +66,7 @@ def follow(run_id: str, stream: TextIO, api: RunSource, *, poll_s: float = POLL_
             time.sleep(poll_s)
     finally:
         out.stop()
-    if not tty:
+    if isinstance(out, LineProgress):  # not a terminal
         out.line(f"run {run_id} is {view.status}")
     return exit_status(view.status)
 

@@ -178,9 +178,9 @@ def apply_intent(
         data.setdefault("workflow", {})["judgeEngine"] = target
     if intent.json_schema is not None:
         name = _get(effective(), "defaults", "llmEngine")
-        engine = _get(data, "engines", name) if name else None
-        if isinstance(engine, dict) and engine.get("supportsJsonSchema") is not intent.json_schema:
-            engine["supportsJsonSchema"] = intent.json_schema
+        llm = _get(data, "engines", name) if name else None
+        if isinstance(llm, dict) and llm.get("supportsJsonSchema") is not intent.json_schema:
+            llm["supportsJsonSchema"] = intent.json_schema
             flag = str(intent.json_schema).lower()
             out.actions.append(Action(name, "llm", "updated", f"supportsJsonSchema = {flag}"))
     return out

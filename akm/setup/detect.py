@@ -400,9 +400,9 @@ def probe_list(environ: Mapping[str, str], harnesses: list[HarnessConfig]) -> li
             add(url, label, "probe")
     for name, _provider, kind in ENV_SIGNALS:
         if kind == "endpoint" and _present(environ, name):
-            url = _env_endpoint(name, environ[name])
-            if url:
-                add(url, f"${name}", f"env:{name}")
+            named = _env_endpoint(name, environ[name])
+            if named:
+                add(named, f"${name}", f"env:{name}")
     for h in harnesses:
         if h.base_url:
             add(

@@ -73,6 +73,20 @@ def _event(row: Any) -> Event:
     )
 
 
+def _check_page(since_offset: object, limit: object) -> None:
+    """INVALID_ARGUMENT unless the offset is a non-negative integer and the limit, if any, a positive one."""
+    if isinstance(since_offset, bool) or not isinstance(since_offset, int) or since_offset < 0:
+        from akm.codes import Code
+
+        raise UsageError(
+            f"event offset must be a non-negative integer, got {since_offset!r}", code=Code.INVALID_ARGUMENT
+        )
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        from akm.codes import Code
+
+        raise UsageError(f"event limit must be a positive integer, got {limit!r}", code=Code.INVALID_ARGUMENT)
+
+
 def list_events(
     db: Journal,
     run_id: str | None = None,
@@ -93,16 +107,7 @@ def list_events(
     future used to hand back offset 0) nor misses a later event (the newest id
     is read first and the page is bounded by it).
     """
-    if isinstance(since_offset, bool) or not isinstance(since_offset, int) or since_offset < 0:
-        from akm.codes import Code
-
-        raise UsageError(
-            f"event offset must be a non-negative integer, got {since_offset!r}", code=Code.INVALID_ARGUMENT
-        )
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        from akm.codes import Code
-
-        raise UsageError(f"event limit must be a positive integer, got {limit!r}", code=Code.INVALID_ARGUMENT)
+    _check_page(since_offset, limit)
     where = ["id > ?"]
     params: list[Any] = [since_offset]
     if run_id is not None:
@@ -208,42 +213,50 @@ def decode_task_metadata(raw: str | dict[str, Any]) -> dict[str, Any]:
     if version is None:
         version = 1
     if _is_number(version) and version == 1:
-        unknown = sorted(k for k in parsed if k not in ("metadataVersion", "durationMs", "detail", "profile"))
-        if unknown:
-            raise _metadata_error(f"unknown v1 fields: {', '.join(unknown)}")
-        if "metadataVersion" in parsed and not (
-            _is_number(parsed["metadataVersion"]) and parsed["metadataVersion"] == 1
-        ):
-            raise _metadata_error("invalid v1 metadataVersion")
-        if "durationMs" in parsed and not _is_number(parsed["durationMs"]):
-            raise _metadata_error("durationMs must be a number")
-        if "profile" in parsed and not isinstance(parsed["profile"], str):
-            raise _metadata_error("profile must be a string")
-        _validate_detail(parsed.get("detail"))
-        out: dict[str, Any] = {"metadataVersion": 1}
-        if "durationMs" in parsed:
-            out["durationMs"] = parsed["durationMs"]
-        if parsed.get("detail") is not None:
-            out["detail"] = parsed["detail"]
-        if "profile" in parsed:
-            out["legacyProfile"] = parsed["profile"]
-        return out
+        return _task_metadata_v1(parsed)
     if _is_number(version) and version == 2:
-        unknown = sorted(k for k in parsed if k not in ("metadataVersion", "durationMs", "detail", "engine"))
-        if unknown:
-            raise _metadata_error(f"unknown v2 fields: {', '.join(unknown)}")
-        if not _is_number(parsed.get("durationMs")):
-            raise _metadata_error("durationMs must be a number")
-        if "detail" not in parsed:
-            raise _metadata_error("detail is required in v2")
-        if parsed.get("engine") is not None and not isinstance(parsed["engine"], str):
-            raise _metadata_error("engine must be a string or null")
-        _validate_detail(parsed["detail"])
-        out = {"metadataVersion": 2, "durationMs": parsed["durationMs"], "detail": parsed["detail"]}
-        if "engine" in parsed:
-            out["engine"] = parsed["engine"]
-        return out
+        return _task_metadata_v2(parsed)
     raise _metadata_error(f"unsupported metadataVersion: {_js_string(version)}")
+
+
+def _task_metadata_v1(parsed: dict[str, Any]) -> dict[str, Any]:
+    """v1 metadata checked field by field, `profile` renamed `legacyProfile`, a null detail left out."""
+    unknown = sorted(k for k in parsed if k not in ("metadataVersion", "durationMs", "detail", "profile"))
+    if unknown:
+        raise _metadata_error(f"unknown v1 fields: {', '.join(unknown)}")
+    if "metadataVersion" in parsed and not (_is_number(parsed["metadataVersion"]) and parsed["metadataVersion"] == 1):
+        raise _metadata_error("invalid v1 metadataVersion")
+    if "durationMs" in parsed and not _is_number(parsed["durationMs"]):
+        raise _metadata_error("durationMs must be a number")
+    if "profile" in parsed and not isinstance(parsed["profile"], str):
+        raise _metadata_error("profile must be a string")
+    _validate_detail(parsed.get("detail"))
+    out: dict[str, Any] = {"metadataVersion": 1}
+    if "durationMs" in parsed:
+        out["durationMs"] = parsed["durationMs"]
+    if parsed.get("detail") is not None:
+        out["detail"] = parsed["detail"]
+    if "profile" in parsed:
+        out["legacyProfile"] = parsed["profile"]
+    return out
+
+
+def _task_metadata_v2(parsed: dict[str, Any]) -> dict[str, Any]:
+    """v2 metadata: durationMs and detail required, engine a string or null."""
+    unknown = sorted(k for k in parsed if k not in ("metadataVersion", "durationMs", "detail", "engine"))
+    if unknown:
+        raise _metadata_error(f"unknown v2 fields: {', '.join(unknown)}")
+    if not _is_number(parsed.get("durationMs")):
+        raise _metadata_error("durationMs must be a number")
+    if "detail" not in parsed:
+        raise _metadata_error("detail is required in v2")
+    if parsed.get("engine") is not None and not isinstance(parsed["engine"], str):
+        raise _metadata_error("engine must be a string or null")
+    _validate_detail(parsed["detail"])
+    out: dict[str, Any] = {"metadataVersion": 2, "durationMs": parsed["durationMs"], "detail": parsed["detail"]}
+    if "engine" in parsed:
+        out["engine"] = parsed["engine"]
+    return out
 
 
 def _js_string(value: Any) -> str:

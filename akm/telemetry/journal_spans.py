@@ -120,30 +120,10 @@ def _unit_span(
         attrs["akm.engine"] = facts.engine
     if facts.model:
         attrs["gen_ai.request.model"] = facts.model
-    if runner == "llm":
-        attrs["gen_ai.operation.name"] = "chat"
-        attrs["gen_ai.provider.name"] = str(engine.get("provider") or "openai")
-        name = f"chat {facts.model or facts.engine or ''}".strip()
-    elif runner == "agent":
-        attrs["gen_ai.operation.name"] = "invoke_agent"
-        attrs["gen_ai.agent.name"] = str(facts.engine)
-        if engine.get("platform"):
-            attrs["gen_ai.provider.name"] = str(engine["platform"])
-        name = f"invoke_agent {facts.engine}"
-    elif runner == "exec":
-        exe = argv0.get(facts.node_id or "", "")
-        attrs["process.executable.name"] = exe
-        name = f"exec {exe}".strip()
-    else:
-        attrs["gen_ai.operation.name"] = "invoke_agent"
-        attrs["gen_ai.agent.name"] = "session"
-        name = "invoke_agent session"
+    name = _operation(attrs, runner, facts, engine, argv0)
     if gate is not None or facts.phase == "gate":
-        attrs["akm.gate.loop"] = int(gate.group(1)) if gate else 1
+        attrs.update(_judge_attrs(gate, facts.result_json))
         name = f"gate judge {step_id}"
-        verdict = _verdict(facts.result_json)
-        if verdict is not None:
-            attrs["akm.gate.verdict"] = verdict
     retry = _RETRY.search(unit_id)
     if retry is not None:
         attrs["akm.retry"] = int(retry.group(1))
@@ -154,20 +134,65 @@ def _unit_span(
     status = str(meta.get("status") or "")
     reason = meta.get("failureReason") if isinstance(meta.get("failureReason"), str) else None
     attrs["akm.unit.status"] = status or "unfinished"
-    if runner == "exec" and status == "completed":
-        attrs["process.exit.code"] = 0
-    elif runner == "exec" and reason == "non_zero_exit" and facts.result_json:
-        m = _EXITED.search(facts.result_json)
-        if m:
-            attrs["process.exit.code"] = int(m.group(1))
+    code = _exit_code(runner, status, reason, facts.result_json)
+    if code is not None:
+        attrs["process.exit.code"] = code
     span = SpanRecord(name, trace.unit_span_id(unit_id, start), parent, start, end, attrs, client=runner != "session")
+    _mark_outcome(span, status, reason)
+    return span
+
+
+def _judge_attrs(gate: re.Match[str] | None, result_json: str | None) -> dict[str, Attr]:
+    """A gate judge's loop (1 when the unit id names none) and its verdict, once it gave one."""
+    attrs: dict[str, Attr] = {"akm.gate.loop": int(gate.group(1)) if gate else 1}
+    verdict = _verdict(result_json)
+    if verdict is not None:
+        attrs["akm.gate.verdict"] = verdict
+    return attrs
+
+
+def _operation(
+    attrs: dict[str, Attr], runner: str, facts: UnitFacts, engine: Mapping[str, Any], argv0: Mapping[str, str]
+) -> str:
+    """The GenAI (or process) attributes of what the unit ran, by runner; returns the span's name."""
+    if runner == "llm":
+        attrs["gen_ai.operation.name"] = "chat"
+        attrs["gen_ai.provider.name"] = str(engine.get("provider") or "openai")
+        return f"chat {facts.model or facts.engine or ''}".strip()
+    if runner == "agent":
+        attrs["gen_ai.operation.name"] = "invoke_agent"
+        attrs["gen_ai.agent.name"] = str(facts.engine)
+        if engine.get("platform"):
+            attrs["gen_ai.provider.name"] = str(engine["platform"])
+        return f"invoke_agent {facts.engine}"
+    if runner == "exec":
+        exe = argv0.get(facts.node_id or "", "")
+        attrs["process.executable.name"] = exe
+        return f"exec {exe}".strip()
+    attrs["gen_ai.operation.name"] = "invoke_agent"
+    attrs["gen_ai.agent.name"] = "session"
+    return "invoke_agent session"
+
+
+def _exit_code(runner: str, status: str, reason: str | None, result_json: str | None) -> int | None:
+    """A command unit's exit code: 0 when it completed, the one its result names after a non-zero exit."""
+    if runner == "exec" and status == "completed":
+        return 0
+    if runner == "exec" and reason == "non_zero_exit" and result_json:
+        m = _EXITED.search(result_json)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _mark_outcome(span: SpanRecord, status: str, reason: str | None) -> None:
+    """A failed unit's span is an error with a failure event; an unfinished one gets an event saying so."""
     if status == "failed":
         span.error = reason or "failed"
-        span.events.append(("akm.unit.failed", end, {"akm.failure_reason": reason or "failed"}))
-        attrs["error.type"] = reason or "failed"
+        span.events.append(("akm.unit.failed", span.end, {"akm.failure_reason": reason or "failed"}))
+        span.attributes["error.type"] = reason or "failed"
     elif not status:
-        span.events.append(("akm.unit.unfinished", end, {}))
-    return span
+        span.events.append(("akm.unit.unfinished", span.end, {}))
 
 
 def _verdict(result_json: str | None) -> str | None:

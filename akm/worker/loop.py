@@ -191,19 +191,25 @@ class Worker:
                     self._wake.wait(self.opts.poll_s)
                 self._wake.clear()
         finally:
-            if cancel.tripped:
-                self.summary.stop_reason = cancel.reason
-                with self._lock:
-                    for f in self._flying.values():
-                        f.stop.set()
-            for t in threads:
-                t.join()
-            cancel.unlink(self._wake)
-            self._stopped = True
-            for hint in (listener, self._notifier):
-                if hint is not None:
-                    hint.close()
+            self._wind_down(threads, listener)
         return self.summary
+
+    def _wind_down(self, threads: list[threading.Thread], listener: Any) -> None:
+        """Stop what `run` started: on a cancel, tell each flying unit to stop; wait for their threads, then
+        close the queue's listener and notifier."""
+        cancel = self.opts.cancel
+        if cancel.tripped:
+            self.summary.stop_reason = cancel.reason
+            with self._lock:
+                for f in self._flying.values():
+                    f.stop.set()
+        for t in threads:
+            t.join()
+        cancel.unlink(self._wake)
+        self._stopped = True
+        for hint in (listener, self._notifier):
+            if hint is not None:
+                hint.close()
 
     def _sweep(self) -> None:
         try:

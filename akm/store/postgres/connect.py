@@ -104,11 +104,7 @@ def parse_url(url: str, env: dict[str, str] | None = None) -> Target:
     except ValueError as exc:
         raise _bad_url(f"the journal URL has an invalid port: {exc}") from None
     user = unquote(parts.username or "") or env.get("USER", "postgres")
-    password = unquote(parts.password) if parts.password is not None else None
-    if password is not None and (name := password_ref(password)) is not None:
-        if name not in env:
-            raise _bad_url(f"the journal URL's password refers to ${{{name}}}, which is not set")
-        password = env[name]
+    password = _password(parts.password, env)
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     sslmode = query.get("sslmode", "prefer")
     if sslmode not in SSLMODES:
@@ -118,6 +114,16 @@ def parse_url(url: str, env: dict[str, str] | None = None) -> Target:
     if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", schema):
         raise _bad_url(f"schema={schema!r} must be a lower-case SQL identifier")
     return Target(parts.hostname, port, database, user, password, sslmode, query.get("sslrootcert"), schema)
+
+
+def _password(written: str | None, env: dict[str, str]) -> str | None:
+    """The URL's password: as written (unquoted), or the environment variable a `${NAME}` names."""
+    password = unquote(written) if written is not None else None
+    if password is not None and (name := password_ref(password)) is not None:
+        if name not in env:
+            raise _bad_url(f"the journal URL's password refers to ${{{name}}}, which is not set")
+        password = env[name]
+    return password
 
 
 def _ssl_context(target: Target) -> ssl.SSLContext | bool | None:
