@@ -94,10 +94,13 @@ def test_a_worker_claims_its_free_slots_and_finishes_each_in_one_statement(pg):
     assert len(got) == 3 and len(trace) == 1
     trace.clear()
     assert (
-        queue.finish_claimed(db, got[0], "w1", status="completed", result_json='"ok"', tokens=1, failure_reason=None)
+        queue.finish_claimed(
+            db, got[0], "w1", status="completed", result_json='"ok"', tokens=1, failure_reason=None, cost=0.125
+        )
         == "finished"
     )
     assert len(trace) == 1
+    assert units.get_unit(db, RUN, got[0].unit_id).cost == 0.125  # the cost is kept, as the portable form keeps it
     # a late finish (the claim was given up and claimed again meanwhile) is still rejected, in one statement too
     assert queue.release_claim(db, got[1], "w1")
     again = queue.claim_work(db, targets=[(RUN, "build")], kinds=("exec",), holder="w2", host="h", pid=None, limit=5)
@@ -208,3 +211,41 @@ def test_coalescer_answers_each_caller_and_shares_a_failure():
     with pytest.raises(RuntimeError, match="journal down"):
         c.submit(99)
     assert c.submit(3) == 30  # the coalescer goes on after a failed batch
+
+
+def test_a_workers_finish_and_its_slots_next_claim_are_one_statement(pg):
+    db, fence = pg
+    for i in range(3):
+        args = dict(step_id="build", node_id="build.unit", parent_unit_id=None, runner="exec", engine=None)
+        queue.queue_unit(
+            db,
+            run_id=RUN,
+            unit_id=f"build.unit:{i}",
+            model=None,
+            input_hash="h",
+            dispatch_json="{}",
+            fence=fence,
+            **args,
+        )
+    (first,) = queue.claim_work(db, targets=[(RUN, "build")], kinds=("exec",), holder="w1", host="h", pid=None, limit=1)
+    db.conn.trace = trace = []
+    written, nxt = queue.finish_and_claim(
+        db,
+        first,
+        "w1",
+        status="completed",
+        result_json='"ok"',
+        tokens=3,
+        failure_reason=None,
+        cost=0.5,
+        targets=[(RUN, "build"), ("no-such-run", None)],
+        kinds=("exec",),
+        host="h",
+        pid=None,
+        limit=1,
+    )
+    assert written == "finished" and [c.unit_id for c in nxt] == ["build.unit:1"] and len(trace) == 1, trace
+    events = db.query("SELECT event_type, metadata_json FROM events ORDER BY id")[-2:]
+    assert [e["event_type"] for e in events] == ["workflow_unit_finished", "workflow_unit_started"]
+    assert '"cost":0.5' in events[0]["metadata_json"] and '"worker":"w1"' in events[1]["metadata_json"]
+    assert units.get_unit(db, RUN, first.unit_id).cost == 0.5
