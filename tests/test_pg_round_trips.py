@@ -249,3 +249,32 @@ def test_a_workers_finish_and_its_slots_next_claim_are_one_statement(pg):
     assert [e["event_type"] for e in events] == ["workflow_unit_finished", "workflow_unit_started"]
     assert '"cost":0.5' in events[0]["metadata_json"] and '"worker":"w1"' in events[1]["metadata_json"]
     assert units.get_unit(db, RUN, first.unit_id).cost == 0.5
+
+
+def test_a_listener_reads_what_arrived_without_a_round_trip_of_its_own(pg, monkeypatch):
+    """The LISTEN connection reads the notifications the server pushed, several in one packet included (the second
+    waits in the driver's buffer, where a `select` does not see it), without sending a statement per wake-up."""
+    from akm.store.postgres import wakeups
+
+    db, _ = pg
+    monkeypatch.setattr(wakeups, "KEEPALIVE_S", 3600.0)  # no keep-alive statement during the test
+    mine = threading.Event()
+    listener = db.listener("akm_test_wake", mine, "mine")
+    try:
+
+        def listening() -> list[dict]:
+            return db.query(
+                "SELECT pid, query FROM pg_stat_activity WHERE application_name = 'akm-listen' "
+                "AND query LIKE 'LISTEN akm_test_wake%'"
+            )
+
+        wait_until(lambda: listening(), what="the listener's LISTEN")
+        db.query("SELECT pg_notify('akm_test_wake', 'other'), pg_notify('akm_test_wake', 'mine')")
+        wait_until(mine.is_set, what="the wake-up")
+        mine.clear()
+        db.query("SELECT pg_notify('akm_test_wake', 'other')")  # not its payload: no wake-up
+        db.query("SELECT pg_notify('akm_test_wake', 'mine')")
+        wait_until(mine.is_set, what="the second wake-up")
+        assert listening(), "the listener sent a statement after LISTEN"
+    finally:
+        listener.close()
