@@ -278,3 +278,25 @@ def test_a_listener_reads_what_arrived_without_a_round_trip_of_its_own(pg, monke
         assert listening(), "the listener sent a statement after LISTEN"
     finally:
         listener.close()
+
+
+def test_a_lease_renewal_is_one_statement_on_the_journal_clock(pg):
+    db, fence = pg
+    before = runs.get_run(db, RUN).lease_until
+    db.conn.trace = trace = []
+    assert runs.renew_lease(db, RUN, "coord", 600.0, epoch=fence.epoch)
+    assert len(trace) == 1, trace  # no BEGIN, clock read or COMMIT of its own
+    (row,) = db.query("SELECT lease_until > clock_timestamp() + interval '590 seconds' AS ahead FROM runs")
+    assert row["ahead"] and runs.get_run(db, RUN).lease_until != before
+    assert not runs.renew_lease(db, RUN, "coord", epoch=fence.epoch + 1)  # another epoch's: refused
+    assert not runs.renew_lease(db, RUN, "someone-else")
+
+
+def test_a_pool_warmed_ahead_opens_its_connections_in_the_background_and_uses_them(pg):
+    db, _ = pg
+    db.warm(3)
+    wait_until(lambda: db.connections == 3, what="three connections")
+    db.warm(99)  # never past the pool's bound
+    wait_until(lambda: db.connections == db.pool_max, what="the pool's bound")
+    assert db.query("SELECT count(*) AS n FROM runs")[0]["n"] == 1
+    assert db.connections == db.pool_max

@@ -952,6 +952,10 @@ def renew_lease(
     ttl = lease_ttl_s() if ttl_s is None else ttl_s
     marker = liveness.refresh() if liveness is not None and db.dialect.liveness else None
     sets = ", lease_liveness = ?" if liveness is not None and db.dialect.liveness else ""
+    if db.backend == "postgres":  # one statement, the journal clock read inside it (issue 40)
+        from akm.store.postgres import hotpath
+
+        return hotpath.renew_lease(db, run_id, holder, ttl, epoch=epoch, marker=marker, set_marker=bool(sets))
     with db.tx() as conn:
         cur = conn.execute(
             f"UPDATE runs SET lease_until = ?{sets} WHERE id = ? AND lease_holder = ? AND status IN {_DRIVABLE_SQL}"

@@ -158,6 +158,7 @@ class Worker:
     def run(self) -> WorkerSummary:
         cancel = self.opts.cancel
         cancel.link(self._wake)
+        self.db.warm(self.opts.concurrency + 2)  # its slots, its loop and its heartbeat, before the first claim
         # queued units wake us (PostgreSQL), and have the queue listed again
         listener = self.db.listener(queue_store.WORK_CHANNEL, _Hint(self._hinted, self._wake))
         self._notifier = self.db.notifier(queue_store.RUN_CHANNEL)

@@ -19,7 +19,10 @@ be mixed on one journal:
   statement already holds; on its own connection it was one round trip more per unit);
 * `finish_and_claim`: the two above as one statement, for the slot the finish frees (a worker paid the finish
   and its next claim back to back);
-* `write_attempts`: a local driver's finishes and next inserts of one run, with their events.
+* `write_attempts`: a local driver's finishes and next inserts of one run, with their events;
+* `renew_lease`: a driver's lease renewal, its expiry on the journal clock read in the statement itself (the
+  portable form is a transaction around a clock read and the update: four round trips at each step's start and
+  each heartbeat).
 
 Values travel as one JSON parameter where a statement takes many rows (`json_to_recordset`); each text value
 is first made bindable as any parameter is (`clean_param`: NUL escaped, lone surrogates refused) and the JSON
@@ -470,3 +473,18 @@ def write_attempts(
         host,
     )
     return Written(db.execute(WRITE_ATTEMPTS, params).fetchall())
+
+
+def renew_lease(
+    db: Any, run_id: str, holder: str, ttl_s: float, *, epoch: int | None, marker: str | None, set_marker: bool
+) -> bool:
+    """One statement: `store.runs.renew_lease` (its docstring is the rule), the expiry `ttl_s` from the journal clock
+    as the statement runs; whether the lease was renewed."""
+    sets = ", lease_liveness = ?" if set_marker else ""
+    sql = (
+        f"UPDATE runs SET lease_until = {_NOW} + make_interval(secs => ?::float8){sets} "
+        f"WHERE id = ? AND lease_holder = ? AND status IN {_DRIVABLE}"
+        + (" AND lease_epoch = ?::bigint" if epoch is not None else "")
+    )
+    params = (ttl_s, *((marker,) if set_marker else ()), run_id, holder, *((epoch,) if epoch is not None else ()))
+    return int(db.execute(sql, params).rowcount) == 1
