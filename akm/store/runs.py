@@ -877,7 +877,8 @@ def acquire_lease(
             f"lease_epoch = lease_epoch + 1{sets} "
             f"WHERE id = ? AND status IN {_DRIVABLE_SQL} AND lease_holder {db.dialect.null_eq} ? "
             f"AND lease_until {db.dialect.null_eq} ?",
-            (holder, host, pid, db.now(ttl), *extra, run_id, row["lease_holder"], row["lease_until"]),
+            # the TTL from the clock read above, under the same lock: not a second round trip for it
+            (holder, host, pid, db.later(now, ttl), *extra, run_id, row["lease_holder"], row["lease_until"]),
         )
         if cur.rowcount == 1:
             return None
