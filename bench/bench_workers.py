@@ -17,6 +17,10 @@ statements per unit of everything the processes sent (BEGIN, COMMIT, SET and LIS
 relay, the round trips per unit of the coordinator and of all workers together. The relay's own cost is measured
 once: a `SELECT 1` loop direct and through the relay at 0 ms; and each RTT as the relay really delivers it.
 
+`--baseline-tree DIR` runs each PostgreSQL setup a second time with the akm of another checkout (say, main
+before a change: `git archive main | tar -x -C DIR`), in the same rounds, so a before and an after meet the
+same load and the same SQLite baseline.
+
 The workers run on this one machine: past its cores the ratio says what the queue costs, not what more hosts
 would give; with units that wait (an agent, a model) rather than compute, it scales as the hosts do.
 

@@ -344,7 +344,7 @@ class Worker:
         with self._lock:
             flying = self._flying[key]
         try:
-            if flying.stop.is_set() and self.opts.cancel.tripped:  # claimed with a finish as the worker stopped
+            if self.opts.cancel.tripped:  # the worker stops: a unit not started yet goes back (claimed with a finish)
                 if queue_store.release_claim(self.db, claim, self.holder):
                     self.summary.released += 1
                     self._tell(WorkerEvent("released", claim.run_id, claim.unit_id, claim.step_id))
