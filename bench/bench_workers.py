@@ -17,11 +17,16 @@ statements per unit of everything the processes sent (BEGIN, COMMIT, SET and LIS
 relay, the round trips per unit of the coordinator and of all workers together. The relay's own cost is measured
 once: a `SELECT 1` loop direct and through the relay at 0 ms; and each RTT as the relay really delivers it.
 
+`--baseline-tree DIR` runs each PostgreSQL setup a second time with the akm of another checkout (say, main
+before a change: `git archive main | tar -x -C DIR`), in the same rounds, so a before and an after meet the
+same load and the same SQLite baseline.
+
 The workers run on this one machine: past its cores the ratio says what the queue costs, not what more hosts
 would give; with units that wait (an agent, a model) rather than compute, it scales as the hosts do.
 
 Usage: python bench/bench_workers.py [--rtt-ms 0,2,10,50] [--units 200] [--sleep 0.05] [--width 2] [--rounds 3]
                                      [--setups driver,1,2,4] [--url URL] [--verbose]
+                                     [--baseline-tree DIR]
 """
 
 from __future__ import annotations
@@ -140,11 +145,12 @@ def relayed_ping_ms(base_url: str, rtt_ms: float) -> float:
 # ---------------------------------------------------------------------------------------------- processes
 
 
-def akm_env(home: Path, host: str, url: str | None) -> dict[str, str]:
-    """The environment of one "host": its own HOME (config, data dir) and host id, the journal it shares."""
+def akm_env(home: Path, host: str, url: str | None, tree: Path = ROOT) -> dict[str, str]:
+    """The environment of one "host": its own HOME (config, data dir) and host id, the journal it shares, and the
+    checkout whose akm it runs (`tree`: this one, or `--baseline-tree`)."""
     home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AKM_")}
-    env.update(HOME=str(home), AKM_HOST_ID=host, AKM_DATA_DIR=str(home / "data"), PYTHONPATH=str(ROOT))
+    env.update(HOME=str(home), AKM_HOST_ID=host, AKM_DATA_DIR=str(home / "data"), PYTHONPATH=str(tree))
     env.pop("XDG_CONFIG_HOME", None)
     env.pop("XDG_DATA_HOME", None)
     if url is not None:
@@ -167,13 +173,13 @@ def run_workflow(work: Path, env: dict[str, str], units: int, *, workers: bool) 
 
 
 @contextlib.contextmanager
-def workers_up(work: Path, homes: Path, urls: list[str], width: int, admin: Any) -> Iterator[None]:
+def workers_up(work: Path, homes: Path, urls: list[str], width: int, admin: Any, tree: Path) -> Iterator[None]:
     """`akm worker` processes, one per URL (each a host of its own), until the block ends (then SIGTERM)."""
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "akm", "worker", "--concurrency", str(width), "--poll", "200ms", "--quiet"],
             cwd=work,
-            env=akm_env(homes / f"worker-{i}", f"bench-worker-{i}", url),
+            env=akm_env(homes / f"worker-{i}", f"bench-worker-{i}", url, tree),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -221,7 +227,7 @@ def native_sqlite(root: Path, units: int) -> Outcome:
 
 
 def on_postgres(
-    root: Path, units: int, n_workers: int, width: int, rtt_ms: float, base_url: str, admin: Any
+    root: Path, units: int, n_workers: int, width: int, rtt_ms: float, base_url: str, admin: Any, tree: Path = ROOT
 ) -> Outcome:
     """The one driver (`n_workers` 0) or a coordinator and `n_workers` workers, through a relay adding `rtt_ms`."""
     schema = "bench_" + secrets.token_hex(4)
@@ -234,10 +240,11 @@ def on_postgres(
     sep = "&" if "?" in base_url else "?"
     open_pg(f"{base_url}{sep}schema={schema}").close()  # a journal in use is migrated already: not counted
     try:
-        with workers_up(root / "work", homes, urls[1:], width, admin) if n_workers else contextlib.nullcontext():
+        up = workers_up(root / "work", homes, urls[1:], width, admin, tree) if n_workers else contextlib.nullcontext()
+        with up:
             admin.run("SELECT pg_stat_statements_reset()")
             work = root / ("work" if n_workers else "native")
-            env = akm_env(homes / "coordinator", "bench-coordinator", urls[0])
+            env = akm_env(homes / "coordinator", "bench-coordinator", urls[0], tree)
             span = run_workflow(work, env, units, workers=bool(n_workers))
             seen = statements(admin)
     finally:
@@ -267,8 +274,17 @@ def shown(values: list[float], fmt: str = ".2f") -> str:
     return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}–{max(values):{fmt}})"
 
 
-def label(setup: object) -> str:
-    return "PG, one driver" if setup == "driver" else f"{setup} worker{'s' if setup != 1 else ''}"
+BEFORE = " (before)"  # a setup run with the akm of `--baseline-tree`
+
+
+def label(setup: str) -> str:
+    base, tag = (setup[: -len(BEFORE)], BEFORE) if setup.endswith(BEFORE) else (setup, "")
+    return ("PG, one driver" if base == "driver" else f"{base} worker{'s' if base != '1' else ''}") + tag
+
+
+def workers_of(setup: str) -> int:
+    base = setup.removesuffix(BEFORE)
+    return 0 if base == "driver" else int(base)
 
 
 def main() -> None:
@@ -281,12 +297,19 @@ def main() -> None:
     ap.add_argument("--setups", default="driver,1,2,4", help="driver and/or worker counts")
     ap.add_argument("--url", help="a PostgreSQL server with pg_stat_statements loaded (default: a throwaway one)")
     ap.add_argument("--verbose", action="store_true", help="the statements each run sent most, per unit")
+    ap.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="another akm checkout (say, main before a change): each PG setup also runs with its akm, in the same rounds",
+    )
     args = ap.parse_args()
     rtts = [float(x) for x in args.rtt_ms.split(",") if x.strip()]
-    setups: list[object] = [s if s == "driver" else int(s) for s in args.setups.split(",") if s.strip()]
-    contenders: list[object] = ["sqlite", *setups]
-    results: dict[tuple[float, object], list[Outcome]] = {}
-    ratios: dict[tuple[float, object], list[float]] = {}
+    setups = [s.strip() for s in args.setups.split(",") if s.strip()]
+    if args.baseline_tree is not None:
+        setups = [x for s in setups for x in (s + BEFORE, s)]
+    contenders = ["sqlite", *setups]
+    results: dict[tuple[float, str], list[Outcome]] = {}
+    ratios: dict[tuple[float, str], list[float]] = {}
     from akm.store.postgres.connect import connect, parse_url
 
     settings = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track_utility": "on"}
@@ -312,13 +335,14 @@ def main() -> None:
             for rtt in rtts:
                 k = (r + rtts.index(rtt)) % len(contenders)
                 order = contenders[k:] + contenders[:k]
-                this: dict[object, Outcome] = {}
+                this: dict[str, Outcome] = {}
                 for s in order:
                     if s == "sqlite":
                         this[s] = native_sqlite(root, args.units)
                     else:
-                        n = 0 if s == "driver" else int(str(s))
-                        this[s] = on_postgres(root, args.units, n, args.width, rtt, base_url, admin)
+                        tree = args.baseline_tree.resolve() if s.endswith(BEFORE) else ROOT
+                        n = workers_of(s)
+                        this[s] = on_postgres(root, args.units, n, args.width, rtt, base_url, admin, tree)
                     results.setdefault((rtt, s), []).append(this[s])
                 for s in setups:
                     ratios.setdefault((rtt, s), []).append(this[s].rate / this["sqlite"].rate)

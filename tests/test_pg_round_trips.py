@@ -78,10 +78,13 @@ def test_a_worker_claims_its_free_slots_and_finishes_each_in_one_statement(pg):
     assert len(got) == 3 and len(trace) == 1
     trace.clear()
     assert (
-        queue.finish_claimed(db, got[0], "w1", status="completed", result_json='"ok"', tokens=1, failure_reason=None)
+        queue.finish_claimed(
+            db, got[0], "w1", status="completed", result_json='"ok"', tokens=1, failure_reason=None, cost=0.125
+        )
         == "finished"
     )
     assert len(trace) == 1
+    assert units.get_unit(db, RUN, got[0].unit_id).cost == 0.125  # the cost is kept, as the portable form keeps it
     # a late finish (the claim was given up and claimed again meanwhile) is still rejected, in one statement too
     assert queue.release_claim(db, got[1], "w1")
     again = queue.claim_work(db, targets=[(RUN, "build")], kinds=("exec",), holder="w2", host="h", pid=None, limit=5)
@@ -192,3 +195,92 @@ def test_coalescer_answers_each_caller_and_shares_a_failure():
     with pytest.raises(RuntimeError, match="journal down"):
         c.submit(99)
     assert c.submit(3) == 30  # the coalescer goes on after a failed batch
+
+
+def test_a_workers_finish_and_its_slots_next_claim_are_one_statement(pg):
+    db, fence = pg
+    for i in range(3):
+        args = dict(step_id="build", node_id="build.unit", parent_unit_id=None, runner="exec", engine=None)
+        queue.queue_unit(
+            db,
+            run_id=RUN,
+            unit_id=f"build.unit:{i}",
+            model=None,
+            input_hash="h",
+            dispatch_json="{}",
+            fence=fence,
+            **args,
+        )
+    (first,) = queue.claim_work(db, targets=[(RUN, "build")], kinds=("exec",), holder="w1", host="h", pid=None, limit=1)
+    db.conn.trace = trace = []
+    written, nxt = queue.finish_and_claim(
+        db,
+        first,
+        "w1",
+        status="completed",
+        result_json='"ok"',
+        tokens=3,
+        failure_reason=None,
+        cost=0.5,
+        targets=[(RUN, "build"), ("no-such-run", None)],
+        kinds=("exec",),
+        host="h",
+        pid=None,
+        limit=1,
+    )
+    assert written == "finished" and [c.unit_id for c in nxt] == ["build.unit:1"] and len(trace) == 1, trace
+    events = db.query("SELECT event_type, metadata_json FROM events ORDER BY id")[-2:]
+    assert [e["event_type"] for e in events] == ["workflow_unit_finished", "workflow_unit_started"]
+    assert '"cost":0.5' in events[0]["metadata_json"] and '"worker":"w1"' in events[1]["metadata_json"]
+    assert units.get_unit(db, RUN, first.unit_id).cost == 0.5
+
+
+def test_a_listener_reads_what_arrived_without_a_round_trip_of_its_own(pg, monkeypatch):
+    """The LISTEN connection reads the notifications the server pushed, several in one packet included (the second
+    waits in the driver's buffer, where a `select` does not see it), without sending a statement per wake-up."""
+    from akm.store.postgres import wakeups
+
+    db, _ = pg
+    monkeypatch.setattr(wakeups, "KEEPALIVE_S", 3600.0)  # no keep-alive statement during the test
+    mine = threading.Event()
+    listener = db.listener("akm_test_wake", mine, "mine")
+    try:
+
+        def listening() -> list[dict]:
+            return db.query(
+                "SELECT pid, query FROM pg_stat_activity WHERE application_name = 'akm-listen' "
+                "AND query LIKE 'LISTEN akm_test_wake%'"
+            )
+
+        wait_until(lambda: listening(), what="the listener's LISTEN")
+        db.query("SELECT pg_notify('akm_test_wake', 'other'), pg_notify('akm_test_wake', 'mine')")
+        wait_until(mine.is_set, what="the wake-up")
+        mine.clear()
+        db.query("SELECT pg_notify('akm_test_wake', 'other')")  # not its payload: no wake-up
+        db.query("SELECT pg_notify('akm_test_wake', 'mine')")
+        wait_until(mine.is_set, what="the second wake-up")
+        assert listening(), "the listener sent a statement after LISTEN"
+    finally:
+        listener.close()
+
+
+def test_a_lease_renewal_is_one_statement_on_the_journal_clock(pg):
+    db, fence = pg
+    before = runs.get_run(db, RUN).lease_until
+    db.conn.trace = trace = []
+    assert runs.renew_lease(db, RUN, "coord", 600.0, epoch=fence.epoch)
+    assert len(trace) == 1, trace  # no BEGIN, clock read or COMMIT of its own
+    (row,) = db.query("SELECT lease_until > clock_timestamp() + interval '590 seconds' AS ahead FROM runs")
+    assert row["ahead"] and runs.get_run(db, RUN).lease_until != before
+    assert not runs.renew_lease(db, RUN, "coord", epoch=fence.epoch + 1)  # another epoch's: refused
+    assert not runs.renew_lease(db, RUN, "someone-else")
+
+
+def test_a_pool_warmed_ahead_opens_its_connections_in_the_background_and_uses_them(pg):
+    db, _ = pg
+    db.warm(3)
+    wait_until(lambda: db.connections == 3, what="three connections")
+    db.warm(99)  # never past the pool's bound
+    wait_until(lambda: db.connections == db.pool_max, what="the pool's bound")
+    assert db.query("SELECT count(*) AS n FROM runs")[0]["n"] == 1
+    assert db.connections == db.pool_max

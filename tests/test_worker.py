@@ -313,3 +313,31 @@ def test_fail_fast_takes_back_what_no_worker_claimed(tmp_path):
     never_run = [r for r in rows if r["attempts"] == 0]
     assert summary.finished + len(never_run) == 6  # each unit either ran once on the worker or never ran
     assert any(r["attempts"] == 1 and r["status"] == "failed" for r in rows)
+
+
+def test_a_worker_stopping_as_its_slot_takes_the_next_unit_gives_that_unit_back_unrun(tmp_path):
+    """The slot's next unit comes with the previous one's finish (issue 40): when the worker is stopped right then,
+    that unit is not started but given back to the queue for another worker."""
+    project = tmp_path / "p"
+    project.mkdir()
+    marks = tmp_path / "ran"
+    marks.mkdir()
+    code = f"import os, pathlib; pathlib.Path({str(marks)!r}, os.environ['AKM_ITEM']).touch()"
+    coord = _Coordinator(_fan(project, n=3, code=code), project)
+    try:
+        _wait_queued(3)
+        cancel = api.Cancellation()
+        events: list = []
+
+        def seen(e) -> None:
+            events.append(e)
+            if e.kind == "claimed" and sum(x.kind == "claimed" for x in events) == 2:
+                cancel.trip("sigterm")  # as the first unit's finish took the second
+
+        summary = _work(project, concurrency=1, cancel=cancel, on_event=seen)
+        assert summary.finished == 1 and summary.released == 1 and summary.stop_reason == "sigterm"
+        assert len(list(marks.iterdir())) == 1  # the second unit never ran
+        assert sorted(r["status"] for r in _rows()) == ["completed", "queued", "queued"]
+    finally:
+        coord.cancel.trip("sigint")
+    assert coord.join().aborted

@@ -320,3 +320,68 @@ def test_queueing_on_postgresql_wakes_idle_workers_only_when_none_waited(db, fen
         assert not woken.wait(1.0)  # one was waiting: no wake-up
     finally:
         listener.close()
+
+
+def finish_next(db, c, holder="w1", status="completed", result='"ok"', limit=1, host="host-a", **kw):
+    return queue.finish_and_claim(
+        db,
+        c,
+        holder,
+        status=status,
+        result_json=result,
+        tokens=None,
+        failure_reason=None if status == "completed" else "non_zero_exit",
+        targets=[("r1", "build")],
+        kinds=("exec",),
+        host=host,
+        pid=None,
+        limit=limit,
+        **kw,
+    )
+
+
+def test_a_finish_takes_the_slots_next_unit_with_both_rules_kept(db, fence, monkeypatch):
+    """A worker's finish and its slot's next claim together (issue 40): the finish stays fenced by its token (a
+    late one is rejected, the newer claim's result stands) and the claim stays a claim (oldest first, once)."""
+    import time
+
+    for i in range(1, 4):
+        put(db, fence, unit_id=f"build.unit:{i}")
+    (first,) = claim(db, limit=1)
+    monkeypatch.setenv("AKM_WORKER_CLAIM_TTL_S", "0.001")  # the next claim lapses at once
+    written, (second,) = finish_next(db, first, cost=0.25)
+    monkeypatch.setenv("AKM_WORKER_CLAIM_TTL_S", "60")
+    assert written == "finished" and second.unit_id == "build.unit:2" and second.token == 1
+    row = units.get_unit(db, "r1", first.unit_id)
+    assert (row.status, row.result_json, row.cost, row.claim_holder) == ("completed", '"ok"', 0.25, None)
+    row = units.get_unit(db, "r1", second.unit_id)
+    assert (row.status, row.claim_holder, row.host) == ("running", "w1", "host-a")
+    kinds = [e["event_type"] for e in db.query("SELECT event_type FROM events ORDER BY id")][-2:]
+    assert kinds == ["workflow_unit_finished", "workflow_unit_started"]  # the finish first, as its slot frees
+    # the frozen worker's claim lapses and another worker takes the unit: the late finish is rejected, the newer
+    # claim's row is untouched, and the slot still takes what is left
+    time.sleep(0.05)
+    assert queue.sweep(db, host="elsewhere") == [("r1", "build.unit:2")]
+    taken = {c.unit_id: c for c in claim(db, holder="w2", host="host-b", limit=2)}  # (re-queued ones go last)
+    again = taken["build.unit:2"]
+    assert again.token == 2 and set(taken) == {"build.unit:2", "build.unit:3"}
+    put(db, fence, unit_id="build.unit:4")
+    written, nxt = finish_next(db, second, result='"late"')
+    assert written == "superseded" and [(c.unit_id, c.token) for c in nxt] == [("build.unit:4", 1)]
+    row = units.get_unit(db, "r1", "build.unit:2")
+    assert (row.status, row.claim_holder, row.result_json) == ("running", "w2", None)
+    # nothing left to claim: the finish alone
+    assert finish_next(db, again, holder="w2", host="host-b", result='"new"') == ("finished", [])
+    assert units.get_unit(db, "r1", "build.unit:2").result_json == '"new"'
+
+
+def test_a_finish_in_an_abandoned_run_records_it_and_claims_nothing(db, fence):
+    put(db, fence)
+    put(db, fence, unit_id="build.unit:2")
+    (c,) = claim(db, limit=1)
+    runs.abandon_run(db, "r1")
+    written, nxt = finish_next(db, c)
+    assert (written, nxt) == ("finished", [])
+    row = units.get_unit(db, "r1", c.unit_id)
+    assert (row.status, row.failure_reason, row.result_json) == ("failed", "abandoned", None)
+    assert units.get_unit(db, "r1", "build.unit:2").status != "running"

@@ -71,10 +71,7 @@ class Waiter:
         done = threading.Event()
         with self._lock:
             self._waiting[attempt] = done
-            if self._thread is None:
-                self._listener = self.db.listener(queue_store.RUN_CHANNEL, self._poke, self.run_id)
-                self._thread = threading.Thread(target=self._loop, name="akm-remote-wait", daemon=True)
-                self._thread.start()
+        self.listen()
         try:
             while not done.wait(self.poll_s):
                 if cancel.is_set():
@@ -84,6 +81,14 @@ class Waiter:
                 self._waiting.pop(attempt, None)
         with self._lock:
             return self._rows.pop(attempt, None)
+
+    def listen(self) -> None:
+        """Start listening for the workers' finishes, and the loop that reads them (once)."""
+        with self._lock:
+            if self._thread is None:
+                self._listener = self.db.listener(queue_store.RUN_CHANNEL, self._poke, self.run_id)
+                self._thread = threading.Thread(target=self._loop, name="akm-remote-wait", daemon=True)
+                self._thread.start()
 
     def _loop(self) -> None:
         last_sweep = 0.0
@@ -150,7 +155,10 @@ class WorkerRunner:
         return PlainLane(self.p, self.dispatch)  # a thread waits for one queued attempt at a time
 
     def start(self) -> None:
-        pass  # the waiter starts with the first wait
+        # Before the first queue write: the wake-ups of the first finishes are not missed, and the statements of
+        # a wide pass's first moments (queue writes, reads of finished rows, sweeps) find connections open.
+        self.waiter.listen()
+        self.d.db.warm(4)
 
     def halt(self) -> None:
         # Fail fast with workers: what they have not claimed yet is never started, as a local pass

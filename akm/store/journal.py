@@ -175,6 +175,10 @@ class Journal:
         """Wrap a stretch of many small commits (a fan-out); nests."""
         raise NotImplementedError
 
+    def warm(self, connections: int) -> None:
+        """Open up to `connections` server connections ahead, in the background, so that the first moments of a
+        burst of concurrent statements do not each wait for a handshake (PostgreSQL's pool; a no-op elsewhere)."""
+
     def listener(self, channel: str, event: Any, payload: str | None = None) -> Any:
         """Set `event` (a threading.Event) whenever another process notifies `channel` (with `payload`, if
         given); an object with `close()`, or None where the journal has no notifications (SQLite: poll).

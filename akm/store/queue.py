@@ -397,7 +397,6 @@ def claim_work(
         return []
     hot = _pg(db)
     if hot is not None:
-        tail = f',"host":{_json_opt(host)},"worker":{_json_opt(holder)}}}'
         rows = hot.claim_units(
             db,
             targets=targets,
@@ -407,23 +406,9 @@ def claim_work(
             pid=pid,
             ttl_s=claim_ttl_s(),
             limit=limit,
-            meta_tail=tail,
+            meta_tail=_started_tail(host, holder),
         )
-        return [
-            Claim(
-                r["run_id"],
-                r["unit_id"],
-                r["step_id"],
-                r["runner"],
-                r["engine"],
-                r["model"],
-                r["input_hash"],
-                r["dispatch_json"],
-                int(r["attempts"]),
-                r["started_at"],
-            )
-            for r in rows
-        ]
+        return [_claim_of(r) for r in rows]
     claims: list[Claim] = []
     for run_id, step_id in targets:
         if len(claims) >= limit:
@@ -489,9 +474,7 @@ def _claim_step(
             db.dialect.event_lock(conn)
             for c in claims:
                 # a driver's `workflow_unit_started` metadata, and where and by whom the attempt runs
-                meta = _started_meta(run_id, c.step_id, c.unit_id)[:-1] + (
-                    f',"host":{_json_opt(host)},"worker":{_json_opt(holder)}}}'
-                )
+                meta = _started_meta(run_id, c.step_id, c.unit_id)[:-1] + _started_tail(host, holder)
                 conn.execute(_INSERT_EVENTS, ("workflow_unit_started", now, run_id, meta))
     return claims
 
@@ -529,6 +512,7 @@ def finish_claimed(
             failure_reason=failure_reason,
             truncated=truncated,
             usage=usage,
+            cost=cost,
         )
         gone = finish._replace(status="failed", failure_reason="abandoned", truncated=False)
         written = hot.finish_claimed(
@@ -540,6 +524,7 @@ def finish_claimed(
             status=status,
             result_json=result_json,
             tokens=tokens,
+            cost=cost,
             failure_reason=failure_reason,
             session_id=session_id,
             truncated=truncated,
@@ -590,6 +575,106 @@ def finish_claimed(
         db.dialect.event_lock(conn)
         conn.execute(_INSERT_EVENTS, ("workflow_unit_finished", now, claim.run_id, meta))
     return "finished"
+
+
+def finish_and_claim(
+    db: Journal,
+    claim: Claim,
+    holder: str,
+    *,
+    status: UnitStatus,
+    result_json: str | None,
+    tokens: int | None,
+    failure_reason: str | None,
+    session_id: str | None = None,
+    truncated: bool = False,
+    usage: dict[str, Any] | None = None,
+    cost: float | None = None,
+    targets: Sequence[tuple[str, str | None]],
+    kinds: Sequence[str],
+    host: str,
+    pid: int | None,
+    limit: int,
+) -> tuple[str, list[Claim]]:
+    """`finish_claimed`, then `claim_work` for up to `limit` units of `targets`: a worker's slot records its
+    outcome and takes its next unit. Each keeps its own rules (a claim does not depend on the finish: the slot is
+    free either way). On PostgreSQL one statement does both (`hotpath.finish_and_claim`), one round trip instead
+    of two; elsewhere they are two transactions, one after the other."""
+    if status not in ("completed", "failed"):
+        raise ValueError(f"finish_and_claim status must be completed or failed, not {status!r}")
+    hot = _pg(db)
+    if hot is None or limit <= 0 or not kinds or not targets:
+        written = finish_claimed(
+            db,
+            claim,
+            holder,
+            status=status,
+            result_json=result_json,
+            tokens=tokens,
+            failure_reason=failure_reason,
+            session_id=session_id,
+            truncated=truncated,
+            usage=usage,
+            cost=cost,
+        )
+        return written, claim_work(db, targets=targets, kinds=kinds, holder=holder, host=host, pid=pid, limit=limit)
+    finish = UnitFinish(
+        claim.run_id,
+        claim.unit_id,
+        claim.started_at,
+        status,
+        tokens=tokens,
+        failure_reason=failure_reason,
+        truncated=truncated,
+        usage=usage,
+        cost=cost,
+    )
+    gone = finish._replace(status="failed", failure_reason="abandoned", truncated=False)
+    done = hot.finish_and_claim(
+        db,
+        run_id=claim.run_id,
+        unit_id=claim.unit_id,
+        holder=holder,
+        token=claim.token,
+        status=status,
+        result_json=result_json,
+        tokens=tokens,
+        cost=cost,
+        failure_reason=failure_reason,
+        session_id=session_id,
+        truncated=truncated,
+        meta=finish.meta(claim.step_id),
+        meta_abandoned=gone.meta(claim.step_id),
+        channel=RUN_CHANNEL,
+        targets=targets,
+        kinds=kinds,
+        host=host,
+        pid=pid,
+        ttl_s=claim_ttl_s(),
+        limit=limit,
+        meta_tail=_started_tail(host, holder),
+    )
+    return "finished" if done.finished else "superseded", [_claim_of(r) for r in done.claimed]
+
+
+def _started_tail(host: str, holder: str) -> str:
+    """How a worker's `workflow_unit_started` metadata ends: where and by whom the attempt runs."""
+    return f',"host":{_json_opt(host)},"worker":{_json_opt(holder)}}}'
+
+
+def _claim_of(r: Any) -> Claim:
+    return Claim(
+        r["run_id"],
+        r["unit_id"],
+        r["step_id"],
+        r["runner"],
+        r["engine"],
+        r["model"],
+        r["input_hash"],
+        r["dispatch_json"],
+        int(r["attempts"]),
+        r["started_at"],
+    )
 
 
 class Renewal(NamedTuple):

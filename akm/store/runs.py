@@ -877,7 +877,8 @@ def acquire_lease(
             f"lease_epoch = lease_epoch + 1{sets} "
             f"WHERE id = ? AND status IN {_DRIVABLE_SQL} AND lease_holder {db.dialect.null_eq} ? "
             f"AND lease_until {db.dialect.null_eq} ?",
-            (holder, host, pid, db.now(ttl), *extra, run_id, row["lease_holder"], row["lease_until"]),
+            # the TTL from the clock read above, under the same lock: not a second round trip for it
+            (holder, host, pid, db.later(now, ttl), *extra, run_id, row["lease_holder"], row["lease_until"]),
         )
         if cur.rowcount == 1:
             return None
@@ -952,6 +953,10 @@ def renew_lease(
     ttl = lease_ttl_s() if ttl_s is None else ttl_s
     marker = liveness.refresh() if liveness is not None and db.dialect.liveness else None
     sets = ", lease_liveness = ?" if liveness is not None and db.dialect.liveness else ""
+    if db.backend == "postgres":  # one statement, the journal clock read inside it (issue 40)
+        from akm.store.postgres import hotpath
+
+        return hotpath.renew_lease(db, run_id, holder, ttl, epoch=epoch, marker=marker, set_marker=bool(sets))
     with db.tx() as conn:
         cur = conn.execute(
             f"UPDATE runs SET lease_until = ?{sets} WHERE id = ? AND lease_holder = ? AND status IN {_DRIVABLE_SQL}"

@@ -158,6 +158,7 @@ class Worker:
     def run(self) -> WorkerSummary:
         cancel = self.opts.cancel
         cancel.link(self._wake)
+        self.db.warm(self.opts.concurrency + 2)  # its slots, its loop and its heartbeat, before the first claim
         # queued units wake us (PostgreSQL), and have the queue listed again
         listener = self.db.listener(queue_store.WORK_CHANNEL, _Hint(self._hinted, self._wake))
         self._notifier = self.db.notifier(queue_store.RUN_CHANNEL)
@@ -276,13 +277,19 @@ class Worker:
             run_id, step_id = targets[0] if len(targets) == 1 else (None, None)
             self._tell(WorkerEvent("error", run_id, step_id=step_id, detail=f"claim failed: {exc}"))
             return []
+        self._took(claims, sent)
+        return claims
+
+    def _took(self, claims: list[queue_store.Claim], sent: float) -> None:
+        """Count claims in flight (`sent`: when the claim was sent, from which the watchdog counts)."""
         with self._lock:
             for c in claims:
-                self._flying[(c.run_id, c.unit_id)] = _InFlight(c, sent)
+                f = self._flying[(c.run_id, c.unit_id)] = _InFlight(c, sent)
+                if self.opts.cancel.tripped:  # taken with a finish as the worker stops: given back unrun
+                    f.stop.set()
         for c in claims:
             self.summary.claimed += 1
             self._tell(WorkerEvent("claimed", c.run_id, c.unit_id, c.step_id, detail=f"attempt {c.token}"))
-        return claims
 
     def _check_commit(self) -> None:
         """Forget every verdict once the checkout's commit changed (a `git pull` may cure or void one)."""
@@ -332,10 +339,22 @@ class Worker:
 
     # ------------------------------------------------------------ one claim
     def _run_claim(self, claim: queue_store.Claim) -> None:
+        """Run the claim, then each next unit its slot took with its finish (`_finish`), on this one thread."""
+        nxt: queue_store.Claim | None = claim
+        while nxt is not None:
+            nxt = self._run_one(nxt)
+
+    def _run_one(self, claim: queue_store.Claim) -> queue_store.Claim | None:
         key = (claim.run_id, claim.unit_id)
+        nxt: queue_store.Claim | None = None
         with self._lock:
             flying = self._flying[key]
         try:
+            if self.opts.cancel.tripped:  # the worker stops: a unit not started yet goes back (claimed with a finish)
+                if queue_store.release_claim(self.db, claim, self.holder):
+                    self.summary.released += 1
+                    self._tell(WorkerEvent("released", claim.run_id, claim.unit_id, claim.step_id))
+                return None
             try:
                 outcome = self._execute(claim, flying.stop)
             except HostProblem as exc:
@@ -344,7 +363,7 @@ class Worker:
                 self._tell(WorkerEvent("refused", claim.run_id, claim.unit_id, claim.step_id, detail=str(exc)))
                 if queue_store.release_claim(self.db, claim, self.holder):
                     self.summary.released += 1
-                return
+                return None
             except Exception as exc:  # a failure inside akm: the row is claimed, so it must be finished
                 outcome = UnitOutcome(
                     unit_id=claim.unit_id,
@@ -357,7 +376,7 @@ class Worker:
                 self._tell(
                     WorkerEvent("rejected", claim.run_id, claim.unit_id, claim.step_id, detail="the claim was lost")
                 )
-                return
+                return None
             if flying.fenced:  # stopped before its claim could lapse: back to the queue (else it lapses there)
                 if queue_store.release_claim(self.db, claim, self.holder):
                     self.summary.released += 1
@@ -367,26 +386,27 @@ class Worker:
                     self._tell(
                         WorkerEvent("rejected", claim.run_id, claim.unit_id, claim.step_id, detail="its claim lapsed")
                     )
-                return
+                return None
             if flying.stop.is_set() and self.opts.cancel.tripped and not outcome.ok:  # a result in hand is kept
                 if queue_store.release_claim(self.db, claim, self.holder):
                     self.summary.released += 1
                     self._tell(WorkerEvent("released", claim.run_id, claim.unit_id, claim.step_id))
-                return
-            self._finish(claim, outcome)
+                return None
+            nxt = self._finish(claim, outcome)
         except Exception as exc:
             self._tell(WorkerEvent("error", claim.run_id, claim.unit_id, claim.step_id, detail=str(exc)))
         finally:
             with self._lock:
                 self._flying.pop(key, None)
-            self._wake.set()
+            if nxt is None:
+                self._wake.set()  # a free slot: the loop claims for it
+        return nxt
 
-    def _finish(self, claim: queue_store.Claim, outcome: UnitOutcome) -> None:
+    def _finish(self, claim: queue_store.Claim, outcome: UnitOutcome) -> queue_store.Claim | None:
+        """Journal the outcome, fenced; and, in the same round trip, claim the slot's next unit from the (run, step)
+        pairs this host was found able to run (None: none claimed, the loop lists and claims for the slot)."""
         outcome, result_json = storable(outcome, claim.unit_id)
-        written = queue_store.finish_claimed(
-            self.db,
-            claim,
-            self.holder,
+        fields: dict[str, Any] = dict(
             status="completed" if outcome.ok else "failed",
             result_json=result_json,
             tokens=outcome.tokens,
@@ -396,6 +416,26 @@ class Worker:
             usage=outcome.usage,
             cost=outcome.cost,
         )
+        targets = [] if self.opts.cancel.tripped else self._approved()
+        nxt: queue_store.Claim | None = None
+        if targets:
+            sent = time.monotonic()
+            written, claims = queue_store.finish_and_claim(
+                self.db,
+                claim,
+                self.holder,
+                **fields,
+                targets=targets,
+                kinds=self.kinds,
+                host=self.host,
+                pid=self.pid,
+                limit=1,
+            )
+            if claims:
+                nxt = claims[0]
+                self._took(claims, sent)  # in flight before this one leaves: the loop sees no free slot
+        else:
+            written = queue_store.finish_claimed(self.db, claim, self.holder, **fields)
         if written == "finished":
             if self._notifier is not None and not queue_store.finish_notifies(self.db):
                 self._notifier.notify(claim.run_id)  # the coordinator reads the row now, not at its next poll
@@ -413,6 +453,7 @@ class Worker:
                     detail="its claim lapsed and the unit was claimed again meanwhile; this result was not journaled",
                 )
             )
+        return nxt
 
     def _execute(self, claim: queue_store.Claim, stop: threading.Event) -> UnitOutcome:
         """Run the claimed attempt as its driver would have run it (`akm.engine.attempt`)."""

@@ -436,6 +436,7 @@ class PgJournal(Journal):
         self._all: list[Connection] = [first]
         self._free: list[Connection] = [first]  # the last given back is the next taken
         self._opening = 0
+        self._closed = False
         self._cond = threading.Condition()
         self.local = threading.local()  # .tx: this thread's open transaction; .pinned: see Connection.session_keys
         self.reconnects = 0
@@ -485,6 +486,37 @@ class PgJournal(Journal):
             self._opening -= 1
             self._all.append(conn)
         return conn
+
+    def warm(self, connections: int) -> None:
+        """Open connections up to `connections` (at most `pool_max`) on a background thread, into the free list:
+        a handshake is several round trips, paid here before the statements that would wait for it."""
+
+        def open_more() -> None:
+            while True:
+                with self._cond:
+                    if len(self._all) + self._opening >= min(connections, self.pool_max):
+                        return
+                    self._opening += 1
+                try:
+                    conn = Connection(reconnect(self.target))
+                except BaseException:  # noqa: BLE001 - a statement that needs one opens it and names the fault
+                    with self._cond:
+                        self._opening -= 1
+                        self._cond.notify()
+                    return
+                with self._cond:
+                    self._opening -= 1
+                    closed = self._closed
+                    if not closed:
+                        self._all.append(conn)
+                        self._free.insert(0, conn)  # behind the warm ones: the last given back is the next taken
+                        self._cond.notify()
+                if closed:  # the journal was closed meanwhile
+                    with contextlib.suppress(Exception):
+                        conn.raw.close()
+                    return
+
+        threading.Thread(target=open_more, name="akm-pool-warm", daemon=True).start()
 
     def release(self, conn: Connection) -> None:
         """Give a connection back; one keeping a session lock stays with this thread (`Connection.session_keys`)."""
@@ -604,6 +636,7 @@ class PgJournal(Journal):
 
     def close(self) -> None:
         with self._cond:
+            self._closed = True
             conns = list(self._all)
         for conn in conns:
             with contextlib.suppress(Exception):

@@ -17,7 +17,12 @@ be mixed on one journal:
 * `finish_claimed`: a worker's outcome, fenced by its claim token, with `workflow_unit_finished` and the
   NOTIFY that wakes the coordinator (a NOTIFY takes a global lock at commit, but so does the event lock the
   statement already holds; on its own connection it was one round trip more per unit);
-* `write_attempts`: a local driver's finishes and next inserts of one run, with their events.
+* `finish_and_claim`: the two above as one statement, for the slot the finish frees (a worker paid the finish
+  and its next claim back to back);
+* `write_attempts`: a local driver's finishes and next inserts of one run, with their events;
+* `renew_lease`: a driver's lease renewal, its expiry on the journal clock read in the statement itself (the
+  portable form is a transaction around a clock read and the update: four round trips at each step's start and
+  each heartbeat).
 
 Values travel as one JSON parameter where a statement takes many rows (`json_to_recordset`); each text value
 is first made bindable as any parameter is (`clean_param`: NUL escaped, lone surrogates refused) and the JSON
@@ -180,7 +185,7 @@ WITH run AS MATERIALIZED (
     SELECT {_NOW} AS now FROM run
 ), upd AS (
     UPDATE units u SET status = CASE WHEN run.gone THEN 'failed' ELSE ? END,
-        result_json = CASE WHEN run.gone THEN NULL ELSE ? END, tokens = ?::bigint,
+        result_json = CASE WHEN run.gone THEN NULL ELSE ? END, tokens = ?::bigint, cost = ?::float8,
         failure_reason = CASE WHEN run.gone THEN 'abandoned' ELSE ? END, session_id = ?,
         truncated = CASE WHEN run.gone THEN 0 ELSE ?::int END, finished_at = clk.now, claim_holder = NULL,
         claim_pid = NULL, claim_expires_at = NULL, claim_host = NULL
@@ -209,6 +214,7 @@ def finish_claimed(
     status: str,
     result_json: str | None,
     tokens: int | None,
+    cost: float | None,
     failure_reason: str | None,
     session_id: str | None,
     truncated: bool,
@@ -224,6 +230,7 @@ def finish_claimed(
         status,
         result_json,
         tokens,
+        cost,
         failure_reason,
         session_id,
         int(bool(truncated)),
@@ -235,6 +242,141 @@ def finish_claimed(
         channel,
     )
     return bool(db.execute(FINISH_CLAIMED, params).fetchall())
+
+
+FINISH_AND_CLAIM = f"""
+WITH tgt AS MATERIALIZED (
+    SELECT * FROM json_to_recordset(?::json) AS t(run_id text, step_id text)
+), kinds AS MATERIALIZED (
+    SELECT json_array_elements_text(?::json) AS runner
+), locked AS MATERIALIZED (
+    SELECT r.id, r.status FROM runs r WHERE r.id = ? OR r.id IN (SELECT run_id FROM tgt)
+    ORDER BY r.id FOR KEY SHARE OF r
+), run AS MATERIALIZED (
+    SELECT status = 'abandoned' AS gone FROM locked WHERE id = $3
+), clk AS MATERIALIZED (
+    SELECT {_NOW} AS now FROM (SELECT count(*) FROM locked) AS held
+), fin AS (
+    UPDATE units u SET status = CASE WHEN run.gone THEN 'failed' ELSE ? END,
+        result_json = CASE WHEN run.gone THEN NULL ELSE ? END, tokens = ?::bigint, cost = ?::float8,
+        failure_reason = CASE WHEN run.gone THEN 'abandoned' ELSE ? END, session_id = ?,
+        truncated = CASE WHEN run.gone THEN 0 ELSE ?::int END, finished_at = clk.now, claim_holder = NULL,
+        claim_pid = NULL, claim_expires_at = NULL, claim_host = NULL
+    FROM run, clk
+    WHERE u.run_id = $3 AND u.unit_id = ? AND u.status = 'running' AND u.claim_holder = ? AND u.attempts = ?::int
+    RETURNING run.gone, clk.now
+), pick AS MATERIALIZED (
+    SELECT u.run_id, u.unit_id FROM units u
+    WHERE u.status = 'queued' AND u.runner IN (SELECT runner FROM kinds)
+      AND u.run_id IN (SELECT id FROM locked WHERE status IN {_DRIVABLE})
+      AND EXISTS (SELECT 1 FROM tgt WHERE tgt.run_id = u.run_id AND tgt.step_id IS NOT DISTINCT FROM u.step_id)
+    ORDER BY u.queued_at, u.unit_id LIMIT ?::int FOR UPDATE OF u SKIP LOCKED
+), upd AS (
+    UPDATE units u SET status = 'running', attempts = u.attempts + 1, claim_holder = $12, claim_host = ?,
+        claim_pid = ?::int, claim_expires_at = clk.now + make_interval(secs => ?::float8), started_at = clk.now,
+        last_checkin_at = clk.now, host = $15
+    FROM pick, clk
+    WHERE u.run_id = pick.run_id AND u.unit_id = pick.unit_id AND u.status = 'queued'
+    RETURNING u.run_id, u.unit_id, u.step_id, u.runner, u.engine, u.model, u.input_hash, u.dispatch_json,
+        u.attempts, u.started_at, u.queued_at
+), lk AS MATERIALIZED (
+    SELECT {_EVENT_LOCK} FROM (SELECT 1 FROM fin UNION ALL SELECT 1 FROM upd LIMIT 1) AS any_written
+), ev AS (
+    INSERT INTO events (event_type, ts, run_id, metadata_json)
+    SELECT e.kind, e.ts, e.run_id, e.meta FROM (
+        SELECT 0 AS ord, 'workflow_unit_finished' AS kind, fin.now AS ts, $3 AS run_id,
+            CASE WHEN fin.gone THEN ? ELSE ? END AS meta, NULL::timestamptz AS queued_at, NULL AS unit_id
+        FROM fin
+        UNION ALL
+        SELECT 1, 'workflow_unit_started', upd.started_at, upd.run_id,
+            '{{"runId":' || to_json(upd.run_id::text)::text || ',"stepId":' || coalesce(to_json(upd.step_id::text)::text,
+            'null') || ',"unitId":' || to_json(upd.unit_id::text)::text || ?, upd.queued_at, upd.unit_id
+        FROM upd
+    ) AS e CROSS JOIN lk ORDER BY e.ord, e.queued_at, e.unit_id
+), nt AS MATERIALIZED (
+    SELECT pg_notify(?, $3) FROM fin
+)
+SELECT 0 AS ord, 'fin' AS what, NULL AS run_id, NULL AS unit_id, NULL AS step_id, NULL AS runner, NULL AS engine,
+    NULL AS model, NULL AS input_hash, NULL AS dispatch_json, NULL::int AS attempts,
+    NULL::timestamptz AS started_at, NULL::timestamptz AS queued_at
+FROM fin CROSS JOIN (SELECT count(*) FROM nt) AS told
+UNION ALL
+SELECT 1, 'claim', run_id, unit_id, step_id, runner, engine, model, input_hash, dispatch_json, attempts, started_at,
+    queued_at
+FROM upd
+ORDER BY ord, queued_at, unit_id
+"""
+
+
+class FinishedAndClaimed:
+    """What `finish_and_claim` did: whether the finish was written (False: the row is not the claim's any more),
+    and the rows it claimed next (the columns of `claim_units`' rows)."""
+
+    def __init__(self, rows: Sequence[Any]) -> None:
+        self.finished = False
+        self.claimed: list[dict[str, Any]] = []
+        names = ("run_id", "unit_id", "step_id", "runner", "engine", "model", "input_hash", "dispatch_json")
+        for row in rows:
+            if row[1] == "fin":
+                self.finished = True
+            else:
+                self.claimed.append(dict(zip((*names, "attempts", "started_at"), row[2:12], strict=True)))
+
+
+def finish_and_claim(
+    db: Any,
+    *,
+    run_id: str,
+    unit_id: str,
+    holder: str,
+    token: int,
+    status: str,
+    result_json: str | None,
+    tokens: int | None,
+    cost: float | None,
+    failure_reason: str | None,
+    session_id: str | None,
+    truncated: bool,
+    meta: str,
+    meta_abandoned: str,
+    channel: str,
+    targets: Sequence[tuple[str, str | None]],
+    kinds: Sequence[str],
+    host: str,
+    pid: int | None,
+    ttl_s: float,
+    limit: int,
+    meta_tail: str,
+) -> FinishedAndClaimed:
+    """One statement: `finish_claimed` and then `claim_units` for the slot it frees (a worker's unit finishes and
+    its next is claimed in one round trip instead of two). Both keep their rules and their lock order: the run
+    rows (the finished one's and the targets', by id), the unit rows, the event lock; the claim does not depend
+    on the finish (a superseded finish still claims: the slot is free either way)."""
+    tgt = rows_json([{"run_id": r, "step_id": s} for r, s in targets])
+    params = (
+        tgt,
+        json.dumps(list(kinds)),
+        run_id,
+        status,
+        result_json,
+        tokens,
+        cost,
+        failure_reason,
+        session_id,
+        int(bool(truncated)),
+        unit_id,
+        holder,
+        token,
+        limit,
+        host,
+        pid,
+        ttl_s,
+        meta_abandoned,
+        meta,
+        meta_tail,
+        channel,
+    )
+    return FinishedAndClaimed(db.execute(FINISH_AND_CLAIM, params).fetchall())
 
 
 WRITE_ATTEMPTS = f"""
@@ -331,3 +473,18 @@ def write_attempts(
         host,
     )
     return Written(db.execute(WRITE_ATTEMPTS, params).fetchall())
+
+
+def renew_lease(
+    db: Any, run_id: str, holder: str, ttl_s: float, *, epoch: int | None, marker: str | None, set_marker: bool
+) -> bool:
+    """One statement: `store.runs.renew_lease` (its docstring is the rule), the expiry `ttl_s` from the journal clock
+    as the statement runs; whether the lease was renewed."""
+    sets = ", lease_liveness = ?" if set_marker else ""
+    sql = (
+        f"UPDATE runs SET lease_until = {_NOW} + make_interval(secs => ?::float8){sets} "
+        f"WHERE id = ? AND lease_holder = ? AND status IN {_DRIVABLE}"
+        + (" AND lease_epoch = ?::bigint" if epoch is not None else "")
+    )
+    params = (ttl_s, *((marker,) if set_marker else ()), run_id, holder, *((epoch,) if epoch is not None else ()))
+    return int(db.execute(sql, params).rowcount) == 1

@@ -5,9 +5,10 @@ reconnects are lost (and pg8000 keeps only the last hundred). So every failure h
 later; the journal stays the only source of what to do.
 
 * `Listener`: one dedicated connection LISTENing on a channel; a background thread waits on its socket
-  (`select`, then a `SELECT 1` to make the driver read what arrived) and sets an event per notification
-  whose payload matches. The event is the one the caller already waits on, so a wake-up and a timeout
-  look alike to it.
+  (`select`), reads the messages that arrived itself (the server sends a notification unasked: no round trip
+  of ours, issue 40) and sets an event per notification whose payload matches. Over TLS, whose buffer a
+  `select` cannot see, a `SELECT 1` makes the driver read what arrived instead. The event is the one the
+  caller already waits on, so a wake-up and a timeout look alike to it.
 * `Notifier`: sends NOTIFYs from its own autocommit connection, *after* the write they announce committed
   and never inside a unit's transaction (a transaction with a pending NOTIFY takes a global lock at commit,
   which would serialize every commit). Requests arriving while one is sent are coalesced into the next.
@@ -18,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import ssl
+import struct
 import threading
 from typing import Any
 
@@ -52,7 +55,9 @@ class Listener:
                     if self._stop.is_set():
                         break
                     quiet = 0.0 if ready else quiet + 0.5
-                    if ready or quiet >= KEEPALIVE_S:
+                    if sock in ready and not isinstance(sock, ssl.SSLSocket):
+                        _read_arrived(con)
+                    elif ready or quiet >= KEEPALIVE_S:
                         # the driver reads what arrived (and what TLS or its buffer already held); on a quiet
                         # connection this also finds out, within seconds, that the server is gone
                         con.run("SELECT 1")
@@ -75,6 +80,39 @@ class Listener:
         self._thread.join(timeout=2)
         for end in (self._interrupt_r, self._interrupt_w):
             end.close()
+
+
+def _read_arrived(con: Any) -> None:
+    """Read the messages the server sent unasked (notifications, notices, parameter changes) into the driver, up
+    to what has arrived: a notification lands in `con.notifications` as the driver's own reading puts it."""
+    while True:
+        head = con._sock.read(5)
+        if len(head) < 5:
+            raise ConnectionError("the journal closed the listening connection")
+        code, size = head[:1], struct.unpack("!i", head[1:])[0] - 4
+        body = con._sock.read(size) if size > 0 else b""
+        if len(body) < size:
+            raise ConnectionError("the journal closed the listening connection")
+        if code == b"A":
+            con.handle_NOTIFICATION_RESPONSE(body, None)
+        elif code == b"S":
+            con.handle_PARAMETER_STATUS(body, None)
+        elif code != b"N":  # an error (the server shutting down, say) or anything unasked: connect again
+            raise ConnectionError(f"the listening connection got an unexpected message {code!r}")
+        if not _buffered(con):
+            return
+
+
+def _buffered(con: Any) -> bool:
+    """Whether more of what the server sent is at hand: in the driver's read buffer (which a `select` on the
+    socket does not see) or the socket's. Peeks without blocking."""
+    sock = con._usock
+    timeout = sock.gettimeout()
+    sock.settimeout(0.0)
+    try:
+        return bool(con._sock.peek(1))
+    finally:
+        sock.settimeout(timeout)
 
 
 class Notifier:
