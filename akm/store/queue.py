@@ -503,34 +503,11 @@ def finish_claimed(
         raise ValueError(f"finish_claimed status must be completed or failed, not {status!r}")
     hot = _pg(db)
     if hot is not None:
-        finish = UnitFinish(
-            claim.run_id,
-            claim.unit_id,
-            claim.started_at,
-            status,
-            tokens=tokens,
-            failure_reason=failure_reason,
-            truncated=truncated,
-            usage=usage,
-            cost=cost,
-        )
-        gone = finish._replace(status="failed", failure_reason="abandoned", truncated=False)
         written = hot.finish_claimed(
             db,
-            run_id=claim.run_id,
-            unit_id=claim.unit_id,
-            holder=holder,
-            token=claim.token,
-            status=status,
-            result_json=result_json,
-            tokens=tokens,
-            cost=cost,
-            failure_reason=failure_reason,
-            session_id=session_id,
-            truncated=truncated,
-            meta=finish.meta(claim.step_id),
-            meta_abandoned=gone.meta(claim.step_id),
-            channel=RUN_CHANNEL,
+            _claim_finish(
+                hot, claim, holder, status, result_json, tokens, failure_reason, session_id, truncated, usage, cost
+            ),
         )
         return "finished" if written else "superseded"
     with db.tx() as conn:
@@ -618,6 +595,37 @@ def finish_and_claim(
             cost=cost,
         )
         return written, claim_work(db, targets=targets, kinds=kinds, holder=holder, host=host, pid=pid, limit=limit)
+    done = hot.finish_and_claim(
+        db,
+        _claim_finish(
+            hot, claim, holder, status, result_json, tokens, failure_reason, session_id, truncated, usage, cost
+        ),
+        targets=targets,
+        kinds=kinds,
+        host=host,
+        pid=pid,
+        ttl_s=claim_ttl_s(),
+        limit=limit,
+        meta_tail=_started_tail(host, holder),
+    )
+    return "finished" if done.finished else "superseded", [_claim_of(r) for r in done.claimed]
+
+
+def _claim_finish(
+    hot: ModuleType,
+    claim: Claim,
+    holder: str,
+    status: UnitStatus,
+    result_json: str | None,
+    tokens: int | None,
+    failure_reason: str | None,
+    session_id: str | None,
+    truncated: bool,
+    usage: dict[str, Any] | None,
+    cost: float | None,
+) -> Any:
+    """The one-statement finish of `claim` (`hotpath.ClaimFinish`) with both events it may append: the outcome's,
+    and the `abandoned` one written instead when the run was abandoned meanwhile."""
     finish = UnitFinish(
         claim.run_id,
         claim.unit_id,
@@ -630,8 +638,7 @@ def finish_and_claim(
         cost=cost,
     )
     gone = finish._replace(status="failed", failure_reason="abandoned", truncated=False)
-    done = hot.finish_and_claim(
-        db,
+    return hot.ClaimFinish(
         run_id=claim.run_id,
         unit_id=claim.unit_id,
         holder=holder,
@@ -646,15 +653,7 @@ def finish_and_claim(
         meta=finish.meta(claim.step_id),
         meta_abandoned=gone.meta(claim.step_id),
         channel=RUN_CHANNEL,
-        targets=targets,
-        kinds=kinds,
-        host=host,
-        pid=pid,
-        ttl_s=claim_ttl_s(),
-        limit=limit,
-        meta_tail=_started_tail(host, holder),
     )
-    return "finished" if done.finished else "superseded", [_claim_of(r) for r in done.claimed]
 
 
 def _started_tail(host: str, holder: str) -> str:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from akm.store.postgres.db import EVENT_LOCK, clean_param
 from akm.store.status import DRIVABLE_STATUSES
@@ -204,43 +204,47 @@ SELECT gone FROM upd CROSS JOIN (SELECT count(*) FROM nt) AS told
 """
 
 
-def finish_claimed(
-    db: Any,
-    *,
-    run_id: str,
-    unit_id: str,
-    holder: str,
-    token: int,
-    status: str,
-    result_json: str | None,
-    tokens: int | None,
-    cost: float | None,
-    failure_reason: str | None,
-    session_id: str | None,
-    truncated: bool,
-    meta: str,
-    meta_abandoned: str,
-    channel: str,
-) -> bool:
-    """One statement: record the outcome of the claim (`holder`, `token`) with its event (`meta`, or
-    `meta_abandoned` when the run was abandoned meanwhile), and tell the coordinator (a NOTIFY on `channel`, sent
-    at the statement's commit: no round trip of its own); False when the row is not this claim's any more."""
-    params = (
-        run_id,
-        status,
-        result_json,
-        tokens,
-        cost,
-        failure_reason,
-        session_id,
-        int(bool(truncated)),
-        unit_id,
-        holder,
-        token,
-        meta_abandoned,
-        meta,
-        channel,
-    )
+class ClaimFinish(NamedTuple):
+    """A worker's outcome of its claim (`holder`, `token`), as the statements that record it take it: the row's
+    values, its event (`meta`, or `meta_abandoned` when the run was abandoned meanwhile) and the coordinator's
+    NOTIFY `channel`."""
+
+    run_id: str
+    unit_id: str
+    holder: str
+    token: int
+    status: str
+    result_json: str | None
+    tokens: int | None
+    cost: float | None
+    failure_reason: str | None
+    session_id: str | None
+    truncated: bool
+    meta: str
+    meta_abandoned: str
+    channel: str
+
+    def row_params(self) -> tuple[Any, ...]:
+        """The finish's parameters in the order both statements bind them (the run, the row's values, the claim)."""
+        return (
+            self.run_id,
+            self.status,
+            self.result_json,
+            self.tokens,
+            self.cost,
+            self.failure_reason,
+            self.session_id,
+            int(bool(self.truncated)),
+            self.unit_id,
+            self.holder,
+            self.token,
+        )
+
+
+def finish_claimed(db: Any, f: ClaimFinish) -> bool:
+    """One statement: record the outcome of the claim with its event, and tell the coordinator (a NOTIFY sent at
+    the statement's commit: no round trip of its own); False when the row is not this claim's any more."""
+    params = (*f.row_params(), f.meta_abandoned, f.meta, f.channel)
     return bool(db.execute(FINISH_CLAIMED, params).fetchall())
 
 
@@ -325,21 +329,8 @@ class FinishedAndClaimed:
 
 def finish_and_claim(
     db: Any,
+    f: ClaimFinish,
     *,
-    run_id: str,
-    unit_id: str,
-    holder: str,
-    token: int,
-    status: str,
-    result_json: str | None,
-    tokens: int | None,
-    cost: float | None,
-    failure_reason: str | None,
-    session_id: str | None,
-    truncated: bool,
-    meta: str,
-    meta_abandoned: str,
-    channel: str,
     targets: Sequence[tuple[str, str | None]],
     kinds: Sequence[str],
     host: str,
@@ -356,25 +347,15 @@ def finish_and_claim(
     params = (
         tgt,
         json.dumps(list(kinds)),
-        run_id,
-        status,
-        result_json,
-        tokens,
-        cost,
-        failure_reason,
-        session_id,
-        int(bool(truncated)),
-        unit_id,
-        holder,
-        token,
+        *f.row_params(),
         limit,
         host,
         pid,
         ttl_s,
-        meta_abandoned,
-        meta,
+        f.meta_abandoned,
+        f.meta,
         meta_tail,
-        channel,
+        f.channel,
     )
     return FinishedAndClaimed(db.execute(FINISH_AND_CLAIM, params).fetchall())
 
