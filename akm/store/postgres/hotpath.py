@@ -178,20 +178,27 @@ def claim_units(
     return claimed
 
 
+def _finish_the_claim(run: str) -> str:
+    """The UPDATE both one-statement finishes share: the claim's row takes its outcome (or `abandoned` when `run`,
+    a CTE, says the run was abandoned), fenced by holder and attempt; binds status, result, tokens, cost, reason,
+    session, truncated, then unit, holder, attempt (`ClaimFinish.row_params` after the run id `run` names)."""
+    return f"""UPDATE units u SET status = CASE WHEN run.gone THEN 'failed' ELSE ? END,
+        result_json = CASE WHEN run.gone THEN NULL ELSE ? END, tokens = ?::bigint, cost = ?::float8,
+        failure_reason = CASE WHEN run.gone THEN 'abandoned' ELSE ? END, session_id = ?,
+        truncated = CASE WHEN run.gone THEN 0 ELSE ?::int END, finished_at = clk.now, claim_holder = NULL,
+        claim_pid = NULL, claim_expires_at = NULL, claim_host = NULL
+    FROM run, clk
+    WHERE u.run_id = {run} AND u.unit_id = ? AND u.status = 'running' AND u.claim_holder = ? AND u.attempts = ?::int
+    RETURNING run.gone, clk.now"""
+
+
 FINISH_CLAIMED = f"""
 WITH run AS MATERIALIZED (
     SELECT status = 'abandoned' AS gone FROM runs WHERE id = ? FOR KEY SHARE
 ), clk AS MATERIALIZED (
     SELECT {_NOW} AS now FROM run
 ), upd AS (
-    UPDATE units u SET status = CASE WHEN run.gone THEN 'failed' ELSE ? END,
-        result_json = CASE WHEN run.gone THEN NULL ELSE ? END, tokens = ?::bigint, cost = ?::float8,
-        failure_reason = CASE WHEN run.gone THEN 'abandoned' ELSE ? END, session_id = ?,
-        truncated = CASE WHEN run.gone THEN 0 ELSE ?::int END, finished_at = clk.now, claim_holder = NULL,
-        claim_pid = NULL, claim_expires_at = NULL, claim_host = NULL
-    FROM run, clk
-    WHERE u.run_id = $1 AND u.unit_id = ? AND u.status = 'running' AND u.claim_holder = ? AND u.attempts = ?::int
-    RETURNING run.gone, clk.now
+    {_finish_the_claim("$1")}
 ), lk AS MATERIALIZED (
     SELECT {_EVENT_LOCK} FROM upd
 ), ev AS (
@@ -261,14 +268,7 @@ WITH tgt AS MATERIALIZED (
 ), clk AS MATERIALIZED (
     SELECT {_NOW} AS now FROM (SELECT count(*) FROM locked) AS held
 ), fin AS (
-    UPDATE units u SET status = CASE WHEN run.gone THEN 'failed' ELSE ? END,
-        result_json = CASE WHEN run.gone THEN NULL ELSE ? END, tokens = ?::bigint, cost = ?::float8,
-        failure_reason = CASE WHEN run.gone THEN 'abandoned' ELSE ? END, session_id = ?,
-        truncated = CASE WHEN run.gone THEN 0 ELSE ?::int END, finished_at = clk.now, claim_holder = NULL,
-        claim_pid = NULL, claim_expires_at = NULL, claim_host = NULL
-    FROM run, clk
-    WHERE u.run_id = $3 AND u.unit_id = ? AND u.status = 'running' AND u.claim_holder = ? AND u.attempts = ?::int
-    RETURNING run.gone, clk.now
+    {_finish_the_claim("$3")}
 ), pick AS MATERIALIZED (
     SELECT u.run_id, u.unit_id FROM units u
     WHERE u.status = 'queued' AND u.runner IN (SELECT runner FROM kinds)
