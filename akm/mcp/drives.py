@@ -197,6 +197,21 @@ class Drives:
             ).start()
             return fresh, opened
 
+    def start_requested(
+        self, req: api.RunToolRequest, *, cwd: str, trace_parent: str | None
+    ) -> tuple[Drive, api.OpenedRun]:
+        """`start_or_attach` for a `workflow_run` request (a plain call's or a task's: one reading of it)."""
+        return self.start_or_attach(
+            req.target,
+            params=req.params or None,
+            new=req.new,
+            from_run=req.from_run,
+            max_steps=req.max_steps,
+            cwd=cwd,
+            workers=req.workers,
+            trace_parent=trace_parent,
+        )
+
     def get(self, run_id: str) -> Drive | None:
         with self._lock:
             return self._drives.get(run_id)

@@ -102,16 +102,7 @@ class Tasks:
         cwd = req.cwd or call.cwd
         try:
             drive, opened = await anyio.to_thread.run_sync(
-                lambda: call.drives.start_or_attach(
-                    req.target,
-                    params=req.params or None,
-                    new=req.new,
-                    from_run=req.from_run,
-                    max_steps=req.max_steps,
-                    cwd=cwd,
-                    workers=req.workers,
-                    trace_parent=call.trace_parent,
-                )
+                lambda: call.drives.start_requested(req, cwd=cwd, trace_parent=call.trace_parent)
             )
             task = await anyio.to_thread.run_sync(lambda: api.open_task(opened.run_id))
         except AkmError as exc:

@@ -229,16 +229,7 @@ async def workflow_run(call: Call, req: api.RunToolRequest) -> CallToolResult:
         )
     try:
         drive, opened = await anyio.to_thread.run_sync(
-            lambda: call.drives.start_or_attach(
-                req.target,
-                params=req.params or None,
-                new=req.new,
-                from_run=req.from_run,
-                max_steps=req.max_steps,
-                cwd=cwd,
-                workers=req.workers,
-                trace_parent=call.trace_parent,
-            )
+            lambda: call.drives.start_requested(req, cwd=cwd, trace_parent=call.trace_parent)
         )
     except AkmError as exc:
         return error_result(exc)
