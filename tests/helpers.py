@@ -250,3 +250,24 @@ def step_row(db, run_id: str, step_id: str):
     from akm.store import runs
 
     return next((s for s in runs.get_steps(db, run_id) if s.step_id == step_id), None)
+
+
+def put(db, fence, unit_id="build.unit:1", **kw):
+    """Queue one exec unit of step `build` of run r1 for workers (`queue.queue_unit`; `kw` overrides any field)."""
+    from akm.store import queue
+
+    args = dict(
+        run_id="r1",
+        unit_id=unit_id,
+        step_id="build",
+        node_id="build.unit",
+        parent_unit_id=None,
+        runner="exec",
+        engine=None,
+        model=None,
+        input_hash="h1",
+        dispatch_json='{"v":1}',
+        fence=fence,
+    )
+    args.update(kw)
+    return queue.queue_unit(db, **args)

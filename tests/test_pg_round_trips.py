@@ -15,7 +15,7 @@ import pytest
 
 from akm.store import queue, runs, units
 from akm.store.batch import Coalescer
-from tests.helpers import bare_run, wait_until
+from tests.helpers import bare_run, put, wait_until
 
 RUN = "r1"
 
@@ -60,17 +60,7 @@ def test_a_drivers_finish_and_next_insert_are_one_statement(pg):
 def test_a_worker_claims_its_free_slots_and_finishes_each_in_one_statement(pg):
     db, fence = pg
     for i in range(5):
-        args = dict(step_id="build", node_id="build.unit", parent_unit_id=None, runner="exec", engine=None)
-        queue.queue_unit(
-            db,
-            run_id=RUN,
-            unit_id=f"build.unit:{i}",
-            model=None,
-            input_hash="h",
-            dispatch_json='{"v":1}',
-            fence=fence,
-            **args,
-        )
+        put(db, fence, f"build.unit:{i}", run_id=RUN, input_hash="h")
     db.conn.trace = trace = []
     got = queue.claim_work(
         db, targets=[(RUN, "build"), (RUN, "other")], kinds=("exec",), holder="w1", host="h", pid=None, limit=3
@@ -103,24 +93,11 @@ def test_queue_writes_of_many_threads_go_out_together(pg):
     gate = threading.Barrier(n)
     answers: dict[int, str] = {}
 
-    def put(i: int) -> None:
+    def queue_one(i: int) -> None:
         gate.wait()
-        answers[i] = queue.queue_unit(
-            db,
-            run_id=RUN,
-            unit_id=f"build.unit:{i}",
-            step_id="build",
-            node_id="build.unit",
-            parent_unit_id=None,
-            runner="exec",
-            engine=None,
-            model=None,
-            input_hash="h",
-            dispatch_json='{"v":1}',
-            fence=fence,
-        ).outcome
+        answers[i] = put(db, fence, f"build.unit:{i}", run_id=RUN, input_hash="h").outcome
 
-    threads = [threading.Thread(target=put, args=(i,)) for i in range(n)]
+    threads = [threading.Thread(target=queue_one, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
@@ -200,17 +177,7 @@ def test_coalescer_answers_each_caller_and_shares_a_failure():
 def test_a_workers_finish_and_its_slots_next_claim_are_one_statement(pg):
     db, fence = pg
     for i in range(3):
-        args = dict(step_id="build", node_id="build.unit", parent_unit_id=None, runner="exec", engine=None)
-        queue.queue_unit(
-            db,
-            run_id=RUN,
-            unit_id=f"build.unit:{i}",
-            model=None,
-            input_hash="h",
-            dispatch_json="{}",
-            fence=fence,
-            **args,
-        )
+        put(db, fence, f"build.unit:{i}", run_id=RUN, input_hash="h", dispatch_json="{}")
     (first,) = queue.claim_work(db, targets=[(RUN, "build")], kinds=("exec",), holder="w1", host="h", pid=None, limit=1)
     db.conn.trace = trace = []
     written, nxt = queue.finish_and_claim(

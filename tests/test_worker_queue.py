@@ -9,7 +9,7 @@ import pytest
 from akm.engine.attempt import from_payload
 from akm.errors import UsageError
 from akm.store import queue, runs, units
-from tests.helpers import bare_run
+from tests.helpers import bare_run, put
 
 
 @pytest.fixture()
@@ -22,24 +22,6 @@ def db(journal):
 def fence(db):
     assert runs.acquire_lease(db, "r1", "coord") is None
     return runs.lease_fence(db, "r1", "coord")
-
-
-def put(db, fence, unit_id="build.unit:1", **kw):
-    args = dict(
-        run_id="r1",
-        unit_id=unit_id,
-        step_id="build",
-        node_id="build.unit",
-        parent_unit_id=None,
-        runner="exec",
-        engine=None,
-        model=None,
-        input_hash="h1",
-        dispatch_json='{"v":1}',
-        fence=fence,
-    )
-    args.update(kw)
-    return queue.queue_unit(db, **args)
 
 
 def claim(db, holder="w1", host="host-a", limit=10, pid=None):
