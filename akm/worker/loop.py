@@ -351,9 +351,7 @@ class Worker:
             flying = self._flying[key]
         try:
             if self.opts.cancel.tripped:  # the worker stops: a unit not started yet goes back (claimed with a finish)
-                if queue_store.release_claim(self.db, claim, self.holder):
-                    self.summary.released += 1
-                    self._tell(WorkerEvent("released", claim.run_id, claim.unit_id, claim.step_id))
+                self._give_back(claim)
                 return None
             try:
                 outcome = self._execute(claim, flying.stop)
@@ -378,19 +376,14 @@ class Worker:
                 )
                 return None
             if flying.fenced:  # stopped before its claim could lapse: back to the queue (else it lapses there)
-                if queue_store.release_claim(self.db, claim, self.holder):
-                    self.summary.released += 1
-                    self._tell(WorkerEvent("released", claim.run_id, claim.unit_id, claim.step_id))
-                else:  # it lapsed meanwhile (this worker was frozen, say) and is another's now: nothing written
+                if not self._give_back(claim):  # it lapsed meanwhile (this worker was frozen, say): another's now
                     self.summary.rejected += 1
                     self._tell(
                         WorkerEvent("rejected", claim.run_id, claim.unit_id, claim.step_id, detail="its claim lapsed")
                     )
                 return None
             if flying.stop.is_set() and self.opts.cancel.tripped and not outcome.ok:  # a result in hand is kept
-                if queue_store.release_claim(self.db, claim, self.holder):
-                    self.summary.released += 1
-                    self._tell(WorkerEvent("released", claim.run_id, claim.unit_id, claim.step_id))
+                self._give_back(claim)
                 return None
             nxt = self._finish(claim, outcome)
         except Exception as exc:
@@ -401,6 +394,15 @@ class Worker:
             if nxt is None:
                 self._wake.set()  # a free slot: the loop claims for it
         return nxt
+
+    def _give_back(self, claim: queue_store.Claim) -> bool:
+        """Release the claim unrun (back to the queue, counted and told); False when it is not this worker's any
+        more (it lapsed and another took it: nothing written)."""
+        if not queue_store.release_claim(self.db, claim, self.holder):
+            return False
+        self.summary.released += 1
+        self._tell(WorkerEvent("released", claim.run_id, claim.unit_id, claim.step_id))
+        return True
 
     def _finish(self, claim: queue_store.Claim, outcome: UnitOutcome) -> queue_store.Claim | None:
         """Journal the outcome, fenced; and, in the same round trip, claim the slot's next unit from the (run, step)
