@@ -126,10 +126,14 @@ def _password(written: str | None, env: dict[str, str]) -> str | None:
     return password
 
 
-def _ssl_context(target: Target) -> ssl.SSLContext | bool | None:
-    """pg8000's ssl_context for a libpq-style sslmode (`prefer` is treated as `disable`: no silent fallback)."""
+def _ssl_context(target: Target) -> ssl.SSLContext | bool:
+    """pg8000's ssl_context for a libpq-style sslmode (`prefer` is treated as `disable`: no silent fallback).
+
+    Without TLS it is `False`, not pg8000's default `None`: that one asks the server for TLS first and takes it
+    unverified when offered (a silent `prefer`), and builds a default context for it, loading the system's CA
+    bundle — tens of milliseconds of CPU and one more round trip on every connection a pool opens."""
     if target.sslmode in ("disable", "prefer"):
-        return None
+        return False
     ctx = ssl.create_default_context(cafile=target.sslrootcert)
     if target.sslmode == "require":
         ctx.check_hostname = False
@@ -178,9 +182,14 @@ def _apply_settings(con: Any, search_path: str | None = None) -> None:
     con.execute_simple(f"SELECT {calls}")
 
 
-def _keepalive(sock: Any) -> None:
-    """TCP keepalives and a user timeout on the client's socket (where the OS has them)."""
+def _socket_options(sock: Any) -> None:
+    """No Nagle delay, TCP keepalives and a user timeout on the client's socket (where the OS has them).
+
+    TCP_NODELAY (the server sets it on its side): pg8000 writes a message with a large parameter (a batch of
+    queued units, a step's evidence) in more than one send, and Nagle's algorithm holds the last piece until the
+    first is acknowledged — which a peer delaying its ACKs does after 40 ms, paid by that statement."""
     options = (
+        ("TCP_NODELAY", socket.IPPROTO_TCP, 1),
         ("SO_KEEPALIVE", socket.SOL_SOCKET, 1),
         ("TCP_KEEPIDLE", socket.IPPROTO_TCP, KEEPALIVE_IDLE_S),
         ("TCP_KEEPALIVE", socket.IPPROTO_TCP, KEEPALIVE_IDLE_S),  # macOS's name for the idle time
@@ -250,7 +259,7 @@ def connect(target: Target, timeout: float | None = None, *, role: str = "akm", 
             hint="Check that PostgreSQL runs and accepts TCP connections at that host and port.",
         ) from None
     try:
-        _keepalive(con._usock)
+        _socket_options(con._usock)
         _apply_settings(con, search_path)
         con._usock.settimeout(read_timeout)
     except Exception as exc:
