@@ -48,6 +48,7 @@ from typing import Any, Literal
 from akm.errors import JournalError
 from akm.store.clock import format_iso, parse_iso
 from akm.store.journal import RUN_LOCK_STRENGTH, Dialect, HolderLiveness, Journal, not_text_error
+from akm.store.postgres import wire
 from akm.store.postgres.connect import Target, connect, connection_fault, fault_error, lock_timed_out, sqlstate
 from akm.store.postgres.liveness import NAMESPACE, dead_sql, held_sql, hold_sql
 
@@ -265,7 +266,9 @@ class Connection:
     def __init__(self, raw: Any) -> None:
         self.raw = raw
         self.in_transaction = False
+        self.begin_unsent = False  # the open transaction's BEGIN waits for its first statement (`wire`)
         self.prepared: dict[str, tuple[bytes, Any, Any]] = {}
+        self.named = 0  # statements this session parsed into a name (prepared, or failed on their first run)
         self.locks: dict[tuple[str, ...], int] = {}
         self.session_keys: set[int] = set()
         self.broken = False
@@ -275,7 +278,9 @@ class Connection:
         """A new server connection in place of a failed one: nothing of the old session carries over."""
         self.raw = raw
         self.in_transaction = False
+        self.begin_unsent = False
         self.prepared.clear()
+        self.named = 0
         self.locks.clear()
         self.session_keys.clear()
         self.broken = False
@@ -285,14 +290,26 @@ class Connection:
         self.session_keys.discard(key)
 
     def begin(self) -> None:
-        self.simple("BEGIN")
+        """Open a transaction. Its BEGIN goes to the server with the transaction's first statement, in that
+        statement's round trip (`wire`); a transaction that sent nothing ends without a word to the server."""
         self.locks.clear()
         self.in_transaction = True
+        self.begin_unsent = True
 
     def ended(self) -> None:
         """The transaction committed or rolled back: its locks are gone."""
         self.in_transaction = False
+        self.begin_unsent = False
         self.locks.clear()
+
+    def _opening(self) -> bool:
+        """Whether this statement carries its transaction's BEGIN (which is then sent, and traced)."""
+        if not self.begin_unsent:
+            return False
+        self.begin_unsent = False
+        if self.trace is not None:
+            self.trace.append("BEGIN")
+        return True
 
     def holds(self, key: tuple[str, ...], strength: int = 1) -> None:
         """Remember a lock just taken; outside a transaction it ended with its statement."""
@@ -302,19 +319,19 @@ class Connection:
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         if self.trace is not None:
             self.trace.append(sql)
-        vals = [clean_param(v) for v in params]
+        from pg8000.converters import make_params
+
+        vals = make_params(self.raw.py_types, [clean_param(v) for v in params])
         statement = pg_statement(sql)
         ps = self.prepared.get(statement)
-        if ps is None and len(self.prepared) < self.PREPARED_MAX:
-            # parsed once per connection: each later run is one round trip (bind + execute) instead of three
-            ps = self.raw.prepare_statement(statement, ())
-            self.prepared[statement] = ps
-        if ps is None:
-            ctx = self.raw.execute_unnamed(statement, vals=vals)
-        else:
-            from pg8000.converters import make_params
-
-            ctx = self.raw.execute_named(ps[0], make_params(self.raw.py_types, vals), ps[1], ps[2], statement)
+        name = wire.UNNAMED
+        if ps is None and self.named < self.PREPARED_MAX:
+            # parsed into a name on its first run, in that run's round trip: each later run binds it
+            self.named += 1
+            name = f"akm_{self.named}".encode("ascii") + wire.UNNAMED
+        ctx = wire.run(self.raw, statement, vals, ps, name, begin=self._opening())
+        if ps is None and name != wire.UNNAMED:
+            self.prepared[statement] = (name, ctx.columns, ctx.input_funcs)
         rows: list[Row] = []
         if ctx.columns:
             index = {c["name"]: i for i, c in enumerate(ctx.columns)}
@@ -326,9 +343,13 @@ class Connection:
             self.execute(sql, params)
 
     def simple(self, sql: str) -> None:
+        if self.begin_unsent and sql in ("COMMIT", "ROLLBACK"):
+            self.begin_unsent = False  # the transaction sent nothing: nothing to end
+            return
+        begin = self._opening()
         if self.trace is not None:
             self.trace.append(sql)
-        self.raw.execute_simple(sql)
+        wire.simple(self.raw, sql, begin=begin)
 
 
 def pg_error(exc: Exception, what: str, shown: str) -> JournalError:
@@ -549,9 +570,10 @@ class PgJournal(Journal):
 
     def rollback_quietly(self, conn: Connection) -> None:
         if conn.in_transaction:
+            unsent = conn.begin_unsent
             conn.ended()
-            if conn.broken:
-                return  # the server rolls back a transaction whose connection is gone
+            if conn.broken or unsent:
+                return  # the server rolls back a transaction whose connection is gone; or it never began
             with contextlib.suppress(Exception):
                 conn.simple("ROLLBACK")
 
