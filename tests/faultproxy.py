@@ -46,6 +46,10 @@ class Link:
         self.server = server
         self.server_port = server.getsockname()[1]
         self.state = "pass"  # pass | stall | half_open_server | half_open_client | closed
+        # Round trips: the client's sends that follow an answer of the server (or open the link), however many
+        # messages or packets each carries; `tests/test_pg_wire.py` counts a statement's with it.
+        self.exchanges = 0
+        self._last_from_client = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._pump, name=f"faultproxy-{self.server_port}", daemon=True)
 
@@ -113,6 +117,10 @@ class Link:
                         data = b""
                     if not data:
                         raise EOFError
+                    from_client = src is self.client
+                    if from_client and not self._last_from_client:
+                        self.exchanges += 1
+                    self._last_from_client = from_client
                     try:
                         pairs[src].sendall(data)
                     except OSError:
