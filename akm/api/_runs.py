@@ -122,7 +122,9 @@ def run_workflow(
             on_warning(w)
 
     try:
-        run_id, started, existing = _open(db, run_target, params, param_pairs, new, work_dir, warn, req.from_run)
+        run_id, started, existing = _open(
+            db, run_target, params, param_pairs, new, work_dir, warn, req.from_run, drive_here=True
+        )
         tracing = _tracing(db, run_id, started, work_dir)
         timer = None
         if timeout_ms is not None:
@@ -491,10 +493,14 @@ def _open(
     warn: Callable[[RunWarning], None],
     from_run: str | None = None,
     trace_parent: str | None = None,
+    *,
+    drive_here: bool = False,
 ) -> tuple[str, bool, Any]:
     """Which run `target` names: an existing run id, the drivable run of the same workflow and params, or a
     new run (created here; always with `from_run`, reusing that run's completed units). Returns (run id,
-    whether it was started now, the existing run for a run id)."""
+    whether it was started now, the existing run for a run id). `drive_here`: this process drives the run
+    next, so a new run is created only once the engine is loaded — driven from the moment it exists, not left
+    active and without a driver while Python loads the engine (~0.1 s)."""
     from akm.store import runs as runs_store
 
     t = _resolve(db, target, params, param_pairs, new, work_dir, warn, from_run, start_guard=True)
@@ -509,6 +515,8 @@ def _open(
 
     run_id = uuid4()
     plan_json = t.plan.canonical()
+    if drive_here:
+        import akm.engine.drive  # noqa: F401 - loaded before the run exists (see above)
     try:
         runs_store.create_run(
             db,

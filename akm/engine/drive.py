@@ -254,8 +254,7 @@ class _Driver:
                 return
             if self.opts.max_steps is not None and res.steps_processed >= self.opts.max_steps:
                 return
-            if not runs_store.renew_lease(self.db, self.run_id, self.holder, epoch=self.fence.epoch):
-                raise self.lost_lease_error()
+            self._renew_before_step()
             step = self.plan.step(run.current_step_id)
             if step is None:
                 from akm.codes import Code
@@ -282,6 +281,16 @@ class _Driver:
                 continue
             if not self.run_step(step):
                 return
+
+    def _renew_before_step(self) -> None:
+        """Extend the lease before a step starts, unless it was taken or renewed within `recheck_after_s` (a
+        quarter of its TTL: at least three quarters are left; a drive's first step follows its acquisition)."""
+        if time.monotonic() - self.heartbeat.renewed_at < self.recheck_after_s:
+            return
+        sent = time.monotonic()
+        if not runs_store.renew_lease(self.db, self.run_id, self.holder, epoch=self.fence.epoch):
+            raise self.lost_lease_error()
+        self.heartbeat.renewed_at = max(self.heartbeat.renewed_at, sent)
 
     def run_step(self, step: StepPlan) -> bool:
         """Drive one step until it finishes (True: the run moves on) or the drive must stop (False)."""
@@ -457,10 +466,11 @@ def _acquire(
     holder: str,
     liveness: HolderLiveness | None = None,
     note: Callable[[str], None] | None = None,
-) -> tuple[runs_store.LeaseInfo | None, float]:
-    """`acquire_lease`, waiting (up to REPORT_LOCK_WAIT_S) while a report's finalize lock holds the run, and
+) -> tuple[runs_store.LeaseInfo | None, float, tuple[runs_store.Fence, str] | None]:
+    """`take_free_lease`, else `acquire_lease`, waiting (up to REPORT_LOCK_WAIT_S) while a report's finalize lock holds the run, and
     taking over a holder whose liveness session is gone only after the grace (below). Returns the live holder
-    (None: the lease is ours) and when the acquisition that succeeded was sent (monotonic).
+    (None: the lease is ours), when the acquisition that succeeded was sent (monotonic), and, when the lease was
+    free, the fence it got and the run's status (else they are read after).
 
     A report finishing a step takes the run lease for a moment; a driver started at that moment
     is not racing another driver and must not be told so. It watches the journal's lease row and
@@ -471,19 +481,23 @@ def _acquire(
     fencing time, and the run is taken over only after TAKEOVER_GRACE_S, or at once should the holder let go
     of its lease meanwhile (it stopped, and released it).
     """
+    sent = time.monotonic()
+    taken = runs_store.take_free_lease(db, run_id, holder, liveness=liveness)  # nobody holds it: one round trip
+    if taken is not None:
+        return None, sent, taken
     deadline = time.monotonic() + REPORT_LOCK_WAIT_S
     while True:
         sent = time.monotonic()
         live = runs_store.acquire_lease(db, run_id, holder, liveness=liveness)
         if live is None:
-            return None, sent
+            return None, sent, None
         if live.holder.startswith(REPORT_LOCK_PREFIX):
             if not runs_store.wait_lease_change(db, run_id, live, deadline):
-                return live, sent
+                return live, sent, None
             continue
         dead = runs_store.hold_dead_holder(db, run_id)
         if dead is None:
-            return live, sent
+            return live, sent, None
         try:
             if note is not None:
                 note(
@@ -493,7 +507,7 @@ def _acquire(
             if runs_store.wait_lease_change(db, run_id, live, time.monotonic() + TAKEOVER_GRACE_S):
                 continue  # it let go (or lapsed): an ordinary acquisition now
             sent = time.monotonic()
-            return runs_store.acquire_lease(db, run_id, holder, liveness=liveness, dead=dead), sent
+            return runs_store.acquire_lease(db, run_id, holder, liveness=liveness, dead=dead), sent, None
         finally:
             runs_store.release_dead_holder(db, dead)
 
@@ -537,7 +551,7 @@ def _drive_held(
             opts.on_warning(message)
 
     try:
-        live, acquired_at = _acquire(db, run_id, holder, liveness, note)
+        live, acquired_at, taken = _acquire(db, run_id, holder, liveness, note)
     except UsageError as exc:  # a report we waited for finished the run meanwhile
         if exc.code == "RUN_NOT_ACTIVE" and (exc.details or {}).get("status") == "completed":
             result.done = True
@@ -562,7 +576,7 @@ def _drive_held(
         )
     driver: _Driver | None = None
     try:
-        fence = runs_store.lease_fence(db, run_id, holder)
+        fence = taken[0] if taken is not None else runs_store.lease_fence(db, run_id, holder)
         if fence is None:  # taken from us between the acquisition and this read: a takeover
             from akm.codes import Code
 
@@ -573,7 +587,8 @@ def _drive_held(
             )
         driver = _Driver(db, loaded, fence, opts, result, liveness, acquired_at)
         driver.heartbeat.start()
-        if runs_store.run_status(db, run_id) == "awaiting_session":
+        status = taken[1] if taken is not None else runs_store.run_status(db, run_id)
+        if status == "awaiting_session":
             runs_store.set_run_status(db, run_id, "active", None, fence=fence)
         driver.run()
         final = runs_store.get_run(db, run_id)

@@ -888,6 +888,40 @@ def acquire_lease(
         return _lease_of(current)
 
 
+def take_free_lease(
+    db: Journal,
+    run_id: str,
+    holder: str,
+    ttl_s: float | None = None,
+    *,
+    liveness: HolderLiveness | None = None,
+) -> tuple[Fence, str] | None:
+    """Take the lease of a drivable run that nobody holds, in one statement: (the fence this holder got, the run's
+    status), or None when the lease is held (live or lapsed) or the run is not drivable or not there — then
+    `acquire_lease` decides, and says why.
+
+    The usual start of a drive (a run just created, one whose last driver let go) is this case; across a network
+    it costs one round trip instead of a transaction (lock, read, clock, update) and a read of the fence. The
+    rules are `acquire_lease`'s: the row's holder, host, pid, expiry and liveness columns, the epoch bumped; two
+    racers cannot both see the holder NULL (the update re-reads the row once it holds its lock)."""
+    host, pid = host_id(), os.getpid()
+    ttl = lease_ttl_s() if ttl_s is None else ttl_s
+    sets, extra = _liveness_sets(db, liveness)
+    if db.backend == "postgres":  # the expiry on the journal clock read in the statement (issue 40)
+        from akm.store.postgres import hotpath
+
+        row = hotpath.take_free_lease(db, run_id, holder, host, pid, ttl, sets, extra)
+    else:
+        with db.tx() as conn:
+            row = conn.execute(
+                "UPDATE runs SET lease_holder = ?, lease_host = ?, lease_pid = ?, lease_until = ?, "
+                f"lease_epoch = lease_epoch + 1{sets} WHERE id = ? AND status IN {_DRIVABLE_SQL} "
+                "AND lease_holder IS NULL RETURNING lease_epoch, status",
+                (holder, host, pid, db.now(ttl), *extra, run_id),
+            ).fetchone()
+    return (Fence(holder, int(row["lease_epoch"])), str(row["status"])) if row is not None else None
+
+
 def hold_dead_holder(db: Journal, run_id: str) -> DeadHolder | None:
     """The run's holder, live by its lease but with its liveness session gone, now kept out of its own liveness
     lock by this journal connection; None when there is no such holder (or the journal keeps no liveness).

@@ -20,6 +20,7 @@ be mixed on one journal:
 * `finish_and_claim`: the two above as one statement, for the slot the finish frees (a worker paid the finish
   and its next claim back to back);
 * `write_attempts`: a local driver's finishes and next inserts of one run, with their events;
+* `take_free_lease`: a driver taking the lease nobody holds, with the epoch its fence needs;
 * `renew_lease`: a driver's lease renewal, its expiry on the journal clock read in the statement itself (the
   portable form is a transaction around a clock read and the update: four round trips at each step's start and
   each heartbeat).
@@ -469,3 +470,16 @@ def renew_lease(
     )
     params = (ttl_s, *((marker,) if set_marker else ()), run_id, holder, *((epoch,) if epoch is not None else ()))
     return int(db.execute(sql, params).rowcount) == 1
+
+
+def take_free_lease(
+    db: Any, run_id: str, holder: str, host: str, pid: int, ttl_s: float, sets: str, extra: Sequence[Any]
+) -> Any:
+    """One statement: `store.runs.take_free_lease` (its docstring is the rule), the expiry `ttl_s` from the journal
+    clock as the statement runs; the row (lease_epoch, status), or None when the lease was not free."""
+    sql = (
+        f"UPDATE runs SET lease_holder = ?, lease_host = ?, lease_pid = ?, "
+        f"lease_until = {_NOW} + make_interval(secs => ?::float8), lease_epoch = lease_epoch + 1{sets} "
+        f"WHERE id = ? AND status IN {_DRIVABLE} AND lease_holder IS NULL RETURNING lease_epoch, status"
+    )
+    return db.execute(sql, (holder, host, pid, ttl_s, *extra, run_id)).fetchone()
