@@ -514,20 +514,20 @@ def _acquire(
 
 def drive_run(db: Journal, run_id: str, opts: DriveOptions) -> DriveResult:
     """Drive `run_id` as far as it can go in this invocation."""
-    loaded = load_run(db, run_id)
-    result = DriveResult(run_id=run_id)
-    if loaded.status == "completed":
-        result.done = True
-        return result
-    if loaded.status not in DRIVABLE_STATUSES:
-        raise runs_store.not_drivable_error(run_id, loaded.status, "executed")
     holder = uuid4()
-    # PostgreSQL: the holder's liveness session (opening in the background) proves it alive to other hosts;
-    # the lease row records its marker only once the lock is held, and a peer that finds the lock gone takes
-    # the run over after a grace in which a live holder stops its units (store/postgres/liveness.py,
-    # engine/fencing.py). Released after the lease, on every exit.
+    # PostgreSQL: the holder's liveness session (opening in the background, while the run loads) proves it
+    # alive to other hosts; the lease row records its marker only once the lock is held, and a peer that finds
+    # the lock gone takes the run over after a grace in which a live holder stops its units
+    # (store/postgres/liveness.py, engine/fencing.py). Released after the lease, on every exit.
     liveness = db.holder_liveness(holder)
     try:
+        loaded = load_run(db, run_id)
+        result = DriveResult(run_id=run_id)
+        if loaded.status == "completed":
+            result.done = True
+            return result
+        if loaded.status not in DRIVABLE_STATUSES:
+            raise runs_store.not_drivable_error(run_id, loaded.status, "executed")
         return _drive_held(db, run_id, holder, liveness, loaded, opts, result)
     finally:
         if liveness is not None:

@@ -452,10 +452,10 @@ def create_run(
                         code=Code.RUN_ALREADY_ACTIVE,
                         details={"runId": existing["id"]},
                     )
-        conn.execute(
+        inserted = conn.execute(
             "INSERT INTO runs (id, workflow_ref, workflow_path, title, status, params_json, current_step_id, "
             "created_at, updated_at, scope_key, plan_json, plan_hash, hash_version, reuse_from) "
-            "VALUES (?, ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"VALUES (?, ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {_RUN_COLUMNS}",
             (
                 run_id,
                 workflow_ref,
@@ -471,7 +471,7 @@ def create_run(
                 hash_version,
                 reuse_from,
             ),
-        )
+        ).fetchone()
         conn.executemany(
             "INSERT INTO steps (run_id, step_id, sequence_index, status) VALUES (?, ?, ?, 'pending')",
             [(run_id, sid, i) for i, sid in enumerate(steps)],
@@ -480,7 +480,7 @@ def create_run(
         if trace_parent is not None:
             started["traceparent"] = trace_parent
         append_event(db, "workflow_started", run_id, started)
-    return require_run(db, run_id)
+    return _run(inserted)  # the row as inserted (RETURNING): nothing else writes it before the commit
 
 
 # -- derive + complete ------------------------------------------------------------------------
