@@ -6,8 +6,10 @@ count round trips per side. Each byte waits half the round-trip time on its way 
 in order; a chunk read at t is written at t + RTT/2. At 0 ms nothing waits: what remains is the relay's own
 cost, which the bench measures (a `SELECT 1` loop direct and through the relay).
 
-Round trips are counted from the client's side of the PostgreSQL protocol: every `Sync` (extended query) and
-every `Query` (simple query) asks the server for an answer and waits for it.
+Round trips are counted as the network sees them: a client's send that follows an answer of the server (or
+opens the connection) is one, however many protocol messages it carries — akm sends a statement's Parse, Bind,
+Execute and Sync, and a transaction's BEGIN before them, in one flight (akm/store/postgres/wire.py). A
+connection's start-up and authentication count too.
 
 Run as a process of its own (so its work does not take the GIL of anything measured):
 
@@ -25,11 +27,8 @@ import collections
 import json
 import os
 import signal
-import struct
 import sys
 from typing import Any
-
-SYNC, QUERY = ord("S"), ord("Q")
 
 
 class Counter:
@@ -50,46 +49,25 @@ class Counter:
         }
 
 
-class ClientStream:
-    """Frames the client → server byte stream into protocol messages, counting those that wait for an answer.
-
-    The first message of a connection has no type byte (startup, or an SSL/GSS request, which the server answers
-    with one byte before the client starts again); every later one is a type byte and a 4-byte length.
-    """
+class Exchanges:
+    """One connection's round trips: the client's sends that follow an answer of the server (or open it)."""
 
     def __init__(self, counter: Counter) -> None:
         self.counter = counter
-        self.buf = bytearray()
-        self.started = False
+        self.client_spoke_last = False
 
-    def feed(self, data: bytes) -> None:
+    def up(self, data: bytes) -> None:
         self.counter.bytes_up += len(data)
-        self.buf += data
-        while True:
-            if not self.started:
-                if len(self.buf) < 8:
-                    return
-                (length, code) = struct.unpack("!ii", self.buf[:8])
-                if len(self.buf) < length:
-                    return
-                del self.buf[:length]
-                if code not in (80877103, 80877104):  # SSLRequest, GSSENCRequest: the startup comes next
-                    self.started = True
-                continue
-            if len(self.buf) < 5:
-                return
-            kind = self.buf[0]
-            (length,) = struct.unpack("!i", self.buf[1:5])
-            if len(self.buf) < 1 + length:
-                return
-            if kind in (SYNC, QUERY):
-                self.counter.round_trips += 1
-            del self.buf[: 1 + length]
+        if not self.client_spoke_last:
+            self.counter.round_trips += 1
+            self.client_spoke_last = True
+
+    def down(self, data: bytes) -> None:
+        self.counter.bytes_down += len(data)
+        self.client_spoke_last = False
 
 
-async def _pipe(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float, feed: Any, down: Counter | None
-) -> None:
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float, feed: Any) -> None:
     """Copy reader → writer, each chunk `delay` seconds late, in order; close the writer at the end."""
     loop = asyncio.get_running_loop()
     pending: collections.deque[tuple[float, bytes]] = collections.deque()
@@ -116,10 +94,7 @@ async def _pipe(
             data = await reader.read(65536)
             if not data:
                 break
-            if feed is not None:
-                feed(data)
-            if down is not None:
-                down.bytes_down += len(data)
+            feed(data)
             if delay <= 0 and not pending:
                 writer.write(data)
                 await writer.drain()
@@ -146,8 +121,9 @@ def _serve(upstream: tuple[str, int], delay: float, counter: Counter) -> Any:
         except OSError:
             c_writer.close()
             return
-        up = _pipe(c_reader, s_writer, delay, ClientStream(counter).feed, None)
-        down = _pipe(s_reader, c_writer, delay, None, counter)
+        exchanges = Exchanges(counter)
+        up = _pipe(c_reader, s_writer, delay, exchanges.up)
+        down = _pipe(s_reader, c_writer, delay, exchanges.down)
         await asyncio.gather(up, down, return_exceptions=True)
 
     return handle
