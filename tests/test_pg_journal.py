@@ -80,6 +80,33 @@ def test_sslmode_require_against_a_server_without_tls_is_a_coded_error(pg_cluste
     assert e.value.code in ("JOURNAL_TLS_FAILED", "JOURNAL_ERROR"), e.value
 
 
+@pytest.mark.parametrize("mode", ["disable", "prefer"])
+def test_sslmode_disable_and_prefer_never_ask_the_server_for_tls(mode):
+    """What the client sends first is its startup message (protocol 3.0), not an SSLRequest: no silent,
+    unverified TLS, and no CA bundle loaded for it on each connection."""
+    import socket
+    import struct
+    import threading
+
+    first: list[bytes] = []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+
+        def accept_one() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(30)
+                first.append(conn.recv(8))  # then closed: the client's connect fails, as it should here
+
+        t = threading.Thread(target=accept_one)
+        t.start()
+        with pytest.raises(JournalError):
+            connect(parse_url(f"postgresql://u:p@127.0.0.1:{port}/d?sslmode={mode}"), timeout=30)
+        t.join(30)
+    (length, code) = struct.unpack("!ii", first[0])
+    assert code == 196608, code  # 3.0; an SSLRequest would be 80877103
+
+
 # ------------------------------------------------------------------ schema
 
 

@@ -94,3 +94,17 @@ def test_past_the_prepared_limit_statements_still_run_in_one_round_trip(journal)
     assert (trips, rows) == (1, [42])
     assert _trips(link, lambda: [r["n"] for r in db.execute("SELECT ? * 2 AS n", (4,))]) == (1, [8])
     assert "SELECT $1 * 2 AS n" not in conn.prepared
+
+
+def test_connections_send_at_once_without_waiting_for_acks(pg_cluster):
+    """TCP_NODELAY: pg8000 writes a large statement in several sends, and Nagle's algorithm held the last one
+    until the server's delayed ACK (40 ms a statement)."""
+    import socket
+
+    from akm.store.postgres.connect import connect, parse_url
+
+    con = connect(parse_url(pg_cluster.url()))
+    try:
+        assert con._usock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        con.close()
