@@ -347,7 +347,7 @@ class _Driver:
 
     def dispatch_pass(self, step: StepPlan, decision: StepDecision) -> bool | None:
         """Dispatch the decision's units that this engine can run. False = stop driving."""
-        runnable, adopt = units_to_dispatch(decision, self.registry, self.db.now())
+        runnable, adopt = units_to_dispatch(decision, self.registry, self.db.now)
         if adopt and not self.workers:
             # A coordinator died with units in the workers' hands: wait for them, as it would have,
             # rather than run them a second time here or park the run for the agent.

@@ -325,20 +325,28 @@ class Pass:
 
 
 def units_to_dispatch(
-    decision: StepDecision, registry: DispatcherRegistry, now: str
+    decision: StepDecision, registry: DispatcherRegistry, clock: Callable[[], str]
 ) -> tuple[list[WorkUnit], dict[str, int]]:
     """The units of a `work` decision that this driver dispatches, and `adopt`: those already with workers
     (queued or claimed there), by the retry index of their attempt, which the pass waits for instead of
     queueing the unit again. Units another live claimant holds (D13) and units this akm has no dispatcher
-    for (the calling agent does those, D11) are left out."""
+    for (the calling agent does those, D11) are left out. `clock` (the journal's) is read once, and only
+    when a running row's claim must be judged: a step's first pass has none (across a network, a round trip)."""
     runnable: list[WorkUnit] = []
     adopt: dict[str, int] = {}
+    read: list[str] = []
+
+    def now() -> str:
+        if not read:
+            read.append(clock())
+        return read[0]
+
     for s in decision.states:
         if s.status == DONE:
             continue
         if s.row is not None and s.row.get("queued_at") is not None and s.status == RUNNING:
             adopt[s.unit.unit_id] = retry_index(s.row["unit_id"])
-        elif _claimed_by_other(s, now):
+        elif s.status == RUNNING and _claimed_by_other(s, now()):
             continue
         if registry.get(s.unit.runner) is None:
             continue
