@@ -123,7 +123,15 @@ def run_workflow(
 
     try:
         run_id, started, existing = _open(
-            db, run_target, params, param_pairs, new, work_dir, warn, req.from_run, drive_here=True
+            db,
+            run_target,
+            params,
+            param_pairs,
+            new,
+            work_dir,
+            warn,
+            req.from_run,
+            drive_here=lambda: _load_engine(db, req.workers),
         )
         tracing = _tracing(db, run_id, started, work_dir)
         timer = None
@@ -200,6 +208,18 @@ def run_workflow(
         except Exception:
             pass  # history is advisory; never mask the real outcome
         db.close()
+
+
+def _load_engine(db: Journal, workers: bool) -> None:
+    """Import what a drive of a new run loads: the engine; on PostgreSQL its one-statement writes; with workers,
+    the queue and the coordinator's runner."""
+    import akm.engine.drive  # noqa: F401
+
+    if db.backend == "postgres":
+        import akm.store.postgres.hotpath  # noqa: F401
+    if workers:
+        import akm.engine.remote  # noqa: F401
+        import akm.store.queue  # noqa: F401
 
 
 def _tracing(db: Any, run_id: str, started: bool, work_dir: Path) -> tuple[Any, int, Any] | None:
@@ -494,13 +514,14 @@ def _open(
     from_run: str | None = None,
     trace_parent: str | None = None,
     *,
-    drive_here: bool = False,
+    drive_here: Callable[[], None] | None = None,
 ) -> tuple[str, bool, Any]:
     """Which run `target` names: an existing run id, the drivable run of the same workflow and params, or a
     new run (created here; always with `from_run`, reusing that run's completed units). Returns (run id,
     whether it was started now, the existing run for a run id). `drive_here`: this process drives the run
-    next, so a new run is created only once the engine is loaded — driven from the moment it exists, not left
-    active and without a driver while Python loads the engine (~0.1 s)."""
+    next, and this loads what the drive needs (`_load_engine`): a new run is created only once it is loaded —
+    driven from the moment it exists, not left active and without a driver while Python loads the engine
+    (~0.1 s)."""
     from akm.store import runs as runs_store
 
     t = _resolve(db, target, params, param_pairs, new, work_dir, warn, from_run, start_guard=True)
@@ -515,8 +536,8 @@ def _open(
 
     run_id = uuid4()
     plan_json = t.plan.canonical()
-    if drive_here:
-        import akm.engine.drive  # noqa: F401 - loaded before the run exists (see above)
+    if drive_here is not None:
+        drive_here()
     try:
         runs_store.create_run(
             db,
