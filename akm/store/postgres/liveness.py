@@ -57,6 +57,7 @@ import time
 from typing import Any
 
 from akm.store.journal import FENCE_AFTER_S
+from akm.store.postgres import wire
 from akm.store.postgres.connect import Target, connect
 
 PROBE_EVERY_S = 1.0  # how often a holder proves (to itself) that its lock is still held
@@ -108,7 +109,7 @@ def holder_is_dead(con: Any, key: int | None, marker: str | None) -> bool:
     """
     if key is None or marker is None:
         return False
-    rows = con.run(f"SELECT {dead_sql('CAST(:k AS int)', 'CAST(:m AS text)')}", k=key, m=marker)
+    rows = wire.query(con, f"SELECT {dead_sql('CAST(:k AS int)', 'CAST(:m AS text)')}", k=key, m=marker)
     return bool(rows[0][0])
 
 
@@ -201,7 +202,7 @@ class HolderLock:
             if self._con is not None:
                 try:
                     sent = time.monotonic()
-                    rows = self._con.run(f"SELECT {MARKER_SQL}, {_LOCK_HELD_SQL}", ns=NAMESPACE, k=self.key)
+                    rows = wire.query(self._con, f"SELECT {MARKER_SQL}, {_LOCK_HELD_SQL}", ns=NAMESPACE, k=self.key)
                     if rows[0][1]:
                         self.marker = str(rows[0][0])
                         self.proven_at = sent
@@ -237,15 +238,18 @@ class HolderLock:
         deadline = time.monotonic() + wait_s
         while True:
             sent = time.monotonic()
-            rows = self._con.run(
-                f"SELECT pg_try_advisory_lock(:ns, :k), {MARKER_SQL}, {_LOCK_HELD_SQL}", ns=NAMESPACE, k=self.key
+            rows = wire.query(
+                self._con,
+                f"SELECT pg_try_advisory_lock(:ns, :k), {MARKER_SQL}, {_LOCK_HELD_SQL}",
+                ns=NAMESPACE,
+                k=self.key,
             )
             if rows[0][0] and rows[0][2]:
                 self.marker = str(rows[0][1])
                 self.proven_at = sent
                 return
             if rows[0][0]:  # granted yet not visible on this backend (a pooler): do not leave it behind
-                self._con.run("SELECT pg_advisory_unlock(:ns, :k)", ns=NAMESPACE, k=self.key)
+                wire.query(self._con, "SELECT pg_advisory_unlock(:ns, :k)", ns=NAMESPACE, k=self.key)
             if time.monotonic() >= deadline:
                 self.marker = None
                 return
@@ -269,7 +273,7 @@ class HolderLock:
         with self._io:
             if self._con is not None:
                 try:
-                    self._con.run("SELECT pg_advisory_unlock(:ns, :k)", ns=NAMESPACE, k=self.key)
+                    wire.query(self._con, "SELECT pg_advisory_unlock(:ns, :k)", ns=NAMESPACE, k=self.key)
                 except Exception:  # the connection is closing anyway; the lock goes with the session
                     pass
             self._close()

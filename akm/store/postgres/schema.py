@@ -17,6 +17,7 @@ from typing import Any
 from akm.codes import Code
 from akm.errors import JournalError
 from akm.store.migrations import check_ledger
+from akm.store.postgres import wire
 from akm.store.postgres.connect import STATEMENT_TIMEOUT_S
 
 MIGRATION_LOCK = (4242, 1)
@@ -185,8 +186,8 @@ LEDGER_DDL = (
 
 
 def _tables(con: Any, schema: str) -> list[str]:
-    rows = con.run(
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = :s ORDER BY table_name", s=schema
+    rows = wire.query(
+        con, "SELECT table_name FROM information_schema.tables WHERE table_schema = :s ORDER BY table_name", s=schema
     )
     return [r[0] for r in rows]
 
@@ -222,7 +223,7 @@ def apply_migrations(
     applied = applied_ids(con, schema)
     if applied and applied[0] in {mid for mid, _ in registry} and check_ledger(applied, registry, shown) == "current":
         return []  # the common open: an up-to-date journal of ours needs neither the lock nor a foreign check
-    con.run("SELECT pg_advisory_lock(:a, :b)", a=MIGRATION_LOCK[0], b=MIGRATION_LOCK[1])
+    wire.query(con, "SELECT pg_advisory_lock(:a, :b)", a=MIGRATION_LOCK[0], b=MIGRATION_LOCK[1])
     # A migration may rewrite a big table: the session's statement_timeout does not apply to it and the socket's
     # read timeout (connect.py) is half an hour (a stall still ends); lock_timeout still applies.
     timeout = con._usock.gettimeout()
@@ -249,7 +250,7 @@ def apply_migrations(
                 for statement in (s.strip() for s in sql.format(s=schema).split(";")):
                     if statement:
                         con.run(statement)
-                con.run(f"INSERT INTO {schema}.schema_migrations (seq, id) VALUES (:q, :i)", q=seq, i=mid)
+                wire.query(con, f"INSERT INTO {schema}.schema_migrations (seq, id) VALUES (:q, :i)", q=seq, i=mid)
                 con.run("COMMIT")
             except BaseException:
                 con.run("ROLLBACK")
@@ -257,6 +258,6 @@ def apply_migrations(
             done.append(mid)
         return done
     finally:
-        con.run("SELECT pg_advisory_unlock(:a, :b)", a=MIGRATION_LOCK[0], b=MIGRATION_LOCK[1])
+        wire.query(con, "SELECT pg_advisory_unlock(:a, :b)", a=MIGRATION_LOCK[0], b=MIGRATION_LOCK[1])
         con.run(f"SET statement_timeout = '{STATEMENT_TIMEOUT_S}s'")
         con._usock.settimeout(timeout)

@@ -48,6 +48,18 @@ def run(
     return context
 
 
+def query(raw: Any, sql: str, **params: Any) -> list[list[Any]]:
+    """pg8000 native's `Connection.run(sql, **params)` (`:name` parameters) in one round trip — pg8000 takes three
+    for a statement with parameters — for akm's connections outside a journal's pool: the liveness session's
+    probe every second, the migration ledger's check at each open. Returns the rows (empty when none)."""
+    from pg8000.converters import make_params
+    from pg8000.native import to_statement
+
+    statement, make_vals = to_statement(sql)
+    context = run(raw, statement, make_params(raw.py_types, make_vals(params)), None, UNNAMED, begin=False)
+    return list(context.rows or [])
+
+
 def simple(raw: Any, sql: str, *, begin: bool) -> None:
     """A statement without parameters (COMMIT, SET …) as a simple Query, after the deferred BEGIN if `begin`."""
     from pg8000 import core
