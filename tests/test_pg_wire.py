@@ -108,3 +108,24 @@ def test_connections_send_at_once_without_waiting_for_acks(pg_cluster):
         assert con._usock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
     finally:
         con.close()
+
+
+def test_a_raw_connections_query_with_parameters_is_one_round_trip(pg_cluster):
+    """`wire.query`: the liveness probe's and the migration ledger's statements (pg8000's `run` took three)."""
+    from akm.store.postgres import wire
+    from akm.store.postgres.connect import connect, parse_url
+
+    proxy = FaultProxy(pg_cluster.host, pg_cluster.port)
+    try:
+        con = connect(parse_url(proxy.url(pg_cluster.url())))
+        try:
+            (link,) = proxy.links()
+            trips, rows = _trips(
+                link, lambda: wire.query(con, "SELECT :a::int + :b::int AS n, :t AS t", a=40, b=2, t="x")
+            )
+            assert (trips, rows) == (1, [[42, "x"]])
+            assert _trips(link, lambda: wire.query(con, "SELECT pg_advisory_unlock_all()"))[0] == 1
+        finally:
+            con.close()
+    finally:
+        proxy.close()
