@@ -32,6 +32,7 @@ Usage: python bench/bench_workers.py [--rtt-ms 0,2,10,50] [--units 200] [--sleep
 from __future__ import annotations
 
 import argparse
+import compileall
 import contextlib
 import json
 import os
@@ -308,6 +309,10 @@ def main() -> None:
     if args.baseline_tree is not None:
         setups = [x for s in setups for x in (s + BEFORE, s)]
     contenders = ["sqlite", *setups]
+    for tree in {ROOT, *([args.baseline_tree.resolve()] if args.baseline_tree is not None else [])}:
+        # bytecode as an installed akm (or the zipapp) has it, whatever PYTHONDONTWRITEBYTECODE says: otherwise
+        # every process compiles each module it imports, some of it inside the runs' spans
+        compileall.compile_dir(str(tree / "akm"), quiet=1)
     results: dict[tuple[float, str], list[Outcome]] = {}
     ratios: dict[tuple[float, str], list[float]] = {}
     from akm.store.postgres.connect import connect, parse_url
