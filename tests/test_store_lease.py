@@ -359,3 +359,24 @@ def test_a_lease_taken_before_the_liveness_lock_is_held_records_no_marker(db):
     finally:
         lock.release()
     assert runs.hold_dead_holder(db, "r1") is not None  # the marker recorded: a peer may keep the lock now
+
+
+def test_a_free_lease_is_taken_in_one_write_with_its_fence(db):
+    """`take_free_lease`: the start of most drives (a new run, one whose driver let go) — the fence and the run's
+    status come back with it; a held lease (live or lapsed) or a run not drivable is left to `acquire_lease`."""
+    taken = runs.take_free_lease(db, "r1", "h1")
+    assert taken == (runs.Fence("h1", 1), "active")
+    assert runs.lease_fence(db, "r1", "h1") == runs.Fence("h1", 1)
+    lease = runs.read_lease(db, "r1")
+    assert lease is not None and lease.holder == "h1" and lease.pid == os.getpid()
+    assert runs.take_free_lease(db, "r1", "h2") is None  # held: nothing written
+    assert runs.lease_fence(db, "r1", "h1") == runs.Fence("h1", 1)
+    assert runs.acquire_lease(db, "r1", "h2").holder == "h1"  # which says who holds it
+    assert runs.release_lease(db, "r1", "h1")
+    assert runs.take_free_lease(db, "r1", "h2") == (runs.Fence("h2", 2), "active")  # the epoch moves on
+    assert runs.release_lease(db, "r1", "h2")
+    runs.abandon_run(db, "r1")
+    assert runs.take_free_lease(db, "r1", "h3") is None  # not drivable: acquire_lease says why
+    with pytest.raises(UsageError):
+        runs.acquire_lease(db, "r1", "h3")
+    assert runs.take_free_lease(db, "nope", "h3") is None
