@@ -31,12 +31,14 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
+from datetime import timedelta
 from types import ModuleType
 from typing import Any, NamedTuple
 
 from akm.codes import Code
 from akm.errors import NotFoundError
 from akm.store.batch import Coalescer
+from akm.store.clock import format_iso, parse_iso
 from akm.store.journal import RUN_UNIT_WRITE, Journal
 from akm.store.runs import (
     Fence,
@@ -492,9 +494,13 @@ def finish_claimed(
     truncated: bool = False,
     usage: dict[str, Any] | None = None,
     cost: float | None = None,
+    started_at: str | None = None,
 ) -> str:
     """Record a worker's outcome of its claim: "finished", or "superseded" (nothing written) when the row is
     no longer this claim's (re-queued after the claim expired, re-claimed, or finished by someone else).
+
+    `started_at`: when the unit really started, where that is later than its claim (a unit claimed ahead waited
+    in its slot: `started_later`); the row's start stamp becomes it, so the wait is not shown as run time.
 
     A unit of a run abandoned meanwhile ends `failed` (`abandoned`) without its result, as a driver's does.
     On PostgreSQL the same statement wakes the coordinator (`RUN_CHANNEL`; see `finish_notifies`).
@@ -506,7 +512,18 @@ def finish_claimed(
         written = hot.finish_claimed(
             db,
             _claim_finish(
-                hot, claim, holder, status, result_json, tokens, failure_reason, session_id, truncated, usage, cost
+                hot,
+                claim,
+                holder,
+                status,
+                result_json,
+                tokens,
+                failure_reason,
+                session_id,
+                truncated,
+                usage,
+                cost,
+                started_at,
             ),
         )
         return "finished" if written else "superseded"
@@ -518,9 +535,9 @@ def finish_claimed(
         now = db.now()
         cur = conn.execute(
             "UPDATE units SET status = ?, result_json = ?, tokens = ?, cost = ?, failure_reason = ?, session_id = ?, "
-            "truncated = ?, finished_at = ?, claim_holder = NULL, claim_pid = NULL, claim_expires_at = NULL, "
-            "claim_host = NULL WHERE run_id = ? AND unit_id = ? AND status = 'running' AND claim_holder = ? "
-            "AND attempts = ?",
+            "truncated = ?, started_at = coalesce(?, started_at), finished_at = ?, claim_holder = NULL, "
+            "claim_pid = NULL, claim_expires_at = NULL, claim_host = NULL WHERE run_id = ? AND unit_id = ? "
+            "AND status = 'running' AND claim_holder = ? AND attempts = ?",
             (
                 status,
                 result_json,
@@ -529,6 +546,7 @@ def finish_claimed(
                 failure_reason,
                 session_id,
                 int(bool(truncated)),
+                started_at,
                 now,
                 claim.run_id,
                 claim.unit_id,
@@ -567,6 +585,7 @@ def finish_and_claim(
     truncated: bool = False,
     usage: dict[str, Any] | None = None,
     cost: float | None = None,
+    started_at: str | None = None,
     targets: Sequence[tuple[str, str | None]],
     kinds: Sequence[str],
     host: str,
@@ -593,12 +612,24 @@ def finish_and_claim(
             truncated=truncated,
             usage=usage,
             cost=cost,
+            started_at=started_at,
         )
         return written, claim_work(db, targets=targets, kinds=kinds, holder=holder, host=host, pid=pid, limit=limit)
     done = hot.finish_and_claim(
         db,
         _claim_finish(
-            hot, claim, holder, status, result_json, tokens, failure_reason, session_id, truncated, usage, cost
+            hot,
+            claim,
+            holder,
+            status,
+            result_json,
+            tokens,
+            failure_reason,
+            session_id,
+            truncated,
+            usage,
+            cost,
+            started_at,
         ),
         targets=targets,
         kinds=kinds,
@@ -623,6 +654,7 @@ def _claim_finish(
     truncated: bool,
     usage: dict[str, Any] | None,
     cost: float | None,
+    started_at: str | None,
 ) -> Any:
     """The one-statement finish of `claim` (`hotpath.ClaimFinish`) with both events it may append: the outcome's,
     and the `abandoned` one written instead when the run was abandoned meanwhile."""
@@ -650,10 +682,18 @@ def _claim_finish(
         failure_reason=failure_reason,
         session_id=session_id,
         truncated=truncated,
+        started_at=started_at,
         meta=finish.meta(claim.step_id),
         meta_abandoned=gone.meta(claim.step_id),
         channel=RUN_CHANNEL,
     )
+
+
+def started_later(claim: Claim, waited_s: float) -> str:
+    """The claim's start stamp moved on by `waited_s`, on the journal's clock: when a unit claimed ahead
+    (`akm.worker.loop`) really started, for `finish_claimed(started_at=...)`. Derived from the stamp the claim
+    statement took, not read again (on PostgreSQL each clock read is a round trip)."""
+    return format_iso(parse_iso(claim.started_at) + timedelta(seconds=max(0.0, waited_s)))
 
 
 def _started_tail(host: str, holder: str) -> str:

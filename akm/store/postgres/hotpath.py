@@ -181,11 +181,12 @@ def claim_units(
 def _finish_the_claim(run: str) -> str:
     """The UPDATE both one-statement finishes share: the claim's row takes its outcome (or `abandoned` when `run`,
     a CTE, says the run was abandoned), fenced by holder and attempt; binds status, result, tokens, cost, reason,
-    session, truncated, then unit, holder, attempt (`ClaimFinish.row_params` after the run id `run` names)."""
+    session, truncated, the start stamp (None: the claim's), then unit, holder, attempt (`ClaimFinish.row_params` after the run id `run` names)."""
     return f"""UPDATE units u SET status = CASE WHEN run.gone THEN 'failed' ELSE ? END,
         result_json = CASE WHEN run.gone THEN NULL ELSE ? END, tokens = ?::bigint, cost = ?::float8,
         failure_reason = CASE WHEN run.gone THEN 'abandoned' ELSE ? END, session_id = ?,
-        truncated = CASE WHEN run.gone THEN 0 ELSE ?::int END, finished_at = clk.now, claim_holder = NULL,
+        truncated = CASE WHEN run.gone THEN 0 ELSE ?::int END, started_at = coalesce(?::timestamptz, u.started_at),
+        finished_at = clk.now, claim_holder = NULL,
         claim_pid = NULL, claim_expires_at = NULL, claim_host = NULL
     FROM run, clk
     WHERE u.run_id = {run} AND u.unit_id = ? AND u.status = 'running' AND u.claim_holder = ? AND u.attempts = ?::int
@@ -227,6 +228,7 @@ class ClaimFinish(NamedTuple):
     failure_reason: str | None
     session_id: str | None
     truncated: bool
+    started_at: str | None  # when the unit really started, if later than its claim (claimed ahead); None: the claim's
     meta: str
     meta_abandoned: str
     channel: str
@@ -242,6 +244,7 @@ class ClaimFinish(NamedTuple):
             self.failure_reason,
             self.session_id,
             int(bool(self.truncated)),
+            self.started_at,
             self.unit_id,
             self.holder,
             self.token,
@@ -276,9 +279,9 @@ WITH tgt AS MATERIALIZED (
       AND EXISTS (SELECT 1 FROM tgt WHERE tgt.run_id = u.run_id AND tgt.step_id IS NOT DISTINCT FROM u.step_id)
     ORDER BY u.queued_at, u.unit_id LIMIT ?::int FOR UPDATE OF u SKIP LOCKED
 ), upd AS (
-    UPDATE units u SET status = 'running', attempts = u.attempts + 1, claim_holder = $12, claim_host = ?,
+    UPDATE units u SET status = 'running', attempts = u.attempts + 1, claim_holder = $13, claim_host = ?,
         claim_pid = ?::int, claim_expires_at = clk.now + make_interval(secs => ?::float8), started_at = clk.now,
-        last_checkin_at = clk.now, host = $15
+        last_checkin_at = clk.now, host = $16
     FROM pick, clk
     WHERE u.run_id = pick.run_id AND u.unit_id = pick.unit_id AND u.status = 'queued'
     RETURNING u.run_id, u.unit_id, u.step_id, u.runner, u.engine, u.model, u.input_hash, u.dispatch_json,
