@@ -367,3 +367,23 @@ def test_a_finish_in_an_abandoned_run_records_it_and_claims_nothing(db, fence):
     row = units.get_unit(db, "r1", c.unit_id)
     assert (row.status, row.failure_reason, row.result_json) == ("failed", "abandoned", None)
     assert units.get_unit(db, "r1", "build.unit:2").status != "running"
+
+
+def test_a_finish_moves_the_start_stamp_of_a_unit_that_waited_in_its_slot(db, fence):
+    """A unit claimed ahead (akm.worker.loop) starts later than its claim: its finish moves the row's start stamp to
+    when it really started, both ways of finishing; a finish without one keeps the claim's."""
+    for i in range(1, 4):
+        put(db, fence, unit_id=f"build.unit:{i}")
+    (first,) = claim(db, limit=1)
+    later = queue.started_later(first, 0.25)
+    assert later > first.started_at  # (fixed-width stamps order as text)
+    written, (second,) = finish_next(db, first, started_at=later)
+    assert written == "finished" and units.get_unit(db, "r1", first.unit_id).started_at == later
+    later = queue.started_later(second, 1.5)
+    done = queue.finish_claimed(
+        db, second, "w1", status="completed", result_json='"ok"', tokens=None, failure_reason=None, started_at=later
+    )
+    assert done == "finished" and units.get_unit(db, "r1", second.unit_id).started_at == later
+    (third,) = claim(db, limit=1)
+    assert finish_next(db, third) == ("finished", [])
+    assert units.get_unit(db, "r1", third.unit_id).started_at == third.started_at
