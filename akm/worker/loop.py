@@ -474,15 +474,15 @@ class Worker:
 
     def _finish_behind(self, slot: _Slot, flying: _InFlight, outcome: UnitOutcome, more: bool) -> None:
         """`_finish` on a helper thread while the slot runs its next unit: the claim it takes waits in the slot."""
+        claims: list[queue_store.Claim] = []
         try:
             claims = self._write_finish(flying, outcome, 1 if more else 0)
         except Exception as exc:
             c = flying.claim
             self._tell(WorkerEvent("error", c.run_id, c.unit_id, c.step_id, detail=str(exc)))
-            claims = []
         finally:
+            held = self._hold(slot, claims[0]) if claims else None  # in the slot before it may look
             slot.answered.set()
-        held = self._hold(slot, claims[0]) if claims else None
         if held is not None:
             self._hold_or_give_back(slot, held)
 
