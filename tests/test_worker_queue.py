@@ -237,6 +237,23 @@ def test_a_listed_step_keeps_its_payload_when_another_worker_empties_it_first(db
     assert not hasattr(queue, "sample_dispatch")  # the second read, where the race lived, is gone
 
 
+def test_the_listing_carries_the_frozen_plan_of_runs_the_worker_has_not_read(db, fence):
+    """A worker's first claim of a run needs its plan (issue 40): the listing sends it, with its hash, for the runs
+    the worker does not name as known, and nothing for those it does (the plan does not change)."""
+    bare_run(db, "r2", plan_json='{"two":2}', plan_hash="2" * 64, params={"other": 1})
+    assert runs.acquire_lease(db, "r2", "coord") is None
+    put(db, fence)
+    put(db, runs.lease_fence(db, "r2", "coord"), run_id="r2", unit_id="build.unit:9")
+    listed = {e.run_id: e for e in queue.eligible_work(db, ("exec",))}
+    assert {r: (e.plan_json, e.plan_hash) for r, e in listed.items()} == {
+        "r1": ("{}", "0" * 64),
+        "r2": ('{"two":2}', "2" * 64),
+    }
+    listed = {e.run_id: e for e in queue.eligible_work(db, ("exec",), known={"r1", "gone"})}
+    assert (listed["r1"].plan_json, listed["r2"].plan_json) == (None, '{"two":2}')
+    assert listed["r1"].queued == listed["r2"].queued == 1
+
+
 def test_a_finish_on_postgresql_wakes_the_coordinator_in_its_own_statement(db, fence):
     """The worker's finish carries the coordinator's wake-up (a NOTIFY in the same statement, issue 40), so a
     worker on PostgreSQL sends none of its own; a superseded finish wakes nobody."""

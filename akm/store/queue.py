@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import timedelta
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -99,13 +99,16 @@ class Claim(NamedTuple):
 class Eligible(NamedTuple):
     """A (run, step) with queued units, as a worker decides whether it can run them (before claiming), with the
     dispatch payload of one of them, read in the same statement: units claimed by others meanwhile cannot
-    leave the step without one (the race of issue 40, in which a worker refused a step it could run)."""
+    leave the step without one (the race of issue 40, in which a worker refused a step it could run); and the
+    run's frozen plan and its hash, unless the worker said it has the plan already (`eligible_work(known=...)`)."""
 
     run_id: str
     step_id: str | None
     scope_key: str
     queued: int
     payload: str | None = None
+    plan_json: str | None = None
+    plan_hash: str | None = None
 
 
 class _ToQueue(NamedTuple):
@@ -347,20 +350,27 @@ def _queue_one(db: Journal, t: _ToQueue) -> Queued:
     return Queued("queued", "queued", wake=True)
 
 
-def eligible_work(db: Journal, kinds: Sequence[str]) -> list[Eligible]:
+def eligible_work(db: Journal, kinds: Sequence[str], known: Collection[str] = ()) -> list[Eligible]:
     """The (run, step) pairs of drivable runs with queued units a worker of these `kinds` could claim, each with
-    one of those units' dispatch payload (see `Eligible`)."""
+    one of those units' dispatch payload and, for the runs not in `known`, the run's frozen plan (see `Eligible`):
+    a worker's first claim of a run reads it here instead of in round trips of its own."""
     if not kinds:
         return []
     marks = ",".join("?" * len(kinds))
+    runs = sorted(known)
+    plan = f"CASE WHEN r.id IN ({','.join('?' * len(runs))}) THEN NULL ELSE r.plan_json END" if runs else "r.plan_json"
     rows = db.query(
-        "SELECT u.run_id, u.step_id, r.scope_key, COUNT(*) AS n, MIN(u.dispatch_json) AS payload FROM units u "
+        f"SELECT r.id AS run_id, u.step_id, r.scope_key, COUNT(*) AS n, MIN(u.dispatch_json) AS payload, "
+        f"{plan} AS plan_json, r.plan_hash FROM units u "
         f"JOIN runs r ON r.id = u.run_id WHERE u.status = 'queued' AND u.runner IN ({marks}) "
         f"AND r.status IN {_DRIVABLE_SQL} "
-        "GROUP BY u.run_id, u.step_id, r.scope_key ORDER BY MIN(u.queued_at), u.run_id",
-        tuple(kinds),
+        "GROUP BY r.id, u.step_id ORDER BY MIN(u.queued_at), r.id",
+        (*runs, *kinds),
     )
-    return [Eligible(r["run_id"], r["step_id"], r["scope_key"], int(r["n"]), r["payload"]) for r in rows]
+    return [
+        Eligible(r["run_id"], r["step_id"], r["scope_key"], int(r["n"]), r["payload"], r["plan_json"], r["plan_hash"])
+        for r in rows
+    ]
 
 
 def claim_units(

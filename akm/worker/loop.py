@@ -34,6 +34,7 @@ from akm.engine.attempt import AttemptSpec, EnvBindingError, StepAttempts, Workt
 from akm.engine.cancel import Cancellation
 from akm.engine.fencing import WATCH_EVERY_S, stop_margin
 from akm.engine.reduce import UnitOutcome, storable
+from akm.engine.state import decode_plan, load_run
 from akm.errors import JournalError
 from akm.ids import uuid4
 from akm.plan.model import Plan
@@ -265,7 +266,7 @@ class Worker:
         self._hinted.clear()
         self._listed_at = now
         try:
-            work = queue_store.eligible_work(self.db, self.kinds)
+            work = queue_store.eligible_work(self.db, self.kinds, known=set(self._plans))
         except Exception as exc:
             self._tell(WorkerEvent("error", detail=f"reading the queue failed: {exc}"))
             return got
@@ -328,7 +329,7 @@ class Worker:
         if known is not None and time.monotonic() - known[1] < VERDICT_TTL_S:
             return known[0]
         try:
-            plan = self._plan(e.run_id)
+            plan = self._plan(e.run_id, e)
             reason = workspace.refusal(
                 plan=plan,
                 step_id=e.step_id,
@@ -352,12 +353,16 @@ class Worker:
             self._tell(WorkerEvent("refused", e.run_id, step_id=e.step_id, detail=reason))
         return reason
 
-    def _plan(self, run_id: str) -> Plan:
+    def _plan(self, run_id: str, listed: queue_store.Eligible | None = None) -> Plan:
+        """The run's frozen plan (checked against its hash), decoded once per run: from the listing that named the
+        run (`eligible_work` sends it for runs this worker has not decoded), else read from the journal."""
         plan = self._plans.get(run_id)
         if plan is None:
-            from akm.engine.state import load_run
-
-            plan = self._plans[run_id] = load_run(self.db, run_id).plan
+            if listed is not None and listed.plan_json is not None:
+                plan = decode_plan(run_id, listed.plan_json, listed.plan_hash)
+            else:
+                plan = load_run(self.db, run_id).plan
+            self._plans[run_id] = plan
         return plan
 
     # ------------------------------------------------------------ one slot
