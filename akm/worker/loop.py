@@ -584,11 +584,13 @@ class Worker:
     def _take_ahead(self, slot: _Slot) -> queue_store.Claim | None:
         """The unit claimed ahead for the slot, ready to run — its start stamp moved on by its wait in the slot
         (`queue.started_later`: the wait is not shown as its run time) —, or None; one that may not run (lost,
-        fenced, its run ended, the worker stopping) is given back instead."""
+        fenced, its run ended, its step refused here since, the worker stopping) is given back instead."""
         flying = self._pop_ahead(slot)
         if flying is None:
             return None
-        if flying.lost or flying.fenced or flying.stop.is_set() or self.opts.cancel.tripped:
+        verdict = self._verdicts.get((flying.claim.run_id, flying.claim.step_id))
+        refused = verdict is not None and verdict[0] is not None
+        if refused or flying.lost or flying.fenced or flying.stop.is_set() or self.opts.cancel.tripped:
             self._not_started(flying)
             return None
         with self._lock:
