@@ -404,3 +404,60 @@ def test_a_finish_moves_the_start_stamp_of_a_unit_that_waited_in_its_slot(db, fe
     (third,) = claim(db, limit=1)
     assert finish_next(db, third) == ("finished", [])
     assert units.get_unit(db, "r1", third.unit_id).started_at == third.started_at
+
+
+def _worker_with_ahead(db, tmp_path, fence, n: int):
+    """A worker (not running its loop) holding `n` claims as units claimed ahead of `n` slots of its own."""
+    from akm.worker import loop
+
+    for i in range(1, n + 1):
+        put(db, fence, unit_id=f"build.unit:{i}")
+    worker = loop.Worker(db, loop.WorkerOptions(project_root=tmp_path))
+    got = queue.claim_work(
+        db, targets=[("r1", "build")], kinds=("exec",), holder=worker.holder, host="h", pid=None, limit=n
+    )
+    worker._took(got, 0.0)
+    slots = []
+    for c in got:
+        slot = loop._Slot()
+        assert worker._hold(slot, c) is not None
+        slots.append(slot)
+    return worker, got, slots
+
+
+def test_a_unit_claimed_ahead_that_was_lost_or_fenced_is_not_started(db, fence, tmp_path):
+    """A unit claimed ahead is a claim like any other (akm.worker.loop): lost (no longer this worker's), it is
+    neither run nor written; fenced by the watchdog, or of a worker stopping, it is given back unrun."""
+    worker, (lost, fenced, stopping, fine), slots = _worker_with_ahead(db, tmp_path, fence, 4)
+    worker._flying[("r1", lost.unit_id)].lost = True
+    worker._flying[("r1", fenced.unit_id)].fenced = True
+    assert worker._take_ahead(slots[0]) is None and worker._take_ahead(slots[1]) is None
+    assert units.get_unit(db, "r1", lost.unit_id).status == "running"  # not ours: untouched (it lapses, or is taken)
+    assert units.get_unit(db, "r1", fenced.unit_id).status == "queued"
+    taken = worker._take_ahead(slots[3])
+    assert taken is not None and taken.unit_id == fine.unit_id and taken.started_at >= fine.started_at
+    worker.opts.cancel.trip("sigterm")
+    assert worker._take_ahead(slots[2]) is None
+    assert units.get_unit(db, "r1", stopping.unit_id).status == "queued"
+    assert worker.summary.released == 2 and set(worker._flying) == {("r1", fine.unit_id)}
+
+
+def test_the_slot_and_the_give_back_timer_never_both_take_a_unit_claimed_ahead(db, fence, tmp_path, monkeypatch):
+    """Which of the two gets the unit claimed ahead is a race: exactly one does, each time — it is run, or given back
+    to the queue, never both and never neither."""
+    from akm.worker import loop
+
+    monkeypatch.setattr(loop, "AHEAD_HOLD_S", 0.0)
+    worker, got, slots = _worker_with_ahead(db, tmp_path, fence, 12)
+    started: list = []
+    timers = [threading.Thread(target=worker._hold_or_give_back, args=(s, s.ahead)) for s in slots]
+    takers = [threading.Thread(target=lambda s=s: started.append(worker._take_ahead(s))) for s in slots]
+    for timer, taker in zip(timers, takers, strict=True):
+        timer.start()
+        taker.start()
+    for t in timers + takers:
+        t.join(60)
+    ran = {c.unit_id for c in started if c is not None}
+    back = {u.unit_id for u in got if units.get_unit(db, "r1", u.unit_id).status == "queued"}
+    assert ran.isdisjoint(back) and ran | back == {c.unit_id for c in got}
+    assert worker.summary.released == len(back)
