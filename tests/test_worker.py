@@ -323,9 +323,9 @@ def test_a_worker_stopping_as_its_slot_takes_the_next_unit_gives_that_unit_back_
     marks = tmp_path / "ran"
     marks.mkdir()
     code = f"import os, pathlib; pathlib.Path({str(marks)!r}, os.environ['AKM_ITEM']).touch()"
-    coord = _Coordinator(_fan(project, n=3, code=code), project)
+    coord = _Coordinator(_fan(project, n=4, code=code), project)
     try:
-        _wait_queued(3)
+        _wait_queued(4)
         cancel = api.Cancellation()
         events: list = []
 
@@ -338,7 +338,7 @@ def test_a_worker_stopping_as_its_slot_takes_the_next_unit_gives_that_unit_back_
         assert summary.claimed == 3 and summary.finished == 1 and summary.released == 2
         assert summary.stop_reason == "sigterm"
         assert len(list(marks.iterdir())) == 1  # the second unit never ran
-        assert sorted(r["status"] for r in _rows()) == ["completed", "queued", "queued"]
+        assert sorted(r["status"] for r in _rows()) == ["completed", "queued", "queued", "queued"]
     finally:
         coord.cancel.trip("sigint")
     assert coord.join().aborted
@@ -376,8 +376,8 @@ def test_a_unit_claimed_ahead_goes_back_to_the_queue_when_the_slot_runs_a_long_o
     project.mkdir()
     marks, go = tmp_path / "marks", tmp_path / "go"
     marks.mkdir()
-    coord = _Coordinator(_fan(project, n=3, code=_marking_code(marks, go)), project)
-    _wait_queued(3)
+    coord = _Coordinator(_fan(project, n=4, code=_marking_code(marks, go)), project)
+    _wait_queued(4)
 
     def seen(e) -> None:
         if e.kind == "released":
@@ -386,11 +386,11 @@ def test_a_unit_claimed_ahead_goes_back_to_the_queue_when_the_slot_runs_a_long_o
     summary = _work(project, concurrency=1, idle_exit="1s", on_event=seen)
     result = coord.join()
     assert result.run.status == "completed" and go.exists()
-    assert summary.finished == 3 and summary.released == 1 and summary.claimed == 4
+    assert summary.finished == 4 and summary.released == 1 and summary.claimed == 5
     assert not (marks / "overlap").exists()  # one unit at a time
     rows = _rows()
-    assert sorted(r["attempts"] for r in rows) == [1, 1, 2]  # the one given back was claimed again and ran once
-    assert len([p for p in marks.iterdir() if p.name.isdigit()]) == 3
+    assert sorted(r["attempts"] for r in rows) == [1, 1, 1, 2]  # the one given back was claimed again, ran once
+    assert len([p for p in marks.iterdir() if p.name.isdigit()]) == 4
 
 
 def test_a_unit_claimed_ahead_is_stamped_from_when_it_started_not_from_its_claim(tmp_path, monkeypatch):
@@ -405,11 +405,11 @@ def test_a_unit_claimed_ahead_is_stamped_from_when_it_started_not_from_its_claim
     marks, go = tmp_path / "marks", tmp_path / "go"
     marks.mkdir()
     go.touch()  # no unit waits for it: each runs 0.5 s
-    coord = _Coordinator(_fan(project, n=4, code=_marking_code(marks, go)), project)
-    _wait_queued(4)
+    coord = _Coordinator(_fan(project, n=5, code=_marking_code(marks, go)), project)
+    _wait_queued(5)
     summary = _work(project, concurrency=1, idle_exit="1s")
     result = coord.join()
-    assert result.run.status == "completed" and summary.finished == 4 and summary.released == 0
+    assert result.run.status == "completed" and summary.finished == 5 and summary.released == 0
     db = open_test_journal()
     try:
         rows = db.query("SELECT unit_id, started_at FROM units WHERE run_id = ?", (result.run.run_id,))
@@ -429,7 +429,7 @@ def test_a_unit_claimed_ahead_is_stamped_from_when_it_started_not_from_its_claim
     for uid in order:
         assert stamped[uid] <= real[uid] + 0.001  # never later than it really started (stamps are in ms)
     ahead = [uid for uid in order if real[uid] - claimed_at[uid] > 0.4]  # claimed while another unit ran
-    assert len(ahead) >= 2  # the 3rd and 4th were claimed ahead, as the 2nd and 3rd started
+    assert len(ahead) >= 2  # the 3rd and 4th were claimed ahead, as the 2nd and 3rd started (not the 5th: the last)
     for uid in ahead:
         before = order[order.index(uid) - 1]
         assert stamped[uid] >= real[before] + 0.25  # not its claim, made as the unit before it started

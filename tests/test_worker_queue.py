@@ -461,3 +461,27 @@ def test_the_slot_and_the_give_back_timer_never_both_take_a_unit_claimed_ahead(d
     back = {u.unit_id for u in got if units.get_unit(db, "r1", u.unit_id).status == "queued"}
     assert ran.isdisjoint(back) and ran | back == {c.unit_id for c in got}
     assert worker.summary.released == len(back)
+
+
+def test_a_claim_ahead_never_takes_the_last_queued_unit(db, fence):
+    """A worker claims a unit ahead of its slot (issue 40) only while another unit stays queued behind it: in a step
+    narrower than the workers' slots, a worker that is idle now gets the last one (both journals, both claims)."""
+    for i in range(1, 4):
+        put(db, fence, unit_id=f"build.unit:{i}")
+    (first,) = claim(db, limit=1)
+    written, got = finish_next(db, first, limit=1, ahead=1)
+    assert written == "finished" and [c.unit_id for c in got] == ["build.unit:2"]  # unit 3 is the last queued
+    put(db, fence, unit_id="build.unit:4")
+    put(db, fence, unit_id="build.unit:5")
+
+    def ahead(limit: int, n: int) -> list[str]:
+        got = queue.claim_work(
+            db, targets=[("r1", "build")], kinds=("exec",), holder="w1", host="h", pid=None, limit=limit, ahead=n
+        )
+        return [c.unit_id for c in got]
+
+    assert ahead(0, 1) == ["build.unit:3"]
+    assert ahead(0, 2) == ["build.unit:4"]  # 5 is the last
+    assert ahead(0, 1) == []
+    assert ahead(1, 1) == ["build.unit:5"]  # one to run now is taken, last or not
+    assert [queue.take_ahead(found, 1, 1) for found in range(4)] == [0, 1, 1, 2]

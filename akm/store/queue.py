@@ -397,15 +397,17 @@ def claim_work(
     host: str,
     pid: int | None,
     limit: int,
+    ahead: int = 0,
 ) -> list[Claim]:
-    """Claim up to `limit` queued units of the (run, step) `targets` for `holder`, oldest queued first.
+    """Claim up to `limit` queued units of the (run, step) `targets` for `holder`, oldest queued first, and up to
+    `ahead` more while each leaves another unit queued (`take_ahead`).
 
     The run row is locked first (as every unit write does), so a claim cannot slip in after an abandon
     commits; rows another claimer holds are skipped, not waited for. Each claim writes
     `workflow_unit_started` (with the host) in the same transaction. On PostgreSQL one statement claims over
     every target (`hotpath.claim_units`); elsewhere one transaction per target, until `limit` is reached.
     """
-    if limit <= 0 or not kinds or not targets:
+    if limit + ahead <= 0 or not kinds or not targets:
         return []
     hot = _pg(db)
     if hot is not None:
@@ -419,14 +421,24 @@ def claim_work(
             ttl_s=claim_ttl_s(),
             limit=limit,
             meta_tail=_started_tail(host, holder),
+            ahead=ahead,
         )
         return [_claim_of(r) for r in rows]
     claims: list[Claim] = []
     for run_id, step_id in targets:
-        if len(claims) >= limit:
+        if len(claims) >= limit + ahead:
             break
-        claims += _claim_step(db, run_id, step_id, kinds, holder, host, pid, limit - len(claims))
+        now_n = max(0, limit - len(claims))
+        claims += _claim_step(db, run_id, step_id, kinds, holder, host, pid, now_n, limit + ahead - len(claims) - now_n)
     return claims
+
+
+def take_ahead(found: int, now: int, ahead: int) -> int:
+    """How many of the `found` queued units (picked oldest first, at most `now + ahead + 1` when `ahead`) a claim
+    takes: the `now` ones the claimer runs at once, and each of the `ahead` ones it would hold for later only while
+    another unit stays queued behind it — a worker claiming ahead never takes the last queued unit from a worker
+    that is idle now (issue 40: in a step narrower than its workers' slots the queue holds few units)."""
+    return min(found, max(now, min(now + ahead, found - 1)))
 
 
 def _claim_step(
@@ -438,8 +450,10 @@ def _claim_step(
     host: str,
     pid: int | None,
     limit: int,
+    ahead: int = 0,
 ) -> list[Claim]:
-    """Claim up to `limit` queued units of one step, in one transaction of several statements."""
+    """Claim up to `limit` queued units of one step, and `ahead` more (`take_ahead`), in one transaction of several
+    statements."""
     marks = ",".join("?" * len(kinds))
     ttl = claim_ttl_s()
     with db.tx() as conn:
@@ -451,8 +465,9 @@ def _claim_step(
             "SELECT unit_id FROM units WHERE run_id = ? AND step_id "
             f"{db.dialect.null_eq} ? AND status = 'queued' AND runner IN ({marks}) "
             f"ORDER BY queued_at, unit_id LIMIT ?{db.dialect.skip_locked}",
-            (run_id, step_id, *kinds, limit),
+            (run_id, step_id, *kinds, limit + ahead + (1 if ahead else 0)),
         ).fetchall()
+        picked = picked[: take_ahead(len(picked), limit, ahead)]
         if not picked:
             return []
         now = db.now()
@@ -601,15 +616,17 @@ def finish_and_claim(
     host: str,
     pid: int | None,
     limit: int,
+    ahead: int = 0,
 ) -> tuple[str, list[Claim]]:
-    """`finish_claimed`, then `claim_work` for up to `limit` units of `targets`: a worker's slot records its
-    outcome and takes its next unit. Each keeps its own rules (a claim does not depend on the finish: the slot is
-    free either way). On PostgreSQL one statement does both (`hotpath.finish_and_claim`), one round trip instead
-    of two; elsewhere they are two transactions, one after the other."""
+    """`finish_claimed`, then `claim_work` for up to `limit` units of `targets` and `ahead` more: a worker's slot
+    records its outcome and takes its next unit, and maybe one to hold ahead (`take_ahead`). Each keeps its own
+    rules (a claim does not depend on the finish: the slot is free either way). On PostgreSQL one statement does
+    both (`hotpath.finish_and_claim`), one round trip instead of two; elsewhere they are two transactions, one
+    after the other."""
     if status not in ("completed", "failed"):
         raise ValueError(f"finish_and_claim status must be completed or failed, not {status!r}")
     hot = _pg(db)
-    if hot is None or limit <= 0 or not kinds or not targets:
+    if hot is None or limit + ahead <= 0 or not kinds or not targets:
         written = finish_claimed(
             db,
             claim,
@@ -624,7 +641,10 @@ def finish_and_claim(
             cost=cost,
             started_at=started_at,
         )
-        return written, claim_work(db, targets=targets, kinds=kinds, holder=holder, host=host, pid=pid, limit=limit)
+        claims = claim_work(
+            db, targets=targets, kinds=kinds, holder=holder, host=host, pid=pid, limit=limit, ahead=ahead
+        )
+        return written, claims
     done = hot.finish_and_claim(
         db,
         _claim_finish(
@@ -647,6 +667,7 @@ def finish_and_claim(
         pid=pid,
         ttl_s=claim_ttl_s(),
         limit=limit,
+        ahead=ahead,
         meta_tail=_started_tail(host, holder),
     )
     return "finished" if done.finished else "superseded", [_claim_of(r) for r in done.claimed]

@@ -469,7 +469,7 @@ class Worker:
             slot.helpers = [t for t in slot.helpers if t.is_alive()] + [helper]
             helper.start()
             return ahead
-        claims = self._write_finish(flying, outcome, 2 if more else 1)
+        claims = self._write_finish(flying, outcome, 1, 1 if more else 0)
         held = self._hold(slot, claims[1]) if len(claims) > 1 else None
         if held is not None:  # its give-back timer waits on a helper thread of the slot
             waiter = threading.Thread(target=self._hold_or_give_back, args=(slot, held), name="akm-ahead", daemon=True)
@@ -481,7 +481,7 @@ class Worker:
         """`_finish` on a helper thread while the slot runs its next unit: the claim it takes waits in the slot."""
         claims: list[queue_store.Claim] = []
         try:
-            claims = self._write_finish(flying, outcome, 1 if more else 0)
+            claims = self._write_finish(flying, outcome, 0, 1 if more else 0)
         except Exception as exc:
             c = flying.claim
             self._tell(WorkerEvent("error", c.run_id, c.unit_id, c.step_id, detail=str(exc)))
@@ -491,9 +491,10 @@ class Worker:
         if held is not None:
             self._hold_or_give_back(slot, held)
 
-    def _write_finish(self, flying: _InFlight, outcome: UnitOutcome, limit: int) -> list[queue_store.Claim]:
+    def _write_finish(self, flying: _InFlight, outcome: UnitOutcome, limit: int, ahead: int) -> list[queue_store.Claim]:
         """Write the finish of `flying`'s claim and, in the same round trip, claim up to `limit` units from the
-        (run, step) pairs this host was found able to run (none: the loop lists and claims for the slot)."""
+        (run, step) pairs this host was found able to run (none: the loop lists and claims for the slot), and `ahead`
+        more to hold, each only while another unit stays queued for other workers (`queue.take_ahead`)."""
         claim = flying.claim
         try:
             outcome, result_json = storable(outcome, claim.unit_id)
@@ -508,7 +509,7 @@ class Worker:
                 cost=outcome.cost,
                 started_at=flying.started_at,
             )
-            targets = [] if self.opts.cancel.tripped or limit <= 0 else self._approved()
+            targets = [] if self.opts.cancel.tripped or limit + ahead <= 0 else self._approved()
             claims: list[queue_store.Claim] = []
             if targets:
                 sent = time.monotonic()
@@ -522,6 +523,7 @@ class Worker:
                     host=self.host,
                     pid=self.pid,
                     limit=limit,
+                    ahead=ahead,
                 )
                 self._took(claims, sent)  # in flight before this one leaves
             else:

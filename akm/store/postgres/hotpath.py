@@ -121,6 +121,17 @@ def queue_units(
     return QueueAnswer(db.execute(QUEUE_UNITS, (run_id, holder, epoch, rows_json(rows), channel)).fetchall())
 
 
+# Which picked units a claim takes (`queue.take_ahead`): `pick` holds up to limit + ahead (+ 1 when ahead) queued
+# units, oldest first; the first `limit` (the bound parameter) are taken, each further one only while one picked
+# after it stays queued. Ends open: the statement closes the CTE's parenthesis.
+_TAKE = """take AS MATERIALIZED (
+    SELECT p.run_id, p.unit_id FROM (
+        SELECT pick.run_id, pick.unit_id, row_number() OVER (ORDER BY u.queued_at, u.unit_id) AS rn,
+            count(*) OVER () AS found
+        FROM pick JOIN units u ON u.run_id = pick.run_id AND u.unit_id = pick.unit_id
+    ) AS p WHERE p.rn <= ?::int OR p.rn < p.found"""
+
+
 CLAIM_UNITS = f"""
 WITH tgt AS MATERIALIZED (
     SELECT * FROM json_to_recordset(?::json) AS t(run_id text, step_id text)
@@ -136,11 +147,12 @@ WITH tgt AS MATERIALIZED (
     WHERE u.status = 'queued' AND u.run_id IN (SELECT id FROM live) AND u.runner IN (SELECT runner FROM kinds)
       AND EXISTS (SELECT 1 FROM tgt WHERE tgt.run_id = u.run_id AND tgt.step_id IS NOT DISTINCT FROM u.step_id)
     ORDER BY u.queued_at, u.unit_id LIMIT ?::int FOR UPDATE OF u SKIP LOCKED
+), {_TAKE}
 ), upd AS (
     UPDATE units u SET status = 'running', attempts = u.attempts + 1, claim_holder = ?, claim_host = ?,
         claim_pid = ?::int, claim_expires_at = clk.now + make_interval(secs => ?::float8), started_at = clk.now,
-        last_checkin_at = clk.now, host = $5
-    FROM pick, clk
+        last_checkin_at = clk.now, host = $6
+    FROM take AS pick, clk
     WHERE u.run_id = pick.run_id AND u.unit_id = pick.unit_id AND u.status = 'queued'
     RETURNING u.run_id, u.unit_id, u.step_id, u.runner, u.engine, u.model, u.input_hash, u.dispatch_json,
         u.attempts, u.started_at, u.queued_at
@@ -169,11 +181,14 @@ def claim_units(
     ttl_s: float,
     limit: int,
     meta_tail: str,
+    ahead: int = 0,
 ) -> list[Any]:
     """One statement: claim up to `limit` queued units of `kinds` over the (run, step) `targets`, oldest queued
-    first, skipping rows other claimers hold; the claimed rows (`meta_tail` ends each started event's metadata)."""
+    first, skipping rows other claimers hold, and up to `ahead` more (`queue.take_ahead`); the claimed rows
+    (`meta_tail` ends each started event's metadata)."""
     tgt = rows_json([{"run_id": r, "step_id": s} for r, s in targets])
-    params = (tgt, json.dumps(list(kinds)), limit, holder, host, pid, ttl_s, meta_tail)
+    picked = limit + ahead + (1 if ahead else 0)
+    params = (tgt, json.dumps(list(kinds)), picked, limit, holder, host, pid, ttl_s, meta_tail)
     claimed: list[Any] = db.execute(CLAIM_UNITS, params).fetchall()
     return claimed
 
@@ -278,11 +293,12 @@ WITH tgt AS MATERIALIZED (
       AND u.run_id IN (SELECT id FROM locked WHERE status IN {_DRIVABLE})
       AND EXISTS (SELECT 1 FROM tgt WHERE tgt.run_id = u.run_id AND tgt.step_id IS NOT DISTINCT FROM u.step_id)
     ORDER BY u.queued_at, u.unit_id LIMIT ?::int FOR UPDATE OF u SKIP LOCKED
+), {_TAKE}
 ), upd AS (
     UPDATE units u SET status = 'running', attempts = u.attempts + 1, claim_holder = $13, claim_host = ?,
         claim_pid = ?::int, claim_expires_at = clk.now + make_interval(secs => ?::float8), started_at = clk.now,
-        last_checkin_at = clk.now, host = $16
-    FROM pick, clk
+        last_checkin_at = clk.now, host = $17
+    FROM take AS pick, clk
     WHERE u.run_id = pick.run_id AND u.unit_id = pick.unit_id AND u.status = 'queued'
     RETURNING u.run_id, u.unit_id, u.step_id, u.runner, u.engine, u.model, u.input_hash, u.dispatch_json,
         u.attempts, u.started_at, u.queued_at
@@ -341,16 +357,20 @@ def finish_and_claim(
     ttl_s: float,
     limit: int,
     meta_tail: str,
+    ahead: int = 0,
 ) -> FinishedAndClaimed:
     """One statement: `finish_claimed` and then `claim_units` for the slot it frees (a worker's unit finishes and
-    its next is claimed in one round trip instead of two). Both keep their rules and their lock order: the run
-    rows (the finished one's and the targets', by id), the unit rows, the event lock; the claim does not depend
-    on the finish (a superseded finish still claims: the slot is free either way)."""
+    its next is claimed in one round trip instead of two), `limit` units and up to `ahead` more under the rule of
+    `queue.take_ahead` (the statement locks one queued unit more than it may take, to see whether one stays).
+    Both keep their rules and their lock order: the run rows (the finished one's and the targets', by id), the
+    unit rows, the event lock; the claim does not depend on the finish (a superseded finish still claims: the
+    slot is free either way)."""
     tgt = rows_json([{"run_id": r, "step_id": s} for r, s in targets])
     params = (
         tgt,
         json.dumps(list(kinds)),
         *f.row_params(),
+        limit + ahead + (1 if ahead else 0),
         limit,
         host,
         pid,
