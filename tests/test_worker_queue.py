@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -416,7 +417,7 @@ def _worker_with_ahead(db, tmp_path, fence, n: int):
     got = queue.claim_work(
         db, targets=[("r1", "build")], kinds=("exec",), holder=worker.holder, host="h", pid=None, limit=n
     )
-    worker._took(got, 0.0)
+    worker._took(got, time.monotonic())
     slots = []
     for c in got:
         slot = loop._Slot()
@@ -427,19 +428,22 @@ def _worker_with_ahead(db, tmp_path, fence, n: int):
 
 def test_a_unit_claimed_ahead_that_was_lost_or_fenced_is_not_started(db, fence, tmp_path):
     """A unit claimed ahead is a claim like any other (akm.worker.loop): lost (no longer this worker's), it is
-    neither run nor written; fenced by the watchdog, or of a worker stopping, it is given back unrun."""
-    worker, (lost, fenced, stopping, fine), slots = _worker_with_ahead(db, tmp_path, fence, 4)
+    neither run nor written; fenced by the watchdog, or due to be (its renewal overdue: a worker that was frozen,
+    whose slot looks before the watchdog), or of a worker stopping, it is given back unrun."""
+    worker, (lost, fenced, overdue, stopping, fine), slots = _worker_with_ahead(db, tmp_path, fence, 5)
     worker._flying[("r1", lost.unit_id)].lost = True
     worker._flying[("r1", fenced.unit_id)].fenced = True
-    assert worker._take_ahead(slots[0]) is None and worker._take_ahead(slots[1]) is None
+    worker._flying[("r1", overdue.unit_id)].renewed_at -= worker.ttl
+    assert [worker._take_ahead(s) for s in slots[:3]] == [None, None, None]
     assert units.get_unit(db, "r1", lost.unit_id).status == "running"  # not ours: untouched (it lapses, or is taken)
     assert units.get_unit(db, "r1", fenced.unit_id).status == "queued"
-    taken = worker._take_ahead(slots[3])
+    assert units.get_unit(db, "r1", overdue.unit_id).status == "queued"
+    taken = worker._take_ahead(slots[4])
     assert taken is not None and taken.unit_id == fine.unit_id and taken.started_at >= fine.started_at
     worker.opts.cancel.trip("sigterm")
-    assert worker._take_ahead(slots[2]) is None
+    assert worker._take_ahead(slots[3]) is None
     assert units.get_unit(db, "r1", stopping.unit_id).status == "queued"
-    assert worker.summary.released == 2 and set(worker._flying) == {("r1", fine.unit_id)}
+    assert worker.summary.released == 3 and set(worker._flying) == {("r1", fine.unit_id)}
 
 
 def test_the_slot_and_the_give_back_timer_never_both_take_a_unit_claimed_ahead(db, fence, tmp_path, monkeypatch):

@@ -586,13 +586,16 @@ class Worker:
     def _take_ahead(self, slot: _Slot) -> queue_store.Claim | None:
         """The unit claimed ahead for the slot, ready to run — its start stamp moved on by its wait in the slot
         (`queue.started_later`: the wait is not shown as its run time) —, or None; one that may not run (lost,
-        fenced, its run ended, its step refused here since, the worker stopping) is given back instead."""
+        fenced or about to be, its run ended, its step refused here since, the worker stopping) is given back
+        instead."""
         flying = self._pop_ahead(slot)
         if flying is None:
             return None
         verdict = self._verdicts.get((flying.claim.run_id, flying.claim.step_id))
         refused = verdict is not None and verdict[0] is not None
-        if refused or flying.lost or flying.fenced or flying.stop.is_set() or self.opts.cancel.tripped:
+        # overdue: the watchdog's own rule, checked here too: after a freeze (SIGSTOP) the slot may look before it
+        overdue = time.monotonic() - flying.renewed_at > self.ttl - stop_margin(self.ttl)
+        if refused or overdue or flying.lost or flying.fenced or flying.stop.is_set() or self.opts.cancel.tripped:
             self._not_started(flying)
             return None
         with self._lock:
