@@ -443,7 +443,8 @@ def test_a_unit_claimed_ahead_that_was_lost_or_fenced_is_not_started(db, fence, 
     worker.opts.cancel.trip("sigterm")
     assert worker._take_ahead(slots[3]) is None
     assert units.get_unit(db, "r1", stopping.unit_id).status == "queued"
-    assert worker.summary.released == 3 and set(worker._flying) == {("r1", fine.unit_id)}
+    assert (worker.summary.released, worker.summary.rejected) == (3, 1)
+    assert set(worker._flying) == {("r1", fine.unit_id)}
 
 
 def test_the_slot_and_the_give_back_timer_never_both_take_a_unit_claimed_ahead(db, fence, tmp_path, monkeypatch):

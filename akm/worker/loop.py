@@ -604,11 +604,13 @@ class Worker:
         return flying.claim
 
     def _not_started(self, flying: _InFlight) -> None:
-        """A claim the slot will not run: given back (nothing written when it is not ours any more)."""
+        """A claim the slot will not run: given back; when it is not ours any more nothing is written, and it counts
+        as rejected (each claim ends finished, rejected or released)."""
         c = flying.claim
         try:
-            if not flying.lost:
-                self._give_back(c)
+            if flying.lost or not self._give_back(c):
+                self.summary.rejected += 1
+                self._tell(WorkerEvent("rejected", c.run_id, c.unit_id, c.step_id, detail="its claim lapsed unstarted"))
         except Exception as exc:
             self._tell(
                 WorkerEvent("error", c.run_id, c.unit_id, c.step_id, detail=f"giving its claim back failed: {exc}")
