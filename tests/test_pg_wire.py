@@ -129,3 +129,24 @@ def test_a_raw_connections_query_with_parameters_is_one_round_trip(pg_cluster):
             con.close()
     finally:
         proxy.close()
+
+
+def test_stamps_are_read_straight_into_the_journals_format():
+    """`stamp_in` (a timestamptz's text as the journal's stamp, no datetime in between) says what pg8000's parse
+    and `format_iso` say, for any instant, fraction and offset."""
+    import datetime
+    import random
+
+    from pg8000.converters import timestamptz_in
+
+    from akm.store.clock import format_iso
+    from akm.store.postgres.connect import stamp_in
+
+    rng = random.Random(40)
+    base = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    for _ in range(5000):
+        t = base + datetime.timedelta(microseconds=rng.randrange(0, 4 * 10**16))
+        fraction = f".{t.microsecond:06d}".rstrip("0") if t.microsecond else ""
+        text = t.strftime("%Y-%m-%d %H:%M:%S") + fraction + rng.choice(["+00", "+00", "+05:30", "-08"])
+        assert stamp_in(text) == format_iso(timestamptz_in(text)), text
+    assert stamp_in("infinity") == "infinity"

@@ -316,16 +316,16 @@ def test_fail_fast_takes_back_what_no_worker_claimed(tmp_path):
 
 
 def test_a_worker_stopping_as_its_slot_takes_the_next_unit_gives_that_unit_back_unrun(tmp_path):
-    """The slot's next unit comes with the previous one's finish (issue 40): when the worker is stopped right then,
-    that unit is not started but given back to the queue for another worker."""
+    """The slot's next unit, and after a short unit one more claimed ahead, come with the previous one's finish
+    (issue 40): when the worker is stopped right then, neither is started; both go back to the queue."""
     project = tmp_path / "p"
     project.mkdir()
     marks = tmp_path / "ran"
     marks.mkdir()
     code = f"import os, pathlib; pathlib.Path({str(marks)!r}, os.environ['AKM_ITEM']).touch()"
-    coord = _Coordinator(_fan(project, n=3, code=code), project)
+    coord = _Coordinator(_fan(project, n=4, code=code), project)
     try:
-        _wait_queued(3)
+        _wait_queued(4)
         cancel = api.Cancellation()
         events: list = []
 
@@ -335,9 +335,101 @@ def test_a_worker_stopping_as_its_slot_takes_the_next_unit_gives_that_unit_back_
                 cancel.trip("sigterm")  # as the first unit's finish took the second
 
         summary = _work(project, concurrency=1, cancel=cancel, on_event=seen)
-        assert summary.finished == 1 and summary.released == 1 and summary.stop_reason == "sigterm"
+        assert summary.claimed == 3 and summary.finished == 1 and summary.released == 2
+        assert summary.stop_reason == "sigterm"
         assert len(list(marks.iterdir())) == 1  # the second unit never ran
-        assert sorted(r["status"] for r in _rows()) == ["completed", "queued", "queued"]
+        assert sorted(r["status"] for r in _rows()) == ["completed", "queued", "queued", "queued"]
     finally:
         coord.cancel.trip("sigint")
     assert coord.join().aborted
+
+
+def _marking_code(marks: Path, go: Path) -> str:
+    """A unit that notes when it started and its unit id (in `marks/<item>`), and whether another unit of this worker was running
+    then (`marks/overlap`); each runs 0.5 s, the second to start once `go` exists (it waits at most a minute)."""
+    return f"""
+        import os, pathlib, time
+        marks, go = pathlib.Path({str(marks)!r}), pathlib.Path({str(go)!r})
+        order = len([p for p in marks.iterdir() if p.name.isdigit()])
+        running = marks / "running"
+        if running.exists():
+            (marks / "overlap").touch()
+        running.touch()
+        (marks / os.environ["AKM_ITEM"]).write_text(f"{{time.time()!r}} {{os.environ['AKM_UNIT_ID']}}")
+        if order == 1:
+            end = time.time() + 60
+            while not go.exists() and time.time() < end:
+                time.sleep(0.02)
+        time.sleep(0.5)
+        running.unlink()
+        """
+
+
+def test_a_unit_claimed_ahead_goes_back_to_the_queue_when_the_slot_runs_a_long_one(tmp_path, monkeypatch):
+    """After a short unit a slot claims its next unit ahead (issue 40); when the unit it runs then turns out long,
+    the one waiting behind it is given back within AHEAD_HOLD_S, not kept from other workers, and `concurrency`
+    still bounds the units running at once (the unit ahead is not run beside the slot's)."""
+    from akm.worker import loop
+
+    monkeypatch.setattr(loop, "AHEAD_AFTER_S", 60.0)  # every unit counts as short, however loaded the machine
+    project = tmp_path / "p"
+    project.mkdir()
+    marks, go = tmp_path / "marks", tmp_path / "go"
+    marks.mkdir()
+    coord = _Coordinator(_fan(project, n=4, code=_marking_code(marks, go)), project)
+    _wait_queued(4)
+
+    def seen(e) -> None:
+        if e.kind == "released":
+            go.touch()  # the long unit ends only once the unit held behind it went back
+
+    summary = _work(project, concurrency=1, idle_exit="1s", on_event=seen)
+    result = coord.join()
+    assert result.run.status == "completed" and go.exists()
+    assert summary.finished == 4 and summary.released == 1 and summary.claimed == 5
+    assert not (marks / "overlap").exists()  # one unit at a time
+    rows = _rows()
+    assert sorted(r["attempts"] for r in rows) == [1, 1, 1, 2]  # the one given back was claimed again, ran once
+    assert len([p for p in marks.iterdir() if p.name.isdigit()]) == 4
+
+
+def test_a_unit_claimed_ahead_is_stamped_from_when_it_started_not_from_its_claim(tmp_path, monkeypatch):
+    """A unit claimed ahead waits in its slot while the slot's unit runs: its row's start stamp is moved on by that
+    wait (its run time does not include it), and never past when it really started."""
+    from akm.store.clock import parse_iso
+    from akm.worker import loop
+
+    monkeypatch.setattr(loop, "AHEAD_AFTER_S", 60.0)
+    project = tmp_path / "p"
+    project.mkdir()
+    marks, go = tmp_path / "marks", tmp_path / "go"
+    marks.mkdir()
+    go.touch()  # no unit waits for it: each runs 0.5 s
+    coord = _Coordinator(_fan(project, n=5, code=_marking_code(marks, go)), project)
+    _wait_queued(5)
+    summary = _work(project, concurrency=1, idle_exit="1s")
+    result = coord.join()
+    assert result.run.status == "completed" and summary.finished == 5 and summary.released == 0
+    db = open_test_journal()
+    try:
+        rows = db.query("SELECT unit_id, started_at FROM units WHERE run_id = ?", (result.run.run_id,))
+        events = db.query(
+            "SELECT ts, metadata_json FROM events WHERE run_id = ? AND event_type = 'workflow_unit_started'",
+            (result.run.run_id,),
+        )
+    finally:
+        db.close()
+    claimed_at = {json.loads(e["metadata_json"])["unitId"]: parse_iso(e["ts"]).timestamp() for e in events}
+    stamped = {r["unit_id"]: parse_iso(r["started_at"]).timestamp() for r in rows}
+    real = {
+        uid: float(at) for at, uid in (p.read_text().split() for p in marks.iterdir() if p.name.isdigit())
+    }  # when each unit really started
+    assert set(real) == set(stamped)
+    order = sorted(stamped, key=lambda uid: real[uid])
+    for uid in order:
+        assert stamped[uid] <= real[uid] + 0.001  # never later than it really started (stamps are in ms)
+    ahead = [uid for uid in order if real[uid] - claimed_at[uid] > 0.4]  # claimed while another unit ran
+    assert len(ahead) >= 2  # the 3rd and 4th were claimed ahead, as the 2nd and 3rd started (not the 5th: the last)
+    for uid in ahead:
+        before = order[order.index(uid) - 1]
+        assert stamped[uid] >= real[before] + 0.25  # not its claim, made as the unit before it started

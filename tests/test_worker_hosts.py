@@ -149,7 +149,10 @@ def test_three_workers_share_a_300_unit_fan_out_and_claim_nothing_twice(tmp_path
     rows = _rows(server_url)
     work = [r for r in rows if r["step_id"] == "work"]
     assert len(work) == 300 and all(r["status"] == "completed" for r in work)
-    assert all(r["attempts"] == 1 for r in rows), "a unit was claimed twice"
+    # a unit is claimed once, or again after a worker gave its claim back unrun (claimed ahead of a slot whose unit
+    # ran long on a loaded machine: akm.worker.loop.AHEAD_HOLD_S); each claim bumps the row's fencing token
+    released = sum(s["released"] for s in summaries)
+    assert all(r["attempts"] >= 1 for r in rows) and sum(r["attempts"] - 1 for r in rows) == released, released
     hosts = {r["host"] for r in rows}
     assert len(hosts) >= 2 and hosts <= {"test-a", "test-b", "test-c"}
     assert sum(s["finished"] for s in summaries) == 301 and sum(s["rejected"] for s in summaries) == 0

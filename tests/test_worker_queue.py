@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -237,6 +238,23 @@ def test_a_listed_step_keeps_its_payload_when_another_worker_empties_it_first(db
     assert not hasattr(queue, "sample_dispatch")  # the second read, where the race lived, is gone
 
 
+def test_the_listing_carries_the_frozen_plan_of_runs_the_worker_has_not_read(db, fence):
+    """A worker's first claim of a run needs its plan (issue 40): the listing sends it, with its hash, for the runs
+    the worker does not name as known, and nothing for those it does (the plan does not change)."""
+    bare_run(db, "r2", plan_json='{"two":2}', plan_hash="2" * 64, params={"other": 1})
+    assert runs.acquire_lease(db, "r2", "coord") is None
+    put(db, fence)
+    put(db, runs.lease_fence(db, "r2", "coord"), run_id="r2", unit_id="build.unit:9")
+    listed = {e.run_id: e for e in queue.eligible_work(db, ("exec",))}
+    assert {r: (e.plan_json, e.plan_hash) for r, e in listed.items()} == {
+        "r1": ("{}", "0" * 64),
+        "r2": ('{"two":2}', "2" * 64),
+    }
+    listed = {e.run_id: e for e in queue.eligible_work(db, ("exec",), known={"r1", "gone"})}
+    assert (listed["r1"].plan_json, listed["r2"].plan_json) == (None, '{"two":2}')
+    assert listed["r1"].queued == listed["r2"].queued == 1
+
+
 def test_a_finish_on_postgresql_wakes_the_coordinator_in_its_own_statement(db, fence):
     """The worker's finish carries the coordinator's wake-up (a NOTIFY in the same statement, issue 40), so a
     worker on PostgreSQL sends none of its own; a superseded finish wakes nobody."""
@@ -367,3 +385,108 @@ def test_a_finish_in_an_abandoned_run_records_it_and_claims_nothing(db, fence):
     row = units.get_unit(db, "r1", c.unit_id)
     assert (row.status, row.failure_reason, row.result_json) == ("failed", "abandoned", None)
     assert units.get_unit(db, "r1", "build.unit:2").status != "running"
+
+
+def test_a_finish_moves_the_start_stamp_of_a_unit_that_waited_in_its_slot(db, fence):
+    """A unit claimed ahead (akm.worker.loop) starts later than its claim: its finish moves the row's start stamp to
+    when it really started, both ways of finishing; a finish without one keeps the claim's."""
+    for i in range(1, 4):
+        put(db, fence, unit_id=f"build.unit:{i}")
+    (first,) = claim(db, limit=1)
+    later = queue.started_later(first, 0.25)
+    assert later > first.started_at  # (fixed-width stamps order as text)
+    written, (second,) = finish_next(db, first, started_at=later)
+    assert written == "finished" and units.get_unit(db, "r1", first.unit_id).started_at == later
+    later = queue.started_later(second, 1.5)
+    done = queue.finish_claimed(
+        db, second, "w1", status="completed", result_json='"ok"', tokens=None, failure_reason=None, started_at=later
+    )
+    assert done == "finished" and units.get_unit(db, "r1", second.unit_id).started_at == later
+    (third,) = claim(db, limit=1)
+    assert finish_next(db, third) == ("finished", [])
+    assert units.get_unit(db, "r1", third.unit_id).started_at == third.started_at
+
+
+def _worker_with_ahead(db, tmp_path, fence, n: int):
+    """A worker (not running its loop) holding `n` claims as units claimed ahead of `n` slots of its own."""
+    from akm.worker import loop
+
+    for i in range(1, n + 1):
+        put(db, fence, unit_id=f"build.unit:{i}")
+    worker = loop.Worker(db, loop.WorkerOptions(project_root=tmp_path))
+    got = queue.claim_work(
+        db, targets=[("r1", "build")], kinds=("exec",), holder=worker.holder, host="h", pid=None, limit=n
+    )
+    worker._took(got, time.monotonic())
+    slots = []
+    for c in got:
+        slot = loop._Slot()
+        assert worker._hold(slot, c) is not None
+        slots.append(slot)
+    return worker, got, slots
+
+
+def test_a_unit_claimed_ahead_that_was_lost_or_fenced_is_not_started(db, fence, tmp_path):
+    """A unit claimed ahead is a claim like any other (akm.worker.loop): lost (no longer this worker's), it is
+    neither run nor written; fenced by the watchdog, or due to be (its renewal overdue: a worker that was frozen,
+    whose slot looks before the watchdog), or of a worker stopping, it is given back unrun."""
+    worker, (lost, fenced, overdue, stopping, fine), slots = _worker_with_ahead(db, tmp_path, fence, 5)
+    worker._flying[("r1", lost.unit_id)].lost = True
+    worker._flying[("r1", fenced.unit_id)].fenced = True
+    worker._flying[("r1", overdue.unit_id)].renewed_at -= worker.ttl
+    assert [worker._take_ahead(s) for s in slots[:3]] == [None, None, None]
+    assert units.get_unit(db, "r1", lost.unit_id).status == "running"  # not ours: untouched (it lapses, or is taken)
+    assert units.get_unit(db, "r1", fenced.unit_id).status == "queued"
+    assert units.get_unit(db, "r1", overdue.unit_id).status == "queued"
+    taken = worker._take_ahead(slots[4])
+    assert taken is not None and taken.unit_id == fine.unit_id and taken.started_at >= fine.started_at
+    worker.opts.cancel.trip("sigterm")
+    assert worker._take_ahead(slots[3]) is None
+    assert units.get_unit(db, "r1", stopping.unit_id).status == "queued"
+    assert (worker.summary.released, worker.summary.rejected) == (3, 1)
+    assert set(worker._flying) == {("r1", fine.unit_id)}
+
+
+def test_the_slot_and_the_give_back_timer_never_both_take_a_unit_claimed_ahead(db, fence, tmp_path, monkeypatch):
+    """Which of the two gets the unit claimed ahead is a race: exactly one does, each time — it is run, or given back
+    to the queue, never both and never neither."""
+    from akm.worker import loop
+
+    monkeypatch.setattr(loop, "AHEAD_HOLD_S", 0.0)
+    worker, got, slots = _worker_with_ahead(db, tmp_path, fence, 12)
+    started: list = []
+    timers = [threading.Thread(target=worker._hold_or_give_back, args=(s, s.ahead)) for s in slots]
+    takers = [threading.Thread(target=lambda s=s: started.append(worker._take_ahead(s))) for s in slots]
+    for timer, taker in zip(timers, takers, strict=True):
+        timer.start()
+        taker.start()
+    for t in timers + takers:
+        t.join(60)
+    ran = {c.unit_id for c in started if c is not None}
+    back = {u.unit_id for u in got if units.get_unit(db, "r1", u.unit_id).status == "queued"}
+    assert ran.isdisjoint(back) and ran | back == {c.unit_id for c in got}
+    assert worker.summary.released == len(back)
+
+
+def test_a_claim_ahead_never_takes_the_last_queued_unit(db, fence):
+    """A worker claims a unit ahead of its slot (issue 40) only while another unit stays queued behind it: in a step
+    narrower than the workers' slots, a worker that is idle now gets the last one (both journals, both claims)."""
+    for i in range(1, 4):
+        put(db, fence, unit_id=f"build.unit:{i}")
+    (first,) = claim(db, limit=1)
+    written, got = finish_next(db, first, limit=1, ahead=1)
+    assert written == "finished" and [c.unit_id for c in got] == ["build.unit:2"]  # unit 3 is the last queued
+    put(db, fence, unit_id="build.unit:4")
+    put(db, fence, unit_id="build.unit:5")
+
+    def ahead(limit: int, n: int) -> list[str]:
+        got = queue.claim_work(
+            db, targets=[("r1", "build")], kinds=("exec",), holder="w1", host="h", pid=None, limit=limit, ahead=n
+        )
+        return [c.unit_id for c in got]
+
+    assert ahead(0, 1) == ["build.unit:3"]
+    assert ahead(0, 2) == ["build.unit:4"]  # 5 is the last
+    assert ahead(0, 1) == []
+    assert ahead(1, 1) == ["build.unit:5"]  # one to run now is taken, last or not
+    assert [queue.take_ahead(found, 1, 1) for found in range(4)] == [0, 1, 1, 2]

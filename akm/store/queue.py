@@ -30,13 +30,15 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from datetime import timedelta
 from types import ModuleType
 from typing import Any, NamedTuple
 
 from akm.codes import Code
 from akm.errors import NotFoundError
 from akm.store.batch import Coalescer
+from akm.store.clock import format_iso, parse_iso
 from akm.store.journal import RUN_UNIT_WRITE, Journal
 from akm.store.runs import (
     Fence,
@@ -97,13 +99,16 @@ class Claim(NamedTuple):
 class Eligible(NamedTuple):
     """A (run, step) with queued units, as a worker decides whether it can run them (before claiming), with the
     dispatch payload of one of them, read in the same statement: units claimed by others meanwhile cannot
-    leave the step without one (the race of issue 40, in which a worker refused a step it could run)."""
+    leave the step without one (the race of issue 40, in which a worker refused a step it could run); and the
+    run's frozen plan and its hash, unless the worker said it has the plan already (`eligible_work(known=...)`)."""
 
     run_id: str
     step_id: str | None
     scope_key: str
     queued: int
     payload: str | None = None
+    plan_json: str | None = None
+    plan_hash: str | None = None
 
 
 class _ToQueue(NamedTuple):
@@ -345,20 +350,27 @@ def _queue_one(db: Journal, t: _ToQueue) -> Queued:
     return Queued("queued", "queued", wake=True)
 
 
-def eligible_work(db: Journal, kinds: Sequence[str]) -> list[Eligible]:
+def eligible_work(db: Journal, kinds: Sequence[str], known: Collection[str] = ()) -> list[Eligible]:
     """The (run, step) pairs of drivable runs with queued units a worker of these `kinds` could claim, each with
-    one of those units' dispatch payload (see `Eligible`)."""
+    one of those units' dispatch payload and, for the runs not in `known`, the run's frozen plan (see `Eligible`):
+    a worker's first claim of a run reads it here instead of in round trips of its own."""
     if not kinds:
         return []
     marks = ",".join("?" * len(kinds))
+    runs = sorted(known)
+    plan = f"CASE WHEN r.id IN ({','.join('?' * len(runs))}) THEN NULL ELSE r.plan_json END" if runs else "r.plan_json"
     rows = db.query(
-        "SELECT u.run_id, u.step_id, r.scope_key, COUNT(*) AS n, MIN(u.dispatch_json) AS payload FROM units u "
+        f"SELECT r.id AS run_id, u.step_id, r.scope_key, COUNT(*) AS n, MIN(u.dispatch_json) AS payload, "
+        f"{plan} AS plan_json, r.plan_hash FROM units u "
         f"JOIN runs r ON r.id = u.run_id WHERE u.status = 'queued' AND u.runner IN ({marks}) "
         f"AND r.status IN {_DRIVABLE_SQL} "
-        "GROUP BY u.run_id, u.step_id, r.scope_key ORDER BY MIN(u.queued_at), u.run_id",
-        tuple(kinds),
+        "GROUP BY r.id, u.step_id ORDER BY MIN(u.queued_at), r.id",
+        (*runs, *kinds),
     )
-    return [Eligible(r["run_id"], r["step_id"], r["scope_key"], int(r["n"]), r["payload"]) for r in rows]
+    return [
+        Eligible(r["run_id"], r["step_id"], r["scope_key"], int(r["n"]), r["payload"], r["plan_json"], r["plan_hash"])
+        for r in rows
+    ]
 
 
 def claim_units(
@@ -385,15 +397,17 @@ def claim_work(
     host: str,
     pid: int | None,
     limit: int,
+    ahead: int = 0,
 ) -> list[Claim]:
-    """Claim up to `limit` queued units of the (run, step) `targets` for `holder`, oldest queued first.
+    """Claim up to `limit` queued units of the (run, step) `targets` for `holder`, oldest queued first, and up to
+    `ahead` more while each leaves another unit queued (`take_ahead`).
 
     The run row is locked first (as every unit write does), so a claim cannot slip in after an abandon
     commits; rows another claimer holds are skipped, not waited for. Each claim writes
     `workflow_unit_started` (with the host) in the same transaction. On PostgreSQL one statement claims over
     every target (`hotpath.claim_units`); elsewhere one transaction per target, until `limit` is reached.
     """
-    if limit <= 0 or not kinds or not targets:
+    if limit + ahead <= 0 or not kinds or not targets:
         return []
     hot = _pg(db)
     if hot is not None:
@@ -407,14 +421,24 @@ def claim_work(
             ttl_s=claim_ttl_s(),
             limit=limit,
             meta_tail=_started_tail(host, holder),
+            ahead=ahead,
         )
         return [_claim_of(r) for r in rows]
     claims: list[Claim] = []
     for run_id, step_id in targets:
-        if len(claims) >= limit:
+        if len(claims) >= limit + ahead:
             break
-        claims += _claim_step(db, run_id, step_id, kinds, holder, host, pid, limit - len(claims))
+        now_n = max(0, limit - len(claims))
+        claims += _claim_step(db, run_id, step_id, kinds, holder, host, pid, now_n, limit + ahead - len(claims) - now_n)
     return claims
+
+
+def take_ahead(found: int, now: int, ahead: int) -> int:
+    """How many of the `found` queued units (picked oldest first, at most `now + ahead + 1` when `ahead`) a claim
+    takes: the `now` ones the claimer runs at once, and each of the `ahead` ones it would hold for later only while
+    another unit stays queued behind it — a worker claiming ahead never takes the last queued unit from a worker
+    that is idle now (issue 40: in a step narrower than its workers' slots the queue holds few units)."""
+    return min(found, max(now, min(now + ahead, found - 1)))
 
 
 def _claim_step(
@@ -426,8 +450,10 @@ def _claim_step(
     host: str,
     pid: int | None,
     limit: int,
+    ahead: int = 0,
 ) -> list[Claim]:
-    """Claim up to `limit` queued units of one step, in one transaction of several statements."""
+    """Claim up to `limit` queued units of one step, and `ahead` more (`take_ahead`), in one transaction of several
+    statements."""
     marks = ",".join("?" * len(kinds))
     ttl = claim_ttl_s()
     with db.tx() as conn:
@@ -439,8 +465,9 @@ def _claim_step(
             "SELECT unit_id FROM units WHERE run_id = ? AND step_id "
             f"{db.dialect.null_eq} ? AND status = 'queued' AND runner IN ({marks}) "
             f"ORDER BY queued_at, unit_id LIMIT ?{db.dialect.skip_locked}",
-            (run_id, step_id, *kinds, limit),
+            (run_id, step_id, *kinds, limit + ahead + (1 if ahead else 0)),
         ).fetchall()
+        picked = picked[: take_ahead(len(picked), limit, ahead)]
         if not picked:
             return []
         now = db.now()
@@ -492,9 +519,13 @@ def finish_claimed(
     truncated: bool = False,
     usage: dict[str, Any] | None = None,
     cost: float | None = None,
+    started_at: str | None = None,
 ) -> str:
     """Record a worker's outcome of its claim: "finished", or "superseded" (nothing written) when the row is
     no longer this claim's (re-queued after the claim expired, re-claimed, or finished by someone else).
+
+    `started_at`: when the unit really started, where that is later than its claim (a unit claimed ahead waited
+    in its slot: `started_later`); the row's start stamp becomes it, so the wait is not shown as run time.
 
     A unit of a run abandoned meanwhile ends `failed` (`abandoned`) without its result, as a driver's does.
     On PostgreSQL the same statement wakes the coordinator (`RUN_CHANNEL`; see `finish_notifies`).
@@ -506,7 +537,18 @@ def finish_claimed(
         written = hot.finish_claimed(
             db,
             _claim_finish(
-                hot, claim, holder, status, result_json, tokens, failure_reason, session_id, truncated, usage, cost
+                hot,
+                claim,
+                holder,
+                status,
+                result_json,
+                tokens,
+                failure_reason,
+                session_id,
+                truncated,
+                usage,
+                cost,
+                started_at,
             ),
         )
         return "finished" if written else "superseded"
@@ -518,9 +560,9 @@ def finish_claimed(
         now = db.now()
         cur = conn.execute(
             "UPDATE units SET status = ?, result_json = ?, tokens = ?, cost = ?, failure_reason = ?, session_id = ?, "
-            "truncated = ?, finished_at = ?, claim_holder = NULL, claim_pid = NULL, claim_expires_at = NULL, "
-            "claim_host = NULL WHERE run_id = ? AND unit_id = ? AND status = 'running' AND claim_holder = ? "
-            "AND attempts = ?",
+            "truncated = ?, started_at = coalesce(?, started_at), finished_at = ?, claim_holder = NULL, "
+            "claim_pid = NULL, claim_expires_at = NULL, claim_host = NULL WHERE run_id = ? AND unit_id = ? "
+            "AND status = 'running' AND claim_holder = ? AND attempts = ?",
             (
                 status,
                 result_json,
@@ -529,6 +571,7 @@ def finish_claimed(
                 failure_reason,
                 session_id,
                 int(bool(truncated)),
+                started_at,
                 now,
                 claim.run_id,
                 claim.unit_id,
@@ -567,20 +610,23 @@ def finish_and_claim(
     truncated: bool = False,
     usage: dict[str, Any] | None = None,
     cost: float | None = None,
+    started_at: str | None = None,
     targets: Sequence[tuple[str, str | None]],
     kinds: Sequence[str],
     host: str,
     pid: int | None,
     limit: int,
+    ahead: int = 0,
 ) -> tuple[str, list[Claim]]:
-    """`finish_claimed`, then `claim_work` for up to `limit` units of `targets`: a worker's slot records its
-    outcome and takes its next unit. Each keeps its own rules (a claim does not depend on the finish: the slot is
-    free either way). On PostgreSQL one statement does both (`hotpath.finish_and_claim`), one round trip instead
-    of two; elsewhere they are two transactions, one after the other."""
+    """`finish_claimed`, then `claim_work` for up to `limit` units of `targets` and `ahead` more: a worker's slot
+    records its outcome and takes its next unit, and maybe one to hold ahead (`take_ahead`). Each keeps its own
+    rules (a claim does not depend on the finish: the slot is free either way). On PostgreSQL one statement does
+    both (`hotpath.finish_and_claim`), one round trip instead of two; elsewhere they are two transactions, one
+    after the other."""
     if status not in ("completed", "failed"):
         raise ValueError(f"finish_and_claim status must be completed or failed, not {status!r}")
     hot = _pg(db)
-    if hot is None or limit <= 0 or not kinds or not targets:
+    if hot is None or limit + ahead <= 0 or not kinds or not targets:
         written = finish_claimed(
             db,
             claim,
@@ -593,12 +639,27 @@ def finish_and_claim(
             truncated=truncated,
             usage=usage,
             cost=cost,
+            started_at=started_at,
         )
-        return written, claim_work(db, targets=targets, kinds=kinds, holder=holder, host=host, pid=pid, limit=limit)
+        claims = claim_work(
+            db, targets=targets, kinds=kinds, holder=holder, host=host, pid=pid, limit=limit, ahead=ahead
+        )
+        return written, claims
     done = hot.finish_and_claim(
         db,
         _claim_finish(
-            hot, claim, holder, status, result_json, tokens, failure_reason, session_id, truncated, usage, cost
+            hot,
+            claim,
+            holder,
+            status,
+            result_json,
+            tokens,
+            failure_reason,
+            session_id,
+            truncated,
+            usage,
+            cost,
+            started_at,
         ),
         targets=targets,
         kinds=kinds,
@@ -606,6 +667,7 @@ def finish_and_claim(
         pid=pid,
         ttl_s=claim_ttl_s(),
         limit=limit,
+        ahead=ahead,
         meta_tail=_started_tail(host, holder),
     )
     return "finished" if done.finished else "superseded", [_claim_of(r) for r in done.claimed]
@@ -623,6 +685,7 @@ def _claim_finish(
     truncated: bool,
     usage: dict[str, Any] | None,
     cost: float | None,
+    started_at: str | None,
 ) -> Any:
     """The one-statement finish of `claim` (`hotpath.ClaimFinish`) with both events it may append: the outcome's,
     and the `abandoned` one written instead when the run was abandoned meanwhile."""
@@ -650,10 +713,18 @@ def _claim_finish(
         failure_reason=failure_reason,
         session_id=session_id,
         truncated=truncated,
+        started_at=started_at,
         meta=finish.meta(claim.step_id),
         meta_abandoned=gone.meta(claim.step_id),
         channel=RUN_CHANNEL,
     )
+
+
+def started_later(claim: Claim, waited_s: float) -> str:
+    """The claim's start stamp moved on by `waited_s`, on the journal's clock: when a unit claimed ahead
+    (`akm.worker.loop`) really started, for `finish_claimed(started_at=...)`. Derived from the stamp the claim
+    statement took, not read again (on PostgreSQL each clock read is a round trip)."""
+    return format_iso(parse_iso(claim.started_at) + timedelta(seconds=max(0.0, waited_s)))
 
 
 def _started_tail(host: str, holder: str) -> str:

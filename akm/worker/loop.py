@@ -34,6 +34,7 @@ from akm.engine.attempt import AttemptSpec, EnvBindingError, StepAttempts, Workt
 from akm.engine.cancel import Cancellation
 from akm.engine.fencing import WATCH_EVERY_S, stop_margin
 from akm.engine.reduce import UnitOutcome, storable
+from akm.engine.state import decode_plan, load_run
 from akm.errors import JournalError
 from akm.ids import uuid4
 from akm.plan.model import Plan
@@ -43,6 +44,11 @@ from akm.store.journal import Journal
 from akm.worker import workspace
 
 DEFAULT_KINDS = ("exec", "llm", "agent")
+# A slot claims its next unit ahead (so that it starts it without waiting for a round trip) only after a unit that
+# ran shorter than AHEAD_AFTER_S, and gives it back unrun when its own unit has not ended within AHEAD_HOLD_S:
+# an agent's unit runs for minutes, and the unit behind it must not wait there while other workers idle.
+AHEAD_AFTER_S = 1.0
+AHEAD_HOLD_S = 1.0
 SWEEP_EVERY_S = 2.0
 VERDICT_TTL_S = 10.0  # how long a decision "can / cannot run this step here" is trusted
 
@@ -109,6 +115,21 @@ class _InFlight:
         self.lost = False  # the claim is no longer ours (heartbeat): write nothing
         self.fenced = False  # stopped by the watchdog before its claim could lapse: give it back, finish nothing
         self.renewed_at = sent  # when the claim or its last successful renewal was sent (monotonic)
+        self.answered_at = time.monotonic()  # when the claim's answer came: a unit claimed ahead waits from here
+        self.taken = threading.Event()  # claimed ahead: its slot took it (to run it or give it back)
+        self.started_at: str | None = None  # claimed ahead: when it really started (its finish moves the stamp)
+
+
+class _Slot:
+    """One of a worker's `concurrency` places to run units (issue 40, "waits overlap"): the unit claimed ahead
+    for it, which it starts the moment its unit ends while that one's finish is written behind it, and the helper
+    threads that write those finishes and time the claim ahead out."""
+
+    def __init__(self) -> None:
+        self.ahead: _InFlight | None = None  # claimed ahead, not started: the slot or its give-back timer takes it
+        self.answered = threading.Event()  # set: no finish of the slot's is in flight (one may bring `ahead`)
+        self.answered.set()
+        self.helpers: list[threading.Thread] = []
 
 
 class Worker:
@@ -140,7 +161,8 @@ class Worker:
         # (run, step) -> (refusal or None, when decided): decided again after VERDICT_TTL_S, or at once when
         # the checkout's commit changed (a `git pull` may cure a refusal, or void an approval).
         self._verdicts: dict[tuple[str, str | None], tuple[str | None, float]] = {}
-        self._flying: dict[tuple[str, str], _InFlight] = {}
+        self._flying: dict[tuple[str, str], _InFlight] = {}  # every claim held: running, finishing, or ahead
+        self._slots = 0  # slot threads alive: at most `concurrency`, each running at most one unit at a time
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._hinted = threading.Event()  # units were queued since the queue was last listed (PostgreSQL)
@@ -175,8 +197,10 @@ class Worker:
                     last_sweep = now
                     self._sweep()
                 got = self._claim_some()
+                with self._lock:
+                    self._slots += len(got)
                 for claim in got:
-                    t = threading.Thread(target=self._run_claim, args=(claim,), name=f"akm-work-{claim.unit_id}")
+                    t = threading.Thread(target=self._run_slot, args=(claim,), name=f"akm-work-{claim.unit_id}")
                     t.daemon = True
                     threads.append(t)
                     t.start()
@@ -229,7 +253,7 @@ class Worker:
         units may have been queued elsewhere (a wake-up from the coordinator, a poll interval gone by, or no
         such pair at all), from the pairs the queue lists now, once each passed the workspace check."""
         with self._lock:
-            free = self.opts.concurrency - len(self._flying)
+            free = self.opts.concurrency - self._slots
         if free <= 0 or not self.kinds:
             return []
         known = self._approved()
@@ -242,7 +266,7 @@ class Worker:
         self._hinted.clear()
         self._listed_at = now
         try:
-            work = queue_store.eligible_work(self.db, self.kinds)
+            work = queue_store.eligible_work(self.db, self.kinds, known=set(self._plans))
         except Exception as exc:
             self._tell(WorkerEvent("error", detail=f"reading the queue failed: {exc}"))
             return got
@@ -305,7 +329,7 @@ class Worker:
         if known is not None and time.monotonic() - known[1] < VERDICT_TTL_S:
             return known[0]
         try:
-            plan = self._plan(e.run_id)
+            plan = self._plan(e.run_id, e)
             reason = workspace.refusal(
                 plan=plan,
                 step_id=e.step_id,
@@ -329,26 +353,46 @@ class Worker:
             self._tell(WorkerEvent("refused", e.run_id, step_id=e.step_id, detail=reason))
         return reason
 
-    def _plan(self, run_id: str) -> Plan:
+    def _plan(self, run_id: str, listed: queue_store.Eligible | None = None) -> Plan:
+        """The run's frozen plan (checked against its hash), decoded once per run: from the listing that named the
+        run (`eligible_work` sends it for runs this worker has not decoded), else read from the journal."""
         plan = self._plans.get(run_id)
         if plan is None:
-            from akm.engine.state import load_run
-
-            plan = self._plans[run_id] = load_run(self.db, run_id).plan
+            if listed is not None and listed.plan_json is not None:
+                plan = decode_plan(run_id, listed.plan_json, listed.plan_hash)
+            else:
+                plan = load_run(self.db, run_id).plan
+            self._plans[run_id] = plan
         return plan
 
-    # ------------------------------------------------------------ one claim
-    def _run_claim(self, claim: queue_store.Claim) -> None:
-        """Run the claim, then each next unit its slot took with its finish (`_finish`), on this one thread."""
+    # ------------------------------------------------------------ one slot
+    def _run_slot(self, claim: queue_store.Claim) -> None:
+        """One of the worker's `concurrency` slots, on this one thread: run the claim, then each next unit the slot
+        took with a finish (`_finish`) or claimed ahead (`_Slot`), until none is left; then free the slot."""
+        slot = _Slot()
         nxt: queue_store.Claim | None = claim
-        while nxt is not None:
-            nxt = self._run_one(nxt)
+        try:
+            while nxt is not None:
+                nxt = self._run_one(slot, nxt)
+                if nxt is None:  # nothing taken with a finish: the unit claimed ahead, if any
+                    nxt = self._take_ahead(slot)
+        finally:
+            left = self._pop_ahead(slot)  # a slot that leaves (an error, say) runs nothing more
+            if left is not None:
+                self._not_started(left)
+            for helper in slot.helpers:
+                helper.join()
+            with self._lock:
+                self._slots -= 1
+            self._wake.set()  # a free slot: the loop claims for it
 
-    def _run_one(self, claim: queue_store.Claim) -> queue_store.Claim | None:
+    def _run_one(self, slot: _Slot, claim: queue_store.Claim) -> queue_store.Claim | None:
+        """Run one claimed unit and journal its outcome; the slot's next unit, when its finish took one."""
         key = (claim.run_id, claim.unit_id)
-        nxt: queue_store.Claim | None = None
         with self._lock:
             flying = self._flying[key]
+        began = time.monotonic()
+        finishing = False
         try:
             if self.opts.cancel.tripped:  # the worker stops: a unit not started yet goes back (claimed with a finish)
                 self._give_back(claim)
@@ -369,6 +413,7 @@ class Worker:
                     failure_reason="dispatch_error",
                     error=f"unit {claim.unit_id} failed inside the worker before it produced a result: {exc}",
                 )
+            short = time.monotonic() - began < AHEAD_AFTER_S
             if flying.lost:
                 self.summary.rejected += 1
                 self._tell(
@@ -385,15 +430,15 @@ class Worker:
             if flying.stop.is_set() and self.opts.cancel.tripped and not outcome.ok:  # a result in hand is kept
                 self._give_back(claim)
                 return None
-            nxt = self._finish(claim, outcome)
+            finishing = True
+            return self._finish(slot, flying, outcome, short)
         except Exception as exc:
             self._tell(WorkerEvent("error", claim.run_id, claim.unit_id, claim.step_id, detail=str(exc)))
+            return None
         finally:
-            with self._lock:
-                self._flying.pop(key, None)
-            if nxt is None:
-                self._wake.set()  # a free slot: the loop claims for it
-        return nxt
+            if not finishing:
+                with self._lock:
+                    self._flying.pop(key, None)
 
     def _give_back(self, claim: queue_store.Claim) -> bool:
         """Release the claim unrun (back to the queue, counted and told); False when it is not this worker's any
@@ -404,40 +449,88 @@ class Worker:
         self._tell(WorkerEvent("released", claim.run_id, claim.unit_id, claim.step_id))
         return True
 
-    def _finish(self, claim: queue_store.Claim, outcome: UnitOutcome) -> queue_store.Claim | None:
-        """Journal the outcome, fenced; and, in the same round trip, claim the slot's next unit from the (run, step)
-        pairs this host was found able to run (None: none claimed, the loop lists and claims for the slot)."""
-        outcome, result_json = storable(outcome, claim.unit_id)
-        fields: dict[str, Any] = dict(
-            status="completed" if outcome.ok else "failed",
-            result_json=result_json,
-            tokens=outcome.tokens,
-            failure_reason=None if outcome.ok else outcome.failure_reason,
-            session_id=outcome.session_id,
-            truncated=outcome.truncated,
-            usage=outcome.usage,
-            cost=outcome.cost,
-        )
-        targets = [] if self.opts.cancel.tripped else self._approved()
-        nxt: queue_store.Claim | None = None
-        if targets:
-            sent = time.monotonic()
-            written, claims = queue_store.finish_and_claim(
-                self.db,
-                claim,
-                self.holder,
-                **fields,
-                targets=targets,
-                kinds=self.kinds,
-                host=self.host,
-                pid=self.pid,
-                limit=1,
+    def _finish(self, slot: _Slot, flying: _InFlight, outcome: UnitOutcome, short: bool) -> queue_store.Claim | None:
+        """Journal the outcome, fenced, and return the slot's next unit, if any.
+
+        When a unit claimed ahead waits in the slot, it is the next one, started at once, and this finish is
+        written behind it on a helper thread, with the claim of the unit after it when this one was short (the
+        slot then never waits for a round trip between units). Otherwise the finish is written now, claiming in
+        the same round trip the slot's next unit, plus one more ahead after a short unit (issue 40)."""
+        ahead = self._take_ahead(slot)
+        more = short and not self.opts.cancel.tripped
+        if ahead is not None:
+            slot.answered.clear()
+            helper = threading.Thread(
+                target=self._finish_behind,
+                args=(slot, flying, outcome, more),
+                name=f"akm-finish-{flying.claim.unit_id}",
+                daemon=True,
             )
-            if claims:
-                nxt = claims[0]
-                self._took(claims, sent)  # in flight before this one leaves: the loop sees no free slot
-        else:
-            written = queue_store.finish_claimed(self.db, claim, self.holder, **fields)
+            slot.helpers = [t for t in slot.helpers if t.is_alive()] + [helper]
+            helper.start()
+            return ahead
+        claims = self._write_finish(flying, outcome, 1, 1 if more else 0)
+        held = self._hold(slot, claims[1]) if len(claims) > 1 else None
+        if held is not None:  # its give-back timer waits on a helper thread of the slot
+            waiter = threading.Thread(target=self._hold_or_give_back, args=(slot, held), name="akm-ahead", daemon=True)
+            slot.helpers = [t for t in slot.helpers if t.is_alive()] + [waiter]
+            waiter.start()
+        return claims[0] if claims else None
+
+    def _finish_behind(self, slot: _Slot, flying: _InFlight, outcome: UnitOutcome, more: bool) -> None:
+        """`_finish` on a helper thread while the slot runs its next unit: the claim it takes waits in the slot."""
+        claims: list[queue_store.Claim] = []
+        try:
+            claims = self._write_finish(flying, outcome, 0, 1 if more else 0)
+        except Exception as exc:
+            c = flying.claim
+            self._tell(WorkerEvent("error", c.run_id, c.unit_id, c.step_id, detail=str(exc)))
+        finally:
+            held = self._hold(slot, claims[0]) if claims else None  # in the slot before it may look
+            slot.answered.set()
+        if held is not None:
+            self._hold_or_give_back(slot, held)
+
+    def _write_finish(self, flying: _InFlight, outcome: UnitOutcome, limit: int, ahead: int) -> list[queue_store.Claim]:
+        """Write the finish of `flying`'s claim and, in the same round trip, claim up to `limit` units from the
+        (run, step) pairs this host was found able to run (none: the loop lists and claims for the slot), and `ahead`
+        more to hold, each only while another unit stays queued for other workers (`queue.take_ahead`)."""
+        claim = flying.claim
+        try:
+            outcome, result_json = storable(outcome, claim.unit_id)
+            fields: dict[str, Any] = dict(
+                status="completed" if outcome.ok else "failed",
+                result_json=result_json,
+                tokens=outcome.tokens,
+                failure_reason=None if outcome.ok else outcome.failure_reason,
+                session_id=outcome.session_id,
+                truncated=outcome.truncated,
+                usage=outcome.usage,
+                cost=outcome.cost,
+                started_at=flying.started_at,
+            )
+            targets = [] if self.opts.cancel.tripped or limit + ahead <= 0 else self._approved()
+            claims: list[queue_store.Claim] = []
+            if targets:
+                sent = time.monotonic()
+                written, claims = queue_store.finish_and_claim(
+                    self.db,
+                    claim,
+                    self.holder,
+                    **fields,
+                    targets=targets,
+                    kinds=self.kinds,
+                    host=self.host,
+                    pid=self.pid,
+                    limit=limit,
+                    ahead=ahead,
+                )
+                self._took(claims, sent)  # in flight before this one leaves
+            else:
+                written = queue_store.finish_claimed(self.db, claim, self.holder, **fields)
+        finally:
+            with self._lock:
+                self._flying.pop((claim.run_id, claim.unit_id), None)
         if written == "finished":
             if self._notifier is not None and not queue_store.finish_notifies(self.db):
                 self._notifier.notify(claim.run_id)  # the coordinator reads the row now, not at its next poll
@@ -455,7 +548,76 @@ class Worker:
                     detail="its claim lapsed and the unit was claimed again meanwhile; this result was not journaled",
                 )
             )
-        return nxt
+        return claims
+
+    # ------------------------------------------------------------ a unit claimed ahead
+    def _hold(self, slot: _Slot, claim: queue_store.Claim) -> _InFlight | None:
+        """Put `claim` in the slot as its next unit (None: it is not in flight any more); the caller then waits
+        for the slot to take it (`_hold_or_give_back`)."""
+        with self._lock:
+            flying = self._flying.get((claim.run_id, claim.unit_id))
+            if flying is not None:
+                slot.ahead = flying
+        return flying
+
+    def _hold_or_give_back(self, slot: _Slot, flying: _InFlight) -> None:
+        """Give the unit claimed ahead back unrun when the slot has not taken it within AHEAD_HOLD_S (the slot's
+        unit turned out long: another worker may be idle meanwhile)."""
+        flying.taken.wait(AHEAD_HOLD_S)
+        with self._lock:
+            mine = slot.ahead is flying  # else the slot took it first
+            if mine:
+                slot.ahead = None
+        if mine:
+            self._not_started(flying)
+            self._wake.set()  # it is back in the queue: the loop may claim it for a free slot
+
+    def _pop_ahead(self, slot: _Slot) -> _InFlight | None:
+        """Take the unit claimed ahead out of the slot, after the slot's finish in flight answered (it may bring
+        one). The give-back timer and the slot race for it under the lock: exactly one of them gets it."""
+        slot.answered.wait()
+        with self._lock:
+            flying = slot.ahead
+            slot.ahead = None
+        if flying is not None:
+            flying.taken.set()
+        return flying
+
+    def _take_ahead(self, slot: _Slot) -> queue_store.Claim | None:
+        """The unit claimed ahead for the slot, ready to run — its start stamp moved on by its wait in the slot
+        (`queue.started_later`: the wait is not shown as its run time) —, or None; one that may not run (lost,
+        fenced or about to be, its run ended, its step refused here since, the worker stopping) is given back
+        instead."""
+        flying = self._pop_ahead(slot)
+        if flying is None:
+            return None
+        verdict = self._verdicts.get((flying.claim.run_id, flying.claim.step_id))
+        refused = verdict is not None and verdict[0] is not None
+        # overdue: the watchdog's own rule, checked here too: after a freeze (SIGSTOP) the slot may look before it
+        overdue = time.monotonic() - flying.renewed_at > self.ttl - stop_margin(self.ttl)
+        if refused or overdue or flying.lost or flying.fenced or flying.stop.is_set() or self.opts.cancel.tripped:
+            self._not_started(flying)
+            return None
+        with self._lock:
+            flying.started_at = queue_store.started_later(flying.claim, time.monotonic() - flying.answered_at)
+            flying.claim = flying.claim._replace(started_at=flying.started_at)
+        return flying.claim
+
+    def _not_started(self, flying: _InFlight) -> None:
+        """A claim the slot will not run: given back; when it is not ours any more nothing is written, and it counts
+        as rejected (each claim ends finished, rejected or released)."""
+        c = flying.claim
+        try:
+            if flying.lost or not self._give_back(c):
+                self.summary.rejected += 1
+                self._tell(WorkerEvent("rejected", c.run_id, c.unit_id, c.step_id, detail="its claim lapsed unstarted"))
+        except Exception as exc:
+            self._tell(
+                WorkerEvent("error", c.run_id, c.unit_id, c.step_id, detail=f"giving its claim back failed: {exc}")
+            )
+        finally:
+            with self._lock:
+                self._flying.pop((c.run_id, c.unit_id), None)
 
     def _execute(self, claim: queue_store.Claim, stop: threading.Event) -> UnitOutcome:
         """Run the claimed attempt as its driver would have run it (`akm.engine.attempt`)."""

@@ -182,6 +182,25 @@ def _apply_settings(con: Any, search_path: str | None = None) -> None:
     con.execute_simple(f"SELECT {calls}")
 
 
+TIMESTAMPTZ_OID = 1184
+
+
+def stamp_in(text: str) -> str:
+    """A `timestamptz` as the server sends it to akm's sessions (TimeZone UTC, DateStyle ISO: `2026-12-07
+    09:51:22.123+00`, the fraction optional) in the journal's format (`akm.store.clock.format_iso`: milliseconds,
+    truncated), without the datetime pg8000 would parse it into only for akm to format it back — the rows a
+    coordinator and its workers read carry several stamps each. Anything else goes the long way."""
+    if len(text) >= 22 and text[10] == " " and text[13] == ":" and text.endswith("+00"):
+        fraction = text[20:-3] if text[19] == "." else ""
+        return f"{text[:10]}T{text[11:19]}.{(fraction + '000')[:3]}Z"
+    from pg8000.converters import timestamptz_in
+
+    from akm.store.clock import format_iso
+
+    parsed = timestamptz_in(text)
+    return parsed if isinstance(parsed, str) else format_iso(parsed)
+
+
 def _socket_options(sock: Any) -> None:
     """No Nagle delay, TCP keepalives and a user timeout on the client's socket (where the OS has them).
 
@@ -260,6 +279,7 @@ def connect(target: Target, timeout: float | None = None, *, role: str = "akm", 
         ) from None
     try:
         _socket_options(con._usock)
+        con.register_in_adapter(TIMESTAMPTZ_OID, stamp_in)
         _apply_settings(con, search_path)
         con._usock.settimeout(read_timeout)
     except Exception as exc:

@@ -122,6 +122,17 @@ def queue_units(
     return QueueAnswer(db.execute(QUEUE_UNITS, (run_id, holder, epoch, rows_json(rows), channel)).fetchall())
 
 
+# Which picked units a claim takes (`queue.take_ahead`): `pick` holds up to limit + ahead (+ 1 when ahead) queued
+# units, oldest first; the first `limit` (the bound parameter) are taken, each further one only while one picked
+# after it stays queued. Ends open: the statement closes the CTE's parenthesis.
+_TAKE = """take AS MATERIALIZED (
+    SELECT p.run_id, p.unit_id FROM (
+        SELECT pick.run_id, pick.unit_id, row_number() OVER (ORDER BY u.queued_at, u.unit_id) AS rn,
+            count(*) OVER () AS found
+        FROM pick JOIN units u ON u.run_id = pick.run_id AND u.unit_id = pick.unit_id
+    ) AS p WHERE p.rn <= ?::int OR p.rn < p.found"""
+
+
 CLAIM_UNITS = f"""
 WITH tgt AS MATERIALIZED (
     SELECT * FROM json_to_recordset(?::json) AS t(run_id text, step_id text)
@@ -137,11 +148,12 @@ WITH tgt AS MATERIALIZED (
     WHERE u.status = 'queued' AND u.run_id IN (SELECT id FROM live) AND u.runner IN (SELECT runner FROM kinds)
       AND EXISTS (SELECT 1 FROM tgt WHERE tgt.run_id = u.run_id AND tgt.step_id IS NOT DISTINCT FROM u.step_id)
     ORDER BY u.queued_at, u.unit_id LIMIT ?::int FOR UPDATE OF u SKIP LOCKED
+), {_TAKE}
 ), upd AS (
     UPDATE units u SET status = 'running', attempts = u.attempts + 1, claim_holder = ?, claim_host = ?,
         claim_pid = ?::int, claim_expires_at = clk.now + make_interval(secs => ?::float8), started_at = clk.now,
-        last_checkin_at = clk.now, host = $5
-    FROM pick, clk
+        last_checkin_at = clk.now, host = $6
+    FROM take AS pick, clk
     WHERE u.run_id = pick.run_id AND u.unit_id = pick.unit_id AND u.status = 'queued'
     RETURNING u.run_id, u.unit_id, u.step_id, u.runner, u.engine, u.model, u.input_hash, u.dispatch_json,
         u.attempts, u.started_at, u.queued_at
@@ -170,11 +182,14 @@ def claim_units(
     ttl_s: float,
     limit: int,
     meta_tail: str,
+    ahead: int = 0,
 ) -> list[Any]:
     """One statement: claim up to `limit` queued units of `kinds` over the (run, step) `targets`, oldest queued
-    first, skipping rows other claimers hold; the claimed rows (`meta_tail` ends each started event's metadata)."""
+    first, skipping rows other claimers hold, and up to `ahead` more (`queue.take_ahead`); the claimed rows
+    (`meta_tail` ends each started event's metadata)."""
     tgt = rows_json([{"run_id": r, "step_id": s} for r, s in targets])
-    params = (tgt, json.dumps(list(kinds)), limit, holder, host, pid, ttl_s, meta_tail)
+    picked = limit + ahead + (1 if ahead else 0)
+    params = (tgt, json.dumps(list(kinds)), picked, limit, holder, host, pid, ttl_s, meta_tail)
     claimed: list[Any] = db.execute(CLAIM_UNITS, params).fetchall()
     return claimed
 
@@ -182,11 +197,12 @@ def claim_units(
 def _finish_the_claim(run: str) -> str:
     """The UPDATE both one-statement finishes share: the claim's row takes its outcome (or `abandoned` when `run`,
     a CTE, says the run was abandoned), fenced by holder and attempt; binds status, result, tokens, cost, reason,
-    session, truncated, then unit, holder, attempt (`ClaimFinish.row_params` after the run id `run` names)."""
+    session, truncated, the start stamp (None: the claim's), then unit, holder, attempt (`ClaimFinish.row_params` after the run id `run` names)."""
     return f"""UPDATE units u SET status = CASE WHEN run.gone THEN 'failed' ELSE ? END,
         result_json = CASE WHEN run.gone THEN NULL ELSE ? END, tokens = ?::bigint, cost = ?::float8,
         failure_reason = CASE WHEN run.gone THEN 'abandoned' ELSE ? END, session_id = ?,
-        truncated = CASE WHEN run.gone THEN 0 ELSE ?::int END, finished_at = clk.now, claim_holder = NULL,
+        truncated = CASE WHEN run.gone THEN 0 ELSE ?::int END, started_at = coalesce(?::timestamptz, u.started_at),
+        finished_at = clk.now, claim_holder = NULL,
         claim_pid = NULL, claim_expires_at = NULL, claim_host = NULL
     FROM run, clk
     WHERE u.run_id = {run} AND u.unit_id = ? AND u.status = 'running' AND u.claim_holder = ? AND u.attempts = ?::int
@@ -228,6 +244,7 @@ class ClaimFinish(NamedTuple):
     failure_reason: str | None
     session_id: str | None
     truncated: bool
+    started_at: str | None  # when the unit really started, if later than its claim (claimed ahead); None: the claim's
     meta: str
     meta_abandoned: str
     channel: str
@@ -243,6 +260,7 @@ class ClaimFinish(NamedTuple):
             self.failure_reason,
             self.session_id,
             int(bool(self.truncated)),
+            self.started_at,
             self.unit_id,
             self.holder,
             self.token,
@@ -276,11 +294,12 @@ WITH tgt AS MATERIALIZED (
       AND u.run_id IN (SELECT id FROM locked WHERE status IN {_DRIVABLE})
       AND EXISTS (SELECT 1 FROM tgt WHERE tgt.run_id = u.run_id AND tgt.step_id IS NOT DISTINCT FROM u.step_id)
     ORDER BY u.queued_at, u.unit_id LIMIT ?::int FOR UPDATE OF u SKIP LOCKED
+), {_TAKE}
 ), upd AS (
-    UPDATE units u SET status = 'running', attempts = u.attempts + 1, claim_holder = $12, claim_host = ?,
+    UPDATE units u SET status = 'running', attempts = u.attempts + 1, claim_holder = $13, claim_host = ?,
         claim_pid = ?::int, claim_expires_at = clk.now + make_interval(secs => ?::float8), started_at = clk.now,
-        last_checkin_at = clk.now, host = $15
-    FROM pick, clk
+        last_checkin_at = clk.now, host = $17
+    FROM take AS pick, clk
     WHERE u.run_id = pick.run_id AND u.unit_id = pick.unit_id AND u.status = 'queued'
     RETURNING u.run_id, u.unit_id, u.step_id, u.runner, u.engine, u.model, u.input_hash, u.dispatch_json,
         u.attempts, u.started_at, u.queued_at
@@ -339,16 +358,20 @@ def finish_and_claim(
     ttl_s: float,
     limit: int,
     meta_tail: str,
+    ahead: int = 0,
 ) -> FinishedAndClaimed:
     """One statement: `finish_claimed` and then `claim_units` for the slot it frees (a worker's unit finishes and
-    its next is claimed in one round trip instead of two). Both keep their rules and their lock order: the run
-    rows (the finished one's and the targets', by id), the unit rows, the event lock; the claim does not depend
-    on the finish (a superseded finish still claims: the slot is free either way)."""
+    its next is claimed in one round trip instead of two), `limit` units and up to `ahead` more under the rule of
+    `queue.take_ahead` (the statement locks one queued unit more than it may take, to see whether one stays).
+    Both keep their rules and their lock order: the run rows (the finished one's and the targets', by id), the
+    unit rows, the event lock; the claim does not depend on the finish (a superseded finish still claims: the
+    slot is free either way)."""
     tgt = rows_json([{"run_id": r, "step_id": s} for r, s in targets])
     params = (
         tgt,
         json.dumps(list(kinds)),
         *f.row_params(),
+        limit + ahead + (1 if ahead else 0),
         limit,
         host,
         pid,
