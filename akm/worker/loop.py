@@ -20,11 +20,13 @@ into a finished one (`akm.store.queue`):
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from queue import SimpleQueue
 from typing import Any
 
 from akm import paths
@@ -123,14 +125,36 @@ class _InFlight:
 
 class _Slot:
     """One of a worker's `concurrency` places to run units (issue 40, "waits overlap"): the unit claimed ahead
-    for it, which it starts the moment its unit ends while that one's finish is written behind it, and the helper
-    threads that write those finishes and time the claim ahead out."""
+    for it, which it starts the moment its unit ends while that one's finish is written behind it, and the one
+    helper thread that writes those finishes and times the claim ahead out, in the order they were asked for.
+
+    The helper lives as long as the slot: a thread started per unit cost the slot a handshake with the new
+    thread (`Thread.start` waits for it to run) between one unit's end and the next one's spawn."""
 
     def __init__(self) -> None:
         self.ahead: _InFlight | None = None  # claimed ahead, not started: the slot or its give-back timer takes it
         self.answered = threading.Event()  # set: no finish of the slot's is in flight (one may bring `ahead`)
         self.answered.set()
-        self.helpers: list[threading.Thread] = []
+        self._jobs: SimpleQueue[Callable[[], None] | None] = SimpleQueue()
+        self._helper: threading.Thread | None = None
+
+    def behind(self, job: Callable[[], None]) -> None:
+        """Have the slot's helper thread run `job` once the jobs asked for before it are done."""
+        if self._helper is None:
+            self._helper = threading.Thread(target=self._work, name="akm-slot-helper", daemon=True)
+            self._helper.start()
+        self._jobs.put(job)
+
+    def close(self) -> None:
+        """Wait for the jobs asked for, then end the helper thread."""
+        if self._helper is not None:
+            self._jobs.put(None)
+            self._helper.join()
+            self._helper = None
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job()
 
 
 class Worker:
@@ -388,8 +412,7 @@ class Worker:
             left = self._pop_ahead(slot)  # a slot that leaves (an error, say) runs nothing more
             if left is not None:
                 self._not_started(left)
-            for helper in slot.helpers:
-                helper.join()
+            slot.close()
             with self._lock:
                 self._slots -= 1
             self._wake.set()  # a free slot: the loop claims for it
@@ -468,21 +491,12 @@ class Worker:
         more = short and not self.opts.cancel.tripped
         if ahead is not None:
             slot.answered.clear()
-            helper = threading.Thread(
-                target=self._finish_behind,
-                args=(slot, flying, outcome, more),
-                name=f"akm-finish-{flying.claim.unit_id}",
-                daemon=True,
-            )
-            slot.helpers = [t for t in slot.helpers if t.is_alive()] + [helper]
-            helper.start()
+            slot.behind(functools.partial(self._finish_behind, slot, flying, outcome, more))
             return ahead
         claims = self._write_finish(flying, outcome, 1, 1 if more else 0)
         held = self._hold(slot, claims[1]) if len(claims) > 1 else None
-        if held is not None:  # its give-back timer waits on a helper thread of the slot
-            waiter = threading.Thread(target=self._hold_or_give_back, args=(slot, held), name="akm-ahead", daemon=True)
-            slot.helpers = [t for t in slot.helpers if t.is_alive()] + [waiter]
-            waiter.start()
+        if held is not None:  # its give-back timer waits on the slot's helper thread
+            slot.behind(functools.partial(self._hold_or_give_back, slot, held))
         return claims[0] if claims else None
 
     def _finish_behind(self, slot: _Slot, flying: _InFlight, outcome: UnitOutcome, more: bool) -> None:
