@@ -87,6 +87,24 @@ def test_a_worker_claims_its_free_slots_and_finishes_each_in_one_statement(pg):
     assert units.get_unit(db, RUN, got[1].unit_id).result_json is None
 
 
+def test_the_coordinators_read_of_finished_rows_is_one_statement_whatever_the_number_of_ids(pg):
+    """The ids travel as one JSON array: one statement text, so one prepared statement per connection (a text per
+    number of ids was parsed and planned anew for each, and took a slot of the connection's 256)."""
+    db, fence = pg
+    ids = [f"build.unit:{i}" for i in range(4)] + ["build.unit:nul\x00\uffff"]
+    for unit_id in ids:
+        put(db, fence, unit_id, run_id=RUN)
+    got = queue.claim_work(db, targets=[(RUN, "build")], kinds=("exec",), holder="w1", host="h", pid=None, limit=5)
+    for c in got:
+        if c.unit_id != "build.unit:0":
+            queue.finish_claimed(db, c, "w1", status="completed", result_json='"ok"', tokens=None, failure_reason=None)
+    db.conn.trace = trace = []
+    answers = [queue.finished_rows(db, RUN, ids[:n] + ["nope"]) for n in range(1, 6)]
+    assert [sorted(a) for a in answers] == [[], ids[1:2], ids[1:3], ids[1:4], ids[1:5]]
+    assert answers[-1]["build.unit:nul\x00\uffff"]["status"] == "completed"  # NUL and the escape mark, as stored
+    assert len(trace) == 5 and len(set(trace)) == 1
+
+
 def test_queue_writes_of_many_threads_go_out_together(pg):
     db, fence = pg
     n = 24

@@ -853,17 +853,25 @@ def sweep(db: Journal, host: str | None = None) -> list[tuple[str, str]]:
 
 def finished_rows(db: Journal, run_id: str, unit_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     """The rows among `unit_ids` of the run that are finished (completed or failed), by unit id."""
+    hot = _pg(db)
+    rows = hot.finished_rows(db, run_id, unit_ids) if hot is not None else _finished_rows(db, run_id, unit_ids)
+    return {r["unit_id"]: dict(zip(r.keys(), tuple(r), strict=False)) for r in rows}
+
+
+def _finished_rows(db: Journal, run_id: str, unit_ids: Sequence[str]) -> list[Any]:
+    """`finished_rows` on SQLite: the ids as placeholders, at most 500 a statement (its variable limit)."""
     ids = list(unit_ids)
-    out: dict[str, dict[str, Any]] = {}
+    out: list[Any] = []
     for start in range(0, len(ids), 500):
         chunk = ids[start : start + 500]
         marks = ",".join("?" * len(chunk))
-        for r in db.query(
-            "SELECT unit_id, status, result_json, tokens, cost, failure_reason, session_id, truncated FROM units "
-            f"WHERE run_id = ? AND unit_id IN ({marks}) AND status IN ('completed','failed')",
-            (run_id, *chunk),
-        ):
-            out[r["unit_id"]] = dict(zip(r.keys(), tuple(r), strict=False))
+        out.extend(
+            db.query(
+                "SELECT unit_id, status, result_json, tokens, cost, failure_reason, session_id, truncated FROM units "
+                f"WHERE run_id = ? AND unit_id IN ({marks}) AND status IN ('completed','failed')",
+                (run_id, *chunk),
+            )
+        )
     return out
 
 

@@ -208,7 +208,7 @@ class Worker:
         cancel.link(self._wake)
         self.db.warm(self.opts.concurrency + 2)  # its slots, its loop and its heartbeat, before the first claim
         # queued units wake us (PostgreSQL), and have the queue listed again
-        listener = self.db.listener(queue_store.WORK_CHANNEL, _Hint(self._hinted, self._wake))
+        listener = self.db.listener(queue_store.WORK_CHANNEL, _Hint(self))
         self._notifier = self.db.notifier(queue_store.RUN_CHANNEL)
         heartbeat = threading.Thread(target=self._heartbeat, name="akm-worker-heartbeat", daemon=True)
         heartbeat.start()
@@ -732,14 +732,19 @@ class Worker:
 
 
 class _Hint:
-    """What the coordinator's wake-up sets (`Journal.listener` calls `set()`): list the queue again, and wake."""
+    """What the coordinator's wake-up sets (`Journal.listener` calls `set()`): have the queue listed again, and wake
+    the loop when it has a slot to claim for. With every slot busy the loop sleeps on: the coordinator queues
+    with each finish it reads, and four workers' loops woken for each of those writes only to find no free slot
+    was CPU taken from the units (a slot that frees wakes the loop itself, and the listing is still due)."""
 
-    def __init__(self, *events: threading.Event) -> None:
-        self.events = events
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
 
     def set(self) -> None:
-        for event in self.events:
-            event.set()
+        w = self.worker
+        w._hinted.set()
+        if w._slots < w.opts.concurrency:
+            w._wake.set()
 
 
 def _key(c: queue_store.Claim) -> tuple[str, str, int]:

@@ -20,6 +20,9 @@ be mixed on one journal:
 * `finish_and_claim`: the two above as one statement, for the slot the finish frees (a worker paid the finish
   and its next claim back to back);
 * `write_attempts`: a local driver's finishes and next inserts of one run, with their events;
+* `finished_rows`: the coordinator's read of the rows its waiting units finished, one statement text whatever
+  their number (the ids as one JSON array: with a placeholder per id, each count was a statement of its own,
+  parsed and planned anew on each connection, and holding one of its prepared-statement slots);
 * `take_free_lease`: a driver taking the lease nobody holds, with the epoch its fence needs;
 * `renew_lease`: a driver's lease renewal, its expiry on the journal clock read in the statement itself (the
   portable form is a transaction around a clock read and the update: four round trips at each step's start and
@@ -506,3 +509,15 @@ def take_free_lease(
         f"WHERE id = ? AND status IN {_DRIVABLE} AND lease_holder IS NULL RETURNING lease_epoch, status"
     )
     return db.execute(sql, (holder, host, pid, ttl_s, *extra, run_id)).fetchone()
+
+
+FINISHED_ROWS = """
+SELECT unit_id, status, result_json, tokens, cost, failure_reason, session_id, truncated FROM units
+WHERE run_id = ? AND unit_id IN (SELECT json_array_elements_text(?::json)) AND status IN ('completed','failed')
+"""
+
+
+def finished_rows(db: Any, run_id: str, unit_ids: Sequence[str]) -> list[Any]:
+    """The finished (completed or failed) rows among `unit_ids` of the run, in one statement."""
+    ids = json.dumps([clean_param(u) for u in unit_ids], ensure_ascii=True)
+    return list(db.query(FINISHED_ROWS, (run_id, ids)))
