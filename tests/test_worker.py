@@ -5,8 +5,10 @@ here (another commit checked out, an env file missing) claims none of them and s
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 
 from akm import api
 from akm.cli import main as cli_main
-from tests.helpers import open_test_journal, py, write_wf
+from tests.helpers import ROOT, open_test_journal, py, write_wf
 
 
 def _fan(project: Path, *, n: int = 6, extra: str = "", unit_extra: str = "", code: str | None = None) -> Path:
@@ -231,6 +233,41 @@ def test_a_worker_with_nothing_to_do_leaves_when_idle(tmp_path, capsys):
     assert cli_main(["worker", "--idle-exit", "200ms", "--poll", "50ms", "--project", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "0 claimed, 0 finished" in out and "(stopped: idle)" in out
+
+
+def _children(pid: int) -> list[str]:
+    """The command lines of `pid`'s child processes (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == str(pid):
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, IndexError):
+            pass
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="the guardian needs /proc")
+def test_a_worker_starts_its_units_guardian_while_it_waits_for_work(tmp_path):
+    """The guardian that takes units down with their worker (akm.dispatch.guard) is started before any claim: left to
+    the first spawn, its interpreter's start-up fell on the run's first units."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AKM_")}
+    env.update(HOME=str(tmp_path / "home"), AKM_DATA_DIR=str(tmp_path / "data"), PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "akm", "worker", "--idle-exit", "120s", "--project", str(tmp_path)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any("AKM_GUARD" in c or "_signal" in c for c in _children(proc.pid)):
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "no guardian while the worker waits for work"
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
 def test_a_killed_coordinator_is_taken_over_and_the_workers_units_are_not_run_again(tmp_path):

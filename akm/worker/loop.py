@@ -31,6 +31,7 @@ from typing import Any
 
 from akm import paths
 from akm.codes import Code
+from akm.dispatch import guard
 from akm.dispatch.base import DispatcherRegistry
 from akm.engine.attempt import AttemptSpec, EnvBindingError, StepAttempts, WorktreeError, from_payload
 from akm.engine.cancel import Cancellation
@@ -207,6 +208,9 @@ class Worker:
         cancel = self.opts.cancel
         cancel.link(self._wake)
         self.db.warm(self.opts.concurrency + 2)  # its slots, its loop and its heartbeat, before the first claim
+        # The guardian that takes units down with this process (akm.dispatch.guard) starts now, while the worker
+        # waits for work: started by the first spawn, its interpreter's start-up competed with the run's first units.
+        guard.token()
         # queued units wake us (PostgreSQL), and have the queue listed again
         listener = self.db.listener(queue_store.WORK_CHANNEL, _Hint(self))
         self._notifier = self.db.notifier(queue_store.RUN_CHANNEL)
