@@ -126,11 +126,13 @@ class Waiter:
             self._poke.clear()
 
     def _deliver(self, rows: dict[str, Any]) -> None:
-        """Hand each finished row to the thread waiting for it (once)."""
+        """Hand each finished row to the thread waiting for it (once), and stop asking for it: the waiting thread
+        may wake after the loop's next read (each finish pokes it), which read the row again with every other
+        finished one not yet picked up — with 64 units in flight, each row about four times."""
         with self._lock:
             for unit_id, row in rows.items():
-                event = self._waiting.get(unit_id)
-                if event is not None and not event.is_set():
+                event = self._waiting.pop(unit_id, None)
+                if event is not None:
                     self._rows[unit_id] = row
                     event.set()
 
