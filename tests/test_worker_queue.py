@@ -295,9 +295,9 @@ def test_a_finish_on_postgresql_wakes_the_coordinator_in_its_own_statement(db, f
         listener.close()
 
 
-def test_queueing_on_postgresql_wakes_idle_workers_only_when_none_waited(db, fence):
-    """The queue write tells idle workers itself (a NOTIFY in its statement, issue 40) when it found none of the
-    run's units waiting; with some waiting, every worker is busy and claims the next as one of its units ends."""
+def test_queueing_on_postgresql_wakes_idle_workers_with_each_write(db, fence):
+    """The queue write tells idle workers itself (a NOTIFY in its statement, issue 40), also when units were waiting
+    already: a worker whose claim lost the race for those is idle while they wait (it slept until its next poll)."""
     if db.backend != "postgres":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
     from tests.helpers import wait_until
@@ -316,8 +316,12 @@ def test_queueing_on_postgresql_wakes_idle_workers_only_when_none_waited(db, fen
         assert first.outcome == "queued" and not first.wake  # told already, by the statement
         assert woken.wait(60), "queueing into an empty queue did not wake the workers"
         woken.clear()
-        assert put(db, fence, unit_id="build.unit:2").outcome == "queued"
-        assert not woken.wait(1.0)  # one was waiting: no wake-up
+        second = put(db, fence, unit_id="build.unit:2")
+        assert second.outcome == "queued" and not second.wake
+        assert woken.wait(60), "queueing beside a waiting unit did not wake the workers"
+        woken.clear()
+        assert put(db, fence, unit_id="build.unit:2").outcome == "adopted"  # nothing queued: nobody to tell
+        assert not woken.wait(0.5)
     finally:
         listener.close()
 

@@ -73,8 +73,7 @@ class Queued(NamedTuple):
     worker claim), or `finished` (the row completed already: read it). A failed row is queued again, as a
     local driver dispatches a failed unit again. `wake`: idle workers are still to be told (`WORK_CHANNEL`,
     after the commit): the write that queued it did not tell them itself. On PostgreSQL the one-statement
-    queue write does, at its commit, when none of the run's units was waiting in the queue (where some were,
-    every worker that can run them is busy, and claims the next as a unit of its own finishes)."""
+    queue write does, at its commit, whenever it queued units."""
 
     outcome: str
     status: str

@@ -60,8 +60,6 @@ WITH run AS MATERIALIZED (
 ), want AS MATERIALIZED (
     SELECT * FROM json_to_recordset(?::json) AS w(unit_id text, step_id text, node_id text, parent_unit_id text,
         runner text, engine text, model text, input_hash text, dispatch_json text)
-), waiting AS MATERIALIZED (
-    SELECT count(*) AS n FROM units WHERE run_id = $1 AND status = 'queued'
 ), cur AS MATERIALIZED (
     SELECT u.unit_id, u.status, u.queued_at, u.claim_holder, u.claim_host, u.claim_pid, u.claim_expires_at
     FROM units u WHERE u.run_id = $1 AND u.unit_id IN (SELECT unit_id FROM want) AND EXISTS (SELECT 1 FROM ok)
@@ -86,9 +84,9 @@ WITH run AS MATERIALIZED (
         reused_from = NULL
     RETURNING unit_id
 ), nt AS MATERIALIZED (
-    SELECT pg_notify(?, $1) FROM (SELECT 1 FROM put LIMIT 1) AS any_put WHERE (SELECT n FROM waiting) = 0
+    SELECT pg_notify(?, $1) FROM (SELECT 1 FROM put LIMIT 1) AS any_put
 )
-SELECT 'run' AS what, status AS a, lease_holder AS b, lease_epoch::text AS c, (SELECT n FROM waiting)::text AS d
+SELECT 'run' AS what, status AS a, lease_holder AS b, lease_epoch::text AS c, NULL AS d
 FROM run CROSS JOIN (SELECT count(*) FROM nt) AS told
 UNION ALL SELECT 'put', unit_id, NULL, NULL, NULL FROM put
 UNION ALL SELECT 'cur', unit_id, status, claim_host, claim_pid::text FROM cur
@@ -96,19 +94,16 @@ UNION ALL SELECT 'cur', unit_id, status, claim_host, claim_pid::text FROM cur
 
 
 class QueueAnswer:
-    """What `queue_units` read and did: the run's row (None: no such run), the units it queued now, the
-    current rows of the others (unit id → (status, claim host, claim pid)), and how many units of the run
-    were queued before it (0: idle workers are to be woken)."""
+    """What `queue_units` read and did: the run's row (None: no such run), the units it queued now, and the
+    current rows of the others (unit id → (status, claim host, claim pid))."""
 
     def __init__(self, rows: Sequence[Any]) -> None:
         self.run: tuple[str, str | None, int] | None = None
         self.put: set[str] = set()
         self.current: dict[str, tuple[str, str | None, int | None]] = {}
-        self.waiting_before = 0
         for what, a, b, c, d in rows:
             if what == "run":
                 self.run = (a, b, int(c))
-                self.waiting_before = int(d)
             elif what == "put":
                 self.put.add(a)
             else:
@@ -120,8 +115,10 @@ def queue_units(
 ) -> QueueAnswer:
     """One statement: lock the run row, check it drivable and fenced, lock the rows it decides about, write the
     new and re-queued attempts (`rows`: the `units` columns of each, unit ids distinct), and, when it queued
-    some while none of the run's units waited, wake idle workers (a NOTIFY on `channel` at its commit: busy
-    workers claim the next as a unit of theirs finishes)."""
+    some, wake idle workers (a NOTIFY on `channel` at its commit). Each such write tells them, also when units
+    were waiting already: a worker whose claim lost the race for the last ones (they were locked by another's
+    claim, or kept for an idle worker by `queue.take_ahead`) is idle while units wait, and otherwise slept until
+    its next poll (1 s by default); a busy worker's loop is not woken by it (`worker.loop._Hint`)."""
     return QueueAnswer(db.execute(QUEUE_UNITS, (run_id, holder, epoch, rows_json(rows), channel)).fetchall())
 
 
