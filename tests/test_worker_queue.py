@@ -326,6 +326,37 @@ def test_queueing_on_postgresql_wakes_idle_workers_with_each_write(db, fence):
         listener.close()
 
 
+def test_a_notifier_connects_with_its_first_notification(db):
+    """A notifier opens no connection until something is to be sent: akm's queue writes and finishes notify in their
+    own statements, and a connection opened ahead was a backend (and a password exchange) in a run's first moments
+    for nothing. Its first notification still arrives."""
+    if db.backend != "postgres":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    from tests.helpers import wait_until
+
+    def notifiers() -> int:
+        return len(db.query("SELECT 1 FROM pg_stat_activity WHERE application_name = 'akm-notify'"))
+
+    woken = threading.Event()
+    listener = db.listener(queue.WORK_CHANNEL, woken, "r1")
+    notifier = db.notifier(queue.WORK_CHANNEL)
+    try:
+        wait_until(
+            lambda: db.query(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'akm-listen' AND query IN "
+                f"('LISTEN {queue.WORK_CHANNEL}', 'SELECT 1')"
+            ),
+            what="the listener's LISTEN",
+        )
+        assert notifiers() == 0
+        notifier.notify("r1")
+        assert woken.wait(60), "the first notification did not arrive"
+        assert notifiers() == 1
+    finally:
+        notifier.close()
+        listener.close()
+
+
 def finish_next(db, c, holder="w1", status="completed", result='"ok"', limit=1, host="host-a", **kw):
     return queue.finish_and_claim(
         db,

@@ -116,6 +116,12 @@ def _buffered(con: Any) -> bool:
 
 
 class Notifier:
+    """Sends `pg_notify(channel, payload)` for writes that did not notify in their own statement, from a thread of
+    its own so the writer does not wait for it. Its connection and thread start with the first notification:
+    akm's one-statement queue writes and finishes notify themselves, so on most runs none comes, and a connection
+    opened ahead was a backend started (and a password exchange) for nothing — in a coordinator, in its run's first
+    moments."""
+
     def __init__(self, target: Target, channel: str) -> None:
         self.target = target
         self.channel = channel
@@ -123,40 +129,42 @@ class Notifier:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"akm-notify-{channel}", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
 
     def notify(self, payload: str) -> None:
         with self._lock:
             self._pending.add(payload)
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._loop, name=f"akm-notify-{self.channel}", daemon=True)
+                self._thread.start()
         self._wake.set()
 
     def _loop(self) -> None:
         con: Any = None
-        with contextlib.suppress(Exception):  # connected ahead: the first wake-up pays no handshake
-            con = connect(self.target, timeout=10.0, role="akm-notify")
         while not self._stop.is_set():
-            self._wake.wait(1.0)
-            self._wake.clear()
             with self._lock:
                 pending, self._pending = self._pending, set()
-            if not pending:
-                continue
-            try:
-                if con is None:
-                    con = connect(self.target, timeout=10.0, role="akm-notify")
-                for payload in sorted(pending):
-                    con.run("SELECT pg_notify(:c, :p)", c=self.channel, p=payload)
-            except Exception:
-                if con is not None:
-                    with contextlib.suppress(Exception):
-                        con.close()
-                con = None  # dropped: listeners poll anyway
+            if pending:
+                try:
+                    if con is None:
+                        con = connect(self.target, timeout=10.0, role="akm-notify")
+                    for payload in sorted(pending):
+                        con.run("SELECT pg_notify(:c, :p)", c=self.channel, p=payload)
+                except Exception:
+                    if con is not None:
+                        with contextlib.suppress(Exception):
+                            con.close()
+                    con = None  # dropped: listeners poll anyway
+            self._wake.wait(1.0)
+            self._wake.clear()
         if con is not None:
             with contextlib.suppress(Exception):
                 con.close()
 
     def close(self) -> None:
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
+            thread = self._thread
         self._wake.set()
-        self._thread.join(timeout=2)
+        if thread is not None:
+            thread.join(timeout=2)
