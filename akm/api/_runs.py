@@ -212,7 +212,11 @@ def run_workflow(
 
 def _load_engine(db: Journal, workers: bool) -> None:
     """Import what a drive of a new run loads: the engine; on PostgreSQL its one-statement writes; with workers,
-    the queue and the coordinator's runner."""
+    the queue and the coordinator's runner — and, first, have the journal open the connections a coordinator's
+    pass uses (its queue writes, its reads of finished rows, its lease renewals), in the background while this
+    imports: opened once the run existed, their handshakes competed with the run's first queue writes."""
+    if workers:
+        db.warm(4)
     import akm.engine.drive  # noqa: F401
 
     if db.backend == "postgres":
