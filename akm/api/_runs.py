@@ -107,6 +107,11 @@ def run_workflow(
     cancel = cancel or Cancellation()
     started_wall = time.monotonic()
     db = _open_db()
+    if req.workers:
+        # A coordinator's pass uses several connections at once (its queue writes, its reads of finished rows, its
+        # lease renewals): opened in the background now, while the workflow compiles and the engine loads. Opened
+        # once its run existed, their handshakes competed with the run's first queue writes.
+        db.warm(4)
     try:
         started_at = db.now()  # task-history stamps are the journal's clock (one clock for every host)
     except BaseException:
@@ -212,11 +217,7 @@ def run_workflow(
 
 def _load_engine(db: Journal, workers: bool) -> None:
     """Import what a drive of a new run loads: the engine; on PostgreSQL its one-statement writes; with workers,
-    the queue and the coordinator's runner — and, first, have the journal open the connections a coordinator's
-    pass uses (its queue writes, its reads of finished rows, its lease renewals), in the background while this
-    imports: opened once the run existed, their handshakes competed with the run's first queue writes."""
-    if workers:
-        db.warm(4)
+    the queue and the coordinator's runner."""
     import akm.engine.drive  # noqa: F401
 
     if db.backend == "postgres":
