@@ -269,3 +269,60 @@ def test_a_pool_warmed_ahead_opens_its_connections_in_the_background_and_uses_th
     wait_until(lambda: db.connections == db.pool_max, what="the pool's bound")
     assert db.query("SELECT count(*) AS n FROM runs")[0]["n"] == 1
     assert db.connections == db.pool_max
+
+
+def test_the_hot_statements_primed_on_each_pooled_connection_change_nothing(pg):
+    """A worker's and a coordinator's hot statements run ahead on each pooled connection (`Journal.warm`): prepared
+    there, so a run's first claims and finishes are not each connection's first parse and plan; run against nothing,
+    so they claim, write, lock and notify nothing."""
+    from akm.store.postgres.db import pg_statement
+
+    db, fence = pg
+    put(db, fence, "build.unit:1", run_id=RUN)
+    put(db, fence, "build.unit:2", run_id=RUN)
+    (running,) = queue.claim_work(
+        db, targets=[(RUN, "build")], kinds=("exec",), holder="w1", host="h", pid=None, limit=1
+    )
+
+    def state() -> list:
+        return [
+            [
+                tuple(r)
+                for r in db.query(
+                    "SELECT unit_id, status, attempts, claim_holder, result_json FROM units ORDER BY unit_id"
+                )
+            ],
+            db.query("SELECT count(*) AS n FROM events")[0]["n"],
+            [tuple(r) for r in db.query("SELECT status, lease_holder, lease_epoch, lease_until FROM runs")],
+        ]
+
+    before = state()
+    woken = threading.Event()
+    listeners = [db.listener(channel, woken) for channel in (queue.WORK_CHANNEL, queue.RUN_CHANNEL)]
+    try:
+        wait_until(
+            lambda: len(db.query("SELECT 1 FROM pg_stat_activity WHERE application_name = 'akm-listen'")) == 2,
+            what="the listeners",
+        )
+        primers = queue.worker_primers(db) + queue.coordinator_primers(db)
+        texts = {pg_statement(sql) for sql, _ in primers}
+        assert len(texts) == 5
+        db.warm(3, primers)
+        wait_until(
+            lambda: db.connections == 3 and all(texts <= set(c.prepared) for c in list(db._all)),
+            what="every pooled connection primed",
+        )
+        assert state() == before
+        assert not woken.wait(0.5)  # no NOTIFY either
+    finally:
+        for listener in listeners:
+            listener.close()
+    db.conn.trace = trace = []
+    got = queue.claim_work(db, targets=[(RUN, "build")], kinds=("exec",), holder="w2", host="h", pid=None, limit=1)
+    assert [c.unit_id for c in got] == ["build.unit:2"] and len(trace) == 1  # the primed statement, as it runs
+    assert (
+        queue.finish_claimed(
+            db, running, "w1", status="completed", result_json='"ok"', tokens=None, failure_reason=None
+        )
+        == "finished"
+    )

@@ -110,8 +110,11 @@ def run_workflow(
     if req.workers:
         # A coordinator's pass uses several connections at once (its queue writes, its reads of finished rows, its
         # lease renewals): opened in the background now, while the workflow compiles and the engine loads. Opened
-        # once its run existed, their handshakes competed with the run's first queue writes.
-        db.warm(4)
+        # once its run existed, their handshakes competed with the run's first queue writes; and its queue writes and
+        # reads of finished rows are parsed and planned on each meanwhile.
+        from akm.store import queue
+
+        db.warm(4, queue.coordinator_primers(db))
     try:
         started_at = db.now()  # task-history stamps are the journal's clock (one clock for every host)
     except BaseException:

@@ -175,9 +175,11 @@ class Journal:
         """Wrap a stretch of many small commits (a fan-out); nests."""
         raise NotImplementedError
 
-    def warm(self, connections: int) -> None:
+    def warm(self, connections: int, primers: Sequence[tuple[str, Sequence[Any]]] = ()) -> None:
         """Open up to `connections` server connections ahead, in the background, so that the first moments of a
-        burst of concurrent statements do not each wait for a handshake (PostgreSQL's pool; a no-op elsewhere)."""
+        burst of concurrent statements do not each wait for a handshake (PostgreSQL's pool; a no-op elsewhere).
+        `primers`: statements to run once on each of the pool's connections meanwhile, with parameters that match
+        nothing (they write, lock and claim nothing): the process's hot statements, parsed and planned ahead."""
 
     def listener(self, channel: str, event: Any, payload: str | None = None) -> Any:
         """Set `event` (a threading.Event) whenever another process notifies `channel` (with `payload`, if

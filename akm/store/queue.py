@@ -135,6 +135,20 @@ def _pg(db: Journal) -> ModuleType | None:
     return hotpath
 
 
+def worker_primers(db: Journal) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """A worker's hot statements for `Journal.warm` to run ahead on each pooled connection, matching nothing
+    (PostgreSQL: its one-statement claims and finishes; nothing elsewhere)."""
+    hot = _pg(db)
+    return hot.WORKER_PRIMERS if hot is not None else ()
+
+
+def coordinator_primers(db: Journal) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """A coordinator's hot statements (its queue writes, its reads of finished rows) for `Journal.warm`, as
+    `worker_primers`."""
+    hot = _pg(db)
+    return hot.COORDINATOR_PRIMERS if hot is not None else ()
+
+
 def finish_notifies(db: Journal) -> bool:
     """Whether `finish_claimed` itself tells the coordinator a unit finished (PostgreSQL: in its statement), so a
     worker sends no NOTIFY of its own."""

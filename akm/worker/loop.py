@@ -207,7 +207,8 @@ class Worker:
     def run(self) -> WorkerSummary:
         cancel = self.opts.cancel
         cancel.link(self._wake)
-        self.db.warm(self.opts.concurrency + 2)  # its slots, its loop and its heartbeat, before the first claim
+        # its slots, its loop and its heartbeat, before the first claim; its claims and finishes parsed and planned
+        self.db.warm(self.opts.concurrency + 2, queue_store.worker_primers(self.db))
         # The guardian that takes units down with this process (akm.dispatch.guard) starts now, while the worker
         # waits for work: started by the first spawn, its interpreter's start-up competed with the run's first units.
         guard.token()

@@ -508,15 +508,18 @@ class PgJournal(Journal):
             self._all.append(conn)
         return conn
 
-    def warm(self, connections: int) -> None:
+    def warm(self, connections: int, primers: Sequence[tuple[str, Sequence[Any]]] = ()) -> None:
         """Open connections up to `connections` (at most `pool_max`) on a background thread, into the free list:
-        a handshake is several round trips, paid here before the statements that would wait for it."""
+        a handshake is several round trips, paid here before the statements that would wait for it. `primers` run
+        once on each connection of the pool (the new ones, then those open already, each while it is free): a
+        statement's first run on a connection is its parse, its plan and the loading of what they read from the
+        catalogs — several milliseconds each, ten or more at a busy moment such as a run's first claims."""
 
         def open_more() -> None:
             while True:
                 with self._cond:
                     if len(self._all) + self._opening >= min(connections, self.pool_max):
-                        return
+                        break
                     self._opening += 1
                 try:
                     conn = Connection(reconnect(self.target))
@@ -525,6 +528,7 @@ class PgJournal(Journal):
                         self._opening -= 1
                         self._cond.notify()
                     return
+                self._prime(conn, primers)
                 with self._cond:
                     self._opening -= 1
                     closed = self._closed
@@ -536,8 +540,39 @@ class PgJournal(Journal):
                     with contextlib.suppress(Exception):
                         conn.raw.close()
                     return
+            with self._cond:  # then those open already, each taken from the free list while it is primed
+                todo = [c for c in self._all if not self._primed(c, primers)]
+            for conn in todo:
+                with self._cond:
+                    if self._closed:
+                        return
+                    if conn not in self._free:
+                        continue  # in use now: its statements' first runs are theirs
+                    self._free.remove(conn)
+                try:
+                    self._prime(conn, primers)
+                finally:
+                    self.release(conn)
 
         threading.Thread(target=open_more, name="akm-pool-warm", daemon=True).start()
+
+    @staticmethod
+    def _primed(conn: Connection, primers: Sequence[tuple[str, Sequence[Any]]]) -> bool:
+        return all(pg_statement(sql) in conn.prepared for sql, _ in primers)
+
+    def _prime(self, conn: Connection, primers: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        """Run each primer not prepared yet on `conn`; best effort: a failure leaves the statement to its first
+        real run (a statement is its own transaction: the connection stays usable, or is marked for a reconnect)."""
+        for sql, params in primers:
+            if conn.broken:
+                return
+            if pg_statement(sql) in conn.prepared:
+                continue
+            try:
+                conn.execute(sql, params)
+            except Exception as exc:  # noqa: BLE001 - see above
+                if _is_driver_error(exc):
+                    self.failed(conn, exc)
 
     def release(self, conn: Connection) -> None:
         """Give a connection back; one keeping a session lock stays with this thread (`Connection.session_keys`)."""

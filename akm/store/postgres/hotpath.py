@@ -518,3 +518,18 @@ def finished_rows(db: Any, run_id: str, unit_ids: Sequence[str]) -> list[Any]:
     """The finished (completed or failed) rows among `unit_ids` of the run, in one statement."""
     ids = json.dumps([clean_param(u) for u in unit_ids], ensure_ascii=True)
     return list(db.query(FINISHED_ROWS, (run_id, ids)))
+
+
+# Each hot statement with parameters that match nothing (no run has the id ''), for `Journal.warm` to run once on each
+# pooled connection ahead of a run: a statement's first run on a connection parses it, plans it and loads what that
+# reads from the catalogs. Run this way they lock, write, claim and notify nothing.
+_NO_FINISH = ("", "completed", None, None, None, None, None, 0, None, "", "", 0)  # `ClaimFinish.row_params`' shape
+WORKER_PRIMERS: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    (CLAIM_UNITS, ("[]", "[]", 0, 0, "", "", None, 1.0, "}")),
+    (FINISH_AND_CLAIM, ("[]", "[]", *_NO_FINISH, 0, 0, "", None, 1.0, "{}", "{}", "}", "")),
+    (FINISH_CLAIMED, (*_NO_FINISH, "{}", "{}", "")),
+)
+COORDINATOR_PRIMERS: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    (QUEUE_UNITS, ("", "", 0, "[]", "")),
+    (FINISHED_ROWS, ("", "[]")),
+)
