@@ -510,12 +510,14 @@ def take_free_lease(
 
 FINISHED_ROWS = """
 SELECT unit_id, status, result_json, tokens, cost, failure_reason, session_id, truncated FROM units
-WHERE run_id = ? AND unit_id IN (SELECT json_array_elements_text(?::json)) AND status IN ('completed','failed')
+WHERE run_id = ? AND unit_id = ANY (ARRAY(SELECT json_array_elements_text(?::json))) AND status IN ('completed','failed')
 """
 
 
 def finished_rows(db: Any, run_id: str, unit_ids: Sequence[str]) -> list[Any]:
-    """The finished (completed or failed) rows among `unit_ids` of the run, in one statement."""
+    """The finished (completed or failed) rows among `unit_ids` of the run, in one statement. The ids become an array
+    once (an init plan): as `IN (SELECT json_array_elements_text(…))` the planner joined the function to each of
+    the run's rows and parsed the JSON again for each, 4 ms a read at 200 units, ten times the old IN list."""
     ids = json.dumps([clean_param(u) for u in unit_ids], ensure_ascii=True)
     return list(db.query(FINISHED_ROWS, (run_id, ids)))
 
