@@ -306,7 +306,7 @@ def test_the_hot_statements_primed_on_each_pooled_connection_change_nothing(pg):
         )
         primers = queue.worker_primers(db) + queue.coordinator_primers(db)
         texts = {pg_statement(sql) for sql, _ in primers}
-        assert len(texts) == 5
+        assert len(texts) == 6
         db.warm(3, primers)
         wait_until(
             lambda: db.connections == 3 and all(texts <= set(c.prepared) for c in list(db._all)),
@@ -314,6 +314,7 @@ def test_the_hot_statements_primed_on_each_pooled_connection_change_nothing(pg):
         )
         assert state() == before
         assert not woken.wait(0.5)  # no NOTIFY either
+        assert db.query("SHOW plan_cache_mode")[0][0] == "force_generic_plan"  # a worker's sessions: generic plans
     finally:
         for listener in listeners:
             listener.close()
