@@ -503,3 +503,21 @@ def test_the_coordinator_stops_asking_for_a_finished_row_once_it_handed_it_over(
         t.join(timeout=60)
     waiter.close()
     assert got == {"a": {"unit_id": "a", "status": "completed"}, "b": {"unit_id": "b", "status": "failed"}}
+
+
+def test_a_slots_helper_runs_its_jobs_in_order_and_past_one_that_fails():
+    """The slot's one helper thread writes the finishes behind it in the order asked, and one job's failure does not
+    leave the next ones (and the slot waiting on them) behind."""
+    from akm.worker.loop import _Slot
+
+    slot = _Slot()
+    done: list[int] = []
+
+    def fails() -> None:
+        raise RuntimeError("a finish that failed")
+
+    slot.behind(lambda: done.append(1))
+    slot.behind(fails)
+    slot.behind(lambda: done.append(2))
+    slot.close()  # waits for every job asked for
+    assert done == [1, 2]

@@ -155,7 +155,10 @@ class _Slot:
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
-            job()
+            try:
+                job()
+            except Exception:  # noqa: BLE001 - each job tells its own failures; the slot's next jobs still run
+                pass
 
 
 class Worker:
