@@ -260,7 +260,6 @@ def test_a_finish_on_postgresql_wakes_the_coordinator_in_its_own_statement(db, f
     worker on PostgreSQL sends none of its own; a superseded finish wakes nobody."""
     if db.backend != "postgres":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
-    from tests.helpers import wait_until
 
     assert queue.finish_notifies(db)
     put(db, fence)
@@ -269,13 +268,7 @@ def test_a_finish_on_postgresql_wakes_the_coordinator_in_its_own_statement(db, f
     woken = threading.Event()
     listener = db.listener(queue.RUN_CHANNEL, woken, "r1")
     try:
-        wait_until(  # its LISTEN ran (a NOTIFY before it is not delivered)
-            lambda: db.query(
-                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'akm-listen' AND query IN "
-                f"('LISTEN {queue.RUN_CHANNEL}', 'SELECT 1')"
-            ),
-            what="the listener's LISTEN",
-        )
+        _listening(db, queue.RUN_CHANNEL)
         stale = got[0]._replace(token=9)
         assert (
             queue.finish_claimed(
@@ -300,18 +293,11 @@ def test_queueing_on_postgresql_wakes_idle_workers_with_each_write(db, fence):
     already: a worker whose claim lost the race for those is idle while they wait (it slept until its next poll)."""
     if db.backend != "postgres":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
-    from tests.helpers import wait_until
 
     woken = threading.Event()
     listener = db.listener(queue.WORK_CHANNEL, woken, "r1")
     try:
-        wait_until(
-            lambda: db.query(
-                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'akm-listen' AND query IN "
-                f"('LISTEN {queue.WORK_CHANNEL}', 'SELECT 1')"
-            ),
-            what="the listener's LISTEN",
-        )
+        _listening(db, queue.WORK_CHANNEL)
         first = put(db, fence)
         assert first.outcome == "queued" and not first.wake  # told already, by the statement
         assert woken.wait(60), "queueing into an empty queue did not wake the workers"
@@ -332,7 +318,6 @@ def test_a_notifier_connects_with_its_first_notification(db):
     for nothing. Its first notification still arrives."""
     if db.backend != "postgres":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
-    from tests.helpers import wait_until
 
     def notifiers() -> int:
         return len(db.query("SELECT 1 FROM pg_stat_activity WHERE application_name = 'akm-notify'"))
@@ -341,13 +326,7 @@ def test_a_notifier_connects_with_its_first_notification(db):
     listener = db.listener(queue.WORK_CHANNEL, woken, "r1")
     notifier = db.notifier(queue.WORK_CHANNEL)
     try:
-        wait_until(
-            lambda: db.query(
-                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'akm-listen' AND query IN "
-                f"('LISTEN {queue.WORK_CHANNEL}', 'SELECT 1')"
-            ),
-            what="the listener's LISTEN",
-        )
+        _listening(db, queue.WORK_CHANNEL)
         assert notifiers() == 0
         notifier.notify("r1")
         assert woken.wait(60), "the first notification did not arrive"
@@ -525,3 +504,16 @@ def test_a_claim_ahead_never_takes_the_last_queued_unit(db, fence):
     assert ahead(0, 1) == []
     assert ahead(1, 1) == ["build.unit:5"]  # one to run now is taken, last or not
     assert [queue.take_ahead(found, 1, 1) for found in range(4)] == [0, 1, 1, 2]
+
+
+def _listening(db, channel: str) -> None:
+    """Wait until the listener's LISTEN on `channel` ran (a NOTIFY before it is not delivered)."""
+    from tests.helpers import wait_until
+
+    wait_until(
+        lambda: db.query(
+            "SELECT 1 FROM pg_stat_activity WHERE application_name = 'akm-listen' AND query IN "
+            f"('LISTEN {channel}', 'SELECT 1')"
+        ),
+        what="the listener's LISTEN",
+    )
