@@ -24,6 +24,7 @@ import struct
 import threading
 from typing import Any
 
+from akm.store.postgres import wire
 from akm.store.postgres.connect import Target, connect
 
 RECONNECT_S = 1.0
@@ -149,7 +150,7 @@ class Notifier:
                     if con is None:
                         con = connect(self.target, timeout=10.0, role="akm-notify")
                     for payload in sorted(pending):
-                        con.run("SELECT pg_notify(:c, :p)", c=self.channel, p=payload)
+                        wire.query(con, "SELECT pg_notify(:c, :p)", c=self.channel, p=payload)
                 except Exception:
                     if con is not None:
                         with contextlib.suppress(Exception):

@@ -51,7 +51,8 @@ def run(
 def query(raw: Any, sql: str, **params: Any) -> list[list[Any]]:
     """pg8000 native's `Connection.run(sql, **params)` (`:name` parameters) in one round trip — pg8000 takes three
     for a statement with parameters — for akm's connections outside a journal's pool: the liveness session's
-    probe every second, the migration ledger's check at each open. Returns the rows (empty when none)."""
+    probe every second, the migration ledger's check at each open, a notifier's NOTIFY. Returns the rows (empty when
+    none)."""
     from pg8000.converters import make_params
     from pg8000.native import to_statement
 
